@@ -1,0 +1,1 @@
+"""Model-node role: inference engines, HR-tree prefix index, forwarding among model nodes."""

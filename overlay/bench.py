@@ -1,0 +1,71 @@
+"""``gentorrent bench NAME --json``: measure, never assert.
+
+Benchmarks register in the ``gentorrent.benches`` entry-point group as
+``run(quick: bool) -> (params, figures)``. Output (``--json``) is one object::
+
+    {"bench": NAME, "params": {...}, "figures": {KEY: number, ...}}
+
+``figures`` is flat; every key names its unit (``_ms``, ``_per_s``, ``_MB_per_s``,
+``_ratio_...``) and docs/benchmarks.md lists each key. ``--quick`` runs a few
+trials only, to check that a benchmark works (its figures mean little).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from importlib.metadata import entry_points
+
+from overlay.cli import CliError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    names = sorted(ep.name for ep in entry_points(group="gentorrent.benches"))
+    p = sub.add_parser(
+        "bench", help="run a benchmark and print its figures",
+        description="Run benchmark NAME. Available: " + ", ".join(names) + ". See docs/benchmarks.md.",
+    )
+    p.add_argument("name", metavar="NAME", nargs="?", help="benchmark to run: " + ", ".join(names))
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.add_argument("--quick", action="store_true", help="few trials: checks the benchmark runs, figures are rough")
+    p.add_argument("--list", action="store_true", help="list the benchmarks and exit")
+    p.set_defaults(run=_run)
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Nearest-rank percentile of an already sorted list (q in 0..100)."""
+    if not sorted_values:
+        return math.nan
+    k = max(0, min(len(sorted_values) - 1, math.ceil(q / 100 * len(sorted_values)) - 1))
+    return sorted_values[k]
+
+
+def summarize_ms(prefix: str, seconds: list[float]) -> dict[str, float]:
+    """``{prefix}_mean_ms, _p50_ms, _p99_ms`` from durations in seconds."""
+    s = sorted(seconds)
+    return {
+        f"{prefix}_mean_ms": 1000 * sum(s) / len(s),
+        f"{prefix}_p50_ms": 1000 * percentile(s, 50),
+        f"{prefix}_p99_ms": 1000 * percentile(s, 99),
+    }
+
+
+def _run(args: argparse.Namespace) -> int:
+    eps = {ep.name: ep for ep in entry_points(group="gentorrent.benches")}
+    if args.list or not args.name:
+        print("\n".join(sorted(eps)))
+        return 0 if args.list else 2
+    if args.name not in eps:
+        raise CliError(f"no benchmark named {args.name!r}; available: {', '.join(sorted(eps))}")
+    params, figures = eps[args.name].load()(args.quick)
+    out = {"bench": args.name, "params": params, "figures": figures}
+    if args.json:
+        json.dump(out, sys.stdout)
+        print()
+    else:
+        print(f"bench {args.name}  params: {json.dumps(params)}")
+        for k, v in figures.items():
+            print(f"  {k:<48} {v:.4g}")
+    return 0

@@ -1,0 +1,361 @@
+"""The wire codec: length-prefixed msgpack frames of typed, frozen messages.
+
+Frame::
+
+    +----------------+-------------------------------------------------+
+    | length (u32 BE)| msgpack array [version, type, field1, field2...] |
+    +----------------+-------------------------------------------------+
+
+Every message is a frozen dataclass registered with :func:`message` under a
+unique type number; its fields' annotations are its schema. Decoding is strict:
+an unknown version or type, a wrong field count or type, an oversize field,
+trailing bytes, or a frame over :data:`MAX_FRAME` raise
+:class:`RemoteProtocolError` naming the peer. Nothing here does I/O.
+
+Supported field types: ``int`` (signed/unsigned 64-bit; ``bool`` is not an
+``int`` here), ``bool``, ``float``, ``str``, ``bytes``, ``tuple[T, ...]``,
+another registered-or-plain message dataclass (nested as an array), and
+``T | None``. Bounds come from :func:`field` (``max`` length or item count,
+``exact`` length); unbounded defaults are :data:`DEFAULT_MAX_STR`,
+:data:`MAX_FRAME` for bytes and :data:`DEFAULT_MAX_ITEMS` for tuples.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import msgpack
+
+WIRE_VERSION = 1
+HEADER_LEN = 4
+MAX_FRAME = 2 * 1024 * 1024
+DEFAULT_MAX_STR = 64 * 1024
+DEFAULT_MAX_ITEMS = 1024
+_EVIDENCE = 64  # bytes of a bad frame kept in the error
+
+_I64_MIN = -(2**63)
+_U64_MAX = 2**64 - 1
+
+
+class RemoteProtocolError(Exception):
+    """The peer sent something that breaks the protocol.
+
+    ``peer`` names who (a node id, short id or address), ``evidence`` holds the
+    first bytes of what they sent. The connection it came from must be closed.
+    """
+
+    def __init__(self, reason: str, *, peer: str | None = None, evidence: bytes = b"") -> None:
+        self.reason = reason
+        self.peer = peer
+        self.evidence = bytes(evidence[:_EVIDENCE])
+        who = f"peer {peer}: " if peer else ""
+        super().__init__(f"{who}{reason}")
+
+    def with_peer(self, peer: str) -> RemoteProtocolError:
+        if self.peer is None:
+            return RemoteProtocolError(self.reason, peer=peer, evidence=self.evidence)
+        return self
+
+
+class LocalProtocolError(Exception):
+    """We tried to send something the protocol forbids (a bug on our side)."""
+
+
+# --------------------------------------------------------------------------- schema
+
+
+def field(*, max: int | None = None, exact: int | None = None, **kw: Any) -> Any:
+    """A dataclass field with wire bounds: ``max`` length/items, or ``exact`` length."""
+    meta = dict(kw.pop("metadata", {}) or {})
+    if max is not None:
+        meta["max"] = max
+    if exact is not None:
+        meta["exact"] = exact
+    return dataclasses.field(metadata=meta, **kw)
+
+
+Check = Callable[[Any], Any]  # validates a decoded value, returns the Python value
+
+
+class _Bad(Exception):
+    pass
+
+
+def _compile(tp: Any, meta: dict[str, Any], hints_owner: str) -> tuple[Check, Callable[[Any], Any] | None]:
+    """Return (decode-check, encode-transform-or-None) for annotation ``tp``."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) != 1:
+            raise TypeError(f"{hints_owner}: only 'T | None' unions are supported")
+        inner_check, inner_enc = _compile(args[0], meta, hints_owner)
+
+        def check_opt(v: Any) -> Any:
+            return None if v is None else inner_check(v)
+
+        enc_opt = None
+        if inner_enc is not None:
+            enc = inner_enc
+
+            def enc_opt(v: Any) -> Any:  # noqa: F811
+                return None if v is None else enc(v)
+
+        return check_opt, enc_opt
+    exact = meta.get("exact")
+    if tp is int:
+
+        def check_int(v: Any) -> int:
+            if type(v) is not int or not (_I64_MIN <= v <= _U64_MAX):
+                raise _Bad(f"expected int, got {type(v).__name__}")
+            return v
+
+        return check_int, None
+    if tp is bool:
+
+        def check_bool(v: Any) -> bool:
+            if type(v) is not bool:
+                raise _Bad(f"expected bool, got {type(v).__name__}")
+            return v
+
+        return check_bool, None
+    if tp is float:
+
+        def check_float(v: Any) -> float:
+            if type(v) is not float:
+                raise _Bad(f"expected float, got {type(v).__name__}")
+            return v
+
+        return check_float, None
+    if tp is str or tp is bytes:
+        limit = meta.get("max", DEFAULT_MAX_STR if tp is str else MAX_FRAME)
+
+        def check_seq(v: Any, _tp: type = tp) -> Any:
+            if type(v) is not _tp:
+                raise _Bad(f"expected {_tp.__name__}, got {type(v).__name__}")
+            if exact is not None and len(v) != exact:
+                raise _Bad(f"{_tp.__name__} of length {len(v)}, expected exactly {exact}")
+            if len(v) > limit:
+                raise _Bad(f"{_tp.__name__} of length {len(v)} over the limit {limit}")
+            return v
+
+        return check_seq, None
+    if origin is tuple:
+        args = typing.get_args(tp)
+        if len(args) != 2 or args[1] is not Ellipsis:
+            raise TypeError(f"{hints_owner}: tuples must be tuple[T, ...]")
+        limit = meta.get("max", DEFAULT_MAX_ITEMS)
+        inner_meta = {"max": meta["item_max"]} if "item_max" in meta else {}
+        if "item_exact" in meta:
+            inner_meta["exact"] = meta["item_exact"]
+        item_check, item_enc = _compile(args[0], inner_meta, hints_owner)
+
+        def check_tuple(v: Any) -> tuple[Any, ...]:
+            if type(v) is not list:
+                raise _Bad(f"expected array, got {type(v).__name__}")
+            if exact is not None and len(v) != exact:
+                raise _Bad(f"array of {len(v)} items, expected exactly {exact}")
+            if len(v) > limit:
+                raise _Bad(f"array of {len(v)} items over the limit {limit}")
+            return tuple(item_check(x) for x in v)
+
+        enc_tuple = None
+        if item_enc is not None:
+            ie = item_enc
+
+            def enc_tuple(v: Any) -> Any:  # noqa: F811
+                return [ie(x) for x in v]
+
+        return check_tuple, enc_tuple
+    if dataclasses.is_dataclass(tp):
+        spec = _spec_of(tp)
+        return spec.decode_fields, spec.encode_fields
+    raise TypeError(f"{hints_owner}: unsupported wire field type {tp!r}")
+
+
+class _Spec:
+    __slots__ = ("cls", "names", "checks", "encs", "any_enc")
+
+    def __init__(self, cls: type) -> None:
+        if not getattr(cls, "__dataclass_params__").frozen:
+            raise TypeError(f"{cls.__name__}: wire messages must be frozen dataclasses")
+        hints = typing.get_type_hints(cls)
+        self.cls = cls
+        self.names: list[str] = []
+        self.checks: list[Check] = []
+        self.encs: list[Callable[[Any], Any] | None] = []
+        for f in dataclasses.fields(cls):
+            check, enc = _compile(hints[f.name], dict(f.metadata), cls.__name__)
+            self.names.append(f.name)
+            self.checks.append(check)
+            self.encs.append(enc)
+        self.any_enc = any(e is not None for e in self.encs)
+
+    def encode_fields(self, msg: Any) -> list[Any]:
+        if self.any_enc:
+            return [
+                getattr(msg, n) if e is None else e(getattr(msg, n))
+                for n, e in zip(self.names, self.encs)
+            ]
+        return [getattr(msg, n) for n in self.names]
+
+    def decode_fields(self, values: Any) -> Any:
+        if type(values) is not list:
+            raise _Bad(f"{self.cls.__name__}: expected array, got {type(values).__name__}")
+        if len(values) != len(self.names):
+            raise _Bad(
+                f"{self.cls.__name__}: {len(values)} fields, expected {len(self.names)}"
+            )
+        out = []
+        for name, check, v in zip(self.names, self.checks, values):
+            try:
+                out.append(check(v))
+            except _Bad as exc:
+                raise _Bad(f"{self.cls.__name__}.{name}: {exc}") from None
+        try:
+            return self.cls(*out)
+        except (ValueError, TypeError) as exc:  # __post_init__ invariants
+            raise _Bad(f"{self.cls.__name__}: {exc}") from None
+
+
+_SPECS: dict[type, _Spec] = {}
+_BY_CODE: dict[int, _Spec] = {}
+_CODE_OF: dict[type, int] = {}
+
+
+def _spec_of(cls: type) -> _Spec:
+    spec = _SPECS.get(cls)
+    if spec is None:
+        spec = _SPECS[cls] = _Spec(cls)
+    return spec
+
+
+M = TypeVar("M")
+
+
+def message(code: int) -> Callable[[type[M]], type[M]]:
+    """Register a frozen dataclass as wire message type ``code`` (0..65535, unique)."""
+
+    def register(cls: type[M]) -> type[M]:
+        if not 0 <= code <= 0xFFFF:
+            raise ValueError("message code must fit in 16 bits")
+        if code in _BY_CODE and _BY_CODE[code].cls is not cls:
+            raise ValueError(f"message code {code} already used by {_BY_CODE[code].cls.__name__}")
+        spec = _spec_of(cls)
+        _BY_CODE[code] = spec
+        _CODE_OF[cls] = code
+        return cls
+
+    return register
+
+
+def registered_types() -> dict[int, type]:
+    """Every registered message type, by code (for tests and docs)."""
+    return {code: spec.cls for code, spec in sorted(_BY_CODE.items())}
+
+
+# --------------------------------------------------------------------------- encode
+
+
+def encode(msg: Any) -> bytes:
+    """The msgpack payload of ``msg`` (no length prefix)."""
+    code = _CODE_OF.get(type(msg))
+    if code is None:
+        raise LocalProtocolError(f"{type(msg).__name__} is not a registered wire message")
+    spec = _BY_CODE[code]
+    payload = msgpack.packb([WIRE_VERSION, code, *spec.encode_fields(msg)], use_bin_type=True)
+    if len(payload) > MAX_FRAME:
+        raise LocalProtocolError(f"{type(msg).__name__} encodes to {len(payload)} B > {MAX_FRAME}")
+    return payload
+
+
+def frame(msg: Any) -> bytes:
+    """``msg`` as one length-prefixed frame."""
+    payload = encode(msg)
+    return len(payload).to_bytes(HEADER_LEN, "big") + payload
+
+
+def decode(payload: bytes, *, peer: str | None = None) -> Any:
+    """Decode one payload strictly; :class:`RemoteProtocolError` on anything off."""
+    if len(payload) > MAX_FRAME:
+        raise RemoteProtocolError("payload over the frame limit", peer=peer, evidence=payload)
+    try:
+        obj = msgpack.unpackb(
+            payload,
+            raw=False,
+            use_list=True,
+            strict_map_key=True,
+            max_bin_len=MAX_FRAME,
+            max_str_len=DEFAULT_MAX_STR * 4,
+            max_array_len=DEFAULT_MAX_ITEMS * 16,
+            max_map_len=0,
+            max_ext_len=0,
+        )
+    except msgpack.ExtraData:
+        raise RemoteProtocolError("trailing bytes after the message", peer=peer, evidence=payload) from None
+    except (ValueError, msgpack.UnpackException, TypeError, RecursionError) as exc:
+        raise RemoteProtocolError(f"malformed msgpack ({exc})", peer=peer, evidence=payload) from None
+    if type(obj) is not list or len(obj) < 2:
+        raise RemoteProtocolError("frame is not [version, type, ...]", peer=peer, evidence=payload)
+    version, code = obj[0], obj[1]
+    if type(version) is not int or version != WIRE_VERSION:
+        raise RemoteProtocolError(
+            f"unsupported wire version {version!r} (we speak {WIRE_VERSION})", peer=peer, evidence=payload
+        )
+    spec = _BY_CODE.get(code) if type(code) is int else None
+    if spec is None:
+        raise RemoteProtocolError(f"unknown message type {code!r}", peer=peer, evidence=payload)
+    try:
+        return spec.decode_fields(obj[2:])
+    except _Bad as exc:
+        raise RemoteProtocolError(str(exc), peer=peer, evidence=payload) from None
+
+
+# --------------------------------------------------------------------------- framing
+
+
+class FrameDecoder:
+    """I/O-free splitter of a byte stream into frame payloads.
+
+    ``feed(data)`` appends bytes; ``next_payload()`` returns the next complete
+    payload or ``None``. A length prefix of zero or over ``max_frame`` raises at
+    once, before any of that frame is buffered, so a peer announcing 4 GiB costs
+    us four bytes.
+    """
+
+    __slots__ = ("_buf", "_max", "peer")
+
+    def __init__(self, *, max_frame: int = MAX_FRAME, peer: str | None = None) -> None:
+        self._buf = bytearray()
+        self._max = max_frame
+        self.peer = peer
+
+    def feed(self, data: bytes) -> None:
+        self._buf += data
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf)
+
+    def next_payload(self) -> bytes | None:
+        buf = self._buf
+        if len(buf) < HEADER_LEN:
+            return None
+        n = int.from_bytes(buf[:HEADER_LEN], "big")
+        if n == 0 or n > self._max:
+            raise RemoteProtocolError(
+                f"frame length {n} outside 1..{self._max}", peer=self.peer, evidence=bytes(buf[:HEADER_LEN])
+            )
+        end = HEADER_LEN + n
+        if len(buf) < end:
+            return None
+        payload = bytes(buf[HEADER_LEN:end])
+        del buf[:end]
+        return payload
+
+    def next_message(self) -> Any | None:
+        payload = self.next_payload()
+        return None if payload is None else decode(payload, peer=self.peer)

@@ -1,0 +1,157 @@
+"""Configuration: defaults < TOML file < ``GENTORRENT_*`` environment < flags.
+
+Settings are declared once (:data:`SETTINGS`), with a type, a default and a
+help line; the CLI adds a flag for each one a command uses. The TOML file is
+``--config PATH`` (or ``GENTORRENT_CONFIG``), else ``DATA_DIR/config.toml`` if
+it exists. Keys are the setting names (``data_dir`` or ``data-dir``); an
+unknown key or a value of the wrong type is an error that names the file.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ENV_PREFIX = "GENTORRENT_"
+
+
+class ConfigError(Exception):
+    """A configuration value is missing, unknown or of the wrong type."""
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    type: type
+    default: Any
+    help: str
+
+
+def _default_data_dir() -> str:
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return os.path.join(base, "gentorrent")
+
+
+SETTINGS: dict[str, Setting] = {
+    s.name: s
+    for s in [
+        Setting("data_dir", str, None, "directory for keys and state (default: $XDG_DATA_HOME/gentorrent)"),
+        Setting("listen", str, "127.0.0.1:0", "address to listen on, host:port (port 0 picks a free one)"),
+        Setting("peers", str, None, "peer list file (JSON) naming the nodes to reach"),
+        Setting("region", str, "default", "region this node belongs to (paths use relays of one region)"),
+        Setting("log_level", str, "info", "logging level: debug, info, warning, error"),
+        Setting("ping_interval", float, 30.0, "seconds between pings to each peer"),
+    ]
+}
+
+
+def _coerce(setting: Setting, value: Any, where: str) -> Any:
+    t = setting.type
+    if t is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if isinstance(value, str) and t is not str:
+        try:
+            value = t(value)
+        except ValueError:
+            raise ConfigError(f"{where}: {setting.name} must be a {t.__name__}, got {value!r}") from None
+    if not isinstance(value, t) or (t is not bool and isinstance(value, bool)):
+        raise ConfigError(f"{where}: {setting.name} must be a {t.__name__}, got {value!r}")
+    return value
+
+
+class Config:
+    """Resolved settings; ``source(name)`` says where each value came from."""
+
+    def __init__(self, values: dict[str, Any], sources: dict[str, str]) -> None:
+        self._values = values
+        self._sources = sources
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._values[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def source(self, name: str) -> str:
+        return self._sources[name]
+
+    @property
+    def data_path(self) -> Path:
+        return Path(self._values["data_dir"]).expanduser()
+
+
+def load_toml(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            doc = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    out = {}
+    for key, value in doc.items():
+        name = key.replace("-", "_")
+        if name not in SETTINGS:
+            raise ConfigError(f"{path}: unknown setting {key!r} (known: {', '.join(sorted(SETTINGS))})")
+        out[name] = _coerce(SETTINGS[name], value, str(path))
+    return out
+
+
+def resolve(
+    flags: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    config_path: str | None = None,
+) -> Config:
+    """Merge the layers. ``flags`` maps setting names to values (``None`` = not given)."""
+    flags = dict(flags or {})
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for s in SETTINGS.values():
+        values[s.name], sources[s.name] = s.default, "default"
+
+    env_vals: dict[str, Any] = {}
+    for s in SETTINGS.values():
+        key = ENV_PREFIX + s.name.upper()
+        if key in env:
+            env_vals[s.name] = _coerce(s, env[key], key)
+
+    # The data dir (where config.toml may live) can itself come from any layer.
+    path = config_path or env.get(ENV_PREFIX + "CONFIG")
+    data_dir_guess = flags.get("data_dir") or env_vals.get("data_dir")
+    file_vals: dict[str, Any] = {}
+    if path:
+        file_vals = load_toml(Path(path).expanduser())
+    else:
+        guess = Path(data_dir_guess or _default_data_dir()).expanduser() / "config.toml"
+        if guess.is_file():
+            file_vals = load_toml(guess)
+            path = str(guess)
+
+    for layer, name in ((file_vals, f"file {path}"), (env_vals, "environment")):
+        for k, v in layer.items():
+            values[k], sources[k] = v, name
+    for k, v in flags.items():
+        if k in SETTINGS and v is not None:
+            values[k], sources[k] = _coerce(SETTINGS[k], v, f"--{k.replace('_', '-')}"), "flag"
+    if values["data_dir"] is None:
+        values["data_dir"] = _default_data_dir()
+    return Config(values, sources)
+
+
+def add_flags(parser: Any, *names: str) -> None:
+    """Add ``--name`` flags for these settings to an argparse parser (default None)."""
+    for name in names:
+        s = SETTINGS[name]
+        default = "" if s.default is None else f" (default: {s.default})"
+        parser.add_argument(
+            "--" + name.replace("_", "-"),
+            dest=name,
+            default=None,
+            type=s.type if s.type is not bool else None,
+            help=s.help + default + f"; env {ENV_PREFIX}{name.upper()}",
+        )

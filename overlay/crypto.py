@@ -1,0 +1,262 @@
+"""Every cryptographic primitive GenTorrent uses, in one place to review.
+
+No other module imports ``cryptography``, ``hashlib`` or ``hmac`` for security
+purposes: they call the functions here. The set is deliberately small:
+
+- Ed25519 signatures (node identity, signed replies, registry lists),
+- X25519 key agreement (onion layers, sealed clove headers),
+- HKDF-SHA256 (key derivation), BLAKE2b (fingerprints, keyed hashes), SHA-256,
+- AEAD: AES-256-GCM and ChaCha20-Poly1305 with 96-bit nonces,
+- a self-signed X.509 certificate bound to an Ed25519 key (TLS transport).
+
+Errors: a failed signature or AEAD check raises :class:`CryptoError`; callers
+turn it into a protocol error naming the peer.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import hmac
+import os
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature, InvalidTag
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+    Ed25519PrivateKey,
+    Ed25519PublicKey,
+)
+from cryptography.hazmat.primitives.asymmetric.x25519 import (
+    X25519PrivateKey,
+    X25519PublicKey,
+)
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from cryptography.x509.oid import NameOID
+
+__all__ = [
+    "AEAD_KEY_LEN",
+    "AEAD_NONCE_LEN",
+    "AEAD_TAG_LEN",
+    "Aead",
+    "CryptoError",
+    "ED25519_PK_LEN",
+    "ED25519_SIG_LEN",
+    "SigningKey",
+    "X25519_PK_LEN",
+    "X25519Key",
+    "blake2b",
+    "ct_equal",
+    "ed25519_verify",
+    "hkdf",
+    "random_bytes",
+    "self_signed_cert",
+    "cert_ed25519_public_key",
+    "sha256",
+    "x25519_exchange",
+]
+
+ED25519_PK_LEN = 32
+ED25519_SIG_LEN = 64
+X25519_PK_LEN = 32
+AEAD_KEY_LEN = 32
+AEAD_NONCE_LEN = 12
+AEAD_TAG_LEN = 16
+
+
+class CryptoError(Exception):
+    """A signature, key or ciphertext failed to verify."""
+
+
+def random_bytes(n: int) -> bytes:
+    """``n`` bytes from the operating system's CSPRNG."""
+    return os.urandom(n)
+
+
+def sha256(data: bytes) -> bytes:
+    return hashlib.sha256(data).digest()
+
+
+def blake2b(data: bytes, *, size: int = 32, key: bytes = b"", person: bytes = b"") -> bytes:
+    """BLAKE2b with optional key (≤ 64 B) and personalisation (≤ 16 B)."""
+    return hashlib.blake2b(data, digest_size=size, key=key, person=person).digest()
+
+
+def ct_equal(a: bytes, b: bytes) -> bool:
+    """Constant-time equality for secrets and MACs."""
+    return hmac.compare_digest(a, b)
+
+
+def hkdf(secret: bytes, *, info: bytes, length: int = 32, salt: bytes | None = None) -> bytes:
+    """HKDF-SHA256 (RFC 5869)."""
+    return HKDF(algorithm=hashes.SHA256(), length=length, salt=salt, info=info).derive(secret)
+
+
+# --------------------------------------------------------------------------- Ed25519
+
+
+class SigningKey:
+    """An Ed25519 private key: the root of a node's identity."""
+
+    __slots__ = ("_sk", "public_bytes")
+
+    def __init__(self, sk: Ed25519PrivateKey) -> None:
+        self._sk = sk
+        self.public_bytes: bytes = sk.public_key().public_bytes(
+            serialization.Encoding.Raw, serialization.PublicFormat.Raw
+        )
+
+    @classmethod
+    def generate(cls) -> SigningKey:
+        return cls(Ed25519PrivateKey.generate())
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> SigningKey:
+        if len(raw) != 32:
+            raise CryptoError(f"Ed25519 private key must be 32 bytes, got {len(raw)}")
+        return cls(Ed25519PrivateKey.from_private_bytes(raw))
+
+    def private_bytes(self) -> bytes:
+        return self._sk.private_bytes(
+            serialization.Encoding.Raw,
+            serialization.PrivateFormat.Raw,
+            serialization.NoEncryption(),
+        )
+
+    def sign(self, message: bytes) -> bytes:
+        return self._sk.sign(message)
+
+    @property
+    def _key(self) -> Ed25519PrivateKey:
+        return self._sk
+
+
+def ed25519_verify(public: bytes, signature: bytes, message: bytes) -> None:
+    """Raise :class:`CryptoError` unless ``signature`` is ``public``'s over ``message``."""
+    if len(public) != ED25519_PK_LEN or len(signature) != ED25519_SIG_LEN:
+        raise CryptoError("malformed Ed25519 key or signature length")
+    try:
+        Ed25519PublicKey.from_public_bytes(public).verify(signature, message)
+    except (InvalidSignature, ValueError) as exc:
+        raise CryptoError("bad Ed25519 signature") from exc
+
+
+# --------------------------------------------------------------------------- X25519
+
+
+class X25519Key:
+    """An X25519 private key (long-term node key, or an ephemeral one)."""
+
+    __slots__ = ("_sk", "public_bytes")
+
+    def __init__(self, sk: X25519PrivateKey) -> None:
+        self._sk = sk
+        self.public_bytes: bytes = sk.public_key().public_bytes(
+            serialization.Encoding.Raw, serialization.PublicFormat.Raw
+        )
+
+    @classmethod
+    def generate(cls) -> X25519Key:
+        return cls(X25519PrivateKey.generate())
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> X25519Key:
+        if len(raw) != 32:
+            raise CryptoError(f"X25519 private key must be 32 bytes, got {len(raw)}")
+        return cls(X25519PrivateKey.from_private_bytes(raw))
+
+    def private_bytes(self) -> bytes:
+        return self._sk.private_bytes(
+            serialization.Encoding.Raw,
+            serialization.PrivateFormat.Raw,
+            serialization.NoEncryption(),
+        )
+
+    def exchange(self, peer_public: bytes) -> bytes:
+        return x25519_exchange(self, peer_public)
+
+
+def x25519_exchange(key: X25519Key, peer_public: bytes) -> bytes:
+    """Shared secret with ``peer_public``; rejects malformed and low-order points."""
+    if len(peer_public) != X25519_PK_LEN:
+        raise CryptoError("X25519 public key must be 32 bytes")
+    try:
+        return key._sk.exchange(X25519PublicKey.from_public_bytes(peer_public))
+    except ValueError as exc:  # all-zero shared secret (low-order point)
+        raise CryptoError("X25519 exchange failed (low-order point)") from exc
+
+
+# --------------------------------------------------------------------------- AEAD
+
+
+class Aead:
+    """An AEAD bound to one 32-byte key. ``kind`` is ``"aes-gcm"`` or ``"chacha"``.
+
+    Build one object per key and reuse it: construction is the expensive part.
+    """
+
+    __slots__ = ("_cipher",)
+
+    def __init__(self, key: bytes, kind: str = "aes-gcm") -> None:
+        if len(key) != AEAD_KEY_LEN:
+            raise CryptoError(f"AEAD key must be {AEAD_KEY_LEN} bytes, got {len(key)}")
+        if kind == "aes-gcm":
+            self._cipher: AESGCM | ChaCha20Poly1305 = AESGCM(key)
+        elif kind == "chacha":
+            self._cipher = ChaCha20Poly1305(key)
+        else:
+            raise ValueError(f"unknown AEAD kind {kind!r}")
+
+    def seal(self, nonce: bytes, plaintext: bytes, aad: bytes | None = None) -> bytes:
+        return self._cipher.encrypt(nonce, plaintext, aad)
+
+    def open(self, nonce: bytes, ciphertext: bytes, aad: bytes | None = None) -> bytes:
+        if len(nonce) != AEAD_NONCE_LEN:
+            raise CryptoError("AEAD nonce must be 12 bytes")
+        try:
+            return self._cipher.decrypt(nonce, ciphertext, aad)
+        except (InvalidTag, ValueError) as exc:
+            raise CryptoError("AEAD authentication failed") from exc
+
+
+# --------------------------------------------------------------------------- X.509
+
+
+def self_signed_cert(key: SigningKey, common_name: str) -> tuple[bytes, bytes]:
+    """A self-signed certificate for ``key``: ``(cert_pem, key_pem)``.
+
+    The TLS transport pins the Ed25519 key inside it, so names and dates
+    carry no trust; the validity window is wide to tolerate clock skew.
+    """
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key._key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=3650))
+        .sign(key._key, algorithm=None)
+    )
+    cert_pem = cert.public_bytes(serialization.Encoding.PEM)
+    key_pem = key._key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    return cert_pem, key_pem
+
+
+def cert_ed25519_public_key(cert_der: bytes) -> bytes:
+    """The raw Ed25519 public key of a DER certificate; :class:`CryptoError` otherwise."""
+    try:
+        cert = x509.load_der_x509_certificate(cert_der)
+        pk = cert.public_key()
+    except ValueError as exc:
+        raise CryptoError("peer certificate does not parse") from exc
+    if not isinstance(pk, Ed25519PublicKey):
+        raise CryptoError("peer certificate key is not Ed25519")
+    return pk.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)

@@ -1,0 +1,213 @@
+"""A node: listens, authenticates peers, dispatches their messages, pings its peers.
+
+Every role builds on this. Handlers are registered per message type::
+
+    node.on(Ping, handle_ping)         # async (conn, msg) -> reply message | None
+
+Connections in both directions (accepted and dialed) run the same receive loop,
+so a peer can talk on whichever connection exists. A peer that sends a bad
+frame gets an ``Error`` frame and a closed connection; the node counts the
+reason (``node.rejected``) and keeps serving everyone else.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+
+from overlay.codec import RemoteProtocolError
+from overlay.identity import Identity, short_id
+from overlay.messages import Echo, EchoReply, Error, PeerSeen, PeerStatus, PeerStatusRequest, Ping, Pong
+from overlay.peers import PeerEntry
+from overlay.transport import Connection, Transport, TransportError
+
+log = logging.getLogger("gentorrent.node")
+
+MessageHandler = Callable[[Connection, Any], Awaitable[Any]]
+
+MAX_PENDING_PINGS = 4096
+
+
+class Node:
+    def __init__(
+        self,
+        identity: Identity,
+        transport: Transport,
+        *,
+        peers: list[PeerEntry] | None = None,
+        ping_interval: float = 30.0,
+        idle_timeout: float = 300.0,
+    ) -> None:
+        self.identity = identity
+        self.transport = transport
+        self.peers = {p.node_id: p for p in (peers or []) if p.node_id != identity.node_id}
+        self.ping_interval = ping_interval
+        self.idle_timeout = idle_timeout
+        self.address: str | None = None
+        self.started_at = time.monotonic()
+        self.rejected: Counter[str] = Counter()
+        self.seen: dict[bytes, PeerSeen] = {}
+        self._handlers: dict[type, MessageHandler] = {}
+        self._conns: dict[bytes, Connection] = {}
+        self._dial_locks: dict[bytes, trio.Lock] = {}
+        self._pings: dict[int, tuple[trio.Event, float]] = {}
+        self._nonces = itertools.count(1)
+        self._nursery: trio.Nursery | None = None
+        self.on(Ping, self._on_ping)
+        self.on(Pong, self._on_pong)
+        self.on(PeerStatusRequest, self._on_status)
+        self.on(Echo, self._on_echo)
+
+    @property
+    def node_id(self) -> bytes:
+        return self.identity.node_id
+
+    def on(self, msg_type: type, handler: MessageHandler) -> None:
+        self._handlers[msg_type] = handler
+
+    # ------------------------------------------------------------------ serving
+
+    async def serve(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Listen and ping peers until cancelled; reports the bound address."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            self.address = await nursery.start(self.transport.serve, self._serve_conn, host, port)
+            if self.peers and self.ping_interval > 0:
+                nursery.start_soon(self._ping_loop)
+            task_status.started(self.address)
+
+    async def _serve_conn(self, conn: Connection) -> None:
+        self._conns.setdefault(conn.peer_id, conn)
+        try:
+            await self._receive_loop(conn)
+        finally:
+            if self._conns.get(conn.peer_id) is conn:
+                del self._conns[conn.peer_id]
+
+    async def _receive_loop(self, conn: Connection) -> None:
+        while not conn.closed:
+            try:
+                msg = await conn.receive(timeout=self.idle_timeout)
+            except RemoteProtocolError as exc:
+                self._reject(conn, "bad-frame", str(exc))
+                await conn.reject("bad-frame", exc.reason)
+                return
+            except TransportError as exc:
+                log.debug("%s: %s", conn.peer, exc)
+                await conn.aclose()
+                return
+            if isinstance(msg, Error):
+                log.info("peer %s reported error %s: %s", conn.peer, msg.code, msg.detail)
+                await conn.aclose()
+                return
+            handler = self._handlers.get(type(msg))
+            if handler is None:
+                self._reject(conn, "unexpected-message", type(msg).__name__)
+                await conn.reject("unexpected-message", f"this node does not accept {type(msg).__name__}")
+                return
+            try:
+                reply = await handler(conn, msg)
+                if reply is not None:
+                    await conn.send(reply)
+            except RemoteProtocolError as exc:
+                self._reject(conn, "bad-message", str(exc))
+                await conn.reject("bad-message", exc.reason)
+                return
+            except TransportError as exc:
+                log.debug("%s: %s", conn.peer, exc)
+                return
+
+    def _reject(self, conn: Connection, reason: str, detail: str) -> None:
+        self.rejected[reason] += 1
+        log.warning("dropping peer %s (%s): %s: %s", conn.peer, conn.address, reason, detail)
+
+    # ------------------------------------------------------------------ dialing
+
+    async def connection_to(self, peer: PeerEntry) -> Connection:
+        """A live connection to ``peer`` (reused, or dialed and pinned to its id)."""
+        conn = self._conns.get(peer.node_id)
+        if conn is not None and not conn.closed:
+            return conn
+        lock = self._dial_locks.setdefault(peer.node_id, trio.Lock())
+        async with lock:
+            conn = self._conns.get(peer.node_id)
+            if conn is not None and not conn.closed:
+                return conn
+            conn = await self.transport.dial(peer.address, peer.node_id)
+            self._conns[peer.node_id] = conn
+            assert self._nursery is not None, "Node.serve() must be running"
+            self._nursery.start_soon(self._serve_conn, conn)
+            return conn
+
+    async def ping(self, peer: PeerEntry, timeout: float = 5.0) -> float:
+        """Round-trip time to ``peer`` in seconds; :class:`TransportError` if none."""
+        if len(self._pings) >= MAX_PENDING_PINGS:
+            raise TransportError("too many pings in flight")
+        conn = await self.connection_to(peer)
+        nonce = next(self._nonces)
+        done = trio.Event()
+        t0 = time.perf_counter()
+        self._pings[nonce] = (done, t0)
+        try:
+            await conn.send(Ping(nonce=nonce))
+            with trio.move_on_after(timeout):
+                await done.wait()
+            if not done.is_set():
+                raise TransportError(f"no pong from {short_id(peer.node_id)} within {timeout}s")
+            return time.perf_counter() - t0
+        finally:
+            self._pings.pop(nonce, None)
+
+    async def _ping_loop(self) -> None:
+        while True:
+            async with trio.open_nursery() as n:
+                for peer in list(self.peers.values()):
+                    n.start_soon(self._ping_one, peer)
+            await trio.sleep(self.ping_interval)
+
+    async def _ping_one(self, peer: PeerEntry) -> None:
+        try:
+            rtt = await self.ping(peer)
+        except TransportError as exc:
+            log.info("peer %s at %s unreachable: %s", short_id(peer.node_id), peer.address, exc)
+            old = self.seen.get(peer.node_id)
+            self.seen[peer.node_id] = PeerSeen(
+                node_id=peer.node_id, address=peer.address, rtt_us=-1,
+                last_ok_unix=old.last_ok_unix if old else 0.0,
+            )
+            return
+        self.seen[peer.node_id] = PeerSeen(
+            node_id=peer.node_id, address=peer.address, rtt_us=int(rtt * 1e6), last_ok_unix=time.time()
+        )
+
+    # ------------------------------------------------------------------ handlers
+
+    async def _on_ping(self, conn: Connection, msg: Ping) -> Pong:
+        return Pong(nonce=msg.nonce)
+
+    async def _on_pong(self, conn: Connection, msg: Pong) -> None:
+        entry = self._pings.get(msg.nonce)
+        if entry is not None:
+            entry[0].set()
+
+    async def _on_echo(self, conn: Connection, msg: Echo) -> EchoReply:
+        return EchoReply(nonce=msg.nonce, data=msg.data)
+
+    async def _on_status(self, conn: Connection, msg: PeerStatusRequest) -> PeerStatus:
+        return PeerStatus(
+            node_id=self.node_id,
+            uptime_s=time.monotonic() - self.started_at,
+            peers=tuple(self.seen[k] for k in sorted(self.seen)),
+        )

@@ -1,0 +1,112 @@
+"""Peer list files: who is in the network, where, with which keys.
+
+For now a JSON file that ``gentorrent devnet`` generates; the signed registry
+(overlay issue) and later the verifier committee replace its source, not its
+shape. Loading is strict: every id must match its Ed25519 key.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from overlay.identity import Identity, node_id_of
+from overlay.transport import parse_address
+
+MAX_PEERS = 100_000
+MAX_FILE = 64 * 1024 * 1024
+
+
+class PeerListError(Exception):
+    """The peer list file is missing, malformed or inconsistent."""
+
+
+@dataclass(frozen=True, slots=True)
+class PeerEntry:
+    node_id: bytes
+    address: str
+    ed25519_public: bytes
+    x25519_public: bytes
+    region: str = "default"
+    role: str = "user"  # "user" | "model"
+
+    @classmethod
+    def of(cls, identity: Identity, address: str, region: str = "default", role: str = "user") -> PeerEntry:
+        return cls(identity.node_id, address, identity.ed25519_public, identity.x25519_public, region, role)
+
+    def to_json(self) -> dict[str, str]:
+        return {
+            "id": self.node_id.hex(),
+            "address": self.address,
+            "ed25519": self.ed25519_public.hex(),
+            "x25519": self.x25519_public.hex(),
+            "region": self.region,
+            "role": self.role,
+        }
+
+
+def _hex(v: object, n: int, what: str) -> bytes:
+    if not isinstance(v, str):
+        raise PeerListError(f"{what} must be a hex string")
+    try:
+        b = bytes.fromhex(v)
+    except ValueError:
+        raise PeerListError(f"{what} is not hex") from None
+    if len(b) != n:
+        raise PeerListError(f"{what} must be {n} bytes, got {len(b)}")
+    return b
+
+
+def parse_entry(obj: object, where: str) -> PeerEntry:
+    if not isinstance(obj, dict):
+        raise PeerListError(f"{where}: expected an object")
+    unknown = set(obj) - {"id", "address", "ed25519", "x25519", "region", "role"}
+    if unknown:
+        raise PeerListError(f"{where}: unknown keys {sorted(unknown)}")
+    ed = _hex(obj.get("ed25519"), 32, f"{where}.ed25519")
+    nid = _hex(obj.get("id"), 20, f"{where}.id")
+    if node_id_of(ed) != nid:
+        raise PeerListError(f"{where}: id {nid.hex()[:8]} does not match its ed25519 key")
+    addr = obj.get("address")
+    if not isinstance(addr, str):
+        raise PeerListError(f"{where}.address must be a string")
+    try:
+        parse_address(addr)
+    except ValueError as exc:
+        raise PeerListError(f"{where}.address: {exc}") from None
+    region = obj.get("region", "default")
+    role = obj.get("role", "user")
+    if not isinstance(region, str) or not 0 < len(region) <= 64:
+        raise PeerListError(f"{where}.region must be a short string")
+    if role not in ("user", "model"):
+        raise PeerListError(f"{where}.role must be 'user' or 'model'")
+    return PeerEntry(nid, addr, ed, _hex(obj.get("x25519"), 32, f"{where}.x25519"), region, role)
+
+
+def load(path: str | os.PathLike[str]) -> list[PeerEntry]:
+    p = Path(path)
+    try:
+        if p.stat().st_size > MAX_FILE:
+            raise PeerListError(f"{p} is larger than {MAX_FILE} bytes")
+        doc = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise PeerListError(f"peer list {p} does not exist") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise PeerListError(f"peer list {p} is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("peers"), list):
+        raise PeerListError(f"peer list {p} must be an object with a 'peers' array")
+    if len(doc["peers"]) > MAX_PEERS:
+        raise PeerListError(f"peer list {p} has more than {MAX_PEERS} peers")
+    entries = [parse_entry(e, f"peers[{i}]") for i, e in enumerate(doc["peers"])]
+    if len({e.node_id for e in entries}) != len(entries):
+        raise PeerListError(f"peer list {p} lists a node twice")
+    return entries
+
+
+def save(path: str | os.PathLike[str], entries: list[PeerEntry]) -> None:
+    p = Path(path)
+    tmp = p.with_suffix(p.suffix + ".tmp")
+    tmp.write_text(json.dumps({"peers": [e.to_json() for e in entries]}, indent=1))
+    os.replace(tmp, p)

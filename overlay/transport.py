@@ -1,0 +1,478 @@
+"""Authenticated connections between nodes: TLS 1.3 over TCP, or in memory for tests.
+
+Both transports give the same :class:`Connection` (typed messages in and out,
+``peer_id`` authenticated) and the same listener contract::
+
+    addr = await nursery.start(transport.serve, handler)   # ready when it returns
+    conn = await transport.dial(addr, expected_id)
+
+Authentication (docs/decisions/0001-tls-identity-pinning.md): the server's TLS
+certificate is self-signed with its Ed25519 identity key and the dialer pins it
+to ``expected_id``; the dialer then proves its own id by signing the server's
+nonce together with the hash of the server certificate (:mod:`overlay.handshake`).
+
+Every network await has a timeout (:class:`Timeouts`); a listener caps its
+concurrent connections; a bad frame or failed proof earns the peer an
+:class:`~overlay.messages.Error` frame and a closed connection, never a crash.
+"""
+
+from __future__ import annotations
+
+import abc
+import itertools
+import logging
+import os
+import ssl
+import tempfile
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+import trio.testing
+
+from overlay import codec, crypto, handshake
+from overlay.codec import RemoteProtocolError
+from overlay.identity import Identity, short_id
+from overlay.messages import AuthChallenge, AuthOk, AuthProof, Error, NONCE_LEN
+
+log = logging.getLogger("gentorrent.transport")
+
+_READ_CHUNK = 64 * 1024
+
+
+class TransportError(Exception):
+    """A connection could not be made or was lost (refused, timed out, closed)."""
+
+
+class PeerAuthError(TransportError):
+    """The peer's identity did not check out (wrong certificate, failed proof)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    """Seconds. ``handshake`` covers TCP connect + TLS + proof of identity."""
+
+    handshake: float = 10.0
+    send: float = 10.0
+    receive: float = 60.0
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """``"host:port"`` (``"[::1]:port"`` for IPv6) → ``(host, port)``."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ValueError(f"address {address!r} is not host:port")
+    p = int(port)
+    if not 0 <= p <= 65535:
+        raise ValueError(f"port {p} out of range")
+    return host.strip("[]"), p
+
+
+def format_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class Connection:
+    """One authenticated, framed, bidirectional connection.
+
+    ``send`` serialises writers and times out; ``receive`` returns the next
+    decoded message, raising :class:`RemoteProtocolError` for a bad frame and
+    :class:`TransportError` on EOF or timeout.
+    """
+
+    def __init__(
+        self,
+        stream: trio.abc.Stream,
+        *,
+        peer_id: bytes,
+        peer_ed25519: bytes,
+        peer_x25519: bytes,
+        address: str,
+        timeouts: Timeouts,
+        max_frame: int = codec.MAX_FRAME,
+    ) -> None:
+        self._stream = stream
+        self.peer_id = peer_id
+        self.peer_ed25519 = peer_ed25519
+        self.peer_x25519 = peer_x25519
+        self.address = address
+        self.timeouts = timeouts
+        self._decoder = codec.FrameDecoder(max_frame=max_frame, peer=short_id(peer_id))
+        self._send_lock = trio.Lock()
+        self.closed = False
+        self.bytes_in = 0
+        self.bytes_out = 0
+
+    @property
+    def peer(self) -> str:
+        return short_id(self.peer_id)
+
+    def __repr__(self) -> str:
+        return f"<Connection peer={self.peer} {self.address}>"
+
+    async def send(self, msg: Any) -> None:
+        await self.send_raw(codec.frame(msg))
+
+    async def send_raw(self, data: bytes) -> None:
+        """Send pre-framed bytes (one or more whole frames)."""
+        if self.closed:
+            raise TransportError(f"connection to {self.peer} is closed")
+        try:
+            with trio.fail_after(self.timeouts.send):
+                async with self._send_lock:
+                    await self._stream.send_all(data)
+        except trio.TooSlowError:
+            await self.aclose()
+            raise TransportError(f"send to {self.peer} timed out after {self.timeouts.send}s") from None
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, ssl.SSLError) as exc:
+            await self.aclose()
+            raise TransportError(f"connection to {self.peer} lost while sending: {exc!r}") from None
+        self.bytes_out += len(data)
+
+    async def receive(self, timeout: float | None = None) -> Any:
+        payload = await self.receive_payload(timeout)
+        return codec.decode(payload, peer=self.peer)
+
+    async def receive_payload(self, timeout: float | None = None) -> bytes:
+        limit = self.timeouts.receive if timeout is None else timeout
+        try:
+            with trio.fail_after(limit):
+                while True:
+                    payload = self._decoder.next_payload()
+                    if payload is not None:
+                        return payload
+                    try:
+                        data = await self._stream.receive_some(_READ_CHUNK)
+                    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, ssl.SSLError) as exc:
+                        raise TransportError(f"connection to {self.peer} lost: {exc!r}") from None
+                    if not data:
+                        raise TransportError(f"peer {self.peer} closed the connection")
+                    self.bytes_in += len(data)
+                    self._decoder.feed(data)
+        except trio.TooSlowError:
+            raise TransportError(f"peer {self.peer} sent nothing for {limit}s") from None
+
+    async def reject(self, code: str, detail: str) -> None:
+        """Best effort: tell the peer why, then close."""
+        if not self.closed:
+            with trio.move_on_after(1.0):
+                try:
+                    async with self._send_lock:
+                        await self._stream.send_all(codec.frame(Error(code=code, detail=detail[:1024])))
+                except Exception:  # noqa: BLE001 - the peer is being dropped anyway
+                    pass
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        with trio.CancelScope(shield=True):
+            with trio.move_on_after(1.0):
+                try:
+                    await self._stream.aclose()
+                except Exception:  # noqa: BLE001
+                    pass
+
+
+Handler = Callable[[Connection], Awaitable[None]]
+
+
+class _PreAuth:
+    """Framing over a raw stream before the peer is known (handshake only)."""
+
+    def __init__(self, stream: trio.abc.Stream, label: str) -> None:
+        self.stream = stream
+        self.decoder = codec.FrameDecoder(max_frame=4096, peer=label)
+
+    async def send(self, msg: Any) -> None:
+        await self.stream.send_all(codec.frame(msg))
+
+    async def receive(self, expected: type) -> Any:
+        while True:
+            payload = self.decoder.next_payload()
+            if payload is not None:
+                msg = codec.decode(payload, peer=self.decoder.peer)
+                if isinstance(msg, Error):
+                    raise PeerAuthError(f"peer refused us: {msg.code}: {msg.detail}")
+                if not isinstance(msg, expected):
+                    raise RemoteProtocolError(
+                        f"expected {expected.__name__} during handshake, got {type(msg).__name__}",
+                        peer=self.decoder.peer,
+                    )
+                return msg
+            data = await self.stream.receive_some(_READ_CHUNK)
+            if not data:
+                raise TransportError(f"{self.decoder.peer} closed the connection during the handshake")
+            self.decoder.feed(data)
+
+
+class Transport(abc.ABC):
+    """Base: the authenticated handshake over whatever raw stream a subclass opens."""
+
+    def __init__(self, identity: Identity, *, timeouts: Timeouts | None = None, max_connections: int = 1024) -> None:
+        self.identity = identity
+        self.timeouts = timeouts or Timeouts()
+        self.max_connections = max_connections
+        self.rejected: dict[str, int] = {}
+
+    @abc.abstractmethod
+    async def _open(self, address: str) -> tuple[trio.abc.Stream, bytes, bytes]:
+        """Connect: ``(stream, server_ed25519_public, channel_binding)``."""
+
+    @abc.abstractmethod
+    async def serve(self, handler: Handler, host: str, port: int, *,
+                    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
+        """Accept connections until cancelled, reporting the bound address."""
+
+    def _count_reject(self, reason: str) -> None:
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+
+    async def dial(self, address: str, expected_id: bytes | None) -> Connection:
+        """Connect to ``address`` and authenticate both ends.
+
+        ``expected_id`` pins the server; ``None`` accepts any id (used only by
+        ``gentorrent status`` to discover a node's id — never for relaying).
+        """
+        try:
+            with trio.fail_after(self.timeouts.handshake):
+                stream, server_pk, binding = await self._open(address)
+                try:
+                    peer_id = handshake.check_pinned(server_pk, expected_id)
+                    pre = _PreAuth(stream, short_id(peer_id))
+                    challenge = await pre.receive(AuthChallenge)
+                    await pre.send(handshake.make_proof(self.identity, binding, challenge.nonce))
+                    ok = await pre.receive(AuthOk)
+                except BaseException:
+                    with trio.CancelScope(shield=True), trio.move_on_after(1.0):
+                        await stream.aclose()
+                    raise
+        except trio.TooSlowError:
+            raise TransportError(f"handshake with {address} timed out after {self.timeouts.handshake}s") from None
+        except handshake.AuthError as exc:
+            raise PeerAuthError(str(exc)) from None
+        except RemoteProtocolError as exc:
+            raise PeerAuthError(f"{address}: bad handshake: {exc}") from None
+        except (OSError, trio.BrokenResourceError, ssl.SSLError) as exc:
+            raise TransportError(f"cannot connect to {address}: {exc}") from None
+        conn = Connection(
+            stream,
+            peer_id=peer_id,
+            peer_ed25519=server_pk,
+            peer_x25519=ok.x25519_public,
+            address=address,
+            timeouts=self.timeouts,
+        )
+        conn._decoder.feed(bytes(pre.decoder._buf))  # anything sent right after AuthOk
+        return conn
+
+    async def _accept(self, stream: trio.abc.Stream, binding: bytes, address: str) -> Connection | None:
+        """Server side of the handshake; ``None`` (logged, counted) when it fails."""
+        reason = None
+        pre = _PreAuth(stream, address)
+        try:
+            with trio.fail_after(self.timeouts.handshake):
+                await self._server_tls(stream)
+                nonce = crypto.random_bytes(NONCE_LEN)
+                await pre.send(AuthChallenge(nonce=nonce))
+                proof = await pre.receive(AuthProof)
+                peer_id = handshake.check_proof(proof, binding, nonce)
+                await pre.send(AuthOk(x25519_public=self.identity.x25519_public))
+        except trio.TooSlowError:
+            reason, detail = "timeout", f"no valid handshake within {self.timeouts.handshake}s"
+        except handshake.AuthError as exc:
+            reason, detail = "auth-failed", str(exc)
+        except RemoteProtocolError as exc:
+            reason, detail = "bad-frame", str(exc)
+        except (TransportError, OSError, trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError) as exc:
+            reason, detail = "handshake-io", repr(exc)
+        if reason is not None:
+            self._count_reject(reason)
+            log.warning("rejected %s during handshake: %s: %s", address, reason, detail)
+            with trio.move_on_after(1.0):
+                try:
+                    await stream.send_all(codec.frame(Error(code=reason, detail=detail[:1024])))
+                except Exception:  # noqa: BLE001
+                    pass
+            with trio.CancelScope(shield=True), trio.move_on_after(1.0):
+                try:
+                    await stream.aclose()
+                except Exception:  # noqa: BLE001
+                    pass
+            return None
+        conn = Connection(
+            stream,
+            peer_id=peer_id,
+            peer_ed25519=proof.ed25519_public,
+            peer_x25519=proof.x25519_public,
+            address=address,
+            timeouts=self.timeouts,
+        )
+        conn._decoder.feed(bytes(pre.decoder._buf))
+        return conn
+
+    async def _server_tls(self, stream: trio.abc.Stream) -> None:
+        """Complete any transport-level handshake before ours (TLS does)."""
+
+    async def _run_handler(self, handler: Handler, stream: trio.abc.Stream, binding: bytes, address: str,
+                           limiter: trio.CapacityLimiter) -> None:
+        try:
+            limiter.acquire_on_behalf_of_nowait(stream)
+        except trio.WouldBlock:
+            self._count_reject("too-many-connections")
+            log.warning("rejected %s: %d connections already open", address, self.max_connections)
+            with trio.CancelScope(shield=True), trio.move_on_after(1.0):
+                await stream.aclose()
+            return
+        try:
+            conn = await self._accept(stream, binding, address)
+            if conn is None:
+                return
+            try:
+                await handler(conn)
+            finally:
+                await conn.aclose()
+        finally:
+            limiter.release_on_behalf_of(stream)
+
+
+# --------------------------------------------------------------------------- TLS
+
+
+def _tls_contexts(identity: Identity) -> tuple[ssl.SSLContext, ssl.SSLContext, bytes]:
+    cert_pem, key_pem = crypto.self_signed_cert(identity.signing, identity.node_id.hex())
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.minimum_version = ssl.TLSVersion.TLSv1_3
+    with tempfile.TemporaryDirectory(prefix="gentorrent-tls-") as d:
+        cert_path, key_path = os.path.join(d, "c.pem"), os.path.join(d, "k.pem")
+        fd = os.open(key_path, os.O_WRONLY | os.O_CREAT, 0o600)
+        os.write(fd, key_pem)
+        os.close(fd)
+        with open(cert_path, "wb") as f:
+            f.write(cert_pem)
+        server.load_cert_chain(cert_path, key_path)
+    client = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    client.minimum_version = ssl.TLSVersion.TLSv1_3
+    client.check_hostname = False  # identities are pinned by key, not by name
+    client.verify_mode = ssl.CERT_NONE  # no CA: the key is checked after the handshake
+    cert_der = ssl.PEM_cert_to_DER_cert(cert_pem.decode())
+    return server, client, crypto.sha256(cert_der)
+
+
+class TLSTransport(Transport):
+    """TCP + TLS 1.3; identities pinned from the certificate's Ed25519 key."""
+
+    def __init__(self, identity: Identity, **kw: Any) -> None:
+        super().__init__(identity, **kw)
+        self._server_ctx, self._client_ctx, self._binding = _tls_contexts(identity)
+
+    async def _open(self, address: str) -> tuple[trio.abc.Stream, bytes, bytes]:
+        host, port = parse_address(address)
+        tcp = await trio.open_tcp_stream(host, port)
+        tls = trio.SSLStream(tcp, self._client_ctx, server_hostname=None)
+        try:
+            await tls.do_handshake()
+            der = tls.getpeercert(binary_form=True)
+            if not der:
+                raise PeerAuthError(f"{address} presented no certificate")
+            try:
+                server_pk = crypto.cert_ed25519_public_key(der)
+            except crypto.CryptoError as exc:
+                raise PeerAuthError(f"{address}: {exc}") from None
+        except BaseException:
+            with trio.CancelScope(shield=True), trio.move_on_after(1.0):
+                await tcp.aclose()
+            raise
+        return tls, server_pk, crypto.sha256(der)
+
+    async def _server_tls(self, stream: trio.abc.Stream) -> None:
+        assert isinstance(stream, trio.SSLStream)
+        await stream.do_handshake()
+
+    async def serve(
+        self,
+        handler: Handler,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Listen until cancelled; reports the bound ``host:port`` via ``task_status``."""
+        listeners = await trio.open_tcp_listeners(port, host=host)
+        limiter = trio.CapacityLimiter(self.max_connections)
+        sock = listeners[0].socket
+        bound = format_address(*sock.getsockname()[:2])
+
+        async def on_tcp(tcp: trio.SocketStream) -> None:
+            try:
+                peer = format_address(*tcp.socket.getpeername()[:2])
+            except OSError:
+                peer = "?"
+            tls = trio.SSLStream(tcp, self._server_ctx, server_side=True)
+            await self._run_handler(handler, tls, self._binding, peer, limiter)
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(trio.serve_listeners, on_tcp, listeners)
+            log.info("node %s listening on %s", short_id(self.identity.node_id), bound)
+            task_status.started(bound)
+
+
+# --------------------------------------------------------------------------- memory
+
+
+class MemoryNetwork:
+    """A fake network of in-memory listeners, for integration tests."""
+
+    def __init__(self) -> None:
+        self.listeners: dict[str, tuple[bytes, trio.MemorySendChannel[Any]]] = {}
+        self._serial = itertools.count()
+
+    def address(self, name: str) -> str:
+        return f"mem-{name}:1"
+
+
+class MemoryTransport(Transport):
+    """Same contract as :class:`TLSTransport` over ``trio.testing`` memory streams.
+
+    The fake "certificate" is the listener's public key as registered on the
+    :class:`MemoryNetwork`; the proof of identity is the real one.
+    """
+
+    def __init__(self, identity: Identity, network: MemoryNetwork, **kw: Any) -> None:
+        super().__init__(identity, **kw)
+        self.network = network
+
+    async def _open(self, address: str) -> tuple[trio.abc.Stream, bytes, bytes]:
+        entry = self.network.listeners.get(address)
+        if entry is None:
+            raise TransportError(f"cannot connect to {address}: connection refused")
+        server_pk, inbox = entry
+        client, server = trio.testing.memory_stream_pair()
+        binding = crypto.sha256(b"mem" + server_pk + next(self.network._serial).to_bytes(8, "big"))
+        try:
+            inbox.send_nowait((server, binding))
+        except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+            raise TransportError(f"cannot connect to {address}: listener busy or gone") from None
+        return client, server_pk, binding
+
+    async def serve(
+        self,
+        handler: Handler,
+        host: str = "mem",
+        port: int = 0,
+        *,
+        name: str | None = None,
+        task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        address = self.network.address(name or self.identity.node_id.hex()[:12])
+        send, receive = trio.open_memory_channel[Any](64)
+        limiter = trio.CapacityLimiter(self.max_connections)
+        self.network.listeners[address] = (self.identity.ed25519_public, send)
+        try:
+            async with trio.open_nursery() as nursery:
+                task_status.started(address)
+                async for stream, binding in receive:
+                    nursery.start_soon(self._run_handler, handler, stream, binding, address, limiter)
+        finally:
+            self.network.listeners.pop(address, None)
