@@ -11,6 +11,7 @@ Figures:
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tempfile
@@ -24,6 +25,7 @@ from overlay.bench import summarize_ms
 from overlay.cli import run_async
 from overlay.identity import Identity
 from overlay.messages import Echo, EchoReply
+from overlay.peers import save as save_peers
 from overlay.transport import TLSTransport
 
 
@@ -46,15 +48,19 @@ def _codec_rate(size: int, seconds: float) -> float:
 
 def start_relay(data_dir: str) -> tuple[subprocess.Popen[str], bytes, str]:
     """Start ``gentorrent user relay`` and wait for its READY line: (process, id, address)."""
+    peers = os.path.join(data_dir, "peers.json")
+    save_peers(peers, [])  # the relay needs a directory; it has no peers to ping
     proc = subprocess.Popen(
         [sys.executable, "-m", "overlay.cli", "user", "relay", "--data-dir", data_dir,
-         "--listen", "127.0.0.1:0", "--log-level", "warning"],
+         "--listen", "127.0.0.1:0", "--peers", peers, "--log-level", "warning"],
         stdout=subprocess.PIPE, text=True,
     )
     assert proc.stdout is not None
     line = proc.stdout.readline().split()
     if len(line) != 3 or line[0] != "READY":
         proc.kill()
+        proc.wait()
+        proc.stdout.close()
         raise RuntimeError(f"relay did not start: {line!r}")
     return proc, bytes.fromhex(line[1]), line[2]
 
@@ -107,6 +113,8 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
         finally:
             proc.terminate()
             proc.wait(timeout=10)
+            if proc.stdout is not None:
+                proc.stdout.close()
     params = {
         "codec_seconds_per_size": seconds,
         "tls_rtt_trials": rtt_trials,

@@ -125,4 +125,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run the importable module's main, not this __main__ copy: commands raise
+    # overlay.cli.CliError, which is a different class from __main__.CliError.
+    from overlay.cli import main as _main
+
+    sys.exit(_main())

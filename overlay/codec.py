@@ -36,6 +36,10 @@ MAX_FRAME = 2 * 1024 * 1024
 DEFAULT_MAX_STR = 64 * 1024
 DEFAULT_MAX_ITEMS = 1024
 _EVIDENCE = 64  # bytes of a bad frame kept in the error
+# Items the unpacker admits per array: the largest declared tuple bound (raised as
+# messages register), and never more than the payload's length (each item takes at
+# least a byte), so a tiny frame cannot make msgpack preallocate a huge list.
+_max_array_len = DEFAULT_MAX_ITEMS * 16
 
 _I64_MIN = -(2**63)
 _U64_MAX = 2**64 - 1
@@ -148,6 +152,8 @@ def _compile(tp: Any, meta: dict[str, Any], hints_owner: str) -> tuple[Check, Ca
         if len(args) != 2 or args[1] is not Ellipsis:
             raise TypeError(f"{hints_owner}: tuples must be tuple[T, ...]")
         limit = meta.get("max", DEFAULT_MAX_ITEMS)
+        global _max_array_len
+        _max_array_len = max(_max_array_len, limit)  # the unpacker must admit every declared bound
         inner_meta = {"max": meta["item_max"]} if "item_max" in meta else {}
         if "item_exact" in meta:
             inner_meta["exact"] = meta["item_exact"]
@@ -174,6 +180,11 @@ def _compile(tp: Any, meta: dict[str, Any], hints_owner: str) -> tuple[Check, Ca
         spec = _spec_of(tp)
         return spec.decode_fields, spec.encode_fields
     raise TypeError(f"{hints_owner}: unsupported wire field type {tp!r}")
+
+
+# msgpack's own array limit: the largest array any registered message may hold
+# (+2 for the [version, type] header), so the field checks give the precise error.
+_LARGEST_ARRAY = [DEFAULT_MAX_ITEMS]
 
 
 class _Spec:
@@ -289,8 +300,8 @@ def decode(payload: bytes, *, peer: str | None = None) -> Any:
             use_list=True,
             strict_map_key=True,
             max_bin_len=MAX_FRAME,
-            max_str_len=DEFAULT_MAX_STR * 4,
-            max_array_len=DEFAULT_MAX_ITEMS * 16,
+            max_str_len=MAX_FRAME,  # field checks apply the real bounds
+            max_array_len=min(_max_array_len, len(payload)),
             max_map_len=0,
             max_ext_len=0,
         )

@@ -44,7 +44,15 @@ SETTINGS: dict[str, Setting] = {
         Setting("peers", str, None, "peer list file (JSON) naming the nodes to reach"),
         Setting("region", str, "default", "region this node belongs to (paths use relays of one region)"),
         Setting("log_level", str, "info", "logging level: debug, info, warning, error"),
-        Setting("ping_interval", float, 30.0, "seconds between pings to each peer"),
+        Setting("ping_interval", float, 30.0, "seconds between pings to each peer (0 disables)"),
+        Setting("registry", str, None, "signed registry file listing user and model nodes"),
+        Setting("registry_keys", str, None,
+                "pinned registry keys, comma-separated Ed25519 hex; a list needs signatures of more than 2/3"),
+        Setting("cloves", int, 4, "n: cloves per message, one per proxy path (paper default 4)"),
+        Setting("threshold", int, 3, "k: cloves needed to rebuild a message (paper default 3)"),
+        Setting("proxies", int, 4, "N >= n: proxy paths to keep ready"),
+        Setting("path_refresh", float, 900.0, "seconds before a proxy path is replaced (paper: 15 minutes)"),
+        Setting("model", str, None, "model id to request (user) or serve (model node)"),
     ]
 }
 

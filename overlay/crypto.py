@@ -31,12 +31,18 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import (
     X25519PrivateKey,
     X25519PublicKey,
 )
+from cryptography.hazmat.primitives.ciphers import Cipher as _Cipher
+from cryptography.hazmat.primitives.ciphers import algorithms as _algorithms
+from cryptography.hazmat.primitives.ciphers import modes as _modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.x509.oid import NameOID
 
 __all__ = [
     "AEAD_KEY_LEN",
+    "BlockPermutation",
+    "mac16",
+    "stream_xor",
     "AEAD_NONCE_LEN",
     "AEAD_TAG_LEN",
     "Aead",
@@ -260,3 +266,46 @@ def cert_ed25519_public_key(cert_der: bytes) -> bytes:
     if not isinstance(pk, Ed25519PublicKey):
         raise CryptoError("peer certificate key is not Ed25519")
     return pk.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+# --------------------------------------------------------------------------- length-preserving layers
+
+
+def stream_xor(key: bytes, iv: bytes, data: bytes) -> bytes:
+    """AES-256-CTR: ``data`` XOR the keystream of (``key``, 16-byte ``iv``).
+
+    Used for onion layers, where every hop must keep the size unchanged.
+    Integrity comes from a MAC or AEAD at the layer's end, never from this.
+    """
+    if len(key) != 32 or len(iv) != 16:
+        raise CryptoError("stream_xor needs a 32-byte key and a 16-byte iv")
+    enc = _Cipher(_algorithms.AES(key), _modes.CTR(iv)).encryptor()
+    return enc.update(data) + enc.finalize()
+
+
+class BlockPermutation:
+    """AES-256 on single 16-byte blocks (a keyed permutation), for per-hop ivs."""
+
+    __slots__ = ("_c",)
+
+    def __init__(self, key: bytes) -> None:
+        if len(key) != 32:
+            raise CryptoError("BlockPermutation needs a 32-byte key")
+        self._c = _Cipher(_algorithms.AES(key), _modes.ECB())
+
+    def forward(self, block: bytes) -> bytes:
+        if len(block) != 16:
+            raise CryptoError("block must be 16 bytes")
+        e = self._c.encryptor()
+        return e.update(block) + e.finalize()
+
+    def inverse(self, block: bytes) -> bytes:
+        if len(block) != 16:
+            raise CryptoError("block must be 16 bytes")
+        d = self._c.decryptor()
+        return d.update(block) + d.finalize()
+
+
+def mac16(key: bytes, data: bytes) -> bytes:
+    """A 16-byte keyed MAC (keyed BLAKE2b)."""
+    return hashlib.blake2b(data, digest_size=16, key=key).digest()

@@ -1,10 +1,14 @@
 """``gentorrent devnet``: a whole local network on loopback, in one command.
 
-Today: N user nodes (``gentorrent user relay`` processes) that find each other
-from a generated peer list and ping each other over authenticated TLS. The
-devnet waits until every node has reached every other, prints the network,
-and keeps it running until Ctrl-C (or ``--duration``), then stops every node.
-Later issues add model nodes, a chat through the overlay, and the committee.
+It generates identities, a registry signed by 4 registry keys (standing in for
+the verifier committee; clients pin them and need more than 2/3), starts
+``--relays`` user nodes (``gentorrent user relay``) and an echo model node
+(``gentorrent model-node --engine echo``, a labelled diagnostic until real
+engines land) as separate processes, waits until all are up, then runs a demo
+chat turn through the anonymous overlay (``gentorrent user chat --prompt``):
+3-hop onion paths, 4 S-IDA cloves, any 3 rebuild the prompt and each reply
+chunk. It keeps the network up until Ctrl-C (or ``--duration``), printing how
+to chat with it, then stops every node.
 
 Devnet spawns processes rather than importing roles, so ``overlay`` still
 imports no role package.
@@ -13,134 +17,93 @@ imports no role package.
 from __future__ import annotations
 
 import argparse
-import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import trio
-
 from overlay.cli import CliError, common_flags, resolve_config, run_async
-from overlay.identity import load_or_create, short_id
-from overlay.peers import PeerEntry, save
+from overlay.identity import load_or_create
+from overlay.localnet import LocalNet, LocalNetError, cli
 from overlay.status import format_rows, query_all
-from overlay.transport import TLSTransport, format_address
+from overlay.transport import TLSTransport
+
+REGISTRY_KEYS = 4
+DEMO_PROMPT = "Hello from an anonymous user: this prompt crossed three relays on each of four paths."
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "devnet", help="run a local network of every part that exists, on loopback",
         description=(
-            "Start a local GenTorrent network on 127.0.0.1: --nodes user nodes that discover each "
-            "other from a generated peer list and ping each other over authenticated TLS. Prints "
-            "the network once every node has reached every other, then runs until Ctrl-C "
-            "(or --duration seconds) and stops all nodes. State lives in DATA_DIR/devnet."
+            "Start a local GenTorrent network on 127.0.0.1: --relays user nodes and an echo model node "
+            "(a diagnostic engine until real engines land), with a registry signed by 4 registry keys. "
+            "Once all nodes are up it sends a demo chat turn through the anonymous overlay, prints how "
+            "to chat yourself, and runs until Ctrl-C (or --duration seconds). State: DATA_DIR/devnet."
         ),
     )
     common_flags(p)
-    p.add_argument("--nodes", type=int, default=5, help="number of user nodes (default: 5)")
+    p.add_argument("--relays", type=int, default=15, help="number of relay user nodes (default: 15, min 4)")
     p.add_argument("--duration", type=float, default=None,
                    help="stop after this many seconds instead of waiting for Ctrl-C")
     p.add_argument("--ready-timeout", type=float, default=60.0,
-                   help="seconds to wait for the nodes to find each other (default: 60)")
+                   help="seconds to wait for the nodes to come up (default: 60)")
+    p.add_argument("--no-demo", action="store_true", help="skip the demo chat turn")
     p.set_defaults(run=_run)
 
 
-def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """``n`` distinct ports free right now (the OS picks; a tiny race is acceptable on loopback)."""
-    socks, ports = [], []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind((host, 0))
-            socks.append(s)
-            ports.append(s.getsockname()[1])
-    finally:
-        for s in socks:
-            s.close()
-    return ports
+async def wait_up(net: LocalNet, timeout: float) -> dict:
+    """Poll every started node's status over authenticated TLS until all answer (or timeout)."""
+    import trio
+
+    transport = TLSTransport(load_or_create(net.root / "observer"))
+    started = [net.entries[n] for n in net.relays + net.models]
+    deadline = trio.current_time() + timeout
+    while True:
+        results = await query_all(transport, started, 5.0)
+        done = all(not isinstance(r, str) for r in results.values())
+        if done or trio.current_time() > deadline:
+            return {"ok": done, "results": results, "entries": started}
+        await trio.sleep(0.5)
 
 
-class Devnet:
-    def __init__(self, root: Path, n_nodes: int, *, ping_interval: float = 2.0) -> None:
-        if not 2 <= n_nodes <= 64:
-            raise CliError("--nodes must be between 2 and 64")
-        self.root = root
-        self.n = n_nodes
-        self.ping_interval = ping_interval
-        self.entries: list[PeerEntry] = []
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.peers_file = root / "peers.json"
-
-    def prepare(self) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        ports = free_ports(self.n)
-        self.entries = []
-        for i, port in enumerate(ports):
-            ident = load_or_create(self.root / f"node-{i}")
-            self.entries.append(PeerEntry.of(ident, format_address("127.0.0.1", port)))
-        save(self.peers_file, self.entries)
-
-    def start(self) -> None:
-        for i, e in enumerate(self.entries):
-            log = open(self.root / f"node-{i}.log", "ab")
-            cmd = [
-                sys.executable, "-m", "overlay.cli", "user", "relay",
-                "--data-dir", str(self.root / f"node-{i}"), "--listen", e.address,
-                "--peers", str(self.peers_file), "--ping-interval", str(self.ping_interval),
-            ]
-            # Own process group: a terminal Ctrl-C reaches the devnet, which stops the nodes.
-            self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=log, start_new_session=True))
-            log.close()
-
-    def stop(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGINT)
-        deadline = time.monotonic() + 5
-        for p in self.procs:
-            try:
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-
-    async def wait_connected(self, timeout: float) -> dict:
-        """Poll every node's status until each has reached all others (or timeout)."""
-        transport = TLSTransport(load_or_create(self.root / "observer"))
-        deadline = trio.current_time() + timeout
-        while True:
-            for i, p in enumerate(self.procs):
-                if p.poll() is not None:
-                    raise CliError(f"node {i} exited with status {p.returncode}; see {self.root}/node-{i}.log")
-            results = await query_all(transport, self.entries, 5.0)
-            done = all(
-                not isinstance(r, str) and sum(1 for s in r[1].peers if s.rtt_us >= 0) == self.n - 1
-                for r in results.values()
-            )
-            if done or trio.current_time() > deadline:
-                return {"ok": done, "results": results}
-            await trio.sleep(0.5)
+def demo_chat(net: LocalNet, config: Path) -> int:
+    cmd = cli("user", "chat", "--config", str(config), "--prompt", DEMO_PROMPT, "--log-level", "warning",
+              "--timeout", "30")
+    return subprocess.run(cmd, timeout=180).returncode
 
 
 def _run(args: argparse.Namespace) -> int:
     cfg = resolve_config(args)
-    net = Devnet(cfg.data_path / "devnet", args.nodes)
-    net.prepare()
-    print(f"devnet: starting {net.n} user nodes on 127.0.0.1 (state in {net.root})", flush=True)
-    net.start()
+    if not 4 <= args.relays <= 200:
+        raise CliError("--relays must be between 4 and 200 (paths need 3 distinct relays each)")
+    root = cfg.data_path / "devnet"
+    net = LocalNet(root, args.relays, users=("you",), registry_keys=REGISTRY_KEYS, ping_interval=5.0,
+                   echo_delay=0.02)
+    chat_config = net.config_toml("you", root / "chat.toml")
+    print(f"devnet: starting {args.relays} relays and an echo model node on 127.0.0.1 (state in {root})",
+          flush=True)
     try:
-        state = run_async(net.wait_connected, args.ready_timeout)
-        for row in format_rows(net.entries, state["results"]):
+        net.start(timeout=args.ready_timeout)
+        state = run_async(wait_up, net, args.ready_timeout)
+        for row in format_rows(state["entries"], state["results"]):
             print(row)
         if not state["ok"]:
-            print(f"devnet: not every node reached every other within {args.ready_timeout}s; "
-                  f"see the logs in {net.root}", file=sys.stderr)
+            print(f"devnet: not every node came up within {args.ready_timeout}s; see the logs in {root}",
+                  file=sys.stderr)
             return 1
-        print(f"devnet: all {net.n} nodes authenticated and pinged each other. "
-              f"Peer list: {net.peers_file}", flush=True)
+        print(f"devnet: {len(state['entries'])} nodes up. Registry: {net.registry_file} "
+              f"(signed by {REGISTRY_KEYS} registry keys)", flush=True)
+        if not args.no_demo:
+            print("devnet: demo chat through the anonymous overlay "
+                  "(3-hop proxy paths, (4,3) S-IDA cloves):", flush=True)
+            if demo_chat(net, chat_config) != 0:
+                print(f"devnet: the demo chat FAILED; see the messages above and the logs in {root}",
+                      file=sys.stderr)
+                return 1
+        exe = Path(sys.executable).parent / "gentorrent"
+        print(f"devnet: chat yourself, from another terminal:\n"
+              f"    {exe if exe.exists() else 'gentorrent'} user chat --config {chat_config}", flush=True)
         if args.duration is None:
             print("devnet: running; press Ctrl-C to stop.", flush=True)
             while True:
@@ -150,6 +113,9 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     except KeyboardInterrupt:
         return 0
+    except LocalNetError as exc:
+        raise CliError(str(exc)) from None
     finally:
+        n = len(net.procs)
         net.stop()
-        print(f"devnet: stopped {net.n} nodes.", flush=True)
+        print(f"devnet: stopped {n} nodes.", flush=True)

@@ -87,6 +87,7 @@ def load_or_create(data_dir: str | os.PathLike[str]) -> Identity:
     tmp = d / (_KEY_FILE + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
+        os.fchmod(fd, 0o600)  # a leftover tmp file from a crash keeps its old mode otherwise
         os.write(fd, ident.to_bytes())
         os.fsync(fd)
     finally:

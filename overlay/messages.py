@@ -109,3 +109,169 @@ class Echo:
 class EchoReply:
     nonce: int
     data: bytes = field(max=64 * 1024)
+
+
+# --------------------------------------------------------------------------- onion paths (100-119)
+# Link ids are chosen by the upstream end of each link and differ on every link.
+
+LINK_ID_LEN = 16
+IV_LEN = 16
+MAX_CELL_BODY = 1024 * 1024 + 4096  # a padded clove of the largest prompt, plus layers
+EXIT_ID_LEN = 16
+
+
+@message(100)
+@dataclass(frozen=True, slots=True)
+class Create:
+    """Set up one hop of a path: the fixed-size establishment onion (overlay.onion)."""
+
+    link_id: bytes = field(exact=LINK_ID_LEN)
+    onion: bytes = field(max=1024)
+
+
+@message(101)
+@dataclass(frozen=True, slots=True)
+class CellFwd:
+    """A cell travelling towards the proxy; each hop strips one layer."""
+
+    link_id: bytes = field(exact=LINK_ID_LEN)
+    iv: bytes = field(exact=IV_LEN)
+    body: bytes = field(max=MAX_CELL_BODY)
+
+
+@message(102)
+@dataclass(frozen=True, slots=True)
+class CellBack:
+    """A cell travelling towards the user; each hop adds one layer."""
+
+    link_id: bytes = field(exact=LINK_ID_LEN)
+    iv: bytes = field(exact=IV_LEN)
+    body: bytes = field(max=MAX_CELL_BODY)
+
+
+@message(103)
+@dataclass(frozen=True, slots=True)
+class Destroy:
+    """Tear down the path on this link (propagated hop by hop)."""
+
+    link_id: bytes = field(exact=LINK_ID_LEN)
+    reason: str = field(max=64)
+
+
+@message(104)
+@dataclass(frozen=True, slots=True)
+class Deliver:
+    """Proxy → model node over TLS: one request clove, sealed to the model node.
+    ``exit_id`` names the path at this proxy (replies for it come back as
+    :class:`ReturnClove`)."""
+
+    exit_id: bytes = field(exact=EXIT_ID_LEN)
+    sealed: bytes = field(max=MAX_CELL_BODY)
+
+
+@message(105)
+@dataclass(frozen=True, slots=True)
+class ReturnClove:
+    """Model node → proxy over TLS: one reply clove, sealed with a per-path return key."""
+
+    exit_id: bytes = field(exact=EXIT_ID_LEN)
+    data: bytes = field(max=MAX_CELL_BODY)
+
+
+# Payloads inside cells (after the user<->proxy AEAD), 110-119.
+
+
+@message(110)
+@dataclass(frozen=True, slots=True)
+class ToModel:
+    """User → proxy: deliver ``sealed`` to model node ``dest``."""
+
+    dest: bytes = field(exact=NODE_ID_LEN)
+    sealed: bytes = field(max=MAX_CELL_BODY)
+
+
+@message(111)
+@dataclass(frozen=True, slots=True)
+class PathReady:
+    """Proxy → user: the path is up; model nodes reach it at this proxy under ``exit_id``."""
+
+    exit_id: bytes = field(exact=EXIT_ID_LEN)
+
+
+@message(112)
+@dataclass(frozen=True, slots=True)
+class FromModel:
+    """Proxy → user: a reply clove as the model node sealed it."""
+
+    data: bytes = field(max=MAX_CELL_BODY)
+
+
+@message(113)
+@dataclass(frozen=True, slots=True)
+class PathNotice:
+    """Proxy → user: something went wrong beyond the proxy (e.g. model node unreachable)."""
+
+    code: str = field(max=64)
+    detail: str = field(max=512)
+
+
+# --------------------------------------------------------------------------- anonymous requests (120-139)
+# These travel inside S-IDA cloves between a user and a model node; relays and
+# proxies never see them in the clear.
+
+MAX_PROMPT_CHARS = 512 * 1024
+REQUEST_ID_LEN = 16
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    role: str = field(max=16)  # "system" | "user" | "assistant"
+    content: str = field(max=MAX_PROMPT_CHARS)
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """Sampling parameters as the user asked; the model node validates ranges."""
+
+    temperature: float = 0.7
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = no top-k cut
+    max_tokens: int = 256
+    seed: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReturnPath:
+    """How the model node reaches the user back through one proxy (paper §3.2 step 4)."""
+
+    proxy: bytes = field(exact=NODE_ID_LEN)
+    exit_id: bytes = field(exact=EXIT_ID_LEN)
+    key: bytes = field(exact=32)  # per-request, per-path return key
+    tag: bytes = field(exact=8)
+
+
+@message(120)
+@dataclass(frozen=True, slots=True)
+class Request:
+    """A prompt (paper §3.2 step 3): what to run and how to answer; nothing about the user."""
+
+    request_id: bytes = field(exact=REQUEST_ID_LEN)
+    model: str = field(max=128)
+    messages: tuple[ChatMessage, ...] = field(max=256)
+    params: SamplingParams
+    k: int
+    return_paths: tuple[ReturnPath, ...] = field(max=16)
+
+
+@message(121)
+@dataclass(frozen=True, slots=True)
+class ReplyChunk:
+    """One streamed piece of a reply; ``done`` marks the last. ``error`` is empty unless
+    the request failed (then ``done`` is true and ``error`` says why, for the user)."""
+
+    request_id: bytes = field(exact=REQUEST_ID_LEN)
+    seq: int
+    text: str = field(max=MAX_PROMPT_CHARS)
+    token_ids: tuple[int, ...] = field(max=65536)
+    done: bool
+    error: str = field(max=1024)

@@ -21,6 +21,7 @@ from typing import Any
 
 import trio
 
+from overlay import codec
 from overlay.codec import RemoteProtocolError
 from overlay.identity import Identity, short_id
 from overlay.messages import Echo, EchoReply, Error, PeerSeen, PeerStatus, PeerStatusRequest, Ping, Pong
@@ -32,6 +33,8 @@ log = logging.getLogger("gentorrent.node")
 MessageHandler = Callable[[Connection, Any], Awaitable[Any]]
 
 MAX_PENDING_PINGS = 4096
+OUTBOX_FRAMES = 2048  # frames queued per peer before new ones are dropped
+OUTBOX_IDLE = 120.0   # seconds an idle outbox writer lingers
 
 
 class Node:
@@ -59,6 +62,8 @@ class Node:
         self._pings: dict[int, tuple[trio.Event, float]] = {}
         self._nonces = itertools.count(1)
         self._nursery: trio.Nursery | None = None
+        self._outboxes: dict[bytes, trio.MemorySendChannel[bytes]] = {}
+        self._lost_callbacks: list[Callable[[bytes], None]] = []
         self.on(Ping, self._on_ping)
         self.on(Pong, self._on_pong)
         self.on(PeerStatusRequest, self._on_status)
@@ -89,12 +94,26 @@ class Node:
             task_status.started(self.address)
 
     async def _serve_conn(self, conn: Connection) -> None:
-        self._conns.setdefault(conn.peer_id, conn)
+        old = self._conns.get(conn.peer_id)
+        if old is None or old.closed:
+            self._conns[conn.peer_id] = conn
         try:
             await self._receive_loop(conn)
         finally:
+            await conn.aclose()
             if self._conns.get(conn.peer_id) is conn:
                 del self._conns[conn.peer_id]
+                self._peer_lost(conn.peer_id)
+            await conn.aclose()  # shielded; also when the node stops (dialed connections)
+
+    def on_peer_lost(self, callback: Callable[[bytes], None]) -> None:
+        """``callback(peer_id)`` runs when the last connection to a peer closes
+        or queued frames for it could not be delivered."""
+        self._lost_callbacks.append(callback)
+
+    def _peer_lost(self, peer_id: bytes) -> None:
+        for cb in self._lost_callbacks:
+            cb(peer_id)
 
     async def _receive_loop(self, conn: Connection) -> None:
         while not conn.closed:
@@ -150,6 +169,64 @@ class Node:
             assert self._nursery is not None, "Node.serve() must be running"
             self._nursery.start_soon(self._serve_conn, conn)
             return conn
+
+    def send_nowait(self, peer_id: bytes, msg: Any) -> bool:
+        """Queue ``msg`` for ``peer_id`` without waiting; ``False`` (counted) if dropped.
+
+        Each peer has a bounded outbox drained by one writer task, which dials
+        the peer from ``self.peers`` if no connection is open. Relaying uses
+        this so a slow next hop never stalls the connection a cell came in on.
+        """
+        frame = codec.frame(msg)
+        box = self._outboxes.get(peer_id)
+        if box is None:
+            if peer_id not in self._conns and peer_id not in self.peers:
+                self.rejected["unknown-destination"] += 1
+                return False
+            assert self._nursery is not None, "Node.serve() must be running"
+            box, inbox = trio.open_memory_channel[bytes](OUTBOX_FRAMES)
+            self._outboxes[peer_id] = box
+            self._nursery.start_soon(self._writer, peer_id, inbox)
+        try:
+            box.send_nowait(frame)
+            return True
+        except trio.WouldBlock:
+            self.rejected["outbox-full"] += 1
+            return False
+
+    async def _writer(self, peer_id: bytes, inbox: trio.MemoryReceiveChannel[bytes]) -> None:
+        box = self._outboxes[peer_id]
+        try:
+            while True:
+                first = None
+                with trio.move_on_after(OUTBOX_IDLE):
+                    first = await inbox.receive()
+                if first is None:
+                    return  # idle: the next send_nowait starts a new writer
+                batch = [first]
+                while len(batch) < 64:
+                    try:
+                        batch.append(inbox.receive_nowait())
+                    except trio.WouldBlock:
+                        break
+                try:
+                    conn = self._conns.get(peer_id)
+                    if conn is None or conn.closed:
+                        entry = self.peers.get(peer_id)
+                        if entry is None:
+                            raise TransportError("peer is not connected and not in the directory")
+                        conn = await self.connection_to(entry)
+                    await conn.send_raw(b"".join(batch))
+                except TransportError as exc:
+                    self.rejected["send-failed"] += len(batch)
+                    log.info("cannot deliver %d frame(s) to %s: %s", len(batch), short_id(peer_id), exc)
+                    self._peer_lost(peer_id)
+                    return
+        finally:
+            if self._outboxes.get(peer_id) is box:
+                del self._outboxes[peer_id]
+            box.close()
+            inbox.close()
 
     async def ping(self, peer: PeerEntry, timeout: float = 5.0) -> float:
         """Round-trip time to ``peer`` in seconds; :class:`TransportError` if none."""

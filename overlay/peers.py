@@ -31,13 +31,16 @@ class PeerEntry:
     x25519_public: bytes
     region: str = "default"
     role: str = "user"  # "user" | "model"
+    models: tuple[str, ...] = ()  # model nodes: the model ids they serve
 
     @classmethod
-    def of(cls, identity: Identity, address: str, region: str = "default", role: str = "user") -> PeerEntry:
-        return cls(identity.node_id, address, identity.ed25519_public, identity.x25519_public, region, role)
+    def of(cls, identity: Identity, address: str, region: str = "default", role: str = "user",
+           models: tuple[str, ...] = ()) -> PeerEntry:
+        return cls(identity.node_id, address, identity.ed25519_public, identity.x25519_public, region, role,
+                   models)
 
-    def to_json(self) -> dict[str, str]:
-        return {
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {
             "id": self.node_id.hex(),
             "address": self.address,
             "ed25519": self.ed25519_public.hex(),
@@ -45,6 +48,9 @@ class PeerEntry:
             "region": self.region,
             "role": self.role,
         }
+        if self.models:
+            out["models"] = list(self.models)
+        return out
 
 
 def _hex(v: object, n: int, what: str) -> bytes:
@@ -62,7 +68,7 @@ def _hex(v: object, n: int, what: str) -> bytes:
 def parse_entry(obj: object, where: str) -> PeerEntry:
     if not isinstance(obj, dict):
         raise PeerListError(f"{where}: expected an object")
-    unknown = set(obj) - {"id", "address", "ed25519", "x25519", "region", "role"}
+    unknown = set(obj) - {"id", "address", "ed25519", "x25519", "region", "role", "models"}
     if unknown:
         raise PeerListError(f"{where}: unknown keys {sorted(unknown)}")
     ed = _hex(obj.get("ed25519"), 32, f"{where}.ed25519")
@@ -82,7 +88,14 @@ def parse_entry(obj: object, where: str) -> PeerEntry:
         raise PeerListError(f"{where}.region must be a short string")
     if role not in ("user", "model"):
         raise PeerListError(f"{where}.role must be 'user' or 'model'")
-    return PeerEntry(nid, addr, ed, _hex(obj.get("x25519"), 32, f"{where}.x25519"), region, role)
+    models = obj.get("models", [])
+    if (not isinstance(models, list) or len(models) > 16
+            or not all(isinstance(m, str) and 0 < len(m) <= 128 for m in models)):
+        raise PeerListError(f"{where}.models must be a list of at most 16 short strings")
+    if models and role != "model":
+        raise PeerListError(f"{where}: only model nodes list models")
+    return PeerEntry(nid, addr, ed, _hex(obj.get("x25519"), 32, f"{where}.x25519"), region, role,
+                     tuple(models))
 
 
 def load(path: str | os.PathLike[str]) -> list[PeerEntry]:

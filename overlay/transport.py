@@ -91,6 +91,7 @@ class Connection:
         address: str,
         timeouts: Timeouts,
         max_frame: int = codec.MAX_FRAME,
+        tap: Callable[[bytes], None] | None = None,
     ) -> None:
         self._stream = stream
         self.peer_id = peer_id
@@ -103,6 +104,7 @@ class Connection:
         self.closed = False
         self.bytes_in = 0
         self.bytes_out = 0
+        self._tap = tap
 
     @property
     def peer(self) -> str:
@@ -149,6 +151,8 @@ class Connection:
                     if not data:
                         raise TransportError(f"peer {self.peer} closed the connection")
                     self.bytes_in += len(data)
+                    if self._tap is not None:
+                        self._tap(data)
                     self._decoder.feed(data)
         except trio.TooSlowError:
             raise TransportError(f"peer {self.peer} sent nothing for {limit}s") from None
@@ -182,9 +186,10 @@ Handler = Callable[[Connection], Awaitable[None]]
 class _PreAuth:
     """Framing over a raw stream before the peer is known (handshake only)."""
 
-    def __init__(self, stream: trio.abc.Stream, label: str) -> None:
+    def __init__(self, stream: trio.abc.Stream, label: str, tap: Callable[[bytes], None] | None = None) -> None:
         self.stream = stream
         self.decoder = codec.FrameDecoder(max_frame=4096, peer=label)
+        self.tap = tap
 
     async def send(self, msg: Any) -> None:
         await self.stream.send_all(codec.frame(msg))
@@ -205,17 +210,23 @@ class _PreAuth:
             data = await self.stream.receive_some(_READ_CHUNK)
             if not data:
                 raise TransportError(f"{self.decoder.peer} closed the connection during the handshake")
+            if self.tap is not None:
+                self.tap(data)
             self.decoder.feed(data)
 
 
 class Transport(abc.ABC):
     """Base: the authenticated handshake over whatever raw stream a subclass opens."""
 
-    def __init__(self, identity: Identity, *, timeouts: Timeouts | None = None, max_connections: int = 1024) -> None:
+    def __init__(self, identity: Identity, *, timeouts: Timeouts | None = None, max_connections: int = 1024,
+                 tap: Callable[[bytes], None] | None = None) -> None:
+        """``tap``, if given, sees every byte this node receives after TLS (tests use it
+        to check what a relay learns)."""
         self.identity = identity
         self.timeouts = timeouts or Timeouts()
         self.max_connections = max_connections
         self.rejected: dict[str, int] = {}
+        self.tap = tap
 
     @abc.abstractmethod
     async def _open(self, address: str) -> tuple[trio.abc.Stream, bytes, bytes]:
@@ -240,7 +251,7 @@ class Transport(abc.ABC):
                 stream, server_pk, binding = await self._open(address)
                 try:
                     peer_id = handshake.check_pinned(server_pk, expected_id)
-                    pre = _PreAuth(stream, short_id(peer_id))
+                    pre = _PreAuth(stream, short_id(peer_id), self.tap)
                     challenge = await pre.receive(AuthChallenge)
                     await pre.send(handshake.make_proof(self.identity, binding, challenge.nonce))
                     ok = await pre.receive(AuthOk)
@@ -263,6 +274,7 @@ class Transport(abc.ABC):
             peer_x25519=ok.x25519_public,
             address=address,
             timeouts=self.timeouts,
+            tap=self.tap,
         )
         conn._decoder.feed(bytes(pre.decoder._buf))  # anything sent right after AuthOk
         return conn
@@ -270,7 +282,7 @@ class Transport(abc.ABC):
     async def _accept(self, stream: trio.abc.Stream, binding: bytes, address: str) -> Connection | None:
         """Server side of the handshake; ``None`` (logged, counted) when it fails."""
         reason = None
-        pre = _PreAuth(stream, address)
+        pre = _PreAuth(stream, address, self.tap)
         try:
             with trio.fail_after(self.timeouts.handshake):
                 await self._server_tls(stream)
@@ -308,6 +320,7 @@ class Transport(abc.ABC):
             peer_x25519=proof.x25519_public,
             address=address,
             timeouts=self.timeouts,
+            tap=self.tap,
         )
         conn._decoder.feed(bytes(pre.decoder._buf))
         return conn

@@ -17,10 +17,21 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     chat = cmds.add_parser(
         "chat", help="chat with an LLM through the anonymous overlay",
-        description="Interactive chat through onion-established proxy paths (S-IDA cloves).",
+        description=(
+            "Interactive chat through the anonymous overlay. This user node keeps N proxy paths of 3 "
+            "relays each and sends every turn as n S-IDA cloves, one per path; any k rebuild it. It "
+            "relays for other users while it runs. Type /quit or Ctrl-D to leave."
+        ),
     )
-    common_flags(chat, "peers", "region")
-    chat.set_defaults(run=not_landed("'gentorrent user chat'", "the anonymous overlay (issue 5)"))
+    common_flags(chat, "model", "registry", "registry_keys", "peers", "region", "listen", "cloves", "threshold",
+                 "proxies", "path_refresh")
+    chat.add_argument("--prompt", action="append", default=None, metavar="TEXT",
+                      help="send this turn (repeatable) and exit instead of reading stdin")
+    chat.add_argument("--system", default=None, help="system prompt for the conversation")
+    chat.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (default: 0.7)")
+    chat.add_argument("--max-tokens", type=int, default=256, help="longest reply in tokens (default: 256)")
+    chat.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for each reply chunk")
+    chat.set_defaults(run=_run_chat)
 
     serve = cmds.add_parser(
         "serve", help="serve an OpenAI-compatible API on 127.0.0.1 backed by the overlay",
@@ -33,10 +44,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "relay", help="run a user node that only relays for others",
         description=(
             "Start a user node that listens on --listen, authenticates every peer by its node key, "
-            "answers pings and status requests, and pings the nodes of --peers. Runs until Ctrl-C."
+            "relays onion paths and cloves for other users, answers pings and status requests, and "
+            "pings the nodes of its directory (--registry, or an unsigned --peers list for local "
+            "testing). Prints 'READY <node id> <address>' once listening. Runs until Ctrl-C."
         ),
     )
-    common_flags(relay, "listen", "peers", "region", "ping_interval")
+    common_flags(relay, "listen", "registry", "registry_keys", "peers", "region", "ping_interval")
     relay.set_defaults(run=_run_relay)
 
 
@@ -44,3 +57,9 @@ def _run_relay(args: argparse.Namespace) -> int:
     from user_client.relay import run_relay
 
     return run_relay(args)
+
+
+def _run_chat(args: argparse.Namespace) -> int:
+    from user_client.chat import run_chat
+
+    return run_chat(args)

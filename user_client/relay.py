@@ -1,4 +1,4 @@
-"""``gentorrent user relay``: a user node that serves peers until interrupted."""
+"""``gentorrent user relay``: a user node that only relays, until interrupted."""
 
 from __future__ import annotations
 
@@ -8,31 +8,44 @@ import sys
 
 import trio
 
-from overlay import peers as peerlist
-from overlay.cli import resolve_config, run_async
+from overlay.cli import CliError, resolve_config, run_async
 from overlay.identity import load_or_create
-from overlay.node import Node
+from overlay.registry import from_config
 from overlay.transport import TLSTransport, parse_address
+from overlay.usernode import UserNode
 
 log = logging.getLogger("gentorrent.user")
+
+
+def listen_address(cfg: object) -> tuple[str, int]:
+    try:
+        return parse_address(cfg.listen)  # type: ignore[attr-defined]
+    except ValueError as exc:
+        raise CliError(f"listen: {exc} (set by {cfg.source('listen')})") from None  # type: ignore[attr-defined]
 
 
 def run_relay(args: argparse.Namespace) -> int:
     cfg = resolve_config(args)
     identity = load_or_create(cfg.data_path)
-    entries = peerlist.load(cfg.peers) if cfg.peers else []
-    host, port = parse_address(cfg.listen)
-    node = Node(identity, TLSTransport(identity), peers=entries, ping_interval=cfg.ping_interval)
+    registry = from_config(cfg)
+    host, port = listen_address(cfg)
+    user = UserNode(identity, TLSTransport(identity), registry, region=cfg.region, client=False,
+                    ping_interval=cfg.ping_interval)
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            address = await nursery.start(node.serve, host, port)
+            address = await nursery.start(user.serve, host, port)
             # One machine-readable line so scripts (devnet, tests) learn the address.
             print(f"READY {identity.node_id.hex()} {address}", flush=True)
-            log.info("relay %s serving on %s with %d peers", identity.node_id.hex()[:8], address, len(node.peers))
+            log.info("relay %s serving on %s; directory of %d nodes", identity.node_id.hex()[:8], address,
+                     len(registry.entries))
 
     try:
         run_async(main)
     except KeyboardInterrupt:
         print("relay stopped", file=sys.stderr)
+    except OSError as exc:
+        if user.node.address is not None:
+            raise
+        raise CliError(f"cannot listen on {cfg.listen}: {exc.strerror or exc}") from None  # port taken
     return 0

@@ -1,0 +1,312 @@
+"""The anonymous request API (paper §3.2 steps 3–4), shared by users and verifiers.
+
+:class:`AnonClient` turns ``request(model, messages, params)`` into n S-IDA
+cloves, each sealed to the chosen model node and sent over one of our proxy
+paths, and yields the reply chunks as soon as k cloves of each authenticate.
+Verifiers use the same class, so challenges look exactly like user traffic.
+
+:class:`Responder` is the model node's end: it opens sealed cloves delivered
+by proxies, reassembles requests from any k of them (forged or tampered cloves
+are discarded, never fatal), runs a handler, and S-IDA-splits every reply chunk
+to the request's n return paths, each clove sealed with that path's return key.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import aclosing
+import random
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import trio
+
+from overlay import codec, crypto, sida
+from overlay.identity import Identity, short_id
+from overlay.messages import (
+    REQUEST_ID_LEN,
+    CellFwd,
+    ChatMessage,
+    Deliver,
+    ReplyChunk,
+    Request,
+    ReturnClove,
+    ReturnPath,
+    SamplingParams,
+    ToModel,
+)
+from overlay.paths import PathError, PathManager
+from overlay.peers import PeerEntry
+from overlay.seal import ReturnKey, SealError, open_sealed, seal_to
+
+log = logging.getLogger("gentorrent.anon")
+
+MAX_CHUNKS_QUEUED = 1024
+
+
+class AnonError(Exception):
+    """An anonymous request failed; the message says why and what to do."""
+
+
+class AnonClient:
+    def __init__(
+        self,
+        paths: PathManager,
+        models: Callable[[str], list[PeerEntry]],
+        send: Callable[[bytes, Any], bool],
+        *,
+        n: int = 4,
+        k: int = 3,
+        rng: random.Random | None = None,
+    ) -> None:
+        """``models(model_id)`` lists trusted model nodes serving it; ``send(peer, msg)``
+        queues a frame (``Node.send_nowait``). Defaults n=4, k=3 (paper §5.1)."""
+        if not 1 <= k <= n <= 16:
+            raise ValueError("need 1 <= k <= n <= 16")
+        if paths.target < n:
+            raise ValueError(f"the path manager keeps {paths.target} paths; n={n} needs at least n")
+        self.paths = paths
+        self.models = models
+        self.send = send
+        self.n, self.k = n, k
+        self.rng = rng or random.SystemRandom()
+        self.reassembler = sida.Reassembler()
+        self._requests: dict[bytes, trio.MemorySendChannel[ReplyChunk]] = {}
+        self.dropped: dict[str, int] = {}
+
+    def _drop(self, reason: str) -> None:
+        self.dropped[reason] = self.dropped.get(reason, 0) + 1
+
+    def choose_model_node(self, model: str, prefer: bytes | None = None) -> PeerEntry:
+        nodes = self.models(model)
+        if not nodes:
+            raise AnonError(f"no model node in the registry serves {model!r}")
+        if prefer is not None:
+            for e in nodes:
+                if e.node_id == prefer:
+                    return e
+        return self.rng.choice(nodes)
+
+    async def request(
+        self,
+        model: str,
+        messages: list[ChatMessage] | tuple[ChatMessage, ...],
+        params: SamplingParams | None = None,
+        *,
+        node: bytes | None = None,
+        timeout: float = 60.0,
+        paths_timeout: float = 30.0,
+    ) -> AsyncIterator[ReplyChunk]:
+        """Send one prompt anonymously; yield its reply chunks in order.
+
+        ``node`` prefers a model node (session affinity); ``timeout`` bounds the
+        wait for each chunk. Raises :class:`AnonError` on failure.
+        """
+        target = self.choose_model_node(model, node)
+        try:
+            paths = await self.paths.wait_ready(self.n, paths_timeout)
+        except PathError as exc:
+            raise AnonError(str(exc)) from None
+        paths = self.rng.sample(paths, self.n)
+        keys = [ReturnKey.generate() for _ in paths]
+        request_id = crypto.random_bytes(REQUEST_ID_LEN)
+        req = Request(
+            request_id=request_id,
+            model=model,
+            messages=tuple(messages),
+            params=params or SamplingParams(),
+            k=self.k,
+            return_paths=tuple(
+                ReturnPath(proxy=p.proxy.node_id, exit_id=p.exit_id, key=rk.key, tag=rk.tag)
+                for p, rk in zip(paths, keys)
+                if p.exit_id is not None
+            ),
+        )
+        cloves = sida.split(codec.encode(req), self.n, self.k)
+        send_ch, recv_ch = trio.open_memory_channel[ReplyChunk](MAX_CHUNKS_QUEUED)
+        self._requests[request_id] = send_ch
+        for p, rk in zip(paths, keys):
+            p.returns[rk.tag] = self._on_reply_clove_for(rk)
+        try:
+            for p, clove in zip(paths, cloves):
+                sealed = seal_to(target.x25519_public, sida.encode_clove(clove))
+                iv, body = p.crypt.wrap_forward(codec.encode(ToModel(dest=target.node_id, sealed=sealed)))
+                self.send(p.first, CellFwd(p.link_id, iv, body))
+            pending: dict[int, ReplyChunk] = {}
+            next_seq = 0
+            while True:
+                with trio.move_on_after(timeout) as scope:
+                    chunk = await recv_ch.receive()
+                if scope.cancelled_caught:
+                    dead = sum(1 for p in paths if p.dead)
+                    raise AnonError(
+                        f"no reply from model node {short_id(target.node_id)} within {timeout:.0f}s "
+                        f"({dead} of the {self.n} paths used failed; fewer than k={self.k} cloves of a "
+                        "reply arrived). The paths are being rebuilt: try again."
+                    )
+                pending[chunk.seq] = chunk
+                while next_seq in pending:
+                    c = pending.pop(next_seq)
+                    next_seq += 1
+                    if c.error:
+                        raise AnonError(f"model node {short_id(target.node_id)}: {c.error}")
+                    yield c
+                    if c.done:
+                        return
+                if len(pending) > MAX_CHUNKS_QUEUED:
+                    raise AnonError("reply chunks arrived too far out of order")
+        finally:
+            self._requests.pop(request_id, None)
+            for p, rk in zip(paths, keys):
+                p.returns.pop(rk.tag, None)
+
+    def _on_reply_clove_for(self, rk: ReturnKey) -> Callable[[bytes], None]:
+        def on_data(data: bytes) -> None:
+            try:
+                clove = sida.decode_clove(rk.open(data))
+            except (SealError, codec.RemoteProtocolError):
+                self._drop("reply-clove-unauthentic")
+                return
+            try:
+                message = self.reassembler.add(clove, time.monotonic())
+            except sida.SidaError:
+                self._drop("reply-clove-rejected")
+                return
+            if message is None:
+                return
+            try:
+                chunk = codec.decode(message)
+            except codec.RemoteProtocolError:
+                self._drop("reply-malformed")
+                return
+            if not isinstance(chunk, ReplyChunk):
+                self._drop("reply-malformed")
+                return
+            ch = self._requests.get(chunk.request_id)
+            if ch is None:
+                self._drop("reply-for-unknown-request")
+                return
+            try:
+                ch.send_nowait(chunk)
+            except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+                self._drop("reply-queue-full")
+
+        return on_data
+
+
+ReplyStream = Callable[[Request], AsyncIterator[ReplyChunk]]
+
+
+class Responder:
+    """A model node's end of the overlay: cloves in, reply cloves out.
+
+    ``handler(request)`` yields the reply chunks (with increasing ``seq``).
+    ``directory(node_id)`` resolves proxies (registry users only: a request
+    cannot steer the model node to arbitrary addresses).
+    """
+
+    def __init__(
+        self,
+        identity: Identity,
+        handler: ReplyStream,
+        send: Callable[[bytes, Any], bool],
+        directory: Callable[[bytes], PeerEntry | None],
+        *,
+        max_active: int = 64,
+    ) -> None:
+        self.identity = identity
+        self.handler = handler
+        self.send = send
+        self.directory = directory
+        self.reassembler = sida.Reassembler()
+        self.max_active = max_active
+        self.active = 0
+        self.served = 0
+        self.dropped: dict[str, int] = {}
+        self._seen: dict[bytes, float] = {}
+        self._nursery: trio.Nursery | None = None
+
+    def _drop(self, reason: str) -> None:
+        self.dropped[reason] = self.dropped.get(reason, 0) + 1
+        log.info("dropped: %s", reason)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            while True:
+                await trio.sleep(10)
+                now = time.monotonic()
+                self.reassembler.expire(now)
+                for rid in [r for r, t in self._seen.items() if now - t > 600]:
+                    del self._seen[rid]
+
+    async def on_deliver(self, conn: Any, msg: Deliver) -> None:
+        try:
+            clove = sida.decode_clove(open_sealed(self.identity.x25519, msg.sealed), peer=conn.peer)
+        except (SealError, codec.RemoteProtocolError):
+            self._drop("clove-unsealable")  # forged or tampered: discarded, never fatal
+            return
+        try:
+            message = self.reassembler.add(clove, time.monotonic())
+        except sida.SidaError:
+            self._drop("clove-rejected")
+            return
+        if message is None:
+            return
+        try:
+            req = codec.decode(message)
+        except codec.RemoteProtocolError:
+            self._drop("request-malformed")
+            return
+        if not isinstance(req, Request) or not 1 <= req.k <= len(req.return_paths) <= 16:
+            self._drop("request-malformed")
+            return
+        if req.request_id in self._seen:
+            self._drop("request-duplicate")
+            return
+        if len(self._seen) > 100_000:
+            self._seen.clear()
+        self._seen[req.request_id] = time.monotonic()
+        assert self._nursery is not None, "Responder.run() must be running"
+        if self.active >= self.max_active:
+            self._start(req, self._refuse(req, "model node is at capacity; try again later"))
+            return
+        self._start(req, self.handler(req))
+
+    def _start(self, req: Request, chunks: AsyncIterator[ReplyChunk]) -> None:
+        assert self._nursery is not None
+        self._nursery.start_soon(self._answer, req, chunks)
+
+    async def _refuse(self, req: Request, why: str) -> AsyncIterator[ReplyChunk]:
+        yield ReplyChunk(request_id=req.request_id, seq=0, text="", token_ids=(), done=True, error=why)
+
+    async def _answer(self, req: Request, chunks: AsyncIterator[ReplyChunk]) -> None:
+        self.active += 1
+        seq = 0
+        try:
+            try:
+                async with aclosing(chunks):
+                    async for chunk in chunks:
+                        self._send_chunk(req, chunk)
+                        seq = chunk.seq + 1
+                        if chunk.done:
+                            break
+            except Exception as exc:  # noqa: BLE001 - the engine failed: tell the user, keep serving
+                log.exception("request failed in the engine")
+                self._send_chunk(req, ReplyChunk(request_id=req.request_id, seq=seq, text="", token_ids=(),
+                                                 done=True, error=f"model node error: {type(exc).__name__}"))
+            self.served += 1
+        finally:
+            self.active -= 1
+
+    def _send_chunk(self, req: Request, chunk: ReplyChunk) -> None:
+        n = len(req.return_paths)
+        cloves = sida.split(codec.encode(chunk), n, req.k)
+        for rp, clove in zip(req.return_paths, cloves):
+            if self.directory(rp.proxy) is None:
+                self._drop("proxy-not-in-registry")
+                continue
+            data = ReturnKey(rp.key, rp.tag).seal(sida.encode_clove(clove))
+            self.send(rp.proxy, ReturnClove(exit_id=rp.exit_id, data=data))

@@ -1,0 +1,169 @@
+"""A local network of real node processes on loopback: used by devnet, benchmarks and e2e tests.
+
+:class:`LocalNet` creates identities under ``root``, assigns loopback ports,
+signs a registry with ``registry_keys`` keys (clients need more than 2/3 of
+them), spawns ``gentorrent user relay`` and ``gentorrent model-node`` processes
+(each in its own session, logs in ``root/NAME.log``), waits for their
+``READY`` lines, and stops or kills them on request. It imports no role
+package: roles run as processes.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from overlay import registry as reg
+from overlay.crypto import SigningKey
+from overlay.identity import Identity, load_or_create
+from overlay.peers import PeerEntry
+from overlay.transport import format_address
+
+
+class LocalNetError(Exception):
+    """A node of the local network failed to start."""
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct ports free right now (the OS picks; a tiny race is acceptable on loopback)."""
+    socks, ports = [], []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind((host, 0))
+            socks.append(s)
+            ports.append(s.getsockname()[1])
+    finally:
+        for s in socks:
+            s.close()
+    return ports
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "overlay.cli", *args]
+
+
+class LocalNet:
+    def __init__(
+        self,
+        root: Path,
+        n_relays: int,
+        *,
+        users: tuple[str, ...] = (),
+        models: int = 1,
+        model: str = "echo",
+        registry_keys: int = 4,
+        ping_interval: float = 0.0,
+        echo_delay: float = 0.0,
+    ) -> None:
+        """``users`` names extra registered user identities that this class does not
+        start (chat clients, benchmark clients, test sinks)."""
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+        self.ping_interval = ping_interval
+        self.echo_delay = echo_delay
+        self.model = model
+        ports = iter(free_ports(n_relays + models + len(users)))
+        self.names: list[str] = []
+        self.identities: dict[str, Identity] = {}
+        self.entries: dict[str, PeerEntry] = {}
+        for i in range(n_relays):
+            self._add(f"relay-{i}", next(ports), "user")
+        for i in range(models):
+            self._add(f"model-{i}", next(ports), "model")
+        for u in users:
+            self._add(u, next(ports), "user")
+        self.relays = [f"relay-{i}" for i in range(n_relays)]
+        self.models = [f"model-{i}" for i in range(models)]
+        keys = [SigningKey.from_bytes(load_or_create(root / f"registry-key-{i}").signing.private_bytes())
+                for i in range(registry_keys)]
+        self.keys_hex = ",".join(k.public_bytes.hex() for k in keys)
+        self.registry_file = root / "registry.json"
+        reg.save(self.registry_file, reg.sign(list(self.entries.values()), keys, 1, int(time.time())))
+        self.registry = reg.load(self.registry_file, [k.public_bytes for k in keys])
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def _add(self, name: str, port: int, role: str) -> None:
+        ident = load_or_create(self.root / name)
+        self.names.append(name)
+        self.identities[name] = ident
+        self.entries[name] = PeerEntry.of(
+            ident, format_address("127.0.0.1", port), role=role, models=(self.model,) if role == "model" else ()
+        )
+
+    def registry_args(self) -> list[str]:
+        return ["--registry", str(self.registry_file), "--registry-keys", self.keys_hex]
+
+    def config_toml(self, name: str, path: Path) -> Path:
+        """Write a config file for the registered user ``name`` (e.g. a chat client)."""
+        path.write_text(
+            f"data_dir = {json.dumps(str(self.root / name))}\n"
+            f"registry = {json.dumps(str(self.registry_file))}\n"
+            f'registry_keys = "{self.keys_hex}"\n'
+            f'listen = "{self.entries[name].address}"\n'
+            f'model = "{self.model}"\n'
+        )
+        return path
+
+    def command(self, name: str) -> list[str]:
+        e = self.entries[name]
+        common = ["--data-dir", str(self.root / name), "--listen", e.address, *self.registry_args()]
+        if name in self.models:
+            return cli("model-node", "--engine", "echo", "--model", self.model,
+                       "--echo-delay", str(self.echo_delay), *common)
+        return cli("user", "relay", "--ping-interval", str(self.ping_interval), *common)
+
+    def spawn(self, name: str) -> None:
+        log = open(self.root / f"{name}.log", "wb")
+        self.procs[name] = subprocess.Popen(self.command(name), stdout=log, stderr=log, start_new_session=True)
+        log.close()
+
+    def start(self, names: list[str] | None = None, timeout: float = 60.0) -> None:
+        names = names if names is not None else self.relays + self.models
+        for n in names:
+            self.spawn(n)
+        self.wait_ready(names, timeout)
+
+    def wait_ready(self, names: list[str], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        pending = set(names)
+        while pending:
+            for n in list(pending):
+                p = self.procs[n]
+                if p.poll() is not None:
+                    raise LocalNetError(f"{n} exited with status {p.returncode}; see {self.root / (n + '.log')}")
+                if b"READY " in (self.root / f"{n}.log").read_bytes():
+                    pending.discard(n)
+            if pending and time.monotonic() > deadline:
+                raise LocalNetError(f"not ready after {timeout}s: {sorted(pending)}")
+            if pending:
+                time.sleep(0.05)
+
+    def kill(self, name: str) -> None:
+        """Stop a node abruptly (SIGKILL): its peers see their connections drop."""
+        p = self.procs.pop(name)
+        p.kill()
+        p.wait()
+
+    def stop(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.terminate()
+        deadline = time.monotonic() + 5
+        for p in self.procs.values():
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self.procs.clear()
+
+    def __enter__(self) -> LocalNet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

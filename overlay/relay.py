@@ -1,0 +1,320 @@
+"""The relay every user node runs (paper §3.2 steps 2–4), as an I/O-free state machine.
+
+Feed it what arrived and from whom; it returns what to send to whom::
+
+    actions = core.on_message(peer_id, msg, now=..., unix=...)
+
+Per path a hop stores ``(predecessor, its link id) <-> (successor, our link id)``,
+its :class:`~overlay.onion.HopCrypt` and an expiry; a proxy (the last hop)
+stores an exit id instead of a successor. Tables are bounded in total and per
+peer; every peer has a token bucket for cells and for creates; idle paths
+expire. Every drop is counted in ``core.dropped[reason]``; nothing a peer sends
+raises out of :meth:`RelayCore.on_message`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from overlay import codec, crypto, onion
+from overlay.identity import NODE_ID_LEN
+from overlay.messages import (
+    EXIT_ID_LEN,
+    LINK_ID_LEN,
+    CellBack,
+    CellFwd,
+    Create,
+    Deliver,
+    Destroy,
+    FromModel,
+    PathNotice,
+    PathReady,
+    ReturnClove,
+    ToModel,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Send ``msg`` to node ``peer`` (dial it if needed, from the registry)."""
+
+    peer: bytes
+    msg: Any
+
+
+@dataclass(slots=True)
+class _Path:
+    pred: bytes
+    pred_link: bytes
+    succ: bytes | None  # None at the proxy
+    succ_link: bytes | None
+    hop: onion.HopCrypt
+    exit: onion.ExitCrypt | None
+    exit_id: bytes | None
+    expires: float  # monotonic
+    last_used: float
+    cells: int = 0
+
+
+@dataclass
+class TokenBucket:
+    rate: float
+    burst: float
+    tokens: float = -1.0
+    stamp: float = 0.0
+
+    def take(self, now: float, n: float = 1.0) -> bool:
+        if self.tokens < 0:
+            self.tokens, self.stamp = self.burst, now
+        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if self.tokens >= n:
+            self.tokens -= n
+            return True
+        return False
+
+
+@dataclass(frozen=True)
+class RelayLimits:
+    max_paths: int = 20_000
+    max_paths_per_peer: int = 2_000
+    idle_timeout: float = 20 * 60.0  # > the 15-minute refresh, so live paths never idle out
+    cells_per_s: float = 50_000.0
+    cell_burst: float = 100_000.0
+    creates_per_s: float = 100.0
+    create_burst: float = 400.0
+    max_replay_entries: int = 200_000
+
+
+@dataclass
+class RelayCore:
+    """One node's relay state. ``knows(node_id)`` says whether a node id is in the registry."""
+
+    node_id: bytes
+    static_key: crypto.X25519Key
+    knows: Any = None  # Callable[[bytes], bool]
+    limits: RelayLimits = field(default_factory=RelayLimits)
+    dropped: Counter[str] = field(default_factory=Counter)
+    forwarded: int = 0
+
+    def __post_init__(self) -> None:
+        self.by_pred: dict[tuple[bytes, bytes], _Path] = {}
+        self.by_succ: dict[tuple[bytes, bytes], _Path] = {}
+        self.by_exit: dict[bytes, _Path] = {}
+        self.per_peer: Counter[bytes] = Counter()
+        self.replay: dict[bytes, float] = {}  # ephemeral key -> unix expiry
+        self._cell_buckets: dict[bytes, TokenBucket] = {}
+        self._create_buckets: dict[bytes, TokenBucket] = {}
+
+    def __len__(self) -> int:
+        return len(self.by_pred)
+
+    def _drop(self, reason: str) -> list[Send]:
+        self.dropped[reason] += 1
+        return []
+
+    def _bucket(self, table: dict[bytes, TokenBucket], peer: bytes, rate: float, burst: float) -> TokenBucket:
+        b = table.get(peer)
+        if b is None:
+            if len(table) > 4 * self.limits.max_paths:
+                table.clear()  # bounded: forget old peers' buckets (they refill to burst anyway)
+            b = table[peer] = TokenBucket(rate, burst)
+        return b
+
+    # ------------------------------------------------------------------ dispatch
+
+    def on_message(self, peer: bytes, msg: Any, *, now: float, unix: float) -> list[Send]:
+        if isinstance(msg, CellFwd):
+            return self.on_cell_fwd(peer, msg, now)
+        if isinstance(msg, CellBack):
+            return self.on_cell_back(peer, msg, now)
+        if isinstance(msg, Create):
+            return self.on_create(peer, msg, now, unix)
+        if isinstance(msg, Destroy):
+            return self.on_destroy(peer, msg)
+        if isinstance(msg, ReturnClove):
+            return self.on_return_clove(peer, msg, now)
+        return self._drop("unexpected-message")
+
+    # ------------------------------------------------------------------ create
+
+    def on_create(self, peer: bytes, msg: Create, now: float, unix: float) -> list[Send]:
+        if not self._bucket(self._create_buckets, peer, self.limits.creates_per_s,
+                            self.limits.create_burst).take(now):
+            return self._drop("create-rate-limited")
+        if (peer, msg.link_id) in self.by_pred:
+            return self._drop("link-in-use")
+        if len(self.by_pred) >= self.limits.max_paths or self.per_peer[peer] >= self.limits.max_paths_per_peer:
+            return [Send(peer, Destroy(msg.link_id, "table-full"))] + self._drop("table-full")
+        try:
+            r = onion.peel_onion(self.static_key, msg.onion)
+        except onion.OnionError as exc:
+            return [Send(peer, Destroy(msg.link_id, exc.reason))] + self._drop("onion-" + exc.reason)
+        if r.expires < unix or r.expires > unix + onion.MAX_ONION_TTL:
+            return [Send(peer, Destroy(msg.link_id, "expired"))] + self._drop("onion-expired")
+        if r.ephemeral in self.replay:
+            return self._drop("onion-replayed")
+        self._remember(r.ephemeral, r.expires, unix)
+        expires = now + (r.expires - unix)
+        if r.exit:
+            exit_id = crypto.random_bytes(EXIT_ID_LEN)
+            path = _Path(peer, msg.link_id, None, None, onion.HopCrypt(r.keys), onion.ExitCrypt(r.keys),
+                         exit_id, expires, now)
+            self._add(path)
+            assert path.exit is not None
+            iv, body = path.exit.seal_backward(codec.encode(PathReady(exit_id=exit_id)))
+            return [Send(peer, CellBack(msg.link_id, iv, body))]
+        nxt = r.next_node
+        if nxt == self.node_id or nxt == peer or (self.knows is not None and not self.knows(nxt)):
+            return [Send(peer, Destroy(msg.link_id, "bad-next-hop"))] + self._drop("bad-next-hop")
+        succ_link = crypto.random_bytes(LINK_ID_LEN)
+        path = _Path(peer, msg.link_id, nxt, succ_link, onion.HopCrypt(r.keys), None, None, expires, now)
+        self._add(path)
+        return [Send(nxt, Create(succ_link, r.next_onion))]
+
+    def _remember(self, eph: bytes, expires: float, unix: float) -> None:
+        if len(self.replay) >= self.limits.max_replay_entries:
+            for k in [k for k, t in self.replay.items() if t < unix]:
+                del self.replay[k]
+            if len(self.replay) >= self.limits.max_replay_entries:
+                # Still full of live entries: forget the oldest-expiring half. Onions
+                # we forget could be replayed, but only until their own expiry.
+                for k, _ in sorted(self.replay.items(), key=lambda kv: kv[1])[: len(self.replay) // 2]:
+                    del self.replay[k]
+        self.replay[eph] = expires
+
+    def _add(self, p: _Path) -> None:
+        self.by_pred[(p.pred, p.pred_link)] = p
+        if p.succ is not None and p.succ_link is not None:
+            self.by_succ[(p.succ, p.succ_link)] = p
+        if p.exit_id is not None:
+            self.by_exit[p.exit_id] = p
+        self.per_peer[p.pred] += 1
+
+    def _remove(self, p: _Path) -> None:
+        self.by_pred.pop((p.pred, p.pred_link), None)
+        if p.succ is not None and p.succ_link is not None:
+            self.by_succ.pop((p.succ, p.succ_link), None)
+        if p.exit_id is not None:
+            self.by_exit.pop(p.exit_id, None)
+        self.per_peer[p.pred] -= 1
+        if self.per_peer[p.pred] <= 0:
+            del self.per_peer[p.pred]
+
+    # ------------------------------------------------------------------ cells
+
+    def on_cell_fwd(self, peer: bytes, msg: CellFwd, now: float) -> list[Send]:
+        if not self._bucket(self._cell_buckets, peer, self.limits.cells_per_s, self.limits.cell_burst).take(now):
+            return self._drop("cell-rate-limited")
+        p = self.by_pred.get((peer, msg.link_id))
+        if p is None:
+            return self._drop("unknown-link")
+        if now > p.expires:
+            self._remove(p)
+            return self._teardown(p, "expired") + self._drop("path-expired")
+        p.last_used = now
+        p.cells += 1
+        if p.exit is None:
+            assert p.succ is not None and p.succ_link is not None
+            iv, body = p.hop.relay_forward(msg.iv, msg.body)
+            self.forwarded += 1
+            return [Send(p.succ, CellFwd(p.succ_link, iv, body))]
+        try:
+            payload = codec.decode(p.exit.open_forward(msg.iv, msg.body))
+        except onion.OnionError:
+            return self._drop("cell-unauthentic")
+        except codec.RemoteProtocolError:
+            return self._drop("cell-malformed")
+        if not isinstance(payload, ToModel):
+            return self._drop("cell-unexpected-payload")
+        if self.knows is not None and not self.knows(payload.dest):
+            return self._notice(p, "unknown-model-node", "the destination is not in the registry")
+        assert p.exit_id is not None
+        self.forwarded += 1
+        return [Send(payload.dest, Deliver(exit_id=p.exit_id, sealed=payload.sealed))]
+
+    def on_cell_back(self, peer: bytes, msg: CellBack, now: float) -> list[Send]:
+        if not self._bucket(self._cell_buckets, peer, self.limits.cells_per_s, self.limits.cell_burst).take(now):
+            return self._drop("cell-rate-limited")
+        p = self.by_succ.get((peer, msg.link_id))
+        if p is None:
+            return self._drop("unknown-link")
+        p.last_used = now
+        p.cells += 1
+        iv, body = p.hop.relay_backward(msg.iv, msg.body)
+        self.forwarded += 1
+        return [Send(p.pred, CellBack(p.pred_link, iv, body))]
+
+    def on_return_clove(self, peer: bytes, msg: ReturnClove, now: float) -> list[Send]:
+        if not self._bucket(self._cell_buckets, peer, self.limits.cells_per_s, self.limits.cell_burst).take(now):
+            return self._drop("cell-rate-limited")
+        p = self.by_exit.get(msg.exit_id)
+        if p is None or p.exit is None:
+            return self._drop("unknown-exit")
+        p.last_used = now
+        iv, body = p.exit.seal_backward(codec.encode(FromModel(data=msg.data)))
+        self.forwarded += 1
+        return [Send(p.pred, CellBack(p.pred_link, iv, body))]
+
+    def _notice(self, p: _Path, code: str, detail: str) -> list[Send]:
+        assert p.exit is not None
+        self.dropped[code] += 1
+        iv, body = p.exit.seal_backward(codec.encode(PathNotice(code=code, detail=detail)))
+        return [Send(p.pred, CellBack(p.pred_link, iv, body))]
+
+    def deliver_failed(self, exit_id: bytes, detail: str) -> list[Send]:
+        """The driver could not deliver to the model node: tell the user through the path."""
+        p = self.by_exit.get(exit_id)
+        if p is None:
+            return []
+        return self._notice(p, "model-unreachable", detail[:512])
+
+    # ------------------------------------------------------------------ teardown
+
+    def _teardown(self, p: _Path, reason: str) -> list[Send]:
+        out = [Send(p.pred, Destroy(p.pred_link, reason))]
+        if p.succ is not None and p.succ_link is not None:
+            out.append(Send(p.succ, Destroy(p.succ_link, reason)))
+        return out
+
+    def on_destroy(self, peer: bytes, msg: Destroy) -> list[Send]:
+        p = self.by_pred.get((peer, msg.link_id))
+        if p is not None:
+            self._remove(p)
+            if p.succ is not None and p.succ_link is not None:
+                return [Send(p.succ, Destroy(p.succ_link, msg.reason))]
+            return []
+        p = self.by_succ.get((peer, msg.link_id))
+        if p is not None:
+            self._remove(p)
+            return [Send(p.pred, Destroy(p.pred_link, msg.reason))]
+        return self._drop("unknown-link")
+
+    def on_peer_lost(self, peer: bytes) -> list[Send]:
+        """A neighbour's connection closed: tear down every path through it."""
+        out: list[Send] = []
+        for (pred, _), p in list(self.by_pred.items()):
+            if pred == peer:
+                self._remove(p)
+                if p.succ is not None and p.succ_link is not None:
+                    out.append(Send(p.succ, Destroy(p.succ_link, "neighbour-lost")))
+        for (succ, _), p in list(self.by_succ.items()):
+            if succ == peer:
+                self._remove(p)
+                out.append(Send(p.pred, Destroy(p.pred_link, "neighbour-lost")))
+        return out
+
+    def expire(self, now: float) -> list[Send]:
+        """Drop paths idle for ``idle_timeout`` or past their expiry."""
+        out: list[Send] = []
+        for p in list(self.by_pred.values()):
+            if now > p.expires or now - p.last_used > self.limits.idle_timeout:
+                self._remove(p)
+                out += self._teardown(p, "expired")
+                self.dropped["path-expired"] += 1
+        return out
+
+
+assert NODE_ID_LEN == 20 and LINK_ID_LEN == onion.LINK_ID_LEN

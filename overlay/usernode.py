@@ -1,0 +1,96 @@
+"""A user node: relays for others and, optionally, sends its own anonymous requests.
+
+Composition only (the logic lives in :mod:`overlay.relay`, :mod:`overlay.paths`
+and :mod:`overlay.anon`). Verifiers use the same class with ``client=True`` so
+their challenges are ordinary user traffic.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from overlay.anon import AnonClient
+from overlay.identity import Identity
+from overlay.messages import CellBack, Destroy
+from overlay.node import Node
+from overlay.paths import PathManager
+from overlay.registry import Registry
+from overlay.relay import RelayCore
+from overlay.relay_service import RelayService
+from overlay.transport import Connection, Transport
+
+
+class UserNode:
+    def __init__(
+        self,
+        identity: Identity,
+        transport: Transport,
+        registry: Registry,
+        *,
+        region: str = "default",
+        client: bool = True,
+        n: int = 4,
+        k: int = 3,
+        paths: int | None = None,
+        ping_interval: float = 0.0,
+        build_timeout: float = 10.0,
+        refresh: float = 15 * 60.0,
+    ) -> None:
+        self.identity = identity
+        self.registry = registry
+        self.region = region
+        self.node = Node(identity, transport, peers=registry.entries, ping_interval=ping_interval)
+        self.relay = RelayService(
+            self.node, RelayCore(identity.node_id, identity.x25519, knows=lambda i: i in registry.by_id)
+        )
+        self.relay.install()
+        self.paths: PathManager | None = None
+        self.client: AnonClient | None = None
+        if client:
+            self.paths = PathManager(
+                self.node, lambda: registry.users(region), target=max(n, paths or n),
+                build_timeout=build_timeout, refresh=refresh,
+            )
+            self.client = AnonClient(self.paths, registry.models, self.node.send_nowait, n=n, k=k)
+            self.node.on(CellBack, self._on_cell_back)
+            self.node.on(Destroy, self._on_destroy)
+            self.node.on_peer_lost(self.paths.on_peer_lost)
+
+    async def _on_cell_back(self, conn: Connection, msg: CellBack) -> None:
+        assert self.paths is not None
+        path = self.paths.owns(conn.peer_id, msg.link_id)
+        if path is not None:
+            self.paths.on_cell_back(path, msg)
+        else:
+            await self.relay.handle(conn, msg)
+
+    async def _on_destroy(self, conn: Connection, msg: Destroy) -> None:
+        assert self.paths is not None
+        path = self.paths.owns(conn.peer_id, msg.link_id)
+        if path is not None:
+            self.paths.on_destroy(path, msg)
+        else:
+            await self.relay.handle(conn, msg)
+
+    async def serve(
+        self, host: str = "127.0.0.1", port: int = 0, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        async with trio.open_nursery() as nursery:
+            address = await nursery.start(self.node.serve, host, port)
+            await nursery.start(self.relay.run)
+            if self.paths is not None:
+                await nursery.start(self.paths.run)
+            task_status.started(address)
+
+    def stats(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "relay_paths": len(self.relay.core),
+            "relay_forwarded": self.relay.core.forwarded,
+            "relay_dropped": dict(self.relay.core.dropped),
+            "node_rejected": dict(self.node.rejected),
+        }
+        if self.paths is not None:
+            out["paths_ready"] = len(self.paths.ready_paths())
+        return out

@@ -1,0 +1,221 @@
+"""Shared test helpers: relay processes, raw frame I/O, in-memory networks.
+
+Every wait here is bounded; nothing asserts on wall-clock time.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from overlay import codec
+
+REPO = Path(__file__).resolve().parent.parent
+PROCESS_START_TIMEOUT = 30.0  # seconds; generous for a loaded 2-core machine
+PROCESS_STOP_TIMEOUT = 10.0
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def gentorrent_cmd(*args: str) -> list[str]:
+    """The ``gentorrent`` command line run by this interpreter (no PATH lookup)."""
+    return [sys.executable, "-m", "overlay.cli", *args]
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120.0,
+            cwd: str | os.PathLike[str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``gentorrent ARGS`` to completion (bounded by ``timeout``)."""
+    return subprocess.run(
+        gentorrent_cmd(*args), capture_output=True, text=True, timeout=timeout,
+        env=env, cwd=cwd if cwd is not None else REPO,
+    )
+
+
+def read_line(proc: subprocess.Popen[bytes], timeout: float) -> str:
+    """One stdout line of ``proc``, waiting at most ``timeout`` seconds ("" on EOF)."""
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    buf = b""
+    deadline = time.monotonic() + timeout
+    while b"\n" not in buf:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError(f"no line from {proc.args!r} within {timeout}s (got {buf!r})")
+        ready, _, _ = select.select([fd], [], [], remaining)
+        if ready:
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                break
+            buf += chunk
+    return buf.decode(errors="replace")
+
+
+@dataclass
+class RelayProcess:
+    """A running ``gentorrent user relay``: its id and address from its READY line."""
+
+    proc: subprocess.Popen[bytes]
+    node_id: bytes
+    address: str
+    data_dir: Path
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self) -> int:
+        """Ctrl-C the relay; kill it if it does not stop in time. Returns its status."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=PROCESS_STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        return self.proc.returncode
+
+
+def start_relay(data_dir: Path, *extra: str, listen: str | None = "127.0.0.1:0", log_path: Path | None = None,
+                env: dict[str, str] | None = None) -> RelayProcess:
+    """Start ``gentorrent user relay`` (on ``--listen listen`` unless ``None``) and wait
+    for its READY line. Without ``--peers``/``--registry`` it gets an empty peer list."""
+    log_path = log_path or data_dir.parent / (data_dir.name + ".log")
+    args = ["user", "relay", "--data-dir", str(data_dir), *extra]
+    if listen is not None:
+        args += ["--listen", listen]
+    if "--peers" not in extra and "--registry" not in extra:
+        # A relay needs a node directory; an empty, unsigned peer list will do.
+        empty = data_dir.parent / (data_dir.name + "-peers.json")
+        empty.write_text('{"peers": []}')
+        args += ["--peers", str(empty)]
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(gentorrent_cmd(*args), stdout=subprocess.PIPE, stderr=log,
+                                cwd=REPO, env=env)
+    try:
+        line = read_line(proc, PROCESS_START_TIMEOUT).split()
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        assert proc.stdout is not None
+        proc.stdout.close()
+        raise
+    if len(line) != 3 or line[0] != "READY":
+        proc.kill()
+        proc.wait()
+        assert proc.stdout is not None
+        proc.stdout.close()
+        raise AssertionError(f"relay did not start: stdout {line!r}; log:\n{log_path.read_text()}")
+    return RelayProcess(proc, bytes.fromhex(line[1]), line[2], data_dir, log_path)
+
+
+@pytest.fixture
+def relay_factory(tmp_path: Path) -> Iterator[Any]:
+    """``relay_factory(name="relay", *extra_flags, listen=..., env=...)`` starts relays
+    (see :func:`start_relay`); all are stopped at teardown."""
+    started: list[RelayProcess] = []
+
+    def factory(name: str = "relay", *extra: str, **kw: Any) -> RelayProcess:
+        r = start_relay(tmp_path / name, *extra, **kw)
+        started.append(r)
+        return r
+
+    yield factory
+    for r in started:
+        r.stop()
+
+
+@pytest.fixture
+def relay(relay_factory: Any) -> RelayProcess:
+    """One running relay process on loopback."""
+    return relay_factory()
+
+
+# --------------------------------------------------------------------------- raw frames
+
+
+class RawPeer:
+    """Frame I/O over a raw stream, with no handshake logic: for misbehaving peers."""
+
+    def __init__(self, stream: trio.abc.Stream, label: str = "server") -> None:
+        self.stream = stream
+        self.decoder = codec.FrameDecoder(peer=label)
+
+    async def send(self, msg: Any) -> None:
+        await self.stream.send_all(codec.frame(msg))
+
+    async def send_raw(self, data: bytes) -> None:
+        await self.stream.send_all(data)
+
+    async def receive(self, timeout: float = 15.0) -> Any | None:
+        """The next message, or ``None`` once the other side has closed."""
+        with trio.fail_after(timeout):
+            while True:
+                msg = self.decoder.next_message()
+                if msg is not None:
+                    return msg
+                try:
+                    data = await self.stream.receive_some(65536)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    return None
+                if not data:
+                    return None
+                self.decoder.feed(data)
+
+    async def drain(self, timeout: float = 15.0) -> list[Any]:
+        """Every message until the other side closes."""
+        out = []
+        while (msg := await self.receive(timeout)) is not None:
+            out.append(msg)
+        return out
+
+    async def aclose(self) -> None:
+        with trio.CancelScope(shield=True), trio.move_on_after(2):
+            try:
+                await self.stream.aclose()
+            except Exception:  # noqa: BLE001 - tearing down a misbehaving peer
+                pass
+
+
+async def wait_until(predicate: Any, timeout: float = 15.0, what: str = "condition") -> None:
+    """Poll ``predicate()`` until true; fail after ``timeout`` seconds (of the test's clock)."""
+    with trio.move_on_after(timeout):
+        while not predicate():
+            await trio.sleep(0.01)
+        return
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class Helpers:
+    """The helpers above, handed to tests as the ``helpers`` fixture (test modules do
+    not import ``conftest``: another directory may add its own)."""
+
+    REPO = REPO
+    RawPeer = RawPeer
+    RelayProcess = RelayProcess
+    gentorrent_cmd = staticmethod(gentorrent_cmd)
+    run_cli = staticmethod(run_cli)
+    read_line = staticmethod(read_line)
+    start_relay = staticmethod(start_relay)
+    wait_until = staticmethod(wait_until)
+
+
+@pytest.fixture
+def helpers() -> type[Helpers]:
+    return Helpers

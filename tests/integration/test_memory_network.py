@@ -1,0 +1,345 @@
+"""Nodes over MemoryTransport with trio's MockClock: authentication, and every kind of
+misbehaving peer, each answered by a specific Error frame, a counted reason and a
+closed connection while the node keeps serving everyone else. Timeouts of 10 s or
+300 s run instantly (autojump clock)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+from trio.testing import MockClock
+
+from overlay import codec, crypto, handshake
+from overlay.identity import Identity, short_id
+from overlay.messages import (
+    AuthChallenge, AuthOk, AuthProof, Echo, EchoReply, Error, PeerStatus, PeerStatusRequest, Ping, Pong,
+)
+from overlay.node import Node
+from overlay.peers import PeerEntry
+from overlay.transport import (
+    Connection, MemoryNetwork, MemoryTransport, PeerAuthError, Timeouts, TransportError,
+)
+
+# Every test takes ``autojump_clock``: pytest-trio runs a test under the clock among its arguments.
+
+
+@pytest.fixture
+async def nursery() -> AsyncIterator[trio.Nursery]:
+    async with trio.open_nursery() as n:
+        yield n
+        n.cancel_scope.cancel()
+
+
+@pytest.fixture
+def network() -> MemoryNetwork:
+    return MemoryNetwork()
+
+
+async def start_node(nursery: trio.Nursery, network: MemoryNetwork, *, peers: list[PeerEntry] | None = None,
+                     ping_interval: float = 0, **transport_kw: Any) -> Node:
+    ident = Identity.generate()
+    node = Node(ident, MemoryTransport(ident, network, **transport_kw), peers=peers, ping_interval=ping_interval)
+    await nursery.start(node.serve)
+    return node
+
+
+def entry(node: Node) -> PeerEntry:
+    assert node.address is not None
+    return PeerEntry.of(node.identity, node.address)
+
+
+def raw_dial(network: MemoryNetwork, address: str, helpers: Any) -> Any:
+    """A raw stream to a listener, past the fake TLS and before our handshake."""
+    server_pk, inbox = network.listeners[address]
+    client, server = trio.testing.memory_stream_pair()
+    binding = crypto.sha256(b"raw" + server_pk)
+    inbox.send_nowait((server, binding))
+    peer = helpers.RawPeer(client)
+    peer.binding = binding
+    return peer
+
+
+async def dial(network: MemoryNetwork, node: Node) -> Connection:
+    return await MemoryTransport(Identity.generate(), network).dial(node.address, node.node_id)
+
+
+async def assert_serving(network: MemoryNetwork, node: Node) -> None:
+    """A fresh, well-behaved peer still gets answers."""
+    conn = await dial(network, node)
+    await conn.send(Echo(nonce=5, data=b"still there?"))
+    assert await conn.receive() == EchoReply(nonce=5, data=b"still there?")
+    await conn.aclose()
+
+
+# --------------------------------------------------------------------------- happy paths
+
+
+async def test_two_nodes_authenticate_and_ping(
+    autojump_clock: MockClock, nursery: trio.Nursery, network: MemoryNetwork
+) -> None:
+    a = await start_node(nursery, network)
+    b = await start_node(nursery, network)
+    rtt = await b.ping(entry(a))
+    assert rtt >= 0
+    conn = await b.connection_to(entry(a))
+    assert conn.peer_id == a.node_id
+    assert conn.peer_ed25519 == a.identity.ed25519_public
+    assert conn.peer_x25519 == a.identity.x25519_public
+    # The server side learned the dialer's proven id and keys.
+    assert b.node_id in a._conns
+    assert a._conns[b.node_id].peer_x25519 == b.identity.x25519_public
+    # A reply travels back over the same connection: a pings b without dialing.
+    assert await a.ping(entry(b)) >= 0
+    assert a.rejected == {} and b.rejected == {}
+
+
+async def test_echo_and_status(
+    autojump_clock: MockClock, nursery: trio.Nursery, network: MemoryNetwork
+) -> None:
+    a = await start_node(nursery, network)
+    conn = await dial(network, a)
+    await conn.send(Echo(nonce=1, data=b"x" * 1000))
+    assert await conn.receive() == EchoReply(nonce=1, data=b"x" * 1000)
+    await conn.send(Ping(nonce=99))
+    assert await conn.receive() == Pong(nonce=99)
+    await conn.send(PeerStatusRequest())
+    status = await conn.receive()
+    assert isinstance(status, PeerStatus) and status.node_id == a.node_id
+
+
+async def test_ping_loop_records_reachable_and_unreachable_peers(
+    autojump_clock: MockClock, nursery: trio.Nursery, network: MemoryNetwork
+) -> None:
+    b = await start_node(nursery, network)
+    ghost = PeerEntry.of(Identity.generate(), "mem-ghost:1")
+    a = await start_node(nursery, network, peers=[entry(b), ghost], ping_interval=30)
+    while len(a.seen) < 2:
+        await trio.sleep(1)
+    assert a.seen[b.node_id].rtt_us >= 0 and a.seen[b.node_id].last_ok_unix > 0
+    assert a.seen[ghost.node_id].rtt_us == -1
+    conn = await dial(network, a)
+    await conn.send(PeerStatusRequest())
+    status = await conn.receive()
+    assert {p.node_id: p.rtt_us >= 0 for p in status.peers} == {b.node_id: True, ghost.node_id: False}
+
+
+# --------------------------------------------------------------------------- who is who
+
+
+async def test_wrong_expected_id_is_refused(
+    autojump_clock: MockClock, nursery: trio.Nursery, network: MemoryNetwork
+) -> None:
+    a = await start_node(nursery, network)
+    other = Identity.generate()
+    with pytest.raises(PeerAuthError) as ei:
+        await MemoryTransport(Identity.generate(), network).dial(a.address, other.node_id)
+    msg = str(ei.value)
+    assert short_id(other.node_id) in msg and short_id(a.node_id) in msg
+
+
+async def test_unknown_address_is_a_transport_error(
+    autojump_clock: MockClock, network: MemoryNetwork
+) -> None:
+    with pytest.raises(TransportError, match="refused"):
+        await MemoryTransport(Identity.generate(), network).dial("mem-nobody:1", None)
+
+
+class ManInTheMiddle(MemoryTransport):
+    """Signs over a channel binding other than the server's (what a relaying MITM sees)."""
+
+    async def _open(self, address: str) -> Any:
+        stream, server_pk, _binding = await super()._open(address)
+        return stream, server_pk, crypto.sha256(b"the MITM's own certificate")
+
+
+async def test_proof_over_the_wrong_channel_is_refused(
+    autojump_clock: MockClock, nursery: trio.Nursery, network: MemoryNetwork, caplog:
+    pytest.LogCaptureFixture
+) -> None:
+    a = await start_node(nursery, network)
+    mitm = Identity.generate()
+    with pytest.raises(PeerAuthError, match="auth-failed") as ei:
+        await ManInTheMiddle(mitm, network).dial(a.address, a.node_id)
+    assert short_id(mitm.node_id) in str(ei.value)
+    assert a.transport.rejected == {"auth-failed": 1}
+    assert any("auth-failed" in r.getMessage() and short_id(mitm.node_id) in r.getMessage()
+               for r in caplog.records if r.levelno == logging.WARNING)
+    await assert_serving(network, a)
+
+
+def _bad_signature(ident: Identity, binding: bytes, nonce: bytes) -> AuthProof:
+    p = handshake.make_proof(ident, binding, nonce)
+    return AuthProof(p.ed25519_public, p.x25519_public, bytes([p.signature[0] ^ 0x80]) + p.signature[1:])
+
+
+def _someone_elses_key(ident: Identity, binding: bytes, nonce: bytes) -> AuthProof:
+    p = handshake.make_proof(ident, binding, nonce)
+    return AuthProof(Identity.generate().ed25519_public, p.x25519_public, p.signature)
+
+
+@pytest.mark.parametrize("forge", [_bad_signature, _someone_elses_key], ids=["bad-signature", "claims-other-key"])
+async def test_dialer_that_cannot_prove_its_id_is_refused(
+    autojump_clock: MockClock, nursery: trio.Nursery, network: MemoryNetwork, helpers: Any, forge:
+    Any
+) -> None:
+    a = await start_node(nursery, network)
+    raw = raw_dial(network, a.address, helpers)
+    challenge = await raw.receive()
+    assert isinstance(challenge, AuthChallenge)
+    await raw.send(forge(Identity.generate(), raw.binding, challenge.nonce))
+    rest = await raw.drain()
+    assert len(rest) == 1 and isinstance(rest[0], Error) and rest[0].code == "auth-failed"
+    assert "failed to prove" in rest[0].detail
+    assert a.transport.rejected == {"auth-failed": 1}
+    await assert_serving(network, a)
+
+
+async def test_correct_raw_proof_is_accepted(
+    autojump_clock: MockClock, nursery: trio.Nursery, network: MemoryNetwork, helpers: Any
+) -> None:
+    """The raw client above is faithful: with an honest proof it gets AuthOk."""
+    a = await start_node(nursery, network)
+    raw = raw_dial(network, a.address, helpers)
+    challenge = await raw.receive()
+    await raw.send(handshake.make_proof(Identity.generate(), raw.binding, challenge.nonce))
+    assert await raw.receive() == AuthOk(x25519_public=a.identity.x25519_public)
+    await raw.send(Ping(nonce=3))
+    assert await raw.receive() == Pong(nonce=3)
+    await raw.aclose()
+
+
+# --------------------------------------------------------------------------- bad peers, before auth
+
+
+async def test_silent_peer_times_out_while_others_are_served(
+    autojump_clock: MockClock, nursery: trio.Nursery, network: MemoryNetwork, helpers: Any
+) -> None:
+    a = await start_node(nursery, network)
+    b = await start_node(nursery, network)
+    silent = raw_dial(network, a.address, helpers)
+    assert isinstance(await silent.receive(), AuthChallenge)
+    # While the silent peer holds its connection, others are answered.
+    assert await b.ping(entry(a)) >= 0
+    await assert_serving(network, a)
+    rest = await silent.drain(timeout=60)  # 10 s handshake timeout, on the mock clock
+    assert [(type(m), m.code) for m in rest] == [(Error, "timeout")]
+    assert a.transport.rejected == {"timeout": 1}
+    assert a.rejected == {}
+
+
+async def test_silent_server_times_the_dialer_out(
+    autojump_clock: MockClock, nursery: trio.Nursery, network: MemoryNetwork
+) -> None:
+    """A listener that accepts but never speaks: dial fails after the handshake timeout."""
+    ident = Identity.generate()
+    send, receive = trio.open_memory_channel[Any](4)
+    network.listeners["mem-mute:1"] = (ident.ed25519_public, send)
+    with pytest.raises(TransportError, match="timed out"):
+        await MemoryTransport(Identity.generate(), network, timeouts=Timeouts(handshake=10)).dial(
+            "mem-mute:1", ident.node_id)
+    receive.close()
+
+
+@pytest.mark.parametrize(("label", "data", "detail"), [
+    ("4GiB-prefix", b"\xff\xff\xff\xff", "frame length 4294967295"),
+    ("zero-length", b"\0\0\0\0", "frame length 0"),
+    ("handshake-frame-over-4KiB", (4097).to_bytes(4, "big"), "frame length 4097"),
+    ("garbage", b"\0\0\0\x03\xc1\xc1\xc1", "malformed msgpack"),
+    ("wrong-message", codec.frame(Ping(nonce=1)), "expected AuthProof"),
+    ("unknown-type", b"\0\0\0\x03\x92\x01\xcd", "malformed"),
+])
+async def test_bad_handshake_frames(
+    autojump_clock: MockClock, nursery: trio.Nursery, network: MemoryNetwork, helpers: Any, label:
+    str, data: bytes, detail: str
+) -> None:
+    a = await start_node(nursery, network)
+    raw = raw_dial(network, a.address, helpers)
+    assert isinstance(await raw.receive(), AuthChallenge)
+    await raw.send_raw(data)
+    rest = await raw.drain()
+    assert len(rest) == 1 and rest[0].code == "bad-frame"
+    assert detail in rest[0].detail
+    assert a.transport.rejected == {"bad-frame": 1}
+    await assert_serving(network, a)
+
+
+async def test_connection_cap(
+    autojump_clock: MockClock, nursery: trio.Nursery, network: MemoryNetwork, helpers: Any
+) -> None:
+    a = await start_node(nursery, network, max_connections=1)
+    first = raw_dial(network, a.address, helpers)
+    assert isinstance(await first.receive(), AuthChallenge)
+    second = raw_dial(network, a.address, helpers)
+    assert await second.drain() == []  # closed at once, before any handshake
+    assert a.transport.rejected == {"too-many-connections": 1}
+    await first.drain(timeout=60)  # the first one times out and frees its slot
+    await assert_serving(network, a)
+
+
+# --------------------------------------------------------------------------- bad peers, after auth
+
+
+def _framed(payload: bytes) -> bytes:
+    return len(payload).to_bytes(4, "big") + payload
+
+
+# An Echo whose data is one byte over its 64 KiB bound.
+_OVERSIZE_ECHO = _framed(b"\x94\x01\x0e\x01\xc6" + (65537).to_bytes(4, "big") + bytes(65537))
+
+
+@pytest.mark.parametrize(("label", "data", "reason", "detail"), [
+    ("4GiB-prefix", b"\xff\xff\xff\xff", "bad-frame", "frame length 4294967295"),
+    ("over-2MiB-prefix", (codec.MAX_FRAME + 1).to_bytes(4, "big"), "bad-frame", "frame length"),
+    ("garbage", _framed(b"\xc1\xc1\xc1\xc1"), "bad-frame", "malformed msgpack"),
+    ("wrong-version", _framed(b"\x93\x07\x0a\x01"), "bad-frame", "unsupported wire version 7"),
+    ("unknown-type", _framed(b"\x93\x01\xcd\xff\xff\x01"), "bad-frame", "unknown message type 65535"),
+    ("bool-for-int", _framed(b"\x93\x01\x0a\xc3"), "bad-frame", "Ping.nonce: expected int, got bool"),
+    ("oversize-field", _OVERSIZE_ECHO, "bad-frame", "Echo.data: bytes of length 65537 over the limit 65536"),
+    ("unexpected-message", codec.frame(AuthOk(x25519_public=b"\0" * 32)), "unexpected-message", "AuthOk"),
+])
+async def test_bad_frames_after_auth(
+    autojump_clock: MockClock, nursery: trio.Nursery, network: MemoryNetwork, caplog:
+    pytest.LogCaptureFixture, label: str, data: bytes, reason: str, detail: str
+) -> None:
+    a = await start_node(nursery, network)
+    b = await start_node(nursery, network)
+    assert await b.ping(entry(a)) >= 0
+    conn = await dial(network, a)
+    await conn.send_raw(data)
+    err = await conn.receive()
+    assert isinstance(err, Error) and err.code == reason and detail in err.detail
+    with pytest.raises(TransportError):
+        await conn.receive()
+    assert a.rejected == {reason: 1}
+    dropped = [r.getMessage() for r in caplog.records if r.name == "gentorrent.node"]
+    assert any(reason in m and "dropping peer" in m and detail in m for m in dropped), dropped
+    # Everyone else is still served, including the peer that was already connected.
+    assert await b.ping(entry(a)) >= 0
+    await assert_serving(network, a)
+
+
+async def test_idle_authenticated_peer_is_dropped(
+    autojump_clock: MockClock, nursery: trio.Nursery, network: MemoryNetwork, helpers: Any
+) -> None:
+    a = await start_node(nursery, network)
+    conn = await dial(network, a)
+    with pytest.raises(TransportError, match="closed"):
+        await conn.receive(timeout=a.idle_timeout * 2)
+    await helpers.wait_until(lambda: a._conns == {}, what="the idle connection to be forgotten")
+    assert a.rejected == {} and a.transport.rejected == {}
+
+
+async def test_peer_error_frame_closes_quietly(
+    autojump_clock: MockClock, nursery: trio.Nursery, network: MemoryNetwork
+) -> None:
+    a = await start_node(nursery, network)
+    conn = await dial(network, a)
+    await conn.send(Error(code="going-away", detail="bye"))
+    with pytest.raises(TransportError):
+        await conn.receive(timeout=5)
+    assert a.rejected == {}

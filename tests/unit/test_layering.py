@@ -1,0 +1,98 @@
+"""The layering rule, checked on the source: overlay imports no role package; role
+packages import overlay, never each other (except verifier → model_node's engine
+package); light CLI modules never load an inference engine."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+ROLES = ("user_client", "model_node", "verifier")
+HEAVY = ("llama_cpp", "vllm", "torch", "transformers")
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every module an ``import`` statement in ``path`` names (absolute imports)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module)
+            out.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return out
+
+
+def sources(package: str) -> list[Path]:
+    root = REPO / package
+    return sorted(root.rglob("*.py")) if root.is_dir() else []
+
+
+def top(module: str) -> str:
+    return module.split(".")[0]
+
+
+def test_overlay_imports_no_role_package() -> None:
+    files = sources("overlay")
+    assert files
+    bad = {
+        f"{p.relative_to(REPO)}: {m}"
+        for p in files for m in imported_modules(p) if top(m) in ROLES
+    }
+    assert not bad, "overlay must not import role packages:\n" + "\n".join(sorted(bad))
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_roles_do_not_import_each_other(role: str) -> None:
+    bad = set()
+    for p in sources(role):
+        for m in imported_modules(p):
+            if top(m) in ROLES and top(m) != role:
+                # The one exception: verifiers score with model_node's engines.
+                if role == "verifier" and m.startswith("model_node.engine"):
+                    continue
+                if role == "verifier" and m == "model_node":
+                    bad.add(f"{p.relative_to(REPO)}: {m} (import model_node.engine..., not the package)")
+                    continue
+                bad.add(f"{p.relative_to(REPO)}: {m}")
+    assert not bad, f"{role} imports another role:\n" + "\n".join(sorted(bad))
+
+
+def _loaded_after(code: str) -> list[str]:
+    probe = (
+        f"import sys, json\n{code}\n"
+        f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {list(HEAVY)!r})))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         timeout=60, cwd=REPO, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_user_cli_loads_no_engine() -> None:
+    assert _loaded_after("import user_client.cli") == []
+
+
+def test_building_the_whole_cli_loads_no_engine() -> None:
+    """Every role's ``register`` runs to build the parser: none may import an engine."""
+    assert _loaded_after("from overlay.cli import build_parser; build_parser()") == []
+
+
+def test_overlay_loads_no_role_package() -> None:
+    code = (
+        "import importlib, pkgutil, overlay\n"
+        "for m in pkgutil.walk_packages(overlay.__path__, 'overlay.'):\n"
+        "    importlib.import_module(m.name)\n"
+        "roles = sorted(m for m in sys.modules if m.split('.')[0] in "
+        f"{list(ROLES)!r})\n"
+        "print(json.dumps(roles))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", "import sys, json\n" + code], capture_output=True,
+                         text=True, timeout=60, cwd=REPO, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []

@@ -1,0 +1,191 @@
+"""RelayCore, the I/O-free relay state machine: table-driven cases with a tiny in-process router."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from overlay import codec, crypto, onion
+from overlay.messages import (
+    CellBack,
+    CellFwd,
+    Create,
+    Deliver,
+    Destroy,
+    FromModel,
+    PathNotice,
+    PathReady,
+    ReturnClove,
+    ToModel,
+)
+from overlay.relay import RelayCore, RelayLimits, Send
+
+USER = b"U" * 20
+MODEL = b"M" * 20
+UNIX = 1_800_000_000
+
+
+def make_relays(n=3, limits=None):
+    cores = []
+    for _ in range(n):
+        cores.append(RelayCore(os.urandom(20), crypto.X25519Key.generate(), limits=limits or RelayLimits()))
+    known = {c.node_id for c in cores} | {USER, MODEL}
+    for c in cores:
+        c.knows = known.__contains__
+    return cores
+
+
+def route(cores, sender, actions, now=0.0):
+    """Deliver actions between cores until they leave the relay set; return what left."""
+    by_id = {c.node_id: c for c in cores}
+    out = []
+    queue = [(sender, a) for a in actions]
+    while queue:
+        src, a = queue.pop(0)
+        dst = by_id.get(a.peer)
+        if dst is None:
+            out.append((src, a))
+            continue
+        for nxt in dst.on_message(src, a.msg, now=now, unix=UNIX):
+            queue.append((dst.node_id, nxt))
+    return out
+
+
+def build(cores, expires=UNIX + 600):
+    pkt, keys = onion.build_onion([c.static_key.public_bytes for c in cores], [c.node_id for c in cores], expires)
+    link = os.urandom(16)
+    out = route(cores, USER, [Send(cores[0].node_id, Create(link, pkt))])
+    return link, pkt, keys, out
+
+
+def test_build_then_cells_both_ways():
+    cores = make_relays()
+    link, pkt, keys, out = build(cores)
+    (src, a), = out
+    assert a.peer == USER and isinstance(a.msg, CellBack) and a.msg.link_id == link
+    user = onion.PathCrypt(keys)
+    ready = codec.decode(user.unwrap_backward(a.msg.iv, a.msg.body))
+    assert isinstance(ready, PathReady)
+    # forward: ToModel reaches the model node as Deliver with the exit id
+    iv, body = user.wrap_forward(codec.encode(ToModel(dest=MODEL, sealed=b"sealed-clove")))
+    (src, a), = route(cores, USER, [Send(cores[0].node_id, CellFwd(link, iv, body))])
+    assert src == cores[2].node_id and a.peer == MODEL
+    assert a.msg == Deliver(exit_id=ready.exit_id, sealed=b"sealed-clove")
+    # backward: the model node's ReturnClove comes out at the user
+    actions = cores[2].on_message(MODEL, ReturnClove(ready.exit_id, b"reply-clove"), now=0, unix=UNIX)
+    (src, a), = route(cores, cores[2].node_id, actions)
+    assert a.peer == USER
+    assert codec.decode(user.unwrap_backward(a.msg.iv, a.msg.body)) == FromModel(data=b"reply-clove")
+    assert all(len(c) == 1 for c in cores)
+
+
+def test_replayed_onion_is_dropped():
+    cores = make_relays()
+    link, pkt, keys, _ = build(cores)
+    assert cores[0].on_message(USER, Create(os.urandom(16), pkt), now=0, unix=UNIX) == []
+    assert cores[0].dropped["onion-replayed"] == 1
+
+
+@pytest.mark.parametrize("expires,reason", [(UNIX - 1, "onion-expired"), (UNIX + 3 * 3600, "onion-expired")])
+def test_expiry_bounds(expires, reason):
+    cores = make_relays()
+    _, _, _, out = build(cores, expires)
+    assert [type(a.msg) for _, a in out] == [Destroy]
+    assert cores[0].dropped[reason] == 1
+
+
+def test_garbage_onion_gets_destroy_and_counted():
+    c = make_relays(1)[0]
+    out = c.on_message(USER, Create(os.urandom(16), os.urandom(onion.ONION_LEN)), now=0, unix=UNIX)
+    assert [type(a.msg) for a in out] == [Destroy]
+    assert c.dropped["onion-bad-mac"] == 1
+    out = c.on_message(USER, Create(os.urandom(16), b"short"), now=0, unix=UNIX)
+    assert c.dropped["onion-bad-size"] == 1
+    assert len(c) == 0
+
+
+def test_unknown_links_and_exits_are_dropped():
+    c = make_relays(1)[0]
+    assert c.on_message(USER, CellFwd(os.urandom(16), os.urandom(16), b"x"), now=0, unix=UNIX) == []
+    assert c.on_message(USER, CellBack(os.urandom(16), os.urandom(16), b"x"), now=0, unix=UNIX) == []
+    assert c.on_message(MODEL, ReturnClove(os.urandom(16), b"x"), now=0, unix=UNIX) == []
+    assert c.dropped["unknown-link"] == 2 and c.dropped["unknown-exit"] == 1
+
+
+def test_link_ids_are_per_peer_and_differ_per_link():
+    cores = make_relays()
+    link, pkt, keys, out = build(cores)
+    links = {link}
+    for c in cores[:-1]:
+        (p,) = c.by_pred.values()
+        links.add(p.succ_link)
+    assert len(links) == 3
+    # the same link id from another peer is a different (unknown) path
+    assert cores[0].on_message(b"X" * 20, CellFwd(link, os.urandom(16), b"x"), now=0, unix=UNIX) == []
+    assert cores[0].dropped["unknown-link"] == 1
+
+
+def test_tampered_forward_cell_is_dropped_at_the_proxy():
+    cores = make_relays()
+    link, pkt, keys, out = build(cores)
+    iv, body = onion.PathCrypt(keys).wrap_forward(codec.encode(ToModel(dest=MODEL, sealed=b"s")))
+    body = bytes([body[0] ^ 0x80]) + body[1:]
+    assert route(cores, USER, [Send(cores[0].node_id, CellFwd(link, iv, body))]) == []
+    assert cores[2].dropped["cell-unauthentic"] == 1
+
+
+def test_unknown_destination_gets_a_notice_back():
+    cores = make_relays()
+    link, pkt, keys, out = build(cores)
+    user = onion.PathCrypt(keys)
+    iv, body = user.wrap_forward(codec.encode(ToModel(dest=b"Z" * 20, sealed=b"s")))
+    (src, a), = route(cores, USER, [Send(cores[0].node_id, CellFwd(link, iv, body))])
+    notice = codec.decode(user.unwrap_backward(a.msg.iv, a.msg.body))
+    assert isinstance(notice, PathNotice) and notice.code == "unknown-model-node"
+
+
+def test_destroy_propagates_and_clears_tables():
+    cores = make_relays()
+    link, *_ = build(cores)
+    out = route(cores, USER, [Send(cores[0].node_id, Destroy(link, "bye"))])
+    assert out == [] and all(len(c) == 0 and not c.by_succ and not c.by_exit for c in cores)
+
+
+def test_peer_lost_tears_down_both_directions():
+    cores = make_relays()
+    build(cores)
+    # the middle relay loses the proxy: it tells the first relay, which tells the user
+    out = route(cores, cores[1].node_id, cores[1].on_peer_lost(cores[2].node_id))
+    assert [(a.peer, type(a.msg)) for _, a in out] == [(USER, Destroy)]
+    assert len(cores[0]) == 0 and len(cores[1]) == 0
+
+
+def test_table_limits_and_rate_limits():
+    limits = RelayLimits(max_paths=2, max_paths_per_peer=2, creates_per_s=1000, create_burst=1000,
+                         cells_per_s=1.0, cell_burst=2.0)
+    cores = make_relays(3, limits)
+    for _ in range(2):
+        build(cores)
+    _, _, _, out = build(cores)
+    assert [type(a.msg) for _, a in out] == [Destroy]
+    assert cores[0].dropped["table-full"] == 1
+    c = cores[0]
+    for _ in range(5):
+        c.on_message(USER, CellFwd(os.urandom(16), os.urandom(16), b"x"), now=0.0, unix=UNIX)
+    assert c.dropped["cell-rate-limited"] == 3
+
+
+def test_idle_paths_expire():
+    cores = make_relays(3, RelayLimits(idle_timeout=10))
+    build(cores)
+    out = cores[0].expire(now=11.0)
+    assert len(cores[0]) == 0 and {a.peer for a in out} == {USER, cores[1].node_id}
+
+
+def test_flood_of_garbage_keeps_memory_bounded():
+    c = make_relays(1, RelayLimits(creates_per_s=0.0, create_burst=50))[0]
+    for _ in range(500):
+        c.on_message(USER, Create(os.urandom(16), os.urandom(onion.ONION_LEN)), now=0.0, unix=UNIX)
+    assert len(c) == 0 and len(c.replay) == 0
+    assert c.dropped["create-rate-limited"] == 450
