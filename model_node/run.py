@@ -39,7 +39,7 @@ def run_model_node(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise CliError(f"listen: {exc}") from None
     log.warning("engine 'echo' is a DIAGNOSTIC: it streams prompts back and runs no model")
-    node = ModelNode(identity, TLSTransport(identity), registry, EchoEngine(args.echo_delay), model)
+    node = ModelNode(identity, TLSTransport(identity), registry, EchoEngine(model, args.echo_delay))
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:

@@ -39,6 +39,7 @@ from overlay.messages import (
 from overlay.paths import PathError, PathManager
 from overlay.peers import PeerEntry
 from overlay.seal import ReturnKey, SealError, open_sealed, seal_to
+from overlay.signing import ReplyVerifyError, request_digest, verify_reply
 
 log = logging.getLogger("gentorrent.anon")
 
@@ -47,6 +48,10 @@ MAX_CHUNKS_QUEUED = 1024
 
 class AnonError(Exception):
     """An anonymous request failed; the message says why and what to do."""
+
+
+class _NodeSilent(AnonError):
+    """The model node stopped answering (a failover candidate)."""
 
 
 class AnonClient:
@@ -97,13 +102,42 @@ class AnonClient:
         node: bytes | None = None,
         timeout: float = 60.0,
         paths_timeout: float = 30.0,
+        failover: bool = True,
     ) -> AsyncIterator[ReplyChunk]:
         """Send one prompt anonymously; yield its reply chunks in order.
 
         ``node`` prefers a model node (session affinity); ``timeout`` bounds the
-        wait for each chunk. Raises :class:`AnonError` on failure.
+        wait for each chunk. If the serving node goes silent (``timeout``) and
+        another node serves the model, the prompt and the partial reply are
+        resent there and the reply continues without repeating text (failover,
+        from Petals). The last chunk's signature is verified against the serving
+        node's registry key. Raises :class:`AnonError` on failure.
         """
         target = self.choose_model_node(model, node)
+        tried: set[bytes] = set()
+        produced: list[str] = []
+        while True:
+            try:
+                attempt = self._attempt(target, model, tuple(messages), params or SamplingParams(),
+                                        "".join(produced), timeout, paths_timeout)
+                async with aclosing(attempt) as chunks:
+                    async for chunk in chunks:
+                        produced.append(chunk.text)
+                        yield chunk
+                return
+            except _NodeSilent as exc:
+                tried.add(target.node_id)
+                others = [e for e in self.models(model) if e.node_id not in tried]
+                if not failover or not others:
+                    raise AnonError(str(exc)) from None
+                target = self.rng.choice(others)
+                log.warning("%s; failing over to model node %s with %d characters already received",
+                            exc, short_id(target.node_id), sum(map(len, produced)))
+
+    async def _attempt(
+        self, target: PeerEntry, model: str, messages: tuple[ChatMessage, ...], params: SamplingParams,
+        continuation: str, timeout: float, paths_timeout: float,
+    ) -> AsyncIterator[ReplyChunk]:
         try:
             paths = await self.paths.wait_ready(self.n, paths_timeout)
         except PathError as exc:
@@ -114,15 +148,17 @@ class AnonClient:
         req = Request(
             request_id=request_id,
             model=model,
-            messages=tuple(messages),
-            params=params or SamplingParams(),
+            messages=messages,
+            params=params,
             k=self.k,
             return_paths=tuple(
                 ReturnPath(proxy=p.proxy.node_id, exit_id=p.exit_id, key=rk.key, tag=rk.tag)
                 for p, rk in zip(paths, keys)
                 if p.exit_id is not None
             ),
+            continuation=continuation,
         )
+        digest = request_digest(req)
         cloves = sida.split(codec.encode(req), self.n, self.k)
         send_ch, recv_ch = trio.open_memory_channel[ReplyChunk](MAX_CHUNKS_QUEUED)
         self._requests[request_id] = send_ch
@@ -134,32 +170,48 @@ class AnonClient:
                 iv, body = p.crypt.wrap_forward(codec.encode(ToModel(dest=target.node_id, sealed=sealed)))
                 self.send(p.first, CellFwd(p.link_id, iv, body))
             pending: dict[int, ReplyChunk] = {}
+            output_ids: list[int] = []
             next_seq = 0
             while True:
                 with trio.move_on_after(timeout) as scope:
                     chunk = await recv_ch.receive()
                 if scope.cancelled_caught:
                     dead = sum(1 for p in paths if p.dead)
-                    raise AnonError(
+                    raise _NodeSilent(
                         f"no reply from model node {short_id(target.node_id)} within {timeout:.0f}s "
                         f"({dead} of the {self.n} paths used failed; fewer than k={self.k} cloves of a "
                         "reply arrived). The paths are being rebuilt: try again."
                     )
                 pending[chunk.seq] = chunk
+                if len(pending) > MAX_CHUNKS_QUEUED:
+                    raise AnonError("reply chunks arrived too far out of order")
                 while next_seq in pending:
                     c = pending.pop(next_seq)
                     next_seq += 1
                     if c.error:
-                        raise AnonError(f"model node {short_id(target.node_id)}: {c.error}")
+                        raise AnonError(f"model node {short_id(c.node)}: {c.error}")
+                    output_ids.extend(c.token_ids)
+                    if c.done:
+                        self._verify(c, digest, output_ids, model)
                     yield c
                     if c.done:
                         return
-                if len(pending) > MAX_CHUNKS_QUEUED:
-                    raise AnonError("reply chunks arrived too far out of order")
         finally:
             self._requests.pop(request_id, None)
             for p, rk in zip(paths, keys):
                 p.returns.pop(rk.tag, None)
+
+    def _verify(self, last: ReplyChunk, digest: bytes, output_ids: list[int], model: str) -> None:
+        """The serving node must be a registered model node for ``model`` and have signed the reply."""
+        entry = next((e for e in self.models(model) if e.node_id == last.node), None)
+        if entry is None:
+            raise AnonError(f"the reply came from node {short_id(last.node)}, which the registry does not "
+                            f"list as serving {model!r}; discarded")
+        try:
+            verify_reply(entry.ed25519_public, last.signature, digest, output_ids, model, last.node,
+                         last.signed_at_ms)
+        except ReplyVerifyError as exc:
+            raise AnonError(f"{exc}; the reply was discarded") from None
 
     def _on_reply_clove_for(self, rk: ReturnKey) -> Callable[[bytes], None]:
         def on_data(data: bytes) -> None:

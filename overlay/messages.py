@@ -261,13 +261,21 @@ class Request:
     params: SamplingParams
     k: int
     return_paths: tuple[ReturnPath, ...] = field(max=16)
+    # Failover (from Petals): the part of the assistant's reply another node already
+    # produced; the serving node continues it without repeating it. Empty normally.
+    continuation: str = field(max=MAX_PROMPT_CHARS)
 
 
 @message(121)
 @dataclass(frozen=True, slots=True)
 class ReplyChunk:
     """One streamed piece of a reply; ``done`` marks the last. ``error`` is empty unless
-    the request failed (then ``done`` is true and ``error`` says why, for the user)."""
+    the request failed (then ``done`` is true and ``error`` says why, for the user).
+
+    ``node`` names the serving node on every chunk (session affinity). The last chunk
+    of a successful reply carries the node's Ed25519 ``signature`` over
+    :func:`overlay.signing.reply_signing_bytes` (request digest, all output token ids,
+    model, node id, ``signed_at_ms``); other chunks carry an empty signature and 0."""
 
     request_id: bytes = field(exact=REQUEST_ID_LEN)
     seq: int
@@ -275,3 +283,6 @@ class ReplyChunk:
     token_ids: tuple[int, ...] = field(max=65536)
     done: bool
     error: str = field(max=1024)
+    node: bytes = field(exact=NODE_ID_LEN)
+    signature: bytes = field(max=64)
+    signed_at_ms: int

@@ -43,8 +43,7 @@ async def query(transport: Transport, peer: PeerEntry, timeout: float) -> tuple[
 
 
 def format_rows(entries: list[PeerEntry], results: dict[bytes, tuple[float, PeerStatus] | str]) -> list[str]:
-    n = len(entries)
-    rows = [f"{'node':<10} {'address':<22} {'role':<6} {'state':<6} {'peers reached':>13} {'median rtt':>11}"]
+    rows = [f"{'node':<10} {'address':<22} {'role':<6} {'state':<6} {'pinged ok':>13} {'median rtt':>11}"]
     for e in entries:
         r = results.get(e.node_id, "not queried")
         if isinstance(r, str):
@@ -53,7 +52,7 @@ def format_rows(entries: list[PeerEntry], results: dict[bytes, tuple[float, Peer
         _, st = r
         ok = sorted(p.rtt_us for p in st.peers if p.rtt_us >= 0)
         med = f"{ok[len(ok) // 2] / 1000:.2f} ms" if ok else "-"
-        rows.append(f"{short_id(e.node_id):<10} {e.address:<22} {e.role:<6} {'up':<6} {f'{len(ok)}/{n - 1}':>13} {med:>11}")
+        rows.append(f"{short_id(e.node_id):<10} {e.address:<22} {e.role:<6} {'up':<6} {f'{len(ok)}/{len(st.peers)}' if st.peers else '-':>13} {med:>11}")
     return rows
 
 

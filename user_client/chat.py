@@ -39,12 +39,13 @@ class ChatSession:
 
     async def turn(self, text: str, out: TextIO, timeout: float) -> str:
         self.history.append(ChatMessage("user", text))
-        node = self.node or self.client.choose_model_node(self.model).node_id
         parts: list[str] = []
+        served_by = None
         try:
-            async for chunk in self.client.request(self.model, self.history, self.params, node=node,
+            async for chunk in self.client.request(self.model, self.history, self.params, node=self.node,
                                                    timeout=timeout):
                 parts.append(chunk.text)
+                served_by = chunk.node
                 out.write(chunk.text)
                 out.flush()
         except AnonError:
@@ -52,7 +53,8 @@ class ChatSession:
             raise
         out.write("\n")
         out.flush()
-        self.node = node
+        # The last chunk's signature was verified: follow-ups go to the node that signed it.
+        self.node = served_by
         reply = "".join(parts)
         self.history.append(ChatMessage("assistant", reply))
         return reply

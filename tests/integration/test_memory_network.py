@@ -68,6 +68,12 @@ async def dial(network: MemoryNetwork, node: Node) -> Connection:
     return await MemoryTransport(Identity.generate(), network).dial(node.address, node.node_id)
 
 
+def assert_logged(caplog: pytest.LogCaptureFixture, *parts: str) -> None:
+    """A WARNING was logged containing every one of ``parts``."""
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(all(p in m for p in parts) for m in warnings), (parts, warnings)
+
+
 async def assert_serving(network: MemoryNetwork, node: Node) -> None:
     """A fresh, well-behaved peer still gets answers."""
     conn = await dial(network, node)
@@ -217,7 +223,8 @@ async def test_correct_raw_proof_is_accepted(
 
 
 async def test_silent_peer_times_out_while_others_are_served(
-    autojump_clock: MockClock, nursery: trio.Nursery, network: MemoryNetwork, helpers: Any
+    autojump_clock: MockClock, nursery: trio.Nursery, network: MemoryNetwork, helpers: Any,
+    caplog: pytest.LogCaptureFixture
 ) -> None:
     a = await start_node(nursery, network)
     b = await start_node(nursery, network)
@@ -230,6 +237,7 @@ async def test_silent_peer_times_out_while_others_are_served(
     assert [(type(m), m.code) for m in rest] == [(Error, "timeout")]
     assert a.transport.rejected == {"timeout": 1}
     assert a.rejected == {}
+    assert_logged(caplog, "during handshake: timeout", "no valid handshake within 10.0s")
 
 
 async def test_silent_server_times_the_dialer_out(
@@ -254,8 +262,8 @@ async def test_silent_server_times_the_dialer_out(
     ("unknown-type", b"\0\0\0\x03\x92\x01\xcd", "malformed"),
 ])
 async def test_bad_handshake_frames(
-    autojump_clock: MockClock, nursery: trio.Nursery, network: MemoryNetwork, helpers: Any, label:
-    str, data: bytes, detail: str
+    autojump_clock: MockClock, nursery: trio.Nursery, network: MemoryNetwork, helpers: Any,
+    caplog: pytest.LogCaptureFixture, label: str, data: bytes, detail: str
 ) -> None:
     a = await start_node(nursery, network)
     raw = raw_dial(network, a.address, helpers)
@@ -265,6 +273,7 @@ async def test_bad_handshake_frames(
     assert len(rest) == 1 and rest[0].code == "bad-frame"
     assert detail in rest[0].detail
     assert a.transport.rejected == {"bad-frame": 1}
+    assert_logged(caplog, "during handshake: bad-frame", detail)
     await assert_serving(network, a)
 
 

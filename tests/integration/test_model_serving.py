@@ -1,0 +1,98 @@
+"""Model-node serving through the overlay: signed replies, session affinity, failover (in memory)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import trio
+
+from overlay.anon import AnonError
+from overlay.messages import ChatMessage, ReplyChunk, SamplingParams
+
+from .overlay_net import start_net
+
+PARAMS = SamplingParams(max_tokens=4096)
+
+
+async def collect(client, text, **kw) -> list[ReplyChunk]:
+    return [c async for c in client.request("echo", [ChatMessage("user", text)], PARAMS, **kw)]
+
+
+async def test_reply_is_signed_by_the_serving_node(autojump_clock):
+    async with trio.open_nursery() as nursery:
+        net = await start_net(nursery, 15)
+        chunks = await collect(net.users[0].client, "sign this reply please")
+        last = chunks[-1]
+        assert last.done and len(last.signature) == 64 and last.signed_at_ms > 0
+        assert {c.node for c in chunks} == {net.model.identity.node_id}
+        assert all(c.signature == b"" for c in chunks[:-1])
+        nursery.cancel_scope.cancel()
+
+
+async def test_tampered_reply_is_rejected_by_the_client(autojump_clock):
+    async with trio.open_nursery() as nursery:
+        net = await start_net(nursery, 15)
+        model = net.model
+        real = model._chunk
+
+        def forge(req, seq, text, ids, **kw):  # the node's last chunk altered after signing
+            c = real(req, seq, text, ids, **kw)
+            if c.done and c.signature:
+                c = dataclasses.replace(c, token_ids=c.token_ids + (1,))
+            return c
+
+        model._chunk = forge
+        with pytest.raises(AnonError, match="signature"):
+            await collect(net.users[0].client, "a reply that will be altered")
+        nursery.cancel_scope.cancel()
+
+
+async def test_follow_ups_reach_the_same_node_through_new_cloves(autojump_clock):
+    async with trio.open_nursery() as nursery:
+        net = await start_net(nursery, 15, models=3)
+        client = net.users[0].client
+        first = await collect(client, "turn one")
+        node = first[-1].node
+        served_before = {m.identity.node_id: m.served for m in net.models}
+        for i in range(5):
+            chunks = await collect(client, f"turn {i + 2}", node=node)
+            assert chunks[-1].node == node
+        served = {m.identity.node_id: m.served - served_before[m.identity.node_id] for m in net.models}
+        assert served[node] == 5 and sum(served.values()) == 5
+        nursery.cancel_scope.cancel()
+
+
+async def test_failover_when_the_serving_node_dies_mid_reply(autojump_clock):
+    async with trio.open_nursery() as nursery:
+        net = await start_net(nursery, 15, models=2, echo_delay=0.05)
+        client = net.users[0].client
+        text = " ".join(f"w{j}" for j in range(80))
+        first_node = net.models[0].identity.node_id
+        got: list[ReplyChunk] = []
+
+        async def kill_soon():
+            await trio.sleep(1.0)  # about 20 words in
+            net.kill(first_node)
+
+        nursery.start_soon(kill_soon)
+        async for c in client.request("echo", [ChatMessage("user", text)], PARAMS, node=first_node, timeout=5):
+            got.append(c)
+        assert "".join(c.text for c in got) == text  # complete, no repeated words
+        assert got[0].node == first_node and got[-1].node == net.models[1].identity.node_id
+        nursery.cancel_scope.cancel()
+
+
+async def test_no_failover_candidate_gives_a_clear_error(autojump_clock):
+    async with trio.open_nursery() as nursery:
+        net = await start_net(nursery, 15, echo_delay=0.05)
+        client = net.users[0].client
+
+        async def kill_soon():
+            await trio.sleep(0.5)
+            net.kill(net.model.identity.node_id)
+
+        nursery.start_soon(kill_soon)
+        with pytest.raises(AnonError, match="no reply from model node"):
+            await collect(client, " ".join(["word"] * 50), timeout=5)
+        nursery.cancel_scope.cancel()
