@@ -131,7 +131,7 @@ class ModelNode:
 
     async def _generate(self, req: Request, prompt_ids: list[int]) -> AsyncIterator[ReplyChunk]:
         all_ids: list[int] = []
-        seq, buf, ids, last = 0, [], [], trio.current_time()
+        seq, buf, ids, size, last = 0, [], [], 0, trio.current_time()
         try:
             gen = self.engine.generate(prompt_ids, req.params)
         except EngineError as exc:
@@ -141,11 +141,12 @@ class ModelNode:
             async for piece in pieces:
                 buf.append(piece.text)
                 ids.extend(piece.token_ids)
+                size += len(piece.text)
                 now = trio.current_time()
-                if seq == 0 or now - last >= CHUNK_INTERVAL or sum(map(len, buf)) >= CHUNK_MAX_CHARS:
+                if seq == 0 or now - last >= CHUNK_INTERVAL or size >= CHUNK_MAX_CHARS:
                     all_ids.extend(ids)
                     yield self._chunk(req, seq, "".join(buf), tuple(ids))
-                    seq, buf, ids, last = seq + 1, [], [], now
+                    seq, buf, ids, size, last = seq + 1, [], [], 0, now
         all_ids.extend(ids)
         signed_at = int(time.time() * 1000)
         sig = self.identity.sign(

@@ -159,6 +159,8 @@ def _compile(tp: Any, meta: dict[str, Any], hints_owner: str) -> tuple[Check, Ca
             inner_meta["exact"] = meta["item_exact"]
         item_check, item_enc = _compile(args[0], inner_meta, hints_owner)
 
+        ints = args[0] is int
+
         def check_tuple(v: Any) -> tuple[Any, ...]:
             if type(v) is not list:
                 raise _Bad(f"expected array, got {type(v).__name__}")
@@ -166,6 +168,10 @@ def _compile(tp: Any, meta: dict[str, Any], hints_owner: str) -> tuple[Check, Ca
                 raise _Bad(f"array of {len(v)} items, expected exactly {exact}")
             if len(v) > limit:
                 raise _Bad(f"array of {len(v)} items over the limit {limit}")
+            if ints and v:  # fast path for token ids: one pass per check, not a call per item
+                if not all(type(x) is int for x in v) or min(v) < _I64_MIN or max(v) > _U64_MAX:
+                    return tuple(item_check(x) for x in v)  # raises with the precise reason
+                return tuple(v)
             return tuple(item_check(x) for x in v)
 
         enc_tuple = None

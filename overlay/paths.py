@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -91,6 +92,7 @@ class PathManager:
         self.built = 0
         self.failed = 0
         self._suspect: dict[bytes, float] = {}  # relay id -> monotonic time until which we avoid it
+        self.dropped: Counter[str] = Counter()  # backward cells dropped, by reason
 
     # ------------------------------------------------------------------ queries
 
@@ -124,6 +126,7 @@ class PathManager:
         try:
             payload = codec.decode(path.crypt.unwrap_backward(msg.iv, msg.body))
         except (onion.OnionError, codec.RemoteProtocolError) as exc:
+            self.dropped["cell-unauthentic" if isinstance(exc, onion.OnionError) else "cell-malformed"] += 1
             log.info("%r: dropped a backward cell: %s", path, exc)
             return
         if isinstance(payload, PathReady):
@@ -137,6 +140,8 @@ class PathManager:
             cb = path.returns.get(data[:8])
             if cb is not None:
                 cb(data)
+            else:
+                self.dropped["reply-unknown-tag"] += 1  # late (request finished) or forged
         elif isinstance(payload, PathNotice):
             path.notices += 1
             log.warning("proxy %s reports %s: %s", short_id(path.proxy.node_id), payload.code, payload.detail)

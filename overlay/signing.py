@@ -43,7 +43,7 @@ def request_digest(req: Request) -> bytes:
 
 def reply_signing_bytes(digest: bytes, output_ids: Sequence[int], model: str, node_id: bytes, signed_at_ms: int) -> bytes:
     try:
-        ids = b"".join(struct.pack(">I", t) for t in output_ids)
+        ids = struct.pack(f">{len(output_ids)}I", *output_ids)
     except struct.error:
         raise ReplyVerifyError("output token ids out of range") from None
     m = model.encode()
