@@ -43,7 +43,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         ),
     )
     common_flags(p)
-    p.add_argument("--relays", type=int, default=15, help="number of relay user nodes (default: 15, min 4)")
+    p.add_argument("--relays", type=int, default=15,
+                   help="number of relay user nodes (default: 15; the demo chat needs at least 12)")
     p.add_argument("--duration", type=float, default=None,
                    help="stop after this many seconds instead of waiting for Ctrl-C")
     p.add_argument("--ready-timeout", type=float, default=60.0,
@@ -77,6 +78,9 @@ def _run(args: argparse.Namespace) -> int:
     cfg = resolve_config(args)
     if not 4 <= args.relays <= 200:
         raise CliError("--relays must be between 4 and 200 (paths need 3 distinct relays each)")
+    if not args.no_demo and args.relays < 12:
+        raise CliError("the demo chat keeps 4 proxy paths of 3 distinct relays: it needs --relays 12 or more "
+                       "(or pass --no-demo)")
     root = cfg.data_path / "devnet"
     net = LocalNet(root, args.relays, users=("you",), registry_keys=REGISTRY_KEYS, ping_interval=5.0,
                    echo_delay=0.02)
