@@ -18,11 +18,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "status", help="check which nodes of a peer list are up and what they see",
         description=(
-            "Dial every node of --peers over authenticated TLS (pinning each id), ask for its view "
-            "of its own peers, and print one row per node. Exit status 1 if any node is unreachable."
+            "Dial every node of the directory (--registry with --registry-keys, or an unsigned --peers "
+            "list) over authenticated TLS, pinning each id, ask for its view of its own peers, and "
+            "print one row per node. Exit status 1 if any node is unreachable."
         ),
     )
-    common_flags(p, "peers")
+    common_flags(p, "registry", "registry_keys", "peers")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds per node (default: 5)")
     p.set_defaults(run=_run)
 
@@ -74,13 +75,14 @@ async def query_all(transport: Transport, entries: list[PeerEntry], timeout: flo
 
 
 def _run(args: argparse.Namespace) -> int:
-    from overlay import peers as peerlist
+    from overlay.registry import RegistryError, from_config
     from overlay.transport import TLSTransport
 
     cfg = resolve_config(args)
-    if not cfg.peers:
-        raise CliError("status needs a peer list: pass --peers FILE (devnet writes one)")
-    entries = peerlist.load(cfg.peers)
+    try:
+        entries = from_config(cfg).entries
+    except RegistryError as exc:
+        raise CliError(f"status: {exc}") from None
     transport = TLSTransport(Identity.generate())  # a throwaway identity: status is anonymous
     results = run_async(query_all, transport, entries, args.timeout)
     for row in format_rows(entries, results):
