@@ -75,10 +75,16 @@ class ModelNode:
         self.served = 0
         self._slots = trio.Semaphore(capacity)
         self.node = Node(identity, transport, peers=registry.entries, ping_interval=0)
-        self.responder = Responder(identity, self.handle, self.node.send_nowait, registry.by_id.get,
+        self.responder = Responder(identity, self.handle, self.node.send_nowait, self._proxy,
                                    max_active=max_queue + capacity)
+        self._registry = registry
         self.node.on(Deliver, self.responder.on_deliver)
         self.node.on(Request, self._on_direct)
+
+    def _proxy(self, node_id: bytes) -> Any:
+        """Reply cloves go only to registered user nodes (proxies), never to other model nodes."""
+        e = self._registry.by_id.get(node_id)
+        return e if e is not None and e.role == "user" else None
 
     async def _on_direct(self, conn: Any, req: Request) -> None:
         """A direct, NON-anonymous request over authenticated TLS: the reply chunks come

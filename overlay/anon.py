@@ -159,7 +159,10 @@ class AnonClient:
             continuation=continuation,
         )
         digest = request_digest(req)
-        cloves = sida.split(codec.encode(req), self.n, self.k)
+        try:
+            cloves = sida.split(codec.encode(req), self.n, self.k)
+        except (sida.SidaError, codec.LocalProtocolError) as exc:
+            raise AnonError(f"the request is too large to send: {exc}") from None
         send_ch, recv_ch = trio.open_memory_channel[ReplyChunk](MAX_CHUNKS_QUEUED)
         self._requests[request_id] = send_ch
         for p, rk in zip(paths, keys):
@@ -331,8 +334,12 @@ class Responder:
         assert self._nursery is not None
         self._nursery.start_soon(self._answer, req, chunks)
 
+    def _error_chunk(self, req: Request, seq: int, why: str) -> ReplyChunk:
+        return ReplyChunk(request_id=req.request_id, seq=seq, text="", token_ids=(), done=True, error=why,
+                          node=self.identity.node_id, signature=b"", signed_at_ms=0)
+
     async def _refuse(self, req: Request, why: str) -> AsyncIterator[ReplyChunk]:
-        yield ReplyChunk(request_id=req.request_id, seq=0, text="", token_ids=(), done=True, error=why)
+        yield self._error_chunk(req, 0, why)
 
     async def _answer(self, req: Request, chunks: AsyncIterator[ReplyChunk]) -> None:
         self.active += 1
@@ -347,8 +354,7 @@ class Responder:
                             break
             except Exception as exc:  # noqa: BLE001 - the engine failed: tell the user, keep serving
                 log.exception("request failed in the engine")
-                self._send_chunk(req, ReplyChunk(request_id=req.request_id, seq=seq, text="", token_ids=(),
-                                                 done=True, error=f"model node error: {type(exc).__name__}"))
+                self._send_chunk(req, self._error_chunk(req, seq, f"model node error: {type(exc).__name__}"))
             self.served += 1
         finally:
             self.active -= 1

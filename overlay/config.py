@@ -44,7 +44,9 @@ SETTINGS: dict[str, Setting] = {
         Setting("peers", str, None, "peer list file (JSON) naming the nodes to reach"),
         Setting("region", str, "default", "region this node belongs to (paths use relays of one region)"),
         Setting("log_level", str, "info", "logging level: debug, info, warning, error"),
-        Setting("ping_interval", float, 30.0, "seconds between pings to each peer (0 disables)"),
+        Setting("ping_interval", float, 0.0,
+                "seconds between liveness pings to every node of the directory (0, the default, disables: "
+                "in a large network every node would connect to every other)"),
         Setting("registry", str, None, "signed registry file listing user and model nodes"),
         Setting("registry_keys", str, None,
                 "pinned registry keys, comma-separated Ed25519 hex; a list needs signatures of more than 2/3"),

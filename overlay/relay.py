@@ -90,7 +90,11 @@ class RelayLimits:
 
 @dataclass
 class RelayCore:
-    """One node's relay state. ``knows(node_id)`` says whether a node id is in the registry."""
+    """One node's relay state. ``knows(node_id)`` says whether a node may be a next hop
+    (a registered user); ``is_model(node_id)`` whether a proxy may deliver to it (a
+    registered model node; ``None``: ask ``knows``). A proxy that delivered to a user node,
+    or a relay that extended a path to a model node, would make that node drop the
+    connection (it does not speak the message), and with it every path on that link."""
 
     node_id: bytes
     static_key: crypto.X25519Key
@@ -98,6 +102,7 @@ class RelayCore:
     limits: RelayLimits = field(default_factory=RelayLimits)
     dropped: Counter[str] = field(default_factory=Counter)
     forwarded: int = 0
+    is_model: Any = None  # Callable[[bytes], bool]
 
     def __post_init__(self) -> None:
         self.by_pred: dict[tuple[bytes, bytes], _Path] = {}
@@ -229,8 +234,9 @@ class RelayCore:
             return self._drop("cell-malformed")
         if not isinstance(payload, ToModel):
             return self._drop("cell-unexpected-payload")
-        if self.knows is not None and not self.knows(payload.dest):
-            return self._notice(p, "unknown-model-node", "the destination is not in the registry")
+        is_model = self.is_model if self.is_model is not None else self.knows
+        if is_model is not None and not is_model(payload.dest):
+            return self._notice(p, "unknown-model-node", "the destination is not a model node in the registry")
         assert p.exit_id is not None
         self.forwarded += 1
         return [Send(payload.dest, Deliver(exit_id=p.exit_id, sealed=payload.sealed))]
@@ -241,6 +247,9 @@ class RelayCore:
         p = self.by_succ.get((peer, msg.link_id))
         if p is None:
             return self._drop("unknown-link")
+        if now > p.expires:
+            self._remove(p)
+            return self._teardown(p, "expired") + self._drop("path-expired")
         p.last_used = now
         p.cells += 1
         iv, body = p.hop.relay_backward(msg.iv, msg.body)
@@ -253,6 +262,9 @@ class RelayCore:
         p = self.by_exit.get(msg.exit_id)
         if p is None or p.exit is None:
             return self._drop("unknown-exit")
+        if now > p.expires:
+            self._remove(p)
+            return self._teardown(p, "expired") + self._drop("path-expired")
         p.last_used = now
         iv, body = p.exit.seal_backward(codec.encode(FromModel(data=msg.data)))
         self.forwarded += 1

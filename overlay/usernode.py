@@ -42,8 +42,13 @@ class UserNode:
         self.registry = registry
         self.region = region
         self.node = Node(identity, transport, peers=registry.entries, ping_interval=ping_interval)
+
+        def has_role(role: str) -> Any:
+            return lambda i: (e := registry.by_id.get(i)) is not None and e.role == role
+
         self.relay = RelayService(
-            self.node, RelayCore(identity.node_id, identity.x25519, knows=lambda i: i in registry.by_id)
+            self.node,
+            RelayCore(identity.node_id, identity.x25519, knows=has_role("user"), is_model=has_role("model")),
         )
         self.relay.install()
         self.paths: PathManager | None = None

@@ -29,7 +29,7 @@ def write_toml(path: Path, text: str) -> Path:
 def test_defaults(tmp_path: Path) -> None:
     cfg = resolve({}, env={})
     assert cfg.listen == "127.0.0.1:0"
-    assert cfg.ping_interval == 30.0
+    assert cfg.ping_interval == 0.0
     assert cfg.peers is None
     assert cfg.data_dir == str(tmp_path / "xdg" / "gentorrent")
     assert all(cfg.source(name) == "default" for name in config.SETTINGS)
