@@ -1,0 +1,561 @@
+"""A model node's view of its group: the node table, the HR-tree, and forwarding (paper §3.3).
+
+All model nodes serving one model form a group (split by region above
+:data:`MAX_GROUP_SIZE` = 50 nodes, :func:`split_groups`). :class:`GroupState` is the I/O-free
+core a driver pumps::
+
+    sends = state.tick(now)                    # every SYNC_INTERVAL: this round's reports
+    sends = state.on_message(peer, msg, now)   # a sync message from an authenticated peer
+    sends = state.observe(token_ids, now)      # a user's request arrived (the Sentry learns)
+    decision = state.decide(token_ids, forwarded=False)   # Algorithm 2: serve or forward
+
+Each returns what to send (:class:`Send`) or what to do (:class:`Decision`); the driver
+feeds ``set_local_load`` and ``set_local_prefixes`` (the engine's cached prefixes) before
+each ``tick``.
+
+**State synchronisation.** Every round each node sends each member a :class:`LoadReport` and
+a :class:`SubtreeUpdate`: a delta on the previous round, or the full subtree on the first
+round, every ``full_every`` rounds, after adopting a new ``L``, and to peers that asked
+(:class:`SubtreeRequest`, sent when a delta does not apply — a lost or reordered update).
+Late updates (sequence numbers not newer than what we hold) are dropped; peers silent for
+``expiry_rounds`` rounds leave the node table and the tree.
+
+**Bad input.** Everything a peer sends is validated before it touches the state: members
+only, value ranges, sizes, the ``L`` version and digest, path shapes, delta consistency. A
+bad message is dropped with a reason counted in ``state.dropped[reason]`` and logged; it never
+raises and never changes the tree.
+
+**Forwarding** (Algorithm 2, at most one hop). Search the prompt in the HR-tree; on a match
+(``d ≥ τ_c``) pick the candidate with the lowest relative load (``(active + queued) /
+capacity``) if it is under ``load_threshold``; on a miss, or when every candidate is over the
+threshold, pick the least relatively loaded node of the whole group (ourselves included). A
+request that was already forwarded is always served where it is.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from model_node.hrtree import MAX_PATHS_PER_NODE, ChunkLengths, HRTree, Match, default_tau_c
+from model_node.messages import LengthProposal, LoadReport, SubtreeRequest, SubtreeUpdate
+from model_node.sentry import LengthAgreement, Sentry, proposer
+
+log = logging.getLogger("gentorrent.model.group")
+
+MAX_GROUP_SIZE = 50  # paper §3.3: a larger group splits (by region)
+SYNC_INTERVAL = 5.0  # seconds between rounds (paper §5)
+EXPIRY_ROUNDS = 3  # a peer silent this many rounds leaves the table and the tree
+FULL_EVERY = 12  # rounds between full subtrees sent to everyone (1 min at 5 s)
+DEFAULT_LOAD_THRESHOLD = 2.0  # relative load (requests per capacity point) a match may carry
+MAX_CAPACITY = 10  # capacity score range 1..10 (paper §3.3)
+MAX_REQUESTS = 1_000_000  # active or queued requests a report may claim
+MAX_LATENCY_MS = 10_000_000
+MAX_REQUESTS_PER_REPORT = 100_000  # increments of a peer's request counter credited per report
+_U63 = 2**63
+
+# Drop reasons that mean "the peer misbehaves" (logged as warnings); others are routine.
+_SUSPECT = frozenset({"non-member", "bad-load", "oversized", "malformed-path", "inconsistent",
+                      "bad-proposal", "unexpected-message"})
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Send ``msg`` to model node ``peer``."""
+
+    peer: bytes
+    msg: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What to do with a request: serve it here (``target is None``) or forward it to
+    ``target``. ``reason`` is one of ``match`` (a cache candidate under the threshold),
+    ``match-overloaded`` (matched, but no candidate under the threshold with a known load:
+    least loaded overall), ``miss`` (least loaded overall), ``forwarded`` (already forwarded
+    once: serve here), ``alone`` (no peer with a known load). ``depth`` is the HR-tree depth."""
+
+    target: bytes | None
+    reason: str
+    depth: int
+
+    @property
+    def serve_locally(self) -> bool:
+        return self.target is None
+
+    @property
+    def forward_to(self) -> bytes | None:
+        return self.target
+
+
+@dataclass(slots=True)
+class LoadInfo:
+    """One row of the node table (paper §3.3: "the node's current load, latency...")."""
+
+    active: int = 0
+    queued: int = 0
+    capacity: int = 1
+    kv_usage_permille: int = 0
+    latency_ms: int = 0
+    pending: int = 0  # requests we forwarded there since its last report
+
+    @property
+    def relative(self) -> float:
+        """Relative load: requests per capacity point (paper §3.3), counting the queue and
+        what we forwarded since the last report."""
+        return (self.active + self.queued + self.pending) / self.capacity
+
+
+@dataclass(slots=True)
+class PeerState:
+    last_heard: float
+    load: LoadInfo | None = None
+    load_seq: int = -1
+    requests: int | None = None
+    subtree_seq: int | None = None  # round of the subtree we hold; None: need a full one
+    l_version: int = 0
+    full_requested_at: float = -math.inf
+    proposal_sent_at: float = -math.inf
+
+
+@dataclass(frozen=True)
+class GroupConfig:
+    """Tunables (defaults: docs/decisions/0005-hrtree.md)."""
+
+    tau_c: int | None = None  # None: default_tau_c(b) = ⌈16 / b⌉, 2 for 8-bit hashes
+    load_threshold: float = DEFAULT_LOAD_THRESHOLD
+    sync_interval: float = SYNC_INTERVAL
+    expiry_rounds: int = EXPIRY_ROUNDS
+    full_every: int = FULL_EVERY
+    max_paths_per_node: int = MAX_PATHS_PER_NODE
+
+
+def load_problem(msg: LoadReport) -> str | None:
+    """Why a peer's load report is unacceptable, or ``None``."""
+    if not 0 <= msg.seq < _U63 or not 0 <= msg.l_version < _U63 or not 0 <= msg.requests < _U63:
+        return "seq, l_version and requests must be within 0..2^63-1"
+    if not 0 <= msg.active <= MAX_REQUESTS or not 0 <= msg.queued <= MAX_REQUESTS:
+        return f"active and queued must be within 0..{MAX_REQUESTS}"
+    if not 1 <= msg.capacity <= MAX_CAPACITY:
+        return f"capacity {msg.capacity} outside 1..{MAX_CAPACITY}"
+    if not 0 <= msg.kv_usage_permille <= 1000:
+        return "kv_usage_permille outside 0..1000"
+    if not 0 <= msg.latency_ms <= MAX_LATENCY_MS:
+        return f"latency_ms outside 0..{MAX_LATENCY_MS}"
+    return None
+
+
+def proposal_of(lengths: ChunkLengths) -> LengthProposal:
+    return LengthProposal(lengths.version, lengths.lengths, lengths.tail, lengths.bits)
+
+
+class GroupState:
+    """One model node's group state: members, node table, HR-tree, ``L``, and Algorithm 2.
+
+    ``members``: the node ids of the group (from the signed registry: model nodes serving
+    this model, after :func:`split_groups`); ``self_id`` is always a member. ``capacity``:
+    this node's score 1–10. ``initial_seq``: the first round number (the driver passes its
+    wall clock in ms). ``sentry``: learns ``L`` (a default one if omitted).
+    """
+
+    def __init__(self, self_id: bytes, members: Iterable[bytes], *, capacity: int = 1,
+                 lengths: ChunkLengths | None = None, config: GroupConfig | None = None,
+                 sentry: Sentry | None = None, initial_seq: int = 0) -> None:
+        self.self_id = self_id
+        self.config = config or GroupConfig()
+        self.members: frozenset[bytes] = frozenset(members) | {self_id}
+        self.agreement = LengthAgreement(lengths or ChunkLengths())
+        self.sentry = sentry or Sentry()
+        self.local = LoadInfo(capacity=capacity)
+        self._check_local(self.local)
+        self.peers: dict[bytes, PeerState] = {}
+        self.dropped: Counter[str] = Counter()
+        self.decisions: Counter[str] = Counter()
+        self.expired = 0
+        self.requests = 0  # user requests observed here, in total
+        self.seq = initial_seq  # the round number of the last tick
+        self.highest_version_seen = self.lengths.version
+        self._round = 0
+        self._sent_mark: int | None = None  # journal seq of our subtree at the last tick; None: full next
+        self._full_for: set[bytes] = set()
+        self._local_prefixes: list[Sequence[int]] = []
+        self._path_memo: dict[tuple[int, ...], bytes] = {}
+        self.tree = self._new_tree(self.lengths)
+
+    # ------------------------------------------------------------------ accessors
+
+    @property
+    def lengths(self) -> ChunkLengths:
+        """The group's current ``L`` as this node knows it."""
+        return self.agreement.current
+
+    @property
+    def tau_c(self) -> int:
+        """The minimum matched depth ``τ_c`` in force (configured, or ⌈16 / b⌉ of the current ``L``)."""
+        tau = self.config.tau_c if self.config.tau_c is not None else default_tau_c(self.lengths.bits)
+        return max(1, tau)
+
+    def live_ids(self) -> list[bytes]:
+        """Ourselves and every peer heard from within the expiry time."""
+        return [self.self_id, *self.peers]
+
+    def is_proposer(self) -> bool:
+        """Whether this node proposes ``L``: the lowest id among the live members (A3)."""
+        return proposer(self.live_ids()) == self.self_id
+
+    def table(self) -> dict[bytes, LoadInfo]:
+        """The node table: every node with a known load, ourselves included."""
+        out = {self.self_id: self.local}
+        out.update((p, st.load) for p, st in self.peers.items() if st.load is not None)
+        return out
+
+    def search(self, token_ids: Sequence[int]) -> Match:
+        return self.tree.search(token_ids)
+
+    # ------------------------------------------------------------------ local inputs
+
+    def set_members(self, members: Iterable[bytes]) -> None:
+        """A new member list (registry update, group split): non-members are forgotten."""
+        self.members = frozenset(members) | {self.self_id}
+        for peer in [p for p in self.peers if p not in self.members]:
+            self._forget(peer)
+        self._full_for &= self.members
+
+    def set_local_load(self, *, active: int, queued: int, kv_usage_permille: int = 0,
+                       latency_ms: int = 0, capacity: int | None = None) -> None:
+        info = LoadInfo(active, queued, self.local.capacity if capacity is None else capacity,
+                        kv_usage_permille, latency_ms)
+        self._check_local(info)
+        self.local = info
+
+    def set_local_prefixes(self, prefixes: Iterable[Sequence[int]]) -> None:
+        """The engine's cached prefixes now (``Engine.cached_prefixes()``): our subtree.
+
+        At most ``max_paths_per_node`` distinct paths are kept, in the order given."""
+        self._local_prefixes = list(prefixes)
+        self._sync_local_paths()
+
+    def observe(self, token_ids: Sequence[int], now: float) -> list[Send]:
+        """A request arrived from a user (not a forwarded one): the Sentry learns from it,
+        and if this node is the proposer and a refresh is due, a new ``L`` goes out."""
+        self.requests += 1
+        self.sentry.observe(token_ids)
+        return self._maybe_propose(now)
+
+    # ------------------------------------------------------------------ rounds
+
+    def tick(self, now: float) -> list[Send]:
+        """One synchronisation round: expire silent peers, then this round's load report and
+        subtree update for every other member."""
+        self.expire(now)
+        self.seq += 1
+        cur = self.lengths
+        load = LoadReport(self.seq, cur.version, self.local.active, self.local.queued, self.local.capacity,
+                          self.local.kv_usage_permille, self.local.latency_ms, self.requests)
+        mark = self.tree.seq(self.self_id)
+        full = SubtreeUpdate(self.seq, 0, True, cur.version, cur.digest, self.tree.paths(self.self_id), ())
+        update = full
+        if self._sent_mark is not None and self._round % self.config.full_every:
+            delta = self.tree.delta_since(self.self_id, self._sent_mark)
+            if delta is not None and len(delta.added) + len(delta.removed) <= self.config.max_paths_per_node:
+                update = SubtreeUpdate(self.seq, self.seq - 1, False, cur.version, cur.digest,
+                                       delta.added, delta.removed)
+        out = []
+        for peer in sorted(self.members - {self.self_id}):
+            out.append(Send(peer, load))
+            out.append(Send(peer, full if peer in self._full_for else update))
+        self._full_for.clear()
+        self._sent_mark = mark
+        self._round += 1
+        return out
+
+    def expire(self, now: float) -> list[bytes]:
+        """Forget peers silent for ``expiry_rounds`` rounds (table and tree); returns them."""
+        cutoff = now - self.config.expiry_rounds * self.config.sync_interval
+        gone = [p for p, st in self.peers.items() if st.last_heard < cutoff]
+        for peer in gone:
+            log.info("model node %s silent since %.1f s: expired", peer.hex()[:8], now - self.peers[peer].last_heard)
+            self._forget(peer)
+            self.expired += 1
+        return gone
+
+    # ------------------------------------------------------------------ peers' messages
+
+    def on_message(self, peer: bytes, msg: Any, now: float) -> list[Send]:
+        """A sync message from ``peer`` (authenticated by the transport). Never raises on
+        anything the peer sent; drops are counted in :attr:`dropped`."""
+        if peer == self.self_id:
+            return self._drop(peer, "from-self")
+        if peer not in self.members:
+            return self._drop(peer, "non-member", type(msg).__name__)
+        if isinstance(msg, LoadReport):
+            return self._on_load(peer, msg, now)
+        if isinstance(msg, SubtreeUpdate):
+            return self._on_subtree(peer, msg, now)
+        if isinstance(msg, LengthProposal):
+            return self._on_proposal(peer, msg, now)
+        if isinstance(msg, SubtreeRequest):
+            return self._on_subtree_request(peer, msg)
+        return self._drop(peer, "unexpected-message", type(msg).__name__)
+
+    def _on_load(self, peer: bytes, msg: LoadReport, now: float) -> list[Send]:
+        problem = load_problem(msg)
+        if problem:
+            return self._drop(peer, "bad-load", problem)
+        st = self.peers.get(peer)
+        if st is not None and msg.seq <= st.load_seq:
+            return self._drop(peer, "stale-load", f"seq {msg.seq} <= {st.load_seq}")
+        if st is None:
+            st = self.peers[peer] = PeerState(now)
+        st.last_heard = now
+        st.load = LoadInfo(msg.active, msg.queued, msg.capacity, msg.kv_usage_permille, msg.latency_ms)
+        st.load_seq = msg.seq
+        st.l_version = msg.l_version
+        if st.requests is not None and msg.requests > st.requests:
+            self.sentry.count(min(msg.requests - st.requests, MAX_REQUESTS_PER_REPORT))
+        st.requests = msg.requests
+        self.highest_version_seen = max(self.highest_version_seen, msg.l_version)
+        return self._offer_lengths(peer, st, msg.l_version, now)
+
+    def _on_subtree(self, peer: bytes, msg: SubtreeUpdate, now: float) -> list[Send]:
+        cur = self.lengths
+        if msg.l_version != cur.version:
+            st = self.peers.get(peer)
+            out = self._offer_lengths(peer, st, msg.l_version, now) if st is not None else []
+            return out + self._drop(peer, "wrong-l-version", f"{msg.l_version}, ours {cur.version}")
+        if msg.l_digest != cur.digest:
+            # Two proposers at once: the lower digest wins; if that is ours, pass it on.
+            st = self.peers.get(peer)
+            out = []
+            if st is not None and cur.digest < msg.l_digest and now - st.proposal_sent_at >= self.config.sync_interval:
+                st.proposal_sent_at = now
+                out = [Send(peer, proposal_of(cur))]
+            return out + self._drop(peer, "wrong-l-digest", f"version {msg.l_version} with another L")
+        cap = self.config.max_paths_per_node
+        if len(msg.added) > cap or len(msg.removed) > cap or len(msg.added) + len(msg.removed) > cap:
+            return self._drop(peer, "oversized", f"{len(msg.added)} + {len(msg.removed)} paths")
+        for path in (*msg.added, *msg.removed):
+            problem = cur.path_problem(path)
+            if problem:
+                return self._drop(peer, "malformed-path", problem)
+        added, removed = set(msg.added), set(msg.removed)
+        if len(added) != len(msg.added) or len(removed) != len(msg.removed) or added & removed:
+            return self._drop(peer, "inconsistent", "a path repeated, or both added and removed")
+        st = self.peers.get(peer)
+        held = st.subtree_seq if st is not None else None
+        if not 0 <= msg.seq < _U63 or not 0 <= msg.base_seq < _U63:
+            return self._drop(peer, "inconsistent", "sequence numbers out of range")
+        if msg.full:
+            if msg.removed or msg.base_seq != 0:
+                return self._drop(peer, "inconsistent", "a full subtree with removals or a base")
+            if held is not None and msg.seq <= held:
+                return self._drop(peer, "stale-subtree", f"seq {msg.seq} <= {held}")
+            if st is None:
+                st = self.peers[peer] = PeerState(now)
+            self.tree.replace_paths(peer, msg.added)
+        else:
+            if msg.seq <= msg.base_seq:
+                return self._drop(peer, "inconsistent", f"delta from {msg.base_seq} to {msg.seq}")
+            if held is not None and msg.seq <= held:
+                return self._drop(peer, "stale-subtree", f"seq {msg.seq} <= {held}")
+            if held is None or msg.base_seq != held:
+                if st is None:
+                    st = self.peers[peer] = PeerState(now)
+                st.last_heard = now  # fresh, only not applicable here: the peer is alive
+                return self._request_full(peer, st, now) + self._drop(
+                    peer, "delta-gap", f"delta on {msg.base_seq}, we hold {held}")
+            assert st is not None
+            tree = self.tree
+            if any(not tree.has_path(peer, p) for p in removed) or any(tree.has_path(peer, p) for p in added):
+                return self._request_full(peer, st, now) + self._drop(
+                    peer, "inconsistent", "delta removes a path it lacks or adds one it has")
+            if tree.path_count(peer) - len(removed) + len(added) > cap:
+                return self._drop(peer, "oversized", "subtree would exceed the per-node limit")
+            for p in msg.removed:
+                tree.remove_path(peer, p)
+            for p in msg.added:
+                tree.insert_path(peer, p)
+        st.subtree_seq = msg.seq
+        st.last_heard = now
+        return []
+
+    def _on_proposal(self, peer: bytes, msg: LengthProposal, now: float) -> list[Send]:
+        adopted, reason = self.agreement.offer(peer, (msg.version, msg.lengths, msg.tail, msg.bits), self.members)
+        if not adopted:
+            out: list[Send] = []
+            if reason == "not-newer" and msg.version < self.lengths.version:
+                out = self._offer_lengths(peer, self.peers.get(peer), msg.version, now)
+            return out + self._drop(peer, reason, f"version {msg.version}")
+        self.highest_version_seen = max(self.highest_version_seen, msg.version)
+        log.info("adopted L version %d from %s: %d entries, tail %d, b=%d", msg.version, peer.hex()[:8],
+                 len(msg.lengths), msg.tail, msg.bits)
+        self._rebuild()
+        return []
+
+    def _on_subtree_request(self, peer: bytes, msg: SubtreeRequest) -> list[Send]:
+        if msg.l_version != self.lengths.version:
+            return self._drop(peer, "wrong-l-version", f"request for version {msg.l_version}")
+        self._full_for.add(peer)
+        return []
+
+    # ------------------------------------------------------------------ Algorithm 2
+
+    def decide(self, token_ids: Sequence[int], *, forwarded: bool = False) -> Decision:
+        """Serve here or forward to one other node (appendix Algorithm 2, at most one hop).
+
+        A forward is counted against the target (``pending``) until its next load report,
+        so requests arriving between two reports do not all go to the same node. Ties go to
+        ourselves (no hop), then the higher capacity, then the lower node id.
+        """
+        found = self.tree.search(token_ids)
+        depth = found.depth
+        if forwarded:
+            return self._decided(Decision(None, "forwarded", depth))
+        table = self.table()
+        if len(table) == 1:
+            return self._decided(Decision(None, "alone", depth))
+
+        def rank(node: bytes) -> tuple[float, bool, int, bytes]:
+            info = table[node]
+            return (info.relative, node != self.self_id, -info.capacity, node)
+
+        reason = "miss"
+        if depth >= self.tau_c:
+            candidates = [c for c in found.candidates if c in table]
+            under = [c for c in candidates if table[c].relative < self.config.load_threshold]
+            if under:
+                return self._choose(min(under, key=rank), "match", depth, table)
+            reason = "match-overloaded"
+        return self._choose(min(table, key=rank), reason, depth, table)
+
+    def _choose(self, node: bytes, reason: str, depth: int, table: dict[bytes, LoadInfo]) -> Decision:
+        if node == self.self_id:
+            return self._decided(Decision(None, reason, depth))
+        table[node].pending += 1
+        return self._decided(Decision(node, reason, depth))
+
+    def _decided(self, d: Decision) -> Decision:
+        self.decisions[d.reason] += 1
+        return d
+
+    # ------------------------------------------------------------------ internals
+
+    def _drop(self, peer: bytes, reason: str, detail: str = "") -> list[Send]:
+        self.dropped[reason] += 1
+        level = logging.WARNING if reason in _SUSPECT else logging.DEBUG
+        log.log(level, "dropped a message from model node %s: %s%s", peer.hex()[:8], reason,
+                f" ({detail})" if detail else "")
+        return []
+
+    def _forget(self, peer: bytes) -> None:
+        self.peers.pop(peer, None)
+        self.tree.remove_node(peer)
+        self._full_for.discard(peer)
+
+    def _request_full(self, peer: bytes, st: PeerState | None, now: float) -> list[Send]:
+        if st is None or now - st.full_requested_at < self.config.sync_interval:
+            return []
+        st.full_requested_at = now
+        return [Send(peer, SubtreeRequest(self.lengths.version))]
+
+    def _offer_lengths(self, peer: bytes, st: PeerState | None, their_version: int, now: float) -> list[Send]:
+        """Pass our ``L`` on to a peer that reports an older one (at most once a round)."""
+        cur = self.lengths
+        if st is None or their_version >= cur.version or cur.version == 0:
+            return []
+        if now - st.proposal_sent_at < self.config.sync_interval:
+            return []
+        st.proposal_sent_at = now
+        return [Send(peer, proposal_of(cur))]
+
+    def _maybe_propose(self, now: float) -> list[Send]:
+        if not self.sentry.due() or not self.is_proposer():
+            return []
+        version = self.agreement.next_version(self.highest_version_seen)
+        cur = self.lengths
+        new = self.sentry.propose(version, tail=cur.tail, bits=cur.bits)  # b and the tail stay the group's
+        if (new.lengths, new.tail, new.bits) == (cur.lengths, cur.tail, cur.bits):
+            return []  # nothing learned since: keep the version, no rebuild anywhere
+        self.agreement.current = new
+        self.highest_version_seen = version
+        log.info("proposing L version %d: %d entries (system prompts %s)", version, len(new.lengths),
+                 self.sentry.system_prompt_lengths())
+        self._rebuild()
+        msg = proposal_of(new)
+        return [Send(p, msg) for p in sorted(self.members - {self.self_id})]
+
+    def _rebuild(self) -> None:
+        """A new ``L``: a fresh tree with our own prefixes; peers' subtrees come again in full."""
+        self.tree = self._new_tree(self.lengths)
+        self._path_memo = {}
+        self._sync_local_paths()
+        for st in self.peers.values():
+            st.subtree_seq = None
+        self._sent_mark = None
+        self.sentry.restart()
+
+    def _new_tree(self, lengths: ChunkLengths) -> HRTree:
+        tree = HRTree(lengths, max_paths_per_node=self.config.max_paths_per_node)
+        tree.track(self.self_id)
+        return tree
+
+    def _sync_local_paths(self) -> None:
+        memo, new_memo = self._path_memo, {}
+        paths: dict[bytes, None] = {}
+        cap = self.config.max_paths_per_node
+        for prefix in self._local_prefixes:
+            key = prefix if isinstance(prefix, tuple) else tuple(prefix)
+            path = memo.get(key)
+            if path is None:
+                path = self.lengths.path(key)
+            new_memo[key] = path
+            if path and len(paths) < cap:
+                paths[path] = None
+        self._path_memo = new_memo
+        self.tree.replace_paths(self.self_id, paths)
+
+    @staticmethod
+    def _check_local(info: LoadInfo) -> None:
+        if not 1 <= info.capacity <= MAX_CAPACITY:
+            raise ValueError(f"capacity must be within 1..{MAX_CAPACITY}")
+        if min(info.active, info.queued, info.kv_usage_permille, info.latency_ms) < 0:
+            raise ValueError("load figures must not be negative")
+
+
+# --------------------------------------------------------------------------- group split
+
+
+def split_groups(members: Mapping[bytes, str], max_size: int = MAX_GROUP_SIZE) -> list[tuple[bytes, ...]]:
+    """Partition the model nodes serving one model (node id → region) into groups (§3.3).
+
+    Up to ``max_size`` nodes form one group. Above it, nodes are grouped by region, and a
+    region still larger than ``max_size`` is cut into the fewest near-equal groups of
+    consecutive node ids. Deterministic: every node computes the same partition from the
+    same registry. Groups are sorted tuples, in region order.
+    """
+    if max_size < 1:
+        raise ValueError("max_size must be positive")
+    if len(members) <= max_size:
+        return [tuple(sorted(members))] if members else []
+    by_region: dict[str, list[bytes]] = {}
+    for node, region in members.items():
+        by_region.setdefault(region, []).append(node)
+    groups: list[tuple[bytes, ...]] = []
+    for region in sorted(by_region):
+        ids = sorted(by_region[region])
+        k = -(-len(ids) // max_size)
+        bounds = [round(i * len(ids) / k) for i in range(k + 1)]
+        groups += [tuple(ids[bounds[i]:bounds[i + 1]]) for i in range(k)]
+    return groups
+
+
+def group_of(node_id: bytes, members: Mapping[bytes, str], max_size: int = MAX_GROUP_SIZE) -> tuple[bytes, ...]:
+    """The group ``node_id`` belongs to under :func:`split_groups` (empty if not listed)."""
+    for g in split_groups(members, max_size):
+        if node_id in g:
+            return g
+    return ()

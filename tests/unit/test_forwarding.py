@@ -1,0 +1,156 @@
+"""Algorithm 2 (paper §3.3 "Forwarding logic", appendix A2), case by case.
+
+Each case sets up this node and its peers (load reports and cached prefixes arrive as the
+wire messages would), asks ``decide`` about one prompt, and checks where it goes and why.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import pytest
+
+from model_node.group import GroupConfig, GroupState
+from model_node.hrtree import ChunkLengths
+from model_node.messages import LoadReport, SubtreeUpdate
+
+L = ChunkLengths(bits=16)  # wide hashes: these cases are about Algorithm 2, not collisions
+IDS = {"self": b"\x10" * 20, "p1": b"\x01" * 20, "p2": b"\x02" * 20, "p3": b"\x03" * 20}
+NAMES = {v: k for k, v in IDS.items()}
+_rng = random.Random(42)
+SYSTEM = [_rng.randrange(100_000) for _ in range(1024)]  # 4 chunks of 256 tokens
+HIT = SYSTEM + [_rng.randrange(100_000) for _ in range(300)]
+MISS = [_rng.randrange(100_000, 200_000) for _ in range(1324)]
+
+
+@dataclass
+class Case:
+    name: str
+    me: tuple[int, int, int]  # active, queued, capacity
+    peers: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    holders: tuple[str, ...] = ()  # who has SYSTEM's KV cache
+    query: str = "hit"
+    forwarded: bool = False
+    expect: str = "self"  # "self": serve here
+    reason: str = "match"
+    tau_c: int | None = None  # the default: ⌈16 / b⌉ = 1 for these 16-bit hashes
+    silent_holders: tuple[str, ...] = ()  # hold SYSTEM but sent no load report
+
+
+CASES = [
+    Case("match under threshold", (3, 0, 1), {"p1": (0, 0, 1), "p2": (0, 0, 1)}, ("p1",), expect="p1"),
+    Case("match: least relatively loaded candidate", (2, 0, 1), {"p1": (1, 0, 1), "p2": (1, 0, 4), "p3": (0, 0, 1)},
+         ("p1", "p2"), expect="p2"),
+    Case("match: this node holds it and is under the threshold", (1, 0, 1), {"p1": (0, 0, 1)}, ("self",),
+         expect="self"),
+    Case("match, all over threshold: least loaded overall", (3, 0, 1),
+         {"p1": (5, 0, 1), "p2": (2, 0, 1), "p3": (1, 0, 1)}, ("p1", "p2"), expect="p3", reason="match-overloaded"),
+    Case("match, all over threshold: this node is least loaded", (0, 0, 1), {"p1": (9, 0, 1)}, ("p1",),
+         expect="self", reason="match-overloaded"),
+    Case("relative load exactly at the threshold is over it", (4, 0, 1), {"p1": (4, 0, 2), "p2": (3, 0, 2)},
+         ("p1",), expect="p2", reason="match-overloaded"),
+    Case("miss: least relatively loaded overall", (1, 0, 1), {"p1": (1, 0, 1), "p2": (0, 1, 2)}, ("p1",),
+         query="miss", expect="p2", reason="miss"),
+    Case("miss: this node is best", (0, 0, 1), {"p1": (1, 0, 1)}, ("p1",), query="miss", expect="self",
+         reason="miss"),
+    Case("tie: this node wins (no hop)", (1, 0, 2), {"p1": (1, 0, 2)}, query="miss", expect="self", reason="miss"),
+    Case("tie among peers: higher capacity wins", (4, 0, 1), {"p1": (1, 0, 2), "p2": (2, 0, 4)}, query="miss",
+         expect="p2", reason="miss"),
+    Case("tie among equal peers: lowest id wins", (4, 0, 1), {"p2": (1, 0, 2), "p1": (1, 0, 2)}, query="miss",
+         expect="p1", reason="miss"),
+    Case("tie among candidates: this node wins", (1, 0, 1), {"p1": (1, 0, 1)}, ("p1", "self"), expect="self"),
+    Case("capacity weighting: 4 of 8 beats 1 of 1", (9, 0, 1), {"p1": (1, 0, 1), "p2": (4, 0, 8)}, ("p1", "p2"),
+         expect="p2"),
+    Case("queued requests count as load", (9, 0, 1), {"p1": (0, 5, 1), "p2": (1, 0, 1)}, query="miss",
+         expect="p2", reason="miss"),
+    Case("already forwarded: served here whatever the load", (50, 50, 1), {"p1": (0, 0, 10)}, ("p1",),
+         forwarded=True, expect="self", reason="forwarded"),
+    Case("already forwarded, miss", (50, 50, 1), {"p1": (0, 0, 10)}, query="miss", forwarded=True, expect="self",
+         reason="forwarded"),
+    Case("empty group", (7, 3, 1), {}, query="miss", expect="self", reason="alone"),
+    Case("peers without load reports are no choice", (7, 3, 1), {}, silent_holders=("p1",), expect="self",
+         reason="alone"),
+    Case("a silent holder is skipped", (3, 0, 1), {"p2": (1, 0, 1), "p3": (0, 0, 1)}, ("p2",),
+         silent_holders=("p1",), expect="p2"),
+    Case("depth below tau_c is a miss", (3, 0, 1), {"p1": (0, 0, 1), "p2": (0, 0, 2)}, ("p1",), tau_c=5,
+         expect="p2", reason="miss"),
+    Case("depth at tau_c is a match", (3, 0, 1), {"p1": (0, 0, 1), "p2": (0, 0, 2)}, ("p1",), tau_c=4,
+         expect="p1"),
+]
+
+
+def build(case: Case) -> GroupState:
+    me = IDS["self"]
+    everyone = [IDS[n] for n in (*case.peers, *case.silent_holders)]
+    gs = GroupState(me, everyone, capacity=case.me[2], lengths=L,
+                    config=GroupConfig(tau_c=case.tau_c, load_threshold=2.0))
+    gs.set_local_load(active=case.me[0], queued=case.me[1])
+    if "self" in case.holders:
+        gs.set_local_prefixes([SYSTEM + [7] * 10])
+    for name, (active, queued, capacity) in case.peers.items():
+        assert gs.on_message(IDS[name], LoadReport(1, 0, active, queued, capacity, 0, 0, 0), 0.0) == []
+    for name in (*[h for h in case.holders if h != "self"], *case.silent_holders):
+        update = SubtreeUpdate(1, 0, True, 0, L.digest, (L.path(SYSTEM + [7] * 300),), ())
+        assert gs.on_message(IDS[name], update, 0.0) == []
+    assert not gs.dropped
+    return gs
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_algorithm_2(case: Case) -> None:
+    gs = build(case)
+    d = gs.decide(HIT if case.query == "hit" else MISS, forwarded=case.forwarded)
+    assert (NAMES[d.target] if d.target else "self", d.reason) == (case.expect, case.reason)
+    assert d.serve_locally == (case.expect == "self")
+    assert d.forward_to == d.target
+    if case.query == "hit" and (case.holders or case.silent_holders):
+        assert d.depth == 4  # the 4 chunks of SYSTEM
+    else:
+        assert d.depth == 0
+    assert gs.decisions[case.reason] == 1
+
+
+def test_forwards_count_against_the_target_until_its_next_report() -> None:
+    """Between two load reports, forwards spread instead of all going to one node."""
+    case = Case("spread", (5, 0, 1), {"p1": (0, 0, 1), "p2": (0, 0, 1)}, query="miss")
+    gs = build(case)
+    targets = [NAMES[gs.decide(MISS).target or b""] for _ in range(4)]  # type: ignore[index]
+    assert targets == ["p1", "p2", "p1", "p2"]
+    gs.on_message(IDS["p1"], LoadReport(2, 0, 0, 0, 1, 0, 0, 0), 0.0)  # the report resets the estimate
+    assert gs.table()[IDS["p1"]].pending == 0
+    assert gs.decide(MISS).target == IDS["p1"]
+
+
+def test_at_most_one_hop_between_two_nodes() -> None:
+    """What A forwards to B, B serves — even if B would rather send it back to A."""
+    a_id, b_id = IDS["p1"], IDS["p2"]
+    a = GroupState(a_id, [a_id, b_id], capacity=1, lengths=L)
+    b = GroupState(b_id, [a_id, b_id], capacity=1, lengths=L)
+    a.set_local_load(active=9, queued=0)
+    b.set_local_load(active=9, queued=0)
+    a.on_message(b_id, LoadReport(1, 0, 0, 0, 1, 0, 0, 0), 0.0)  # A thinks B is idle
+    b.on_message(a_id, LoadReport(1, 0, 0, 0, 1, 0, 0, 0), 0.0)  # B thinks A is idle
+    first = a.decide(MISS)
+    assert first.target == b_id
+    second = b.decide(MISS, forwarded=True)
+    assert second.serve_locally and second.reason == "forwarded"
+
+
+def test_default_tau_c_at_8_bits_needs_two_chunks() -> None:
+    """With 8-bit hashes a single matched chunk is no match (τ_c = 2, measured)."""
+    L8 = ChunkLengths()
+    me, p1, p2 = IDS["self"], IDS["p1"], IDS["p2"]
+    gs = GroupState(me, [me, p1, p2], capacity=1, lengths=L8)
+    assert gs.tau_c == 2
+    gs.set_local_load(active=3, queued=0)
+    gs.on_message(p1, LoadReport(1, 0, 0, 0, 1, 0, 0, 0), 0.0)
+    gs.on_message(p2, LoadReport(1, 0, 0, 0, 2, 0, 0, 0), 0.0)
+    gs.on_message(p1, SubtreeUpdate(1, 0, True, 0, L8.digest, (L8.path(SYSTEM + [7] * 300),), ()), 0.0)
+    one_chunk = SYSTEM[:256] + MISS[:300]
+    two_chunks = SYSTEM[:512] + MISS[:300]
+    d1 = gs.decide(one_chunk)
+    assert (d1.depth, d1.reason, d1.target) == (1, "miss", p2)
+    d2 = gs.decide(two_chunks)
+    assert (d2.depth, d2.reason, d2.target) == (2, "match", p1)
+    assert GroupState(me, [me], config=GroupConfig(tau_c=1), lengths=L8).tau_c == 1
