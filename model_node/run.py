@@ -1,13 +1,17 @@
-"""``gentorrent model-node`` runner."""
+"""``gentorrent model-node`` runner: picks the engine, checks the registry, serves."""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import trio
 
+from model_node.engine import Engine, EngineError
 from overlay.cli import CliError, resolve_config, run_async
 from overlay.identity import load_or_create
 from overlay.registry import from_config
@@ -15,17 +19,45 @@ from overlay.transport import TLSTransport, parse_address
 
 log = logging.getLogger("gentorrent.model")
 
+# Requests generated at once. llama.cpp runs one sequence per context; vLLM batches
+# continuously, so the node lets it see many requests and keeps the rest queued.
+CONCURRENCY = {"llama.cpp": 1, "echo": 1, "vllm": 64}
+
+
+def plan_engine(engine: str, model: str | None, echo_delay: float = 0.0) -> tuple[str, Callable[[], Engine]]:
+    """``(model id the registry must list, factory that loads the engine)``, without loading
+    anything heavy yet, so that a misconfigured node fails before a long model load."""
+    if engine == "echo":
+        from model_node.echo import EchoEngine
+
+        mid = model or "echo"
+        return mid, lambda: EchoEngine(mid, echo_delay)
+    if engine == "llama.cpp":
+        from model_node.llama import INSTALL_HINT, LlamaCppEngine, resolve_model
+
+        try:
+            mid, path = resolve_model(model)
+        except EngineError as exc:
+            raise CliError(str(exc)) from None
+        if importlib.util.find_spec("llama_cpp") is None:
+            raise CliError(f"llama-cpp-python is not installed: {INSTALL_HINT}")
+        return mid, lambda: LlamaCppEngine(path, model_id=mid)
+    if engine == "vllm":
+        if not model:
+            raise CliError("--engine vllm needs --model: a Hugging Face model id or a local model directory")
+        from model_node.vllm import INSTALL_HINT as VLLM_HINT
+        from model_node.vllm import VllmEngine
+
+        if importlib.util.find_spec("vllm") is None:
+            raise CliError(f"vLLM is not installed: {VLLM_HINT}")
+
+        return model, lambda: VllmEngine(model)
+    raise CliError(f"unknown engine {engine!r}; choose llama.cpp, vllm or echo")
+
 
 def run_model_node(args: argparse.Namespace) -> int:
     cfg = resolve_config(args)
-    if args.engine != "echo":
-        print(f"gentorrent: the {args.engine} engine is not available yet: it arrives with the model-node "
-              "issue (issue 6). Only the diagnostic '--engine echo' runs today.", file=sys.stderr)
-        return 3
-    from model_node.echo import EchoEngine
-    from model_node.server import ModelNode
-
-    model = cfg.model or "echo"
+    model, load_engine = plan_engine(args.engine, cfg.model, args.echo_delay)
     identity = load_or_create(cfg.data_path)
     registry = from_config(cfg)
     me = registry.by_id.get(identity.node_id)
@@ -38,16 +70,30 @@ def run_model_node(args: argparse.Namespace) -> int:
         host, port = parse_address(cfg.listen)
     except ValueError as exc:
         raise CliError(f"listen: {exc}") from None
-    log.warning("engine 'echo' is a DIAGNOSTIC: it streams prompts back and runs no model")
-    node = ModelNode(identity, TLSTransport(identity), registry, EchoEngine(model, args.echo_delay))
-
-    async def main() -> None:
-        async with trio.open_nursery() as nursery:
-            address = await nursery.start(node.serve, host, port)
-            print(f"READY {identity.node_id.hex()} {address}", flush=True)
-
+    if args.engine == "echo":
+        log.warning("engine 'echo' is a DIAGNOSTIC: it streams prompts back and runs no model")
     try:
-        run_async(main)
-    except KeyboardInterrupt:
-        print("model node stopped", file=sys.stderr)
+        engine = load_engine()
+    except EngineError as exc:
+        raise CliError(str(exc)) from None
+
+    from model_node.server import ModelNode
+
+    close: Any = getattr(engine, "close", None)  # vLLM's asyncio thread must be stopped
+    try:
+        node = ModelNode(identity, TLSTransport(identity), registry, engine, capacity=CONCURRENCY[args.engine],
+                         capacity_score=args.capacity)
+
+        async def main() -> None:
+            async with trio.open_nursery() as nursery:
+                address = await nursery.start(node.serve, host, port)
+                print(f"READY {identity.node_id.hex()} {address}", flush=True)
+
+        try:
+            run_async(main)
+        except KeyboardInterrupt:
+            print("model node stopped", file=sys.stderr)
+    finally:
+        if close is not None:
+            close()
     return 0

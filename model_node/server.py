@@ -63,9 +63,13 @@ class ModelNode:
         capacity: int = 1,
         max_queue: int = 64,
         max_tokens_limit: int = 4096,
+        capacity_score: int = 1,
     ) -> None:
-        """``capacity``: requests generated at once (the rest wait in a queue of ``max_queue``)."""
+        """``capacity``: requests generated at once (the rest wait in a queue of ``max_queue``);
+        ``capacity_score``: the node's hardware score 1–10 that load balancing divides its load
+        by (paper §3.3; ``--capacity``), independent of ``capacity``."""
         self.identity = identity
+        self.capacity_score = capacity_score
         self.engine = engine
         self.model = engine.model
         self.max_tokens_limit = max_tokens_limit
@@ -143,16 +147,21 @@ class ModelNode:
         except EngineError as exc:
             yield self._chunk(req, 0, "", (), done=True, error=str(exc))
             return
-        async with aclosing(gen.__aiter__()) as pieces:
-            async for piece in pieces:
-                buf.append(piece.text)
-                ids.extend(piece.token_ids)
-                size += len(piece.text)
-                now = trio.current_time()
-                if seq == 0 or now - last >= CHUNK_INTERVAL or size >= CHUNK_MAX_CHARS:
-                    all_ids.extend(ids)
-                    yield self._chunk(req, seq, "".join(buf), tuple(ids))
-                    seq, buf, ids, size, last = seq + 1, [], [], 0, now
+        try:
+            async with aclosing(gen.__aiter__()) as pieces:
+                async for piece in pieces:
+                    buf.append(piece.text)
+                    ids.extend(piece.token_ids)
+                    size += len(piece.text)
+                    now = trio.current_time()
+                    if seq == 0 or now - last >= CHUNK_INTERVAL or size >= CHUNK_MAX_CHARS:
+                        all_ids.extend(ids)
+                        yield self._chunk(req, seq, "".join(buf), tuple(ids))
+                        seq, buf, ids, size, last = seq + 1, [], [], 0, now
+        except EngineError as exc:  # the engine failed mid-reply: say so (unsigned)
+            log.warning("engine failed during a reply: %s", exc)
+            yield self._chunk(req, seq, "", (), done=True, error=str(exc))
+            return
         all_ids.extend(ids)
         signed_at = int(time.time() * 1000)
         sig = self.identity.sign(

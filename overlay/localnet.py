@@ -59,10 +59,14 @@ class LocalNet:
         registry_keys: int = 4,
         ping_interval: float = 0.0,
         echo_delay: float = 0.0,
+        engine: str = "echo",
     ) -> None:
         """``users`` names extra registered user identities that this class does not
-        start (chat clients, benchmark clients, test sinks)."""
+        start (chat clients, benchmark clients, test sinks). ``engine``: the model nodes'
+        ``--engine`` (``echo``, the diagnostic, by default; ``llama.cpp`` with
+        ``model="smollm2-135m-instruct"`` runs the real default model)."""
         self.root = root
+        self.engine = engine
         root.mkdir(parents=True, exist_ok=True)
         self.ping_interval = ping_interval
         self.echo_delay = echo_delay
@@ -113,8 +117,8 @@ class LocalNet:
         e = self.entries[name]
         common = ["--data-dir", str(self.root / name), "--listen", e.address, *self.registry_args()]
         if name in self.models:
-            return cli("model-node", "--engine", "echo", "--model", self.model,
-                       "--echo-delay", str(self.echo_delay), *common)
+            extra = ["--echo-delay", str(self.echo_delay)] if self.engine == "echo" else []
+            return cli("model-node", "--engine", self.engine, "--model", self.model, *extra, *common)
         return cli("user", "relay", "--ping-interval", str(self.ping_interval), *common)
 
     def spawn(self, name: str) -> None:

@@ -1,0 +1,205 @@
+"""``gentorrent bench engine``: the llama.cpp engine's prefix cache, decode speed, and the
+overlay's share of time to first token (TTFT). Default model: SmolLM2-135M-Instruct (Q4_1).
+
+In-process engine (one :class:`~model_node.llama.LlamaCppEngine`, greedy), a chat turn whose
+system prompt is about 1,200 tokens:
+
+- ``ttft_cold_{mean,p50,p99}_ms``: nothing of the prompt cached (each trial's system prompt
+  starts with a different tag, so only the 3-token ``<|im_start|>system\\n`` is shared);
+- ``ttft_cached_same_{...}_ms``: the same prompt again (the prefix is in place; one token is
+  evaluated for its logits);
+- ``ttft_cached_prefix_{...}_ms``: the same system prompt, a new user question (only the
+  question is evaluated);
+- ``ttft_snapshot_{...}_ms``: the same, after an unrelated prompt took the context (the
+  prefix comes back from the engine's KV snapshot cache);
+- ``ttft_p50_ratio_cold_vs_cached_same``, ``ttft_p50_ratio_cold_vs_cached_prefix``,
+  ``ttft_p50_ratio_cold_vs_snapshot``;
+- ``prefill_cold_tokens_per_s``: prompt tokens evaluated ÷ cold TTFT (all trials);
+- ``decode_tokens_per_s``: output tokens after the first ÷ the time after the first token
+  (greedy replies of up to 128 tokens to a short prompt).
+
+Through real processes (``overlay.localnet.LocalNet``: 12 relays, one model node running
+``--engine llama.cpp``), a short chat turn whose prompt the node has cached, asked alternately
+through the overlay (``UserNode``, (4,3) cloves over 3-hop paths) and directly (a ``Request`` over
+an authenticated TLS connection to the model node): ``e2e_ttft_{overlay,direct}_{...}_ms``
+(request sent → first reply chunk), ``e2e_ttft_added_p50_ms`` and
+``e2e_ttft_p50_ratio_overlay_vs_direct``.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from model_node.engine import GenStats
+from model_node.llama import DEFAULT_MODEL_ID, LlamaCppEngine, resolve_model
+from overlay.bench import summarize_ms
+from overlay.cli import run_async
+from overlay.localnet import LocalNet
+from overlay.messages import ChatMessage, ReplyChunk, Request, SamplingParams
+from overlay.transport import TLSTransport
+from overlay.usernode import UserNode
+
+RULES = 45  # about 1,200 tokens of system prompt
+QUESTIONS = ["Which shelf holds section 12?", "Where can I find maps?", "Is the library open on Sunday?",
+             "How many books can I borrow?", "Where are the novels?", "Can I print documents here?"]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=1)
+
+
+def system_prompt(tag: str = "") -> str:
+    return tag + "You are the help desk of a small public library. " + " ".join(
+        f"Rule {i}: when asked about section {i}, answer politely and briefly, and cite shelf {100 + i}."
+        for i in range(RULES))
+
+
+def chat(system: str, question: str) -> list[ChatMessage]:
+    return [ChatMessage("system", system), ChatMessage("user", question)]
+
+
+async def _first_token(engine: LlamaCppEngine, messages: list[ChatMessage]) -> GenStats:
+    gen = engine.generate(engine.chat_prompt(messages), GREEDY)
+    async for _piece in gen:
+        pass
+    assert gen.stats is not None
+    return gen.stats
+
+
+async def _engine_figures(engine: LlamaCppEngine, trials: int) -> tuple[dict[str, float], dict[str, Any]]:
+    cold, same, prefix, snap = [], [], [], []
+    evaluated: dict[str, list[int]] = {"cold": [], "same": [], "prefix": [], "snapshot": []}
+    prompt_tokens = 0
+    for i in range(trials):
+        system = system_prompt(f"[desk {i}] ")
+        q = QUESTIONS[i % len(QUESTIONS)]
+        s = await _first_token(engine, chat(system, q))
+        prompt_tokens = s.prompt_tokens
+        cold.append(s.ttft_s)
+        evaluated["cold"].append(s.evaluated_prompt_tokens)
+        s = await _first_token(engine, chat(system, q))
+        same.append(s.ttft_s)
+        evaluated["same"].append(s.evaluated_prompt_tokens)
+        s = await _first_token(engine, chat(system, QUESTIONS[(i + 1) % len(QUESTIONS)]))
+        prefix.append(s.ttft_s)
+        evaluated["prefix"].append(s.evaluated_prompt_tokens)
+        await _first_token(engine, chat("Be brief.", f"Say hello number {i}."))  # takes the context
+        s = await _first_token(engine, chat(system, QUESTIONS[(i + 2) % len(QUESTIONS)]))
+        snap.append(s.ttft_s)
+        evaluated["snapshot"].append(s.evaluated_prompt_tokens)
+    f = summarize_ms("ttft_cold", cold)
+    f.update(summarize_ms("ttft_cached_same", same))
+    f.update(summarize_ms("ttft_cached_prefix", prefix))
+    f.update(summarize_ms("ttft_snapshot", snap))
+    for name in ("cached_same", "cached_prefix", "snapshot"):
+        f[f"ttft_p50_ratio_cold_vs_{name}"] = f["ttft_cold_p50_ms"] / f[f"ttft_{name}_p50_ms"]
+    f["prefill_cold_tokens_per_s"] = sum(evaluated["cold"]) / sum(cold)
+    # decode speed: long greedy replies to a short prompt
+    n_tok, dt = 0, 0.0
+    for i in range(max(2, trials // 2)):
+        gen = engine.generate(engine.chat_prompt([ChatMessage("user", f"Tell me a long story about dragon {i}.")]),
+                              SamplingParams(temperature=0.0, max_tokens=128))
+        first = None
+        count = 0
+        async for piece in gen:
+            now = time.perf_counter()
+            if first is None:
+                first, count = now, len(piece.token_ids) - 1
+            else:
+                count += len(piece.token_ids)
+        if first is not None:
+            n_tok += count
+            dt += time.perf_counter() - first
+    f["decode_tokens_per_s"] = n_tok / dt
+    extra = {"system_prompt_tokens": prompt_tokens,
+             **{f"evaluated_prompt_tokens_{k}": sorted(set(v)) for k, v in evaluated.items()}}
+    return f, extra
+
+
+async def _e2e(net: LocalNet, trials: int) -> dict[str, float]:
+    model = net.entries["model-0"]
+    ident = net.identities["client"]
+    msgs = (ChatMessage("system", "You are a helpful assistant."),
+            ChatMessage("user", "What is the capital of France?"))
+    params = SamplingParams(temperature=0.0, max_tokens=16)
+    overlay_t: list[float] = []
+    direct_t: list[float] = []
+    async with trio.open_nursery() as nursery:
+        host, port = net.entries["client"].address.rsplit(":", 1)
+        user = UserNode(ident, TLSTransport(ident), net.registry, client=True)
+        await nursery.start(user.serve, host, int(port))
+        assert user.client is not None and user.paths is not None
+        await user.paths.wait_ready(4, 30)
+        conn = await TLSTransport(ident).dial(model.address, model.node_id)
+        for i in range(trials + 2):  # the first of each warms connections and the node's cache
+            t0 = time.perf_counter()
+            first = None
+            async for chunk in user.client.request(DEFAULT_MODEL_ID, msgs, params, timeout=60):
+                if first is None:
+                    first = time.perf_counter() - t0
+                if chunk.error:
+                    raise RuntimeError(f"overlay request failed: {chunk.error}")
+            if i >= 2 and first is not None:
+                overlay_t.append(first)
+            t0 = time.perf_counter()
+            await conn.send(Request(request_id=os.urandom(16), model=DEFAULT_MODEL_ID, messages=msgs, params=params,
+                                    k=3, return_paths=(), continuation=""))
+            first = None
+            while True:
+                c = await conn.receive()
+                assert isinstance(c, ReplyChunk)
+                if first is None:
+                    first = time.perf_counter() - t0
+                if c.error:
+                    raise RuntimeError(f"direct request failed: {c.error}")
+                if c.done:
+                    break
+            if i >= 2:
+                direct_t.append(first)
+        nursery.cancel_scope.cancel()
+    f = summarize_ms("e2e_ttft_overlay", overlay_t)
+    f.update(summarize_ms("e2e_ttft_direct", direct_t))
+    f["e2e_ttft_added_p50_ms"] = f["e2e_ttft_overlay_p50_ms"] - f["e2e_ttft_direct_p50_ms"]
+    f["e2e_ttft_p50_ratio_overlay_vs_direct"] = f["e2e_ttft_overlay_p50_ms"] / f["e2e_ttft_direct_p50_ms"]
+    return f
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
+    trials = 3 if quick else 12
+    e2e_trials = 5 if quick else 40
+    model_id, path = resolve_model(None)
+    threads = len(os.sched_getaffinity(0))
+    engine = LlamaCppEngine(path, model_id=model_id)
+    try:
+        figures, extra = run_async(_engine_figures, engine, trials)
+        context = engine.context_window
+    finally:
+        engine.close()
+    n_relays = 12
+    with tempfile.TemporaryDirectory(prefix="gentorrent-bench-engine-") as d:
+        with LocalNet(Path(d), n_relays, users=("client",), registry_keys=1, engine="llama.cpp",
+                      model=DEFAULT_MODEL_ID) as net:
+            net.start()
+            figures.update(run_async(_e2e, net, e2e_trials))
+    params = {
+        "model": f"{model_id} ({path.name})", "engine": "llama.cpp (llama-cpp-python 0.3.36), batch-invariant",
+        "context_window": context, "threads": threads, "cpu": _cpu_name(),
+        "trials": trials, "e2e_trials": e2e_trials, "relays": n_relays, "n": 4, "k": 3, "hops": 3,
+        "e2e_max_tokens": 16, **extra,
+    }
+    return params, figures
