@@ -2,13 +2,14 @@
 
 It generates identities, a registry signed by 4 registry keys (standing in for
 the verifier committee; clients pin them and need more than 2/3), starts
-``--relays`` user nodes (``gentorrent user relay``) and an echo model node
-(``gentorrent model-node --engine echo``, a labelled diagnostic until real
-engines land) as separate processes, waits until all are up, then runs a demo
-chat turn through the anonymous overlay (``gentorrent user chat --prompt``):
-3-hop onion paths, 4 S-IDA cloves, any 3 rebuild the prompt and each reply
-chunk. It keeps the network up until Ctrl-C (or ``--duration``), printing how
-to chat with it, then stops every node.
+``--relays`` user nodes (``gentorrent user relay``) and ``--models`` model
+nodes (``gentorrent model-node``, llama.cpp with the default SmolLM2 model; or
+``--engine echo``, the diagnostic) as separate processes, waits until all are
+up, then holds a short multi-turn demo chat through the anonymous overlay
+(``gentorrent user chat --prompt ... --prompt ...``): 3-hop onion paths, 4
+S-IDA cloves, any 3 rebuild the prompt and each reply chunk; replies are signed
+by the serving node and follow-ups go back to it. It keeps the network up until
+Ctrl-C (or ``--duration``), printing how to chat with it, then stops every node.
 
 Devnet spawns processes rather than importing roles, so ``overlay`` still
 imports no role package.
@@ -29,17 +30,24 @@ from overlay.status import format_rows, query_all
 from overlay.transport import TLSTransport
 
 REGISTRY_KEYS = 4
-DEMO_PROMPT = "Hello from an anonymous user: this prompt crossed three relays on each of four paths."
+DEFAULT_MODEL = "smollm2-135m-instruct"  # what `gentorrent model-node --engine llama.cpp` serves by default
+DEMO_TURNS = {
+    "llama.cpp": ["What is the capital of France? Answer in one sentence.",
+                  "And what is the capital of Italy?"],
+    "echo": ["Hello from an anonymous user: this prompt crossed three relays on each of four paths.",
+             "A second turn goes back to the node that signed the first reply."],
+}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "devnet", help="run a local network of every part that exists, on loopback",
         description=(
-            "Start a local GenTorrent network on 127.0.0.1: --relays user nodes and an echo model node "
-            "(a diagnostic engine until real engines land), with a registry signed by 4 registry keys. "
-            "Once all nodes are up it sends a demo chat turn through the anonymous overlay, prints how "
-            "to chat yourself, and runs until Ctrl-C (or --duration seconds). State: DATA_DIR/devnet."
+            "Start a local GenTorrent network on 127.0.0.1: --relays user nodes and --models model nodes "
+            "(llama.cpp with SmolLM2-135M-Instruct by default), with a registry signed by 4 registry "
+            "keys. Once all nodes are up it holds a two-turn demo chat through the anonymous overlay, "
+            "prints how to chat yourself, and runs until Ctrl-C (or --duration seconds). "
+            "State and logs: DATA_DIR/devnet."
         ),
     )
     common_flags(p)
@@ -49,7 +57,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="stop after this many seconds instead of waiting for Ctrl-C")
     p.add_argument("--ready-timeout", type=float, default=60.0,
                    help="seconds to wait for the nodes to come up (default: 60)")
-    p.add_argument("--no-demo", action="store_true", help="skip the demo chat turn")
+    p.add_argument("--models", type=int, default=2, help="number of model nodes (default: 2)")
+    p.add_argument("--engine", choices=["llama.cpp", "echo"], default="llama.cpp",
+                   help="model nodes' engine (default: llama.cpp with the SmolLM2 model; 'echo' is a "
+                        "diagnostic that streams prompts back)")
+    p.add_argument("--no-demo", action="store_true", help="skip the demo chat")
     p.set_defaults(run=_run)
 
 
@@ -68,8 +80,9 @@ async def wait_up(net: LocalNet, timeout: float) -> dict:
         await trio.sleep(0.5)
 
 
-def demo_chat(net: LocalNet, config: Path) -> int:
-    cmd = cli("user", "chat", "--config", str(config), "--prompt", DEMO_PROMPT, "--log-level", "warning",
+def demo_chat(net: LocalNet, config: Path, engine: str) -> int:
+    turns = [a for t in DEMO_TURNS[engine] for a in ("--prompt", t)]
+    cmd = cli("user", "chat", "--config", str(config), *turns, "--max-tokens", "48", "--temperature", "0", "--log-level", "warning",
               "--timeout", "30")
     return subprocess.run(cmd, timeout=180).returncode
 
@@ -82,10 +95,14 @@ def _run(args: argparse.Namespace) -> int:
         raise CliError("the demo chat keeps 4 proxy paths of 3 distinct relays: it needs --relays 12 or more "
                        "(or pass --no-demo)")
     root = cfg.data_path / "devnet"
-    net = LocalNet(root, args.relays, users=("you",), registry_keys=REGISTRY_KEYS, ping_interval=5.0,
-                   echo_delay=0.02)
+    if not 1 <= args.models <= 8:
+        raise CliError("--models must be between 1 and 8")
+    model = DEFAULT_MODEL if args.engine == "llama.cpp" else "echo"
+    net = LocalNet(root, args.relays, users=("you",), models=args.models, model=model, engine=args.engine,
+                   registry_keys=REGISTRY_KEYS, ping_interval=5.0, echo_delay=0.02)
     chat_config = net.config_toml("you", root / "chat.toml")
-    print(f"devnet: starting {args.relays} relays and an echo model node on 127.0.0.1 (state in {root})",
+    print(f"devnet: starting {args.relays} relays and {args.models} model node(s) ({args.engine}, {model}) "
+          f"on 127.0.0.1 (state in {root})",
           flush=True)
     try:
         net.start(timeout=args.ready_timeout)
@@ -101,7 +118,7 @@ def _run(args: argparse.Namespace) -> int:
         if not args.no_demo:
             print("devnet: demo chat through the anonymous overlay "
                   "(3-hop proxy paths, (4,3) S-IDA cloves):", flush=True)
-            if demo_chat(net, chat_config) != 0:
+            if demo_chat(net, chat_config, args.engine) != 0:
                 print(f"devnet: the demo chat FAILED; see the messages above and the logs in {root}",
                       file=sys.stderr)
                 return 1

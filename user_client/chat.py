@@ -113,6 +113,9 @@ def run_chat(args: argparse.Namespace) -> int:
                 sys.stdout.write("model> ")
                 try:
                     await session.turn(text, sys.stdout, args.timeout)
+                    assert session.node is not None
+                    print(f"[reply signed by model node {session.node.hex()[:8]}; follow-ups go there]",
+                          file=sys.stderr, flush=True)
                 except AnonError as exc:
                     print(f"\n[request failed: {exc}]", file=sys.stderr, flush=True)
                     status = 1
