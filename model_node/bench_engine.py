@@ -29,7 +29,6 @@ an authenticated TLS connection to the model node): ``e2e_ttft_{overlay,direct}_
 from __future__ import annotations
 
 import os
-import platform
 import tempfile
 import time
 from pathlib import Path
@@ -39,7 +38,7 @@ import trio
 
 from model_node.engine import GenStats
 from model_node.llama import DEFAULT_MODEL_ID, LlamaCppEngine, resolve_model
-from overlay.bench import summarize_ms
+from overlay.bench import cpu_model, summarize_ms
 from overlay.cli import run_async
 from overlay.localnet import LocalNet
 from overlay.messages import ChatMessage, ReplyChunk, Request, SamplingParams
@@ -168,16 +167,6 @@ async def _e2e(net: LocalNet, trials: int) -> dict[str, float]:
     return f
 
 
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
 
 def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
     trials = 3 if quick else 12
@@ -198,7 +187,7 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
             figures.update(run_async(_e2e, net, e2e_trials))
     params = {
         "model": f"{model_id} ({path.name})", "engine": "llama.cpp (llama-cpp-python 0.3.36), batch-invariant",
-        "context_window": context, "threads": threads, "cpu": _cpu_name(),
+        "context_window": context, "threads": threads, "cpu": cpu_model(),
         "trials": trials, "e2e_trials": e2e_trials, "relays": n_relays, "n": 4, "k": 3, "hops": 3,
         "e2e_max_tokens": 16, **extra,
     }

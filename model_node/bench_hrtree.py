@@ -40,11 +40,11 @@ from typing import Any
 import msgpack
 
 from model_node.group import FULL_EVERY
-from model_node.hrtree import ChunkLengths, HRTree, default_tau_c, token_bytes
+from model_node.hrtree import ChunkLengths, HRTree, common_prefix_units, default_tau_c, token_bytes
 from model_node.messages import LoadReport, SubtreeUpdate
 from model_node.sentry import Sentry
 from overlay import codec
-from overlay.bench import percentile
+from overlay.bench import summarize
 
 VOCAB = 128_000
 HEADER = array.array("I", [128000, 128006, 9125, 128007, 271])  # a llama-3-like chat header
@@ -157,26 +157,8 @@ class TokenRadix:
 
 
 def _common(a: bytes, b: bytes) -> int:
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n - n % 4
-    lo, hi = 0, n
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo - lo % 4
+    return common_prefix_units(a, b, 4)
 
-
-def _summarize_us(prefix: str, seconds: list[float]) -> dict[str, float]:
-    s = sorted(seconds)
-    return {
-        f"{prefix}_mean_us": 1e6 * sum(s) / len(s),
-        f"{prefix}_p50_us": 1e6 * percentile(s, 50),
-        f"{prefix}_p99_us": 1e6 * percentile(s, 99),
-    }
 
 
 def _node_id(i: int) -> bytes:
@@ -298,7 +280,7 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
             depth, _ = tree.search(q)
             times.append(time.perf_counter() - t0)
             assert depth >= 1
-        figures.update(_summarize_us(f"search_{label}_tokens", times))
+        figures.update(summarize(f"search_{label}_tokens", times, unit="us"))
 
     # Sync bytes, one node (node 0) to one peer.
     own = HRTree(learned)

@@ -250,7 +250,7 @@ class _TNode:
         self.mask = mask
 
 
-def _common_units(a: bytes, b: bytes, w: int) -> int:
+def common_prefix_units(a: bytes, b: bytes, w: int) -> int:
     """Length in bytes (a multiple of ``w``) of the longest common prefix of ``a`` and ``b``."""
     n = min(len(a), len(b))
     if a[:n] == b[:n]:
@@ -335,7 +335,7 @@ class HRTree:
                 i += le
                 node = child
                 continue
-            i += _common_units(e, path[i:i + le], w)
+            i += common_prefix_units(e, path[i:i + le], w)
             break
         return Match(i // w, self._nodes_of(mask) if i else frozenset())
 
@@ -366,9 +366,9 @@ class HRTree:
         w = self._w
         keep = 0  # units still held through the node's other paths (max LCP with a neighbour)
         if k > 0:
-            keep = _common_units(paths[k - 1], path, w)
+            keep = common_prefix_units(paths[k - 1], path, w)
         if k < len(paths):
-            keep = max(keep, _common_units(paths[k], path, w))
+            keep = max(keep, common_prefix_units(paths[k], path, w))
         self._clear_along(self._slot[node_id], path, keep)
         self._log(node_id, path, False)
         if not paths:
@@ -549,7 +549,7 @@ class HRTree:
                 node.children[key] = _TNode(path[i:], None, bit)
                 break
             e = child.edge
-            m = _common_units(e, path[i:i + len(e)], self._w)
+            m = common_prefix_units(e, path[i:i + len(e)], self._w)
             if m < len(e):
                 child = self._split(node, key, child, m)
             child.mask |= bit

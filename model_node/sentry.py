@@ -34,7 +34,15 @@ from collections import deque
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
-from model_node.hrtree import DEFAULT_BITS, DEFAULT_TAIL, MAX_LENGTHS, ChunkLengths, lengths_problem, token_bytes
+from model_node.hrtree import (
+    DEFAULT_BITS,
+    DEFAULT_TAIL,
+    MAX_LENGTHS,
+    ChunkLengths,
+    common_prefix_units,
+    lengths_problem,
+    token_bytes,
+)
 
 DEFAULT_DELTA = 16  # δ: the separator chunk after each system prompt (tokens)
 REFRESH_EVERY = 10_000  # requests between refreshes of L (paper §5)
@@ -82,17 +90,7 @@ def build_lengths(system_prompt_lengths: Iterable[int], *, delta: int = DEFAULT_
 
 def _lcp_tokens(a: bytes, b: bytes) -> int:
     """Common prefix of two u32 token strings, in tokens (C-speed slice compares)."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n // 4
-    lo, hi = 0, n
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo // 4
+    return common_prefix_units(a, b, 4) // 4
 
 
 def shared_prefix_lengths(prompts: Sequence[bytes], *, min_support: int, min_length: int = MIN_LENGTH,

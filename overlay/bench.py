@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import platform
 import sys
 from importlib.metadata import entry_points
 
@@ -42,14 +43,34 @@ def percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[k]
 
 
-def summarize_ms(prefix: str, seconds: list[float]) -> dict[str, float]:
-    """``{prefix}_mean_ms, _p50_ms, _p99_ms`` from durations in seconds."""
+_UNITS = {"ms": 1e3, "us": 1e6}
+
+
+def summarize(prefix: str, seconds: list[float], unit: str = "ms") -> dict[str, float]:
+    """``{prefix}_mean_{unit}, _p50_{unit}, _p99_{unit}`` from durations in seconds."""
     s = sorted(seconds)
+    k = _UNITS[unit]
     return {
-        f"{prefix}_mean_ms": 1000 * sum(s) / len(s),
-        f"{prefix}_p50_ms": 1000 * percentile(s, 50),
-        f"{prefix}_p99_ms": 1000 * percentile(s, 99),
+        f"{prefix}_mean_{unit}": k * sum(s) / len(s),
+        f"{prefix}_p50_{unit}": k * percentile(s, 50),
+        f"{prefix}_p99_{unit}": k * percentile(s, 99),
     }
+
+
+def summarize_ms(prefix: str, seconds: list[float]) -> dict[str, float]:
+    return summarize(prefix, seconds, "ms")
+
+
+def cpu_model() -> str:
+    """The processor's model name, for benchmark params."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import platform
 import random
 import sys
 import time
@@ -40,7 +39,7 @@ import msgpack
 import zfec
 
 from overlay import gf256
-from overlay.bench import summarize_ms
+from overlay.bench import cpu_model, summarize_ms
 from overlay.crypto import Aead, random_bytes
 from overlay.sida import decode_clove, encode_clove, recover, split
 
@@ -80,16 +79,6 @@ def _baseline_recover(payloads: list[bytes], shamir: Any, dec: Any) -> bytes:
 
 # --------------------------------------------------------------------------- timing
 
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _measure_size(size: int, trials: int, shamir: Any, rnd: random.Random) -> dict[str, float]:
@@ -202,7 +191,7 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
         "shamir_trials": shamir_trials,
         "recover_subset": "uniformly random k of n per trial",
         "threads": 1,
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cpus": os.cpu_count(),
         "python": sys.version.split()[0],
         "cryptography": version("cryptography"),

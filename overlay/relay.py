@@ -210,17 +210,23 @@ class RelayCore:
 
     # ------------------------------------------------------------------ cells
 
-    def on_cell_fwd(self, peer: bytes, msg: CellFwd, now: float) -> list[Send]:
+    def _live_path(self, peer: bytes, p: _Path | None, unknown: str, now: float) -> _Path | list[Send]:
+        """Rate-limit ``peer``, then the path a cell belongs to — or the actions for a drop."""
         if not self._bucket(self._cell_buckets, peer, self.limits.cells_per_s, self.limits.cell_burst).take(now):
             return self._drop("cell-rate-limited")
-        p = self.by_pred.get((peer, msg.link_id))
         if p is None:
-            return self._drop("unknown-link")
+            return self._drop(unknown)
         if now > p.expires:
             self._remove(p)
             return self._teardown(p, "expired") + self._drop("path-expired")
         p.last_used = now
         p.cells += 1
+        return p
+
+    def on_cell_fwd(self, peer: bytes, msg: CellFwd, now: float) -> list[Send]:
+        p = self._live_path(peer, self.by_pred.get((peer, msg.link_id)), "unknown-link", now)
+        if not isinstance(p, _Path):
+            return p
         if p.exit is None:
             assert p.succ is not None and p.succ_link is not None
             iv, body = p.hop.relay_forward(msg.iv, msg.body)
@@ -242,30 +248,20 @@ class RelayCore:
         return [Send(payload.dest, Deliver(exit_id=p.exit_id, sealed=payload.sealed))]
 
     def on_cell_back(self, peer: bytes, msg: CellBack, now: float) -> list[Send]:
-        if not self._bucket(self._cell_buckets, peer, self.limits.cells_per_s, self.limits.cell_burst).take(now):
-            return self._drop("cell-rate-limited")
-        p = self.by_succ.get((peer, msg.link_id))
-        if p is None:
-            return self._drop("unknown-link")
-        if now > p.expires:
-            self._remove(p)
-            return self._teardown(p, "expired") + self._drop("path-expired")
-        p.last_used = now
-        p.cells += 1
+        p = self._live_path(peer, self.by_succ.get((peer, msg.link_id)), "unknown-link", now)
+        if not isinstance(p, _Path):
+            return p
         iv, body = p.hop.relay_backward(msg.iv, msg.body)
         self.forwarded += 1
         return [Send(p.pred, CellBack(p.pred_link, iv, body))]
 
     def on_return_clove(self, peer: bytes, msg: ReturnClove, now: float) -> list[Send]:
-        if not self._bucket(self._cell_buckets, peer, self.limits.cells_per_s, self.limits.cell_burst).take(now):
-            return self._drop("cell-rate-limited")
-        p = self.by_exit.get(msg.exit_id)
-        if p is None or p.exit is None:
-            return self._drop("unknown-exit")
-        if now > p.expires:
-            self._remove(p)
-            return self._teardown(p, "expired") + self._drop("path-expired")
-        p.last_used = now
+        found = self.by_exit.get(msg.exit_id)
+        p = self._live_path(peer, found if found is not None and found.exit is not None else None,
+                            "unknown-exit", now)
+        if not isinstance(p, _Path):
+            return p
+        assert p.exit is not None
         iv, body = p.exit.seal_backward(codec.encode(FromModel(data=msg.data)))
         self.forwarded += 1
         return [Send(p.pred, CellBack(p.pred_link, iv, body))]
