@@ -98,16 +98,22 @@ def parse_entry(obj: object, where: str) -> PeerEntry:
                      tuple(models))
 
 
-def load(path: str | os.PathLike[str]) -> list[PeerEntry]:
+def read_json(path: str | os.PathLike[str], what: str, error: type[PeerListError] = PeerListError) -> object:
+    """Parse a JSON file of at most :data:`MAX_FILE` bytes; ``error`` says what went wrong."""
     p = Path(path)
     try:
         if p.stat().st_size > MAX_FILE:
-            raise PeerListError(f"{p} is larger than {MAX_FILE} bytes")
-        doc = json.loads(p.read_text())
+            raise error(f"{what} {p} is larger than {MAX_FILE} bytes")
+        return json.loads(p.read_text())
     except FileNotFoundError:
-        raise PeerListError(f"peer list {p} does not exist") from None
+        raise error(f"{what} {p} does not exist") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise PeerListError(f"peer list {p} is not valid JSON: {exc}") from None
+        raise error(f"{what} {p} is not valid JSON: {exc}") from None
+
+
+def load(path: str | os.PathLike[str]) -> list[PeerEntry]:
+    p = Path(path)
+    doc = read_json(p, "peer list")
     if not isinstance(doc, dict) or not isinstance(doc.get("peers"), list):
         raise PeerListError(f"peer list {p} must be an object with a 'peers' array")
     if len(doc["peers"]) > MAX_PEERS:

@@ -22,7 +22,7 @@ from typing import Any
 
 from overlay import crypto
 from overlay.crypto import SigningKey
-from overlay.peers import MAX_FILE, MAX_PEERS, PeerEntry, PeerListError, parse_entry
+from overlay.peers import MAX_PEERS, PeerEntry, PeerListError, parse_entry, read_json
 
 REGISTRY_CONTEXT = b"gentorrent/registry/v1\x00"
 
@@ -133,16 +133,7 @@ def verify(doc: Any, pinned: list[bytes], where: str = "registry") -> Registry:
 
 
 def load(path: str | os.PathLike[str], pinned: list[bytes]) -> Registry:
-    p = Path(path)
-    try:
-        if p.stat().st_size > MAX_FILE:
-            raise RegistryError(f"registry {p} is larger than {MAX_FILE} bytes")
-        doc = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise RegistryError(f"registry {p} does not exist") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise RegistryError(f"registry {p} is not valid JSON: {exc}") from None
-    return verify(doc, pinned, str(p))
+    return verify(read_json(path, "registry", RegistryError), pinned, str(path))
 
 
 def from_config(cfg: Any) -> Registry:
