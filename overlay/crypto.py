@@ -41,6 +41,7 @@ from cryptography.x509.oid import NameOID
 __all__ = [
     "AEAD_KEY_LEN",
     "BlockPermutation",
+    "StreamCipher",
     "mac16",
     "stream_xor",
     "AEAD_NONCE_LEN",
@@ -277,33 +278,49 @@ def stream_xor(key: bytes, iv: bytes, data: bytes) -> bytes:
     Used for onion layers, where every hop must keep the size unchanged.
     Integrity comes from a MAC or AEAD at the layer's end, never from this.
     """
-    if len(key) != 32 or len(iv) != 16:
-        raise CryptoError("stream_xor needs a 32-byte key and a 16-byte iv")
-    enc = _Cipher(_algorithms.AES(key), _modes.CTR(iv)).encryptor()
-    return enc.update(data) + enc.finalize()
+    return StreamCipher(key).xor(iv, data)
+
+
+class StreamCipher:
+    """AES-256-CTR bound to one key, for a hop's cells (the key schedule is done once)."""
+
+    __slots__ = ("_aes",)
+
+    def __init__(self, key: bytes) -> None:
+        if len(key) != 32:
+            raise CryptoError("StreamCipher needs a 32-byte key")
+        self._aes = _algorithms.AES(key)
+
+    def xor(self, iv: bytes, data: bytes) -> bytes:
+        if len(iv) != 16:
+            raise CryptoError("the iv must be 16 bytes")
+        enc = _Cipher(self._aes, _modes.CTR(iv)).encryptor()
+        return enc.update(data) + enc.finalize()
 
 
 class BlockPermutation:
-    """AES-256 on single 16-byte blocks (a keyed permutation), for per-hop ivs."""
+    """AES-256 on single 16-byte blocks (a keyed permutation), for per-hop ivs.
 
-    __slots__ = ("_c",)
+    ECB has no state between blocks, so one encryptor and one decryptor serve every call."""
+
+    __slots__ = ("_enc", "_dec")
 
     def __init__(self, key: bytes) -> None:
         if len(key) != 32:
             raise CryptoError("BlockPermutation needs a 32-byte key")
-        self._c = _Cipher(_algorithms.AES(key), _modes.ECB())
+        c = _Cipher(_algorithms.AES(key), _modes.ECB())
+        self._enc = c.encryptor()
+        self._dec = c.decryptor()
 
     def forward(self, block: bytes) -> bytes:
         if len(block) != 16:
             raise CryptoError("block must be 16 bytes")
-        e = self._c.encryptor()
-        return e.update(block) + e.finalize()
+        return self._enc.update(block)
 
     def inverse(self, block: bytes) -> bytes:
         if len(block) != 16:
             raise CryptoError("block must be 16 bytes")
-        d = self._c.decryptor()
-        return d.update(block) + d.finalize()
+        return self._dec.update(block)
 
 
 def mac16(key: bytes, data: bytes) -> bytes:

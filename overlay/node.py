@@ -199,8 +199,11 @@ class Node:
         try:
             while True:
                 first = None
-                with trio.move_on_after(OUTBOX_IDLE):
-                    first = await inbox.receive()
+                try:
+                    first = inbox.receive_nowait()  # fast path: frames are waiting
+                except trio.WouldBlock:
+                    with trio.move_on_after(OUTBOX_IDLE):
+                        first = await inbox.receive()
                 if first is None:
                     return  # idle: the next send_nowait starts a new writer
                 batch = [first]

@@ -171,25 +171,27 @@ def peel_onion(static: crypto.X25519Key, onion: bytes) -> Routing:
 class HopCrypt:
     """One hop's cell transform, for both directions. Reused for every cell."""
 
-    __slots__ = ("keys", "_fwd_iv", "_back_iv")
+    __slots__ = ("keys", "fwd", "back", "_fwd_iv", "_back_iv")
 
     def __init__(self, keys: HopKeys) -> None:
         self.keys = keys
+        self.fwd = crypto.StreamCipher(keys.fwd)
+        self.back = crypto.StreamCipher(keys.back)
         self._fwd_iv = crypto.BlockPermutation(keys.fwd_iv)
         self._back_iv = crypto.BlockPermutation(keys.back_iv)
 
     # A relay, forward: strip our layer, pass on the permuted iv.
     def relay_forward(self, iv: bytes, body: bytes) -> tuple[bytes, bytes]:
-        return self._fwd_iv.forward(iv), crypto.stream_xor(self.keys.fwd, iv, body)
+        return self._fwd_iv.forward(iv), self.fwd.xor(iv, body)
 
     # A relay, backward: add our layer, pass on the permuted iv.
     def relay_backward(self, iv: bytes, body: bytes) -> tuple[bytes, bytes]:
-        return self._back_iv.forward(iv), crypto.stream_xor(self.keys.back, iv, body)
+        return self._back_iv.forward(iv), self.back.xor(iv, body)
 
     # The user, inverting one backward hop: (iv after the hop) -> (iv the hop used).
     def unwrap_backward(self, iv_after: bytes, body: bytes) -> tuple[bytes, bytes]:
         iv = self._back_iv.inverse(iv_after)
-        return iv, crypto.stream_xor(self.keys.back, iv, body)
+        return iv, self.back.xor(iv, body)
 
     def next_forward_iv(self, iv: bytes) -> bytes:
         return self._fwd_iv.forward(iv)
@@ -218,7 +220,7 @@ class PathCrypt:
             ivs.append(h.next_forward_iv(ivs[-1]))
         body = self._end.seal(_end_nonce(ivs[-1], b"F"), payload)
         for h, iv in zip(reversed(self.hops), reversed(ivs)):
-            body = crypto.stream_xor(h.keys.fwd, iv, body)
+            body = h.fwd.xor(iv, body)
         return iv0, body
 
     def unwrap_backward(self, iv: bytes, body: bytes) -> bytes:
@@ -242,7 +244,7 @@ class ExitCrypt:
         self._end = crypto.Aead(keys.end)
 
     def open_forward(self, iv: bytes, body: bytes) -> bytes:
-        body = crypto.stream_xor(self.hop.keys.fwd, iv, body)
+        body = self.hop.fwd.xor(iv, body)
         try:
             return self._end.open(_end_nonce(iv, b"F"), body)
         except crypto.CryptoError:

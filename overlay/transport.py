@@ -137,6 +137,9 @@ class Connection:
         return codec.decode(payload, peer=self.peer)
 
     async def receive_payload(self, timeout: float | None = None) -> bytes:
+        payload = self._decoder.next_payload()
+        if payload is not None:  # fast path: a frame is already buffered (no timer needed)
+            return payload
         limit = self.timeouts.receive if timeout is None else timeout
         try:
             with trio.fail_after(limit):
