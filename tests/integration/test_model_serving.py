@@ -96,3 +96,31 @@ async def test_no_failover_candidate_gives_a_clear_error(autojump_clock):
         with pytest.raises(AnonError, match="no reply from model node"):
             await collect(client, " ".join(["word"] * 50), timeout=5)
         nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("params,match", [
+    (SamplingParams(temperature=-1.0), "temperature must be within"),
+    (SamplingParams(top_k=10**9), "top_k must be within"),
+    (SamplingParams(max_tokens=10**9), "max_tokens must be within"),
+    (SamplingParams(top_p=float("nan")), "top_p must be within"),
+])
+async def test_bad_requests_get_a_clear_error_through_the_paths(autojump_clock, params, match):
+    async with trio.open_nursery() as nursery:
+        net = await start_net(nursery, 15)
+        client = net.users[0].client
+        with pytest.raises(AnonError, match=match):
+            [c async for c in client.request("echo", [ChatMessage("user", "x")], params)]
+        # the node keeps serving
+        chunks = await collect(client, "still here")
+        assert "".join(c.text for c in chunks) == "still here"
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_model_the_node_does_not_serve_is_refused(autojump_clock):
+    async with trio.open_nursery() as nursery:
+        net = await start_net(nursery, 15)
+        client = net.users[0].client
+        client.models = lambda model: net.registry.models("echo")  # a stale or lying directory
+        with pytest.raises(AnonError, match="serves 'echo', not 'gpt-x'"):
+            [c async for c in client.request("gpt-x", [ChatMessage("user", "x")], PARAMS)]
+        nursery.cancel_scope.cancel()
