@@ -30,8 +30,52 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="this node's capacity score, 1 (a small CPU) to 10 (a large GPU); load balancing divides "
              "the node's load by it (default: 1). llama.cpp still generates one request at a time",
     )
+    p.add_argument(
+        "--no-forwarding", action="store_true",
+        help="serve every request here: do not join the group of model nodes serving this model "
+             "(no HR-tree sync, no forwarding to or from other model nodes)",
+    )
+    p.add_argument(
+        "--sync-interval", type=_interval, default=5.0, metavar="SECONDS",
+        help="seconds between the group's state-sync rounds (load and cached prefixes; default: 5). "
+             "Every model node of a group should use the same value: peers silent for 3 rounds expire",
+    )
+    p.add_argument(
+        "--threads", type=_positive, default=None, metavar="N",
+        help="llama.cpp: CPU threads for prompt evaluation (default: every core this process may use)",
+    )
+    p.add_argument(
+        "--prefix-snapshots", type=_non_negative, default=None, metavar="N",
+        help="llama.cpp: keep at most N KV snapshots of earlier prompts besides the one in the context "
+             "(default: as many as 512 MiB hold; 0: only the context's)",
+    )
+    # Benchmark baselines (gentorrent bench forwarding): forward by load only, or at random.
+    p.add_argument("--forwarding-policy", choices=["hrtree", "load", "random"], default="hrtree",
+                   help=argparse.SUPPRESS)
     p.add_argument("--echo-delay", type=float, default=0.0, help=argparse.SUPPRESS)
     p.set_defaults(run=_run)
+
+
+def _interval(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.05 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"sync interval must be within 0.05..3600 seconds, got {text!r}")
+    return value
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return int(text)
+
+
+def _non_negative(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
+    return int(text)
 
 
 def _capacity(text: str) -> int:

@@ -273,6 +273,16 @@ class GroupState:
         self._round += 1
         return out
 
+    def forget(self, peer: bytes) -> bool:
+        """Drop ``peer`` from the node table and the tree now (the driver could not reach it,
+        e.g. a forward failed to connect); a live peer comes back with its next load report
+        and full subtree. Returns whether it was in the table."""
+        known = peer in self.peers
+        if known:
+            log.info("model node %s unreachable: removed from the table", peer.hex()[:8])
+            self._forget(peer)
+        return known
+
     def expire(self, now: float) -> list[bytes]:
         """Forget peers silent for ``expiry_rounds`` rounds (table and tree); returns them."""
         cutoff = now - self.config.expiry_rounds * self.config.sync_interval

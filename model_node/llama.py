@@ -265,7 +265,9 @@ class LlamaCppEngine:
     the id the registry lists (default: the file name without ``.gguf``); ``n_ctx``: the
     context window in tokens (at most the model's training context); ``n_threads``: CPU
     threads (default: every core this process may use); ``cache_bytes``: RAM for KV
-    snapshots of earlier prefixes (0 keeps only the in-place prefix); ``batch_invariant``
+    snapshots of earlier prefixes (0 keeps only the in-place prefix); ``max_snapshots``: at
+    most this many snapshots besides the context (``None``: as many as ``cache_bytes`` hold), so
+    the engine caches at most ``max_snapshots + 1`` prefixes; ``batch_invariant``
     (default): logits do not depend on how tokens were batched or cached (physical batches of
     :data:`INVARIANT_UBATCH` tokens, one thread for one-token steps: measured on 2 cores, ~15%
     slower decode and ~20% slower prefill than without)."""
@@ -274,14 +276,15 @@ class LlamaCppEngine:
 
     def __init__(self, model_path: str | os.PathLike[str], *, model_id: str | None = None, n_ctx: int = 4096,
                  n_threads: int | None = None, cache_bytes: int = DEFAULT_CACHE_BYTES,
-                 batch_invariant: bool = True) -> None:
+                 max_snapshots: int | None = None, batch_invariant: bool = True) -> None:
         L = self._L = _import_llama_cpp()
         path = Path(model_path)
         if not path.is_file():
             raise EngineError(f"model file not found: {path}")
         self.model = model_id or path.name.removesuffix(".gguf")
         self.model_path = path
-        self.cache_bytes = cache_bytes
+        self.cache_bytes = cache_bytes if max_snapshots != 0 else 0
+        self.max_snapshots = max_snapshots
         mparams = L.llama_model_default_params()
         self._model = L.llama_model_load_from_file(str(path).encode(), mparams)
         if not self._model:
@@ -313,8 +316,9 @@ class LlamaCppEngine:
         self._template = self._load_template()
         self._bos = L.llama_vocab_bos(self._vocab)
         self._add_bos = bool(L.llama_vocab_get_add_bos(self._vocab)) and self._bos >= 0
-        log.info("llama.cpp engine: %s (%s), context %d tokens, %d threads, snapshot cache %d MiB",
-                 self.model, path.name, self.context_window, threads, cache_bytes >> 20)
+        log.info("llama.cpp engine: %s (%s), context %d tokens, %d threads, snapshot cache %d MiB%s",
+                 self.model, path.name, self.context_window, threads, self.cache_bytes >> 20,
+                 "" if max_snapshots is None else f", at most {max_snapshots} snapshots")
 
     def close(self) -> None:
         """Free the llama.cpp context and model (also done at garbage collection)."""
@@ -439,8 +443,14 @@ class LlamaCppEngine:
         held = [tuple(self._tokens)] if self._tokens else []
         return held + [k for k in list(self._snapshots) if k not in held]
 
-    def _snapshot(self) -> None:
-        """Keep a copy of sequence 0's KV state (its tokens are the key) in the LRU."""
+    def kv_usage(self) -> float:
+        """Fraction of the context's KV cells in use (for the group's load reports)."""
+        return len(self._tokens) / self.context_window
+
+    def _snapshot(self, keep: tuple[int, ...] | None = None) -> None:
+        """Keep a copy of sequence 0's KV state (its tokens are the key) in the LRU; never
+        evict ``keep`` (the snapshot about to be restored): if only it stands in the way, this
+        state is not kept."""
         import numpy as np
 
         L, key = self._L, tuple(self._tokens)
@@ -457,10 +467,14 @@ class LlamaCppEngine:
         if got == 0:
             log.warning("llama_state_seq_get_data failed; prefix not cached")
             return
-        for k in [k for k in self._snapshots if key[:len(k)] == k]:  # subsumed by this one
+        for k in [k for k in self._snapshots if key[:len(k)] == k and k != keep]:  # subsumed by this one
             self._snapshot_bytes -= self._snapshots.pop(k).nbytes
-        while self._snapshots and self._snapshot_bytes + size > self.cache_bytes:
-            self._snapshot_bytes -= self._snapshots.popitem(last=False)[1].nbytes
+        while self._snapshots and (self._snapshot_bytes + size > self.cache_bytes or (
+                self.max_snapshots is not None and len(self._snapshots) >= self.max_snapshots)):
+            victim = next((k for k in self._snapshots if k != keep), None)
+            if victim is None:
+                return
+            self._snapshot_bytes -= self._snapshots.pop(victim).nbytes
         self._snapshots[key] = blob[:got]
         self._snapshot_bytes += blob[:got].nbytes
 
@@ -474,12 +488,23 @@ class LlamaCppEngine:
             n = min(_common_prefix(key, tokens), limit)
             if n > best_n:
                 best, best_n = key, n
+        # A snapshot reused up to its last few tokens (a previous request's question and reply)
+        # moves into the context: keeping it too would hold the same prefix twice, and the
+        # context is snapshotted again before it loses MIN_SNAPSHOT_TOKENS or more.
+        moving = best is not None and best_n >= len(best) - MIN_SNAPSHOT_TOKENS
+        blob = None
+        if best is not None:
+            if moving:
+                blob = self._snapshots.pop(best)
+                self._snapshot_bytes -= blob.nbytes
+            else:
+                self._snapshots.move_to_end(best)
+                blob = self._snapshots[best]
         losing = len(self._tokens) - (here if best is None else 0)
         if losing >= MIN_SNAPSHOT_TOKENS and self.cache_bytes > 0:
-            self._snapshot()
+            self._snapshot(keep=None if moving else best)
         if best is not None:
-            self._snapshots.move_to_end(best)
-            blob = self._snapshots[best]
+            assert blob is not None
             L.llama_memory_clear(self._mem, True)
             self._tokens = []
             ok = L.llama_state_seq_set_data(self._ctx, blob.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)),
@@ -488,7 +513,8 @@ class LlamaCppEngine:
                 self._tokens = list(best)
             else:  # should not happen with an empty context; evaluate from scratch
                 log.warning("llama_state_seq_set_data failed; evaluating the prompt in full")
-                self._snapshot_bytes -= self._snapshots.pop(best).nbytes
+                if not moving:
+                    self._snapshot_bytes -= self._snapshots.pop(best).nbytes
                 best_n = 0
         else:
             best_n = here

@@ -1,4 +1,4 @@
-"""Wire messages of a model-node group's state synchronisation (paper §3.3), codes 300–319.
+"""Wire messages among a model node group (paper §3.3), codes 300–319: state sync and forwarding.
 
 Every ``SYNC_INTERVAL`` (5 s) each model node sends every member of its group a
 :class:`LoadReport` and a :class:`SubtreeUpdate` (its HR-tree subtree, as a delta on the
@@ -6,6 +6,10 @@ previous round where possible). :class:`LengthProposal` carries the group's chun
 array ``L`` (appendix A3); :class:`SubtreeRequest` asks a peer for its full subtree after a
 lost delta. The codec bounds here are the hard limits; :mod:`model_node.group` checks the
 values (ranges, ``L`` version, consistency) and drops what is off with a counted reason.
+
+:class:`ForwardedRequest` hands a user's request to another member (Algorithm 2, driven by
+:mod:`model_node.forwarding`); :class:`StatsRequest` / :class:`NodeStats` expose a node's
+serving and forwarding counters (diagnostics, tests, benchmarks).
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ from dataclasses import dataclass
 
 from model_node.hrtree import DIGEST_LEN, MAX_DEPTH, MAX_LENGTHS, MAX_PATHS_PER_NODE
 from overlay.codec import field, message
+from overlay.identity import NODE_ID_LEN
+from overlay.messages import Request
 
 MAX_PATH_BYTES = 2 * MAX_DEPTH  # a path of MAX_DEPTH hashes of up to 16 bits
 
@@ -81,3 +87,97 @@ class SubtreeRequest:
     """Send me your full subtree next round (a delta of yours did not apply here)."""
 
     l_version: int
+
+
+# --------------------------------------------------------------------------- forwarding (304-309)
+
+
+@message(304)
+@dataclass(frozen=True, slots=True)
+class ForwardedRequest:
+    """A user's request handed to another member of the group (paper §3.3, Algorithm 2).
+
+    ``request`` is the user's :class:`~overlay.messages.Request` unchanged: the target
+    replies straight to its return proxies and names itself in every chunk, so the user
+    verifies the reply against the target's registry key and sends follow-ups there. A
+    forwarded request is always served where it arrives (at most one hop). Accepted only
+    from members of the receiver's group. A request without return paths is a direct
+    (non-anonymous, diagnostic) one that the sender received over TLS: the target sends
+    the :class:`~overlay.messages.ReplyChunk`\\ s back to the sender on the same connection.
+    """
+
+    request: Request
+
+
+@message(305)
+@dataclass(frozen=True, slots=True)
+class StatsRequest:
+    """Ask a model node for its :class:`NodeStats` (diagnostics, tests, benchmarks). Answered
+    only to nodes listed in the registry, over their authenticated connection."""
+
+    nonce: int
+
+
+@dataclass(frozen=True, slots=True)
+class Count:
+    """One named counter (a reason and how often it happened)."""
+
+    name: str = field(max=64)
+    n: int
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    """The engine's figures for one request served here (``GenStats``)."""
+
+    prompt_tokens: int
+    evaluated_prompt_tokens: int  # the rest came from the engine's prefix cache
+    output_tokens: int
+    ttft_us: int
+    forwarded: bool  # it came from another member of the group
+
+
+@dataclass(frozen=True, slots=True)
+class PeerRow:
+    """One row of a node's group table as it stands: a live peer, its relative load (requests
+    per capacity point, our forwards since its report included; -1 without a report) and how
+    many cached-prefix paths of it the HR-tree holds."""
+
+    node_id: bytes = field(exact=NODE_ID_LEN)
+    relative_load: float
+    paths: int
+
+
+@message(306)
+@dataclass(frozen=True, slots=True)
+class NodeStats:
+    """A model node's counters (answer to :class:`StatsRequest`; ``nonce`` echoed).
+
+    ``forwarded_out``: requests sent to another member; ``forwarded_in``: requests taken
+    from one; ``forward_failed``: forwards that could not be sent (served here instead);
+    ``decisions``: Algorithm 2's outcomes by reason; ``dropped``: messages from peers
+    dropped by the group (sync and forwarded requests) by reason; ``recent``: the last
+    requests served, oldest first. ``forwarding`` is False on a node run with
+    ``--no-forwarding`` (the group fields are then empty)."""
+
+    nonce: int
+    node_id: bytes = field(exact=NODE_ID_LEN)
+    model: str = field(max=128)
+    forwarding: bool
+    active: int
+    queued: int
+    served: int
+    prompt_tokens: int  # summed over every request served
+    evaluated_prompt_tokens: int
+    cache_hits: int  # requests of which at least half the prompt came from the cache
+    forwarded_out: int
+    forwarded_in: int
+    forward_failed: int
+    decisions: tuple[Count, ...] = field(max=64)
+    dropped: tuple[Count, ...] = field(max=64)
+    expired: int
+    members: int
+    l_version: int
+    own_paths: int
+    peers: tuple[PeerRow, ...] = field(max=64)
+    recent: tuple[Served, ...] = field(max=64)

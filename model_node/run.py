@@ -24,9 +24,11 @@ log = logging.getLogger("gentorrent.model")
 CONCURRENCY = {"llama.cpp": 1, "echo": 1, "vllm": 64}
 
 
-def plan_engine(engine: str, model: str | None, echo_delay: float = 0.0) -> tuple[str, Callable[[], Engine]]:
+def plan_engine(engine: str, model: str | None, echo_delay: float = 0.0, *, threads: int | None = None,
+                prefix_snapshots: int | None = None) -> tuple[str, Callable[[], Engine]]:
     """``(model id the registry must list, factory that loads the engine)``, without loading
-    anything heavy yet, so that a misconfigured node fails before a long model load."""
+    anything heavy yet, so that a misconfigured node fails before a long model load.
+    ``threads`` and ``prefix_snapshots`` apply to llama.cpp only."""
     if engine == "echo":
         from model_node.echo import EchoEngine
 
@@ -41,7 +43,7 @@ def plan_engine(engine: str, model: str | None, echo_delay: float = 0.0) -> tupl
             raise CliError(str(exc)) from None
         if importlib.util.find_spec("llama_cpp") is None:
             raise CliError(f"llama-cpp-python is not installed: {INSTALL_HINT}")
-        return mid, lambda: LlamaCppEngine(path, model_id=mid)
+        return mid, lambda: LlamaCppEngine(path, model_id=mid, n_threads=threads, max_snapshots=prefix_snapshots)
     if engine == "vllm":
         if not model:
             raise CliError("--engine vllm needs --model: a Hugging Face model id or a local model directory")
@@ -57,7 +59,8 @@ def plan_engine(engine: str, model: str | None, echo_delay: float = 0.0) -> tupl
 
 def run_model_node(args: argparse.Namespace) -> int:
     cfg = resolve_config(args)
-    model, load_engine = plan_engine(args.engine, cfg.model, args.echo_delay)
+    model, load_engine = plan_engine(args.engine, cfg.model, args.echo_delay, threads=args.threads,
+                                     prefix_snapshots=args.prefix_snapshots)
     identity = load_or_create(cfg.data_path)
     registry = from_config(cfg)
     me = registry.by_id.get(identity.node_id)
@@ -77,12 +80,14 @@ def run_model_node(args: argparse.Namespace) -> int:
     except EngineError as exc:
         raise CliError(str(exc)) from None
 
+    from model_node.group import GroupConfig
     from model_node.server import ModelNode
 
     close: Any = getattr(engine, "close", None)  # vLLM's asyncio thread must be stopped
     try:
+        group = None if args.no_forwarding else GroupConfig(sync_interval=args.sync_interval)
         node = ModelNode(identity, TLSTransport(identity), registry, engine, capacity=CONCURRENCY[args.engine],
-                         capacity_score=args.capacity)
+                         capacity_score=args.capacity, group=group, forwarding_policy=args.forwarding_policy)
 
         async def main() -> None:
             async with trio.open_nursery() as nursery:

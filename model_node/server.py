@@ -5,27 +5,41 @@ balancing uses); each runs on the engine, streams back as reply chunks, and the
 last chunk carries the node's Ed25519 signature over the request digest and
 every output token id (:mod:`overlay.signing`), so the user can verify who
 answered and send follow-ups there (session affinity).
+
+With a group (``group=GroupConfig(...)``, the default of ``gentorrent model-node``)
+the node forwards among the model nodes serving its model (paper §3.3,
+:mod:`model_node.forwarding`): after tokenizing a user's request it asks Algorithm 2
+where to serve it; a forwarded request goes, unchanged, to the chosen member, which
+replies straight to the user's proxies and names itself, so follow-ups go to it. A
+request that arrives forwarded is always served where it arrives (one hop at most).
+``group=None`` serves everything locally.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
+import statistics
 import time
+from collections import Counter, deque
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
 import trio
 
-from model_node.engine import Engine, EngineError
+from model_node.engine import Engine, EngineError, GenStats
+from model_node.forwarding import GroupService, LocalLoad
+from model_node.group import GroupConfig
+from model_node.messages import Count, NodeStats, Served, StatsRequest
 from overlay.anon import Responder
-from overlay.identity import Identity
+from overlay.identity import Identity, short_id
 from overlay.messages import Deliver, ReplyChunk, Request
 from overlay.node import Node
 from overlay.registry import Registry
 from overlay.signing import reply_signing_bytes, request_digest
-from overlay.transport import Transport
+from overlay.transport import Connection, Transport, TransportError
 
 log = logging.getLogger("gentorrent.model")
 
@@ -34,6 +48,8 @@ log = logging.getLogger("gentorrent.model")
 # large chunks (each chunk costs n cloves through the overlay) and a slow one streams each piece.
 CHUNK_INTERVAL = 0.010  # seconds
 CHUNK_MAX_CHARS = 16 * 1024
+RELAY_TIMEOUT = 120.0  # seconds a forwarded direct request may go without a reply chunk
+RECENT = 64  # served requests kept for NodeStats and the latency figure
 
 
 def check_params(req: Request, max_tokens_limit: int) -> str | None:
@@ -64,10 +80,15 @@ class ModelNode:
         max_queue: int = 64,
         max_tokens_limit: int = 4096,
         capacity_score: int = 1,
+        group: GroupConfig | None = None,
+        forwarding_policy: str = "hrtree",
     ) -> None:
         """``capacity``: requests generated at once (the rest wait in a queue of ``max_queue``);
         ``capacity_score``: the node's hardware score 1–10 that load balancing divides its load
-        by (paper §3.3; ``--capacity``), independent of ``capacity``."""
+        by (paper §3.3; ``--capacity``), independent of ``capacity``. ``group``: forward among
+        the registry's model nodes serving this model (``None``: serve every request here);
+        ``forwarding_policy``: ``hrtree`` (Algorithm 2), or the benchmark baselines ``load``
+        and ``random`` (:mod:`model_node.forwarding`)."""
         self.identity = identity
         self.capacity_score = capacity_score
         self.engine = engine
@@ -82,8 +103,146 @@ class ModelNode:
         self.responder = Responder(identity, self.handle, self.node.send_nowait, self._proxy,
                                    max_active=max_queue + capacity)
         self._registry = registry
+        self._nursery: trio.Nursery | None = None
+        self.recent: deque[Served] = deque(maxlen=RECENT)
+        self.totals: Counter[str] = Counter()  # prompt_tokens, evaluated_prompt_tokens, cache_hits
+        self._relays: dict[tuple[bytes, bytes], trio.MemorySendChannel[ReplyChunk]] = {}
+        self.group: GroupService | None = None
+        if group is not None:
+            self.group = GroupService(
+                self.node, registry, self.model, load=self._local_load, prefixes=engine.cached_prefixes,
+                on_forwarded=self._take_forwarded, capacity=capacity_score, config=group, policy=forwarding_policy)
+            self.group.install()
         self.node.on(Deliver, self.responder.on_deliver)
         self.node.on(Request, self._on_direct)
+        self.node.on(ReplyChunk, self._on_relayed_chunk)
+        self.node.on(StatsRequest, self._on_stats)
+
+    # ------------------------------------------------------------------ counters
+
+    @property
+    def forwarded_out(self) -> int:
+        """Requests this node forwarded to another member."""
+        return self.group.forwarded_out if self.group else 0
+
+    @property
+    def forwarded_in(self) -> int:
+        """Requests another member forwarded here."""
+        return self.group.forwarded_in if self.group else 0
+
+    @property
+    def forward_failed(self) -> int:
+        """Forwards that could not be sent (served here instead)."""
+        return self.group.forward_failed if self.group else 0
+
+    @property
+    def decisions(self) -> Counter[str]:
+        """Algorithm 2's outcomes by reason (``match``, ``miss``, ``forwarded``...)."""
+        return self.group.state.decisions if self.group else Counter()
+
+    def _local_load(self) -> LocalLoad:
+        kv = getattr(self.engine, "kv_usage", None)
+        ttfts = [s.ttft_us for s in self.recent]
+        return LocalLoad(self.active, self.queued, int(1000 * kv()) if kv is not None else 0,
+                         int(statistics.median(ttfts) // 1000) if ttfts else 0)
+
+    def stats(self, nonce: int = 0) -> NodeStats:
+        g = self.group
+        return NodeStats(
+            nonce=nonce, node_id=self.identity.node_id, model=self.model, forwarding=g is not None,
+            active=self.active, queued=self.queued, served=self.served,
+            prompt_tokens=self.totals["prompt_tokens"], evaluated_prompt_tokens=self.totals["evaluated_prompt_tokens"],
+            cache_hits=self.totals["cache_hits"], forwarded_out=self.forwarded_out, forwarded_in=self.forwarded_in,
+            forward_failed=self.forward_failed,
+            decisions=tuple(Count(k, v) for k, v in sorted(self.decisions.items()))[:64],
+            dropped=tuple(Count(k, v) for k, v in sorted(((g.state.dropped + g.dropped) if g else Counter()).items()))[:64],
+            expired=g.state.expired if g else 0, members=len(g.state.members) if g else 1,
+            l_version=g.state.lengths.version if g else 0,
+            own_paths=g.state.tree.path_count(self.identity.node_id) if g else 0,
+            peers=tuple(g.peer_rows()[:64]) if g else (), recent=tuple(self.recent),
+        )
+
+    async def _on_stats(self, conn: Connection, msg: StatsRequest) -> NodeStats | None:
+        """Counters for nodes listed in the registry (diagnostics, tests, benchmarks)."""
+        if conn.peer_id not in self._registry.by_id:
+            log.info("stats request from unregistered node %s refused", short_id(conn.peer_id))
+            return None
+        return self.stats(msg.nonce)
+
+    def _record(self, stats: GenStats, forwarded: bool) -> None:
+        self.recent.append(Served(stats.prompt_tokens, stats.evaluated_prompt_tokens, stats.output_tokens,
+                                  int(stats.ttft_s * 1e6), forwarded))
+        self.totals["prompt_tokens"] += stats.prompt_tokens
+        self.totals["evaluated_prompt_tokens"] += stats.evaluated_prompt_tokens
+        if 2 * stats.evaluated_prompt_tokens <= stats.prompt_tokens:
+            self.totals["cache_hits"] += 1
+
+    # ------------------------------------------------------------------ forwarded requests
+
+    def _take_forwarded(self, conn: Connection, req: Request) -> None:
+        """A member forwarded ``req`` here: serve it (never forward it again)."""
+        if req.return_paths:  # from a user through the overlay: reply straight to its proxies
+            self.responder.accept(req, lambda r: self.handle(r, forwarded=True))
+            return
+        assert self._nursery is not None
+        self._nursery.start_soon(self._answer_forwarder, conn, req)
+
+    async def _answer_forwarder(self, conn: Connection, req: Request) -> None:
+        """A direct request the member received over TLS: the chunks go back to it."""
+        try:
+            async with aclosing(self.handle(req, forwarded=True)) as chunks:
+                async for chunk in chunks:
+                    await conn.send(chunk)
+                    if chunk.done:
+                        break
+        except TransportError as exc:
+            log.info("the member that forwarded a direct request is gone: %s", exc)
+
+    async def _on_relayed_chunk(self, conn: Connection, chunk: ReplyChunk) -> None:
+        """A reply chunk for a direct request we forwarded (from the member we sent it to)."""
+        ch = self._relays.get((conn.peer_id, chunk.request_id))
+        if ch is None:
+            if self.group is not None:
+                self.group.refuse(conn.peer_id, "unexpected-reply", "a reply chunk")
+            return
+        try:
+            ch.send_nowait(chunk)
+        except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+            if self.group is not None:
+                self.group.refuse(conn.peer_id, "reply-overflow", "a reply chunk")
+
+    async def _forward(self, req: Request, target: bytes, direct: bool) -> AsyncIterator[ReplyChunk] | None:
+        """Send ``req`` to ``target``. ``None``: it could not be sent (serve it here). For a
+        direct request, the chunks the target sends back; otherwise nothing (the target answers
+        the user's proxies itself)."""
+        assert self.group is not None
+        if not direct:
+            return _empty() if await self.group.forward(target, req) else None
+        key = (target, req.request_id)
+        if key in self._relays:
+            return None
+        send, recv = trio.open_memory_channel[ReplyChunk](1024)
+        self._relays[key] = send
+        if not await self.group.forward(target, dataclasses.replace(req, return_paths=())):
+            del self._relays[key]
+            return None
+        return self._relayed(req, key, recv)
+
+    async def _relayed(self, req: Request, key: tuple[bytes, bytes],
+                       recv: trio.MemoryReceiveChannel[ReplyChunk]) -> AsyncIterator[ReplyChunk]:
+        try:
+            while True:
+                with trio.move_on_after(RELAY_TIMEOUT) as scope:
+                    chunk = await recv.receive()
+                if scope.cancelled_caught:
+                    yield self._chunk(req, 0, "", (), done=True,
+                                      error="the model node this request was forwarded to stopped answering")
+                    return
+                yield chunk
+                if chunk.done:
+                    return
+        finally:
+            self._relays.pop(key, None)
 
     def _proxy(self, node_id: bytes) -> Any:
         """Reply cloves go only to registered user nodes (proxies), never to other model nodes."""
@@ -92,8 +251,9 @@ class ModelNode:
 
     async def _on_direct(self, conn: Any, req: Request) -> None:
         """A direct, NON-anonymous request over authenticated TLS: the reply chunks come
-        back on the same connection. For benchmarks (the overlay's baseline) and diagnostics."""
-        async with aclosing(self.handle(req)) as chunks:
+        back on the same connection (also when forwarded: through this node). For benchmarks
+        (the overlay's baseline) and diagnostics."""
+        async with aclosing(self.handle(req, direct=True)) as chunks:
             async for chunk in chunks:
                 await conn.send(chunk)
                 if chunk.done:
@@ -104,8 +264,13 @@ class ModelNode:
         return ReplyChunk(request_id=req.request_id, seq=seq, text=text, token_ids=ids, done=done, error=error,
                           node=self.identity.node_id, signature=signature, signed_at_ms=signed_at_ms)
 
-    async def handle(self, req: Request) -> AsyncIterator[ReplyChunk]:
-        """Serve one request: validate, queue, generate, stream, sign."""
+    async def handle(self, req: Request, *, forwarded: bool = False,
+                     direct: bool = False) -> AsyncIterator[ReplyChunk]:
+        """Serve one request: validate, tokenize, forward or queue, generate, stream, sign.
+
+        ``forwarded``: a member forwarded it here (served here whatever the load);
+        ``direct``: it came over TLS rather than the overlay (if forwarded, its chunks come
+        back through this node)."""
         if req.model != self.model:
             yield self._chunk(req, 0, "", (), done=True, error=f"this node serves {self.model!r}, not {req.model!r}")
             return
@@ -120,6 +285,17 @@ class ModelNode:
                 if len(prompt_ids) + req.params.max_tokens > ctx:
                     why = (f"the prompt ({len(prompt_ids)} tokens) plus max_tokens ({req.params.max_tokens}) "
                            f"exceeds the model's context window of {ctx} tokens")
+        if why is None and self.group is not None:
+            if not forwarded:
+                self.group.observe(prompt_ids)
+            decision = self.group.decide(prompt_ids, forwarded=forwarded)
+            if decision.target is not None:
+                relayed = await self._forward(req, decision.target, direct)
+                if relayed is not None:
+                    async with aclosing(relayed) as chunks:
+                        async for chunk in chunks:
+                            yield chunk
+                    return
         if why is None and self.queued >= self.max_queue:
             why = "model node is at capacity; try again later"
         if why is not None:
@@ -132,14 +308,14 @@ class ModelNode:
             self.queued -= 1
         self.active += 1
         try:
-            async with aclosing(self._generate(req, prompt_ids)) as chunks:
+            async with aclosing(self._generate(req, prompt_ids, forwarded)) as chunks:
                 async for chunk in chunks:
                     yield chunk
         finally:
             self.active -= 1
             self._slots.release()
 
-    async def _generate(self, req: Request, prompt_ids: list[int]) -> AsyncIterator[ReplyChunk]:
+    async def _generate(self, req: Request, prompt_ids: list[int], forwarded: bool) -> AsyncIterator[ReplyChunk]:
         all_ids: list[int] = []
         seq, buf, ids, size, last = 0, [], [], 0, trio.current_time()
         try:
@@ -169,6 +345,7 @@ class ModelNode:
         )
         self.served += 1
         if gen.stats is not None:
+            self._record(gen.stats, forwarded)
             log.info("served %d prompt tokens (%d evaluated), %d output tokens, ttft %.3fs",
                      gen.stats.prompt_tokens, gen.stats.evaluated_prompt_tokens, gen.stats.output_tokens,
                      gen.stats.ttft_s)
@@ -181,6 +358,14 @@ class ModelNode:
         self, host: str = "127.0.0.1", port: int = 0, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED
     ) -> None:
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery
             await nursery.start(self.responder.run)
             address = await nursery.start(self.node.serve, host, port)
+            if self.group is not None:
+                await nursery.start(self.group.run)
             task_status.started(address)
+
+
+async def _empty() -> AsyncIterator[ReplyChunk]:
+    return
+    yield  # an async generator that yields nothing

@@ -315,20 +315,30 @@ class Responder:
         except codec.RemoteProtocolError:
             self._drop("request-malformed")
             return
-        if not isinstance(req, Request) or not 1 <= req.k <= len(req.return_paths) <= 16:
+        if not isinstance(req, Request):
             self._drop("request-malformed")
             return
+        self.accept(req)
+
+    def accept(self, req: Request, handler: ReplyStream | None = None) -> bool:
+        """Answer ``req`` to its return paths: one reassembled here, or one another model
+        node handed over (forwarding, with its own ``handler``; default: ours). ``False``
+        (counted) if it is malformed or a duplicate."""
+        if not 1 <= req.k <= len(req.return_paths) <= 16:
+            self._drop("request-malformed")
+            return False
         if req.request_id in self._seen:
             self._drop("request-duplicate")
-            return
+            return False
         if len(self._seen) > 100_000:
             self._seen.clear()
         self._seen[req.request_id] = time.monotonic()
         assert self._nursery is not None, "Responder.run() must be running"
         if self.active >= self.max_active:
             self._start(req, self._refuse(req, "model node is at capacity; try again later"))
-            return
-        self._start(req, self.handler(req))
+            return True
+        self._start(req, (handler or self.handler)(req))
+        return True
 
     def _start(self, req: Request, chunks: AsyncIterator[ReplyChunk]) -> None:
         assert self._nursery is not None

@@ -60,13 +60,16 @@ class LocalNet:
         ping_interval: float = 0.0,
         echo_delay: float = 0.0,
         engine: str = "echo",
+        model_args: tuple[str, ...] = (),
     ) -> None:
         """``users`` names extra registered user identities that this class does not
         start (chat clients, benchmark clients, test sinks). ``engine``: the model nodes'
         ``--engine`` (``echo``, the diagnostic, by default; ``llama.cpp`` with
-        ``model="smollm2-135m-instruct"`` runs the real default model)."""
+        ``model="smollm2-135m-instruct"`` runs the real default model). ``model_args``: extra
+        ``gentorrent model-node`` flags (``--sync-interval 0.5``, ``--threads 1``...)."""
         self.root = root
         self.engine = engine
+        self.model_args = tuple(model_args)
         root.mkdir(parents=True, exist_ok=True)
         self.ping_interval = ping_interval
         self.echo_delay = echo_delay
@@ -118,7 +121,8 @@ class LocalNet:
         common = ["--data-dir", str(self.root / name), "--listen", e.address, *self.registry_args()]
         if name in self.models:
             extra = ["--echo-delay", str(self.echo_delay)] if self.engine == "echo" else []
-            return cli("model-node", "--engine", self.engine, "--model", self.model, *extra, *common)
+            return cli("model-node", "--engine", self.engine, "--model", self.model, *extra, *self.model_args,
+                       *common)
         return cli("user", "relay", "--ping-interval", str(self.ping_interval), *common)
 
     def spawn(self, name: str) -> None:

@@ -252,6 +252,17 @@ def test_silent_peers_expire_from_the_table_and_the_tree() -> None:
     assert gs.tree.search_path(b"\x05").candidates == {P1}
 
 
+def test_an_unreachable_peer_is_forgotten_at_once_and_comes_back_when_it_speaks() -> None:
+    gs = state()
+    gs.on_message(P2, load(), 0.0)
+    gs.on_message(P2, full(1, b"\x01\x02\x03"), 0.0)
+    assert gs.forget(P2) and not gs.forget(P2) and not gs.forget(OUT)
+    assert P2 not in gs.peers and P2 not in gs.table() and gs.tree.paths(P2) == ()
+    assert gs.decide([1] * 600).target is None
+    assert gs.on_message(P2, load(seq=2), 1.0) == [] and P2 in gs.table()
+    assert gs.on_message(P2, delta(1, 2, added=(b"\x05",)), 1.0) == [Send(P2, SubtreeRequest(0))]
+
+
 def test_members_leaving_the_group_are_forgotten() -> None:
     gs = state()
     gs.set_members([ME, P2])

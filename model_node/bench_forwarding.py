@@ -1,0 +1,307 @@
+"""``gentorrent bench forwarding``: HR-tree forwarding against load-only and random forwarding
+(paper §3.3 and §5 "latency"; decision 0005), with the real llama.cpp engine.
+
+Three ``gentorrent model-node --engine llama.cpp`` processes (SmolLM2-135M-Instruct) form one
+group on this machine. The same seeded workload is played three times, once per forwarding
+policy, each time on fresh processes (empty caches):
+
+- ``hrtree``: Algorithm 2 — a cached prefix's holder if under the load threshold, else the
+  least relatively loaded node (the default of ``gentorrent model-node``);
+- ``load``: the least relatively loaded node, caches ignored (the paper's "without HR-tree
+  based KV cache reusing");
+- ``random``: a uniformly random node of the group.
+
+Workload: ``SYSTEM_PROMPTS`` system prompts of 800–1,500 tokens (lengths drawn uniformly, each
+with its own topic and wording, so prompts share only the chat template's 3-token header), one
+chosen per request by Zipf(1.1) popularity, followed by a short question; greedy, 16 output
+tokens. Poisson arrivals at ``RATE`` requests/s; each request goes to an entry node chosen
+uniformly at random, which serves or forwards it. Requests are sent as direct authenticated TLS
+``Request``\\ s (a forwarded one's chunks come back through the entry node), not through the
+anonymous overlay, to keep the 2 cores for the engines; the overlay's added latency is measured
+by ``bench engine`` (≈ 14 ms to the first token) and ``bench overlay``.
+
+Each engine keeps at most 4 cached prefixes (the one in its context and 3 KV snapshots:
+``--prefix-snapshots 3``) and runs one thread (``--threads 1``: three engines share 2 cores;
+llama.cpp's multi-threaded batches slow down many-fold when processes oversubscribe cores).
+The group syncs every 5 s (the paper's interval). The first request is sent once every node
+has heard from both peers.
+
+``--quick``: 8 requests, 3 system prompts of 800–900 tokens, 0.6 requests/s (checks the bench
+runs; its figures mean little). Full run ≈ 16 minutes.
+
+Figures, per policy ``P`` in ``hrtree``, ``load``, ``random``: ``ttft_P_{mean,p50,p99}_ms``
+(request sent → first reply chunk, which carries the first token), ``latency_P_{...}_ms``
+(→ last chunk), ``cache_hit_rate_P`` (requests of which at least half the prompt came from
+the serving engine's cache), ``prompt_reuse_P`` (cached ÷ all prompt tokens),
+``forwarded_frac_P`` (requests the entry node forwarded), ``busiest_node_share_P`` (the
+largest share of requests one node served), ``cpu_utilisation_P`` (CPU time of the three
+model-node processes ÷ (wall time × cores), from the first request sent to the last reply);
+and ``ttft_mean_ratio_hrtree_vs_load``, ``ttft_p99_ratio_hrtree_vs_load``,
+``latency_mean_ratio_hrtree_vs_load``, ``latency_p99_ratio_hrtree_vs_load``,
+``ttft_mean_ratio_hrtree_vs_random``, ``ttft_mean_reduction_hrtree_vs_load`` (1 − ratio).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from model_node.llama import DEFAULT_MODEL_ID, LlamaCppEngine, resolve_model
+from model_node.messages import NodeStats, StatsRequest
+from overlay.bench import cpu_model, summarize_ms
+from overlay.cli import run_async
+from overlay.identity import Identity
+from overlay.localnet import LocalNet
+from overlay.messages import ChatMessage, ReplyChunk, Request, SamplingParams
+from overlay.peers import PeerEntry
+from overlay.transport import Connection, TLSTransport
+
+POLICIES = ("hrtree", "load", "random")
+SEED = 7
+ZIPF_S = 1.1
+SYSTEM_PROMPTS = 8
+SYSTEM_TOKENS = (800, 1500)
+REQUESTS = 100
+RATE = 0.36  # requests per second: about 70 % CPU utilisation under load-only on the 2-core dev machine
+MAX_TOKENS = 16
+SNAPSHOTS = 3  # + the context's prefix = at most 4 cached prefixes per node
+SYNC_INTERVAL = 5.0
+PARAMS = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
+IDLE_REUSE = 120.0  # seconds a pooled connection is reused (model nodes close idle ones after 300 s)
+
+TOPICS = ["a city library", "a mountain railway", "a seed bank", "a harbour office", "a chess club",
+          "a bicycle repair shop", "a planetarium", "a tax help desk", "a vineyard", "a dental clinic",
+          "a ferry company", "a museum of clocks"]
+NOUNS = ["ticket", "ledger", "window", "bench", "lantern", "schedule", "permit", "parcel", "map", "invoice",
+         "badge", "locker", "receipt", "kettle", "ladder", "folder", "stamp", "token", "basket", "compass"]
+VERBS = ["check", "record", "return", "inspect", "approve", "label", "archive", "count", "repair", "announce"]
+QUESTIONS = ["What should I do first?", "Where do I go for help?", "Can you summarise the key rule?",
+             "Who approves the request?", "How long does it take?", "What do I need to bring?",
+             "Is there a fee?", "What happens if I am late?", "Which form applies to me?",
+             "Can someone else do it for me?"]
+
+
+@dataclass(frozen=True)
+class Job:
+    at: float  # seconds after the start
+    entry: int  # index of the entry node
+    system: int  # index of the system prompt
+    question: str
+
+
+def system_prompt(engine: LlamaCppEngine, i: int, target: int, rng: random.Random) -> str:
+    """A system prompt of about ``target`` tokens (with the chat template) on its own topic."""
+    topic = TOPICS[i % len(TOPICS)]
+    text = f"[{i}] You are the assistant of {topic}. Follow these rules exactly."
+    n = 0
+    while True:
+        rule = (f" Rule {n}: always {rng.choice(VERBS)} the {rng.choice(NOUNS)} before you "
+                f"{rng.choice(VERBS)} the {rng.choice(NOUNS)} of {topic}.")
+        if len(engine.chat_prompt([ChatMessage("system", text + rule)])) > target:
+            return text
+        text += rule
+        n += 1
+
+
+def zipf_weights(n: int, s: float) -> list[float]:
+    w = [1 / (k ** s) for k in range(1, n + 1)]
+    total = sum(w)
+    return [x / total for x in w]
+
+
+def workload(n_requests: int, n_system: int, rate: float, n_entries: int, seed: int) -> list[Job]:
+    rng = random.Random(seed)
+    weights = zipf_weights(n_system, ZIPF_S)
+    jobs, t = [], 0.0
+    for _ in range(n_requests):
+        t += rng.expovariate(rate)
+        jobs.append(Job(t, rng.randrange(n_entries), rng.choices(range(n_system), weights)[0],
+                        f"{rng.choice(QUESTIONS)} (ref {rng.randrange(10_000)})"))
+    return jobs
+
+
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+class Client:
+    """Direct TLS requests; one connection per request in flight (a model node answers a
+    direct request on its connection before reading the next frame)."""
+
+    def __init__(self, ident: Identity) -> None:
+        self.transport = TLSTransport(ident)
+        self.idle: dict[bytes, list[tuple[Connection, float]]] = {}
+
+    async def connection(self, e: PeerEntry) -> Connection:
+        pool = self.idle.setdefault(e.node_id, [])
+        while pool:
+            c, since = pool.pop()
+            if not c.closed and time.monotonic() - since < IDLE_REUSE:
+                return c
+            await c.aclose()
+        return await self.transport.dial(e.address, e.node_id)
+
+    def release(self, e: PeerEntry, conn: Connection) -> None:
+        self.idle.setdefault(e.node_id, []).append((conn, time.monotonic()))
+
+    async def warm(self, e: PeerEntry, n: int) -> None:
+        for _ in range(n):
+            self.release(e, await self.transport.dial(e.address, e.node_id))
+
+    async def request(self, e: PeerEntry, messages: tuple[ChatMessage, ...]) -> tuple[float, float, bytes]:
+        """``(ttft, latency, serving node)`` in seconds."""
+        conn = await self.connection(e)
+        t0 = time.perf_counter()
+        await conn.send(Request(request_id=os.urandom(16), model=DEFAULT_MODEL_ID, messages=messages,
+                                params=PARAMS, k=1, return_paths=(), continuation=""))
+        ttft = None
+        while True:
+            c = await conn.receive(timeout=600)
+            if not isinstance(c, ReplyChunk):
+                continue
+            if ttft is None:
+                ttft = time.perf_counter() - t0
+            if c.error:
+                raise RuntimeError(f"request failed: {c.error}")
+            if c.done:
+                self.release(e, conn)
+                return ttft, time.perf_counter() - t0, c.node
+
+    async def stats(self, e: PeerEntry) -> NodeStats:
+        conn = await self.connection(e)
+        await conn.send(StatsRequest(1))
+        while True:
+            msg = await conn.receive(timeout=30)
+            if isinstance(msg, NodeStats):
+                self.release(e, conn)
+                return msg
+
+    async def aclose(self) -> None:
+        for pool in self.idle.values():
+            for c, _ in pool:
+                await c.aclose()
+
+
+async def _play(net: LocalNet, jobs: list[Job], systems: list[str], warm_conns: int) -> dict[str, Any]:
+    client = Client(net.identities["client"])
+    entries = [net.entries[m] for m in net.models]
+    for e in entries:
+        await client.warm(e, warm_conns)
+    with trio.fail_after(6 * SYNC_INTERVAL):  # every node has heard from both peers
+        while True:
+            peers = [len((await client.stats(e)).peers) for e in entries]
+            if all(n == len(entries) - 1 for n in peers):
+                break
+            await trio.sleep(0.2)
+    pids = [net.procs[m].pid for m in net.models]
+    cpu0 = sum(_cpu_seconds(p) for p in pids)
+    ttft: list[float] = []
+    latency: list[float] = []
+    served_by: dict[bytes, int] = {}
+    node_index = {e.node_id: i for i, e in enumerate(entries)}
+    trace: list[tuple[float, int, int, int, float, float]] = []  # at, entry, system, server, ttft, latency
+    t_start = trio.current_time()
+
+    async def one(job: Job) -> None:
+        await trio.sleep_until(t_start + job.at)
+        msgs = (ChatMessage("system", systems[job.system]), ChatMessage("user", job.question))
+        t, lat, node = await client.request(entries[job.entry], msgs)
+        trace.append((job.at, job.entry, job.system, node_index[node], t, lat))
+        ttft.append(t)
+        latency.append(lat)
+        served_by[node] = served_by.get(node, 0) + 1
+
+    async with trio.open_nursery() as nursery:
+        for job in jobs:
+            nursery.start_soon(one, job)
+    wall = trio.current_time() - t_start
+    cpu = sum(_cpu_seconds(p) for p in pids) - cpu0
+    stats = [await client.stats(e) for e in entries]
+    await client.aclose()
+    served = sum(s.served for s in stats)
+    prompt = sum(s.prompt_tokens for s in stats)
+    return {
+        "ttft": ttft, "latency": latency, "wall": wall,
+        "cpu_utilisation": cpu / (wall * len(os.sched_getaffinity(0))),
+        "cache_hit_rate": sum(s.cache_hits for s in stats) / served,
+        "prompt_reuse": 1 - sum(s.evaluated_prompt_tokens for s in stats) / prompt,
+        "forwarded_frac": sum(s.forwarded_out for s in stats) / len(jobs),
+        "busiest_node_share": max(served_by.values()) / len(jobs),
+        "served": served, "trace": sorted(trace), "stats": stats,
+    }
+
+
+def _decisions(stats: list[NodeStats]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for s in stats:
+        for c in s.decisions:
+            out[c.name] = out.get(c.name, 0) + c.n
+    return dict(sorted(out.items()))
+
+
+def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
+    n_requests = 8 if quick else REQUESTS
+    n_system = 3 if quick else SYSTEM_PROMPTS
+    rate = 0.6 if quick else RATE
+    lo, hi = (800, 900) if quick else SYSTEM_TOKENS
+    rng = random.Random(SEED)
+    model_id, path = resolve_model(None)
+    tokenizer = LlamaCppEngine(path, model_id=model_id, n_ctx=2048, cache_bytes=0, n_threads=1)
+    try:
+        systems = [system_prompt(tokenizer, i, rng.randint(lo, hi), rng) for i in range(n_system)]
+        system_tokens = [len(tokenizer.chat_prompt([ChatMessage("system", s)])) for s in systems]
+        question_tokens = max(len(tokenizer.chat_prompt([ChatMessage("system", systems[0]),
+                                                         ChatMessage("user", q + " (ref 9999)")]))
+                              - system_tokens[0] for q in QUESTIONS)
+    finally:
+        tokenizer.close()
+    jobs = workload(n_requests, n_system, rate, 3, SEED)
+    results: dict[str, dict[str, Any]] = {}
+    for policy in POLICIES:
+        args = ("--threads", "1", "--prefix-snapshots", str(SNAPSHOTS), "--sync-interval", str(SYNC_INTERVAL),
+                "--forwarding-policy", policy)
+        with tempfile.TemporaryDirectory(prefix=f"gentorrent-bench-forwarding-{policy}-") as d:
+            with LocalNet(Path(d), 0, users=("client",), models=3, registry_keys=1, engine="llama.cpp",
+                          model=DEFAULT_MODEL_ID, model_args=args) as net:
+                net.start(timeout=120)
+                results[policy] = run_async(_play, net, jobs, systems, 4 if quick else 16)
+    figures: dict[str, float] = {}
+    for p, r in results.items():
+        figures.update(summarize_ms(f"ttft_{p}", r["ttft"]))
+        figures.update(summarize_ms(f"latency_{p}", r["latency"]))
+        for k in ("cache_hit_rate", "prompt_reuse", "forwarded_frac", "busiest_node_share", "cpu_utilisation"):
+            figures[f"{k}_{p}"] = r[k]
+    for kind, stat in (("ttft", "mean"), ("ttft", "p99"), ("latency", "mean"), ("latency", "p99")):
+        figures[f"{kind}_{stat}_ratio_hrtree_vs_load"] = (figures[f"{kind}_hrtree_{stat}_ms"]
+                                                         / figures[f"{kind}_load_{stat}_ms"])
+    figures["ttft_mean_ratio_hrtree_vs_random"] = figures["ttft_hrtree_mean_ms"] / figures["ttft_random_mean_ms"]
+    figures["ttft_mean_reduction_hrtree_vs_load"] = 1 - figures["ttft_mean_ratio_hrtree_vs_load"]
+    zipf = zipf_weights(n_system, ZIPF_S)
+    params = {
+        "model": f"{model_id} ({path.name})", "engine": "llama.cpp (llama-cpp-python 0.3.36), batch-invariant",
+        "model_nodes": 3, "threads_per_node": 1, "cores": len(os.sched_getaffinity(0)), "cpu": cpu_model(),
+        "cached_prefixes_per_node": SNAPSHOTS + 1, "sync_interval_s": SYNC_INTERVAL, "capacity_score": 1,
+        "load_threshold": 2.0, "requests": n_requests, "arrivals": f"Poisson, {rate} requests/s",
+        "system_prompts": n_system, "system_prompt_tokens": system_tokens,
+        "question_tokens_max": question_tokens, "popularity": f"Zipf({ZIPF_S})",
+        "popularity_weights": [round(w, 3) for w in zipf], "max_tokens": MAX_TOKENS, "sampling": "greedy",
+        "seed": SEED, "policies": list(POLICIES),
+        "transport": "direct authenticated TLS Requests to an entry node chosen uniformly at random "
+                     "(forwarded replies come back through it); not the anonymous overlay",
+        "fresh_processes_per_policy": True,
+        "wall_s": {p: round(r["wall"], 1) for p, r in results.items()},
+        "decisions": {p: _decisions(r["stats"]) for p, r in results.items()},
+    }
+    if any(math.isnan(v) for v in figures.values()):
+        raise RuntimeError("a figure is NaN")
+    return params, figures

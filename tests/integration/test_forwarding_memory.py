@@ -1,0 +1,382 @@
+"""Forwarding among model nodes through the driver (paper §3.3), in memory with a mock clock.
+
+Three model nodes (A, B, C) run ``ModelNode(group=GroupConfig(...))`` with an echo engine that
+remembers the prompts it served (so it reports cached prefixes, as llama.cpp does); users reach
+them through the in-memory overlay. The group's sync rounds, expiry and forwarding run on
+trio's clock (``autojump_clock``), the messages on the in-memory transport.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import trio
+
+from model_node.echo import EchoEngine
+from model_node.group import GroupConfig
+from model_node.hrtree import ChunkLengths
+from model_node.messages import ForwardedRequest, LoadReport, NodeStats, StatsRequest, SubtreeUpdate
+from model_node.server import ModelNode
+from overlay.identity import Identity
+from overlay.messages import ChatMessage, ReplyChunk, Request, SamplingParams
+from overlay.node import Node
+from overlay.peers import PeerEntry
+from overlay.registry import Registry
+from overlay.signing import request_digest, verify_reply
+from overlay.transport import MemoryNetwork, MemoryTransport
+from overlay.usernode import UserNode
+
+SYNC = 1.0  # seconds between sync rounds (expiry after 3 silent rounds)
+PARAMS = SamplingParams(max_tokens=64)
+# ~750 bytes (the echo engine's tokens are bytes): 2 whole 256-token chunks = τ_c at b = 8.
+SYSTEM = "You answer questions about the city archive. " + " ".join(
+    f"Box {i} holds the letters of year {1900 + i}." for i in range(22))
+OTHER_SYSTEM = "You are a terse poet who writes only about the sea and its weather. " * 12
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class Evaluated:
+    """An echo generation whose stats count only the prompt tokens not already cached."""
+
+    def __init__(self, inner: Any, evaluated: int) -> None:
+        self.inner, self.evaluated, self.stats = inner, evaluated, None
+
+    async def __aiter__(self) -> AsyncIterator[Any]:
+        async for piece in self.inner:
+            yield piece
+        self.stats = dataclasses.replace(self.inner.stats, evaluated_prompt_tokens=self.evaluated)
+
+
+class CachingEcho(EchoEngine):
+    """The echo engine with a prefix memory: the last ``keep`` prompts count as cached."""
+
+    def __init__(self, delay: float = 0.0, keep: int = 4) -> None:
+        super().__init__("echo", delay)
+        self.keep = keep
+        self.memory: OrderedDict[tuple[int, ...], None] = OrderedDict()
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams) -> Any:
+        gen = super().generate(prompt_ids, params)
+        reused = min(max((common_prefix(p, prompt_ids) for p in self.memory), default=0), len(prompt_ids) - 1)
+        key = tuple(prompt_ids)
+        self.memory[key] = None
+        self.memory.move_to_end(key)
+        while len(self.memory) > self.keep:
+            self.memory.popitem(last=False)
+        return Evaluated(gen, len(prompt_ids) - reused)
+
+    def cached_prefixes(self) -> list[tuple[int, ...]]:
+        return list(self.memory)
+
+
+@dataclass
+class GroupNet:
+    network: MemoryNetwork
+    registry: Registry
+    users: list[UserNode]
+    models: list[ModelNode]
+    idents: dict[str, Identity]
+    scopes: dict[bytes, trio.CancelScope] = field(default_factory=dict)
+
+    def kill(self, node: ModelNode) -> None:
+        self.scopes[node.identity.node_id].cancel()
+
+    async def raw_node(self, nursery: trio.Nursery, name: str) -> Node:
+        """A bare node for a registered identity (a misbehaving peer)."""
+        ident = self.idents[name]
+        node = Node(ident, MemoryTransport(ident, self.network), peers=self.registry.entries, ping_interval=0)
+        await nursery.start(node.serve)
+        return node
+
+
+async def start_group(nursery: trio.Nursery, *, n_users: int = 16, delays: Sequence[float] = (0.0, 0.0, 0.0),
+                      sync: float = SYNC, forwarding: bool = True) -> GroupNet:
+    network = MemoryNetwork()
+    idents = {f"user-{i}": Identity.generate() for i in range(n_users)}
+    idents.update({f"model-{i}": Identity.generate() for i in range(len(delays))})
+    idents["rogue-member"] = Identity.generate()  # listed as a model node of "echo", runs no ModelNode
+    idents["other-model"] = Identity.generate()  # a model node of another model
+    entries = []
+    for name, ident in idents.items():
+        addr = network.address(ident.node_id.hex()[:12])
+        if name.startswith("user"):
+            entries.append(PeerEntry.of(ident, addr))
+        else:
+            entries.append(PeerEntry.of(ident, addr, role="model",
+                                        models=("other",) if name == "other-model" else ("echo",)))
+    registry = Registry(1, entries)
+    net = GroupNet(network, registry, [], [], idents)
+
+    async def run_scoped(node_id: bytes, serve: Any, *, task_status: Any) -> None:
+        with trio.CancelScope() as scope:
+            net.scopes[node_id] = scope
+            await serve(task_status=task_status)
+
+    for i in range(n_users):
+        ident = idents[f"user-{i}"]
+        u = UserNode(ident, MemoryTransport(ident, network), registry, client=i < 2)
+        net.users.append(u)
+        await nursery.start(run_scoped, ident.node_id, u.serve)
+    for i, delay in enumerate(delays):
+        ident = idents[f"model-{i}"]
+        m = ModelNode(ident, MemoryTransport(ident, network), registry, CachingEcho(delay),
+                      group=GroupConfig(sync_interval=sync) if forwarding else None)
+        await nursery.start(run_scoped, ident.node_id, m.serve)
+        net.models.append(m)
+    return net
+
+
+def nid(m: ModelNode) -> bytes:
+    return m.identity.node_id
+
+
+def chat(question: str, system: str = SYSTEM) -> list[ChatMessage]:
+    return [ChatMessage("system", system), ChatMessage("user", question)]
+
+
+async def ask(client: Any, question: str, node: ModelNode | None = None, system: str = SYSTEM,
+              **kw: Any) -> list[ReplyChunk]:
+    """A request through the overlay; the client verifies the last chunk's signature."""
+    return [c async for c in client.request("echo", chat(question, system), PARAMS,
+                                            node=nid(node) if node else None, **kw)]
+
+
+async def cache_on(net: GroupNet, node: ModelNode, system: str = SYSTEM) -> None:
+    """Have ``node`` serve (and so cache) ``system``, then let a sync round carry it."""
+    chunks = await ask(net.users[0].client, "first question", node, system)
+    assert chunks[-1].node == nid(node) and not chunks[-1].error
+    await trio.sleep(2.5 * SYNC)  # off the round boundaries: the next round reports it
+    for m in net.models:
+        if m is not node:
+            assert m.group is not None and m.group.state.tree.path_count(nid(node)) >= 1
+
+
+async def test_a_request_cached_on_b_arriving_at_a_is_served_by_b(autojump_clock):
+    async with trio.open_nursery() as nursery:
+        net = await start_group(nursery)
+        a, b, c = net.models
+        client = net.users[0].client
+        await cache_on(net, b)
+        question = "where are the letters of 1907?"
+        chunks = await ask(client, question, a)  # verified against B's registry key by the client
+        assert chunks[-1].node == nid(b) and all(ch.node == nid(b) for ch in chunks)
+        assert "".join(ch.text for ch in chunks) == question
+        assert (a.forwarded_out, b.forwarded_in, a.served, b.served, c.served) == (1, 1, 0, 2, 0)
+        assert a.decisions["match"] == 1 and b.decisions["forwarded"] == 1
+        last = b.recent[-1]
+        assert last.forwarded and last.evaluated_prompt_tokens < len(question) + 40 < last.prompt_tokens
+        # Session affinity: the follow-up goes to B itself, no forward.
+        more = await ask(client, "and of 1908?", b)
+        assert more[-1].node == nid(b) and a.forwarded_out == 1 and b.forwarded_in == 1
+        # A prompt nobody holds is served where it lands (all idle: ties go to the entry node).
+        miss = await ask(client, "a wave", a, OTHER_SYSTEM)
+        assert miss[-1].node == nid(a) and a.decisions["miss"] == 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_an_overloaded_b_is_bypassed(autojump_clock):
+    async with trio.open_nursery() as nursery:
+        net = await start_group(nursery, delays=(0.0, 1.0, 0.0))
+        a, b, c = net.models
+        await cache_on(net, b)
+        # Two slow requests under the same system prompt keep B busy: one generating, one
+        # queued, 2 per capacity point (B keeps both: they match its own cache and it is under
+        # the threshold when each arrives; a third would be forwarded by B itself).
+        busy = " ".join(f"w{i}" for i in range(30))
+        for _ in range(2):
+            nursery.start_soon(ask, net.users[1].client, busy, b)
+        await trio.sleep(2.5 * SYNC)
+        assert a.group is not None
+        row = {r.node_id: r for r in a.group.peer_rows()}[nid(b)]
+        assert row.relative_load >= 2.0 and row.paths >= 1
+        chunks = await ask(net.users[0].client, "which box holds 1910?", a)
+        assert chunks[-1].node == nid(a)  # least loaded overall; the tie with C goes to the entry node
+        assert a.decisions["match-overloaded"] == 1 and b.forwarded_in == 0 and b.forwarded_out == 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_killed_b_expires_and_requests_go_elsewhere(autojump_clock):
+    async with trio.open_nursery() as nursery:
+        net = await start_group(nursery)
+        a, b, c = net.models
+        await cache_on(net, b)
+        net.kill(b)
+        assert a.group is not None
+        await trio.sleep((a.group.config.expiry_rounds + 1.5) * SYNC)
+        for m in (a, c):
+            assert m.group is not None
+            assert nid(b) not in m.group.state.peers and m.group.state.tree.path_count(nid(b)) == 0
+            assert m.group.state.expired >= 1
+        chunks = await ask(net.users[0].client, "which box holds 1911?", a)
+        assert chunks[-1].node in {nid(a), nid(c)} and not chunks[-1].error
+        assert a.forward_failed == 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_forward_that_cannot_be_sent_is_served_locally(autojump_clock):
+    async with trio.open_nursery() as nursery:
+        net = await start_group(nursery)
+        a, b, c = net.models
+        await cache_on(net, b)
+        net.kill(b)
+        await trio.sleep(0.1)  # well before expiry: A still believes B holds the prefix
+        assert a.group is not None and nid(b) in a.group.state.peers
+        chunks = await ask(net.users[0].client, "which box holds 1912?", a)
+        assert chunks[-1].node == nid(a) and not chunks[-1].error
+        assert a.forward_failed == 1 and a.forwarded_out == 0
+        assert nid(b) not in a.group.state.peers  # dropped at once, not after the expiry rounds
+        nursery.cancel_scope.cancel()
+
+
+def direct_request(question: str, system: str = SYSTEM) -> Request:
+    return Request(request_id=os.urandom(16), model="echo", messages=tuple(chat(question, system)), params=PARAMS,
+                   k=1, return_paths=(), continuation="")
+
+
+async def test_a_forwarded_direct_request_comes_back_through_the_entry_node(autojump_clock):
+    async with trio.open_nursery() as nursery:
+        net = await start_group(nursery)
+        a, b, c = net.models
+        await cache_on(net, b)
+        user = net.idents["user-5"]
+        conn = await MemoryTransport(user, net.network).dial(net.registry.by_id[nid(a)].address, nid(a))
+        req = direct_request("is box 3 open?")
+        await conn.send(req)
+        chunks = []
+        while not chunks or not chunks[-1].done:
+            chunks.append(await conn.receive())
+        last = chunks[-1]
+        assert last.node == nid(b) and not last.error and "".join(ch.text for ch in chunks) == req.messages[-1].content
+        ids = [t for ch in chunks for t in ch.token_ids]
+        verify_reply(b.identity.ed25519_public, last.signature, request_digest(req), ids, "echo", nid(b),
+                     last.signed_at_ms)
+        assert a.forwarded_out == 1 and b.forwarded_in == 1
+        # The counters, over the same authenticated connection (the user is registered).
+        await conn.send(StatsRequest(7))
+        stats = await conn.receive()
+        assert isinstance(stats, NodeStats) and stats.nonce == 7 and stats.node_id == nid(a)
+        assert stats.forwarding and stats.forwarded_out == 1 and stats.members == 4
+        assert {x.name: x.n for x in stats.decisions} == {"match": 1}
+        assert {r.node_id for r in stats.peers} == {nid(b), nid(c)}
+        await conn.aclose()
+        # An unregistered node gets no stats.
+        stranger = Identity.generate()
+        conn = await MemoryTransport(stranger, net.network).dial(net.registry.by_id[nid(a)].address, nid(a))
+        await conn.send(StatsRequest(1))
+        with trio.move_on_after(2) as scope:
+            await conn.receive()
+        assert scope.cancelled_caught
+        await conn.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_forwarded_requests_and_sync_from_non_members_are_dropped(autojump_clock):
+    async with trio.open_nursery() as nursery:
+        net = await start_group(nursery)
+        a = net.models[0]
+        assert a.group is not None
+        user_node = await net.raw_node(nursery, "user-7")
+        other = await net.raw_node(nursery, "other-model")
+        # Requests handed over by non-members: a user, and a model node of another model.
+        req = Request(request_id=os.urandom(16), model="echo", messages=tuple(chat("hi")), params=PARAMS, k=1,
+                      return_paths=(), continuation="")
+        for node in (user_node, other):
+            assert node.send_nowait(nid(a), ForwardedRequest(dataclasses.replace(req, request_id=os.urandom(16))))
+            assert node.send_nowait(nid(a), LoadReport(10**12, 0, 0, 0, 1, 0, 0, 0))
+        await trio.sleep(1)
+        assert a.group.dropped["non-member"] == 2
+        assert a.group.state.dropped["non-member"] == 2
+        assert a.served == 0 and a.forwarded_in == 0 and a.responder.active == 0
+        assert set(a.group.state.peers) <= {nid(m) for m in net.models}
+        # A reply chunk that answers nothing we forwarded is dropped too.
+        assert user_node.send_nowait(nid(a), ReplyChunk(request_id=os.urandom(16), seq=0, text="x", token_ids=(),
+                                                         done=True, error="", node=nid(a), signature=b"",
+                                                         signed_at_ms=0))
+        await trio.sleep(1)
+        assert a.group.dropped["unexpected-reply"] == 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_bad_sync_input_through_the_driver_does_not_poison_the_tree(autojump_clock):
+    async with trio.open_nursery() as nursery:
+        net = await start_group(nursery)
+        a, b, c = net.models
+        await cache_on(net, b)
+        assert a.group is not None
+        rogue = await net.raw_node(nursery, "rogue-member")
+        rid = rogue.node_id
+        state = a.group.state
+        lengths: ChunkLengths = state.lengths
+        before = {p: state.tree.paths(p) for p in (nid(b), nid(c))}
+        prompt = a.engine.chat_prompt(chat("which box holds 1913?"))
+        good_path = lengths.path(prompt)
+        seq = 10**13
+        bad = [
+            LoadReport(seq, 0, 0, 0, 0, 0, 0, 0),  # capacity 0
+            LoadReport(seq, 0, -1, 0, 1, 0, 0, 0),  # negative load
+            SubtreeUpdate(seq, 0, True, lengths.version, b"\0" * 8, (good_path,), ()),  # wrong L digest
+            SubtreeUpdate(seq, 0, True, lengths.version + 7, lengths.digest, (good_path,), ()),  # wrong L version
+            SubtreeUpdate(seq, 0, True, lengths.version, lengths.digest, (b"\1" * 600,), ()),  # > 512 chunks
+            SubtreeUpdate(seq, 0, True, lengths.version, lengths.digest, (good_path, good_path), ()),  # duplicate
+            SubtreeUpdate(seq, 0, True, lengths.version, lengths.digest, (good_path,), (good_path,)),  # full + removal
+            SubtreeUpdate(seq + 1, seq, False, lengths.version, lengths.digest, (good_path,), ()),  # delta, no base
+        ]
+        for msg in bad:
+            assert rogue.send_nowait(nid(a), msg)
+        await trio.sleep(0.5)
+        assert state.tree.path_count(rid) == 0
+        assert {p: state.tree.paths(p) for p in (nid(b), nid(c))} == before
+        assert state.dropped["bad-load"] == 2 and state.dropped["wrong-l-digest"] == 1
+        assert state.dropped["wrong-l-version"] == 1 and state.dropped["inconsistent"] == 2
+        assert state.dropped["malformed-path"] + state.dropped["delta-gap"] == 2
+        # The same member with well-formed messages is accepted, so the bad ones changed nothing.
+        assert rogue.send_nowait(nid(a), LoadReport(seq + 5, 0, 0, 0, 1, 0, 0, 0))
+        assert rogue.send_nowait(nid(a), SubtreeUpdate(seq + 5, 0, True, lengths.version, lengths.digest,
+                                                       (good_path,), ()))
+        await trio.sleep(0.5)
+        assert state.tree.path_count(rid) == 1
+        # A still serves: the request for that prompt goes to B (holds SYSTEM, least loaded tie by id)
+        # or to the rogue member; either way the bad input changed no decision's footing.
+        assert state.search(prompt).depth >= state.tau_c
+        nursery.cancel_scope.cancel()
+
+
+async def test_without_a_group_every_request_is_served_locally(autojump_clock):
+    async with trio.open_nursery() as nursery:
+        net = await start_group(nursery, forwarding=False)
+        a, b, _ = net.models
+        await ask(net.users[0].client, "first", b)
+        await trio.sleep(3 * SYNC)
+        chunks = await ask(net.users[0].client, "second", a)
+        assert chunks[-1].node == nid(a) and a.group is None and a.forwarded_out == 0 and not a.decisions
+        assert a.stats().forwarding is False
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("policy", ["load", "random"])
+async def test_baseline_policies_ignore_caches(autojump_clock, policy):
+    async with trio.open_nursery() as nursery:
+        net = await start_group(nursery)
+        a, b, _ = net.models
+        await cache_on(net, b)
+        assert a.group is not None
+        a.group.policy = policy
+        for i in range(6):
+            await ask(net.users[0].client, f"q{i}", a)
+        assert a.decisions["match"] == 0
+        assert sum(a.decisions.values()) == 6
+        nursery.cancel_scope.cancel()
