@@ -35,7 +35,9 @@ Figures, per policy ``P`` in ``hrtree``, ``load``, ``random``: ``ttft_P_{mean,p5
 the serving engine's cache), ``prompt_reuse_P`` (cached ÷ all prompt tokens),
 ``forwarded_frac_P`` (requests the entry node forwarded), ``busiest_node_share_P`` (the
 largest share of requests one node served), ``cpu_utilisation_P`` (CPU time of the three
-model-node processes ÷ (wall time × cores), from the first request sent to the last reply);
+model-node processes ÷ (wall time × cores), from the first request sent to the last reply),
+``foreign_cpu_P`` (the same for every other process on the machine but this bench: above a few
+per cent, another job disturbed the run);
 and ``ttft_mean_ratio_hrtree_vs_load``, ``ttft_p99_ratio_hrtree_vs_load``,
 ``latency_mean_ratio_hrtree_vs_load``, ``latency_p99_ratio_hrtree_vs_load``,
 ``ttft_mean_ratio_hrtree_vs_random``, ``ttft_mean_reduction_hrtree_vs_load`` (1 − ratio).
@@ -128,6 +130,13 @@ def workload(n_requests: int, n_system: int, rate: float, n_entries: int, seed: 
     return jobs
 
 
+def _machine_busy_seconds() -> float:
+    """CPU time the whole machine spent busy (all processes), from /proc/stat."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:]]
+    return (sum(ticks[:8]) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # less idle and iowait
+
+
 def _cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
@@ -205,6 +214,7 @@ async def _play(net: LocalNet, jobs: list[Job], systems: list[str], warm_conns: 
             await trio.sleep(0.2)
     pids = [net.procs[m].pid for m in net.models]
     cpu0 = sum(_cpu_seconds(p) for p in pids)
+    own0, busy0 = _cpu_seconds(os.getpid()), _machine_busy_seconds()
     ttft: list[float] = []
     latency: list[float] = []
     served_by: dict[bytes, int] = {}
@@ -226,13 +236,15 @@ async def _play(net: LocalNet, jobs: list[Job], systems: list[str], warm_conns: 
             nursery.start_soon(one, job)
     wall = trio.current_time() - t_start
     cpu = sum(_cpu_seconds(p) for p in pids) - cpu0
+    foreign = _machine_busy_seconds() - busy0 - cpu - (_cpu_seconds(os.getpid()) - own0)
+    cores = len(os.sched_getaffinity(0))
     stats = [await client.stats(e) for e in entries]
     await client.aclose()
     served = sum(s.served for s in stats)
     prompt = sum(s.prompt_tokens for s in stats)
     return {
         "ttft": ttft, "latency": latency, "wall": wall,
-        "cpu_utilisation": cpu / (wall * len(os.sched_getaffinity(0))),
+        "cpu_utilisation": cpu / (wall * cores), "foreign_cpu": max(0.0, foreign / (wall * cores)),
         "cache_hit_rate": sum(s.cache_hits for s in stats) / served,
         "prompt_reuse": 1 - sum(s.evaluated_prompt_tokens for s in stats) / prompt,
         "forwarded_frac": sum(s.forwarded_out for s in stats) / len(jobs),
@@ -279,7 +291,8 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
     for p, r in results.items():
         figures.update(summarize_ms(f"ttft_{p}", r["ttft"]))
         figures.update(summarize_ms(f"latency_{p}", r["latency"]))
-        for k in ("cache_hit_rate", "prompt_reuse", "forwarded_frac", "busiest_node_share", "cpu_utilisation"):
+        for k in ("cache_hit_rate", "prompt_reuse", "forwarded_frac", "busiest_node_share", "cpu_utilisation",
+                  "foreign_cpu"):
             figures[f"{k}_{p}"] = r[k]
     for kind, stat in (("ttft", "mean"), ("ttft", "p99"), ("latency", "mean"), ("latency", "p99")):
         figures[f"{kind}_{stat}_ratio_hrtree_vs_load"] = (figures[f"{kind}_hrtree_{stat}_ms"]
