@@ -129,3 +129,22 @@ def test_run_async_unwraps_a_single_error() -> None:
 
     with pytest.raises(cli.CliError, match="one error"):
         cli.run_async(boom)
+
+
+def test_model_node_forwarding_flags() -> None:
+    args = build_parser().parse_args(["model-node", "--no-forwarding", "--sync-interval", "0.5", "--threads", "1",
+                                      "--prefix-snapshots", "3"])
+    assert args.no_forwarding and args.sync_interval == 0.5 and args.threads == 1 and args.prefix_snapshots == 3
+    assert args.forwarding_policy == "hrtree"
+    default = build_parser().parse_args(["model-node"])
+    assert not default.no_forwarding and default.sync_interval == 5.0
+    assert default.threads is None and default.prefix_snapshots is None
+
+
+@pytest.mark.parametrize("flags", [["--sync-interval", "0"], ["--sync-interval", "soon"], ["--threads", "0"],
+                                   ["--prefix-snapshots", "-1"], ["--forwarding-policy", "magic"]],
+                         ids=lambda f: " ".join(f))
+def test_model_node_forwarding_flag_errors(flags: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as ei:
+        build_parser().parse_args(["model-node", *flags])
+    assert ei.value.code == 2 and flags[0] in capsys.readouterr().err
