@@ -38,6 +38,7 @@ from overlay.messages import (
 )
 from overlay.paths import PathError, PathManager
 from overlay.peers import PeerEntry
+from overlay.relay import TokenBucket
 from overlay.seal import ReturnKey, SealError, open_sealed, seal_to
 from overlay.signing import ReplyVerifyError, request_digest, verify_reply
 
@@ -258,8 +259,14 @@ class Responder:
 
     ``handler(request)`` yields the reply chunks (with increasing ``seq``).
     ``directory(node_id)`` resolves proxies (registry users only: a request
-    cannot steer the model node to arbitrary addresses).
+    cannot steer the model node to arbitrary addresses). Each proxy may deliver at most
+    ``delivers_per_s`` cloves a second (bursts of ``deliver_burst``): opening one costs an
+    X25519, so a flooding proxy is cut off before it can take the node's CPU; cloves over the
+    limit are dropped and counted (``deliver-rate-limited``), and the user's other cloves
+    still arrive through other proxies.
     """
+
+    MAX_BUCKETS = 10_000
 
     def __init__(
         self,
@@ -269,6 +276,8 @@ class Responder:
         directory: Callable[[bytes], PeerEntry | None],
         *,
         max_active: int = 64,
+        delivers_per_s: float = 500.0,
+        deliver_burst: float = 1_000.0,
     ) -> None:
         self.identity = identity
         self.handler = handler
@@ -281,6 +290,9 @@ class Responder:
         self.dropped: dict[str, int] = {}
         self._seen: dict[bytes, float] = {}
         self._nursery: trio.Nursery | None = None
+        self.delivers_per_s = delivers_per_s
+        self.deliver_burst = deliver_burst
+        self._buckets: dict[bytes, TokenBucket] = {}
 
     def _drop(self, reason: str) -> None:
         self.dropped[reason] = self.dropped.get(reason, 0) + 1
@@ -298,6 +310,14 @@ class Responder:
                     del self._seen[rid]
 
     async def on_deliver(self, conn: Any, msg: Deliver) -> None:
+        bucket = self._buckets.get(conn.peer)
+        if bucket is None:
+            if len(self._buckets) >= self.MAX_BUCKETS:
+                self._buckets.clear()  # bounded; forgotten proxies start again from a full burst
+            bucket = self._buckets[conn.peer] = TokenBucket(self.delivers_per_s, self.deliver_burst)
+        if not bucket.take(trio.current_time()):
+            self._drop("deliver-rate-limited")
+            return
         try:
             clove = sida.decode_clove(open_sealed(self.identity.x25519, msg.sealed), peer=conn.peer)
         except (SealError, codec.RemoteProtocolError):

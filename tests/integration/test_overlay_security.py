@@ -824,6 +824,24 @@ async def test_cloves_that_do_not_open_at_the_model_node_are_dropped(autojump_cl
         nursery.cancel_scope.cancel()
 
 
+async def test_a_proxy_flooding_the_model_node_with_cloves_is_rate_limited(autojump_clock):
+    """Opening a clove costs the model node an X25519: past its per-proxy budget a flooding
+    peer's cloves are dropped unopened and counted; other proxies are not affected."""
+    async with trio.open_nursery() as nursery:
+        net = await start_secnet(nursery, 15)
+        model = net.model
+        responder = model.responder
+        responder.delivers_per_s, responder.deliver_burst = 0.001, 20.0  # no refill within the test
+        bad = await Outsider(net).start(nursery)
+        junk = [Deliver(os.urandom(16), os.urandom(300)) for _ in range(50)]
+        await bad.send(model.identity.node_id, *junk)
+        assert responder.dropped["clove-unsealable"] == 20
+        assert responder.dropped["deliver-rate-limited"] == 30
+        assert model.node.rejected == Counter()  # dropped, not a protocol error: the link stays up
+        assert await ask(net.client.client, "served during the flood") == "served during the flood"
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_model_node_at_capacity_or_failing_answers_with_an_error(autojump_clock):
     """Overload and engine failures come back to the user as an error chunk; the model node
     keeps serving."""
