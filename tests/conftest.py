@@ -6,6 +6,7 @@ Every wait here is bounded; nothing asserts on wall-clock time.
 from __future__ import annotations
 
 import os
+import re
 import select
 import signal
 import subprocess
@@ -202,6 +203,24 @@ async def wait_until(predicate: Any, timeout: float = 15.0, what: str = "conditi
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def documented_figures(section: str) -> set[str]:
+    """The figure keys docs/benchmarks.md lists in the tables under ``## section`` (a row's
+    ``a{1,2}b`` expands to ``a1b`` and ``a2b``)."""
+    text = (REPO / "docs" / "benchmarks.md").read_text()
+    body = text.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
+    keys: set[str] = set()
+    for m in re.finditer(r"^\| `([^`]+)` \|", body, re.M):
+        pending = [m.group(1)]
+        while any("{" in k for k in pending):
+            k = next(k for k in pending if "{" in k)
+            pending.remove(k)
+            head, rest = k.split("{", 1)
+            options, tail = rest.split("}", 1)
+            pending += [head + o + tail for o in options.split(",")]
+        keys.update(pending)
+    return keys
+
+
 class Helpers:
     """The helpers above, handed to tests as the ``helpers`` fixture (test modules do
     not import ``conftest``: another directory may add its own)."""
@@ -214,6 +233,7 @@ class Helpers:
     read_line = staticmethod(read_line)
     start_relay = staticmethod(start_relay)
     wait_until = staticmethod(wait_until)
+    documented_figures = staticmethod(documented_figures)
 
 
 @pytest.fixture

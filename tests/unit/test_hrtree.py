@@ -7,10 +7,10 @@ import json
 import math
 import os
 import random
-import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -354,29 +354,12 @@ def test_hashes_agree_across_processes() -> None:
 # --------------------------------------------------------------------------- the benchmark
 
 
-def _documented_keys() -> set[str]:
-    """The figure keys docs/benchmarks.md lists under "## hrtree" (``a{1,2}b`` expanded)."""
-    text = (REPO / "docs" / "benchmarks.md").read_text()
-    section = text.split("\n## hrtree", 1)[1].split("\n## ", 1)[0]
-    keys: set[str] = set()
-    for m in re.finditer(r"^\| `([^`]+)` \|", section, re.M):
-        pending = [m.group(1)]
-        while any("{" in k for k in pending):
-            k = next(k for k in pending if "{" in k)
-            pending.remove(k)
-            head, rest = k.split("{", 1)
-            options, tail = rest.split("}", 1)
-            pending += [head + o + tail for o in options.split(",")]
-        keys.update(pending)
-    return keys
-
-
-def test_bench_quick_reports_every_documented_key() -> None:
+def test_bench_quick_reports_every_documented_key(helpers: Any) -> None:
     """``gentorrent bench hrtree --quick`` runs, and its figures are exactly those documented
     (no timing is asserted: benchmarks are not tests)."""
     from model_node.bench_hrtree import run
 
     params, figures = run(quick=True)
-    assert set(figures) == _documented_keys()
+    assert set(figures) == helpers.documented_figures("hrtree")
     assert all(isinstance(v, float) and math.isfinite(v) and v >= 0 for v in figures.values())
     assert params["bits"] == 8 and params["tau_c_default"] == 2
