@@ -41,7 +41,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from model_node.hrtree import MAX_PATHS_PER_NODE, ChunkLengths, HRTree, Match, default_tau_c
+from model_node.hrtree import DEFAULT_BITS, MAX_L_VERSION, MAX_PATHS_PER_NODE, ChunkLengths, HRTree, Match, default_tau_c
 from model_node.messages import LengthProposal, LoadReport, SubtreeRequest, SubtreeUpdate
 from model_node.sentry import LengthAgreement, Sentry, proposer
 
@@ -126,6 +126,7 @@ class PeerState:
 class GroupConfig:
     """Tunables (defaults: docs/decisions/0005-hrtree.md)."""
 
+    bits: int = DEFAULT_BITS  # b of the version-0 L (a proposal's b wins once adopted)
     tau_c: int | None = None  # None: default_tau_c(b) = ⌈16 / b⌉, 2 for 8-bit hashes
     load_threshold: float = DEFAULT_LOAD_THRESHOLD
     sync_interval: float = SYNC_INTERVAL
@@ -136,8 +137,10 @@ class GroupConfig:
 
 def load_problem(msg: LoadReport) -> str | None:
     """Why a peer's load report is unacceptable, or ``None``."""
-    if not 0 <= msg.seq < _U63 or not 0 <= msg.l_version < _U63 or not 0 <= msg.requests < _U63:
-        return "seq, l_version and requests must be within 0..2^63-1"
+    if not 0 <= msg.seq < _U63 or not 0 <= msg.requests < _U63:
+        return "seq and requests must be within 0..2^63-1"
+    if not 0 <= msg.l_version <= MAX_L_VERSION:
+        return "l_version must be within 0..2^62"
     if not 0 <= msg.active <= MAX_REQUESTS or not 0 <= msg.queued <= MAX_REQUESTS:
         return f"active and queued must be within 0..{MAX_REQUESTS}"
     if not 1 <= msg.capacity <= MAX_CAPACITY:
@@ -168,7 +171,7 @@ class GroupState:
         self.self_id = self_id
         self.config = config or GroupConfig()
         self.members: frozenset[bytes] = frozenset(members) | {self_id}
-        self.agreement = LengthAgreement(lengths or ChunkLengths())
+        self.agreement = LengthAgreement(lengths or ChunkLengths(bits=self.config.bits))
         self.sentry = sentry or Sentry()
         self.local = LoadInfo(capacity=capacity)
         self._check_local(self.local)
@@ -179,6 +182,7 @@ class GroupState:
         self.requests = 0  # user requests observed here, in total
         self.seq = initial_seq  # the round number of the last tick
         self.highest_version_seen = self.lengths.version
+        self.versions_exhausted = False
         self._round = 0
         self._sent_mark: int | None = None  # journal seq of our subtree at the last tick; None: full next
         self._full_for: set[bytes] = set()
@@ -486,6 +490,12 @@ class GroupState:
         if not self.sentry.due() or not self.is_proposer():
             return []
         version = self.agreement.next_version(self.highest_version_seen)
+        if version > MAX_L_VERSION:  # only a member pushing versions up can get here: keep our L
+            if not self.versions_exhausted:
+                log.error("cannot propose a new L: the group's L version reached %d (a member pushed it up)",
+                          self.highest_version_seen)
+            self.versions_exhausted = True
+            return []
         cur = self.lengths
         new = self.sentry.propose(version, tail=cur.tail, bits=cur.bits)  # b and the tail stay the group's
         if (new.lengths, new.tail, new.bits) == (cur.lengths, cur.tail, cur.bits):

@@ -59,6 +59,9 @@ _PERSON_KEY = b"gt-hrtree-key"
 _PERSON_DIGEST = b"gt-hrtree-L"
 _PERSON_CHUNK = b"gt-hrtree-chunk"
 DIGEST_LEN = 8
+# Highest L version: a member may push the group's version up (the highest wins), so versions
+# stop well short of 2^63 and the proposer's next version (+1) always fits the wire's integers.
+MAX_L_VERSION = 2**62
 
 # A typecode with 4-byte items, for token ids as u32.
 _U32 = next(t for t in ("I", "L") if array.array(t).itemsize == 4)
@@ -208,8 +211,8 @@ class ChunkLengths:
 
 def lengths_problem(version: int, lengths: Sequence[int], tail: int, bits: int) -> str | None:
     """Why these are not a valid ``ChunkLengths``, or ``None`` (used on peers' proposals too)."""
-    if type(version) is not int or not 0 <= version < 2**63:
-        return "version must be an integer in 0..2^63-1"
+    if type(version) is not int or not 0 <= version <= MAX_L_VERSION:
+        return "version must be an integer in 0..2^62"
     if type(bits) is not int or not 1 <= bits <= MAX_BITS:
         return f"bits must be in 1..{MAX_BITS}"
     if type(tail) is not int or not 1 <= tail <= MAX_CHUNK_TOKENS:

@@ -286,11 +286,15 @@ class ModelNode:
                     why = (f"the prompt ({len(prompt_ids)} tokens) plus max_tokens ({req.params.max_tokens}) "
                            f"exceeds the model's context window of {ctx} tokens")
         if why is None and self.group is not None:
-            if not forwarded:
-                self.group.observe(prompt_ids)
-            decision = self.group.decide(prompt_ids, forwarded=forwarded)
-            if decision.target is not None:
-                relayed = await self._forward(req, decision.target, direct)
+            try:
+                if not forwarded:
+                    self.group.observe(prompt_ids)
+                target = self.group.decide(prompt_ids, forwarded=forwarded).target
+            except Exception:  # noqa: BLE001 - a fault in the group's state must not cost the user the reply
+                log.exception("forwarding decision failed; serving the request here")
+                target = None
+            if target is not None:
+                relayed = await self._forward(req, target, direct)
                 if relayed is not None:
                     async with aclosing(relayed) as chunks:
                         async for chunk in chunks:

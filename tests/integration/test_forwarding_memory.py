@@ -367,6 +367,23 @@ async def test_without_a_group_every_request_is_served_locally(autojump_clock):
         nursery.cancel_scope.cancel()
 
 
+async def test_a_fault_in_the_forwarding_decision_still_serves_the_request(autojump_clock, caplog):
+    async with trio.open_nursery() as nursery:
+        net = await start_group(nursery)
+        a, b, _ = net.models
+        await cache_on(net, b)
+        assert a.group is not None
+
+        def broken(*args: Any, **kw: Any) -> Any:
+            raise RuntimeError("a bug in the group state")
+
+        a.group.decide = broken  # type: ignore[method-assign]
+        chunks = await ask(net.users[0].client, "still answered", a)
+        assert chunks[-1].node == nid(a) and not chunks[-1].error
+        assert a.forwarded_out == 0 and "forwarding decision failed" in caplog.text
+        nursery.cancel_scope.cancel()
+
+
 @pytest.mark.parametrize("policy", ["load", "random"])
 async def test_baseline_policies_ignore_caches(autojump_clock, policy):
     async with trio.open_nursery() as nursery:

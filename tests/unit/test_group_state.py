@@ -66,6 +66,8 @@ BAD: list[tuple[str, bytes, Any, str]] = [
     ("kv usage over 1000 permille", P1, load(seq=2, kv=1001), "bad-load"),
     ("latency beyond reason", P1, load(seq=2, latency=10**12), "bad-load"),
     ("negative seq", P1, load(seq=-5), "bad-load"),
+    ("L version past 2^62", P1, load(seq=2, version=2**62 + 1), "bad-load"),
+    ("proposal with a version past 2^62", P1, LengthProposal(2**63 - 1, (100, 16), 256, 8), "bad-proposal"),
     ("late load report", P1, load(seq=1, active=7), "stale-load"),
     ("subtree under an older L version", P1, full(2, b"\x09", version=3), "wrong-l-version"),
     ("subtree under another L of our version", P1, full(2, b"\x09", digest=b"\0" * 8), "wrong-l-digest"),
@@ -337,3 +339,11 @@ def test_split_groups_never_exceed_the_limit(sizes: list[int]) -> None:
     groups = split_groups(members)
     assert all(1 <= len(g) <= 50 for g in groups)
     assert sorted(n for g in groups for n in g) == sorted(members)
+
+
+@pytest.mark.parametrize(("bits", "tau"), [(8, 2), (16, 1), (4, 4)])
+def test_the_hash_width_is_configurable(bits: int, tau: int) -> None:
+    gs = GroupState(ME, [ME, P1], config=GroupConfig(bits=bits))
+    assert gs.lengths.bits == bits and gs.tau_c == tau
+    assert gs.on_message(P1, full(1, b"\x01\x02", digest=ChunkLengths(bits=bits).digest), 0.0) == []
+    assert gs.dropped["wrong-l-digest"] == 0  # a peer with the same b shares the version-0 L

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 
 from model_node.group import GroupState, Send
-from model_node.hrtree import ChunkLengths, HRTree, token_bytes
+from model_node.hrtree import MAX_L_VERSION, ChunkLengths, HRTree, token_bytes
 from model_node.messages import LengthProposal, LoadReport, SubtreeUpdate
 from model_node.sentry import (
     LengthAgreement,
@@ -295,3 +295,23 @@ def test_updates_under_another_L_never_mix() -> None:
     low.on_message(HIGH, forged, 0.0)
     assert low.dropped["wrong-l-version"] == 1 and low.dropped["wrong-l-digest"] == 1
     assert low.tree.node_ids() == []
+
+
+def test_a_member_pushing_the_version_to_its_limit_cannot_crash_the_proposer(caplog: pytest.LogCaptureFixture) -> None:
+    """The highest version wins, so a member can push the group's version up; past 2^62 its
+    reports and proposals are dropped, and at the limit the proposer keeps its L (and says
+    why) instead of failing the request that made the refresh due."""
+    rng = random.Random(13)
+    nodes = group([LOW, HIGH])
+    low = nodes[LOW]
+    low.on_message(HIGH, LoadReport(1, MAX_L_VERSION + 1, 0, 0, 1, 0, 0, 0), 0.0)
+    low.on_message(HIGH, LengthProposal(2**63 - 1, (100, 16), 256, 8), 0.0)
+    assert low.dropped["bad-load"] == 1 and low.dropped["bad-proposal"] == 1
+    low.on_message(HIGH, LoadReport(2, MAX_L_VERSION, 0, 0, 1, 0, 0, 0), 0.0)  # the limit itself is valid
+    assert low.highest_version_seen == MAX_L_VERSION
+    before = low.lengths
+    out: list[Send] = []
+    for p in traffic(rng, 40, systems_of(rng)):
+        out += low.observe(p, 1.0)  # the refresh comes due here
+    assert out == [] and low.lengths == before and low.versions_exhausted
+    assert "L version reached" in caplog.text
