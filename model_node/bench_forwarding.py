@@ -27,7 +27,8 @@ The group syncs every 5 s (the paper's interval). The first request is sent once
 has heard from both peers.
 
 ``--quick``: 8 requests, 3 system prompts of 800–900 tokens, 0.6 requests/s (checks the bench
-runs; its figures mean little). Full run ≈ 16 minutes.
+runs; its figures mean little). Full run ≈ 16 minutes; a line per policy goes to stderr as it
+finishes.
 
 Figures, per policy ``P`` in ``hrtree``, ``load``, ``random``: ``ttft_P_{mean,p50,p99}_ms``
 (request sent → first reply chunk, which carries the first token), ``latency_P_{...}_ms``
@@ -37,7 +38,9 @@ the serving engine's cache), ``prompt_reuse_P`` (cached ÷ all prompt tokens),
 largest share of requests one node served), ``cpu_utilisation_P`` (CPU time of the three
 model-node processes ÷ (wall time × cores), from the first request sent to the last reply),
 ``foreign_cpu_P`` (the same for every other process on the machine but this bench: above a few
-per cent, another job disturbed the run);
+per cent, another job disturbed the run), ``failed_frac_P`` (requests answered with an error,
+e.g. a forwarded request whose target sent nothing for 120 s; TTFT and latency cover the
+others);
 and ``ttft_mean_ratio_hrtree_vs_load``, ``ttft_p99_ratio_hrtree_vs_load``,
 ``latency_mean_ratio_hrtree_vs_load``, ``latency_p99_ratio_hrtree_vs_load``,
 ``ttft_mean_ratio_hrtree_vs_random``, ``ttft_mean_reduction_hrtree_vs_load`` (1 − ratio).
@@ -48,6 +51,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -56,6 +60,7 @@ from typing import Any
 
 import trio
 
+from model_node.group import DEFAULT_LOAD_THRESHOLD
 from model_node.llama import DEFAULT_MODEL_ID, LlamaCppEngine, resolve_model
 from model_node.messages import NodeStats, StatsRequest
 from overlay.bench import cpu_model, summarize_ms
@@ -143,6 +148,10 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
+class RequestFailed(Exception):
+    """The model node answered with an error chunk."""
+
+
 class Client:
     """Direct TLS requests; one connection per request in flight (a model node answers a
     direct request on its connection before reading the next frame)."""
@@ -181,7 +190,8 @@ class Client:
             if ttft is None:
                 ttft = time.perf_counter() - t0
             if c.error:
-                raise RuntimeError(f"request failed: {c.error}")
+                self.release(e, conn)
+                raise RequestFailed(c.error)
             if c.done:
                 self.release(e, conn)
                 return ttft, time.perf_counter() - t0, c.node
@@ -222,10 +232,16 @@ async def _play(net: LocalNet, jobs: list[Job], systems: list[str], warm_conns: 
     trace: list[tuple[float, int, int, int, float, float]] = []  # at, entry, system, server, ttft, latency
     t_start = trio.current_time()
 
+    failed: list[str] = []
+
     async def one(job: Job) -> None:
         await trio.sleep_until(t_start + job.at)
         msgs = (ChatMessage("system", systems[job.system]), ChatMessage("user", job.question))
-        t, lat, node = await client.request(entries[job.entry], msgs)
+        try:
+            t, lat, node = await client.request(entries[job.entry], msgs)
+        except RequestFailed as exc:  # e.g. a forward timed out in an overloaded group: counted
+            failed.append(str(exc))
+            return
         trace.append((job.at, job.entry, job.system, node_index[node], t, lat))
         ttft.append(t)
         latency.append(lat)
@@ -249,6 +265,7 @@ async def _play(net: LocalNet, jobs: list[Job], systems: list[str], warm_conns: 
         "prompt_reuse": 1 - sum(s.evaluated_prompt_tokens for s in stats) / prompt,
         "forwarded_frac": sum(s.forwarded_out for s in stats) / len(jobs),
         "busiest_node_share": max(served_by.values()) / len(jobs),
+        "failed_frac": len(failed) / len(jobs), "failures": sorted(set(failed)),
         "served": served, "trace": sorted(trace), "stats": stats,
     }
 
@@ -261,11 +278,9 @@ def _decisions(stats: list[NodeStats]) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
-def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
-    n_requests = 8 if quick else REQUESTS
-    n_system = 3 if quick else SYSTEM_PROMPTS
-    rate = 0.6 if quick else RATE
-    lo, hi = (800, 900) if quick else SYSTEM_TOKENS
+def prompts(n_system: int, lo: int, hi: int) -> tuple[list[str], list[int], int]:
+    """The seeded system prompts (``lo``..``hi`` tokens each), their token counts, and the most
+    tokens a question adds."""
     rng = random.Random(SEED)
     model_id, path = resolve_model(None)
     tokenizer = LlamaCppEngine(path, model_id=model_id, n_ctx=2048, cache_bytes=0, n_threads=1)
@@ -277,22 +292,44 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
                               - system_tokens[0] for q in QUESTIONS)
     finally:
         tokenizer.close()
+    return systems, system_tokens, question_tokens
+
+
+def play(policy: str, jobs: list[Job], systems: list[str], warm_conns: int,
+         load_threshold: float | None = None) -> dict[str, Any]:
+    """Play ``jobs`` on three fresh llama.cpp model-node processes forwarding by ``policy``."""
+    args = ["--threads", "1", "--prefix-snapshots", str(SNAPSHOTS), "--sync-interval", str(SYNC_INTERVAL),
+            "--forwarding-policy", policy]
+    if load_threshold is not None:
+        args += ["--load-threshold", str(load_threshold)]
+    with tempfile.TemporaryDirectory(prefix=f"gentorrent-bench-forwarding-{policy}-") as d:
+        with LocalNet(Path(d), 0, users=("client",), models=3, registry_keys=1, engine="llama.cpp",
+                      model=DEFAULT_MODEL_ID, model_args=tuple(args)) as net:
+            net.start(timeout=120)
+            result: dict[str, Any] = run_async(_play, net, jobs, systems, warm_conns)
+    ttft = result["ttft"]
+    print(f"bench forwarding: policy {policy}, threshold {load_threshold or 'default'}: {len(ttft)} answered, "
+          f"{result['failed_frac']:.0%} failed {result['failures']}, mean TTFT "
+          f"{1000 * sum(ttft) / max(1, len(ttft)):.0f} ms, cache hits {result['cache_hit_rate']:.0%}, "
+          f"wall {result['wall']:.0f} s", file=sys.stderr, flush=True)
+    return result
+
+
+def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
+    n_requests = 8 if quick else REQUESTS
+    n_system = 3 if quick else SYSTEM_PROMPTS
+    rate = 0.6 if quick else RATE
+    lo, hi = (800, 900) if quick else SYSTEM_TOKENS
+    model_id, path = resolve_model(None)
+    systems, system_tokens, question_tokens = prompts(n_system, lo, hi)
     jobs = workload(n_requests, n_system, rate, 3, SEED)
-    results: dict[str, dict[str, Any]] = {}
-    for policy in POLICIES:
-        args = ("--threads", "1", "--prefix-snapshots", str(SNAPSHOTS), "--sync-interval", str(SYNC_INTERVAL),
-                "--forwarding-policy", policy)
-        with tempfile.TemporaryDirectory(prefix=f"gentorrent-bench-forwarding-{policy}-") as d:
-            with LocalNet(Path(d), 0, users=("client",), models=3, registry_keys=1, engine="llama.cpp",
-                          model=DEFAULT_MODEL_ID, model_args=args) as net:
-                net.start(timeout=120)
-                results[policy] = run_async(_play, net, jobs, systems, 4 if quick else 16)
+    results = {policy: play(policy, jobs, systems, 4 if quick else 16) for policy in POLICIES}
     figures: dict[str, float] = {}
     for p, r in results.items():
         figures.update(summarize_ms(f"ttft_{p}", r["ttft"]))
         figures.update(summarize_ms(f"latency_{p}", r["latency"]))
         for k in ("cache_hit_rate", "prompt_reuse", "forwarded_frac", "busiest_node_share", "cpu_utilisation",
-                  "foreign_cpu"):
+                  "foreign_cpu", "failed_frac"):
             figures[f"{k}_{p}"] = r[k]
     for kind, stat in (("ttft", "mean"), ("ttft", "p99"), ("latency", "mean"), ("latency", "p99")):
         figures[f"{kind}_{stat}_ratio_hrtree_vs_load"] = (figures[f"{kind}_hrtree_{stat}_ms"]
@@ -304,7 +341,7 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
         "model": f"{model_id} ({path.name})", "engine": "llama.cpp (llama-cpp-python 0.3.36), batch-invariant",
         "model_nodes": 3, "threads_per_node": 1, "cores": len(os.sched_getaffinity(0)), "cpu": cpu_model(),
         "cached_prefixes_per_node": SNAPSHOTS + 1, "sync_interval_s": SYNC_INTERVAL, "capacity_score": 1,
-        "load_threshold": 2.0, "requests": n_requests, "arrivals": f"Poisson, {rate} requests/s",
+        "load_threshold": DEFAULT_LOAD_THRESHOLD, "requests": n_requests, "arrivals": f"Poisson, {rate} requests/s",
         "system_prompts": n_system, "system_prompt_tokens": system_tokens,
         "question_tokens_max": question_tokens, "popularity": f"Zipf({ZIPF_S})",
         "popularity_weights": [round(w, 3) for w in zipf], "max_tokens": MAX_TOKENS, "sampling": "greedy",

@@ -41,6 +41,17 @@ def register(sub: argparse._SubParsersAction) -> None:
              "Every model node of a group should use the same value: peers silent for 3 rounds expire",
     )
     p.add_argument(
+        "--load-threshold", type=_threshold, default=8.0, metavar="LOAD",
+        help="forward a request to the model node holding its prompt's KV cache only while that node "
+             "carries fewer than LOAD requests (running + queued) per capacity point; otherwise send it "
+             "to the least loaded node (default: 8, chosen by measurement: docs/decisions/0005-hrtree.md)",
+    )
+    p.add_argument(
+        "--hash-bits", type=_bits, default=8, metavar="B",
+        help="bits per HR-tree chunk hash, 1..16 (default: 8; a prefix matches after ⌈16/B⌉ chunks). Use "
+             "one value in a group: members with different values settle on one of them",
+    )
+    p.add_argument(
         "--threads", type=_positive, default=None, metavar="N",
         help="llama.cpp: CPU threads for prompt evaluation (default: every core this process may use)",
     )
@@ -64,6 +75,23 @@ def _interval(text: str) -> float:
     if not 0.05 <= value <= 3600:
         raise argparse.ArgumentTypeError(f"sync interval must be within 0.05..3600 seconds, got {text!r}")
     return value
+
+
+def _threshold(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 1000:
+        raise argparse.ArgumentTypeError(f"load threshold must be within 0..1000 requests per capacity point "
+                                         f"(above 0), got {text!r}")
+    return value
+
+
+def _bits(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 16:
+        raise argparse.ArgumentTypeError(f"hash bits must be an integer in 1..16, got {text!r}")
+    return int(text)
 
 
 def _positive(text: str) -> int:

@@ -85,7 +85,9 @@ def run_model_node(args: argparse.Namespace) -> int:
 
     close: Any = getattr(engine, "close", None)  # vLLM's asyncio thread must be stopped
     try:
-        group = None if args.no_forwarding else GroupConfig(sync_interval=args.sync_interval)
+        group = (None if args.no_forwarding
+                 else GroupConfig(sync_interval=args.sync_interval, load_threshold=args.load_threshold,
+                                  bits=args.hash_bits))
         node = ModelNode(identity, TLSTransport(identity), registry, engine, capacity=CONCURRENCY[args.engine],
                          capacity_score=args.capacity, group=group, forwarding_policy=args.forwarding_policy)
 

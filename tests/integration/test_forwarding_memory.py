@@ -33,6 +33,7 @@ from overlay.transport import MemoryNetwork, MemoryTransport
 from overlay.usernode import UserNode
 
 SYNC = 1.0  # seconds between sync rounds (expiry after 3 silent rounds)
+THRESHOLD = 2.0  # load threshold: two requests keep a capacity-1 node "overloaded"
 PARAMS = SamplingParams(max_tokens=64)
 # ~750 bytes (the echo engine's tokens are bytes): 2 whole 256-token chunks = τ_c at b = 8.
 SYSTEM = "You answer questions about the city archive. " + " ".join(
@@ -134,7 +135,7 @@ async def start_group(nursery: trio.Nursery, *, n_users: int = 16, delays: Seque
     for i, delay in enumerate(delays):
         ident = idents[f"model-{i}"]
         m = ModelNode(ident, MemoryTransport(ident, network), registry, CachingEcho(delay),
-                      group=GroupConfig(sync_interval=sync) if forwarding else None)
+                      group=GroupConfig(sync_interval=sync, load_threshold=THRESHOLD) if forwarding else None)
         await nursery.start(run_scoped, ident.node_id, m.serve)
         net.models.append(m)
     return net

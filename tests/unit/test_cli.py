@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from overlay import cli
+from model_node.group import DEFAULT_LOAD_THRESHOLD
+from model_node.hrtree import DEFAULT_BITS
 from overlay.cli import build_parser, main
 
 
@@ -133,16 +135,19 @@ def test_run_async_unwraps_a_single_error() -> None:
 
 def test_model_node_forwarding_flags() -> None:
     args = build_parser().parse_args(["model-node", "--no-forwarding", "--sync-interval", "0.5", "--threads", "1",
-                                      "--prefix-snapshots", "3"])
+                                      "--prefix-snapshots", "3", "--load-threshold", "4.5", "--hash-bits", "16"])
     assert args.no_forwarding and args.sync_interval == 0.5 and args.threads == 1 and args.prefix_snapshots == 3
+    assert args.load_threshold == 4.5 and args.hash_bits == 16
     assert args.forwarding_policy == "hrtree"
     default = build_parser().parse_args(["model-node"])
     assert not default.no_forwarding and default.sync_interval == 5.0
+    assert default.load_threshold == DEFAULT_LOAD_THRESHOLD and default.hash_bits == DEFAULT_BITS
     assert default.threads is None and default.prefix_snapshots is None
 
 
 @pytest.mark.parametrize("flags", [["--sync-interval", "0"], ["--sync-interval", "soon"], ["--threads", "0"],
-                                   ["--prefix-snapshots", "-1"], ["--forwarding-policy", "magic"]],
+                                   ["--prefix-snapshots", "-1"], ["--forwarding-policy", "magic"],
+                                   ["--load-threshold", "0"], ["--hash-bits", "0"], ["--hash-bits", "17"], ["--load-threshold", "-2"], ["--load-threshold", "many"]],
                          ids=lambda f: " ".join(f))
 def test_model_node_forwarding_flag_errors(flags: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as ei:

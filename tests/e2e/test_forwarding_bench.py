@@ -1,0 +1,63 @@
+"""``gentorrent bench forwarding`` and ``forwarding-threshold`` run with the real engine (their
+quick forms), report exactly the figures docs/benchmarks.md documents, and account for every
+request. No timing is asserted: benchmarks are not tests."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+llama = pytest.importorskip("model_node.llama")
+pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install 'gentorrent[llama]')")
+
+
+def _requests_decided(decisions: dict[str, int]) -> int:
+    """Requests decided at their entry node (a forwarded request is counted again, as
+    ``forwarded``, where it lands)."""
+    return sum(n for reason, n in decisions.items() if reason != "forwarded")
+
+
+@pytest.fixture(autouse=True)
+def _model_installed() -> None:
+    try:
+        llama.resolve_model(None)
+    except llama.EngineError as exc:
+        pytest.skip(str(exc))
+
+
+def _check(figures: dict[str, float]) -> None:
+    assert all(isinstance(v, float) and math.isfinite(v) and v >= 0 for v in figures.values())
+
+
+def test_bench_forwarding_quick(helpers: Any) -> None:
+    from model_node.bench_forwarding import POLICIES, run
+
+    params, figures = run(quick=True)
+    assert set(figures) == helpers.documented_figures("forwarding")
+    _check(figures)
+    n = params["requests"]
+    for policy in POLICIES:
+        d = params["decisions"][policy]
+        assert _requests_decided(d) == n, d
+        assert d.get("forwarded", 0) == round(figures[f"forwarded_frac_{policy}"] * n)
+        assert 0 <= figures[f"cache_hit_rate_{policy}"] <= 1 and figures[f"busiest_node_share_{policy}"] >= 1 / 3
+    assert set(params["decisions"]["load"]) <= {"miss", "forwarded"}  # load-only never looks at the tree
+    assert set(params["decisions"]["random"]) <= {"random", "forwarded"}
+
+
+def test_bench_forwarding_threshold_quick(helpers: Any) -> None:
+    from model_node.bench_forwarding_threshold import run
+
+    params, figures = run(quick=True)
+    keys = helpers.documented_figures("forwarding-threshold")
+    assert set(figures) <= keys, set(figures) - keys  # the quick run sweeps a subset
+    assert {k for k in keys if "_x2_t1_" in k or "_x2_t2_" in k or k.endswith(("_x2_t1", "_x2_t2"))} <= set(figures)
+    _check(figures)
+    for key, d in params["decisions"].items():
+        assert _requests_decided(d) == params["requests"], (key, d)
+        assert d.get("match-overloaded", 0) == round(figures[f"overloaded_frac_{key}"] * params["requests"])
+    assert figures["ttft_mean_ratio_x2_t2_vs_t2"] == 1.0
