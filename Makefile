@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 COMETBFT_VERSION := v0.38.26
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo lint test bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -30,8 +30,14 @@ setup: $(BIN)/python
 demo: setup
 	$(BIN)/gentorrent devnet --data-dir .devnet
 
-# Everything except GPU tests (those skip cleanly without a GPU anyway).
-test: setup
+# ruff (pyflakes, bugbear, isort, pyupgrade) and mypy (strict on the product packages); any
+# finding fails.
+lint: setup
+	$(BIN)/ruff check --output-format concise .
+	$(BIN)/mypy
+
+# Lint, then everything except GPU tests (those skip cleanly without a GPU anyway).
+test: lint
 	$(BIN)/python -m pytest -m 'not gpu' $(PYTEST_ARGS)
 
 bench: setup

@@ -38,12 +38,21 @@ import logging
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from model_node.hrtree import DEFAULT_BITS, MAX_L_VERSION, MAX_PATHS_PER_NODE, ChunkLengths, HRTree, Match, default_tau_c
+from model_node.hrtree import (
+    DEFAULT_BITS,
+    MAX_L_VERSION,
+    MAX_PATHS_PER_NODE,
+    ChunkLengths,
+    HRTree,
+    Match,
+    default_tau_c,
+)
 from model_node.messages import LengthProposal, LoadReport, SubtreeRequest, SubtreeUpdate
 from model_node.sentry import LengthAgreement, Sentry, proposer
+from overlay.actions import Send
 
 log = logging.getLogger("gentorrent.model.group")
 
@@ -61,14 +70,6 @@ _U63 = 2**63
 # Drop reasons that mean "the peer misbehaves" (logged as warnings); others are routine.
 _SUSPECT = frozenset({"non-member", "bad-load", "oversized", "malformed-path", "inconsistent",
                       "bad-proposal", "unexpected-message"})
-
-
-@dataclass(frozen=True, slots=True)
-class Send:
-    """Send ``msg`` to model node ``peer``."""
-
-    peer: bytes
-    msg: Any
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,10 +14,10 @@ to the request's n return paths, each clove sealed with that path's return key.
 from __future__ import annotations
 
 import logging
-from contextlib import aclosing
 import random
 import time
 from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 from typing import Any
 
 import trio

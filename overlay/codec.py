@@ -197,7 +197,7 @@ class _Spec:
     __slots__ = ("cls", "names", "checks", "encs", "any_enc")
 
     def __init__(self, cls: type) -> None:
-        if not getattr(cls, "__dataclass_params__").frozen:
+        if not cls.__dataclass_params__.frozen:
             raise TypeError(f"{cls.__name__}: wire messages must be frozen dataclasses")
         hints = typing.get_type_hints(cls)
         self.cls = cls

@@ -237,7 +237,7 @@ def self_signed_cert(key: SigningKey, common_name: str) -> tuple[bytes, bytes]:
     carry no trust; the validity window is wide to tolerate clock skew.
     """
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     cert = (
         x509.CertificateBuilder()
         .subject_name(name)

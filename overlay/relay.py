@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from overlay import codec, crypto, onion
+from overlay.actions import Send
 from overlay.identity import NODE_ID_LEN
 from overlay.messages import (
     EXIT_ID_LEN,
@@ -34,14 +35,6 @@ from overlay.messages import (
     ReturnClove,
     ToModel,
 )
-
-
-@dataclass(frozen=True, slots=True)
-class Send:
-    """Send ``msg`` to node ``peer`` (dial it if needed, from the registry)."""
-
-    peer: bytes
-    msg: Any
 
 
 @dataclass(slots=True)

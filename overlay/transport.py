@@ -34,7 +34,7 @@ import trio.testing
 from overlay import codec, crypto, handshake
 from overlay.codec import RemoteProtocolError
 from overlay.identity import Identity, short_id
-from overlay.messages import AuthChallenge, AuthOk, AuthProof, Error, NONCE_LEN
+from overlay.messages import NONCE_LEN, AuthChallenge, AuthOk, AuthProof, Error
 
 log = logging.getLogger("gentorrent.transport")
 

@@ -41,7 +41,7 @@ def _check(figures: dict[str, float]) -> None:
 
 
 def test_bench_forwarding_quick(helpers: Any) -> None:
-    from model_node.bench_forwarding import POLICIES, run
+    from model_node.bench.forwarding import POLICIES, run
 
     params, figures = run(quick=True)
     assert set(figures) == helpers.documented_figures("forwarding")
@@ -57,7 +57,7 @@ def test_bench_forwarding_quick(helpers: Any) -> None:
 
 
 def test_bench_forwarding_threshold_quick(helpers: Any) -> None:
-    from model_node.bench_forwarding_threshold import run
+    from model_node.bench.forwarding_threshold import run
 
     params, figures = run(quick=True)
     keys = helpers.documented_figures("forwarding-threshold")

@@ -19,9 +19,9 @@ import trio
 
 from model_node.messages import NodeStats, StatsRequest
 from overlay.identity import Identity
-from overlay.localnet import LocalNet
 from overlay.messages import ChatMessage, ReplyChunk, Request, SamplingParams
 from overlay.peers import PeerEntry
+from overlay.tools.localnet import LocalNet
 from overlay.transport import Connection, TLSTransport
 from overlay.usernode import UserNode
 

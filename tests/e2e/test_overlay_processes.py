@@ -11,8 +11,8 @@ import pytest
 import trio
 
 from overlay.anon import AnonError
-from overlay.localnet import LocalNet
 from overlay.messages import ChatMessage, SamplingParams
+from overlay.tools.localnet import LocalNet
 from overlay.transport import TLSTransport
 from overlay.usernode import UserNode
 

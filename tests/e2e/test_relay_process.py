@@ -16,7 +16,15 @@ import trio
 from overlay import handshake
 from overlay.identity import Identity, load_or_create, short_id
 from overlay.messages import (
-    AuthChallenge, AuthProof, Echo, EchoReply, Error, PeerStatus, PeerStatusRequest, Ping, Pong,
+    AuthChallenge,
+    AuthProof,
+    Echo,
+    EchoReply,
+    Error,
+    PeerStatus,
+    PeerStatusRequest,
+    Ping,
+    Pong,
 )
 from overlay.peers import PeerEntry, save
 from overlay.transport import PeerAuthError, TLSTransport, TransportError, parse_address

@@ -17,12 +17,26 @@ from trio.testing import MockClock
 from overlay import codec, crypto, handshake
 from overlay.identity import Identity, short_id
 from overlay.messages import (
-    AuthChallenge, AuthOk, AuthProof, Echo, EchoReply, Error, PeerStatus, PeerStatusRequest, Ping, Pong,
+    AuthChallenge,
+    AuthOk,
+    AuthProof,
+    Echo,
+    EchoReply,
+    Error,
+    PeerStatus,
+    PeerStatusRequest,
+    Ping,
+    Pong,
 )
 from overlay.node import Node
 from overlay.peers import PeerEntry
 from overlay.transport import (
-    Connection, MemoryNetwork, MemoryTransport, PeerAuthError, Timeouts, TransportError,
+    Connection,
+    MemoryNetwork,
+    MemoryTransport,
+    PeerAuthError,
+    Timeouts,
+    TransportError,
 )
 
 # Every test takes ``autojump_clock``: pytest-trio runs a test under the clock among its arguments.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from model_node.bench_forwarding import workload, zipf_weights
+from model_node.bench.forwarding import workload, zipf_weights
 
 
 def test_zipf_weights_are_a_decreasing_distribution() -> None:

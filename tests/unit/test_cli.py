@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from overlay import cli
 from model_node.group import DEFAULT_LOAD_THRESHOLD
 from model_node.hrtree import DEFAULT_BITS
+from overlay import cli
 from overlay.cli import build_parser, main
 
 

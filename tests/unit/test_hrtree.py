@@ -357,7 +357,7 @@ def test_hashes_agree_across_processes() -> None:
 def test_bench_quick_reports_every_documented_key(helpers: Any) -> None:
     """``gentorrent bench hrtree --quick`` runs, and its figures are exactly those documented
     (no timing is asserted: benchmarks are not tests)."""
-    from model_node.bench_hrtree import run
+    from model_node.bench.hrtree import run
 
     params, figures = run(quick=True)
     assert set(figures) == helpers.documented_figures("hrtree")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from overlay import crypto
-from overlay.identity import Identity, IdentityError, NODE_ID_LEN, load_or_create, node_id_of, short_id
+from overlay.identity import NODE_ID_LEN, Identity, IdentityError, load_or_create, node_id_of, short_id
 
 
 def test_identity_survives_a_restart(tmp_path: Path) -> None:

@@ -63,12 +63,12 @@ import trio
 from model_node.group import DEFAULT_LOAD_THRESHOLD
 from model_node.llama import DEFAULT_MODEL_ID, LlamaCppEngine, resolve_model
 from model_node.messages import NodeStats, StatsRequest
-from overlay.bench import cpu_model, summarize_ms
+from overlay.bench.stats import cpu_model, summarize_ms
 from overlay.cli import run_async
 from overlay.identity import Identity
-from overlay.localnet import LocalNet
 from overlay.messages import ChatMessage, ReplyChunk, Request, SamplingParams
 from overlay.peers import PeerEntry
+from overlay.tools.localnet import LocalNet
 from overlay.transport import Connection, TLSTransport
 
 POLICIES = ("hrtree", "load", "random")

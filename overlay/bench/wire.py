@@ -21,7 +21,7 @@ from typing import Any
 import trio
 
 from overlay import codec
-from overlay.bench import summarize_ms
+from overlay.bench.stats import summarize_ms
 from overlay.cli import run_async
 from overlay.identity import Identity
 from overlay.messages import Echo, EchoReply

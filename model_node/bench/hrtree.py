@@ -44,7 +44,7 @@ from model_node.hrtree import ChunkLengths, HRTree, common_prefix_units, default
 from model_node.messages import LoadReport, SubtreeUpdate
 from model_node.sentry import Sentry
 from overlay import codec
-from overlay.bench import summarize
+from overlay.bench.stats import summarize
 
 VOCAB = 128_000
 HEADER = array.array("I", [128000, 128006, 9125, 128007, 271])  # a llama-3-like chat header

@@ -29,12 +29,12 @@ from typing import Any
 import trio
 
 from overlay import codec, onion
-from overlay.bench import summarize_ms
+from overlay.bench.stats import summarize_ms
 from overlay.cli import run_async
 from overlay.identity import Identity
-from overlay.localnet import LocalNet
 from overlay.messages import CellFwd, ChatMessage, Create, ReplyChunk, Request, SamplingParams
 from overlay.node import Node
+from overlay.tools.localnet import LocalNet
 from overlay.transport import TLSTransport
 from overlay.usernode import UserNode
 

@@ -25,11 +25,22 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from model_node.bench_forwarding import (RATE, SEED, SNAPSHOTS, SYNC_INTERVAL, SYSTEM_PROMPTS, SYSTEM_TOKENS,
-                                         ZIPF_S, _decisions, play, prompts, workload)
+from model_node.bench.forwarding import (
+    RATE,
+    SEED,
+    SNAPSHOTS,
+    SYNC_INTERVAL,
+    SYSTEM_PROMPTS,
+    SYSTEM_TOKENS,
+    ZIPF_S,
+    _decisions,
+    play,
+    prompts,
+    workload,
+)
 from model_node.group import DEFAULT_LOAD_THRESHOLD
 from model_node.llama import resolve_model
-from overlay.bench import cpu_model, summarize_ms
+from overlay.bench.stats import cpu_model, summarize_ms
 
 THRESHOLDS = (1.0, 2.0, 4.0, 8.0)
 RATE_FACTORS = (2, 4)

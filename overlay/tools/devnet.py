@@ -25,8 +25,8 @@ from pathlib import Path
 
 from overlay.cli import CliError, common_flags, resolve_config, run_async
 from overlay.identity import load_or_create
-from overlay.localnet import LocalNet, LocalNetError, cli
-from overlay.status import format_rows, query_all
+from overlay.tools.localnet import LocalNet, LocalNetError, cli
+from overlay.tools.status import format_rows, query_all
 from overlay.transport import TLSTransport
 
 REGISTRY_KEYS = 4

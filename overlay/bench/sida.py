@@ -39,7 +39,7 @@ import msgpack
 import zfec
 
 from overlay import gf256
-from overlay.bench import cpu_model, summarize_ms
+from overlay.bench.stats import cpu_model, summarize_ms
 from overlay.crypto import Aead, random_bytes
 from overlay.sida import decode_clove, encode_clove, recover, split
 

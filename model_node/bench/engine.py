@@ -18,7 +18,7 @@ system prompt is about 1,200 tokens:
 - ``decode_tokens_per_s``: output tokens after the first ÷ the time after the first token
   (greedy replies of up to 128 tokens to a short prompt).
 
-Through real processes (``overlay.localnet.LocalNet``: 12 relays, one model node running
+Through real processes (``overlay.tools.localnet.LocalNet``: 12 relays, one model node running
 ``--engine llama.cpp``), a short chat turn whose prompt the node has cached, asked alternately
 through the overlay (``UserNode``, (4,3) cloves over 3-hop paths) and directly (a ``Request`` over
 an authenticated TLS connection to the model node): ``e2e_ttft_{overlay,direct}_{...}_ms``
@@ -38,10 +38,10 @@ import trio
 
 from model_node.engine import GenStats
 from model_node.llama import DEFAULT_MODEL_ID, LlamaCppEngine, resolve_model
-from overlay.bench import cpu_model, summarize_ms
+from overlay.bench.stats import cpu_model, summarize_ms
 from overlay.cli import run_async
-from overlay.localnet import LocalNet
 from overlay.messages import ChatMessage, ReplyChunk, Request, SamplingParams
+from overlay.tools.localnet import LocalNet
 from overlay.transport import TLSTransport
 from overlay.usernode import UserNode
 

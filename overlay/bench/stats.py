@@ -1,0 +1,44 @@
+"""Summaries shared by the benchmarks: percentiles, mean/p50/p99 figures, the CPU's name."""
+
+from __future__ import annotations
+
+import math
+import platform
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Nearest-rank percentile of an already sorted list (q in 0..100)."""
+    if not sorted_values:
+        return math.nan
+    k = max(0, min(len(sorted_values) - 1, math.ceil(q / 100 * len(sorted_values)) - 1))
+    return sorted_values[k]
+
+
+_UNITS = {"ms": 1e3, "us": 1e6}
+
+
+def summarize(prefix: str, seconds: list[float], unit: str = "ms") -> dict[str, float]:
+    """``{prefix}_mean_{unit}, _p50_{unit}, _p99_{unit}`` from durations in seconds."""
+    s = sorted(seconds)
+    k = _UNITS[unit]
+    return {
+        f"{prefix}_mean_{unit}": k * sum(s) / len(s),
+        f"{prefix}_p50_{unit}": k * percentile(s, 50),
+        f"{prefix}_p99_{unit}": k * percentile(s, 99),
+    }
+
+
+def summarize_ms(prefix: str, seconds: list[float]) -> dict[str, float]:
+    return summarize(prefix, seconds, "ms")
+
+
+def cpu_model() -> str:
+    """The processor's model name, for benchmark params."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
