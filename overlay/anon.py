@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import random
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from typing import Any
@@ -23,6 +22,7 @@ from typing import Any
 import trio
 
 from overlay import codec, crypto, sida
+from overlay.clock import Clock, TrioClock
 from overlay.identity import Identity, short_id
 from overlay.messages import (
     REQUEST_ID_LEN,
@@ -65,9 +65,11 @@ class AnonClient:
         n: int = 4,
         k: int = 3,
         rng: random.Random | None = None,
+        clock: Clock | None = None,
     ) -> None:
         """``models(model_id)`` lists trusted model nodes serving it; ``send(peer, msg)``
-        queues a frame (``Node.send_nowait``). Defaults n=4, k=3 (paper §5.1)."""
+        queues a frame (``Node.send_nowait``). Defaults n=4, k=3 (paper §5.1). ``clock``
+        (default :class:`~overlay.clock.TrioClock`) times the reply reassembler's TTL."""
         if not 1 <= k <= n <= 16:
             raise ValueError("need 1 <= k <= n <= 16")
         if paths.target < n:
@@ -77,6 +79,7 @@ class AnonClient:
         self.send = send
         self.n, self.k = n, k
         self.rng = rng or random.SystemRandom()
+        self.clock: Clock = clock or TrioClock()
         self.reassembler = sida.Reassembler()
         self._requests: dict[bytes, trio.MemorySendChannel[ReplyChunk]] = {}
         self.dropped: dict[str, int] = {}
@@ -153,9 +156,9 @@ class AnonClient:
             params=params,
             k=self.k,
             return_paths=tuple(
-                ReturnPath(proxy=p.proxy.node_id, exit_id=p.exit_id, key=rk.key, tag=rk.tag)
+                ReturnPath(proxy=p.proxy.node_id, proxy_path_id=p.proxy_path_id, key=rk.key, tag=rk.tag)
                 for p, rk in zip(paths, keys)
-                if p.exit_id is not None
+                if p.proxy_path_id is not None
             ),
             continuation=continuation,
         )
@@ -225,7 +228,7 @@ class AnonClient:
                 self._drop("reply-clove-unauthentic")
                 return
             try:
-                message = self.reassembler.add(clove, time.monotonic())
+                message = self.reassembler.add(clove, self.clock.monotonic())
             except sida.SidaError:
                 self._drop("reply-clove-rejected")
                 return
@@ -263,7 +266,8 @@ class Responder:
     ``delivers_per_s`` cloves a second (bursts of ``deliver_burst``): opening one costs an
     X25519, so a flooding proxy is cut off before it can take the node's CPU; cloves over the
     limit are dropped and counted (``deliver-rate-limited``), and the user's other cloves
-    still arrive through other proxies.
+    still arrive through other proxies. ``clock`` (default :class:`~overlay.clock.TrioClock`)
+    times the rate limits, the reassembler's TTL and how long request ids are remembered.
     """
 
     MAX_BUCKETS = 10_000
@@ -278,8 +282,10 @@ class Responder:
         max_active: int = 64,
         delivers_per_s: float = 500.0,
         deliver_burst: float = 1_000.0,
+        clock: Clock | None = None,
     ) -> None:
         self.identity = identity
+        self.clock: Clock = clock or TrioClock()
         self.handler = handler
         self.send = send
         self.directory = directory
@@ -304,7 +310,7 @@ class Responder:
             task_status.started()
             while True:
                 await trio.sleep(10)
-                now = time.monotonic()
+                now = self.clock.monotonic()
                 self.reassembler.expire(now)
                 for rid in [r for r, t in self._seen.items() if now - t > 600]:
                     del self._seen[rid]
@@ -315,7 +321,8 @@ class Responder:
             if len(self._buckets) >= self.MAX_BUCKETS:
                 self._buckets.clear()  # bounded; forgotten proxies start again from a full burst
             bucket = self._buckets[conn.peer] = TokenBucket(self.delivers_per_s, self.deliver_burst)
-        if not bucket.take(trio.current_time()):
+        now = self.clock.monotonic()
+        if not bucket.take(now):
             self._drop("deliver-rate-limited")
             return
         try:
@@ -324,7 +331,7 @@ class Responder:
             self._drop("clove-unsealable")  # forged or tampered: discarded, never fatal
             return
         try:
-            message = self.reassembler.add(clove, time.monotonic())
+            message = self.reassembler.add(clove, now)
         except sida.SidaError:
             self._drop("clove-rejected")
             return
@@ -352,7 +359,7 @@ class Responder:
             return False
         if len(self._seen) > 100_000:
             self._seen.clear()
-        self._seen[req.request_id] = time.monotonic()
+        self._seen[req.request_id] = self.clock.monotonic()
         assert self._nursery is not None, "Responder.run() must be running"
         if self.active >= self.max_active:
             self._start(req, self._refuse(req, "model node is at capacity; try again later"))
@@ -397,4 +404,4 @@ class Responder:
                 self._drop("proxy-not-in-registry")
                 continue
             data = ReturnKey(rp.key, rp.tag).seal(sida.encode_clove(clove))
-            self.send(rp.proxy, ReturnClove(exit_id=rp.exit_id, data=data))
+            self.send(rp.proxy, ReturnClove(proxy_path_id=rp.proxy_path_id, data=data))

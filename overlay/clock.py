@@ -35,26 +35,33 @@ class SystemClock:
         return time.time()
 
 
+# Wall clock minus trio's clock, fixed the first time any TrioClock of a run reads it.
+_UNIX_OFFSET: trio.lowlevel.RunVar[float] = trio.lowlevel.RunVar("gentorrent_unix_offset")
+
+
 class TrioClock:
     """trio's clock, so ``MockClock`` drives drivers under test.
 
-    ``unix()`` is anchored to the wall clock the first time it is read and then
-    advances with trio's clock, so a test that jumps trio's clock by an hour
-    sees expiry stamps an hour later too. Both methods must be called inside
-    ``trio.run``.
+    ``unix()`` is anchored to the wall clock the first time any ``TrioClock``
+    reads it in a ``trio.run`` and then advances with trio's clock, so a test
+    that jumps trio's clock by an hour sees expiry stamps an hour later too,
+    and every node of the run agrees on the time (one anchor per run, not per
+    instance: under an autojumping ``MockClock`` two instances anchored at
+    different trio times would disagree by the jump). Both methods must be
+    called inside ``trio.run``.
     """
-
-    def __init__(self) -> None:
-        self._unix_offset: float | None = None
 
     def monotonic(self) -> float:
         return trio.current_time()
 
     def unix(self) -> float:
         now = trio.current_time()
-        if self._unix_offset is None:
-            self._unix_offset = time.time() - now
-        return self._unix_offset + now
+        try:
+            offset = _UNIX_OFFSET.get()
+        except LookupError:
+            offset = time.time() - now
+            _UNIX_OFFSET.set(offset)
+        return offset + now
 
 
 class FakeClock:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from overlay.codec import field, message
 from overlay.identity import NODE_ID_LEN
+from overlay.onion import IV_LEN
 
 NONCE_LEN = 32
 
@@ -115,9 +116,8 @@ class EchoReply:
 # Link ids are chosen by the upstream end of each link and differ on every link.
 
 LINK_ID_LEN = 16
-IV_LEN = 16
 MAX_CELL_BODY = 1024 * 1024 + 4096  # a padded clove of the largest prompt, plus layers
-EXIT_ID_LEN = 16
+PROXY_PATH_ID_LEN = 16
 
 
 @message(100)
@@ -162,10 +162,10 @@ class Destroy:
 @dataclass(frozen=True, slots=True)
 class Deliver:
     """Proxy → model node over TLS: one request clove, sealed to the model node.
-    ``exit_id`` names the path at this proxy (replies for it come back as
+    ``proxy_path_id`` names the path at this proxy (replies for it come back as
     :class:`ReturnClove`)."""
 
-    exit_id: bytes = field(exact=EXIT_ID_LEN)
+    proxy_path_id: bytes = field(exact=PROXY_PATH_ID_LEN)
     sealed: bytes = field(max=MAX_CELL_BODY)
 
 
@@ -174,7 +174,7 @@ class Deliver:
 class ReturnClove:
     """Model node → proxy over TLS: one reply clove, sealed with a per-path return key."""
 
-    exit_id: bytes = field(exact=EXIT_ID_LEN)
+    proxy_path_id: bytes = field(exact=PROXY_PATH_ID_LEN)
     data: bytes = field(max=MAX_CELL_BODY)
 
 
@@ -193,9 +193,9 @@ class ToModel:
 @message(111)
 @dataclass(frozen=True, slots=True)
 class PathReady:
-    """Proxy → user: the path is up; model nodes reach it at this proxy under ``exit_id``."""
+    """Proxy → user: the path is up; model nodes reach it at this proxy under ``proxy_path_id``."""
 
-    exit_id: bytes = field(exact=EXIT_ID_LEN)
+    proxy_path_id: bytes = field(exact=PROXY_PATH_ID_LEN)
 
 
 @message(112)
@@ -245,7 +245,7 @@ class ReturnPath:
     """How the model node reaches the user back through one proxy (paper §3.2 step 4)."""
 
     proxy: bytes = field(exact=NODE_ID_LEN)
-    exit_id: bytes = field(exact=EXIT_ID_LEN)
+    proxy_path_id: bytes = field(exact=PROXY_PATH_ID_LEN)
     key: bytes = field(exact=32)  # per-request, per-path return key
     tag: bytes = field(exact=8)
 

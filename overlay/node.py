@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -22,6 +21,7 @@ from typing import Any
 import trio
 
 from overlay import codec
+from overlay.clock import Clock, TrioClock
 from overlay.codec import RemoteProtocolError
 from overlay.identity import Identity, short_id
 from overlay.messages import Echo, EchoReply, Error, PeerSeen, PeerStatus, PeerStatusRequest, Ping, Pong
@@ -46,14 +46,18 @@ class Node:
         peers: list[PeerEntry] | None = None,
         ping_interval: float = 30.0,
         idle_timeout: float = 300.0,
+        clock: Clock | None = None,
     ) -> None:
+        """``clock`` (default :class:`~overlay.clock.TrioClock`) times uptime and ping round
+        trips (``monotonic``) and stamps when a peer last answered (``unix``)."""
         self.identity = identity
+        self.clock: Clock = clock or TrioClock()
         self.transport = transport
         self.peers = {p.node_id: p for p in (peers or []) if p.node_id != identity.node_id}
         self.ping_interval = ping_interval
         self.idle_timeout = idle_timeout
         self.address: str | None = None
-        self.started_at = time.monotonic()
+        self.started_at: float | None = None  # clock.monotonic() when serve() started
         self.rejected: Counter[str] = Counter()
         self.seen: dict[bytes, PeerSeen] = {}
         self._handlers: dict[type, MessageHandler] = {}
@@ -88,6 +92,7 @@ class Node:
         """Listen and ping peers until cancelled; reports the bound address."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            self.started_at = self.clock.monotonic()
             self.address = await nursery.start(self.transport.serve, self._serve_conn, host, port)
             if self.peers and self.ping_interval > 0:
                 nursery.start_soon(self._ping_loop)
@@ -238,7 +243,7 @@ class Node:
         conn = await self.connection_to(peer)
         nonce = next(self._nonces)
         done = trio.Event()
-        t0 = time.perf_counter()
+        t0 = self.clock.monotonic()
         self._pings[nonce] = (done, t0)
         try:
             await conn.send(Ping(nonce=nonce))
@@ -246,7 +251,7 @@ class Node:
                 await done.wait()
             if not done.is_set():
                 raise TransportError(f"no pong from {short_id(peer.node_id)} within {timeout}s")
-            return time.perf_counter() - t0
+            return self.clock.monotonic() - t0
         finally:
             self._pings.pop(nonce, None)
 
@@ -269,7 +274,7 @@ class Node:
             )
             return
         self.seen[peer.node_id] = PeerSeen(
-            node_id=peer.node_id, address=peer.address, rtt_us=int(rtt * 1e6), last_ok_unix=time.time()
+            node_id=peer.node_id, address=peer.address, rtt_us=int(rtt * 1e6), last_ok_unix=self.clock.unix()
         )
 
     # ------------------------------------------------------------------ handlers
@@ -288,6 +293,6 @@ class Node:
     async def _on_status(self, conn: Connection, msg: PeerStatusRequest) -> PeerStatus:
         return PeerStatus(
             node_id=self.node_id,
-            uptime_s=time.monotonic() - self.started_at,
+            uptime_s=0.0 if self.started_at is None else self.clock.monotonic() - self.started_at,
             peers=tuple(self.seen[k] for k in sorted(self.seen)),
         )

@@ -35,12 +35,11 @@ EPH_LEN = 32
 BLOCK_LEN = 1 + 4 + NODE_ID_LEN + EPH_LEN + MAC_LEN
 BETA_LEN = HOPS * BLOCK_LEN
 ONION_LEN = EPH_LEN + MAC_LEN + BETA_LEN  # 32 + 16 + 3*73 = 267 bytes
-IV_LEN = 16
-LINK_ID_LEN = 16
+IV_LEN = 16  # a cell's iv: one AES block, permuted at every hop
 MAX_ONION_TTL = 2 * 3600  # a path may not be set up to live longer than this
 
 FLAG_RELAY = 0
-FLAG_EXIT = 1
+FLAG_PROXY = 1
 
 _INFO = b"gentorrent/onion/v1/"
 
@@ -76,12 +75,12 @@ class HopKeys:
 class Routing:
     """What one hop learns when it opens its layer."""
 
-    exit: bool
+    is_proxy: bool  # this hop is the path's proxy (the last hop)
     expires: int
-    next_node: bytes  # zero bytes at the exit
+    next_node: bytes  # zero bytes at the proxy
     keys: HopKeys
     ephemeral: bytes  # this hop's ephemeral public key (for the replay cache)
-    next_onion: bytes  # the packet to pass on (meaningless at the exit)
+    next_onion: bytes  # the packet to pass on (meaningless at the proxy)
 
 
 def _xor(a: bytes, b: bytes) -> bytes:
@@ -118,7 +117,7 @@ def build_onion(
     for i in range(1, HOPS):
         phi = _xor(phi + bytes(BLOCK_LEN), rhos[i - 1][BETA_LEN + BLOCK_LEN - i * BLOCK_LEN :])
     last = HOPS - 1
-    block = _pack_block(FLAG_EXIT, expires, bytes(NODE_ID_LEN), bytes(EPH_LEN), bytes(MAC_LEN))
+    block = _pack_block(FLAG_PROXY, expires, bytes(NODE_ID_LEN), bytes(EPH_LEN), bytes(MAC_LEN))
     beta = _xor(block, rhos[last][:BLOCK_LEN]) + phi
     mac = crypto.mac16(keys[last].mac, beta)
     for i in range(HOPS - 2, -1, -1):
@@ -146,7 +145,7 @@ def peel_onion(static: crypto.X25519Key, onion: bytes) -> Routing:
     if not crypto.ct_equal(crypto.mac16(keys.mac, beta), mac):
         raise OnionError("bad-mac", "onion layer does not authenticate (tampered, or not for us)")
     flags, expires = struct.unpack(">BI", tmp[:5])
-    if flags not in (FLAG_RELAY, FLAG_EXIT):
+    if flags not in (FLAG_RELAY, FLAG_PROXY):
         raise OnionError("bad-flags", f"unknown flags {flags}")
     o = 5
     next_node = tmp[o : o + NODE_ID_LEN]
@@ -156,7 +155,7 @@ def peel_onion(static: crypto.X25519Key, onion: bytes) -> Routing:
     next_mac = tmp[o : o + MAC_LEN]
     next_beta = tmp[BLOCK_LEN:]
     return Routing(
-        exit=flags == FLAG_EXIT,
+        is_proxy=flags == FLAG_PROXY,
         expires=expires,
         next_node=next_node,
         keys=keys,
@@ -234,7 +233,7 @@ class PathCrypt:
             raise OnionError("bad-cell", "backward cell does not authenticate") from None
 
 
-class ExitCrypt:
+class ProxyCrypt:
     """The proxy's end of a path: opens forward payloads, seals backward ones."""
 
     __slots__ = ("hop", "_end")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import random
-import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from typing import Any
 import trio
 
 from overlay import codec, crypto, onion
+from overlay.clock import Clock, TrioClock
 from overlay.identity import short_id
 from overlay.messages import LINK_ID_LEN, CellBack, Create, Destroy, FromModel, PathNotice, PathReady
 from overlay.peers import PeerEntry
@@ -46,7 +46,7 @@ class Path:
     crypt: onion.PathCrypt
     created: float
     ready: trio.Event = field(default_factory=trio.Event)
-    exit_id: bytes | None = None
+    proxy_path_id: bytes | None = None
     dead: bool = False
     # reply routing: return tag -> callback(data)
     returns: dict[bytes, Callable[[bytes], None]] = field(default_factory=dict)
@@ -76,9 +76,13 @@ class PathManager:
         refresh: float = 15 * 60.0,
         path_ttl: int = 3600,
         rng: random.Random | None = None,
+        clock: Clock | None = None,
     ) -> None:
         """``node`` sends frames (``send_nowait``); ``directory()`` lists the relays usable
-        (users of our region). ``target`` is N ≥ n (paper §3.2)."""
+        (users of our region). ``target`` is N ≥ n (paper §3.2). ``clock`` (default
+        :class:`~overlay.clock.TrioClock`) times refreshes and suspect periods
+        (``monotonic``) and stamps onion expiries (``unix``)."""
+        self.clock: Clock = clock or TrioClock()
         self.node = node
         self.directory = directory
         self.target = target
@@ -130,8 +134,8 @@ class PathManager:
             log.info("%r: dropped a backward cell: %s", path, exc)
             return
         if isinstance(payload, PathReady):
-            if path.exit_id is None:
-                path.exit_id = payload.exit_id
+            if path.proxy_path_id is None:
+                path.proxy_path_id = payload.proxy_path_id
                 path.ready.set()
                 self.built += 1
                 self._notify()
@@ -160,7 +164,7 @@ class PathManager:
             return
         if not path.ready.is_set():
             self.failed += 1
-        until = time.monotonic() + SUSPECT_SECONDS
+        until = self.clock.monotonic() + SUSPECT_SECONDS
         for r in path.relays:
             self._suspect[r.node_id] = until
         log.info("%r failed: %s", path, why)
@@ -181,11 +185,11 @@ class PathManager:
 
     def _choose_relays(self) -> list[PeerEntry]:
         me = self.node.node_id
-        now = time.monotonic()
+        now = self.clock.monotonic()
         in_use = {r.node_id for p in self._fresh(now) for r in p.relays}
         pool = [
             e for e in self.directory()
-            if e.node_id != me and e.node_id not in in_use and self._suspect.get(e.node_id, 0) < now
+            if e.node_id != me and e.node_id not in in_use and not self._is_suspect(e.node_id, now)
         ]
         if len(pool) < onion.HOPS:
             # Fall back to suspects rather than build nothing; never reuse a live path's relay.
@@ -196,12 +200,16 @@ class PathManager:
             )
         return self.rng.sample(pool, onion.HOPS)
 
+    def _is_suspect(self, relay: bytes, now: float) -> bool:
+        until = self._suspect.get(relay)
+        return until is not None and now <= until
+
     def start_build(self) -> Path:
         relays = self._choose_relays()
         packet, keys = onion.build_onion(
-            [r.x25519_public for r in relays], [r.node_id for r in relays], int(time.time()) + self.path_ttl
+            [r.x25519_public for r in relays], [r.node_id for r in relays], int(self.clock.unix()) + self.path_ttl
         )
-        path = Path(relays, crypto.random_bytes(LINK_ID_LEN), onion.PathCrypt(keys), time.monotonic())
+        path = Path(relays, crypto.random_bytes(LINK_ID_LEN), onion.PathCrypt(keys), self.clock.monotonic())
         self.paths.append(path)
         self.by_link[(path.first, path.link_id)] = path
         if not self.node.send_nowait(path.first, Create(path.link_id, packet)):
@@ -227,7 +235,7 @@ class PathManager:
         async with trio.open_nursery() as nursery:
             task_status.started()
             while True:
-                now = time.monotonic()
+                now = self.clock.monotonic()
                 fresh = self._fresh(now)
                 stale = [p for p in self.paths if p not in fresh]
                 if stale and sum(p.ready.is_set() for p in fresh) >= self.target:

@@ -6,7 +6,7 @@ Feed it what arrived and from whom; it returns what to send to whom::
 
 Per path a hop stores ``(predecessor, its link id) <-> (successor, our link id)``,
 its :class:`~overlay.onion.HopCrypt` and an expiry; a proxy (the last hop)
-stores an exit id instead of a successor. Tables are bounded in total and per
+stores a proxy path id instead of a successor. Tables are bounded in total and per
 peer; every peer has a token bucket for cells and for creates; idle paths
 expire. Every drop is counted in ``core.dropped[reason]``; nothing a peer sends
 raises out of :meth:`RelayCore.on_message`.
@@ -20,10 +20,9 @@ from typing import Any
 
 from overlay import codec, crypto, onion
 from overlay.actions import Send
-from overlay.identity import NODE_ID_LEN
 from overlay.messages import (
-    EXIT_ID_LEN,
     LINK_ID_LEN,
+    PROXY_PATH_ID_LEN,
     CellBack,
     CellFwd,
     Create,
@@ -44,8 +43,8 @@ class _Path:
     succ: bytes | None  # None at the proxy
     succ_link: bytes | None
     hop: onion.HopCrypt
-    exit: onion.ExitCrypt | None
-    exit_id: bytes | None
+    proxy: onion.ProxyCrypt | None  # set at the proxy (the last hop) only
+    proxy_path_id: bytes | None
     expires: float  # monotonic
     last_used: float
     cells: int = 0
@@ -100,7 +99,7 @@ class RelayCore:
     def __post_init__(self) -> None:
         self.by_pred: dict[tuple[bytes, bytes], _Path] = {}
         self.by_succ: dict[tuple[bytes, bytes], _Path] = {}
-        self.by_exit: dict[bytes, _Path] = {}
+        self.by_proxy_path: dict[bytes, _Path] = {}
         self.per_peer: Counter[bytes] = Counter()
         self.replay: dict[bytes, float] = {}  # ephemeral key -> unix expiry
         self._cell_buckets: dict[bytes, TokenBucket] = {}
@@ -156,13 +155,13 @@ class RelayCore:
             return self._drop("onion-replayed")
         self._remember(r.ephemeral, r.expires, unix)
         expires = now + (r.expires - unix)
-        if r.exit:
-            exit_id = crypto.random_bytes(EXIT_ID_LEN)
-            path = _Path(peer, msg.link_id, None, None, onion.HopCrypt(r.keys), onion.ExitCrypt(r.keys),
-                         exit_id, expires, now)
+        if r.is_proxy:
+            proxy_path_id = crypto.random_bytes(PROXY_PATH_ID_LEN)
+            path = _Path(peer, msg.link_id, None, None, onion.HopCrypt(r.keys), onion.ProxyCrypt(r.keys),
+                         proxy_path_id, expires, now)
             self._add(path)
-            assert path.exit is not None
-            iv, body = path.exit.seal_backward(codec.encode(PathReady(exit_id=exit_id)))
+            assert path.proxy is not None
+            iv, body = path.proxy.seal_backward(codec.encode(PathReady(proxy_path_id=proxy_path_id)))
             return [Send(peer, CellBack(msg.link_id, iv, body))]
         nxt = r.next_node
         if nxt == self.node_id or nxt == peer or (self.knows is not None and not self.knows(nxt)):
@@ -187,16 +186,16 @@ class RelayCore:
         self.by_pred[(p.pred, p.pred_link)] = p
         if p.succ is not None and p.succ_link is not None:
             self.by_succ[(p.succ, p.succ_link)] = p
-        if p.exit_id is not None:
-            self.by_exit[p.exit_id] = p
+        if p.proxy_path_id is not None:
+            self.by_proxy_path[p.proxy_path_id] = p
         self.per_peer[p.pred] += 1
 
     def _remove(self, p: _Path) -> None:
         self.by_pred.pop((p.pred, p.pred_link), None)
         if p.succ is not None and p.succ_link is not None:
             self.by_succ.pop((p.succ, p.succ_link), None)
-        if p.exit_id is not None:
-            self.by_exit.pop(p.exit_id, None)
+        if p.proxy_path_id is not None:
+            self.by_proxy_path.pop(p.proxy_path_id, None)
         self.per_peer[p.pred] -= 1
         if self.per_peer[p.pred] <= 0:
             del self.per_peer[p.pred]
@@ -220,13 +219,13 @@ class RelayCore:
         p = self._live_path(peer, self.by_pred.get((peer, msg.link_id)), "unknown-link", now)
         if not isinstance(p, _Path):
             return p
-        if p.exit is None:
+        if p.proxy is None:
             assert p.succ is not None and p.succ_link is not None
             iv, body = p.hop.relay_forward(msg.iv, msg.body)
             self.forwarded += 1
             return [Send(p.succ, CellFwd(p.succ_link, iv, body))]
         try:
-            payload = codec.decode(p.exit.open_forward(msg.iv, msg.body))
+            payload = codec.decode(p.proxy.open_forward(msg.iv, msg.body))
         except onion.OnionError:
             return self._drop("cell-unauthentic")
         except codec.RemoteProtocolError:
@@ -236,9 +235,9 @@ class RelayCore:
         is_model = self.is_model if self.is_model is not None else self.knows
         if is_model is not None and not is_model(payload.dest):
             return self._notice(p, "unknown-model-node", "the destination is not a model node in the registry")
-        assert p.exit_id is not None
+        assert p.proxy_path_id is not None
         self.forwarded += 1
-        return [Send(payload.dest, Deliver(exit_id=p.exit_id, sealed=payload.sealed))]
+        return [Send(payload.dest, Deliver(proxy_path_id=p.proxy_path_id, sealed=payload.sealed))]
 
     def on_cell_back(self, peer: bytes, msg: CellBack, now: float) -> list[Send]:
         p = self._live_path(peer, self.by_succ.get((peer, msg.link_id)), "unknown-link", now)
@@ -249,25 +248,25 @@ class RelayCore:
         return [Send(p.pred, CellBack(p.pred_link, iv, body))]
 
     def on_return_clove(self, peer: bytes, msg: ReturnClove, now: float) -> list[Send]:
-        found = self.by_exit.get(msg.exit_id)
-        p = self._live_path(peer, found if found is not None and found.exit is not None else None,
-                            "unknown-exit", now)
+        found = self.by_proxy_path.get(msg.proxy_path_id)
+        p = self._live_path(peer, found if found is not None and found.proxy is not None else None,
+                            "unknown-proxy-path", now)
         if not isinstance(p, _Path):
             return p
-        assert p.exit is not None
-        iv, body = p.exit.seal_backward(codec.encode(FromModel(data=msg.data)))
+        assert p.proxy is not None
+        iv, body = p.proxy.seal_backward(codec.encode(FromModel(data=msg.data)))
         self.forwarded += 1
         return [Send(p.pred, CellBack(p.pred_link, iv, body))]
 
     def _notice(self, p: _Path, code: str, detail: str) -> list[Send]:
-        assert p.exit is not None
+        assert p.proxy is not None
         self.dropped[code] += 1
-        iv, body = p.exit.seal_backward(codec.encode(PathNotice(code=code, detail=detail)))
+        iv, body = p.proxy.seal_backward(codec.encode(PathNotice(code=code, detail=detail)))
         return [Send(p.pred, CellBack(p.pred_link, iv, body))]
 
-    def deliver_failed(self, exit_id: bytes, detail: str) -> list[Send]:
+    def deliver_failed(self, proxy_path_id: bytes, detail: str) -> list[Send]:
         """The driver could not deliver to the model node: tell the user through the path."""
-        p = self.by_exit.get(exit_id)
+        p = self.by_proxy_path.get(proxy_path_id)
         if p is None:
             return []
         return self._notice(p, "model-unreachable", detail[:512])
@@ -317,5 +316,3 @@ class RelayCore:
                 self.dropped["path-expired"] += 1
         return out
 
-
-assert NODE_ID_LEN == 20 and LINK_ID_LEN == onion.LINK_ID_LEN

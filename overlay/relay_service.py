@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable
 from typing import Any
 
 import trio
 
+from overlay.actions import Send
+from overlay.clock import Clock, TrioClock
 from overlay.messages import CellBack, CellFwd, Create, Deliver, Destroy, ReturnClove
 from overlay.node import Node
-from overlay.relay import RelayCore, Send
+from overlay.relay import RelayCore
 from overlay.transport import Connection
 
 log = logging.getLogger("gentorrent.relay")
@@ -20,10 +20,16 @@ RELAY_MESSAGES = (Create, CellFwd, CellBack, Destroy, ReturnClove)
 
 
 class RelayService:
-    def __init__(self, node: Node, core: RelayCore, *, clock: Callable[[], float] = time.monotonic) -> None:
+    """Feeds ``node``'s relay messages to ``core`` and carries out the actions it returns.
+
+    ``clock`` (default :class:`~overlay.clock.TrioClock`) gives the core its ``now``
+    (``monotonic``: rate limits, path expiry) and ``unix`` (onion expiry stamps).
+    """
+
+    def __init__(self, node: Node, core: RelayCore, *, clock: Clock | None = None) -> None:
         self.node = node
         self.core = core
-        self.clock = clock
+        self.clock: Clock = clock or TrioClock()
         node.on_peer_lost(self._on_peer_lost)
 
     def install(self) -> None:
@@ -32,13 +38,13 @@ class RelayService:
             self.node.on(t, self.handle)
 
     async def handle(self, conn: Connection, msg: Any) -> None:
-        self.execute(self.core.on_message(conn.peer_id, msg, now=self.clock(), unix=time.time()))
+        self.execute(self.core.on_message(conn.peer_id, msg, now=self.clock.monotonic(), unix=self.clock.unix()))
 
     def execute(self, actions: list[Send]) -> None:
         for a in actions:
             ok = self.node.send_nowait(a.peer, a.msg)
             if not ok and isinstance(a.msg, Deliver):
-                self.execute(self.core.deliver_failed(a.msg.exit_id, "the model node is unreachable"))
+                self.execute(self.core.deliver_failed(a.msg.proxy_path_id, "the model node is unreachable"))
 
     def _on_peer_lost(self, peer: bytes) -> None:
         self.execute(self.core.on_peer_lost(peer))
@@ -47,4 +53,4 @@ class RelayService:
         task_status.started()
         while True:
             await trio.sleep(interval)
-            self.execute(self.core.expire(self.clock()))
+            self.execute(self.core.expire(self.clock.monotonic()))

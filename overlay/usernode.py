@@ -12,6 +12,7 @@ from typing import Any
 import trio
 
 from overlay.anon import AnonClient
+from overlay.clock import Clock, TrioClock
 from overlay.identity import Identity
 from overlay.messages import CellBack, Destroy
 from overlay.node import Node
@@ -37,11 +38,16 @@ class UserNode:
         ping_interval: float = 0.0,
         build_timeout: float = 10.0,
         refresh: float = 15 * 60.0,
+        clock: Clock | None = None,
     ) -> None:
+        """``clock`` (default :class:`~overlay.clock.TrioClock`) is handed to every part:
+        node, relay, path manager and client, so a test moves them all at once."""
+        clock = clock or TrioClock()
         self.identity = identity
         self.registry = registry
         self.region = region
-        self.node = Node(identity, transport, peers=registry.entries, ping_interval=ping_interval)
+        self.node = Node(identity, transport, peers=registry.entries, ping_interval=ping_interval,
+                         clock=clock)
 
         def has_role(role: str) -> Any:
             return lambda i: (e := registry.by_id.get(i)) is not None and e.role == role
@@ -49,6 +55,7 @@ class UserNode:
         self.relay = RelayService(
             self.node,
             RelayCore(identity.node_id, identity.x25519, knows=has_role("user"), is_model=has_role("model")),
+            clock=clock,
         )
         self.relay.install()
         self.paths: PathManager | None = None
@@ -56,9 +63,10 @@ class UserNode:
         if client:
             self.paths = PathManager(
                 self.node, lambda: registry.users(region), target=max(n, paths or n),
-                build_timeout=build_timeout, refresh=refresh,
+                build_timeout=build_timeout, refresh=refresh, clock=clock,
             )
-            self.client = AnonClient(self.paths, registry.models, self.node.send_nowait, n=n, k=k)
+            self.client = AnonClient(self.paths, registry.models, self.node.send_nowait, n=n, k=k,
+                                      clock=clock)
             self.node.on(CellBack, self._on_cell_back)
             self.node.on(Destroy, self._on_destroy)
             self.node.on_peer_lost(self.paths.on_peer_lost)

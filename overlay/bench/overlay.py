@@ -31,6 +31,7 @@ import trio
 from overlay import codec, onion
 from overlay.bench.stats import summarize_ms
 from overlay.cli import run_async
+from overlay.clock import SystemClock
 from overlay.identity import Identity
 from overlay.messages import CellFwd, ChatMessage, Create, ReplyChunk, Request, SamplingParams
 from overlay.node import Node
@@ -115,7 +116,7 @@ async def _relay_capacity(cluster: LocalNet, sink_ident: Identity, cells: int) -
             link = os.urandom(16)
             pkt, _keys = onion.build_onion(
                 [relay.x25519_public, sink_ident.x25519_public, sink_ident.x25519_public],
-                [relay.node_id, sink_ident.node_id, sink_ident.node_id], int(time.time()) + 600)
+                [relay.node_id, sink_ident.node_id, sink_ident.node_id], int(SystemClock().unix()) + 600)
             await conn.send(Create(link, pkt))
             links.append(link)
         await trio.sleep(0.5)  # the relay dials the sink and forwards the Creates

@@ -22,8 +22,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from overlay.cli import CliError, common_flags, resolve_config, run_async
+from overlay.clock import Clock, TrioClock
 from overlay.identity import load_or_create
 from overlay.tools.localnet import LocalNet, LocalNetError, cli
 from overlay.tools.status import format_rows, query_all
@@ -39,7 +41,7 @@ DEMO_TURNS = {
 }
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "devnet", help="run a local network of every part that exists, on loopback",
         description=(
@@ -65,17 +67,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=_run)
 
 
-async def wait_up(net: LocalNet, timeout: float) -> dict:
-    """Poll every started node's status over authenticated TLS until all answer (or timeout)."""
+async def wait_up(net: LocalNet, timeout: float, *, clock: Clock | None = None) -> dict[str, Any]:
+    """Poll every started node's status over authenticated TLS until all answer (or ``timeout``
+    seconds on ``clock``, default :class:`~overlay.clock.TrioClock`)."""
     import trio
 
+    clock = clock or TrioClock()
     transport = TLSTransport(load_or_create(net.root / "observer"))
     started = [net.entries[n] for n in net.relays + net.models]
-    deadline = trio.current_time() + timeout
+    deadline = clock.monotonic() + timeout
     while True:
         results = await query_all(transport, started, 5.0)
         done = all(not isinstance(r, str) for r in results.values())
-        if done or trio.current_time() > deadline:
+        if done or clock.monotonic() > deadline:
             return {"ok": done, "results": results, "entries": started}
         await trio.sleep(0.5)
 

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from overlay import registry as reg
+from overlay.clock import Clock, SystemClock
 from overlay.crypto import SigningKey
 from overlay.identity import Identity, load_or_create
 from overlay.peers import PeerEntry
@@ -61,12 +62,16 @@ class LocalNet:
         echo_delay: float = 0.0,
         engine: str = "echo",
         model_args: tuple[str, ...] = (),
+        clock: Clock | None = None,
     ) -> None:
         """``users`` names extra registered user identities that this class does not
         start (chat clients, benchmark clients, test sinks). ``engine``: the model nodes'
         ``--engine`` (``echo``, the diagnostic, by default; ``llama.cpp`` with
         ``model="smollm2-135m-instruct"`` runs the real default model). ``model_args``: extra
-        ``gentorrent model-node`` flags (``--sync-interval 0.5``, ``--threads 1``...)."""
+        ``gentorrent model-node`` flags (``--sync-interval 0.5``, ``--threads 1``...).
+        ``clock`` (default :class:`~overlay.clock.SystemClock`: this class runs outside trio)
+        stamps the registry and times the waits for processes."""
+        self.clock: Clock = clock or SystemClock()
         self.root = root
         self.engine = engine
         self.model_args = tuple(model_args)
@@ -90,7 +95,7 @@ class LocalNet:
                 for i in range(registry_keys)]
         self.keys_hex = ",".join(k.public_bytes.hex() for k in keys)
         self.registry_file = root / "registry.json"
-        reg.save(self.registry_file, reg.sign(list(self.entries.values()), keys, 1, int(time.time())))
+        reg.save(self.registry_file, reg.sign(list(self.entries.values()), keys, 1, int(self.clock.unix())))
         self.registry = reg.load(self.registry_file, [k.public_bytes for k in keys])
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
@@ -137,7 +142,7 @@ class LocalNet:
         self.wait_ready(names, timeout)
 
     def wait_ready(self, names: list[str], timeout: float) -> None:
-        deadline = time.monotonic() + timeout
+        deadline = self.clock.monotonic() + timeout
         pending = set(names)
         while pending:
             for n in list(pending):
@@ -146,7 +151,7 @@ class LocalNet:
                     raise LocalNetError(f"{n} exited with status {p.returncode}; see {self.root / (n + '.log')}")
                 if b"READY " in (self.root / f"{n}.log").read_bytes():
                     pending.discard(n)
-            if pending and time.monotonic() > deadline:
+            if pending and self.clock.monotonic() > deadline:
                 raise LocalNetError(f"not ready after {timeout}s: {sorted(pending)}")
             if pending:
                 time.sleep(0.05)
@@ -161,10 +166,10 @@ class LocalNet:
         for p in self.procs.values():
             if p.poll() is None:
                 p.terminate()
-        deadline = time.monotonic() + 5
+        deadline = self.clock.monotonic() + 5
         for p in self.procs.values():
             try:
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+                p.wait(timeout=max(0.1, deadline - self.clock.monotonic()))
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()

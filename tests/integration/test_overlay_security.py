@@ -13,7 +13,7 @@ and a relay clock the test can move forward.
    paths cannot stop or alter a reply; on more, requests fail with
    :class:`AnonError`, never with garbage.
 3. Bad input: wrong-size, garbage and replayed onions, unknown links and
-   exits, cells on expired paths, unsealable cloves, floods: dropped with a
+   proxy paths, cells on expired paths, unsealable cloves, floods: dropped with a
    counted reason, bounded tables, and other users keep being served.
 4. Paths: disjoint, regional, never through oneself; refreshed; failed paths'
    relays avoided; a proxy cannot steer traffic at non-model nodes.
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import time
 import types
 from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Mapping
@@ -40,9 +39,12 @@ import overlay.paths
 from model_node.echo import EchoEngine
 from model_node.server import ModelNode
 from overlay import codec, crypto, onion, sida
+from overlay.actions import Send
 from overlay.anon import AnonError
+from overlay.clock import TrioClock
 from overlay.identity import Identity
 from overlay.messages import (
+    LINK_ID_LEN,
     CellBack,
     CellFwd,
     ChatMessage,
@@ -60,7 +62,7 @@ from overlay.messages import (
 from overlay.node import Node
 from overlay.peers import PeerEntry
 from overlay.registry import Registry
-from overlay.relay import RelayCore, RelayLimits, Send
+from overlay.relay import RelayCore, RelayLimits
 from overlay.seal import seal_to
 from overlay.transport import MemoryNetwork, MemoryTransport
 from overlay.usernode import UserNode
@@ -71,14 +73,15 @@ PARAMS = SamplingParams(max_tokens=4096)
 # =========================================================================== the network
 
 
-class Clock:
-    """The relays' monotonic clock: trio's (autojump) clock plus a skew the test can add."""
+class SkewClock(TrioClock):
+    """The relays' clock: trio's (autojump) clock, with a skew the test can add to ``monotonic``
+    (``unix`` stays on trio's, so onion expiry stamps still agree with the client's)."""
 
     def __init__(self) -> None:
         self.skew = 0.0
 
-    def __call__(self) -> float:
-        return trio.current_time() + self.skew
+    def monotonic(self) -> float:
+        return super().monotonic() + self.skew
 
 
 @dataclass
@@ -105,7 +108,7 @@ class EvilCore(RelayCore):
         if isinstance(msg, (CellFwd, CellBack)):
             self.cell_sizes.append((type(msg).__name__, len(msg.body)))
         if self.attack in ("proxy", "bad-returns") and isinstance(msg, ReturnClove):
-            msg = ReturnClove(msg.exit_id, flip(msg.data, len(msg.data) - 1))  # past the 8-byte tag
+            msg = ReturnClove(msg.proxy_path_id, flip(msg.data, len(msg.data) - 1))  # past the 8-byte tag
             self.tampered["return-clove"] += 1
         out = super().on_message(peer, msg, now=now, unix=unix)
         if self.attack is None:
@@ -119,9 +122,9 @@ class EvilCore(RelayCore):
                 self.tampered["cell"] += 1
             elif isinstance(m, Deliver) and self.attack == "proxy":
                 for forged in forged_cloves():
-                    res.append(Send(s.peer, Deliver(m.exit_id, seal_to(self.models[s.peer], forged))))
+                    res.append(Send(s.peer, Deliver(m.proxy_path_id, seal_to(self.models[s.peer], forged))))
                     self.tampered["forged-deliver"] += 1
-                m = Deliver(m.exit_id, flip(m.sealed, len(m.sealed) // 2))
+                m = Deliver(m.proxy_path_id, flip(m.sealed, len(m.sealed) // 2))
                 self.tampered["deliver"] += 1
             elif isinstance(m, Deliver) and self.attack == "dup-deliver":
                 res.append(Send(s.peer, m))
@@ -168,7 +171,7 @@ class SecNet:
     registry: Registry
     users: list[UserNode]
     model: ModelNode
-    clock: Clock
+    clock: SkewClock
     identities: dict[bytes, Identity] = field(default_factory=dict)
     taps: dict[bytes, list[bytes]] = field(default_factory=lambda: defaultdict(list))
     scopes: dict[bytes, trio.CancelScope] = field(default_factory=dict)
@@ -199,7 +202,8 @@ async def start_secnet(
     **user_kw: Any,
 ) -> SecNet:
     """``n_users`` user nodes (the first ``clients`` send requests, all relay, each with an
-    :class:`EvilCore` on the shared :class:`Clock`) and one echo model node, all tapped."""
+    :class:`EvilCore`; the others run on the shared :class:`SkewClock`, the clients on trio's)
+    and one echo model node, all tapped."""
     network = MemoryNetwork()
     idents = [Identity.generate() for _ in range(n_users)]
     model_ident = Identity.generate()
@@ -209,7 +213,7 @@ async def start_secnet(
                                 models=("echo",)))
     registry = Registry(1, entries)
     models = {e.node_id: e.x25519_public for e in registry.models()}
-    clock = Clock()
+    clock = SkewClock()
     net = SecNet(network, registry, [], None, clock)  # type: ignore[arg-type]
 
     def tap(ident: Identity) -> Callable[[bytes], None]:
@@ -224,13 +228,12 @@ async def start_secnet(
     for i, ident in enumerate(idents):
         net.identities[ident.node_id] = ident
         u = UserNode(ident, MemoryTransport(ident, network, tap=tap(ident)), registry, client=i < clients,
-                     region=regions[i % len(regions)], **user_kw)
+                     region=regions[i % len(regions)], clock=TrioClock() if i < clients else clock, **user_kw)
         honest = u.relay.core
         kw = {f.name: getattr(honest, f.name) for f in dataclasses.fields(RelayCore) if f.init}
         if limits is not None:
             kw["limits"] = limits
         u.relay.core = EvilCore(**kw, models=models)
-        u.relay.clock = clock
         net.users.append(u)
     net.identities[model_ident.node_id] = model_ident
     net.model = ModelNode(model_ident, MemoryTransport(model_ident, network, tap=tap(model_ident)), registry,
@@ -268,14 +271,6 @@ def link_ids(net: SecNet, user_id: bytes, path: overlay.paths.Path) -> list[byte
         links.append(hop.succ_link)
         pred = r.node_id
     return links
-
-
-@pytest.fixture
-def trio_paths_clock(monkeypatch: pytest.MonkeyPatch) -> None:
-    """PathManager reads ``time.monotonic`` for refresh and suspects: put it on trio's clock
-    (offset: a real monotonic clock is never near 0, and "not suspect" is ``0 < now``)."""
-    shim = types.SimpleNamespace(monotonic=lambda: trio.current_time() + 10_000.0, time=time.time)
-    monkeypatch.setattr(overlay.paths, "time", shim)
 
 
 # --------------------------------------------------------------------------- an outsider
@@ -321,7 +316,7 @@ class Outsider:
         """Build a path through ``relays``; returns (first hop, link id, crypt, packet sent).
         The proxy's PathReady (if any) is in the inbox afterwards."""
         keys = [self.entry(r).x25519_public for r in relays]
-        packet, hop_keys = onion.build_onion(keys, relays, expires or int(time.time()) + 600)
+        packet, hop_keys = onion.build_onion(keys, relays, expires or int(TrioClock().unix()) + 600)
         link = os.urandom(16)
         await self.send(relays[0], Create(link, packet))
         return relays[0], link, onion.PathCrypt(hop_keys), packet
@@ -399,7 +394,7 @@ def harvest(obj: Any, out: list[bytes], seen: set[int] | None = None) -> None:
 
 def relay_state(u: UserNode) -> bytes:
     """Everything a relay node stores about traffic: its whole RelayCore (by_pred, by_succ,
-    by_exit keys and every _Path field with its hop keys, per-peer counts, token buckets,
+    by_proxy_path keys and every _Path field with its hop keys, per-peer counts, token buckets,
     the replay cache, counters), its node's connections (peer id, keys, address), outbox,
     dial-lock and ping tables, ``seen``, and the rejection counters. Not the registry
     (``node.peers``): it is public and identical on every node."""
@@ -431,7 +426,7 @@ async def test_relays_learn_only_their_neighbours_and_nothing_of_the_traffic(aut
     """Capture every byte each relay receives and everything it stores over several requests;
     search it for the prompt and reply, the user's identity, the S-IDA message ids, shares,
     fingerprints and fragments of request and reply cloves, the request ids, return keys,
-    return tags and exit ids, other hops' keys, and link ids of links the relay is not on."""
+    return tags and proxy path ids, other hops' keys, and link ids of links the relay is not on."""
     splits: list[tuple[bytes, list[sida.Clove]]] = []
     real_split = sida.split
 
@@ -493,12 +488,12 @@ def check_capture(net: SecNet, paths: list[Any], links: dict[int, list[bytes]], 
     user_ids = [me.node_id, me.ed25519_public, me.x25519_public, net.registry.by_id[me.node_id].address.encode()]
 
     # Who may know what: position i of path p knows links i and i+1, its own hop keys,
-    # and (the proxy) the path's exit id and return tags.
+    # and (the proxy) the path's proxy path id and return tags.
     allowed: dict[bytes, set[bytes]] = defaultdict(set)
     limited: set[bytes] = set()
     for p in paths:
         hop_keys = [list(dataclasses.astuple(h.keys)) for h in p.crypt.hops]
-        tags = [rp.tag for r in requests for rp in r.return_paths if rp.exit_id == p.exit_id]
+        tags = [rp.tag for r in requests for rp in r.return_paths if rp.proxy_path_id == p.proxy_path_id]
         for j, link in enumerate(links[id(p)]):
             limited.add(link)
             for i in (j - 1, j):
@@ -507,9 +502,9 @@ def check_capture(net: SecNet, paths: list[Any], links: dict[int, list[bytes]], 
         for i, r in enumerate(p.relays):
             limited.update(hop_keys[i])
             allowed[r.node_id].update(hop_keys[i])
-        assert p.exit_id is not None and tags
-        limited.update([p.exit_id, *tags])
-        allowed[p.proxy.node_id].update([p.exit_id, *tags])
+        assert p.proxy_path_id is not None and tags
+        limited.update([p.proxy_path_id, *tags])
+        allowed[p.proxy.node_id].update([p.proxy_path_id, *tags])
         allowed[p.first].update(user_ids)
     limited.update(user_ids)
 
@@ -526,7 +521,7 @@ def check_capture(net: SecNet, paths: list[Any], links: dict[int, list[bytes]], 
         # positive controls: the capture is real and searchable
         if rid in on_paths:
             assert msgs and any(isinstance(m, (CellFwd, CellBack)) for m in msgs)
-            assert all(v in captured for v in allowed[rid] if len(v) == onion.LINK_ID_LEN and v in limited)
+            assert all(v in captured for v in allowed[rid] if len(v) == LINK_ID_LEN and v in limited)
         else:
             assert msgs == []  # a relay on none of the user's paths hears nothing at all
 
@@ -696,18 +691,18 @@ async def test_bad_onions_unknown_links_and_garbage_are_counted(autojump_clock):
         own = crypto.X25519Key.generate()
         packet, _ = onion.build_onion([own.public_bytes, net.registry.by_id[target].x25519_public,
                                        net.registry.by_id[others[2]].x25519_public],
-                                      [bad.ident.node_id, target, others[2]], int(time.time()) + 600)
+                                      [bad.ident.node_id, target, others[2]], int(TrioClock().unix()) + 600)
         inner = onion.peel_onion(own, packet).next_onion
         await bad.send(target, Create(os.urandom(16), inner), Create(os.urandom(16), inner))
         assert core.dropped["onion-replayed"] == 2
 
-        # unknown links and exits; the user's own link id means nothing from another peer
+        # unknown links and proxy paths; the user's own link id means nothing from another peer
         await bad.send(target, CellFwd(os.urandom(16), os.urandom(16), b"x" * 100),
                        CellBack(os.urandom(16), os.urandom(16), b"x" * 100),
                        CellFwd(paths[0].link_id, os.urandom(16), b"x" * 100),
                        Destroy(paths[0].link_id, "forged"), Destroy(os.urandom(16), "forged"),
                        ReturnClove(os.urandom(16), b"x" * 100))
-        assert core.dropped["unknown-link"] == 5 and core.dropped["unknown-exit"] == 1
+        assert core.dropped["unknown-link"] == 5 and core.dropped["unknown-proxy-path"] == 1
         assert not paths[0].dead and len(core) == 3  # the user's path and the outsider's two
 
         # an oversize onion breaks the frame schema: the connection is dropped and counted
@@ -723,7 +718,7 @@ async def test_bad_onions_unknown_links_and_garbage_are_counted(autojump_clock):
         nursery.cancel_scope.cancel()
 
 
-async def test_cloves_on_expired_paths_are_dropped_and_paths_rebuilt(autojump_clock, trio_paths_clock):
+async def test_cloves_on_expired_paths_are_dropped_and_paths_rebuilt(autojump_clock):
     async with trio.open_nursery() as nursery:
         net = await start_secnet(nursery, 20)
         user = net.client
@@ -737,7 +732,7 @@ async def test_cloves_on_expired_paths_are_dropped_and_paths_rebuilt(autojump_cl
         first, link, crypt, _ = await bad.build(spare[:3])
         ready = bad.path_ready(first, link, crypt)
         assert ready is not None
-        exit_core = net.core(spare[2])
+        proxy_core = net.core(spare[2])
 
         # Paths are set up to live path_ttl: move the relays' clock past every expiry.
         net.clock.skew += user.paths.path_ttl + 60
@@ -747,9 +742,9 @@ async def test_cloves_on_expired_paths_are_dropped_and_paths_rebuilt(autojump_cl
         assert all(p.dead for p in old)  # each first relay told the user (Destroy)
         # a return clove for an expired path is dropped at the proxy, not relayed to the user
         n_back = len(bad.received(CellBack))
-        await bad.send(spare[2], ReturnClove(ready.exit_id, os.urandom(300)))
-        assert exit_core.dropped["path-expired"] == 1 and len(bad.received(CellBack)) == n_back
-        assert ready.exit_id not in exit_core.by_exit
+        await bad.send(spare[2], ReturnClove(ready.proxy_path_id, os.urandom(300)))
+        assert proxy_core.dropped["path-expired"] == 1 and len(bad.received(CellBack)) == n_back
+        assert ready.proxy_path_id not in proxy_core.by_proxy_path
 
         # New paths are built at once and requests succeed again; relays hold only live paths.
         new = await ready_paths(user)
@@ -779,8 +774,8 @@ def test_backward_cells_on_an_expired_path_are_dropped_at_every_hop():
                               now=601.0, unix=unix + 601)
     assert cores[1].dropped["path-expired"] == 1 and len(cores[1]) == 0
     assert {type(s.msg) for s in out} == {Destroy}
-    (exit_id,) = cores[2].by_exit
-    out = cores[2].on_message(b"M" * 20, ReturnClove(exit_id, b"x" * 64), now=601.0, unix=unix + 601)
+    (proxy_path_id,) = cores[2].by_proxy_path
+    out = cores[2].on_message(b"M" * 20, ReturnClove(proxy_path_id, b"x" * 64), now=601.0, unix=unix + 601)
     assert cores[2].dropped["path-expired"] == 1 and len(cores[2]) == 0
     assert {type(s.msg) for s in out} == {Destroy}
 
@@ -920,7 +915,7 @@ async def test_paths_are_disjoint_regional_and_never_through_oneself(autojump_cl
         nursery.cancel_scope.cancel()
 
 
-async def test_paths_are_refreshed_and_relays_forget_old_ones(autojump_clock, trio_paths_clock):
+async def test_paths_are_refreshed_and_relays_forget_old_ones(autojump_clock):
     async with trio.open_nursery() as nursery:
         net = await start_secnet(nursery, 20)
         user = net.client
@@ -939,7 +934,7 @@ async def test_paths_are_refreshed_and_relays_forget_old_ones(autojump_clock, tr
         nursery.cancel_scope.cancel()
 
 
-async def test_a_failed_paths_relays_are_avoided(autojump_clock, trio_paths_clock):
+async def test_a_failed_paths_relays_are_avoided(autojump_clock):
     async with trio.open_nursery() as nursery:
         net = await start_secnet(nursery, 20)
         user = net.client
@@ -1039,7 +1034,7 @@ def test_relay_core_never_raises_and_stays_bounded(data):
         if a.peer in by_id:
             queue += [(a.peer, s) for s in by_id[a.peer].on_message(src, a.msg, now=0.0, unix=unix)]
     links = [link] + [p.succ_link for c in cores for p in c.by_pred.values() if p.succ_link] + [os.urandom(16)]
-    exits = [e for c in cores for e in c.by_exit] + [os.urandom(16)]
+    proxy_path_ids = [e for c in cores for e in c.by_proxy_path] + [os.urandom(16)]
     peers = _PEERS + [c.node_id for c in cores]
     b16 = st.binary(min_size=16, max_size=16)
     msgs = st.one_of(
@@ -1049,7 +1044,7 @@ def test_relay_core_never_raises_and_stays_bounded(data):
         st.builds(CellFwd, st.sampled_from(links) | b16, b16, st.binary(max_size=600)),
         st.builds(CellBack, st.sampled_from(links) | b16, b16, st.binary(max_size=600)),
         st.builds(Destroy, st.sampled_from(links) | b16, st.text(max_size=64)),
-        st.builds(ReturnClove, st.sampled_from(exits) | b16, st.binary(max_size=600)),
+        st.builds(ReturnClove, st.sampled_from(proxy_path_ids) | b16, st.binary(max_size=600)),
         st.builds(Deliver, b16, st.binary(max_size=64)),
     )
     steps = data.draw(st.lists(st.tuples(st.sampled_from(range(3)), st.sampled_from(peers), msgs,

@@ -34,9 +34,9 @@ def test_each_hop_learns_only_its_successor_and_keys():
         assert r.keys == keys[i]
         assert r.expires == 2_000_000_000
         if i < onion.HOPS - 1:
-            assert not r.exit and r.next_node == ids[i + 1]
+            assert not r.is_proxy and r.next_node == ids[i + 1]
         else:
-            assert r.exit and r.next_node == bytes(20)
+            assert r.is_proxy and r.next_node == bytes(20)
         assert len(r.next_onion) == onion.ONION_LEN  # constant size at every position
 
 
@@ -88,12 +88,12 @@ def test_cells_roundtrip_and_change_on_every_link(payload):
     for r in routes[:-1]:
         iv, body = onion.HopCrypt(r.keys).relay_forward(iv, body)
         seen.append((iv, body))
-    exit_ = onion.ExitCrypt(routes[-1].keys)
-    assert exit_.open_forward(iv, body) == payload
+    proxy_end = onion.ProxyCrypt(routes[-1].keys)
+    assert proxy_end.open_forward(iv, body) == payload
     assert len({s[0] for s in seen}) == len(seen)  # the iv differs on every link
     if len(payload) >= 16:
         assert len({s[1] for s in seen}) == len(seen)  # so does the body
-    iv, body = exit_.seal_backward(payload)
+    iv, body = proxy_end.seal_backward(payload)
     for r in reversed(routes[:-1]):
         iv, body = onion.HopCrypt(r.keys).relay_backward(iv, body)
     assert user.unwrap_backward(iv, body) == payload
@@ -108,7 +108,7 @@ def test_tampered_cells_fail_at_the_end():
     for r in routes[:-1]:
         iv, body = onion.HopCrypt(r.keys).relay_forward(iv, body)
     with pytest.raises(onion.OnionError):
-        onion.ExitCrypt(routes[-1].keys).open_forward(iv, body)
-    iv, body = onion.ExitCrypt(routes[-1].keys).seal_backward(b"reply")
+        onion.ProxyCrypt(routes[-1].keys).open_forward(iv, body)
+    iv, body = onion.ProxyCrypt(routes[-1].keys).seal_backward(b"reply")
     with pytest.raises(onion.OnionError):
         user.unwrap_backward(iv, body[:-1] + bytes([body[-1] ^ 1]))

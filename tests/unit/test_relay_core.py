@@ -7,6 +7,7 @@ import os
 import pytest
 
 from overlay import codec, crypto, onion
+from overlay.actions import Send
 from overlay.messages import (
     CellBack,
     CellFwd,
@@ -19,7 +20,7 @@ from overlay.messages import (
     ReturnClove,
     ToModel,
 )
-from overlay.relay import RelayCore, RelayLimits, Send
+from overlay.relay import RelayCore, RelayLimits
 
 USER = b"U" * 20
 MODEL = b"M" * 20
@@ -67,13 +68,13 @@ def test_build_then_cells_both_ways():
     user = onion.PathCrypt(keys)
     ready = codec.decode(user.unwrap_backward(a.msg.iv, a.msg.body))
     assert isinstance(ready, PathReady)
-    # forward: ToModel reaches the model node as Deliver with the exit id
+    # forward: ToModel reaches the model node as Deliver with the proxy path id
     iv, body = user.wrap_forward(codec.encode(ToModel(dest=MODEL, sealed=b"sealed-clove")))
     (src, a), = route(cores, USER, [Send(cores[0].node_id, CellFwd(link, iv, body))])
     assert src == cores[2].node_id and a.peer == MODEL
-    assert a.msg == Deliver(exit_id=ready.exit_id, sealed=b"sealed-clove")
+    assert a.msg == Deliver(proxy_path_id=ready.proxy_path_id, sealed=b"sealed-clove")
     # backward: the model node's ReturnClove comes out at the user
-    actions = cores[2].on_message(MODEL, ReturnClove(ready.exit_id, b"reply-clove"), now=0, unix=UNIX)
+    actions = cores[2].on_message(MODEL, ReturnClove(ready.proxy_path_id, b"reply-clove"), now=0, unix=UNIX)
     (src, a), = route(cores, cores[2].node_id, actions)
     assert a.peer == USER
     assert codec.decode(user.unwrap_backward(a.msg.iv, a.msg.body)) == FromModel(data=b"reply-clove")
@@ -105,12 +106,12 @@ def test_garbage_onion_gets_destroy_and_counted():
     assert len(c) == 0
 
 
-def test_unknown_links_and_exits_are_dropped():
+def test_unknown_links_and_proxy_paths_are_dropped():
     c = make_relays(1)[0]
     assert c.on_message(USER, CellFwd(os.urandom(16), os.urandom(16), b"x"), now=0, unix=UNIX) == []
     assert c.on_message(USER, CellBack(os.urandom(16), os.urandom(16), b"x"), now=0, unix=UNIX) == []
     assert c.on_message(MODEL, ReturnClove(os.urandom(16), b"x"), now=0, unix=UNIX) == []
-    assert c.dropped["unknown-link"] == 2 and c.dropped["unknown-exit"] == 1
+    assert c.dropped["unknown-link"] == 2 and c.dropped["unknown-proxy-path"] == 1
 
 
 def test_link_ids_are_per_peer_and_differ_per_link():
@@ -149,7 +150,7 @@ def test_destroy_propagates_and_clears_tables():
     cores = make_relays()
     link, *_ = build(cores)
     out = route(cores, USER, [Send(cores[0].node_id, Destroy(link, "bye"))])
-    assert out == [] and all(len(c) == 0 and not c.by_succ and not c.by_exit for c in cores)
+    assert out == [] and all(len(c) == 0 and not c.by_succ and not c.by_proxy_path for c in cores)
 
 
 def test_peer_lost_tears_down_both_directions():
