@@ -89,121 +89,136 @@ class _Bad(Exception):
     pass
 
 
-def _compile(tp: Any, meta: dict[str, Any], hints_owner: str) -> tuple[Check, Callable[[Any], Any] | None]:
-    """Return (decode-check, encode-transform-or-None) for annotation ``tp``."""
+Encode = Callable[[Any], Any]  # turns a Python value into what msgpack packs
+
+
+def _check_int(v: Any) -> int:
+    if type(v) is not int or not (_I64_MIN <= v <= _U64_MAX):
+        raise _Bad(f"expected int, got {type(v).__name__}")
+    return v
+
+
+def _check_bool(v: Any) -> bool:
+    if type(v) is not bool:
+        raise _Bad(f"expected bool, got {type(v).__name__}")
+    return v
+
+
+def _check_float(v: Any) -> float:
+    if type(v) is not float:
+        raise _Bad(f"expected float, got {type(v).__name__}")
+    return v
+
+
+# Scalars msgpack packs as they are: one check each, no encode step.
+_SCALARS: dict[Any, Check] = {int: _check_int, bool: _check_bool, float: _check_float}
+
+
+def _compile(tp: Any, meta: dict[str, Any], owner: str) -> tuple[Check, Encode | None]:
+    """Return (decode-check, encode-transform-or-None) for annotation ``tp`` of a field of
+    ``owner`` with wire bounds ``meta``; ``TypeError`` for a type the wire cannot carry."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if len(args) != 1:
-            raise TypeError(f"{hints_owner}: only 'T | None' unions are supported")
-        inner_check, inner_enc = _compile(args[0], meta, hints_owner)
-
-        def check_opt(v: Any) -> Any:
-            return None if v is None else inner_check(v)
-
-        enc_opt = None
-        if inner_enc is not None:
-            enc = inner_enc
-
-            def enc_opt(v: Any) -> Any:  # noqa: F811
-                return None if v is None else enc(v)
-
-        return check_opt, enc_opt
-    exact = meta.get("exact")
-    if tp is int:
-
-        def check_int(v: Any) -> int:
-            if type(v) is not int or not (_I64_MIN <= v <= _U64_MAX):
-                raise _Bad(f"expected int, got {type(v).__name__}")
-            return v
-
-        return check_int, None
-    if tp is bool:
-
-        def check_bool(v: Any) -> bool:
-            if type(v) is not bool:
-                raise _Bad(f"expected bool, got {type(v).__name__}")
-            return v
-
-        return check_bool, None
-    if tp is float:
-
-        def check_float(v: Any) -> float:
-            if type(v) is not float:
-                raise _Bad(f"expected float, got {type(v).__name__}")
-            return v
-
-        return check_float, None
+        return _compile_optional(tp, meta, owner)
+    if tp in _SCALARS:
+        return _SCALARS[tp], None
     if tp is str or tp is bytes:
-        limit = meta.get("max", DEFAULT_MAX_STR if tp is str else MAX_FRAME)
-
-        def check_seq(v: Any, _tp: type = tp) -> Any:
-            if type(v) is not _tp:
-                raise _Bad(f"expected {_tp.__name__}, got {type(v).__name__}")
-            if exact is not None and len(v) != exact:
-                raise _Bad(f"{_tp.__name__} of length {len(v)}, expected exactly {exact}")
-            if len(v) > limit:
-                raise _Bad(f"{_tp.__name__} of length {len(v)} over the limit {limit}")
-            return v
-
-        return check_seq, None
+        return _compile_sized(tp, meta), None
     if origin is tuple:
-        args = typing.get_args(tp)
-        if len(args) != 2 or args[1] is not Ellipsis:
-            raise TypeError(f"{hints_owner}: tuples must be tuple[T, ...]")
-        limit = meta.get("max", DEFAULT_MAX_ITEMS)
-        global _max_array_len
-        _max_array_len = max(_max_array_len, limit)  # the unpacker must admit every declared bound
-        inner_meta = {"max": meta["item_max"]} if "item_max" in meta else {}
-        if "item_exact" in meta:
-            inner_meta["exact"] = meta["item_exact"]
-        item_check, item_enc = _compile(args[0], inner_meta, hints_owner)
-
-        ints = args[0] is int
-
-        def check_tuple(v: Any) -> tuple[Any, ...]:
-            if type(v) is not list:
-                raise _Bad(f"expected array, got {type(v).__name__}")
-            if exact is not None and len(v) != exact:
-                raise _Bad(f"array of {len(v)} items, expected exactly {exact}")
-            if len(v) > limit:
-                raise _Bad(f"array of {len(v)} items over the limit {limit}")
-            if ints and v:  # fast path for token ids: one pass per check, not a call per item
-                if not all(type(x) is int for x in v) or min(v) < _I64_MIN or max(v) > _U64_MAX:
-                    return tuple(item_check(x) for x in v)  # raises with the precise reason
-                return tuple(v)
-            return tuple(item_check(x) for x in v)
-
-        enc_tuple = None
-        if item_enc is not None:
-            ie = item_enc
-
-            def enc_tuple(v: Any) -> Any:  # noqa: F811
-                return [ie(x) for x in v]
-
-        return check_tuple, enc_tuple
-    if dataclasses.is_dataclass(tp):
+        return _compile_tuple(tp, meta, owner)
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
         spec = _spec_of(tp)
         return spec.decode_fields, spec.encode_fields
-    raise TypeError(f"{hints_owner}: unsupported wire field type {tp!r}")
+    raise TypeError(f"{owner}: unsupported wire field type {tp!r}")
 
 
-# msgpack's own array limit: the largest array any registered message may hold
-# (+2 for the [version, type] header), so the field checks give the precise error.
-_LARGEST_ARRAY = [DEFAULT_MAX_ITEMS]
+def _compile_optional(tp: Any, meta: dict[str, Any], owner: str) -> tuple[Check, Encode | None]:
+    """``T | None``: ``None`` passes as nil, anything else as ``T``."""
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    if len(args) != 1:
+        raise TypeError(f"{owner}: only 'T | None' unions are supported")
+    inner_check, inner_enc = _compile(args[0], meta, owner)
+
+    def check_optional(v: Any) -> Any:
+        return None if v is None else inner_check(v)
+
+    if inner_enc is None:
+        return check_optional, None
+    enc = inner_enc
+
+    def encode_optional(v: Any) -> Any:
+        return None if v is None else enc(v)
+
+    return check_optional, encode_optional
+
+
+def _compile_sized(tp: type[str] | type[bytes], meta: dict[str, Any]) -> Check:
+    """``str`` or ``bytes`` of ``exact`` length, or at most ``max`` (default
+    :data:`DEFAULT_MAX_STR` for str, :data:`MAX_FRAME` for bytes)."""
+    exact: int | None = meta.get("exact")
+    limit: int = meta.get("max", DEFAULT_MAX_STR if tp is str else MAX_FRAME)
+    name = tp.__name__
+
+    def check_sized(v: Any) -> Any:
+        if type(v) is not tp:
+            raise _Bad(f"expected {name}, got {type(v).__name__}")
+        if exact is not None and len(v) != exact:
+            raise _Bad(f"{name} of length {len(v)}, expected exactly {exact}")
+        if len(v) > limit:
+            raise _Bad(f"{name} of length {len(v)} over the limit {limit}")
+        return v
+
+    return check_sized
+
+
+def _compile_tuple(tp: Any, meta: dict[str, Any], owner: str) -> tuple[Check, Encode | None]:
+    """``tuple[T, ...]`` as an array of ``exact`` or at most ``max`` items (default
+    :data:`DEFAULT_MAX_ITEMS`); ``item_max``/``item_exact`` bound each item."""
+    args = typing.get_args(tp)
+    if len(args) != 2 or args[1] is not Ellipsis:
+        raise TypeError(f"{owner}: tuples must be tuple[T, ...]")
+    exact: int | None = meta.get("exact")
+    limit: int = meta.get("max", DEFAULT_MAX_ITEMS)
+    global _max_array_len
+    _max_array_len = max(_max_array_len, limit)  # the unpacker must admit every declared bound
+    item_meta = {key: meta["item_" + key] for key in ("max", "exact") if "item_" + key in meta}
+    item_check, item_enc = _compile(args[0], item_meta, owner)
+    ints = args[0] is int
+
+    def check_tuple(v: Any) -> tuple[Any, ...]:
+        if type(v) is not list:
+            raise _Bad(f"expected array, got {type(v).__name__}")
+        if exact is not None and len(v) != exact:
+            raise _Bad(f"array of {len(v)} items, expected exactly {exact}")
+        if len(v) > limit:
+            raise _Bad(f"array of {len(v)} items over the limit {limit}")
+        if ints and v:  # fast path for token ids: one pass per check, not a call per item
+            if not all(type(x) is int for x in v) or min(v) < _I64_MIN or max(v) > _U64_MAX:
+                return tuple(item_check(x) for x in v)  # raises with the precise reason
+            return tuple(v)
+        return tuple(item_check(x) for x in v)
+
+    if item_enc is None:
+        return check_tuple, None
+    enc = item_enc
+
+    def encode_tuple(v: Any) -> Any:
+        return [enc(x) for x in v]
+
+    return check_tuple, encode_tuple
 
 
 class _Spec:
     __slots__ = ("cls", "names", "checks", "encs", "any_enc")
 
-    def __init__(self, cls: type) -> None:
+    def __init__(self, cls: type[Any]) -> None:
         if not cls.__dataclass_params__.frozen:
             raise TypeError(f"{cls.__name__}: wire messages must be frozen dataclasses")
         hints = typing.get_type_hints(cls)
         self.cls = cls
         self.names: list[str] = []
         self.checks: list[Check] = []
-        self.encs: list[Callable[[Any], Any] | None] = []
+        self.encs: list[Encode | None] = []
         for f in dataclasses.fields(cls):
             check, enc = _compile(hints[f.name], dict(f.metadata), cls.__name__)
             self.names.append(f.name)
@@ -215,7 +230,7 @@ class _Spec:
         if self.any_enc:
             return [
                 getattr(msg, n) if e is None else e(getattr(msg, n))
-                for n, e in zip(self.names, self.encs)
+                for n, e in zip(self.names, self.encs, strict=True)
             ]
         return [getattr(msg, n) for n in self.names]
 
@@ -227,7 +242,7 @@ class _Spec:
                 f"{self.cls.__name__}: {len(values)} fields, expected {len(self.names)}"
             )
         out = []
-        for name, check, v in zip(self.names, self.checks, values):
+        for name, check, v in zip(self.names, self.checks, values, strict=True):
             try:
                 out.append(check(v))
             except _Bad as exc:
@@ -243,7 +258,7 @@ _BY_CODE: dict[int, _Spec] = {}
 _CODE_OF: dict[type, int] = {}
 
 
-def _spec_of(cls: type) -> _Spec:
+def _spec_of(cls: type[Any]) -> _Spec:
     spec = _SPECS.get(cls)
     if spec is None:
         spec = _SPECS[cls] = _Spec(cls)
@@ -283,7 +298,7 @@ def encode(msg: Any) -> bytes:
     if code is None:
         raise LocalProtocolError(f"{type(msg).__name__} is not a registered wire message")
     spec = _BY_CODE[code]
-    payload = msgpack.packb([WIRE_VERSION, code, *spec.encode_fields(msg)], use_bin_type=True)
+    payload: bytes = msgpack.packb([WIRE_VERSION, code, *spec.encode_fields(msg)], use_bin_type=True)
     if len(payload) > MAX_FRAME:
         raise LocalProtocolError(f"{type(msg).__name__} encodes to {len(payload)} B > {MAX_FRAME}")
     return payload

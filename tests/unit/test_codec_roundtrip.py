@@ -346,3 +346,52 @@ def test_non_frozen_message_is_refused() -> None:
     with pytest.raises(TypeError, match="frozen"):
         codec.message(0xFFFE)(Mutable)
     assert 0xFFFE not in codec.registered_types()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Inner:
+    name: str = codec.field(max=8)
+    ids: tuple[int, ...] = codec.field(max=4)
+
+
+@codec.message(0xFFF0)
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Shapes:
+    """Shapes no registered message uses yet: an optional nested message, a tuple of
+    nested messages, and per-item exact lengths."""
+
+    maybe: _Inner | None
+    many: tuple[_Inner, ...] = codec.field(max=3)
+    keys: tuple[bytes, ...] = codec.field(max=2, metadata={"item_exact": 4})
+
+
+@pytest.mark.parametrize("msg", [
+    _Shapes(None, (), ()),
+    _Shapes(_Inner("a", (1, 2)), (_Inner("b", ()), _Inner("c", (3,))), (b"abcd", b"efgh")),
+])
+def test_optional_and_repeated_nested_messages_roundtrip(msg: _Shapes) -> None:
+    assert codec.decode(codec.encode(msg)) == msg
+
+
+@pytest.mark.parametrize(("fields", "match"), [
+    ([None, [], [b"abc"]], r"_Shapes.keys: bytes of length 3, expected exactly 4"),
+    ([["toolongname", []], [], []], r"_Shapes.maybe: _Inner.name: str of length 11 over the limit 8"),
+    ([None, [["a", []]] * 4, []], r"_Shapes.many: array of 4 items over the limit 3"),
+    ([None, [["a", [1, 2, 3, 4, 5]]], []], r"_Shapes.many: _Inner.ids: array of 5 items over the limit 4"),
+])
+def test_nested_bounds_are_enforced(fields: list[Any], match: str) -> None:
+    payload = msgpack.packb([codec.WIRE_VERSION, 0xFFF0, *fields], use_bin_type=True)
+    with pytest.raises(codec.RemoteProtocolError, match=match):
+        codec.decode(payload)
+
+
+@pytest.mark.parametrize(("annotation", "match"), [
+    (int | str, "only 'T | None' unions"),
+    (tuple[int, int], r"tuple\[T, \.\.\.\]"),
+    (dict[str, int], "unsupported wire field type"),
+])
+def test_unsupported_field_types_are_refused_at_registration(annotation: Any, match: str) -> None:
+    odd = dataclasses.make_dataclass("Odd", [("x", annotation)], frozen=True)
+    with pytest.raises(TypeError, match=match):
+        codec.message(0xFFF1)(odd)
+    assert 0xFFF1 not in codec.registered_types()
