@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import AsyncIterator, Callable
-from contextlib import aclosing
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import aclosing, asynccontextmanager
 from typing import Any
 
 import trio
@@ -141,7 +141,7 @@ class AnonClient:
     async def _attempt(
         self, target: PeerEntry, model: str, messages: tuple[ChatMessage, ...], params: SamplingParams,
         continuation: str, timeout: float, paths_timeout: float,
-    ) -> AsyncIterator[ReplyChunk]:
+    ) -> AsyncGenerator[ReplyChunk, None]:
         try:
             paths = await self.paths.wait_ready(self.n, paths_timeout)
         except PathError as exc:
@@ -157,7 +157,7 @@ class AnonClient:
             k=self.k,
             return_paths=tuple(
                 ReturnPath(proxy=p.proxy.node_id, proxy_path_id=p.proxy_path_id, key=rk.key, tag=rk.tag)
-                for p, rk in zip(paths, keys)
+                for p, rk in zip(paths, keys, strict=True)
                 if p.proxy_path_id is not None
             ),
             continuation=continuation,
@@ -169,10 +169,10 @@ class AnonClient:
             raise AnonError(f"the request is too large to send: {exc}") from None
         send_ch, recv_ch = trio.open_memory_channel[ReplyChunk](MAX_CHUNKS_QUEUED)
         self._requests[request_id] = send_ch
-        for p, rk in zip(paths, keys):
+        for p, rk in zip(paths, keys, strict=True):
             p.returns[rk.tag] = self._on_reply_clove_for(rk)
         try:
-            for p, clove in zip(paths, cloves):
+            for p, clove in zip(paths, cloves, strict=True):
                 sealed = seal_to(target.x25519_public, sida.encode_clove(clove))
                 iv, body = p.crypt.wrap_forward(codec.encode(ToModel(dest=target.node_id, sealed=sealed)))
                 self.send(p.first, CellFwd(p.link_id, iv, body))
@@ -205,7 +205,7 @@ class AnonClient:
                         return
         finally:
             self._requests.pop(request_id, None)
-            for p, rk in zip(paths, keys):
+            for p, rk in zip(paths, keys, strict=True):
                 p.returns.pop(rk.tag, None)
 
     def _verify(self, last: ReplyChunk, digest: bytes, output_ids: list[int], model: str) -> None:
@@ -255,6 +255,17 @@ class AnonClient:
 
 
 ReplyStream = Callable[[Request], AsyncIterator[ReplyChunk]]
+
+
+@asynccontextmanager
+async def _closing(chunks: AsyncIterator[ReplyChunk]) -> AsyncGenerator[AsyncIterator[ReplyChunk], None]:
+    """``contextlib.aclosing`` for any reply stream: an async generator (what handlers are)
+    is closed on exit, so an engine stops generating for a request that ended early."""
+    try:
+        yield chunks
+    finally:
+        if isinstance(chunks, AsyncGenerator):
+            await chunks.aclose()
 
 
 class Responder:
@@ -383,7 +394,7 @@ class Responder:
         seq = 0
         try:
             try:
-                async with aclosing(chunks):
+                async with _closing(chunks):
                     async for chunk in chunks:
                         self._send_chunk(req, chunk)
                         seq = chunk.seq + 1
@@ -399,7 +410,7 @@ class Responder:
     def _send_chunk(self, req: Request, chunk: ReplyChunk) -> None:
         n = len(req.return_paths)
         cloves = sida.split(codec.encode(chunk), n, req.k)
-        for rp, clove in zip(req.return_paths, cloves):
+        for rp, clove in zip(req.return_paths, cloves, strict=True):
             if self.directory(rp.proxy) is None:
                 self._drop("proxy-not-in-registry")
                 continue

@@ -365,7 +365,7 @@ class FrameDecoder:
         self._max = max_frame
         self.peer = peer
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes | bytearray) -> None:
         self._buf += data
 
     @property

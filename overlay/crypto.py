@@ -218,7 +218,7 @@ class Aead:
     def seal(self, nonce: bytes, plaintext: bytes, aad: bytes | None = None) -> bytes:
         return self._cipher.encrypt(nonce, plaintext, aad)
 
-    def open(self, nonce: bytes, ciphertext: bytes, aad: bytes | None = None) -> bytes:
+    def open(self, nonce: bytes, ciphertext: bytes | memoryview, aad: bytes | None = None) -> bytes:
         if len(nonce) != AEAD_NONCE_LEN:
             raise CryptoError("AEAD nonce must be 12 bytes")
         try:

@@ -152,7 +152,7 @@ def eval_shares(secret: bytes, coefficients: Sequence[bytes], xs: Sequence[int])
     out = []
     for tables in _power_tables(tuple(xs), len(coefficients)):
         acc = s
-        for c, table in zip(coefficients, tables):
+        for c, table in zip(coefficients, tables, strict=True):
             acc ^= int.from_bytes(c.translate(table), "big")
         out.append(acc.to_bytes(size, "big"))
     return out
@@ -211,7 +211,7 @@ def combine(points: Sequence[tuple[int, bytes]]) -> bytes:
         _LAGRANGE_CACHE[xs] = tables
     size = len(points[0][1])
     acc = 0
-    for (_, y), table in zip(points, tables):
+    for (_, y), table in zip(points, tables, strict=True):
         if len(y) != size:
             raise ValueError("shares must have equal lengths")
         acc ^= int.from_bytes(y.translate(table), "big")

@@ -109,7 +109,7 @@ def build_onion(
         raise ValueError(f"an onion path has exactly {HOPS} hops")
     ephs = [crypto.X25519Key.generate() for _ in range(HOPS)]
     keys = [
-        HopKeys.derive(e.exchange(pk), e.public_bytes) for e, pk in zip(ephs, hop_x25519)
+        HopKeys.derive(e.exchange(pk), e.public_bytes) for e, pk in zip(ephs, hop_x25519, strict=True)
     ]
     rhos = [_rho(k) for k in keys]
     # Fillers: the junk each hop appends, as seen by the later hops.
@@ -218,7 +218,7 @@ class PathCrypt:
         for h in self.hops[:-1]:
             ivs.append(h.next_forward_iv(ivs[-1]))
         body = self._end.seal(_end_nonce(ivs[-1], b"F"), payload)
-        for h, iv in zip(reversed(self.hops), reversed(ivs)):
+        for h, iv in zip(reversed(self.hops), reversed(ivs), strict=True):
             body = h.fwd.xor(iv, body)
         return iv0, body
 

@@ -195,7 +195,7 @@ def _aad(msg_id: bytes, n: int, k: int) -> bytes:
 # --------------------------------------------------------------------------- split
 
 
-def split(message: bytes, n: int = 4, k: int = 3, *, msg_id: bytes | None = None) -> list[Clove]:
+def split(message: bytes | bytearray | memoryview, n: int = 4, k: int = 3, *, msg_id: bytes | None = None) -> list[Clove]:
     """The n cloves of ``message`` (paper §3.2, sender steps 1–4); any k rebuild it.
 
     ``msg_id`` defaults to 16 fresh random bytes (it must be unique per

@@ -91,7 +91,7 @@ class Connection:
         address: str,
         timeouts: Timeouts,
         max_frame: int = codec.MAX_FRAME,
-        tap: Callable[[bytes], None] | None = None,
+        tap: Callable[[bytes | bytearray], None] | None = None,
     ) -> None:
         self._stream = stream
         self.peer_id = peer_id
@@ -189,7 +189,7 @@ Handler = Callable[[Connection], Awaitable[None]]
 class _PreAuth:
     """Framing over a raw stream before the peer is known (handshake only)."""
 
-    def __init__(self, stream: trio.abc.Stream, label: str, tap: Callable[[bytes], None] | None = None) -> None:
+    def __init__(self, stream: trio.abc.Stream, label: str, tap: Callable[[bytes | bytearray], None] | None = None) -> None:
         self.stream = stream
         self.decoder = codec.FrameDecoder(max_frame=4096, peer=label)
         self.tap = tap
@@ -222,7 +222,7 @@ class Transport(abc.ABC):
     """Base: the authenticated handshake over whatever raw stream a subclass opens."""
 
     def __init__(self, identity: Identity, *, timeouts: Timeouts | None = None, max_connections: int = 1024,
-                 tap: Callable[[bytes], None] | None = None) -> None:
+                 tap: Callable[[bytes | bytearray], None] | None = None) -> None:
         """``tap``, if given, sees every byte this node receives after TLS (tests use it
         to check what a relay learns)."""
         self.identity = identity
@@ -330,6 +330,7 @@ class Transport(abc.ABC):
 
     async def _server_tls(self, stream: trio.abc.Stream) -> None:
         """Complete any transport-level handshake before ours (TLS does)."""
+        return None  # a hook: none by default (MemoryTransport), TLSTransport overrides it
 
     async def _run_handler(self, handler: Handler, stream: trio.abc.Stream, binding: bytes, address: str,
                            limiter: trio.CapacityLimiter) -> None:

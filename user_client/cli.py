@@ -7,7 +7,7 @@ import argparse
 from overlay.cli import common_flags, not_landed
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     user = sub.add_parser(
         "user",
         help="run a user node: chat, serve an OpenAI-compatible API, or only relay",

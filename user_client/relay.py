@@ -9,6 +9,7 @@ import sys
 import trio
 
 from overlay.cli import CliError, resolve_config, run_async
+from overlay.config import Config
 from overlay.identity import load_or_create
 from overlay.registry import from_config
 from overlay.transport import TLSTransport, parse_address
@@ -17,11 +18,12 @@ from overlay.usernode import UserNode
 log = logging.getLogger("gentorrent.user")
 
 
-def listen_address(cfg: object) -> tuple[str, int]:
+def listen_address(cfg: Config) -> tuple[str, int]:
+    """``cfg.listen`` as ``(host, port)``; :class:`CliError` naming where it was set if malformed."""
     try:
-        return parse_address(cfg.listen)  # type: ignore[attr-defined]
+        return parse_address(cfg.listen)
     except ValueError as exc:
-        raise CliError(f"listen: {exc} (set by {cfg.source('listen')})") from None  # type: ignore[attr-defined]
+        raise CliError(f"listen: {exc} (set by {cfg.source('listen')})") from None
 
 
 def run_relay(args: argparse.Namespace) -> int:

@@ -20,7 +20,7 @@ from importlib.metadata import entry_points
 from overlay.cli import CliError
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     names = sorted(ep.name for ep in entry_points(group="gentorrent.benches"))
     p = sub.add_parser(
         "bench", help="run a benchmark and print its figures",

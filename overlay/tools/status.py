@@ -14,7 +14,7 @@ from overlay.peers import PeerEntry
 from overlay.transport import Transport, TransportError
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "status", help="check which nodes of a peer list are up and what they see",
         description=(
