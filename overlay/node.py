@@ -63,7 +63,7 @@ class Node:
         self._handlers: dict[type, MessageHandler] = {}
         self._conns: dict[bytes, Connection] = {}
         self._dial_locks: dict[bytes, trio.Lock] = {}
-        self._pings: dict[int, tuple[trio.Event, float]] = {}
+        self._pings: dict[int, trio.Event] = {}
         self._nonces = itertools.count(1)
         self._nursery: trio.Nursery | None = None
         self._outboxes: dict[bytes, trio.MemorySendChannel[bytes]] = {}
@@ -244,7 +244,7 @@ class Node:
         nonce = next(self._nonces)
         done = trio.Event()
         t0 = self.clock.monotonic()
-        self._pings[nonce] = (done, t0)
+        self._pings[nonce] = done
         try:
             await conn.send(Ping(nonce=nonce))
             with trio.move_on_after(timeout):
@@ -283,9 +283,9 @@ class Node:
         return Pong(nonce=msg.nonce)
 
     async def _on_pong(self, conn: Connection, msg: Pong) -> None:
-        entry = self._pings.get(msg.nonce)
-        if entry is not None:
-            entry[0].set()
+        done = self._pings.get(msg.nonce)
+        if done is not None:
+            done.set()
 
     async def _on_echo(self, conn: Connection, msg: Echo) -> EchoReply:
         return EchoReply(nonce=msg.nonce, data=msg.data)
