@@ -495,72 +495,100 @@ class Reassembler:
 
         Never raises on what a peer can send (any well-formed :class:`Clove`);
         ``TypeError`` only for a non-Clove argument (a bug in the caller).
+        Steps: screen the clove (ill-formed, late, known), store it if the
+        bounds allow (:meth:`_make_room`), then decode its group once it has k.
         """
         if type(clove) is not Clove:
             raise TypeError(f"expected Clove, got {type(clove).__name__}")
-        if clove_problem(clove) is not None:
-            self.stats["rejected"] += 1
+        reason = self._screen(clove, now)
+        if reason is not None:
+            self.stats[reason] += 1
             return None
-        self._prune_finished(now)
-        mid = clove.msg_id
-        if mid in self._finished:
-            self.stats["late"] += 1
-            return None
+        mid, key = clove.msg_id, _group_key(clove)
         p = self._pending.get(mid)
-        key = _group_key(clove)
+        if p is None:
+            p = self._open(mid, now)
+        p.cap = max(p.cap, _message_cap(clove.n, clove.k))
+        group = p.groups.setdefault(key, {})
+        if not self._make_room(p, group, clove):
+            self.stats["dropped"] += 1
+            self._gc_group(p, key)
+            return None
+        self._store(p, group, clove)
+        if len(group) < clove.k:
+            return None
+        return self._decode(p, key, group, now)
+
+    def _screen(self, clove: Clove, now: float) -> str | None:
+        """The stats counter a clove that cannot help is dropped under, or ``None`` to keep it.
+
+        Cheap checks first; the fingerprint hashes (:func:`_self_consistent`) only
+        for a clove that is neither late, nor of a failed group, nor a duplicate."""
+        if clove_problem(clove) is not None:
+            return "rejected"
+        self._prune_finished(now)
+        if clove.msg_id in self._finished:
+            return "late"
+        p = self._pending.get(clove.msg_id)
         if p is not None:
+            key = _group_key(clove)
             if key in p.dead:
-                self.stats["dropped"] += 1
-                return None
+                return "dropped"
             group = p.groups.get(key)
             if group is not None and clove.index in group:
-                # Same vector and index: identical content if self-consistent.
-                self.stats["duplicates"] += 1
-                return None
+                return "duplicates"  # same vector and index: identical content if self-consistent
         if not _self_consistent(clove):
-            self.stats["rejected"] += 1
-            return None
-        if p is None:
-            while len(self._pending) >= self.max_messages:
-                self._drop_message(next(iter(self._pending)))
-                self.stats["evicted"] += 1
-            p = self._pending[mid] = _Pending(now)
-            group = None
-        p.cap = max(p.cap, _message_cap(clove.n, clove.k))
+            return "rejected"
+        return None
 
-        if group is None:
-            group = p.groups[key] = {}
+    def _open(self, mid: bytes, now: float) -> _Pending:
+        """Start a message, evicting the oldest while ``max_messages`` are in progress."""
+        while len(self._pending) >= self.max_messages:
+            self._drop_message(next(iter(self._pending)))
+            self.stats["evicted"] += 1
+        p = self._pending[mid] = _Pending(now)
+        return p
+
+    def _make_room(self, p: _Pending, group: dict[int, Clove], clove: Clove) -> bool:
+        """Make room for ``clove`` in its index slot, its message's cap and ``max_bytes``;
+        ``False`` if it must be dropped instead.
+
+        A full slot gives up its oldest least-supported candidate unless that
+        candidate's group is larger than the newcomer's would be (the newcomer wins
+        ties); other messages are evicted, oldest first, to stay under ``max_bytes``.
+        """
         slot = p.slots.setdefault(clove.index, [])
         cost = _clove_cost(clove)
         victim = None
         if len(slot) >= self.max_candidates_per_index:
-            # Oldest among the least-supported candidates; the newcomer wins ties.
             victim = min(slot, key=lambda c: len(p.groups[_group_key(c)]))
             if len(p.groups[_group_key(victim)]) > len(group) + 1:
-                self.stats["dropped"] += 1
-                self._gc_group(p, key)
-                return None
+                return False
         if p.used + cost - (_clove_cost(victim) if victim is not None else 0) > p.cap:
-            self.stats["dropped"] += 1
-            self._gc_group(p, key)
-            return None
+            return False
         if victim is not None:
             self._remove_candidate(p, victim)
         while self._used + cost > self.max_bytes:
-            victim_id = next((m for m in self._pending if m != mid), None)
-            if victim_id is None:
-                self.stats["dropped"] += 1
-                self._gc_group(p, key)
-                return None
-            self._drop_message(victim_id)
+            other = next((m for m in self._pending if m != clove.msg_id), None)
+            if other is None:
+                return False
+            self._drop_message(other)
             self.stats["evicted"] += 1
-        slot.append(clove)
+        return True
+
+    def _store(self, p: _Pending, group: dict[int, Clove], clove: Clove) -> None:
+        p.slots[clove.index].append(clove)
         group[clove.index] = clove
+        cost = _clove_cost(clove)
         p.used += cost
         self._used += cost
-        if len(group) < clove.k:
-            return None
+
+    def _decode(self, p: _Pending, key: tuple[bytes, int, int, int, bytes], group: dict[int, Clove],
+                now: float) -> bytes | None:
+        """Decode a group of k cloves: the message (finished), or ``None`` and the group is
+        remembered as dead (its cloves freed) if it does not authenticate."""
         out = _decode_group(list(group.values()))
+        mid = next(iter(group.values())).msg_id
         if out is None:
             self.stats["failed_groups"] += 1
             for c in list(group.values()):

@@ -305,7 +305,7 @@ def test_recover_errors() -> None:
     with pytest.raises(SidaError, match="no cloves"):
         recover([])
     with pytest.raises(SidaError):
-        recover([b"not a clove"])  # type: ignore[list-item]
+        recover([b"not a clove"])  # type: ignore[list-item]  # deliberately not cloves
 
 
 def test_time_is_linear_no_subset_search() -> None:
@@ -569,6 +569,24 @@ def test_reassembler_byte_bound() -> None:
     assert ra.add(msgs[-1][2], 0.0) is not None
 
 
+def test_reassembler_drops_a_clove_over_max_bytes_when_nothing_else_can_go() -> None:
+    cloves = split(rand_bytes(1_000), 4, 3)
+    ra = Reassembler(max_bytes=sida._clove_cost(cloves[0]) + 1)
+    assert ra.add(cloves[0], 0.0) is None
+    assert ra.add(cloves[1], 0.0) is None  # only its own message holds bytes: no one to evict
+    assert ra.stats["dropped"] == 1 and ra.stats["evicted"] == 0
+    assert ra.bytes_held == sida._clove_cost(cloves[0])
+
+
+def test_reassembler_counts_a_repeated_clove_once() -> None:
+    cloves = split(b"twice", 4, 3)
+    ra = Reassembler()
+    assert ra.add(cloves[0], 0.0) is None
+    assert ra.add(cloves[0], 0.0) is None
+    assert ra.stats["duplicates"] == 1
+    assert ra.add(cloves[1], 0.0) is None and ra.add(cloves[2], 0.0) == b"twice"
+
+
 def test_reassembler_per_index_bound() -> None:
     real = split(b"x", 4, 3)
     ra = Reassembler(max_candidates_per_index=3)
@@ -583,6 +601,6 @@ def test_reassembler_per_index_bound() -> None:
 
 def test_reassembler_rejects_non_cloves_and_bad_limits() -> None:
     with pytest.raises(TypeError):
-        Reassembler().add(b"bytes", 0.0)  # type: ignore[arg-type]
+        Reassembler().add(b"bytes", 0.0)  # type: ignore[arg-type]  # deliberately not a Clove
     with pytest.raises(ValueError):
         Reassembler(max_messages=0)
