@@ -36,7 +36,7 @@ from overlay.messages import (
     SamplingParams,
     ToModel,
 )
-from overlay.paths import PathError, PathManager
+from overlay.paths import Path, PathError, PathManager
 from overlay.peers import PeerEntry
 from overlay.relay import TokenBucket
 from overlay.seal import ReturnKey, SealError, open_sealed, seal_to
@@ -142,15 +142,46 @@ class AnonClient:
         self, target: PeerEntry, model: str, messages: tuple[ChatMessage, ...], params: SamplingParams,
         continuation: str, timeout: float, paths_timeout: float,
     ) -> AsyncGenerator[ReplyChunk, None]:
+        """One try at ``target``: n cloves out over n of our paths, the reply chunks back in
+        order, the last one's signature checked. :class:`_NodeSilent` if ``target`` goes quiet."""
         try:
-            paths = await self.paths.wait_ready(self.n, paths_timeout)
+            paths = self.rng.sample(await self.paths.wait_ready(self.n, paths_timeout), self.n)
         except PathError as exc:
             raise AnonError(str(exc)) from None
-        paths = self.rng.sample(paths, self.n)
         keys = [ReturnKey.generate() for _ in paths]
-        request_id = crypto.random_bytes(REQUEST_ID_LEN)
-        req = Request(
-            request_id=request_id,
+        req = self._request(paths, keys, model, messages, params, continuation)
+        digest = request_digest(req)
+        try:
+            cloves = sida.split(codec.encode(req), self.n, self.k)
+        except (sida.SidaError, codec.LocalProtocolError) as exc:
+            raise AnonError(f"the request is too large to send: {exc}") from None
+        send_ch, recv_ch = trio.open_memory_channel[ReplyChunk](MAX_CHUNKS_QUEUED)
+        self._requests[req.request_id] = send_ch
+        for p, rk in zip(paths, keys, strict=True):
+            p.returns[rk.tag] = self._on_reply_clove_for(rk)
+        try:
+            self._send_cloves(target, paths, cloves)
+            output_ids: list[int] = []
+            async with aclosing(self._in_order(recv_ch, target, paths, timeout)) as chunks:
+                async for c in chunks:
+                    output_ids.extend(c.token_ids)
+                    if c.done:
+                        self._verify(c, digest, output_ids, model)
+                    yield c
+                    if c.done:
+                        return
+        finally:
+            self._requests.pop(req.request_id, None)
+            for p, rk in zip(paths, keys, strict=True):
+                p.returns.pop(rk.tag, None)
+
+    def _request(
+        self, paths: list[Path], keys: list[ReturnKey], model: str, messages: tuple[ChatMessage, ...],
+        params: SamplingParams, continuation: str,
+    ) -> Request:
+        """The request, answered through ``paths`` (one fresh return key each)."""
+        return Request(
+            request_id=crypto.random_bytes(REQUEST_ID_LEN),
             model=model,
             messages=messages,
             params=params,
@@ -162,51 +193,41 @@ class AnonClient:
             ),
             continuation=continuation,
         )
-        digest = request_digest(req)
-        try:
-            cloves = sida.split(codec.encode(req), self.n, self.k)
-        except (sida.SidaError, codec.LocalProtocolError) as exc:
-            raise AnonError(f"the request is too large to send: {exc}") from None
-        send_ch, recv_ch = trio.open_memory_channel[ReplyChunk](MAX_CHUNKS_QUEUED)
-        self._requests[request_id] = send_ch
-        for p, rk in zip(paths, keys, strict=True):
-            p.returns[rk.tag] = self._on_reply_clove_for(rk)
-        try:
-            for p, clove in zip(paths, cloves, strict=True):
-                sealed = seal_to(target.x25519_public, sida.encode_clove(clove))
-                iv, body = p.crypt.wrap_forward(codec.encode(ToModel(dest=target.node_id, sealed=sealed)))
-                self.send(p.first, CellFwd(p.link_id, iv, body))
-            pending: dict[int, ReplyChunk] = {}
-            output_ids: list[int] = []
-            next_seq = 0
-            while True:
-                with trio.move_on_after(timeout) as scope:
-                    chunk = await recv_ch.receive()
-                if scope.cancelled_caught:
-                    dead = sum(1 for p in paths if p.dead)
-                    raise _NodeSilent(
-                        f"no reply from model node {short_id(target.node_id)} within {timeout:.0f}s "
-                        f"({dead} of the {self.n} paths used failed; fewer than k={self.k} cloves of a "
-                        "reply arrived). The paths are being rebuilt: try again."
-                    )
-                pending[chunk.seq] = chunk
-                if len(pending) > MAX_CHUNKS_QUEUED:
-                    raise AnonError("reply chunks arrived too far out of order")
-                while next_seq in pending:
-                    c = pending.pop(next_seq)
-                    next_seq += 1
-                    if c.error:
-                        raise AnonError(f"model node {short_id(c.node)}: {c.error}")
-                    output_ids.extend(c.token_ids)
-                    if c.done:
-                        self._verify(c, digest, output_ids, model)
-                    yield c
-                    if c.done:
-                        return
-        finally:
-            self._requests.pop(request_id, None)
-            for p, rk in zip(paths, keys, strict=True):
-                p.returns.pop(rk.tag, None)
+
+    def _send_cloves(self, target: PeerEntry, paths: list[Path], cloves: list[sida.Clove]) -> None:
+        """Clove i, sealed to ``target``, into path i (paper §3.2 step 3)."""
+        for p, clove in zip(paths, cloves, strict=True):
+            sealed = seal_to(target.x25519_public, sida.encode_clove(clove))
+            iv, body = p.crypt.wrap_forward(codec.encode(ToModel(dest=target.node_id, sealed=sealed)))
+            self.send(p.first, CellFwd(p.link_id, iv, body))
+
+    async def _in_order(
+        self, chunks: trio.MemoryReceiveChannel[ReplyChunk], target: PeerEntry, paths: list[Path], timeout: float,
+    ) -> AsyncGenerator[ReplyChunk, None]:
+        """Reply chunks in ``seq`` order as each becomes next. :class:`AnonError` for an error
+        chunk or chunks too far out of order; :class:`_NodeSilent` when none arrives within
+        ``timeout``."""
+        pending: dict[int, ReplyChunk] = {}
+        next_seq = 0
+        while True:
+            with trio.move_on_after(timeout) as scope:
+                chunk = await chunks.receive()
+            if scope.cancelled_caught:
+                dead = sum(1 for p in paths if p.dead)
+                raise _NodeSilent(
+                    f"no reply from model node {short_id(target.node_id)} within {timeout:.0f}s "
+                    f"({dead} of the {self.n} paths used failed; fewer than k={self.k} cloves of a "
+                    "reply arrived). The paths are being rebuilt: try again."
+                )
+            pending[chunk.seq] = chunk
+            if len(pending) > MAX_CHUNKS_QUEUED:
+                raise AnonError("reply chunks arrived too far out of order")
+            while next_seq in pending:
+                c = pending.pop(next_seq)
+                next_seq += 1
+                if c.error:
+                    raise AnonError(f"model node {short_id(c.node)}: {c.error}")
+                yield c
 
     def _verify(self, last: ReplyChunk, digest: bytes, output_ids: list[int], model: str) -> None:
         """The serving node must be a registered model node for ``model`` and have signed the reply."""

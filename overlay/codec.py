@@ -73,7 +73,12 @@ class LocalProtocolError(Exception):
 
 
 def field(*, max: int | None = None, exact: int | None = None, **kw: Any) -> Any:
-    """A dataclass field with wire bounds: ``max`` length/items, or ``exact`` length."""
+    """A dataclass field with wire bounds: ``max`` length/items, or ``exact`` length.
+
+    ``field()`` with no bounds marks a plain field that follows bounded ones: the
+    field stays required at run time, and mypy (which takes any ``x = call()`` for a
+    default) does not report a field without a default after one with.
+    """
     meta = dict(kw.pop("metadata", {}) or {})
     if max is not None:
         meta["max"] = max

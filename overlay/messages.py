@@ -77,8 +77,8 @@ class PeerSeen:
 
     node_id: bytes = field(exact=NODE_ID_LEN)
     address: str = field(max=256)
-    rtt_us: int
-    last_ok_unix: float
+    rtt_us: int = field()
+    last_ok_unix: float = field()
 
 
 @message(12)
@@ -91,7 +91,7 @@ class PeerStatusRequest:
 @dataclass(frozen=True, slots=True)
 class PeerStatus:
     node_id: bytes = field(exact=NODE_ID_LEN)
-    uptime_s: float
+    uptime_s: float = field()
     peers: tuple[PeerSeen, ...] = field(max=4096)
 
 
@@ -258,8 +258,8 @@ class Request:
     request_id: bytes = field(exact=REQUEST_ID_LEN)
     model: str = field(max=128)
     messages: tuple[ChatMessage, ...] = field(max=256)
-    params: SamplingParams
-    k: int
+    params: SamplingParams = field()
+    k: int = field()
     return_paths: tuple[ReturnPath, ...] = field(max=16)
     # Failover (from Petals): the part of the assistant's reply another node already
     # produced; the serving node continues it without repeating it. Empty normally.
@@ -278,11 +278,11 @@ class ReplyChunk:
     model, node id, ``signed_at_ms``); other chunks carry an empty signature and 0."""
 
     request_id: bytes = field(exact=REQUEST_ID_LEN)
-    seq: int
+    seq: int = field()
     text: str = field(max=MAX_PROMPT_CHARS)
     token_ids: tuple[int, ...] = field(max=65536)
-    done: bool
+    done: bool = field()
     error: str = field(max=1024)
     node: bytes = field(exact=NODE_ID_LEN)
     signature: bytes = field(max=64)
-    signed_at_ms: int
+    signed_at_ms: int = field()

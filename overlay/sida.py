@@ -116,9 +116,9 @@ class Clove:
     """
 
     msg_id: bytes = field(exact=MSG_ID_LEN)
-    index: int
-    n: int
-    k: int
+    index: int = field()
+    n: int = field()
+    k: int = field()
     fragment: bytes = field(max=MAX_FRAGMENT)
     share: bytes = field(exact=KEY_LEN)
     fingerprints: bytes = field(max=2 * MAX_N * FP_LEN)

@@ -74,7 +74,7 @@ async def test_two_relay_processes_ping_each_other(relay_factory: Any, tmp_path:
     """Two relays given each other in a peer list reach each other (their own pings)."""
     idents = [load_or_create(tmp_path / f"n{i}") for i in range(2)]
     ports = free_ports(2)
-    entries = [PeerEntry.of(ident, f"127.0.0.1:{p}") for ident, p in zip(idents, ports)]
+    entries = [PeerEntry.of(ident, f"127.0.0.1:{p}") for ident, p in zip(idents, ports, strict=True)]
     save(tmp_path / "peers.json", entries)
     relays = [relay_factory(f"n{i}", "--peers", str(tmp_path / "peers.json"), "--ping-interval", "0.2",
                             listen=entries[i].address) for i in range(2)]

@@ -123,7 +123,7 @@ def test_eval_shares_is_polynomial_evaluation() -> None:
         coeffs = [bytes(rng.randrange(256) for _ in range(8)) for _ in range(k - 1)]
         xs = list(range(1, 10))
         got = gf256.eval_shares(secret, coeffs, xs)
-        for x, share in zip(xs, got):
+        for x, share in zip(xs, got, strict=True):
             for t in range(8):
                 want = secret[t]
                 for j, c in enumerate(coeffs, start=1):

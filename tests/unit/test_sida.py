@@ -56,7 +56,7 @@ def reforge(cloves: list[Clove], *, share: bytes | None = None, fragment_xor: in
     assert len(cloves) == n
     return [
         dataclasses.replace(c, fragment=f, share=s, fingerprints=fps)
-        for c, f, s in zip(cloves, frags, shares)
+        for c, f, s in zip(cloves, frags, shares, strict=True)
     ]
 
 
