@@ -38,15 +38,17 @@ class CometError(Exception):
     """CometBFT is missing, a home is incomplete, or a command failed; the message says what to do."""
 
 
-def find_cometbft() -> str:
-    """The ``cometbft`` binary: next to this Python (``make setup`` puts it in .venv/bin), else on PATH."""
-    beside = Path(sys.executable).parent / "cometbft"
+def find_cometbft(*, python: str | None = None, path: str | None = None) -> str:
+    """The ``cometbft`` binary: next to ``python`` (default: this interpreter; ``make setup`` puts it in
+    .venv/bin), else on ``path`` (default: $PATH)."""
+    python = python or sys.executable
+    beside = Path(python).parent / "cometbft"
     if beside.is_file() and os.access(beside, os.X_OK):
         return str(beside)
-    found = shutil.which("cometbft")
+    found = shutil.which("cometbft", path=path)
     if found:
         return found
-    raise CometError(f"the cometbft binary was not found next to {sys.executable} or on PATH; "
+    raise CometError(f"the cometbft binary was not found next to {python} or on PATH; "
                      "run `make setup` (it runs `go install github.com/cometbft/cometbft/cmd/cometbft@v0.38.26`)")
 
 
