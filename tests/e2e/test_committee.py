@@ -66,11 +66,13 @@ class Verifier:
         self.p2p, self.rpc = p2p, rpc
         self.proc: subprocess.Popen[bytes] | None = None
 
+    def spawn(self) -> None:
+        with (self.data_dir / "verifier.out").open("ab") as out:
+            self.proc = subprocess.Popen(gentorrent_cmd("verifier", "--data-dir", str(self.data_dir)),
+                                         stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+
     def start(self) -> None:
-        out = (self.data_dir / "verifier.out").open("ab")
-        self.proc = subprocess.Popen(gentorrent_cmd("verifier", "--data-dir", str(self.data_dir)),
-                                     stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
-        out.close()
+        self.spawn()
         wait_for(f"{self.data_dir.name}'s RPC", lambda: self.height() >= 1, START_TIMEOUT)
 
     def stop(self, sig: int = signal.SIGINT) -> int:
@@ -248,8 +250,7 @@ def test_four_validators_agree_survive_a_crash_and_catch_up(
         committee_factory: Callable[[int], list[Verifier]]) -> None:
     vs = committee_factory(4)
     for v in vs:
-        v.proc = subprocess.Popen(gentorrent_cmd("verifier", "--data-dir", str(v.data_dir)),
-                                  stdout=(v.data_dir / "verifier.out").open("ab"), stderr=subprocess.STDOUT, cwd=REPO)
+        v.spawn()
     for v in vs:
         wait_for(f"{v.data_dir.name} to produce blocks", lambda v=v: v.height() >= 2, START_TIMEOUT)
     nodes = [Node(port=8000 + i) for i in range(12)]
