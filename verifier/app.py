@@ -74,14 +74,32 @@ class Validator:
 
 @dataclass(frozen=True, slots=True)
 class Record:
-    """A live registration: the node's keys, its entry, and the block time it expires at."""
+    """A live registration: the node's keys, its entry, and the block time it expires at.
 
+    ``packed`` caches the record's canonical msgpack encoding, so hashing a state of 10,000 nodes
+    joins cached bytes instead of re-encoding every record each block.
+    """
+
+    node_id: bytes
     ed25519_public: bytes
     entry: Entry
     expires_at: int
+    packed: bytes = field(init=False, repr=False, compare=False)
 
-    def to_wire(self, node_id: bytes) -> list[object]:
-        return [node_id, self.ed25519_public, *self.entry.to_wire(), self.expires_at]
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "packed", pack(self.to_wire()))
+
+    def to_wire(self) -> list[object]:
+        return [self.node_id, self.ed25519_public, *self.entry.to_wire(), self.expires_at]
+
+
+def _array_header(n: int) -> bytes:
+    """msgpack's array header for ``n`` items, as msgpack itself writes it."""
+    if n < 16:
+        return bytes([0x90 | n])
+    if n < 1 << 16:
+        return b"\xdc" + n.to_bytes(2, "big")
+    return b"\xdd" + n.to_bytes(4, "big")
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,14 +131,17 @@ class CommitteeState:
         return CommitteeState(self.chain_id, self.validators, dict(self.nodes), dict(self.seqs), dict(self.addresses))
 
     def canonical_bytes(self) -> bytes:
-        """One encoding per state: sorted keys, msgpack with bin types."""
-        return pack([
-            STATE_VERSION,
-            self.chain_id,
-            [[v.key_type, v.public_key, v.power] for v in self.validators],
-            [self.nodes[n].to_wire(n) for n in sorted(self.nodes)],
-            [[n, self.seqs[n]] for n in sorted(self.seqs)],
-        ])
+        """One encoding per state: the msgpack array ``[STATE_VERSION, chain_id, validators,
+        records sorted by node id, [node_id, seq] pairs sorted by node id]`` with bin types."""
+        return b"".join((
+            _array_header(5),
+            pack(STATE_VERSION),
+            pack(self.chain_id),
+            pack([[v.key_type, v.public_key, v.power] for v in self.validators]),
+            _array_header(len(self.nodes)),
+            *(self.nodes[n].packed for n in sorted(self.nodes)),
+            pack([[n, self.seqs[n]] for n in sorted(self.seqs)]),
+        ))
 
     def app_hash(self) -> bytes:
         return crypto.sha256(self.canonical_bytes())
@@ -134,7 +155,7 @@ class CommitteeState:
                 raise StateError(f"state format {version}, this verifier reads {STATE_VERSION}")
             st = cls(chain_id=chain_id, validators=tuple(Validator(t, bytes(k), p) for t, k, p in vals))
             for node_id, ed, role, x, addr, region, model_id, cap, expires in nodes:
-                st.nodes[node_id] = Record(ed, Entry(role, x, addr, region, model_id, cap), expires)
+                st.nodes[node_id] = Record(node_id, ed, Entry(role, x, addr, region, model_id, cap), expires)
                 st.addresses[addr] = node_id
             st.seqs = {n: s for n, s in seqs}
         except StateError:
@@ -175,7 +196,7 @@ def _apply(st: CommitteeState, tx: Tx, time_s: int) -> None:
         del st.addresses[old.entry.address]
     if tx.op != OP_LEAVE:
         assert tx.entry is not None
-        st.nodes[node_id] = Record(tx.ed25519_public, tx.entry, time_s + ENTRY_TTL_S)
+        st.nodes[node_id] = Record(node_id, tx.ed25519_public, tx.entry, time_s + ENTRY_TTL_S)
         st.addresses[tx.entry.address] = node_id
 
 
@@ -345,15 +366,15 @@ class CommitteeApp:
             rec = st.nodes.get(data)
             if rec is None:
                 return Result(Code.UNKNOWN_NODE, f"no node {data.hex()[:40]} is registered"), b""
-            return OK, pack(rec.to_wire(data))
+            return OK, rec.packed
         if path == "/seq":
             return OK, pack(st.seqs.get(data, 0))
         if path == "/nodes":
             roles = {b"": (ROLE_USER, ROLE_MODEL), b"user": (ROLE_USER,), b"model": (ROLE_MODEL,)}.get(data)
             if roles is None:
                 return Result(Code.INVALID_FIELD, "/nodes takes data 'user', 'model' or nothing"), b""
-            recs = [st.nodes[n].to_wire(n) for n in sorted(st.nodes) if st.nodes[n].entry.role in roles]
-            return OK, pack(recs)
+            recs = [st.nodes[n].packed for n in sorted(st.nodes) if st.nodes[n].entry.role in roles]
+            return OK, _array_header(len(recs)) + b"".join(recs)
         if path == "/info":
             users = sum(1 for r in st.nodes.values() if r.entry.role == ROLE_USER)
             return OK, pack([self.height, self.app_hash, st.chain_id, users, len(st.nodes) - users])

@@ -217,3 +217,19 @@ def test_two_instances_fed_the_same_blocks_agree_and_restart_agrees(run: list[tu
         assert {r.entry.address: n for n, r in a.committed.nodes.items()} == a.committed.addresses
     assert a.committed.canonical_bytes() == b.committed.canonical_bytes()
 
+
+
+@pytest.mark.parametrize("count", [0, 1, 15, 16, 17, 300])
+def test_canonical_bytes_are_plain_msgpack_of_the_state(count: int) -> None:
+    a = fresh()
+    nodes = [Node(port=1000 + i) for i in range(count)]
+    if nodes:
+        block(a, [n.register(tx.ROLE_MODEL if i % 2 else tx.ROLE_USER) for i, n in enumerate(nodes)])
+    st = a.committed
+    plain = msgpack.packb([
+        1, CHAIN, [[v.key_type, v.public_key, v.power] for v in st.validators],
+        [st.nodes[n].to_wire() for n in sorted(st.nodes)], [[n, st.seqs[n]] for n in sorted(st.seqs)],
+    ], use_bin_type=True)
+    assert st.canonical_bytes() == plain
+    assert msgpack.unpackb(a.query("/nodes", b"")[1]) == msgpack.unpackb(msgpack.packb(
+        [st.nodes[n].to_wire() for n in sorted(st.nodes)], use_bin_type=True))
