@@ -233,3 +233,17 @@ def test_canonical_bytes_are_plain_msgpack_of_the_state(count: int) -> None:
     assert st.canonical_bytes() == plain
     assert msgpack.unpackb(a.query("/nodes", b"")[1]) == msgpack.unpackb(msgpack.packb(
         [st.nodes[n].to_wire() for n in sorted(st.nodes)], use_bin_type=True))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.binary(max_size=300), max_size=6))
+def test_hostile_bytes_never_raise_and_never_change_state(txs: list[bytes]) -> None:
+    a = fresh()
+    block(a, [Node().register()])
+    before = a.app_hash
+    for raw in txs:
+        assert not a.check_tx(raw).ok
+    assert a.prepare_proposal(txs, 1 << 20, T0 + 1) == []
+    assert a.process_proposal(txs, T0 + 1) == (not txs)
+    results, app_hash = a.finalize_block(a.height + 1, T0 + 1, txs)
+    assert app_hash == before and all(not r.ok for r in results)
