@@ -200,6 +200,16 @@ def _apply(st: CommitteeState, tx: Tx, time_s: int) -> None:
         st.addresses[tx.entry.address] = node_id
 
 
+def _proto_size(raw: bytes) -> int:
+    """Bytes ``raw`` takes as a ``repeated bytes`` field in a block (tag, varint length, data)."""
+    n = len(raw)
+    length = 1
+    while n >= 0x80:
+        n >>= 7
+        length += 1
+    return 1 + length + len(raw)
+
+
 def _expire(st: CommitteeState, time_s: int) -> CommitteeState:
     """``st`` without the entries expired at ``time_s`` (a copy if any expire, else ``st`` itself)."""
     gone = [n for n, r in st.nodes.items() if r.expires_at <= time_s]
@@ -224,7 +234,12 @@ class CommitteeApp:
         self.height = height
         self.app_hash = self.committed.app_hash() if height > 0 else b""
         self._pending: tuple[int, CommitteeState, bytes] | None = None
-        self.rejected: dict[Code, int] = {}  # CheckTx rejections by code, for status and logs
+        # Every drop is counted: CheckTx rejections by code, transactions PrepareProposal left out,
+        # proposals ProcessProposal rejected, and transactions FinalizeBlock skipped.
+        self.rejected: dict[Code, int] = {}
+        self.dropped_from_proposals = 0
+        self.rejected_proposals = 0
+        self.skipped_in_blocks = 0
 
     # ----------------------------------------------------------------- handshake
 
@@ -287,35 +302,42 @@ class CommitteeApp:
         return st, results
 
     def prepare_proposal(self, txs: Sequence[bytes], max_tx_bytes: int, time_s: int) -> list[bytes]:
-        """The mempool's ``txs`` this proposer includes: the valid ones, in order, within ``max_tx_bytes``."""
+        """The mempool's ``txs`` this proposer includes: the valid ones, in order, within ``max_tx_bytes``.
+
+        Sizes count as CometBFT counts them: each transaction's protobuf encoding in the block's
+        data (one tag byte, its length as a varint, its bytes).
+        """
         st = _expire(self.committed, time_s).copy()
         out: list[bytes] = []
         total = 0
         for raw in txs:
-            if total + len(raw) > max_tx_bytes:
-                continue
-            tx = self.decode(raw)
-            if isinstance(tx, Result):
-                continue
+            size = _proto_size(raw)
+            tx = self.decode(raw) if total + size <= max_tx_bytes else None
             try:
+                if not isinstance(tx, Tx):
+                    raise TxError(Code.OVERSIZE if tx is None else tx.code, "left out")
                 _check(st, tx)
             except TxError:
+                self.dropped_from_proposals += 1
                 continue
             _apply(st, tx, time_s)
             out.append(raw)
-            total += len(raw)
+            total += size
         return out
 
     def process_proposal(self, txs: Sequence[bytes], time_s: int) -> bool:
         """Accept a proposed block only if every transaction in it is valid in order."""
         _, results = self._run(txs, time_s)
-        return all(r.ok for r in results)
+        ok = all(r.ok for r in results)
+        self.rejected_proposals += not ok
+        return ok
 
     def finalize_block(self, height: int, time_s: int, txs: Sequence[bytes]) -> tuple[list[Result], bytes]:
         """Apply a decided block: one result per tx, and the app hash of the resulting state."""
         if self.height > 0 and height != self.height + 1:  # genesis may set any initial height
             raise ValueError(f"FinalizeBlock for height {height} after committed height {self.height}")
         st, results = self._run(txs, time_s)
+        self.skipped_in_blocks += sum(not r.ok for r in results)
         app_hash = st.app_hash()
         self._pending = (height, st, app_hash)
         return results, app_hash

@@ -100,7 +100,11 @@ def test_prepare_drops_invalid_and_in_block_duplicates_and_respects_max_bytes() 
     assert a.prepare_proposal([b"junk", reg, dup_seq, upd], 1 << 20, T0) == [reg, upd]
     assert not a.process_proposal([reg, dup_seq], T0)
     assert a.process_proposal([reg, upd], T0)
-    assert a.prepare_proposal([reg, upd], len(reg), T0) == [reg]
+    size = len(reg) + 1 + (2 if len(reg) >= 128 else 1)  # CometBFT counts the protobuf field overhead
+    assert a.prepare_proposal([reg, upd], size, T0) == [reg]
+    assert a.prepare_proposal([reg, upd], size - 1, T0) == []
+    assert a.dropped_from_proposals == 2 + 1 + 2
+    assert a.rejected_proposals == 1
 
 
 def test_entries_expire_by_block_time_and_seq_outlives_them() -> None:
