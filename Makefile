@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 COMETBFT_VERSION := v0.38.26
 PYTEST_ARGS ?=
 
-.PHONY: setup demo lint test bench clean
+.PHONY: setup demo lint test bench clean abci-proto
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -25,6 +25,11 @@ setup: $(BIN)/python
 	else \
 	    echo "!!!! WARNING: 'go install cometbft@$(COMETBFT_VERSION)' FAILED: the verifier committee cannot run here !!!!"; \
 	fi
+
+# Regenerate verifier/abci/proto/ from CometBFT's .proto files in the Go module cache (setup
+# fills it); tests/unit/test_abci_proto.py checks the committed code matches.
+abci-proto: setup
+	$(BIN)/python -m verifier.abci.gen
 
 # A local network of every part that exists, on loopback; Ctrl-C stops it.
 demo: setup

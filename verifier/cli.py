@@ -1,16 +1,112 @@
-"""``gentorrent verifier``."""
+"""``gentorrent verifier`` (run), ``gentorrent verifier init`` and ``gentorrent verifier genesis``.
+
+Light on purpose: everything heavy is imported inside the run functions.
+
+A committee by hand (see docs/committee.md)::
+
+    gentorrent verifier init --data-dir v0 --p2p 127.0.0.1:26656 --rpc 127.0.0.1:26657
+    gentorrent verifier init --data-dir v1 --p2p 127.0.0.1:26666 --rpc 127.0.0.1:26667
+    gentorrent verifier genesis --chain-id my-committee --out genesis.json --install v0 v1
+    gentorrent verifier --data-dir v0 &  gentorrent verifier --data-dir v1
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from typing import Any
 
-from overlay.cli import common_flags, not_landed
+from overlay.cli import CliError, common_flags, resolve_config, run_async
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser(
-        "verifier", help="join the verifier committee (CometBFT) that scores model nodes",
-        description="Run a verifier: a CometBFT validator plus GenTorrent's ABCI application.",
+        "verifier", help="run a verifier of the committee (a CometBFT validator plus GenTorrent's ABCI application)",
+        description="Run a verifier: serve GenTorrent's ABCI application and start and supervise CometBFT on it. "
+                    "Set a verifier up first with 'gentorrent verifier init' and 'gentorrent verifier genesis'.",
     )
-    common_flags(p, "listen", "peers")
-    p.set_defaults(run=not_landed("'gentorrent verifier'", "the verifier committee issue"))
+    common_flags(p)
+    p.add_argument("--abci", metavar="ADDR", default=None,
+                   help="ABCI listen address: unix:///PATH or tcp://127.0.0.1:PORT (default unix://DATA_DIR/abci.sock); "
+                        "loopback or unix only")
+    p.set_defaults(run=_run)
+    verbs = p.add_subparsers(dest="verifier_command", metavar="SUBCOMMAND")
+
+    i = verbs.add_parser("init", help="create this verifier's CometBFT home and keys in DATA_DIR/cometbft",
+                         description="Run 'cometbft init' in DATA_DIR/cometbft and configure it for GenTorrent.")
+    common_flags(i)
+    i.add_argument("--p2p", metavar="HOST:PORT", default="127.0.0.1:26656",
+                   help="CometBFT peer-to-peer listen address that other verifiers dial (default 127.0.0.1:26656)")
+    i.add_argument("--rpc", metavar="HOST:PORT", default="127.0.0.1:26657",
+                   help="CometBFT RPC listen address (default 127.0.0.1:26657)")
+    i.add_argument("--moniker", default=None, help="this verifier's name in genesis (default: the data dir's name)")
+    i.add_argument("--timeout-commit", default="1s", metavar="DURATION",
+                   help="CometBFT's wait after a commit before the next height (default 1s)")
+    i.set_defaults(run=_init)
+
+    g = verbs.add_parser("genesis", help="make a committee's genesis from its members' validator keys",
+                         description="Write a genesis naming the validator key of every DATA_DIR given; with "
+                                     "--install, also copy it into each and make each peer with the others.")
+    g.add_argument("data_dirs", nargs="+", metavar="DATA_DIR", help="members' data dirs (after 'verifier init')")
+    g.add_argument("--out", required=True, metavar="FILE", help="where to write genesis.json")
+    g.add_argument("--chain-id", default="gentorrent-committee", help="the committee's chain id")
+    g.add_argument("--power", type=int, default=10, help="voting power of each member (default 10)")
+    g.add_argument("--install", action="store_true",
+                   help="copy the genesis into each DATA_DIR and set their persistent peers to each other")
+    g.set_defaults(run=_genesis)
+
+
+def _data_dir(args: argparse.Namespace) -> str:
+    cfg = resolve_config(args)
+    return str(cfg.data_dir)
+
+
+def _init(args: argparse.Namespace) -> int:
+    from verifier.cometbft import CometError, init_home
+
+    d = _data_dir(args)
+    try:
+        info = init_home(d, p2p=args.p2p, rpc=args.rpc, moniker=args.moniker, timeout_commit=args.timeout_commit)
+    except CometError as exc:
+        raise CliError(str(exc)) from None
+    print(f"verifier home: {d}/cometbft")
+    print(f"node id:       {info.node_id}")
+    print(f"peer address:  {info.peer}")
+    print(f"validator:     {info.validator_address} (ed25519 {info.validator_pub_key_b64})")
+    return 0
+
+
+def _genesis(args: argparse.Namespace) -> int:
+    import json
+
+    from verifier.cometbft import CometError, install_genesis, make_genesis
+
+    try:
+        genesis = make_genesis(args.data_dirs, chain_id=args.chain_id, power=args.power)
+        with open(args.out, "w") as f:
+            json.dump(genesis, f, indent=2)
+            f.write("\n")
+        if args.install:
+            install_genesis(args.data_dirs, genesis)
+    except (CometError, OSError) as exc:
+        raise CliError(str(exc)) from None
+    print(f"wrote {args.out}: chain {args.chain_id}, {len(args.data_dirs)} validators"
+          + (" (installed in each data dir)" if args.install else ""))
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from verifier.abci.server import AbciAddressError
+    from verifier.app import StateError
+    from verifier.cometbft import CometError
+    from verifier.node import CometExited, run_verifier
+
+    d = _data_dir(args)
+    try:
+        run_async(lambda: run_verifier(d, abci=args.abci))
+    except (CometError, AbciAddressError, StateError) as exc:
+        raise CliError(str(exc)) from None
+    except CometExited as exc:
+        print(f"gentorrent: {exc}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,282 @@
+"""The verifier committee on real CometBFT (v0.38, loopback): one validator, then four.
+
+Each verifier is a real ``gentorrent verifier`` process (our ABCI server plus the cometbft binary
+it supervises); transactions go in through CometBFT's RPC. Every wait is bounded by a timeout;
+nothing asserts on time.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import msgpack
+import pytest
+
+from tests.committee_helpers import Node
+from tests.conftest import REPO, gentorrent_cmd, run_cli
+from verifier import cometbft, tx
+from verifier.tx import Code
+
+pytestmark = pytest.mark.slow
+
+CHAIN = "gt-e2e"
+START_TIMEOUT = 60.0
+COMMIT_TIMEOUT = 60.0
+T = TypeVar("T")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(what: str, fn: Callable[[], T | None], timeout: float) -> T:
+    """Poll ``fn`` until it returns something other than None/False, at most ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    last_exc: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            got = fn()
+            if got is not None and got is not False:
+                return got
+        except (OSError, urllib.error.URLError, ValueError, KeyError) as exc:
+            last_exc = exc
+        time.sleep(0.2)
+    raise TimeoutError(f"timed out after {timeout}s waiting for {what} (last error: {last_exc})")
+
+
+class Verifier:
+    """One ``gentorrent verifier`` process and a small client for its CometBFT RPC."""
+
+    def __init__(self, data_dir: Path, p2p: int, rpc: int) -> None:
+        self.data_dir = data_dir
+        self.p2p, self.rpc = p2p, rpc
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def spawn(self) -> None:
+        with (self.data_dir / "verifier.out").open("ab") as out:
+            self.proc = subprocess.Popen(gentorrent_cmd("verifier", "--data-dir", str(self.data_dir)),
+                                         stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+
+    def start(self) -> None:
+        self.spawn()
+        wait_for(f"{self.data_dir.name}'s RPC", lambda: self.height() >= 1, START_TIMEOUT)
+
+    def stop(self, sig: int = signal.SIGINT) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout=30)
+        finally:
+            self.proc = None
+
+    def output(self) -> str:
+        return (self.data_dir / "verifier.out").read_text(errors="replace")[-3000:]
+
+    def rpc_call(self, method: str, **params: str) -> Any:
+        url = f"http://127.0.0.1:{self.rpc}/{method}?" + urllib.parse.urlencode(params)
+        try:
+            with urllib.request.urlopen(url, timeout=30) as r:
+                body = json.loads(r.read())
+        except urllib.error.HTTPError as exc:  # CometBFT answers RPC errors with HTTP 500 and a JSON body
+            body = json.loads(exc.read())
+        if "error" in body:
+            raise RuntimeError(f"{method}: {body['error']}")
+        return body["result"]
+
+    def height(self) -> int:
+        return int(self.rpc_call("status")["sync_info"]["latest_block_height"])
+
+    def app_info(self) -> tuple[int, bytes]:
+        r = self.rpc_call("abci_info")["response"]
+        return int(r.get("last_block_height", 0)), base64.b64decode(r.get("last_block_app_hash", ""))
+
+    def broadcast_sync(self, raw: bytes) -> dict[str, Any]:
+        return dict(self.rpc_call("broadcast_tx_sync", tx="0x" + raw.hex()))
+
+    def broadcast_commit(self, raw: bytes) -> dict[str, Any]:
+        return dict(self.rpc_call("broadcast_tx_commit", tx="0x" + raw.hex()))
+
+    def query(self, path: str, data: bytes = b"") -> tuple[int, Any]:
+        r = self.rpc_call("abci_query", path=json.dumps(path), data="0x" + data.hex())["response"]
+        value = base64.b64decode(r.get("value") or "")
+        return int(r.get("code", 0)), (msgpack.unpackb(value) if value else None)
+
+    def seq_of(self, node_id: bytes) -> int:
+        code, seq = self.query("/seq", node_id)
+        assert code == 0
+        return int(seq)
+
+
+def make_committee(tmp_path: Path, n: int) -> list[Verifier]:
+    vs = [Verifier(tmp_path / f"v{i}", _free_port(), _free_port()) for i in range(n)]
+    for v in vs:
+        r = run_cli("verifier", "init", "--data-dir", str(v.data_dir), "--p2p", f"127.0.0.1:{v.p2p}",
+                    "--rpc", f"127.0.0.1:{v.rpc}", "--timeout-commit", "300ms")
+        assert r.returncode == 0, r.stderr
+    r = run_cli("verifier", "genesis", "--chain-id", CHAIN, "--out", str(tmp_path / "genesis.json"), "--install",
+                *(str(v.data_dir) for v in vs))
+    assert r.returncode == 0, r.stderr
+    return vs
+
+
+@pytest.fixture
+def committee_factory(tmp_path: Path) -> Iterator[Callable[[int], list[Verifier]]]:
+    try:
+        cometbft.find_cometbft()
+    except cometbft.CometError as exc:
+        pytest.skip(str(exc))
+    made: list[Verifier] = []
+
+    def make(n: int) -> list[Verifier]:
+        vs = make_committee(tmp_path, n)
+        made.extend(vs)
+        return vs
+
+    yield make
+    for v in made:
+        if v.proc is not None:
+            v.proc.kill()
+            v.proc.wait(timeout=30)
+    # A verifier killed with SIGKILL leaves its cometbft to notice the lost ABCI connection and exit.
+    for v in made:
+        try:
+            wait_for(f"{v.data_dir.name}'s cometbft to exit", lambda v=v: _port_closed(v.rpc), 30)
+        except TimeoutError:
+            pass
+
+
+def _port_closed(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(1)
+        return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def _chain_tx(node: Node, op: int, entry: tx.Entry | None = None, *, seq: int | None = None) -> bytes:
+    return node.sign_tx(op, entry, seq=seq, chain=CHAIN)
+
+
+def test_one_validator_commits_registrations_and_rejects_bad_transactions(
+        committee_factory: Callable[[int], list[Verifier]]) -> None:
+    (v,) = committee_factory(1)
+    v.start()
+    user, model = Node(port=7001), Node(port=7002)
+    for raw in (_chain_tx(user, tx.OP_REGISTER, user.entry()),
+                _chain_tx(model, tx.OP_REGISTER, model.entry(tx.ROLE_MODEL, model_id="smollm2", capacity=3))):
+        r = v.broadcast_commit(raw)
+        assert r["check_tx"]["code"] == 0 and r["tx_result"].get("code", 0) == 0, r
+    code, rec = v.query("/node", model.node_id)
+    assert code == 0
+    assert rec[0] == model.node_id and rec[1] == model.key.public_bytes and rec[2] == tx.ROLE_MODEL
+    assert rec[4:8] == ["127.0.0.1:7002", "eu-west", "smollm2", 3]
+    assert v.query("/nodes", b"user")[1][0][0] == user.node_id
+    _, before = v.app_info()
+
+    body = msgpack.unpackb(_chain_tx(Node(), tx.OP_LEAVE))[0]
+    bad = {
+        Code.REPLAYED: _chain_tx(user, tx.OP_UPDATE, user.entry(region="us-east"), seq=1),
+        Code.UNSIGNED: msgpack.packb([body, b""], use_bin_type=True),
+        Code.MALFORMED: b"\x92\xc4\x01x",
+        Code.OVERSIZE: b"\x00" * (tx.MAX_TX_BYTES + 100),
+        Code.BAD_SIGNATURE: user.sign_tx(tx.OP_LEAVE, chain="another-chain"),
+        Code.CONFLICT: _chain_tx(Node(port=7001), tx.OP_REGISTER, Node(port=7001).entry()),
+    }
+    for code, raw in bad.items():
+        r = v.broadcast_sync(raw)
+        assert int(r["code"]) == code, (code, r)
+        assert r["log"]
+    with pytest.raises(RuntimeError, match="cache"):  # the same bytes again never reach the app
+        v.broadcast_sync(_chain_tx(user, tx.OP_REGISTER, user.entry(), seq=1))
+    h = v.height()
+    wait_for("two more blocks", lambda: v.height() >= h + 2, COMMIT_TIMEOUT)
+    assert v.app_info()[1] == before  # no bad transaction changed state
+    assert v.query("/node", user.node_id)[1][5] == "eu-west"
+    assert v.stop() == 0
+    # Restart: Info reports the persisted height and hash, and CometBFT carries on from there.
+    v.start()
+    assert v.query("/node", model.node_id)[0] == 0
+    assert v.app_info()[1] == before
+    assert v.stop() == 0
+
+
+def _wait_committed(vs: list[Verifier], nodes: list[Node]) -> None:
+    for v in vs:
+        for n in nodes:
+            wait_for(f"{n.node_id.hex()[:8]}'s seq {n.seq} on {v.data_dir.name}",
+                     lambda v=v, n=n: v.seq_of(n.node_id) == n.seq, COMMIT_TIMEOUT)
+
+
+def _same_app_hash(vs: list[Verifier]) -> bytes:
+    """Once every verifier is two blocks past the highest one now, their app hashes must agree."""
+    target = max(v.height() for v in vs) + 2
+    for v in vs:
+        wait_for(f"{v.data_dir.name} at height {target}", lambda v=v: v.app_info()[0] >= target, COMMIT_TIMEOUT)
+    hashes = {v.data_dir.name: v.app_info()[1] for v in vs}
+    assert len(set(hashes.values())) == 1, hashes
+    return next(iter(hashes.values()))
+
+
+def _mixed_round(vs: list[Verifier], nodes: list[Node], round_no: int) -> None:
+    """Registers, updates or leaves for every node, spread over the verifiers, plus junk."""
+    for i, n in enumerate(nodes):
+        v = vs[(i + round_no) % len(vs)]
+        registered = v.query("/node", n.node_id)[0] == 0
+        if not registered:
+            raw = _chain_tx(n, tx.OP_REGISTER, n.entry(tx.ROLE_MODEL if i % 2 else tx.ROLE_USER))
+        elif (i + round_no) % 3 == 0:
+            raw = _chain_tx(n, tx.OP_LEAVE)
+        else:
+            raw = _chain_tx(n, tx.OP_UPDATE, n.entry(tx.ROLE_MODEL if i % 2 else tx.ROLE_USER,
+                                                     region=f"r{round_no}"))
+        r = v.broadcast_sync(raw)
+        assert int(r["code"]) == 0, r
+        assert int(vs[i % len(vs)].broadcast_sync(b"junk")["code"]) == Code.MALFORMED
+
+
+def test_four_validators_agree_survive_a_crash_and_catch_up(
+        committee_factory: Callable[[int], list[Verifier]]) -> None:
+    vs = committee_factory(4)
+    for v in vs:
+        v.spawn()
+    for v in vs:
+        wait_for(f"{v.data_dir.name} to produce blocks", lambda v=v: v.height() >= 2, START_TIMEOUT)
+    nodes = [Node(port=8000 + i) for i in range(12)]
+    for round_no in range(3):
+        _mixed_round(vs, nodes, round_no)
+        _wait_committed(vs, nodes)
+    first = _same_app_hash(vs)
+
+    # One verifier dies hard; its cometbft notices the lost application and exits.
+    victim, rest = vs[3], vs[:3]
+    assert victim.proc is not None
+    victim.proc.kill()
+    victim.proc.wait(timeout=30)
+    victim.proc = None
+    wait_for("the killed verifier's cometbft to exit", lambda: _port_closed(victim.rpc), 60)
+    # The other three (30 of 40 voting power, over 2/3) keep finalizing.
+    for round_no in range(3, 5):
+        _mixed_round(rest, nodes, round_no)
+        _wait_committed(rest, nodes)
+    second = _same_app_hash(rest)
+    assert second != first
+
+    # Restarted, it replays what it missed (Info/replay handshake) and holds the same state.
+    victim.start()
+    _wait_committed([victim], nodes)
+    assert _same_app_hash(vs) == second
+    for v in vs:
+        assert v.stop() == 0, v.output()
+    assert os.path.exists(vs[0].data_dir / "app_state.bin")

@@ -1,0 +1,142 @@
+"""The committee's ABCI application: a thin driver between the ABCI server and :class:`verifier.app.CommitteeApp`.
+
+It translates protobuf requests into plain calls on the core and back, and persists the core's
+state at each Commit through :class:`StateStore` (write a temp file, fsync, rename: a crash leaves
+either the old state or the new one, never half of one). On restart the stored height and app hash
+are what ``Info`` reports, and CometBFT replays the blocks after them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from verifier.abci.proto.tendermint.abci import types_pb2 as abci
+from verifier.app import CommitteeApp, Validator
+
+log = logging.getLogger("gentorrent.verifier")
+
+APP_NAME = "gentorrent-committee"
+APP_VERSION = 1
+STATE_FILE = "app_state.bin"
+
+
+class StateStore:
+    """The core's committed state in ``data_dir/app_state.bin``."""
+
+    def __init__(self, data_dir: str | os.PathLike[str]) -> None:
+        self.dir = Path(data_dir)
+        self.path = self.dir / STATE_FILE
+
+    def load(self) -> CommitteeApp:
+        """The persisted app, or a fresh one if nothing was ever committed here.
+
+        Raises :class:`verifier.app.StateError` if the file is corrupt: delete the data dir's
+        ``app_state.bin`` *and* CometBFT's data to resync from the committee.
+        """
+        if not self.path.exists():
+            return CommitteeApp()
+        return CommitteeApp.restore(self.path.read_bytes())
+
+    def save(self, snapshot: bytes) -> None:
+        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, snapshot)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)
+        dfd = os.open(self.dir, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+
+class CommitteeAbciApp:
+    """Implements :class:`verifier.abci.server.Application` over a :class:`CommitteeApp`."""
+
+    def __init__(self, core: CommitteeApp, store: StateStore | None = None) -> None:
+        self.core = core
+        self.store = store
+
+    # ----------------------------------------------------------------- info / genesis
+
+    def info(self, req: abci.RequestInfo) -> abci.ResponseInfo:
+        height, app_hash = self.core.info()
+        log.info("Info: CometBFT %s asks; we are at height %d", req.version, height)
+        return abci.ResponseInfo(data=APP_NAME, version="1", app_version=APP_VERSION,
+                                 last_block_height=height, last_block_app_hash=app_hash)
+
+    def init_chain(self, req: abci.RequestInitChain) -> abci.ResponseInitChain:
+        vals = []
+        for v in req.validators:
+            kind = v.pub_key.WhichOneof("sum")
+            if kind is None:
+                raise ValueError("a genesis validator has no public key")
+            vals.append(Validator(kind, getattr(v.pub_key, kind), v.power))
+        app_hash = self.core.init_chain(req.chain_id, vals)
+        log.info("InitChain: chain %s with %d validators", req.chain_id, len(vals))
+        return abci.ResponseInitChain(app_hash=app_hash)
+
+    def query(self, req: abci.RequestQuery) -> abci.ResponseQuery:
+        result, value = self.core.query(req.path, req.data)
+        return abci.ResponseQuery(code=int(result.code), log=result.log, key=req.data, value=value,
+                                  height=self.core.height)
+
+    # ----------------------------------------------------------------- mempool
+
+    def check_tx(self, req: abci.RequestCheckTx) -> abci.ResponseCheckTx:
+        result = self.core.check_tx(req.tx)
+        if not result.ok:
+            log.debug("CheckTx rejected a %d-byte tx: %s (%d): %s", len(req.tx), result.code.name,
+                      int(result.code), result.log)
+        return abci.ResponseCheckTx(code=int(result.code), log=result.log)
+
+    # ----------------------------------------------------------------- consensus
+
+    def prepare_proposal(self, req: abci.RequestPrepareProposal) -> abci.ResponsePrepareProposal:
+        txs = self.core.prepare_proposal(list(req.txs), req.max_tx_bytes, req.time.seconds)
+        return abci.ResponsePrepareProposal(txs=txs)
+
+    def process_proposal(self, req: abci.RequestProcessProposal) -> abci.ResponseProcessProposal:
+        ok = self.core.process_proposal(list(req.txs), req.time.seconds)
+        if not ok:
+            log.warning("ProcessProposal: rejecting block %d from %s: it holds an invalid transaction",
+                        req.height, req.proposer_address.hex())
+        status = abci.ResponseProcessProposal.ACCEPT if ok else abci.ResponseProcessProposal.REJECT
+        return abci.ResponseProcessProposal(status=status)
+
+    def extend_vote(self, req: abci.RequestExtendVote) -> abci.ResponseExtendVote:
+        return abci.ResponseExtendVote(vote_extension=b"")
+
+    def verify_vote_extension(self, req: abci.RequestVerifyVoteExtension) -> abci.ResponseVerifyVoteExtension:
+        return abci.ResponseVerifyVoteExtension(status=abci.ResponseVerifyVoteExtension.ACCEPT)
+
+    def finalize_block(self, req: abci.RequestFinalizeBlock) -> abci.ResponseFinalizeBlock:
+        results, app_hash = self.core.finalize_block(req.height, req.time.seconds, list(req.txs))
+        return abci.ResponseFinalizeBlock(
+            tx_results=[abci.ExecTxResult(code=int(r.code), log=r.log) for r in results], app_hash=app_hash)
+
+    def commit(self, req: abci.RequestCommit) -> abci.ResponseCommit:
+        snapshot = self.core.commit()
+        if self.store is not None:
+            self.store.save(snapshot)
+        return abci.ResponseCommit(retain_height=0)
+
+    # ----------------------------------------------------------------- state sync (not offered)
+
+    def list_snapshots(self, req: abci.RequestListSnapshots) -> abci.ResponseListSnapshots:
+        return abci.ResponseListSnapshots()
+
+    def offer_snapshot(self, req: abci.RequestOfferSnapshot) -> abci.ResponseOfferSnapshot:
+        return abci.ResponseOfferSnapshot(result=abci.ResponseOfferSnapshot.REJECT)
+
+    def load_snapshot_chunk(self, req: abci.RequestLoadSnapshotChunk) -> abci.ResponseLoadSnapshotChunk:
+        return abci.ResponseLoadSnapshotChunk()
+
+    def apply_snapshot_chunk(self, req: abci.RequestApplySnapshotChunk) -> abci.ResponseApplySnapshotChunk:
+        return abci.ResponseApplySnapshotChunk(result=abci.ResponseApplySnapshotChunk.ABORT)
