@@ -337,6 +337,10 @@ def decode(payload: bytes, *, peer: str | None = None) -> Any:
         raise RemoteProtocolError(f"malformed msgpack ({exc})", peer=peer, evidence=payload) from None
     if type(obj) is not list or len(obj) < 2:
         raise RemoteProtocolError("frame is not [version, type, ...]", peer=peer, evidence=payload)
+    # One message, one encoding: a wider integer, float or length header than needed (msgpack
+    # allows them) would let a peer vary the bytes of an identical message.
+    if msgpack.packb(obj, use_bin_type=True) != payload:
+        raise RemoteProtocolError("non-canonical msgpack encoding", peer=peer, evidence=payload)
     version, code = obj[0], obj[1]
     if type(version) is not int or version != WIRE_VERSION:
         raise RemoteProtocolError(

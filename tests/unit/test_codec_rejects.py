@@ -262,3 +262,23 @@ def test_error_with_peer_keeps_evidence() -> None:
     named = err.with_peer("abcd")
     assert named.peer == "abcd" and named.evidence == b"x" * 64 and "abcd" in str(named)
     assert named.with_peer("other") is named
+
+
+@pytest.mark.parametrize("nonce_bytes", [
+    b"\xcc\x05",                          # uint8 for a value that fits a fixint
+    b"\xcf" + (5).to_bytes(8, "big"),     # uint64
+    b"\xd3" + (-1).to_bytes(8, "big", signed=True),  # int64 for -1 (a negative fixint)
+])
+def test_non_canonical_integer_is_rejected(nonce_bytes: bytes) -> None:
+    canonical = codec.encode(Ping(nonce=5))
+    header = canonical[: canonical.index(b"\x05", 2)]  # [version, type, ...] up to the nonce
+    with pytest.raises(RemoteProtocolError, match="non-canonical"):
+        codec.decode(header + nonce_bytes, peer=PEER)
+
+
+def test_non_canonical_string_header_is_rejected() -> None:
+    canonical = codec.encode(Error(code="x", detail="y"))
+    i = canonical.index(b"\xa1x")  # fixstr "x"
+    widened = canonical[:i] + b"\xd9\x01x" + canonical[i + 2:]  # the same string as str8
+    with pytest.raises(RemoteProtocolError, match="non-canonical"):
+        codec.decode(widened, peer=PEER)
