@@ -1,9 +1,10 @@
 """``gentorrent bench forwarding``: HR-tree forwarding against load-only and random forwarding
 (paper §3.3 and §5 "latency"; decision 0005), with the real llama.cpp engine.
 
-Three ``gentorrent model-node --engine llama.cpp`` processes (SmolLM2-135M-Instruct) form one
-group on this machine. The same seeded workload is played three times, once per forwarding
-policy, each time on fresh processes (empty caches):
+Three ``gentorrent model-node --engine llama.cpp`` processes (SmolLM2-135M-Instruct), started
+by :mod:`model_node.bench.node` so that the baseline policies can be injected
+(:mod:`model_node.bench.policies`), form one group on this machine. The same seeded workload is
+played three times, once per forwarding policy, each time on fresh processes (empty caches):
 
 - ``hrtree``: Algorithm 2 — a cached prefix's holder if under the load threshold, else the
   least relatively loaded node (the default of ``gentorrent model-node``);
@@ -16,7 +17,8 @@ with its own topic and wording, so prompts share only the chat template's 3-toke
 chosen per request by Zipf(1.1) popularity, followed by a short question; greedy, 16 output
 tokens. Poisson arrivals at ``RATE`` requests/s; each request goes to an entry node chosen
 uniformly at random, which serves or forwards it. Requests are sent as direct authenticated TLS
-``Request``\\ s (a forwarded one's chunks come back through the entry node), not through the
+``Request``\\ s (the nodes run with ``--accept-direct-requests``; a forwarded one's chunks come
+back through the entry node), not through the
 anonymous overlay, to keep the 2 cores for the engines; the overlay's added latency is measured
 by ``bench engine`` (≈ 14 ms to the first token) and ``bench overlay``.
 
@@ -60,7 +62,8 @@ from typing import Any
 
 import trio
 
-from model_node.group import DEFAULT_LOAD_THRESHOLD
+from model_node.bench.policies import BASELINES
+from model_node.forwarding import DEFAULT_LOAD_THRESHOLD
 from model_node.llama import DEFAULT_MODEL_ID, LlamaCppEngine, resolve_model
 from model_node.messages import NodeStats, StatsRequest
 from overlay.bench.stats import cpu_model, summarize_ms
@@ -71,7 +74,7 @@ from overlay.peers import PeerEntry
 from overlay.tools.localnet import LocalNet
 from overlay.transport import Connection, TLSTransport
 
-POLICIES = ("hrtree", "load", "random")
+POLICIES = BASELINES
 SEED = 7
 ZIPF_S = 1.1
 SYSTEM_PROMPTS = 8
@@ -299,12 +302,12 @@ def play(policy: str, jobs: list[Job], systems: list[str], warm_conns: int,
          load_threshold: float | None = None) -> dict[str, Any]:
     """Play ``jobs`` on three fresh llama.cpp model-node processes forwarding by ``policy``."""
     args = ["--threads", "1", "--prefix-snapshots", str(SNAPSHOTS), "--sync-interval", str(SYNC_INTERVAL),
-            "--forwarding-policy", policy]
+            "--accept-direct-requests"]  # the client sends plain requests (see the module docstring)
     if load_threshold is not None:
         args += ["--load-threshold", str(load_threshold)]
     with tempfile.TemporaryDirectory(prefix=f"gentorrent-bench-forwarding-{policy}-") as d:
         with LocalNet(Path(d), 0, users=("client",), models=3, registry_keys=1, engine="llama.cpp",
-                      model=DEFAULT_MODEL_ID, model_args=tuple(args)) as net:
+                      model=DEFAULT_MODEL_ID, model_args=tuple(args), bench_args=("--baseline", policy)) as net:
             net.start(timeout=120)
             result: dict[str, Any] = run_async(_play, net, jobs, systems, warm_conns)
     ttft = result["ttft"]
