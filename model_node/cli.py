@@ -7,7 +7,7 @@ import argparse
 from overlay.cli import common_flags
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "model-node", help="serve an LLM to the network (llama.cpp on CPU, vLLM on GPU)",
         description=(

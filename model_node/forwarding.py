@@ -33,7 +33,6 @@ if TYPE_CHECKING:
     from model_node.group import GroupState
 
 DEFAULT_LOAD_THRESHOLD = 8.0  # relative load (requests per capacity point) a match may carry: measured, decision 0005
-REASONS = ("match", "match-overloaded", "miss", "forwarded", "alone")
 
 
 @dataclass(slots=True)
@@ -63,7 +62,8 @@ class Load:
 @dataclass(frozen=True, slots=True)
 class Decision:
     """What to do with a request: serve it here (``target is None``) or forward it to
-    ``target``. ``reason`` is one of :data:`REASONS` (or a benchmark baseline's own name);
+    ``target``. ``reason``: ``match``, ``match-overloaded``, ``miss``, ``forwarded`` or ``alone``
+    (see :func:`algorithm2`; a benchmark baseline may name its own);
     ``depth`` is the HR-tree depth the prompt matched."""
 
     target: bytes | None

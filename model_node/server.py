@@ -28,7 +28,7 @@ import logging
 import math
 import statistics
 from collections import Counter, deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any
 
@@ -234,7 +234,7 @@ class ModelNode:
             if self.group is not None:
                 self.group.refuse(conn.peer_id, "reply-overflow", "a reply chunk")
 
-    async def _forward(self, req: Request, target: bytes, direct: bool) -> AsyncIterator[ReplyChunk] | None:
+    async def _forward(self, req: Request, target: bytes, direct: bool) -> AsyncGenerator[ReplyChunk, None] | None:
         """Send ``req`` to ``target``. ``None``: it could not be sent (serve it here). For a
         direct request, the chunks the target sends back; otherwise nothing (the target answers
         the user's proxies itself)."""
@@ -252,7 +252,7 @@ class ModelNode:
         return self._relayed(req, key, recv)
 
     async def _relayed(self, req: Request, key: tuple[bytes, bytes],
-                       recv: trio.MemoryReceiveChannel[ReplyChunk]) -> AsyncIterator[ReplyChunk]:
+                       recv: trio.MemoryReceiveChannel[ReplyChunk]) -> AsyncGenerator[ReplyChunk, None]:
         try:
             while True:
                 with trio.move_on_after(RELAY_TIMEOUT) as scope:
@@ -298,7 +298,7 @@ class ModelNode:
                           node=self.identity.node_id, signature=signature, signed_at_ms=signed_at_ms)
 
     async def handle(self, req: Request, *, forwarded: bool = False,
-                     direct: bool = False) -> AsyncIterator[ReplyChunk]:
+                     direct: bool = False) -> AsyncGenerator[ReplyChunk, None]:
         """Serve one request: admit (validate, tokenize), forward or queue, generate, stream, sign.
 
         ``forwarded``: a member forwarded it here (served here whatever the load);
@@ -341,7 +341,7 @@ class ModelNode:
         return prompt_ids, None
 
     async def _route(self, req: Request, prompt_ids: list[int], *, forwarded: bool,
-                     direct: bool) -> AsyncIterator[ReplyChunk] | None:
+                     direct: bool) -> AsyncGenerator[ReplyChunk, None] | None:
         """Ask the group where ``req`` is served. ``None``: here. Otherwise it was forwarded,
         and the chunks to pass on (none unless ``direct``)."""
         assert self.group is not None
@@ -356,7 +356,7 @@ class ModelNode:
             return None
         return await self._forward(req, target, direct)
 
-    async def _serve_here(self, req: Request, prompt_ids: list[int], forwarded: bool) -> AsyncIterator[ReplyChunk]:
+    async def _serve_here(self, req: Request, prompt_ids: list[int], forwarded: bool) -> AsyncGenerator[ReplyChunk, None]:
         """Wait in the queue for a slot, then generate."""
         self.queued += 1
         try:
@@ -372,9 +372,11 @@ class ModelNode:
             self.active -= 1
             self._slots.release()
 
-    async def _generate(self, req: Request, prompt_ids: list[int], forwarded: bool) -> AsyncIterator[ReplyChunk]:
+    async def _generate(self, req: Request, prompt_ids: list[int], forwarded: bool) -> AsyncGenerator[ReplyChunk, None]:
         all_ids: list[int] = []
-        seq, buf, ids, size, last = 0, [], [], 0, self.clock.monotonic()
+        seq, size, last = 0, 0, self.clock.monotonic()
+        buf: list[str] = []
+        ids: list[int] = []
         try:
             gen = self.engine.generate(prompt_ids, req.params)
         except EngineError as exc:
@@ -420,6 +422,6 @@ class ModelNode:
             task_status.started(address)
 
 
-async def _empty() -> AsyncIterator[ReplyChunk]:
+async def _empty() -> AsyncGenerator[ReplyChunk, None]:
     return
     yield  # an async generator that yields nothing

@@ -21,7 +21,7 @@ import trio
 from model_node.bench.policies import baseline
 from model_node.echo import EchoEngine
 from model_node.group import GroupConfig
-from model_node.hrtree import ChunkLengths
+from model_node.hrtree import ChunkLengths, common_prefix
 from model_node.messages import ForwardedRequest, LoadReport, NodeStats, StatsRequest, SubtreeUpdate
 from model_node.server import DIRECT_REFUSED, ModelNode
 from overlay.identity import Identity
@@ -40,15 +40,6 @@ PARAMS = SamplingParams(max_tokens=64)
 SYSTEM = "You answer questions about the city archive. " + " ".join(
     f"Box {i} holds the letters of year {1900 + i}." for i in range(22))
 OTHER_SYSTEM = "You are a terse poet who writes only about the sea and its weather. " * 12
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class Evaluated:
