@@ -68,6 +68,7 @@ from model_node.llama import DEFAULT_MODEL_ID, LlamaCppEngine, resolve_model
 from model_node.messages import NodeStats, StatsRequest
 from overlay.bench.stats import cpu_model, summarize_ms
 from overlay.cli import run_async
+from overlay.clock import TrioClock
 from overlay.identity import Identity
 from overlay.messages import ChatMessage, ReplyChunk, Request, SamplingParams
 from overlay.peers import PeerEntry
@@ -167,13 +168,13 @@ class Client:
         pool = self.idle.setdefault(e.node_id, [])
         while pool:
             c, since = pool.pop()
-            if not c.closed and time.monotonic() - since < IDLE_REUSE:
+            if not c.closed and time.perf_counter() - since < IDLE_REUSE:
                 return c
             await c.aclose()
         return await self.transport.dial(e.address, e.node_id)
 
     def release(self, e: PeerEntry, conn: Connection) -> None:
-        self.idle.setdefault(e.node_id, []).append((conn, time.monotonic()))
+        self.idle.setdefault(e.node_id, []).append((conn, time.perf_counter()))
 
     async def warm(self, e: PeerEntry, n: int) -> None:
         for _ in range(n):
@@ -233,7 +234,8 @@ async def _play(net: LocalNet, jobs: list[Job], systems: list[str], warm_conns: 
     served_by: dict[bytes, int] = {}
     node_index = {e.node_id: i for i, e in enumerate(entries)}
     trace: list[tuple[float, int, int, int, float, float]] = []  # at, entry, system, server, ttft, latency
-    t_start = trio.current_time()
+    clock = TrioClock()  # arrivals are scheduled with trio.sleep_until on trio's clock
+    t_start = clock.monotonic()
 
     failed: list[str] = []
 
@@ -253,7 +255,7 @@ async def _play(net: LocalNet, jobs: list[Job], systems: list[str], warm_conns: 
     async with trio.open_nursery() as nursery:
         for job in jobs:
             nursery.start_soon(one, job)
-    wall = trio.current_time() - t_start
+    wall = clock.monotonic() - t_start
     cpu = sum(_cpu_seconds(p) for p in pids) - cpu0
     foreign = _machine_busy_seconds() - busy0 - cpu - (_cpu_seconds(os.getpid()) - own0)
     cores = len(os.sched_getaffinity(0))
