@@ -8,8 +8,8 @@ answered and send follow-ups there (session affinity).
 
 With a group (``group=GroupConfig(...)``, the default of ``gentorrent model-node``)
 the node forwards among the model nodes serving its model (paper §3.3,
-:mod:`model_node.forwarding`, run by :mod:`model_node.group_service`): after tokenizing a user's request it asks Algorithm 2
-where to serve it; a forwarded request goes, unchanged, to the chosen member, which
+:mod:`model_node.forwarding`, run by :mod:`model_node.group_service`): after tokenizing
+a user's request it asks Algorithm 2 where to serve it; a forwarded request goes, unchanged, to the chosen member, which
 replies straight to the user's proxies and names itself, so follow-ups go to it. A
 request that arrives forwarded is always served where it arrives (one hop at most).
 ``group=None`` serves everything locally.

@@ -88,13 +88,13 @@ def test_bad_lengths_and_token_ids_are_refused() -> None:
     for kwargs in ({"bits": 0}, {"bits": 17}, {"tail": 0}, {"lengths": (0,)}, {"lengths": (5, -1)},
                    {"version": -1}, {"lengths": (1,) * 257}):
         with pytest.raises(ValueError):
-            ChunkLengths(**kwargs)  # type: ignore[arg-type]
+            ChunkLengths(**kwargs)  # type: ignore[arg-type]  # mixed-type kwargs on purpose
     with pytest.raises(ValueError):
         token_bytes([1, -1])
     with pytest.raises(ValueError):
         token_bytes([2**32])
     with pytest.raises(ValueError):
-        ChunkLengths(tail=1).path([1, "x"])  # type: ignore[list-item]
+        ChunkLengths(tail=1).path([1, "x"])  # type: ignore[list-item]  # a non-int token on purpose
 
 
 def test_path_problem_names_malformed_paths() -> None:
@@ -200,7 +200,8 @@ def test_delta_since_a_sequence_number() -> None:
     d = tree.delta_since(A, s)
     assert d is not None
     assert (d.base, d.seq, d.added, d.removed) == (2, tree.seq(A), (b"\x03",), (b"\x01",))
-    assert tree.delta_since(A, tree.seq(A)).added == ()  # type: ignore[union-attr]
+    now = tree.delta_since(A, tree.seq(A))
+    assert now is not None and now.added == ()
     assert tree.delta_since(A, tree.seq(A) + 1) is None  # from the future
     assert tree.delta_since(B, 0) is None  # not tracked
     for i in range(10, 30):  # overflow the 8-entry journal
