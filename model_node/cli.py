@@ -7,7 +7,7 @@ import argparse
 from overlay.cli import common_flags
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "model-node", help="serve an LLM to the network (llama.cpp on CPU, vLLM on GPU)",
         description=(
@@ -60,10 +60,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="llama.cpp: keep at most N KV snapshots of earlier prompts besides the one in the context "
              "(default: as many as 512 MiB hold; 0: only the context's)",
     )
-    # Benchmark baselines (gentorrent bench forwarding): forward by load only, or at random.
-    p.add_argument("--forwarding-policy", choices=["hrtree", "load", "random"], default="hrtree",
-                   help=argparse.SUPPRESS)
-    p.add_argument("--echo-delay", type=float, default=0.0, help=argparse.SUPPRESS)
+    p.add_argument(
+        "--accept-direct-requests", action="store_true",
+        help="DIAGNOSTIC, off by default: also answer plain requests sent over a direct authenticated "
+             "connection by any registered node, not only by members of this node's group. Such a "
+             "requester is NOT anonymous to this model node (it sees who asks what); users' requests "
+             "through the overlay are unaffected",
+    )
     p.set_defaults(run=_run)
 
 

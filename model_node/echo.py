@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 
 import trio
 
@@ -26,7 +26,7 @@ class EchoGeneration:
         self.engine, self.prompt, self.n_prompt, self.params = engine, prompt, n_prompt, params
         self.stats: GenStats | None = None
 
-    async def __aiter__(self) -> AsyncIterator[Piece]:
+    async def __aiter__(self) -> AsyncGenerator[Piece, None]:
         t0 = time.perf_counter()
         ttft = 0.0
         user, _, continuation = self.prompt.rpartition(_ASSISTANT)

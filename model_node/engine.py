@@ -11,9 +11,10 @@ Backends: ``model_node.llama`` (llama.cpp, the CPU default), ``model_node.vllm``
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+import math
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from overlay.messages import ChatMessage, SamplingParams
 
@@ -60,7 +61,7 @@ class Generation(Protocol):
 
     stats: GenStats | None
 
-    def __aiter__(self) -> AsyncIterator[Piece]: ...
+    def __aiter__(self) -> AsyncGenerator[Piece, None]: ...
 
 
 @runtime_checkable
@@ -90,3 +91,55 @@ class Engine(Protocol):
         ...
 
     def detokenize(self, token_ids: Sequence[int]) -> str: ...
+
+
+# --------------------------------------------------------------------------- scoring math (numpy)
+
+
+def expected_logprob(logprobs: Any, params: SamplingParams) -> float:
+    """The expected log-probability of the token a model samples with ``params`` (paper §3.4).
+
+    ``logprobs``: one position's next-token log-probabilities under the model at temperature
+    1 (1-D, any order): the whole vocabulary, or only the top alternatives an engine reports
+    (the mass beyond them is then ignored). The sampling distribution is softmax(``logprobs``
+    / temperature) cut to the top-k, then to the smallest top-p nucleus, renormalised; the
+    result is the mean of ``logprobs`` under it. Temperature 0 (greedy): the largest
+    log-probability. No alternatives: NaN. Needs numpy (every engine backend has it)."""
+    import numpy as np
+
+    lp = np.asarray(logprobs, dtype=np.float64).reshape(-1)
+    if lp.size == 0:
+        return math.nan
+    t, k, p = params.temperature, params.top_k, params.top_p
+    if t <= 0.0:
+        return float(lp.max())
+    s = lp / t
+    keep = np.argpartition(-s, k - 1)[:k] if 0 < k < lp.size else None
+    if p < 1.0:
+        keep = _nucleus(s, keep, p)
+    if keep is not None:
+        s, lp = s[keep], lp[keep]
+    q = np.exp(s - s.max())
+    return float((q * lp).sum() / q.sum())
+
+
+def _nucleus(s: Any, keep: Any, p: float) -> Any:
+    """Indices of the smallest set of highest-probability tokens (among ``keep``, or all)
+    whose probability under softmax(``s`` restricted to that pool) reaches ``p``."""
+    import numpy as np
+
+    pool = keep
+    sp = s[pool] if pool is not None else s
+    probs = np.exp(sp - sp.max())
+    probs /= probs.sum()
+    n = probs.shape[0]
+    m_try = min(n, 64)
+    while True:  # the nucleus is usually small: sort only the top m_try, widen if needed
+        top = np.argpartition(-probs, m_try - 1)[:m_try] if m_try < n else np.arange(n)
+        top = top[np.argsort(-probs[top], kind="stable")]
+        c = np.cumsum(probs[top])
+        if c[-1] >= p or m_try == n:
+            cut = int(np.searchsorted(c, p)) + 1  # first position where the mass reaches p
+            chosen = top[:min(cut, m_try)]
+            return pool[chosen] if pool is not None else chosen
+        m_try = min(n, m_try * 8)

@@ -1,232 +1,112 @@
-"""The trio driver of a model node's group (paper §3.3): sync rounds and forwarded requests.
+"""Forwarding among a group's model nodes: Algorithm 2 (paper §3.3 and appendix).
 
-:class:`GroupService` runs the I/O-free :class:`~model_node.group.GroupState` on the model
-node's :class:`~overlay.node.Node`:
+A model node that receives a user's request either serves it or forwards it, at most one
+hop, to another member of its group. The decision reads two things the group keeps in sync
+(:mod:`model_node.group`): the node table (each member's :class:`Load`) and the HR-tree
+search result for the prompt (a :class:`~model_node.hrtree.Match`).
 
-- **Membership** comes from the signed registry: the model nodes serving the same model,
-  split by region above 50 nodes (:func:`~model_node.group.split_groups`). Only members may
-  send sync messages or :class:`~model_node.messages.ForwardedRequest`\\ s; anything from
-  anyone else is dropped, counted (``state.dropped`` for sync messages, :attr:`dropped` for
-  forwarded requests) and logged. The peer id is the one the transport authenticated.
-- **Rounds**: every ``sync_interval`` (5 s by default) the driver hands the state the local
-  load (requests generated and queued, the capacity score 1–10, KV use if the engine reports
-  it, median time to first token) and the engine's cached prefixes, runs ``tick`` and queues
-  the resulting messages with ``Node.send_nowait``.
-- **Forwarding**: :meth:`decide` refreshes the local load and runs Algorithm 2;
-  :meth:`forward` sends the user's request, unchanged, to the chosen member over an
-  authenticated connection. When that fails (the member is unreachable) the member is
-  dropped from the table at once and the caller serves the request itself.
+:func:`algorithm2` is the rule, a pure function:
 
-``policy`` picks the forwarding rule: ``hrtree`` (Algorithm 2, the default), or the
-benchmark baselines ``load`` (the least relatively loaded node, ignoring caches: Algorithm
-2's miss branch for every request) and ``random`` (a uniformly random node with a known
-load, ourselves included). See docs/decisions/0005-hrtree.md.
+- a request that was already forwarded is served where it is (``forwarded``);
+- with no other member of known load, serve here (``alone``);
+- on a match (depth ``d ≥ τ_c``), the candidate holding the prefix with the lowest relative
+  load, if that load is under ``load_threshold`` (``match``);
+- otherwise (``miss``, or ``match-overloaded`` when every candidate is at or over the
+  threshold) the least relatively loaded node of the whole table, ourselves included.
+
+Ties go to ourselves (no hop), then the higher capacity, then the lower node id.
+
+A :class:`ForwardingPolicy` is what the group driver calls for a user's request; the product
+ships Algorithm 2 only (:meth:`~model_node.group.GroupState.decide`). Benchmarks inject their
+baselines (:mod:`model_node.bench.policies`).
 """
 
 from __future__ import annotations
 
-import logging
-import random
-import time
-from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
-import trio
+from model_node.hrtree import Match
 
-from model_node.group import (
-    MAX_LATENCY_MS,
-    MAX_REQUESTS,
-    Decision,
-    GroupConfig,
-    GroupState,
-    Send,
-    group_of,
-)
-from model_node.hrtree import ChunkLengths
-from model_node.messages import (
-    ForwardedRequest,
-    LengthProposal,
-    LoadReport,
-    PeerRow,
-    SubtreeRequest,
-    SubtreeUpdate,
-)
-from overlay.codec import LocalProtocolError
-from overlay.identity import short_id
-from overlay.messages import Request
-from overlay.node import Node
-from overlay.registry import Registry
-from overlay.transport import Connection, TransportError
+if TYPE_CHECKING:
+    from model_node.group import GroupState
 
-log = logging.getLogger("gentorrent.model.forwarding")
+DEFAULT_LOAD_THRESHOLD = 8.0  # relative load (requests per capacity point) a match may carry: measured, decision 0005
 
-POLICIES = ("hrtree", "load", "random")
-SYNC_MESSAGES = (LoadReport, SubtreeUpdate, LengthProposal, SubtreeRequest)
-FORWARD_TIMEOUT = 5.0  # seconds to connect to the target and queue the request
+
+@dataclass(slots=True)
+class Load:
+    """A model node's load: one row of the node table (paper §3.3: "the node's current load,
+    latency..."), and what a model node reports about itself.
+
+    ``active``: requests being generated; ``queued``: waiting for a slot; ``capacity``: the
+    node's capacity score 1–10 (§3.3); ``kv_usage_permille``: KV-cache use if the engine
+    reports it; ``latency_ms``: recent median time to first token (0: unknown);
+    ``pending``: requests this node forwarded there since its last report."""
+
+    active: int = 0
+    queued: int = 0
+    capacity: int = 1
+    kv_usage_permille: int = 0
+    latency_ms: int = 0
+    pending: int = 0
+
+    @property
+    def relative(self) -> float:
+        """Relative load: requests per capacity point (paper §3.3), counting the queue and
+        what we forwarded since the last report."""
+        return (self.active + self.queued + self.pending) / self.capacity
 
 
 @dataclass(frozen=True, slots=True)
-class LocalLoad:
-    """This node's load as the model node sees it now."""
+class Decision:
+    """What to do with a request: serve it here (``target is None``) or forward it to
+    ``target``. ``reason``: ``match``, ``match-overloaded``, ``miss``, ``forwarded`` or ``alone``
+    (see :func:`algorithm2`; a benchmark baseline may name its own);
+    ``depth`` is the HR-tree depth the prompt matched."""
 
-    active: int
-    queued: int
-    kv_usage_permille: int = 0
-    latency_ms: int = 0  # recent median time to first token; 0: unknown
+    target: bytes | None
+    reason: str
+    depth: int
+
+    @property
+    def serve_locally(self) -> bool:
+        return self.target is None
 
 
-class GroupService:
-    """Runs :class:`GroupState` for one model node (see the module docstring).
+class ForwardingPolicy(Protocol):
+    """Decides where a user's request (not a forwarded one) is served. It may update the
+    state's bookkeeping (``decisions``, a target's ``pending``) as Algorithm 2 does."""
 
-    ``load()`` and ``prefixes()`` read the model node and its engine; ``on_forwarded(conn,
-    request)`` is called (synchronously: start a task) for each request a member forwarded
-    here. ``capacity``: the node's score 1–10 (``--capacity``).
-    """
+    def __call__(self, state: GroupState, token_ids: Sequence[int]) -> Decision: ...
 
-    def __init__(self, node: Node, registry: Registry, model: str, *,
-                 load: Callable[[], LocalLoad],
-                 prefixes: Callable[[], Iterable[Sequence[int]]],
-                 on_forwarded: Callable[[Connection, Request], None],
-                 capacity: int = 1, config: GroupConfig | None = None, policy: str = "hrtree",
-                 lengths: ChunkLengths | None = None, rng: random.Random | None = None) -> None:
-        if policy not in POLICIES:
-            raise ValueError(f"unknown forwarding policy {policy!r}; choose one of {', '.join(POLICIES)}")
-        self.node = node
-        self.model = model
-        self.config = config or GroupConfig()
-        self.policy = policy
-        self._load = load
-        self._prefixes = prefixes
-        self._on_forwarded = on_forwarded
-        self._rng = rng or random.Random()
-        # Sequence numbers start at the wall clock in ms: a restarted node's reports are newer.
-        self.state = GroupState(node.node_id, self.members_of(registry), capacity=capacity, config=self.config,
-                                lengths=lengths, initial_seq=int(time.time() * 1000))
-        self.dropped: Counter[str] = Counter()  # forwarded requests (and relayed replies) refused
-        self.forwarded_out = 0
-        self.forwarded_in = 0
-        self.forward_failed = 0
-        self.send_failed = 0  # sync messages Node.send_nowait could not queue
-        self.rounds = 0
 
-    # ------------------------------------------------------------------ membership
+def algorithm2(self_id: bytes, table: Mapping[bytes, Load], found: Match, *, tau_c: int,
+               load_threshold: float, forwarded: bool = False) -> Decision:
+    """Algorithm 2: where to serve a request whose prompt matched ``found`` in the HR-tree.
 
-    def members_of(self, registry: Registry) -> tuple[bytes, ...]:
-        """This node's group under the registry: model nodes serving ``model``, split by region
-        above 50 (every member computes the same partition)."""
-        regions = {e.node_id: e.region for e in registry.models(self.model)}
-        return group_of(self.node.node_id, regions) or (self.node.node_id,)
+    ``table``: every node with a known load, ``self_id`` included; ``tau_c``: the minimum
+    matched depth; ``load_threshold``: the relative load a matching candidate must be under.
+    Pure: the caller counts the decision and the forward (see the module docstring)."""
+    depth = found.depth
+    if forwarded:
+        return Decision(None, "forwarded", depth)
+    if len(table) <= 1:
+        return Decision(None, "alone", depth)
 
-    def set_registry(self, registry: Registry) -> None:
-        """A new signed registry: recompute the group (non-members are forgotten)."""
-        self.state.set_members(self.members_of(registry))
+    def rank(node: bytes) -> tuple[float, bool, int, bytes]:
+        info = table[node]
+        return (info.relative, node != self_id, -info.capacity, node)
 
-    def is_member(self, peer: bytes) -> bool:
-        return peer != self.node.node_id and peer in self.state.members
+    reason = "miss"
+    if depth >= tau_c:
+        under = [c for c in found.candidates if c in table and table[c].relative < load_threshold]
+        if under:
+            return _to(min(under, key=rank), "match", depth, self_id)
+        reason = "match-overloaded"
+    return _to(min(table, key=rank), reason, depth, self_id)
 
-    # ------------------------------------------------------------------ running
 
-    def install(self) -> None:
-        """Register the sync and forwarded-request handlers on the node."""
-        for t in SYNC_MESSAGES:
-            self.node.on(t, self._on_sync)
-        self.node.on(ForwardedRequest, self._on_forwarded_request)
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """A sync round now and every ``sync_interval`` seconds, until cancelled."""
-        task_status.started()
-        while True:
-            self.round()
-            await trio.sleep(self.config.sync_interval)
-
-    def round(self) -> None:
-        """One synchronisation round: local load and prefixes in, ``tick``'s messages out."""
-        self.refresh_load()
-        try:
-            prefixes = list(self._prefixes())
-        except RuntimeError as exc:  # the engine's cache changed under us (a worker thread): next round
-            log.debug("cached prefixes unavailable this round: %s", exc)
-        else:
-            self.state.set_local_prefixes(prefixes)
-        self._send(self.state.tick(trio.current_time()))
-        self.rounds += 1
-
-    def refresh_load(self) -> None:
-        load = self._load()
-        self.state.set_local_load(
-            active=min(max(load.active, 0), MAX_REQUESTS), queued=min(max(load.queued, 0), MAX_REQUESTS),
-            kv_usage_permille=min(max(load.kv_usage_permille, 0), 1000),
-            latency_ms=min(max(load.latency_ms, 0), MAX_LATENCY_MS),
-        )
-
-    # ------------------------------------------------------------------ requests
-
-    def observe(self, token_ids: Sequence[int]) -> None:
-        """A user's request arrived here (not a forwarded one): the Sentry learns from it."""
-        self._send(self.state.observe(token_ids, trio.current_time()))
-
-    def decide(self, token_ids: Sequence[int], *, forwarded: bool) -> Decision:
-        """Serve here or forward (Algorithm 2 under the ``hrtree`` policy). The local load is
-        refreshed first, so this node's own figures are never a round old."""
-        self.refresh_load()
-        if forwarded or self.policy == "hrtree":
-            return self.state.decide(token_ids, forwarded=forwarded)
-        if self.policy == "load":  # no prompt, no match: the least relatively loaded node
-            return self.state.decide((), forwarded=False)
-        table = sorted(self.state.table())
-        choice = self._rng.choice(table)
-        self.state.decisions["random"] += 1
-        return Decision(None if choice == self.node.node_id else choice, "random", 0)
-
-    async def forward(self, target: bytes, request: Request) -> bool:
-        """Send ``request`` to member ``target``; ``False`` if it could not be sent (the
-        caller then serves it, and ``target`` leaves the table until it reports again)."""
-        entry = self.node.peers.get(target)
-        if entry is None or not self.is_member(target):
-            self.forward_failed += 1
-            return False
-        try:
-            with trio.fail_after(FORWARD_TIMEOUT):
-                conn = await self.node.connection_to(entry)
-                await conn.send(ForwardedRequest(request))
-        except (TransportError, trio.TooSlowError, LocalProtocolError) as exc:
-            self.forward_failed += 1
-            log.info("could not forward a request to model node %s (%s); serving it here", short_id(target),
-                     exc or type(exc).__name__)
-            self.state.forget(target)
-            return False
-        self.forwarded_out += 1
-        return True
-
-    # ------------------------------------------------------------------ peers' messages
-
-    async def _on_sync(self, conn: Connection, msg: Any) -> None:
-        self._send(self.state.on_message(conn.peer_id, msg, trio.current_time()))
-
-    async def _on_forwarded_request(self, conn: Connection, msg: ForwardedRequest) -> None:
-        if not self.is_member(conn.peer_id):
-            self.refuse(conn.peer_id, "non-member", "a forwarded request")
-            return
-        self.forwarded_in += 1
-        self._on_forwarded(conn, msg.request)
-
-    def refuse(self, peer: bytes, reason: str, what: str) -> None:
-        """Count and log something refused from ``peer`` (not a sync message)."""
-        self.dropped[reason] += 1
-        log.warning("dropped %s from node %s: %s", what, short_id(peer), reason)
-
-    # ------------------------------------------------------------------ internals
-
-    def _send(self, sends: list[Send]) -> None:
-        for s in sends:
-            if not self.node.send_nowait(s.peer, s.msg):
-                self.send_failed += 1
-
-    def peer_rows(self) -> list[PeerRow]:
-        """The group table as it stands (live peers only), for :class:`NodeStats`."""
-        table = self.state.table()
-        tree = self.state.tree
-        return [PeerRow(p, table[p].relative if p in table else -1.0, tree.path_count(p))
-                for p in sorted(self.state.peers)]
+def _to(node: bytes, reason: str, depth: int, self_id: bytes) -> Decision:
+    return Decision(None if node == self_id else node, reason, depth)

@@ -1,4 +1,4 @@
-"""A model node's view of its group: the node table, the HR-tree, and forwarding (paper §3.3).
+"""A model node's view of its group: the node table, the HR-tree, and their sync (paper §3.3).
 
 All model nodes serving one model form a group (split by region above
 :data:`MAX_GROUP_SIZE` = 50 nodes, :func:`split_groups`). :class:`GroupState` is the I/O-free
@@ -25,11 +25,10 @@ only, value ranges, sizes, the ``L`` version and digest, path shapes, delta cons
 bad message is dropped with a reason counted in ``state.dropped[reason]`` and logged; it never
 raises and never changes the tree.
 
-**Forwarding** (Algorithm 2, at most one hop). Search the prompt in the HR-tree; on a match
-(``d ≥ τ_c``) pick the candidate with the lowest relative load (``(active + queued) /
-capacity``) if it is under ``load_threshold``; on a miss, or when every candidate is over the
-threshold, pick the least relatively loaded node of the whole group (ourselves included). A
-request that was already forwarded is always served where it is.
+**Forwarding.** :meth:`GroupState.decide` runs Algorithm 2
+(:func:`model_node.forwarding.algorithm2`) on this state's node table and HR-tree and keeps
+its bookkeeping: decisions counted by reason, a forward counted against its target until the
+target's next load report.
 """
 
 from __future__ import annotations
@@ -41,6 +40,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from model_node.forwarding import DEFAULT_LOAD_THRESHOLD, Decision, Load, algorithm2
 from model_node.hrtree import (
     DEFAULT_BITS,
     MAX_L_VERSION,
@@ -60,7 +60,6 @@ MAX_GROUP_SIZE = 50  # paper §3.3: a larger group splits (by region)
 SYNC_INTERVAL = 5.0  # seconds between rounds (paper §5)
 EXPIRY_ROUNDS = 3  # a peer silent this many rounds leaves the table and the tree
 FULL_EVERY = 12  # rounds between full subtrees sent to everyone (1 min at 5 s)
-DEFAULT_LOAD_THRESHOLD = 8.0  # relative load (requests per capacity point) a match may carry: measured, decision 0005
 MAX_CAPACITY = 10  # capacity score range 1..10 (paper §3.3)
 MAX_REQUESTS = 1_000_000  # active or queued requests a report may claim
 MAX_LATENCY_MS = 10_000_000
@@ -72,49 +71,10 @@ _SUSPECT = frozenset({"non-member", "bad-load", "oversized", "malformed-path", "
                       "bad-proposal", "unexpected-message"})
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """What to do with a request: serve it here (``target is None``) or forward it to
-    ``target``. ``reason`` is one of ``match`` (a cache candidate under the threshold),
-    ``match-overloaded`` (matched, but no candidate under the threshold with a known load:
-    least loaded overall), ``miss`` (least loaded overall), ``forwarded`` (already forwarded
-    once: serve here), ``alone`` (no peer with a known load). ``depth`` is the HR-tree depth."""
-
-    target: bytes | None
-    reason: str
-    depth: int
-
-    @property
-    def serve_locally(self) -> bool:
-        return self.target is None
-
-    @property
-    def forward_to(self) -> bytes | None:
-        return self.target
-
-
-@dataclass(slots=True)
-class LoadInfo:
-    """One row of the node table (paper §3.3: "the node's current load, latency...")."""
-
-    active: int = 0
-    queued: int = 0
-    capacity: int = 1
-    kv_usage_permille: int = 0
-    latency_ms: int = 0
-    pending: int = 0  # requests we forwarded there since its last report
-
-    @property
-    def relative(self) -> float:
-        """Relative load: requests per capacity point (paper §3.3), counting the queue and
-        what we forwarded since the last report."""
-        return (self.active + self.queued + self.pending) / self.capacity
-
-
 @dataclass(slots=True)
 class PeerState:
     last_heard: float
-    load: LoadInfo | None = None
+    load: Load | None = None
     load_seq: int = -1
     requests: int | None = None
     subtree_seq: int | None = None  # round of the subtree we hold; None: need a full one
@@ -174,7 +134,7 @@ class GroupState:
         self.members: frozenset[bytes] = frozenset(members) | {self_id}
         self.agreement = LengthAgreement(lengths or ChunkLengths(bits=self.config.bits))
         self.sentry = sentry or Sentry()
-        self.local = LoadInfo(capacity=capacity)
+        self.local = Load(capacity=capacity)
         self._check_local(self.local)
         self.peers: dict[bytes, PeerState] = {}
         self.dropped: Counter[str] = Counter()
@@ -212,7 +172,7 @@ class GroupState:
         """Whether this node proposes ``L``: the lowest id among the live members (A3)."""
         return proposer(self.live_ids()) == self.self_id
 
-    def table(self) -> dict[bytes, LoadInfo]:
+    def table(self) -> dict[bytes, Load]:
         """The node table: every node with a known load, ourselves included."""
         out = {self.self_id: self.local}
         out.update((p, st.load) for p, st in self.peers.items() if st.load is not None)
@@ -230,12 +190,11 @@ class GroupState:
             self._forget(peer)
         self._full_for &= self.members
 
-    def set_local_load(self, *, active: int, queued: int, kv_usage_permille: int = 0,
-                       latency_ms: int = 0, capacity: int | None = None) -> None:
-        info = LoadInfo(active, queued, self.local.capacity if capacity is None else capacity,
-                        kv_usage_permille, latency_ms)
-        self._check_local(info)
-        self.local = info
+    def set_local_load(self, load: Load) -> None:
+        """This node's load now (its ``capacity`` is this node's score 1–10). Raises
+        ``ValueError`` on a capacity outside 1..10 or a negative figure."""
+        self._check_local(load)
+        self.local = Load(load.active, load.queued, load.capacity, load.kv_usage_permille, load.latency_ms)
 
     def set_local_prefixes(self, prefixes: Iterable[Sequence[int]]) -> None:
         """The engine's cached prefixes now (``Engine.cached_prefixes()``): our subtree.
@@ -327,7 +286,7 @@ class GroupState:
         if st is None:
             st = self.peers[peer] = PeerState(now)
         st.last_heard = now
-        st.load = LoadInfo(msg.active, msg.queued, msg.capacity, msg.kv_usage_permille, msg.latency_ms)
+        st.load = Load(msg.active, msg.queued, msg.capacity, msg.kv_usage_permille, msg.latency_ms)
         st.load_seq = msg.seq
         st.l_version = msg.l_version
         if st.requests is not None and msg.requests > st.requests:
@@ -337,63 +296,88 @@ class GroupState:
         return self._offer_lengths(peer, st, msg.l_version, now)
 
     def _on_subtree(self, peer: bytes, msg: SubtreeUpdate, now: float) -> list[Send]:
+        """A peer's subtree, full or a delta: checked against ``L``, then for shape, then
+        applied (or a full one requested when the delta does not apply)."""
+        out = self._check_subtree_lengths(peer, msg, now)
+        if out is not None:
+            return out
+        problem = self._subtree_problem(msg)
+        if problem is not None:
+            return self._drop(peer, *problem)
+        if msg.full:
+            return self._apply_full_subtree(peer, msg, now)
+        return self._apply_subtree_delta(peer, msg, now)
+
+    def _check_subtree_lengths(self, peer: bytes, msg: SubtreeUpdate, now: float) -> list[Send] | None:
+        """``None`` if ``msg`` was built with our ``L``; else the drop, with our ``L`` offered
+        to a peer behind us, or passed on when two proposers collided and ours won (the
+        lower digest)."""
         cur = self.lengths
+        st = self.peers.get(peer)
         if msg.l_version != cur.version:
-            st = self.peers.get(peer)
             out = self._offer_lengths(peer, st, msg.l_version, now) if st is not None else []
             return out + self._drop(peer, "wrong-l-version", f"{msg.l_version}, ours {cur.version}")
         if msg.l_digest != cur.digest:
-            # Two proposers at once: the lower digest wins; if that is ours, pass it on.
-            st = self.peers.get(peer)
             out = []
             if st is not None and cur.digest < msg.l_digest and now - st.proposal_sent_at >= self.config.sync_interval:
                 st.proposal_sent_at = now
                 out = [Send(peer, proposal_of(cur))]
             return out + self._drop(peer, "wrong-l-digest", f"version {msg.l_version} with another L")
+        return None
+
+    def _subtree_problem(self, msg: SubtreeUpdate) -> tuple[str, str] | None:
+        """``(reason, detail)`` if the update is malformed whatever we hold, else ``None``."""
         cap = self.config.max_paths_per_node
         if len(msg.added) > cap or len(msg.removed) > cap or len(msg.added) + len(msg.removed) > cap:
-            return self._drop(peer, "oversized", f"{len(msg.added)} + {len(msg.removed)} paths")
+            return "oversized", f"{len(msg.added)} + {len(msg.removed)} paths"
         for path in (*msg.added, *msg.removed):
-            problem = cur.path_problem(path)
+            problem = self.lengths.path_problem(path)
             if problem:
-                return self._drop(peer, "malformed-path", problem)
+                return "malformed-path", problem
         added, removed = set(msg.added), set(msg.removed)
         if len(added) != len(msg.added) or len(removed) != len(msg.removed) or added & removed:
-            return self._drop(peer, "inconsistent", "a path repeated, or both added and removed")
+            return "inconsistent", "a path repeated, or both added and removed"
+        if not 0 <= msg.seq < _U63 or not 0 <= msg.base_seq < _U63:
+            return "inconsistent", "sequence numbers out of range"
+        if msg.full and (msg.removed or msg.base_seq != 0):
+            return "inconsistent", "a full subtree with removals or a base"
+        if not msg.full and msg.seq <= msg.base_seq:
+            return "inconsistent", f"delta from {msg.base_seq} to {msg.seq}"
+        return None
+
+    def _apply_full_subtree(self, peer: bytes, msg: SubtreeUpdate, now: float) -> list[Send]:
         st = self.peers.get(peer)
         held = st.subtree_seq if st is not None else None
-        if not 0 <= msg.seq < _U63 or not 0 <= msg.base_seq < _U63:
-            return self._drop(peer, "inconsistent", "sequence numbers out of range")
-        if msg.full:
-            if msg.removed or msg.base_seq != 0:
-                return self._drop(peer, "inconsistent", "a full subtree with removals or a base")
-            if held is not None and msg.seq <= held:
-                return self._drop(peer, "stale-subtree", f"seq {msg.seq} <= {held}")
+        if held is not None and msg.seq <= held:
+            return self._drop(peer, "stale-subtree", f"seq {msg.seq} <= {held}")
+        if st is None:
+            st = self.peers[peer] = PeerState(now)
+        self.tree.replace_paths(peer, msg.added)
+        st.subtree_seq = msg.seq
+        st.last_heard = now
+        return []
+
+    def _apply_subtree_delta(self, peer: bytes, msg: SubtreeUpdate, now: float) -> list[Send]:
+        st = self.peers.get(peer)
+        held = st.subtree_seq if st is not None else None
+        if held is not None and msg.seq <= held:
+            return self._drop(peer, "stale-subtree", f"seq {msg.seq} <= {held}")
+        if st is None or held is None or msg.base_seq != held:
             if st is None:
                 st = self.peers[peer] = PeerState(now)
-            self.tree.replace_paths(peer, msg.added)
-        else:
-            if msg.seq <= msg.base_seq:
-                return self._drop(peer, "inconsistent", f"delta from {msg.base_seq} to {msg.seq}")
-            if held is not None and msg.seq <= held:
-                return self._drop(peer, "stale-subtree", f"seq {msg.seq} <= {held}")
-            if held is None or msg.base_seq != held:
-                if st is None:
-                    st = self.peers[peer] = PeerState(now)
-                st.last_heard = now  # fresh, only not applicable here: the peer is alive
-                return self._request_full(peer, st, now) + self._drop(
-                    peer, "delta-gap", f"delta on {msg.base_seq}, we hold {held}")
-            assert st is not None
-            tree = self.tree
-            if any(not tree.has_path(peer, p) for p in removed) or any(tree.has_path(peer, p) for p in added):
-                return self._request_full(peer, st, now) + self._drop(
-                    peer, "inconsistent", "delta removes a path it lacks or adds one it has")
-            if tree.path_count(peer) - len(removed) + len(added) > cap:
-                return self._drop(peer, "oversized", "subtree would exceed the per-node limit")
-            for p in msg.removed:
-                tree.remove_path(peer, p)
-            for p in msg.added:
-                tree.insert_path(peer, p)
+            st.last_heard = now  # fresh, only not applicable here: the peer is alive
+            return self._request_full(peer, st, now) + self._drop(
+                peer, "delta-gap", f"delta on {msg.base_seq}, we hold {held}")
+        tree = self.tree
+        if any(not tree.has_path(peer, p) for p in msg.removed) or any(tree.has_path(peer, p) for p in msg.added):
+            return self._request_full(peer, st, now) + self._drop(
+                peer, "inconsistent", "delta removes a path it lacks or adds one it has")
+        if tree.path_count(peer) - len(msg.removed) + len(msg.added) > self.config.max_paths_per_node:
+            return self._drop(peer, "oversized", "subtree would exceed the per-node limit")
+        for p in msg.removed:
+            tree.remove_path(peer, p)
+        for p in msg.added:
+            tree.insert_path(peer, p)
         st.subtree_seq = msg.seq
         st.last_heard = now
         return []
@@ -420,42 +404,24 @@ class GroupState:
     # ------------------------------------------------------------------ Algorithm 2
 
     def decide(self, token_ids: Sequence[int], *, forwarded: bool = False) -> Decision:
-        """Serve here or forward to one other node (appendix Algorithm 2, at most one hop).
+        """Serve here or forward to one other node (appendix Algorithm 2, at most one hop:
+        :func:`~model_node.forwarding.algorithm2` on the node table and the HR-tree).
 
         A forward is counted against the target (``pending``) until its next load report,
-        so requests arriving between two reports do not all go to the same node. Ties go to
-        ourselves (no hop), then the higher capacity, then the lower node id.
-        """
-        found = self.tree.search(token_ids)
-        depth = found.depth
-        if forwarded:
-            return self._decided(Decision(None, "forwarded", depth))
+        so requests arriving between two reports do not all go to the same node."""
         table = self.table()
-        if len(table) == 1:
-            return self._decided(Decision(None, "alone", depth))
+        decision = algorithm2(self.self_id, table, self.tree.search(token_ids), tau_c=self.tau_c,
+                              load_threshold=self.config.load_threshold, forwarded=forwarded)
+        return self.count(decision)
 
-        def rank(node: bytes) -> tuple[float, bool, int, bytes]:
-            info = table[node]
-            return (info.relative, node != self.self_id, -info.capacity, node)
-
-        reason = "miss"
-        if depth >= self.tau_c:
-            candidates = [c for c in found.candidates if c in table]
-            under = [c for c in candidates if table[c].relative < self.config.load_threshold]
-            if under:
-                return self._choose(min(under, key=rank), "match", depth, table)
-            reason = "match-overloaded"
-        return self._choose(min(table, key=rank), reason, depth, table)
-
-    def _choose(self, node: bytes, reason: str, depth: int, table: dict[bytes, LoadInfo]) -> Decision:
-        if node == self.self_id:
-            return self._decided(Decision(None, reason, depth))
-        table[node].pending += 1
-        return self._decided(Decision(node, reason, depth))
-
-    def _decided(self, d: Decision) -> Decision:
-        self.decisions[d.reason] += 1
-        return d
+    def count(self, decision: Decision) -> Decision:
+        """Record ``decision``: by reason, and a forward against its target's load."""
+        self.decisions[decision.reason] += 1
+        if decision.target is not None:
+            st = self.peers.get(decision.target)
+            if st is not None and st.load is not None:
+                st.load.pending += 1
+        return decision
 
     # ------------------------------------------------------------------ internals
 
@@ -540,7 +506,7 @@ class GroupState:
         self.tree.replace_paths(self.self_id, paths)
 
     @staticmethod
-    def _check_local(info: LoadInfo) -> None:
+    def _check_local(info: Load) -> None:
         if not 1 <= info.capacity <= MAX_CAPACITY:
             raise ValueError(f"capacity must be within 1..{MAX_CAPACITY}")
         if min(info.active, info.queued, info.kv_usage_permille, info.latency_ms) < 0:

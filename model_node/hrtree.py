@@ -78,9 +78,6 @@ def default_tau_c(bits: int) -> int:
     return max(1, -(-TAU_C_BITS // bits))
 
 
-DEFAULT_TAU_C = 2  # default_tau_c(DEFAULT_BITS)
-
-
 def unit_width(bits: int) -> int:
     """Bytes per chunk hash in a path: 1 for ``b ≤ 8``, 2 for ``b ≤ 16``."""
     return 1 if bits <= 8 else 2
@@ -180,7 +177,9 @@ class ChunkLengths:
         out, start = [], 0
         if self.bits in (8, 16):
             for end in ends:
-                out.append(blake(data[4 * start:4 * end], size=size, key=key, person=person))
+                # A memoryview slice is hashed without a copy; overlay.crypto.blake2b is typed `bytes`
+                # only (hashlib takes any buffer): widen it there to drop this ignore.
+                out.append(blake(data[4 * start:4 * end], size=size, key=key, person=person))  # type: ignore[arg-type]
                 start = end
         else:
             for end in ends:
@@ -253,6 +252,16 @@ class _TNode:
         self.mask = mask
 
 
+def common_prefix(a: Sequence[object], b: Sequence[object]) -> int:
+    """Length of the longest common prefix of two sequences (token ids, bytes...)."""
+    n = 0
+    for x, y in zip(a, b, strict=False):  # lengths may differ: the prefix ends with the shorter
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 def common_prefix_units(a: bytes, b: bytes, w: int) -> int:
     """Length in bytes (a multiple of ``w``) of the longest common prefix of ``a`` and ``b``."""
     n = min(len(a), len(b))
@@ -295,9 +304,6 @@ class HRTree:
         self._trimmed: dict[bytes, int] = {}  # node id -> newest seq dropped from its journal
 
     # ------------------------------------------------------------------ prompts
-
-    def path_of(self, token_ids: Sequence[int]) -> bytes:
-        return self.lengths.path(token_ids)
 
     def insert(self, node_id: bytes, token_ids: Sequence[int]) -> bool:
         """Record that ``node_id`` holds the KV cache of ``token_ids`` (its complete chunks).

@@ -45,13 +45,14 @@ import logging
 import os
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from pathlib import Path
 from typing import Any
 
 import trio
 
-from model_node.engine import EngineError, GenStats, Piece, TokenScore
+from model_node.engine import EngineError, GenStats, Piece, TokenScore, expected_logprob
+from model_node.hrtree import common_prefix
 from overlay.messages import ChatMessage, SamplingParams
 
 log = logging.getLogger("gentorrent.llama")
@@ -138,77 +139,22 @@ def _quiet_llama_cpp(L: Any) -> None:
         _backend_ready = True
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 # --------------------------------------------------------------------------- scoring math (numpy)
 
 
 def score_rows(logits: Any, targets: Sequence[int], params: SamplingParams) -> list[TokenScore]:
     """Per row of ``logits`` (``(n, vocab)``, the model's raw next-token logits): the
     log-probability of ``targets[i]`` under the model (temperature 1, no cut), the expected
-    log-probability under the model of a token drawn with ``params`` (softmax of logits /
-    temperature, cut to the top-k, then to the smallest top-p nucleus, renormalised; for
-    ``temperature == 0`` the argmax's log-probability), and the argmax. Paper §3.4."""
+    log-probability of a token drawn with ``params`` (:func:`~model_node.engine.expected_logprob`
+    over the whole vocabulary), and the argmax. Paper §3.4."""
     import numpy as np
 
     z = np.asarray(logits, dtype=np.float64)
     zmax = z.max(axis=1, keepdims=True)
     logp = z - (zmax + np.log(np.exp(z - zmax).sum(axis=1, keepdims=True)))
     argmax = z.argmax(axis=1)
-    out: list[TokenScore] = []
-    t, k, p = params.temperature, params.top_k, params.top_p
-    vocab = z.shape[1]
-    for i, tok in enumerate(targets):
-        a = int(argmax[i])
-        if t <= 0.0:
-            expected = float(logp[i, a])
-        else:
-            s = z[i] / t
-            if 0 < k < vocab:
-                keep = np.argpartition(-s, k - 1)[:k]
-            else:
-                keep = None
-            if p < 1.0:
-                keep = _nucleus(s, keep, p)
-            if keep is None:
-                q = np.exp(s - s.max())
-                expected = float((q * logp[i]).sum() / q.sum())
-            else:
-                sk = s[keep]
-                q = np.exp(sk - sk.max())
-                expected = float((q * logp[i, keep]).sum() / q.sum())
-        out.append(TokenScore(int(tok), float(logp[i, tok]), expected, a))
-    return out
-
-
-def _nucleus(s: Any, keep: Any, p: float) -> Any:
-    """Indices of the smallest set of highest-probability tokens (among ``keep``, or all)
-    whose probability under softmax(``s`` restricted to that pool) reaches ``p``."""
-    import numpy as np
-
-    pool = keep
-    sp = s[pool] if pool is not None else s
-    m = sp.max()
-    probs = np.exp(sp - m)
-    probs /= probs.sum()
-    n = probs.shape[0]
-    m_try = min(n, 64)
-    while True:  # the nucleus is usually small: sort only the top m_try, widen if needed
-        top = np.argpartition(-probs, m_try - 1)[:m_try] if m_try < n else np.arange(n)
-        top = top[np.argsort(-probs[top], kind="stable")]
-        c = np.cumsum(probs[top])
-        if c[-1] >= p or m_try == n:
-            cut = int(np.searchsorted(c, p)) + 1  # first position where the mass reaches p
-            chosen = top[:min(cut, m_try)]
-            return pool[chosen] if pool is not None else chosen
-        m_try = min(n, m_try * 8)
+    return [TokenScore(int(tok), float(logp[i, tok]), expected_logprob(logp[i], params), int(argmax[i]))
+            for i, tok in enumerate(targets)]
 
 
 # --------------------------------------------------------------------------- the engine
@@ -221,7 +167,7 @@ class LlamaGeneration:
         self.engine, self.prompt_ids, self.params = engine, prompt_ids, params
         self.stats: GenStats | None = None
 
-    async def __aiter__(self) -> AsyncIterator[Piece]:
+    async def __aiter__(self) -> AsyncGenerator[Piece, None]:
         eng = self.engine
         t0 = time.perf_counter()
         run = trio.to_thread.run_sync
@@ -291,7 +237,7 @@ class LlamaCppEngine:
             raise EngineError(f"llama.cpp could not load {path} (not a GGUF model it supports?)")
         self._vocab = L.llama_model_get_vocab(self._model)
         self.n_vocab = L.llama_vocab_n_tokens(self._vocab)
-        self.context_window = min(n_ctx, L.llama_model_n_ctx_train(self._model))
+        self.context_window = min(n_ctx, int(L.llama_model_n_ctx_train(self._model)))
         threads = n_threads or len(os.sched_getaffinity(0))
         cparams = L.llama_context_default_params()
         cparams.n_ctx = self.context_window
@@ -386,9 +332,9 @@ class LlamaCppEngine:
         control tokens (as Hugging Face's ``apply_chat_template`` does)."""
         tag = os.urandom(6).hex()
         marks = [f"\ue000{tag}{i}\ue001" for i in range(len(messages))]
-        text = self._render([{"role": m.role, "content": mk} for m, mk in zip(messages, marks)])
+        text = self._render([{"role": m.role, "content": mk} for m, mk in zip(messages, marks, strict=True)])
         pieces, pos = [], 0
-        for m, mk in zip(messages, marks):
+        for m, mk in zip(messages, marks, strict=True):
             at = text.find(mk, pos)
             if at < 0 or text.count(mk) != 1:
                 break
@@ -406,10 +352,11 @@ class LlamaCppEngine:
 
     def _render(self, messages: list[dict[str, str]]) -> str:
         try:
-            return self._template.render(
+            text: str = self._template.render(
                 messages=messages, add_generation_prompt=True, bos_token=self._token_text(self._bos),
                 eos_token=self._token_text(self._L.llama_vocab_eos(self._vocab)),
             )
+            return text
         except EngineError:
             raise
         except Exception as exc:  # noqa: BLE001 - a template error is the request's problem
@@ -482,10 +429,10 @@ class LlamaCppEngine:
         """Make sequence 0 hold the longest cached prefix of ``tokens`` (at most ``limit``
         tokens: the caller needs logits from there on). Returns its length."""
         L = self._L
-        here = min(_common_prefix(self._tokens, tokens), limit)
+        here = min(common_prefix(self._tokens, tokens), limit)
         best, best_n = None, here
         for key in self._snapshots:
-            n = min(_common_prefix(key, tokens), limit)
+            n = min(common_prefix(key, tokens), limit)
             if n > best_n:
                 best, best_n = key, n
         # A snapshot reused up to its last few tokens (a previous request's question and reply)

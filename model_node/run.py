@@ -12,6 +12,7 @@ from typing import Any
 import trio
 
 from model_node.engine import Engine, EngineError
+from model_node.forwarding import ForwardingPolicy
 from overlay.cli import CliError, resolve_config, run_async
 from overlay.identity import load_or_create
 from overlay.registry import from_config
@@ -21,7 +22,7 @@ log = logging.getLogger("gentorrent.model")
 
 # Requests generated at once. llama.cpp runs one sequence per context; vLLM batches
 # continuously, so the node lets it see many requests and keeps the rest queued.
-CONCURRENCY = {"llama.cpp": 1, "echo": 1, "vllm": 64}
+SLOTS = {"llama.cpp": 1, "echo": 1, "vllm": 64}
 
 
 def plan_engine(engine: str, model: str | None, echo_delay: float = 0.0, *, threads: int | None = None,
@@ -57,9 +58,13 @@ def plan_engine(engine: str, model: str | None, echo_delay: float = 0.0, *, thre
     raise CliError(f"unknown engine {engine!r}; choose llama.cpp, vllm or echo")
 
 
-def run_model_node(args: argparse.Namespace) -> int:
+def run_model_node(args: argparse.Namespace, *, policy: ForwardingPolicy | None = None,
+                   echo_delay: float = 0.0) -> int:
+    """Run the model node ``args`` (``gentorrent model-node``'s flags) describe until
+    interrupted. Benchmarks inject ``policy`` (a forwarding baseline instead of Algorithm 2)
+    and ``echo_delay`` (seconds the echo engine waits per piece); the CLI passes neither."""
     cfg = resolve_config(args)
-    model, load_engine = plan_engine(args.engine, cfg.model, args.echo_delay, threads=args.threads,
+    model, load_engine = plan_engine(args.engine, cfg.model, echo_delay, threads=args.threads,
                                      prefix_snapshots=args.prefix_snapshots)
     identity = load_or_create(cfg.data_path)
     registry = from_config(cfg)
@@ -88,8 +93,9 @@ def run_model_node(args: argparse.Namespace) -> int:
         group = (None if args.no_forwarding
                  else GroupConfig(sync_interval=args.sync_interval, load_threshold=args.load_threshold,
                                   bits=args.hash_bits))
-        node = ModelNode(identity, TLSTransport(identity), registry, engine, capacity=CONCURRENCY[args.engine],
-                         capacity_score=args.capacity, group=group, forwarding_policy=args.forwarding_policy)
+        node = ModelNode(identity, TLSTransport(identity), registry, engine, slots=SLOTS[args.engine],
+                         capacity=args.capacity, group=group, policy=policy,
+                         accept_direct_requests=args.accept_direct_requests)
 
         async def main() -> None:
             async with trio.open_nursery() as nursery:

@@ -8,11 +8,17 @@ answered and send follow-ups there (session affinity).
 
 With a group (``group=GroupConfig(...)``, the default of ``gentorrent model-node``)
 the node forwards among the model nodes serving its model (paper §3.3,
-:mod:`model_node.forwarding`): after tokenizing a user's request it asks Algorithm 2
-where to serve it; a forwarded request goes, unchanged, to the chosen member, which
+:mod:`model_node.forwarding`, run by :mod:`model_node.group_service`): after tokenizing
+a user's request it asks Algorithm 2 where to serve it; a forwarded request goes, unchanged, to the chosen member, which
 replies straight to the user's proxies and names itself, so follow-ups go to it. A
 request that arrives forwarded is always served where it arrives (one hop at most).
 ``group=None`` serves everything locally.
+
+A plain :class:`~overlay.messages.Request` over an authenticated connection (not a clove)
+is not anonymous: the node learns who asked. It is answered only from members of the
+node's own group (a forwarded request's chunks come back through the member that took it)
+or, for diagnostics and benchmarks, when the node runs with ``accept_direct_requests``
+(``--accept-direct-requests``); anyone else gets an error reply naming the flag.
 """
 
 from __future__ import annotations
@@ -21,19 +27,20 @@ import dataclasses
 import logging
 import math
 import statistics
-import time
 from collections import Counter, deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any
 
 import trio
 
 from model_node.engine import Engine, EngineError, GenStats
-from model_node.forwarding import GroupService, LocalLoad
+from model_node.forwarding import ForwardingPolicy, Load
 from model_node.group import GroupConfig
+from model_node.group_service import GroupService
 from model_node.messages import Count, NodeStats, Served, StatsRequest
 from overlay.anon import Responder
+from overlay.clock import Clock, TrioClock
 from overlay.identity import Identity, short_id
 from overlay.messages import Deliver, ReplyChunk, Request
 from overlay.node import Node
@@ -50,6 +57,11 @@ CHUNK_INTERVAL = 0.010  # seconds
 CHUNK_MAX_CHARS = 16 * 1024
 RELAY_TIMEOUT = 120.0  # seconds a forwarded direct request may go without a reply chunk
 RECENT = 64  # served requests kept for NodeStats and the latency figure
+DIRECT_REFUSED = (
+    "this model node answers plain (non-anonymous) requests only from members of its group; send the "
+    "request through the overlay, or start the node with --accept-direct-requests (a diagnostic: the "
+    "requester is then not anonymous to the model node)"
+)
 
 
 def check_params(req: Request, max_tokens_limit: int) -> str | None:
@@ -69,6 +81,8 @@ def check_params(req: Request, max_tokens_limit: int) -> str | None:
 
 
 class ModelNode:
+    """Serves one engine's model to the network (see the module docstring)."""
+
     def __init__(
         self,
         identity: Identity,
@@ -76,32 +90,39 @@ class ModelNode:
         registry: Registry,
         engine: Engine,
         *,
-        capacity: int = 1,
+        slots: int = 1,
         max_queue: int = 64,
         max_tokens_limit: int = 4096,
-        capacity_score: int = 1,
+        capacity: int = 1,
         group: GroupConfig | None = None,
-        forwarding_policy: str = "hrtree",
+        policy: ForwardingPolicy | None = None,
+        accept_direct_requests: bool = False,
+        clock: Clock | None = None,
     ) -> None:
-        """``capacity``: requests generated at once (the rest wait in a queue of ``max_queue``);
-        ``capacity_score``: the node's hardware score 1–10 that load balancing divides its load
-        by (paper §3.3; ``--capacity``), independent of ``capacity``. ``group``: forward among
-        the registry's model nodes serving this model (``None``: serve every request here);
-        ``forwarding_policy``: ``hrtree`` (Algorithm 2), or the benchmark baselines ``load``
-        and ``random`` (:mod:`model_node.forwarding`)."""
+        """``slots``: requests generated at once (the rest wait in a queue of ``max_queue``);
+        ``capacity``: the node's capacity score 1–10 that load balancing divides its load by
+        (paper §3.3; ``--capacity``), independent of ``slots``. ``group``: forward among the
+        registry's model nodes serving this model (``None``: serve every request here);
+        ``policy``: where users' requests go (``None``: Algorithm 2; benchmarks inject their
+        baselines). ``accept_direct_requests``: answer plain requests from anyone, not only
+        from group members (a diagnostic: the requester is not anonymous to this node).
+        ``clock``: reply chunking, signing times and the group's rounds read it (default:
+        trio's)."""
         self.identity = identity
-        self.capacity_score = capacity_score
+        self.capacity = capacity
         self.engine = engine
         self.model = engine.model
         self.max_tokens_limit = max_tokens_limit
         self.max_queue = max_queue
+        self.accept_direct_requests = accept_direct_requests
+        self.clock: Clock = clock or TrioClock()
         self.active = 0
         self.queued = 0
         self.served = 0
-        self._slots = trio.Semaphore(capacity)
+        self._slots = trio.Semaphore(slots)
         self.node = Node(identity, transport, peers=registry.entries, ping_interval=0)
         self.responder = Responder(identity, self.handle, self.node.send_nowait, self._proxy,
-                                   max_active=max_queue + capacity)
+                                   max_active=max_queue + slots)
         self._registry = registry
         self._nursery: trio.Nursery | None = None
         self.recent: deque[Served] = deque(maxlen=RECENT)
@@ -110,8 +131,8 @@ class ModelNode:
         self.group: GroupService | None = None
         if group is not None:
             self.group = GroupService(
-                self.node, registry, self.model, load=self._local_load, prefixes=engine.cached_prefixes,
-                on_forwarded=self._take_forwarded, capacity=capacity_score, config=group, policy=forwarding_policy)
+                self.node, registry, self.model, load=self.current_load, prefixes=engine.cached_prefixes,
+                on_forwarded=self._take_forwarded, config=group, policy=policy, clock=self.clock)
             self.group.install()
         self.node.on(Deliver, self.responder.on_deliver)
         self.node.on(Request, self._on_direct)
@@ -140,11 +161,13 @@ class ModelNode:
         """Algorithm 2's outcomes by reason (``match``, ``miss``, ``forwarded``...)."""
         return self.group.state.decisions if self.group else Counter()
 
-    def _local_load(self) -> LocalLoad:
+    def current_load(self) -> Load:
+        """This node's load now: requests generated and queued, its capacity score, KV use
+        if the engine reports it, and the median time to first token of recent replies."""
         kv = getattr(self.engine, "kv_usage", None)
         ttfts = [s.ttft_us for s in self.recent]
-        return LocalLoad(self.active, self.queued, int(1000 * kv()) if kv is not None else 0,
-                         int(statistics.median(ttfts) // 1000) if ttfts else 0)
+        return Load(self.active, self.queued, self.capacity, int(1000 * kv()) if kv is not None else 0,
+                    int(statistics.median(ttfts) // 1000) if ttfts else 0)
 
     def stats(self, nonce: int = 0) -> NodeStats:
         g = self.group
@@ -211,7 +234,7 @@ class ModelNode:
             if self.group is not None:
                 self.group.refuse(conn.peer_id, "reply-overflow", "a reply chunk")
 
-    async def _forward(self, req: Request, target: bytes, direct: bool) -> AsyncIterator[ReplyChunk] | None:
+    async def _forward(self, req: Request, target: bytes, direct: bool) -> AsyncGenerator[ReplyChunk, None] | None:
         """Send ``req`` to ``target``. ``None``: it could not be sent (serve it here). For a
         direct request, the chunks the target sends back; otherwise nothing (the target answers
         the user's proxies itself)."""
@@ -229,7 +252,7 @@ class ModelNode:
         return self._relayed(req, key, recv)
 
     async def _relayed(self, req: Request, key: tuple[bytes, bytes],
-                       recv: trio.MemoryReceiveChannel[ReplyChunk]) -> AsyncIterator[ReplyChunk]:
+                       recv: trio.MemoryReceiveChannel[ReplyChunk]) -> AsyncGenerator[ReplyChunk, None]:
         try:
             while True:
                 with trio.move_on_after(RELAY_TIMEOUT) as scope:
@@ -249,10 +272,20 @@ class ModelNode:
         e = self._registry.by_id.get(node_id)
         return e if e is not None and e.role == "user" else None
 
-    async def _on_direct(self, conn: Any, req: Request) -> None:
-        """A direct, NON-anonymous request over authenticated TLS: the reply chunks come
-        back on the same connection (also when forwarded: through this node). For benchmarks
-        (the overlay's baseline) and diagnostics."""
+    def accepts_direct_from(self, peer: bytes) -> bool:
+        """Whether a plain, non-anonymous request from ``peer`` is answered: from members of
+        this node's group, or from anyone with ``accept_direct_requests``."""
+        return self.accept_direct_requests or (self.group is not None and self.group.is_member(peer))
+
+    async def _on_direct(self, conn: Connection, req: Request) -> None:
+        """A plain, NON-anonymous request over an authenticated connection: the reply chunks
+        come back on the same connection (also when forwarded: through this node). Refused
+        with an error reply unless :meth:`accepts_direct_from` the peer."""
+        if not self.accepts_direct_from(conn.peer_id):
+            log.info("plain request from %s refused (not a group member; --accept-direct-requests is off)",
+                     short_id(conn.peer_id))
+            await conn.send(self._chunk(req, 0, "", (), done=True, error=DIRECT_REFUSED))
+            return
         async with aclosing(self.handle(req, direct=True)) as chunks:
             async for chunk in chunks:
                 await conn.send(chunk)
@@ -265,46 +298,66 @@ class ModelNode:
                           node=self.identity.node_id, signature=signature, signed_at_ms=signed_at_ms)
 
     async def handle(self, req: Request, *, forwarded: bool = False,
-                     direct: bool = False) -> AsyncIterator[ReplyChunk]:
-        """Serve one request: validate, tokenize, forward or queue, generate, stream, sign.
+                     direct: bool = False) -> AsyncGenerator[ReplyChunk, None]:
+        """Serve one request: admit (validate, tokenize), forward or queue, generate, stream, sign.
 
         ``forwarded``: a member forwarded it here (served here whatever the load);
         ``direct``: it came over TLS rather than the overlay (if forwarded, its chunks come
         back through this node)."""
-        if req.model != self.model:
-            yield self._chunk(req, 0, "", (), done=True, error=f"this node serves {self.model!r}, not {req.model!r}")
-            return
-        why = check_params(req, self.max_tokens_limit)
-        if why is None:
-            try:
-                prompt_ids = self.engine.chat_prompt(req.messages, req.continuation)
-            except EngineError as exc:
-                why = str(exc)
-            else:
-                ctx = self.engine.context_window
-                if len(prompt_ids) + req.params.max_tokens > ctx:
-                    why = (f"the prompt ({len(prompt_ids)} tokens) plus max_tokens ({req.params.max_tokens}) "
-                           f"exceeds the model's context window of {ctx} tokens")
+        prompt_ids, why = self._admit(req)
         if why is None and self.group is not None:
-            try:
-                if not forwarded:
-                    self.group.observe(prompt_ids)
-                target = self.group.decide(prompt_ids, forwarded=forwarded).target
-            except Exception:  # noqa: BLE001 - a fault in the group's state must not cost the user the reply
-                log.exception("forwarding decision failed; serving the request here")
-                target = None
-            if target is not None:
-                relayed = await self._forward(req, target, direct)
-                if relayed is not None:
-                    async with aclosing(relayed) as chunks:
-                        async for chunk in chunks:
-                            yield chunk
-                    return
+            relayed = await self._route(req, prompt_ids, forwarded=forwarded, direct=direct)
+            if relayed is not None:
+                async with aclosing(relayed) as chunks:
+                    async for chunk in chunks:
+                        yield chunk
+                return
         if why is None and self.queued >= self.max_queue:
             why = "model node is at capacity; try again later"
         if why is not None:
             yield self._chunk(req, 0, "", (), done=True, error=why)
             return
+        async with aclosing(self._serve_here(req, prompt_ids, forwarded)) as chunks:
+            async for chunk in chunks:
+                yield chunk
+
+    def _admit(self, req: Request) -> tuple[list[int], str | None]:
+        """``(prompt token ids, None)``, or ``([], why)`` when this node cannot serve ``req``:
+        another model, bad sampling parameters, a prompt the engine refuses, or a prompt plus
+        ``max_tokens`` beyond the context window."""
+        if req.model != self.model:
+            return [], f"this node serves {self.model!r}, not {req.model!r}"
+        why = check_params(req, self.max_tokens_limit)
+        if why is not None:
+            return [], why
+        try:
+            prompt_ids = self.engine.chat_prompt(req.messages, req.continuation)
+        except EngineError as exc:
+            return [], str(exc)
+        ctx = self.engine.context_window
+        if len(prompt_ids) + req.params.max_tokens > ctx:
+            return [], (f"the prompt ({len(prompt_ids)} tokens) plus max_tokens ({req.params.max_tokens}) "
+                        f"exceeds the model's context window of {ctx} tokens")
+        return prompt_ids, None
+
+    async def _route(self, req: Request, prompt_ids: list[int], *, forwarded: bool,
+                     direct: bool) -> AsyncGenerator[ReplyChunk, None] | None:
+        """Ask the group where ``req`` is served. ``None``: here. Otherwise it was forwarded,
+        and the chunks to pass on (none unless ``direct``)."""
+        assert self.group is not None
+        try:
+            if not forwarded:
+                self.group.observe(prompt_ids)
+            target = self.group.decide(prompt_ids, forwarded=forwarded).target
+        except Exception:  # noqa: BLE001 - a fault in the group's state must not cost the user the reply
+            log.exception("forwarding decision failed; serving the request here")
+            return None
+        if target is None:
+            return None
+        return await self._forward(req, target, direct)
+
+    async def _serve_here(self, req: Request, prompt_ids: list[int], forwarded: bool) -> AsyncGenerator[ReplyChunk, None]:
+        """Wait in the queue for a slot, then generate."""
         self.queued += 1
         try:
             await self._slots.acquire()
@@ -319,9 +372,11 @@ class ModelNode:
             self.active -= 1
             self._slots.release()
 
-    async def _generate(self, req: Request, prompt_ids: list[int], forwarded: bool) -> AsyncIterator[ReplyChunk]:
+    async def _generate(self, req: Request, prompt_ids: list[int], forwarded: bool) -> AsyncGenerator[ReplyChunk, None]:
         all_ids: list[int] = []
-        seq, buf, ids, size, last = 0, [], [], 0, trio.current_time()
+        seq, size, last = 0, 0, self.clock.monotonic()
+        buf: list[str] = []
+        ids: list[int] = []
         try:
             gen = self.engine.generate(prompt_ids, req.params)
         except EngineError as exc:
@@ -333,7 +388,7 @@ class ModelNode:
                     buf.append(piece.text)
                     ids.extend(piece.token_ids)
                     size += len(piece.text)
-                    now = trio.current_time()
+                    now = self.clock.monotonic()
                     if seq == 0 or now - last >= CHUNK_INTERVAL or size >= CHUNK_MAX_CHARS:
                         all_ids.extend(ids)
                         yield self._chunk(req, seq, "".join(buf), tuple(ids))
@@ -343,7 +398,7 @@ class ModelNode:
             yield self._chunk(req, seq, "", (), done=True, error=str(exc))
             return
         all_ids.extend(ids)
-        signed_at = int(time.time() * 1000)
+        signed_at = int(self.clock.unix() * 1000)
         sig = self.identity.sign(
             reply_signing_bytes(request_digest(req), all_ids, self.model, self.identity.node_id, signed_at)
         )
@@ -354,9 +409,6 @@ class ModelNode:
                      gen.stats.prompt_tokens, gen.stats.evaluated_prompt_tokens, gen.stats.output_tokens,
                      gen.stats.ttft_s)
         yield self._chunk(req, seq, "".join(buf), tuple(ids), done=True, signature=sig, signed_at_ms=signed_at)
-
-    def load(self) -> dict[str, int]:
-        return {"active": self.active, "queued": self.queued}
 
     async def serve(
         self, host: str = "127.0.0.1", port: int = 0, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED
@@ -370,6 +422,6 @@ class ModelNode:
             task_status.started(address)
 
 
-async def _empty() -> AsyncIterator[ReplyChunk]:
+async def _empty() -> AsyncGenerator[ReplyChunk, None]:
     return
     yield  # an async generator that yields nothing

@@ -43,12 +43,12 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Coroutine, Sequence
+from collections.abc import AsyncGenerator, Coroutine, Sequence
 from typing import Any
 
 import trio
 
-from model_node.engine import EngineError, GenStats, Piece, TokenScore
+from model_node.engine import EngineError, GenStats, Piece, TokenScore, expected_logprob
 from overlay.messages import ChatMessage, SamplingParams
 
 log = logging.getLogger("gentorrent.vllm")
@@ -105,38 +105,12 @@ def _deliver(token: trio.lowlevel.TrioToken, send: trio.MemorySendChannel[Any], 
         pass
 
 
-def expected_from_top(top: Sequence[tuple[float, int]], params: SamplingParams) -> float:
-    """Expected log-probability of a token drawn with ``params`` from the top alternatives
-    ``(logprob, rank)`` of one position (the mass beyond them is ignored)."""
-    ranked = sorted(top, key=lambda e: e[1])
-    if not ranked:
-        return math.nan
-    if params.temperature <= 0.0:
-        return ranked[0][0]
-    if 0 < params.top_k < len(ranked):
-        ranked = ranked[:params.top_k]
-    scaled = [lp / params.temperature for lp, _ in ranked]
-    m = max(scaled)
-    weights = [math.exp(s - m) for s in scaled]
-    total = sum(weights)
-    if params.top_p < 1.0:
-        acc, keep = 0.0, 0
-        for w in weights:
-            acc += w / total
-            keep += 1
-            if acc >= params.top_p:
-                break
-        ranked, weights = ranked[:keep], weights[:keep]
-        total = sum(weights)
-    return sum(w * lp for w, (lp, _) in zip(weights, ranked)) / total
-
-
 class VllmGeneration:
     def __init__(self, engine: VllmEngine, prompt_ids: list[int], params: SamplingParams) -> None:
         self.engine, self.prompt_ids, self.params = engine, prompt_ids, params
         self.stats: GenStats | None = None
 
-    async def __aiter__(self) -> AsyncIterator[Piece]:
+    async def __aiter__(self) -> AsyncGenerator[Piece, None]:
         eng = self.engine
         t0 = time.perf_counter()
         p = self.params
@@ -184,9 +158,10 @@ class VllmEngine:
                  vllm_module: Any = None) -> None:
         if vllm_module is None:
             try:
-                import vllm as vllm_module
+                import vllm
             except ImportError as exc:
                 raise EngineError(f"vLLM is not installed ({exc}): {INSTALL_HINT}") from None
+            vllm_module = vllm
         self._vllm = v = vllm_module
         self._SamplingParams = v.SamplingParams  # first: vllm imports vllm.sampling_params lazily
         self._kind = v.sampling_params.RequestOutputKind
@@ -332,10 +307,9 @@ class VllmEngine:
             entry = plp[len(prompt_ids) + j]
             if not entry or tok not in entry:
                 raise EngineError(f"vLLM returned no logprob for token {tok} at position {len(prompt_ids) + j}")
-            top = [(lp.logprob, lp.rank) for lp in entry.values()
-                   if lp.rank is not None and lp.rank <= SCORE_TOP_LOGPROBS]
+            top = [lp.logprob for lp in entry.values() if lp.rank is not None and lp.rank <= SCORE_TOP_LOGPROBS]
             argmax = min(entry.items(), key=lambda kv: kv[1].rank if kv[1].rank is not None else math.inf)[0]
-            scores.append(TokenScore(int(tok), float(entry[tok].logprob), expected_from_top(top, params), int(argmax)))
+            scores.append(TokenScore(int(tok), float(entry[tok].logprob), expected_logprob(top, params), int(argmax)))
         return scores
 
     def cached_prefixes(self) -> list[tuple[int, ...]]:
@@ -344,4 +318,5 @@ class VllmEngine:
         return list(reversed(self._recent))
 
     def detokenize(self, token_ids: Sequence[int]) -> str:
-        return self._tokenizer.decode(list(token_ids), skip_special_tokens=True)
+        text: str = self._tokenizer.decode(list(token_ids), skip_special_tokens=True)
+        return text

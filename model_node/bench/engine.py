@@ -182,7 +182,7 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
     n_relays = 12
     with tempfile.TemporaryDirectory(prefix="gentorrent-bench-engine-") as d:
         with LocalNet(Path(d), n_relays, users=("client",), registry_keys=1, engine="llama.cpp",
-                      model=DEFAULT_MODEL_ID) as net:
+                      model=DEFAULT_MODEL_ID, model_args=("--accept-direct-requests",)) as net:
             net.start()
             figures.update(run_async(_e2e, net, e2e_trials))
     params = {

@@ -1,9 +1,10 @@
 """``gentorrent bench forwarding``: HR-tree forwarding against load-only and random forwarding
 (paper §3.3 and §5 "latency"; decision 0005), with the real llama.cpp engine.
 
-Three ``gentorrent model-node --engine llama.cpp`` processes (SmolLM2-135M-Instruct) form one
-group on this machine. The same seeded workload is played three times, once per forwarding
-policy, each time on fresh processes (empty caches):
+Three ``gentorrent model-node --engine llama.cpp`` processes (SmolLM2-135M-Instruct), started
+by :mod:`model_node.bench.node` so that the baseline policies can be injected
+(:mod:`model_node.bench.policies`), form one group on this machine. The same seeded workload is
+played three times, once per forwarding policy, each time on fresh processes (empty caches):
 
 - ``hrtree``: Algorithm 2 — a cached prefix's holder if under the load threshold, else the
   least relatively loaded node (the default of ``gentorrent model-node``);
@@ -16,7 +17,8 @@ with its own topic and wording, so prompts share only the chat template's 3-toke
 chosen per request by Zipf(1.1) popularity, followed by a short question; greedy, 16 output
 tokens. Poisson arrivals at ``RATE`` requests/s; each request goes to an entry node chosen
 uniformly at random, which serves or forwards it. Requests are sent as direct authenticated TLS
-``Request``\\ s (a forwarded one's chunks come back through the entry node), not through the
+``Request``\\ s (the nodes run with ``--accept-direct-requests``; a forwarded one's chunks come
+back through the entry node), not through the
 anonymous overlay, to keep the 2 cores for the engines; the overlay's added latency is measured
 by ``bench engine`` (≈ 14 ms to the first token) and ``bench overlay``.
 
@@ -60,18 +62,20 @@ from typing import Any
 
 import trio
 
-from model_node.group import DEFAULT_LOAD_THRESHOLD
+from model_node.bench.policies import BASELINES
+from model_node.forwarding import DEFAULT_LOAD_THRESHOLD
 from model_node.llama import DEFAULT_MODEL_ID, LlamaCppEngine, resolve_model
 from model_node.messages import NodeStats, StatsRequest
 from overlay.bench.stats import cpu_model, summarize_ms
 from overlay.cli import run_async
+from overlay.clock import TrioClock
 from overlay.identity import Identity
 from overlay.messages import ChatMessage, ReplyChunk, Request, SamplingParams
 from overlay.peers import PeerEntry
 from overlay.tools.localnet import LocalNet
 from overlay.transport import Connection, TLSTransport
 
-POLICIES = ("hrtree", "load", "random")
+POLICIES = BASELINES
 SEED = 7
 ZIPF_S = 1.1
 SYSTEM_PROMPTS = 8
@@ -164,13 +168,13 @@ class Client:
         pool = self.idle.setdefault(e.node_id, [])
         while pool:
             c, since = pool.pop()
-            if not c.closed and time.monotonic() - since < IDLE_REUSE:
+            if not c.closed and time.perf_counter() - since < IDLE_REUSE:
                 return c
             await c.aclose()
         return await self.transport.dial(e.address, e.node_id)
 
     def release(self, e: PeerEntry, conn: Connection) -> None:
-        self.idle.setdefault(e.node_id, []).append((conn, time.monotonic()))
+        self.idle.setdefault(e.node_id, []).append((conn, time.perf_counter()))
 
     async def warm(self, e: PeerEntry, n: int) -> None:
         for _ in range(n):
@@ -230,7 +234,8 @@ async def _play(net: LocalNet, jobs: list[Job], systems: list[str], warm_conns: 
     served_by: dict[bytes, int] = {}
     node_index = {e.node_id: i for i, e in enumerate(entries)}
     trace: list[tuple[float, int, int, int, float, float]] = []  # at, entry, system, server, ttft, latency
-    t_start = trio.current_time()
+    clock = TrioClock()  # arrivals are scheduled with trio.sleep_until on trio's clock
+    t_start = clock.monotonic()
 
     failed: list[str] = []
 
@@ -250,7 +255,7 @@ async def _play(net: LocalNet, jobs: list[Job], systems: list[str], warm_conns: 
     async with trio.open_nursery() as nursery:
         for job in jobs:
             nursery.start_soon(one, job)
-    wall = trio.current_time() - t_start
+    wall = clock.monotonic() - t_start
     cpu = sum(_cpu_seconds(p) for p in pids) - cpu0
     foreign = _machine_busy_seconds() - busy0 - cpu - (_cpu_seconds(os.getpid()) - own0)
     cores = len(os.sched_getaffinity(0))
@@ -299,12 +304,12 @@ def play(policy: str, jobs: list[Job], systems: list[str], warm_conns: int,
          load_threshold: float | None = None) -> dict[str, Any]:
     """Play ``jobs`` on three fresh llama.cpp model-node processes forwarding by ``policy``."""
     args = ["--threads", "1", "--prefix-snapshots", str(SNAPSHOTS), "--sync-interval", str(SYNC_INTERVAL),
-            "--forwarding-policy", policy]
+            "--accept-direct-requests"]  # the client sends plain requests (see the module docstring)
     if load_threshold is not None:
         args += ["--load-threshold", str(load_threshold)]
     with tempfile.TemporaryDirectory(prefix=f"gentorrent-bench-forwarding-{policy}-") as d:
         with LocalNet(Path(d), 0, users=("client",), models=3, registry_keys=1, engine="llama.cpp",
-                      model=DEFAULT_MODEL_ID, model_args=tuple(args)) as net:
+                      model=DEFAULT_MODEL_ID, model_args=tuple(args), bench_args=("--baseline", policy)) as net:
             net.start(timeout=120)
             result: dict[str, Any] = run_async(_play, net, jobs, systems, warm_conns)
     ttft = result["ttft"]

@@ -38,7 +38,7 @@ from model_node.bench.forwarding import (
     prompts,
     workload,
 )
-from model_node.group import DEFAULT_LOAD_THRESHOLD
+from model_node.forwarding import DEFAULT_LOAD_THRESHOLD
 from model_node.llama import resolve_model
 from overlay.bench.stats import cpu_model, summarize_ms
 

@@ -153,7 +153,8 @@ class TokenRadix:
             kids = [walk(c) for c in node[1].values()] if node[1] else []
             return [ids.tolist(), kids]
 
-        return msgpack.packb(walk(self.root), use_bin_type=True)
+        packed: bytes = msgpack.packb(walk(self.root), use_bin_type=True)
+        return packed
 
 
 def _common(a: bytes, b: bytes) -> int:
@@ -268,16 +269,16 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
                 doc = wl.docs[0]
                 tree.insert(_node_id(0), doc)
                 pool = [doc]
-        queries = []
+        queries: list[list[int]] = []
         for _ in range(trials):
             base = rng.choice(pool)
             keep = min(len(base), n - 16)
             q = base[:keep] + _tokens(rng, n - keep)
             queries.append(q.tolist())  # a tokenizer's output: a list of ints
         times = []
-        for q in queries:
+        for query in queries:
             t0 = time.perf_counter()
-            depth, _ = tree.search(q)
+            depth, _ = tree.search(query)
             times.append(time.perf_counter() - t0)
             assert depth >= 1
         figures.update(summarize(f"search_{label}_tokens", times, unit="us"))
@@ -320,11 +321,11 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
     })
 
     # τ_c: how often a match is false, how often true reuse is missed, per threshold.
-    queries = [wl.next() for _ in range(n_queries)]
-    _match_quality(tree, radix, queries, "", figures)
+    sample = [wl.next() for _ in range(n_queries)]
+    _match_quality(tree, radix, sample, "", figures)
     wide = ChunkLengths(learned.version, learned.lengths, learned.tail, 16)
-    _match_quality(_build(wide, caches), radix, queries, "_b16", figures)
-    _match_quality(_build(ChunkLengths(version=1), caches), radix, queries, "_no_sentry", figures)
+    _match_quality(_build(wide, caches), radix, sample, "_b16", figures)
+    _match_quality(_build(ChunkLengths(version=1), caches), radix, sample, "_no_sentry", figures)
 
     params = {
         "nodes": nodes,

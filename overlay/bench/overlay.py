@@ -177,7 +177,8 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
     e2e_trials = 10 if quick else 200
     figures: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="gentorrent-bench-overlay-") as d:
-        with LocalNet(Path(d), n_relays, users=("client",), registry_keys=1) as net:
+        with LocalNet(Path(d), n_relays, users=("client",), registry_keys=1,
+                      model_args=("--accept-direct-requests",)) as net:  # the direct baseline
             net.start()
             client = net.identities["client"]
             figures.update(run_async(_path_builds, net, client, build_trials, cold_trials))

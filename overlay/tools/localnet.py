@@ -62,6 +62,7 @@ class LocalNet:
         echo_delay: float = 0.0,
         engine: str = "echo",
         model_args: tuple[str, ...] = (),
+        bench_args: tuple[str, ...] = (),
         clock: Clock | None = None,
     ) -> None:
         """``users`` names extra registered user identities that this class does not
@@ -69,12 +70,16 @@ class LocalNet:
         ``--engine`` (``echo``, the diagnostic, by default; ``llama.cpp`` with
         ``model="smollm2-135m-instruct"`` runs the real default model). ``model_args``: extra
         ``gentorrent model-node`` flags (``--sync-interval 0.5``, ``--threads 1``...).
-        ``clock`` (default :class:`~overlay.clock.SystemClock`: this class runs outside trio)
-        stamps the registry and times the waits for processes."""
+        ``echo_delay`` and ``bench_args`` (``--baseline load``) are injected by the bench
+        launcher ``python -m model_node.bench.node``, which then starts the model nodes: they
+        are no ``gentorrent model-node`` flags. ``clock`` (default
+        :class:`~overlay.clock.SystemClock`: this class runs outside trio) stamps the registry
+        and times the waits for processes."""
         self.clock: Clock = clock or SystemClock()
         self.root = root
         self.engine = engine
         self.model_args = tuple(model_args)
+        self.bench_args = tuple(bench_args)
         root.mkdir(parents=True, exist_ok=True)
         self.ping_interval = ping_interval
         self.echo_delay = echo_delay
@@ -125,9 +130,11 @@ class LocalNet:
         e = self.entries[name]
         common = ["--data-dir", str(self.root / name), "--listen", e.address, *self.registry_args()]
         if name in self.models:
-            extra = ["--echo-delay", str(self.echo_delay)] if self.engine == "echo" else []
-            return cli("model-node", "--engine", self.engine, "--model", self.model, *extra, *self.model_args,
-                       *common)
+            bench = [*self.bench_args]
+            if self.engine == "echo" and self.echo_delay:
+                bench += ["--echo-delay", str(self.echo_delay)]
+            head = [sys.executable, "-m", "model_node.bench.node", *bench] if bench else cli("model-node")
+            return [*head, "--engine", self.engine, "--model", self.model, *self.model_args, *common]
         return cli("user", "relay", "--ping-interval", str(self.ping_interval), *common)
 
     def spawn(self, name: str) -> None:

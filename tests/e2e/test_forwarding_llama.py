@@ -106,7 +106,8 @@ async def busy_direct(cluster: Cluster, e: PeerEntry, filler: str, done: trio.Ev
 
 async def test_forwarding_between_llama_model_nodes(tmp_path) -> None:
     # Load threshold 2 (not the default): two requests make B "overloaded" in step 3.
-    args = ("--sync-interval", str(SYNC), "--threads", "1", "--prefix-snapshots", "3", "--load-threshold", "2")
+    args = ("--sync-interval", str(SYNC), "--threads", "1", "--prefix-snapshots", "3", "--load-threshold", "2",
+            "--accept-direct-requests")  # the client also sends plain requests
     with LocalNet(tmp_path, 12, users=("client",), models=3, registry_keys=1, engine="llama.cpp",
                   model=llama.DEFAULT_MODEL_ID, model_args=args) as net:
         net.start(timeout=120)

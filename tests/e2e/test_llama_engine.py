@@ -16,6 +16,7 @@ import pytest
 import trio
 
 from model_node.engine import Engine, EngineError, GenStats
+from model_node.hrtree import common_prefix
 from model_node.server import ModelNode
 from overlay.identity import Identity
 from overlay.messages import ChatMessage, Request, SamplingParams
@@ -35,15 +36,6 @@ SYSTEM = "You are the help desk of a small public library. " + " ".join(
     f"Rule {i}: when asked about section {i}, answer politely, briefly and cite the shelf number {100 + i}."
     for i in range(26)
 )
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 @pytest.fixture(scope="module")

@@ -18,11 +18,12 @@ from typing import Any
 import pytest
 import trio
 
+from model_node.bench.policies import baseline
 from model_node.echo import EchoEngine
 from model_node.group import GroupConfig
-from model_node.hrtree import ChunkLengths
+from model_node.hrtree import ChunkLengths, common_prefix
 from model_node.messages import ForwardedRequest, LoadReport, NodeStats, StatsRequest, SubtreeUpdate
-from model_node.server import ModelNode
+from model_node.server import DIRECT_REFUSED, ModelNode
 from overlay.identity import Identity
 from overlay.messages import ChatMessage, ReplyChunk, Request, SamplingParams
 from overlay.node import Node
@@ -39,15 +40,6 @@ PARAMS = SamplingParams(max_tokens=64)
 SYSTEM = "You answer questions about the city archive. " + " ".join(
     f"Box {i} holds the letters of year {1900 + i}." for i in range(22))
 OTHER_SYSTEM = "You are a terse poet who writes only about the sea and its weather. " * 12
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class Evaluated:
@@ -105,7 +97,7 @@ class GroupNet:
 
 
 async def start_group(nursery: trio.Nursery, *, n_users: int = 16, delays: Sequence[float] = (0.0, 0.0, 0.0),
-                      sync: float = SYNC, forwarding: bool = True) -> GroupNet:
+                      sync: float = SYNC, forwarding: bool = True, accept_direct_requests: bool = False) -> GroupNet:
     network = MemoryNetwork()
     idents = {f"user-{i}": Identity.generate() for i in range(n_users)}
     idents.update({f"model-{i}": Identity.generate() for i in range(len(delays))})
@@ -135,7 +127,8 @@ async def start_group(nursery: trio.Nursery, *, n_users: int = 16, delays: Seque
     for i, delay in enumerate(delays):
         ident = idents[f"model-{i}"]
         m = ModelNode(ident, MemoryTransport(ident, network), registry, CachingEcho(delay),
-                      group=GroupConfig(sync_interval=sync, load_threshold=THRESHOLD) if forwarding else None)
+                      group=GroupConfig(sync_interval=sync, load_threshold=THRESHOLD) if forwarding else None,
+                      accept_direct_requests=accept_direct_requests)
         await nursery.start(run_scoped, ident.node_id, m.serve)
         net.models.append(m)
     return net
@@ -250,7 +243,7 @@ def direct_request(question: str, system: str = SYSTEM) -> Request:
 
 async def test_a_forwarded_direct_request_comes_back_through_the_entry_node(autojump_clock):
     async with trio.open_nursery() as nursery:
-        net = await start_group(nursery)
+        net = await start_group(nursery, accept_direct_requests=True)  # a user's plain request
         a, b, c = net.models
         await cache_on(net, b)
         user = net.idents["user-5"]
@@ -282,6 +275,48 @@ async def test_a_forwarded_direct_request_comes_back_through_the_entry_node(auto
             await conn.receive()
         assert scope.cancelled_caught
         await conn.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def read_reply(conn: Any) -> list[ReplyChunk]:
+    chunks: list[ReplyChunk] = []
+    while not chunks or not chunks[-1].done:
+        chunk = await conn.receive()
+        assert isinstance(chunk, ReplyChunk)
+        chunks.append(chunk)
+    return chunks
+
+
+async def test_a_plain_request_is_answered_only_from_group_members_by_default(autojump_clock):
+    async with trio.open_nursery() as nursery:
+        net = await start_group(nursery)
+        a = net.models[0]
+        assert not a.accept_direct_requests
+        # A registered user: refused with an error naming the flag and what it gives up; the
+        # connection and the node keep working.
+        user = net.idents["user-5"]
+        conn = await MemoryTransport(user, net.network).dial(net.registry.by_id[nid(a)].address, nid(a))
+        req = direct_request("who am I?")
+        await conn.send(req)
+        [refused] = await read_reply(conn)
+        assert refused.request_id == req.request_id and refused.error == DIRECT_REFUSED
+        assert "--accept-direct-requests" in refused.error and "not anonymous" in refused.error
+        assert not refused.signature and a.served == 0
+        await conn.send(StatsRequest(3))
+        stats = await conn.receive()
+        assert isinstance(stats, NodeStats) and stats.nonce == 3 and stats.served == 0
+        await conn.aclose()
+        # A member of the group (registered as a model node of this model): answered and signed.
+        member = net.idents["rogue-member"]
+        conn = await MemoryTransport(member, net.network).dial(net.registry.by_id[nid(a)].address, nid(a))
+        req = direct_request("a member asks")
+        await conn.send(req)
+        chunks = await read_reply(conn)
+        assert not chunks[-1].error and chunks[-1].signature
+        assert "".join(c.text for c in chunks) == req.messages[-1].content
+        await conn.aclose()
+        # Users' requests through the overlay are unaffected.
+        assert not (await ask(net.users[0].client, "through the overlay", a))[-1].error
         nursery.cancel_scope.cancel()
 
 
@@ -392,7 +427,7 @@ async def test_baseline_policies_ignore_caches(autojump_clock, policy):
         a, b, _ = net.models
         await cache_on(net, b)
         assert a.group is not None
-        a.group.policy = policy
+        a.group.policy = baseline(policy)
         for i in range(6):
             await ask(net.users[0].client, f"q{i}", a)
         assert a.decisions["match"] == 0

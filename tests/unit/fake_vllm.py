@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, TypedDict
 
+from model_node.hrtree import common_prefix
+
 UNK, IM_START, IM_END = 0, 1, 2
 SPECIAL = {"<unk>": UNK, "<|im_start|>": IM_START, "<|im_end|>": IM_END}
 VOCAB = 3 + 256
@@ -253,14 +255,7 @@ class FakeAsyncLLM:
     def _cached(self, prompt: list[int]) -> int:
         if not self.args.enable_prefix_caching:
             return 0
-        best = 0
-        for seen in self.seen_prompts:
-            n = 0
-            for a, b in zip(seen, prompt):
-                if a != b:
-                    break
-                n += 1
-            best = max(best, n)
+        best = max((common_prefix(seen, prompt) for seen in self.seen_prompts), default=0)
         return (min(best, len(prompt) - 1) // BLOCK) * BLOCK
 
     async def generate(self, prompt: Any, sampling_params: SamplingParams, request_id: str, *,

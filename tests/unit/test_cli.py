@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from model_node.group import DEFAULT_LOAD_THRESHOLD
+from model_node.forwarding import DEFAULT_LOAD_THRESHOLD
 from model_node.hrtree import DEFAULT_BITS
 from overlay import cli
 from overlay.cli import build_parser, main
@@ -120,7 +120,8 @@ def test_model_node_forwarding_flags() -> None:
                                       "--prefix-snapshots", "3", "--load-threshold", "4.5", "--hash-bits", "16"])
     assert args.no_forwarding and args.sync_interval == 0.5 and args.threads == 1 and args.prefix_snapshots == 3
     assert args.load_threshold == 4.5 and args.hash_bits == 16
-    assert args.forwarding_policy == "hrtree"
+    assert not args.accept_direct_requests
+    assert not hasattr(args, "forwarding_policy") and not hasattr(args, "echo_delay")  # bench-injected now
     default = build_parser().parse_args(["model-node"])
     assert not default.no_forwarding and default.sync_interval == 5.0
     assert default.load_threshold == DEFAULT_LOAD_THRESHOLD and default.hash_bits == DEFAULT_BITS
@@ -128,7 +129,7 @@ def test_model_node_forwarding_flags() -> None:
 
 
 @pytest.mark.parametrize("flags", [["--sync-interval", "0"], ["--sync-interval", "soon"], ["--threads", "0"],
-                                   ["--prefix-snapshots", "-1"], ["--forwarding-policy", "magic"],
+                                   ["--prefix-snapshots", "-1"], ["--forwarding-policy", "load"], ["--echo-delay", "0.1"],
                                    ["--load-threshold", "0"], ["--hash-bits", "0"], ["--hash-bits", "17"], ["--load-threshold", "-2"], ["--load-threshold", "many"]],
                          ids=lambda f: " ".join(f))
 def test_model_node_forwarding_flag_errors(flags: list[str], capsys: pytest.CaptureFixture[str]) -> None:

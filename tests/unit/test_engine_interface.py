@@ -57,6 +57,31 @@ def test_llama_model_resolution_errors(tmp_path) -> None:
     assert resolve_model(str(gguf)) == ("Tiny-Model.Q8_0", gguf)
 
 
+def test_expected_logprob_matches_a_hand_computation() -> None:
+    """``expected_logprob`` (shared by llama.cpp and vLLM) under temperature, top-k, top-p."""
+    pytest.importorskip("numpy")
+    import math
+
+    from model_node.engine import expected_logprob
+    from overlay.messages import SamplingParams
+
+    lse = math.log(sum(math.exp(x) for x in (2.0, 1.0, 0.0, -1.0)))
+    logp = [x - lse for x in (2.0, 1.0, 0.0, -1.0)]
+    shuffled = [logp[2], logp[0], logp[3], logp[1]]  # the order must not matter
+    probs = [math.exp(x) for x in logp]
+    assert expected_logprob(shuffled, SamplingParams(temperature=0.0)) == pytest.approx(logp[0])
+    assert expected_logprob(shuffled, SamplingParams(temperature=1.0)) == pytest.approx(
+        sum(q * x for q, x in zip(probs, logp, strict=True)))
+    w = [math.exp(logp[0] / 0.5), math.exp(logp[1] / 0.5)]
+    assert expected_logprob(shuffled, SamplingParams(temperature=0.5, top_k=2)) == pytest.approx(
+        (w[0] * logp[0] + w[1] * logp[1]) / sum(w))
+    # top_p 0.85 needs the top 2 of .644, .237, .087, .032; 0.5 only the top 1
+    assert expected_logprob(shuffled, SamplingParams(temperature=1.0, top_p=0.85)) == pytest.approx(
+        (probs[0] * logp[0] + probs[1] * logp[1]) / (probs[0] + probs[1]))
+    assert expected_logprob(shuffled, SamplingParams(temperature=1.0, top_p=0.5)) == pytest.approx(logp[0])
+    assert math.isnan(expected_logprob([], SamplingParams()))
+
+
 def test_llama_scoring_math() -> None:
     """``score_rows``: the given token's log-probability, the argmax, and the expectation under
     temperature, top-k and top-p (computed here by hand on a 4-token vocabulary)."""

@@ -13,9 +13,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from model_node.group import GroupConfig, GroupState, Send, group_of, split_groups
+from model_node.forwarding import Load
+from model_node.group import GroupConfig, GroupState, group_of, split_groups
 from model_node.hrtree import MAX_DEPTH, ChunkLengths
 from model_node.messages import MAX_PATH_BYTES, LengthProposal, LoadReport, SubtreeRequest, SubtreeUpdate
+from overlay.actions import Send
 from overlay.codec import RemoteProtocolError, decode, encode
 from overlay.messages import Ping
 
@@ -181,7 +183,7 @@ def test_subtrees_and_loads_flow_as_deltas() -> None:
     nodes = {i: GroupState(i, ids, capacity=3) for i in ids}
     prompts = [[rng.randrange(50_000) for _ in range(rng.randrange(300, 3000))] for _ in range(30)]
     nodes[P1].set_local_prefixes(prompts[:10])
-    nodes[P1].set_local_load(active=2, queued=1, kv_usage_permille=400, latency_ms=80)
+    nodes[P1].set_local_load(Load(active=2, queued=1, capacity=3, kv_usage_permille=400, latency_ms=80))
     sizes = []
     for r in range(4):
         if r == 2:
@@ -274,7 +276,7 @@ def test_members_leaving_the_group_are_forgotten() -> None:
 
 def test_tick_sends_every_member_a_load_report_and_a_subtree() -> None:
     gs = GroupState(ME, [ME, P1, P2], capacity=4, initial_seq=100)
-    gs.set_local_load(active=1, queued=2, kv_usage_permille=5, latency_ms=9)
+    gs.set_local_load(Load(active=1, queued=2, capacity=4, kv_usage_permille=5, latency_ms=9))
     out = gs.tick(0.0)
     assert [(s.peer, type(s.msg).__name__) for s in out] == [
         (P1, "LoadReport"), (P1, "SubtreeUpdate"), (P2, "LoadReport"), (P2, "SubtreeUpdate")]
@@ -286,9 +288,9 @@ def test_tick_sends_every_member_a_load_report_and_a_subtree() -> None:
     third = gs.tick(10.0)
     assert not third[1].msg.full and third[3].msg.full  # P2 asked for the full subtree
     with pytest.raises(ValueError):
-        gs.set_local_load(active=-1, queued=0)
+        gs.set_local_load(Load(active=-1, queued=0))
     with pytest.raises(ValueError):
-        gs.set_local_load(active=0, queued=0, capacity=11)
+        gs.set_local_load(Load(active=0, queued=0, capacity=11))
 
 
 def test_full_subtree_every_full_every_rounds() -> None:

@@ -21,6 +21,7 @@ from model_node.hrtree import (
     ChunkLengths,
     HRTree,
     Match,
+    common_prefix,
     default_tau_c,
     token_bytes,
 )
@@ -80,20 +81,20 @@ def test_hash_is_keyed_by_the_L_version_and_contents() -> None:
         assert other.key != base.key and other.digest != base.digest
         p, q = base.path(tokens), other.path(tokens)
         assert len(p) == len(q) == 200
-        assert sum(x == y for x, y in zip(p, q)) < 10  # independent 8-bit hashes: ≈ 200/256 agree
+        assert sum(x == y for x, y in zip(p, q, strict=True)) < 10  # independent 8-bit hashes: ≈ 200/256 agree
 
 
 def test_bad_lengths_and_token_ids_are_refused() -> None:
     for kwargs in ({"bits": 0}, {"bits": 17}, {"tail": 0}, {"lengths": (0,)}, {"lengths": (5, -1)},
                    {"version": -1}, {"lengths": (1,) * 257}):
         with pytest.raises(ValueError):
-            ChunkLengths(**kwargs)  # type: ignore[arg-type]
+            ChunkLengths(**kwargs)  # type: ignore[arg-type]  # mixed-type kwargs on purpose
     with pytest.raises(ValueError):
         token_bytes([1, -1])
     with pytest.raises(ValueError):
         token_bytes([2**32])
     with pytest.raises(ValueError):
-        ChunkLengths(tail=1).path([1, "x"])  # type: ignore[list-item]
+        ChunkLengths(tail=1).path([1, "x"])  # type: ignore[list-item]  # a non-int token on purpose
 
 
 def test_path_problem_names_malformed_paths() -> None:
@@ -171,7 +172,7 @@ def test_export_import_round_trip() -> None:
     L = ChunkLengths(tail=32)
     src = HRTree(L)
     system = prompt(rng, 500)
-    for i in range(40):
+    for _ in range(40):
         src.insert(A, system + prompt(rng, rng.randrange(0, 2000)))
     exported = src.paths(A)
     assert list(exported) == sorted(exported)
@@ -199,7 +200,8 @@ def test_delta_since_a_sequence_number() -> None:
     d = tree.delta_since(A, s)
     assert d is not None
     assert (d.base, d.seq, d.added, d.removed) == (2, tree.seq(A), (b"\x03",), (b"\x01",))
-    assert tree.delta_since(A, tree.seq(A)).added == ()  # type: ignore[union-attr]
+    now = tree.delta_since(A, tree.seq(A))
+    assert now is not None and now.added == ()
     assert tree.delta_since(A, tree.seq(A) + 1) is None  # from the future
     assert tree.delta_since(B, 0) is None  # not tracked
     for i in range(10, 30):  # overflow the 8-entry journal
@@ -228,21 +230,12 @@ ALPHABET = st.binary(min_size=1, max_size=6).map(lambda b: bytes(x % 3 for x in 
 NODES = st.sampled_from([A, B, C])
 
 
-def _lcp(a: bytes, b: bytes) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def reference_search(stored: set[tuple[bytes, bytes]], query: bytes) -> Match:
     """Algorithm 1 by brute force: the longest shared chunk prefix and who holds it."""
-    depth = max((_lcp(p, query) for _, p in stored), default=0)
+    depth = max((common_prefix(p, query) for _, p in stored), default=0)
     if depth == 0:
         return Match(0, frozenset())
-    return Match(depth, frozenset(n for n, p in stored if _lcp(p, query) >= depth))
+    return Match(depth, frozenset(n for n, p in stored if common_prefix(p, query) >= depth))
 
 
 def canonical_node_count(stored: set[tuple[bytes, bytes]]) -> int:

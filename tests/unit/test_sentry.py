@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from model_node.group import GroupState, Send
+from model_node.group import GroupState
 from model_node.hrtree import MAX_L_VERSION, ChunkLengths, HRTree, token_bytes
 from model_node.messages import LengthProposal, LoadReport, SubtreeUpdate
 from model_node.sentry import (
@@ -19,6 +19,7 @@ from model_node.sentry import (
     shared_prefix_lengths,
     supersedes,
 )
+from overlay.actions import Send
 from overlay.codec import decode, encode
 
 HEADER = [1, 2, 3, 4, 5]  # chat-template tokens every prompt starts with

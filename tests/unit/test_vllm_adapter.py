@@ -12,8 +12,8 @@ from contextlib import aclosing
 import pytest
 import trio
 
-from model_node.engine import Engine, EngineError
-from model_node.vllm import SCORE_TOP_LOGPROBS, VllmEngine, expected_from_top
+from model_node.engine import Engine, EngineError, expected_logprob
+from model_node.vllm import SCORE_TOP_LOGPROBS, VllmEngine
 from overlay.messages import ChatMessage, SamplingParams
 
 from . import fake_vllm
@@ -120,7 +120,7 @@ async def test_shared_prefix_is_not_evaluated_again(engine: VllmEngine) -> None:
     p2 = engine.chat_prompt([system, ChatMessage("user", "second question")])
     await run(engine, p1)
     _, stats = await run(engine, p2)
-    shared = next(i for i, (a, b) in enumerate(zip(p1, p2)) if a != b)
+    shared = next(i for i, (a, b) in enumerate(zip(p1, p2, strict=False)) if a != b)
     cached = shared // fake_vllm.BLOCK * fake_vllm.BLOCK
     assert cached > 0
     assert stats is not None and stats.evaluated_prompt_tokens == len(p2) - cached
@@ -146,7 +146,7 @@ async def test_score_expectation_over_the_top_20(engine: VllmEngine) -> None:
     params = SamplingParams(temperature=0.7, top_p=0.9, top_k=10)
     scores = await engine.score(prompt, reply, params)
     ctx = list(prompt)
-    for s, tok in zip(scores, reply):
+    for s, tok in zip(scores, reply, strict=True):
         lps = fake_vllm.logprobs_after(ctx)
         order = sorted(range(fake_vllm.VOCAB), key=lambda t: (-lps[t], t))[:10]  # top-20, then top_k
         w = [math.exp(lps[t] / 0.7) for t in order]
@@ -156,19 +156,20 @@ async def test_score_expectation_over_the_top_20(engine: VllmEngine) -> None:
             keep += 1
             if acc >= 0.9:
                 break
-        want = sum(x * lps[t] for x, t in zip(w[:keep], order[:keep])) / sum(w[:keep])
+        want = sum(x * lps[t] for x, t in zip(w[:keep], order[:keep], strict=True)) / sum(w[:keep])
         assert s.logprob == pytest.approx(lps[tok])
         assert s.expected_logprob == pytest.approx(want)
         assert s.argmax == order[0]
         ctx.append(tok)
 
 
-def test_expected_from_top_greedy_and_cuts() -> None:
-    top = [(-0.1, 1), (-2.5, 2), (-4.0, 3)]
-    assert expected_from_top(top, SamplingParams(temperature=0.0)) == -0.1
-    assert expected_from_top(top, SamplingParams(temperature=1.0, top_k=1)) == -0.1
-    full = expected_from_top(top, SamplingParams(temperature=1.0))
+def test_expected_logprob_over_top_alternatives_greedy_and_cuts() -> None:
+    top = [-2.5, -0.1, -4.0]  # vLLM reports alternatives in no particular order
+    assert expected_logprob(top, SamplingParams(temperature=0.0)) == -0.1
+    assert expected_logprob(top, SamplingParams(temperature=1.0, top_k=1)) == -0.1
+    full = expected_logprob(top, SamplingParams(temperature=1.0))
     assert -4.0 < full < -0.1
+    assert math.isnan(expected_logprob([], SamplingParams(temperature=1.0)))
 
 
 async def test_closing_a_generation_early_aborts_the_vllm_request(engine: VllmEngine) -> None:

@@ -1,0 +1,206 @@
+"""The trio driver of a model node's group (paper §3.3): sync rounds and forwarded requests.
+
+:class:`GroupService` runs the I/O-free :class:`~model_node.group.GroupState` on the model
+node's :class:`~overlay.node.Node`:
+
+- **Membership** comes from the signed registry: the model nodes serving the same model,
+  split by region above 50 nodes (:func:`~model_node.group.split_groups`). Only members may
+  send sync messages or :class:`~model_node.messages.ForwardedRequest`\\ s; anything from
+  anyone else is dropped, counted (``state.dropped`` for sync messages, :attr:`dropped` for
+  forwarded requests) and logged. The peer id is the one the transport authenticated.
+- **Rounds**: every ``sync_interval`` (5 s by default) the driver hands the state the local
+  load (requests generated and queued, the capacity score 1–10, KV use if the engine reports
+  it, median time to first token) and the engine's cached prefixes, runs ``tick`` and queues
+  the resulting messages with ``Node.send_nowait``.
+- **Forwarding**: :meth:`decide` refreshes the local load and runs the forwarding policy
+  (Algorithm 2, :mod:`model_node.forwarding`, unless a benchmark injects a baseline);
+  :meth:`forward` sends the user's request, unchanged, to the chosen member over an
+  authenticated connection. When that fails (the member is unreachable) the member is
+  dropped from the table at once and the caller serves the request itself.
+
+The service reads time only through its ``clock`` (:mod:`overlay.clock`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import trio
+
+from model_node.forwarding import Decision, ForwardingPolicy, Load
+from model_node.group import MAX_LATENCY_MS, MAX_REQUESTS, GroupConfig, GroupState, group_of
+from model_node.hrtree import ChunkLengths
+from model_node.messages import (
+    ForwardedRequest,
+    LengthProposal,
+    LoadReport,
+    PeerRow,
+    SubtreeRequest,
+    SubtreeUpdate,
+)
+from overlay.actions import Send
+from overlay.clock import Clock, TrioClock
+from overlay.codec import LocalProtocolError
+from overlay.identity import short_id
+from overlay.messages import Request
+from overlay.node import Node
+from overlay.registry import Registry
+from overlay.transport import Connection, TransportError
+
+log = logging.getLogger("gentorrent.model.group")
+
+SYNC_MESSAGES = (LoadReport, SubtreeUpdate, LengthProposal, SubtreeRequest)
+FORWARD_TIMEOUT = 5.0  # seconds to connect to the target and queue the request
+
+
+class GroupService:
+    """Runs :class:`GroupState` for one model node (see the module docstring).
+
+    ``load()`` and ``prefixes()`` read the model node and its engine (``load().capacity`` is
+    the node's score 1–10, ``--capacity``); ``on_forwarded(conn, request)`` is called
+    (synchronously: start a task) for each request a member forwarded here. ``policy``
+    decides for users' requests (``None``: Algorithm 2; benchmarks inject baselines).
+    ``clock``: rounds, expiry and the first round number read it (default: trio's; read
+    only once running).
+    """
+
+    def __init__(self, node: Node, registry: Registry, model: str, *,
+                 load: Callable[[], Load],
+                 prefixes: Callable[[], Iterable[Sequence[int]]],
+                 on_forwarded: Callable[[Connection, Request], None],
+                 config: GroupConfig | None = None, policy: ForwardingPolicy | None = None,
+                 lengths: ChunkLengths | None = None, clock: Clock | None = None) -> None:
+        self.node = node
+        self.model = model
+        self.config = config or GroupConfig()
+        self.policy = policy
+        self.clock: Clock = clock or TrioClock()
+        self._load = load
+        self._prefixes = prefixes
+        self._on_forwarded = on_forwarded
+        self.state = GroupState(node.node_id, self.members_of(registry), capacity=load().capacity,
+                                config=self.config, lengths=lengths)
+        self.dropped: Counter[str] = Counter()  # forwarded requests (and relayed replies) refused
+        self.forwarded_out = 0
+        self.forwarded_in = 0
+        self.forward_failed = 0
+        self.send_failed = 0  # sync messages Node.send_nowait could not queue
+        self.rounds = 0
+
+    # ------------------------------------------------------------------ membership
+
+    def members_of(self, registry: Registry) -> tuple[bytes, ...]:
+        """This node's group under the registry: model nodes serving ``model``, split by region
+        above 50 (every member computes the same partition)."""
+        regions = {e.node_id: e.region for e in registry.models(self.model)}
+        return group_of(self.node.node_id, regions) or (self.node.node_id,)
+
+    def is_member(self, peer: bytes) -> bool:
+        return peer != self.node.node_id and peer in self.state.members
+
+    # ------------------------------------------------------------------ running
+
+    def install(self) -> None:
+        """Register the sync and forwarded-request handlers on the node."""
+        for t in SYNC_MESSAGES:
+            self.node.on(t, self._on_sync)
+        self.node.on(ForwardedRequest, self._on_forwarded_request)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """A sync round now and every ``sync_interval`` seconds, until cancelled. Round numbers
+        start at the wall clock in ms, so a restarted node's reports are newer than its last."""
+        self.state.seq = max(self.state.seq, int(self.clock.unix() * 1000))
+        task_status.started()
+        while True:
+            self.round()
+            await trio.sleep(self.config.sync_interval)
+
+    def round(self) -> None:
+        """One synchronisation round: local load and prefixes in, ``tick``'s messages out."""
+        self.refresh_load()
+        try:
+            prefixes = list(self._prefixes())
+        except RuntimeError as exc:  # the engine's cache changed under us (a worker thread): next round
+            log.debug("cached prefixes unavailable this round: %s", exc)
+        else:
+            self.state.set_local_prefixes(prefixes)
+        self._send(self.state.tick(self.clock.monotonic()))
+        self.rounds += 1
+
+    def refresh_load(self) -> None:
+        """The model node's load now, clamped to what a load report may carry."""
+        load = self._load()
+        self.state.set_local_load(Load(
+            active=min(max(load.active, 0), MAX_REQUESTS), queued=min(max(load.queued, 0), MAX_REQUESTS),
+            capacity=load.capacity, kv_usage_permille=min(max(load.kv_usage_permille, 0), 1000),
+            latency_ms=min(max(load.latency_ms, 0), MAX_LATENCY_MS),
+        ))
+
+    # ------------------------------------------------------------------ requests
+
+    def observe(self, token_ids: Sequence[int]) -> None:
+        """A user's request arrived here (not a forwarded one): the Sentry learns from it."""
+        self._send(self.state.observe(token_ids, self.clock.monotonic()))
+
+    def decide(self, token_ids: Sequence[int], *, forwarded: bool) -> Decision:
+        """Serve here or forward: Algorithm 2, or the injected policy for a user's request (a
+        forwarded one is always served here). The local load is refreshed first, so this
+        node's own figures are never a round old."""
+        self.refresh_load()
+        if forwarded or self.policy is None:
+            return self.state.decide(token_ids, forwarded=forwarded)
+        return self.policy(self.state, token_ids)
+
+    async def forward(self, target: bytes, request: Request) -> bool:
+        """Send ``request`` to member ``target``; ``False`` if it could not be sent (the
+        caller then serves it, and ``target`` leaves the table until it reports again)."""
+        entry = self.node.peers.get(target)
+        if entry is None or not self.is_member(target):
+            self.forward_failed += 1
+            return False
+        try:
+            with trio.fail_after(FORWARD_TIMEOUT):
+                conn = await self.node.connection_to(entry)
+                await conn.send(ForwardedRequest(request))
+        except (TransportError, trio.TooSlowError, LocalProtocolError) as exc:
+            self.forward_failed += 1
+            log.info("could not forward a request to model node %s (%s); serving it here", short_id(target),
+                     exc or type(exc).__name__)
+            self.state.forget(target)
+            return False
+        self.forwarded_out += 1
+        return True
+
+    # ------------------------------------------------------------------ peers' messages
+
+    async def _on_sync(self, conn: Connection, msg: Any) -> None:
+        self._send(self.state.on_message(conn.peer_id, msg, self.clock.monotonic()))
+
+    async def _on_forwarded_request(self, conn: Connection, msg: ForwardedRequest) -> None:
+        if not self.is_member(conn.peer_id):
+            self.refuse(conn.peer_id, "non-member", "a forwarded request")
+            return
+        self.forwarded_in += 1
+        self._on_forwarded(conn, msg.request)
+
+    def refuse(self, peer: bytes, reason: str, what: str) -> None:
+        """Count and log something refused from ``peer`` (not a sync message)."""
+        self.dropped[reason] += 1
+        log.warning("dropped %s from node %s: %s", what, short_id(peer), reason)
+
+    # ------------------------------------------------------------------ internals
+
+    def _send(self, sends: list[Send]) -> None:
+        for s in sends:
+            if not self.node.send_nowait(s.peer, s.msg):
+                self.send_failed += 1
+
+    def peer_rows(self) -> list[PeerRow]:
+        """The group table as it stands (live peers only), for :class:`NodeStats`."""
+        table = self.state.table()
+        tree = self.state.tree
+        return [PeerRow(p, table[p].relative if p in table else -1.0, tree.path_count(p))
+                for p in sorted(self.state.peers)]
