@@ -77,8 +77,8 @@ class LengthProposal:
 
     version: int
     lengths: tuple[int, ...] = field(max=MAX_LENGTHS)
-    tail: int
-    bits: int
+    tail: int = field()
+    bits: int = field()
 
 
 @message(303)
@@ -123,7 +123,7 @@ class Count:
     """One named counter (a reason and how often it happened)."""
 
     name: str = field(max=64)
-    n: int
+    n: int = field()
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,8 +144,8 @@ class PeerRow:
     many cached-prefix paths of it the HR-tree holds."""
 
     node_id: bytes = field(exact=NODE_ID_LEN)
-    relative_load: float
-    paths: int
+    relative_load: float = field()
+    paths: int = field()
 
 
 @message(306)
@@ -163,21 +163,21 @@ class NodeStats:
     nonce: int
     node_id: bytes = field(exact=NODE_ID_LEN)
     model: str = field(max=128)
-    forwarding: bool
-    active: int
-    queued: int
-    served: int
-    prompt_tokens: int  # summed over every request served
-    evaluated_prompt_tokens: int
-    cache_hits: int  # requests of which at least half the prompt came from the cache
-    forwarded_out: int
-    forwarded_in: int
-    forward_failed: int
+    forwarding: bool = field()
+    active: int = field()
+    queued: int = field()
+    served: int = field()
+    prompt_tokens: int = field()  # summed over every request served
+    evaluated_prompt_tokens: int = field()
+    cache_hits: int = field()  # requests of which at least half the prompt came from the cache
+    forwarded_out: int = field()
+    forwarded_in: int = field()
+    forward_failed: int = field()
     decisions: tuple[Count, ...] = field(max=64)
     dropped: tuple[Count, ...] = field(max=64)
-    expired: int
-    members: int
-    l_version: int
-    own_paths: int
+    expired: int = field()
+    members: int = field()
+    l_version: int = field()
+    own_paths: int = field()
     peers: tuple[PeerRow, ...] = field(max=64)
     recent: tuple[Served, ...] = field(max=64)

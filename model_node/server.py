@@ -120,9 +120,9 @@ class ModelNode:
         self.queued = 0
         self.served = 0
         self._slots = trio.Semaphore(slots)
-        self.node = Node(identity, transport, peers=registry.entries, ping_interval=0)
+        self.node = Node(identity, transport, peers=registry.entries, ping_interval=0, clock=self.clock)
         self.responder = Responder(identity, self.handle, self.node.send_nowait, self._proxy,
-                                   max_active=max_queue + slots)
+                                   max_active=max_queue + slots, clock=self.clock)
         self._registry = registry
         self._nursery: trio.Nursery | None = None
         self.recent: deque[Served] = deque(maxlen=RECENT)

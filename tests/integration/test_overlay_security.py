@@ -579,7 +579,7 @@ async def test_cells_reveal_only_a_size_class(autojump_clock):
 def make_evil(net: SecNet, paths: list[overlay.paths.Path], attacks: list[tuple[str, int]]) -> list[EvilCore]:
     """Turn relay ``pos`` of path ``i`` malicious for each ``(attack, pos)`` in ``attacks``."""
     cores = []
-    for p, (attack, pos) in zip(paths, attacks):
+    for p, (attack, pos) in zip(paths, attacks, strict=False):
         core = net.core(p.relays[pos].node_id)
         core.attack = attack
         cores.append(core)
