@@ -230,14 +230,14 @@ class Aead:
 # --------------------------------------------------------------------------- X.509
 
 
-def self_signed_cert(key: SigningKey, common_name: str) -> tuple[bytes, bytes]:
-    """A self-signed certificate for ``key``: ``(cert_pem, key_pem)``.
+def self_signed_cert(key: SigningKey, common_name: str, now_unix: float) -> tuple[bytes, bytes]:
+    """A self-signed certificate for ``key``, valid around ``now_unix``: ``(cert_pem, key_pem)``.
 
     The TLS transport pins the Ed25519 key inside it, so names and dates
     carry no trust; the validity window is wide to tolerate clock skew.
     """
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-    now = datetime.datetime.now(datetime.UTC)
+    now = datetime.datetime.fromtimestamp(now_unix, datetime.UTC)
     cert = (
         x509.CertificateBuilder()
         .subject_name(name)

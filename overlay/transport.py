@@ -32,6 +32,7 @@ import trio
 import trio.testing
 
 from overlay import codec, crypto, handshake
+from overlay.clock import Clock, SystemClock
 from overlay.codec import RemoteProtocolError
 from overlay.identity import Identity, short_id
 from overlay.messages import NONCE_LEN, AuthChallenge, AuthOk, AuthProof, Error
@@ -357,8 +358,8 @@ class Transport(abc.ABC):
 # --------------------------------------------------------------------------- TLS
 
 
-def _tls_contexts(identity: Identity) -> tuple[ssl.SSLContext, ssl.SSLContext, bytes]:
-    cert_pem, key_pem = crypto.self_signed_cert(identity.signing, identity.node_id.hex())
+def _tls_contexts(identity: Identity, now_unix: float) -> tuple[ssl.SSLContext, ssl.SSLContext, bytes]:
+    cert_pem, key_pem = crypto.self_signed_cert(identity.signing, identity.node_id.hex(), now_unix)
     server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     server.minimum_version = ssl.TLSVersion.TLSv1_3
     with tempfile.TemporaryDirectory(prefix="gentorrent-tls-") as d:
@@ -380,9 +381,12 @@ def _tls_contexts(identity: Identity) -> tuple[ssl.SSLContext, ssl.SSLContext, b
 class TLSTransport(Transport):
     """TCP + TLS 1.3; identities pinned from the certificate's Ed25519 key."""
 
-    def __init__(self, identity: Identity, **kw: Any) -> None:
+    def __init__(self, identity: Identity, *, clock: Clock | None = None, **kw: Any) -> None:
         super().__init__(identity, **kw)
-        self._server_ctx, self._client_ctx, self._binding = _tls_contexts(identity)
+        # Built outside trio too (CLI, benches), so the machine's clock by default; it only
+        # dates the self-signed certificate.
+        now_unix = (clock or SystemClock()).unix()
+        self._server_ctx, self._client_ctx, self._binding = _tls_contexts(identity, now_unix)
 
     async def _open(self, address: str) -> tuple[trio.abc.Stream, bytes, bytes]:
         host, port = parse_address(address)

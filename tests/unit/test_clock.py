@@ -187,3 +187,19 @@ async def test_node_reports_uptime_on_its_clock() -> None:
             await answered.wait()
         nursery.cancel_scope.cancel()
     assert got[0].uptime_s == 42.0
+
+
+
+def test_tls_certificate_is_dated_by_the_clock_it_is_given() -> None:
+    """``TLSTransport(clock=)`` hands ``clock.unix()`` to the certificate; nothing reads the wall clock."""
+    import datetime
+
+    from cryptography import x509
+
+    from overlay import crypto
+
+    cert_pem, _ = crypto.self_signed_cert(Identity.generate().signing, "x", 2_000_000_000.0)
+    cert = x509.load_pem_x509_certificate(cert_pem)
+    start = datetime.datetime.fromtimestamp(2_000_000_000.0, datetime.UTC)
+    assert cert.not_valid_before_utc == start - datetime.timedelta(days=1)
+    assert cert.not_valid_after_utc == start + datetime.timedelta(days=3650)
