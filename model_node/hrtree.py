@@ -177,9 +177,8 @@ class ChunkLengths:
         out, start = [], 0
         if self.bits in (8, 16):
             for end in ends:
-                # A memoryview slice is hashed without a copy; overlay.crypto.blake2b is typed `bytes`
-                # only (hashlib takes any buffer): widen it there to drop this ignore.
-                out.append(blake(data[4 * start:4 * end], size=size, key=key, person=person))  # type: ignore[arg-type]
+                # A memoryview slice is hashed without a copy.
+                out.append(blake(data[4 * start:4 * end], size=size, key=key, person=person))
                 start = end
         else:
             for end in ends:

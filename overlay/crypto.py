@@ -85,8 +85,9 @@ def sha256(data: bytes) -> bytes:
     return hashlib.sha256(data).digest()
 
 
-def blake2b(data: bytes, *, size: int = 32, key: bytes = b"", person: bytes = b"") -> bytes:
-    """BLAKE2b with optional key (≤ 64 B) and personalisation (≤ 16 B)."""
+def blake2b(data: bytes | memoryview, *, size: int = 32, key: bytes = b"", person: bytes = b"") -> bytes:
+    """BLAKE2b with optional key (≤ 64 B) and personalisation (≤ 16 B); ``data`` may be a
+    memoryview, so callers hash slices without copying them."""
     return hashlib.blake2b(data, digest_size=size, key=key, person=person).digest()
 
 

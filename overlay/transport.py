@@ -180,7 +180,7 @@ class Connection:
             with trio.move_on_after(1.0):
                 try:
                     await self._stream.aclose()
-                except Exception:  # noqa: BLE001
+                except Exception:  # noqa: BLE001 - closing a broken stream; it is gone either way
                     pass
 
 
@@ -309,12 +309,12 @@ class Transport(abc.ABC):
             with trio.move_on_after(1.0):
                 try:
                     await stream.send_all(codec.frame(Error(code=reason, detail=detail[:1024])))
-                except Exception:  # noqa: BLE001
+                except Exception:  # noqa: BLE001 - a courtesy to a rejected peer; it may be gone
                     pass
             with trio.CancelScope(shield=True), trio.move_on_after(1.0):
                 try:
                     await stream.aclose()
-                except Exception:  # noqa: BLE001
+                except Exception:  # noqa: BLE001 - closing a rejected peer's stream; it is gone either way
                     pass
             return None
         conn = Connection(

@@ -86,7 +86,7 @@ def run_chat(args: argparse.Namespace) -> int:
             assert user.paths is not None
             try:
                 await user.paths.wait_ready(cfg.cloves, 60.0)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001 - any failure to build paths ends the chat with its message
                 print(f"gentorrent: error: {exc}", file=sys.stderr)
                 status = 1
                 nursery.cancel_scope.cancel()

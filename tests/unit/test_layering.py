@@ -65,6 +65,24 @@ def test_roles_do_not_import_each_other(role: str) -> None:
     assert not bad, f"{role} imports another role:\n" + "\n".join(sorted(bad))
 
 
+
+def _is_tooling(module: str) -> bool:
+    """``*.bench`` (benchmarks) and ``overlay.tools`` (devnet, status, local networks)."""
+    parts = module.split(".")
+    return "bench" in parts[1:2] or module.startswith("overlay.tools")
+
+
+def test_no_product_module_imports_benches_or_tools() -> None:
+    """A running node needs no benchmark or tooling module: benches inject what they need."""
+    bad = set()
+    for package in ("overlay", *ROLES):
+        for p in sources(package):
+            module = ".".join(p.relative_to(REPO).with_suffix("").parts)
+            if _is_tooling(module):
+                continue
+            bad.update(f"{p.relative_to(REPO)}: {m}" for m in imported_modules(p) if _is_tooling(m))
+    assert not bad, "product modules must not import benches or tools:\n" + "\n".join(sorted(bad))
+
 def _loaded_after(code: str) -> list[str]:
     probe = (
         f"import sys, json\n{code}\n"
