@@ -38,7 +38,7 @@ import trio
 
 from model_node.engine import GenStats
 from model_node.llama import DEFAULT_MODEL_ID, LlamaCppEngine, resolve_model
-from overlay.bench.stats import cpu_model, summarize_ms
+from overlay.bench.stats import cpu_model, overlay_vs_direct, summarize_ms
 from overlay.cli import run_async
 from overlay.messages import ChatMessage, ReplyChunk, Request, SamplingParams
 from overlay.tools.localnet import LocalNet
@@ -160,11 +160,7 @@ async def _e2e(net: LocalNet, trials: int) -> dict[str, float]:
             if i >= 2:
                 direct_t.append(first)
         nursery.cancel_scope.cancel()
-    f = summarize_ms("e2e_ttft_overlay", overlay_t)
-    f.update(summarize_ms("e2e_ttft_direct", direct_t))
-    f["e2e_ttft_added_p50_ms"] = f["e2e_ttft_overlay_p50_ms"] - f["e2e_ttft_direct_p50_ms"]
-    f["e2e_ttft_p50_ratio_overlay_vs_direct"] = f["e2e_ttft_overlay_p50_ms"] / f["e2e_ttft_direct_p50_ms"]
-    return f
+    return overlay_vs_direct("e2e_ttft", overlay_t, direct_t)
 
 
 

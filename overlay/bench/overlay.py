@@ -29,7 +29,7 @@ from typing import Any
 import trio
 
 from overlay import codec, onion
-from overlay.bench.stats import summarize_ms
+from overlay.bench.stats import overlay_vs_direct, summarize_ms
 from overlay.cli import run_async
 from overlay.clock import SystemClock
 from overlay.identity import Identity
@@ -163,11 +163,7 @@ async def _e2e(cluster: LocalNet, client: Identity, trials: int) -> dict[str, fl
                 direct_t.append(time.perf_counter() - t0)
             assert "".join(parts) == PROMPT_4K
         nursery.cancel_scope.cancel()
-    f = summarize_ms("e2e_4KiB_overlay", overlay_t)
-    f.update(summarize_ms("e2e_4KiB_direct", direct_t))
-    f["e2e_4KiB_added_p50_ms"] = f["e2e_4KiB_overlay_p50_ms"] - f["e2e_4KiB_direct_p50_ms"]
-    f["e2e_4KiB_p50_ratio_overlay_vs_direct"] = f["e2e_4KiB_overlay_p50_ms"] / f["e2e_4KiB_direct_p50_ms"]
-    return f
+    return overlay_vs_direct("e2e_4KiB", overlay_t, direct_t)
 
 
 def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:

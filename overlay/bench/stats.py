@@ -42,3 +42,13 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def overlay_vs_direct(stem: str, overlay: list[float], direct: list[float]) -> dict[str, float]:
+    """Mean/p50/p99 of the same request through the overlay and direct (seconds in), plus
+    ``{stem}_added_p50_ms`` and ``{stem}_p50_ratio_overlay_vs_direct``."""
+    f = summarize_ms(f"{stem}_overlay", overlay)
+    f.update(summarize_ms(f"{stem}_direct", direct))
+    f[f"{stem}_added_p50_ms"] = f[f"{stem}_overlay_p50_ms"] - f[f"{stem}_direct_p50_ms"]
+    f[f"{stem}_p50_ratio_overlay_vs_direct"] = f[f"{stem}_overlay_p50_ms"] / f[f"{stem}_direct_p50_ms"]
+    return f
