@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import trio
 
 from overlay import testing
 
