@@ -351,6 +351,12 @@ class Net:
         """A :class:`RawNode` (see :meth:`node` for ``kw``). Not started."""
         return RawNode(self, self.node(identity, **kw))
 
+    async def start_raw_node(self, nursery: trio.Nursery, identity: Identity | None = None, **kw: Any) -> RawNode:
+        """:meth:`raw_node`, started."""
+        raw = self.raw_node(identity, **kw)
+        await self.start(nursery, raw)
+        return raw
+
     # ------------------------------------------------------------------ running nodes
 
     async def start(self, nursery: trio.Nursery, node: Servable) -> str:
