@@ -311,8 +311,9 @@ class Net:
 
     def transport(self, identity: Identity, *, capture: bool = False, **kw: Any) -> MemoryTransport:
         """A memory transport for ``identity`` on this network (``kw``: ``timeouts``,
-        ``max_connections``); ``capture=True`` records what the node receives and sends."""
-        if capture:
+        ``max_connections``); ``capture=True`` records what the node receives and sends, as
+        does any other transport of an identity already captured."""
+        if capture or identity.node_id in self.captures:
             kw["tap"] = self.captures.setdefault(identity.node_id, Capture()).tap
         return _KitTransport(identity, self, **kw)
 
