@@ -1,4 +1,5 @@
-"""Shared test helpers: relay processes, raw frame I/O, in-memory networks.
+"""Shared test helpers: relay processes, the CLI, documented bench figures (the in-memory
+network, raw frame I/O and waiting helpers are in :mod:`overlay.testing`).
 
 Every wait here is bounded; nothing asserts on wall-clock time.
 """
@@ -18,9 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import trio
 
-from overlay import codec
+from overlay import testing
 
 REPO = Path(__file__).resolve().parent.parent
 PROCESS_START_TIMEOUT = 30.0  # seconds; generous for a loaded 2-core machine
@@ -148,61 +148,6 @@ def relay(relay_factory: Any) -> RelayProcess:
     return relay_factory()
 
 
-# --------------------------------------------------------------------------- raw frames
-
-
-class RawPeer:
-    """Frame I/O over a raw stream, with no handshake logic: for misbehaving peers."""
-
-    def __init__(self, stream: trio.abc.Stream, label: str = "server") -> None:
-        self.stream = stream
-        self.decoder = codec.FrameDecoder(peer=label)
-
-    async def send(self, msg: Any) -> None:
-        await self.stream.send_all(codec.frame(msg))
-
-    async def send_raw(self, data: bytes) -> None:
-        await self.stream.send_all(data)
-
-    async def receive(self, timeout: float = 15.0) -> Any | None:
-        """The next message, or ``None`` once the other side has closed."""
-        with trio.fail_after(timeout):
-            while True:
-                msg = self.decoder.next_message()
-                if msg is not None:
-                    return msg
-                try:
-                    data = await self.stream.receive_some(65536)
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    return None
-                if not data:
-                    return None
-                self.decoder.feed(data)
-
-    async def drain(self, timeout: float = 15.0) -> list[Any]:
-        """Every message until the other side closes."""
-        out = []
-        while (msg := await self.receive(timeout)) is not None:
-            out.append(msg)
-        return out
-
-    async def aclose(self) -> None:
-        with trio.CancelScope(shield=True), trio.move_on_after(2):
-            try:
-                await self.stream.aclose()
-            except Exception:  # noqa: BLE001 - tearing down a misbehaving peer
-                pass
-
-
-async def wait_until(predicate: Any, timeout: float = 15.0, what: str = "condition") -> None:
-    """Poll ``predicate()`` until true; fail after ``timeout`` seconds (of the test's clock)."""
-    with trio.move_on_after(timeout):
-        while not predicate():
-            await trio.sleep(0.01)
-        return
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def documented_figures(section: str) -> set[str]:
     """The figure keys docs/benchmarks.md lists in the tables under ``## section`` (a row's
     ``a{1,2}b`` expands to ``a1b`` and ``a2b``)."""
@@ -226,13 +171,13 @@ class Helpers:
     not import ``conftest``: another directory may add its own)."""
 
     REPO = REPO
-    RawPeer = RawPeer
+    RawPeer = testing.RawPeer
     RelayProcess = RelayProcess
     gentorrent_cmd = staticmethod(gentorrent_cmd)
     run_cli = staticmethod(run_cli)
     read_line = staticmethod(read_line)
     start_relay = staticmethod(start_relay)
-    wait_until = staticmethod(wait_until)
+    wait_until = staticmethod(testing.wait_until)
     documented_figures = staticmethod(documented_figures)
 
 

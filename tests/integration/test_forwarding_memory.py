@@ -2,7 +2,7 @@
 
 Three model nodes (A, B, C) run ``ModelNode(group=GroupConfig(...))`` with an echo engine that
 remembers the prompts it served (so it reports cached prefixes, as llama.cpp does); users reach
-them through the in-memory overlay. The group's sync rounds, expiry and forwarding run on
+them through the in-memory overlay (:func:`model_node.testing.start_group`). The group's sync rounds, expiry and forwarding run on
 trio's clock (``autojump_clock``), the messages on the in-memory transport.
 """
 
@@ -10,128 +10,27 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections import OrderedDict
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 import trio
 
 from model_node.bench.policies import baseline
-from model_node.echo import EchoEngine
-from model_node.group import GroupConfig
-from model_node.hrtree import ChunkLengths, common_prefix
+from model_node.hrtree import ChunkLengths
 from model_node.messages import ForwardedRequest, LoadReport, NodeStats, StatsRequest, SubtreeUpdate
 from model_node.server import DIRECT_REFUSED, ModelNode
+from model_node.testing import GROUP_SYNC, start_group
 from overlay.identity import Identity
 from overlay.messages import ChatMessage, ReplyChunk, Request, SamplingParams
-from overlay.node import Node
-from overlay.peers import PeerEntry
-from overlay.registry import Registry
 from overlay.signing import request_digest, verify_reply
-from overlay.transport import MemoryNetwork, MemoryTransport
-from overlay.usernode import UserNode
+from overlay.testing import Net
 
-SYNC = 1.0  # seconds between sync rounds (expiry after 3 silent rounds)
-THRESHOLD = 2.0  # load threshold: two requests keep a capacity-1 node "overloaded"
+SYNC = GROUP_SYNC  # seconds between sync rounds (expiry after 3 silent rounds)
 PARAMS = SamplingParams(max_tokens=64)
 # ~750 bytes (the echo engine's tokens are bytes): 2 whole 256-token chunks = τ_c at b = 8.
 SYSTEM = "You answer questions about the city archive. " + " ".join(
     f"Box {i} holds the letters of year {1900 + i}." for i in range(22))
 OTHER_SYSTEM = "You are a terse poet who writes only about the sea and its weather. " * 12
-
-
-class Evaluated:
-    """An echo generation whose stats count only the prompt tokens not already cached."""
-
-    def __init__(self, inner: Any, evaluated: int) -> None:
-        self.inner, self.evaluated, self.stats = inner, evaluated, None
-
-    async def __aiter__(self) -> AsyncIterator[Any]:
-        async for piece in self.inner:
-            yield piece
-        self.stats = dataclasses.replace(self.inner.stats, evaluated_prompt_tokens=self.evaluated)
-
-
-class CachingEcho(EchoEngine):
-    """The echo engine with a prefix memory: the last ``keep`` prompts count as cached."""
-
-    def __init__(self, delay: float = 0.0, keep: int = 4) -> None:
-        super().__init__("echo", delay)
-        self.keep = keep
-        self.memory: OrderedDict[tuple[int, ...], None] = OrderedDict()
-
-    def generate(self, prompt_ids: list[int], params: SamplingParams) -> Any:
-        gen = super().generate(prompt_ids, params)
-        reused = min(max((common_prefix(p, prompt_ids) for p in self.memory), default=0), len(prompt_ids) - 1)
-        key = tuple(prompt_ids)
-        self.memory[key] = None
-        self.memory.move_to_end(key)
-        while len(self.memory) > self.keep:
-            self.memory.popitem(last=False)
-        return Evaluated(gen, len(prompt_ids) - reused)
-
-    def cached_prefixes(self) -> list[tuple[int, ...]]:
-        return list(self.memory)
-
-
-@dataclass
-class GroupNet:
-    network: MemoryNetwork
-    registry: Registry
-    users: list[UserNode]
-    models: list[ModelNode]
-    idents: dict[str, Identity]
-    scopes: dict[bytes, trio.CancelScope] = field(default_factory=dict)
-
-    def kill(self, node: ModelNode) -> None:
-        self.scopes[node.identity.node_id].cancel()
-
-    async def raw_node(self, nursery: trio.Nursery, name: str) -> Node:
-        """A bare node for a registered identity (a misbehaving peer)."""
-        ident = self.idents[name]
-        node = Node(ident, MemoryTransport(ident, self.network), peers=self.registry.entries, ping_interval=0)
-        await nursery.start(node.serve)
-        return node
-
-
-async def start_group(nursery: trio.Nursery, *, n_users: int = 16, delays: Sequence[float] = (0.0, 0.0, 0.0),
-                      sync: float = SYNC, forwarding: bool = True, accept_direct_requests: bool = False) -> GroupNet:
-    network = MemoryNetwork()
-    idents = {f"user-{i}": Identity.generate() for i in range(n_users)}
-    idents.update({f"model-{i}": Identity.generate() for i in range(len(delays))})
-    idents["rogue-member"] = Identity.generate()  # listed as a model node of "echo", runs no ModelNode
-    idents["other-model"] = Identity.generate()  # a model node of another model
-    entries = []
-    for name, ident in idents.items():
-        addr = network.address(ident.node_id.hex()[:12])
-        if name.startswith("user"):
-            entries.append(PeerEntry.of(ident, addr))
-        else:
-            entries.append(PeerEntry.of(ident, addr, role="model",
-                                        models=("other",) if name == "other-model" else ("echo",)))
-    registry = Registry(1, entries)
-    net = GroupNet(network, registry, [], [], idents)
-
-    async def run_scoped(node_id: bytes, serve: Any, *, task_status: Any) -> None:
-        with trio.CancelScope() as scope:
-            net.scopes[node_id] = scope
-            await serve(task_status=task_status)
-
-    for i in range(n_users):
-        ident = idents[f"user-{i}"]
-        u = UserNode(ident, MemoryTransport(ident, network), registry, client=i < 2)
-        net.users.append(u)
-        await nursery.start(run_scoped, ident.node_id, u.serve)
-    for i, delay in enumerate(delays):
-        ident = idents[f"model-{i}"]
-        m = ModelNode(ident, MemoryTransport(ident, network), registry, CachingEcho(delay),
-                      group=GroupConfig(sync_interval=sync, load_threshold=THRESHOLD) if forwarding else None,
-                      accept_direct_requests=accept_direct_requests)
-        await nursery.start(run_scoped, ident.node_id, m.serve)
-        net.models.append(m)
-    return net
 
 
 def nid(m: ModelNode) -> bytes:
@@ -149,7 +48,7 @@ async def ask(client: Any, question: str, node: ModelNode | None = None, system:
                                             node=nid(node) if node else None, **kw)]
 
 
-async def cache_on(net: GroupNet, node: ModelNode, system: str = SYSTEM) -> None:
+async def cache_on(net: Net, node: ModelNode, system: str = SYSTEM) -> None:
     """Have ``node`` serve (and so cache) ``system``, then let a sync round carry it."""
     chunks = await ask(net.users[0].client, "first question", node, system)
     assert chunks[-1].node == nid(node) and not chunks[-1].error
@@ -246,8 +145,7 @@ async def test_a_forwarded_direct_request_comes_back_through_the_entry_node(auto
         net = await start_group(nursery, accept_direct_requests=True)  # a user's plain request
         a, b, c = net.models
         await cache_on(net, b)
-        user = net.idents["user-5"]
-        conn = await MemoryTransport(user, net.network).dial(net.registry.by_id[nid(a)].address, nid(a))
+        conn = await net.dial(a, net.identities["user-5"])
         req = direct_request("is box 3 open?")
         await conn.send(req)
         chunks = []
@@ -268,8 +166,7 @@ async def test_a_forwarded_direct_request_comes_back_through_the_entry_node(auto
         assert {r.node_id for r in stats.peers} == {nid(b), nid(c)}
         await conn.aclose()
         # An unregistered node gets no stats.
-        stranger = Identity.generate()
-        conn = await MemoryTransport(stranger, net.network).dial(net.registry.by_id[nid(a)].address, nid(a))
+        conn = await net.dial(a, Identity.generate())
         await conn.send(StatsRequest(1))
         with trio.move_on_after(2) as scope:
             await conn.receive()
@@ -294,8 +191,7 @@ async def test_a_plain_request_is_answered_only_from_group_members_by_default(au
         assert not a.accept_direct_requests
         # A registered user: refused with an error naming the flag and what it gives up; the
         # connection and the node keep working.
-        user = net.idents["user-5"]
-        conn = await MemoryTransport(user, net.network).dial(net.registry.by_id[nid(a)].address, nid(a))
+        conn = await net.dial(a, net.identities["user-5"])
         req = direct_request("who am I?")
         await conn.send(req)
         [refused] = await read_reply(conn)
@@ -307,8 +203,7 @@ async def test_a_plain_request_is_answered_only_from_group_members_by_default(au
         assert isinstance(stats, NodeStats) and stats.nonce == 3 and stats.served == 0
         await conn.aclose()
         # A member of the group (registered as a model node of this model): answered and signed.
-        member = net.idents["rogue-member"]
-        conn = await MemoryTransport(member, net.network).dial(net.registry.by_id[nid(a)].address, nid(a))
+        conn = await net.dial(a, net.identities["rogue-member"])
         req = direct_request("a member asks")
         await conn.send(req)
         chunks = await read_reply(conn)
@@ -325,8 +220,8 @@ async def test_forwarded_requests_and_sync_from_non_members_are_dropped(autojump
         net = await start_group(nursery)
         a = net.models[0]
         assert a.group is not None
-        user_node = await net.raw_node(nursery, "user-7")
-        other = await net.raw_node(nursery, "other-model")
+        user_node = await net.start_node(nursery, net.identities["user-7"])
+        other = await net.start_node(nursery, net.identities["other-model"])
         # Requests handed over by non-members: a user, and a model node of another model.
         req = Request(request_id=os.urandom(16), model="echo", messages=tuple(chat("hi")), params=PARAMS, k=1,
                       return_paths=(), continuation="")
@@ -353,7 +248,7 @@ async def test_bad_sync_input_through_the_driver_does_not_poison_the_tree(autoju
         a, b, c = net.models
         await cache_on(net, b)
         assert a.group is not None
-        rogue = await net.raw_node(nursery, "rogue-member")
+        rogue = await net.start_node(nursery, net.identities["rogue-member"])
         rid = rogue.node_id
         state = a.group.state
         lengths: ChunkLengths = state.lengths

@@ -5,8 +5,6 @@ closed connection while the node keeps serving everyone else. Timeouts of 10 s o
 
 from __future__ import annotations
 
-import logging
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -30,9 +28,8 @@ from overlay.messages import (
 )
 from overlay.node import Node
 from overlay.peers import PeerEntry
+from overlay.testing import Net, wait_until, warnings_logged
 from overlay.transport import (
-    Connection,
-    MemoryNetwork,
     MemoryTransport,
     PeerAuthError,
     Timeouts,
@@ -40,26 +37,7 @@ from overlay.transport import (
 )
 
 # Every test takes ``autojump_clock``: pytest-trio runs a test under the clock among its arguments.
-
-
-@pytest.fixture
-async def nursery() -> AsyncIterator[trio.Nursery]:
-    async with trio.open_nursery() as n:
-        yield n
-        n.cancel_scope.cancel()
-
-
-@pytest.fixture
-def network() -> MemoryNetwork:
-    return MemoryNetwork()
-
-
-async def start_node(nursery: trio.Nursery, network: MemoryNetwork, *, peers: list[PeerEntry] | None = None,
-                     ping_interval: float = 0, **transport_kw: Any) -> Node:
-    ident = Identity.generate()
-    node = Node(ident, MemoryTransport(ident, network, **transport_kw), peers=peers, ping_interval=ping_interval)
-    await nursery.start(node.serve)
-    return node
+# ``net`` and ``nursery`` come from conftest.py: an empty in-memory network (overlay.testing.Net).
 
 
 def entry(node: Node) -> PeerEntry:
@@ -67,30 +45,15 @@ def entry(node: Node) -> PeerEntry:
     return PeerEntry.of(node.identity, node.address)
 
 
-def raw_dial(network: MemoryNetwork, address: str, helpers: Any) -> Any:
-    """A raw stream to a listener, past the fake TLS and before our handshake."""
-    server_pk, inbox = network.listeners[address]
-    client, server = trio.testing.memory_stream_pair()
-    binding = crypto.sha256(b"raw" + server_pk)
-    inbox.send_nowait((server, binding))
-    peer = helpers.RawPeer(client)
-    peer.binding = binding
-    return peer
-
-
-async def dial(network: MemoryNetwork, node: Node) -> Connection:
-    return await MemoryTransport(Identity.generate(), network).dial(node.address, node.node_id)
-
-
 def assert_logged(caplog: pytest.LogCaptureFixture, *parts: str) -> None:
     """A WARNING was logged containing every one of ``parts``."""
-    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    warnings = warnings_logged(caplog.records)
     assert any(all(p in m for p in parts) for m in warnings), (parts, warnings)
 
 
-async def assert_serving(network: MemoryNetwork, node: Node) -> None:
+async def assert_serving(net: Net, node: Node) -> None:
     """A fresh, well-behaved peer still gets answers."""
-    conn = await dial(network, node)
+    conn = await net.dial(node)
     await conn.send(Echo(nonce=5, data=b"still there?"))
     assert await conn.receive() == EchoReply(nonce=5, data=b"still there?")
     await conn.aclose()
@@ -100,10 +63,10 @@ async def assert_serving(network: MemoryNetwork, node: Node) -> None:
 
 
 async def test_two_nodes_authenticate_and_ping(
-    autojump_clock: MockClock, nursery: trio.Nursery, network: MemoryNetwork
+    autojump_clock: MockClock, nursery: trio.Nursery, net: Net
 ) -> None:
-    a = await start_node(nursery, network)
-    b = await start_node(nursery, network)
+    a = await net.start_node(nursery)
+    b = await net.start_node(nursery)
     rtt = await b.ping(entry(a))
     assert rtt >= 0
     conn = await b.connection_to(entry(a))
@@ -119,10 +82,10 @@ async def test_two_nodes_authenticate_and_ping(
 
 
 async def test_echo_and_status(
-    autojump_clock: MockClock, nursery: trio.Nursery, network: MemoryNetwork
+    autojump_clock: MockClock, nursery: trio.Nursery, net: Net
 ) -> None:
-    a = await start_node(nursery, network)
-    conn = await dial(network, a)
+    a = await net.start_node(nursery)
+    conn = await net.dial(a)
     await conn.send(Echo(nonce=1, data=b"x" * 1000))
     assert await conn.receive() == EchoReply(nonce=1, data=b"x" * 1000)
     await conn.send(Ping(nonce=99))
@@ -133,16 +96,16 @@ async def test_echo_and_status(
 
 
 async def test_ping_loop_records_reachable_and_unreachable_peers(
-    autojump_clock: MockClock, nursery: trio.Nursery, network: MemoryNetwork
+    autojump_clock: MockClock, nursery: trio.Nursery, net: Net
 ) -> None:
-    b = await start_node(nursery, network)
+    b = await net.start_node(nursery)
     ghost = PeerEntry.of(Identity.generate(), "mem-ghost:1")
-    a = await start_node(nursery, network, peers=[entry(b), ghost], ping_interval=30)
+    a = await net.start_node(nursery, peers=[entry(b), ghost], ping_interval=30)
     while len(a.seen) < 2:
         await trio.sleep(1)
     assert a.seen[b.node_id].rtt_us >= 0 and a.seen[b.node_id].last_ok_unix > 0
     assert a.seen[ghost.node_id].rtt_us == -1
-    conn = await dial(network, a)
+    conn = await net.dial(a)
     await conn.send(PeerStatusRequest())
     status = await conn.receive()
     assert {p.node_id: p.rtt_us >= 0 for p in status.peers} == {b.node_id: True, ghost.node_id: False}
@@ -152,21 +115,21 @@ async def test_ping_loop_records_reachable_and_unreachable_peers(
 
 
 async def test_wrong_expected_id_is_refused(
-    autojump_clock: MockClock, nursery: trio.Nursery, network: MemoryNetwork
+    autojump_clock: MockClock, nursery: trio.Nursery, net: Net
 ) -> None:
-    a = await start_node(nursery, network)
+    a = await net.start_node(nursery)
     other = Identity.generate()
     with pytest.raises(PeerAuthError) as ei:
-        await MemoryTransport(Identity.generate(), network).dial(a.address, other.node_id)
+        await net.transport(Identity.generate()).dial(a.address, other.node_id)
     msg = str(ei.value)
     assert short_id(other.node_id) in msg and short_id(a.node_id) in msg
 
 
 async def test_unknown_address_is_a_transport_error(
-    autojump_clock: MockClock, network: MemoryNetwork
+    autojump_clock: MockClock, net: Net
 ) -> None:
     with pytest.raises(TransportError, match="refused"):
-        await MemoryTransport(Identity.generate(), network).dial("mem-nobody:1", None)
+        await net.transport(Identity.generate()).dial("mem-nobody:1", None)
 
 
 class ManInTheMiddle(MemoryTransport):
@@ -178,18 +141,17 @@ class ManInTheMiddle(MemoryTransport):
 
 
 async def test_proof_over_the_wrong_channel_is_refused(
-    autojump_clock: MockClock, nursery: trio.Nursery, network: MemoryNetwork, caplog:
+    autojump_clock: MockClock, nursery: trio.Nursery, net: Net, caplog:
     pytest.LogCaptureFixture
 ) -> None:
-    a = await start_node(nursery, network)
+    a = await net.start_node(nursery)
     mitm = Identity.generate()
     with pytest.raises(PeerAuthError, match="auth-failed") as ei:
-        await ManInTheMiddle(mitm, network).dial(a.address, a.node_id)
+        await ManInTheMiddle(mitm, net.network).dial(a.address, a.node_id)
     assert short_id(mitm.node_id) in str(ei.value)
     assert a.transport.rejected == {"auth-failed": 1}
-    assert any("auth-failed" in r.getMessage() and short_id(mitm.node_id) in r.getMessage()
-               for r in caplog.records if r.levelno == logging.WARNING)
-    await assert_serving(network, a)
+    assert_logged(caplog, "auth-failed", short_id(mitm.node_id))
+    await assert_serving(net, a)
 
 
 def _bad_signature(ident: Identity, binding: bytes, nonce: bytes) -> AuthProof:
@@ -204,11 +166,11 @@ def _someone_elses_key(ident: Identity, binding: bytes, nonce: bytes) -> AuthPro
 
 @pytest.mark.parametrize("forge", [_bad_signature, _someone_elses_key], ids=["bad-signature", "claims-other-key"])
 async def test_dialer_that_cannot_prove_its_id_is_refused(
-    autojump_clock: MockClock, nursery: trio.Nursery, network: MemoryNetwork, helpers: Any, forge:
+    autojump_clock: MockClock, nursery: trio.Nursery, net: Net, forge:
     Any
 ) -> None:
-    a = await start_node(nursery, network)
-    raw = raw_dial(network, a.address, helpers)
+    a = await net.start_node(nursery)
+    raw = net.raw_dial(a.address)
     challenge = await raw.receive()
     assert isinstance(challenge, AuthChallenge)
     await raw.send(forge(Identity.generate(), raw.binding, challenge.nonce))
@@ -216,15 +178,15 @@ async def test_dialer_that_cannot_prove_its_id_is_refused(
     assert len(rest) == 1 and isinstance(rest[0], Error) and rest[0].code == "auth-failed"
     assert "failed to prove" in rest[0].detail
     assert a.transport.rejected == {"auth-failed": 1}
-    await assert_serving(network, a)
+    await assert_serving(net, a)
 
 
 async def test_correct_raw_proof_is_accepted(
-    autojump_clock: MockClock, nursery: trio.Nursery, network: MemoryNetwork, helpers: Any
+    autojump_clock: MockClock, nursery: trio.Nursery, net: Net
 ) -> None:
     """The raw client above is faithful: with an honest proof it gets AuthOk."""
-    a = await start_node(nursery, network)
-    raw = raw_dial(network, a.address, helpers)
+    a = await net.start_node(nursery)
+    raw = net.raw_dial(a.address)
     challenge = await raw.receive()
     await raw.send(handshake.make_proof(Identity.generate(), raw.binding, challenge.nonce))
     assert await raw.receive() == AuthOk(x25519_public=a.identity.x25519_public)
@@ -237,16 +199,16 @@ async def test_correct_raw_proof_is_accepted(
 
 
 async def test_silent_peer_times_out_while_others_are_served(
-    autojump_clock: MockClock, nursery: trio.Nursery, network: MemoryNetwork, helpers: Any,
+    autojump_clock: MockClock, nursery: trio.Nursery, net: Net,
     caplog: pytest.LogCaptureFixture
 ) -> None:
-    a = await start_node(nursery, network)
-    b = await start_node(nursery, network)
-    silent = raw_dial(network, a.address, helpers)
+    a = await net.start_node(nursery)
+    b = await net.start_node(nursery)
+    silent = net.raw_dial(a.address)
     assert isinstance(await silent.receive(), AuthChallenge)
     # While the silent peer holds its connection, others are answered.
     assert await b.ping(entry(a)) >= 0
-    await assert_serving(network, a)
+    await assert_serving(net, a)
     rest = await silent.drain(timeout=60)  # 10 s handshake timeout, on the mock clock
     assert [(type(m), m.code) for m in rest] == [(Error, "timeout")]
     assert a.transport.rejected == {"timeout": 1}
@@ -255,14 +217,14 @@ async def test_silent_peer_times_out_while_others_are_served(
 
 
 async def test_silent_server_times_the_dialer_out(
-    autojump_clock: MockClock, nursery: trio.Nursery, network: MemoryNetwork
+    autojump_clock: MockClock, nursery: trio.Nursery, net: Net
 ) -> None:
     """A listener that accepts but never speaks: dial fails after the handshake timeout."""
     ident = Identity.generate()
     send, receive = trio.open_memory_channel[Any](4)
-    network.listeners["mem-mute:1"] = (ident.ed25519_public, send)
+    net.network.listeners["mem-mute:1"] = (ident.ed25519_public, send)
     with pytest.raises(TransportError, match="timed out"):
-        await MemoryTransport(Identity.generate(), network, timeouts=Timeouts(handshake=10)).dial(
+        await net.transport(Identity.generate(), timeouts=Timeouts(handshake=10)).dial(
             "mem-mute:1", ident.node_id)
     receive.close()
 
@@ -276,11 +238,11 @@ async def test_silent_server_times_the_dialer_out(
     ("unknown-type", b"\0\0\0\x03\x92\x01\xcd", "malformed"),
 ])
 async def test_bad_handshake_frames(
-    autojump_clock: MockClock, nursery: trio.Nursery, network: MemoryNetwork, helpers: Any,
+    autojump_clock: MockClock, nursery: trio.Nursery, net: Net,
     caplog: pytest.LogCaptureFixture, label: str, data: bytes, detail: str
 ) -> None:
-    a = await start_node(nursery, network)
-    raw = raw_dial(network, a.address, helpers)
+    a = await net.start_node(nursery)
+    raw = net.raw_dial(a.address)
     assert isinstance(await raw.receive(), AuthChallenge)
     await raw.send_raw(data)
     rest = await raw.drain()
@@ -288,20 +250,20 @@ async def test_bad_handshake_frames(
     assert detail in rest[0].detail
     assert a.transport.rejected == {"bad-frame": 1}
     assert_logged(caplog, "during handshake: bad-frame", detail)
-    await assert_serving(network, a)
+    await assert_serving(net, a)
 
 
 async def test_connection_cap(
-    autojump_clock: MockClock, nursery: trio.Nursery, network: MemoryNetwork, helpers: Any
+    autojump_clock: MockClock, nursery: trio.Nursery, net: Net
 ) -> None:
-    a = await start_node(nursery, network, max_connections=1)
-    first = raw_dial(network, a.address, helpers)
+    a = await net.start_node(nursery, max_connections=1)
+    first = net.raw_dial(a.address)
     assert isinstance(await first.receive(), AuthChallenge)
-    second = raw_dial(network, a.address, helpers)
+    second = net.raw_dial(a.address)
     assert await second.drain() == []  # closed at once, before any handshake
     assert a.transport.rejected == {"too-many-connections": 1}
     await first.drain(timeout=60)  # the first one times out and frees its slot
-    await assert_serving(network, a)
+    await assert_serving(net, a)
 
 
 # --------------------------------------------------------------------------- bad peers, after auth
@@ -326,13 +288,13 @@ _OVERSIZE_ECHO = _framed(b"\x94\x01\x0e\x01\xc6" + (65537).to_bytes(4, "big") + 
     ("unexpected-message", codec.frame(AuthOk(x25519_public=b"\0" * 32)), "unexpected-message", "AuthOk"),
 ])
 async def test_bad_frames_after_auth(
-    autojump_clock: MockClock, nursery: trio.Nursery, network: MemoryNetwork, caplog:
+    autojump_clock: MockClock, nursery: trio.Nursery, net: Net, caplog:
     pytest.LogCaptureFixture, label: str, data: bytes, reason: str, detail: str
 ) -> None:
-    a = await start_node(nursery, network)
-    b = await start_node(nursery, network)
+    a = await net.start_node(nursery)
+    b = await net.start_node(nursery)
     assert await b.ping(entry(a)) >= 0
-    conn = await dial(network, a)
+    conn = await net.dial(a)
     await conn.send_raw(data)
     err = await conn.receive()
     assert isinstance(err, Error) and err.code == reason and detail in err.detail
@@ -343,25 +305,25 @@ async def test_bad_frames_after_auth(
     assert any(reason in m and "dropping peer" in m and detail in m for m in dropped), dropped
     # Everyone else is still served, including the peer that was already connected.
     assert await b.ping(entry(a)) >= 0
-    await assert_serving(network, a)
+    await assert_serving(net, a)
 
 
 async def test_idle_authenticated_peer_is_dropped(
-    autojump_clock: MockClock, nursery: trio.Nursery, network: MemoryNetwork, helpers: Any
+    autojump_clock: MockClock, nursery: trio.Nursery, net: Net
 ) -> None:
-    a = await start_node(nursery, network)
-    conn = await dial(network, a)
+    a = await net.start_node(nursery)
+    conn = await net.dial(a)
     with pytest.raises(TransportError, match="closed"):
         await conn.receive(timeout=a.idle_timeout * 2)
-    await helpers.wait_until(lambda: a._conns == {}, what="the idle connection to be forgotten")
+    await wait_until(lambda: a._conns == {}, what="the idle connection to be forgotten")
     assert a.rejected == {} and a.transport.rejected == {}
 
 
 async def test_peer_error_frame_closes_quietly(
-    autojump_clock: MockClock, nursery: trio.Nursery, network: MemoryNetwork
+    autojump_clock: MockClock, nursery: trio.Nursery, net: Net
 ) -> None:
-    a = await start_node(nursery, network)
-    conn = await dial(network, a)
+    a = await net.start_node(nursery)
+    conn = await net.dial(a)
     await conn.send(Error(code="going-away", detail="bye"))
     with pytest.raises(TransportError):
         await conn.receive(timeout=5)

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+from contextlib import aclosing
 
 import pytest
 import trio
 
+from model_node.testing import start_echo_overlay
 from overlay.anon import AnonError
 from overlay.messages import ChatMessage, ReplyChunk, SamplingParams
-
-from .overlay_net import start_net
 
 PARAMS = SamplingParams(max_tokens=4096)
 
@@ -21,7 +21,7 @@ async def collect(client, text, **kw) -> list[ReplyChunk]:
 
 async def test_reply_is_signed_by_the_serving_node(autojump_clock):
     async with trio.open_nursery() as nursery:
-        net = await start_net(nursery, 15)
+        net = await start_echo_overlay(nursery, 15)
         chunks = await collect(net.users[0].client, "sign this reply please")
         last = chunks[-1]
         assert last.done and len(last.signature) == 64 and last.signed_at_ms > 0
@@ -32,17 +32,18 @@ async def test_reply_is_signed_by_the_serving_node(autojump_clock):
 
 async def test_tampered_reply_is_rejected_by_the_client(autojump_clock):
     async with trio.open_nursery() as nursery:
-        net = await start_net(nursery, 15)
+        net = await start_echo_overlay(nursery, 15)
         model = net.model
-        real = model._chunk
+        real = model.responder.handler
 
-        def forge(req, seq, text, ids, **kw):  # the node's last chunk altered after signing
-            c = real(req, seq, text, ids, **kw)
-            if c.done and c.signature:
-                c = dataclasses.replace(c, token_ids=c.token_ids + (1,))
-            return c
+        async def forge(req):  # the node's last chunk altered after signing
+            async with aclosing(real(req)) as chunks:
+                async for c in chunks:
+                    if c.done and c.signature:
+                        c = dataclasses.replace(c, token_ids=c.token_ids + (1,))
+                    yield c
 
-        model._chunk = forge
+        model.responder.handler = forge
         with pytest.raises(AnonError, match="signature"):
             await collect(net.users[0].client, "a reply that will be altered")
         nursery.cancel_scope.cancel()
@@ -50,7 +51,7 @@ async def test_tampered_reply_is_rejected_by_the_client(autojump_clock):
 
 async def test_follow_ups_reach_the_same_node_through_new_cloves(autojump_clock):
     async with trio.open_nursery() as nursery:
-        net = await start_net(nursery, 15, models=3)
+        net = await start_echo_overlay(nursery, 15, models=3)
         client = net.users[0].client
         first = await collect(client, "turn one")
         node = first[-1].node
@@ -65,7 +66,7 @@ async def test_follow_ups_reach_the_same_node_through_new_cloves(autojump_clock)
 
 async def test_failover_when_the_serving_node_dies_mid_reply(autojump_clock):
     async with trio.open_nursery() as nursery:
-        net = await start_net(nursery, 15, models=2, echo_delay=0.05)
+        net = await start_echo_overlay(nursery, 15, models=2, echo_delay=0.05)
         client = net.users[0].client
         text = " ".join(f"w{j}" for j in range(80))
         first_node = net.models[0].identity.node_id
@@ -85,12 +86,12 @@ async def test_failover_when_the_serving_node_dies_mid_reply(autojump_clock):
 
 async def test_no_failover_candidate_gives_a_clear_error(autojump_clock):
     async with trio.open_nursery() as nursery:
-        net = await start_net(nursery, 15, echo_delay=0.05)
+        net = await start_echo_overlay(nursery, 15, echo_delay=0.05)
         client = net.users[0].client
 
         async def kill_soon():
             await trio.sleep(0.5)
-            net.kill(net.model.identity.node_id)
+            net.kill(net.model)
 
         nursery.start_soon(kill_soon)
         with pytest.raises(AnonError, match="no reply from model node"):
@@ -106,7 +107,7 @@ async def test_no_failover_candidate_gives_a_clear_error(autojump_clock):
 ])
 async def test_bad_requests_get_a_clear_error_through_the_paths(autojump_clock, params, match):
     async with trio.open_nursery() as nursery:
-        net = await start_net(nursery, 15)
+        net = await start_echo_overlay(nursery, 15)
         client = net.users[0].client
         with pytest.raises(AnonError, match=match):
             [c async for c in client.request("echo", [ChatMessage("user", "x")], params)]
@@ -118,7 +119,7 @@ async def test_bad_requests_get_a_clear_error_through_the_paths(autojump_clock, 
 
 async def test_a_model_the_node_does_not_serve_is_refused(autojump_clock):
     async with trio.open_nursery() as nursery:
-        net = await start_net(nursery, 15)
+        net = await start_echo_overlay(nursery, 15)
         client = net.users[0].client
         client.models = lambda model: net.registry.models("echo")  # a stale or lying directory
         with pytest.raises(AnonError, match="serves 'echo', not 'gpt-x'"):

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import trio
 
+from model_node.testing import start_echo_overlay
 from overlay.messages import ChatMessage, SamplingParams
-
-from .overlay_net import start_net
 
 
 async def ask(client, text: str, **kw) -> str:
@@ -18,7 +17,7 @@ async def ask(client, text: str, **kw) -> str:
 
 async def test_request_roundtrip_through_three_hop_paths(autojump_clock):
     async with trio.open_nursery() as nursery:
-        net = await start_net(nursery, 15)
+        net = await start_echo_overlay(nursery, 15)
         client = net.users[0].client
         for i in range(5):
             text = f"hello anonymous world {i} " * 20

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime
 import ssl
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -23,13 +22,6 @@ from overlay.identity import Identity, short_id
 from overlay.messages import AuthChallenge, AuthProof, Echo, EchoReply, Error, Ping, Pong
 from overlay.node import Node
 from overlay.transport import PeerAuthError, Timeouts, TLSTransport, TransportError, parse_address
-
-
-@pytest.fixture
-async def nursery() -> AsyncIterator[trio.Nursery]:
-    async with trio.open_nursery() as n:
-        yield n
-        n.cancel_scope.cancel()
 
 
 async def start_node(nursery: trio.Nursery, **transport_kw: Any) -> Node:
