@@ -113,7 +113,7 @@ def simulate(seed: int, *, n_nodes: int = N_NODES, trials: int = TRIALS, n_paths
     for f in f_values:
         cut = f * n_nodes
 
-        def bad(x: int) -> bool:
+        def bad(x: int, cut: float = cut) -> bool:
             return rank[x] < cut
 
         sums = dict.fromkeys(DESIGNS, 0.0)
