@@ -45,7 +45,7 @@ from simulations.metrics import percentile
 COSTS_FILE = Path(__file__).parent / "data" / "costs.json"
 MODEL_NODES = 50
 SYNC_S = SYNC_INTERVAL
-SERVICES = 12.0  # each run lasts this many mean service times
+SERVICES = 6.0  # each run lasts this many mean service times
 CACHE_TOKENS = 65_536
 RHO = (0.6, 0.9)
 POLICIES = ("hrtree", "load", "no_hrtree")
