@@ -18,9 +18,9 @@ from __future__ import annotations
 import logging
 import random
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import trio
 
@@ -37,6 +37,29 @@ SUSPECT_SECONDS = 60.0  # relays of a failed path are avoided this long (if enou
 
 class PathError(Exception):
     """Not enough paths could be built or are ready."""
+
+
+class _HasNodeId(Protocol):
+    @property
+    def node_id(self) -> bytes: ...
+
+
+_E = TypeVar("_E", bound=_HasNodeId)
+
+
+def choose_relays(directory: Sequence[_E], me: bytes, in_use: Container[bytes], suspect: Callable[[bytes], bool],
+                  rng: random.Random, hops: int = onion.HOPS) -> list[_E]:
+    """The relays of a new path: ``hops`` distinct entries drawn uniformly from ``directory``,
+    never ``me`` nor a relay of our live paths (``in_use``), avoiding ``suspect`` relays unless
+    fewer than ``hops`` others remain. Pure (the :class:`PathManager` and the simulations call
+    it). Raises :class:`PathError` when fewer than ``hops`` relays are usable."""
+    pool = [e for e in directory if e.node_id != me and e.node_id not in in_use and not suspect(e.node_id)]
+    if len(pool) < hops:
+        # Fall back to suspects rather than build nothing; never reuse a live path's relay.
+        pool = [e for e in directory if e.node_id != me and e.node_id not in in_use]
+    if len(pool) < hops:
+        raise PathError(f"need {hops} relays not used by our other paths, only {len(pool)} available")
+    return rng.sample(pool, hops)
 
 
 @dataclass(eq=False)
@@ -187,18 +210,7 @@ class PathManager:
         me = self.node.node_id
         now = self.clock.monotonic()
         in_use = {r.node_id for p in self._fresh(now) for r in p.relays}
-        pool = [
-            e for e in self.directory()
-            if e.node_id != me and e.node_id not in in_use and not self._is_suspect(e.node_id, now)
-        ]
-        if len(pool) < onion.HOPS:
-            # Fall back to suspects rather than build nothing; never reuse a live path's relay.
-            pool = [e for e in self.directory() if e.node_id != me and e.node_id not in in_use]
-        if len(pool) < onion.HOPS:
-            raise PathError(
-                f"need {onion.HOPS} relays not used by our other paths, only {len(pool)} available"
-            )
-        return self.rng.sample(pool, onion.HOPS)
+        return choose_relays(self.directory(), me, in_use, lambda r: self._is_suspect(r, now), self.rng)
 
     def _is_suspect(self, relay: bytes, now: float) -> bool:
         until = self._suspect.get(relay)

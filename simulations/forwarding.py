@@ -1,0 +1,315 @@
+"""Item 5 — forwarding at scale (paper §5.3, Figs. 15–18).
+
+``MODEL_NODES`` = 50 model nodes, each with its own real :class:`~model_node.group.GroupState`
+(node table, HR-tree, Sentry); every ``SYNC_S`` = 5 s (the paper's interval) each node reports
+its load and cached prefixes (``set_local_load``, ``set_local_prefixes``, ``tick``) and the
+messages are delivered to the other states' ``on_message`` — the real sync, minus the
+network. Requests arrive as a Poisson process at an entry node chosen uniformly; the entry's
+state ``observe``s the prompt and a policy decides where it is served:
+
+- ``hrtree``: the product's Algorithm 2 (``GroupState.decide``);
+- ``load``: load only, :func:`model_node.bench.policies.least_loaded`;
+- ``no_hrtree``: neither cache nor load: :class:`model_node.bench.policies.RandomChoice`.
+
+Engines are a cost model: one request at a time per node, first come first served; a request
+costs ``prefill × uncached prompt tokens + decode × output tokens``, the constants measured on
+the real llama.cpp engine with SmolLM2-135M (``simulations/data/costs.json``, written by
+``python -m simulations.measure_costs``; printed with the results). A node's KV cache holds
+the prefixes it served last, up to ``CACHE_TOKENS`` tokens (LRU); a request reuses its prefix if
+the serving node holds it.
+
+Workloads are synthesized with the paper's statistics (§5.3): ``tooluse`` (tool prompts by
+Zipf 1.1, ~7,206 prompt tokens, 100 output), ``coding`` (10,000 problems by Zipf 0.8, ~1,802
+prompt tokens, up to 1,000 output), ``longdoc`` (776 documents by Zipf 0.6, ~10,985 prompt
+tokens, 100 output) and ``mixed`` (3 : 6 : 1). Arrival rates rise as a fraction ``RHO`` of the
+group's capacity without any cache reuse; each run lasts ``SERVICES`` mean service times. Figures per workload, rate and policy: mean and p99
+latency and TTFT (s) and cache hit rate (requests with at least half the prompt cached).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from model_node.bench.policies import RandomChoice, least_loaded
+from model_node.forwarding import Decision, Load
+from model_node.group import SYNC_INTERVAL, GroupConfig, GroupState
+from simulations.common import Progress, Result, new_figure
+from simulations.metrics import percentile
+
+COSTS_FILE = Path(__file__).parent / "data" / "costs.json"
+MODEL_NODES = 50
+SYNC_S = SYNC_INTERVAL
+SERVICES = 6.0  # each run lasts this many mean service times
+CACHE_TOKENS = 65_536
+RHO = (0.6, 0.9)
+POLICIES = ("hrtree", "load", "no_hrtree")
+VOCAB = 49_152  # SmolLM2's vocabulary size
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Requests share a prefix ``key`` (chosen by Zipf(``zipf``) among ``prefixes``) of about
+    ``prefix_tokens`` tokens, then ``suffix_tokens`` of their own; ``output`` (lo, hi) tokens."""
+
+    name: str
+    prefixes: int
+    zipf: float
+    prefix_tokens: int
+    suffix_tokens: int
+    output: tuple[int, int]
+
+
+WORKLOADS = {
+    "tooluse": Workload("tooluse", 200, 1.1, 6_800, 406, (100, 100)),
+    "coding": Workload("coding", 10_000, 0.8, 1_700, 102, (300, 1000)),
+    "longdoc": Workload("longdoc", 776, 0.6, 10_900, 85, (100, 100)),
+}
+MIX = (("tooluse", 3), ("coding", 6), ("longdoc", 1))
+
+
+@dataclass(frozen=True)
+class Job:
+    at: float
+    entry: int
+    key: tuple[str, int]
+    prefix_len: int
+    suffix_seed: int
+    suffix_len: int
+    output: int
+
+
+def _prefix_tokens(key: tuple[str, int], n: int) -> list[int]:
+    """The token ids of prefix ``key`` (deterministic, distinct per key)."""
+    a = (sum(map(ord, key[0])) * 7919 + key[1] * 104_729) % VOCAB
+    return [(a + 31 * i + (i * i) % 97) % VOCAB for i in range(n)]
+
+
+def _suffix_tokens(seed: int, n: int) -> list[int]:
+    r = random.Random(seed)
+    return [r.randrange(VOCAB) for _ in range(n)]
+
+
+def load_costs(path: Path = COSTS_FILE) -> dict[str, Any]:
+    """The measured cost constants (see :mod:`simulations.measure_costs`)."""
+    costs: dict[str, Any] = json.loads(path.read_text())
+    return costs
+
+
+def zipf_weights(n: int, s: float) -> list[float]:
+    w = [1 / (r**s) for r in range(1, n + 1)]
+    total = sum(w)
+    return [x / total for x in w]
+
+
+def workload(name: str, rate: float, duration: float, nodes: int, seed: int) -> list[Job]:
+    """Poisson arrivals at ``rate`` per second for ``duration`` seconds of workload ``name``."""
+    rng = random.Random(seed)
+    parts = MIX if name == "mixed" else ((name, 1),)
+    kinds = [WORKLOADS[p] for p, _ in parts]
+    kind_w = [w for _, w in parts]
+    cum = {w.name: _cumulative(zipf_weights(w.prefixes, w.zipf)) for w in kinds}
+    sizes = {w.name: random.Random(seed + 1) for w in kinds}
+    prefix_len: dict[tuple[str, int], int] = {}
+    jobs: list[Job] = []
+    t = 0.0
+    while True:
+        t += rng.expovariate(rate)
+        if t >= duration:
+            return jobs
+        w = rng.choices(kinds, kind_w)[0]
+        key = (w.name, rng.choices(range(w.prefixes), cum_weights=cum[w.name])[0])
+        if key not in prefix_len:
+            prefix_len[key] = int(w.prefix_tokens * sizes[w.name].uniform(0.8, 1.2))
+        jobs.append(Job(t, rng.randrange(nodes), key, prefix_len[key], rng.getrandbits(32), w.suffix_tokens,
+                        rng.randint(*w.output)))
+
+
+def _cumulative(w: Sequence[float]) -> list[float]:
+    out, acc = [], 0.0
+    for x in w:
+        acc += x
+        out.append(acc)
+    return out
+
+
+def mean_service_s(name: str, costs: dict[str, Any]) -> float:
+    """Mean service time of a request of workload ``name`` without cache reuse."""
+    parts = MIX if name == "mixed" else ((name, 1),)
+    total = sum(w for _, w in parts)
+    s = 0.0
+    for p, wt in parts:
+        w = WORKLOADS[p]
+        s += wt / total * ((w.prefix_tokens + w.suffix_tokens) * costs["prefill_s_per_token"]
+                           + sum(w.output) / 2 * costs["decode_s_per_token"])
+    return s
+
+
+@dataclass
+class _Engine:
+    """One model node's engine under the cost model."""
+
+    free_at: float = 0.0
+    jobs: list[tuple[float, float]] = field(default_factory=list)  # (start, end) of jobs not yet done
+    cache: OrderedDict[tuple[str, int], int] = field(default_factory=OrderedDict)  # prefix key -> tokens
+    cached_at: dict[tuple[str, int], float] = field(default_factory=dict)
+    tokens: int = 0
+
+    def load(self, now: float) -> Load:
+        self.jobs = [j for j in self.jobs if j[1] > now]
+        active = sum(1 for s, _ in self.jobs if s <= now)
+        return Load(active=active, queued=len(self.jobs) - active, capacity=1)
+
+    def serve(self, job: Job, now: float, costs: dict[str, Any]) -> tuple[float, float, int]:
+        """Queue ``job``; returns (ttft, latency, cached prompt tokens)."""
+        start = max(now, self.free_at)
+        cached = job.prefix_len if job.key in self.cache else 0
+        prompt = job.prefix_len + job.suffix_len
+        prefill = (prompt - cached) * costs["prefill_s_per_token"]
+        end = start + prefill + job.output * costs["decode_s_per_token"]
+        self.free_at = end
+        self.jobs.append((start, end))
+        if job.key in self.cache:
+            self.cache.move_to_end(job.key)
+        else:
+            self.cache[job.key] = job.prefix_len
+            self.tokens += job.prefix_len
+            self.cached_at[job.key] = start + prefill
+            while self.tokens > CACHE_TOKENS and len(self.cache) > 1:
+                old, n = self.cache.popitem(last=False)
+                self.tokens -= n
+                self.cached_at.pop(old, None)
+        return start + prefill - now, end - now, cached
+
+    def visible_prefixes(self, now: float) -> list[tuple[str, int]]:
+        """Prefixes whose prefill has finished by ``now`` (what the engine would report)."""
+        return [k for k in self.cache if self.cached_at.get(k, 0.0) <= now]
+
+
+Policy = Callable[[GroupState, Sequence[int]], Decision]
+
+
+def play(jobs: Sequence[Job], policy: str, costs: dict[str, Any], *, nodes: int = MODEL_NODES, seed: int = 0,
+         config: GroupConfig | None = None) -> dict[str, float]:
+    """Play ``jobs`` on ``nodes`` model nodes forwarding by ``policy``; returns the figures."""
+    ids = [i.to_bytes(20, "big") for i in range(1, nodes + 1)]
+    states = [GroupState(x, ids, config=config or GroupConfig()) for x in ids]
+    by_id = {x: i for i, x in enumerate(ids)}
+    engines = [_Engine() for _ in ids]
+    decide: Policy
+    if policy == "hrtree":
+        decide = lambda st, tok: st.decide(tok)  # noqa: E731
+    elif policy == "load":
+        decide = least_loaded
+    elif policy == "no_hrtree":
+        decide = RandomChoice(random.Random(seed))
+    else:
+        raise ValueError(f"unknown policy {policy!r}; choose one of {POLICIES}")
+    prefix_tokens: dict[tuple[str, int], list[int]] = {}
+
+    def prefix_of(key: tuple[str, int], n: int) -> list[int]:
+        if key not in prefix_tokens:
+            prefix_tokens[key] = _prefix_tokens(key, n)
+        return prefix_tokens[key]
+
+    def sync(now: float) -> None:
+        for st, eng in zip(states, engines, strict=True):
+            st.set_local_load(eng.load(now))
+            st.set_local_prefixes([prefix_of(k, eng.cache[k]) for k in eng.visible_prefixes(now)])
+        for st in states:
+            deliver(st.self_id, st.tick(now), now)
+
+    def deliver(sender: bytes, sends: Sequence[Any], now: float) -> None:
+        queue = [(sender, s) for s in sends]
+        while queue:
+            src, s = queue.pop(0)
+            queue += [(s.peer, r) for r in states[by_id[s.peer]].on_message(src, s.msg, now)]
+
+    ttft: list[float] = []
+    latency: list[float] = []
+    hits = forwarded = 0
+    next_sync = 0.0
+    for job in jobs:
+        while next_sync <= job.at:
+            sync(next_sync)
+            next_sync += SYNC_S
+        st = states[job.entry]
+        tokens = prefix_of(job.key, job.prefix_len) + _suffix_tokens(job.suffix_seed, job.suffix_len)
+        deliver(st.self_id, st.observe(tokens, job.at), job.at)
+        d = decide(st, tokens)
+        server = job.entry if d.target is None else by_id[d.target]
+        forwarded += d.target is not None
+        t, lat, cached = engines[server].serve(job, job.at, costs)
+        ttft.append(t)
+        latency.append(lat)
+        hits += 2 * cached >= job.prefix_len + job.suffix_len
+    n = max(1, len(jobs))
+    return {
+        "latency_mean_s": sum(latency) / n, "latency_p99_s": percentile(latency, 0.99),
+        "ttft_mean_s": sum(ttft) / n, "ttft_p99_s": percentile(ttft, 0.99),
+        "cache_hit_rate": hits / n, "forwarded_frac": forwarded / n, "requests": float(len(jobs)),
+    }
+
+
+def simulate(seed: int, *, workloads: Sequence[str] = ("tooluse", "coding", "longdoc", "mixed"),
+             rho: Sequence[float] = RHO, services: float = SERVICES, nodes: int = MODEL_NODES,
+             costs: dict[str, Any] | None = None, progress: Progress | None = None) -> Result:
+    costs = costs or load_costs()
+    figures: dict[str, float] = {}
+    series: dict[str, Any] = {"rho": list(rho)}
+    rates: dict[str, list[float]] = {}
+    for w in workloads:
+        service = mean_service_s(w, costs)
+        rates[w] = [r * nodes / service for r in rho]
+        for r, rate in zip(rho, rates[w], strict=True):
+            jobs = workload(w, rate, services * service, nodes, seed)
+            for p in POLICIES:
+                out = play(jobs, p, costs, nodes=nodes, seed=seed)
+                for k, v in out.items():
+                    figures[f"{w}_rho{r}_{p}_{k}"] = v
+                    series.setdefault(w, {}).setdefault(p, {}).setdefault(k, []).append(v)
+                if progress is not None:
+                    progress.step(f"{w} at {r:.0%} of capacity ({len(jobs)} requests), {p}: mean latency "
+                                  f"{out['latency_mean_s']:.1f} s, cache hits {out['cache_hit_rate']:.0%}")
+    params: dict[str, Any] = {
+        "model_nodes": nodes, "sync_s": SYNC_S, "duration_mean_services": services, "cache_tokens": CACHE_TOKENS,
+        "rho": list(rho), "rates_per_s": rates, "seed": seed, "policies": list(POLICIES),
+        "costs": {k: costs[k] for k in ("prefill_s_per_token", "decode_s_per_token", "how") if k in costs},
+        "workloads": {k: vars(v) for k, v in WORKLOADS.items()}, "mixed": dict(MIX),
+    }
+    return Result("forwarding", params, figures, series)
+
+
+def plot(result: Result) -> Any:
+    names = [w for w in ("tooluse", "coding", "longdoc", "mixed") if w in result.series]
+    fig, axes = new_figure(len(names), 4.0)
+    rho = result.series["rho"]
+    for ax, w in zip(axes, names, strict=True):
+        for p in POLICIES:
+            s = result.series[w][p]
+            ax.plot(rho, s["latency_mean_s"], marker=".", label=f"{p} mean")
+            ax.plot(rho, s["latency_p99_s"], marker=".", linestyle="--", label=f"{p} p99")
+        ax.set_title(w)
+        ax.set_xlabel("load (fraction of uncached capacity)")
+        ax.set_yscale("log")
+    axes[0].set_ylabel("latency (s)")
+    axes[0].legend(fontsize=6)
+    return fig
+
+
+def run(seed: int, quick: bool) -> tuple[Result, Any]:
+    kw: dict[str, Any] = {"workloads": ("tooluse",), "rho": (0.6, 0.9), "services": 4.0,
+                          "nodes": 10} if quick else {}
+    total = len(kw.get("workloads", "1234")) * len(kw.get("rho", RHO)) * len(POLICIES)
+    costs = load_costs()
+    import sys
+
+    print(f"forwarding: cost constants {costs['prefill_s_per_token'] * 1000:.2f} ms per uncached prompt token, "
+          f"{costs['decode_s_per_token'] * 1000:.2f} ms per output token ({costs['how']})", file=sys.stderr)
+    result = simulate(seed, costs=costs, progress=Progress("forwarding", total, every=0.0), **kw)
+    return result, plot(result)
