@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import argparse
 
-from overlay.cli import common_flags, not_landed
+from overlay.cli import common_flags
+
+DEFAULT_PORT = 8741  # `gentorrent user serve`
+DEFAULT_MAX_BODY = 1 << 20  # 1 MiB: more than MAX_PROMPT_CHARS of JSON-escaped ASCII fits
+DEFAULT_MAX_CONCURRENT = 32
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -35,10 +39,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     serve = cmds.add_parser(
         "serve", help="serve an OpenAI-compatible API on 127.0.0.1 backed by the overlay",
-        description="A local OpenAI-compatible HTTP gateway; every request goes through the overlay.",
+        description=(
+            "A local OpenAI-compatible HTTP API (GET /v1/models, POST /v1/chat/completions, POST "
+            "/v1/completions, streamed or not) whose every call goes anonymously through the overlay, "
+            "like 'user chat'; follow-ups of a conversation go back to the model node that served it. "
+            "Point any OpenAI client at http://127.0.0.1:PORT/v1 (any API key). Prints "
+            "'READY <url>' once listening. Runs until Ctrl-C."
+        ),
     )
-    common_flags(serve, "peers", "region")
-    serve.set_defaults(run=not_landed("'gentorrent user serve'", "the anonymous overlay (issue 5)"))
+    common_flags(serve, "registry", "registry_keys", "peers", "region", "listen", "cloves", "threshold", "proxies",
+                 "path_refresh")
+    _serve_flags(serve)
+    serve.set_defaults(run=_run_serve)
 
     relay = cmds.add_parser(
         "relay", help="run a user node that only relays for others",
@@ -63,3 +75,27 @@ def _run_chat(args: argparse.Namespace) -> int:
     from user_client.chat import run_chat
 
     return run_chat(args)
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from user_client.gateway import run_serve
+
+    return run_serve(args)
+
+
+def _serve_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default="127.0.0.1",
+                   help="HTTP address to listen on (default: 127.0.0.1; anything beyond loopback needs "
+                        "--listen-public)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"HTTP port (default: {DEFAULT_PORT}; 0 = any free)")
+    p.add_argument("--listen-public", action="store_true",
+                   help="allow --host to be a non-loopback address: anyone who reaches it can use your user "
+                        "node (the gateway has no authentication)")
+    p.add_argument("--max-body", type=int, default=DEFAULT_MAX_BODY,
+                   help=f"largest request body in bytes (default: {DEFAULT_MAX_BODY})")
+    p.add_argument("--max-concurrent", type=int, default=DEFAULT_MAX_CONCURRENT,
+                   help=f"calls in flight before answering 429 (default: {DEFAULT_MAX_CONCURRENT})")
+    p.add_argument("--timeout", type=float, default=60.0,
+                   help="seconds to wait for each reply chunk before trying another model node (default: 60)")
+    p.add_argument("--paths-timeout", type=float, default=10.0,
+                   help="seconds a call waits for enough proxy paths before answering 503 (default: 10)")
