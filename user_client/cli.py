@@ -24,17 +24,28 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description=(
             "Interactive chat through the anonymous overlay. This user node keeps N proxy paths of 3 "
             "relays each and sends every turn as n S-IDA cloves, one per path; any k rebuild it. It "
-            "relays for other users while it runs. Type /quit or Ctrl-D to leave."
+            "relays for other users while it runs. Type /help for commands, /quit or Ctrl-D to leave. "
+            "With --prompt, or a prompt piped on standard input, it answers and exits: the reply on stdout; "
+            "exit status 0 ok, 2 usage, 3 too few proxy paths, 4 no model node answered, 5 the model node "
+            "answered with an error, 6 a reply failed verification, 1 other."
         ),
     )
     common_flags(chat, "model", "registry", "registry_keys", "peers", "region", "listen", "cloves", "threshold",
                  "proxies", "path_refresh")
     chat.add_argument("--prompt", action="append", default=None, metavar="TEXT",
-                      help="send this turn (repeatable) and exit instead of reading stdin")
+                      help="send this turn (repeatable), print the replies and exit; without it, a prompt piped "
+                           "on standard input is sent the same way")
     chat.add_argument("--system", default=None, help="system prompt for the conversation")
     chat.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (default: 0.7)")
     chat.add_argument("--max-tokens", type=int, default=256, help="longest reply in tokens (default: 256)")
+    chat.add_argument("--seed", type=int, default=None, help="sampling seed, for repeatable replies")
+    chat.add_argument("--context-tokens", type=int, default=2048,
+                      help="the model's context window: older turns are left out to fit it (default: 2048)")
     chat.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for each reply chunk")
+    chat.add_argument("--paths-timeout", type=float, default=60.0,
+                      help="seconds to wait for the proxy paths at start (default: 60)")
+    chat.add_argument("--verbose", action="store_true",
+                      help="non-interactive mode: also print each prompt and the status lines on stderr")
     chat.set_defaults(run=_run_chat)
 
     serve = cmds.add_parser(

@@ -86,7 +86,8 @@ async def wait_up(net: LocalNet, timeout: float, *, clock: Clock | None = None) 
 
 def demo_chat(net: LocalNet, config: Path, engine: str) -> int:
     turns = [a for t in DEMO_TURNS[engine] for a in ("--prompt", t)]
-    cmd = cli("user", "chat", "--config", str(config), *turns, "--max-tokens", "48", "--temperature", "0", "--log-level", "warning",
+    cmd = cli("user", "chat", "--config", str(config), *turns, "--verbose", "--max-tokens", "48", "--temperature", "0",
+              "--log-level", "warning",
               "--timeout", "30")
     return subprocess.run(cmd, timeout=180).returncode
 
