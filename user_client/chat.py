@@ -231,6 +231,26 @@ def command(session: ChatSession, line: str, models: Callable[[str], Sequence[An
     return True, f"[unknown command {name}; /help lists them]"
 
 
+async def wait_paths(paths: Any, n: int, timeout: float, *, show: bool) -> None:
+    """Wait up to ``timeout`` seconds for ``n`` ready proxy paths (:class:`PathError` if they
+    are not), showing how many are ready on stderr when ``show``."""
+    if not show:
+        await paths.wait_ready(n, timeout)
+        return
+    from rich.console import Console
+
+    deadline = trio.current_time() + timeout
+    with Console(stderr=True).status("building proxy paths") as spinner:
+        while True:
+            spinner.update(f"building proxy paths of 3 relays each: {len(paths.ready_paths())}/{n} ready")
+            try:
+                await paths.wait_ready(n, min(0.25, max(0.0, deadline - trio.current_time())))
+                return
+            except PathError:
+                if trio.current_time() >= deadline:
+                    raise
+
+
 def run_chat(args: argparse.Namespace) -> int:
     from overlay.cli import CliError, resolve_config, run_async
     from overlay.identity import load_or_create
@@ -275,9 +295,10 @@ def run_chat(args: argparse.Namespace) -> int:
         nonlocal status
         async with trio.open_nursery() as nursery:
             await nursery.start(user.serve, host, port)
-            note(f"[building {cfg.proxies} proxy paths of 3 relays each...]")
+            if not interactive:
+                note(f"[building {cfg.proxies} proxy paths of 3 relays each...]")
             try:
-                await paths.wait_ready(cfg.cloves, args.paths_timeout)
+                await wait_paths(paths, cfg.cloves, args.paths_timeout, show=interactive)
             except PathError as exc:
                 print(f"gentorrent: error: {exc}", file=sys.stderr)
                 status = EXIT_PATHS

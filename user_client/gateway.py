@@ -241,10 +241,10 @@ class Gateway:
                 yield api.sse(exc.body())
                 return
             finish = api.finish_reason(out.stopped, out.tokens, call.params.max_tokens)
-            yield api.sse(api.chunk(call, rid, created, None, finish, first=first is None))
+            tail = api.sse(api.chunk(call, rid, created, None, finish, first=first is None))
             if call.include_usage:
-                yield api.sse(api.usage_chunk(call, rid, created, out.tokens))
-            yield api.sse("[DONE]")
+                tail += api.sse(api.usage_chunk(call, rid, created, out.tokens))
+            yield tail + api.sse("[DONE]")  # one write for the last events
             self.served += 1
         finally:
             self.active -= 1
