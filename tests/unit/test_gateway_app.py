@@ -211,3 +211,21 @@ async def test_concurrency_bound_429(gateway, nursery):
 def test_loopback_detection():
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost") and is_loopback("127.3.4.5")
     assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.2") and not is_loopback("example.com")
+
+
+async def test_a_client_that_hangs_up_mid_stream_frees_its_slot(gateway):
+    gw, backend, base = gateway
+    host, port = base.removeprefix("http://").rsplit(":", 1)
+    body = json.dumps({"model": "echo", "messages": [{"role": "user", "content": "a hold"}], "stream": True}).encode()
+    stream = await trio.open_tcp_stream(host, int(port))
+    await stream.send_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                          b"content-length: %d\r\n\r\n%s" % (len(body), body))
+    got = b""
+    while b'"content":"a"' not in got:
+        got += await stream.receive_some(4096)
+    assert gw.active == 1
+    await stream.aclose()
+    with trio.fail_after(10):
+        while gw.active:
+            await trio.sleep(0.01)
+    assert gw.served == 0  # the reply was abandoned, not counted as served
