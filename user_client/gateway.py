@@ -206,7 +206,9 @@ class Gateway:
             if call.stream:
                 release = False  # the stream releases the slot when it ends
                 return StreamingResponse(self._stream(call, rid, created, first, gen, out),
-                                         media_type="text/event-stream", headers={"cache-control": "no-cache"})
+                                         media_type="text/event-stream",
+                                         headers={"cache-control": "no-cache",
+                                                  "x-gentorrent-node": out.node.hex() if out.node else ""})
             texts = [] if first is None else [first]
             try:
                 async with aclosing(gen):
@@ -259,7 +261,8 @@ async def _first(gen: AsyncGenerator[str, None]) -> str | None:
 
 
 def _served_headers(out: Outcome) -> dict[str, str]:
-    """Which model node served and whether its signature was checked (not OpenAI fields)."""
+    """Which model node served and whether its signature was checked (not OpenAI fields; a
+    stream carries only the node, since its headers leave before the last chunk is checked)."""
     return {"x-gentorrent-node": out.node.hex() if out.node else "",
             "x-gentorrent-verified": "true" if out.verified else "false"}
 

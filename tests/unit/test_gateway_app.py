@@ -100,13 +100,15 @@ async def test_chat_stream_completion_and_models(gateway):
         assert "".join(p.choices[0].delta.content or "" for p in parts if p.choices) == "a b "
         assert [p.choices[0].finish_reason for p in parts if p.choices][-1] == "stop"
         assert parts[-1].usage is not None and parts[0].choices[0].delta.role == "assistant"
+        raw = c.chat.completions.with_raw_response.create(model="echo", messages=[{"role": "user", "content": "z"}])
+        assert raw.headers["x-gentorrent-node"] == NODE_A.hex() and raw.headers["x-gentorrent-verified"] == "true"
         comp = c.completions.create(model="echo", prompt="x y")
         assert comp.choices[0].text == "x y" and comp.choices[0].finish_reason == "stop"
         streamed = "".join(p.choices[0].text for p in c.completions.create(model="echo", prompt="p q", stream=True))
         assert streamed == "p q"
 
     await trio.to_thread.run_sync(run)
-    assert gw.active == 0 and gw.served == 4
+    assert gw.active == 0 and gw.served == 5
 
 
 async def test_follow_ups_go_back_to_the_node_that_served(gateway):
