@@ -1,71 +1,278 @@
-"""``gentorrent user chat``: a chat REPL whose every prompt goes through the overlay.
+"""``gentorrent user chat``: a chat whose every prompt goes through the overlay.
 
-The chat runs a full user node (it relays for others too), keeps N proxy paths,
-and sends each turn — with the conversation so far — as n S-IDA cloves. Reply
-chunks are printed as soon as k cloves of each arrive. Follow-ups prefer the
-model node that answered before (session affinity).
+The chat runs a full user node (it relays for others too), keeps N proxy paths, and sends
+each turn — with the conversation so far — as n S-IDA cloves. Reply text is printed as each
+chunk decodes; after each reply a status line (standard error) names the model node that
+served it, whether its signature verified, the time to first token and the token count.
+Follow-ups prefer the model node that answered before (session affinity).
 
-``--prompt TEXT`` (repeatable) sends those turns and exits instead of reading
-standard input: scripts and the devnet demo use it.
+Interactive when standard input is a terminal: ``/help``, ``/new`` (forget the conversation),
+``/model NAME`` (switch model), ``/quit``. The history sent is trimmed, oldest turns first
+(the system prompt stays), to fit ``--context-tokens`` minus ``--max-tokens``: assistant
+turns count the tokens the model node sent, other text counts one token per 3 characters
+(a conservative estimate: the user node has no tokenizer).
+
+Non-interactive (scriptable) when ``--prompt TEXT`` is given (repeatable: one turn each) or
+standard input is not a terminal (all of it is one prompt): the replies go to standard output
+and nothing else does. Exit status (:data:`EXIT_CODES`): 0 every reply arrived and verified;
+2 bad usage or configuration; 3 too few proxy paths (are enough relays up?); 4 no model node
+answered in time; 5 the model node answered with an error; 6 a reply failed verification
+(discarded); 1 anything else; 130 interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import TextIO
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any, Protocol, TextIO
 
 import trio
 
-from overlay.anon import AnonClient, AnonError
-from overlay.cli import CliError, resolve_config, run_async
-from overlay.identity import load_or_create
-from overlay.messages import ChatMessage, SamplingParams
-from overlay.registry import from_config
-from overlay.transport import TLSTransport
-from overlay.usernode import UserNode
-from user_client.relay import listen_address
+from overlay.anon import AnonError
+from overlay.messages import ChatMessage, ReplyChunk, SamplingParams
+from overlay.paths import PathError
+
+EXIT_OK = 0
+EXIT_OTHER = 1
+EXIT_USAGE = 2
+EXIT_PATHS = 3
+EXIT_NO_MODEL_NODE = 4
+EXIT_MODEL_ERROR = 5
+EXIT_UNVERIFIED = 6
+EXIT_CODES = {
+    EXIT_OK: "every reply arrived and its signature verified",
+    EXIT_OTHER: "another failure (see the message)",
+    EXIT_USAGE: "bad usage or configuration",
+    EXIT_PATHS: "too few proxy paths could be built: are enough relays up?",
+    EXIT_NO_MODEL_NODE: "no model node answered in time",
+    EXIT_MODEL_ERROR: "the model node answered with an error",
+    EXIT_UNVERIFIED: "a reply failed verification and was discarded",
+}
+CHARS_PER_TOKEN = 3  # conservative: real tokenizers average 3.5-4.5 characters per token on English
+
+HELP = """commands:
+  /help         this text
+  /new          start a new conversation (forget the history and the model node)
+  /model NAME   switch to model NAME (the registry lists which model nodes serve what)
+  /quit         leave (Ctrl-D too)
+anything else is sent as your next turn."""
+
+
+def exit_status(exc: BaseException) -> int:
+    """The exit status that says what failed (see :data:`EXIT_CODES`)."""
+    if isinstance(exc, PathError):
+        return EXIT_PATHS
+    if isinstance(exc, AnonError):
+        msg = str(exc)
+        if msg.startswith("no reply") or msg.startswith("no model node"):
+            return EXIT_NO_MODEL_NODE
+        if "proxy paths" in msg:
+            return EXIT_PATHS
+        if msg.endswith("discarded"):
+            return EXIT_UNVERIFIED
+        if msg.startswith("model node "):
+            return EXIT_MODEL_ERROR
+    return EXIT_OTHER
+
+
+class Client(Protocol):
+    """What a chat needs of :class:`~overlay.anon.AnonClient` (tests pass a fake)."""
+
+    def request(self, model: str, messages: list[ChatMessage] | tuple[ChatMessage, ...],
+                params: SamplingParams | None = None, *, node: bytes | None = None,
+                timeout: float = 60.0) -> AsyncIterator[ReplyChunk]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """One answered turn: the reply and how it came."""
+
+    text: str
+    node: bytes
+    verified: bool
+    first_token_s: float
+    tokens: int
 
 
 class ChatSession:
-    """One conversation: history plus the model node that served it (affinity)."""
+    """One conversation: history, the model, and the model node that served it (affinity).
 
-    def __init__(self, client: AnonClient, model: str, params: SamplingParams, system: str | None) -> None:
+    ``context_tokens``: the model's context window; the history sent is trimmed to fit it
+    with ``params.max_tokens`` to spare (see the module docstring)."""
+
+    def __init__(self, client: Client, model: str, params: SamplingParams, system: str | None, *,
+                 context_tokens: int = 2048, now: Callable[[], float] = time.perf_counter) -> None:
         self.client = client
         self.model = model
         self.params = params
-        self.history: list[ChatMessage] = [ChatMessage("system", system)] if system else []
+        self.system = system
+        self.context_tokens = context_tokens
+        self.now = now
+        self.history: list[ChatMessage] = []
+        self._tokens: list[int] = []  # per history message: known or estimated tokens
         self.node: bytes | None = None
+        self.new()
 
-    async def turn(self, text: str, out: TextIO, timeout: float) -> str:
+    def new(self) -> None:
+        """Forget the conversation (keep the system prompt) and the model node."""
+        self.history = [ChatMessage("system", self.system)] if self.system else []
+        self._tokens = [self.estimate(self.system)] if self.system else []
+        self.node = None
+
+    def switch(self, model: str) -> None:
+        """Talk to ``model`` from now on; the history is kept, the node is chosen afresh."""
+        self.model = model
+        self.node = None
+
+    @staticmethod
+    def estimate(text: str) -> int:
+        return -(-len(text) // CHARS_PER_TOKEN) + 4  # + a few for the chat template's role markers
+
+    def window(self) -> list[ChatMessage]:
+        """The history to send: the system prompt and as many of the latest turns as fit."""
+        budget = self.context_tokens - self.params.max_tokens
+        first = 1 if self.system else 0
+        used = sum(self._tokens[:first])
+        start = len(self.history)
+        while start > first and used + self._tokens[start - 1] <= budget:
+            start -= 1
+            used += self._tokens[start]
+        # never start on an assistant reply: a window begins with a user turn
+        while start < len(self.history) - 1 and self.history[start].role == "assistant":
+            start += 1
+        return self.history[:first] + self.history[start:]
+
+    async def turn(self, text: str, out: TextIO, timeout: float) -> Turn:
+        """Send ``text`` with the history that fits; write the reply to ``out`` as it decodes.
+        On failure the turn is forgotten and :class:`~overlay.anon.AnonError` raised."""
         self.history.append(ChatMessage("user", text))
+        self._tokens.append(self.estimate(text))
+        window = self.window()
+        if window[-1] is not self.history[-1]:
+            self.history.pop()
+            self._tokens.pop()
+            raise AnonError(f"the prompt alone (about {self.estimate(text)} tokens) does not fit the context of "
+                            f"{self.context_tokens} tokens with {self.params.max_tokens} to spare for the reply; "
+                            "shorten it or lower --max-tokens")
         parts: list[str] = []
-        served_by = None
+        served_by: bytes | None = None
+        verified = False
+        tokens = 0
+        t0 = self.now()
+        first: float | None = None
         try:
-            async for chunk in self.client.request(self.model, self.history, self.params, node=self.node,
-                                                   timeout=timeout):
-                parts.append(chunk.text)
-                served_by = chunk.node
-                out.write(chunk.text)
-                out.flush()
+            async with aclosing(_generator(self.client.request(self.model, window, self.params, node=self.node,
+                                                               timeout=timeout))) as chunks:
+                async for chunk in chunks:
+                    if first is None and chunk.text:
+                        first = self.now() - t0
+                    parts.append(chunk.text)
+                    served_by = chunk.node
+                    tokens += len(chunk.token_ids)
+                    verified = chunk.done  # AnonClient raises rather than yield an unverifiable last chunk
+                    out.write(chunk.text)
+                    out.flush()
         except AnonError:
             self.history.pop()
+            self._tokens.pop()
             raise
         out.write("\n")
         out.flush()
-        # The last chunk's signature was verified: follow-ups go to the node that signed it.
-        self.node = served_by
+        if served_by is None:
+            self.history.pop()
+            self._tokens.pop()
+            raise AnonError("the reply ended before any chunk arrived")
+        self.node = served_by  # follow-ups go to the node that signed this reply
         reply = "".join(parts)
         self.history.append(ChatMessage("assistant", reply))
-        return reply
+        self._tokens.append(tokens + 4)
+        return Turn(reply, served_by, verified, first if first is not None else self.now() - t0, tokens)
+
+
+async def _generator(chunks: AsyncIterator[ReplyChunk]) -> AsyncGenerator[ReplyChunk, None]:
+    """``chunks`` as an async generator whose ``aclose`` closes ``chunks`` too (when it can)."""
+    try:
+        async for c in chunks:
+            yield c
+    finally:
+        if isinstance(chunks, AsyncGenerator):
+            await chunks.aclose()
+
+
+def describe(turn: Turn) -> str:
+    """The status line after a reply."""
+    check = "signature verified" if turn.verified else "NOT verified"
+    return (f"[model node {turn.node.hex()[:8]} · {check} · first token {turn.first_token_s:.2f} s · "
+            f"{turn.tokens} tokens]")
+
+
+def command(session: ChatSession, line: str, models: Callable[[str], Sequence[Any]]) -> tuple[bool, str]:
+    """Run a ``/command``: (keep going?, what to print). ``models(name)`` lists nodes serving it."""
+    name, _, arg = line.strip().partition(" ")
+    arg = arg.strip()
+    if name in ("/quit", "/exit"):
+        return False, ""
+    if name == "/help":
+        return True, HELP
+    if name == "/new":
+        session.new()
+        return True, "[new conversation]"
+    if name == "/model":
+        if not arg:
+            return True, f"[model: {session.model}; /model NAME switches]"
+        if not models(arg):
+            return True, f"[no model node in the registry serves {arg!r}; staying with {session.model}]"
+        session.switch(arg)
+        return True, f"[model: {arg}]"
+    return True, f"[unknown command {name}; /help lists them]"
+
+
+async def wait_paths(paths: Any, n: int, timeout: float, *, show: bool) -> None:
+    """Wait up to ``timeout`` seconds for ``n`` ready proxy paths (:class:`PathError` if they
+    are not), showing how many are ready on stderr when ``show``."""
+    if not show:
+        await paths.wait_ready(n, timeout)
+        return
+    from rich.console import Console
+
+    deadline = trio.current_time() + timeout
+    with Console(stderr=True).status("building proxy paths") as spinner:
+        while True:
+            spinner.update(f"building proxy paths of 3 relays each: {len(paths.ready_paths())}/{n} ready")
+            try:
+                await paths.wait_ready(n, min(0.25, max(0.0, deadline - trio.current_time())))
+                return
+            except PathError:
+                if trio.current_time() >= deadline:
+                    raise
 
 
 def run_chat(args: argparse.Namespace) -> int:
+    from overlay.cli import CliError, resolve_config, run_async
+    from overlay.identity import load_or_create
+    from overlay.registry import from_config
+    from overlay.transport import TLSTransport
+    from overlay.usernode import UserNode
+    from user_client.relay import listen_address
+
     cfg = resolve_config(args)
     if not cfg.model:
         raise CliError("which model? pass --model ID (the registry lists which model nodes serve what)")
     if not 1 <= cfg.threshold <= cfg.cloves <= 16 or cfg.proxies < cfg.cloves:
         raise CliError("need 1 <= threshold (k) <= cloves (n) <= 16 and proxies (N) >= cloves")
+    if not 1 <= args.max_tokens < args.context_tokens:
+        raise CliError("need 1 <= --max-tokens < --context-tokens")
+    interactive = args.prompt is None and sys.stdin.isatty()
+    turns: list[str] = list(args.prompt or [])
+    if args.prompt is None and not interactive:
+        text = sys.stdin.read().strip()
+        if not text:
+            raise CliError("no prompt: standard input was empty (pass --prompt TEXT or pipe a prompt)")
+        turns = [text]
     identity = load_or_create(cfg.data_path)
     registry = from_config(cfg)
     if not registry.models(cfg.model):
@@ -73,28 +280,32 @@ def run_chat(args: argparse.Namespace) -> int:
     host, port = listen_address(cfg)
     user = UserNode(identity, TLSTransport(identity), registry, region=cfg.region, n=cfg.cloves,
                     k=cfg.threshold, paths=cfg.proxies, refresh=cfg.path_refresh, ping_interval=0)
-    assert user.client is not None
-    params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)
-    session = ChatSession(user.client, cfg.model, params, args.system)
-    status = 0
+    assert user.client is not None and user.paths is not None
+    paths = user.paths
+    params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed)
+    session = ChatSession(user.client, cfg.model, params, args.system, context_tokens=args.context_tokens)
+    quiet = not interactive and not args.verbose
+    status = EXIT_OK
+
+    def note(text: str) -> None:
+        if not quiet:
+            print(text, file=sys.stderr, flush=True)
 
     async def main() -> None:
         nonlocal status
         async with trio.open_nursery() as nursery:
             await nursery.start(user.serve, host, port)
-            print(f"[building {cfg.proxies} proxy paths of 3 relays each...]", file=sys.stderr, flush=True)
-            assert user.paths is not None
+            if not interactive:
+                note(f"[building {cfg.proxies} proxy paths of 3 relays each...]")
             try:
-                await user.paths.wait_ready(cfg.cloves, 60.0)
-            except Exception as exc:  # noqa: BLE001 - any failure to build paths ends the chat with its message
+                await wait_paths(paths, cfg.cloves, args.paths_timeout, show=interactive)
+            except PathError as exc:
                 print(f"gentorrent: error: {exc}", file=sys.stderr)
-                status = 1
+                status = EXIT_PATHS
                 nursery.cancel_scope.cancel()
                 return
-            print(f"[{len(user.paths.ready_paths())} paths ready; prompts go as {cfg.cloves} cloves, "
-                  f"any {cfg.threshold} rebuild them]", file=sys.stderr, flush=True)
-            turns = args.prompt
-            interactive = turns is None
+            note(f"[{len(paths.ready_paths())} paths ready; prompts go as {cfg.cloves} cloves, any "
+                 f"{cfg.threshold} rebuild them; model {session.model}; /help for commands]")
             while True:
                 if interactive:
                     line = await trio.to_thread.run_sync(_read_line, abandon_on_cancel=True)
@@ -103,28 +314,37 @@ def run_chat(args: argparse.Namespace) -> int:
                     text = line.strip()
                     if not text:
                         continue
-                    if text in ("/quit", "/exit"):
-                        break
+                    if text.startswith("/"):
+                        go_on, said = command(session, text, registry.models)
+                        if said:
+                            print(said, flush=True)
+                        if not go_on:
+                            break
+                        continue
+                    sys.stdout.write("model> ")
+                elif not turns:
+                    break
                 else:
-                    if not turns:
-                        break
                     text = turns.pop(0)
-                    print(f"you> {text}", flush=True)
-                sys.stdout.write("model> ")
+                    note(f"you> {text}")
                 try:
-                    await session.turn(text, sys.stdout, args.timeout)
-                    assert session.node is not None
-                    print(f"[reply signed by model node {session.node.hex()[:8]}; follow-ups go there]",
-                          file=sys.stderr, flush=True)
+                    turn = await session.turn(text, sys.stdout, args.timeout)
                 except AnonError as exc:
-                    print(f"\n[request failed: {exc}]", file=sys.stderr, flush=True)
-                    status = 1
+                    print(f"\n[request failed: {exc}]" if interactive else f"gentorrent: error: {exc}",
+                          file=sys.stderr, flush=True)
+                    status = status or exit_status(exc)
+                    if not interactive:
+                        break
+                    continue
+                note(describe(turn))
+                if not turn.verified:
+                    status = status or EXIT_UNVERIFIED
             nursery.cancel_scope.cancel()
 
     try:
         run_async(main)
     except KeyboardInterrupt:
-        pass
+        return 130
     return status
 
 

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import argparse
 
-from overlay.cli import common_flags, not_landed
+from overlay.cli import common_flags
+
+DEFAULT_PORT = 8741  # `gentorrent user serve`
+DEFAULT_MAX_BODY = 1 << 20  # 1 MiB: more than MAX_PROMPT_CHARS of JSON-escaped ASCII fits
+DEFAULT_MAX_CONCURRENT = 32
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -20,25 +24,44 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description=(
             "Interactive chat through the anonymous overlay. This user node keeps N proxy paths of 3 "
             "relays each and sends every turn as n S-IDA cloves, one per path; any k rebuild it. It "
-            "relays for other users while it runs. Type /quit or Ctrl-D to leave."
+            "relays for other users while it runs. Type /help for commands, /quit or Ctrl-D to leave. "
+            "With --prompt, or a prompt piped on standard input, it answers and exits: the reply on stdout; "
+            "exit status 0 ok, 2 usage, 3 too few proxy paths, 4 no model node answered, 5 the model node "
+            "answered with an error, 6 a reply failed verification, 1 other."
         ),
     )
     common_flags(chat, "model", "registry", "registry_keys", "peers", "region", "listen", "cloves", "threshold",
                  "proxies", "path_refresh")
     chat.add_argument("--prompt", action="append", default=None, metavar="TEXT",
-                      help="send this turn (repeatable) and exit instead of reading stdin")
+                      help="send this turn (repeatable), print the replies and exit; without it, a prompt piped "
+                           "on standard input is sent the same way")
     chat.add_argument("--system", default=None, help="system prompt for the conversation")
     chat.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (default: 0.7)")
     chat.add_argument("--max-tokens", type=int, default=256, help="longest reply in tokens (default: 256)")
+    chat.add_argument("--seed", type=int, default=None, help="sampling seed, for repeatable replies")
+    chat.add_argument("--context-tokens", type=int, default=2048,
+                      help="the model's context window: older turns are left out to fit it (default: 2048)")
     chat.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for each reply chunk")
+    chat.add_argument("--paths-timeout", type=float, default=60.0,
+                      help="seconds to wait for the proxy paths at start (default: 60)")
+    chat.add_argument("--verbose", action="store_true",
+                      help="non-interactive mode: also print each prompt and the status lines on stderr")
     chat.set_defaults(run=_run_chat)
 
     serve = cmds.add_parser(
         "serve", help="serve an OpenAI-compatible API on 127.0.0.1 backed by the overlay",
-        description="A local OpenAI-compatible HTTP gateway; every request goes through the overlay.",
+        description=(
+            "A local OpenAI-compatible HTTP API (GET /v1/models, POST /v1/chat/completions, POST "
+            "/v1/completions, streamed or not) whose every call goes anonymously through the overlay, "
+            "like 'user chat'; follow-ups of a conversation go back to the model node that served it. "
+            "Point any OpenAI client at http://127.0.0.1:PORT/v1 (any API key). Prints "
+            "'READY <url>' once listening. Runs until Ctrl-C."
+        ),
     )
-    common_flags(serve, "peers", "region")
-    serve.set_defaults(run=not_landed("'gentorrent user serve'", "the anonymous overlay (issue 5)"))
+    common_flags(serve, "registry", "registry_keys", "peers", "region", "listen", "cloves", "threshold", "proxies",
+                 "path_refresh")
+    _serve_flags(serve)
+    serve.set_defaults(run=_run_serve)
 
     relay = cmds.add_parser(
         "relay", help="run a user node that only relays for others",
@@ -63,3 +86,27 @@ def _run_chat(args: argparse.Namespace) -> int:
     from user_client.chat import run_chat
 
     return run_chat(args)
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from user_client.gateway import run_serve
+
+    return run_serve(args)
+
+
+def _serve_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default="127.0.0.1",
+                   help="HTTP address to listen on (default: 127.0.0.1; anything beyond loopback needs "
+                        "--listen-public)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"HTTP port (default: {DEFAULT_PORT}; 0 = any free)")
+    p.add_argument("--listen-public", action="store_true",
+                   help="allow --host to be a non-loopback address: anyone who reaches it can use your user "
+                        "node (the gateway has no authentication)")
+    p.add_argument("--max-body", type=int, default=DEFAULT_MAX_BODY,
+                   help=f"largest request body in bytes (default: {DEFAULT_MAX_BODY})")
+    p.add_argument("--max-concurrent", type=int, default=DEFAULT_MAX_CONCURRENT,
+                   help=f"calls in flight before answering 429 (default: {DEFAULT_MAX_CONCURRENT})")
+    p.add_argument("--timeout", type=float, default=60.0,
+                   help="seconds to wait for each reply chunk before trying another model node (default: 60)")
+    p.add_argument("--paths-timeout", type=float, default=10.0,
+                   help="seconds a call waits for enough proxy paths before answering 503 (default: 10)")

@@ -11,6 +11,13 @@ S-IDA cloves, any 3 rebuild the prompt and each reply chunk; replies are signed
 by the serving node and follow-ups go back to it. It keeps the network up until
 Ctrl-C (or ``--duration``), printing how to chat with it, then stops every node.
 
+While nodes start it shows a progress display (rich) of which are ready (model nodes load
+their model then); ``--quiet`` shows none of it, ``--verbose`` also each node's command and
+log. The table it prints then says in plain words whether each node is healthy. ``--chat``
+drops into an interactive chat once the network is up; the network stops when it ends.
+Ctrl-C (or SIGTERM) stops every node it started, waiting for each to exit: none is left
+behind.
+
 Devnet spawns processes rather than importing roles, so ``overlay`` still
 imports no role package.
 """
@@ -18,17 +25,21 @@ imports no role package.
 from __future__ import annotations
 
 import argparse
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from overlay.cli import CliError, common_flags, resolve_config, run_async
 from overlay.clock import Clock, TrioClock
-from overlay.identity import load_or_create
+from overlay.identity import load_or_create, short_id
+from overlay.messages import PeerStatus
 from overlay.tools.localnet import LocalNet, LocalNetError, cli
-from overlay.tools.status import format_rows, query_all
+from overlay.tools.status import query_all
 from overlay.transport import TLSTransport
 
 REGISTRY_KEYS = 4
@@ -64,6 +75,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="model nodes' engine (default: llama.cpp with the SmolLM2 model; 'echo' is a "
                         "diagnostic that streams prompts back)")
     p.add_argument("--no-demo", action="store_true", help="skip the demo chat")
+    p.add_argument("--chat", action="store_true",
+                   help="drop into an interactive chat once the network is up; the network stops when you leave")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--verbose", action="store_true", help="also print each node's command and log file")
+    out.add_argument("--quiet", action="store_true", help="no progress display, table or demo: only errors and "
+                                                        "how to reach the network")
     p.set_defaults(run=_run)
 
 
@@ -84,9 +101,108 @@ async def wait_up(net: LocalNet, timeout: float, *, clock: Clock | None = None) 
         await trio.sleep(0.5)
 
 
+PING_INTERVAL = 5.0  # seconds between a devnet node's pings of its peers
+
+
+def health(role: str, result: tuple[float, PeerStatus] | str, ping_interval: float = PING_INTERVAL,
+           ) -> tuple[bool, str]:
+    """(healthy?, what to tell a newcomer) for one node's status answer (or why none came).
+
+    A node is healthy when it answers an authenticated status request. Its pings of its peers
+    are reported as information: right after start-up none has run yet, which is normal."""
+    if isinstance(result, str):
+        return False, f"DOWN: {result}; see its log"
+    rtt_s, st = result
+    seen = sorted(p.rtt_us for p in st.peers if p.rtt_us >= 0)
+    if not st.peers:
+        peers = "pings no peers"
+    else:
+        rtt = f", median {seen[len(seen) // 2] / 1000:.1f} ms" if seen else ""
+        peers = (f"pings: {len(seen)} of {len(st.peers)} peers answered so far{rtt} (a round every "
+                 f"{ping_interval:g} s; fewer right after start-up is normal)")
+    what = "serves the model" if role == "model" else "relays for users"
+    return True, f"healthy: {what}; answered status in {rtt_s * 1000:.0f} ms; {peers}"
+
+
+def health_table(net: LocalNet, results: dict[bytes, tuple[float, PeerStatus] | str]) -> list[str]:
+    """One plain line per started node: name, id, address, role, and :func:`health`."""
+    rows = [f"    {'node':<9} {'id':<9} {'address':<16} health"]
+    for name in net.relays + net.models:
+        e = net.entries[name]
+        ok, text = health(e.role, results.get(e.node_id, "not queried"))
+        rows.append(f"{'ok ' if ok else '!! '} {name:<9} {short_id(e.node_id):<9} {e.address:<16} {text}")
+    return rows
+
+
+@contextmanager
+def progress(total: int, what: str, enabled: bool) -> Iterator[Any]:
+    """A rich progress bar on stderr (``update(done, description)``); silent when not enabled."""
+    if not enabled:
+        yield lambda done, description=None: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=Console(stderr=True), transient=False) as bar:
+        task = bar.add_task(what, total=total)
+
+        def update(done: int, description: str | None = None) -> None:
+            bar.update(task, completed=done, description=description or what)
+
+        yield update
+
+
+def start_nodes(net: LocalNet, timeout: float, *, show: bool, verbose: bool) -> None:
+    """Spawn every node and wait for each READY line, with a progress display; a node that
+    exits or is not ready within ``timeout`` seconds raises :class:`LocalNetError`."""
+    names = net.relays + net.models
+    for n in names:
+        net.spawn(n)
+        if verbose:
+            print(f"devnet: {n}: {' '.join(net.command(n))}  (log: {net.root / (n + '.log')})", file=sys.stderr)
+    pending = set(names)
+    deadline = time.monotonic() + timeout
+    with progress(len(names), "starting nodes", show) as update:
+        while pending:
+            for n in sorted(pending):
+                p = net.procs[n]
+                if p.poll() is not None:
+                    raise LocalNetError(f"{n} exited with status {p.returncode}; see {net.root / (n + '.log')}")
+                if b"READY " in (net.root / f"{n}.log").read_bytes():
+                    pending.discard(n)
+            waiting_models = sorted(pending & set(net.models))
+            update(len(names) - len(pending),
+                   f"loading the model on {', '.join(waiting_models)}" if waiting_models and len(pending) ==
+                   len(waiting_models) else "starting nodes")
+            if pending and time.monotonic() > deadline:
+                raise LocalNetError(f"not ready after {timeout}s: {sorted(pending)}; see their logs in {net.root}")
+            if pending:
+                time.sleep(0.1)
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises KeyboardInterrupt (like Ctrl-C), so the nodes are stopped either way."""
+    def raise_interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, raise_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def interactive_chat(config: Path) -> int:
+    """``gentorrent user chat`` on this terminal; Ctrl-C ends the chat (and then the devnet)."""
+    return subprocess.run(cli("user", "chat", "--config", str(config), "--log-level", "warning")).returncode
+
+
 def demo_chat(net: LocalNet, config: Path, engine: str) -> int:
     turns = [a for t in DEMO_TURNS[engine] for a in ("--prompt", t)]
-    cmd = cli("user", "chat", "--config", str(config), *turns, "--max-tokens", "48", "--temperature", "0", "--log-level", "warning",
+    cmd = cli("user", "chat", "--config", str(config), *turns, "--verbose", "--max-tokens", "48", "--temperature", "0",
+              "--log-level", "warning",
               "--timeout", "30")
     return subprocess.run(cmd, timeout=180).returncode
 
@@ -95,47 +211,58 @@ def _run(args: argparse.Namespace) -> int:
     cfg = resolve_config(args)
     if not 4 <= args.relays <= 200:
         raise CliError("--relays must be between 4 and 200 (paths need 3 distinct relays each)")
-    if not args.no_demo and args.relays < 12:
-        raise CliError("the demo chat keeps 4 proxy paths of 3 distinct relays: it needs --relays 12 or more "
-                       "(or pass --no-demo)")
+    if (not args.no_demo or args.chat) and args.relays < 12:
+        raise CliError("chats keep 4 proxy paths of 3 distinct relays: they need --relays 12 or more "
+                       "(or pass --no-demo without --chat)")
     root = cfg.data_path / "devnet"
     if not 1 <= args.models <= 8:
         raise CliError("--models must be between 1 and 8")
     model = DEFAULT_MODEL if args.engine == "llama.cpp" else "echo"
     net = LocalNet(root, args.relays, users=("you",), models=args.models, model=model, engine=args.engine,
-                   registry_keys=REGISTRY_KEYS, ping_interval=5.0, echo_delay=0.02)
+                   registry_keys=REGISTRY_KEYS, ping_interval=PING_INTERVAL, echo_delay=0.02)
     chat_config = net.config_toml("you", root / "chat.toml")
-    print(f"devnet: starting {args.relays} relays and {args.models} model node(s) ({args.engine}, {model}) "
-          f"on 127.0.0.1 (state in {root})",
-          flush=True)
+    show = not args.quiet
+
+    def say(text: str) -> None:
+        if show:
+            print(text, flush=True)
+
+    say(f"devnet: starting {args.relays} relays and {args.models} model node(s) ({args.engine}, {model}) "
+        f"on 127.0.0.1 (state in {root})")
     try:
-        net.start(timeout=args.ready_timeout)
-        state = run_async(wait_up, net, args.ready_timeout)
-        for row in format_rows(state["entries"], state["results"]):
-            print(row)
-        if not state["ok"]:
-            print(f"devnet: not every node came up within {args.ready_timeout}s; see the logs in {root}",
-                  file=sys.stderr)
-            return 1
-        print(f"devnet: {len(state['entries'])} nodes up. Registry: {net.registry_file} "
-              f"(signed by {REGISTRY_KEYS} registry keys)", flush=True)
-        if not args.no_demo:
-            print("devnet: demo chat through the anonymous overlay "
-                  "(3-hop proxy paths, (4,3) S-IDA cloves):", flush=True)
-            if demo_chat(net, chat_config, args.engine) != 0:
-                print(f"devnet: the demo chat FAILED; see the messages above and the logs in {root}",
-                      file=sys.stderr)
+        with sigterm_as_interrupt():
+            start_nodes(net, args.ready_timeout, show=show, verbose=args.verbose)
+            state = run_async(wait_up, net, args.ready_timeout)
+            for row in health_table(net, state["results"]):
+                say(row)
+            if not state["ok"]:
+                print(f"devnet: not every node answered within {args.ready_timeout}s (rows marked !!); see the "
+                      f"logs in {root}", file=sys.stderr)
                 return 1
-        exe = Path(sys.executable).parent / "gentorrent"
-        print(f"devnet: chat yourself, from another terminal:\n"
-              f"    {exe if exe.exists() else 'gentorrent'} user chat --config {chat_config}", flush=True)
-        if args.duration is None:
-            print("devnet: running; press Ctrl-C to stop.", flush=True)
-            while True:
-                time.sleep(3600)
-        else:
-            time.sleep(args.duration)
-        return 0
+            say(f"devnet: all {len(state['entries'])} nodes healthy. Registry: {net.registry_file} "
+                f"(signed by {REGISTRY_KEYS} registry keys)")
+            if not args.no_demo and not args.quiet:
+                say("devnet: demo chat through the anonymous overlay (3-hop proxy paths, (4,3) S-IDA cloves):")
+                if demo_chat(net, chat_config, args.engine) != 0:
+                    print(f"devnet: the demo chat FAILED; see the messages above and the logs in {root}",
+                          file=sys.stderr)
+                    return 1
+            if args.chat:
+                say("devnet: your chat; /help for commands, /quit or Ctrl-D to leave (the network stops then)")
+                interactive_chat(chat_config)
+                return 0
+            exe = Path(sys.executable).parent / "gentorrent"
+            print(f"devnet: chat yourself, from another terminal:\n"
+                  f"    {exe if exe.exists() else 'gentorrent'} user chat --config {chat_config}\n"
+                  f"or serve an OpenAI-compatible API on http://127.0.0.1:8741/v1:\n"
+                  f"    {exe if exe.exists() else 'gentorrent'} user serve --config {chat_config}", flush=True)
+            if args.duration is None:
+                print("devnet: running; press Ctrl-C to stop.", flush=True)
+                while True:
+                    time.sleep(3600)
+            else:
+                time.sleep(args.duration)
+            return 0
     except KeyboardInterrupt:
         return 0
     except LocalNetError as exc:

@@ -54,10 +54,9 @@ def test_devnet_comes_up_and_stops(helpers: Any, tmp_path: Path) -> None:
     out = helpers.run_cli("devnet", "--relays", "4", "--duration", "0.5", "--no-demo",
                           "--data-dir", str(tmp_path), timeout=180)
     assert out.returncode == 0, out.stdout + out.stderr
-    rows = [line for line in out.stdout.splitlines() if line[:8].isalnum() and len(line.split()) >= 4]
-    states = [line.split()[3] for line in rows if line.split()[0] != "node"]
-    assert states and all(s == "up" for s in states), out.stdout
+    rows = [line for line in out.stdout.splitlines() if line[:3] in ("ok ", "!! ")]
+    assert len(rows) == 4 + 2 and all(r.startswith("ok ") and "healthy:" in r for r in rows), out.stdout
     assert "DOWN" not in out.stdout
-    assert f"{len(states)} nodes up" in out.stdout
-    assert f"stopped {len(states)} nodes" in out.stdout
+    assert f"all {len(rows)} nodes healthy" in out.stdout
+    assert f"stopped {len(rows)} nodes" in out.stdout
     assert "Traceback" not in out.stderr

@@ -1,0 +1,111 @@
+"""The chat's session (history window, affinity, status), its /commands and its exit statuses."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from overlay.anon import AnonError
+from overlay.messages import ChatMessage, ReplyChunk, SamplingParams
+from overlay.paths import PathError
+from user_client import chat
+
+NODE = b"N" * 32
+
+
+class FakeClient:
+    """Echoes the last message back in two chunks; records what it was sent."""
+
+    def __init__(self, fail: str | None = None) -> None:
+        self.sent: list[tuple[str, tuple[ChatMessage, ...], bytes | None]] = []
+        self.fail = fail
+
+    async def request(self, model, messages, params=None, *, node=None, timeout=60.0):
+        self.sent.append((model, tuple(messages), node))
+        if self.fail:
+            raise AnonError(self.fail)
+        text = messages[-1].content
+        half = len(text) // 2
+        yield ReplyChunk(b"r" * 16, 0, text[:half], tuple(range(half)), False, "", NODE, b"", 0)
+        yield ReplyChunk(b"r" * 16, 1, text[half:], tuple(range(len(text) - half)), True, "", NODE, b"s" * 64, 1)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        self.t += 0.25
+        return self.t
+
+
+async def test_a_turn_streams_records_and_goes_back_to_the_same_node():
+    client = FakeClient()
+    s = chat.ChatSession(client, "m", SamplingParams(max_tokens=16), "be brief", now=Clock())
+    out = io.StringIO()
+    t = await s.turn("hello there", out, 5)
+    assert out.getvalue() == "hello there\n"
+    assert (t.text, t.node, t.verified, t.tokens, t.first_token_s) == ("hello there", NODE, True, 11, 0.25)
+    await s.turn("again", io.StringIO(), 5)
+    assert client.sent[0][2] is None and client.sent[1][2] == NODE  # affinity
+    assert [m.role for m in client.sent[1][1]] == ["system", "user", "assistant", "user"]
+    assert "verified" in chat.describe(t) and NODE.hex()[:8] in chat.describe(t)
+
+
+async def test_a_failed_turn_is_forgotten():
+    s = chat.ChatSession(FakeClient(fail="no reply from model node 01020304 within 5s"), "m", SamplingParams(), None)
+    with pytest.raises(AnonError):
+        await s.turn("hello", io.StringIO(), 5)
+    assert s.history == [] and s.node is None
+
+
+async def test_history_is_trimmed_to_the_context_window_keeping_the_system_prompt():
+    client = FakeClient()
+    s = chat.ChatSession(client, "m", SamplingParams(max_tokens=50), "sys", context_tokens=200)
+    for i in range(10):
+        await s.turn(f"turn {i} " + "x" * 60, io.StringIO(), 5)
+    sent = client.sent[-1][1]
+    assert sent[0] == ChatMessage("system", "sys") and sent[-1].content.startswith("turn 9")
+    assert sent[1].role == "user"  # a window starts with a user turn
+    assert len(sent) < 2 * 10
+    estimate = sum(s.estimate(m.content) for m in sent)
+    assert estimate <= 200 - 50 + 10  # within the budget (assistant turns count their tokens)
+    with pytest.raises(AnonError, match="does not fit"):
+        await s.turn("y" * 600, io.StringIO(), 5)
+    assert s.history[-1].role == "assistant"  # the refused prompt is not kept
+
+
+def test_commands():
+    s = chat.ChatSession(FakeClient(), "m", SamplingParams(), "sys")
+    s.history.append(ChatMessage("user", "x"))
+    s.node = NODE
+
+    def models(name):
+        return ["entry"] if name in ("m", "other") else []
+
+    assert chat.command(s, "/help", models) == (True, chat.HELP)
+    assert chat.command(s, "/new", models)[0] and s.history == [ChatMessage("system", "sys")] and s.node is None
+    s.node = NODE
+    assert "no model node" in chat.command(s, "/model nope", models)[1] and s.model == "m" and s.node == NODE
+    assert chat.command(s, "/model other", models)[0] and s.model == "other" and s.node is None
+    assert "other" in chat.command(s, "/model", models)[1]
+    assert chat.command(s, "/quit", models)[0] is False
+    assert "unknown command" in chat.command(s, "/frobnicate", models)[1]
+
+
+@pytest.mark.parametrize("exc,status", [
+    (PathError("only 1 of the 4 proxy paths needed are ready after 60s"), chat.EXIT_PATHS),
+    (AnonError("only 1 of the 4 proxy paths needed are ready after 30s (...)"), chat.EXIT_PATHS),
+    (AnonError("no reply from model node 0a0b0c0d within 5s (...)"), chat.EXIT_NO_MODEL_NODE),
+    (AnonError("no model node in the registry serves 'x'"), chat.EXIT_NO_MODEL_NODE),
+    (AnonError("model node 0a0b0c0d: max_tokens must be within 1..4096, got 5000"), chat.EXIT_MODEL_ERROR),
+    (AnonError("bad signature; the reply was discarded"), chat.EXIT_UNVERIFIED),
+    (AnonError("the reply came from node 0a0b0c0d, which the registry does not list as serving 'm'; discarded"),
+     chat.EXIT_UNVERIFIED),
+    (AnonError("reply chunks arrived too far out of order"), chat.EXIT_OTHER),
+    (RuntimeError("x"), chat.EXIT_OTHER),
+])
+def test_exit_status_says_what_failed(exc, status):
+    assert chat.exit_status(exc) == status
+    assert status in chat.EXIT_CODES

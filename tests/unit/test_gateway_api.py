@@ -1,0 +1,132 @@
+"""The gateway's OpenAI request validation and response shapes (user_client.openai_api), directly."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from overlay.messages import ChatMessage
+from user_client import openai_api as api
+
+MSG = [{"role": "user", "content": "hi"}]
+
+
+def chat(**kw):
+    return api.parse_chat({"model": "m", "messages": MSG, **kw})
+
+
+def test_chat_defaults_and_mapping():
+    c = api.parse_chat({"model": "m", "messages": [{"role": "developer", "content": "be brief"},
+                                                    {"role": "user", "content": [{"type": "text", "text": "a"},
+                                                                                 {"type": "text", "text": "b"}]}],
+                        "max_tokens": 7, "temperature": 0, "top_p": 0.5, "seed": 3, "stop": "x",
+                        "stream": True, "stream_options": {"include_usage": True}, "user": "ignored"})
+    assert c.messages == (ChatMessage("system", "be brief"), ChatMessage("user", "ab"))
+    assert (c.params.max_tokens, c.params.temperature, c.params.top_p, c.params.seed) == (7, 0.0, 0.5, 3)
+    assert c.stop == ("x",) and c.stream and c.include_usage and c.kind == "chat"
+    d = chat()
+    assert d.params.max_tokens == api.DEFAULT_MAX_TOKENS and d.params.seed is None and not d.stream
+    assert chat(max_completion_tokens=9, max_tokens=5).params.max_tokens == 9
+    assert not chat(stream_options={"include_usage": True}).include_usage  # only with stream
+
+
+@pytest.mark.parametrize("field,value", [
+    ("temperature", 2.5), ("temperature", -0.1), ("temperature", "hot"), ("temperature", True),
+    ("top_p", 0), ("top_p", 1.5), ("max_tokens", 0), ("max_tokens", api.MAX_TOKENS_LIMIT + 1),
+    ("max_tokens", 1.5), ("seed", -1), ("seed", 2**32), ("n", 2), ("stop", ["a"] * 5), ("stop", [""]),
+    ("stop", 3), ("stream", "yes"), ("tools", [{"type": "function"}]), ("logprobs", True),
+    ("stream_options", "x"),
+])
+def test_bad_parameters_are_400_naming_the_field(field, value):
+    with pytest.raises(api.ApiError) as e:
+        chat(**{field: value})
+    assert e.value.status == 400 and e.value.param == field
+    assert e.value.body()["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("body", [
+    [], "x", {"messages": MSG}, {"model": "", "messages": MSG}, {"model": "m"}, {"model": "m", "messages": []},
+    {"model": "m", "messages": [{"role": "tool", "content": "x"}]},
+    {"model": "m", "messages": [{"role": "user", "content": 3}]},
+    {"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}]},
+    {"model": "m", "messages": MSG * (api.MAX_MESSAGES + 1)},
+    {"model": "m", "messages": [{"role": "user", "content": "x" * (api.MAX_PROMPT_CHARS + 1)}]},
+])
+def test_malformed_chat_bodies_are_400(body):
+    with pytest.raises(api.ApiError) as e:
+        api.parse_chat(body)
+    assert e.value.status == 400
+
+
+def test_completion_prompt_becomes_one_user_message():
+    c = api.parse_completion({"model": "m", "prompt": ["Once"], "max_tokens": 4})
+    assert c.kind == "completion" and c.messages == (ChatMessage("user", "Once"),)
+    for bad in ({"model": "m"}, {"model": "m", "prompt": ["a", "b"]}, {"model": "m", "prompt": ""},
+                {"model": "m", "prompt": "a", "echo": True}, {"model": "m", "prompt": "a", "suffix": "z"}):
+        with pytest.raises(api.ApiError):
+            api.parse_completion(bad)
+
+
+def test_conversation_key_is_the_prefix_through_the_last_assistant_message():
+    u1, a1, u2 = ChatMessage("user", "q1"), ChatMessage("assistant", "r1"), ChatMessage("user", "q2")
+    assert api.conversation_key("m", [u1]) is None
+    k = api.conversation_key("m", [u1, a1, u2])
+    assert k == api.conversation_key("m", [u1, a1]) == api.conversation_key("m", [u1, a1, ChatMessage("user", "z")])
+    assert k != api.conversation_key("other", [u1, a1])
+    assert k != api.conversation_key("m", [ChatMessage("user", "q1x"), a1])
+    # no ambiguity from joining: role/content boundaries are part of the hash
+    assert api.conversation_key("m", [ChatMessage("user", "a"), ChatMessage("assistant", "b")]) != \
+        api.conversation_key("m", [ChatMessage("user", "a\u0000b"), ChatMessage("assistant", "")])
+
+
+def test_affinity_finds_the_node_of_the_previous_turn_and_is_bounded():
+    aff = api.Affinity(capacity=2)
+    u1 = ChatMessage("user", "q1")
+    aff.served("m", [u1], "r1", b"N1")
+    assert aff.node_for("m", [u1, ChatMessage("assistant", "r1"), ChatMessage("user", "q2")]) == b"N1"
+    assert aff.node_for("m", [u1]) is None
+    assert aff.node_for("m", [u1, ChatMessage("assistant", "different"), ChatMessage("user", "q2")]) is None
+    aff.served("m", [ChatMessage("user", "b")], "r", b"N2")
+    aff.served("m", [ChatMessage("user", "c")], "r", b"N3")
+    assert len(aff) == 2
+    assert aff.node_for("m", [u1, ChatMessage("assistant", "r1")]) is None  # the oldest was forgotten
+
+
+@pytest.mark.parametrize("pieces,stops,shown,stopped", [
+    (["hello wor", "ld!"], ["world"], "hello ", True),
+    (["hello wo", "rk"], ["world"], "hello work", False),
+    (["abc"], [], "abc", False),
+    (["ab", "c", "d"], ["cd", "bx"], "ab", True),
+    (["xEN", "D more"], ["END"], "x", True),
+    (["a\n", "\nb"], ["\n\n"], "a", True),
+])
+def test_stop_scanner_cuts_before_the_first_stop_string(pieces, stops, shown, stopped):
+    s = api.StopScanner(stops)
+    out, hit = [], False
+    for p in pieces:
+        text, hit = s.feed(p)
+        out.append(text)
+        if hit:
+            break
+    if not hit:
+        out.append(s.flush())
+    assert "".join(out) == shown and hit == stopped
+
+
+def test_response_shapes():
+    c = chat()
+    r = api.response(c, "id1", 5, "text", "stop", 3)
+    assert r["object"] == "chat.completion" and r["choices"][0]["message"] == {"role": "assistant", "content": "text"}
+    assert r["usage"] == {"prompt_tokens": 0, "completion_tokens": 3, "total_tokens": 3}
+    first = api.chunk(c, "id1", 5, "t", None, first=True)
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": "t"}
+    assert api.chunk(c, "id1", 5, None, "length")["choices"][0] == {"index": 0, "delta": {}, "finish_reason": "length",
+                                                                     "logprobs": None}
+    comp = api.parse_completion({"model": "m", "prompt": "p"})
+    assert api.response(comp, "c", 5, "x", "stop", 1)["choices"][0]["text"] == "x"
+    assert api.usage_chunk(c, "id1", 5, 4)["choices"] == []
+    assert api.finish_reason(False, 8, 8) == "length" and api.finish_reason(True, 8, 8) == "stop"
+    assert api.sse("[DONE]") == b"data: [DONE]\n\n"
+    assert json.loads(api.sse({"a": 1})[6:]) == {"a": 1}
+    assert [m["id"] for m in api.models_list(["b", "a", "b"])["data"]] == ["a", "b"]

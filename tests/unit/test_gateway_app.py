@@ -1,0 +1,233 @@
+"""The gateway's HTTP layer (Starlette on Hypercorn's trio worker) over a fake backend, driven
+by the official openai client and raw HTTP: status codes, limits, streaming, affinity."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+import openai
+import pytest
+import trio
+from hypercorn.config import Config
+from hypercorn.trio import serve
+
+from overlay.anon import AnonError
+from overlay.messages import ReplyChunk
+from user_client import openai_api as api
+from user_client.gateway import Gateway, is_loopback
+
+NODE_A, NODE_B = b"A" * 32, b"B" * 32
+
+
+class FakeBackend:
+    """Echoes the last message word by word; special first words fail in chosen ways."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, bytes | None]] = []
+        self.release = trio.Event()
+
+    def models(self) -> list[str]:
+        return ["echo"]
+
+    async def request(self, model, messages, params, node):
+        self.calls.append((messages[-1].content, node))
+        words = messages[-1].content.split(" ")
+        if words[0] == "silent":
+            raise AnonError("no reply from model node 0a0b0c0d within 1s")
+        if words[0] == "nopaths":
+            raise api.ApiError(503, "not enough proxy paths", type="service_unavailable", code="not_enough_paths")
+        if words[0] == "refused":
+            raise AnonError("model node 0a0b0c0d: model node is at capacity; try again later")
+        served = node or NODE_A
+        for i, w in enumerate(words[: params.max_tokens]):
+            if w == "hold":
+                await self.release.wait()
+            if w == "break":
+                raise AnonError("model node 0a0b0c0d: engine failed")
+            last = i == min(len(words), params.max_tokens) - 1
+            yield ReplyChunk(b"r" * 16, i, (" " if i else "") + w, (1,), last, "", served, b"", 0)
+
+
+@pytest.fixture
+async def gateway(nursery):
+    backend = FakeBackend()
+    gw = Gateway(backend, max_body=4096, max_concurrent=2)
+    hc = Config()
+    hc.bind = ["127.0.0.1:0"]
+    hc.accesslog = None
+    hc.errorlog = None
+    binds = await nursery.start(serve, gw.app, hc)
+    yield gw, backend, binds[0]
+    for c in _clients:
+        c.close()
+    _clients.clear()
+
+
+_clients: list[openai.OpenAI] = []
+
+
+def client(base: str) -> openai.OpenAI:
+    """An official client that never retries (closed when the test ends)."""
+    c = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
+    _clients.append(c)
+    return c
+
+
+def post(url: str, data: bytes, headers: dict[str, str] | None = None) -> tuple[int, dict]:
+    req = urllib.request.Request(url, data=data, headers={"content-type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+async def test_chat_stream_completion_and_models(gateway):
+    gw, backend, base = gateway
+
+    def run():
+        c = client(base)
+        assert [m.id for m in c.models.list().data] == ["echo"]
+        r = c.chat.completions.create(model="echo", messages=[{"role": "user", "content": "one two three"}],
+                                      max_tokens=2)
+        assert r.choices[0].message.content == "one two" and r.choices[0].finish_reason == "length"
+        assert r.usage.completion_tokens == 2
+        parts = list(c.chat.completions.create(model="echo", messages=[{"role": "user", "content": "a b END c"}],
+                                               stop=["END"], stream=True,
+                                               stream_options={"include_usage": True}))
+        assert "".join(p.choices[0].delta.content or "" for p in parts if p.choices) == "a b "
+        assert [p.choices[0].finish_reason for p in parts if p.choices][-1] == "stop"
+        assert parts[-1].usage is not None and parts[0].choices[0].delta.role == "assistant"
+        raw = c.chat.completions.with_raw_response.create(model="echo", messages=[{"role": "user", "content": "z"}])
+        assert raw.headers["x-gentorrent-node"] == NODE_A.hex() and raw.headers["x-gentorrent-verified"] == "true"
+        comp = c.completions.create(model="echo", prompt="x y")
+        assert comp.choices[0].text == "x y" and comp.choices[0].finish_reason == "stop"
+        streamed = "".join(p.choices[0].text for p in c.completions.create(model="echo", prompt="p q", stream=True))
+        assert streamed == "p q"
+
+    await trio.to_thread.run_sync(run)
+    assert gw.active == 0 and gw.served == 5
+
+
+async def test_follow_ups_go_back_to_the_node_that_served(gateway):
+    gw, backend, base = gateway
+
+    def run():
+        c = client(base)
+        first = [{"role": "user", "content": "hello there"}]
+        r = c.chat.completions.create(model="echo", messages=first)
+        follow = [*first, {"role": "assistant", "content": r.choices[0].message.content},
+                  {"role": "user", "content": "again"}]
+        c.chat.completions.create(model="echo", messages=follow)
+        c.chat.completions.create(model="echo", messages=[*first, {"role": "assistant", "content": "edited"},
+                                                          {"role": "user", "content": "other"}])
+
+    await trio.to_thread.run_sync(run)
+    assert backend.calls == [("hello there", None), ("again", NODE_A), ("other", None)]
+
+
+@pytest.mark.parametrize("content,status,code", [
+    ("silent x", 503, "no_model_node_reachable"),
+    ("nopaths x", 503, "not_enough_paths"),
+    ("refused x", 502, "model_node_error"),
+])
+async def test_overlay_failures_are_openai_errors(gateway, content, status, code):
+    _, _, base = gateway
+
+    def run():
+        for stream in (False, True):
+            with pytest.raises(openai.APIStatusError) as e:
+                r = client(base).chat.completions.create(model="echo", messages=[{"role": "user", "content": content}],
+                                                         stream=stream)
+                list(r) if stream else None
+            assert e.value.status_code == status and e.value.body["code"] == code
+
+    await trio.to_thread.run_sync(run)
+
+
+async def test_unknown_model_404_bad_parameter_400(gateway):
+    _, _, base = gateway
+
+    def run():
+        with pytest.raises(openai.NotFoundError) as e:
+            client(base).chat.completions.create(model="gpt-4", messages=[{"role": "user", "content": "x"}])
+        assert e.value.body["code"] == "model_not_found"
+        with pytest.raises(openai.BadRequestError) as e2:
+            client(base).chat.completions.create(model="echo", messages=[{"role": "user", "content": "x"}], top_p=2)
+        assert e2.value.body["param"] == "top_p"
+        assert post(base + "/v1/chat/completions", b"{not json")[0] == 400
+
+    await trio.to_thread.run_sync(run)
+
+
+async def test_an_error_mid_stream_ends_the_stream_with_an_error_event(gateway):
+    _, _, base = gateway
+
+    def run():
+        got = []
+        with pytest.raises(openai.APIError, match="engine failed"):
+            for p in client(base).chat.completions.create(
+                    model="echo", messages=[{"role": "user", "content": "a b break c"}], stream=True):
+                got.append(p.choices[0].delta.content)
+        assert got == ["a", " b"]
+
+    await trio.to_thread.run_sync(run)
+
+
+async def test_body_size_bound_413(gateway):
+    gw, _, base = gateway
+    big = json.dumps({"model": "echo", "messages": [{"role": "user", "content": "x" * 5000}]}).encode()
+    status, body = await trio.to_thread.run_sync(post, base + "/v1/chat/completions", big)
+    assert status == 413 and body["error"]["code"] == "body_too_large"
+    assert gw.active == 0
+
+
+async def test_concurrency_bound_429(gateway, nursery):
+    gw, backend, base = gateway
+    held = []
+
+    def hold():
+        stream = client(base).chat.completions.create(model="echo", messages=[{"role": "user", "content": "a hold"}],
+                                                      stream=True)
+        held.append("".join(p.choices[0].delta.content or "" for p in stream))
+
+    nursery.start_soon(trio.to_thread.run_sync, hold)
+    nursery.start_soon(trio.to_thread.run_sync, hold)
+    while gw.active < 2:
+        await trio.sleep(0.01)
+
+    def third():
+        with pytest.raises(openai.RateLimitError) as e:
+            client(base).chat.completions.create(model="echo", messages=[{"role": "user", "content": "x"}])
+        assert e.value.status_code == 429
+
+    await trio.to_thread.run_sync(third)
+    backend.release.set()
+    while len(held) < 2:
+        await trio.sleep(0.01)
+    assert held == ["a hold", "a hold"] and gw.active == 0
+
+
+def test_loopback_detection():
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost") and is_loopback("127.3.4.5")
+    assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.2") and not is_loopback("example.com")
+
+
+async def test_a_client_that_hangs_up_mid_stream_frees_its_slot(gateway):
+    gw, backend, base = gateway
+    host, port = base.removeprefix("http://").rsplit(":", 1)
+    body = json.dumps({"model": "echo", "messages": [{"role": "user", "content": "a hold"}], "stream": True}).encode()
+    stream = await trio.open_tcp_stream(host, int(port))
+    await stream.send_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                          b"content-length: %d\r\n\r\n%s" % (len(body), body))
+    got = b""
+    while b'"content":"a"' not in got:
+        got += await stream.receive_some(4096)
+    assert gw.active == 1
+    await stream.aclose()
+    with trio.fail_after(10):
+        while gw.active:
+            await trio.sleep(0.01)
+    assert gw.served == 0  # the reply was abandoned, not counted as served

@@ -1,0 +1,1 @@
+"""Benchmarks of the user role: ``gentorrent bench gateway``."""

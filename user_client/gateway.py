@@ -1,0 +1,340 @@
+"""``gentorrent user serve``: an OpenAI-compatible HTTP API whose every call goes over the overlay.
+
+A thin Starlette app served by Hypercorn's trio worker, in the same trio run as the user
+node that carries the calls: ``GET /v1/models``, ``POST /v1/chat/completions`` and
+``POST /v1/completions`` (streamed as server-sent events or not). Validation and response
+shapes are the plain functions of :mod:`user_client.openai_api`; this module only moves
+bytes between HTTP and a :class:`Backend` (the real one, :class:`AnonBackend`, is the
+:class:`~overlay.anon.AnonClient` users run, with session affinity per conversation).
+
+Bounds: a body over ``max_body`` bytes is refused (413) without being read further; more
+than ``max_concurrent`` calls in flight are refused (429). Errors are OpenAI-shaped:
+400 bad parameters, 404 unknown model, 413 body too large, 429 too many calls, 502 the model
+node answered with an error, 503 no model node reachable or fewer proxy paths ready than a
+request needs. An error after streaming began is sent as a last ``data: {"error": ...}`` event.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import logging
+import sys
+import time
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import trio
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from overlay.anon import AnonError
+from overlay.messages import ChatMessage, ReplyChunk, SamplingParams
+from overlay.paths import PathError
+from user_client import openai_api as api
+from user_client.cli import DEFAULT_MAX_BODY, DEFAULT_MAX_CONCURRENT
+
+log = logging.getLogger("gentorrent.gateway")
+
+
+
+class Backend(Protocol):
+    """Where calls go: :class:`AnonBackend` over the overlay, or a fake in tests."""
+
+    def models(self) -> list[str]:
+        """Model ids served by the registry's model nodes."""
+        ...
+
+    def request(self, model: str, messages: Sequence[ChatMessage], params: SamplingParams,
+                node: bytes | None) -> AsyncGenerator[ReplyChunk, None]:
+        """The reply chunks in order; :class:`~overlay.anon.AnonError` or :class:`api.ApiError`
+        on failure. ``node`` prefers a model node (session affinity)."""
+        ...
+
+
+class AnonBackend:
+    """Calls through an :class:`~overlay.anon.AnonClient` (the user's own anonymous client).
+
+    Before each call it waits up to ``paths_timeout`` seconds for the n proxy paths a request
+    needs (503 ``not_enough_paths`` otherwise); ``timeout`` bounds the wait for each chunk."""
+
+    def __init__(self, client: Any, models: Callable[[], list[str]], *, timeout: float = 60.0,
+                 paths_timeout: float = 10.0) -> None:
+        self.client = client
+        self._models = models
+        self.timeout = timeout
+        self.paths_timeout = paths_timeout
+
+    def models(self) -> list[str]:
+        return self._models()
+
+    async def request(self, model: str, messages: Sequence[ChatMessage], params: SamplingParams,
+                      node: bytes | None) -> AsyncGenerator[ReplyChunk, None]:
+        try:
+            await self.client.paths.wait_ready(self.client.n, self.paths_timeout)
+        except PathError as exc:
+            raise api.ApiError(503, f"not enough proxy paths to send a request anonymously: {exc}",
+                               type="service_unavailable", code="not_enough_paths") from None
+        async with aclosing(self.client.request(model, list(messages), params, node=node, timeout=self.timeout,
+                                                paths_timeout=self.paths_timeout)) as chunks:
+            async for c in chunks:
+                yield c
+
+
+def error_for(exc: AnonError) -> api.ApiError:
+    """503 when no model node answered, 502 when one answered with an error."""
+    msg = str(exc)
+    if msg.startswith("no reply") or msg.startswith("no model node"):
+        return api.ApiError(503, f"no model node reachable: {msg}", type="service_unavailable",
+                            code="no_model_node_reachable")
+    return api.ApiError(502, msg, type="model_node_error", code="model_node_error")
+
+
+@dataclass
+class Outcome:
+    """What a finished call produced (for the final chunk, the affinity map and the chat UI)."""
+
+    text: list[str] = field(default_factory=list)
+    tokens: int = 0
+    node: bytes | None = None
+    verified: bool = False
+    stopped: bool = False
+    first_piece_s: float | None = None
+
+
+async def pieces(
+    backend: Backend, affinity: api.Affinity, call: api.Call, out: Outcome
+) -> AsyncGenerator[str, None]:
+    """The reply's visible text, piece by piece, with stop strings applied; fills ``out``.
+
+    A reply that ends normally (its last chunk verified by the client) is recorded in
+    ``affinity`` for the conversation's follow-ups."""
+    scanner = api.StopScanner(call.stop)
+    t0 = time.perf_counter()
+    async with aclosing(backend.request(call.model, call.messages, call.params,
+                                        affinity.node_for(call.model, call.messages))) as chunks:
+        async for c in chunks:
+            out.tokens += len(c.token_ids)
+            out.node = c.node
+            text, stopped = scanner.feed(c.text)
+            if text:
+                if out.first_piece_s is None:
+                    out.first_piece_s = time.perf_counter() - t0
+                out.text.append(text)
+                yield text
+            if stopped:
+                out.stopped = True
+                break
+            if c.done:
+                out.verified = True  # AnonClient raises before yielding an unverifiable last chunk
+    if not out.stopped:
+        rest = scanner.flush()
+        if rest:
+            out.text.append(rest)
+            yield rest
+    if out.node is not None and call.kind == "chat":
+        affinity.served(call.model, call.messages, "".join(out.text), out.node)
+
+
+class Gateway:
+    """The ASGI app (``self.app``) and its limits."""
+
+    def __init__(self, backend: Backend, *, max_body: int = DEFAULT_MAX_BODY,
+                 max_concurrent: int = DEFAULT_MAX_CONCURRENT) -> None:
+        self.backend = backend
+        self.max_body = max_body
+        self.max_concurrent = max_concurrent
+        self.active = 0
+        self.served = 0
+        self.affinity = api.Affinity()
+        self.app = Starlette(routes=[
+            Route("/v1/models", self.list_models, methods=["GET"]),
+            Route("/v1/chat/completions", self.chat, methods=["POST"]),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+        ])
+
+    async def list_models(self, request: Request) -> Response:
+        return JSONResponse(api.models_list(self.backend.models()))
+
+    async def chat(self, request: Request) -> Response:
+        return await self._handle(request, api.parse_chat)
+
+    async def completions(self, request: Request) -> Response:
+        return await self._handle(request, api.parse_completion)
+
+    async def _body(self, request: Request) -> object:
+        declared = request.headers.get("content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.max_body):
+            raise api.ApiError(413, f"the request body is larger than {self.max_body} bytes", code="body_too_large")
+        data = bytearray()
+        async for part in request.stream():
+            data += part
+            if len(data) > self.max_body:
+                raise api.ApiError(413, f"the request body is larger than {self.max_body} bytes",
+                                   code="body_too_large")
+        try:
+            return json.loads(data)
+        except (ValueError, UnicodeDecodeError):
+            raise api.bad("the request body is not valid JSON") from None
+
+    async def _handle(self, request: Request, parse: Callable[[object], api.Call]) -> Response:
+        if self.active >= self.max_concurrent:
+            return _error(api.ApiError(429, f"the gateway is handling {self.max_concurrent} calls already; retry "
+                                            "shortly", type="rate_limit_exceeded", code="too_many_requests"))
+        self.active += 1
+        release = True
+        try:
+            call = parse(await self._body(request))
+            if call.model not in self.backend.models():
+                raise api.ApiError(404, f"the model {call.model!r} is not served by any model node of the "
+                                        "registry; GET /v1/models lists those that are", param="model",
+                                   code="model_not_found")
+            out = Outcome()
+            gen = pieces(self.backend, self.affinity, call, out)
+            try:
+                first = await _first(gen)
+            except AnonError as exc:
+                raise error_for(exc) from None
+            rid = ("chatcmpl-" if call.kind == "chat" else "cmpl-") + uuid.uuid4().hex
+            created = int(time.time())
+            if call.stream:
+                release = False  # the stream releases the slot when it ends
+                return StreamingResponse(self._stream(call, rid, created, first, gen, out),
+                                         media_type="text/event-stream",
+                                         headers={"cache-control": "no-cache",
+                                                  "x-gentorrent-node": out.node.hex() if out.node else ""})
+            texts = [] if first is None else [first]
+            try:
+                async with aclosing(gen):
+                    async for t in gen:
+                        texts.append(t)
+            except AnonError as exc:
+                raise error_for(exc) from None
+            self.served += 1
+            finish = api.finish_reason(out.stopped, out.tokens, call.params.max_tokens)
+            return JSONResponse(api.response(call, rid, created, "".join(texts), finish, out.tokens),
+                                headers=_served_headers(out))
+        except api.ApiError as exc:
+            return _error(exc)
+        finally:
+            if release:
+                self.active -= 1
+
+    async def _stream(self, call: api.Call, rid: str, created: int, first: str | None,
+                      gen: AsyncGenerator[str, None], out: Outcome) -> AsyncIterator[bytes]:
+        try:
+            if first is not None:
+                yield api.sse(api.chunk(call, rid, created, first, None, first=True))
+            try:
+                async with aclosing(gen):
+                    async for t in gen:
+                        yield api.sse(api.chunk(call, rid, created, t, None, first=first is None))
+                        first = first or t
+            except AnonError as exc:
+                yield api.sse(error_for(exc).body())
+                return
+            except api.ApiError as exc:
+                yield api.sse(exc.body())
+                return
+            finish = api.finish_reason(out.stopped, out.tokens, call.params.max_tokens)
+            tail = api.sse(api.chunk(call, rid, created, None, finish, first=first is None))
+            if call.include_usage:
+                tail += api.sse(api.usage_chunk(call, rid, created, out.tokens))
+            yield tail + api.sse("[DONE]")  # one write for the last events
+            self.served += 1
+        finally:
+            self.active -= 1
+
+
+async def _first(gen: AsyncGenerator[str, None]) -> str | None:
+    """The first piece, or ``None`` for an empty reply (errors before any text surface here)."""
+    try:
+        return await gen.__anext__()
+    except StopAsyncIteration:
+        return None
+
+
+def _served_headers(out: Outcome) -> dict[str, str]:
+    """Which model node served and whether its signature was checked (not OpenAI fields; a
+    stream carries only the node, since its headers leave before the last chunk is checked)."""
+    return {"x-gentorrent-node": out.node.hex() if out.node else "",
+            "x-gentorrent-verified": "true" if out.verified else "false"}
+
+
+def _error(exc: api.ApiError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """Start the user node and the HTTP gateway; print ``READY <base url>`` once both listen."""
+    from hypercorn.config import Config as HyperConfig
+    from hypercorn.trio import serve
+
+    from overlay.cli import CliError, resolve_config, run_async
+    from overlay.identity import load_or_create
+    from overlay.registry import from_config
+    from overlay.transport import TLSTransport
+    from overlay.usernode import UserNode
+    from user_client.relay import listen_address
+
+    cfg = resolve_config(args)
+    if not is_loopback(args.host) and not args.listen_public:
+        raise CliError(f"--host {args.host} is not a loopback address: the gateway has no authentication, so "
+                       "anyone reaching it would use your user node. Pass --listen-public if that is intended")
+    if not 0 <= args.port <= 65535:
+        raise CliError("--port must be within 0..65535")
+    if args.max_body < 1024 or args.max_concurrent < 1:
+        raise CliError("--max-body must be at least 1024 and --max-concurrent at least 1")
+    if not 1 <= cfg.threshold <= cfg.cloves <= 16 or cfg.proxies < cfg.cloves:
+        raise CliError("need 1 <= threshold (k) <= cloves (n) <= 16 and proxies (N) >= cloves")
+    identity = load_or_create(cfg.data_path)
+    registry = from_config(cfg)
+    host, port = listen_address(cfg)
+    user = UserNode(identity, TLSTransport(identity), registry, region=cfg.region, n=cfg.cloves,
+                    k=cfg.threshold, paths=cfg.proxies, refresh=cfg.path_refresh, ping_interval=0)
+    assert user.client is not None
+
+    def models() -> list[str]:
+        return sorted({m for e in registry.models() for m in e.models})
+
+    backend = AnonBackend(user.client, models, timeout=args.timeout, paths_timeout=args.paths_timeout)
+    gateway = Gateway(backend, max_body=args.max_body, max_concurrent=args.max_concurrent)
+    hc = HyperConfig()
+    hc.bind = [f"[{args.host}]:{args.port}" if ":" in args.host else f"{args.host}:{args.port}"]
+    hc.accesslog = None
+    hc.errorlog = logging.getLogger("gentorrent.gateway.http")
+    hc.graceful_timeout = 1.0
+    if args.listen_public and not is_loopback(args.host):
+        print(f"gentorrent: WARNING: the gateway listens on {args.host}, beyond loopback, with no "
+              "authentication: anyone who reaches it sends prompts through your user node.", file=sys.stderr)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(user.serve, host, port)
+            binds = await nursery.start(serve, gateway.app, hc)
+            print(f"READY {binds[0]}/v1", flush=True)
+            print(f"[OpenAI-compatible API on {binds[0]}/v1; models: {', '.join(models()) or 'none'}; "
+                  f"building {cfg.proxies} proxy paths]", file=sys.stderr, flush=True)
+
+    try:
+        run_async(main)
+    except KeyboardInterrupt:
+        print("gateway stopped", file=sys.stderr)
+    except OSError as exc:
+        raise CliError(f"cannot listen on {args.host}:{args.port} or {cfg.listen}: {exc.strerror or exc}") from None
+    return 0
