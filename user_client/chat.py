@@ -33,6 +33,7 @@ from typing import Any, Protocol, TextIO
 import trio
 
 from overlay.anon import AnonError
+from overlay.clock import Clock, TrioClock
 from overlay.messages import ChatMessage, ReplyChunk, SamplingParams
 from overlay.paths import PathError
 
@@ -231,7 +232,7 @@ def command(session: ChatSession, line: str, models: Callable[[str], Sequence[An
     return True, f"[unknown command {name}; /help lists them]"
 
 
-async def wait_paths(paths: Any, n: int, timeout: float, *, show: bool) -> None:
+async def wait_paths(paths: Any, n: int, timeout: float, *, show: bool, clock: Clock | None = None) -> None:
     """Wait up to ``timeout`` seconds for ``n`` ready proxy paths (:class:`PathError` if they
     are not), showing how many are ready on stderr when ``show``."""
     if not show:
@@ -239,15 +240,16 @@ async def wait_paths(paths: Any, n: int, timeout: float, *, show: bool) -> None:
         return
     from rich.console import Console
 
-    deadline = trio.current_time() + timeout
+    clock = clock or TrioClock()
+    deadline = clock.monotonic() + timeout
     with Console(stderr=True).status("building proxy paths") as spinner:
         while True:
             spinner.update(f"building proxy paths of 3 relays each: {len(paths.ready_paths())}/{n} ready")
             try:
-                await paths.wait_ready(n, min(0.25, max(0.0, deadline - trio.current_time())))
+                await paths.wait_ready(n, min(0.25, max(0.0, deadline - clock.monotonic())))
                 return
             except PathError:
-                if trio.current_time() >= deadline:
+                if clock.monotonic() >= deadline:
                     raise
 
 

@@ -35,6 +35,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from overlay.anon import AnonError
+from overlay.clock import Clock, TrioClock
 from overlay.messages import ChatMessage, ReplyChunk, SamplingParams
 from overlay.paths import PathError
 from user_client import openai_api as api
@@ -146,8 +147,9 @@ class Gateway:
     """The ASGI app (``self.app``) and its limits."""
 
     def __init__(self, backend: Backend, *, max_body: int = DEFAULT_MAX_BODY,
-                 max_concurrent: int = DEFAULT_MAX_CONCURRENT) -> None:
+                 max_concurrent: int = DEFAULT_MAX_CONCURRENT, clock: Clock | None = None) -> None:
         self.backend = backend
+        self.clock: Clock = clock or TrioClock()  # stamps replies' ``created``
         self.max_body = max_body
         self.max_concurrent = max_concurrent
         self.active = 0
@@ -202,7 +204,7 @@ class Gateway:
             except AnonError as exc:
                 raise error_for(exc) from None
             rid = ("chatcmpl-" if call.kind == "chat" else "cmpl-") + uuid.uuid4().hex
-            created = int(time.time())
+            created = int(self.clock.unix())
             if call.stream:
                 release = False  # the stream releases the slot when it ends
                 return StreamingResponse(self._stream(call, rid, created, first, gen, out),

@@ -155,14 +155,15 @@ def progress(total: int, what: str, enabled: bool) -> Iterator[Any]:
 
 def start_nodes(net: LocalNet, timeout: float, *, show: bool, verbose: bool) -> None:
     """Spawn every node and wait for each READY line, with a progress display; a node that
-    exits or is not ready within ``timeout`` seconds raises :class:`LocalNetError`."""
+    exits or is not ready within ``timeout`` seconds (on ``net.clock``) raises
+    :class:`LocalNetError`."""
     names = net.relays + net.models
     for n in names:
         net.spawn(n)
         if verbose:
             print(f"devnet: {n}: {' '.join(net.command(n))}  (log: {net.root / (n + '.log')})", file=sys.stderr)
     pending = set(names)
-    deadline = time.monotonic() + timeout
+    deadline = net.clock.monotonic() + timeout
     with progress(len(names), "starting nodes", show) as update:
         while pending:
             for n in sorted(pending):
@@ -175,7 +176,7 @@ def start_nodes(net: LocalNet, timeout: float, *, show: bool, verbose: bool) -> 
             update(len(names) - len(pending),
                    f"loading the model on {', '.join(waiting_models)}" if waiting_models and len(pending) ==
                    len(waiting_models) else "starting nodes")
-            if pending and time.monotonic() > deadline:
+            if pending and net.clock.monotonic() > deadline:
                 raise LocalNetError(f"not ready after {timeout}s: {sorted(pending)}; see their logs in {net.root}")
             if pending:
                 time.sleep(0.1)
