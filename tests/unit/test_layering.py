@@ -114,3 +114,24 @@ def test_overlay_loads_no_role_package() -> None:
     out = subprocess.run([sys.executable, "-c", "import sys, json\n" + code], capture_output=True,
                          text=True, timeout=60, cwd=REPO, check=True)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+CLOCK_READS = {("time", "time"), ("time", "monotonic"), ("time", "time_ns"), ("time", "monotonic_ns"),
+               ("trio", "current_time"), ("datetime", "now"), ("datetime", "utcnow"), ("datetime", "today")}
+
+
+def test_clocks_are_read_only_in_overlay_clock() -> None:
+    """Drivers take ``clock=`` (overlay/clock.py); nothing else reads a clock, so MockClock and
+    FakeClock drive every timeout in tests. Benchmarks measure with ``time.perf_counter``."""
+    bad = set()
+    for package in ("overlay", *ROLES):
+        for p in sources(package):
+            rel = p.relative_to(REPO)
+            if rel.as_posix() == "overlay/clock.py" or "bench" in rel.parts or "proto" in rel.parts:
+                continue
+            for node in ast.walk(ast.parse(p.read_text(), filename=str(p))):
+                if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name | ast.Attribute):
+                    owner = node.value.id if isinstance(node.value, ast.Name) else node.value.attr
+                    if (owner, node.attr) in CLOCK_READS:
+                        bad.add(f"{rel}:{node.lineno}: {owner}.{node.attr}")
+    assert not bad, "read the clock through overlay.clock instead:\n" + "\n".join(sorted(bad))
