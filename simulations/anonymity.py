@@ -33,12 +33,11 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from overlay import onion
 from overlay.paths import choose_relays
-from simulations.common import Progress, Result, new_figure
+from simulations.common import Population, Progress, Result, SimRelay, new_figure
 from simulations.metrics import a4_entropy
 
 N_NODES = 10_000
@@ -49,10 +48,6 @@ F_VALUES = tuple(round(0.025 * i, 3) for i in range(13))  # 0 … 0.3
 DESIGNS = ("onion", "garlic_cast", "ours_path_id", "ours_link_id")
 PAPER_AT_005 = {"onion": 0.954, "garlic_cast": 0.903, "ours_path_id": 0.965}
 
-
-@dataclass(frozen=True)
-class _Relay:
-    node_id: bytes
 
 
 def view(user: int, paths: Sequence[Sequence[int]], bad: Callable[[int], bool], *,
@@ -87,24 +82,16 @@ def _other(rng: random.Random, n_nodes: int, user: int) -> int:
 
 
 def simulate(seed: int, *, n_nodes: int = N_NODES, trials: int = TRIALS, n_paths: int = N_PATHS,
-             f_values: Sequence[float] = F_VALUES, choose: Callable[..., list[_Relay]] = choose_relays,
+             f_values: Sequence[float] = F_VALUES, choose: Callable[..., Sequence[SimRelay]] = choose_relays,
              progress: Progress | None = None) -> Result:
     """Run the anonymity simulation; ``choose`` is the relay choice (default: the product's)."""
     rng = random.Random(seed)
-    ids = [i.to_bytes(4, "big") for i in range(n_nodes)]
-    directory = [_Relay(x) for x in ids]
-    index = {x: i for i, x in enumerate(ids)}
-    rank = list(range(n_nodes))
-    rng.shuffle(rank)
+    population = Population(n_nodes, rng, choose)
+    rank = population.collusion_rank()
     requests = []
     for _ in range(trials):
         user = rng.randrange(n_nodes)
-        in_use: set[bytes] = set()
-        ours = []
-        for _ in range(n_paths):
-            relays = choose(directory, ids[user], in_use, lambda _r: False, rng)
-            in_use.update(r.node_id for r in relays)
-            ours.append([index[r.node_id] for r in relays])
+        ours = population.paths_of(user, n_paths)
         gc = [[_other(rng, n_nodes, user) for _ in range(GC_HOPS)] for _ in range(n_paths)]
         requests.append((user, ours, gc))
     series: dict[str, list[float]] = {d: [] for d in DESIGNS}

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import random
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -69,3 +71,39 @@ def write(result: Result, fig: Figure, out: Path) -> tuple[Path, Path]:
     fig.savefig(png, dpi=80)
     plt.close(fig)
     return js, png
+
+
+@dataclass(frozen=True)
+class SimRelay:
+    """A directory entry as the product's relay choice reads it (only its id)."""
+
+    node_id: bytes
+
+
+class Population:
+    """``n_nodes`` user nodes known by index, and a user's paths drawn with ``choose`` — the
+    product's :func:`overlay.paths.choose_relays` unless a test injects another."""
+
+    def __init__(self, n_nodes: int, rng: random.Random, choose: Callable[..., Sequence[Any]]) -> None:
+        self.rng = rng
+        self.choose = choose
+        self.ids = [i.to_bytes(4, "big") for i in range(n_nodes)]
+        self.directory = [SimRelay(x) for x in self.ids]
+        self.index = {x: i for i, x in enumerate(self.ids)}
+
+    def collusion_rank(self) -> list[int]:
+        """A random order of the nodes: the first ``f * n`` of it collude, for every ``f``."""
+        rank = list(range(len(self.ids)))
+        self.rng.shuffle(rank)
+        return rank
+
+    def paths_of(self, user: int, n_paths: int) -> list[list[int]]:
+        """``n_paths`` paths of ``user`` (relay indexes, first hop first), as the product builds
+        them: no relay on two of a user's paths."""
+        in_use: set[bytes] = set()
+        out = []
+        for _ in range(n_paths):
+            relays = self.choose(self.directory, self.ids[user], in_use, lambda _r: False, self.rng)
+            in_use.update(r.node_id for r in relays)
+            out.append([self.index[r.node_id] for r in relays])
+        return out

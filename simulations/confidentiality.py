@@ -26,12 +26,11 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from overlay import onion, sida
 from overlay.paths import choose_relays
-from simulations.common import Progress, Result, new_figure
+from simulations.common import Population, Progress, Result, SimRelay, new_figure
 from simulations.metrics import binomial_tail
 
 N_NODES = 10_000
@@ -42,10 +41,6 @@ F_VALUES = tuple(round(0.025 * i, 3) for i in range(13))
 PAPER_AT_010 = {"ours_brute_force": 0.88, "garlic_cast_brute_force": 0.73}
 DESIGNS = ("ours_brute_force", "ours_no_brute_force", "garlic_cast_brute_force", "garlic_cast_no_brute_force")
 
-
-@dataclass(frozen=True)
-class _Relay:
-    node_id: bytes
 
 
 def recovered(cloves: Sequence[sida.Clove], groups: Sequence[Sequence[int]]) -> bool:
@@ -62,24 +57,16 @@ def recovered(cloves: Sequence[sida.Clove], groups: Sequence[Sequence[int]]) -> 
 
 
 def simulate(seed: int, *, n_nodes: int = N_NODES, trials: int = TRIALS, n: int = N, k: int = K,
-             f_values: Sequence[float] = F_VALUES, choose: Callable[..., list[_Relay]] = choose_relays,
+             f_values: Sequence[float] = F_VALUES, choose: Callable[..., Sequence[SimRelay]] = choose_relays,
              split: Callable[..., list[sida.Clove]] = sida.split, progress: Progress | None = None) -> Result:
     """Run the confidentiality simulation; ``choose`` and ``split`` default to the product's."""
     rng = random.Random(seed)
-    ids = [i.to_bytes(4, "big") for i in range(n_nodes)]
-    directory = [_Relay(x) for x in ids]
-    index = {x: i for i, x in enumerate(ids)}
-    rank = list(range(n_nodes))
-    rng.shuffle(rank)
+    population = Population(n_nodes, rng, choose)
+    rank = population.collusion_rank()
     requests = []
     for t in range(trials):
         user = rng.randrange(n_nodes)
-        in_use: set[bytes] = set()
-        ours = []
-        for _ in range(n):
-            relays = choose(directory, ids[user], in_use, lambda _r: False, rng)
-            in_use.update(r.node_id for r in relays)
-            ours.append([index[r.node_id] for r in relays])
+        ours = population.paths_of(user, n)
         gc = [[rng.randrange(n_nodes) for _ in range(GC_HOPS)] for _ in range(n)]
         cloves = split(b"prompt %d: " % t + rng.randbytes(48), n, k, msg_id=rng.randbytes(sida.MSG_ID_LEN))
         requests.append((ours, gc, cloves))

@@ -24,12 +24,11 @@ import bisect
 import math
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from overlay import onion
 from overlay.paths import choose_relays
-from simulations.common import Progress, Result, new_figure
+from simulations.common import Population, Progress, Result, SimRelay, new_figure
 
 N_NODES = 3000
 N_PATHS = 4
@@ -41,10 +40,6 @@ LINK_SIGMA = 0.5
 DELAYS_S = (0.0, 0.010, 0.050, 0.200)
 F_VALUES = (0.0, 0.05, 0.1, 0.15, 0.2, 0.3)
 
-
-@dataclass(frozen=True)
-class _Relay:
-    node_id: bytes
 
 
 def link_rate(entries: Sequence[tuple[float, int]], exits: Sequence[tuple[float, int, int]],
@@ -69,21 +64,11 @@ def link_rate(entries: Sequence[tuple[float, int]], exits: Sequence[tuple[float,
 
 def simulate(seed: int, *, n_nodes: int = N_NODES, duration_s: float = DURATION_S,
              f_values: Sequence[float] = F_VALUES, delays_s: Sequence[float] = DELAYS_S,
-             choose: Callable[..., list[_Relay]] = choose_relays, progress: Progress | None = None) -> Result:
+             choose: Callable[..., Sequence[SimRelay]] = choose_relays, progress: Progress | None = None) -> Result:
     """Run the timing-correlation simulation; ``choose`` defaults to the product's relay choice."""
     rng = random.Random(seed)
-    ids = [i.to_bytes(4, "big") for i in range(n_nodes)]
-    directory = [_Relay(x) for x in ids]
-    index = {x: i for i, x in enumerate(ids)}
-    paths: list[list[list[int]]] = []
-    for u in range(n_nodes):
-        in_use: set[bytes] = set()
-        mine = []
-        for _ in range(N_PATHS):
-            relays = choose(directory, ids[u], in_use, lambda _r: False, rng)
-            in_use.update(r.node_id for r in relays)
-            mine.append([index[r.node_id] for r in relays])
-        paths.append(mine)
+    population = Population(n_nodes, rng, choose)
+    paths = [population.paths_of(u, N_PATHS) for u in range(n_nodes)]
     requests: list[tuple[float, int]] = []
     for u in range(n_nodes):
         t = rng.expovariate(RATE_PER_USER)
@@ -91,8 +76,7 @@ def simulate(seed: int, *, n_nodes: int = N_NODES, duration_s: float = DURATION_
             requests.append((t, u))
             t += rng.expovariate(RATE_PER_USER)
     requests.sort()
-    rank = list(range(n_nodes))
-    rng.shuffle(rank)
+    rank = population.collusion_rank()
     mu = math.log(LINK_MEDIAN_S)
     mean_link = math.exp(mu + LINK_SIGMA**2 / 2)
     hops = onion.HOPS
