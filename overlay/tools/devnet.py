@@ -166,12 +166,7 @@ def start_nodes(net: LocalNet, timeout: float, *, show: bool, verbose: bool) -> 
     deadline = net.clock.monotonic() + timeout
     with progress(len(names), "starting nodes", show) as update:
         while pending:
-            for n in sorted(pending):
-                p = net.procs[n]
-                if p.poll() is not None:
-                    raise LocalNetError(f"{n} exited with status {p.returncode}; see {net.root / (n + '.log')}")
-                if b"READY " in (net.root / f"{n}.log").read_bytes():
-                    pending.discard(n)
+            pending = net.still_starting(pending)
             waiting_models = sorted(pending & set(net.models))
             update(len(names) - len(pending),
                    f"loading the model on {', '.join(waiting_models)}" if waiting_models and len(pending) ==

@@ -148,16 +148,22 @@ class LocalNet:
             self.spawn(n)
         self.wait_ready(names, timeout)
 
+    def still_starting(self, names: set[str]) -> set[str]:
+        """Those of ``names`` that have not printed READY yet; :class:`LocalNetError` if one exited."""
+        pending = set()
+        for n in sorted(names):
+            p = self.procs[n]
+            if p.poll() is not None:
+                raise LocalNetError(f"{n} exited with status {p.returncode}; see {self.root / (n + '.log')}")
+            if b"READY " not in (self.root / f"{n}.log").read_bytes():
+                pending.add(n)
+        return pending
+
     def wait_ready(self, names: list[str], timeout: float) -> None:
         deadline = self.clock.monotonic() + timeout
         pending = set(names)
         while pending:
-            for n in list(pending):
-                p = self.procs[n]
-                if p.poll() is not None:
-                    raise LocalNetError(f"{n} exited with status {p.returncode}; see {self.root / (n + '.log')}")
-                if b"READY " in (self.root / f"{n}.log").read_bytes():
-                    pending.discard(n)
+            pending = self.still_starting(pending)
             if pending and self.clock.monotonic() > deadline:
                 raise LocalNetError(f"not ready after {timeout}s: {sorted(pending)}")
             if pending:
