@@ -65,6 +65,7 @@ class Code(enum.IntEnum):
     UNKNOWN_NODE = 7  # update or leave of a node that is not registered
     INVALID_FIELD = 8  # a field out of range (capacity, address, region, model id)
     UNSUPPORTED_VERSION = 9  # a TX_VERSION this verifier does not speak
+    UNAVAILABLE = 10  # queries only: no signed list held yet; retry or ask another verifier
 
 
 class TxError(Exception):

@@ -23,7 +23,17 @@ from typing import Any, TypeVar
 
 import msgpack
 import pytest
+import trio
 
+from overlay.committee import (
+    KIND_MODELS,
+    KIND_USERS,
+    CommitteeClient,
+    ListError,
+    ValidatorKey,
+    fetch_abci_query,
+    verify_document,
+)
 from tests.committee_helpers import Node
 from tests.conftest import REPO, gentorrent_cmd, run_cli
 from verifier import cometbft, tx
@@ -280,3 +290,64 @@ def test_four_validators_agree_survive_a_crash_and_catch_up(
     for v in vs:
         assert v.stop() == 0, v.output()
     assert os.path.exists(vs[0].data_dir / "app_state.bin")
+
+
+def pinned_validators(tmp_path: Path) -> list[ValidatorKey]:
+    """The committee's validator keys and powers as a client pins them: from the genesis file."""
+    g = json.loads((tmp_path / "genesis.json").read_text())
+    return [ValidatorKey(base64.b64decode(v["pub_key"]["value"]), int(v["power"])) for v in g["validators"]]
+
+
+def _fetch_list(v: Verifier, path: str) -> bytes:
+    return trio.run(fetch_abci_query, f"127.0.0.1:{v.rpc}", path)
+
+
+def test_registrations_appear_in_signed_lists_that_verify_on_the_client(
+        tmp_path: Path, committee_factory: Callable[[int], list[Verifier]]) -> None:
+    vs = committee_factory(4)
+    for v in vs:
+        v.spawn()
+    for v in vs:
+        wait_for(f"{v.data_dir.name} to produce blocks", lambda v=v: v.height() >= 2, START_TIMEOUT)
+    users = [Node(port=8100 + i) for i in range(5)]
+    model = Node(port=8200)
+    for i, n in enumerate(users):
+        assert int(vs[i % 4].broadcast_sync(_chain_tx(n, tx.OP_REGISTER, n.entry()))["code"]) == 0
+    assert int(vs[0].broadcast_sync(_chain_tx(model, tx.OP_REGISTER, model.entry(tx.ROLE_MODEL)))["code"]) == 0
+    _wait_committed(vs, [*users, model])
+
+    pinned = pinned_validators(tmp_path)
+    client = CommitteeClient([f"127.0.0.1:{v.rpc}" for v in vs], CHAIN, pinned)
+
+    def listed() -> bool:
+        reg = trio.run(client.refresh)
+        return {e.node_id for e in reg.users()} == {n.node_id for n in users} and len(reg.models()) == 1
+
+    wait_for("every registration in a signed list", listed, COMMIT_TIMEOUT)
+    reg = client.registry()
+    (m,) = reg.models()
+    assert m.node_id == model.node_id and m.models == ("smollm2-135m",) and m.address == "127.0.0.1:8200"
+    assert client.lists[KIND_USERS].signers <= {p.public_key for p in pinned}
+    assert len(client.lists[KIND_USERS].signers) >= 3
+    # Every verifier serves a list that verifies, with signatures from more than 2/3 of the power.
+    for v in vs:
+        got = verify_document(_fetch_list(v, "/lists/models"), CHAIN, pinned, kind=KIND_MODELS)
+        assert [e.node_id for e in got.entries] == [model.node_id]
+
+    # A document cut down to two of four signatures is refused.
+    raw = _fetch_list(vs[1], "/lists/users")
+    doc = msgpack.unpackb(raw)
+    doc[8] = doc[8][:2]
+    with pytest.raises(ListError, match="more than 2/3"):
+        verify_document(msgpack.packb(doc, use_bin_type=True), CHAIN, pinned, kind=KIND_USERS)
+    # A list older than the one held is refused.
+    held = client.lists[KIND_USERS].height
+    h = doc[2]
+    wait_for("a newer signed list", lambda: msgpack.unpackb(_fetch_list(vs[2], "/lists/users"))[2] > h,
+             COMMIT_TIMEOUT)
+    trio.run(client.refresh)
+    assert client.lists[KIND_USERS].height > held
+    with pytest.raises(ListError, match="older than"):
+        client.accept(raw, KIND_USERS)
+    for v in vs:
+        assert v.stop() == 0, v.output()

@@ -1,0 +1,257 @@
+"""Signed lists: the client's verification (overlay/committee.py) and the verifier core's side
+(vote extensions, certificates in blocks, queries; verifier/app.py), with keys made in the test."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+import trio
+import trio.testing
+
+from overlay import crypto
+from overlay.committee import (
+    KIND_MODELS,
+    KIND_USERS,
+    CommitteeClient,
+    ListError,
+    ValidatorKey,
+    encode_document,
+    signing_message,
+    validators_digest,
+    verify_document,
+)
+from overlay.identity import node_id_of
+from tests.committee_helpers import CHAIN, Node
+from verifier import quorum, tx
+from verifier.app import CommitteeApp, Validator
+from verifier.tx import Code
+
+T0 = 1_700_000_000
+
+
+def _record(i: int, role: int = 1) -> list[object]:
+    key = crypto.SigningKey.generate()
+    return [node_id_of(key.public_bytes), key.public_bytes, role, bytes(32), f"10.0.0.{i}:9000", "eu-west",
+            "smollm2" if role == 2 else "", 5 if role == 2 else 0, T0]
+
+
+class Committee:
+    """Four validator keys that sign lists as the verifiers do."""
+
+    def __init__(self, n: int = 4, power: int = 10) -> None:
+        self.keys = [crypto.SigningKey.generate() for _ in range(n)]
+        self.pinned = [ValidatorKey(k.public_bytes, power) for k in self.keys]
+
+    def document(self, height: int, users: list[list[object]], models: list[list[object]] | None = None, *,
+                 signers: int | None = None, kind: int = KIND_USERS) -> bytes:
+        ub = msgpack.packb(sorted(users, key=lambda r: r[0]), use_bin_type=True)  # type: ignore[arg-type,return-value]
+        mb = msgpack.packb(sorted(models or [], key=lambda r: r[0]), use_bin_type=True)  # type: ignore[arg-type,return-value]
+        ud, md = crypto.sha256(ub), crypto.sha256(mb)
+        msg = signing_message(CHAIN, height, ud, md, validators_digest(self.pinned))
+        sigs = [(k.public_bytes, k.sign(msg)) for k in self.keys[:signers]]
+        return encode_document(CHAIN, height, kind, ub if kind == KIND_USERS else mb, ud, md, self.pinned, sigs)
+
+
+def test_a_good_list_is_accepted_and_becomes_peer_entries() -> None:
+    c = Committee()
+    users = [_record(i) for i in range(20)]
+    got = verify_document(c.document(7, users, signers=3), CHAIN, c.pinned, kind=KIND_USERS)
+    assert got.height == 7 and len(got.signers) == 3
+    assert {e.node_id for e in got.entries} == {r[0] for r in users}
+    assert all(e.role == "user" and e.region == "eu-west" for e in got.entries)
+    models = [_record(i, 2) for i in range(3)]
+    got = verify_document(c.document(7, users, models, kind=KIND_MODELS), CHAIN, c.pinned, kind=KIND_MODELS)
+    assert all(e.models == ("smollm2",) for e in got.entries)
+
+
+def test_two_of_four_signatures_are_refused() -> None:
+    c = Committee()
+    with pytest.raises(ListError, match=r"20 of 40 voting power; more than 2/3"):
+        verify_document(c.document(7, [_record(1)], signers=2), CHAIN, c.pinned, kind=KIND_USERS)
+    # Exactly 2/3 is not more than 2/3: with unequal power, 20 of 30 is refused too.
+    uneven = [ValidatorKey(p.public_key, w) for p, w in zip(c.pinned, (10, 10, 5, 5), strict=True)]
+    doc = msgpack.unpackb(c.document(7, [_record(1)], signers=4))
+    doc[7] = [[v.public_key, v.power] for v in sorted(uneven, key=lambda v: v.public_key)]
+    with pytest.raises(ListError):
+        verify_document(msgpack.packb(doc, use_bin_type=True), CHAIN, uneven, kind=KIND_USERS)
+
+
+def test_signatures_by_unpinned_keys_or_twice_by_one_key_do_not_count() -> None:
+    c, strangers = Committee(), Committee()
+    doc = msgpack.unpackb(c.document(7, [_record(1)], signers=2))
+    other = msgpack.unpackb(strangers.document(7, [_record(1)], signers=4))
+    doc[8] = doc[8] + other[8][:1] + doc[8][:1]  # 2 good, 1 stranger, 1 repeat: 4 of 4 slots
+    with pytest.raises(ListError, match="more than 2/3"):
+        verify_document(msgpack.packb(doc, use_bin_type=True), CHAIN, c.pinned, kind=KIND_USERS)
+
+
+def test_tampered_entry_wrong_chain_and_junk_are_refused() -> None:
+    c = Committee()
+    users = [_record(i) for i in range(3)]
+    doc = msgpack.unpackb(c.document(7, users, signers=4))
+    records = msgpack.unpackb(doc[4])
+    records[1][4] = "6.6.6.6:9000"  # an attacker's address for a listed node
+    doc[4] = msgpack.packb(records, use_bin_type=True)
+    with pytest.raises(ListError, match="digest"):
+        verify_document(msgpack.packb(doc, use_bin_type=True), CHAIN, c.pinned, kind=KIND_USERS)
+    with pytest.raises(ListError, match="not the pinned committee"):
+        verify_document(c.document(7, users, signers=4), "other-chain", c.pinned, kind=KIND_USERS)
+    with pytest.raises(ListError, match="kind"):
+        verify_document(c.document(7, users, signers=4), CHAIN, c.pinned, kind=KIND_MODELS)
+    good = c.document(7, users, signers=4)
+    for bad in (b"", b"\xc1", good[:-1], good[:len(good) // 2], b"\x98" + good[1:], good + b"\x00"):
+        with pytest.raises(ListError):
+            verify_document(bad, CHAIN, c.pinned, kind=KIND_USERS)
+
+
+def test_a_record_that_lies_about_its_id_is_refused_even_when_signed() -> None:
+    c = Committee()
+    rec = _record(1)
+    rec[0] = bytes(20)
+    with pytest.raises(ListError, match="record 0"):
+        verify_document(c.document(7, [rec], signers=4), CHAIN, c.pinned, kind=KIND_USERS)
+
+
+async def _serve(docs: dict[str, bytes], addr: str, path: str) -> bytes:
+    if addr not in docs:
+        raise OSError(f"{addr} is down")
+    return docs[addr]
+
+
+def test_client_refuses_older_lists_follows_committee_changes_and_refreshes_on_its_clock() -> None:
+    c = Committee()
+    users, models = [_record(i) for i in range(4)], [_record(9, 2)]
+    docs: dict[str, bytes] = {}
+
+    async def fetch(addr: str, path: str) -> bytes:
+        kind = KIND_USERS if path.endswith("users") else KIND_MODELS
+        return docs[addr] if kind == KIND_USERS else models_doc[addr]
+
+    models_doc: dict[str, bytes] = {}
+    client = CommitteeClient(["a:1", "b:1"], CHAIN, c.pinned, fetch=fetch, interval=5.0)
+
+    async def main() -> None:
+        docs["a:1"] = c.document(10, users, models, signers=3)
+        models_doc["a:1"] = c.document(10, users, models, signers=3, kind=KIND_MODELS)
+        docs["b:1"], models_doc["b:1"] = docs["a:1"], models_doc["a:1"]
+        reg = await client.refresh()
+        assert reg.version == 10 and len(reg.users()) == 4 and len(reg.models()) == 1
+        assert client.age() == 0
+        # A verifier serving an older list is refused; the other one's list is kept.
+        docs["a:1"] = c.document(9, users, models, signers=4)
+        with pytest.raises(ListError, match="older than the height 10"):
+            client.accept(docs["a:1"], KIND_USERS)
+        docs["b:1"] = c.document(12, users[:2], models, signers=4)
+        updates: list[int] = []
+        async with trio.open_nursery() as n:
+            n.start_soon(client.run, lambda r: updates.append(len(r.users())))
+            await trio.sleep(12)
+            n.cancel_scope.cancel()
+        assert updates and updates[-1] == 2 and client.lists[KIND_USERS].height == 12
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_client_adopts_a_new_validator_set_vouched_for_by_the_old_one() -> None:
+    c = Committee()
+    joiner = crypto.SigningKey.generate()
+    bigger = Committee()
+    bigger.keys = [*c.keys, joiner]
+    bigger.pinned = [*c.pinned, ValidatorKey(joiner.public_bytes, 10)]
+    client = CommitteeClient(["a:1"], CHAIN, c.pinned, fetch=_never)
+    client.accept(bigger.document(5, [_record(1)]), KIND_USERS)
+    assert {v.public_key for v in client.validators} == {k.public_bytes for k in bigger.keys}
+    # Now the joiner's signature counts: 4 of 5 (joiner included, one founder missing) is enough.
+    doc = msgpack.unpackb(bigger.document(6, [_record(1)]))
+    doc[8] = [s for s in doc[8] if s[0] != c.keys[0].public_bytes]
+    got = client.accept(msgpack.packb(doc, use_bin_type=True), KIND_USERS)
+    assert joiner.public_bytes in got.signers
+    # A set the held committee did not sign is never adopted.
+    strangers = Committee()
+    with pytest.raises(ListError):
+        client.accept(strangers.document(7, [_record(1)]), KIND_USERS)
+
+
+async def _never(addr: str, path: str) -> bytes:
+    raise OSError("no network in this test")
+
+
+# --------------------------------------------------------------------------- the verifier core's side
+
+
+def _committee_app(c: Committee) -> CommitteeApp:
+    a = CommitteeApp()
+    a.init_chain(CHAIN, [Validator("ed25519", k.public_bytes, 10) for k in c.keys])
+    return a
+
+
+def _height(a: CommitteeApp, c: Committee, txs: list[bytes], *, signers: int = 4, t: int = T0) -> list[bytes]:
+    """One height H as CometBFT runs it with vote extensions: the proposer's block (a certificate
+    from height H-1's extensions first), process, the validators' precommits extended (signing the
+    lists as of H-1, the committed state), finalize, commit."""
+    h = a.height + 1
+    votes = getattr(a, "_test_votes", [])
+    block = a.prepare_proposal(txs, 1 << 20, t, h, votes)
+    assert a.process_proposal(block, t)
+    exts = [(crypto.sha256(k.public_bytes)[:20], a.extend_vote(h, k)) for k in c.keys[:signers]]
+    for addr, ext in exts:
+        assert a.verify_vote_extension(h, addr, ext)
+    a._test_votes = exts  # type: ignore[attr-defined]
+    results, _ = a.finalize_block(h, t, block)
+    assert all(r.ok for r in results), results
+    a.commit()
+    return block
+
+
+def test_the_core_records_certificates_and_serves_lists_that_verify() -> None:
+    c = Committee()
+    a = _committee_app(c)
+    assert a.query("/lists/users", b"")[0].code == Code.UNAVAILABLE
+    nodes = [Node(port=7000 + i) for i in range(5)]
+    _height(a, c, [n.register() for n in nodes])
+    for _ in range(3):
+        _height(a, c, [])
+    res, raw = a.query("/lists/users", b"")
+    assert res.ok
+    got = verify_document(raw, CHAIN, c.pinned, kind=KIND_USERS)
+    assert {e.node_id for e in got.entries} == {n.node_id for n in nodes} and len(got.signers) == 4
+    # A certificate rides first in a block and changes no app state.
+    before = a.app_hash
+    block = _height(a, c, [])
+    assert block and block[0].startswith(quorum.CERT_TAG) and a.app_hash == before
+    # With only two validators extending their votes, no certificate is made.
+    _height(a, c, [], signers=2)
+    assert not [b for b in _height(a, c, []) if b.startswith(quorum.CERT_TAG)]
+
+
+def test_a_wrong_extension_is_rejected_and_forged_certificates_never_pass() -> None:
+    c = Committee()
+    a = _committee_app(c)
+    for _ in range(3):
+        _height(a, c, [])
+    h = a.height + 1
+    addr = crypto.sha256(c.keys[0].public_bytes)[:20]
+    assert not a.verify_vote_extension(h, addr, crypto.SigningKey.generate().sign(b"x"))
+    assert not a.verify_vote_extension(h, addr, c.keys[1].sign(b"other lists"))
+    assert a.verify_vote_extension(h, addr, b"")  # a validator that signed nothing just does not count
+    held = a.lists_at(a.height - 1)
+    assert held is not None
+    msg = held.message(CHAIN, a.height - 1)
+    good = [(k.public_bytes, k.sign(msg)) for k in c.keys]
+    last = a.cert.height if a.cert else -1
+    for sigs, code in (
+        (sorted(good[:2]), Code.BAD_SIGNATURE),  # 2 of 4
+        (sorted([(good[0][0], good[1][1]), *good[1:]]), Code.BAD_SIGNATURE),  # a signature under another key
+        (sorted([(crypto.SigningKey.generate().public_bytes, good[0][1]), *good[1:]]), Code.BAD_SIGNATURE),
+    ):
+        cert = quorum.ListCert(a.height - 1, held.users_digest, held.models_digest, held.validators_digest,
+                               tuple(sigs))
+        assert not a.process_proposal([cert.encode()], T0)
+        assert a.check_tx(cert.encode()).code == Code.MALFORMED  # never from the mempool
+    ok = quorum.ListCert(a.height - 1, held.users_digest, held.models_digest, held.validators_digest,
+                         tuple(sorted(good)))
+    assert (a.height - 1 > last) and a.process_proposal([ok.encode()], T0)
+    assert not a.process_proposal([Node().register(), ok.encode()], T0)  # only as the first transaction
+    for junk in (quorum.CERT_TAG, quorum.CERT_TAG + b"\x95", ok.encode() + b"\x00"):
+        assert not a.process_proposal([junk], T0)
+    assert a.check_tx(tx.MAX_TX_BYTES * b"\xc1").code != Code.OK
