@@ -26,6 +26,7 @@ from typing import Any
 
 import msgpack
 
+from overlay import crypto
 from verifier.tx import MAX_CHAIN_ID, Code, TxError, pack
 
 PREFIX = b"\xc1"
@@ -149,3 +150,27 @@ def decode_change(raw: bytes) -> Change:
     if change.encode() != raw:
         raise _bad("committee change is not in canonical form")
     return change
+
+
+def approve(key: crypto.SigningKey, chain_id: str, seq: int, public_key: bytes, power: int) -> tuple[bytes, bytes]:
+    """A validator's approval of change ``seq`` (set ``public_key``'s power; 0 removes it)."""
+    return key.public_bytes, key.sign(change_signing_bytes(chain_id, change_body(seq, public_key, power)))
+
+
+def make_change(seq: int, public_key: bytes, power: int, approvals: list[tuple[bytes, bytes]]) -> bytes:
+    """The committee-change transaction carrying ``approvals`` (the verifier checks them)."""
+    if len(public_key) != 32 or not 0 <= power <= MAX_POWER or not 1 <= seq < 2**63:
+        raise ValueError("a change names a 32-byte Ed25519 key, a power 0..2^40 and a seq >= 1")
+    return Change(seq, public_key, power, tuple(sorted(dict(approvals).items()))).encode()
+
+
+def parse_approval(text: str) -> tuple[bytes, bytes]:
+    """``PUBKEY_HEX:SIGNATURE_HEX`` as ``gentorrent verifier approve`` prints it."""
+    key, _, sig = text.strip().partition(":")
+    try:
+        out = bytes.fromhex(key), bytes.fromhex(sig)
+    except ValueError:
+        raise ValueError(f"approval {text[:20]!r}... is not PUBKEY_HEX:SIGNATURE_HEX") from None
+    if len(out[0]) != 32 or len(out[1]) != 64:
+        raise ValueError("an approval is a 32-byte key and a 64-byte signature, in hex")
+    return out

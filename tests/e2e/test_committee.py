@@ -351,3 +351,69 @@ def test_registrations_appear_in_signed_lists_that_verify_on_the_client(
         client.accept(raw, KIND_USERS)
     for v in vs:
         assert v.stop() == 0, v.output()
+
+
+def test_a_fifth_verifier_joins_by_approved_change_and_its_signatures_then_count(
+        tmp_path: Path, committee_factory: Callable[[int], list[Verifier]]) -> None:
+    vs = committee_factory(4)
+    for v in vs:
+        v.spawn()
+    for v in vs:
+        wait_for(f"{v.data_dir.name} to produce blocks", lambda v=v: v.height() >= 2, START_TIMEOUT)
+    # The fifth: its own home and key, the committee's genesis, the others as peers; a full node at first.
+    new = Verifier(tmp_path / "v4", _free_port(), _free_port())
+    r = run_cli("verifier", "init", "--data-dir", str(new.data_dir), "--p2p", f"127.0.0.1:{new.p2p}",
+                "--rpc", f"127.0.0.1:{new.rpc}", "--timeout-commit", "300ms")
+    assert r.returncode == 0, r.stderr
+    genesis = json.loads((tmp_path / "genesis.json").read_text())
+    cometbft.install_genesis([str(v.data_dir) for v in [*vs, new]], genesis)
+    try:
+        _join_and_count(tmp_path, vs, new)
+    finally:
+        if new.proc is not None:
+            new.proc.kill()
+            new.proc.wait(timeout=30)
+
+
+def _join_and_count(tmp_path: Path, vs: list[Verifier], new: Verifier) -> None:
+    new.start()
+    joiner = cometbft.read_validator_key(new.data_dir)
+    key_b64 = base64.b64encode(joiner.public_bytes).decode()
+    flags = ["--chain-id", CHAIN, "--key", key_b64, "--power", "10", "--seq", "1"]
+
+    # Two approvals (20 of 40) are refused; three (30 of 40) apply.
+    approvals = []
+    for v in vs[:3]:
+        r = run_cli("verifier", "approve", "--data-dir", str(v.data_dir), *flags)
+        assert r.returncode == 0, r.stderr
+        approvals.append(r.stdout.strip())
+    r = run_cli("verifier", "change", "--rpc", f"127.0.0.1:{vs[0].rpc}", *flags, *approvals[:2])
+    assert r.returncode != 0 and "more than 2/3" in r.stderr, r.stderr
+    r = run_cli("verifier", "change", "--rpc", f"127.0.0.1:{vs[1].rpc}", *flags, *approvals)
+    assert r.returncode == 0, r.stderr
+    for v in [*vs, new]:
+        wait_for(f"the change on {v.data_dir.name}", lambda v=v: v.query("/validators")[1][0] == 1, COMMIT_TIMEOUT)
+    assert len(vs[0].query("/validators")[1][1]) == 5
+    wait_for("CometBFT to make the fifth a validator",
+             lambda: len(vs[2].rpc_call("validators")["validators"]) == 5, COMMIT_TIMEOUT)
+
+    # A client that pinned the founding four follows the change and counts the fifth's signature.
+    client = CommitteeClient([f"127.0.0.1:{v.rpc}" for v in [new, *vs]], CHAIN, pinned_validators(tmp_path))
+
+    def fifth_signed() -> bool:
+        trio.run(client.refresh)
+        return joiner.public_bytes in client.lists[KIND_USERS].signers
+
+    wait_for("a signed list carrying the fifth verifier's signature", fifth_signed, COMMIT_TIMEOUT)
+    assert len(client.validators) == 5
+    # With the fifth counted, the lists keep verifying with one founder gone (40 of 50).
+    victim = vs[0]
+    assert victim.proc is not None
+    victim.proc.kill()
+    victim.proc.wait(timeout=30)
+    victim.proc = None
+    h = client.height
+    wait_for("a newer list with a founder down", lambda: trio.run(client.refresh).version > h + 2, COMMIT_TIMEOUT)
+    assert joiner.public_bytes in client.lists[KIND_USERS].signers
+    for v in [*vs[1:], new]:
+        assert v.stop() == 0, v.output()

@@ -239,14 +239,15 @@ def test_a_wrong_extension_is_rejected_and_forged_certificates_never_pass() -> N
     msg = held.message(CHAIN, a.height - 1)
     good = [(k.public_bytes, k.sign(msg)) for k in c.keys]
     last = a.cert.height if a.cert else -1
-    for sigs, code in (
-        (sorted(good[:2]), Code.BAD_SIGNATURE),  # 2 of 4
-        (sorted([(good[0][0], good[1][1]), *good[1:]]), Code.BAD_SIGNATURE),  # a signature under another key
-        (sorted([(crypto.SigningKey.generate().public_bytes, good[0][1]), *good[1:]]), Code.BAD_SIGNATURE),
+    for sigs in (
+        sorted(good[:2]),  # 2 of 4
+        sorted([(good[0][0], good[1][1]), *good[1:]]),  # a signature under another key
+        sorted([(crypto.SigningKey.generate().public_bytes, good[0][1]), *good[1:]]),  # not a validator
     ):
         cert = quorum.ListCert(a.height - 1, held.users_digest, held.models_digest, held.validators_digest,
                                tuple(sigs))
         assert not a.process_proposal([cert.encode()], T0)
+        assert a._run([cert.encode()], T0).results[0].code == Code.BAD_SIGNATURE
         assert a.check_tx(cert.encode()).code == Code.MALFORMED  # never from the mempool
     ok = quorum.ListCert(a.height - 1, held.users_digest, held.models_digest, held.validators_digest,
                          tuple(sorted(good)))
@@ -255,3 +256,65 @@ def test_a_wrong_extension_is_rejected_and_forged_certificates_never_pass() -> N
     for junk in (quorum.CERT_TAG, quorum.CERT_TAG + b"\x95", ok.encode() + b"\x00"):
         assert not a.process_proposal([junk], T0)
     assert a.check_tx(tx.MAX_TX_BYTES * b"\xc1").code != Code.OK
+
+
+# --------------------------------------------------------------------------- committee changes
+
+
+def _change(a: CommitteeApp, c: Committee, seq: int, key: bytes, power: int, approvers: int) -> bytes:
+    return quorum.make_change(seq, key, power, [quorum.approve(k, CHAIN, seq, key, power) for k in c.keys[:approvers]])
+
+
+def test_a_join_needs_more_than_two_thirds_and_emits_a_validator_update() -> None:
+    c = Committee()
+    a = _committee_app(c)
+    joiner = crypto.SigningKey.generate()
+    weak = _change(a, c, 1, joiner.public_bytes, 10, 2)
+    assert a.check_tx(weak).code == Code.BAD_SIGNATURE
+    assert "20 of 40" in a.check_tx(weak).log
+    assert a.check_tx(_change(a, c, 2, joiner.public_bytes, 10, 3)).code == Code.REPLAYED  # seq must be 1
+    stranger = Committee()
+    forged = quorum.make_change(1, joiner.public_bytes, 10,
+                                [quorum.approve(k, CHAIN, 1, joiner.public_bytes, 10) for k in stranger.keys])
+    assert a.check_tx(forged).code == Code.BAD_SIGNATURE
+    other_chain = quorum.make_change(1, joiner.public_bytes, 10,
+                                     [quorum.approve(k, "x", 1, joiner.public_bytes, 10) for k in c.keys])
+    assert a.check_tx(other_chain).code == Code.BAD_SIGNATURE
+    good = _change(a, c, 1, joiner.public_bytes, 10, 3)
+    assert a.check_tx(good).ok
+    before = a.app_hash
+    _height(a, c, [good])
+    assert a.updates == [Validator("ed25519", joiner.public_bytes, 10)]
+    assert a.app_hash != before and a.committed.change_seq == 1
+    assert len(a.committed.validators) == 5
+    assert a.check_tx(good).code == Code.REPLAYED  # the same approvals never apply twice
+    _height(a, c, [])
+    assert a.updates == []
+    # Now the joiner is a validator: 3 of the old 4 (30 of 50) no longer suffice; with it, 4 of 5 do.
+    c5 = Committee()
+    c5.keys, c5.pinned = [*c.keys, joiner], [*c.pinned, ValidatorKey(joiner.public_bytes, 10)]
+    leaving = c.keys[0].public_bytes
+    assert a.check_tx(_change(a, c5, 2, leaving, 0, 3)).code == Code.BAD_SIGNATURE
+    others = [quorum.approve(k, CHAIN, 2, leaving, 0) for k in c5.keys[1:]]  # 40 of 50, the joiner among them
+    _height(a, c5, [quorum.make_change(2, leaving, 0, others)])
+    assert a.updates == [Validator("ed25519", leaving, 0)]
+    assert leaving not in {v.public_key for v in a.committed.validators}
+    res, raw = a.query("/validators", b"")
+    assert res.ok and msgpack.unpackb(raw)[0] == 2 and len(msgpack.unpackb(raw)[1]) == 4
+
+
+def test_bad_changes_are_refused_with_codes() -> None:
+    c = Committee(n=1)
+    a = _committee_app(c)
+    me = c.keys[0].public_bytes
+    assert a.check_tx(_change(a, c, 1, me, 0, 1)).code == Code.CONFLICT  # the last validator cannot leave
+    assert a.check_tx(_change(a, c, 1, bytes(32), 0, 1)).code == Code.UNKNOWN_NODE
+    good = _change(a, c, 1, bytes(32), 5, 1)
+    for junk in (quorum.CHANGE_TAG, good[:-1], good + b"\x00", quorum.CHANGE_TAG + b"\x92\xc4\x00\x90"):
+        assert a.check_tx(junk).code == Code.MALFORMED, junk
+    with pytest.raises(ValueError):
+        quorum.make_change(1, bytes(31), 5, [])
+    with pytest.raises(ValueError):
+        quorum.parse_approval("zz:00")
+    pub, sig = quorum.approve(c.keys[0], CHAIN, 1, bytes(32), 5)
+    assert quorum.parse_approval(f"{pub.hex()}:{sig.hex()}") == (pub, sig)
