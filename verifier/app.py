@@ -60,6 +60,7 @@ SNAPSHOT_VERSION = 1
 ENTRY_TTL_S = 30 * 60
 REFRESH_INTERVAL_S = 10 * 60
 MAX_VALIDATORS = 1000
+DECODE_MEMO = 50_000  # decoded transactions remembered (about 20 MB at most)
 LIST_HISTORY = 8  # heights whose lists a verifier keeps to serve under a certificate
 
 
@@ -351,6 +352,7 @@ class CommitteeApp:
         self.updates: list[Validator] = []  # validator updates of the last finalize_block
         self._history: dict[int, ListsAt] = {}
         self._history_state: CommitteeState | None = None
+        self._decoded: dict[bytes, Tx] = {}
         if height > 0:
             self._remember()
 
@@ -366,6 +368,7 @@ class CommitteeApp:
         if len(vals) > MAX_VALIDATORS:
             raise ValueError(f"{len(vals)} validators in genesis, at most {MAX_VALIDATORS}")
         self.committed = CommitteeState(chain_id=chain_id, validators=vals)
+        self._decoded.clear()
         self.height = 0
         self.app_hash = b""
         self._pending = None
@@ -446,7 +449,7 @@ class CommitteeApp:
 
     def check_tx(self, raw: bytes) -> Result:
         """May ``raw`` enter the mempool? Checked against the committed state; never changes it."""
-        result = self._step(self.committed.copy(), raw, -1, None)
+        result = self._step(self.committed, raw, -1, None)
         if not result.ok:
             self.rejected[result.code] = self.rejected.get(result.code, 0) + 1
         return result
@@ -454,8 +457,10 @@ class CommitteeApp:
     # ----------------------------------------------------------------- blocks
 
     def _step(self, st: CommitteeState, raw: bytes, index: int, block: _Block | None) -> Result:
-        """Check ``raw`` at position ``index`` of a block (-1: the mempool) and apply it to ``st``
-        (which the caller owns) if it is valid. Certificates and validator updates go to ``block``."""
+        """Check ``raw`` at position ``index`` of a block (-1: the mempool, check only: ``st`` is not
+        touched) and apply it to ``st`` (which the caller owns) if it is valid. Certificates and
+        validator updates go to ``block``."""
+        check_only = index < 0
         try:
             if raw.startswith(quorum.CERT_TAG):
                 if index != 0 or block is None:
@@ -468,18 +473,33 @@ class CommitteeApp:
             if raw.startswith(quorum.PREFIX):
                 change = quorum.decode_change(raw)
                 _check_change(st, change)
+                if check_only:
+                    return OK
                 update = _apply_change(st, change)
                 if block is not None:
                     block.updates[update.public_key] = update
                 return OK
-            tx = decode_tx(raw, self.committed.chain_id)
+            tx = self._decode(raw)
             _check(st, tx)
         except TxError as exc:
             return Result(exc.code, exc.reason)
-        _apply(st, tx, self._time_s)
+        if not check_only:
+            _apply(st, tx, self._time_s)
         return OK
 
     _time_s = 0
+
+    def _decode(self, raw: bytes) -> Tx:
+        """:func:`decode_tx` for this chain, remembered: the signature check is the costly part, and
+        each transaction is checked by CheckTx, again in ProcessProposal and in FinalizeBlock. A pure
+        function of the bytes, so remembering it cannot change any outcome."""
+        got = self._decoded.get(raw)
+        if got is None:
+            got = decode_tx(raw, self.committed.chain_id)
+            if len(self._decoded) >= DECODE_MEMO:
+                del self._decoded[next(iter(self._decoded))]
+            self._decoded[raw] = got
+        return got
 
     def _run(self, txs: Sequence[bytes], time_s: int) -> _Block:
         st = _expire(self.committed, time_s)
