@@ -417,3 +417,26 @@ def _join_and_count(tmp_path: Path, vs: list[Verifier], new: Verifier) -> None:
     assert joiner.public_bytes in client.lists[KIND_USERS].signers
     for v in [*vs[1:], new]:
         assert v.stop() == 0, v.output()
+
+
+BENCH_KEYS = {
+    "registrations_per_s", "registration_run_s", "list_bytes", "block_time_mean_ms", "txs_per_block_max",
+    *(f"{p}_{s}_ms" for p in ("register_to_signed_list", "list_fetch_verify", "list_verify")
+      for s in ("mean", "p50", "p99")),
+}
+
+
+def test_bench_committee_quick_runs_and_prints_its_figures() -> None:
+    try:
+        cometbft.find_cometbft()
+    except cometbft.CometError as exc:
+        pytest.skip(str(exc))
+    r = run_cli("bench", "committee", "--json", "--quick", timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout)
+    assert out["bench"] == "committee" and out["params"]["validators"] == 4
+    assert set(out["figures"]) == BENCH_KEYS
+    figs = out["figures"]
+    assert all(v > 0 for v in figs.values()), figs
+    assert figs["register_to_signed_list_p50_ms"] <= figs["register_to_signed_list_p99_ms"]
+    assert figs["list_verify_p50_ms"] <= figs["list_fetch_verify_p99_ms"]
