@@ -55,6 +55,7 @@ MAX_VALIDATORS = 1000
 MAX_CHAIN_ID = 50
 DIGEST_LEN = 32
 REFRESH_S = 10.0
+FETCH_TIMEOUT_S = 10.0
 
 
 class ListError(Exception):
@@ -234,7 +235,8 @@ class CommitteeClient:
     """
 
     def __init__(self, addresses: Sequence[str], chain_id: str, validators: Sequence[ValidatorKey], *,
-                 fetch: Fetch | None = None, clock: Clock | None = None, interval: float = REFRESH_S) -> None:
+                 fetch: Fetch | None = None, clock: Clock | None = None, interval: float = REFRESH_S,
+                 fetch_timeout: float = FETCH_TIMEOUT_S) -> None:
         if not addresses:
             raise ValueError("name at least one verifier RPC address (--committee HOST:PORT,...)")
         if not validators:
@@ -245,6 +247,7 @@ class CommitteeClient:
         self.fetch = fetch or fetch_abci_query
         self.clock = clock or TrioClock()
         self.interval = interval
+        self.fetch_timeout = fetch_timeout
         self.lists: dict[int, SignedList] = {}
         self.errors: list[str] = []
         self.refreshed_at: float | None = None  # clock.monotonic() of the last refresh that verified
@@ -277,7 +280,12 @@ class CommitteeClient:
             for i in range(len(self.addresses)):
                 addr = self.addresses[(self._next + i) % len(self.addresses)]
                 try:
-                    self.accept(await self.fetch(addr, KIND_PATHS[kind]), kind)
+                    with trio.fail_after(self.fetch_timeout):
+                        raw = await self.fetch(addr, KIND_PATHS[kind])
+                    self.accept(raw, kind)
+                except trio.TooSlowError:
+                    errors.append(f"{addr}: no answer within {self.fetch_timeout:g} s")
+                    continue
                 except (ListError, OSError, ValueError) as exc:
                     errors.append(f"{addr}: {exc}")
                     continue
@@ -318,9 +326,10 @@ async def fetch_abci_query(address: str, path: str) -> bytes:
     """
     import base64
     import json
+    import urllib.parse
 
     host, port = parse_address(address)
-    target = f'/abci_query?path="{path}"'
+    target = "/abci_query?path=" + urllib.parse.quote(f'"{path}"', safe="")
     stream = await trio.open_tcp_stream(host, port)
     async with stream:
         await stream.send_all(f"GET {target} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n".encode())

@@ -318,3 +318,73 @@ def test_bad_changes_are_refused_with_codes() -> None:
         quorum.parse_approval("zz:00")
     pub, sig = quorum.approve(c.keys[0], CHAIN, 1, bytes(32), 5)
     assert quorum.parse_approval(f"{pub.hex()}:{sig.hex()}") == (pub, sig)
+
+
+def test_a_verifier_that_never_answers_is_skipped_after_the_fetch_timeout() -> None:
+    c = Committee()
+    good = {KIND_USERS: c.document(3, [_record(1)]), KIND_MODELS: c.document(3, [_record(1)], kind=KIND_MODELS)}
+
+    async def fetch(addr: str, path: str) -> bytes:
+        if addr.startswith("stuck"):
+            await trio.sleep_forever()
+        return good[KIND_USERS if path.endswith("users") else KIND_MODELS]
+
+    async def main() -> None:
+        client = CommitteeClient(["stuck:1", "ok:1"], CHAIN, c.pinned, fetch=fetch, fetch_timeout=2.0)
+        reg = await client.refresh()
+        assert reg.version == 3 and len(reg.users()) == 1
+        # Both down: the error names each verifier and why; the held lists stay.
+        client.addresses = ["stuck:1", "stuck:2"]
+        with pytest.raises(ListError, match=r"no answer within 2 s") as err:
+            await client.refresh()
+        assert "stuck:1: no answer" in str(err.value) and "stuck:2: no answer" in str(err.value)
+        assert client.registry().version == 3
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+async def _http_server(answers: list[bytes], task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+    """Answers each connection with the next canned HTTP response, recording nothing."""
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    task_status.started(listeners[0].socket.getsockname()[1])
+
+    async def handle(stream: trio.SocketStream) -> None:
+        async with stream:
+            await stream.receive_some(65536)
+            await stream.send_all(answers.pop(0))
+
+    await trio.serve_listeners(handle, listeners)
+
+
+def test_fetch_abci_query_reads_cometbft_answers_and_refuses_errors() -> None:
+    import base64
+    import json
+
+    def http(body: dict[str, object], chunked: bool = False) -> bytes:
+        raw = json.dumps(body).encode()
+        if chunked:
+            return (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + f"{len(raw):x}".encode() + b"\r\n"
+                    + raw + b"\r\n0\r\n\r\n")
+        return b"HTTP/1.1 200 OK\r\nContent-Length: " + str(len(raw)).encode() + b"\r\n\r\n" + raw
+
+    ok = {"result": {"response": {"code": 0, "value": base64.b64encode(b"doc").decode()}}}
+    answers = [http(ok), http(ok, chunked=True),
+               http({"result": {"response": {"code": 10, "log": "no signed list held yet"}}}),
+               http({"error": {"code": -32603}}), b"garbage"]
+
+    async def main() -> None:
+        from overlay.committee import fetch_abci_query
+
+        async with trio.open_nursery() as n:
+            port = await n.start(_http_server, answers)
+            addr = f"127.0.0.1:{port}"
+            assert await fetch_abci_query(addr, "/lists/users") == b"doc"
+            assert await fetch_abci_query(addr, "/lists/users") == b"doc"
+            with pytest.raises(ListError, match="code 10: no signed list"):
+                await fetch_abci_query(addr, "/lists/users")
+            for _ in range(2):
+                with pytest.raises(ListError, match="did not answer"):
+                    await fetch_abci_query(addr, "/lists/users")
+            n.cancel_scope.cancel()
+
+    trio.run(main)
