@@ -111,7 +111,7 @@ class CommitteeAbciApp:
         return abci.ResponsePrepareProposal(txs=txs)
 
     def process_proposal(self, req: abci.RequestProcessProposal) -> abci.ResponseProcessProposal:
-        ok = self.core.process_proposal(list(req.txs), req.time.seconds)
+        ok = self.core.process_proposal(list(req.txs), req.time.seconds, req.height, req.hash)
         if not ok:
             log.warning("ProcessProposal: rejecting block %d from %s: it holds an invalid transaction",
                         req.height, req.proposer_address.hex())
@@ -119,11 +119,12 @@ class CommitteeAbciApp:
         return abci.ResponseProcessProposal(status=status)
 
     def extend_vote(self, req: abci.RequestExtendVote) -> abci.ResponseExtendVote:
-        ext = b"" if self.signer is None else self.core.extend_vote(req.height, self.signer)
+        ext = b"" if self.signer is None else self.core.extend_vote(req.height, self.signer, req.hash, list(req.txs),
+                                                                    req.time.seconds)
         return abci.ResponseExtendVote(vote_extension=ext)
 
     def verify_vote_extension(self, req: abci.RequestVerifyVoteExtension) -> abci.ResponseVerifyVoteExtension:
-        ok = self.core.verify_vote_extension(req.height, req.validator_address, req.vote_extension)
+        ok = self.core.verify_vote_extension(req.height, req.hash, req.validator_address, req.vote_extension)
         if not ok:
             log.warning("VerifyVoteExtension: validator %s signed other lists at height %d; rejecting its vote",
                         req.validator_address.hex(), req.height)

@@ -353,6 +353,7 @@ class CommitteeApp:
         self._history: dict[int, ListsAt] = {}
         self._history_state: CommitteeState | None = None
         self._decoded: dict[bytes, Tx] = {}
+        self._proposed: dict[bytes, tuple[int, ListsAt]] = {}  # block hash -> (height, lists after it)
         if height > 0:
             self._remember()
 
@@ -391,27 +392,37 @@ class CommitteeApp:
         """The lists as of committed ``height``, if still held."""
         return self._history.get(height)
 
-    def extend_vote(self, height: int, key: crypto.SigningKey) -> bytes:
-        """This validator's vote extension at ``height``: its signature over the lists as of ``height - 1``
-        (the committed state while height ``height`` is decided); empty if it does not hold them."""
-        held = self._history.get(height - 1)
-        return b"" if held is None else key.sign(held.message(self.committed.chain_id, height - 1))
+    def _lists_after(self, height: int, block_hash: bytes, txs: Sequence[bytes], time_s: int) -> ListsAt:
+        """The lists as of the end of proposed block ``height`` (``block_hash``), computed once per block."""
+        got = self._proposed.get(block_hash)
+        if got is None or got[0] != height:
+            got = (height, ListsAt.of(self._run(txs, time_s).state))
+            self._proposed[block_hash] = got
+        return got[1]
 
-    def verify_vote_extension(self, height: int, validator_address: bytes, extension: bytes) -> bool:
+    def extend_vote(self, height: int, key: crypto.SigningKey, block_hash: bytes, txs: Sequence[bytes],
+                    time_s: int) -> bytes:
+        """This validator's vote extension for block ``height``: its signature over the lists as they
+        stand after that block (the state its commit will hold)."""
+        held = self._lists_after(height, block_hash, txs, time_s)
+        return key.sign(held.message(self.committed.chain_id, height))
+
+    def verify_vote_extension(self, height: int, block_hash: bytes, validator_address: bytes,
+                              extension: bytes) -> bool:
         """Accept an empty extension or a valid signature; reject a wrong one.
 
-        An extension this verifier cannot check (it lacks the lists, or does not know the validator)
-        is accepted: only signatures that verify against the current set ever count (PrepareProposal
-        and ProcessProposal check them again).
+        An extension this verifier cannot check (it has not processed that block, or does not know
+        the validator) is accepted: only signatures that verify against the current set ever count
+        (PrepareProposal and ProcessProposal check them again).
         """
         if not extension:
             return True
-        held = self._history.get(height - 1)
+        got = self._proposed.get(block_hash)
         key = next((v.public_key for v in self.committed.validators if v.address == validator_address), None)
-        if held is None or key is None:
+        if got is None or got[0] != height or key is None:
             return True
         try:
-            crypto.ed25519_verify(key, extension, held.message(self.committed.chain_id, height - 1))
+            crypto.ed25519_verify(key, extension, got[1].message(self.committed.chain_id, height))
         except crypto.CryptoError:
             return False
         return True
@@ -419,13 +430,14 @@ class CommitteeApp:
     def make_cert(self, height: int, votes: Sequence[tuple[bytes, bytes]]) -> ListCert | None:
         """The certificate a proposer of block ``height`` puts first: the valid extensions of the votes
         for ``height - 1`` (``(validator address, extension)`` pairs, from ``local_last_commit``),
-        which sign the lists as of ``height - 2``; None without enough of them."""
-        held = self._history.get(height - 2)
+        which sign the lists as of ``height - 1`` (the committed state); None without enough of them."""
+        signed = height - 1
+        held = self._history.get(signed)
         st = self.committed
         last = self.cert.height if self.cert else -1
-        if held is None or height - 2 <= last or held.validators_digest != lists.validators_digest(st.validator_keys()):
+        if held is None or signed <= last or held.validators_digest != lists.validators_digest(st.validator_keys()):
             return None
-        message = held.message(st.chain_id, height - 2)
+        message = held.message(st.chain_id, signed)
         by_address = {v.address: v for v in st.validators}
         sigs: dict[bytes, bytes] = {}
         for address, ext in votes:
@@ -437,7 +449,7 @@ class CommitteeApp:
             except crypto.CryptoError:
                 continue
             sigs[v.public_key] = ext
-        cert = ListCert(height - 2, held.users_digest, held.models_digest, held.validators_digest,
+        cert = ListCert(signed, held.users_digest, held.models_digest, held.validators_digest,
                         tuple(sorted(sigs.items())))
         try:
             _check_cert(st, cert, last)
@@ -538,10 +550,14 @@ class CommitteeApp:
             total += size
         return out
 
-    def process_proposal(self, txs: Sequence[bytes], time_s: int) -> bool:
-        """Accept a proposed block only if every transaction in it is valid in order."""
-        ok = all(r.ok for r in self._run(txs, time_s).results)
+    def process_proposal(self, txs: Sequence[bytes], time_s: int, height: int = 0, block_hash: bytes = b"") -> bool:
+        """Accept a proposed block only if every transaction in it is valid in order. With its
+        ``block_hash``, an accepted block's resulting lists are kept to check vote extensions on it."""
+        block = self._run(txs, time_s)
+        ok = all(r.ok for r in block.results)
         self.rejected_proposals += not ok
+        if ok and block_hash:
+            self._proposed[block_hash] = (height, ListsAt.of(block.state))
         return ok
 
     def finalize_block(self, height: int, time_s: int, txs: Sequence[bytes]) -> tuple[list[Result], bytes]:
@@ -569,6 +585,8 @@ class CommitteeApp:
         if self._pending_cert is not None:
             self.cert, self._pending_cert = self._pending_cert, None
         self._remember()
+        for h in [h for h, (height, _) in self._proposed.items() if height <= self.height]:
+            del self._proposed[h]
         return self.snapshot()
 
     # ----------------------------------------------------------------- persistence

@@ -62,7 +62,7 @@ def wait_for(what: str, fn: Callable[[], T | None], timeout: float) -> T:
             got = fn()
             if got is not None and got is not False:
                 return got
-        except (OSError, urllib.error.URLError, ValueError, KeyError) as exc:
+        except (OSError, urllib.error.URLError, ValueError, KeyError, ListError) as exc:
             last_exc = exc
         time.sleep(0.2)
     raise TimeoutError(f"timed out after {timeout}s waiting for {what} (last error: {last_exc})")
@@ -329,10 +329,12 @@ def test_registrations_appear_in_signed_lists_that_verify_on_the_client(
     assert m.node_id == model.node_id and m.models == ("smollm2-135m",) and m.address == "127.0.0.1:8200"
     assert client.lists[KIND_USERS].signers <= {p.public_key for p in pinned}
     assert len(client.lists[KIND_USERS].signers) >= 3
-    # Every verifier serves a list that verifies, with signatures from more than 2/3 of the power.
+    # Every verifier serves a list that verifies, with signatures from more than 2/3 of the power
+    # (one a block behind the others serves the list it holds, so wait for each).
     for v in vs:
-        got = verify_document(_fetch_list(v, "/lists/models"), CHAIN, pinned, kind=KIND_MODELS)
-        assert [e.node_id for e in got.entries] == [model.node_id]
+        wait_for(f"{v.data_dir.name}'s signed model list", lambda v=v: [e.node_id for e in verify_document(
+            _fetch_list(v, "/lists/models"), CHAIN, pinned, kind=KIND_MODELS).entries] == [model.node_id],
+            COMMIT_TIMEOUT)
 
     # A document cut down to two of four signatures is refused.
     raw = _fetch_list(vs[1], "/lists/users")

@@ -188,14 +188,15 @@ def _committee_app(c: Committee) -> CommitteeApp:
 def _height(a: CommitteeApp, c: Committee, txs: list[bytes], *, signers: int = 4, t: int = T0) -> list[bytes]:
     """One height H as CometBFT runs it with vote extensions: the proposer's block (a certificate
     from height H-1's extensions first), process, the validators' precommits extended (signing the
-    lists as of H-1, the committed state), finalize, commit."""
+    lists as they stand after block H), finalize, commit."""
     h = a.height + 1
     votes = getattr(a, "_test_votes", [])
     block = a.prepare_proposal(txs, 1 << 20, t, h, votes)
-    assert a.process_proposal(block, t)
-    exts = [(crypto.sha256(k.public_bytes)[:20], a.extend_vote(h, k)) for k in c.keys[:signers]]
+    block_hash = crypto.sha256(b"".join(block) + bytes([h]))
+    assert a.process_proposal(block, t, h, block_hash)
+    exts = [(crypto.sha256(k.public_bytes)[:20], a.extend_vote(h, k, block_hash, block, t)) for k in c.keys[:signers]]
     for addr, ext in exts:
-        assert a.verify_vote_extension(h, addr, ext)
+        assert a.verify_vote_extension(h, block_hash, addr, ext)
     a._test_votes = exts  # type: ignore[attr-defined]
     results, _ = a.finalize_block(h, t, block)
     assert all(r.ok for r in results), results
@@ -231,12 +232,17 @@ def test_a_wrong_extension_is_rejected_and_forged_certificates_never_pass() -> N
         _height(a, c, [])
     h = a.height + 1
     addr = crypto.sha256(c.keys[0].public_bytes)[:20]
-    assert not a.verify_vote_extension(h, addr, crypto.SigningKey.generate().sign(b"x"))
-    assert not a.verify_vote_extension(h, addr, c.keys[1].sign(b"other lists"))
-    assert a.verify_vote_extension(h, addr, b"")  # a validator that signed nothing just does not count
-    held = a.lists_at(a.height - 1)
+    assert a.process_proposal([Node().register()], T0, h, b"block h")
+    # The extension signs the lists after the processed block (the cached result, whatever txs say).
+    assert a.verify_vote_extension(h, b"block h", addr, a.extend_vote(h, c.keys[0], b"block h", [], T0))
+    assert not a.verify_vote_extension(h, b"block h", addr, crypto.SigningKey.generate().sign(b"x"))
+    assert not a.verify_vote_extension(h, b"block h", addr, c.keys[1].sign(b"other lists"))
+    assert a.verify_vote_extension(h, b"block h", addr, b"")  # a validator that signed nothing just does not count
+    # Unverifiable here (a block this verifier never processed): accepted, and it can never count.
+    assert a.verify_vote_extension(h, b"a block never processed here", addr, b"\x01" * 64)
+    held = a.lists_at(a.height)
     assert held is not None
-    msg = held.message(CHAIN, a.height - 1)
+    msg = held.message(CHAIN, a.height)
     good = [(k.public_bytes, k.sign(msg)) for k in c.keys]
     last = a.cert.height if a.cert else -1
     for sigs in (
@@ -244,14 +250,16 @@ def test_a_wrong_extension_is_rejected_and_forged_certificates_never_pass() -> N
         sorted([(good[0][0], good[1][1]), *good[1:]]),  # a signature under another key
         sorted([(crypto.SigningKey.generate().public_bytes, good[0][1]), *good[1:]]),  # not a validator
     ):
-        cert = quorum.ListCert(a.height - 1, held.users_digest, held.models_digest, held.validators_digest,
+        cert = quorum.ListCert(a.height, held.users_digest, held.models_digest, held.validators_digest,
                                tuple(sigs))
         assert not a.process_proposal([cert.encode()], T0)
         assert a._run([cert.encode()], T0).results[0].code == Code.BAD_SIGNATURE
         assert a.check_tx(cert.encode()).code == Code.MALFORMED  # never from the mempool
-    ok = quorum.ListCert(a.height - 1, held.users_digest, held.models_digest, held.validators_digest,
+    ok = quorum.ListCert(a.height, held.users_digest, held.models_digest, held.validators_digest,
                          tuple(sorted(good)))
-    assert (a.height - 1 > last) and a.process_proposal([ok.encode()], T0)
+    assert (a.height > last) and a.process_proposal([ok.encode()], T0)
+    stale = quorum.ListCert(last, held.users_digest, held.models_digest, held.validators_digest, tuple(sorted(good)))
+    assert a._run([stale.encode()], T0).results[0].code == Code.REPLAYED
     assert not a.process_proposal([Node().register(), ok.encode()], T0)  # only as the first transaction
     for junk in (quorum.CERT_TAG, quorum.CERT_TAG + b"\x95", ok.encode() + b"\x00"):
         assert not a.process_proposal([junk], T0)
