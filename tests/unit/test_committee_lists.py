@@ -7,6 +7,8 @@ import msgpack
 import pytest
 import trio
 import trio.testing
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from overlay import crypto
 from overlay.committee import (
@@ -396,3 +398,33 @@ def test_fetch_abci_query_reads_cometbft_answers_and_refuses_errors() -> None:
             n.cancel_scope.cancel()
 
     trio.run(main)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from([quorum.CERT_TAG, quorum.CHANGE_TAG, quorum.PREFIX, b""]), st.binary(max_size=400))
+def test_hostile_committee_transactions_never_raise_and_never_change_state(prefix: bytes, body: bytes) -> None:
+    c = _HOSTILE
+    raw = prefix + body
+    before = (c.app_hash, c.committed.canonical_bytes())
+    assert c.check_tx(raw).code != Code.OK
+    assert not c.process_proposal([raw], T0)
+    assert not c.process_proposal([c.cert.encode() if c.cert else b"", raw], T0)
+    assert (c.app_hash, c.committed.canonical_bytes()) == before
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=2000))
+def test_hostile_list_documents_are_refused_with_list_error(raw: bytes) -> None:
+    with pytest.raises(ListError):
+        verify_document(raw, CHAIN, _HOSTILE_KEYS.pinned, kind=KIND_USERS)
+
+
+def _hostile_app() -> CommitteeApp:
+    a = _committee_app(_HOSTILE_KEYS)
+    for _ in range(3):
+        _height(a, _HOSTILE_KEYS, [])
+    return a
+
+
+_HOSTILE_KEYS = Committee()
+_HOSTILE = _hostile_app()
