@@ -132,7 +132,7 @@ class CommitteeAbciApp:
         return abci.ResponseVerifyVoteExtension(status=status)
 
     def finalize_block(self, req: abci.RequestFinalizeBlock) -> abci.ResponseFinalizeBlock:
-        results, app_hash = self.core.finalize_block(req.height, req.time.seconds, list(req.txs))
+        results, app_hash = self.core.finalize_block(req.height, req.time.seconds, list(req.txs), req.hash)
         updates = [abci.ValidatorUpdate(pub_key={"ed25519": v.public_key}, power=v.power) for v in self.core.updates]
         for v in self.core.updates:
             log.info("FinalizeBlock %d: validator %s power %d", req.height, v.public_key.hex()[:16], v.power)

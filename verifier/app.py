@@ -252,8 +252,12 @@ class ListsAt:
 
     @classmethod
     def of(cls, st: CommitteeState) -> ListsAt:
-        users = [st.nodes[n].packed for n in sorted(st.nodes) if st.nodes[n].entry.role == ROLE_USER]
-        models = [st.nodes[n].packed for n in sorted(st.nodes) if st.nodes[n].entry.role == ROLE_MODEL]
+        users: list[bytes] = []
+        models: list[bytes] = []
+        nodes = st.nodes
+        for n in sorted(nodes):
+            rec = nodes[n]
+            (users if rec.entry.role == ROLE_USER else models).append(rec.packed)
         ub = _array_header(len(users)) + b"".join(users)
         mb = _array_header(len(models)) + b"".join(models)
         vals = st.validator_keys()
@@ -349,11 +353,14 @@ class CommitteeApp:
         # itself) and the lists of the last LIST_HISTORY committed heights, to serve under it.
         self.cert: ListCert | None = None
         self._pending_cert: ListCert | None = None
+        self._pending_lists: ListsAt | None = None
         self.updates: list[Validator] = []  # validator updates of the last finalize_block
         self._history: dict[int, ListsAt] = {}
         self._history_state: CommitteeState | None = None
         self._decoded: dict[bytes, Tx] = {}
-        self._proposed: dict[bytes, tuple[int, ListsAt]] = {}  # block hash -> (height, lists after it)
+        # block hash -> (height, the state it was run on, the run, the lists after it)
+        self._proposed: dict[bytes, tuple[int, CommitteeState, _Block, ListsAt]] = {}
+        self._canon: tuple[CommitteeState, bytes] | None = None  # the last canonical encoding made
         if height > 0:
             self._remember()
 
@@ -379,11 +386,17 @@ class CommitteeApp:
 
     # ----------------------------------------------------------------- signed lists
 
-    def _remember(self) -> None:
+    def _canonical(self, st: CommitteeState) -> bytes:
+        """``st.canonical_bytes()``, made once per state (FinalizeBlock hashes it, Commit persists it)."""
+        if self._canon is None or self._canon[0] is not st:
+            self._canon = (st, st.canonical_bytes())
+        return self._canon[1]
+
+    def _remember(self, computed: ListsAt | None = None) -> None:
         prev = self._history.get(self.height - 1)
         st = self.committed
         same = prev is not None and self._history_state is st
-        self._history[self.height] = prev if same and prev is not None else ListsAt.of(st)
+        self._history[self.height] = prev if same and prev is not None else computed or ListsAt.of(st)
         self._history_state = st
         for h in [h for h in self._history if h <= self.height - LIST_HISTORY]:
             del self._history[h]
@@ -392,13 +405,22 @@ class CommitteeApp:
         """The lists as of committed ``height``, if still held."""
         return self._history.get(height)
 
+    def _run_block(self, height: int, block_hash: bytes, txs: Sequence[bytes], time_s: int) -> _Block:
+        """Run proposed block ``height`` once: ProcessProposal, ExtendVote and FinalizeBlock of the same
+        block hash (which covers its transactions and time) on the same committed state share it."""
+        got = self._proposed.get(block_hash) if block_hash else None
+        if got is not None and got[0] == height and got[1] is self.committed:
+            return got[2]
+        block = self._run(txs, time_s)
+        if block_hash and all(r.ok for r in block.results):
+            self._proposed[block_hash] = (height, self.committed, block, ListsAt.of(block.state))
+        return block
+
     def _lists_after(self, height: int, block_hash: bytes, txs: Sequence[bytes], time_s: int) -> ListsAt:
         """The lists as of the end of proposed block ``height`` (``block_hash``), computed once per block."""
+        block = self._run_block(height, block_hash, txs, time_s)
         got = self._proposed.get(block_hash)
-        if got is None or got[0] != height:
-            got = (height, ListsAt.of(self._run(txs, time_s).state))
-            self._proposed[block_hash] = got
-        return got[1]
+        return got[3] if got is not None and got[2] is block else ListsAt.of(block.state)
 
     def extend_vote(self, height: int, key: crypto.SigningKey, block_hash: bytes, txs: Sequence[bytes],
                     time_s: int) -> bytes:
@@ -419,10 +441,10 @@ class CommitteeApp:
             return True
         got = self._proposed.get(block_hash)
         key = next((v.public_key for v in self.committed.validators if v.address == validator_address), None)
-        if got is None or got[0] != height or key is None:
+        if got is None or got[0] != height or got[1] is not self.committed or key is None:
             return True
         try:
-            crypto.ed25519_verify(key, extension, got[1].message(self.committed.chain_id, height))
+            crypto.ed25519_verify(key, extension, got[3].message(self.committed.chain_id, height))
         except crypto.CryptoError:
             return False
         return True
@@ -553,24 +575,24 @@ class CommitteeApp:
     def process_proposal(self, txs: Sequence[bytes], time_s: int, height: int = 0, block_hash: bytes = b"") -> bool:
         """Accept a proposed block only if every transaction in it is valid in order. With its
         ``block_hash``, an accepted block's resulting lists are kept to check vote extensions on it."""
-        block = self._run(txs, time_s)
-        ok = all(r.ok for r in block.results)
+        ok = all(r.ok for r in self._run_block(height, block_hash, txs, time_s).results)
         self.rejected_proposals += not ok
-        if ok and block_hash:
-            self._proposed[block_hash] = (height, ListsAt.of(block.state))
         return ok
 
-    def finalize_block(self, height: int, time_s: int, txs: Sequence[bytes]) -> tuple[list[Result], bytes]:
+    def finalize_block(self, height: int, time_s: int, txs: Sequence[bytes],
+                       block_hash: bytes = b"") -> tuple[list[Result], bytes]:
         """Apply a decided block: one result per tx, and the app hash of the resulting state.
 
         The block's validator updates (committee changes) are left in :attr:`updates` for CometBFT.
         """
         if self.height > 0 and height != self.height + 1:  # genesis may set any initial height
             raise ValueError(f"FinalizeBlock for height {height} after committed height {self.height}")
-        block = self._run(txs, time_s)
+        block = self._run_block(height, block_hash, txs, time_s)
         self.skipped_in_blocks += sum(not r.ok for r in block.results)
         unchanged = block.state is self.committed and self.app_hash
-        app_hash = self.app_hash if unchanged else block.state.app_hash()
+        app_hash = self.app_hash if unchanged else crypto.sha256(self._canonical(block.state))
+        got = self._proposed.get(block_hash)
+        self._pending_lists = got[3] if got is not None and got[2] is block else None
         self._pending = (height, block.state, app_hash)
         self._pending_cert = block.cert
         self.updates = list(block.updates.values())
@@ -584,8 +606,9 @@ class CommitteeApp:
         self._pending = None
         if self._pending_cert is not None:
             self.cert, self._pending_cert = self._pending_cert, None
-        self._remember()
-        for h in [h for h, (height, _) in self._proposed.items() if height <= self.height]:
+        self._remember(self._pending_lists)
+        self._pending_lists = None
+        for h in [h for h, got in self._proposed.items() if got[0] <= self.height]:
             del self._proposed[h]
         return self.snapshot()
 
@@ -593,7 +616,7 @@ class CommitteeApp:
 
     def snapshot(self) -> bytes:
         """The committed state and height, for :meth:`restore`."""
-        return pack([SNAPSHOT_VERSION, self.height, self.app_hash, self.committed.canonical_bytes()])
+        return pack([SNAPSHOT_VERSION, self.height, self.app_hash, self._canonical(self.committed)])
 
     @classmethod
     def restore(cls, raw: bytes) -> CommitteeApp:

@@ -200,7 +200,7 @@ def _height(a: CommitteeApp, c: Committee, txs: list[bytes], *, signers: int = 4
     for addr, ext in exts:
         assert a.verify_vote_extension(h, block_hash, addr, ext)
     a._test_votes = exts  # type: ignore[attr-defined]
-    results, _ = a.finalize_block(h, t, block)
+    results, _ = a.finalize_block(h, t, block, block_hash)
     assert all(r.ok for r in results), results
     a.commit()
     return block
@@ -428,3 +428,21 @@ def _hostile_app() -> CommitteeApp:
 
 _HOSTILE_KEYS = Committee()
 _HOSTILE = _hostile_app()
+
+
+def test_running_a_block_once_per_hash_gives_what_running_it_each_time_gives() -> None:
+    """ProcessProposal, ExtendVote and FinalizeBlock share one run per block hash; an app that never
+    sees hashes (runs each step afresh) must hold the same state, hash and lists at every height."""
+    c = Committee()
+    shared, plain = _committee_app(c), _committee_app(c)
+    nodes = [Node(port=7100 + i) for i in range(6)]
+    rounds = [[n.register(tx.ROLE_MODEL if i % 2 else tx.ROLE_USER) for i, n in enumerate(nodes)],
+              [nodes[0].update(region="us-east"), nodes[1].leave()], [], [nodes[2].leave()]]
+    for i, txs in enumerate(rounds):
+        block = _height(shared, c, txs, t=T0 + i)
+        assert plain.process_proposal(block, T0 + i)
+        results, app_hash = plain.finalize_block(plain.height + 1, T0 + i, block)
+        assert all(r.ok for r in results)
+        plain.commit()
+        assert (app_hash, plain.snapshot()) == (shared.app_hash, shared.snapshot())
+        assert plain.lists_at(plain.height) == shared.lists_at(shared.height)
