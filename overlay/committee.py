@@ -125,7 +125,7 @@ def _unpack(raw: bytes, what: str) -> Any:
     try:
         return msgpack.unpackb(raw, raw=False, use_list=True, strict_map_key=True, max_bin_len=MAX_LIST_BYTES,
                                max_str_len=4096, max_array_len=MAX_RECORDS, max_map_len=0, max_ext_len=0)
-    except Exception as exc:  # msgpack raises many types on hostile input
+    except (ValueError, TypeError, RecursionError, msgpack.UnpackException) as exc:
         raise ListError(f"{what} is not strict msgpack ({type(exc).__name__})") from None
 
 

@@ -40,6 +40,7 @@ from overlay import crypto
 from verifier import quorum
 from verifier.quorum import Change, ListCert
 from verifier.tx import (
+    DECODE_ERRORS,
     OP_LEAVE,
     OP_REGISTER,
     ROLE_MODEL,
@@ -177,7 +178,7 @@ class CommitteeState:
             st.seqs = {n: s for n, s in seqs}
         except StateError:
             raise
-        except Exception as exc:
+        except DECODE_ERRORS as exc:
             raise StateError(f"persisted state does not decode ({type(exc).__name__}: {exc})") from None
         if st.canonical_bytes() != raw:
             raise StateError("persisted state is not in canonical form")
@@ -623,7 +624,7 @@ class CommitteeApp:
         """An app from :meth:`snapshot`'s bytes; :class:`StateError` if they are corrupt."""
         try:
             version, height, app_hash, state = msgpack.unpackb(raw, raw=False)
-        except Exception as exc:
+        except DECODE_ERRORS as exc:
             raise StateError(f"state snapshot does not decode ({type(exc).__name__})") from None
         if version != SNAPSHOT_VERSION:
             raise StateError(f"state snapshot format {version}, this verifier reads {SNAPSHOT_VERSION}")

@@ -27,7 +27,7 @@ from typing import Any
 import msgpack
 
 from overlay import crypto
-from verifier.tx import MAX_CHAIN_ID, Code, TxError, pack
+from verifier.tx import DECODE_ERRORS, MAX_CHAIN_ID, Code, TxError, pack
 
 PREFIX = b"\xc1"
 CERT_TAG = b"\xc1\x01"
@@ -87,7 +87,7 @@ def _unpack(raw: bytes, max_array: int) -> Any:
     try:
         return msgpack.unpackb(raw, raw=False, use_list=True, strict_map_key=True, max_bin_len=1024,
                                max_str_len=0, max_array_len=max_array, max_map_len=0, max_ext_len=0)
-    except Exception as exc:
+    except DECODE_ERRORS as exc:
         raise TxError(Code.MALFORMED, f"not strict msgpack ({type(exc).__name__})") from None
 
 

@@ -342,6 +342,14 @@ def test_registrations_appear_in_signed_lists_that_verify_on_the_client(
     doc[8] = doc[8][:2]
     with pytest.raises(ListError, match="more than 2/3"):
         verify_document(msgpack.packb(doc, use_bin_type=True), CHAIN, pinned, kind=KIND_USERS)
+    # A served list with one entry altered (another address for a registered user) is refused.
+    doc = msgpack.unpackb(raw)
+    records = msgpack.unpackb(doc[4])
+    records[0][4] = "6.6.6.6:9000"
+    doc[4] = msgpack.packb(records, use_bin_type=True)
+    with pytest.raises(ListError, match="digest"):
+        verify_document(msgpack.packb(doc, use_bin_type=True), CHAIN, pinned, kind=KIND_USERS)
+    assert verify_document(raw, CHAIN, pinned, kind=KIND_USERS).height == msgpack.unpackb(raw)[2]
     # A list older than the one held is refused.
     held = client.lists[KIND_USERS].height
     h = doc[2]
