@@ -12,7 +12,9 @@ import logging
 import os
 from pathlib import Path
 
+from overlay import crypto
 from verifier.abci.proto.tendermint.abci import types_pb2 as abci
+from verifier.abci.proto.tendermint.types import validator_pb2
 from verifier.app import CommitteeApp, Validator
 
 log = logging.getLogger("gentorrent.verifier")
@@ -59,9 +61,13 @@ class StateStore:
 class CommitteeAbciApp:
     """Implements :class:`verifier.abci.server.Application` over a :class:`CommitteeApp`."""
 
-    def __init__(self, core: CommitteeApp, store: StateStore | None = None) -> None:
+    def __init__(self, core: CommitteeApp, store: StateStore | None = None,
+                 signer: crypto.SigningKey | None = None) -> None:
+        """``signer``: this verifier's CometBFT validator key, which signs the lists in its vote
+        extensions (:func:`verifier.cometbft.read_validator_key`); None sends empty extensions."""
         self.core = core
         self.store = store
+        self.signer = signer
 
     # ----------------------------------------------------------------- info / genesis
 
@@ -99,11 +105,13 @@ class CommitteeAbciApp:
     # ----------------------------------------------------------------- consensus
 
     def prepare_proposal(self, req: abci.RequestPrepareProposal) -> abci.ResponsePrepareProposal:
-        txs = self.core.prepare_proposal(list(req.txs), req.max_tx_bytes, req.time.seconds)
+        votes = [(v.validator.address, v.vote_extension) for v in req.local_last_commit.votes
+                 if v.block_id_flag == validator_pb2.BLOCK_ID_FLAG_COMMIT]
+        txs = self.core.prepare_proposal(list(req.txs), req.max_tx_bytes, req.time.seconds, req.height, votes)
         return abci.ResponsePrepareProposal(txs=txs)
 
     def process_proposal(self, req: abci.RequestProcessProposal) -> abci.ResponseProcessProposal:
-        ok = self.core.process_proposal(list(req.txs), req.time.seconds)
+        ok = self.core.process_proposal(list(req.txs), req.time.seconds, req.height, req.hash)
         if not ok:
             log.warning("ProcessProposal: rejecting block %d from %s: it holds an invalid transaction",
                         req.height, req.proposer_address.hex())
@@ -111,15 +119,26 @@ class CommitteeAbciApp:
         return abci.ResponseProcessProposal(status=status)
 
     def extend_vote(self, req: abci.RequestExtendVote) -> abci.ResponseExtendVote:
-        return abci.ResponseExtendVote(vote_extension=b"")
+        ext = b"" if self.signer is None else self.core.extend_vote(req.height, self.signer, req.hash, list(req.txs),
+                                                                    req.time.seconds)
+        return abci.ResponseExtendVote(vote_extension=ext)
 
     def verify_vote_extension(self, req: abci.RequestVerifyVoteExtension) -> abci.ResponseVerifyVoteExtension:
-        return abci.ResponseVerifyVoteExtension(status=abci.ResponseVerifyVoteExtension.ACCEPT)
+        ok = self.core.verify_vote_extension(req.height, req.hash, req.validator_address, req.vote_extension)
+        if not ok:
+            log.warning("VerifyVoteExtension: validator %s signed other lists at height %d; rejecting its vote",
+                        req.validator_address.hex(), req.height)
+        status = abci.ResponseVerifyVoteExtension.ACCEPT if ok else abci.ResponseVerifyVoteExtension.REJECT
+        return abci.ResponseVerifyVoteExtension(status=status)
 
     def finalize_block(self, req: abci.RequestFinalizeBlock) -> abci.ResponseFinalizeBlock:
-        results, app_hash = self.core.finalize_block(req.height, req.time.seconds, list(req.txs))
+        results, app_hash = self.core.finalize_block(req.height, req.time.seconds, list(req.txs), req.hash)
+        updates = [abci.ValidatorUpdate(pub_key={"ed25519": v.public_key}, power=v.power) for v in self.core.updates]
+        for v in self.core.updates:
+            log.info("FinalizeBlock %d: validator %s power %d", req.height, v.public_key.hex()[:16], v.power)
         return abci.ResponseFinalizeBlock(
-            tx_results=[abci.ExecTxResult(code=int(r.code), log=r.log) for r in results], app_hash=app_hash)
+            tx_results=[abci.ExecTxResult(code=int(r.code), log=r.log) for r in results], app_hash=app_hash,
+            validator_updates=updates)
 
     def commit(self, req: abci.RequestCommit) -> abci.ResponseCommit:
         snapshot = self.core.commit()

@@ -35,8 +35,12 @@ from dataclasses import dataclass, field
 
 import msgpack
 
+from overlay import committee as lists
 from overlay import crypto
+from verifier import quorum
+from verifier.quorum import Change, ListCert
 from verifier.tx import (
+    DECODE_ERRORS,
     OP_LEAVE,
     OP_REGISTER,
     ROLE_MODEL,
@@ -50,13 +54,15 @@ from verifier.tx import (
     pack,
 )
 
-STATE_VERSION = 1
+STATE_VERSION = 2
 SNAPSHOT_VERSION = 1
 # An entry lives this long (block time) after its last register/update. Nodes refresh every
 # REFRESH_INTERVAL_S, so two missed refreshes in a row still keep them listed.
 ENTRY_TTL_S = 30 * 60
 REFRESH_INTERVAL_S = 10 * 60
 MAX_VALIDATORS = 1000
+DECODE_MEMO = 50_000  # decoded transactions remembered (about 20 MB at most)
+LIST_HISTORY = 8  # heights whose lists a verifier keeps to serve under a certificate
 
 
 class StateError(Exception):
@@ -70,6 +76,11 @@ class Validator:
     key_type: str
     public_key: bytes
     power: int
+
+    @property
+    def address(self) -> bytes:
+        """CometBFT's validator address: the first 20 bytes of SHA-256 of the public key."""
+        return crypto.sha256(self.public_key)[:20]
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,22 +136,28 @@ class CommitteeState:
     validators: tuple[Validator, ...] = ()
     nodes: dict[bytes, Record] = field(default_factory=dict)
     seqs: dict[bytes, int] = field(default_factory=dict)
+    change_seq: int = 0  # the last committee change applied (verifier/quorum.py)
     addresses: dict[str, bytes] = field(default_factory=dict)
 
     def copy(self) -> CommitteeState:
-        return CommitteeState(self.chain_id, self.validators, dict(self.nodes), dict(self.seqs), dict(self.addresses))
+        return CommitteeState(self.chain_id, self.validators, dict(self.nodes), dict(self.seqs), self.change_seq,
+                              dict(self.addresses))
+
+    def validator_keys(self) -> tuple[lists.ValidatorKey, ...]:
+        return tuple(lists.ValidatorKey(v.public_key, v.power) for v in self.validators)
 
     def canonical_bytes(self) -> bytes:
         """One encoding per state: the msgpack array ``[STATE_VERSION, chain_id, validators,
-        records sorted by node id, [node_id, seq] pairs sorted by node id]`` with bin types."""
+        records sorted by node id, [node_id, seq] pairs sorted by node id, change_seq]`` with bin types."""
         return b"".join((
-            _array_header(5),
+            _array_header(6),
             pack(STATE_VERSION),
             pack(self.chain_id),
             pack([[v.key_type, v.public_key, v.power] for v in self.validators]),
             _array_header(len(self.nodes)),
             *(self.nodes[n].packed for n in sorted(self.nodes)),
             pack([[n, self.seqs[n]] for n in sorted(self.seqs)]),
+            pack(self.change_seq),
         ))
 
     def app_hash(self) -> bytes:
@@ -150,17 +167,18 @@ class CommitteeState:
     def from_canonical_bytes(cls, raw: bytes) -> CommitteeState:
         """Inverse of :meth:`canonical_bytes`; :class:`StateError` if ``raw`` is not one."""
         try:
-            version, chain_id, vals, nodes, seqs = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+            version, chain_id, vals, nodes, seqs, change_seq = msgpack.unpackb(raw, raw=False, strict_map_key=True)
             if version != STATE_VERSION:
                 raise StateError(f"state format {version}, this verifier reads {STATE_VERSION}")
-            st = cls(chain_id=chain_id, validators=tuple(Validator(t, bytes(k), p) for t, k, p in vals))
+            st = cls(chain_id=chain_id, validators=tuple(Validator(t, bytes(k), p) for t, k, p in vals),
+                     change_seq=change_seq)
             for node_id, ed, role, x, addr, region, model_id, cap, expires in nodes:
                 st.nodes[node_id] = Record(node_id, ed, Entry(role, x, addr, region, model_id, cap), expires)
                 st.addresses[addr] = node_id
             st.seqs = {n: s for n, s in seqs}
         except StateError:
             raise
-        except Exception as exc:
+        except DECODE_ERRORS as exc:
             raise StateError(f"persisted state does not decode ({type(exc).__name__}: {exc})") from None
         if st.canonical_bytes() != raw:
             raise StateError("persisted state is not in canonical form")
@@ -222,6 +240,98 @@ def _expire(st: CommitteeState, time_s: int) -> CommitteeState:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class ListsAt:
+    """The lists of one committed state as the committee signs and serves them (overlay/committee.py)."""
+
+    users: bytes
+    models: bytes
+    users_digest: bytes
+    models_digest: bytes
+    validators: tuple[lists.ValidatorKey, ...]
+    validators_digest: bytes
+
+    @classmethod
+    def of(cls, st: CommitteeState) -> ListsAt:
+        users: list[bytes] = []
+        models: list[bytes] = []
+        nodes = st.nodes
+        for n in sorted(nodes):
+            rec = nodes[n]
+            (users if rec.entry.role == ROLE_USER else models).append(rec.packed)
+        ub = _array_header(len(users)) + b"".join(users)
+        mb = _array_header(len(models)) + b"".join(models)
+        vals = st.validator_keys()
+        return cls(ub, mb, crypto.sha256(ub), crypto.sha256(mb), vals, lists.validators_digest(vals))
+
+    def message(self, chain_id: str, height: int) -> bytes:
+        return lists.signing_message(chain_id, height, self.users_digest, self.models_digest, self.validators_digest)
+
+
+def _power_check(st: CommitteeState, signed: int, what: str) -> None:
+    total = sum(v.power for v in st.validators)
+    if 3 * signed <= 2 * total:
+        raise TxError(Code.BAD_SIGNATURE, f"{what}: valid signatures from {signed} of {total} voting power; "
+                                          "more than 2/3 are required")
+
+
+def _signed_power(st: CommitteeState, pairs: Sequence[tuple[bytes, bytes]], message: bytes, what: str) -> int:
+    """Power of the current validators among ``pairs``; :class:`TxError` if any signer or signature is bad."""
+    power = {v.public_key: v.power for v in st.validators}
+    for key, sig in pairs:
+        if key not in power:
+            raise TxError(Code.BAD_SIGNATURE, f"{what}: {key.hex()[:16]} is not a current validator")
+        try:
+            crypto.ed25519_verify(key, sig, message)
+        except crypto.CryptoError:
+            raise TxError(Code.BAD_SIGNATURE, f"{what}: the signature by {key.hex()[:16]} does not verify") from None
+    return sum(power[k] for k, _ in pairs)
+
+
+def _check_cert(st: CommitteeState, cert: ListCert, last_height: int) -> None:
+    """A certificate is recordable: newer than the last, over this validator set, > 2/3 of its power."""
+    if cert.height <= last_height:
+        raise TxError(Code.REPLAYED, f"a list certificate for height {cert.height}, not above {last_height}")
+    if cert.validators_digest != lists.validators_digest(st.validator_keys()):
+        raise TxError(Code.CONFLICT, "the list certificate names another validator set than the current one")
+    message = lists.signing_message(st.chain_id, cert.height, cert.users_digest, cert.models_digest,
+                                    cert.validators_digest)
+    _power_check(st, _signed_power(st, cert.signatures, message, "list certificate"), "list certificate")
+
+
+def _check_change(st: CommitteeState, change: Change) -> None:
+    if change.seq != st.change_seq + 1:
+        raise TxError(Code.REPLAYED, f"committee change seq {change.seq}; the next is {st.change_seq + 1}")
+    current = {v.public_key: v for v in st.validators}
+    if change.power == 0 and change.public_key not in current:
+        raise TxError(Code.UNKNOWN_NODE, f"{change.public_key.hex()[:16]} is not a validator; nothing to remove")
+    if change.power == 0 and len(current) == 1:
+        raise TxError(Code.CONFLICT, "the last validator cannot leave")
+    if change.power and change.public_key not in current and len(current) >= MAX_VALIDATORS:
+        raise TxError(Code.CONFLICT, f"the committee already has {MAX_VALIDATORS} validators")
+    message = quorum.change_signing_bytes(st.chain_id, change.body)
+    _power_check(st, _signed_power(st, change.approvals, message, "committee change"), "committee change")
+
+
+def _apply_change(st: CommitteeState, change: Change) -> Validator:
+    rest = [v for v in st.validators if v.public_key != change.public_key]
+    update = Validator("ed25519", change.public_key, change.power)
+    st.validators = tuple(sorted(rest + ([update] if change.power else []), key=lambda v: (v.key_type, v.public_key)))
+    st.change_seq = change.seq
+    return update
+
+
+@dataclass(slots=True)
+class _Block:
+    """What running a block's transactions gives: the next state, one result per tx, a certificate to
+    record (from the block's first transaction) and validator updates for CometBFT."""
+
+    state: CommitteeState
+    results: list[Result]
+    cert: ListCert | None = None
+    updates: dict[bytes, Validator] = field(default_factory=dict)
+
+
 class CommitteeApp:
     """The application core. One instance per verifier; the ABCI driver calls it in order.
 
@@ -240,6 +350,20 @@ class CommitteeApp:
         self.dropped_from_proposals = 0
         self.rejected_proposals = 0
         self.skipped_in_blocks = 0
+        # Signed lists: the latest certificate (from blocks; not in the app hash: it authenticates
+        # itself) and the lists of the last LIST_HISTORY committed heights, to serve under it.
+        self.cert: ListCert | None = None
+        self._pending_cert: ListCert | None = None
+        self._pending_lists: ListsAt | None = None
+        self.updates: list[Validator] = []  # validator updates of the last finalize_block
+        self._history: dict[int, ListsAt] = {}
+        self._history_state: CommitteeState | None = None
+        self._decoded: dict[bytes, Tx] = {}
+        # block hash -> (height, the state it was run on, the run, the lists after it)
+        self._proposed: dict[bytes, tuple[int, CommitteeState, _Block, ListsAt]] = {}
+        self._canon: tuple[CommitteeState, bytes] | None = None  # the last canonical encoding made
+        if height > 0:
+            self._remember()
 
     # ----------------------------------------------------------------- handshake
 
@@ -253,94 +377,227 @@ class CommitteeApp:
         if len(vals) > MAX_VALIDATORS:
             raise ValueError(f"{len(vals)} validators in genesis, at most {MAX_VALIDATORS}")
         self.committed = CommitteeState(chain_id=chain_id, validators=vals)
+        self._decoded.clear()
         self.height = 0
         self.app_hash = b""
         self._pending = None
+        self._history.clear()
+        self._remember()
         return b""
+
+    # ----------------------------------------------------------------- signed lists
+
+    def _canonical(self, st: CommitteeState) -> bytes:
+        """``st.canonical_bytes()``, made once per state (FinalizeBlock hashes it, Commit persists it)."""
+        if self._canon is None or self._canon[0] is not st:
+            self._canon = (st, st.canonical_bytes())
+        return self._canon[1]
+
+    def _remember(self, computed: ListsAt | None = None) -> None:
+        prev = self._history.get(self.height - 1)
+        st = self.committed
+        same = prev is not None and self._history_state is st
+        self._history[self.height] = prev if same and prev is not None else computed or ListsAt.of(st)
+        self._history_state = st
+        for h in [h for h in self._history if h <= self.height - LIST_HISTORY]:
+            del self._history[h]
+
+    def lists_at(self, height: int) -> ListsAt | None:
+        """The lists as of committed ``height``, if still held."""
+        return self._history.get(height)
+
+    def _run_block(self, height: int, block_hash: bytes, txs: Sequence[bytes], time_s: int) -> _Block:
+        """Run proposed block ``height`` once: ProcessProposal, ExtendVote and FinalizeBlock of the same
+        block hash (which covers its transactions and time) on the same committed state share it."""
+        got = self._proposed.get(block_hash) if block_hash else None
+        if got is not None and got[0] == height and got[1] is self.committed:
+            return got[2]
+        block = self._run(txs, time_s)
+        if block_hash and all(r.ok for r in block.results):
+            self._proposed[block_hash] = (height, self.committed, block, ListsAt.of(block.state))
+        return block
+
+    def _lists_after(self, height: int, block_hash: bytes, txs: Sequence[bytes], time_s: int) -> ListsAt:
+        """The lists as of the end of proposed block ``height`` (``block_hash``), computed once per block."""
+        block = self._run_block(height, block_hash, txs, time_s)
+        got = self._proposed.get(block_hash)
+        return got[3] if got is not None and got[2] is block else ListsAt.of(block.state)
+
+    def extend_vote(self, height: int, key: crypto.SigningKey, block_hash: bytes, txs: Sequence[bytes],
+                    time_s: int) -> bytes:
+        """This validator's vote extension for block ``height``: its signature over the lists as they
+        stand after that block (the state its commit will hold)."""
+        held = self._lists_after(height, block_hash, txs, time_s)
+        return key.sign(held.message(self.committed.chain_id, height))
+
+    def verify_vote_extension(self, height: int, block_hash: bytes, validator_address: bytes,
+                              extension: bytes) -> bool:
+        """Accept an empty extension or a valid signature; reject a wrong one.
+
+        An extension this verifier cannot check (it has not processed that block, or does not know
+        the validator) is accepted: only signatures that verify against the current set ever count
+        (PrepareProposal and ProcessProposal check them again).
+        """
+        if not extension:
+            return True
+        got = self._proposed.get(block_hash)
+        key = next((v.public_key for v in self.committed.validators if v.address == validator_address), None)
+        if got is None or got[0] != height or got[1] is not self.committed or key is None:
+            return True
+        try:
+            crypto.ed25519_verify(key, extension, got[3].message(self.committed.chain_id, height))
+        except crypto.CryptoError:
+            return False
+        return True
+
+    def make_cert(self, height: int, votes: Sequence[tuple[bytes, bytes]]) -> ListCert | None:
+        """The certificate a proposer of block ``height`` puts first: the valid extensions of the votes
+        for ``height - 1`` (``(validator address, extension)`` pairs, from ``local_last_commit``),
+        which sign the lists as of ``height - 1`` (the committed state); None without enough of them."""
+        signed = height - 1
+        held = self._history.get(signed)
+        st = self.committed
+        last = self.cert.height if self.cert else -1
+        if held is None or signed <= last or held.validators_digest != lists.validators_digest(st.validator_keys()):
+            return None
+        message = held.message(st.chain_id, signed)
+        by_address = {v.address: v for v in st.validators}
+        sigs: dict[bytes, bytes] = {}
+        for address, ext in votes:
+            v = by_address.get(address)
+            if v is None or not ext:
+                continue
+            try:
+                crypto.ed25519_verify(v.public_key, ext, message)
+            except crypto.CryptoError:
+                continue
+            sigs[v.public_key] = ext
+        cert = ListCert(signed, held.users_digest, held.models_digest, held.validators_digest,
+                        tuple(sorted(sigs.items())))
+        try:
+            _check_cert(st, cert, last)
+        except TxError:
+            return None
+        return cert
 
     # ----------------------------------------------------------------- mempool
 
-    def decode(self, raw: bytes) -> Tx | Result:
-        try:
-            return decode_tx(raw, self.committed.chain_id)
-        except TxError as exc:
-            return Result(exc.code, exc.reason)
-
     def check_tx(self, raw: bytes) -> Result:
         """May ``raw`` enter the mempool? Checked against the committed state; never changes it."""
-        tx = self.decode(raw)
-        if isinstance(tx, Tx):
-            try:
-                _check(self.committed, tx)
-            except TxError as exc:
-                tx = Result(exc.code, exc.reason)
-            else:
-                return OK
-        self.rejected[tx.code] = self.rejected.get(tx.code, 0) + 1
-        return tx
+        result = self._step(self.committed, raw, -1, None)
+        if not result.ok:
+            self.rejected[result.code] = self.rejected.get(result.code, 0) + 1
+        return result
 
     # ----------------------------------------------------------------- blocks
 
-    def _run(self, txs: Sequence[bytes], time_s: int) -> tuple[CommitteeState, list[Result]]:
-        st = _expire(self.committed, time_s)
-        copied = st is not self.committed
-        results: list[Result] = []
-        for raw in txs:
-            tx = self.decode(raw)
-            if isinstance(tx, Result):
-                results.append(tx)
-                continue
-            try:
-                _check(st, tx)
-            except TxError as exc:
-                results.append(Result(exc.code, exc.reason))
-                continue
-            if not copied:
-                st, copied = st.copy(), True
-            _apply(st, tx, time_s)
-            results.append(OK)
-        return st, results
+    def _step(self, st: CommitteeState, raw: bytes, index: int, block: _Block | None) -> Result:
+        """Check ``raw`` at position ``index`` of a block (-1: the mempool, check only: ``st`` is not
+        touched) and apply it to ``st`` (which the caller owns) if it is valid. Certificates and
+        validator updates go to ``block``."""
+        check_only = index < 0
+        try:
+            if raw.startswith(quorum.CERT_TAG):
+                if index != 0 or block is None:
+                    raise TxError(Code.MALFORMED, "a list certificate comes only from a block proposer, "
+                                                  "as the block's first transaction")
+                cert = quorum.decode_cert(raw)
+                _check_cert(st, cert, self.cert.height if self.cert else -1)
+                block.cert = cert
+                return OK
+            if raw.startswith(quorum.PREFIX):
+                change = quorum.decode_change(raw)
+                _check_change(st, change)
+                if check_only:
+                    return OK
+                update = _apply_change(st, change)
+                if block is not None:
+                    block.updates[update.public_key] = update
+                return OK
+            tx = self._decode(raw)
+            _check(st, tx)
+        except TxError as exc:
+            return Result(exc.code, exc.reason)
+        if not check_only:
+            _apply(st, tx, self._time_s)
+        return OK
 
-    def prepare_proposal(self, txs: Sequence[bytes], max_tx_bytes: int, time_s: int) -> list[bytes]:
-        """The mempool's ``txs`` this proposer includes: the valid ones, in order, within ``max_tx_bytes``.
+    _time_s = 0
+
+    def _decode(self, raw: bytes) -> Tx:
+        """:func:`decode_tx` for this chain, remembered: the signature check is the costly part, and
+        each transaction is checked by CheckTx, again in ProcessProposal and in FinalizeBlock. A pure
+        function of the bytes, so remembering it cannot change any outcome."""
+        got = self._decoded.get(raw)
+        if got is None:
+            got = decode_tx(raw, self.committed.chain_id)
+            if len(self._decoded) >= DECODE_MEMO:
+                del self._decoded[next(iter(self._decoded))]
+            self._decoded[raw] = got
+        return got
+
+    def _run(self, txs: Sequence[bytes], time_s: int) -> _Block:
+        st = _expire(self.committed, time_s)
+        block = _Block(st, [])
+        self._time_s = time_s
+        for i, raw in enumerate(txs):
+            if block.state is self.committed and not raw.startswith(quorum.CERT_TAG):
+                block.state = block.state.copy()  # a certificate changes no state; anything else may
+            block.results.append(self._step(block.state, raw, i, block))
+        return block
+
+    def prepare_proposal(self, txs: Sequence[bytes], max_tx_bytes: int, time_s: int, height: int = 0,
+                         votes: Sequence[tuple[bytes, bytes]] = ()) -> list[bytes]:
+        """The transactions this proposer puts in block ``height``: first a list certificate made from
+        ``votes`` (see :meth:`make_cert`) when there is one, then the mempool's valid ``txs`` in order,
+        within ``max_tx_bytes``.
 
         Sizes count as CometBFT counts them: each transaction's protobuf encoding in the block's
         data (one tag byte, its length as a varint, its bytes).
         """
         st = _expire(self.committed, time_s).copy()
+        self._time_s = time_s
         out: list[bytes] = []
         total = 0
+        cert = self.make_cert(height, votes) if votes else None
+        if cert is not None and _proto_size(cert.encode()) <= max_tx_bytes:
+            out.append(cert.encode())
+            total += _proto_size(out[0])
         for raw in txs:
             size = _proto_size(raw)
-            tx = self.decode(raw) if total + size <= max_tx_bytes else None
-            try:
-                if not isinstance(tx, Tx):
-                    raise TxError(Code.OVERSIZE if tx is None else tx.code, "left out")
-                _check(st, tx)
-            except TxError:
+            if total + size > max_tx_bytes or raw.startswith(quorum.CERT_TAG) \
+                    or not self._step(st, raw, len(out), None).ok:
                 self.dropped_from_proposals += 1
                 continue
-            _apply(st, tx, time_s)
             out.append(raw)
             total += size
         return out
 
-    def process_proposal(self, txs: Sequence[bytes], time_s: int) -> bool:
-        """Accept a proposed block only if every transaction in it is valid in order."""
-        _, results = self._run(txs, time_s)
-        ok = all(r.ok for r in results)
+    def process_proposal(self, txs: Sequence[bytes], time_s: int, height: int = 0, block_hash: bytes = b"") -> bool:
+        """Accept a proposed block only if every transaction in it is valid in order. With its
+        ``block_hash``, an accepted block's resulting lists are kept to check vote extensions on it."""
+        ok = all(r.ok for r in self._run_block(height, block_hash, txs, time_s).results)
         self.rejected_proposals += not ok
         return ok
 
-    def finalize_block(self, height: int, time_s: int, txs: Sequence[bytes]) -> tuple[list[Result], bytes]:
-        """Apply a decided block: one result per tx, and the app hash of the resulting state."""
+    def finalize_block(self, height: int, time_s: int, txs: Sequence[bytes],
+                       block_hash: bytes = b"") -> tuple[list[Result], bytes]:
+        """Apply a decided block: one result per tx, and the app hash of the resulting state.
+
+        The block's validator updates (committee changes) are left in :attr:`updates` for CometBFT.
+        """
         if self.height > 0 and height != self.height + 1:  # genesis may set any initial height
             raise ValueError(f"FinalizeBlock for height {height} after committed height {self.height}")
-        st, results = self._run(txs, time_s)
-        self.skipped_in_blocks += sum(not r.ok for r in results)
-        app_hash = st.app_hash()
-        self._pending = (height, st, app_hash)
-        return results, app_hash
+        block = self._run_block(height, block_hash, txs, time_s)
+        self.skipped_in_blocks += sum(not r.ok for r in block.results)
+        unchanged = block.state is self.committed and self.app_hash
+        app_hash = self.app_hash if unchanged else crypto.sha256(self._canonical(block.state))
+        got = self._proposed.get(block_hash)
+        self._pending_lists = got[3] if got is not None and got[2] is block else None
+        self._pending = (height, block.state, app_hash)
+        self._pending_cert = block.cert
+        self.updates = list(block.updates.values())
+        return block.results, app_hash
 
     def commit(self) -> bytes:
         """Make the finalized block's state current; returns the snapshot the driver must persist."""
@@ -348,20 +605,26 @@ class CommitteeApp:
             raise ValueError("Commit without a FinalizeBlock before it")
         self.height, self.committed, self.app_hash = self._pending
         self._pending = None
+        if self._pending_cert is not None:
+            self.cert, self._pending_cert = self._pending_cert, None
+        self._remember(self._pending_lists)
+        self._pending_lists = None
+        for h in [h for h, got in self._proposed.items() if got[0] <= self.height]:
+            del self._proposed[h]
         return self.snapshot()
 
     # ----------------------------------------------------------------- persistence
 
     def snapshot(self) -> bytes:
         """The committed state and height, for :meth:`restore`."""
-        return pack([SNAPSHOT_VERSION, self.height, self.app_hash, self.committed.canonical_bytes()])
+        return pack([SNAPSHOT_VERSION, self.height, self.app_hash, self._canonical(self.committed)])
 
     @classmethod
     def restore(cls, raw: bytes) -> CommitteeApp:
         """An app from :meth:`snapshot`'s bytes; :class:`StateError` if they are corrupt."""
         try:
             version, height, app_hash, state = msgpack.unpackb(raw, raw=False)
-        except Exception as exc:
+        except DECODE_ERRORS as exc:
             raise StateError(f"state snapshot does not decode ({type(exc).__name__})") from None
         if version != SNAPSHOT_VERSION:
             raise StateError(f"state snapshot format {version}, this verifier reads {SNAPSHOT_VERSION}")
@@ -382,8 +645,15 @@ class CommitteeApp:
         - ``/seq`` (data: node id): the node's last committed seq (0 if none); sign the next with seq + 1.
         - ``/nodes`` (data: ``b"user"``, ``b"model"`` or empty for both): a list of records by node id.
         - ``/info``: ``[height, app_hash, chain_id, users, models]``.
+        - ``/lists/users``, ``/lists/models``: the list as of the latest certificate with its
+          signatures (the format of :mod:`overlay.committee`), or UNAVAILABLE before one.
+        - ``/validators``: ``[change_seq, [[ed25519_public, power], ...]]``.
         """
         st = self.committed
+        if path in ("/lists/users", "/lists/models"):
+            return self._query_list(lists.KIND_USERS if path == "/lists/users" else lists.KIND_MODELS)
+        if path == "/validators":
+            return OK, pack([st.change_seq, lists.validators_wire(st.validator_keys())])
         if path == "/node":
             rec = st.nodes.get(data)
             if rec is None:
@@ -400,4 +670,16 @@ class CommitteeApp:
         if path == "/info":
             users = sum(1 for r in st.nodes.values() if r.entry.role == ROLE_USER)
             return OK, pack([self.height, self.app_hash, st.chain_id, users, len(st.nodes) - users])
-        return Result(Code.INVALID_FIELD, f"unknown query path {path[:64]!r}; try /node, /seq, /nodes or /info"), b""
+        return Result(Code.INVALID_FIELD, f"unknown query path {path[:64]!r}; try /node, /seq, /nodes, /info, "
+                             "/lists/users, /lists/models or /validators"), b""
+
+    def _query_list(self, kind: int) -> tuple[Result, bytes]:
+        cert = self.cert
+        held = self._history.get(cert.height) if cert is not None else None
+        if cert is None or held is None or (held.users_digest, held.models_digest, held.validators_digest) != \
+                (cert.users_digest, cert.models_digest, cert.validators_digest):
+            return Result(Code.UNAVAILABLE, "no signed list held yet (the committee signs one per block; "
+                                            "retry in a few seconds or ask another verifier)"), b""
+        return OK, lists.encode_document(self.committed.chain_id, cert.height, kind,
+                                         held.users if kind == lists.KIND_USERS else held.models,
+                                         held.users_digest, held.models_digest, held.validators, cert.signatures)

@@ -55,6 +55,87 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
                    help="copy the genesis into each DATA_DIR and set their persistent peers to each other")
     g.set_defaults(run=_genesis)
 
+    a = verbs.add_parser("approve", help="sign this verifier's approval of a committee change",
+                         description="Print this validator's approval (PUBKEY_HEX:SIGNATURE_HEX) of change SEQ: "
+                                     "set validator KEY's power (0 removes it). A change applies with approvals "
+                                     "from more than 2/3 of the current voting power (see 'verifier change').")
+    common_flags(a)
+    _change_flags(a)
+    a.set_defaults(run=_approve)
+
+    c = verbs.add_parser("change", help="submit a committee change with its approvals",
+                         description="Broadcast a committee change (join, leave, power) with the approvals that "
+                                     "'verifier approve' printed on the validators, to a verifier's RPC.")
+    _change_flags(c)
+    c.add_argument("--rpc", required=True, metavar="HOST:PORT", help="a verifier's CometBFT RPC address")
+    c.add_argument("approvals", nargs="+", metavar="APPROVAL", help="PUBKEY_HEX:SIGNATURE_HEX, one per approver")
+    c.set_defaults(run=_change)
+
+
+def _change_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--chain-id", required=True, help="the committee's chain id")
+    p.add_argument("--key", required=True, metavar="BASE64",
+                   help="the validator's Ed25519 public key, base64 (as 'verifier init' prints it)")
+    p.add_argument("--power", type=int, required=True, help="its new voting power; 0 removes it")
+    p.add_argument("--seq", type=int, required=True,
+                   help="the change's number: one above the last (abci_query path \"/validators\" shows it)")
+
+
+def _change_key(args: argparse.Namespace) -> bytes:
+    import base64
+    import binascii
+
+    try:
+        key = base64.b64decode(args.key, validate=True)
+    except binascii.Error:
+        key = b""
+    if len(key) != 32:
+        raise CliError("--key must be a base64 Ed25519 public key (32 bytes)")
+    return key
+
+
+def _approve(args: argparse.Namespace) -> int:
+    from verifier.cometbft import CometError, read_validator_key
+    from verifier.quorum import approve
+
+    try:
+        me = read_validator_key(_data_dir(args))
+        pub, sig = approve(me, args.chain_id, args.seq, _change_key(args), args.power)
+    except (CometError, ValueError) as exc:
+        raise CliError(str(exc)) from None
+    print(f"{pub.hex()}:{sig.hex()}")
+    return 0
+
+
+def _change(args: argparse.Namespace) -> int:
+    import json
+    import urllib.error
+    import urllib.request
+
+    from verifier.quorum import make_change, parse_approval
+
+    try:
+        raw = make_change(args.seq, _change_key(args), args.power, [parse_approval(a) for a in args.approvals])
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    url = f"http://{args.rpc}/broadcast_tx_commit?tx=0x{raw.hex()}"
+    try:
+        with urllib.request.urlopen(url, timeout=60) as r:
+            body = json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        body = json.loads(exc.read())
+    except (OSError, ValueError) as exc:
+        raise CliError(f"could not reach the verifier's RPC at {args.rpc}: {exc}") from None
+    if "error" in body:
+        raise CliError(f"the verifier refused the change: {body['error']}")
+    res = body["result"]
+    for stage in ("check_tx", "tx_result"):
+        if int(res.get(stage, {}).get("code", 0)):
+            raise CliError(f"the change was refused ({stage} code {res[stage]['code']}): {res[stage].get('log', '')}")
+    print(f"committee change {args.seq} committed at height {res.get('height')}; CometBFT applies it two "
+          "heights later")
+    return 0
+
 
 def _data_dir(args: argparse.Namespace) -> str:
     cfg = resolve_config(args)

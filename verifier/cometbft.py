@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from overlay import crypto
+from overlay.clock import Clock, SystemClock
 
 HOME_DIR = "cometbft"
 LOG_FILE = "cometbft.log"
@@ -154,6 +155,20 @@ def read_home(data_dir: str | os.PathLike[str]) -> HomeInfo:
     )
 
 
+def read_validator_key(data_dir: str | os.PathLike[str]) -> crypto.SigningKey:
+    """This verifier's CometBFT validator key (``priv_validator_key.json``), which also signs the lists."""
+    path = home_of(data_dir) / "config" / "priv_validator_key.json"
+    doc = _read_json(path)
+    raw = _key_value(doc, path, "priv_key")
+    pub = _key_value(doc, path, "pub_key")
+    if len(raw) != 64:
+        raise CometError(f"{path}: priv_key is not a 64-byte Ed25519 key")
+    key = crypto.SigningKey.from_bytes(raw[:32])
+    if key.public_bytes != pub or raw[32:] != pub:
+        raise CometError(f"{path}: priv_key does not match pub_key")
+    return key
+
+
 def _check_hostport(value: str, what: str) -> None:
     host, sep, port = value.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
@@ -195,11 +210,11 @@ def init_home(data_dir: str | os.PathLike[str], *, p2p: str = "127.0.0.1:26656",
 
 
 def make_genesis(data_dirs: list[str], *, chain_id: str = DEFAULT_CHAIN_ID, power: int = 10,
-                 genesis_time: datetime | None = None) -> dict[str, object]:
+                 genesis_time: datetime | None = None, clock: Clock | None = None) -> dict[str, object]:
     """A genesis naming every home's validator key with equal ``power``.
 
     The consensus parameters come from the first home's ``genesis.json`` (CometBFT's defaults as
-    ``init`` wrote them). Vote extensions stay off (``vote_extensions_enable_height`` 0) in this step.
+    ``init`` wrote them), with vote extensions on from height 1: the validators sign the lists in them.
     """
     if not data_dirs:
         raise CometError("name at least one verifier data dir")
@@ -209,12 +224,18 @@ def make_genesis(data_dirs: list[str], *, chain_id: str = DEFAULT_CHAIN_ID, powe
     if len({i.validator_address for i in infos}) != len(infos):
         raise CometError("two data dirs hold the same validator key; init each verifier in its own data dir")
     template = _read_json(home_of(data_dirs[0]) / "config" / "genesis.json")
-    when = (genesis_time or datetime.now(UTC)).astimezone(UTC)
+    params = template.get("consensus_params")
+    if not isinstance(params, dict) or not isinstance(params.get("abci"), dict):
+        raise CometError("the first home's genesis.json has no consensus_params.abci; is this CometBFT v0.38?")
+    params["abci"]["vote_extensions_enable_height"] = "1"
+    if genesis_time is None:  # now, on ``clock`` (the machine's by default)
+        genesis_time = datetime.fromtimestamp((clock or SystemClock()).unix(), UTC)
+    when = genesis_time.astimezone(UTC)
     return {
         "genesis_time": when.strftime("%Y-%m-%dT%H:%M:%S.%f000Z"),
         "chain_id": chain_id,
         "initial_height": "1",
-        "consensus_params": template["consensus_params"],
+        "consensus_params": params,
         "validators": [
             {"address": i.validator_address,
              "pub_key": {"type": "tendermint/PubKeyEd25519", "value": i.validator_pub_key_b64},

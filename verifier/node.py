@@ -20,7 +20,7 @@ import trio
 
 from verifier.abci import server
 from verifier.abci_app import CommitteeAbciApp, StateStore
-from verifier.cometbft import LOG_FILE, SOCKET_FILE, CometError, find_cometbft, home_of
+from verifier.cometbft import LOG_FILE, SOCKET_FILE, CometError, find_cometbft, home_of, read_validator_key
 
 log = logging.getLogger("gentorrent.verifier")
 
@@ -65,7 +65,7 @@ async def run_verifier(data_dir: str | os.PathLike[str], *, abci: str | None = N
     store = StateStore(d)
     core = store.load()
     log.info("application state at height %d (app hash %s)", core.height, core.app_hash.hex()[:16] or "none")
-    app = CommitteeAbciApp(core, store)
+    app = CommitteeAbciApp(core, store, read_validator_key(d))
     stopping = False
     async with trio.open_nursery() as nursery:
         where: server.ListenAddress = await nursery.start(server.serve, app, abci or default_abci_address(d))

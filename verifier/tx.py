@@ -41,6 +41,8 @@ MAX_MODEL_ID = 128
 MAX_CHAIN_ID = 50  # CometBFT's own limit on a chain id
 MIN_CAPACITY, MAX_CAPACITY = 1, 10
 MAX_SEQ = 2**63 - 1
+# What msgpack (and unpacking its result) raises on hostile bytes: caught by type, never blindly.
+DECODE_ERRORS = (ValueError, TypeError, RecursionError, msgpack.UnpackException)
 
 OP_REGISTER, OP_UPDATE, OP_LEAVE = 1, 2, 3
 ROLE_USER, ROLE_MODEL = 1, 2
@@ -65,6 +67,7 @@ class Code(enum.IntEnum):
     UNKNOWN_NODE = 7  # update or leave of a node that is not registered
     INVALID_FIELD = 8  # a field out of range (capacity, address, region, model id)
     UNSUPPORTED_VERSION = 9  # a TX_VERSION this verifier does not speak
+    UNAVAILABLE = 10  # queries only: no signed list held yet; retry or ask another verifier
 
 
 class TxError(Exception):
@@ -199,7 +202,7 @@ def decode_tx(raw: bytes, chain_id: str) -> Tx:
         raise TxError(Code.OVERSIZE, f"{len(raw)} bytes over the limit of {MAX_TX_BYTES}")
     try:
         outer = _unpack(raw, 2)
-    except Exception as exc:  # msgpack raises a zoo of types on hostile input
+    except DECODE_ERRORS as exc:
         raise TxError(Code.MALFORMED, f"not a msgpack [body, signature] array ({type(exc).__name__})") from None
     if type(outer) is not list or len(outer) != 2:
         raise TxError(Code.MALFORMED, "not a [body, signature] array")
@@ -213,7 +216,7 @@ def decode_tx(raw: bytes, chain_id: str) -> Tx:
         raise TxError(Code.BAD_SIGNATURE, f"signature of {len(sig)} bytes, expected {crypto.ED25519_SIG_LEN}")
     try:
         fields = _unpack(body, 6)
-    except Exception as exc:
+    except DECODE_ERRORS as exc:
         raise TxError(Code.MALFORMED, f"body is not msgpack ({type(exc).__name__})") from None
     if type(fields) is not list or len(fields) != 5:
         raise TxError(Code.MALFORMED, "body is not [version, op, seq, ed25519, entry]")

@@ -23,7 +23,17 @@ from typing import Any, TypeVar
 
 import msgpack
 import pytest
+import trio
 
+from overlay.committee import (
+    KIND_MODELS,
+    KIND_USERS,
+    CommitteeClient,
+    ListError,
+    ValidatorKey,
+    fetch_abci_query,
+    verify_document,
+)
 from tests.committee_helpers import Node
 from tests.conftest import REPO, gentorrent_cmd, run_cli
 from verifier import cometbft, tx
@@ -52,7 +62,7 @@ def wait_for(what: str, fn: Callable[[], T | None], timeout: float) -> T:
             got = fn()
             if got is not None and got is not False:
                 return got
-        except (OSError, urllib.error.URLError, ValueError, KeyError) as exc:
+        except (OSError, urllib.error.URLError, ValueError, KeyError, ListError) as exc:
             last_exc = exc
         time.sleep(0.2)
     raise TimeoutError(f"timed out after {timeout}s waiting for {what} (last error: {last_exc})")
@@ -280,3 +290,163 @@ def test_four_validators_agree_survive_a_crash_and_catch_up(
     for v in vs:
         assert v.stop() == 0, v.output()
     assert os.path.exists(vs[0].data_dir / "app_state.bin")
+
+
+def pinned_validators(tmp_path: Path) -> list[ValidatorKey]:
+    """The committee's validator keys and powers as a client pins them: from the genesis file."""
+    g = json.loads((tmp_path / "genesis.json").read_text())
+    return [ValidatorKey(base64.b64decode(v["pub_key"]["value"]), int(v["power"])) for v in g["validators"]]
+
+
+def _fetch_list(v: Verifier, path: str) -> bytes:
+    return trio.run(fetch_abci_query, f"127.0.0.1:{v.rpc}", path)
+
+
+def test_registrations_appear_in_signed_lists_that_verify_on_the_client(
+        tmp_path: Path, committee_factory: Callable[[int], list[Verifier]]) -> None:
+    vs = committee_factory(4)
+    for v in vs:
+        v.spawn()
+    for v in vs:
+        wait_for(f"{v.data_dir.name} to produce blocks", lambda v=v: v.height() >= 2, START_TIMEOUT)
+    users = [Node(port=8100 + i) for i in range(5)]
+    model = Node(port=8200)
+    for i, n in enumerate(users):
+        assert int(vs[i % 4].broadcast_sync(_chain_tx(n, tx.OP_REGISTER, n.entry()))["code"]) == 0
+    assert int(vs[0].broadcast_sync(_chain_tx(model, tx.OP_REGISTER, model.entry(tx.ROLE_MODEL)))["code"]) == 0
+    _wait_committed(vs, [*users, model])
+
+    pinned = pinned_validators(tmp_path)
+    client = CommitteeClient([f"127.0.0.1:{v.rpc}" for v in vs], CHAIN, pinned)
+
+    def listed() -> bool:
+        reg = trio.run(client.refresh)
+        return {e.node_id for e in reg.users()} == {n.node_id for n in users} and len(reg.models()) == 1
+
+    wait_for("every registration in a signed list", listed, COMMIT_TIMEOUT)
+    reg = client.registry()
+    (m,) = reg.models()
+    assert m.node_id == model.node_id and m.models == ("smollm2-135m",) and m.address == "127.0.0.1:8200"
+    assert client.lists[KIND_USERS].signers <= {p.public_key for p in pinned}
+    assert len(client.lists[KIND_USERS].signers) >= 3
+    # Every verifier serves a list that verifies, with signatures from more than 2/3 of the power
+    # (one a block behind the others serves the list it holds, so wait for each).
+    for v in vs:
+        wait_for(f"{v.data_dir.name}'s signed model list", lambda v=v: [e.node_id for e in verify_document(
+            _fetch_list(v, "/lists/models"), CHAIN, pinned, kind=KIND_MODELS).entries] == [model.node_id],
+            COMMIT_TIMEOUT)
+
+    # A document cut down to two of four signatures is refused.
+    raw = _fetch_list(vs[1], "/lists/users")
+    doc = msgpack.unpackb(raw)
+    doc[8] = doc[8][:2]
+    with pytest.raises(ListError, match="more than 2/3"):
+        verify_document(msgpack.packb(doc, use_bin_type=True), CHAIN, pinned, kind=KIND_USERS)
+    # A served list with one entry altered (another address for a registered user) is refused.
+    doc = msgpack.unpackb(raw)
+    records = msgpack.unpackb(doc[4])
+    records[0][4] = "6.6.6.6:9000"
+    doc[4] = msgpack.packb(records, use_bin_type=True)
+    with pytest.raises(ListError, match="digest"):
+        verify_document(msgpack.packb(doc, use_bin_type=True), CHAIN, pinned, kind=KIND_USERS)
+    assert verify_document(raw, CHAIN, pinned, kind=KIND_USERS).height == msgpack.unpackb(raw)[2]
+    # A list older than the one held is refused.
+    held = client.lists[KIND_USERS].height
+    h = doc[2]
+    wait_for("a newer signed list", lambda: msgpack.unpackb(_fetch_list(vs[2], "/lists/users"))[2] > h,
+             COMMIT_TIMEOUT)
+    trio.run(client.refresh)
+    assert client.lists[KIND_USERS].height > held
+    with pytest.raises(ListError, match="older than"):
+        client.accept(raw, KIND_USERS)
+    for v in vs:
+        assert v.stop() == 0, v.output()
+
+
+def test_a_fifth_verifier_joins_by_approved_change_and_its_signatures_then_count(
+        tmp_path: Path, committee_factory: Callable[[int], list[Verifier]]) -> None:
+    vs = committee_factory(4)
+    for v in vs:
+        v.spawn()
+    for v in vs:
+        wait_for(f"{v.data_dir.name} to produce blocks", lambda v=v: v.height() >= 2, START_TIMEOUT)
+    # The fifth: its own home and key, the committee's genesis, the others as peers; a full node at first.
+    new = Verifier(tmp_path / "v4", _free_port(), _free_port())
+    r = run_cli("verifier", "init", "--data-dir", str(new.data_dir), "--p2p", f"127.0.0.1:{new.p2p}",
+                "--rpc", f"127.0.0.1:{new.rpc}", "--timeout-commit", "300ms")
+    assert r.returncode == 0, r.stderr
+    genesis = json.loads((tmp_path / "genesis.json").read_text())
+    cometbft.install_genesis([str(v.data_dir) for v in [*vs, new]], genesis)
+    try:
+        _join_and_count(tmp_path, vs, new)
+    finally:
+        if new.proc is not None:
+            new.proc.kill()
+            new.proc.wait(timeout=30)
+
+
+def _join_and_count(tmp_path: Path, vs: list[Verifier], new: Verifier) -> None:
+    new.start()
+    joiner = cometbft.read_validator_key(new.data_dir)
+    key_b64 = base64.b64encode(joiner.public_bytes).decode()
+    flags = ["--chain-id", CHAIN, "--key", key_b64, "--power", "10", "--seq", "1"]
+
+    # Two approvals (20 of 40) are refused; three (30 of 40) apply.
+    approvals = []
+    for v in vs[:3]:
+        r = run_cli("verifier", "approve", "--data-dir", str(v.data_dir), *flags)
+        assert r.returncode == 0, r.stderr
+        approvals.append(r.stdout.strip())
+    r = run_cli("verifier", "change", "--rpc", f"127.0.0.1:{vs[0].rpc}", *flags, *approvals[:2])
+    assert r.returncode != 0 and "more than 2/3" in r.stderr, r.stderr
+    r = run_cli("verifier", "change", "--rpc", f"127.0.0.1:{vs[1].rpc}", *flags, *approvals)
+    assert r.returncode == 0, r.stderr
+    for v in [*vs, new]:
+        wait_for(f"the change on {v.data_dir.name}", lambda v=v: v.query("/validators")[1][0] == 1, COMMIT_TIMEOUT)
+    assert len(vs[0].query("/validators")[1][1]) == 5
+    wait_for("CometBFT to make the fifth a validator",
+             lambda: len(vs[2].rpc_call("validators")["validators"]) == 5, COMMIT_TIMEOUT)
+
+    # A client that pinned the founding four follows the change and counts the fifth's signature.
+    client = CommitteeClient([f"127.0.0.1:{v.rpc}" for v in [new, *vs]], CHAIN, pinned_validators(tmp_path))
+
+    def fifth_signed() -> bool:
+        trio.run(client.refresh)
+        return joiner.public_bytes in client.lists[KIND_USERS].signers
+
+    wait_for("a signed list carrying the fifth verifier's signature", fifth_signed, COMMIT_TIMEOUT)
+    assert len(client.validators) == 5
+    # With the fifth counted, the lists keep verifying with one founder gone (40 of 50).
+    victim = vs[0]
+    assert victim.proc is not None
+    victim.proc.kill()
+    victim.proc.wait(timeout=30)
+    victim.proc = None
+    h = client.height
+    wait_for("a newer list with a founder down", lambda: trio.run(client.refresh).version > h + 2, COMMIT_TIMEOUT)
+    assert joiner.public_bytes in client.lists[KIND_USERS].signers
+    for v in [*vs[1:], new]:
+        assert v.stop() == 0, v.output()
+
+
+BENCH_KEYS = {
+    "registrations_per_s", "registration_run_s", "list_bytes", "block_time_mean_ms", "txs_per_block_max",
+    *(f"{p}_{s}_ms" for p in ("register_to_signed_list", "list_fetch_verify", "list_verify")
+      for s in ("mean", "p50", "p99")),
+}
+
+
+def test_bench_committee_quick_runs_and_prints_its_figures() -> None:
+    try:
+        cometbft.find_cometbft()
+    except cometbft.CometError as exc:
+        pytest.skip(str(exc))
+    r = run_cli("bench", "committee", "--json", "--quick", timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout)
+    assert out["bench"] == "committee" and out["params"]["validators"] == 4
+    assert set(out["figures"]) == BENCH_KEYS
+    figs = out["figures"]
+    assert all(v > 0 for v in figs.values()), figs
+    assert figs["register_to_signed_list_p50_ms"] <= figs["register_to_signed_list_p99_ms"]
+    assert figs["list_verify_p50_ms"] <= figs["list_fetch_verify_p99_ms"]

@@ -79,7 +79,7 @@ def test_init_and_genesis_with_real_cometbft(tmp_path: Path, capsys: pytest.Capt
     g = json.loads(gen.read_text())
     assert g["chain_id"] == "gt-unit" and g["initial_height"] == "1"
     assert [v["address"] for v in g["validators"]] == [i.validator_address for i in infos]
-    assert g["consensus_params"]["abci"]["vote_extensions_enable_height"] == "0"
+    assert g["consensus_params"]["abci"]["vote_extensions_enable_height"] == "1"  # the lists are signed in them
     for d, me in zip(dirs, infos, strict=True):
         installed = json.loads((Path(d) / "cometbft" / "config" / "genesis.json").read_text())
         assert installed == g

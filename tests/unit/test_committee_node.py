@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 from pathlib import Path
 
 import pytest
 import trio
 
+from overlay import crypto
 from verifier.abci import wire
 from verifier.abci.proto.tendermint.abci import types_pb2 as abci
 from verifier.node import CometExited, run_verifier
@@ -17,6 +20,12 @@ def _home(tmp_path: Path) -> Path:
     d = tmp_path / "v"
     (d / "cometbft" / "config").mkdir(parents=True)
     (d / "cometbft" / "config" / "genesis.json").write_text("{}")
+    key = crypto.SigningKey.generate()
+    b64 = base64.b64encode
+    (d / "cometbft" / "config" / "priv_validator_key.json").write_text(json.dumps({
+        "pub_key": {"type": "tendermint/PubKeyEd25519", "value": b64(key.public_bytes).decode()},
+        "priv_key": {"type": "tendermint/PrivKeyEd25519",
+                     "value": b64(key.private_bytes() + key.public_bytes).decode()}}))
     return d
 
 

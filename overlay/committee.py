@@ -1,0 +1,372 @@
+"""Signed membership lists from the verifier committee: the format, its verification, and a refreshing client.
+
+At each height the committee's validators sign, with their CometBFT validator keys (Ed25519), the
+digests of the user list and of the model list (docs/committee.md "Signed lists"). Any verifier
+serves a list with the signatures through ABCI Query (``/lists/users``, ``/lists/models``), which a
+client reads through CometBFT's RPC ``abci_query``. This module is the client side and the one
+definition of the format (the verifier imports it; overlay never imports the verifier).
+
+A served document is the msgpack array::
+
+    [LISTS_VERSION, chain_id, height, kind, list, users_digest, models_digest, validators, signatures]
+
+- ``kind``: :data:`KIND_USERS` or :data:`KIND_MODELS`; ``list`` (bin) is the msgpack array of the
+  records of that kind, each ``[node_id, ed25519, role, x25519, address, region, model_id,
+  capacity, expires_at]``, sorted by node id; its SHA-256 is that kind's digest.
+- ``validators``: the committee as of ``height``, ``[[ed25519_public, power], ...]`` sorted by key;
+  its digest is SHA-256 of that array's msgpack encoding.
+- ``signatures``: ``[[ed25519_public, signature], ...]``, each over :func:`signing_message` of
+  (chain id, height, users digest, models digest, validators digest).
+
+A client holds a validator set (first the pinned genesis keys and powers) and accepts a document
+only if distinct validators of the set it holds, with more than 2/3 of its voting power, signed it,
+its height is not below the one it holds, and every record decodes strictly. When the document's
+validator set differs from the held one, the client adopts it after accepting the document: more
+than 2/3 of the set it trusted vouched for it (how committee changes reach clients).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import trio
+
+from overlay import crypto
+from overlay.clock import Clock, TrioClock
+from overlay.identity import node_id_of
+from overlay.peers import PeerEntry
+from overlay.registry import Registry
+from overlay.transport import parse_address
+
+log = logging.getLogger("gentorrent.committee")
+
+LISTS_VERSION = 1
+LISTS_CONTEXT = b"gentorrent/committee-lists/v1\x00"
+KIND_USERS, KIND_MODELS = 1, 2
+KIND_PATHS = {KIND_USERS: "/lists/users", KIND_MODELS: "/lists/models"}
+ROLE_USER, ROLE_MODEL = 1, 2  # as in verifier/tx.py
+MAX_LIST_BYTES = 32 * 1024 * 1024
+MAX_RECORDS = 200_000
+MAX_VALIDATORS = 1000
+MAX_CHAIN_ID = 50
+DIGEST_LEN = 32
+REFRESH_S = 10.0
+FETCH_TIMEOUT_S = 10.0
+
+
+class ListError(Exception):
+    """A signed list was refused (bad format, too few valid signatures, older than held); says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class ValidatorKey:
+    """A committee member as clients pin it: its CometBFT validator key (Ed25519) and voting power."""
+
+    public_key: bytes
+    power: int
+
+
+def validators_wire(validators: Sequence[ValidatorKey]) -> list[list[object]]:
+    return [[v.public_key, v.power] for v in sorted(validators, key=lambda v: v.public_key)]
+
+
+def validators_digest(validators: Sequence[ValidatorKey]) -> bytes:
+    return crypto.sha256(_pack(validators_wire(validators)))
+
+
+def signing_message(chain_id: str, height: int, users_digest: bytes, models_digest: bytes,
+                    vals_digest: bytes) -> bytes:
+    """What each validator signs for ``height``: context, chain id, height, the three digests."""
+    chain = chain_id.encode()
+    if not 0 < len(chain) <= MAX_CHAIN_ID or not 0 <= height < 2**63:
+        raise ValueError("chain id must be 1-50 bytes and height 0..2^63-1")
+    if not len(users_digest) == len(models_digest) == len(vals_digest) == DIGEST_LEN:
+        raise ValueError("digests are 32 bytes")
+    return (LISTS_CONTEXT + bytes([len(chain)]) + chain + height.to_bytes(8, "big")
+            + users_digest + models_digest + vals_digest)
+
+
+def _pack(obj: object) -> bytes:
+    out: bytes = msgpack.packb(obj, use_bin_type=True)
+    return out
+
+
+def encode_document(chain_id: str, height: int, kind: int, list_bytes: bytes, users_digest: bytes,
+                    models_digest: bytes, validators: Sequence[ValidatorKey],
+                    signatures: Sequence[tuple[bytes, bytes]]) -> bytes:
+    """The served document (the verifier's side)."""
+    return _pack([LISTS_VERSION, chain_id, height, kind, list_bytes, users_digest, models_digest,
+                  validators_wire(validators), [[k, s] for k, s in sorted(signatures)]])
+
+
+@dataclass(frozen=True, slots=True)
+class SignedList:
+    """A verified list: its height, its entries, and the validator set that signed it."""
+
+    chain_id: str
+    height: int
+    kind: int
+    entries: tuple[PeerEntry, ...]
+    validators: tuple[ValidatorKey, ...]
+    signers: frozenset[bytes]
+
+
+def _typed(value: Any, tp: type, what: str) -> Any:
+    if type(value) is not tp:
+        raise ListError(f"{what}: expected {tp.__name__}, got {type(value).__name__}")
+    return value
+
+
+def _unpack(raw: bytes, what: str) -> Any:
+    try:
+        return msgpack.unpackb(raw, raw=False, use_list=True, strict_map_key=True, max_bin_len=MAX_LIST_BYTES,
+                               max_str_len=4096, max_array_len=MAX_RECORDS, max_map_len=0, max_ext_len=0)
+    except (ValueError, TypeError, RecursionError, msgpack.UnpackException) as exc:
+        raise ListError(f"{what} is not strict msgpack ({type(exc).__name__})") from None
+
+
+_RECORD_TYPES = (bytes, bytes, int, bytes, str, str, str, int, int)
+
+
+def _entry(rec: Any, i: int) -> PeerEntry:
+    """One record as a :class:`PeerEntry`; every field typed and bounded (a hot loop: 10,000 a list)."""
+    if type(rec) is not list or tuple(map(type, rec)) != _RECORD_TYPES:
+        raise ListError(f"record {i}: not [node_id, ed25519, role, x25519, address, region, model_id, "
+                        "capacity, expires] with those types")
+    node_id, ed, role, x, address, region, model_id, _capacity, _expires = rec
+    if len(ed) != 32 or len(x) != 32 or node_id != node_id_of(ed):
+        raise ListError(f"record {i}: keys of the wrong size, or a node id that is not its key's")
+    if role not in (ROLE_USER, ROLE_MODEL) or not 0 < len(region) <= 64 or len(model_id) > 128:
+        raise ListError(f"record {i}: bad role, region or model id")
+    if (role == ROLE_MODEL) != bool(model_id):
+        raise ListError(f"record {i}: a model node has a model id, a user node none")
+    try:
+        parse_address(address)
+    except ValueError as exc:
+        raise ListError(f"record {i}: address: {exc}") from None
+    return PeerEntry(node_id, address, ed, x, region, "model" if role == ROLE_MODEL else "user",
+                     (model_id,) if model_id else ())
+
+
+def verify_document(raw: bytes, chain_id: str, held: Sequence[ValidatorKey], *, kind: int,
+                    min_height: int = 0) -> SignedList:
+    """Decode ``raw`` strictly and accept it only as described in the module docstring.
+
+    ``held`` is the validator set the client trusts; ``min_height`` the height of the list it holds
+    (an older one is refused, the same height is accepted). Raises :class:`ListError` saying why.
+    """
+    doc = _unpack(raw, "the signed list")
+    if type(doc) is not list or len(doc) != 9:
+        raise ListError("the signed list is not a 9-field array; is this verifier another version?")
+    version, chain, height, got_kind, list_bytes, users_d, models_d, vals, sigs = doc
+    if _typed(version, int, "version") != LISTS_VERSION:
+        raise ListError(f"signed list format {version}; this client reads {LISTS_VERSION}")
+    if _typed(chain, str, "chain id") != chain_id:
+        raise ListError(f"the list is from chain {chain[:50]!r}, not the pinned committee {chain_id!r}")
+    _typed(height, int, "height")
+    if _typed(got_kind, int, "kind") != kind:
+        raise ListError(f"asked for list kind {kind}, got {got_kind}")
+    for value, what in ((list_bytes, "list"), (users_d, "users digest"), (models_d, "models digest")):
+        _typed(value, bytes, what)
+    if len(users_d) != DIGEST_LEN or len(models_d) != DIGEST_LEN:
+        raise ListError("digests must be 32 bytes")
+    if type(vals) is not list or not 0 < len(vals) <= MAX_VALIDATORS or type(sigs) is not list or len(sigs) > len(vals):
+        raise ListError("bad validators or signatures array")
+    validators: list[ValidatorKey] = []
+    for v in vals:
+        if type(v) is not list or len(v) != 2 or type(v[0]) is not bytes or len(v[0]) != 32 \
+                or type(v[1]) is not int or not 0 < v[1] < 2**62:
+            raise ListError("a validator is not [32-byte key, power > 0]")
+        validators.append(ValidatorKey(v[0], v[1]))
+    if validators_wire(validators) != vals or len({v.public_key for v in validators}) != len(validators):
+        raise ListError("validators are not sorted and distinct")
+    if not 0 <= height < 2**63:
+        raise ListError(f"height {height} out of range")
+    if height < min_height:
+        raise ListError(f"the list is at height {height}, older than the height {min_height} already held; "
+                        "ask another verifier")
+    if crypto.sha256(list_bytes) != (users_d if kind == KIND_USERS else models_d):
+        raise ListError("the list does not match the digest the committee signed (tampered or truncated)")
+    message = signing_message(chain_id, height, users_d, models_d, validators_digest(validators))
+    power = {v.public_key: v.power for v in held}
+    total = sum(power.values())
+    signers: set[bytes] = set()
+    for s in sigs:
+        if type(s) is not list or len(s) != 2 or type(s[0]) is not bytes or type(s[1]) is not bytes:
+            raise ListError("a signature is not [key, signature]")
+        key, sig = s
+        if key not in power or key in signers:
+            continue
+        try:
+            crypto.ed25519_verify(key, sig, message)
+        except crypto.CryptoError:
+            continue
+        signers.add(key)
+    signed = sum(power[k] for k in signers)
+    if 3 * signed <= 2 * total:
+        raise ListError(f"valid signatures from validators with {signed} of {total} voting power; more than 2/3 "
+                        "are required (a verifier serving this may be faulty: ask another)")
+    records = _unpack(list_bytes, "the list")
+    if type(records) is not list:
+        raise ListError("the list is not an array of records")
+    entries = tuple(_entry(r, i) for i, r in enumerate(records))
+    role = "user" if kind == KIND_USERS else "model"
+    if any(e.role != role for e in entries) or any(a.node_id >= b.node_id for a, b in zip(entries, entries[1:], strict=False)):
+        raise ListError(f"the {role} list holds another role, or is not sorted by node id")
+    return SignedList(chain_id, height, kind, entries, tuple(validators), frozenset(signers))
+
+
+# --------------------------------------------------------------------------- the client
+
+Fetch = Callable[[str, str], Awaitable[bytes]]  # (verifier RPC address, query path) -> document bytes
+
+
+class CommitteeClient:
+    """Holds the latest verified user and model lists, fetched from any of ``addresses``.
+
+    I/O goes through ``fetch`` (default: :func:`fetch_abci_query`, CometBFT's RPC over HTTP), so the
+    core can be tested without a network. ``refresh`` tries the verifiers in turn (starting after the
+    last one that answered) and keeps the first list that verifies; :meth:`run` refreshes every
+    ``interval`` seconds (trio time), and :meth:`age` reads ``clock`` (default: trio's, so MockClock drives it).
+    """
+
+    def __init__(self, addresses: Sequence[str], chain_id: str, validators: Sequence[ValidatorKey], *,
+                 fetch: Fetch | None = None, clock: Clock | None = None, interval: float = REFRESH_S,
+                 fetch_timeout: float = FETCH_TIMEOUT_S) -> None:
+        if not addresses:
+            raise ValueError("name at least one verifier RPC address (--committee HOST:PORT,...)")
+        if not validators:
+            raise ValueError("pin the committee's validator keys")
+        self.addresses = list(addresses)
+        self.chain_id = chain_id
+        self.validators: tuple[ValidatorKey, ...] = tuple(validators)
+        self.fetch = fetch or fetch_abci_query
+        self.clock = clock or TrioClock()
+        self.interval = interval
+        self.fetch_timeout = fetch_timeout
+        self.lists: dict[int, SignedList] = {}
+        self.errors: list[str] = []
+        self.refreshed_at: float | None = None  # clock.monotonic() of the last refresh that verified
+        self._next = 0
+
+    @property
+    def height(self) -> int:
+        return min((lst.height for lst in self.lists.values()), default=0)
+
+    def registry(self) -> Registry:
+        """The held lists as the :class:`Registry` nodes use (version = the lists' height)."""
+        entries = [e for k in (KIND_USERS, KIND_MODELS) if k in self.lists for e in self.lists[k].entries]
+        return Registry(self.height, entries)
+
+    def accept(self, raw: bytes, kind: int) -> SignedList:
+        """Verify ``raw`` against the held set and height; keep it (and its validator set) if it passes."""
+        held = self.lists.get(kind)
+        got = verify_document(raw, self.chain_id, self.validators, kind=kind,
+                              min_height=held.height if held else 0)
+        self.lists[kind] = got
+        if {(v.public_key, v.power) for v in got.validators} != {(v.public_key, v.power) for v in self.validators}:
+            log.info("committee changed at height %d: now %d validators", got.height, len(got.validators))
+            self.validators = got.validators
+        return got
+
+    async def refresh(self) -> Registry:
+        """Fetch and verify both lists; raises :class:`ListError` listing each verifier's failure."""
+        for kind in (KIND_USERS, KIND_MODELS):
+            errors = []
+            for i in range(len(self.addresses)):
+                addr = self.addresses[(self._next + i) % len(self.addresses)]
+                try:
+                    with trio.fail_after(self.fetch_timeout):
+                        raw = await self.fetch(addr, KIND_PATHS[kind])
+                    self.accept(raw, kind)
+                except trio.TooSlowError:
+                    errors.append(f"{addr}: no answer within {self.fetch_timeout:g} s")
+                    continue
+                except (ListError, OSError, ValueError) as exc:
+                    errors.append(f"{addr}: {exc}")
+                    continue
+                self._next = (self._next + i) % len(self.addresses)
+                break
+            else:
+                self.errors = errors
+                raise ListError(f"no verifier served a {KIND_PATHS[kind]} list that verifies: " + "; ".join(errors))
+        self.errors = []
+        self.refreshed_at = self.clock.monotonic()
+        return self.registry()
+
+    def age(self) -> float | None:
+        """Seconds since the last verified refresh (None before the first)."""
+        return None if self.refreshed_at is None else self.clock.monotonic() - self.refreshed_at
+
+    async def run(self, on_update: Callable[[Registry], None] | None = None) -> None:
+        """Refresh forever, every ``interval`` seconds; failures are logged and the held lists kept."""
+        while True:
+            try:
+                reg = await self.refresh()
+            except ListError as exc:
+                log.warning("committee lists not refreshed: %s", exc)
+            else:
+                if on_update is not None:
+                    on_update(reg)
+            await trio.sleep(self.interval)
+
+
+MAX_RESPONSE = 64 * 1024 * 1024
+
+
+async def fetch_abci_query(address: str, path: str) -> bytes:
+    """``abci_query`` on a verifier's CometBFT RPC (``host:port``); the response's value bytes.
+
+    Plain HTTP/1.1 over trio; the response is bounded by :data:`MAX_RESPONSE`. Raises
+    :class:`ListError` for a non-zero query code (with the verifier's log) and ``OSError`` for I/O.
+    """
+    import base64
+    import json
+    import urllib.parse
+
+    host, port = parse_address(address)
+    target = "/abci_query?path=" + urllib.parse.quote(f'"{path}"', safe="")
+    stream = await trio.open_tcp_stream(host, port)
+    async with stream:
+        await stream.send_all(f"GET {target} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n".encode())
+        buf = bytearray()
+        while True:
+            chunk = await stream.receive_some(1 << 20)
+            if not chunk:
+                break
+            buf += chunk
+            if len(buf) > MAX_RESPONSE:
+                raise ListError(f"{address} answered over {MAX_RESPONSE} bytes")
+    head, sep, body = bytes(buf).partition(b"\r\n\r\n")
+    if not sep:
+        raise ListError(f"{address} did not answer HTTP")
+    if b"chunked" in head.lower():
+        body = _dechunk(body)
+    try:
+        result = json.loads(body)["result"]["response"]
+        code = int(result.get("code", 0))
+        value = base64.b64decode(result.get("value") or "", validate=True)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ListError(f"{address} did not answer an abci_query ({type(exc).__name__})") from None
+    if code:
+        raise ListError(f"{address} answered code {code}: {str(result.get('log', ''))[:200]}")
+    return value
+
+
+def _dechunk(body: bytes) -> bytes:
+    out = bytearray()
+    while body:
+        size_line, _, rest = body.partition(b"\r\n")
+        try:
+            size = int(size_line.split(b";")[0], 16)
+        except ValueError:
+            raise ListError("bad HTTP chunk") from None
+        if size == 0:
+            break
+        out += rest[:size]
+        body = rest[size + 2:]
+    return bytes(out)
