@@ -36,6 +36,12 @@ class LoadReport:
     1–10; ``kv_usage_permille`` KV-cache use (0–1000); ``latency_ms`` its recent median
     time to first token (0: unknown); ``requests`` user requests it has received in total
     (the group counts them to refresh ``L`` every 10,000 requests).
+
+    The work it holds (issue 19, :class:`~model_node.forwarding.Load`): ``prefill_tokens``
+    prompt tokens still to evaluate, ``decode_tokens`` output tokens still expected,
+    ``prefill_mtps`` / ``decode_mtps`` its measured per-stream rates in thousandths of a
+    token per second (0: not measured yet), ``streams`` the sequences it generates at once.
+    Bounds: :func:`model_node.group.load_problem`.
     """
 
     seq: int
@@ -46,6 +52,11 @@ class LoadReport:
     kv_usage_permille: int
     latency_ms: int
     requests: int
+    prefill_tokens: int = field(default=0)
+    decode_tokens: int = field(default=0)
+    prefill_mtps: int = field(default=0)
+    decode_mtps: int = field(default=0)
+    streams: int = field(default=1)
 
 
 @message(301)
@@ -139,8 +150,8 @@ class Served:
 
 @dataclass(frozen=True, slots=True)
 class PeerRow:
-    """One row of a node's group table as it stands: a live peer, its relative load (requests
-    per capacity point, our forwards since its report included; -1 without a report) and how
+    """One row of a node's group table as it stands: a live peer, its relative load (seconds of
+    work, our forwards since its report included; -1 without a report) and how
     many cached-prefix paths of it the HR-tree holds."""
 
     node_id: bytes = field(exact=NODE_ID_LEN)
