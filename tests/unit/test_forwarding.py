@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from model_node.bench.policies import request_count
 from model_node.forwarding import REF_PREFILL_RATE, Load, algorithm2
 from model_node.group import GroupConfig, GroupState
 from model_node.hrtree import ChunkLengths
@@ -197,6 +198,7 @@ def test_a_work_heavy_node_is_avoided_where_a_request_count_would_pick_it() -> N
         by_count = algorithm2(gs.self_id, table, found, tau_c=gs.tau_c, load_threshold=1000.0,
                               measure=lambda x: x.requests_relative)
         assert (by_work.target, by_count.target) == (light, heavy)
+        assert request_count(gs, query).target == heavy  # the benchmark's request-count baseline
         assert gs.decide(query).target == light
 
 
