@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 import trio
 
+from model_node.group import GroupConfig
 from model_node.server import ModelNode
-from model_node.testing import echo_node
+from model_node.testing import GROUP_SYNC, CachingEcho, echo_node
 from overlay.anon import AnonError, is_busy
 from overlay.messages import ChatMessage, ReplyChunk, SamplingParams
 from overlay.testing import Net, start_overlay
@@ -116,3 +117,35 @@ def test_busy_text_is_recognised() -> None:
 
     assert is_busy(busy_error("full"))
     assert not is_busy("model node is busy") and not is_busy("")
+
+
+async def test_a_forwarded_request_refused_as_busy_completes_on_a_third_node(autojump_clock):
+    """A forwards to B (B holds the prompt's prefix and A's threshold lets it through); B is
+    busy and says so; the client skips both A (the entry) and B, and C answers. (C runs
+    without forwarding: a group member would forward the retry to B again until B's next
+    load report shows its work: docs/forwarding.md "Known limits".)"""
+    async with trio.open_nursery() as nursery:
+        group = GroupConfig(sync_interval=GROUP_SYNC, load_threshold=1000.0)
+        a_f = echo_node(engine=CachingEcho(0.0), group=group, max_queue_wait=3.0)
+        b_f = echo_node(engine=CachingEcho(1.0), group=group, max_queue_wait=3.0)
+        c_f = echo_node(engine=CachingEcho(0.0), max_queue_wait=3.0)
+        net = await start_overlay(nursery, 15, clients=2, models=[a_f, b_f, c_f])
+        a, b, c = net.models
+        system = "You answer questions about the city archive. " + " ".join(
+            f"Box {i} holds the letters of year {1900 + i}." for i in range(22))
+
+        async def ask_group(client, question: str, node: ModelNode) -> list[ReplyChunk]:
+            msgs = [ChatMessage("system", system), ChatMessage("user", question)]
+            return [ch async for ch in client.request("echo", msgs, SamplingParams(max_tokens=64),
+                                                      node=node.identity.node_id, timeout=30)]
+
+        first = await ask_group(net.users[0].client, "first question", b)  # B caches the system prompt
+        assert first[-1].node == b.identity.node_id
+        await trio.sleep(2.5 * GROUP_SYNC)  # A learns B's prefix
+        nursery.start_soon(ask_group, net.users[1].client, LONG, b)  # B's only slot: a minute
+        await trio.sleep(1.0)
+        chunks = await ask_group(net.users[0].client, "which box holds 1910?", a)
+        assert "".join(ch.text for ch in chunks) == "which box holds 1910?"
+        assert chunks[-1].node == c.identity.node_id
+        assert (a.forwarded_out, b.forwarded_in, b.busy, a.served, c.served) == (1, 1, 1, 0, 1)
+        nursery.cancel_scope.cancel()
