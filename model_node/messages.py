@@ -164,6 +164,7 @@ class PeerRow:
 class NodeStats:
     """A model node's counters (answer to :class:`StatsRequest`; ``nonce`` echoed).
 
+    ``busy``: requests refused as "busy" (past capacity: docs/forwarding.md "Overload");
     ``forwarded_out``: requests sent to another member; ``forwarded_in``: requests taken
     from one; ``forward_failed``: forwards that could not be sent (served here instead);
     ``decisions``: Algorithm 2's outcomes by reason; ``dropped``: messages from peers
@@ -178,6 +179,7 @@ class NodeStats:
     active: int = field()
     queued: int = field()
     served: int = field()
+    busy: int = field()  # requests refused as busy (past capacity)
     prompt_tokens: int = field()  # summed over every request served
     evaluated_prompt_tokens: int = field()
     cache_hits: int = field()  # requests of which at least half the prompt came from the cache

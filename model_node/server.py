@@ -210,7 +210,7 @@ class ModelNode:
         g = self.group
         return NodeStats(
             nonce=nonce, node_id=self.identity.node_id, model=self.model, forwarding=g is not None,
-            active=self.active, queued=self.queued, served=self.served,
+            active=self.active, queued=self.queued, served=self.served, busy=self.busy,
             prompt_tokens=self.totals["prompt_tokens"], evaluated_prompt_tokens=self.totals["evaluated_prompt_tokens"],
             cache_hits=self.totals["cache_hits"], forwarded_out=self.forwarded_out, forwarded_in=self.forwarded_in,
             forward_failed=self.forward_failed,

@@ -308,7 +308,7 @@ async def _play(net: LocalNet, jobs: list[Job], systems: list[str], warm_conns: 
         "busiest_node_share": max(served_by.values(), default=0) / len(jobs),
         "failed_frac": len(failed) / len(jobs), "failures": sorted(set(failed)),
         "refused_frac": len(refused) / len(jobs), "lost": len(lost) + len(failed), "losses": sorted(set(lost)),
-        "served": served, "trace": sorted(trace), "stats": stats,
+        "served": served, "trace": sorted(trace), "stats": stats, "busy_refusals": sum(x.busy for x in stats),
     }
 
 
@@ -414,7 +414,8 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
         "decisions_2x": {p: _decisions(r["stats"]) for p, r in at2.items()},
         "decisions_4x": _decisions(at4["stats"]),
         "failed_frac_2x": {p: r["failed_frac"] for p, r in at2.items()}, "failed_frac_4x": at4["failed_frac"],
-        "answered_4x": len(at4["ttft"]),
+        "answered_4x": len(at4["ttft"]), "busy_refusals_4x": at4["busy_refusals"],
+        "busy_refusals_2x": {p: r["busy_refusals"] for p, r in at2.items()},
     }
     if any(math.isnan(v) for v in figures.values()):
         raise RuntimeError("a figure is NaN")
