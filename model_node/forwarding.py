@@ -41,10 +41,12 @@ if TYPE_CHECKING:
 
 DEFAULT_LOAD_THRESHOLD = 10.0  # seconds of queued work a cache holder may carry (the TTFT a user should not exceed)
 # A node's rates before it has measured any (per capacity point: a capacity-c node is assumed
-# c times as fast). Measured on the 2-core development machine, llama.cpp, SmolLM2-135M Q4
-# (issue 19): prompt processing ~140 tokens/s, decoding ~69 tokens/s for one sequence.
-REF_PREFILL_RATE = 140.0  # prompt tokens per second per capacity point
-REF_DECODE_RATE = 69.0  # output tokens per second per capacity point
+# c times as fast): llama.cpp with SmolLM2-135M on one thread of the 2-core development machine
+# (simulations/data/costs.json: 0.024 s per prompt token, 0.039 s per output token), on the
+# slow side on purpose: an underestimated wait keeps a request queued that should have been
+# refused at once, an overestimated one only refuses early until the first reply is measured.
+REF_PREFILL_RATE = 40.0  # prompt tokens per second per capacity point
+REF_DECODE_RATE = 25.0  # output tokens per second per capacity point
 MIN_SAMPLE_S = 1e-3  # shorter phases are not timed precisely enough to measure a rate
 
 

@@ -261,12 +261,14 @@ async def _play(net: LocalNet, jobs: list[Job], systems: list[str], warm_conns: 
     failed: list[str] = []
     refused: list[str] = []  # every node answered busy
     lost: list[str] = []  # neither answered nor refused (a connection lost, nothing for 600 s)
+    attempts: list[float] = []  # requests sent to an entry node (a busy refusal's retry included)
 
     async def one(job: Job) -> None:
         await trio.sleep_until(t_start + job.at)
         msgs = (ChatMessage("system", systems[job.system]), ChatMessage("user", job.question))
         entry, tried, t0 = entries[job.entry], set[bytes](), time.perf_counter()
         while True:
+            attempts.append(job.at)
             try:
                 t, lat, node = await client.request(entry, msgs, t0)
                 break
@@ -307,7 +309,8 @@ async def _play(net: LocalNet, jobs: list[Job], systems: list[str], warm_conns: 
         "forwarded_frac": sum(s.forwarded_out for s in stats) / len(jobs),
         "busiest_node_share": max(served_by.values(), default=0) / len(jobs),
         "failed_frac": len(failed) / len(jobs), "failures": sorted(set(failed)),
-        "refused_frac": len(refused) / len(jobs), "lost": len(lost) + len(failed), "losses": sorted(set(lost)),
+        "attempts": len(attempts), "refused_frac": len(refused) / len(jobs),
+        "lost": len(lost) + len(failed), "losses": sorted(set(lost)),
         "served": served, "trace": sorted(trace), "stats": stats, "busy_refusals": sum(x.busy for x in stats),
     }
 
@@ -407,6 +410,8 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
         "fresh_processes_per_policy": True,
         "wall_s": {p: round(r["wall"], 1) for p, r in results.items()},
         "decisions": {p: _decisions(r["stats"]) for p, r in results.items()},
+        "attempts": {p: r["attempts"] for p, r in results.items()},
+        "attempts_2x": {p: r["attempts"] for p, r in at2.items()}, "attempts_4x": at4["attempts"],
         "rate_factors": {f"{f}x": f"Poisson, {round(rate * f, 3)} requests/s" for f in RATE_FACTORS},
         "policies_2x": ["hrtree", "requests"], "policies_4x": ["hrtree"],
         "max_queue_wait_s": 10.0, "request_count_threshold": REQUESTS_THRESHOLD,

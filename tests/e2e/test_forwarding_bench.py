@@ -49,15 +49,16 @@ def test_bench_forwarding_quick(helpers: Any) -> None:
     n = params["requests"]
     for policy in POLICIES:
         d = params["decisions"][policy]
-        assert _requests_decided(d) == n, d
+        # one decision at the entry node per request sent (a busy refusal's retry is sent again)
+        assert _requests_decided(d) == params["attempts"][policy] >= n, d
         assert d.get("forwarded", 0) == round(figures[f"forwarded_frac_{policy}"] * n)
         assert 0 <= figures[f"cache_hit_rate_{policy}"] <= 1 and figures[f"busiest_node_share_{policy}"] >= 1 / 3
     assert set(params["decisions"]["load"]) <= {"miss", "forwarded"}  # load-only never looks at the tree
     assert set(params["decisions"]["random"]) <= {"random", "forwarded"}
-    # 2x and 4x (issue 19): a busy refusal sends the request to another entry node, which
-    # decides again, so at least n decisions; every request at 4x answered, refused or lost.
+    # 2x and 4x (issue 19); every request at 4x answered, refused as busy, or lost.
     for policy in ("hrtree", "requests"):
-        assert _requests_decided(params["decisions_2x"][policy]) >= n
+        assert _requests_decided(params["decisions_2x"][policy]) == params["attempts_2x"][policy] >= n
+    assert _requests_decided(params["decisions_4x"]) == params["attempts_4x"] >= n
     refused_4x = round(figures["refused_frac_4x"] * n)
     assert params["answered_4x"] + refused_4x + figures["lost_4x"] == n
 
