@@ -46,7 +46,7 @@ Figures, per policy ``P`` in ``hrtree``, ``load``, ``random``: ``ttft_P_{mean,p5
 (→ last chunk), ``cache_hit_rate_P`` (requests of which at least half the prompt came from
 the serving engine's cache), ``prompt_reuse_P`` (cached ÷ all prompt tokens),
 ``forwarded_frac_P`` (requests the entry node forwarded), ``busiest_node_share_P`` (the
-largest share of requests one node served), ``cpu_utilisation_P`` (CPU time of the three
+largest share of the answered requests one node served), ``cpu_utilisation_P`` (CPU time of the three
 model-node processes ÷ (wall time × cores), from the first request sent to the last reply),
 ``foreign_cpu_P`` (the same for every other process on the machine but this bench: above a few
 per cent, another job disturbed the run), ``failed_frac_P`` (requests answered with an error,
@@ -307,7 +307,7 @@ async def _play(net: LocalNet, jobs: list[Job], systems: list[str], warm_conns: 
         "cache_hit_rate": sum(s.cache_hits for s in stats) / served,
         "prompt_reuse": 1 - sum(s.evaluated_prompt_tokens for s in stats) / prompt,
         "forwarded_frac": sum(s.forwarded_out for s in stats) / len(jobs),
-        "busiest_node_share": max(served_by.values(), default=0) / len(jobs),
+        "busiest_node_share": max(served_by.values(), default=0) / max(1, sum(served_by.values())),
         "failed_frac": len(failed) / len(jobs), "failures": sorted(set(failed)),
         "attempts": len(attempts), "refused_frac": len(refused) / len(jobs),
         "lost": len(lost) + len(failed), "losses": sorted(set(lost)),
