@@ -72,6 +72,6 @@ def test_bench_forwarding_threshold_quick(helpers: Any) -> None:
     assert {k for k in keys if "_x2_t1_" in k or "_x2_t2_" in k or k.endswith(("_x2_t1", "_x2_t2"))} <= set(figures)
     _check(figures)
     for key, d in params["decisions"].items():
-        assert _requests_decided(d) == params["requests"], (key, d)
+        assert _requests_decided(d) == params["attempts"][key] >= params["requests"], (key, d)
         assert d.get("match-overloaded", 0) == round(figures[f"overloaded_frac_{key}"] * params["requests"])
     assert figures["ttft_mean_ratio_x2_t2_vs_t2"] == 1.0
