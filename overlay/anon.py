@@ -64,6 +64,11 @@ class AnonError(Exception):
     """An anonymous request failed; the message says why and what to do."""
 
 
+class AllBusy(AnonError):
+    """Every model node tried for the request refused it as busy (past capacity): nothing was
+    generated; the same request may succeed in a minute (a gateway answers 503)."""
+
+
 class _NodeSilent(AnonError):
     """The model node stopped answering (a failover candidate)."""
 
@@ -139,7 +144,7 @@ class AnonClient:
         from Petals). A node that answers "busy" (:func:`is_busy`: past its capacity)
         is left at once for another node serving the model that has not refused or gone
         silent yet. The last chunk's signature is verified against the serving node's
-        registry key. Raises :class:`AnonError` on failure, naming "busy" when every
+        registry key. Raises :class:`AnonError` on failure, :class:`AllBusy` when every
         candidate refused as busy. ``failover=False`` tries ``node`` (or one node) only.
         """
         target = self.choose_model_node(model, node)
@@ -158,8 +163,8 @@ class AnonClient:
                 tried |= {target.node_id, exc.node}
                 others = [e for e in self.models(model) if e.node_id not in tried]
                 if not failover or not others:
-                    raise AnonError(f"{exc}; every model node tried for {model!r} ({len(tried)}) is busy: "
-                                    "try again in a minute") from None
+                    raise AllBusy(f"{exc}; every model node tried for {model!r} ({len(tried)}) is busy: "
+                                  "try again in a minute") from None
                 target = self.rng.choice(others)
                 log.info("%s; trying model node %s instead", exc, short_id(target.node_id))
             except _NodeSilent as exc:
