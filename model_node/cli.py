@@ -41,10 +41,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
              "Every model node of a group should use the same value: peers silent for 3 rounds expire",
     )
     p.add_argument(
-        "--load-threshold", type=_threshold, default=8.0, metavar="LOAD",
+        "--load-threshold", type=_threshold, default=10.0, metavar="SECONDS",
         help="forward a request to the model node holding its prompt's KV cache only while that node "
-             "carries fewer than LOAD requests (running + queued) per capacity point; otherwise send it "
-             "to the least loaded node (default: 8, chosen by measurement: docs/decisions/0005-hrtree.md)",
+             "holds less than SECONDS of work (its queued prompt and output tokens at the rates it "
+             "measured); otherwise send it to the least loaded node (default: 10; docs/forwarding.md)",
+    )
+    p.add_argument(
+        "--max-queue-wait", type=_queue_wait, default=10.0, metavar="SECONDS",
+        help="a request that would wait longer than SECONDS for a free slot is refused with a 'busy' "
+             "reply, and the user's client tries another model node (default: 10)",
     )
     p.add_argument(
         "--hash-bits", type=_bits, default=8, metavar="B",
@@ -86,8 +91,18 @@ def _threshold(text: str) -> float:
     except ValueError:
         value = -1.0
     if not 0 < value <= 1000:
-        raise argparse.ArgumentTypeError(f"load threshold must be within 0..1000 requests per capacity point "
+        raise argparse.ArgumentTypeError(f"load threshold must be within 0..1000 seconds of work "
                                          f"(above 0), got {text!r}")
+    return value
+
+
+def _queue_wait(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 3600:
+        raise argparse.ArgumentTypeError(f"max queue wait must be within 0..3600 seconds (above 0), got {text!r}")
     return value
 
 

@@ -16,6 +16,12 @@ search result for the prompt (a :class:`~model_node.hrtree.Match`).
 
 Ties go to ourselves (no hop), then the higher capacity, then the lower node id.
 
+A node's relative load (:attr:`Load.relative`) is work, not a request count: the seconds its
+engine needs for the prompt tokens and output tokens it holds, at the rates it measured on its
+own recent requests (:class:`Throughput`). A node holding one 2,000-token prompt is busier than
+one holding three short questions, and a fast node is less loaded than a slow one with the
+same queue. ``load_threshold`` is therefore in seconds (:data:`DEFAULT_LOAD_THRESHOLD`).
+
 A :class:`ForwardingPolicy` is what the group driver calls for a user's request; the product
 ships Algorithm 2 only (:meth:`~model_node.group.GroupState.decide`). Benchmarks inject their
 baselines (:mod:`model_node.bench.policies`).
@@ -23,7 +29,8 @@ baselines (:mod:`model_node.bench.policies`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -32,7 +39,15 @@ from model_node.hrtree import Match
 if TYPE_CHECKING:
     from model_node.group import GroupState
 
-DEFAULT_LOAD_THRESHOLD = 8.0  # relative load (requests per capacity point) a match may carry: measured, decision 0005
+DEFAULT_LOAD_THRESHOLD = 10.0  # seconds of queued work a cache holder may carry (the TTFT a user should not exceed)
+# A node's rates before it has measured any (per capacity point: a capacity-c node is assumed
+# c times as fast): llama.cpp with SmolLM2-135M on one thread of the 2-core development machine
+# (simulations/data/costs.json: 0.024 s per prompt token, 0.039 s per output token), on the
+# slow side on purpose: an underestimated wait keeps a request queued that should have been
+# refused at once, an overestimated one only refuses early until the first reply is measured.
+REF_PREFILL_RATE = 40.0  # prompt tokens per second per capacity point
+REF_DECODE_RATE = 25.0  # output tokens per second per capacity point
+MIN_SAMPLE_S = 1e-3  # shorter phases are not timed precisely enough to measure a rate
 
 
 @dataclass(slots=True)
@@ -40,10 +55,18 @@ class Load:
     """A model node's load: one row of the node table (paper §3.3: "the node's current load,
     latency..."), and what a model node reports about itself.
 
+    The load is *work*, not a request count: ``prefill_tokens`` prompt tokens still to be
+    evaluated (queued requests, less the prefix the engine already caches, and running ones
+    before their first token) and ``decode_tokens`` output tokens still expected (running and
+    queued requests), against the engine's measured rates ``prefill_rate`` and
+    ``decode_rate`` (tokens/s of one stream; 0: not measured yet, ``capacity`` × the
+    reference rates are assumed) and ``streams``, the sequences it generates at once.
+
     ``active``: requests being generated; ``queued``: waiting for a slot; ``capacity``: the
     node's capacity score 1–10 (§3.3); ``kv_usage_permille``: KV-cache use if the engine
     reports it; ``latency_ms``: recent median time to first token (0: unknown);
-    ``pending``: requests this node forwarded there since its last report."""
+    ``pending`` / ``pending_tokens``: requests (and their prompt tokens) this node forwarded
+    there since its last report."""
 
     active: int = 0
     queued: int = 0
@@ -51,12 +74,76 @@ class Load:
     kv_usage_permille: int = 0
     latency_ms: int = 0
     pending: int = 0
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    prefill_rate: float = 0.0
+    decode_rate: float = 0.0
+    streams: int = 1
+    pending_tokens: int = 0
 
     @property
     def relative(self) -> float:
-        """Relative load: requests per capacity point (paper §3.3), counting the queue and
-        what we forwarded since the last report."""
+        """Relative load (paper §3.3's load ÷ capacity, counted in work): the seconds this
+        node needs for the work it holds, forwards since its last report included — prefill
+        tokens ÷ prefill rate plus decode tokens ÷ decode rate, shared over the streams it
+        runs at once. Unmeasured rates are ``capacity`` × :data:`REF_PREFILL_RATE` /
+        :data:`REF_DECODE_RATE`, so the capacity score still divides the load."""
+        prefill = self.prefill_rate if self.prefill_rate > 0 else self.capacity * REF_PREFILL_RATE
+        decode = self.decode_rate if self.decode_rate > 0 else self.capacity * REF_DECODE_RATE
+        parallel = max(1, min(self.streams, self.active + self.queued))
+        return ((self.prefill_tokens + self.pending_tokens) / prefill + self.decode_tokens / decode) / parallel
+
+    @property
+    def requests_relative(self) -> float:
+        """The request-count measure the paper's text suggests and this node used before
+        issue 19: requests per capacity point (a benchmark baseline compares against it)."""
         return (self.active + self.queued + self.pending) / self.capacity
+
+
+class Throughput:
+    """The engine's measured rates, from the last ``window`` requests served (I/O-free: the
+    caller times each request with its injected clock).
+
+    ``prefill_rate``: prompt tokens evaluated ÷ seconds to the first token; ``decode_rate``:
+    output tokens after the first ÷ seconds from the first token to the last. Both are per
+    stream, measured while the node ran whatever else it ran, so contention is included.
+    Phases shorter than :data:`MIN_SAMPLE_S` or without tokens are not sampled; 0: unknown."""
+
+    def __init__(self, window: int = 64) -> None:
+        self._prefill: deque[tuple[int, float]] = deque(maxlen=window)
+        self._decode: deque[tuple[int, float]] = deque(maxlen=window)
+        self._outputs: deque[int] = deque(maxlen=window)
+
+    def record(self, prefill_tokens: int, prefill_s: float, output_tokens: int, decode_s: float) -> None:
+        """One request served: ``prefill_tokens`` evaluated in ``prefill_s`` seconds (to its
+        first output token), then ``output_tokens`` in all, the last ``output_tokens - 1`` of
+        them in ``decode_s`` seconds."""
+        if prefill_tokens > 0 and prefill_s >= MIN_SAMPLE_S:
+            self._prefill.append((prefill_tokens, prefill_s))
+        if output_tokens > 1 and decode_s >= MIN_SAMPLE_S:
+            self._decode.append((output_tokens - 1, decode_s))
+        if output_tokens > 0:
+            self._outputs.append(output_tokens)
+
+    @property
+    def prefill_rate(self) -> float:
+        return _rate(self._prefill)
+
+    @property
+    def decode_rate(self) -> float:
+        return _rate(self._decode)
+
+    def expected_output(self, max_tokens: int) -> int:
+        """Output tokens to expect from a request allowed ``max_tokens``: the recent mean
+        (rounded up), capped by ``max_tokens``; ``max_tokens`` before any request."""
+        if not self._outputs:
+            return max_tokens
+        return max(1, min(max_tokens, -(-sum(self._outputs) // len(self._outputs))))
+
+
+def _rate(samples: deque[tuple[int, float]]) -> float:
+    seconds = sum(s for _, s in samples)
+    return sum(n for n, _ in samples) / seconds if seconds > 0 else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,12 +170,16 @@ class ForwardingPolicy(Protocol):
 
 
 def algorithm2(self_id: bytes, table: Mapping[bytes, Load], found: Match, *, tau_c: int,
-               load_threshold: float, forwarded: bool = False) -> Decision:
+               load_threshold: float, forwarded: bool = False,
+               measure: Callable[[Load], float] | None = None) -> Decision:
     """Algorithm 2: where to serve a request whose prompt matched ``found`` in the HR-tree.
 
     ``table``: every node with a known load, ``self_id`` included; ``tau_c``: the minimum
     matched depth; ``load_threshold``: the relative load a matching candidate must be under.
+    ``measure``: a node's relative load (default :attr:`Load.relative`, seconds of work; a
+    benchmark baseline passes :attr:`Load.requests_relative`).
     Pure: the caller counts the decision and the forward (see the module docstring)."""
+    rel = measure or _work
     depth = found.depth
     if forwarded:
         return Decision(None, "forwarded", depth)
@@ -97,15 +188,19 @@ def algorithm2(self_id: bytes, table: Mapping[bytes, Load], found: Match, *, tau
 
     def rank(node: bytes) -> tuple[float, bool, int, bytes]:
         info = table[node]
-        return (info.relative, node != self_id, -info.capacity, node)
+        return (rel(info), node != self_id, -info.capacity, node)
 
     reason = "miss"
     if depth >= tau_c:
-        under = [c for c in found.candidates if c in table and table[c].relative < load_threshold]
+        under = [c for c in found.candidates if c in table and rel(table[c]) < load_threshold]
         if under:
             return _to(min(under, key=rank), "match", depth, self_id)
         reason = "match-overloaded"
     return _to(min(table, key=rank), reason, depth, self_id)
+
+
+def _work(load: Load) -> float:
+    return load.relative
 
 
 def _to(node: bytes, reason: str, depth: int, self_id: bytes) -> Decision:

@@ -33,6 +33,7 @@ target's next load report.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections import Counter
@@ -63,6 +64,9 @@ FULL_EVERY = 12  # rounds between full subtrees sent to everyone (1 min at 5 s)
 MAX_CAPACITY = 10  # capacity score range 1..10 (paper §3.3)
 MAX_REQUESTS = 1_000_000  # active or queued requests a report may claim
 MAX_LATENCY_MS = 10_000_000
+MAX_WORK_TOKENS = 10**9  # prefill or decode tokens a report may claim
+MAX_RATE_MTPS = 10**10  # a measured rate, in thousandths of a token per second (10 million tokens/s)
+MAX_STREAMS = 4096  # sequences a node may generate at once
 MAX_REQUESTS_PER_REPORT = 100_000  # increments of a peer's request counter credited per report
 _U63 = 2**63
 
@@ -110,7 +114,27 @@ def load_problem(msg: LoadReport) -> str | None:
         return "kv_usage_permille outside 0..1000"
     if not 0 <= msg.latency_ms <= MAX_LATENCY_MS:
         return f"latency_ms outside 0..{MAX_LATENCY_MS}"
+    if not 0 <= msg.prefill_tokens <= MAX_WORK_TOKENS or not 0 <= msg.decode_tokens <= MAX_WORK_TOKENS:
+        return f"prefill_tokens and decode_tokens must be within 0..{MAX_WORK_TOKENS}"
+    if not 0 <= msg.prefill_mtps <= MAX_RATE_MTPS or not 0 <= msg.decode_mtps <= MAX_RATE_MTPS:
+        return f"prefill_mtps and decode_mtps must be within 0..{MAX_RATE_MTPS}"
+    if not 1 <= msg.streams <= MAX_STREAMS:
+        return f"streams {msg.streams} outside 1..{MAX_STREAMS}"
     return None
+
+
+def load_of(msg: LoadReport) -> Load:
+    """The node-table row a (valid) load report stands for."""
+    return Load(msg.active, msg.queued, msg.capacity, msg.kv_usage_permille, msg.latency_ms,
+                prefill_tokens=msg.prefill_tokens, decode_tokens=msg.decode_tokens,
+                prefill_rate=msg.prefill_mtps / 1000, decode_rate=msg.decode_mtps / 1000, streams=msg.streams)
+
+
+def report_of(load: Load, seq: int, l_version: int, requests: int) -> LoadReport:
+    """This node's load report for round ``seq``."""
+    return LoadReport(seq, l_version, load.active, load.queued, load.capacity, load.kv_usage_permille,
+                      load.latency_ms, requests, load.prefill_tokens, load.decode_tokens,
+                      round(load.prefill_rate * 1000), round(load.decode_rate * 1000), load.streams)
 
 
 def proposal_of(lengths: ChunkLengths) -> LengthProposal:
@@ -194,7 +218,7 @@ class GroupState:
         """This node's load now (its ``capacity`` is this node's score 1–10). Raises
         ``ValueError`` on a capacity outside 1..10 or a negative figure."""
         self._check_local(load)
-        self.local = Load(load.active, load.queued, load.capacity, load.kv_usage_permille, load.latency_ms)
+        self.local = dataclasses.replace(load, pending=0, pending_tokens=0)
 
     def set_local_prefixes(self, prefixes: Iterable[Sequence[int]]) -> None:
         """The engine's cached prefixes now (``Engine.cached_prefixes()``): our subtree.
@@ -218,8 +242,7 @@ class GroupState:
         self.expire(now)
         self.seq += 1
         cur = self.lengths
-        load = LoadReport(self.seq, cur.version, self.local.active, self.local.queued, self.local.capacity,
-                          self.local.kv_usage_permille, self.local.latency_ms, self.requests)
+        load = report_of(self.local, self.seq, cur.version, self.requests)
         mark = self.tree.seq(self.self_id)
         full = SubtreeUpdate(self.seq, 0, True, cur.version, cur.digest, self.tree.paths(self.self_id), ())
         update = full
@@ -286,7 +309,7 @@ class GroupState:
         if st is None:
             st = self.peers[peer] = PeerState(now)
         st.last_heard = now
-        st.load = Load(msg.active, msg.queued, msg.capacity, msg.kv_usage_permille, msg.latency_ms)
+        st.load = load_of(msg)
         st.load_seq = msg.seq
         st.l_version = msg.l_version
         if st.requests is not None and msg.requests > st.requests:
@@ -412,15 +435,17 @@ class GroupState:
         table = self.table()
         decision = algorithm2(self.self_id, table, self.tree.search(token_ids), tau_c=self.tau_c,
                               load_threshold=self.config.load_threshold, forwarded=forwarded)
-        return self.count(decision)
+        return self.count(decision, len(token_ids))
 
-    def count(self, decision: Decision) -> Decision:
-        """Record ``decision``: by reason, and a forward against its target's load."""
+    def count(self, decision: Decision, prompt_tokens: int = 0) -> Decision:
+        """Record ``decision``: by reason, and a forward (of a ``prompt_tokens``-token prompt)
+        against its target's load until the target's next report."""
         self.decisions[decision.reason] += 1
         if decision.target is not None:
             st = self.peers.get(decision.target)
             if st is not None and st.load is not None:
                 st.load.pending += 1
+                st.load.pending_tokens += prompt_tokens
         return decision
 
     # ------------------------------------------------------------------ internals
@@ -509,8 +534,11 @@ class GroupState:
     def _check_local(info: Load) -> None:
         if not 1 <= info.capacity <= MAX_CAPACITY:
             raise ValueError(f"capacity must be within 1..{MAX_CAPACITY}")
-        if min(info.active, info.queued, info.kv_usage_permille, info.latency_ms) < 0:
+        if min(info.active, info.queued, info.kv_usage_permille, info.latency_ms, info.prefill_tokens,
+               info.decode_tokens, info.prefill_rate, info.decode_rate) < 0:
             raise ValueError("load figures must not be negative")
+        if not 1 <= info.streams <= MAX_STREAMS:
+            raise ValueError(f"streams must be within 1..{MAX_STREAMS}")
 
 
 # --------------------------------------------------------------------------- group split

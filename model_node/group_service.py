@@ -31,7 +31,16 @@ from typing import Any
 import trio
 
 from model_node.forwarding import Decision, ForwardingPolicy, Load
-from model_node.group import MAX_LATENCY_MS, MAX_REQUESTS, GroupConfig, GroupState, group_of
+from model_node.group import (
+    MAX_LATENCY_MS,
+    MAX_RATE_MTPS,
+    MAX_REQUESTS,
+    MAX_STREAMS,
+    MAX_WORK_TOKENS,
+    GroupConfig,
+    GroupState,
+    group_of,
+)
 from model_node.hrtree import ChunkLengths
 from model_node.messages import (
     ForwardedRequest,
@@ -137,6 +146,11 @@ class GroupService:
             active=min(max(load.active, 0), MAX_REQUESTS), queued=min(max(load.queued, 0), MAX_REQUESTS),
             capacity=load.capacity, kv_usage_permille=min(max(load.kv_usage_permille, 0), 1000),
             latency_ms=min(max(load.latency_ms, 0), MAX_LATENCY_MS),
+            prefill_tokens=min(max(load.prefill_tokens, 0), MAX_WORK_TOKENS),
+            decode_tokens=min(max(load.decode_tokens, 0), MAX_WORK_TOKENS),
+            prefill_rate=min(max(load.prefill_rate, 0.0), MAX_RATE_MTPS / 1000),
+            decode_rate=min(max(load.decode_rate, 0.0), MAX_RATE_MTPS / 1000),
+            streams=min(max(load.streams, 1), MAX_STREAMS),
         ))
 
     # ------------------------------------------------------------------ requests

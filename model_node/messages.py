@@ -36,6 +36,12 @@ class LoadReport:
     1–10; ``kv_usage_permille`` KV-cache use (0–1000); ``latency_ms`` its recent median
     time to first token (0: unknown); ``requests`` user requests it has received in total
     (the group counts them to refresh ``L`` every 10,000 requests).
+
+    The work it holds (issue 19, :class:`~model_node.forwarding.Load`): ``prefill_tokens``
+    prompt tokens still to evaluate, ``decode_tokens`` output tokens still expected,
+    ``prefill_mtps`` / ``decode_mtps`` its measured per-stream rates in thousandths of a
+    token per second (0: not measured yet), ``streams`` the sequences it generates at once.
+    Bounds: :func:`model_node.group.load_problem`.
     """
 
     seq: int
@@ -46,6 +52,11 @@ class LoadReport:
     kv_usage_permille: int
     latency_ms: int
     requests: int
+    prefill_tokens: int = field(default=0)
+    decode_tokens: int = field(default=0)
+    prefill_mtps: int = field(default=0)
+    decode_mtps: int = field(default=0)
+    streams: int = field(default=1)
 
 
 @message(301)
@@ -139,8 +150,8 @@ class Served:
 
 @dataclass(frozen=True, slots=True)
 class PeerRow:
-    """One row of a node's group table as it stands: a live peer, its relative load (requests
-    per capacity point, our forwards since its report included; -1 without a report) and how
+    """One row of a node's group table as it stands: a live peer, its relative load (seconds of
+    work, our forwards since its report included; -1 without a report) and how
     many cached-prefix paths of it the HR-tree holds."""
 
     node_id: bytes = field(exact=NODE_ID_LEN)
@@ -153,6 +164,7 @@ class PeerRow:
 class NodeStats:
     """A model node's counters (answer to :class:`StatsRequest`; ``nonce`` echoed).
 
+    ``busy``: requests refused as "busy" (past capacity: docs/forwarding.md "Overload");
     ``forwarded_out``: requests sent to another member; ``forwarded_in``: requests taken
     from one; ``forward_failed``: forwards that could not be sent (served here instead);
     ``decisions``: Algorithm 2's outcomes by reason; ``dropped``: messages from peers
@@ -167,6 +179,7 @@ class NodeStats:
     active: int = field()
     queued: int = field()
     served: int = field()
+    busy: int = field()  # requests refused as busy (past capacity)
     prompt_tokens: int = field()  # summed over every request served
     evaluated_prompt_tokens: int = field()
     cache_hits: int = field()  # requests of which at least half the prompt came from the cache

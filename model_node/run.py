@@ -94,7 +94,7 @@ def run_model_node(args: argparse.Namespace, *, policy: ForwardingPolicy | None 
                  else GroupConfig(sync_interval=args.sync_interval, load_threshold=args.load_threshold,
                                   bits=args.hash_bits))
         node = ModelNode(identity, TLSTransport(identity), registry, engine, slots=SLOTS[args.engine],
-                         capacity=args.capacity, group=group, policy=policy,
+                         capacity=args.capacity, max_queue_wait=args.max_queue_wait, group=group, policy=policy,
                          accept_direct_requests=args.accept_direct_requests)
 
         async def main() -> None:

@@ -1,10 +1,18 @@
 """A model node: answers anonymous requests arriving as cloves through users' proxies.
 
-Requests are queued per node (``active`` / ``queued`` counts, which load
-balancing uses); each runs on the engine, streams back as reply chunks, and the
-last chunk carries the node's Ed25519 signature over the request digest and
-every output token id (:mod:`overlay.signing`), so the user can verify who
-answered and send follow-ups there (session affinity).
+Requests wait in a queue for one of the node's ``slots``; each runs on the engine, streams
+back as reply chunks, and the last chunk carries the node's Ed25519 signature over the
+request digest and every output token id (:mod:`overlay.signing`), so the user can verify
+who answered and send follow-ups there (session affinity).
+
+**Load and overload.** The load the node advertises (:meth:`ModelNode.current_load`) is the
+work it holds: prompt tokens still to evaluate (less the prefix the engine caches) and output
+tokens still expected, with the engine's rates measured on recent requests through the
+injected clock (:class:`~model_node.forwarding.Throughput`). A request that finds every slot
+taken and more than ``max_queue_wait`` seconds of work ahead, or that waits that long for a
+slot, or that finds ``max_queue`` requests already queued, is refused at once with a "busy"
+error chunk (:func:`overlay.anon.busy_error`); the user's client then tries another model
+node. Every request is answered or refused: none waits without bound.
 
 With a group (``group=GroupConfig(...)``, the default of ``gentorrent model-node``)
 the node forwards among the model nodes serving its model (paper §3.3,
@@ -30,16 +38,18 @@ import statistics
 from collections import Counter, deque
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
+from dataclasses import dataclass
 from typing import Any
 
 import trio
 
 from model_node.engine import Engine, EngineError, GenStats
-from model_node.forwarding import ForwardingPolicy, Load
+from model_node.forwarding import ForwardingPolicy, Load, Throughput
 from model_node.group import GroupConfig
 from model_node.group_service import GroupService
+from model_node.hrtree import common_prefix
 from model_node.messages import Count, NodeStats, Served, StatsRequest
-from overlay.anon import Responder
+from overlay.anon import Responder, busy_error
 from overlay.clock import Clock, TrioClock
 from overlay.identity import Identity, short_id
 from overlay.messages import Deliver, ReplyChunk, Request
@@ -56,7 +66,9 @@ log = logging.getLogger("gentorrent.model")
 CHUNK_INTERVAL = 0.010  # seconds
 CHUNK_MAX_CHARS = 16 * 1024
 RELAY_TIMEOUT = 120.0  # seconds a forwarded direct request may go without a reply chunk
-RECENT = 64  # served requests kept for NodeStats and the latency figure
+RECENT = 64  # served requests kept for NodeStats, the latency figure and the measured rates
+MAX_QUEUE_WAIT = 10.0  # seconds a request may wait for a slot before the node answers "busy"
+MAX_CACHED_PREFIXES_COMPARED = 64  # cached prefixes a queued prompt is compared with (work estimate)
 DIRECT_REFUSED = (
     "this model node answers plain (non-anonymous) requests only from members of its group; send the "
     "request through the overlay, or start the node with --accept-direct-requests (a diagnostic: the "
@@ -92,6 +104,7 @@ class ModelNode:
         *,
         slots: int = 1,
         max_queue: int = 64,
+        max_queue_wait: float = MAX_QUEUE_WAIT,
         max_tokens_limit: int = 4096,
         capacity: int = 1,
         group: GroupConfig | None = None,
@@ -99,7 +112,8 @@ class ModelNode:
         accept_direct_requests: bool = False,
         clock: Clock | None = None,
     ) -> None:
-        """``slots``: requests generated at once (the rest wait in a queue of ``max_queue``);
+        """``slots``: requests generated at once (the rest wait in a queue of ``max_queue``,
+        each at most ``max_queue_wait`` seconds, else "busy": see the module docstring);
         ``capacity``: the node's capacity score 1–10 that load balancing divides its load by
         (paper §3.3; ``--capacity``), independent of ``slots``. ``group``: forward among the
         registry's model nodes serving this model (``None``: serve every request here);
@@ -114,11 +128,18 @@ class ModelNode:
         self.model = engine.model
         self.max_tokens_limit = max_tokens_limit
         self.max_queue = max_queue
+        if not max_queue_wait > 0:
+            raise ValueError(f"max_queue_wait must be above 0 seconds, got {max_queue_wait}")
+        self.max_queue_wait = max_queue_wait
+        self.slots = slots
         self.accept_direct_requests = accept_direct_requests
         self.clock: Clock = clock or TrioClock()
         self.active = 0
         self.queued = 0
         self.served = 0
+        self.busy = 0  # requests refused as busy
+        self.throughput = Throughput(RECENT)
+        self._work: set[_Work] = set()
         self._slots = trio.Semaphore(slots)
         self.node = Node(identity, transport, peers=registry.entries, ping_interval=0, clock=self.clock)
         self.responder = Responder(identity, self.handle, self.node.send_nowait, self._proxy,
@@ -162,18 +183,34 @@ class ModelNode:
         return self.group.state.decisions if self.group else Counter()
 
     def current_load(self) -> Load:
-        """This node's load now: requests generated and queued, its capacity score, KV use
-        if the engine reports it, and the median time to first token of recent replies."""
+        """This node's load now: the work it holds (prompt tokens still to evaluate, output
+        tokens still expected) and the engine's measured rates, requests generated and
+        queued, its capacity score and slots, KV use if the engine reports it, and the
+        median time to first token of recent replies."""
         kv = getattr(self.engine, "kv_usage", None)
         ttfts = [s.ttft_us for s in self.recent]
         return Load(self.active, self.queued, self.capacity, int(1000 * kv()) if kv is not None else 0,
-                    int(statistics.median(ttfts) // 1000) if ttfts else 0)
+                    int(statistics.median(ttfts) // 1000) if ttfts else 0,
+                    prefill_tokens=sum(w.prefill for w in self._work),
+                    decode_tokens=sum(w.remaining for w in self._work),
+                    prefill_rate=self.throughput.prefill_rate, decode_rate=self.throughput.decode_rate,
+                    streams=self.slots)
+
+    def _prefill_estimate(self, prompt_ids: list[int]) -> int:
+        """Prompt tokens the engine will evaluate for ``prompt_ids``: those past the longest
+        prefix it caches now (the cache may change before the request runs: an estimate)."""
+        try:
+            cached = self.engine.cached_prefixes()[:MAX_CACHED_PREFIXES_COMPARED]
+        except RuntimeError:  # the engine's cache changed under us (a worker thread)
+            cached = []
+        reused = max((common_prefix(p, prompt_ids) for p in cached), default=0)
+        return max(1, len(prompt_ids) - reused)
 
     def stats(self, nonce: int = 0) -> NodeStats:
         g = self.group
         return NodeStats(
             nonce=nonce, node_id=self.identity.node_id, model=self.model, forwarding=g is not None,
-            active=self.active, queued=self.queued, served=self.served,
+            active=self.active, queued=self.queued, served=self.served, busy=self.busy,
             prompt_tokens=self.totals["prompt_tokens"], evaluated_prompt_tokens=self.totals["evaluated_prompt_tokens"],
             cache_hits=self.totals["cache_hits"], forwarded_out=self.forwarded_out, forwarded_in=self.forwarded_in,
             forward_failed=self.forward_failed,
@@ -313,7 +350,9 @@ class ModelNode:
                         yield chunk
                 return
         if why is None and self.queued >= self.max_queue:
-            why = "model node is at capacity; try again later"
+            self.busy += 1
+            why = busy_error(f"model node is at capacity ({self.queued} requests queued); try another model "
+                             "node serving the model, or again in a minute")
         if why is not None:
             yield self._chunk(req, 0, "", (), done=True, error=why)
             return
@@ -357,24 +396,50 @@ class ModelNode:
         return await self._forward(req, target, direct)
 
     async def _serve_here(self, req: Request, prompt_ids: list[int], forwarded: bool) -> AsyncGenerator[ReplyChunk, None]:
-        """Wait in the queue for a slot, then generate."""
+        """Wait in the queue for a slot (at most ``max_queue_wait`` seconds), then generate;
+        "busy" at once when every slot is taken and the work ahead exceeds that wait."""
+        if self._slots.value == 0:
+            ahead = self.current_load().relative
+            if ahead > self.max_queue_wait:
+                self.busy += 1
+                yield self._chunk(req, 0, "", (), done=True, error=busy_error(
+                    f"model node has about {ahead:.0f} s of work queued (limit {self.max_queue_wait:g} s); "
+                    "try another model node serving the model, or again in a minute"))
+                return
+        limit = req.params.max_tokens
+        work = _Work(self._prefill_estimate(prompt_ids), self.throughput.expected_output(limit), limit)
+        self._work.add(work)
         self.queued += 1
+        got_slot = False
         try:
-            await self._slots.acquire()
+            with trio.move_on_after(self.max_queue_wait):
+                await self._slots.acquire()
+                got_slot = True
         finally:
             self.queued -= 1
+            if not got_slot:
+                self._work.discard(work)
+        if not got_slot:
+            self.busy += 1
+            yield self._chunk(req, 0, "", (), done=True, error=busy_error(
+                f"no free slot on this model node within {self.max_queue_wait:g} s; try another model node "
+                "serving the model, or again in a minute"))
+            return
         self.active += 1
         try:
-            async with aclosing(self._generate(req, prompt_ids, forwarded)) as chunks:
+            async with aclosing(self._generate(req, prompt_ids, forwarded, work)) as chunks:
                 async for chunk in chunks:
                     yield chunk
         finally:
             self.active -= 1
+            self._work.discard(work)
             self._slots.release()
 
-    async def _generate(self, req: Request, prompt_ids: list[int], forwarded: bool) -> AsyncGenerator[ReplyChunk, None]:
+    async def _generate(self, req: Request, prompt_ids: list[int], forwarded: bool,
+                        work: _Work) -> AsyncGenerator[ReplyChunk, None]:
         all_ids: list[int] = []
         seq, size, last = 0, 0, self.clock.monotonic()
+        started, first_at = last, None
         buf: list[str] = []
         ids: list[int] = []
         try:
@@ -389,6 +454,9 @@ class ModelNode:
                     ids.extend(piece.token_ids)
                     size += len(piece.text)
                     now = self.clock.monotonic()
+                    if first_at is None:
+                        first_at, work.prefill = now, 0
+                    work.produced += len(piece.token_ids)
                     if seq == 0 or now - last >= CHUNK_INTERVAL or size >= CHUNK_MAX_CHARS:
                         all_ids.extend(ids)
                         yield self._chunk(req, seq, "".join(buf), tuple(ids))
@@ -398,6 +466,10 @@ class ModelNode:
             yield self._chunk(req, seq, "", (), done=True, error=str(exc))
             return
         all_ids.extend(ids)
+        ended = self.clock.monotonic()
+        if first_at is not None:
+            evaluated = gen.stats.evaluated_prompt_tokens if gen.stats is not None else len(prompt_ids)
+            self.throughput.record(evaluated, first_at - started, len(all_ids), ended - first_at)
         signed_at = int(self.clock.unix() * 1000)
         sig = self.identity.sign(
             reply_signing_bytes(request_digest(req), all_ids, self.model, self.identity.node_id, signed_at)
@@ -420,6 +492,26 @@ class ModelNode:
             if self.group is not None:
                 await nursery.start(self.group.run)
             task_status.started(address)
+
+
+@dataclass(eq=False, slots=True)
+class _Work:
+    """One request's work while it is queued or generated here (hashed by identity):
+    ``prefill`` prompt tokens still to evaluate (0 once its first token is out), ``expected``
+    output tokens to expect (:meth:`Throughput.expected_output`), ``limit`` its
+    ``max_tokens``, ``produced`` so far."""
+
+    prefill: int
+    expected: int
+    limit: int
+    produced: int = 0
+
+    @property
+    def remaining(self) -> int:
+        """Output tokens still to expect: the rest of ``expected``; a reply already longer
+        than expected is assumed to run as long again; never beyond ``limit``."""
+        left = self.expected - self.produced if self.produced < self.expected else self.expected
+        return max(0, min(self.limit - self.produced, left))
 
 
 async def _empty() -> AsyncGenerator[ReplyChunk, None]:

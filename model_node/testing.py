@@ -33,7 +33,7 @@ from overlay.testing import Net, NodeFactory, start_overlay
 from overlay.transport import Transport
 
 GROUP_SYNC = 1.0  # seconds between a test group's sync rounds (expiry after 3 silent rounds)
-GROUP_THRESHOLD = 2.0  # a test group's load threshold: two requests keep a capacity-1 node "overloaded"
+GROUP_THRESHOLD = 2.0  # a test group's load threshold: seconds of work (at the rates a node measured)
 
 
 def echo_node(*, delay: float = 0.0, engine: Engine | None = None, **model_kw: Any) -> NodeFactory:

@@ -45,14 +45,41 @@ from overlay.signing import ReplyVerifyError, request_digest, verify_reply
 log = logging.getLogger("gentorrent.anon")
 
 MAX_CHUNKS_QUEUED = 1024
+# A model node past its capacity refuses a request with an error chunk whose text starts with
+# "busy:" (before any output); the client then tries another model node serving the model.
+BUSY = "busy"
+
+
+def busy_error(detail: str) -> str:
+    """The error text of a "busy" refusal: ``busy: <detail>``."""
+    return f"{BUSY}: {detail}"
+
+
+def is_busy(error: str) -> bool:
+    """Whether a reply chunk's error is a "busy" refusal (:func:`busy_error`)."""
+    return error.startswith(f"{BUSY}:")
 
 
 class AnonError(Exception):
     """An anonymous request failed; the message says why and what to do."""
 
 
+class AllBusy(AnonError):
+    """Every model node tried for the request refused it as busy (past capacity): nothing was
+    generated; the same request may succeed in a minute (a gateway answers 503)."""
+
+
 class _NodeSilent(AnonError):
     """The model node stopped answering (a failover candidate)."""
+
+
+class _NodeBusy(AnonError):
+    """A model node refused the request as busy before any output (try another at once).
+    ``node``: the node that refused (the one we sent to, or the member it forwarded to)."""
+
+    def __init__(self, message: str, node: bytes) -> None:
+        super().__init__(message)
+        self.node = node
 
 
 class AnonClient:
@@ -114,8 +141,11 @@ class AnonClient:
         wait for each chunk. If the serving node goes silent (``timeout``) and
         another node serves the model, the prompt and the partial reply are
         resent there and the reply continues without repeating text (failover,
-        from Petals). The last chunk's signature is verified against the serving
-        node's registry key. Raises :class:`AnonError` on failure.
+        from Petals). A node that answers "busy" (:func:`is_busy`: past its capacity)
+        is left at once for another node serving the model that has not refused or gone
+        silent yet. The last chunk's signature is verified against the serving node's
+        registry key. Raises :class:`AnonError` on failure, :class:`AllBusy` when every
+        candidate refused as busy. ``failover=False`` tries ``node`` (or one node) only.
         """
         target = self.choose_model_node(model, node)
         tried: set[bytes] = set()
@@ -129,6 +159,14 @@ class AnonClient:
                         produced.append(chunk.text)
                         yield chunk
                 return
+            except _NodeBusy as exc:
+                tried |= {target.node_id, exc.node}
+                others = [e for e in self.models(model) if e.node_id not in tried]
+                if not failover or not others:
+                    raise AllBusy(f"{exc}; every model node tried for {model!r} ({len(tried)}) is busy: "
+                                  "try again in a minute") from None
+                target = self.rng.choice(others)
+                log.info("%s; trying model node %s instead", exc, short_id(target.node_id))
             except _NodeSilent as exc:
                 tried.add(target.node_id)
                 others = [e for e in self.models(model) if e.node_id not in tried]
@@ -205,8 +243,8 @@ class AnonClient:
         self, chunks: trio.MemoryReceiveChannel[ReplyChunk], target: PeerEntry, paths: list[Path], timeout: float,
     ) -> AsyncGenerator[ReplyChunk, None]:
         """Reply chunks in ``seq`` order as each becomes next. :class:`AnonError` for an error
-        chunk or chunks too far out of order; :class:`_NodeSilent` when none arrives within
-        ``timeout``."""
+        chunk or chunks too far out of order; :class:`_NodeBusy` for a "busy" refusal before
+        any output; :class:`_NodeSilent` when none arrives within ``timeout``."""
         pending: dict[int, ReplyChunk] = {}
         next_seq = 0
         while True:
@@ -225,6 +263,8 @@ class AnonClient:
             while next_seq in pending:
                 c = pending.pop(next_seq)
                 next_seq += 1
+                if c.error and c.seq == 0 and is_busy(c.error):
+                    raise _NodeBusy(f"model node {short_id(c.node)}: {c.error}", c.node)
                 if c.error:
                     raise AnonError(f"model node {short_id(c.node)}: {c.error}")
                 yield c
@@ -394,7 +434,9 @@ class Responder:
         self._seen[req.request_id] = self.clock.monotonic()
         assert self._nursery is not None, "Responder.run() must be running"
         if self.active >= self.max_active:
-            self._start(req, self._refuse(req, "model node is at capacity; try again later"))
+            self._start(req, self._refuse(req, busy_error(
+                f"model node is at capacity ({self.active} requests in progress); try another model node "
+                "serving the model, or again in a minute")))
             return True
         self._start(req, (handler or self.handler)(req))
         return True

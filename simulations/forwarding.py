@@ -22,7 +22,10 @@ Workloads are synthesized with the paper's statistics (§5.3): ``tooluse`` (tool
 Zipf 1.1, ~7,206 prompt tokens, 100 output), ``coding`` (10,000 problems by Zipf 0.8, ~1,802
 prompt tokens, up to 1,000 output), ``longdoc`` (776 documents by Zipf 0.6, ~10,985 prompt
 tokens, 100 output) and ``mixed`` (3 : 6 : 1). Arrival rates rise as a fraction ``RHO`` of the
-group's capacity without any cache reuse; each run lasts ``SERVICES`` mean service times. Figures per workload, rate and policy: mean and p99
+group's capacity without any cache reuse; each run lasts ``SERVICES`` mean service times.
+Nodes report their load as work (prompt and output tokens held, at the cost model's rates),
+as model nodes do; Algorithm 2's threshold is ``REQUESTS_THRESHOLD`` mean uncached requests
+of the workload, in seconds. Figures per workload, rate and policy: mean and p99
 latency and TTFT (s) and cache hit rate (requests with at least half the prompt cached).
 """
 
@@ -50,6 +53,7 @@ CACHE_TOKENS = 65_536
 RHO = (0.6, 0.9)
 POLICIES = ("hrtree", "load", "no_hrtree")
 VOCAB = 49_152  # SmolLM2's vocabulary size
+REQUESTS_THRESHOLD = 8  # Algorithm 2's threshold: this many uncached requests of the workload's mean cost
 
 
 @dataclass(frozen=True)
@@ -155,15 +159,28 @@ class _Engine:
     """One model node's engine under the cost model."""
 
     free_at: float = 0.0
-    jobs: list[tuple[float, float]] = field(default_factory=list)  # (start, end) of jobs not yet done
+    # (start, end of prefill, end, uncached prompt tokens, output tokens) of jobs not yet done
+    jobs: list[tuple[float, float, float, int, int]] = field(default_factory=list)
     cache: OrderedDict[tuple[str, int], int] = field(default_factory=OrderedDict)  # prefix key -> tokens
     cached_at: dict[tuple[str, int], float] = field(default_factory=dict)
     tokens: int = 0
 
-    def load(self, now: float) -> Load:
-        self.jobs = [j for j in self.jobs if j[1] > now]
-        active = sum(1 for s, _ in self.jobs if s <= now)
-        return Load(active=active, queued=len(self.jobs) - active, capacity=1)
+    def load(self, now: float, costs: dict[str, Any]) -> Load:
+        """The work this engine holds at ``now`` (as a model node reports it: prompt tokens
+        still to evaluate, output tokens still to generate, at the cost model's rates)."""
+        self.jobs = [j for j in self.jobs if j[2] > now]
+        active = sum(1 for j in self.jobs if j[0] <= now)
+        prefill = decode = 0.0
+        for start, prefilled, end, n_prompt, n_out in self.jobs:
+            if now < prefilled:
+                left = (prefilled - max(now, start)) / (prefilled - start) if prefilled > start else 1.0
+                prefill += n_prompt * left
+                decode += n_out
+            else:
+                decode += n_out * (end - now) / (end - prefilled) if end > prefilled else 0.0
+        return Load(active=active, queued=len(self.jobs) - active, capacity=1, prefill_tokens=round(prefill),
+                    decode_tokens=round(decode), prefill_rate=1 / costs["prefill_s_per_token"],
+                    decode_rate=1 / costs["decode_s_per_token"])
 
     def serve(self, job: Job, now: float, costs: dict[str, Any]) -> tuple[float, float, int]:
         """Queue ``job``; returns (ttft, latency, cached prompt tokens)."""
@@ -173,7 +190,7 @@ class _Engine:
         prefill = (prompt - cached) * costs["prefill_s_per_token"]
         end = start + prefill + job.output * costs["decode_s_per_token"]
         self.free_at = end
-        self.jobs.append((start, end))
+        self.jobs.append((start, start + prefill, end, prompt - cached, job.output))
         if job.key in self.cache:
             self.cache.move_to_end(job.key)
         else:
@@ -198,7 +215,11 @@ def play(jobs: Sequence[Job], policy: str, costs: dict[str, Any], *, nodes: int 
          config: GroupConfig | None = None) -> dict[str, float]:
     """Play ``jobs`` on ``nodes`` model nodes forwarding by ``policy``; returns the figures."""
     ids = [i.to_bytes(20, "big") for i in range(1, nodes + 1)]
-    states = [GroupState(x, ids, config=config or GroupConfig()) for x in ids]
+    if config is None:  # the threshold in seconds of work: REQUESTS_THRESHOLD requests of this workload
+        mean_cost = sum((j.prefix_len + j.suffix_len) * costs["prefill_s_per_token"]
+                        + j.output * costs["decode_s_per_token"] for j in jobs) / max(1, len(jobs))
+        config = GroupConfig(load_threshold=REQUESTS_THRESHOLD * mean_cost)
+    states = [GroupState(x, ids, config=config) for x in ids]
     by_id = {x: i for i, x in enumerate(ids)}
     engines = [_Engine() for _ in ids]
     decide: Policy
@@ -219,7 +240,7 @@ def play(jobs: Sequence[Job], policy: str, costs: dict[str, Any], *, nodes: int 
 
     def sync(now: float) -> None:
         for st, eng in zip(states, engines, strict=True):
-            st.set_local_load(eng.load(now))
+            st.set_local_load(eng.load(now, costs))
             st.set_local_prefixes([prefix_of(k, eng.cache[k]) for k in eng.visible_prefixes(now)])
         for st in states:
             deliver(st.self_id, st.tick(now), now)

@@ -28,8 +28,17 @@ llama.cpp's multi-threaded batches slow down many-fold when processes oversubscr
 The group syncs every 5 s (the paper's interval). The first request is sent once every node
 has heard from both peers.
 
+Then the same workload (same seed, same prompts) at ``RATE_FACTORS`` 2× and 4× the rate
+(issue 19): at 2×, Algorithm 2 with the product's work-aware load (``hrtree``) and with the
+request-count load (``requests``, a baseline in :mod:`model_node.bench.policies`); at 4×,
+``hrtree`` alone. A model node past its capacity answers "busy" (after at most
+``--max-queue-wait``, 10 s); the bench client then sends the request at once to an entry node
+that has not refused it (nor has the node that refused it), as the user's ``AnonClient`` does,
+and counts the request refused only when every node refused. TTFT and latency run from the
+first send.
+
 ``--quick``: 8 requests, 3 system prompts of 800–900 tokens, 0.6 requests/s (checks the bench
-runs; its figures mean little). Full run ≈ 16 minutes; a line per policy goes to stderr as it
+runs; its figures mean little). Full run ≈ 30 minutes; a line per run goes to stderr as it
 finishes.
 
 Figures, per policy ``P`` in ``hrtree``, ``load``, ``random``: ``ttft_P_{mean,p50,p99}_ms``
@@ -37,7 +46,7 @@ Figures, per policy ``P`` in ``hrtree``, ``load``, ``random``: ``ttft_P_{mean,p5
 (→ last chunk), ``cache_hit_rate_P`` (requests of which at least half the prompt came from
 the serving engine's cache), ``prompt_reuse_P`` (cached ÷ all prompt tokens),
 ``forwarded_frac_P`` (requests the entry node forwarded), ``busiest_node_share_P`` (the
-largest share of requests one node served), ``cpu_utilisation_P`` (CPU time of the three
+largest share of the answered requests one node served), ``cpu_utilisation_P`` (CPU time of the three
 model-node processes ÷ (wall time × cores), from the first request sent to the last reply),
 ``foreign_cpu_P`` (the same for every other process on the machine but this bench: above a few
 per cent, another job disturbed the run), ``failed_frac_P`` (requests answered with an error,
@@ -46,6 +55,10 @@ others);
 and ``ttft_mean_ratio_hrtree_vs_load``, ``ttft_p99_ratio_hrtree_vs_load``,
 ``latency_mean_ratio_hrtree_vs_load``, ``latency_p99_ratio_hrtree_vs_load``,
 ``ttft_mean_ratio_hrtree_vs_random``, ``ttft_mean_reduction_hrtree_vs_load`` (1 − ratio).
+At 2× and 4×: ``ttft_mean_work_vs_requests_2x`` (mean TTFT of accepted requests, work-aware ÷
+request-count load), ``ttft_p99_accepted_4x_s`` (p99 TTFT of the requests answered at 4×, in
+seconds), ``lost_4x`` (requests at 4× neither answered nor refused as busy), and
+``refused_frac_{hrtree,requests}_2x`` / ``refused_frac_4x`` (requests every node refused as busy).
 """
 
 from __future__ import annotations
@@ -62,20 +75,22 @@ from typing import Any
 
 import trio
 
-from model_node.bench.policies import BASELINES
+from model_node.bench.policies import REQUESTS_THRESHOLD
 from model_node.forwarding import DEFAULT_LOAD_THRESHOLD
 from model_node.llama import DEFAULT_MODEL_ID, LlamaCppEngine, resolve_model
 from model_node.messages import NodeStats, StatsRequest
-from overlay.bench.stats import cpu_model, summarize_ms
+from overlay.anon import is_busy
+from overlay.bench.stats import cpu_model, percentile, summarize_ms
 from overlay.cli import run_async
 from overlay.clock import TrioClock
 from overlay.identity import Identity
 from overlay.messages import ChatMessage, ReplyChunk, Request, SamplingParams
 from overlay.peers import PeerEntry
 from overlay.tools.localnet import LocalNet
-from overlay.transport import Connection, TLSTransport
+from overlay.transport import Connection, TLSTransport, TransportError
 
-POLICIES = BASELINES
+POLICIES = ("hrtree", "load", "random")  # at the base rate
+RATE_FACTORS = (2, 4)
 SEED = 7
 ZIPF_S = 1.1
 SYSTEM_PROMPTS = 8
@@ -153,7 +168,11 @@ def _cpu_seconds(pid: int) -> float:
 
 
 class RequestFailed(Exception):
-    """The model node answered with an error chunk."""
+    """The model node answered with an error chunk (``node``: the node that says so)."""
+
+    def __init__(self, error: str, node: bytes) -> None:
+        super().__init__(error)
+        self.node = node
 
 
 class Client:
@@ -180,10 +199,12 @@ class Client:
         for _ in range(n):
             self.release(e, await self.transport.dial(e.address, e.node_id))
 
-    async def request(self, e: PeerEntry, messages: tuple[ChatMessage, ...]) -> tuple[float, float, bytes]:
-        """``(ttft, latency, serving node)`` in seconds."""
+    async def request(self, e: PeerEntry, messages: tuple[ChatMessage, ...],
+                      t0: float | None = None) -> tuple[float, float, bytes]:
+        """``(ttft, latency, serving node)`` in seconds from ``t0`` (a ``perf_counter`` time;
+        default: when this request is sent). :class:`RequestFailed` for an error chunk."""
         conn = await self.connection(e)
-        t0 = time.perf_counter()
+        t0 = time.perf_counter() if t0 is None else t0
         await conn.send(Request(request_id=os.urandom(16), model=DEFAULT_MODEL_ID, messages=messages,
                                 params=PARAMS, k=1, return_paths=(), continuation=""))
         ttft = None
@@ -195,7 +216,7 @@ class Client:
                 ttft = time.perf_counter() - t0
             if c.error:
                 self.release(e, conn)
-                raise RequestFailed(c.error)
+                raise RequestFailed(c.error, c.node)
             if c.done:
                 self.release(e, conn)
                 return ttft, time.perf_counter() - t0, c.node
@@ -238,15 +259,32 @@ async def _play(net: LocalNet, jobs: list[Job], systems: list[str], warm_conns: 
     t_start = clock.monotonic()
 
     failed: list[str] = []
+    refused: list[str] = []  # every node answered busy
+    lost: list[str] = []  # neither answered nor refused (a connection lost, nothing for 600 s)
+    attempts: list[float] = []  # requests sent to an entry node (a busy refusal's retry included)
 
     async def one(job: Job) -> None:
         await trio.sleep_until(t_start + job.at)
         msgs = (ChatMessage("system", systems[job.system]), ChatMessage("user", job.question))
-        try:
-            t, lat, node = await client.request(entries[job.entry], msgs)
-        except RequestFailed as exc:  # e.g. a forward timed out in an overloaded group: counted
-            failed.append(str(exc))
-            return
+        entry, tried, t0 = entries[job.entry], set[bytes](), time.perf_counter()
+        while True:
+            attempts.append(job.at)
+            try:
+                t, lat, node = await client.request(entry, msgs, t0)
+                break
+            except RequestFailed as exc:
+                if not is_busy(str(exc)):  # e.g. a forward timed out in an overloaded group: counted
+                    failed.append(str(exc))
+                    return
+                tried |= {entry.node_id, exc.node}  # busy: at once to a node that has not refused
+                others = [e for e in entries if e.node_id not in tried]
+                if not others:
+                    refused.append(str(exc))
+                    return
+                entry = others[job.entry % len(others)]
+            except TransportError as exc:
+                lost.append(str(exc))
+                return
         trace.append((job.at, job.entry, job.system, node_index[node], t, lat))
         ttft.append(t)
         latency.append(lat)
@@ -269,10 +307,16 @@ async def _play(net: LocalNet, jobs: list[Job], systems: list[str], warm_conns: 
         "cache_hit_rate": sum(s.cache_hits for s in stats) / served,
         "prompt_reuse": 1 - sum(s.evaluated_prompt_tokens for s in stats) / prompt,
         "forwarded_frac": sum(s.forwarded_out for s in stats) / len(jobs),
-        "busiest_node_share": max(served_by.values()) / len(jobs),
+        "busiest_node_share": max(served_by.values(), default=0) / max(1, sum(served_by.values())),
         "failed_frac": len(failed) / len(jobs), "failures": sorted(set(failed)),
-        "served": served, "trace": sorted(trace), "stats": stats,
+        "attempts": len(attempts), "refused_frac": len(refused) / len(jobs),
+        "lost": len(lost) + len(failed), "losses": sorted(set(lost)),
+        "served": served, "trace": sorted(trace), "stats": stats, "busy_refusals": sum(x.busy for x in stats),
     }
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else math.nan
 
 
 def _decisions(stats: list[NodeStats]) -> dict[str, int]:
@@ -313,8 +357,9 @@ def play(policy: str, jobs: list[Job], systems: list[str], warm_conns: int,
             net.start(timeout=120)
             result: dict[str, Any] = run_async(_play, net, jobs, systems, warm_conns)
     ttft = result["ttft"]
-    print(f"bench forwarding: policy {policy}, threshold {load_threshold or 'default'}: {len(ttft)} answered, "
-          f"{result['failed_frac']:.0%} failed {result['failures']}, mean TTFT "
+    print(f"bench forwarding: policy {policy}, threshold {load_threshold or 'default'}, {len(jobs)} requests "
+          f"over {jobs[-1].at:.0f} s: {len(ttft)} answered, {result['refused_frac']:.0%} refused as busy, "
+          f"{result['failed_frac']:.0%} failed {result['failures']}, {result['lost']} lost, mean TTFT "
           f"{1000 * sum(ttft) / max(1, len(ttft)):.0f} ms, cache hits {result['cache_hit_rate']:.0%}, "
           f"wall {result['wall']:.0f} s", file=sys.stderr, flush=True)
     return result
@@ -329,6 +374,9 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
     systems, system_tokens, question_tokens = prompts(n_system, lo, hi)
     jobs = workload(n_requests, n_system, rate, 3, SEED)
     results = {policy: play(policy, jobs, systems, 4 if quick else 16) for policy in POLICIES}
+    faster = {f: workload(n_requests, n_system, rate * f, 3, SEED) for f in RATE_FACTORS}
+    at2 = {policy: play(policy, faster[2], systems, 4 if quick else 16) for policy in ("hrtree", "requests")}
+    at4 = play("hrtree", faster[4], systems, 4 if quick else 16)
     figures: dict[str, float] = {}
     for p, r in results.items():
         figures.update(summarize_ms(f"ttft_{p}", r["ttft"]))
@@ -341,6 +389,12 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
                                                          / figures[f"{kind}_load_{stat}_ms"])
     figures["ttft_mean_ratio_hrtree_vs_random"] = figures["ttft_hrtree_mean_ms"] / figures["ttft_random_mean_ms"]
     figures["ttft_mean_reduction_hrtree_vs_load"] = 1 - figures["ttft_mean_ratio_hrtree_vs_load"]
+    figures["ttft_mean_work_vs_requests_2x"] = _mean(at2["hrtree"]["ttft"]) / _mean(at2["requests"]["ttft"])
+    for p, r in at2.items():
+        figures[f"refused_frac_{p}_2x"] = r["refused_frac"]
+    figures["ttft_p99_accepted_4x_s"] = percentile(sorted(at4["ttft"]), 99) if at4["ttft"] else math.nan
+    figures["lost_4x"] = float(at4["lost"])
+    figures["refused_frac_4x"] = at4["refused_frac"]
     zipf = zipf_weights(n_system, ZIPF_S)
     params = {
         "model": f"{model_id} ({path.name})", "engine": "llama.cpp (llama-cpp-python 0.3.36), batch-invariant",
@@ -356,6 +410,17 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
         "fresh_processes_per_policy": True,
         "wall_s": {p: round(r["wall"], 1) for p, r in results.items()},
         "decisions": {p: _decisions(r["stats"]) for p, r in results.items()},
+        "attempts": {p: r["attempts"] for p, r in results.items()},
+        "attempts_2x": {p: r["attempts"] for p, r in at2.items()}, "attempts_4x": at4["attempts"],
+        "rate_factors": {f"{f}x": f"Poisson, {round(rate * f, 3)} requests/s" for f in RATE_FACTORS},
+        "policies_2x": ["hrtree", "requests"], "policies_4x": ["hrtree"],
+        "max_queue_wait_s": 10.0, "request_count_threshold": REQUESTS_THRESHOLD,
+        "wall_s_2x": {p: round(r["wall"], 1) for p, r in at2.items()}, "wall_s_4x": round(at4["wall"], 1),
+        "decisions_2x": {p: _decisions(r["stats"]) for p, r in at2.items()},
+        "decisions_4x": _decisions(at4["stats"]),
+        "failed_frac_2x": {p: r["failed_frac"] for p, r in at2.items()}, "failed_frac_4x": at4["failed_frac"],
+        "answered_4x": len(at4["ttft"]), "busy_refusals_4x": at4["busy_refusals"],
+        "busy_refusals_2x": {p: r["busy_refusals"] for p, r in at2.items()},
     }
     if any(math.isnan(v) for v in figures.values()):
         raise RuntimeError("a figure is NaN")

@@ -1,8 +1,9 @@
 """``gentorrent bench forwarding-threshold``: sweep Algorithm 2's load threshold with the real
 llama.cpp engine (docs/decisions/0005-hrtree.md).
 
-A cache holder is chosen while its relative load (running + queued + forwarded-since-report,
-per capacity point) is under the threshold; above it the request goes to the least loaded node,
+A cache holder is chosen while its relative load (since issue 19: seconds of work, the prompt
+and output tokens it holds at its measured rates, forwards since its report included;
+docs/forwarding.md "Load") is under the threshold; above it the request goes to the least loaded node,
 which usually has to evaluate the whole prompt. A low threshold spreads load but throws caches
 away; a high one queues requests behind a busy holder. The threshold only matters when holders
 are busy, so this sweep plays the ``bench forwarding`` workload (same seeded system prompts,
@@ -17,11 +18,14 @@ Figures, for rate factor ``xF`` and threshold ``T``: ``ttft_xF_tT_{mean,p50,p99}
 ``latency_xF_tT_mean_ms``, ``cache_hit_rate_xF_tT``, ``forwarded_frac_xF_tT``,
 ``overloaded_frac_xF_tT`` (requests whose prompt matched a holder that was over the threshold),
 ``busiest_node_share_xF_tT``, ``cpu_utilisation_xF_tT``, ``foreign_cpu_xF_tT``; and, per rate,
-``ttft_mean_ratio_xF_tT_vs_t2`` against threshold 2 (the default before this sweep).
+``ttft_mean_ratio_xF_tT_vs_t2`` against threshold 2 (the default before this sweep, when
+thresholds counted requests). Requests refused as "busy" by every node are not in the TTFT
+figures; the params' ``attempts`` count the requests sent, busy retries included.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
@@ -63,19 +67,21 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
     figures: dict[str, float] = {}
     walls: dict[str, float] = {}
     decisions: dict[str, dict[str, int]] = {}
+    attempts: dict[str, int] = {}  # requests sent, busy refusals' retries included
     for f in factors:
         jobs = workload(n_requests, n_system, RATE * f, 3, SEED)
         for t in thresholds:
             key = f"x{f}_t{_label(t)}"
             r = play("hrtree", jobs, systems, 4 if quick else 16, load_threshold=t)
             figures.update(summarize_ms(f"ttft_{key}", r["ttft"]))
-            figures[f"latency_{key}_mean_ms"] = 1000 * sum(r["latency"]) / len(r["latency"])
+            figures[f"latency_{key}_mean_ms"] = 1000 * sum(r["latency"]) / len(r["latency"]) if r["latency"] else math.nan
             d = _decisions(r["stats"])
             for k in ("cache_hit_rate", "forwarded_frac", "busiest_node_share", "cpu_utilisation", "foreign_cpu",
                       "failed_frac"):
                 figures[f"{k}_{key}"] = r[k]
             figures[f"overloaded_frac_{key}"] = d.get("match-overloaded", 0) / n_requests
             walls[key] = round(r["wall"], 1)
+            attempts[key] = r["attempts"]
             decisions[key] = d
         base = f"ttft_x{f}_t{_label(RATIO_BASE)}_mean_ms"
         for t in thresholds:
@@ -90,5 +96,6 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
         "arrival_rates_per_s": {f"x{f}": round(RATE * f, 3) for f in factors}, "requests": n_requests,
         "system_prompts": n_system, "system_prompt_tokens": system_tokens, "popularity": f"Zipf({ZIPF_S})",
         "seed": SEED, "fresh_processes_per_run": True, "wall_s": walls, "decisions": decisions,
+        "attempts": attempts,
     }
     return params, figures

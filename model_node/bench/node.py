@@ -1,6 +1,6 @@
 """Start a model node for a benchmark or test, with what only benchmarks inject.
 
-``python -m model_node.bench.node [--baseline hrtree|load|random] [--echo-delay SECONDS]
+``python -m model_node.bench.node [--baseline hrtree|load|random|requests] [--echo-delay SECONDS]
 MODEL-NODE-FLAGS...`` runs ``gentorrent model-node MODEL-NODE-FLAGS...`` with the forwarding
 baseline (:mod:`model_node.bench.policies`) and the echo engine's per-piece delay injected:
 neither is a flag of the product's node. :class:`overlay.tools.localnet.LocalNet` starts

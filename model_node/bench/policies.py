@@ -4,7 +4,11 @@
 - :func:`least_loaded` ("load"): the least relatively loaded node, ignoring caches, i.e.
   Algorithm 2's miss branch for every request (the paper's "load-based" baseline);
 - :class:`RandomChoice` ("random"): a uniformly random node with a known load, ourselves
-  included.
+  included;
+- :func:`request_count` ("requests"): Algorithm 2 with the load measured as requests per
+  capacity point (:attr:`~model_node.forwarding.Load.requests_relative`, the product's measure
+  before issue 19) and its threshold of :data:`REQUESTS_THRESHOLD` requests, against which
+  ``bench forwarding`` compares the work-aware load.
 
 See docs/decisions/0005-hrtree.md.
 """
@@ -14,13 +18,28 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from model_node.forwarding import Decision, ForwardingPolicy
+from model_node.forwarding import Decision, ForwardingPolicy, Load, algorithm2
 from model_node.group import GroupState
+
+REQUESTS_THRESHOLD = 8.0  # requests per capacity point: the request-count threshold (decision 0005)
 
 
 def least_loaded(state: GroupState, token_ids: Sequence[int]) -> Decision:
     """Algorithm 2 on an empty prompt: no match, so the least relatively loaded node."""
     return state.decide((), forwarded=False)
+
+
+def request_count(state: GroupState, token_ids: Sequence[int]) -> Decision:
+    """Algorithm 2 on the node table with loads counted in requests per capacity point
+    (threshold :data:`REQUESTS_THRESHOLD`); decisions and forwards are counted as the
+    product's are."""
+    decision = algorithm2(state.self_id, state.table(), state.search(token_ids), tau_c=state.tau_c,
+                          load_threshold=REQUESTS_THRESHOLD, measure=_requests)
+    return state.count(decision, len(token_ids))
+
+
+def _requests(load: Load) -> float:
+    return load.requests_relative
 
 
 class RandomChoice:
@@ -37,14 +56,16 @@ class RandomChoice:
 
 def baseline(name: str) -> ForwardingPolicy | None:
     """The policy a benchmark names: ``hrtree`` (``None``: the product's Algorithm 2),
-    ``load`` or ``random``."""
+    ``load``, ``random`` or ``requests``."""
     if name == "hrtree":
         return None
     if name == "load":
         return least_loaded
     if name == "random":
         return RandomChoice()
-    raise ValueError(f"unknown forwarding baseline {name!r}; choose hrtree, load or random")
+    if name == "requests":
+        return request_count
+    raise ValueError(f"unknown forwarding baseline {name!r}; choose one of {', '.join(BASELINES)}")
 
 
-BASELINES = ("hrtree", "load", "random")
+BASELINES = ("hrtree", "load", "random", "requests")

@@ -105,7 +105,7 @@ async def busy_direct(cluster: Cluster, e: PeerEntry, filler: str, done: trio.Ev
 
 
 async def test_forwarding_between_llama_model_nodes(tmp_path) -> None:
-    # Load threshold 2 (not the default): two requests make B "overloaded" in step 3.
+    # Load threshold 2 s of work (not the default): one long new prompt makes B "overloaded" in step 3.
     args = ("--sync-interval", str(SYNC), "--threads", "1", "--prefix-snapshots", "3", "--load-threshold", "2",
             "--accept-direct-requests")  # the client also sends plain requests
     with LocalNet(tmp_path, 12, users=("client",), models=3, registry_keys=1, engine="llama.cpp",
@@ -137,9 +137,11 @@ async def test_forwarding_between_llama_model_nodes(tmp_path) -> None:
             assert last.forwarded and last.prompt_tokens > 600
             assert last.evaluated_prompt_tokens < 30, last  # the ~650-token system prompt came from B's cache
 
-            # 3. B busy with two long prompts under the same system prompt (one running, one
-            #    queued: 2 per capacity point, the threshold): A serves the next one itself.
-            done = [trio.Event(), trio.Event()]
+            # 3. B busy with a long new prompt under the same system prompt (some 900 tokens to
+            #    evaluate: seconds of work at the rate B measured in step 1, over the 2 s
+            #    threshold): A serves the next one itself. (A second one would be forwarded by B
+            #    itself, to A or C, and blur what A decides.)
+            done = [trio.Event()]
             for i, ev in enumerate(done):
                 filler = f"Summarize this note {i}: " + " ".join(f"item {i}-{j} is shelved under {j}." for j in range(80))
                 nursery.start_soon(busy_direct, cluster, b, filler, ev)

@@ -9,6 +9,7 @@ import pytest
 
 from model_node.forwarding import DEFAULT_LOAD_THRESHOLD
 from model_node.hrtree import DEFAULT_BITS
+from model_node.server import MAX_QUEUE_WAIT
 from overlay import cli
 from overlay.cli import build_parser, main
 
@@ -126,11 +127,14 @@ def test_model_node_forwarding_flags() -> None:
     assert not default.no_forwarding and default.sync_interval == 5.0
     assert default.load_threshold == DEFAULT_LOAD_THRESHOLD and default.hash_bits == DEFAULT_BITS
     assert default.threads is None and default.prefix_snapshots is None
+    assert default.max_queue_wait == MAX_QUEUE_WAIT
+    assert build_parser().parse_args(["model-node", "--max-queue-wait", "2.5"]).max_queue_wait == 2.5
 
 
 @pytest.mark.parametrize("flags", [["--sync-interval", "0"], ["--sync-interval", "soon"], ["--threads", "0"],
                                    ["--prefix-snapshots", "-1"], ["--forwarding-policy", "load"], ["--echo-delay", "0.1"],
-                                   ["--load-threshold", "0"], ["--hash-bits", "0"], ["--hash-bits", "17"], ["--load-threshold", "-2"], ["--load-threshold", "many"]],
+                                   ["--load-threshold", "0"], ["--hash-bits", "0"], ["--hash-bits", "17"], ["--load-threshold", "-2"], ["--load-threshold", "many"],
+                                   ["--max-queue-wait", "0"], ["--max-queue-wait", "forever"]],
                          ids=lambda f: " ".join(f))
 def test_model_node_forwarding_flag_errors(flags: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as ei:

@@ -2,6 +2,9 @@
 
 Each case sets up this node and its peers (load reports and cached prefixes arrive as the
 wire messages would), asks ``decide`` about one prompt, and checks where it goes and why.
+Loads are work (issue 19): in these cases every request a node holds carries one second of
+prompt work at the rates a node assumes before measuring (``UNIT`` tokens per capacity point),
+so a node's relative load reads as requests per capacity point, in seconds.
 """
 
 from __future__ import annotations
@@ -11,7 +14,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from model_node.forwarding import Load
+from model_node.bench.policies import request_count
+from model_node.forwarding import REF_PREFILL_RATE, Load, algorithm2
 from model_node.group import GroupConfig, GroupState
 from model_node.hrtree import ChunkLengths
 from model_node.messages import LoadReport, SubtreeUpdate
@@ -23,6 +27,17 @@ _rng = random.Random(42)
 SYSTEM = [_rng.randrange(100_000) for _ in range(1024)]  # 4 chunks of 256 tokens
 HIT = SYSTEM + [_rng.randrange(100_000) for _ in range(300)]
 MISS = [_rng.randrange(100_000, 200_000) for _ in range(1324)]
+UNIT = int(REF_PREFILL_RATE)  # prompt tokens: one second of work for an unmeasured capacity-1 node
+
+
+def load(active: int, queued: int = 0, capacity: int = 1) -> Load:
+    """A node holding ``active + queued`` requests of one second of work each (per capacity point)."""
+    return Load(active, queued, capacity, prefill_tokens=(active + queued) * UNIT)
+
+
+def report(seq: int, active: int, queued: int = 0, capacity: int = 1) -> LoadReport:
+    """The load report of :func:`load`."""
+    return LoadReport(seq, 0, active, queued, capacity, 0, 0, 0, prefill_tokens=(active + queued) * UNIT)
 
 
 @dataclass
@@ -86,11 +101,11 @@ def build(case: Case) -> GroupState:
     everyone = [IDS[n] for n in (*case.peers, *case.silent_holders)]
     gs = GroupState(me, everyone, capacity=case.me[2], lengths=L,
                     config=GroupConfig(tau_c=case.tau_c, load_threshold=2.0))
-    gs.set_local_load(Load(case.me[0], case.me[1], case.me[2]))
+    gs.set_local_load(load(*case.me))
     if "self" in case.holders:
         gs.set_local_prefixes([SYSTEM + [7] * 10])
     for name, (active, queued, capacity) in case.peers.items():
-        assert gs.on_message(IDS[name], LoadReport(1, 0, active, queued, capacity, 0, 0, 0), 0.0) == []
+        assert gs.on_message(IDS[name], report(1, active, queued, capacity), 0.0) == []
     for name in (*[h for h in case.holders if h != "self"], *case.silent_holders):
         update = SubtreeUpdate(1, 0, True, 0, L.digest, (L.path(SYSTEM + [7] * 300),), ())
         assert gs.on_message(IDS[name], update, 0.0) == []
@@ -113,12 +128,13 @@ def test_algorithm_2(case: Case) -> None:
 
 def test_forwards_count_against_the_target_until_its_next_report() -> None:
     """Between two load reports, forwards spread instead of all going to one node."""
-    case = Case("spread", (5, 0, 1), {"p1": (0, 0, 1), "p2": (0, 0, 1)}, query="miss")
+    case = Case("spread", (50, 0, 1), {"p1": (0, 0, 1), "p2": (0, 0, 1)}, query="miss")
     gs = build(case)
     targets = [NAMES.get(gs.decide(MISS).target or b"", "self") for _ in range(4)]
     assert targets == ["p1", "p2", "p1", "p2"]
-    gs.on_message(IDS["p1"], LoadReport(2, 0, 0, 0, 1, 0, 0, 0), 0.0)  # the report resets the estimate
-    assert gs.table()[IDS["p1"]].pending == 0
+    assert gs.table()[IDS["p1"]].pending_tokens == 2 * len(MISS)  # a forward counts its prompt's work
+    gs.on_message(IDS["p1"], report(2, 0), 0.0)  # the report resets the estimate
+    assert gs.table()[IDS["p1"]].pending == 0 and gs.table()[IDS["p1"]].pending_tokens == 0
     assert gs.decide(MISS).target == IDS["p1"]
 
 
@@ -127,10 +143,10 @@ def test_at_most_one_hop_between_two_nodes() -> None:
     a_id, b_id = IDS["p1"], IDS["p2"]
     a = GroupState(a_id, [a_id, b_id], capacity=1, lengths=L)
     b = GroupState(b_id, [a_id, b_id], capacity=1, lengths=L)
-    a.set_local_load(Load(active=9, queued=0))
-    b.set_local_load(Load(active=9, queued=0))
-    a.on_message(b_id, LoadReport(1, 0, 0, 0, 1, 0, 0, 0), 0.0)  # A thinks B is idle
-    b.on_message(a_id, LoadReport(1, 0, 0, 0, 1, 0, 0, 0), 0.0)  # B thinks A is idle
+    a.set_local_load(load(9))
+    b.set_local_load(load(9))
+    a.on_message(b_id, report(1, 0), 0.0)  # A thinks B is idle
+    b.on_message(a_id, report(1, 0), 0.0)  # B thinks A is idle
     first = a.decide(MISS)
     assert first.target == b_id
     second = b.decide(MISS, forwarded=True)
@@ -143,9 +159,9 @@ def test_default_tau_c_at_8_bits_needs_two_chunks() -> None:
     me, p1, p2 = IDS["self"], IDS["p1"], IDS["p2"]
     gs = GroupState(me, [me, p1, p2], capacity=1, lengths=L8)
     assert gs.tau_c == 2
-    gs.set_local_load(Load(active=3, queued=0))
-    gs.on_message(p1, LoadReport(1, 0, 0, 0, 1, 0, 0, 0), 0.0)
-    gs.on_message(p2, LoadReport(1, 0, 0, 0, 2, 0, 0, 0), 0.0)
+    gs.set_local_load(load(3))
+    gs.on_message(p1, report(1, 0), 0.0)
+    gs.on_message(p2, report(1, 0, capacity=2), 0.0)
     gs.on_message(p1, SubtreeUpdate(1, 0, True, 0, L8.digest, (L8.path(SYSTEM + [7] * 300),), ()), 0.0)
     one_chunk = SYSTEM[:256] + MISS[:300]
     two_chunks = SYSTEM[:512] + MISS[:300]
@@ -154,3 +170,42 @@ def test_default_tau_c_at_8_bits_needs_two_chunks() -> None:
     d2 = gs.decide(two_chunks)
     assert (d2.depth, d2.reason, d2.target) == (2, "match", p1)
     assert GroupState(me, [me], config=GroupConfig(tau_c=1), lengths=L8).tau_c == 1
+
+
+# --------------------------------------------------------------------------- work, not requests
+
+
+def test_a_work_heavy_node_is_avoided_where_a_request_count_would_pick_it() -> None:
+    """One request with a 3,000-token prompt to evaluate is more work than three short
+    questions: Algorithm 2 sends the next request to the node with three requests, while the
+    request-count measure (requests per capacity point) would have picked the other."""
+    heavy, light = IDS["p1"], IDS["p2"]
+    gs = GroupState(IDS["self"], [heavy, light], lengths=L, config=GroupConfig(load_threshold=2.0))
+    gs.set_local_load(load(20))
+    rates = {"prefill_mtps": 140_000, "decode_mtps": 20_000}
+    gs.on_message(heavy, LoadReport(1, 0, 0, 1, 1, 0, 0, 0, prefill_tokens=3000, decode_tokens=64, **rates), 0.0)
+    gs.on_message(light, LoadReport(1, 0, 1, 2, 1, 0, 0, 0, prefill_tokens=3 * 40, decode_tokens=3 * 64,
+                                    **rates), 0.0)
+    for holders in ((), (heavy, light)):  # a miss, and a match held by both
+        if holders:
+            for h in holders:
+                gs.on_message(h, SubtreeUpdate(1, 0, True, 0, L.digest, (L.path(SYSTEM + [7] * 300),), ()), 0.0)
+        query = HIT if holders else MISS
+        table, found = gs.table(), gs.search(query)
+        assert table[heavy].relative > table[light].relative
+        assert table[heavy].requests_relative < table[light].requests_relative
+        by_work = algorithm2(gs.self_id, table, found, tau_c=gs.tau_c, load_threshold=1000.0)
+        by_count = algorithm2(gs.self_id, table, found, tau_c=gs.tau_c, load_threshold=1000.0,
+                              measure=lambda x: x.requests_relative)
+        assert (by_work.target, by_count.target) == (light, heavy)
+        assert request_count(gs, query).target == heavy  # the benchmark's request-count baseline
+        assert gs.decide(query).target == light
+
+
+def test_relative_load_is_seconds_of_work_at_the_measured_rates() -> None:
+    busy = Load(active=1, queued=1, prefill_tokens=1000, decode_tokens=100, prefill_rate=500.0, decode_rate=50.0)
+    assert busy.relative == pytest.approx(1000 / 500 + 100 / 50)
+    assert Load(active=2, queued=2, prefill_tokens=1000, prefill_rate=500.0, streams=4).relative == pytest.approx(0.5)
+    # Before it measures, a node assumes capacity x the reference rates: the score still divides the load.
+    assert Load(queued=1, capacity=2, prefill_tokens=UNIT * 4).relative == pytest.approx(2.0)
+    assert Load(active=5, queued=5).relative == 0.0  # requests without work are no load

@@ -1,0 +1,154 @@
+"""Overload says so (issue 19): a model node past its capacity answers "busy" after a bounded
+wait, and the user's client completes the request on another model node (in memory, mock clock).
+"""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from model_node.group import GroupConfig
+from model_node.server import ModelNode
+from model_node.testing import GROUP_SYNC, CachingEcho, echo_node
+from overlay.anon import AllBusy, AnonError, is_busy
+from overlay.messages import ChatMessage, ReplyChunk, SamplingParams
+from overlay.testing import Net, start_overlay
+
+LONG = " ".join(f"w{i}" for i in range(60))  # 60 pieces: a minute at one piece a second
+
+
+async def network(nursery: trio.Nursery, models: int = 2, *, wait: float = 3.0) -> Net:
+    """Two users that send requests, and ``models`` echo model nodes of one slot each, one
+    piece a second, refusing requests that would wait more than ``wait`` seconds."""
+    factory = echo_node(delay=1.0, slots=1, max_queue_wait=wait)
+    return await start_overlay(nursery, 15, clients=2, models=[factory] * models)
+
+
+async def ask(client, text: str, node: ModelNode, max_tokens: int = 4096, **kw) -> list[ReplyChunk]:
+    params = SamplingParams(max_tokens=max_tokens)
+    return [c async for c in client.request("echo", [ChatMessage("user", text)], params,
+                                            node=node.identity.node_id, timeout=120, **kw)]
+
+
+async def test_a_node_at_capacity_answers_busy_and_the_request_completes_on_another(autojump_clock):
+    async with trio.open_nursery() as nursery:
+        net = await network(nursery)
+        a, b = net.models
+        long_reply: list[ReplyChunk] = []
+
+        async def occupy() -> None:
+            long_reply.extend(await ask(net.users[1].client, LONG, a))
+
+        nursery.start_soon(occupy)
+        await trio.sleep(2.0)  # A is generating the long reply: its only slot is taken
+        assert a.active == 1
+        # A minute of output ahead (before A has measured itself, a request is expected to use
+        # its whole max_tokens): far over the 3 s wait, so A refuses at once.
+        t0 = trio.current_time()
+        chunks = await ask(net.users[0].client, "a short question", a)
+        assert trio.current_time() - t0 < 4.0  # B's 3 pieces at one a second; no 3 s wait at A first
+        assert "".join(c.text for c in chunks) == "a short question"
+        assert chunks[-1].node == b.identity.node_id and chunks[-1].signature  # served and signed by B
+        assert (a.busy, a.served, b.served) == (1, 0, 1)
+        while not long_reply or not long_reply[-1].done:
+            await trio.sleep(1.0)
+        assert "".join(c.text for c in long_reply) == LONG  # the request A kept is answered in full
+        assert long_reply[-1].node == a.identity.node_id
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_request_that_waits_too_long_for_a_slot_is_refused_after_the_bounded_wait(autojump_clock):
+    async with trio.open_nursery() as nursery:
+        net = await network(nursery, models=1)
+        (a,) = net.models
+        nursery.start_soon(ask, net.users[1].client, LONG, a, 8)  # 8 pieces: 8 s, estimated well under 3 s
+        await trio.sleep(1.5)
+        t0 = trio.current_time()
+        with pytest.raises(AllBusy, match="busy: no free slot on this model node within 3 s") as ei:
+            await ask(net.users[0].client, "still there?", a)
+        waited = trio.current_time() - t0
+        assert 3.0 <= waited < 6.0  # refused after the bounded wait, before the slot freed
+        assert "every model node tried" in str(ei.value) and a.busy == 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_no_failover_gets_the_busy_error_itself(autojump_clock):
+    async with trio.open_nursery() as nursery:
+        net = await network(nursery)
+        a, b = net.models
+        nursery.start_soon(ask, net.users[1].client, LONG, a)
+        await trio.sleep(2.0)
+        with pytest.raises(AllBusy, match="busy:") as ei:
+            await ask(net.users[0].client, "only you", a, failover=False)
+        assert "work queued" in str(ei.value)
+        assert (a.busy, b.served) == (1, 0)
+        nursery.cancel_scope.cancel()
+
+
+async def test_every_request_is_answered_or_refused_as_busy(autojump_clock):
+    """More requests than two one-slot nodes can take within the wait: each one ends with a
+    reply or a busy refusal; none is lost."""
+    async with trio.open_nursery() as nursery:
+        net = await network(nursery)
+        outcomes: list[str] = []
+
+        async def one(i: int, client) -> None:
+            node = net.models[i % 2]
+            try:
+                chunks = await ask(client, f"question {i} " + "x " * 4, node, max_tokens=6)
+            except AllBusy:
+                outcomes.append("busy")
+                return
+            except AnonError as exc:
+                outcomes.append(f"error: {exc}")
+                return
+            assert "".join(c.text for c in chunks).startswith(f"question {i}")
+            outcomes.append("answered")
+
+        async with trio.open_nursery() as inner:
+            for i in range(8):
+                inner.start_soon(one, i, net.users[i % 2].client)
+        assert len(outcomes) == 8
+        assert set(outcomes) <= {"answered", "busy"}, outcomes
+        assert outcomes.count("answered") >= 2 and "busy" in outcomes
+        assert sum(m.served for m in net.models) == outcomes.count("answered")
+        nursery.cancel_scope.cancel()
+
+
+def test_busy_text_is_recognised() -> None:
+    from overlay.anon import busy_error
+
+    assert is_busy(busy_error("full"))
+    assert not is_busy("model node is busy") and not is_busy("")
+
+
+async def test_a_forwarded_request_refused_as_busy_completes_on_a_third_node(autojump_clock):
+    """A forwards to B (B holds the prompt's prefix and A's threshold lets it through); B is
+    busy and says so; the client skips both A (the entry) and B, and C answers. (C runs
+    without forwarding: a group member would forward the retry to B again until B's next
+    load report shows its work: docs/forwarding.md "Known limits".)"""
+    async with trio.open_nursery() as nursery:
+        group = GroupConfig(sync_interval=GROUP_SYNC, load_threshold=1000.0)
+        a_f = echo_node(engine=CachingEcho(0.0), group=group, max_queue_wait=3.0)
+        b_f = echo_node(engine=CachingEcho(1.0), group=group, max_queue_wait=3.0)
+        c_f = echo_node(engine=CachingEcho(0.0), max_queue_wait=3.0)
+        net = await start_overlay(nursery, 15, clients=2, models=[a_f, b_f, c_f])
+        a, b, c = net.models
+        system = "You answer questions about the city archive. " + " ".join(
+            f"Box {i} holds the letters of year {1900 + i}." for i in range(22))
+
+        async def ask_group(client, question: str, node: ModelNode) -> list[ReplyChunk]:
+            msgs = [ChatMessage("system", system), ChatMessage("user", question)]
+            return [ch async for ch in client.request("echo", msgs, SamplingParams(max_tokens=64),
+                                                      node=node.identity.node_id, timeout=30)]
+
+        first = await ask_group(net.users[0].client, "first question", b)  # B caches the system prompt
+        assert first[-1].node == b.identity.node_id
+        await trio.sleep(2.5 * GROUP_SYNC)  # A learns B's prefix
+        nursery.start_soon(ask_group, net.users[1].client, LONG, b)  # B's only slot: a minute
+        await trio.sleep(1.0)
+        chunks = await ask_group(net.users[0].client, "which box holds 1910?", a)
+        assert "".join(ch.text for ch in chunks) == "which box holds 1910?"
+        assert chunks[-1].node == c.identity.node_id
+        assert (a.forwarded_out, b.forwarded_in, b.busy, a.served, c.served) == (1, 1, 1, 0, 1)
+        nursery.cancel_scope.cancel()
