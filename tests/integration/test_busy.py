@@ -42,6 +42,8 @@ async def test_a_node_at_capacity_answers_busy_and_the_request_completes_on_anot
         nursery.start_soon(occupy)
         await trio.sleep(2.0)  # A is generating the long reply: its only slot is taken
         assert a.active == 1
+        load = a.current_load()  # the work A holds: the rest of a reply of up to 4,096 tokens
+        assert load.prefill_tokens == 0 and load.decode_tokens > 4000 and load.relative > 3.0
         # A minute of output ahead (before A has measured itself, a request is expected to use
         # its whole max_tokens): far over the 3 s wait, so A refuses at once.
         t0 = trio.current_time()
@@ -54,6 +56,7 @@ async def test_a_node_at_capacity_answers_busy_and_the_request_completes_on_anot
             await trio.sleep(1.0)
         assert "".join(c.text for c in long_reply) == LONG  # the request A kept is answered in full
         assert long_reply[-1].node == a.identity.node_id
+        assert a.throughput.decode_rate > 0 and a.current_load().decode_tokens == 0  # measured; idle
         nursery.cancel_scope.cancel()
 
 

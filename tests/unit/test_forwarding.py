@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from model_node.bench.policies import request_count
-from model_node.forwarding import REF_PREFILL_RATE, Load, algorithm2
+from model_node.forwarding import REF_PREFILL_RATE, Load, Throughput, algorithm2
 from model_node.group import GroupConfig, GroupState
 from model_node.hrtree import ChunkLengths
 from model_node.messages import LoadReport, SubtreeUpdate
@@ -209,3 +209,15 @@ def test_relative_load_is_seconds_of_work_at_the_measured_rates() -> None:
     # Before it measures, a node assumes capacity x the reference rates: the score still divides the load.
     assert Load(queued=1, capacity=2, prefill_tokens=UNIT * 4).relative == pytest.approx(2.0)
     assert Load(active=5, queued=5).relative == 0.0  # requests without work are no load
+
+
+def test_throughput_measures_rates_per_stream_from_recent_requests() -> None:
+    t = Throughput(window=2)
+    assert (t.prefill_rate, t.decode_rate, t.expected_output(256)) == (0.0, 0.0, 256)  # nothing measured
+    t.record(1000, 2.0, 11, 0.5)  # 500 prompt tokens/s; 10 tokens after the first in 0.5 s
+    t.record(300, 0.0001, 1, 0.0)  # too short to time, and one output token: no rate sample
+    assert (t.prefill_rate, t.decode_rate) == (500.0, 20.0)
+    assert t.expected_output(256) == 6 and t.expected_output(4) == 4  # mean of 11 and 1, capped
+    t.record(100, 1.0, 21, 4.0)
+    t.record(100, 1.0, 21, 4.0)  # the window keeps the last two samples of each kind
+    assert (t.prefill_rate, t.decode_rate, t.expected_output(256)) == (100.0, 5.0, 21)
