@@ -34,7 +34,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from overlay.anon import AnonError
+from overlay.anon import AllBusy, AnonError
 from overlay.clock import Clock, TrioClock
 from overlay.messages import ChatMessage, ReplyChunk, SamplingParams
 from overlay.paths import PathError
@@ -89,8 +89,11 @@ class AnonBackend:
 
 
 def error_for(exc: AnonError) -> api.ApiError:
-    """503 when no model node answered, 502 when one answered with an error."""
+    """503 when no model node answered or every one was busy, 502 when one answered with an error."""
     msg = str(exc)
+    if isinstance(exc, AllBusy):
+        return api.ApiError(503, f"every model node is busy: {msg}; retry later", type="service_unavailable",
+                            code="model_nodes_busy")
     if msg.startswith("no reply") or msg.startswith("no model node"):
         return api.ApiError(503, f"no model node reachable: {msg}", type="service_unavailable",
                             code="no_model_node_reachable")

@@ -13,7 +13,7 @@ import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
 
-from overlay.anon import AnonError
+from overlay.anon import AllBusy, AnonError
 from overlay.messages import ReplyChunk
 from user_client import openai_api as api
 from user_client.gateway import Gateway, is_loopback
@@ -40,6 +40,8 @@ class FakeBackend:
             raise api.ApiError(503, "not enough proxy paths", type="service_unavailable", code="not_enough_paths")
         if words[0] == "refused":
             raise AnonError("model node 0a0b0c0d: model node is at capacity; try again later")
+        if words[0] == "allbusy":
+            raise AllBusy("every model node serving 'echo' refused the request as busy")
         served = node or NODE_A
         for i, w in enumerate(words[: params.max_tokens]):
             if w == "hold":
@@ -132,6 +134,7 @@ async def test_follow_ups_go_back_to_the_node_that_served(gateway):
     ("silent x", 503, "no_model_node_reachable"),
     ("nopaths x", 503, "not_enough_paths"),
     ("refused x", 502, "model_node_error"),
+    ("allbusy x", 503, "model_nodes_busy"),
 ])
 async def test_overlay_failures_are_openai_errors(gateway, content, status, code):
     _, _, base = gateway
