@@ -33,6 +33,7 @@ from overlay.peers import PeerEntry
 log = logging.getLogger("gentorrent.paths")
 
 SUSPECT_SECONDS = 60.0  # relays of a failed path are avoided this long (if enough others exist)
+EXPIRY_JITTER = 1200  # each hop's expiry is path_ttl plus an independent uniform draw from [0, this) s
 
 
 class PathError(Exception):
@@ -60,6 +61,18 @@ def choose_relays(directory: Sequence[_E], me: bytes, in_use: Container[bytes], 
     if len(pool) < hops:
         raise PathError(f"need {hops} relays not used by our other paths, only {len(pool)} available")
     return rng.sample(pool, hops)
+
+
+def hop_expiries(unix: float, ttl: int, jitter: int, rng: random.Random, hops: int = onion.HOPS) -> list[int]:
+    """One onion expiry per hop (unix seconds): ``unix + ttl`` plus an independent uniform
+    draw from ``[0, jitter)`` for each hop. A relay learns only its own value, which is
+    independent of every other hop's and path's, so expiries link nothing (decision 0003);
+    every hop lives at least ``ttl``, and the caller keeps ``ttl + jitter`` within
+    :data:`~overlay.onion.MAX_ONION_TTL`. Pure."""
+    if jitter < 1 or ttl < 1 or ttl + jitter > onion.MAX_ONION_TTL:
+        raise ValueError(f"need 1 <= ttl, 1 <= jitter, ttl + jitter <= {onion.MAX_ONION_TTL}; got {ttl}, {jitter}")
+    base = int(unix) + ttl
+    return [base + rng.randrange(jitter) for _ in range(hops)]
 
 
 @dataclass(eq=False)
@@ -98,13 +111,16 @@ class PathManager:
         build_timeout: float = 10.0,
         refresh: float = 15 * 60.0,
         path_ttl: int = 3600,
+        expiry_jitter: int = EXPIRY_JITTER,
         rng: random.Random | None = None,
         clock: Clock | None = None,
     ) -> None:
         """``node`` sends frames (``send_nowait``); ``directory()`` lists the relays usable
         (users of our region). ``target`` is N ≥ n (paper §3.2). ``clock`` (default
         :class:`~overlay.clock.TrioClock`) times refreshes and suspect periods
-        (``monotonic``) and stamps onion expiries (``unix``)."""
+        (``monotonic``) and stamps onion expiries (``unix``): each hop of each path gets its
+        own, ``path_ttl`` plus an independent draw from ``[0, expiry_jitter)`` seconds
+        (:func:`hop_expiries`)."""
         self.clock: Clock = clock or TrioClock()
         self.node = node
         self.directory = directory
@@ -112,6 +128,10 @@ class PathManager:
         self.build_timeout = build_timeout
         self.refresh = refresh
         self.path_ttl = path_ttl
+        self.expiry_jitter = expiry_jitter
+        if path_ttl < 1 or expiry_jitter < 1 or path_ttl + expiry_jitter > onion.MAX_ONION_TTL:
+            raise ValueError(f"path_ttl + expiry_jitter must be positive and at most {onion.MAX_ONION_TTL} s "
+                             f"(relays refuse longer onions); got {path_ttl} + {expiry_jitter}")
         self.rng = rng or random.SystemRandom()
         self.paths: list[Path] = []
         self.by_link: dict[tuple[bytes, bytes], Path] = {}
@@ -218,9 +238,8 @@ class PathManager:
 
     def start_build(self) -> Path:
         relays = self._choose_relays()
-        packet, keys = onion.build_onion(
-            [r.x25519_public for r in relays], [r.node_id for r in relays], int(self.clock.unix()) + self.path_ttl
-        )
+        expiries = hop_expiries(self.clock.unix(), self.path_ttl, self.expiry_jitter, self.rng)
+        packet, keys = onion.build_onion([r.x25519_public for r in relays], [r.node_id for r in relays], expiries)
         path = Path(relays, crypto.random_bytes(LINK_ID_LEN), onion.PathCrypt(keys), self.clock.monotonic())
         self.paths.append(path)
         self.by_link[(path.first, path.link_id)] = path
