@@ -11,9 +11,17 @@ certificate is self-signed with its Ed25519 identity key and the dialer pins it
 to ``expected_id``; the dialer then proves its own id by signing the server's
 nonce together with the hash of the server certificate (:mod:`overlay.handshake`).
 
-Every network await has a timeout (:class:`Timeouts`); a listener caps its
-concurrent connections; a bad frame or failed proof earns the peer an
-:class:`~overlay.messages.Error` frame and a closed connection, never a crash.
+Every network await has a timeout (:class:`Timeouts`); a bad frame or failed proof earns the
+peer an :class:`~overlay.messages.Error` frame and a closed connection, never a crash.
+
+**Admission** (:class:`Admission`, issue 15 item 5). A listener caps its connections, and a
+peer holding many silent or half-open connections must not keep honest peers out: a
+connection is *pending* until the peer has proved its identity, which it must do within
+``Timeouts.accept`` (5 s); pending connections are capped in total and per source address;
+when a cap is reached the newcomer evicts the oldest pending connection of the address with
+the most pending ones (its own address first if that one is over its cap). Authenticated
+connections are never evicted for a newcomer; when all slots hold authenticated connections,
+the newcomer is refused.
 """
 
 from __future__ import annotations
@@ -24,7 +32,8 @@ import logging
 import os
 import ssl
 import tempfile
-from collections.abc import Awaitable, Callable
+from collections import Counter, OrderedDict
+from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,9 +61,12 @@ class PeerAuthError(TransportError):
 
 @dataclass(frozen=True, slots=True)
 class Timeouts:
-    """Seconds. ``handshake`` covers TCP connect + TLS + proof of identity."""
+    """Seconds. ``handshake`` covers a dial: TCP connect + TLS + proof of identity;
+    ``accept`` is what a listener allows a connecting peer for TLS and its proof (short, so
+    a silent connection holds a slot only briefly)."""
 
     handshake: float = 10.0
+    accept: float = 5.0
     send: float = 10.0
     receive: float = 60.0
 
@@ -72,6 +84,81 @@ def parse_address(address: str) -> tuple[str, int]:
 
 def format_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class Admission:
+    """Which connections a listener keeps (I/O-free; the transport drives it).
+
+    ``admit(key, address)`` for every new connection returns ``(admitted, evict)``: whether
+    to go on with ``key``'s handshake, and the keys of pending connections to close now to
+    make room. ``authenticated(key)`` once the peer proved its identity, ``closed(key)``
+    when a connection ends (admitted or not, evicted or not; unknown keys are ignored).
+
+    Policy: at most ``max_connections`` in all, ``max_pending`` of them unauthenticated, and
+    ``max_pending_per_address`` unauthenticated from one source address. A newcomer over a
+    cap evicts the oldest pending connection of its own address if that address is at its
+    cap, else of the address with the most pending connections; authenticated connections
+    are never evicted (the newcomer is refused when no pending one is left to evict).
+    """
+
+    def __init__(self, max_connections: int = 1024, max_pending: int = 128,
+                 max_pending_per_address: int = 32) -> None:
+        if not 1 <= max_pending_per_address <= max_pending <= max_connections:
+            raise ValueError("need 1 <= max_pending_per_address <= max_pending <= max_connections")
+        self.max_connections = max_connections
+        self.max_pending = max_pending
+        self.max_pending_per_address = max_pending_per_address
+        self._pending: OrderedDict[Hashable, str] = OrderedDict()  # key -> address, oldest first
+        self._per_address: Counter[str] = Counter()
+        self._established: set[Hashable] = set()
+        self.evicted = 0
+        self.refused = 0
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    @property
+    def established(self) -> int:
+        return len(self._established)
+
+    def admit(self, key: Hashable, address: str) -> tuple[bool, list[Hashable]]:
+        evict: list[Hashable] = []
+        if self._per_address[address] >= self.max_pending_per_address:
+            evict.append(self._oldest_of(address))
+        elif self.pending >= self.max_pending or self.pending + self.established >= self.max_connections:
+            if not self._pending:
+                self.refused += 1
+                return False, []
+            heaviest = max(self._per_address, key=lambda a: self._per_address[a])
+            evict.append(self._oldest_of(heaviest))
+        for k in evict:
+            self.closed(k)
+        self.evicted += len(evict)
+        self._pending[key] = address
+        self._per_address[address] += 1
+        return True, evict
+
+    def _oldest_of(self, address: str) -> Hashable:
+        return next(k for k, a in self._pending.items() if a == address)
+
+    def authenticated(self, key: Hashable) -> None:
+        address = self._pending.pop(key, None)
+        if address is None:
+            return
+        self._drop_address(address)
+        self._established.add(key)
+
+    def closed(self, key: Hashable) -> None:
+        address = self._pending.pop(key, None)
+        if address is not None:
+            self._drop_address(address)
+        self._established.discard(key)
+
+    def _drop_address(self, address: str) -> None:
+        self._per_address[address] -= 1
+        if self._per_address[address] <= 0:
+            del self._per_address[address]
 
 
 class Connection:
@@ -223,12 +310,17 @@ class Transport(abc.ABC):
     """Base: the authenticated handshake over whatever raw stream a subclass opens."""
 
     def __init__(self, identity: Identity, *, timeouts: Timeouts | None = None, max_connections: int = 1024,
+                 max_pending: int = 128, max_pending_per_address: int = 32,
                  tap: Callable[[bytes | bytearray], None] | None = None) -> None:
         """``tap``, if given, sees every byte this node receives after TLS (tests use it
-        to check what a relay learns)."""
+        to check what a relay learns). ``max_connections``, ``max_pending`` and
+        ``max_pending_per_address`` are each listener's :class:`Admission` caps."""
         self.identity = identity
         self.timeouts = timeouts or Timeouts()
         self.max_connections = max_connections
+        self.max_pending = min(max_pending, max_connections)
+        self.max_pending_per_address = min(max_pending_per_address, self.max_pending)
+        self.admission: Admission | None = None  # the last listener's, once serving (for counters)
         self.rejected: dict[str, int] = {}
         self.tap = tap
 
@@ -288,7 +380,7 @@ class Transport(abc.ABC):
         reason = None
         pre = _PreAuth(stream, address, self.tap)
         try:
-            with trio.fail_after(self.timeouts.handshake):
+            with trio.fail_after(self.timeouts.accept):
                 await self._server_tls(stream)
                 nonce = crypto.random_bytes(NONCE_LEN)
                 await pre.send(AuthChallenge(nonce=nonce))
@@ -296,7 +388,7 @@ class Transport(abc.ABC):
                 peer_id = handshake.check_proof(proof, binding, nonce)
                 await pre.send(AuthOk(x25519_public=self.identity.x25519_public))
         except trio.TooSlowError:
-            reason, detail = "timeout", f"no valid handshake within {self.timeouts.handshake}s"
+            reason, detail = "timeout", f"no valid handshake within {self.timeouts.accept}s"
         except handshake.AuthError as exc:
             reason, detail = "auth-failed", str(exc)
         except RemoteProtocolError as exc:
@@ -333,26 +425,52 @@ class Transport(abc.ABC):
         """Complete any transport-level handshake before ours (TLS does)."""
         return None  # a hook: none by default (MemoryTransport), TLSTransport overrides it
 
+    def _new_admission(self) -> tuple[Admission, dict[Hashable, trio.CancelScope]]:
+        self.admission = Admission(self.max_connections, self.max_pending, self.max_pending_per_address)
+        return self.admission, {}
+
     async def _run_handler(self, handler: Handler, stream: trio.abc.Stream, binding: bytes, address: str,
-                           limiter: trio.CapacityLimiter) -> None:
-        try:
-            limiter.acquire_on_behalf_of_nowait(stream)
-        except trio.WouldBlock:
+                           admission: Admission, pending: dict[Hashable, trio.CancelScope]) -> None:
+        """One accepted connection: admission, handshake (evictable), then ``handler``."""
+        key = object()
+        source = address.rpartition(":")[0] or address  # the host: caps are per source address
+        admitted, evict = admission.admit(key, source)
+        for k in evict:
+            scope = pending.pop(k, None)
+            if scope is not None:
+                scope.cancel()
+        if not admitted:
             self._count_reject("too-many-connections")
-            log.warning("rejected %s: %d connections already open", address, self.max_connections)
+            log.warning("rejected %s: %d connections already open, all authenticated", address,
+                        self.max_connections)
             with trio.CancelScope(shield=True), trio.move_on_after(1.0):
                 await stream.aclose()
             return
         try:
-            conn = await self._accept(stream, binding, address)
+            scope = pending[key] = trio.CancelScope()
+            conn = None
+            with scope:
+                conn = await self._accept(stream, binding, address)
+            pending.pop(key, None)
+            if scope.cancelled_caught:
+                self._count_reject("evicted")
+                log.info("evicted %s: still unauthenticated when the pending connections were full", address)
+                with trio.CancelScope(shield=True), trio.move_on_after(1.0):
+                    try:
+                        await stream.aclose()
+                    except Exception:  # noqa: BLE001 - closing an evicted peer's stream; it is gone either way
+                        pass
+                return
             if conn is None:
                 return
+            admission.authenticated(key)
             try:
                 await handler(conn)
             finally:
                 await conn.aclose()
         finally:
-            limiter.release_on_behalf_of(stream)
+            pending.pop(key, None)
+            admission.closed(key)
 
 
 # --------------------------------------------------------------------------- TLS
@@ -421,7 +539,7 @@ class TLSTransport(Transport):
     ) -> None:
         """Listen until cancelled; reports the bound ``host:port`` via ``task_status``."""
         listeners = await trio.open_tcp_listeners(port, host=host)
-        limiter = trio.CapacityLimiter(self.max_connections)
+        admission, pending = self._new_admission()
         sock = listeners[0].socket
         bound = format_address(*sock.getsockname()[:2])
 
@@ -431,7 +549,7 @@ class TLSTransport(Transport):
             except OSError:
                 peer = "?"
             tls = trio.SSLStream(tcp, self._server_ctx, server_side=True)
-            await self._run_handler(handler, tls, self._binding, peer, limiter)
+            await self._run_handler(handler, tls, self._binding, peer, admission, pending)
 
         async with trio.open_nursery() as nursery:
             await nursery.start(trio.serve_listeners, on_tcp, listeners)
@@ -488,12 +606,12 @@ class MemoryTransport(Transport):
     ) -> None:
         address = self.network.address(name or self.identity.node_id.hex()[:12])
         send, receive = trio.open_memory_channel[Any](64)
-        limiter = trio.CapacityLimiter(self.max_connections)
+        admission, pending = self._new_admission()
         self.network.listeners[address] = (self.identity.ed25519_public, send)
         try:
             async with trio.open_nursery() as nursery:
                 task_status.started(address)
                 async for stream, binding in receive:
-                    nursery.start_soon(self._run_handler, handler, stream, binding, address, limiter)
+                    nursery.start_soon(self._run_handler, handler, stream, binding, address, admission, pending)
         finally:
             self.network.listeners.pop(address, None)
