@@ -94,7 +94,10 @@ class Admission:
     make room. ``authenticated(key)`` once the peer proved its identity, ``closed(key)``
     when a connection ends (admitted or not, evicted or not; unknown keys are ignored).
 
-    Policy: at most ``max_connections`` in all, ``max_pending`` of them unauthenticated, and
+    Policy: at most ``new_per_s`` new connections a second from one source address (a token
+    bucket with ``new_burst``; over it the newcomer is refused before TLS, so churning silent
+    connections cannot burn the listener's CPU on handshakes either); at most
+    ``max_connections`` in all, ``max_pending`` of them unauthenticated, and
     ``max_pending_per_address`` unauthenticated from one source address. A newcomer over a
     cap evicts the oldest pending connection of its own address if that address is at its
     cap, else of the address with the most pending connections; authenticated connections
@@ -102,9 +105,15 @@ class Admission:
     """
 
     def __init__(self, max_connections: int = 1024, max_pending: int = 128,
-                 max_pending_per_address: int = 32) -> None:
+                 max_pending_per_address: int = 32, new_per_s: float = 20.0, new_burst: float = 100.0) -> None:
         if not 1 <= max_pending_per_address <= max_pending <= max_connections:
             raise ValueError("need 1 <= max_pending_per_address <= max_pending <= max_connections")
+        if new_per_s <= 0 or new_burst < 1:
+            raise ValueError("need new_per_s > 0 and new_burst >= 1")
+        self.new_per_s = new_per_s
+        self.new_burst = new_burst
+        self._buckets: dict[str, tuple[float, float]] = {}  # address -> (tokens, time)
+        self.rate_limited = 0
         self.max_connections = max_connections
         self.max_pending = max_pending
         self.max_pending_per_address = max_pending_per_address
@@ -122,7 +131,11 @@ class Admission:
     def established(self) -> int:
         return len(self._established)
 
-    def admit(self, key: Hashable, address: str) -> tuple[bool, list[Hashable]]:
+    def admit(self, key: Hashable, address: str, now: float = 0.0) -> tuple[bool, list[Hashable]]:
+        """``now``: monotonic seconds (for the per-address rate)."""
+        if not self._take(address, now):
+            self.rate_limited += 1
+            return False, []
         evict: list[Hashable] = []
         if self._per_address[address] >= self.max_pending_per_address:
             evict.append(self._oldest_of(address))
@@ -138,6 +151,21 @@ class Admission:
         self._pending[key] = address
         self._per_address[address] += 1
         return True, evict
+
+    def _take(self, address: str, now: float) -> bool:
+        tokens, stamp = self._buckets.get(address, (self.new_burst, now))
+        tokens = min(self.new_burst, tokens + max(0.0, now - stamp) * self.new_per_s)
+        ok = tokens >= 1.0
+        if len(self._buckets) >= 4 * self.max_connections and address not in self._buckets:
+            # bounded: forget buckets refilled by now (they would read the same when next met),
+            # and if that is not enough, all of them (a flood of addresses: each gets its burst)
+            full = self.new_burst
+            self._buckets = {a: (t, st) for a, (t, st) in self._buckets.items()
+                             if t + max(0.0, now - st) * self.new_per_s < full}
+            if len(self._buckets) >= 4 * self.max_connections:
+                self._buckets.clear()
+        self._buckets[address] = (tokens - 1.0 if ok else tokens, now)
+        return ok
 
     def _oldest_of(self, address: str) -> Hashable:
         return next(k for k, a in self._pending.items() if a == address)
@@ -430,19 +458,28 @@ class Transport(abc.ABC):
         return self.admission, {}
 
     async def _run_handler(self, handler: Handler, stream: trio.abc.Stream, binding: bytes, address: str,
-                           admission: Admission, pending: dict[Hashable, trio.CancelScope]) -> None:
-        """One accepted connection: admission, handshake (evictable), then ``handler``."""
+                           admission: Admission, pending: dict[Hashable, trio.CancelScope],
+                           source: str | None = None) -> None:
+        """One accepted connection: admission, handshake (evictable), then ``handler``.
+        ``source``: the peer's address for the caps (default: the host of ``address``)."""
         key = object()
-        source = address.rpartition(":")[0] or address  # the host: caps are per source address
-        admitted, evict = admission.admit(key, source)
+        if source is None:
+            source = address.rpartition(":")[0] or address
+        rate_limited_before = admission.rate_limited
+        admitted, evict = admission.admit(key, source, trio.current_time())
         for k in evict:
             scope = pending.pop(k, None)
             if scope is not None:
                 scope.cancel()
         if not admitted:
-            self._count_reject("too-many-connections")
-            log.warning("rejected %s: %d connections already open, all authenticated", address,
-                        self.max_connections)
+            if admission.rate_limited > rate_limited_before:
+                self._count_reject("rate-limited")
+                log.info("rejected %s: over %.0f new connections a second from %s", address,
+                         admission.new_per_s, source)
+            else:
+                self._count_reject("too-many-connections")
+                log.warning("rejected %s: %d connections already open, all authenticated", address,
+                            self.max_connections)
             with trio.CancelScope(shield=True), trio.move_on_after(1.0):
                 await stream.aclose()
             return
@@ -589,8 +626,8 @@ class MemoryTransport(Transport):
         server_pk, inbox = entry
         client, server = trio.testing.memory_stream_pair()
         binding = crypto.sha256(b"mem" + server_pk + next(self.network._serial).to_bytes(8, "big"))
-        try:
-            inbox.send_nowait((server, binding))
+        try:  # the source "address" is the dialer's own (one per node), as a host would be
+            inbox.send_nowait((server, binding, "mem-from-" + self.identity.node_id.hex()[:12]))
         except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
             raise TransportError(f"cannot connect to {address}: listener busy or gone") from None
         return client, server_pk, binding
@@ -611,7 +648,8 @@ class MemoryTransport(Transport):
         try:
             async with trio.open_nursery() as nursery:
                 task_status.started(address)
-                async for stream, binding in receive:
-                    nursery.start_soon(self._run_handler, handler, stream, binding, address, admission, pending)
+                async for stream, binding, *source in receive:  # raw test dials send no source
+                    nursery.start_soon(self._run_handler, handler, stream, binding, address, admission, pending,
+                                       source[0] if source else address)
         finally:
             self.network.listeners.pop(address, None)
