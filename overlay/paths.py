@@ -169,7 +169,11 @@ class PathManager:
         self.dropped: Counter[str] = Counter()  # backward cells dropped, by reason
         self.replaced: Counter[str] = Counter()  # paths given up for silent misbehaviour, by reason
         self.cloves_in = 0  # reply cloves routed to a live request, on any path
-        self._tag_state: dict[bytes, tuple[Path, int, int]] = {}  # tag -> (path, cloves_in at start, cloves on it)
+        # A request's return tags are registered together (one per path, no await between them):
+        # such a batch is what a path is compared with. tag -> (path, batch, cloves on this path)
+        self._tag_state: dict[bytes, tuple[Path, int, int]] = {}
+        self._batches: dict[int, list[int]] = {}  # batch -> [tags still live, cloves on any of its paths]
+        self._batch = (0, -1.0, set[int]())  # the open batch: id, time it opened, paths in it
         self._missing: dict[bytes, tuple[Path, float]] = {}  # ended tags with no clove: (path, deadline)
 
     # ------------------------------------------------------------------ queries
@@ -223,15 +227,17 @@ class PathManager:
                 st = self._tag_state.get(tag)
                 if st is not None:
                     self._tag_state[tag] = (st[0], st[1], st[2] + 1)
+                    self._batches[st[1]][1] += 1
                 self.cloves_in += 1
                 if cb(data) is False:  # the client says the clove does not open: the proxy tampered
                     self._replace(path, "reply-clove-unauthentic")
             else:
                 late = self._missing.get(tag)
                 if late is not None and late[0] is path:
-                    del self._missing[tag]  # the path was only slow: back in service
+                    del self._missing[tag]  # the path was only slow
                     path.doubted = any(q is path for q, _ in self._missing.values())
-                    self._notify()
+                    if not path.doubted:
+                        self._cleared(path)
                 self.dropped["reply-unknown-tag"] += 1  # late (request finished) or forged
         elif isinstance(payload, PathNotice):
             path.notices += 1
@@ -250,17 +256,40 @@ class PathManager:
         self.node.send_nowait(path.first, Destroy(path.link_id, "closed"))
 
     def _tag_started(self, path: Path, tag: bytes) -> None:
-        self._tag_state[tag] = (path, self.cloves_in, 0)
+        batch, opened, members = self._batch
+        now = self.clock.monotonic()
+        if opened != now or id(path) in members or batch not in self._batches:  # another request
+            batch, members = batch + 1, set()
+            self._batch = (batch, now, members)
+            self._batches[batch] = [0, 0]
+        members.add(id(path))
+        self._batches[batch][0] += 1
+        self._tag_state[tag] = (path, batch, 0)
 
     def _tag_ended(self, path: Path, tag: bytes) -> None:
         st = self._tag_state.pop(tag, None)
-        if st is None or path.dead:
+        if st is None:
             return
-        _, before, got = st
-        if got == 0 and self.cloves_in > before:  # others brought cloves meanwhile, this path none
+        _, batch, got = st
+        live_and_cloves = self._batches[batch]
+        live_and_cloves[0] -= 1
+        if live_and_cloves[0] <= 0:
+            del self._batches[batch]
+        if path.dead:
+            return
+        if got == 0 and live_and_cloves[1] > 0:  # the request's other paths brought cloves, this one none
             self._missing[tag] = (path, self.clock.monotonic() + MISSING_GRACE)
             path.doubted = True  # not used while in doubt; a replacement is built at once
             self._notify()
+
+    def _cleared(self, path: Path) -> None:
+        """A doubted path's late clove came: it was only slow. Its replacement is usually built
+        by now; then it retires (Destroy, no suspicion) so we keep ``target`` paths, else it
+        is back in service."""
+        now = self.clock.monotonic()
+        if len([p for p in self._fresh(now) if p is not path]) >= self.target:
+            self._kill(path, send_destroy=True)
+        self._notify()
 
     def check_missing(self) -> None:
         """Give up paths whose reply clove is still missing ``MISSING_GRACE`` after their
