@@ -8,9 +8,11 @@ proxy's :class:`~overlay.messages.PathReady`; a build that times out or is
 destroyed is retried on other relays. Paths older than ``refresh`` seconds are
 replaced (paper §5.2: "discover new proxies every 15 minutes"); a path that
 fails (Destroy, lost first hop) is dropped and rebuilt at once, and so is a path that
-misbehaves silently (issue 15, item 4): a backward cell that fails authentication, a proxy's
-notice that a forward cell failed it, or a request for which the path brought no reply clove
-at all (within ``MISSING_GRACE`` seconds after the request ended) while other paths did.
+misbehaves silently (issue 15, item 4): a backward cell or reply clove that fails
+authentication, a proxy's notice that a forward cell failed there, or a request for which the
+path brought no reply clove at all while the request's other paths did (the path is doubted —
+not used, replaced at once — and given up unless the clove comes within ``MISSING_GRACE``
+seconds after the request ended). Counted in ``replaced[reason]``.
 
 The manager owns the user's end of its paths: the node routes ``CellBack`` and
 ``Destroy`` on links it owns here (:meth:`owns`).
