@@ -302,6 +302,18 @@ class Connection:
 Handler = Callable[[Connection], Awaitable[None]]
 
 
+async def _hard_close(stream: trio.abc.Stream) -> None:
+    """Close a connection we drop during admission or the handshake, at once: for TLS, the
+    TCP stream underneath (``SSLStream.aclose`` would first finish the TLS handshake — CPU
+    spent on a peer we are refusing, and a wait for it)."""
+    inner = stream.transport_stream if isinstance(stream, trio.SSLStream) else stream
+    with trio.CancelScope(shield=True), trio.move_on_after(1.0):
+        try:
+            await inner.aclose()
+        except Exception:  # noqa: BLE001 - closing a dropped peer's stream; it is gone either way
+            pass
+
+
 class _PreAuth:
     """Framing over a raw stream before the peer is known (handshake only)."""
 
@@ -407,9 +419,11 @@ class Transport(abc.ABC):
         """Server side of the handshake; ``None`` (logged, counted) when it fails."""
         reason = None
         pre = _PreAuth(stream, address, self.tap)
+        tls_done = False
         try:
             with trio.fail_after(self.timeouts.accept):
                 await self._server_tls(stream)
+                tls_done = True
                 nonce = crypto.random_bytes(NONCE_LEN)
                 await pre.send(AuthChallenge(nonce=nonce))
                 proof = await pre.receive(AuthProof)
@@ -426,16 +440,13 @@ class Transport(abc.ABC):
         if reason is not None:
             self._count_reject(reason)
             log.warning("rejected %s during handshake: %s: %s", address, reason, detail)
-            with trio.move_on_after(1.0):
-                try:
-                    await stream.send_all(codec.frame(Error(code=reason, detail=detail[:1024])))
-                except Exception:  # noqa: BLE001 - a courtesy to a rejected peer; it may be gone
-                    pass
-            with trio.CancelScope(shield=True), trio.move_on_after(1.0):
-                try:
-                    await stream.aclose()
-                except Exception:  # noqa: BLE001 - closing a rejected peer's stream; it is gone either way
-                    pass
+            if tls_done:  # (before TLS is up, sending would first finish TLS for a peer we drop)
+                with trio.move_on_after(1.0):
+                    try:
+                        await stream.send_all(codec.frame(Error(code=reason, detail=detail[:1024])))
+                    except Exception:  # noqa: BLE001 - a courtesy to a rejected peer; it may be gone
+                        pass
+            await _hard_close(stream)
             return None
         conn = Connection(
             stream,
@@ -480,8 +491,7 @@ class Transport(abc.ABC):
                 self._count_reject("too-many-connections")
                 log.warning("rejected %s: %d connections already open, all authenticated", address,
                             self.max_connections)
-            with trio.CancelScope(shield=True), trio.move_on_after(1.0):
-                await stream.aclose()
+            await _hard_close(stream)
             return
         try:
             scope = pending[key] = trio.CancelScope()
@@ -492,11 +502,7 @@ class Transport(abc.ABC):
             if scope.cancelled_caught:
                 self._count_reject("evicted")
                 log.info("evicted %s: still unauthenticated when the pending connections were full", address)
-                with trio.CancelScope(shield=True), trio.move_on_after(1.0):
-                    try:
-                        await stream.aclose()
-                    except Exception:  # noqa: BLE001 - closing an evicted peer's stream; it is gone either way
-                        pass
+                await _hard_close(stream)
                 return
             if conn is None:
                 return
