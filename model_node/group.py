@@ -25,6 +25,18 @@ only, value ranges, sizes, the ``L`` version and digest, path shapes, delta cons
 bad message is dropped with a reason counted in ``state.dropped[reason]`` and logged; it never
 raises and never changes the tree.
 
+**Churn (issue 15, item 7).** A new ``L`` makes every member rebuild its tree, so adoption
+is guarded: a newer ``L`` is adopted only from the *designated proposer* (the lowest id among
+ourselves and the peers we hear), or from another member passing on exactly the version the
+designated proposer reports; the designated proposer may advance the version at most once per
+``MIN_PROPOSAL_ROUNDS`` rounds and by at most ``MAX_VERSION_STEP``, and replace an ``L`` of the
+same version at most once; a load report may not claim a version more than
+``MAX_VERSION_STEP`` ahead of ours. A member that breaks one of these rules is *quarantined*:
+dropped from the node table and the tree, and everything it sends ignored, for
+``QUARANTINE_SECONDS`` (reasons ``version-jump``, ``churn``; a non-designated proposal is only
+refused, ``not-proposer``, since honest members pass ``L`` on). A node still at version 0
+(just started) takes the group's version from the designated proposer's report.
+
 **Forwarding.** :meth:`GroupState.decide` runs Algorithm 2
 (:func:`model_node.forwarding.algorithm2`) on this state's node table and HR-tree and keeps
 its bookkeeping: decisions counted by reason, a forward counted against its target until the
@@ -50,6 +62,7 @@ from model_node.hrtree import (
     HRTree,
     Match,
     default_tau_c,
+    lengths_problem,
 )
 from model_node.messages import LengthProposal, LoadReport, SubtreeRequest, SubtreeUpdate
 from model_node.sentry import LengthAgreement, Sentry, proposer
@@ -68,11 +81,14 @@ MAX_WORK_TOKENS = 10**9  # prefill or decode tokens a report may claim
 MAX_RATE_MTPS = 10**10  # a measured rate, in thousandths of a token per second (10 million tokens/s)
 MAX_STREAMS = 4096  # sequences a node may generate at once
 MAX_REQUESTS_PER_REPORT = 100_000  # increments of a peer's request counter credited per report
+MAX_VERSION_STEP = 4  # an L (or a load report) may be at most this many versions ahead of ours
+MIN_PROPOSAL_ROUNDS = 6  # rounds between two version advances of the designated proposer (30 s)
+QUARANTINE_SECONDS = 300.0  # a member that breaks the L rules is ignored and out of the table this long
 _U63 = 2**63
 
 # Drop reasons that mean "the peer misbehaves" (logged as warnings); others are routine.
 _SUSPECT = frozenset({"non-member", "bad-load", "oversized", "malformed-path", "inconsistent",
-                      "bad-proposal", "unexpected-message"})
+                      "bad-proposal", "unexpected-message", "version-jump", "churn"})
 
 
 @dataclass(slots=True)
@@ -168,6 +184,9 @@ class GroupState:
         self.seq = initial_seq  # the round number of the last tick
         self.highest_version_seen = self.lengths.version
         self.versions_exhausted = False
+        self.quarantined: dict[bytes, float] = {}  # peer -> time until which it is ignored
+        self._last_advance = -math.inf  # when our L's version last advanced (adopted or proposed)
+        self._replaced_at_version: int | None = None  # version whose L the proposer already replaced once
         self._round = 0
         self._sent_mark: int | None = None  # journal seq of our subtree at the last tick; None: full next
         self._full_for: set[bytes] = set()
@@ -195,6 +214,11 @@ class GroupState:
     def is_proposer(self) -> bool:
         """Whether this node proposes ``L``: the lowest id among the live members (A3)."""
         return proposer(self.live_ids()) == self.self_id
+
+    def designated(self) -> bytes | None:
+        """The designated proposer as we see it: the lowest id among ourselves and the live
+        peers (quarantined peers are not in the table, so never designated)."""
+        return proposer(self.live_ids())
 
     def table(self) -> dict[bytes, Load]:
         """The node table: every node with a known load, ourselves included."""
@@ -289,6 +313,11 @@ class GroupState:
             return self._drop(peer, "from-self")
         if peer not in self.members:
             return self._drop(peer, "non-member", type(msg).__name__)
+        until = self.quarantined.get(peer)
+        if until is not None:
+            if now < until:
+                return self._drop(peer, "quarantined", type(msg).__name__)
+            del self.quarantined[peer]
         if isinstance(msg, LoadReport):
             return self._on_load(peer, msg, now)
         if isinstance(msg, SubtreeUpdate):
@@ -306,6 +335,9 @@ class GroupState:
         st = self.peers.get(peer)
         if st is not None and msg.seq <= st.load_seq:
             return self._drop(peer, "stale-load", f"seq {msg.seq} <= {st.load_seq}")
+        cur = self.lengths.version
+        if cur > 0 and msg.l_version > cur + MAX_VERSION_STEP:
+            return self.quarantine(peer, now, "version-jump", f"reports L version {msg.l_version}, ours {cur}")
         if st is None:
             st = self.peers[peer] = PeerState(now)
         st.last_heard = now
@@ -315,7 +347,8 @@ class GroupState:
         if st.requests is not None and msg.requests > st.requests:
             self.sentry.count(min(msg.requests - st.requests, MAX_REQUESTS_PER_REPORT))
         st.requests = msg.requests
-        self.highest_version_seen = max(self.highest_version_seen, msg.l_version)
+        if msg.l_version <= cur + MAX_VERSION_STEP:  # (at version 0 a far-ahead report is not credited)
+            self.highest_version_seen = max(self.highest_version_seen, msg.l_version)
         return self._offer_lengths(peer, st, msg.l_version, now)
 
     def _on_subtree(self, peer: bytes, msg: SubtreeUpdate, now: float) -> list[Send]:
@@ -406,7 +439,16 @@ class GroupState:
         return []
 
     def _on_proposal(self, peer: bytes, msg: LengthProposal, now: float) -> list[Send]:
+        refused = self._proposal_refused(peer, msg, now)
+        if refused is not None:
+            return refused
+        before = self.lengths.version
         adopted, reason = self.agreement.offer(peer, (msg.version, msg.lengths, msg.tail, msg.bits), self.members)
+        if adopted:
+            if msg.version > before:
+                self._last_advance = now
+            else:
+                self._replaced_at_version = msg.version
         if not adopted:
             out: list[Send] = []
             if reason == "not-newer" and msg.version < self.lengths.version:
@@ -417,6 +459,44 @@ class GroupState:
                  len(msg.lengths), msg.tail, msg.bits)
         self._rebuild()
         return []
+
+    def _proposal_refused(self, peer: bytes, msg: LengthProposal, now: float) -> list[Send] | None:
+        """The churn rules (module docstring) for a proposal that would replace our ``L``:
+        ``None`` to go on with adoption, else the drop (or the quarantine)."""
+        cur = self.lengths
+        if lengths_problem(msg.version, msg.lengths, msg.tail, msg.bits) is not None:
+            return None  # malformed: the agreement refuses it ("bad-proposal")
+        if msg.version < cur.version or (msg.version, tuple(msg.lengths), msg.tail, msg.bits) == (
+                cur.version, cur.lengths, cur.tail, cur.bits):
+            return None  # not newer: refused there too ("not-newer")
+        designated = proposer([*self.live_ids(), peer])  # its proposal shows it is alive
+        if designated in self.peers:
+            reported: int | None = self.peers[designated].l_version
+        else:  # we are the designated proposer (just started, say): the version most peers report
+            versions = sorted(st.l_version for st in self.peers.values() if st.load is not None)
+            reported = versions[len(versions) // 2] if versions else None
+        if peer != designated:
+            if msg.version > cur.version and msg.version == reported:
+                return None  # passing on the version the designated proposer reports: catch-up
+            return self._drop(peer, "not-proposer", f"version {msg.version}; the designated proposer is "
+                              f"{designated.hex()[:8] if designated else None}")
+        if msg.version == cur.version:  # the designated proposer replaces an L of our version
+            if self._replaced_at_version == cur.version:
+                return self.quarantine(peer, now, "churn", f"a second L of version {msg.version}")
+            return None
+        if cur.version > 0 and msg.version > cur.version + MAX_VERSION_STEP:
+            return self.quarantine(peer, now, "version-jump", f"version {msg.version}, ours {cur.version}")
+        if now - self._last_advance < MIN_PROPOSAL_ROUNDS * self.config.sync_interval:
+            return self.quarantine(peer, now, "churn", f"version {msg.version} "
+                                   f"{now - self._last_advance:.1f} s after the last one")
+        return None
+
+    def quarantine(self, peer: bytes, now: float, reason: str, detail: str) -> list[Send]:
+        """``peer`` broke a rule: drop it from the table and the tree and ignore it for
+        :data:`QUARANTINE_SECONDS` (counted under ``reason``)."""
+        self.quarantined[peer] = now + QUARANTINE_SECONDS
+        self._forget(peer)
+        return self._drop(peer, reason, detail + f"; quarantined for {QUARANTINE_SECONDS:.0f} s")
 
     def _on_subtree_request(self, peer: bytes, msg: SubtreeRequest) -> list[Send]:
         if msg.l_version != self.lengths.version:
@@ -481,7 +561,11 @@ class GroupState:
     def _maybe_propose(self, now: float) -> list[Send]:
         if not self.sentry.due() or not self.is_proposer():
             return []
-        version = self.agreement.next_version(self.highest_version_seen)
+        if now - self._last_advance < MIN_PROPOSAL_ROUNDS * self.config.sync_interval:
+            return []  # the members would take a faster advance for churn: wait (the Sentry stays due)
+        cur_version = self.lengths.version
+        seen = min(self.highest_version_seen, cur_version + MAX_VERSION_STEP - 1)
+        version = self.agreement.next_version(seen)
         if version > MAX_L_VERSION:  # only a member pushing versions up can get here: keep our L
             if not self.versions_exhausted:
                 log.error("cannot propose a new L: the group's L version reached %d (a member pushed it up)",
@@ -494,6 +578,7 @@ class GroupState:
             return []  # nothing learned since: keep the version, no rebuild anywhere
         self.agreement.current = new
         self.highest_version_seen = version
+        self._last_advance = now
         log.info("proposing L version %d: %d entries (system prompts %s)", version, len(new.lengths),
                  self.sentry.system_prompt_lengths())
         self._rebuild()

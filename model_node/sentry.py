@@ -24,6 +24,8 @@ version wins (:func:`supersedes`; equal versions with different contents: the lo
 wins, so concurrent proposers converge); a node adopts it and rebuilds its tree. Proposals
 from nodes outside the group are refused. Any member may pass the current ``L`` on to a peer
 that reports an older version, so a lost proposal is repaired by the next sync round.
+:class:`~model_node.group.GroupState` adds the churn rules on top (only the designated
+proposer's ``L``, bounded version steps, a minimum interval, quarantine; issue 15).
 
 Nothing here does I/O.
 """

@@ -281,36 +281,39 @@ class AnonClient:
         except ReplyVerifyError as exc:
             raise AnonError(f"{exc}; the reply was discarded") from None
 
-    def _on_reply_clove_for(self, rk: ReturnKey) -> Callable[[bytes], None]:
-        def on_data(data: bytes) -> None:
+    def _on_reply_clove_for(self, rk: ReturnKey) -> Callable[[bytes], bool]:
+        def on_data(data: bytes) -> bool:
+            """False when the clove does not open (changed on the way: the path manager
+            replaces the path); True otherwise, whatever became of it."""
             try:
                 clove = sida.decode_clove(rk.open(data))
             except (SealError, codec.RemoteProtocolError):
                 self._drop("reply-clove-unauthentic")
-                return
+                return False
             try:
                 message = self.reassembler.add(clove, self.clock.monotonic())
             except sida.SidaError:
                 self._drop("reply-clove-rejected")
-                return
+                return True
             if message is None:
-                return
+                return True
             try:
                 chunk = codec.decode(message)
             except codec.RemoteProtocolError:
                 self._drop("reply-malformed")
-                return
+                return True
             if not isinstance(chunk, ReplyChunk):
                 self._drop("reply-malformed")
-                return
+                return True
             ch = self._requests.get(chunk.request_id)
             if ch is None:
                 self._drop("reply-for-unknown-request")
-                return
+                return True
             try:
                 ch.send_nowait(chunk)
             except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
                 self._drop("reply-queue-full")
+            return True
 
         return on_data
 

@@ -12,7 +12,6 @@ reason (``node.rejected``) and keeps serving everyone else.
 
 from __future__ import annotations
 
-import itertools
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -20,7 +19,7 @@ from typing import Any
 
 import trio
 
-from overlay import codec
+from overlay import codec, crypto
 from overlay.clock import Clock, TrioClock
 from overlay.codec import RemoteProtocolError
 from overlay.identity import Identity, short_id
@@ -64,7 +63,6 @@ class Node:
         self._conns: dict[bytes, Connection] = {}
         self._dial_locks: dict[bytes, trio.Lock] = {}
         self._pings: dict[int, trio.Event] = {}
-        self._nonces = itertools.count(1)
         self._nursery: trio.Nursery | None = None
         self._outboxes: dict[bytes, trio.MemorySendChannel[bytes]] = {}
         self._lost_callbacks: list[Callable[[bytes], None]] = []
@@ -241,7 +239,11 @@ class Node:
         if len(self._pings) >= MAX_PENDING_PINGS:
             raise TransportError("too many pings in flight")
         conn = await self.connection_to(peer)
-        nonce = next(self._nonces)
+        # Random, not a counter: a per-node sequence would be a value peers on different
+        # connections (e.g. the relays of different paths) could compare.
+        nonce = int.from_bytes(crypto.random_bytes(8), "big") >> 1
+        while nonce in self._pings:
+            nonce = int.from_bytes(crypto.random_bytes(8), "big") >> 1
         done = trio.Event()
         t0 = self.clock.monotonic()
         self._pings[nonce] = done

@@ -23,6 +23,7 @@ cell tampered with on the way is detected at the end of the path.
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from overlay import crypto
@@ -97,16 +98,23 @@ def _pack_block(flags: int, expires: int, next_node: bytes, next_eph: bytes, nex
 
 
 def build_onion(
-    hop_x25519: list[bytes], hop_ids: list[bytes], expires: int
+    hop_x25519: list[bytes], hop_ids: list[bytes], expires: int | Sequence[int]
 ) -> tuple[bytes, list[HopKeys]]:
     """Build the establishment onion for ``HOPS`` hops.
 
     ``hop_x25519[i]`` and ``hop_ids[i]`` are hop ``i``'s static X25519 key and
-    node id (hop 0 is the first relay, the last is the proxy). Returns the
+    node id (hop 0 is the first relay, the last is the proxy). ``expires`` is each
+    hop's expiry (unix seconds), one per hop; a single int gives every hop the same
+    one, which only tests and benchmarks may do: a value common to the hops of a
+    path (or to several paths) lets colluding relays link them, so real paths draw
+    an independent expiry per hop (:func:`overlay.paths.hop_expiries`). Returns the
     packet to send to hop 0 and every hop's keys, which the user keeps.
     """
     if len(hop_x25519) != HOPS or len(hop_ids) != HOPS:
         raise ValueError(f"an onion path has exactly {HOPS} hops")
+    exp = [expires] * HOPS if isinstance(expires, int) else list(expires)
+    if len(exp) != HOPS or not all(0 <= e < 2**32 for e in exp):
+        raise ValueError(f"need {HOPS} expiries, each a u32 of unix seconds")
     ephs = [crypto.X25519Key.generate() for _ in range(HOPS)]
     keys = [
         HopKeys.derive(e.exchange(pk), e.public_bytes) for e, pk in zip(ephs, hop_x25519, strict=True)
@@ -117,11 +125,11 @@ def build_onion(
     for i in range(1, HOPS):
         phi = _xor(phi + bytes(BLOCK_LEN), rhos[i - 1][BETA_LEN + BLOCK_LEN - i * BLOCK_LEN :])
     last = HOPS - 1
-    block = _pack_block(FLAG_PROXY, expires, bytes(NODE_ID_LEN), bytes(EPH_LEN), bytes(MAC_LEN))
+    block = _pack_block(FLAG_PROXY, exp[last], bytes(NODE_ID_LEN), bytes(EPH_LEN), bytes(MAC_LEN))
     beta = _xor(block, rhos[last][:BLOCK_LEN]) + phi
     mac = crypto.mac16(keys[last].mac, beta)
     for i in range(HOPS - 2, -1, -1):
-        block = _pack_block(FLAG_RELAY, expires, hop_ids[i + 1], ephs[i + 1].public_bytes, mac)
+        block = _pack_block(FLAG_RELAY, exp[i], hop_ids[i + 1], ephs[i + 1].public_bytes, mac)
         beta = _xor(block + beta[: BETA_LEN - BLOCK_LEN], rhos[i][:BETA_LEN])
         mac = crypto.mac16(keys[i].mac, beta)
     onion = ephs[0].public_bytes + mac + beta

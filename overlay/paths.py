@@ -7,7 +7,12 @@ no relay shared between two of our paths. Building sends one
 proxy's :class:`~overlay.messages.PathReady`; a build that times out or is
 destroyed is retried on other relays. Paths older than ``refresh`` seconds are
 replaced (paper §5.2: "discover new proxies every 15 minutes"); a path that
-fails (Destroy, lost first hop) is dropped and rebuilt at once.
+fails (Destroy, lost first hop) is dropped and rebuilt at once, and so is a path that
+misbehaves silently (issue 15, item 4): a backward cell or reply clove that fails
+authentication, a proxy's notice that a forward cell failed there, or a request for which the
+path brought no reply clove at all while the request's other paths did (the path is doubted —
+not used, replaced at once — and given up unless the clove comes within ``MISSING_GRACE``
+seconds after the request ended). Counted in ``replaced[reason]``.
 
 The manager owns the user's end of its paths: the node routes ``CellBack`` and
 ``Destroy`` on links it owns here (:meth:`owns`).
@@ -33,6 +38,8 @@ from overlay.peers import PeerEntry
 log = logging.getLogger("gentorrent.paths")
 
 SUSPECT_SECONDS = 60.0  # relays of a failed path are avoided this long (if enough others exist)
+MISSING_GRACE = 5.0  # after a request ends, how long a path's first reply clove may still be late
+EXPIRY_JITTER = 1200  # each hop's expiry is path_ttl plus an independent uniform draw from [0, this) s
 
 
 class PathError(Exception):
@@ -62,6 +69,40 @@ def choose_relays(directory: Sequence[_E], me: bytes, in_use: Container[bytes], 
     return rng.sample(pool, hops)
 
 
+def hop_expiries(unix: float, ttl: int, jitter: int, rng: random.Random, hops: int = onion.HOPS) -> list[int]:
+    """One onion expiry per hop (unix seconds): ``unix + ttl`` plus an independent uniform
+    draw from ``[0, jitter)`` for each hop. A relay learns only its own value, which is
+    independent of every other hop's and path's, so expiries link nothing (decision 0003);
+    every hop lives at least ``ttl``, and the caller keeps ``ttl + jitter`` within
+    :data:`~overlay.onion.MAX_ONION_TTL`. Pure."""
+    if jitter < 1 or ttl < 1 or ttl + jitter > onion.MAX_ONION_TTL:
+        raise ValueError(f"need 1 <= ttl, 1 <= jitter, ttl + jitter <= {onion.MAX_ONION_TTL}; got {ttl}, {jitter}")
+    base = int(unix) + ttl
+    return [base + rng.randrange(jitter) for _ in range(hops)]
+
+
+class ReturnRoutes(dict[bytes, Callable[[bytes], bool | None]]):
+    """A path's reply routing (return tag -> callback), as :class:`~overlay.anon.AnonClient`
+    uses it (``routes[tag] = cb`` when a request starts, ``routes.pop(tag, None)`` when it
+    ends); it tells its :class:`PathManager` both, so the manager can see a path that brings
+    no reply cloves."""
+
+    def __init__(self, started: Callable[[bytes], None], ended: Callable[[bytes], None]) -> None:
+        super().__init__()
+        self._started, self._ended = started, ended
+
+    def __setitem__(self, tag: bytes, cb: Callable[[bytes], bool | None]) -> None:
+        super().__setitem__(tag, cb)
+        self._started(tag)
+
+    def pop(self, tag: bytes, *default: Any) -> Any:
+        had = tag in self
+        out = super().pop(tag, *default)
+        if had:
+            self._ended(tag)
+        return out
+
+
 @dataclass(eq=False)
 class Path:
     relays: list[PeerEntry]
@@ -71,9 +112,10 @@ class Path:
     ready: trio.Event = field(default_factory=trio.Event)
     proxy_path_id: bytes | None = None
     dead: bool = False
-    # reply routing: return tag -> callback(data)
-    returns: dict[bytes, Callable[[bytes], None]] = field(default_factory=dict)
+    # reply routing: return tag -> callback(data); the manager watches what is delivered per tag
+    returns: dict[bytes, Callable[[bytes], bool | None]] = field(default_factory=dict)
     notices: int = 0
+    doubted: bool = False  # brought no reply clove for its last request: not used, being replaced
 
     @property
     def first(self) -> bytes:
@@ -98,13 +140,16 @@ class PathManager:
         build_timeout: float = 10.0,
         refresh: float = 15 * 60.0,
         path_ttl: int = 3600,
+        expiry_jitter: int = EXPIRY_JITTER,
         rng: random.Random | None = None,
         clock: Clock | None = None,
     ) -> None:
         """``node`` sends frames (``send_nowait``); ``directory()`` lists the relays usable
         (users of our region). ``target`` is N ≥ n (paper §3.2). ``clock`` (default
         :class:`~overlay.clock.TrioClock`) times refreshes and suspect periods
-        (``monotonic``) and stamps onion expiries (``unix``)."""
+        (``monotonic``) and stamps onion expiries (``unix``): each hop of each path gets its
+        own, ``path_ttl`` plus an independent draw from ``[0, expiry_jitter)`` seconds
+        (:func:`hop_expiries`)."""
         self.clock: Clock = clock or TrioClock()
         self.node = node
         self.directory = directory
@@ -112,6 +157,10 @@ class PathManager:
         self.build_timeout = build_timeout
         self.refresh = refresh
         self.path_ttl = path_ttl
+        self.expiry_jitter = expiry_jitter
+        if path_ttl < 1 or expiry_jitter < 1 or path_ttl + expiry_jitter > onion.MAX_ONION_TTL:
+            raise ValueError(f"path_ttl + expiry_jitter must be positive and at most {onion.MAX_ONION_TTL} s "
+                             f"(relays refuse longer onions); got {path_ttl} + {expiry_jitter}")
         self.rng = rng or random.SystemRandom()
         self.paths: list[Path] = []
         self.by_link: dict[tuple[bytes, bytes], Path] = {}
@@ -120,11 +169,19 @@ class PathManager:
         self.failed = 0
         self._suspect: dict[bytes, float] = {}  # relay id -> monotonic time until which we avoid it
         self.dropped: Counter[str] = Counter()  # backward cells dropped, by reason
+        self.replaced: Counter[str] = Counter()  # paths given up for silent misbehaviour, by reason
+        self.cloves_in = 0  # reply cloves routed to a live request, on any path
+        # A request's return tags are registered together (one per path, no await between them):
+        # such a batch is what a path is compared with. tag -> (path, batch, cloves on this path)
+        self._tag_state: dict[bytes, tuple[Path, int, int]] = {}
+        self._batches: dict[int, list[int]] = {}  # batch -> [tags still live, cloves on any of its paths]
+        self._batch = (0, -1.0, set[int]())  # the open batch: id, time it opened, paths in it
+        self._missing: dict[bytes, tuple[Path, float]] = {}  # ended tags with no clove: (path, deadline)
 
     # ------------------------------------------------------------------ queries
 
     def ready_paths(self) -> list[Path]:
-        return [p for p in self.paths if p.ready.is_set() and not p.dead]
+        return [p for p in self.paths if p.ready.is_set() and not p.dead and not p.doubted]
 
     def owns(self, peer: bytes, link_id: bytes) -> Path | None:
         return self.by_link.get((peer, link_id))
@@ -153,8 +210,10 @@ class PathManager:
         try:
             payload = codec.decode(path.crypt.unwrap_backward(msg.iv, msg.body))
         except (onion.OnionError, codec.RemoteProtocolError) as exc:
-            self.dropped["cell-unauthentic" if isinstance(exc, onion.OnionError) else "cell-malformed"] += 1
+            reason = "cell-unauthentic" if isinstance(exc, onion.OnionError) else "cell-malformed"
+            self.dropped[reason] += 1
             log.info("%r: dropped a backward cell: %s", path, exc)
+            self._replace(path, "backward-" + reason)  # a hop changed it: the path cannot be trusted
             return
         if isinstance(payload, PathReady):
             if path.proxy_path_id is None:
@@ -164,14 +223,84 @@ class PathManager:
                 self._notify()
         elif isinstance(payload, FromModel):
             data = payload.data
-            cb = path.returns.get(data[:8])
+            tag = data[:8]
+            cb = path.returns.get(tag)
             if cb is not None:
-                cb(data)
+                st = self._tag_state.get(tag)
+                if st is not None:
+                    self._tag_state[tag] = (st[0], st[1], st[2] + 1)
+                    self._batches[st[1]][1] += 1
+                self.cloves_in += 1
+                if cb(data) is False:  # the client says the clove does not open: the proxy tampered
+                    self._replace(path, "reply-clove-unauthentic")
             else:
+                late = self._missing.get(tag)
+                if late is not None and late[0] is path:
+                    del self._missing[tag]  # the path was only slow
+                    path.doubted = any(q is path for q, _ in self._missing.values())
+                    if not path.doubted:
+                        self._cleared(path)
                 self.dropped["reply-unknown-tag"] += 1  # late (request finished) or forged
         elif isinstance(payload, PathNotice):
             path.notices += 1
             log.warning("proxy %s reports %s: %s", short_id(path.proxy.node_id), payload.code, payload.detail)
+            if payload.code == "cell-unauthentic":
+                self._replace(path, "forward-cell-unauthentic")
+
+    # ------------------------------------------------------------------ silent misbehaviour
+
+    def _replace(self, path: Path, why: str) -> None:
+        """``path`` misbehaves silently: give it up now (Destroy), avoid its relays, rebuild."""
+        if path.dead:
+            return
+        self.replaced[why] += 1
+        self._failed(path, f"replaced: {why}")
+        self.node.send_nowait(path.first, Destroy(path.link_id, "closed"))
+
+    def _tag_started(self, path: Path, tag: bytes) -> None:
+        batch, opened, members = self._batch
+        now = self.clock.monotonic()
+        if opened != now or id(path) in members or batch not in self._batches:  # another request
+            batch, members = batch + 1, set()
+            self._batch = (batch, now, members)
+            self._batches[batch] = [0, 0]
+        members.add(id(path))
+        self._batches[batch][0] += 1
+        self._tag_state[tag] = (path, batch, 0)
+
+    def _tag_ended(self, path: Path, tag: bytes) -> None:
+        st = self._tag_state.pop(tag, None)
+        if st is None:
+            return
+        _, batch, got = st
+        live_and_cloves = self._batches[batch]
+        live_and_cloves[0] -= 1
+        if live_and_cloves[0] <= 0:
+            del self._batches[batch]
+        if path.dead:
+            return
+        if got == 0 and live_and_cloves[1] > 0:  # the request's other paths brought cloves, this one none
+            self._missing[tag] = (path, self.clock.monotonic() + MISSING_GRACE)
+            path.doubted = True  # not used while in doubt; a replacement is built at once
+            self._notify()
+
+    def _cleared(self, path: Path) -> None:
+        """A doubted path's late clove came: it was only slow. Its replacement is usually built
+        by now; then it retires (Destroy, no suspicion) so we keep ``target`` paths, else it
+        is back in service."""
+        now = self.clock.monotonic()
+        if len([p for p in self._fresh(now) if p is not path]) >= self.target:
+            self._kill(path, send_destroy=True)
+        self._notify()
+
+    def check_missing(self) -> None:
+        """Give up paths whose reply clove is still missing ``MISSING_GRACE`` after their
+        request ended (called by :meth:`run` every second)."""
+        now = self.clock.monotonic()
+        for tag, (path, deadline) in list(self._missing.items()):
+            if now >= deadline:
+                del self._missing[tag]
+                self._replace(path, "reply-cloves-missing")
 
     def on_destroy(self, path: Path, msg: Destroy) -> None:
         self._failed(path, f"destroyed: {msg.reason}")
@@ -210,6 +339,7 @@ class PathManager:
         me = self.node.node_id
         now = self.clock.monotonic()
         in_use = {r.node_id for p in self._fresh(now) for r in p.relays}
+        in_use |= {r.node_id for p in self.paths if p.doubted and not p.dead for r in p.relays}
         return choose_relays(self.directory(), me, in_use, lambda r: self._is_suspect(r, now), self.rng)
 
     def _is_suspect(self, relay: bytes, now: float) -> bool:
@@ -218,10 +348,10 @@ class PathManager:
 
     def start_build(self) -> Path:
         relays = self._choose_relays()
-        packet, keys = onion.build_onion(
-            [r.x25519_public for r in relays], [r.node_id for r in relays], int(self.clock.unix()) + self.path_ttl
-        )
+        expiries = hop_expiries(self.clock.unix(), self.path_ttl, self.expiry_jitter, self.rng)
+        packet, keys = onion.build_onion([r.x25519_public for r in relays], [r.node_id for r in relays], expiries)
         path = Path(relays, crypto.random_bytes(LINK_ID_LEN), onion.PathCrypt(keys), self.clock.monotonic())
+        path.returns = ReturnRoutes(lambda tag: self._tag_started(path, tag), lambda tag: self._tag_ended(path, tag))
         self.paths.append(path)
         self.by_link[(path.first, path.link_id)] = path
         if not self.node.send_nowait(path.first, Create(path.link_id, packet)):
@@ -239,17 +369,19 @@ class PathManager:
             self._build_failed(path, f"no PathReady within {self.build_timeout}s")
 
     def _fresh(self, now: float) -> list[Path]:
-        """Live paths that are building or younger than ``refresh``."""
-        return [p for p in self.paths if not p.dead and not (p.ready.is_set() and now - p.created > self.refresh)]
+        """Live paths that are building or younger than ``refresh``, and not in doubt."""
+        return [p for p in self.paths
+                if not p.dead and not p.doubted and not (p.ready.is_set() and now - p.created > self.refresh)]
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Keep ``target`` fresh paths until cancelled; retire stale ones once replaced."""
         async with trio.open_nursery() as nursery:
             task_status.started()
             while True:
+                self.check_missing()
                 now = self.clock.monotonic()
                 fresh = self._fresh(now)
-                stale = [p for p in self.paths if p not in fresh]
+                stale = [p for p in self.paths if p not in fresh and not p.doubted]  # doubted: check_missing
                 if stale and sum(p.ready.is_set() for p in fresh) >= self.target:
                     for p in stale:
                         self._kill(p, send_destroy=True)

@@ -48,6 +48,7 @@ class _Path:
     expires: float  # monotonic
     last_used: float
     cells: int = 0
+    told_unauthentic: bool = False  # the proxy told the user once that a forward cell failed
 
 
 @dataclass
@@ -227,7 +228,10 @@ class RelayCore:
         try:
             payload = codec.decode(p.proxy.open_forward(msg.iv, msg.body))
         except onion.OnionError:
-            return self._drop("cell-unauthentic")
+            if p.told_unauthentic:
+                return self._drop("cell-unauthentic")
+            p.told_unauthentic = True  # once per path: the user replaces the path on it
+            return self._notice(p, "cell-unauthentic", "a forward cell failed authentication at the proxy")
         except codec.RemoteProtocolError:
             return self._drop("cell-malformed")
         if not isinstance(payload, ToModel):

@@ -11,9 +11,17 @@ certificate is self-signed with its Ed25519 identity key and the dialer pins it
 to ``expected_id``; the dialer then proves its own id by signing the server's
 nonce together with the hash of the server certificate (:mod:`overlay.handshake`).
 
-Every network await has a timeout (:class:`Timeouts`); a listener caps its
-concurrent connections; a bad frame or failed proof earns the peer an
-:class:`~overlay.messages.Error` frame and a closed connection, never a crash.
+Every network await has a timeout (:class:`Timeouts`); a bad frame or failed proof earns the
+peer an :class:`~overlay.messages.Error` frame and a closed connection, never a crash.
+
+**Admission** (:class:`Admission`, issue 15 item 5). A listener caps its connections, and a
+peer holding many silent or half-open connections must not keep honest peers out: a
+connection is *pending* until the peer has proved its identity, which it must do within
+``Timeouts.accept`` (5 s); pending connections are capped in total and per source address;
+when a cap is reached the newcomer evicts the oldest pending connection of the address with
+the most pending ones (its own address first if that one is over its cap). Authenticated
+connections are never evicted for a newcomer; when all slots hold authenticated connections,
+the newcomer is refused.
 """
 
 from __future__ import annotations
@@ -24,7 +32,8 @@ import logging
 import os
 import ssl
 import tempfile
-from collections.abc import Awaitable, Callable
+from collections import Counter, OrderedDict
+from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,9 +61,12 @@ class PeerAuthError(TransportError):
 
 @dataclass(frozen=True, slots=True)
 class Timeouts:
-    """Seconds. ``handshake`` covers TCP connect + TLS + proof of identity."""
+    """Seconds. ``handshake`` covers a dial: TCP connect + TLS + proof of identity;
+    ``accept`` is what a listener allows a connecting peer for TLS and its proof (short, so
+    a silent connection holds a slot only briefly)."""
 
     handshake: float = 10.0
+    accept: float = 5.0
     send: float = 10.0
     receive: float = 60.0
 
@@ -72,6 +84,109 @@ def parse_address(address: str) -> tuple[str, int]:
 
 def format_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class Admission:
+    """Which connections a listener keeps (I/O-free; the transport drives it).
+
+    ``admit(key, address)`` for every new connection returns ``(admitted, evict)``: whether
+    to go on with ``key``'s handshake, and the keys of pending connections to close now to
+    make room. ``authenticated(key)`` once the peer proved its identity, ``closed(key)``
+    when a connection ends (admitted or not, evicted or not; unknown keys are ignored).
+
+    Policy: at most ``new_per_s`` new connections a second from one source address (a token
+    bucket with ``new_burst``; over it the newcomer is refused before TLS, so churning silent
+    connections cannot burn the listener's CPU on handshakes either); at most
+    ``max_connections`` in all, ``max_pending`` of them unauthenticated, and
+    ``max_pending_per_address`` unauthenticated from one source address. A newcomer over a
+    cap evicts the oldest pending connection of its own address if that address is at its
+    cap, else of the address with the most pending connections; authenticated connections
+    are never evicted (the newcomer is refused when no pending one is left to evict).
+    """
+
+    def __init__(self, max_connections: int = 1024, max_pending: int = 128,
+                 max_pending_per_address: int = 32, new_per_s: float = 20.0, new_burst: float = 100.0) -> None:
+        if not 1 <= max_pending_per_address <= max_pending <= max_connections:
+            raise ValueError("need 1 <= max_pending_per_address <= max_pending <= max_connections")
+        if new_per_s <= 0 or new_burst < 1:
+            raise ValueError("need new_per_s > 0 and new_burst >= 1")
+        self.new_per_s = new_per_s
+        self.new_burst = new_burst
+        self._buckets: dict[str, tuple[float, float]] = {}  # address -> (tokens, time)
+        self.rate_limited = 0
+        self.max_connections = max_connections
+        self.max_pending = max_pending
+        self.max_pending_per_address = max_pending_per_address
+        self._pending: OrderedDict[Hashable, str] = OrderedDict()  # key -> address, oldest first
+        self._per_address: Counter[str] = Counter()
+        self._established: set[Hashable] = set()
+        self.evicted = 0
+        self.refused = 0
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    @property
+    def established(self) -> int:
+        return len(self._established)
+
+    def admit(self, key: Hashable, address: str, now: float = 0.0) -> tuple[bool, list[Hashable]]:
+        """``now``: monotonic seconds (for the per-address rate)."""
+        if not self._take(address, now):
+            self.rate_limited += 1
+            return False, []
+        evict: list[Hashable] = []
+        if self._per_address[address] >= self.max_pending_per_address:
+            evict.append(self._oldest_of(address))
+        elif self.pending >= self.max_pending or self.pending + self.established >= self.max_connections:
+            if not self._pending:
+                self.refused += 1
+                return False, []
+            heaviest = max(self._per_address, key=lambda a: self._per_address[a])
+            evict.append(self._oldest_of(heaviest))
+        for k in evict:
+            self.closed(k)
+        self.evicted += len(evict)
+        self._pending[key] = address
+        self._per_address[address] += 1
+        return True, evict
+
+    def _take(self, address: str, now: float) -> bool:
+        tokens, stamp = self._buckets.get(address, (self.new_burst, now))
+        tokens = min(self.new_burst, tokens + max(0.0, now - stamp) * self.new_per_s)
+        ok = tokens >= 1.0
+        if len(self._buckets) >= 4 * self.max_connections and address not in self._buckets:
+            # bounded: forget buckets refilled by now (they would read the same when next met),
+            # and if that is not enough, all of them (a flood of addresses: each gets its burst)
+            full = self.new_burst
+            self._buckets = {a: (t, st) for a, (t, st) in self._buckets.items()
+                             if t + max(0.0, now - st) * self.new_per_s < full}
+            if len(self._buckets) >= 4 * self.max_connections:
+                self._buckets.clear()
+        self._buckets[address] = (tokens - 1.0 if ok else tokens, now)
+        return ok
+
+    def _oldest_of(self, address: str) -> Hashable:
+        return next(k for k, a in self._pending.items() if a == address)
+
+    def authenticated(self, key: Hashable) -> None:
+        address = self._pending.pop(key, None)
+        if address is None:
+            return
+        self._drop_address(address)
+        self._established.add(key)
+
+    def closed(self, key: Hashable) -> None:
+        address = self._pending.pop(key, None)
+        if address is not None:
+            self._drop_address(address)
+        self._established.discard(key)
+
+    def _drop_address(self, address: str) -> None:
+        self._per_address[address] -= 1
+        if self._per_address[address] <= 0:
+            del self._per_address[address]
 
 
 class Connection:
@@ -187,6 +302,18 @@ class Connection:
 Handler = Callable[[Connection], Awaitable[None]]
 
 
+async def _hard_close(stream: trio.abc.Stream) -> None:
+    """Close a connection we drop during admission or the handshake, at once: for TLS, the
+    TCP stream underneath (``SSLStream.aclose`` would first finish the TLS handshake — CPU
+    spent on a peer we are refusing, and a wait for it)."""
+    inner = stream.transport_stream if isinstance(stream, trio.SSLStream) else stream
+    with trio.CancelScope(shield=True), trio.move_on_after(1.0):
+        try:
+            await inner.aclose()
+        except Exception:  # noqa: BLE001 - closing a dropped peer's stream; it is gone either way
+            pass
+
+
 class _PreAuth:
     """Framing over a raw stream before the peer is known (handshake only)."""
 
@@ -223,12 +350,17 @@ class Transport(abc.ABC):
     """Base: the authenticated handshake over whatever raw stream a subclass opens."""
 
     def __init__(self, identity: Identity, *, timeouts: Timeouts | None = None, max_connections: int = 1024,
+                 max_pending: int = 128, max_pending_per_address: int = 32,
                  tap: Callable[[bytes | bytearray], None] | None = None) -> None:
         """``tap``, if given, sees every byte this node receives after TLS (tests use it
-        to check what a relay learns)."""
+        to check what a relay learns). ``max_connections``, ``max_pending`` and
+        ``max_pending_per_address`` are each listener's :class:`Admission` caps."""
         self.identity = identity
         self.timeouts = timeouts or Timeouts()
         self.max_connections = max_connections
+        self.max_pending = min(max_pending, max_connections)
+        self.max_pending_per_address = min(max_pending_per_address, self.max_pending)
+        self.admission: Admission | None = None  # the last listener's, once serving (for counters)
         self.rejected: dict[str, int] = {}
         self.tap = tap
 
@@ -287,16 +419,18 @@ class Transport(abc.ABC):
         """Server side of the handshake; ``None`` (logged, counted) when it fails."""
         reason = None
         pre = _PreAuth(stream, address, self.tap)
+        tls_done = False
         try:
-            with trio.fail_after(self.timeouts.handshake):
+            with trio.fail_after(self.timeouts.accept):
                 await self._server_tls(stream)
+                tls_done = True
                 nonce = crypto.random_bytes(NONCE_LEN)
                 await pre.send(AuthChallenge(nonce=nonce))
                 proof = await pre.receive(AuthProof)
                 peer_id = handshake.check_proof(proof, binding, nonce)
                 await pre.send(AuthOk(x25519_public=self.identity.x25519_public))
         except trio.TooSlowError:
-            reason, detail = "timeout", f"no valid handshake within {self.timeouts.handshake}s"
+            reason, detail = "timeout", f"no valid handshake within {self.timeouts.accept}s"
         except handshake.AuthError as exc:
             reason, detail = "auth-failed", str(exc)
         except RemoteProtocolError as exc:
@@ -306,16 +440,13 @@ class Transport(abc.ABC):
         if reason is not None:
             self._count_reject(reason)
             log.warning("rejected %s during handshake: %s: %s", address, reason, detail)
-            with trio.move_on_after(1.0):
-                try:
-                    await stream.send_all(codec.frame(Error(code=reason, detail=detail[:1024])))
-                except Exception:  # noqa: BLE001 - a courtesy to a rejected peer; it may be gone
-                    pass
-            with trio.CancelScope(shield=True), trio.move_on_after(1.0):
-                try:
-                    await stream.aclose()
-                except Exception:  # noqa: BLE001 - closing a rejected peer's stream; it is gone either way
-                    pass
+            if tls_done:  # (before TLS is up, sending would first finish TLS for a peer we drop)
+                with trio.move_on_after(1.0):
+                    try:
+                        await stream.send_all(codec.frame(Error(code=reason, detail=detail[:1024])))
+                    except Exception:  # noqa: BLE001 - a courtesy to a rejected peer; it may be gone
+                        pass
+            await _hard_close(stream)
             return None
         conn = Connection(
             stream,
@@ -333,26 +464,56 @@ class Transport(abc.ABC):
         """Complete any transport-level handshake before ours (TLS does)."""
         return None  # a hook: none by default (MemoryTransport), TLSTransport overrides it
 
+    def _new_admission(self) -> tuple[Admission, dict[Hashable, trio.CancelScope]]:
+        self.admission = Admission(self.max_connections, self.max_pending, self.max_pending_per_address)
+        return self.admission, {}
+
     async def _run_handler(self, handler: Handler, stream: trio.abc.Stream, binding: bytes, address: str,
-                           limiter: trio.CapacityLimiter) -> None:
-        try:
-            limiter.acquire_on_behalf_of_nowait(stream)
-        except trio.WouldBlock:
-            self._count_reject("too-many-connections")
-            log.warning("rejected %s: %d connections already open", address, self.max_connections)
-            with trio.CancelScope(shield=True), trio.move_on_after(1.0):
-                await stream.aclose()
+                           admission: Admission, pending: dict[Hashable, trio.CancelScope],
+                           source: str | None = None) -> None:
+        """One accepted connection: admission, handshake (evictable), then ``handler``.
+        ``source``: the peer's address for the caps (default: the host of ``address``)."""
+        key = object()
+        if source is None:
+            source = address.rpartition(":")[0] or address
+        rate_limited_before = admission.rate_limited
+        admitted, evict = admission.admit(key, source, trio.current_time())
+        for k in evict:
+            scope = pending.pop(k, None)
+            if scope is not None:
+                scope.cancel()
+        if not admitted:
+            if admission.rate_limited > rate_limited_before:
+                self._count_reject("rate-limited")
+                log.info("rejected %s: over %.0f new connections a second from %s", address,
+                         admission.new_per_s, source)
+            else:
+                self._count_reject("too-many-connections")
+                log.warning("rejected %s: %d connections already open, all authenticated", address,
+                            self.max_connections)
+            await _hard_close(stream)
             return
         try:
-            conn = await self._accept(stream, binding, address)
+            scope = pending[key] = trio.CancelScope()
+            conn = None
+            with scope:
+                conn = await self._accept(stream, binding, address)
+            pending.pop(key, None)
+            if scope.cancelled_caught:
+                self._count_reject("evicted")
+                log.info("evicted %s: still unauthenticated when the pending connections were full", address)
+                await _hard_close(stream)
+                return
             if conn is None:
                 return
+            admission.authenticated(key)
             try:
                 await handler(conn)
             finally:
                 await conn.aclose()
         finally:
-            limiter.release_on_behalf_of(stream)
+            pending.pop(key, None)
+            admission.closed(key)
 
 
 # --------------------------------------------------------------------------- TLS
@@ -421,7 +582,7 @@ class TLSTransport(Transport):
     ) -> None:
         """Listen until cancelled; reports the bound ``host:port`` via ``task_status``."""
         listeners = await trio.open_tcp_listeners(port, host=host)
-        limiter = trio.CapacityLimiter(self.max_connections)
+        admission, pending = self._new_admission()
         sock = listeners[0].socket
         bound = format_address(*sock.getsockname()[:2])
 
@@ -431,7 +592,7 @@ class TLSTransport(Transport):
             except OSError:
                 peer = "?"
             tls = trio.SSLStream(tcp, self._server_ctx, server_side=True)
-            await self._run_handler(handler, tls, self._binding, peer, limiter)
+            await self._run_handler(handler, tls, self._binding, peer, admission, pending)
 
         async with trio.open_nursery() as nursery:
             await nursery.start(trio.serve_listeners, on_tcp, listeners)
@@ -471,8 +632,8 @@ class MemoryTransport(Transport):
         server_pk, inbox = entry
         client, server = trio.testing.memory_stream_pair()
         binding = crypto.sha256(b"mem" + server_pk + next(self.network._serial).to_bytes(8, "big"))
-        try:
-            inbox.send_nowait((server, binding))
+        try:  # the source "address" is the dialer's own (one per node), as a host would be
+            inbox.send_nowait((server, binding, "mem-from-" + self.identity.node_id.hex()[:12]))
         except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
             raise TransportError(f"cannot connect to {address}: listener busy or gone") from None
         return client, server_pk, binding
@@ -488,12 +649,13 @@ class MemoryTransport(Transport):
     ) -> None:
         address = self.network.address(name or self.identity.node_id.hex()[:12])
         send, receive = trio.open_memory_channel[Any](64)
-        limiter = trio.CapacityLimiter(self.max_connections)
+        admission, pending = self._new_admission()
         self.network.listeners[address] = (self.identity.ed25519_public, send)
         try:
             async with trio.open_nursery() as nursery:
                 task_status.started(address)
-                async for stream, binding in receive:
-                    nursery.start_soon(self._run_handler, handler, stream, binding, address, limiter)
+                async for stream, binding, *source in receive:  # raw test dials send no source
+                    nursery.start_soon(self._run_handler, handler, stream, binding, address, admission, pending,
+                                       source[0] if source else address)
         finally:
             self.network.listeners.pop(address, None)

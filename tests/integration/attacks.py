@@ -54,7 +54,8 @@ class EvilCore(RelayCore):
       (b) sends forged Delivers sealed to the model node carrying forged cloves,
       (c) flips a bit in every ReturnClove's data on the way back;
     - ``"bad-returns"``: only (c);
-    - ``"dup-deliver"``: sends every Deliver twice (a replaying proxy).
+    - ``"dup-deliver"``: sends every Deliver twice (a replaying proxy);
+    - ``"drop"``: silently drops every cell, Deliver and reply clove it would pass on.
 
     It also records the sizes of the cells it receives (``cell_sizes``).
     """
@@ -76,6 +77,9 @@ class EvilCore(RelayCore):
         res: list[Send] = []
         for s in out:
             m = s.msg
+            if self.attack == "drop" and isinstance(m, (CellFwd, CellBack, Deliver)):
+                self.tampered["dropped"] += 1
+                continue
             if isinstance(m, (CellFwd, CellBack)) and self.attack in ("flip", "random"):
                 body = flip(m.body, len(m.body) // 2) if self.attack == "flip" else os.urandom(len(m.body))
                 m = type(m)(m.link_id, m.iv, body)

@@ -45,8 +45,9 @@ async def test_cloves_on_expired_paths_are_dropped_and_paths_rebuilt(autojump_cl
         assert ready is not None
         proxy_core = relay_core(net, spare[2])
 
-        # Paths are set up to live path_ttl: move the relays' clock past every expiry.
-        clock.skew += user.paths.path_ttl + 60
+        # Each hop is set up to live path_ttl plus its own jitter: move the relays' clock past
+        # every expiry.
+        clock.skew += user.paths.path_ttl + user.paths.expiry_jitter + 60
         with pytest.raises(AnonError):
             await ask(user.client, "too late", timeout=5)
         assert sum(relay_core(net, p.first).dropped["path-expired"] for p in old) == 4

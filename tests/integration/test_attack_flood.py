@@ -4,6 +4,7 @@ relay's tables stay bounded and other users are served."""
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import trio
 
@@ -12,6 +13,7 @@ from overlay.messages import (
     CellFwd,
     Create,
 )
+from overlay.peers import PeerEntry
 from overlay.relay import RelayLimits
 
 from .attacks import (
@@ -57,4 +59,41 @@ async def test_floods_from_one_peer_stay_bounded_and_others_are_served(autojump_
 
         assert await ask(user.client, "served after the flood") == "served after the flood"
         assert not any(p.dead for p in paths)
+        nursery.cancel_scope.cancel()
+
+
+async def test_silent_connections_cannot_lock_out_honest_peers(autojump_clock):
+    """Issue 15, item 5, in memory: 2,000 silent connections (past the fake TLS, never sending
+    a proof) held against a relay and the model node while requests run: pending connections
+    stay capped, the silent ones are evicted oldest first, honest newcomers connect, and
+    requests complete. (tests/e2e/test_connection_hold.py does it with real processes.)"""
+    async with trio.open_nursery() as nursery:
+        net = await start_secnet(nursery, 15)
+        user = net.client
+        paths = await ready_paths(user)
+        relay = net.user(paths[0].relays[1].node_id).node
+        model = net.model.node
+        held: list[Any] = []
+        for target in (relay, model):
+            assert target.address is not None
+            for i in range(2000):
+                held.append(net.raw_dial(target.address))
+                if i % 20 == 19:
+                    await trio.sleep(0.01)  # let the listener take them (its inbox holds 64)
+        await trio.sleep(0.1)
+        for target in (relay, model):
+            adm = target.transport.admission
+            assert adm is not None
+            # all from one source: over its rate they are refused before the handshake, the
+            # rest evict each other; none is left holding more than the per-address cap
+            assert adm.pending <= target.transport.max_pending_per_address
+            assert adm.evicted > 0 and adm.evicted + adm.rate_limited >= 2000 - adm.pending
+        assert await ask(user.client, "served while held") == "served while held"
+        honest = await net.start_node(nursery)
+        for target in (relay, model):
+            assert target.address is not None
+            assert await honest.ping(PeerEntry.of(target.identity, target.address)) >= 0
+        assert relay.transport.rejected.get("too-many-connections", 0) == 0
+        for peer in held:
+            await peer.stream.aclose()
         nursery.cancel_scope.cancel()

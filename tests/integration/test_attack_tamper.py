@@ -21,9 +21,11 @@ from .attacks import (
 
 
 @pytest.mark.parametrize("attack,pos", [("flip", 1), ("random", 0), ("flip", 0), ("proxy", 2)])
-async def test_one_malicious_path_of_four_is_tolerated(autojump_clock, attack, pos):
+async def test_one_malicious_path_of_four_is_tolerated_and_replaced(autojump_clock, attack, pos):
+    """Replies stay intact, and the path through the malicious relay is given up after the
+    first request that shows it (issue 15, item 4); its relays are avoided afterwards."""
     async with trio.open_nursery() as nursery:
-        net = await start_secnet(nursery, 15)
+        net = await start_secnet(nursery, 18)  # enough relays to avoid the suspects
         client = net.client.client
         paths = await ready_paths(net.client)
         (evil,) = make_evil(net, paths, [(attack, pos)])
@@ -33,6 +35,10 @@ async def test_one_malicious_path_of_four_is_tolerated(autojump_clock, attack, p
             chunks: list[ReplyChunk] = []
             assert await ask(client, text, into=chunks) == text
             assert [c.seq for c in chunks] == list(range(len(chunks))) and chunks[-1].done
+            if i == 0:
+                assert bad.dead  # replaced after the first request, by paths avoiding its relays
+                fresh = await ready_paths(net.client)
+                assert all(r.node_id != bad.relays[pos].node_id for p in fresh for r in p.relays)
         assert sum(evil.tampered.values()) > 0
         responder = net.model.responder
         assert responder.served == 3
@@ -40,17 +46,17 @@ async def test_one_malicious_path_of_four_is_tolerated(autojump_clock, attack, p
         if attack in ("flip", "random"):
             # forward cells fail the user<->proxy AEAD at the (honest) proxy; backward cells
             # fail it at the user
-            assert proxy.dropped["cell-unauthentic"] == 3
-            assert net.client.paths.dropped["cell-unauthentic"] >= 3
+            assert proxy.dropped["cell-unauthentic"] >= 1
+            assert net.client.paths.dropped["cell-unauthentic"] >= 1
         else:
             # (a) tampered seals and (b) ill-formed forged cloves (one counter for both)
-            assert responder.dropped["clove-unsealable"] >= 6
-            assert responder.reassembler.stats["rejected"] >= 3  # (b) wrong fingerprints
-            assert responder.reassembler.stats["failed_groups"] >= 3  # (b) forged groups fail the tag
-            assert responder.dropped["request-malformed"] >= 3  # (b) authentic S-IDA, not a Request
-            assert client.dropped["reply-clove-unauthentic"] >= 3  # (c) tampered return cloves
-        # the bad path stays up (nothing tells the user which hop misbehaved), the others are clean
-        assert not bad.dead and all(not p.dead for p in paths)
+            assert responder.dropped["clove-unsealable"] >= 2
+            assert responder.reassembler.stats["rejected"] >= 1  # (b) wrong fingerprints
+            assert responder.reassembler.stats["failed_groups"] >= 1  # (b) forged groups fail the tag
+            assert responder.dropped["request-malformed"] >= 1  # (b) authentic S-IDA, not a Request
+            assert client.dropped["reply-clove-unauthentic"] >= 1  # (c) tampered return cloves
+        # the other paths are clean and stay; no live path uses the malicious relay
+        assert all(not p.dead for p in paths[1:])
         for p in paths[1:]:
             assert relay_core(net, p.proxy.node_id).dropped["cell-unauthentic"] == 0
         nursery.cancel_scope.cancel()

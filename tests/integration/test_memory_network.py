@@ -209,11 +209,11 @@ async def test_silent_peer_times_out_while_others_are_served(
     # While the silent peer holds its connection, others are answered.
     assert await b.ping(entry(a)) >= 0
     await assert_serving(net, a)
-    rest = await silent.drain(timeout=60)  # 10 s handshake timeout, on the mock clock
+    rest = await silent.drain(timeout=60)  # 5 s accept deadline (Timeouts.accept), on the mock clock
     assert [(type(m), m.code) for m in rest] == [(Error, "timeout")]
     assert a.transport.rejected == {"timeout": 1}
     assert a.rejected == {}
-    assert_logged(caplog, "during handshake: timeout", "no valid handshake within 10.0s")
+    assert_logged(caplog, "during handshake: timeout", "no valid handshake within 5.0s")
 
 
 async def test_silent_server_times_the_dialer_out(
@@ -256,14 +256,21 @@ async def test_bad_handshake_frames(
 async def test_connection_cap(
     autojump_clock: MockClock, nursery: trio.Nursery, net: Net
 ) -> None:
+    """With one slot: a newcomer evicts a connection still in its handshake (issue 15, item
+    5), never an authenticated one; when the slot is authenticated, newcomers are refused."""
     a = await net.start_node(nursery, max_connections=1)
     first = net.raw_dial(a.address)
     assert isinstance(await first.receive(), AuthChallenge)
     second = net.raw_dial(a.address)
-    assert await second.drain() == []  # closed at once, before any handshake
-    assert a.transport.rejected == {"too-many-connections": 1}
-    await first.drain(timeout=60)  # the first one times out and frees its slot
-    await assert_serving(net, a)
+    assert isinstance(await second.receive(), AuthChallenge)  # admitted: the first one made room
+    assert await first.drain() == []  # evicted, closed
+    b = await net.start_node(nursery)
+    assert await b.ping(entry(a)) >= 0  # an honest peer gets in past the silent one
+    assert await second.drain() == []
+    assert a.transport.rejected == {"evicted": 2}
+    third = net.raw_dial(a.address)
+    assert await third.drain() == []  # the only slot is authenticated: refused at once
+    assert a.transport.rejected == {"evicted": 2, "too-many-connections": 1}
 
 
 # --------------------------------------------------------------------------- bad peers, after auth

@@ -81,8 +81,13 @@ def test_path_manager_stamps_onions_with_its_clock() -> None:
     path = pm.start_build()
     ((peer, create),) = pm.node.sent
     assert isinstance(create, Create) and peer == path.first
-    first = next(i for i in idents if i.node_id == peer)
-    assert onion.peel_onion(first.x25519, create.onion).expires == 1_800_000_600
+    by_id = {i.node_id: i for i in idents}
+    packet, expiries = create.onion, []
+    for r in path.relays:  # each hop's expiry: path_ttl on the clock's unix time plus its own jitter
+        routing = onion.peel_onion(by_id[r.node_id].x25519, packet)
+        expiries.append(routing.expires)
+        packet = routing.next_onion
+    assert all(1_800_000_600 <= e < 1_800_000_600 + pm.expiry_jitter for e in expiries)
     assert path.created == clock.monotonic()
 
 

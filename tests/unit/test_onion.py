@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+import random
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from overlay import crypto, onion
+from overlay import crypto, onion, paths
 
 
 def make_path():
@@ -112,3 +113,30 @@ def test_tampered_cells_fail_at_the_end():
     iv, body = onion.ProxyCrypt(routes[-1].keys).seal_backward(b"reply")
     with pytest.raises(onion.OnionError):
         user.unwrap_backward(iv, body[:-1] + bytes([body[-1] ^ 1]))
+
+
+def test_each_hop_reads_its_own_expiry() -> None:
+    """Per-hop expiries (issue 15, item 1): hop i reads expires[i], not a common value."""
+    hops = [crypto.X25519Key.generate() for _ in range(onion.HOPS)]
+    ids = [os.urandom(20) for _ in hops]
+    wanted = [2_000_000_011, 2_000_000_522, 2_000_000_003]
+    pkt, _ = onion.build_onion([h.public_bytes for h in hops], ids, wanted)
+    seen = []
+    for h in hops:
+        r = onion.peel_onion(h, pkt)
+        seen.append(r.expires)
+        pkt = r.next_onion
+    assert seen == wanted
+    with pytest.raises(ValueError):
+        onion.build_onion([h.public_bytes for h in hops], ids, wanted[:2])
+
+
+def test_hop_expiries_are_independent_draws_within_the_ttl_window() -> None:
+    rng = random.Random(7)
+    draws = [paths.hop_expiries(1_800_000_000.5, 3600, 1200, rng) for _ in range(200)]
+    flat = [e for d in draws for e in d]
+    assert all(1_800_003_600 <= e < 1_800_004_800 for e in flat)
+    assert sum(len(set(d)) == onion.HOPS for d in draws) > 190  # hops of one path differ
+    assert len(set(flat)) > 400  # 600 draws spread over the window (≈ 472 distinct expected)
+    with pytest.raises(ValueError):
+        paths.hop_expiries(0, 7000, 1200, rng)  # beyond MAX_ONION_TTL: relays would refuse

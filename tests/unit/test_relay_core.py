@@ -131,9 +131,13 @@ def test_tampered_forward_cell_is_dropped_at_the_proxy():
     cores = make_relays()
     link, pkt, keys, out = build(cores)
     iv, body = onion.PathCrypt(keys).wrap_forward(codec.encode(ToModel(dest=MODEL, sealed=b"s")))
-    body = bytes([body[0] ^ 0x80]) + body[1:]
-    assert route(cores, USER, [Send(cores[0].node_id, CellFwd(link, iv, body))]) == []
-    assert cores[2].dropped["cell-unauthentic"] == 1
+    bad = bytes([body[0] ^ 0x80]) + body[1:]
+    # dropped at the proxy, which tells the user once (issue 15: the user replaces the path)
+    ((_, a),) = route(cores, USER, [Send(cores[0].node_id, CellFwd(link, iv, bad))])
+    notice = codec.decode(onion.PathCrypt(keys).unwrap_backward(a.msg.iv, a.msg.body))
+    assert isinstance(notice, PathNotice) and notice.code == "cell-unauthentic"
+    assert route(cores, USER, [Send(cores[0].node_id, CellFwd(link, iv, bad))]) == []  # only once
+    assert cores[2].dropped["cell-unauthentic"] == 2
 
 
 def test_unknown_destination_gets_a_notice_back():

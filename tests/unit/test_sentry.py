@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from model_node.group import GroupState
+from model_node.group import MAX_VERSION_STEP, MIN_PROPOSAL_ROUNDS, QUARANTINE_SECONDS, GroupState
 from model_node.hrtree import MAX_L_VERSION, ChunkLengths, HRTree, token_bytes
 from model_node.messages import LengthProposal, LoadReport, SubtreeUpdate
 from model_node.sentry import (
@@ -285,34 +285,115 @@ def test_proposals_from_outsiders_are_dropped() -> None:
 
 def test_updates_under_another_L_never_mix() -> None:
     nodes = group([LOW, HIGH])
-    low = nodes[LOW]
+    high = nodes[HIGH]
     old = ChunkLengths()
     new = ChunkLengths(1, (64, 16))
-    low.on_message(HIGH, LengthProposal(1, (64, 16), 256, 8), 0.0)
-    assert low.lengths == new
+    high.on_message(LOW, LengthProposal(1, (64, 16), 256, 8), 0.0)  # from the designated proposer
+    assert high.lengths == new
     stale = SubtreeUpdate(1, 0, True, 0, old.digest, (b"\x01",), ())
     forged = SubtreeUpdate(2, 0, True, 1, old.digest, (b"\x01",), ())  # version 1 but another L
-    low.on_message(HIGH, stale, 0.0)
-    low.on_message(HIGH, forged, 0.0)
-    assert low.dropped["wrong-l-version"] == 1 and low.dropped["wrong-l-digest"] == 1
-    assert low.tree.node_ids() == []
+    high.on_message(LOW, stale, 0.0)
+    high.on_message(LOW, forged, 0.0)
+    assert high.dropped["wrong-l-version"] == 1 and high.dropped["wrong-l-digest"] == 1
+    assert high.tree.node_ids() == []
 
 
 def test_a_member_pushing_the_version_to_its_limit_cannot_crash_the_proposer(caplog: pytest.LogCaptureFixture) -> None:
-    """The highest version wins, so a member can push the group's version up; past 2^62 its
-    reports and proposals are dropped, and at the limit the proposer keeps its L (and says
-    why) instead of failing the request that made the refresh due."""
+    """Past 2^62 a member's reports and proposals are dropped; a report far ahead of our
+    version is not credited (issue 15: versions advance by at most MAX_VERSION_STEP), so the
+    proposer proposes version 1, not 2^62 + 1; and at the limit itself the proposer keeps
+    its L (and says why) instead of failing the request that made the refresh due."""
     rng = random.Random(13)
     nodes = group([LOW, HIGH])
     low = nodes[LOW]
     low.on_message(HIGH, LoadReport(1, MAX_L_VERSION + 1, 0, 0, 1, 0, 0, 0), 0.0)
     low.on_message(HIGH, LengthProposal(2**63 - 1, (100, 16), 256, 8), 0.0)
     assert low.dropped["bad-load"] == 1 and low.dropped["bad-proposal"] == 1
-    low.on_message(HIGH, LoadReport(2, MAX_L_VERSION, 0, 0, 1, 0, 0, 0), 0.0)  # the limit itself is valid
-    assert low.highest_version_seen == MAX_L_VERSION
-    before = low.lengths
+    low.on_message(HIGH, LoadReport(2, MAX_L_VERSION, 0, 0, 1, 0, 0, 0), 0.0)  # valid, but not credited
+    assert low.highest_version_seen == 0
     out: list[Send] = []
     for p in traffic(rng, 40, systems_of(rng)):
         out += low.observe(p, 1.0)  # the refresh comes due here
+    assert [type(s.msg) for s in out] == [LengthProposal] and low.lengths.version == 1
+
+    low = group([LOW, HIGH])[LOW]
+    low.agreement.current = ChunkLengths(version=MAX_L_VERSION)  # the group got there somehow
+    before = low.lengths
+    out = []
+    for p in traffic(rng, 40, systems_of(rng)):
+        out += low.observe(p, 1.0)
     assert out == [] and low.lengths == before and low.versions_exhausted
     assert "L version reached" in caplog.text
+
+
+def test_L_churn_is_refused() -> None:
+    """Issue 15, item 7: a member cannot make the group rebuild its trees at will. Only the
+    designated proposer's L is adopted; it may advance at most once per MIN_PROPOSAL_ROUNDS
+    rounds and by at most MAX_VERSION_STEP; a member that breaks a rule leaves the table for
+    QUARANTINE_SECONDS, then comes back when it speaks."""
+    nodes = group([LOW, HIGH, THIRD])
+    round_all(nodes, 0.0)
+    high = nodes[HIGH]
+    assert set(high.table()) == {LOW, HIGH, THIRD}
+    rebuilds = 0
+    real_rebuild = high._rebuild
+
+    def counting() -> None:
+        nonlocal rebuilds
+        rebuilds += 1
+        real_rebuild()
+
+    high._rebuild = counting  # type: ignore[method-assign]
+    # A non-designated member pushes a new L every round: refused, no rebuild, not punished.
+    for r in range(1, 6):
+        high.on_message(THIRD, LengthProposal(r, (100 + r, 16), 256, 8), 5.0 * r)
+    assert high.lengths.version == 0 and rebuilds == 0 and high.dropped["not-proposer"] == 5
+    assert THIRD in high.table()
+    # The designated proposer's L is adopted ...
+    high.on_message(LOW, LengthProposal(1, (64, 16), 256, 8), 30.0)
+    assert high.lengths.version == 1 and rebuilds == 1
+    # ... but a second one a round later is churn: refused, and LOW is quarantined.
+    high.on_message(LOW, LengthProposal(2, (65, 16), 256, 8), 35.0)
+    assert high.lengths.version == 1 and rebuilds == 1 and high.dropped["churn"] == 1
+    assert LOW not in high.table() and high.designated() == HIGH
+    high.on_message(LOW, LoadReport(50, 1, 0, 0, 1, 0, 0, 0), 40.0)
+    assert high.dropped["quarantined"] == 1 and LOW not in high.table()
+    # A load report claiming a version far ahead of ours: quarantined too.
+    high.on_message(THIRD, LoadReport(50, 1 + MAX_VERSION_STEP + 1, 0, 0, 1, 0, 0, 0), 41.0)
+    assert high.dropped["version-jump"] == 1 and THIRD not in high.table()
+    assert high.highest_version_seen == 1
+    # After the quarantine LOW is heard again, designated again; a jump past the step is refused.
+    later = 35.0 + QUARANTINE_SECONDS + 1
+    high.on_message(LOW, LoadReport(60, 1, 0, 0, 1, 0, 0, 0), later)
+    assert LOW in high.table() and high.designated() == LOW
+    high.on_message(LOW, LengthProposal(1 + MAX_VERSION_STEP + 1, (66, 16), 256, 8), later)
+    assert high.lengths.version == 1 and high.dropped["version-jump"] == 2 and rebuilds == 1
+    # An honest step, after the interval, from the designated proposer is adopted.
+    later += QUARANTINE_SECONDS + 1
+    high.on_message(LOW, LoadReport(70, 1, 0, 0, 1, 0, 0, 0), later)
+    high.on_message(LOW, LengthProposal(2, (66, 16), 256, 8), later + MIN_PROPOSAL_ROUNDS * 5.0)
+    assert high.lengths.version == 2 and rebuilds == 2
+
+
+def test_an_honest_proposer_waits_out_the_proposal_interval() -> None:
+    """Stats flooding (request counters that make the refresh due at once) cannot make the
+    designated proposer advance faster than the members accept."""
+    rng = random.Random(14)
+    nodes = group([LOW, HIGH], warmup=10, refresh_every=10)
+    round_all(nodes, 0.0)
+    low = nodes[LOW]
+    systems = systems_of(rng)
+    sent: list[Send] = []
+    for p in traffic(rng, 40, systems):
+        sent += low.observe(p, 1.0)
+    assert low.lengths.version == 1
+    deliver(nodes, LOW, sent, 1.0)
+    for p in traffic(rng, 40, systems_of(rng, (333,))):  # a new system prompt: a refresh is due
+        assert low.observe(p, 2.0) == []  # but within MIN_PROPOSAL_ROUNDS rounds: wait
+    later = 1.0 + MIN_PROPOSAL_ROUNDS * 5.0
+    sent = []
+    for p in traffic(rng, 40, systems_of(rng, (333,))):
+        sent += low.observe(p, later)
+    assert low.lengths.version == 2
+    deliver(nodes, LOW, sent, later)
+    assert nodes[HIGH].lengths == low.lengths and nodes[HIGH].dropped["churn"] == 0
