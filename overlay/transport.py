@@ -41,7 +41,7 @@ import trio
 import trio.testing
 
 from overlay import codec, crypto, handshake
-from overlay.clock import Clock, SystemClock
+from overlay.clock import Clock, SystemClock, TrioClock
 from overlay.codec import RemoteProtocolError
 from overlay.identity import Identity, short_id
 from overlay.messages import NONCE_LEN, AuthChallenge, AuthOk, AuthProof, Error
@@ -351,11 +351,13 @@ class Transport(abc.ABC):
 
     def __init__(self, identity: Identity, *, timeouts: Timeouts | None = None, max_connections: int = 1024,
                  max_pending: int = 128, max_pending_per_address: int = 32,
-                 tap: Callable[[bytes | bytearray], None] | None = None) -> None:
+                 tap: Callable[[bytes | bytearray], None] | None = None, clock: Clock | None = None) -> None:
         """``tap``, if given, sees every byte this node receives after TLS (tests use it
         to check what a relay learns). ``max_connections``, ``max_pending`` and
-        ``max_pending_per_address`` are each listener's :class:`Admission` caps."""
+        ``max_pending_per_address`` are each listener's :class:`Admission` caps; ``clock``
+        (default :class:`~overlay.clock.TrioClock`) times its rate limit."""
         self.identity = identity
+        self.clock: Clock = clock or TrioClock()
         self.timeouts = timeouts or Timeouts()
         self.max_connections = max_connections
         self.max_pending = min(max_pending, max_connections)
@@ -477,7 +479,7 @@ class Transport(abc.ABC):
         if source is None:
             source = address.rpartition(":")[0] or address
         rate_limited_before = admission.rate_limited
-        admitted, evict = admission.admit(key, source, trio.current_time())
+        admitted, evict = admission.admit(key, source, self.clock.monotonic())
         for k in evict:
             scope = pending.pop(k, None)
             if scope is not None:
@@ -543,9 +545,9 @@ class TLSTransport(Transport):
     """TCP + TLS 1.3; identities pinned from the certificate's Ed25519 key."""
 
     def __init__(self, identity: Identity, *, clock: Clock | None = None, **kw: Any) -> None:
-        super().__init__(identity, **kw)
-        # Built outside trio too (CLI, benches), so the machine's clock by default; it only
-        # dates the self-signed certificate.
+        super().__init__(identity, clock=clock, **kw)
+        # Built outside trio too (CLI, benches), so the certificate is dated by the machine's
+        # clock unless one is given.
         now_unix = (clock or SystemClock()).unix()
         self._server_ctx, self._client_ctx, self._binding = _tls_contexts(identity, now_unix)
 
