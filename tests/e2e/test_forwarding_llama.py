@@ -115,55 +115,60 @@ async def test_forwarding_between_llama_model_nodes(tmp_path) -> None:
         cluster = Cluster(net, ident)
         a, b, c = cluster.a, cluster.b, cluster.c
         host, port = net.entries["client"].address.rsplit(":", 1)
-        async with trio.open_nursery() as nursery:
-            user = UserNode(ident, TLSTransport(ident), net.registry, build_timeout=5.0)
-            await nursery.start(user.serve, host, int(port))
-            assert user.paths is not None
-            await user.paths.wait_ready(4, 60)
+        try:
+            async with trio.open_nursery() as nursery:
+                user = UserNode(ident, TLSTransport(ident), net.registry, build_timeout=5.0)
+                await nursery.start(user.serve, host, int(port))
+                assert user.paths is not None
+                await user.paths.wait_ready(4, 60)
 
-            # 1. B serves (and caches) the long system prompt; A learns it from B's subtree.
-            first = await ask(user, "Where are the books about section 3?", b)
-            assert first[-1].node == b.node_id and not first[-1].error
-            await cluster.wait_for(a, lambda s: (r := peer(s, b.node_id)) is not None and r.paths >= 1,
-                                   "A's tree to hold B's prefix")
+                # 1. B serves (and caches) the long system prompt; A learns it from B's subtree.
+                first = await ask(user, "Where are the books about section 3?", b)
+                assert first[-1].node == b.node_id and not first[-1].error
+                # A's view of B may first arrive while B is still busy with step 1 (seconds of work at
+                # the reference rates B starts from): wait until A also sees B idle again.
+                await cluster.wait_for(a, lambda s: (r := peer(s, b.node_id)) is not None and r.paths >= 1
+                                       and r.relative_load < 2.0, "A's tree to hold B's prefix, B not overloaded")
 
-            # 2. The same system prompt arrives at A: forwarded to B, which evaluates only the question.
-            chunks = await ask(user, "Which shelf holds section 17?", a)
-            assert chunks[-1].node == b.node_id and len(chunks[-1].signature) == 64  # verified by the client
-            sa, sb = await cluster.stats(a), await cluster.stats(b)
-            assert sa.forwarded_out == 1 and {x.name: x.n for x in sa.decisions}.get("match") == 1
-            assert sa.served == 0 and sb.forwarded_in == 1 and sb.served == 2
-            last = sb.recent[-1]
-            assert last.forwarded and last.prompt_tokens > 600
-            assert last.evaluated_prompt_tokens < 30, last  # the ~650-token system prompt came from B's cache
+                # 2. The same system prompt arrives at A: forwarded to B, which evaluates only the question.
+                chunks = await ask(user, "Which shelf holds section 17?", a)
+                assert chunks[-1].node == b.node_id and len(chunks[-1].signature) == 64  # verified by the client
+                sa, sb = await cluster.stats(a), await cluster.stats(b)
+                assert sa.forwarded_out == 1 and {x.name: x.n for x in sa.decisions}.get("match") == 1
+                assert sa.served == 0 and sb.forwarded_in == 1 and sb.served == 2
+                last = sb.recent[-1]
+                assert last.forwarded and last.prompt_tokens > 600
+                assert last.evaluated_prompt_tokens < 30, last  # the ~650-token system prompt came from B's cache
 
-            # 3. B busy with a long new prompt under the same system prompt (some 900 tokens to
-            #    evaluate: seconds of work at the rate B measured in step 1, over the 2 s
-            #    threshold): A serves the next one itself. (A second one would be forwarded by B
-            #    itself, to A or C, and blur what A decides.)
-            done = [trio.Event()]
-            for i, ev in enumerate(done):
-                filler = f"Summarize this note {i}: " + " ".join(f"item {i}-{j} is shelved under {j}." for j in range(80))
-                nursery.start_soon(busy_direct, cluster, b, filler, ev)
-            await cluster.wait_for(a, lambda s: (r := peer(s, b.node_id)) is not None and r.relative_load >= 2.0,
-                                   "A to see B overloaded")
-            chunks = await ask(user, "Is section 9 open on Sundays?", a)
-            assert chunks[-1].node == a.node_id and not chunks[-1].error
-            sa = await cluster.stats(a)
-            assert {x.name: x.n for x in sa.decisions}.get("match-overloaded") == 1 and sa.forwarded_out == 1
+                # 3. B busy with a long new prompt under the same system prompt (some 900 tokens to
+                #    evaluate: seconds of work at the rate B measured in step 1, over the 2 s
+                #    threshold): A serves the next one itself. (A second one would be forwarded by B
+                #    itself, to A or C, and blur what A decides.)
+                done = [trio.Event()]
+                for i, ev in enumerate(done):
+                    filler = f"Summarize this note {i}: " + " ".join(f"item {i}-{j} is shelved under {j}." for j in range(80))
+                    nursery.start_soon(busy_direct, cluster, b, filler, ev)
+                await cluster.wait_for(a, lambda s: (r := peer(s, b.node_id)) is not None and r.relative_load >= 2.0,
+                                       "A to see B overloaded")
+                chunks = await ask(user, "Is section 9 open on Sundays?", a)
+                assert chunks[-1].node == a.node_id and not chunks[-1].error
+                sa = await cluster.stats(a)
+                assert {x.name: x.n for x in sa.decisions}.get("match-overloaded") == 1 and sa.forwarded_out == 1
 
-            # 4. B is killed: it expires from A's table and tree; its prefix is served elsewhere.
-            net.kill("model-1")
-            sa = await cluster.wait_for(a, lambda s: peer(s, b.node_id) is None, "B to expire at A")
-            assert sa.expired >= 1 and sa.forward_failed == 0  # it expired: no forward to B was even tried
-            chunks = await ask(user, "Where can I find maps?", a)
-            assert chunks[-1].node in {a.node_id, c.node_id} and not chunks[-1].error
-            assert (await cluster.stats(a)).forward_failed == 0  # B's prefix no longer leads A to B
-            for ev in done:
-                with trio.fail_after(30):
-                    await ev.wait()
-            await cluster.aclose()
-            nursery.cancel_scope.cancel()
+                # 4. B is killed: it expires from A's table and tree; its prefix is served elsewhere.
+                net.kill("model-1")
+                sa = await cluster.wait_for(a, lambda s: peer(s, b.node_id) is None, "B to expire at A")
+                assert sa.expired >= 1 and sa.forward_failed == 0  # it expired: no forward to B was even tried
+                chunks = await ask(user, "Where can I find maps?", a)
+                assert chunks[-1].node in {a.node_id, c.node_id} and not chunks[-1].error
+                assert (await cluster.stats(a)).forward_failed == 0  # B's prefix no longer leads A to B
+                for ev in done:
+                    with trio.fail_after(30):
+                        await ev.wait()
+                nursery.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True):
+                await cluster.aclose()  # a leaked socket would fail the next test
 
 
 async def test_a_bounded_snapshot_cache_moves_what_it_restores_into_the_context() -> None:
