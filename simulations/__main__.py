@@ -1,5 +1,5 @@
 """``python -m simulations NAME --seed S [--quick] [--out DIR]``; NAME: churn, anonymity,
-confidentiality, forwarding, timing or all. Writes NAME.json and NAME.png into DIR (default
+confidentiality, reputation, forwarding, timing or all. Writes NAME.json and NAME.png into DIR (default
 simulations/results/) and prints progress on stderr and each figure file on stdout."""
 
 from __future__ import annotations
@@ -11,13 +11,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from simulations import anonymity, churn, confidentiality, forwarding, timing
+from simulations import anonymity, churn, confidentiality, forwarding, reputation, timing
 from simulations.common import DEFAULT_OUT, Result, write
 
 SIMULATIONS: dict[str, Callable[[int, bool], tuple[Result, Any]]] = {
     "churn": churn.run,
     "anonymity": anonymity.run,
     "confidentiality": confidentiality.run,
+    "reputation": reputation.run,
     "forwarding": forwarding.run,
     "timing": timing.run,
 }
