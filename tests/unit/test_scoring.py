@@ -47,3 +47,13 @@ def test_empty_and_non_finite_refused() -> None:
 
 def test_raw_score_is_the_papers() -> None:
     assert raw_inv_ppl([ts(math.log(0.5), 0.0), ts(math.log(0.5), 0.0)]) == pytest.approx(0.5)
+
+
+def test_challenge_prompts_are_distinct() -> None:
+    from verifier.measure_scores import TEMPLATES, TOPICS, prompts
+
+    ps = prompts(len(TEMPLATES) * len(TOPICS))
+    assert len(set(ps)) == len(ps) == 72
+    assert prompts(24) == ps[:24]
+    with pytest.raises(ValueError, match="distinct"):
+        prompts(73)
