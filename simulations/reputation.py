@@ -4,7 +4,7 @@ Honest and dishonest model nodes are audited for ``EPOCHS`` = 35 epochs with the
 threshold γ = 1, 1/3 and 1/5. Every epoch each node answers ``CHALLENGES`` challenges; each
 challenge's sampling setting (greedy, temperature 0.7 or 1.0) is drawn like a user's, and its
 score is a calibrated score C **measured on the real engine** (``simulations/data/scores.json``,
-written by ``python -m verifier.measure_scores``): an honest node's from the replies of the
+written by ``python -m simulations.measure_scores``): an honest node's from the replies of the
 verifier's own model (SmolLM2-135M-Instruct Q4_1), a dishonest node's from the replies of the
 same model re-quantized to Q2_K, both scored by the verifier's model. The scores go through the
 real reputation core (:class:`verifier.reputation.ReputationTable`, its fixed-point rule, τ and
@@ -44,7 +44,7 @@ def load_scores(path: Path = SCORES_FILE) -> dict[str, dict[str, list[dict[str, 
     for setting, roles in samples.items():
         for role in ("honest", "degraded"):
             if not roles.get(role):
-                raise ValueError(f"{path}: no {role} samples for {setting}; rerun python -m verifier.measure_scores")
+                raise ValueError(f"{path}: no {role} samples for {setting}; rerun python -m simulations.measure_scores")
     return samples
 
 

@@ -1,4 +1,4 @@
-"""The score measurement on the real engine (verifier/measure_scores.py), tiny: one prompt,
+"""The score measurement on the real engine (simulations/measure_scores.py), tiny: one prompt,
 16 tokens. The verifier scores its own model's greedy reply at exactly 1 (the engine is batch
 invariant), and the Q2_K requantization is made by llama.cpp's quantizer into the cache."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from verifier import measure_scores
+from simulations import measure_scores
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install 'gentorrent[llama]')")

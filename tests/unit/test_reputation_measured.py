@@ -1,5 +1,5 @@
 """The reputation rule over simulated time with the score distributions measured on the real
-engine (simulations/data/scores.json, ``python -m verifier.measure_scores``): issue 14's
+engine (simulations/data/scores.json, ``python -m simulations.measure_scores``): issue 14's
 acceptance figures for the rule."""
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ def test_raw_score_is_the_papers() -> None:
 
 
 def test_challenge_prompts_are_distinct() -> None:
-    from verifier.measure_scores import TEMPLATES, TOPICS, prompts
+    from simulations.measure_scores import TEMPLATES, TOPICS, prompts
 
     ps = prompts(len(TEMPLATES) * len(TOPICS))
     assert len(set(ps)) == len(ps) == 72

@@ -1,7 +1,7 @@
 """Measure the audit scores of honest and degraded replies on the real llama.cpp engine
 (issue 14 item 3; decision 0010 reads its figures).
 
-``python -m verifier.measure_scores [--prompts N] [--max-tokens N] [--out FILE]``
+``python -m simulations.measure_scores [--prompts N] [--max-tokens N] [--out FILE]``
 
 - The verifier's model and the honest node's model: the default SmolLM2-135M-Instruct GGUF
   (Q4_1) that ``make setup`` installs.
@@ -34,12 +34,12 @@ from typing import Any
 
 import trio
 
-from model_node.llama import LlamaCppEngine, _import_llama_cpp, resolve_model
+from model_node.llama import LlamaCppEngine, resolve_model
 from overlay.bench.stats import cpu_model
 from overlay.messages import ChatMessage, SamplingParams
 from verifier.scoring import score_reply
 
-SCORES_FILE = Path(__file__).resolve().parent.parent / "simulations" / "data" / "scores.json"
+SCORES_FILE = Path(__file__).parent / "data" / "scores.json"
 SETTINGS = {"greedy": 0.0, "t0.7": 0.7, "t1.0": 1.0}
 TEMPLATES = (
     "Explain {} to a ten-year-old in two sentences.",
@@ -83,7 +83,7 @@ def requantize_q2k(src: Path) -> Path:
     if dst.is_file():
         return dst
     dst.parent.mkdir(parents=True, exist_ok=True)
-    L = _import_llama_cpp()
+    import llama_cpp as L  # the engine is llama.cpp's; make setup installs it
     params = L.llama_model_quantize_default_params()
     params.ftype = L.LLAMA_FTYPE_MOSTLY_Q2_K
     params.allow_requantize = True
@@ -139,7 +139,7 @@ async def _measure(n_prompts: int, max_tokens: int) -> dict[str, Any]:
         "samples": samples,
         "summary": summarize(samples),
         "prompts": questions,
-        "how": (f"python -m verifier.measure_scores --prompts {n_prompts} --max-tokens {max_tokens}: "
+        "how": (f"python -m simulations.measure_scores --prompts {n_prompts} --max-tokens {max_tokens}: "
                 f"llama.cpp (llama-cpp-python 0.3.36), verifier and honest node {model_id} "
                 f"({path.name}), degraded node the same GGUF re-quantized to Q2_K by llama_model_quantize; "
                 "each reply scored by the verifier's engine in one teacher-forced pass; "
@@ -168,7 +168,7 @@ def summarize(samples: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m verifier.measure_scores", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m simulations.measure_scores", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=24)
     parser.add_argument("--max-tokens", type=int, default=48)
