@@ -66,3 +66,9 @@ def test_command_writes_json_and_png(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert data["name"] == "reputation" and data["figures"]
     assert (tmp_path / "reputation.png").read_bytes()[:4] == b"\x89PNG"
     assert "reputation:" in capsys.readouterr().err
+
+
+def test_first_epoch_below_hand_cases() -> None:
+    assert sim._first_epoch([[0.5, 0.3, 0.2], [0.5, 0.45, 0.35]], 0.4) == 2
+    assert sim._first_epoch([[0.5, 0.3], [0.5, 0.45]], 0.4) is None
+    assert sim._first_epoch([[0.05]], 0.1) == 0
