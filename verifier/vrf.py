@@ -73,14 +73,20 @@ def _valid_point(b: bytes) -> bool:
 
 
 def _mul(n: int, point: bytes) -> bytes:
-    """n·point for a point that passed :func:`_valid_point` (or the base point when ``point`` is
-    None-like empty); the identity's encoding for n ≡ 0 (mod L)."""
+    """n·point for a point that passed :func:`_valid_point` (or an encode_to_curve output); the
+    identity's encoding for n ≡ 0 (mod L)."""
     n %= L
     if n == 0:
         return _IDENTITY
-    if not point:
-        return sodium.crypto_scalarmult_ed25519_base_noclamp(_scalar(n))
     return sodium.crypto_scalarmult_ed25519_noclamp(_scalar(n), point)
+
+
+def _base_mul(n: int) -> bytes:
+    """n·B for the base point B; the identity's encoding for n ≡ 0 (mod L)."""
+    n %= L
+    if n == 0:
+        return _IDENTITY
+    return sodium.crypto_scalarmult_ed25519_base_noclamp(_scalar(n))
 
 
 def _add(a: bytes, b: bytes) -> bytes:
@@ -154,18 +160,18 @@ def _expand(sk: bytes) -> tuple[int, bytes]:
 def public_key(sk: bytes) -> bytes:
     """The Ed25519 public key of the 32-byte seed ``sk`` (RFC 8032 §5.1.5)."""
     x, _ = _expand(sk)
-    return _mul(x, b"")
+    return _base_mul(x)
 
 
 def prove(sk: bytes, alpha: bytes) -> bytes:
     """ECVRF_prove (RFC 9381 §5.1): the 80-byte proof for ``alpha`` under secret seed ``sk``.
     Deterministic (nonce per RFC 9381 §5.4.2.2)."""
     x, nonce_key = _expand(sk)
-    y = _mul(x, b"")
+    y = _base_mul(x)
     h = _encode_to_curve(y, alpha)
     gamma = _mul(x, h)
     k = _int(hashlib.sha512(nonce_key + h).digest()) % L
-    c = _challenge(y, h, gamma, _mul(k, b""), _mul(k, h))
+    c = _challenge(y, h, gamma, _base_mul(k), _mul(k, h))
     s = (k + c * x) % L
     return gamma + c.to_bytes(C_LEN, "little") + s.to_bytes(32, "little")
 
@@ -200,7 +206,7 @@ def verify(pk: bytes, alpha: bytes, pi: bytes) -> bytes:
                        "(an Ed25519 public key made by RFC 8032 key generation)")
     gamma, c, s = _decode_proof(pi)
     h = _encode_to_curve(pk, alpha)
-    u = _sub(_mul(s, b""), _mul(c, pk))
+    u = _sub(_base_mul(s), _mul(c, pk))
     v = _sub(_mul(s, h), _mul(c, gamma))
     if _challenge(pk, h, gamma, u, v) != c:
         raise VrfError("VRF proof refused: it does not verify under this public key and input")
