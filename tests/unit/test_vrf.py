@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from nacl import bindings as sodium
 
 from verifier import vrf
@@ -252,3 +254,14 @@ def test_neg_log2_fixed_point() -> None:
     assert abs(vrf._neg_log2(b"\x3f" + b"\xff" * 31) - 2 * one) <= 1
     # u = 3/4: -log2(0.75) = 0.415037499278843...
     assert abs(vrf._neg_log2(b"\xbf" + b"\xff" * 31) / one - 0.415037499278843818) < 1e-15
+
+
+@settings(max_examples=25, deadline=None)
+@given(sk=st.binary(min_size=32, max_size=32), alpha=st.binary(max_size=64), junk=st.binary(min_size=80, max_size=80))
+def test_roundtrip_and_random_proofs_refused(sk: bytes, alpha: bytes, junk: bytes) -> None:
+    pk = vrf.public_key(sk)
+    pi = vrf.prove(sk, alpha)
+    assert vrf.verify(pk, alpha, pi) == vrf.proof_to_hash(pi)
+    if junk != pi:
+        with pytest.raises(vrf.VrfError):
+            vrf.verify(pk, alpha, junk)
