@@ -304,6 +304,8 @@ def mutate_tree(src: Source, obj: Any, corpus: Sequence[Any] = ()) -> Any:
             obj[slot] = choice(src, (0, 1, 2, 255, 65535, 65536, -1, src.int(0, 500), "1", None))
         elif op == 8 and isinstance(node, list) and node:  # grow an array past its bound
             n = choice(src, (17, 65, 257, 1025, 4097, 65_537))
+            item = max(len(pack(x)) for x in node)
+            n = max(2, min(n, 1_000_000 // item))  # about 1 MB more at most
             obj = _set(obj, path, (node * (n // len(node) + 1))[:n])
     return obj
 

@@ -466,8 +466,8 @@ class ListTarget(Target):
 
 
 class GatewayTarget(Target):
-    """The gateway's request bodies (``user_client.openai_api.parse_chat`` / ``parse_completion``
-    after ``json.loads``): a :class:`Call` within the limits, or :class:`ApiError` with a 4xx
+    """The gateway's request bodies (``user_client.openai_api.parse_json``, then ``parse_chat`` /
+    ``parse_completion``): a :class:`Call` within the limits, or :class:`ApiError` with a 4xx
     status."""
 
     NAME = "gateway"
@@ -487,16 +487,16 @@ class GatewayTarget(Target):
         if k == 0:  # the JSON tree, mutated
             tree = json.loads(base)
             return _mutate_json(src, tree)
-        data = base if k == 1 else mutate.mutate_bytes(src, base, corpus)
-        try:
-            return json.loads(data)
-        except (ValueError, UnicodeDecodeError):  # the gateway answers 400 "not valid JSON"
-            return None
+        if k == 1:  # deep nesting, as text
+            depth = choice(src, (10, 1000, 100_000))
+            data = choice(src, (b"[", b'{"a":', b'{"messages":[')) * depth
+        else:
+            data = mutate.mutate_bytes(src, base, corpus)
+        return api.parse_json(data)  # what the gateway does with a body
 
     def _parse(self, src: Source, corpus: list[bytes], parse: Any) -> int:
-        body = self._json(src, corpus)
         try:
-            call = parse(body)
+            call = parse(self._json(src, corpus))
         except api.ApiError as exc:
             assert 400 <= exc.status < 500
             self.rejected += 1
@@ -778,6 +778,7 @@ class ReassemblerTarget(Target):
     NAME = "reassembler"
     STATEFUL = True
     STEPS = ("whole_message", "authentic_clove", "forged_clove", "mutated_clove", "decoded_clove", "expire")
+    KEEP = 512  # authentic messages the harness remembers
 
     def __init__(self) -> None:
         super().__init__()
@@ -797,6 +798,15 @@ class ReassemblerTarget(Target):
         message = src.bytes(choice(src, (0, 1, 40, 300, 5000)))
         cloves = sida.split(message, n, k)
         self.messages[cloves[0].msg_id] = message
+        if len(self.messages) > self.KEEP:  # bound the harness's own memory: forget the oldest
+            gone = set(list(self.messages)[: len(self.messages) - self.KEEP // 2])
+            for mid in gone:
+                del self.messages[mid]
+                self.delivered.pop(mid, None)
+            self.pending = [c for c in self.pending if c.msg_id not in gone]
+            # the reassembler must forget them too before their cloves could come back
+            self.now += self.r.ttl + 1
+            self.r.expire(self.now)
         return cloves
 
     def _add(self, c: sida.Clove) -> None:
