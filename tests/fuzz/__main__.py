@@ -81,8 +81,8 @@ FIGURES = ("inputs", "crashes", "peak_MB", "growth_MB")
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.fuzz", description=__doc__.split("\n\n")[0])
-    p.add_argument("--seconds-per-target", type=float, default=90.0)
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--seconds-per-target", type=float, default=90.0, help="time budget of each target")
+    p.add_argument("--seed", type=int, default=1, help="example i of a target uses seed * 1000003 + i")
     p.add_argument("--only", default="", help="comma-separated target names (default: all)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.add_argument("--quick", action="store_true", help="2 s per target: checks the run works")
@@ -91,18 +91,24 @@ def main(argv: list[str] | None = None) -> int:
     chosen = [c for c in targets.ALL if not args.only or c.NAME in args.only.split(",")]
     if not chosen:
         p.error(f"no target among {args.only!r}; targets: {', '.join(c.NAME for c in targets.ALL)}")
-    logging.getLogger("gentorrent").setLevel(logging.ERROR)  # drops are logged as warnings: too many here
+    logger = logging.getLogger("gentorrent")
+    level = logger.level
+    logger.setLevel(logging.ERROR)  # every drop is logged as a warning: far too many here
     tracemalloc.start()
     figures: dict[str, float] = {}
     details: dict[str, dict[str, float]] = {}
-    for cls in chosen:
-        got = fuzz_target(cls, seconds, args.seed)
-        details[cls.NAME] = got
-        key = cls.NAME.replace("-", "_")
-        for f in FIGURES:
-            figures[f"{key}_{f}"] = got[f]
-        if not args.json:
-            print(f"  {cls.NAME:<12} " + "  ".join(f"{k}={v:g}" for k, v in got.items()), flush=True)
+    try:
+        for cls in chosen:
+            got = fuzz_target(cls, seconds, args.seed)
+            details[cls.NAME] = got
+            key = cls.NAME.replace("-", "_")
+            for f in FIGURES:
+                figures[f"{key}_{f}"] = got[f]
+            if not args.json:
+                print(f"  {cls.NAME:<12} " + "  ".join(f"{k}={v:g}" for k, v in got.items()), flush=True)
+    finally:
+        tracemalloc.stop()
+        logger.setLevel(level)
     figures["inputs_total"] = sum(d["inputs"] for d in details.values())
     figures["crashes_total"] = sum(d["crashes"] for d in details.values())
     figures["peak_MB_max"] = max(d["peak_MB"] for d in details.values())

@@ -305,8 +305,9 @@ def mutate_tree(src: Source, obj: Any, corpus: Sequence[Any] = ()) -> Any:
         elif op == 8 and isinstance(node, list) and node:  # grow an array past its bound
             n = choice(src, (17, 65, 257, 1025, 4097, 65_537))
             item = max(len(pack(x)) for x in node)
-            n = max(2, min(n, 1_000_000 // item))  # about 1 MB more at most
-            obj = _set(obj, path, (node * (n // len(node) + 1))[:n])
+            n = min(n, 1_000_000 // item)  # at most about 1 MB: bounds the harness's own memory
+            if n > len(node):
+                obj = _set(obj, path, (node * (n // len(node) + 1))[:n])
     return obj
 
 

@@ -21,9 +21,10 @@ from typing import Any, ClassVar
 
 import msgpack
 
-from model_node.group import GroupState, report_of
 from model_node.forwarding import Load
+from model_node.group import GroupState
 from model_node.messages import LengthProposal, LoadReport, SubtreeRequest, SubtreeUpdate
+from model_node.server import check_params
 from overlay import codec, crypto, onion, sida
 from overlay.actions import Send
 from overlay.committee import (
@@ -39,16 +40,21 @@ from overlay.committee import (
 from overlay.handshake import AuthError, check_proof, make_proof
 from overlay.identity import Identity, node_id_of
 from overlay.messages import (
+    MAX_PROMPT_CHARS,
     AuthProof,
     CellBack,
     CellFwd,
+    ChatMessage,
     Create,
     Deliver,
     Destroy,
     FromModel,
     PathNotice,
     PathReady,
+    Request,
     ReturnClove,
+    ReturnPath,
+    SamplingParams,
     ToModel,
 )
 from overlay.relay import RelayCore, RelayLimits
@@ -465,6 +471,37 @@ class ListTarget(Target):
         return 1
 
 
+class RequestTarget(Target):
+    """A request as a model node receives it (``Request`` after reassembly or over TLS), through
+    ``model_node.server.check_params``: a reason string for out-of-range parameters (sent back as
+    an error chunk), never an exception, and ``None`` only for parameters within the ranges."""
+
+    NAME = "request"
+    STEPS = ("feed",)
+    CORPUS = [codec.encode(Request(bytes(16), "echo", (ChatMessage("user", "hi"),), SamplingParams(), 3,
+                                   (ReturnPath(bytes(20), bytes(16), bytes(32), bytes(8)),) * 4, ""))]
+    CORPUS += _encoded_corpus([Request], 4)
+
+    def feed(self, src: Source) -> int:
+        _, data = mutate.payload(src, self.CORPUS)
+        try:
+            req = codec.decode(data)
+        except codec.RemoteProtocolError:
+            self.rejected += 1
+            return 1
+        if not isinstance(req, Request):
+            self.rejected += 1
+            return 1
+        why = check_params(req, 4096)
+        p = req.params
+        if why is None:
+            assert math.isfinite(p.temperature) and 0 < p.top_p <= 1 and 1 <= p.max_tokens <= 4096
+        else:
+            assert isinstance(why, str) and why
+            self.rejected += 1
+        return 1
+
+
 class GatewayTarget(Target):
     """The gateway's request bodies (``user_client.openai_api.parse_json``, then ``parse_chat`` /
     ``parse_completion``): a :class:`Call` within the limits, or :class:`ApiError` with a 4xx
@@ -502,7 +539,7 @@ class GatewayTarget(Target):
             self.rejected += 1
             return 1
         assert isinstance(call.model, str) and 0 < len(call.model) <= 128
-        assert sum(len(m.content) for m in call.messages) <= api.MAX_PROMPT_CHARS
+        assert sum(len(m.content) for m in call.messages) <= MAX_PROMPT_CHARS
         return 1
 
     def chat(self, src: Source) -> int:
@@ -1035,6 +1072,7 @@ class CommitteeTarget(Target):
 
 
 STATELESS: tuple[type[Target], ...] = (CodecTarget, FramingTarget, HandshakeTarget, OnionTarget, SealTarget,
-                                       CloveTarget, TxTarget, AbciFramingTarget, ListTarget, GatewayTarget)
+                                       CloveTarget, RequestTarget, TxTarget, AbciFramingTarget, ListTarget,
+                                       GatewayTarget)
 STATEFUL: tuple[type[Target], ...] = (RelayTarget, ReassemblerTarget, GroupTarget, CommitteeTarget)
 ALL: tuple[type[Target], ...] = STATELESS + STATEFUL

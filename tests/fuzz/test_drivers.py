@@ -1,6 +1,6 @@
-"""The drivers under hostile input: every handler of a relaying user node and of a model node,
-and the pre-authentication handshake, fed random and mutated frames over the in-memory network
-(the real node, transport and handler code; trio's MockClock).
+"""The drivers under hostile input: every handler of a model node, a relaying user node and a
+requesting user node, and the pre-authentication handshake, fed random and mutated frames over
+the in-memory network (the real node, transport and handler code; trio's MockClock).
 
 Contract: a bad frame closes that connection (counted in ``node.rejected``) and a bad message is
 dropped and counted; no input raises out of a handler (that would stop the node); afterwards an
@@ -57,6 +57,7 @@ async def test_hostile_frames_to_every_handler_leave_the_nodes_serving(autojump_
 
         await _barrage(bad, model.identity.node_id, hostile_frames(1, FRAMES_PER_NODE))
         await _barrage(bad, relay.identity.node_id, hostile_frames(2, FRAMES_PER_NODE))
+        await _barrage(bad, client.identity.node_id, hostile_frames(4, FRAMES_PER_NODE))  # a user's own end
         # Something was refused on each (bad frames close the connection, counted).
         assert sum(model.node.rejected.values()) > 0 and sum(relay.node.rejected.values()) > 0
         # ... and decodable hostile messages reached the handlers, which dropped and counted them.

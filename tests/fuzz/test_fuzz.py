@@ -70,3 +70,19 @@ def machine_for(cls: type[targets.Target]) -> type[RuleBasedStateMachine]:
 @pytest.mark.parametrize("cls", targets.STATEFUL, ids=lambda c: c.NAME)
 def test_stateful_target(cls: type[targets.Target]) -> None:
     run_state_machine_as_test(machine_for(cls), settings=STATEFUL_SETTINGS)
+
+
+def test_the_long_run_prints_the_documented_figures(helpers: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """``python -m tests.fuzz --json`` (here 0.2 s per target): one object with the keys that
+    docs/benchmarks.md "fuzz" lists, and no crash."""
+    import json
+
+    from tests.fuzz.__main__ import main
+
+    assert main(["--seconds-per-target", "0.2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["bench"] == "fuzz" and isinstance(out["params"], dict)
+    figures = out["figures"]
+    assert set(figures) == helpers.documented_figures("fuzz")
+    assert figures["crashes_total"] == 0 and figures["inputs_total"] > 0
+    assert all(isinstance(v, int | float) for v in figures.values())
