@@ -865,7 +865,8 @@ class ReassemblerTarget(Target):
 
     def authentic_clove(self, src: Source) -> int:
         if not self.pending or chance(src, 20):
-            self.pending += self._new(src)
+            fresh = self._new(src)  # (not ``self.pending += self._new(src)``: _new may replace the list)
+            self.pending += fresh
         c = self.pending.pop(src.int(0, len(self.pending) - 1))
         self._add(c)
         return 1
