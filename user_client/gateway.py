@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
-import json
 import logging
 import sys
 import time
@@ -183,10 +182,7 @@ class Gateway:
             if len(data) > self.max_body:
                 raise api.ApiError(413, f"the request body is larger than {self.max_body} bytes",
                                    code="body_too_large")
-        try:
-            return json.loads(data)
-        except (ValueError, UnicodeDecodeError):
-            raise api.bad("the request body is not valid JSON") from None
+        return api.parse_json(data)
 
     async def _handle(self, request: Request, parse: Callable[[object], api.Call]) -> Response:
         if self.active >= self.max_concurrent:

@@ -158,6 +158,15 @@ def _content(m: dict[str, Any], i: int) -> str:
     raise bad(f"messages[{i}].content must be a string or a list of text parts", "messages")
 
 
+def parse_json(data: bytes | bytearray) -> object:
+    """A request body's JSON value; :class:`ApiError` (400) if it is not JSON (bad UTF-8, bad
+    syntax, or nesting too deep for the parser)."""
+    try:
+        return json.loads(data)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise bad("the request body is not valid JSON") from None
+
+
 def parse_chat(body: object) -> Call:
     """A ``POST /v1/chat/completions`` body as a :class:`Call`; :class:`ApiError` (400) if invalid."""
     d, model, params, stops, stream, include_usage = _common(body)
@@ -169,7 +178,7 @@ def parse_chat(body: object) -> Call:
     messages = []
     total = 0
     for i, m in enumerate(raw):
-        if not isinstance(m, dict) or m.get("role") not in ROLES:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or m["role"] not in ROLES:
             raise bad(f"messages[{i}].role must be one of {', '.join(ROLES)}", "messages")
         content = _content(m, i)
         total += len(content)
