@@ -220,6 +220,43 @@ def verify_document(raw: bytes, chain_id: str, held: Sequence[ValidatorKey], *, 
     return SignedList(chain_id, height, kind, entries, tuple(validators), frozenset(signers))
 
 
+def load_genesis(path: str) -> tuple[str, tuple[ValidatorKey, ...]]:
+    """The committee's chain id and validator keys, from its CometBFT ``genesis.json`` (the file
+    ``gentorrent verifier genesis`` writes and every member holds). Pinning this file is how a node
+    trusts a committee; :class:`ListError` says what is wrong with it."""
+    import base64
+    import json
+
+    try:
+        with open(path, "rb") as f:
+            doc = json.loads(f.read(1 << 22))
+    except OSError as exc:
+        raise ListError(f"committee genesis {path}: {exc.strerror or exc}") from None
+    except ValueError:
+        raise ListError(f"committee genesis {path} is not JSON (pass the committee's genesis.json)") from None
+    chain = doc.get("chain_id") if isinstance(doc, dict) else None
+    vals = doc.get("validators") if isinstance(doc, dict) else None
+    if not isinstance(chain, str) or not 0 < len(chain.encode()) <= MAX_CHAIN_ID or not isinstance(vals, list) \
+            or not 0 < len(vals) <= MAX_VALIDATORS:
+        raise ListError(f"committee genesis {path}: no chain_id or validators; is this a CometBFT genesis.json?")
+    keys: list[ValidatorKey] = []
+    for i, v in enumerate(vals):
+        try:
+            pub = v["pub_key"]
+            if pub["type"] != "tendermint/PubKeyEd25519":
+                raise ValueError("not an Ed25519 key")
+            key = base64.b64decode(pub["value"], validate=True)
+            power = int(v["power"])
+            if len(key) != 32 or not 0 < power < 2**62:
+                raise ValueError("bad key size or power")
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ListError(f"committee genesis {path}: validators[{i}]: {exc}") from None
+        keys.append(ValidatorKey(key, power))
+    if len({k.public_key for k in keys}) != len(keys):
+        raise ListError(f"committee genesis {path}: a validator key appears twice")
+    return chain, tuple(keys)
+
+
 # --------------------------------------------------------------------------- the client
 
 Fetch = Callable[[str, str], Awaitable[bytes]]  # (verifier RPC address, query path) -> document bytes
@@ -318,42 +355,73 @@ class CommitteeClient:
 MAX_RESPONSE = 64 * 1024 * 1024
 
 
-async def fetch_abci_query(address: str, path: str) -> bytes:
-    """``abci_query`` on a verifier's CometBFT RPC (``host:port``); the response's value bytes.
-
-    Plain HTTP/1.1 over trio; the response is bounded by :data:`MAX_RESPONSE`. Raises
-    :class:`ListError` for a non-zero query code (with the verifier's log) and ``OSError`` for I/O.
-    """
-    import base64
-    import json
-    import urllib.parse
-
+async def http_get(address: str, target: str, *, max_bytes: int = MAX_RESPONSE) -> bytes:
+    """``GET target`` on ``host:port`` (plain HTTP/1.1 over trio); the response body, at most
+    ``max_bytes``. Raises :class:`ListError` for a response that is not HTTP or too large, and
+    ``OSError`` for I/O."""
     host, port = parse_address(address)
-    target = "/abci_query?path=" + urllib.parse.quote(f'"{path}"', safe="")
     stream = await trio.open_tcp_stream(host, port)
     async with stream:
         await stream.send_all(f"GET {target} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n".encode())
-        buf = bytearray()
+        chunks: list[bytes] = []
+        size = 0
         while True:
             chunk = await stream.receive_some(1 << 20)
             if not chunk:
                 break
-            buf += chunk
-            if len(buf) > MAX_RESPONSE:
-                raise ListError(f"{address} answered over {MAX_RESPONSE} bytes")
-    head, sep, body = bytes(buf).partition(b"\r\n\r\n")
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > max_bytes:
+                raise ListError(f"{address} answered over {max_bytes} bytes")
+    head, sep, body = b"".join(chunks).partition(b"\r\n\r\n")
     if not sep:
         raise ListError(f"{address} did not answer HTTP")
     if b"chunked" in head.lower():
         body = _dechunk(body)
+    return body
+
+
+async def rpc_call(address: str, method: str, params: dict[str, str]) -> Any:
+    """One CometBFT JSON-RPC call over HTTP GET (``/method?k=v``; values as CometBFT's URI form
+    expects them: strings quoted, bytes ``0x``-hex); the ``result`` object. A JSON-RPC error
+    raises :class:`ListError` with its message and data."""
+    import json
+    import urllib.parse
+
+    query = "&".join(f"{k}={urllib.parse.quote(v, safe='')}" for k, v in params.items())
+    body = await http_get(address, f"/{method}?{query}" if query else f"/{method}")
     try:
-        result = json.loads(body)["result"]["response"]
-        code = int(result.get("code", 0))
-        value = base64.b64decode(result.get("value") or "", validate=True)
-    except (ValueError, KeyError, TypeError) as exc:
+        doc = json.loads(body)
+    except ValueError:
+        raise ListError(f"{address} answered {method} with something other than JSON") from None
+    if not isinstance(doc, dict):
+        raise ListError(f"{address} answered {method} with a non-object")
+    if doc.get("error"):
+        err = doc["error"]
+        what = f"{err.get('message', '')}: {err.get('data', '')}" if isinstance(err, dict) else str(err)
+        raise ListError(f"{address} refused {method}: {what[:300]}")
+    if "result" not in doc:
+        raise ListError(f"{address} answered {method} without a result")
+    return doc["result"]
+
+
+async def fetch_abci_query(address: str, path: str) -> bytes:
+    """``abci_query`` on a verifier's CometBFT RPC (``host:port``); the response's value bytes.
+
+    The response is bounded by :data:`MAX_RESPONSE`. Raises :class:`ListError` for a non-zero query
+    code (with the verifier's log) and ``OSError`` for I/O.
+    """
+    import base64
+
+    result = await rpc_call(address, "abci_query", {"path": f'"{path}"'})
+    try:
+        response = result["response"]
+        code = int(response.get("code", 0))
+        value = base64.b64decode(response.get("value") or "", validate=True)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ListError(f"{address} did not answer an abci_query ({type(exc).__name__})") from None
     if code:
-        raise ListError(f"{address} answered code {code}: {str(result.get('log', ''))[:200]}")
+        raise ListError(f"{address} answered code {code}: {str(response.get('log', ''))[:200]}")
     return value
 
 

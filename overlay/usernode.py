@@ -39,9 +39,13 @@ class UserNode:
         build_timeout: float = 10.0,
         refresh: float = 15 * 60.0,
         clock: Clock | None = None,
+        registered_only: bool = False,
     ) -> None:
         """``clock`` (default :class:`~overlay.clock.TrioClock`) is handed to every part:
-        node, relay, path manager and client, so a test moves them all at once."""
+        node, relay, path manager and client, so a test moves them all at once.
+        ``registered_only`` (set when lists come from the committee): this relay opens paths only
+        for users in the current user list. ``registry`` may be updated in place
+        (:meth:`Registry.replace`); call :meth:`directory_changed` after each update."""
         clock = clock or TrioClock()
         self.identity = identity
         self.registry = registry
@@ -54,7 +58,8 @@ class UserNode:
 
         self.relay = RelayService(
             self.node,
-            RelayCore(identity.node_id, identity.x25519, knows=has_role("user"), is_model=has_role("model")),
+            RelayCore(identity.node_id, identity.x25519, knows=has_role("user"), is_model=has_role("model"),
+                      admits=has_role("user") if registered_only else None),
             clock=clock,
         )
         self.relay.install()
@@ -70,6 +75,12 @@ class UserNode:
             self.node.on(CellBack, self._on_cell_back)
             self.node.on(Destroy, self._on_destroy)
             self.node.on_peer_lost(self.paths.on_peer_lost)
+
+    def directory_changed(self) -> None:
+        """The registry was updated in place: dial the new nodes by their listed addresses, forget
+        removed ones, and close relayed paths of nodes no longer listed."""
+        self.node.peers = {e.node_id: e for e in self.registry.entries if e.node_id != self.identity.node_id}
+        self.relay.execute(self.relay.core.forget_unlisted())
 
     async def _on_cell_back(self, conn: Connection, msg: CellBack) -> None:
         assert self.paths is not None
