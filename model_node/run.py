@@ -114,6 +114,7 @@ def run_model_node(args: argparse.Namespace, *, policy: ForwardingPolicy | None 
                 address = await nursery.start(node.serve, host, port)
                 if committee is not None:
                     member = Membership(committee, identity, registry, on_update=changed)
+                    node.on_unlisted = member.poke
                     entry = node_entry(identity, address, cfg.region, model=model, capacity=args.capacity)
                     await nursery.start(member.run, entry)
                 log.info("model node %s on %s; directory from %s", identity.node_id.hex()[:8], address, source)

@@ -126,6 +126,7 @@ class ModelNode:
         from proxies in the current user list."""
         self.identity = identity
         self.registered_only = registered_only
+        self.on_unlisted: Any = None  # Callable[[], None]: told when a proxy is not in the lists
         self.capacity = capacity
         self.engine = engine
         self.model = engine.model
@@ -311,6 +312,8 @@ class ModelNode:
         """With ``registered_only``, cloves are accepted only from proxies in the current user list
         (updated in place from the committee's lists: a node that left loses access at once)."""
         if self.registered_only and self._proxy(conn.peer_id) is None:
+            if self.on_unlisted is not None:
+                self.on_unlisted()
             self.responder.dropped["deliver-not-registered"] = self.responder.dropped.get("deliver-not-registered", 0) + 1
             return
         await self.responder.on_deliver(conn, msg)

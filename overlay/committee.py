@@ -399,7 +399,7 @@ async def rpc_call(address: str, method: str, params: dict[str, str]) -> Any:
     if doc.get("error"):
         err = doc["error"]
         what = f"{err.get('message', '')}: {err.get('data', '')}" if isinstance(err, dict) else str(err)
-        raise ListError(f"{address} refused {method}: {what[:300]}")
+        raise ListError(f"{address} did not answer {method}: JSON-RPC error {what[:300]}")
     if "result" not in doc:
         raise ListError(f"{address} answered {method} without a result")
     return doc["result"]

@@ -35,6 +35,9 @@ from overlay.transport import parse_address
 log = logging.getLogger("gentorrent.membership")
 
 LIST_WAIT_S = 60.0  # how long a starting node waits for the signed lists that hold its registration
+WARMUP_S = 60.0  # for this long after start, lists are refreshed every WARMUP_INTERVAL_S (nodes start together)
+WARMUP_INTERVAL_S = 1.0
+MIN_GAP_S = 1.0  # a poke (an unlisted node seen) refreshes at most this often
 
 
 @dataclass(frozen=True)
@@ -101,8 +104,12 @@ class Membership:
 
     ``run(entry)`` registers ``entry`` (and keeps it fresh, and leaves when cancelled), waits until
     the signed lists hold the registration, replaces ``registry``'s content with them, reports
-    started, then refreshes every ``interval`` seconds and calls ``on_update(registry)`` after each
-    verified refresh. ``rpc``/``fetch`` are injectable (tests answer from an in-process committee).
+    started, then refreshes every ``interval`` seconds (every :data:`WARMUP_INTERVAL_S` during the
+    first :data:`WARMUP_S`, when the nodes of a network start together) and calls
+    ``on_update(registry)`` after each verified refresh that changed the entries. :meth:`poke`
+    (a node saw a peer its lists do not hold: maybe one that just registered) refreshes early, at
+    most every :data:`MIN_GAP_S`. ``rpc``/``fetch`` are injectable (tests answer from an
+    in-process committee).
     """
 
     def __init__(self, settings: CommitteeSettings, identity: Identity, registry: Registry, *,
@@ -119,11 +126,37 @@ class Membership:
         self.client = CommitteeClient(settings.addresses, settings.chain_id, settings.validators, fetch=fetch,
                                       clock=self.clock, interval=interval)
         self.registration: CommitteeRegistration | None = None
+        self.refreshes = 0
+        self._poked = trio.Event()
+
+    def poke(self) -> None:
+        """Refresh the lists soon (called from trio: a relay or model node met an unlisted peer)."""
+        self._poked.set()
 
     def _apply(self, reg: Registry) -> None:
+        if reg.entries == self.registry.entries:
+            self.registry.version = reg.version
+            return
         self.registry.replace(reg)
         if self.on_update is not None:
             self.on_update(self.registry)
+
+    async def _refresh_forever(self) -> None:
+        started = last = self.clock.monotonic()
+        while True:
+            warm = self.clock.monotonic() - started < WARMUP_S
+            with trio.move_on_after(WARMUP_INTERVAL_S if warm else self.client.interval):
+                await self._poked.wait()
+            await trio.sleep(max(0.0, last + MIN_GAP_S - self.clock.monotonic()))
+            self._poked = trio.Event()
+            last = self.clock.monotonic()
+            try:
+                reg = await self.client.refresh()
+            except ListError as exc:
+                log.warning("committee lists not refreshed (keeping those held): %s", exc)
+                continue
+            self.refreshes += 1
+            self._apply(reg)
 
     async def _first_lists(self, height: int) -> None:
         deadline = self.clock.monotonic() + self.list_wait
@@ -164,8 +197,7 @@ class Membership:
         log.info("registered with the committee %r at height %d; lists of %d nodes",
                  self.settings.chain_id, height, len(self.registry.entries))
         task_status.started(height)
-        await trio.sleep(self.client.interval)
-        await self.client.run(self._apply)
+        await self._refresh_forever()
 
 
 async def cancel_on_sigterm(scope: trio.CancelScope) -> None:

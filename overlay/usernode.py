@@ -53,8 +53,15 @@ class UserNode:
         self.node = Node(identity, transport, peers=registry.entries, ping_interval=ping_interval,
                          clock=clock)
 
+        self.on_unlisted: Any = None  # Callable[[], None]: told when a peer is not in the lists (refresh them)
+
         def has_role(role: str) -> Any:
-            return lambda i: (e := registry.by_id.get(i)) is not None and e.role == role
+            def check(node_id: bytes) -> bool:
+                e = registry.by_id.get(node_id)
+                if e is None and self.on_unlisted is not None:
+                    self.on_unlisted()
+                return e is not None and e.role == role
+            return check
 
         self.relay = RelayService(
             self.node,

@@ -334,6 +334,7 @@ def run_serve(args: argparse.Namespace) -> int:
             address = await nursery.start(user.serve, host, port)
             if committee is not None:  # register, and take the lists from the committee (live)
                 member = Membership(committee, identity, registry, on_update=lambda _: user.directory_changed())
+                user.on_unlisted = member.poke
                 await nursery.start(member.run, node_entry(identity, address, cfg.region))
             binds = await nursery.start(serve, gateway.app, hc)
             print(f"READY {binds[0]}/v1", flush=True)

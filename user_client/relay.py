@@ -44,6 +44,7 @@ def run_relay(args: argparse.Namespace) -> int:
             address = await nursery.start(user.serve, host, port)
             if committee is not None:
                 member = Membership(committee, identity, registry, on_update=lambda _: user.directory_changed())
+                user.on_unlisted = member.poke
                 await nursery.start(member.run, node_entry(identity, address, cfg.region))
             # One machine-readable line so scripts (devnet, tests) learn the address.
             print(f"READY {identity.node_id.hex()} {address}", flush=True)

@@ -194,6 +194,8 @@ def start_nodes(net: LocalNet, timeout: float, *, show: bool, verbose: bool) -> 
                 raise LocalNetError(f"not ready after {timeout}s: {sorted(pending)}; see their logs in {net.root}")
             if pending:
                 time.sleep(0.1)
+    if net.verifiers:
+        net.wait_listed(names, timeout)
 
 
 @contextmanager
@@ -248,7 +250,7 @@ def _run(args: argparse.Namespace) -> int:
     committee = f"a committee of {args.verifiers} verifiers, then " if args.verifiers else ""
     say(f"devnet: starting {committee}{args.relays} relays and {args.models} model node(s) ({args.engine}, {model}) "
         f"on 127.0.0.1 (state in {root})")
-    t0 = time.monotonic()
+    t0 = net.clock.monotonic()
     try:
         with sigterm_as_interrupt():
             if net.verifiers:
@@ -263,17 +265,17 @@ def _run(args: argparse.Namespace) -> int:
                 return 1
             if net.verifiers:
                 say(f"devnet: all {len(state['entries'])} nodes healthy, registered with the committee "
-                    f"(RPC {net.committee_addresses}; genesis {net.genesis_file}); up in {time.monotonic() - t0:.1f} s")
+                    f"(RPC {net.committee_addresses}; genesis {net.genesis_file}); up in {net.clock.monotonic() - t0:.1f} s")
             else:
                 say(f"devnet: all {len(state['entries'])} nodes healthy. Registry: {net.registry_file} "
-                    f"(signed by {REGISTRY_KEYS} registry keys); up in {time.monotonic() - t0:.1f} s")
+                    f"(signed by {REGISTRY_KEYS} registry keys); up in {net.clock.monotonic() - t0:.1f} s")
             if not args.no_demo and not args.quiet:
                 say("devnet: demo chat through the anonymous overlay (3-hop proxy paths, (4,3) S-IDA cloves):")
                 if demo_chat(net, chat_config, args.engine) != 0:
                     print(f"devnet: the demo chat FAILED; see the messages above and the logs in {root}",
                           file=sys.stderr)
                     return 1
-                say(f"devnet: the chat answered {time.monotonic() - t0:.1f} s after devnet started")
+                say(f"devnet: the chat answered {net.clock.monotonic() - t0:.1f} s after devnet started")
             if args.chat:
                 say("devnet: your chat; /help for commands, /quit or Ctrl-D to leave (the network stops then)")
                 interactive_chat(chat_config)

@@ -10,6 +10,7 @@ package: roles run as processes.
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import socket
@@ -20,6 +21,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from overlay import registry as reg
 from overlay.clock import Clock, SystemClock
@@ -242,6 +244,35 @@ class LocalNet:
         for n in names:
             self.spawn(n)
         self.wait_ready(names, timeout)
+        if self.verifiers:
+            self.wait_listed(names, timeout)
+
+    def listed(self) -> set[bytes]:
+        """Node ids the committee holds now (its committed state, via one verifier's ``/nodes``)."""
+        import msgpack
+
+        for v in self.verifiers:
+            try:
+                res: Any = self.rpc(v, 'abci_query?path="/nodes"')
+                raw = base64.b64decode(res["response"].get("value") or "")
+                return {rec[0] for rec in msgpack.unpackb(raw)}
+            except (OSError, ValueError, KeyError, TypeError, urllib.error.URLError):
+                continue
+        return set()
+
+    def wait_listed(self, names: list[str], timeout: float) -> None:
+        """Wait until the committee lists every node of ``names``, then for the nodes' next list
+        refresh (:data:`overlay.membership.WARMUP_INTERVAL_S` while they are young), so that each
+        knows the others."""
+        from overlay.membership import WARMUP_INTERVAL_S
+
+        want = {self.entries[n].node_id for n in names}
+        deadline = self.clock.monotonic() + timeout
+        while not want <= self.listed():
+            if self.clock.monotonic() > deadline:
+                raise LocalNetError(f"the committee does not list every started node after {timeout}s")
+            time.sleep(0.1)
+        time.sleep(2 * WARMUP_INTERVAL_S + 0.5)
 
     def still_starting(self, names: set[str]) -> set[str]:
         """Those of ``names`` that have not printed READY yet; :class:`LocalNetError` if one exited."""

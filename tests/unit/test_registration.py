@@ -188,7 +188,7 @@ def test_committee_settings_need_both_flags_and_read_the_genesis(tmp_path: Any) 
 
 def _create(hops: list[Identity]) -> Create:
     pkt, _ = onion.build_onion([h.x25519.public_bytes for h in hops], [h.node_id for h in hops], 2000)
-    return Create(crypto.random_bytes(8), pkt)
+    return Create(crypto.random_bytes(16), pkt)
 
 
 def test_a_relay_refuses_paths_from_unregistered_nodes_and_closes_those_of_nodes_that_left() -> None:
