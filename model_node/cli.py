@@ -20,7 +20,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "its peers from the committee's signed lists; with a --registry file the file must list it."
         ),
     )
-    common_flags(p, "model", "listen", "committee", "committee_genesis", "region", "registry", "registry_keys", "peers")
+    common_flags(p, "model", "listen", "committee", "committee_genesis", "advertise", "region", "registry",
+                 "registry_keys", "peers")
     p.add_argument(
         "--engine", choices=["llama.cpp", "vllm", "echo"], default="llama.cpp",
         help="inference engine (default: llama.cpp). 'echo' is a DIAGNOSTIC that streams the prompt "

@@ -115,7 +115,7 @@ def run_model_node(args: argparse.Namespace, *, policy: ForwardingPolicy | None 
                 if committee is not None:
                     member = Membership(committee, identity, registry, on_update=changed)
                     node.on_unlisted = member.poke
-                    entry = node_entry(identity, address, cfg.region, model=model, capacity=args.capacity)
+                    entry = node_entry(identity, cfg.advertise or address, cfg.region, model=model, capacity=args.capacity)
                     await nursery.start(member.run, entry)
                 log.info("model node %s on %s; directory from %s", identity.node_id.hex()[:8], address, source)
                 print(f"READY {identity.node_id.hex()} {address}", flush=True)

@@ -53,6 +53,9 @@ SETTINGS: dict[str, Setting] = {
         Setting("committee_genesis", str, None,
                 "the committee's genesis.json (its chain id and validator keys, which signed lists must carry "
                 "more than 2/3 of the voting power of); every verifier holds it in DATA_DIR/cometbft/config/"),
+        Setting("advertise", str, None,
+                "the host:port other nodes reach this node at, as registered with the committee (default: the "
+                "--listen address; set it when listening on 0.0.0.0 or behind NAT)"),
         Setting("registry", str, None, "signed registry file listing user and model nodes (local option; "
                 "--committee replaces it)"),
         Setting("registry_keys", str, None,

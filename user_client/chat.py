@@ -301,7 +301,7 @@ def run_chat(args: argparse.Namespace) -> int:
             if committee is not None:  # register, and take the lists from the committee (live)
                 member = Membership(committee, identity, registry, on_update=lambda _: user.directory_changed())
                 user.on_unlisted = member.poke
-                await nursery.start(member.run, node_entry(identity, address, cfg.region))
+                await nursery.start(member.run, node_entry(identity, cfg.advertise or address, cfg.region))
                 if not registry.models(cfg.model):
                     raise CliError(f"no model node in the committee's lists serves {cfg.model!r}")
             if not interactive:

@@ -335,7 +335,7 @@ def run_serve(args: argparse.Namespace) -> int:
             if committee is not None:  # register, and take the lists from the committee (live)
                 member = Membership(committee, identity, registry, on_update=lambda _: user.directory_changed())
                 user.on_unlisted = member.poke
-                await nursery.start(member.run, node_entry(identity, address, cfg.region))
+                await nursery.start(member.run, node_entry(identity, cfg.advertise or address, cfg.region))
             binds = await nursery.start(serve, gateway.app, hc)
             print(f"READY {binds[0]}/v1", flush=True)
             print(f"[OpenAI-compatible API on {binds[0]}/v1; models: {', '.join(models()) or 'none'}; "

@@ -45,7 +45,7 @@ def run_relay(args: argparse.Namespace) -> int:
             if committee is not None:
                 member = Membership(committee, identity, registry, on_update=lambda _: user.directory_changed())
                 user.on_unlisted = member.poke
-                await nursery.start(member.run, node_entry(identity, address, cfg.region))
+                await nursery.start(member.run, node_entry(identity, cfg.advertise or address, cfg.region))
             # One machine-readable line so scripts (devnet, tests) learn the address.
             print(f"READY {identity.node_id.hex()} {address}", flush=True)
             log.info("relay %s serving on %s; directory of %d nodes from %s", identity.node_id.hex()[:8], address,
