@@ -278,6 +278,7 @@ ENTRY_TTL_S = 30 * 60
 REFRESH_INTERVAL_S = 10 * 60
 RETRY_S = 15.0  # after a failed refresh, try again this soon (still far inside the TTL)
 LEAVE_TIMEOUT_S = 5.0
+START_WAIT_S = 30.0  # a starting node waits this long for its committee to answer at all
 
 
 class RegistrationError(Exception):
@@ -367,7 +368,7 @@ class CommitteeRegistration:
     """
 
     def __init__(self, addresses: Sequence[str], registrar: Registrar, *, rpc: Rpc | None = None,
-                 clock: Clock | None = None, timeout: float = 30.0) -> None:
+                 clock: Clock | None = None, timeout: float = 30.0, start_wait: float = START_WAIT_S) -> None:
         if not addresses:
             raise ValueError("name at least one verifier RPC address (--committee HOST:PORT,...)")
         self.addresses = list(addresses)
@@ -375,6 +376,7 @@ class CommitteeRegistration:
         self.rpc: Rpc = rpc or rpc_call
         self.clock = clock or TrioClock()
         self.timeout = timeout
+        self.start_wait = start_wait  # at start, wait this long for a verifier to answer at all
         self.height = 0  # the block the last registration/refresh committed in
 
     async def _call(self, method: str, params: dict[str, str]) -> Any:
@@ -400,6 +402,20 @@ class CommitteeRegistration:
                 str(resp.get("log", ""))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise RegistrationError(f"a verifier answered abci_query {path} with no response ({exc!r})") from None
+
+    async def wait_reachable(self) -> None:
+        """At start: wait up to ``start_wait`` seconds for any verifier to answer (a node may start
+        with, or just before, its committee); :class:`RegistrationError` naming each failure after."""
+        deadline = self.clock.monotonic() + self.start_wait
+        while True:
+            try:
+                await self._call("status", {})
+                return
+            except RegistrationError as exc:
+                if self.clock.monotonic() >= deadline:
+                    raise
+                log.info("waiting for the committee (%s)", exc)
+            await trio.sleep(0.5)
 
     async def read_state(self) -> tuple[int, bool]:
         """``(last committed seq, listed?)`` for this node, from the committee's committed state."""
@@ -467,6 +483,7 @@ class CommitteeRegistration:
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         """Register, report the height to ``task_status``, refresh before expiry until cancelled,
         then leave (shielded, at most :data:`LEAVE_TIMEOUT_S`; a node that cannot leave expires)."""
+        await self.wait_reachable()
         height = await self.register()
         task_status.started(height)
         try:

@@ -160,26 +160,32 @@ def progress(total: int, what: str, enabled: bool) -> Iterator[Any]:
 
 
 def start_committee(net: LocalNet, timeout: float, *, show: bool, verbose: bool) -> None:
-    """Start the committee's verifiers with a progress display (how many serve signed lists)."""
+    """Wait for the committee's verifiers (launched already) with a progress display (how many serve
+    signed lists)."""
     if verbose:
         for v in net.verifiers:
             print(f"devnet: {v}: {' '.join(net.command(v))}  (log: {net.root / (v + '.log')}, "
                   f"{net.root / v / 'cometbft.log'})", file=sys.stderr)
     what = f"starting the committee: {len(net.verifiers)} verifiers (CometBFT validators)"
     with progress(len(net.verifiers), what, show) as update:
-        net.start_committee(timeout, on_progress=lambda done: update(
+        net.wait_committee(timeout, on_progress=lambda done: update(
             done, what if done < len(net.verifiers) else "committee up: signed lists served"))
 
 
-def start_nodes(net: LocalNet, timeout: float, *, show: bool, verbose: bool) -> None:
-    """Spawn every node and wait for each READY line, with a progress display; a node that
-    exits or is not ready within ``timeout`` seconds (on ``net.clock``) raises
-    :class:`LocalNetError`."""
-    names = net.relays + net.models
-    for n in names:
+def spawn_nodes(net: LocalNet, *, verbose: bool) -> None:
+    for n in net.relays + net.models:
         net.spawn(n)
         if verbose:
             print(f"devnet: {n}: {' '.join(net.command(n))}  (log: {net.root / (n + '.log')})", file=sys.stderr)
+
+
+def start_nodes(net: LocalNet, timeout: float, *, show: bool, verbose: bool, spawn: bool = True) -> None:
+    """Spawn every node (unless ``spawn`` is false: already spawned) and wait for each READY line,
+    with a progress display; a node that exits or is not ready within ``timeout`` seconds (on
+    ``net.clock``) raises :class:`LocalNetError`."""
+    names = net.relays + net.models
+    if spawn:
+        spawn_nodes(net, verbose=verbose)
     pending = set(names)
     deadline = net.clock.monotonic() + timeout
     starting = "starting nodes (each registers with the committee)" if net.verifiers else "starting nodes"
@@ -253,9 +259,11 @@ def _run(args: argparse.Namespace) -> int:
     t0 = net.clock.monotonic()
     try:
         with sigterm_as_interrupt():
-            if net.verifiers:
+            if net.verifiers:  # the nodes start with the committee: they wait for it to answer
+                net.launch_committee()
+                spawn_nodes(net, verbose=args.verbose)
                 start_committee(net, args.ready_timeout, show=show, verbose=args.verbose)
-            start_nodes(net, args.ready_timeout, show=show, verbose=args.verbose)
+            start_nodes(net, args.ready_timeout, show=show, verbose=args.verbose, spawn=not net.verifiers)
             state = run_async(wait_up, net, args.ready_timeout)
             for row in health_table(net, state["results"]):
                 say(row)

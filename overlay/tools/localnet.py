@@ -195,12 +195,15 @@ class LocalNet:
             return False
         return isinstance(res, dict) and int(res.get("response", {}).get("code", 1)) == 0
 
-    def start_committee(self, timeout: float = 60.0, on_progress: Callable[[int], None] | None = None) -> None:
-        """Init, start every verifier, and wait until each serves signed lists; ``on_progress(n)``
-        hears how many do so far."""
+    def launch_committee(self) -> None:
+        """Init the verifiers and spawn them (nodes may be spawned right after: they wait for the
+        committee to answer, :data:`overlay.registration.START_WAIT_S`)."""
         self.init_committee()
         for v in self.verifiers:
             self.spawn(v)
+
+    def wait_committee(self, timeout: float = 60.0, on_progress: Callable[[int], None] | None = None) -> None:
+        """Wait until every verifier serves signed lists; ``on_progress(n)`` hears how many do so far."""
         deadline = self.clock.monotonic() + timeout
         pending = set(self.verifiers)
         while pending:
@@ -215,6 +218,11 @@ class LocalNet:
                 raise LocalNetError(f"the committee did not serve signed lists within {timeout}s: {sorted(pending)}")
             if pending:
                 time.sleep(0.1)
+
+    def start_committee(self, timeout: float = 60.0, on_progress: Callable[[int], None] | None = None) -> None:
+        """Init, start every verifier, and wait until each serves signed lists."""
+        self.launch_committee()
+        self.wait_committee(timeout, on_progress)
 
     def validator_keys(self) -> list[str]:
         """The committee's validator keys (base64, from its genesis)."""

@@ -206,3 +206,24 @@ def test_a_relay_refuses_paths_from_unregistered_nodes_and_closes_those_of_nodes
     assert len(core) == 0 and core.dropped["path-unlisted"] == 1
     assert sorted((s.peer, s.msg.reason) for s in out) == sorted(
         [(member.node_id, "not-registered"), (h1.node_id, "not-registered")])
+
+
+def test_a_node_started_before_its_committee_waits_for_it_then_registers() -> None:
+    c = InProcessCommittee()
+    me = Identity.generate()
+    c.down = True
+
+    async def main() -> None:
+        reg = CommitteeRegistration(["v0:1"], Registrar(me.signing, CHAIN, node_entry(me, "127.0.0.1:9000", "r")),
+                                    rpc=c.rpc, start_wait=10)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reg.wait_reachable)
+            await trio.sleep(5)
+            c.down = False  # the committee comes up within the wait
+        await reg.register()
+        c.down = True
+        with pytest.raises(RegistrationError, match="no verifier answered status"):
+            await reg.wait_reachable()  # and never within it: a clear error after start_wait
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert _listed(c, me.node_id)
