@@ -227,3 +227,30 @@ def test_a_node_started_before_its_committee_waits_for_it_then_registers() -> No
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     assert _listed(c, me.node_id)
+
+
+def test_a_poke_refreshes_the_lists_early_after_the_warmup() -> None:
+    from overlay.membership import MIN_GAP_S, WARMUP_S
+
+    c = InProcessCommittee()
+    me, other = Identity.generate(), Identity.generate()
+    registry = Registry(0, [])
+
+    async def main() -> None:
+        member = Membership(c.settings(), me, registry, rpc=c.rpc, fetch=c.fetch)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(member.run, node_entry(me, "127.0.0.1:9000", "r"))
+            await trio.sleep(WARMUP_S + 1)
+            seen = member.refreshes
+            while member.refreshes == seen:  # just after a steady-state refresh: the next is 10 s away
+                await trio.sleep(0.01)
+            await CommitteeRegistration(["v0:1"], Registrar(other.signing, CHAIN, node_entry(
+                other, "127.0.0.1:9001", "r")), rpc=c.rpc).register()
+            await trio.sleep(MIN_GAP_S + 0.5)
+            assert other.node_id not in registry.by_id  # not without a poke
+            member.poke()  # e.g. a relay met `other`, unlisted
+            await trio.sleep(MIN_GAP_S + 0.5)
+            assert other.node_id in registry.by_id
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
