@@ -72,6 +72,8 @@ class UserNode:
         self.relay.install()
         self.paths: PathManager | None = None
         self.client: AnonClient | None = None
+        self._nursery: trio.Nursery | None = None
+        self._paths_deferred = False  # lists from the committee: build paths once the first ones arrive
         if client:
             self.paths = PathManager(
                 self.node, lambda: registry.users(region), target=max(n, paths or n),
@@ -88,6 +90,9 @@ class UserNode:
         removed ones, and close relayed paths of nodes no longer listed."""
         self.node.peers = {e.node_id: e for e in self.registry.entries if e.node_id != self.identity.node_id}
         self.relay.execute(self.relay.core.forget_unlisted())
+        if self._paths_deferred and self._nursery is not None and self.paths is not None and self.registry.entries:
+            self._paths_deferred = False
+            self._nursery.start_soon(self.paths.run)
 
     async def _on_cell_back(self, conn: Connection, msg: CellBack) -> None:
         assert self.paths is not None
@@ -109,10 +114,14 @@ class UserNode:
         self, host: str = "127.0.0.1", port: int = 0, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED
     ) -> None:
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery
             address = await nursery.start(self.node.serve, host, port)
             await nursery.start(self.relay.run)
             if self.paths is not None:
-                await nursery.start(self.paths.run)
+                if self.registry.entries:
+                    await nursery.start(self.paths.run)
+                else:  # an empty directory (lists from the committee come later): start with them
+                    self._paths_deferred = True
             task_status.started(address)
 
     def stats(self) -> dict[str, Any]:
