@@ -114,6 +114,7 @@ class SignedList:
     entries: tuple[PeerEntry, ...]
     validators: tuple[ValidatorKey, ...]
     signers: frozenset[bytes]
+    digest: bytes = b""  # SHA-256 of the list's bytes (the signed digest of its kind)
 
 
 def _typed(value: Any, tp: type, what: str) -> Any:
@@ -195,11 +196,14 @@ def _entries(records: Any, kind: int) -> tuple[PeerEntry, ...]:
 
 
 def verify_document(raw: bytes, chain_id: str, held: Sequence[ValidatorKey], *, kind: int,
-                    min_height: int = 0) -> SignedList:
+                    min_height: int = 0, known: SignedList | None = None) -> SignedList:
     """Decode ``raw`` strictly and accept it only as described in the module docstring.
 
     ``held`` is the validator set the client trusts; ``min_height`` the height of the list it holds
-    (an older one is refused, the same height is accepted). Raises :class:`ListError` saying why.
+    (an older one is refused, the same height is accepted). ``known``: a list verified before; when
+    the new document's list has the same SHA-256 (the same bytes, most refreshes), its entries are
+    reused instead of decoding the records again; everything else (signatures, digests, height) is
+    checked as always. Raises :class:`ListError` saying why.
     """
     doc = _unpack(raw, "the signed list")
     if type(doc) is not list or len(doc) != 9:
@@ -231,7 +235,8 @@ def verify_document(raw: bytes, chain_id: str, held: Sequence[ValidatorKey], *, 
     if height < min_height:
         raise ListError(f"the list is at height {height}, older than the height {min_height} already held; "
                         "ask another verifier")
-    if crypto.sha256(list_bytes) != (users_d if kind == KIND_USERS else models_d):
+    list_digest = crypto.sha256(list_bytes)
+    if list_digest != (users_d if kind == KIND_USERS else models_d):
         raise ListError("the list does not match the digest the committee signed (tampered or truncated)")
     message = signing_message(chain_id, height, users_d, models_d, validators_digest(validators))
     power = {v.public_key: v.power for v in held}
@@ -252,11 +257,14 @@ def verify_document(raw: bytes, chain_id: str, held: Sequence[ValidatorKey], *, 
     if 3 * signed <= 2 * total:
         raise ListError(f"valid signatures from validators with {signed} of {total} voting power; more than 2/3 "
                         "are required (a verifier serving this may be faulty: ask another)")
-    records = _unpack(list_bytes, "the list", use_list=False)
-    if type(records) is not tuple:
-        raise ListError("the list is not an array of records")
-    entries = _entries(records, kind)
-    return SignedList(chain_id, height, kind, entries, tuple(validators), frozenset(signers))
+    if known is not None and known.kind == kind and known.digest == list_digest:
+        entries = known.entries  # the same bytes, decoded and checked when ``known`` was verified
+    else:
+        records = _unpack(list_bytes, "the list", use_list=False)
+        if type(records) is not tuple:
+            raise ListError("the list is not an array of records")
+        entries = _entries(records, kind)
+    return SignedList(chain_id, height, kind, entries, tuple(validators), frozenset(signers), list_digest)
 
 
 def load_genesis(path: str) -> tuple[str, tuple[ValidatorKey, ...]]:
@@ -342,7 +350,7 @@ class CommitteeClient:
         """Verify ``raw`` against the held set and height; keep it (and its validator set) if it passes."""
         held = self.lists.get(kind)
         got = verify_document(raw, self.chain_id, self.validators, kind=kind,
-                              min_height=held.height if held else 0)
+                              min_height=held.height if held else 0, known=held)
         self.lists[kind] = got
         if {(v.public_key, v.power) for v in got.validators} != {(v.public_key, v.power) for v in self.validators}:
             log.info("committee changed at height %d: now %d validators", got.height, len(got.validators))

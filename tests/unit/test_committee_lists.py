@@ -491,3 +491,19 @@ def test_signed_records_that_break_a_field_rule_are_refused() -> None:
     bad[0][6] = ""
     with pytest.raises(ListError, match="model id"):
         verify_document(signed(bad, KIND_MODELS), CHAIN, c.pinned, kind=KIND_MODELS)
+
+
+def test_an_unchanged_list_reuses_the_held_entries_and_still_checks_everything_else() -> None:
+    c = Committee()
+    users = [_record(i) for i in range(5)]
+    first = verify_document(c.document(7, users, signers=4), CHAIN, c.pinned, kind=KIND_USERS)
+    again = verify_document(c.document(8, users, signers=4), CHAIN, c.pinned, kind=KIND_USERS, known=first)
+    assert again.entries is first.entries and again.height == 8 and again.digest == first.digest
+    with pytest.raises(ListError, match="more than 2/3"):
+        verify_document(c.document(9, users, signers=2), CHAIN, c.pinned, kind=KIND_USERS, known=first)
+    with pytest.raises(ListError, match="older"):
+        verify_document(c.document(6, users, signers=4), CHAIN, c.pinned, kind=KIND_USERS, min_height=7,
+                        known=first)
+    changed = verify_document(c.document(9, [*users, _record(9)], signers=4), CHAIN, c.pinned, kind=KIND_USERS,
+                              known=first)
+    assert changed.entries is not first.entries and len(changed.entries) == 6
