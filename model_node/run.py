@@ -15,7 +15,8 @@ from model_node.engine import Engine, EngineError
 from model_node.forwarding import ForwardingPolicy
 from overlay.cli import CliError, resolve_config, run_async
 from overlay.identity import load_or_create
-from overlay.registry import from_config
+from overlay.membership import Membership, cancel_on_sigterm, directory, node_entry
+from overlay.registry import Registry, RegistryError
 from overlay.transport import TLSTransport, parse_address
 
 log = logging.getLogger("gentorrent.model")
@@ -67,9 +68,12 @@ def run_model_node(args: argparse.Namespace, *, policy: ForwardingPolicy | None 
     model, load_engine = plan_engine(args.engine, cfg.model, echo_delay, threads=args.threads,
                                      prefix_snapshots=args.prefix_snapshots)
     identity = load_or_create(cfg.data_path)
-    registry = from_config(cfg)
+    try:
+        registry, committee, source = directory(cfg)
+    except RegistryError as exc:
+        raise CliError(str(exc)) from None
     me = registry.by_id.get(identity.node_id)
-    if me is None or me.role != "model" or model not in me.models:
+    if committee is None and (me is None or me.role != "model" or model not in me.models):
         raise CliError(
             f"this node ({identity.node_id.hex()[:8]}) is not listed in the registry as a model node serving "
             f"{model!r}; users could not find it"
@@ -95,11 +99,25 @@ def run_model_node(args: argparse.Namespace, *, policy: ForwardingPolicy | None 
                                   bits=args.hash_bits))
         node = ModelNode(identity, TLSTransport(identity), registry, engine, slots=SLOTS[args.engine],
                          capacity=args.capacity, max_queue_wait=args.max_queue_wait, group=group, policy=policy,
-                         accept_direct_requests=args.accept_direct_requests)
+                         accept_direct_requests=args.accept_direct_requests,
+                         registered_only=committee is not None)
+
+        def changed(reg: Registry) -> None:
+            """A committee list update: dial new nodes, forget removed ones, regroup."""
+            node.node.peers = {e.node_id: e for e in reg.entries if e.node_id != identity.node_id}
+            if node.group is not None:
+                node.group.state.set_members(node.group.members_of(reg))
 
         async def main() -> None:
             async with trio.open_nursery() as nursery:
+                nursery.start_soon(cancel_on_sigterm, nursery.cancel_scope)
                 address = await nursery.start(node.serve, host, port)
+                if committee is not None:
+                    member = Membership(committee, identity, registry, on_update=changed)
+                    node.on_unlisted = member.poke
+                    entry = node_entry(identity, cfg.advertise or address, cfg.region, model=model, capacity=args.capacity)
+                    await nursery.start(member.run, entry)
+                log.info("model node %s on %s; directory from %s", identity.node_id.hex()[:8], address, source)
                 print(f"READY {identity.node_id.hex()} {address}", flush=True)
 
         try:

@@ -111,6 +111,7 @@ class ModelNode:
         policy: ForwardingPolicy | None = None,
         accept_direct_requests: bool = False,
         clock: Clock | None = None,
+        registered_only: bool = False,
     ) -> None:
         """``slots``: requests generated at once (the rest wait in a queue of ``max_queue``,
         each at most ``max_queue_wait`` seconds, else "busy": see the module docstring);
@@ -121,8 +122,11 @@ class ModelNode:
         baselines). ``accept_direct_requests``: answer plain requests from anyone, not only
         from group members (a diagnostic: the requester is not anonymous to this node).
         ``clock``: reply chunking, signing times and the group's rounds read it (default:
-        trio's)."""
+        trio's). ``registered_only`` (set when lists come from the committee): accept cloves only
+        from proxies in the current user list."""
         self.identity = identity
+        self.registered_only = registered_only
+        self.on_unlisted: Any = None  # Callable[[], None]: told when a proxy is not in the lists
         self.capacity = capacity
         self.engine = engine
         self.model = engine.model
@@ -155,7 +159,7 @@ class ModelNode:
                 self.node, registry, self.model, load=self.current_load, prefixes=engine.cached_prefixes,
                 on_forwarded=self._take_forwarded, config=group, policy=policy, clock=self.clock)
             self.group.install()
-        self.node.on(Deliver, self.responder.on_deliver)
+        self.node.on(Deliver, self._on_deliver)
         self.node.on(Request, self._on_direct)
         self.node.on(ReplyChunk, self._on_relayed_chunk)
         self.node.on(StatsRequest, self._on_stats)
@@ -303,6 +307,16 @@ class ModelNode:
                     return
         finally:
             self._relays.pop(key, None)
+
+    async def _on_deliver(self, conn: Connection, msg: Deliver) -> None:
+        """With ``registered_only``, cloves are accepted only from proxies in the current user list
+        (updated in place from the committee's lists: a node that left loses access at once)."""
+        if self.registered_only and self._proxy(conn.peer_id) is None:
+            if self.on_unlisted is not None:
+                self.on_unlisted()
+            self.responder.dropped["deliver-not-registered"] = self.responder.dropped.get("deliver-not-registered", 0) + 1
+            return
+        await self.responder.on_deliver(conn, msg)
 
     def _proxy(self, node_id: bytes) -> Any:
         """Reply cloves go only to registered user nodes (proxies), never to other model nodes."""

@@ -107,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     from overlay.identity import IdentityError
     from overlay.peers import PeerListError
+    from overlay.registration import RegistrationError
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -121,6 +122,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except (CliError, config.ConfigError, IdentityError, PeerListError) as exc:
         print(f"gentorrent: error: {exc}", file=sys.stderr)
+        return 2
+    except RegistrationError as exc:
+        print(f"gentorrent: error: registration with the committee failed: {exc}", file=sys.stderr)
         return 2
 
 

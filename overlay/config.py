@@ -41,13 +41,23 @@ SETTINGS: dict[str, Setting] = {
     for s in [
         Setting("data_dir", str, None, "directory for keys and state (default: $XDG_DATA_HOME/gentorrent)"),
         Setting("listen", str, "127.0.0.1:0", "address to listen on, host:port (port 0 picks a free one)"),
-        Setting("peers", str, None, "peer list file (JSON) naming the nodes to reach"),
+        Setting("peers", str, None, "UNSIGNED peer list file (JSON) naming the nodes to reach: local testing only"),
         Setting("region", str, "default", "region this node belongs to (paths use relays of one region)"),
         Setting("log_level", str, "info", "logging level: debug, info, warning, error"),
         Setting("ping_interval", float, 0.0,
                 "seconds between liveness pings to every node of the directory (0, the default, disables: "
                 "in a large network every node would connect to every other)"),
-        Setting("registry", str, None, "signed registry file listing user and model nodes"),
+        Setting("committee", str, None,
+                "the verifier committee's CometBFT RPC addresses, comma-separated host:port: this node registers "
+                "with it and takes its peers from the committee's signed lists (needs --committee-genesis)"),
+        Setting("committee_genesis", str, None,
+                "the committee's genesis.json (its chain id and validator keys, which signed lists must carry "
+                "more than 2/3 of the voting power of); every verifier holds it in DATA_DIR/cometbft/config/"),
+        Setting("advertise", str, None,
+                "the host:port other nodes reach this node at, as registered with the committee (default: the "
+                "--listen address; set it when listening on 0.0.0.0 or behind NAT)"),
+        Setting("registry", str, None, "signed registry file listing user and model nodes (local option; "
+                "--committee replaces it)"),
         Setting("registry_keys", str, None,
                 "pinned registry keys, comma-separated Ed25519 hex; a list needs signatures of more than 2/3"),
         Setting("cloves", int, 4, "n: cloves per message, one per proxy path (paper default 4)"),

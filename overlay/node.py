@@ -92,7 +92,7 @@ class Node:
             self._nursery = nursery
             self.started_at = self.clock.monotonic()
             self.address = await nursery.start(self.transport.serve, self._serve_conn, host, port)
-            if self.peers and self.ping_interval > 0:
+            if self.ping_interval > 0:  # also with no peers yet: a committee's lists fill them later
                 nursery.start_soon(self._ping_loop)
             task_status.started(self.address)
 

@@ -49,6 +49,13 @@ class Registry:
     def __post_init__(self) -> None:
         self.by_id = {e.node_id: e for e in self.entries}
 
+    def replace(self, other: Registry) -> None:
+        """Take ``other``'s version and entries in place, so everything holding this object (relay
+        checks, path selection, the model list) sees a committee list update at once."""
+        self.version = other.version
+        self.entries[:] = other.entries
+        self.by_id = {e.node_id: e for e in self.entries}
+
     def users(self, region: str | None = None) -> list[PeerEntry]:
         return [e for e in self.entries if e.role == "user" and (region is None or e.region == region)]
 
@@ -150,4 +157,6 @@ def from_config(cfg: Any) -> Registry:
         return load(cfg.registry, parse_keys(cfg.registry_keys))
     if cfg.peers:
         return Registry(0, peerlist.load(cfg.peers))
-    raise RegistryError("no node directory: pass --registry FILE with --registry-keys, or --peers FILE")
+    raise RegistryError("no node directory: pass --committee HOST:PORT,... with --committee-genesis FILE (the "
+                        "verifier committee), or --registry FILE with --registry-keys (a signed file), or --peers "
+                        "FILE (unsigned, local testing only)")

@@ -87,7 +87,10 @@ class RelayCore:
     (a registered user); ``is_model(node_id)`` whether a proxy may deliver to it (a
     registered model node; ``None``: ask ``knows``). A proxy that delivered to a user node,
     or a relay that extended a path to a model node, would make that node drop the
-    connection (it does not speak the message), and with it every path on that link."""
+    connection (it does not speak the message), and with it every path on that link.
+    ``admits(node_id)`` (``None``: anyone) says whether a predecessor may open a path here; once
+    lists come from the committee it is "a registered user", so an unregistered node is refused
+    (``not-registered``) and :meth:`forget_unlisted` closes the paths of one that left."""
 
     node_id: bytes
     static_key: crypto.X25519Key
@@ -96,6 +99,7 @@ class RelayCore:
     dropped: Counter[str] = field(default_factory=Counter)
     forwarded: int = 0
     is_model: Any = None  # Callable[[bytes], bool]
+    admits: Any = None  # Callable[[bytes], bool]
 
     def __post_init__(self) -> None:
         self.by_pred: dict[tuple[bytes, bytes], _Path] = {}
@@ -142,6 +146,8 @@ class RelayCore:
         if not self._bucket(self._create_buckets, peer, self.limits.creates_per_s,
                             self.limits.create_burst).take(now):
             return self._drop("create-rate-limited")
+        if self.admits is not None and not self.admits(peer):
+            return [Send(peer, Destroy(msg.link_id, "not-registered"))] + self._drop("not-registered")
         if (peer, msg.link_id) in self.by_pred:
             return self._drop("link-in-use")
         if len(self.by_pred) >= self.limits.max_paths or self.per_peer[peer] >= self.limits.max_paths_per_peer:
@@ -171,6 +177,19 @@ class RelayCore:
         path = _Path(peer, msg.link_id, nxt, succ_link, onion.HopCrypt(r.keys), None, None, expires, now)
         self._add(path)
         return [Send(nxt, Create(succ_link, r.next_onion))]
+
+    def forget_unlisted(self) -> list[Send]:
+        """Close every path whose predecessor or successor ``admits``/``knows`` no longer lists
+        (called after each list update): a node that left loses its paths within one refresh."""
+        gone = [p for p in list(self.by_pred.values())
+                if (self.admits is not None and not self.admits(p.pred))
+                or (p.succ is not None and self.knows is not None and not self.knows(p.succ))]
+        out: list[Send] = []
+        for p in gone:
+            self._remove(p)
+            out += self._teardown(p, "not-registered")
+            self.dropped["path-unlisted"] += 1
+        return out
 
     def _remember(self, eph: bytes, expires: float, unix: float) -> None:
         if len(self.replay) >= self.limits.max_replay_entries:

@@ -39,9 +39,13 @@ class UserNode:
         build_timeout: float = 10.0,
         refresh: float = 15 * 60.0,
         clock: Clock | None = None,
+        registered_only: bool = False,
     ) -> None:
         """``clock`` (default :class:`~overlay.clock.TrioClock`) is handed to every part:
-        node, relay, path manager and client, so a test moves them all at once."""
+        node, relay, path manager and client, so a test moves them all at once.
+        ``registered_only`` (set when lists come from the committee): this relay opens paths only
+        for users in the current user list. ``registry`` may be updated in place
+        (:meth:`Registry.replace`); call :meth:`directory_changed` after each update."""
         clock = clock or TrioClock()
         self.identity = identity
         self.registry = registry
@@ -49,17 +53,27 @@ class UserNode:
         self.node = Node(identity, transport, peers=registry.entries, ping_interval=ping_interval,
                          clock=clock)
 
+        self.on_unlisted: Any = None  # Callable[[], None]: told when a peer is not in the lists (refresh them)
+
         def has_role(role: str) -> Any:
-            return lambda i: (e := registry.by_id.get(i)) is not None and e.role == role
+            def check(node_id: bytes) -> bool:
+                e = registry.by_id.get(node_id)
+                if e is None and self.on_unlisted is not None:
+                    self.on_unlisted()
+                return e is not None and e.role == role
+            return check
 
         self.relay = RelayService(
             self.node,
-            RelayCore(identity.node_id, identity.x25519, knows=has_role("user"), is_model=has_role("model")),
+            RelayCore(identity.node_id, identity.x25519, knows=has_role("user"), is_model=has_role("model"),
+                      admits=has_role("user") if registered_only else None),
             clock=clock,
         )
         self.relay.install()
         self.paths: PathManager | None = None
         self.client: AnonClient | None = None
+        self._nursery: trio.Nursery | None = None
+        self._paths_deferred = False  # lists from the committee: build paths once the first ones arrive
         if client:
             self.paths = PathManager(
                 self.node, lambda: registry.users(region), target=max(n, paths or n),
@@ -70,6 +84,15 @@ class UserNode:
             self.node.on(CellBack, self._on_cell_back)
             self.node.on(Destroy, self._on_destroy)
             self.node.on_peer_lost(self.paths.on_peer_lost)
+
+    def directory_changed(self) -> None:
+        """The registry was updated in place: dial the new nodes by their listed addresses, forget
+        removed ones, and close relayed paths of nodes no longer listed."""
+        self.node.peers = {e.node_id: e for e in self.registry.entries if e.node_id != self.identity.node_id}
+        self.relay.execute(self.relay.core.forget_unlisted())
+        if self._paths_deferred and self._nursery is not None and self.paths is not None and self.registry.entries:
+            self._paths_deferred = False
+            self._nursery.start_soon(self.paths.run)
 
     async def _on_cell_back(self, conn: Connection, msg: CellBack) -> None:
         assert self.paths is not None
@@ -91,10 +114,14 @@ class UserNode:
         self, host: str = "127.0.0.1", port: int = 0, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED
     ) -> None:
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery
             address = await nursery.start(self.node.serve, host, port)
             await nursery.start(self.relay.run)
             if self.paths is not None:
-                await nursery.start(self.paths.run)
+                if self.registry.entries:
+                    await nursery.start(self.paths.run)
+                else:  # an empty directory (lists from the committee come later): start with them
+                    self._paths_deferred = True
             task_status.started(address)
 
     def stats(self) -> dict[str, Any]:

@@ -44,3 +44,83 @@ class Node:
 
     def leave(self) -> bytes:
         return self.sign_tx(tx.OP_LEAVE)
+
+
+class InProcessCommittee:
+    """A committee of ``n`` validator keys around one in-process :class:`verifier.app.CommitteeApp`,
+    answering the CometBFT RPC calls nodes make (``abci_query``, ``broadcast_tx_commit``) and the
+    signed-list fetches, with blocks run the way CometBFT runs them (vote extensions, certificates).
+    ``now`` is the block time in seconds; every committed transaction is followed by empty heights
+    so the signed lists cover it."""
+
+    def __init__(self, n: int = 4, chain: str = CHAIN) -> None:
+        from overlay.committee import ValidatorKey
+        from verifier.app import CommitteeApp, Validator
+
+        self.chain = chain
+        self.keys = [crypto.SigningKey.generate() for _ in range(n)]
+        self.pinned = [ValidatorKey(k.public_bytes, 10) for k in self.keys]
+        self.app = CommitteeApp()
+        self.app.init_chain(chain, [Validator("ed25519", k.public_bytes, 10) for k in self.keys])
+        self.now = 1_700_000_000
+        self._votes: list[tuple[bytes, bytes]] = []
+        self.sent: list[bytes] = []  # every transaction broadcast, accepted or not
+        self.down = False  # True: every call raises OSError, as an unreachable verifier
+        self.height()
+
+    def height(self, txs: list[bytes] | None = None) -> tuple[int, list[object]]:
+        a, h = self.app, self.app.height + 1
+        block = a.prepare_proposal(txs or [], 1 << 20, self.now, h, self._votes)
+        block_hash = crypto.sha256(b"".join(block) + h.to_bytes(8, "big"))
+        assert a.process_proposal(block, self.now, h, block_hash)
+        self._votes = [(crypto.sha256(k.public_bytes)[:20], a.extend_vote(h, k, block_hash, block, self.now))
+                       for k in self.keys]
+        results, _ = a.finalize_block(h, self.now, block, block_hash)
+        a.commit()
+        return h, list(results)
+
+    def settle(self) -> None:
+        """Two empty heights: the lists signed after them hold every committed transaction."""
+        self.height()
+        self.height()
+
+    async def rpc(self, address: str, method: str, params: dict[str, str]) -> object:
+        import base64
+
+        if self.down:
+            raise OSError(f"{address}: connection refused")
+        if method == "status":
+            return {"sync_info": {"latest_block_height": str(self.app.height), "catching_up": False}}
+        if method == "abci_query":
+            path = params["path"].strip('"')
+            data = bytes.fromhex(params.get("data", "0x")[2:])
+            res, value = self.app.query(path, data)
+            return {"response": {"code": int(res.code), "log": res.log, "value": base64.b64encode(value).decode()}}
+        if method == "broadcast_tx_commit":
+            raw = bytes.fromhex(params["tx"][2:])
+            self.sent.append(raw)
+            check = self.app.check_tx(raw)
+            if not check.ok:
+                return {"check_tx": {"code": int(check.code), "log": check.log}, "tx_result": {"code": 0},
+                        "height": "0"}
+            h, results = self.height([raw])
+            res = results[-1]
+            self.settle()
+            return {"check_tx": {"code": 0}, "tx_result": {"code": int(res.code), "log": res.log},  # type: ignore[attr-defined]
+                    "height": str(h)}
+        raise OSError(f"no such method {method}")
+
+    async def fetch(self, address: str, path: str) -> bytes:
+        from overlay.committee import ListError
+
+        if self.down:
+            raise OSError(f"{address}: connection refused")
+        res, value = self.app.query(path, b"")
+        if not res.ok:
+            raise ListError(f"{address} answered code {int(res.code)}: {res.log}")
+        return value
+
+    def settings(self, addresses: tuple[str, ...] = ("v0:26657", "v1:26657")) -> object:
+        from overlay.membership import CommitteeSettings
+
+        return CommitteeSettings(addresses, self.chain, tuple(self.pinned))

@@ -256,7 +256,7 @@ async def wait_paths(paths: Any, n: int, timeout: float, *, show: bool, clock: C
 def run_chat(args: argparse.Namespace) -> int:
     from overlay.cli import CliError, resolve_config, run_async
     from overlay.identity import load_or_create
-    from overlay.registry import from_config
+    from overlay.membership import Membership, directory, node_entry
     from overlay.transport import TLSTransport
     from overlay.usernode import UserNode
     from user_client.relay import listen_address
@@ -276,12 +276,13 @@ def run_chat(args: argparse.Namespace) -> int:
             raise CliError("no prompt: standard input was empty (pass --prompt TEXT or pipe a prompt)")
         turns = [text]
     identity = load_or_create(cfg.data_path)
-    registry = from_config(cfg)
-    if not registry.models(cfg.model):
+    registry, committee, _ = directory(cfg)
+    if committee is None and not registry.models(cfg.model):
         raise CliError(f"no model node in the registry serves {cfg.model!r}")
     host, port = listen_address(cfg)
     user = UserNode(identity, TLSTransport(identity), registry, region=cfg.region, n=cfg.cloves,
-                    k=cfg.threshold, paths=cfg.proxies, refresh=cfg.path_refresh, ping_interval=0)
+                    k=cfg.threshold, paths=cfg.proxies, refresh=cfg.path_refresh, ping_interval=0,
+                    registered_only=committee is not None)
     assert user.client is not None and user.paths is not None
     paths = user.paths
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed)
@@ -296,7 +297,13 @@ def run_chat(args: argparse.Namespace) -> int:
     async def main() -> None:
         nonlocal status
         async with trio.open_nursery() as nursery:
-            await nursery.start(user.serve, host, port)
+            address = await nursery.start(user.serve, host, port)
+            if committee is not None:  # register, and take the lists from the committee (live)
+                member = Membership(committee, identity, registry, on_update=lambda _: user.directory_changed())
+                user.on_unlisted = member.poke
+                await nursery.start(member.run, node_entry(identity, cfg.advertise or address, cfg.region))
+                if not registry.models(cfg.model):
+                    raise CliError(f"no model node in the committee's lists serves {cfg.model!r}")
             if not interactive:
                 note(f"[building {cfg.proxies} proxy paths of 3 relays each...]")
             try:

@@ -30,7 +30,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "answered with an error, 6 a reply failed verification, 1 other."
         ),
     )
-    common_flags(chat, "model", "registry", "registry_keys", "peers", "region", "listen", "cloves", "threshold",
+    common_flags(chat, "model", "committee", "committee_genesis", "advertise", "registry", "registry_keys", "peers",
+                 "region", "listen", "cloves", "threshold",
                  "proxies", "path_refresh")
     chat.add_argument("--prompt", action="append", default=None, metavar="TEXT",
                       help="send this turn (repeatable), print the replies and exit; without it, a prompt piped "
@@ -58,7 +59,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "'READY <url>' once listening. Runs until Ctrl-C."
         ),
     )
-    common_flags(serve, "registry", "registry_keys", "peers", "region", "listen", "cloves", "threshold", "proxies",
+    common_flags(serve, "committee", "committee_genesis", "advertise", "registry", "registry_keys", "peers", "region",
+                 "listen", "cloves", "threshold", "proxies",
                  "path_refresh")
     _serve_flags(serve)
     serve.set_defaults(run=_run_serve)
@@ -68,11 +70,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description=(
             "Start a user node that listens on --listen, authenticates every peer by its node key, "
             "relays onion paths and cloves for other users, answers pings and status requests, and "
-            "pings the nodes of its directory (--registry, or an unsigned --peers list for local "
+            "pings the nodes of its directory (the verifier committee's signed lists with --committee, "
+            "where it registers itself; a signed --registry file; or an unsigned --peers list for local "
             "testing). Prints 'READY <node id> <address>' once listening. Runs until Ctrl-C."
         ),
     )
-    common_flags(relay, "listen", "registry", "registry_keys", "peers", "region", "ping_interval")
+    common_flags(relay, "listen", "committee", "committee_genesis", "advertise", "registry", "registry_keys", "peers",
+                 "region", "ping_interval")
     relay.set_defaults(run=_run_relay)
 
 

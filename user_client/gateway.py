@@ -288,7 +288,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
     from overlay.cli import CliError, resolve_config, run_async
     from overlay.identity import load_or_create
-    from overlay.registry import from_config
+    from overlay.membership import Membership, directory, node_entry
     from overlay.transport import TLSTransport
     from overlay.usernode import UserNode
     from user_client.relay import listen_address
@@ -304,10 +304,11 @@ def run_serve(args: argparse.Namespace) -> int:
     if not 1 <= cfg.threshold <= cfg.cloves <= 16 or cfg.proxies < cfg.cloves:
         raise CliError("need 1 <= threshold (k) <= cloves (n) <= 16 and proxies (N) >= cloves")
     identity = load_or_create(cfg.data_path)
-    registry = from_config(cfg)
+    registry, committee, _ = directory(cfg)
     host, port = listen_address(cfg)
     user = UserNode(identity, TLSTransport(identity), registry, region=cfg.region, n=cfg.cloves,
-                    k=cfg.threshold, paths=cfg.proxies, refresh=cfg.path_refresh, ping_interval=0)
+                    k=cfg.threshold, paths=cfg.proxies, refresh=cfg.path_refresh, ping_interval=0,
+                    registered_only=committee is not None)
     assert user.client is not None
 
     def models() -> list[str]:
@@ -326,7 +327,11 @@ def run_serve(args: argparse.Namespace) -> int:
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            await nursery.start(user.serve, host, port)
+            address = await nursery.start(user.serve, host, port)
+            if committee is not None:  # register, and take the lists from the committee (live)
+                member = Membership(committee, identity, registry, on_update=lambda _: user.directory_changed())
+                user.on_unlisted = member.poke
+                await nursery.start(member.run, node_entry(identity, cfg.advertise or address, cfg.region))
             binds = await nursery.start(serve, gateway.app, hc)
             print(f"READY {binds[0]}/v1", flush=True)
             print(f"[OpenAI-compatible API on {binds[0]}/v1; models: {', '.join(models()) or 'none'}; "

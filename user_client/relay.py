@@ -11,7 +11,8 @@ import trio
 from overlay.cli import CliError, resolve_config, run_async
 from overlay.config import Config
 from overlay.identity import load_or_create
-from overlay.registry import from_config
+from overlay.membership import Membership, cancel_on_sigterm, directory, node_entry
+from overlay.registry import RegistryError
 from overlay.transport import TLSTransport, parse_address
 from overlay.usernode import UserNode
 
@@ -29,23 +30,32 @@ def listen_address(cfg: Config) -> tuple[str, int]:
 def run_relay(args: argparse.Namespace) -> int:
     cfg = resolve_config(args)
     identity = load_or_create(cfg.data_path)
-    registry = from_config(cfg)
+    try:
+        registry, committee, source = directory(cfg)
+    except RegistryError as exc:
+        raise CliError(str(exc)) from None
     host, port = listen_address(cfg)
     user = UserNode(identity, TLSTransport(identity), registry, region=cfg.region, client=False,
-                    ping_interval=cfg.ping_interval)
+                    ping_interval=cfg.ping_interval, registered_only=committee is not None)
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
+            nursery.start_soon(cancel_on_sigterm, nursery.cancel_scope)
             address = await nursery.start(user.serve, host, port)
+            if committee is not None:
+                member = Membership(committee, identity, registry, on_update=lambda _: user.directory_changed())
+                user.on_unlisted = member.poke
+                await nursery.start(member.run, node_entry(identity, cfg.advertise or address, cfg.region))
             # One machine-readable line so scripts (devnet, tests) learn the address.
             print(f"READY {identity.node_id.hex()} {address}", flush=True)
-            log.info("relay %s serving on %s; directory of %d nodes", identity.node_id.hex()[:8], address,
-                     len(registry.entries))
+            log.info("relay %s serving on %s; directory of %d nodes from %s", identity.node_id.hex()[:8], address,
+                     len(registry.entries), source)
 
     try:
         run_async(main)
     except KeyboardInterrupt:
         print("relay stopped", file=sys.stderr)
+
     except OSError as exc:
         if user.node.address is not None:
             raise

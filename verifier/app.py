@@ -37,6 +37,7 @@ import msgpack
 
 from overlay import committee as lists
 from overlay import crypto
+from overlay.registration import ENTRY_TTL_S, REFRESH_INTERVAL_S  # noqa: F401 - REFRESH_INTERVAL_S re-exported
 from verifier import quorum
 from verifier.quorum import Change, ListCert
 from verifier.tx import (
@@ -56,10 +57,8 @@ from verifier.tx import (
 
 STATE_VERSION = 2
 SNAPSHOT_VERSION = 1
-# An entry lives this long (block time) after its last register/update. Nodes refresh every
-# REFRESH_INTERVAL_S, so two missed refreshes in a row still keep them listed.
-ENTRY_TTL_S = 30 * 60
-REFRESH_INTERVAL_S = 10 * 60
+# An entry lives ENTRY_TTL_S (block time) after its last register/update; nodes refresh every
+# REFRESH_INTERVAL_S (both defined with the codec, in overlay/registration.py).
 MAX_VALIDATORS = 1000
 DECODE_MEMO = 50_000  # decoded transactions remembered (about 20 MB at most)
 LIST_HISTORY = 8  # heights whose lists a verifier keeps to serve under a certificate

@@ -1,256 +1,40 @@
-"""Committee transactions: strict codec and signing for node registration (DESIGN.md "Verifier committee").
+"""Committee transactions: the codec lives in :mod:`overlay.registration` (nodes sign with it, the
+verifiers decode with it: one codec). This module re-exports it under the verifier's name."""
 
-A transaction is one msgpack array of exactly two binaries, ``[body, signature]``:
+from overlay.registration import (
+    DECODE_ERRORS,
+    MAX_ADDRESS,
+    MAX_CAPACITY,
+    MAX_CHAIN_ID,
+    MAX_MODEL_ID,
+    MAX_REGION,
+    MAX_SEQ,
+    MAX_TX_BYTES,
+    MIN_CAPACITY,
+    OP_LEAVE,
+    OP_NAMES,
+    OP_REGISTER,
+    OP_UPDATE,
+    ROLE_MODEL,
+    ROLE_NAMES,
+    ROLE_USER,
+    TX_CONTEXT,
+    TX_VERSION,
+    Code,
+    Entry,
+    Tx,
+    TxError,
+    check_address,
+    check_entry,
+    decode_tx,
+    make_tx,
+    pack,
+    signing_bytes,
+)
 
-- ``body`` is the canonical msgpack encoding of
-  ``[TX_VERSION, op, seq, ed25519_public, entry]`` where ``op`` is :data:`OP_REGISTER`,
-  :data:`OP_UPDATE` or :data:`OP_LEAVE`; ``seq`` a per-node sequence number (1 ≤ seq < 2**63) that
-  must grow with every transaction the node sends, so none can be replayed; ``entry`` is
-  ``[role, x25519_public, address, region, model_id, capacity]`` for register/update and ``nil``
-  for leave. ``role`` is :data:`ROLE_USER` or :data:`ROLE_MODEL`; user nodes have ``model_id ""``
-  and ``capacity 0``, model nodes a model id and a capacity score 1–10 (paper §3.1).
-- ``signature`` is the node's Ed25519 signature over
-  ``TX_CONTEXT || len(chain_id) (u8) || chain_id || body``; the chain id binds a transaction to
-  one committee, so it cannot be replayed on another.
-
-The node id is derived from the Ed25519 key (:func:`overlay.identity.node_id_of`), never sent.
-Every field is bounded; anything off raises :class:`TxError` with a numeric code from
-:class:`Code` and a reason. Nothing here reads state or a clock: stateful rules (replay,
-conflicts) live in :mod:`verifier.app`.
-"""
-
-from __future__ import annotations
-
-import enum
-import ipaddress
-import re
-from dataclasses import dataclass
-from typing import Any
-
-import msgpack
-
-from overlay import crypto
-from overlay.identity import node_id_of
-
-TX_VERSION = 1
-TX_CONTEXT = b"gentorrent/committee-tx/v1\x00"
-MAX_TX_BYTES = 1024
-MAX_ADDRESS = 255
-MAX_REGION = 32
-MAX_MODEL_ID = 128
-MAX_CHAIN_ID = 50  # CometBFT's own limit on a chain id
-MIN_CAPACITY, MAX_CAPACITY = 1, 10
-MAX_SEQ = 2**63 - 1
-# What msgpack (and unpacking its result) raises on hostile bytes: caught by type, never blindly.
-DECODE_ERRORS = (ValueError, TypeError, RecursionError, msgpack.UnpackException)
-
-OP_REGISTER, OP_UPDATE, OP_LEAVE = 1, 2, 3
-ROLE_USER, ROLE_MODEL = 1, 2
-OP_NAMES = {OP_REGISTER: "register", OP_UPDATE: "update", OP_LEAVE: "leave"}
-ROLE_NAMES = {ROLE_USER: "user", ROLE_MODEL: "model"}
-
-_REGION = re.compile(r"[a-z0-9][a-z0-9-]*")
-_MODEL_ID = re.compile(r"[\x21-\x7e]+")  # printable ASCII, no spaces
-_HOST = re.compile(r"[A-Za-z0-9.-]+")
-
-
-class Code(enum.IntEnum):
-    """CheckTx/ExecTxResult codes; 0 is success. Stable: clients match on them."""
-
-    OK = 0
-    MALFORMED = 1  # not a strict encoding of the format above
-    OVERSIZE = 2  # over MAX_TX_BYTES
-    UNSIGNED = 3  # empty signature
-    BAD_SIGNATURE = 4  # signature does not verify (wrong key, altered body, other chain)
-    REPLAYED = 5  # seq not above the node's last committed seq
-    CONFLICT = 6  # register of a registered node, an address held by another node, a role change
-    UNKNOWN_NODE = 7  # update or leave of a node that is not registered
-    INVALID_FIELD = 8  # a field out of range (capacity, address, region, model id)
-    UNSUPPORTED_VERSION = 9  # a TX_VERSION this verifier does not speak
-    UNAVAILABLE = 10  # queries only: no signed list held yet; retry or ask another verifier
-
-
-class TxError(Exception):
-    """A transaction breaks a rule: ``code`` says which, ``reason`` says why in words."""
-
-    def __init__(self, code: Code, reason: str) -> None:
-        self.code = code
-        self.reason = reason
-        super().__init__(f"{code.name} ({int(code)}): {reason}")
-
-
-@dataclass(frozen=True, slots=True)
-class Entry:
-    """What a node registers: how to reach it and what it serves."""
-
-    role: int
-    x25519_public: bytes
-    address: str
-    region: str
-    model_id: str = ""
-    capacity: int = 0
-
-    def to_wire(self) -> list[Any]:
-        return [self.role, self.x25519_public, self.address, self.region, self.model_id, self.capacity]
-
-
-@dataclass(frozen=True, slots=True)
-class Tx:
-    """A decoded, signature-checked transaction."""
-
-    op: int
-    seq: int
-    ed25519_public: bytes
-    entry: Entry | None  # None for leave
-
-    @property
-    def node_id(self) -> bytes:
-        return node_id_of(self.ed25519_public)
-
-
-def check_address(address: str) -> None:
-    """``host:port`` with a DNS name or IP literal (IPv6 in brackets) and a port 1–65535."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or not 1 <= int(port) <= 65535 or port != str(int(port)):
-        raise TxError(Code.INVALID_FIELD, f"address {address!r} is not host:port with a port 1-65535")
-    if host.startswith("[") and host.endswith("]"):
-        try:
-            ipaddress.IPv6Address(host[1:-1])
-        except ValueError:
-            raise TxError(Code.INVALID_FIELD, f"address {address!r}: bad IPv6 literal") from None
-    elif not host or not _HOST.fullmatch(host) or host.startswith(("-", ".")):
-        raise TxError(Code.INVALID_FIELD, f"address {address!r}: host must be a DNS name or IP literal")
-
-
-def check_entry(entry: Entry) -> None:
-    """Field rules of an entry; :class:`TxError` ``INVALID_FIELD`` naming the field."""
-    if entry.role not in ROLE_NAMES:
-        raise TxError(Code.INVALID_FIELD, f"role {entry.role} is not 1 (user) or 2 (model)")
-    if len(entry.x25519_public) != crypto.X25519_PK_LEN:
-        raise TxError(Code.INVALID_FIELD, "x25519 key must be 32 bytes")
-    if len(entry.address) > MAX_ADDRESS:
-        raise TxError(Code.INVALID_FIELD, f"address over {MAX_ADDRESS} characters")
-    check_address(entry.address)
-    if len(entry.region) > MAX_REGION or not _REGION.fullmatch(entry.region):
-        raise TxError(Code.INVALID_FIELD,
-                      f"region {entry.region[:40]!r} must be 1-{MAX_REGION} of a-z, 0-9, '-' (e.g. 'eu-west')")
-    if entry.role == ROLE_USER:
-        if entry.model_id or entry.capacity:
-            raise TxError(Code.INVALID_FIELD, "a user node has no model id and capacity 0")
-    else:
-        if len(entry.model_id) > MAX_MODEL_ID or not _MODEL_ID.fullmatch(entry.model_id):
-            raise TxError(Code.INVALID_FIELD, f"model id must be 1-{MAX_MODEL_ID} printable ASCII characters")
-        if not MIN_CAPACITY <= entry.capacity <= MAX_CAPACITY:
-            raise TxError(Code.INVALID_FIELD,
-                          f"capacity score {entry.capacity} outside {MIN_CAPACITY}-{MAX_CAPACITY} (paper §3.1)")
-
-
-def _check_chain_id(chain_id: str) -> bytes:
-    raw = chain_id.encode()
-    if not 0 < len(raw) <= MAX_CHAIN_ID:
-        raise ValueError(f"chain id must be 1-{MAX_CHAIN_ID} bytes")
-    return raw
-
-
-def signing_bytes(chain_id: str, body: bytes) -> bytes:
-    raw = _check_chain_id(chain_id)
-    return TX_CONTEXT + bytes([len(raw)]) + raw + body
-
-
-def pack(obj: object) -> bytes:
-    """Canonical msgpack (bin types for bytes), the one encoding transactions and state use."""
-    out: bytes = msgpack.packb(obj, use_bin_type=True)
-    return out
-
-
-def _body(op: int, seq: int, ed25519_public: bytes, entry: Entry | None) -> bytes:
-    return pack([TX_VERSION, op, seq, ed25519_public, None if entry is None else entry.to_wire()])
-
-
-def make_tx(signing: crypto.SigningKey, chain_id: str, op: int, seq: int, entry: Entry | None = None) -> bytes:
-    """Encode and sign a transaction (the client side). Raises :class:`TxError` for a bad entry."""
-    if op not in OP_NAMES:
-        raise ValueError(f"unknown op {op}")
-    if (entry is None) != (op == OP_LEAVE):
-        raise ValueError("register and update carry an entry; leave carries none")
-    if entry is not None:
-        check_entry(entry)
-    if not 1 <= seq <= MAX_SEQ:
-        raise ValueError(f"seq must be 1..{MAX_SEQ}")
-    body = _body(op, seq, signing.public_bytes, entry)
-    return pack([body, signing.sign(signing_bytes(chain_id, body))])
-
-
-def _unpack(raw: bytes, max_array: int) -> Any:
-    return msgpack.unpackb(raw, raw=False, use_list=True, strict_map_key=True, max_bin_len=MAX_TX_BYTES,
-                           max_str_len=MAX_TX_BYTES, max_array_len=max_array, max_map_len=0, max_ext_len=0)
-
-
-def _typed(value: Any, tp: type, what: str) -> Any:
-    if type(value) is not tp:
-        raise TxError(Code.MALFORMED, f"{what}: expected {tp.__name__}, got {type(value).__name__}")
-    return value
-
-
-def decode_tx(raw: bytes, chain_id: str) -> Tx:
-    """Strictly decode ``raw`` and check its signature for ``chain_id``; :class:`TxError` on anything off.
-
-    Checks, in order: size, outer shape, signature presence, canonical body encoding, version,
-    field types and bounds, entry rules, then the Ed25519 signature. Never raises anything else.
-    """
-    if len(raw) > MAX_TX_BYTES:
-        raise TxError(Code.OVERSIZE, f"{len(raw)} bytes over the limit of {MAX_TX_BYTES}")
-    try:
-        outer = _unpack(raw, 2)
-    except DECODE_ERRORS as exc:
-        raise TxError(Code.MALFORMED, f"not a msgpack [body, signature] array ({type(exc).__name__})") from None
-    if type(outer) is not list or len(outer) != 2:
-        raise TxError(Code.MALFORMED, "not a [body, signature] array")
-    body = _typed(outer[0], bytes, "body")
-    sig = _typed(outer[1], bytes, "signature")
-    if pack([body, sig]) != raw:
-        raise TxError(Code.MALFORMED, "transaction is not in canonical msgpack form")
-    if not sig:
-        raise TxError(Code.UNSIGNED, "the transaction carries no signature")
-    if len(sig) != crypto.ED25519_SIG_LEN:
-        raise TxError(Code.BAD_SIGNATURE, f"signature of {len(sig)} bytes, expected {crypto.ED25519_SIG_LEN}")
-    try:
-        fields = _unpack(body, 6)
-    except DECODE_ERRORS as exc:
-        raise TxError(Code.MALFORMED, f"body is not msgpack ({type(exc).__name__})") from None
-    if type(fields) is not list or len(fields) != 5:
-        raise TxError(Code.MALFORMED, "body is not [version, op, seq, ed25519, entry]")
-    version = _typed(fields[0], int, "version")
-    if version != TX_VERSION:
-        raise TxError(Code.UNSUPPORTED_VERSION, f"transaction version {version}; this verifier speaks {TX_VERSION}")
-    op = _typed(fields[1], int, "op")
-    if op not in OP_NAMES:
-        raise TxError(Code.MALFORMED, f"unknown op {op}")
-    seq = _typed(fields[2], int, "seq")
-    if not 1 <= seq <= MAX_SEQ:
-        raise TxError(Code.INVALID_FIELD, f"seq {seq} outside 1..{MAX_SEQ}")
-    pub = _typed(fields[3], bytes, "ed25519 key")
-    if len(pub) != crypto.ED25519_PK_LEN:
-        raise TxError(Code.MALFORMED, "ed25519 key must be 32 bytes")
-    entry: Entry | None = None
-    if op == OP_LEAVE:
-        if fields[4] is not None:
-            raise TxError(Code.MALFORMED, "a leave carries no entry")
-    else:
-        e = fields[4]
-        if type(e) is not list or len(e) != 6:
-            raise TxError(Code.MALFORMED, "entry is not [role, x25519, address, region, model_id, capacity]")
-        entry = Entry(
-            role=_typed(e[0], int, "role"), x25519_public=_typed(e[1], bytes, "x25519 key"),
-            address=_typed(e[2], str, "address"), region=_typed(e[3], str, "region"),
-            model_id=_typed(e[4], str, "model id"), capacity=_typed(e[5], int, "capacity"),
-        )
-        check_entry(entry)
-    if _body(op, seq, pub, entry) != body:
-        raise TxError(Code.MALFORMED, "body is not in canonical msgpack form")
-    try:
-        crypto.ed25519_verify(pub, sig, signing_bytes(chain_id, body))
-    except crypto.CryptoError:
-        raise TxError(Code.BAD_SIGNATURE,
-                      "the signature does not verify with the transaction's key for this chain") from None
-    return Tx(op=op, seq=seq, ed25519_public=pub, entry=entry)
+__all__ = [
+    "DECODE_ERRORS", "MAX_ADDRESS", "MAX_CAPACITY", "MAX_CHAIN_ID", "MAX_MODEL_ID", "MAX_REGION", "MAX_SEQ",
+    "MAX_TX_BYTES", "MIN_CAPACITY", "OP_LEAVE", "OP_NAMES", "OP_REGISTER", "OP_UPDATE", "ROLE_MODEL",
+    "ROLE_NAMES", "ROLE_USER", "TX_CONTEXT", "TX_VERSION", "Code", "Entry", "Tx", "TxError", "check_address",
+    "check_entry", "decode_tx", "make_tx", "pack", "signing_bytes",
+]

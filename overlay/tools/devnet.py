@@ -1,10 +1,12 @@
 """``gentorrent devnet``: a whole local network on loopback, in one command.
 
-It generates identities, a registry signed by 4 registry keys (standing in for
-the verifier committee; clients pin them and need more than 2/3), starts
-``--relays`` user nodes (``gentorrent user relay``) and ``--models`` model
+It starts a verifier committee of ``--verifiers`` (4) CometBFT validators
+(``gentorrent verifier init``, ``verifier genesis --install``, ``gentorrent verifier``),
+waits until they serve signed lists, then starts ``--relays`` user nodes (``gentorrent user relay``) and ``--models`` model
 nodes (``gentorrent model-node``, llama.cpp with the default SmolLM2 model; or
-``--engine echo``, the diagnostic) as separate processes, waits until all are
+``--engine echo``, the diagnostic) as separate processes, each registering itself with the
+committee and taking its peers from the committee's signed lists (no registry file;
+``--verifiers 0`` uses the old registry file signed by 4 local keys instead), waits until all are
 up, then holds a short multi-turn demo chat through the anonymous overlay
 (``gentorrent user chat --prompt ... --prompt ...``): 3-hop onion paths, 4
 S-IDA cloves, any 3 rebuild the prompt and each reply chunk; replies are signed
@@ -43,6 +45,7 @@ from overlay.tools.status import query_all
 from overlay.transport import TLSTransport
 
 REGISTRY_KEYS = 4
+VERIFIERS = 4
 DEFAULT_MODEL = "smollm2-135m-instruct"  # what `gentorrent model-node --engine llama.cpp` serves by default
 DEMO_TURNS = {
     "llama.cpp": ["What is the capital of France? Answer in one sentence.",
@@ -57,8 +60,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "devnet", help="run a local network of every part that exists, on loopback",
         description=(
             "Start a local GenTorrent network on 127.0.0.1: --relays user nodes and --models model nodes "
-            "(llama.cpp with SmolLM2-135M-Instruct by default), with a registry signed by 4 registry "
-            "keys. Once all nodes are up it holds a two-turn demo chat through the anonymous overlay, "
+            "(llama.cpp with SmolLM2-135M-Instruct by default), after a verifier committee of --verifiers "
+            "CometBFT validators with which every node registers itself. Once all nodes are up it holds a two-turn demo chat through the anonymous overlay, "
             "prints how to chat yourself, and runs until Ctrl-C (or --duration seconds). "
             "State and logs: DATA_DIR/devnet."
         ),
@@ -71,6 +74,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--ready-timeout", type=float, default=60.0,
                    help="seconds to wait for the nodes to come up (default: 60)")
     p.add_argument("--models", type=int, default=2, help="number of model nodes (default: 2)")
+    p.add_argument("--verifiers", type=int, default=VERIFIERS,
+                   help=f"verifiers in the committee the nodes register with (default: {VERIFIERS}; 0: no "
+                        f"committee, a registry file signed by {REGISTRY_KEYS} local keys instead)")
     p.add_argument("--engine", choices=["llama.cpp", "echo"], default="llama.cpp",
                    help="model nodes' engine (default: llama.cpp with the SmolLM2 model; 'echo' is a "
                         "diagnostic that streams prompts back)")
@@ -153,28 +159,49 @@ def progress(total: int, what: str, enabled: bool) -> Iterator[Any]:
         yield update
 
 
-def start_nodes(net: LocalNet, timeout: float, *, show: bool, verbose: bool) -> None:
-    """Spawn every node and wait for each READY line, with a progress display; a node that
-    exits or is not ready within ``timeout`` seconds (on ``net.clock``) raises
-    :class:`LocalNetError`."""
-    names = net.relays + net.models
-    for n in names:
+def start_committee(net: LocalNet, timeout: float, *, show: bool, verbose: bool) -> None:
+    """Wait for the committee's verifiers (launched already) with a progress display (how many serve
+    signed lists)."""
+    if verbose:
+        for v in net.verifiers:
+            print(f"devnet: {v}: {' '.join(net.command(v))}  (log: {net.root / (v + '.log')}, "
+                  f"{net.root / v / 'cometbft.log'})", file=sys.stderr)
+    what = f"starting the committee: {len(net.verifiers)} verifiers (CometBFT validators)"
+    with progress(len(net.verifiers), what, show) as update:
+        net.wait_committee(timeout, on_progress=lambda done: update(
+            done, what if done < len(net.verifiers) else "committee up: signed lists served"))
+
+
+def spawn_nodes(net: LocalNet, *, verbose: bool) -> None:
+    for n in net.relays + net.models:
         net.spawn(n)
         if verbose:
             print(f"devnet: {n}: {' '.join(net.command(n))}  (log: {net.root / (n + '.log')})", file=sys.stderr)
+
+
+def start_nodes(net: LocalNet, timeout: float, *, show: bool, verbose: bool, spawn: bool = True) -> None:
+    """Spawn every node (unless ``spawn`` is false: already spawned) and wait for each READY line,
+    with a progress display; a node that exits or is not ready within ``timeout`` seconds (on
+    ``net.clock``) raises :class:`LocalNetError`."""
+    names = net.relays + net.models
+    if spawn:
+        spawn_nodes(net, verbose=verbose)
     pending = set(names)
     deadline = net.clock.monotonic() + timeout
-    with progress(len(names), "starting nodes", show) as update:
+    starting = "starting nodes (each registers with the committee)" if net.verifiers else "starting nodes"
+    with progress(len(names), starting, show) as update:
         while pending:
             pending = net.still_starting(pending)
             waiting_models = sorted(pending & set(net.models))
             update(len(names) - len(pending),
                    f"loading the model on {', '.join(waiting_models)}" if waiting_models and len(pending) ==
-                   len(waiting_models) else "starting nodes")
+                   len(waiting_models) else starting)
             if pending and net.clock.monotonic() > deadline:
                 raise LocalNetError(f"not ready after {timeout}s: {sorted(pending)}; see their logs in {net.root}")
             if pending:
                 time.sleep(0.1)
+    if net.verifiers:
+        net.wait_listed(names, timeout)
 
 
 @contextmanager
@@ -213,9 +240,12 @@ def _run(args: argparse.Namespace) -> int:
     root = cfg.data_path / "devnet"
     if not 1 <= args.models <= 8:
         raise CliError("--models must be between 1 and 8")
+    if not (args.verifiers == 0 or 1 <= args.verifiers <= 7):
+        raise CliError("--verifiers must be between 1 and 7, or 0 for a signed registry file")
     model = DEFAULT_MODEL if args.engine == "llama.cpp" else "echo"
     net = LocalNet(root, args.relays, users=("you",), models=args.models, model=model, engine=args.engine,
-                   registry_keys=REGISTRY_KEYS, ping_interval=PING_INTERVAL, echo_delay=0.02)
+                   registry_keys=REGISTRY_KEYS, ping_interval=PING_INTERVAL, echo_delay=0.02,
+                   committee=args.verifiers)
     chat_config = net.config_toml("you", root / "chat.toml")
     show = not args.quiet
 
@@ -223,11 +253,17 @@ def _run(args: argparse.Namespace) -> int:
         if show:
             print(text, flush=True)
 
-    say(f"devnet: starting {args.relays} relays and {args.models} model node(s) ({args.engine}, {model}) "
+    committee = f"a committee of {args.verifiers} verifiers, then " if args.verifiers else ""
+    say(f"devnet: starting {committee}{args.relays} relays and {args.models} model node(s) ({args.engine}, {model}) "
         f"on 127.0.0.1 (state in {root})")
+    t0 = net.clock.monotonic()
     try:
         with sigterm_as_interrupt():
-            start_nodes(net, args.ready_timeout, show=show, verbose=args.verbose)
+            if net.verifiers:  # the nodes start with the committee: they wait for it to answer
+                net.launch_committee()
+                spawn_nodes(net, verbose=args.verbose)
+                start_committee(net, args.ready_timeout, show=show, verbose=args.verbose)
+            start_nodes(net, args.ready_timeout, show=show, verbose=args.verbose, spawn=not net.verifiers)
             state = run_async(wait_up, net, args.ready_timeout)
             for row in health_table(net, state["results"]):
                 say(row)
@@ -235,19 +271,27 @@ def _run(args: argparse.Namespace) -> int:
                 print(f"devnet: not every node answered within {args.ready_timeout}s (rows marked !!); see the "
                       f"logs in {root}", file=sys.stderr)
                 return 1
-            say(f"devnet: all {len(state['entries'])} nodes healthy. Registry: {net.registry_file} "
-                f"(signed by {REGISTRY_KEYS} registry keys)")
+            if net.verifiers:
+                say(f"devnet: all {len(state['entries'])} nodes healthy, registered with the committee "
+                    f"(RPC {net.committee_addresses}; genesis {net.genesis_file}); up in {net.clock.monotonic() - t0:.1f} s")
+            else:
+                say(f"devnet: all {len(state['entries'])} nodes healthy. Registry: {net.registry_file} "
+                    f"(signed by {REGISTRY_KEYS} registry keys); up in {net.clock.monotonic() - t0:.1f} s")
             if not args.no_demo and not args.quiet:
                 say("devnet: demo chat through the anonymous overlay (3-hop proxy paths, (4,3) S-IDA cloves):")
                 if demo_chat(net, chat_config, args.engine) != 0:
                     print(f"devnet: the demo chat FAILED; see the messages above and the logs in {root}",
                           file=sys.stderr)
                     return 1
+                say(f"devnet: the chat answered {net.clock.monotonic() - t0:.1f} s after devnet started")
             if args.chat:
                 say("devnet: your chat; /help for commands, /quit or Ctrl-D to leave (the network stops then)")
                 interactive_chat(chat_config)
                 return 0
             exe = Path(sys.executable).parent / "gentorrent"
+            if net.verifiers:
+                print(f"devnet: the committee's state: {exe if exe.exists() else 'gentorrent'} status --committee "
+                      f"{net.committee_addresses} --committee-genesis {net.genesis_file}", flush=True)
             print(f"devnet: chat yourself, from another terminal:\n"
                   f"    {exe if exe.exists() else 'gentorrent'} user chat --config {chat_config}\n"
                   f"or serve an OpenAI-compatible API on http://127.0.0.1:8741/v1:\n"
@@ -264,6 +308,7 @@ def _run(args: argparse.Namespace) -> int:
     except LocalNetError as exc:
         raise CliError(str(exc)) from None
     finally:
-        n = len(net.procs)
+        n = len([p for p in net.procs if p not in net.verifiers])
+        v = len([p for p in net.procs if p in net.verifiers])
         net.stop()
-        print(f"devnet: stopped {n} nodes.", flush=True)
+        print(f"devnet: stopped {n} nodes" + (f" and {v} verifiers." if v else "."), flush=True)

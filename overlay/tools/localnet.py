@@ -10,12 +10,18 @@ package: roles run as processes.
 
 from __future__ import annotations
 
+import base64
 import json
+import shutil
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from overlay import registry as reg
 from overlay.clock import Clock, SystemClock
@@ -64,6 +70,8 @@ class LocalNet:
         model_args: tuple[str, ...] = (),
         bench_args: tuple[str, ...] = (),
         clock: Clock | None = None,
+        committee: int = 0,
+        timeout_commit: str = "500ms",
     ) -> None:
         """``users`` names extra registered user identities that this class does not
         start (chat clients, benchmark clients, test sinks). ``engine``: the model nodes'
@@ -74,7 +82,10 @@ class LocalNet:
         launcher ``python -m model_node.bench.node``, which then starts the model nodes: they
         are no ``gentorrent model-node`` flags. ``clock`` (default
         :class:`~overlay.clock.SystemClock`: this class runs outside trio) stamps the registry
-        and times the waits for processes."""
+        and times the waits for processes. ``committee``: run that many verifiers (CometBFT
+        validators, ``gentorrent verifier``; :meth:`start_committee`) and let every node register
+        with them instead of reading a registry file (none is written); ``timeout_commit`` is their
+        CometBFT block pause."""
         self.clock: Clock = clock or SystemClock()
         self.root = root
         self.engine = engine
@@ -84,7 +95,7 @@ class LocalNet:
         self.ping_interval = ping_interval
         self.echo_delay = echo_delay
         self.model = model
-        ports = iter(free_ports(n_relays + models + len(users)))
+        ports = iter(free_ports(n_relays + models + len(users) + 2 * committee))
         self.names: list[str] = []
         self.identities: dict[str, Identity] = {}
         self.entries: dict[str, PeerEntry] = {}
@@ -96,13 +107,23 @@ class LocalNet:
             self._add(u, next(ports), "user")
         self.relays = [f"relay-{i}" for i in range(n_relays)]
         self.models = [f"model-{i}" for i in range(models)]
+        self.verifiers = [f"verifier-{i}" for i in range(committee)]
+        self.verifier_ports = {v: (next(ports), next(ports)) for v in self.verifiers}  # (p2p, rpc)
+        self.timeout_commit = timeout_commit
+        self.genesis_file = root / "committee-genesis.json"
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        if committee:  # no registry file: the nodes register with the committee
+            self.keys_hex = ""
+            self.registry_file = root / "registry.json"
+            self.registry_file.unlink(missing_ok=True)
+            self.registry = reg.Registry(0, list(self.entries.values()))
+            return
         keys = [SigningKey.from_bytes(load_or_create(root / f"registry-key-{i}").signing.private_bytes())
                 for i in range(registry_keys)]
         self.keys_hex = ",".join(k.public_bytes.hex() for k in keys)
         self.registry_file = root / "registry.json"
         reg.save(self.registry_file, reg.sign(list(self.entries.values()), keys, 1, int(self.clock.unix())))
         self.registry = reg.load(self.registry_file, [k.public_bytes for k in keys])
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def _add(self, name: str, port: int, role: str) -> None:
         ident = load_or_create(self.root / name)
@@ -112,21 +133,105 @@ class LocalNet:
             ident, format_address("127.0.0.1", port), role=role, models=(self.model,) if role == "model" else ()
         )
 
+    @property
+    def committee_addresses(self) -> str:
+        """The verifiers' CometBFT RPC addresses, as ``--committee`` takes them."""
+        return ",".join(f"127.0.0.1:{self.verifier_ports[v][1]}" for v in self.verifiers)
+
     def registry_args(self) -> list[str]:
+        if self.verifiers:
+            return ["--committee", self.committee_addresses, "--committee-genesis", str(self.genesis_file)]
         return ["--registry", str(self.registry_file), "--registry-keys", self.keys_hex]
 
     def config_toml(self, name: str, path: Path) -> Path:
-        """Write a config file for the registered user ``name`` (e.g. a chat client)."""
+        """Write a config file for the user ``name`` (e.g. a chat client; registered in the
+        registry file, or registering itself with the committee)."""
+        directory = (f'committee = "{self.committee_addresses}"\n'
+                     f"committee_genesis = {json.dumps(str(self.genesis_file))}\n") if self.verifiers else (
+                     f"registry = {json.dumps(str(self.registry_file))}\n"
+                     f'registry_keys = "{self.keys_hex}"\n')
         path.write_text(
             f"data_dir = {json.dumps(str(self.root / name))}\n"
-            f"registry = {json.dumps(str(self.registry_file))}\n"
-            f'registry_keys = "{self.keys_hex}"\n'
+            + directory +
             f'listen = "{self.entries[name].address}"\n'
             f'model = "{self.model}"\n'
         )
         return path
 
+    # ------------------------------------------------------------------ the committee
+
+    def init_committee(self) -> None:
+        """``gentorrent verifier init`` for each verifier (a fresh home: a devnet's chain starts anew
+        each run), then one genesis from their keys, installed in each (``verifier genesis --install``)."""
+        procs = []
+        for v in self.verifiers:  # in parallel: each is a Python start-up plus `cometbft init`
+            shutil.rmtree(self.root / v, ignore_errors=True)
+            p2p, rpc = self.verifier_ports[v]
+            procs.append((v, subprocess.Popen(
+                cli("verifier", "init", "--data-dir", str(self.root / v), "--p2p", f"127.0.0.1:{p2p}", "--rpc",
+                    f"127.0.0.1:{rpc}", "--timeout-commit", self.timeout_commit, "--log-level", "warning"),
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)))
+        for v, proc in procs:
+            _, err = proc.communicate()
+            if proc.returncode != 0:
+                raise LocalNetError(f"{v}: verifier init failed: {err.decode(errors='replace').strip()[-500:]}")
+        done = subprocess.run(cli("verifier", "genesis", "--chain-id", "gentorrent-devnet", "--out",
+                                  str(self.genesis_file), "--install", *[str(self.root / v) for v in self.verifiers]),
+                              capture_output=True)
+        if done.returncode != 0:
+            raise LocalNetError(f"verifier genesis failed: {done.stderr.decode(errors='replace').strip()[-500:]}")
+
+    def rpc(self, verifier: str, method: str, timeout: float = 2.0) -> object:
+        """One CometBFT RPC call (``method`` with its query string) to ``verifier``; the result."""
+        url = f"http://127.0.0.1:{self.verifier_ports[verifier][1]}/{method}"
+        with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - loopback, our own verifier
+            return json.loads(r.read())["result"]
+
+    def serves_lists(self, verifier: str) -> bool:
+        """Whether ``verifier`` answers its RPC and serves a signed user list (code 0)."""
+        try:
+            res: object = self.rpc(verifier, 'abci_query?path="/lists/users"')
+        except (OSError, ValueError, KeyError, urllib.error.URLError):
+            return False
+        return isinstance(res, dict) and int(res.get("response", {}).get("code", 1)) == 0
+
+    def launch_committee(self) -> None:
+        """Init the verifiers and spawn them (nodes may be spawned right after: they wait for the
+        committee to answer, :data:`overlay.registration.START_WAIT_S`)."""
+        self.init_committee()
+        for v in self.verifiers:
+            self.spawn(v)
+
+    def wait_committee(self, timeout: float = 60.0, on_progress: Callable[[int], None] | None = None) -> None:
+        """Wait until every verifier serves signed lists; ``on_progress(n)`` hears how many do so far."""
+        deadline = self.clock.monotonic() + timeout
+        pending = set(self.verifiers)
+        while pending:
+            for v in sorted(pending):
+                if self.procs[v].poll() is not None:
+                    raise LocalNetError(f"{v} exited with status {self.procs[v].returncode}; see "
+                                        f"{self.root / (v + '.log')} and {self.root / v / 'cometbft.log'}")
+            pending = {v for v in pending if not self.serves_lists(v)}
+            if on_progress is not None:
+                on_progress(len(self.verifiers) - len(pending))
+            if pending and self.clock.monotonic() > deadline:
+                raise LocalNetError(f"the committee did not serve signed lists within {timeout}s: {sorted(pending)}")
+            if pending:
+                time.sleep(0.1)
+
+    def start_committee(self, timeout: float = 60.0, on_progress: Callable[[int], None] | None = None) -> None:
+        """Init, start every verifier, and wait until each serves signed lists."""
+        self.launch_committee()
+        self.wait_committee(timeout, on_progress)
+
+    def validator_keys(self) -> list[str]:
+        """The committee's validator keys (base64, from its genesis)."""
+        doc = json.loads(self.genesis_file.read_text())
+        return [v["pub_key"]["value"] for v in doc["validators"]]
+
     def command(self, name: str) -> list[str]:
+        if name in self.verifiers:
+            return cli("verifier", "--data-dir", str(self.root / name))
         e = self.entries[name]
         common = ["--data-dir", str(self.root / name), "--listen", e.address, *self.registry_args()]
         if name in self.models:
@@ -147,6 +252,35 @@ class LocalNet:
         for n in names:
             self.spawn(n)
         self.wait_ready(names, timeout)
+        if self.verifiers:
+            self.wait_listed(names, timeout)
+
+    def listed(self) -> set[bytes]:
+        """Node ids the committee holds now (its committed state, via one verifier's ``/nodes``)."""
+        import msgpack
+
+        for v in self.verifiers:
+            try:
+                res: Any = self.rpc(v, 'abci_query?path="/nodes"')
+                raw = base64.b64decode(res["response"].get("value") or "")
+                return {rec[0] for rec in msgpack.unpackb(raw)}
+            except (OSError, ValueError, KeyError, TypeError, urllib.error.URLError):
+                continue
+        return set()
+
+    def wait_listed(self, names: list[str], timeout: float) -> None:
+        """Wait until the committee lists every node of ``names``, then for the nodes' next list
+        refresh (:data:`overlay.membership.WARMUP_INTERVAL_S` while they are young), so that each
+        knows the others."""
+        from overlay.membership import WARMUP_INTERVAL_S
+
+        want = {self.entries[n].node_id for n in names}
+        deadline = self.clock.monotonic() + timeout
+        while not want <= self.listed():
+            if self.clock.monotonic() > deadline:
+                raise LocalNetError(f"the committee does not list every started node after {timeout}s")
+            time.sleep(0.1)
+        time.sleep(2 * WARMUP_INTERVAL_S + 0.5)
 
     def still_starting(self, names: set[str]) -> set[str]:
         """Those of ``names`` that have not printed READY yet; :class:`LocalNetError` if one exited."""
@@ -176,16 +310,20 @@ class LocalNet:
         p.wait()
 
     def stop(self) -> None:
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.terminate()
-        deadline = self.clock.monotonic() + 5
-        for p in self.procs.values():
-            try:
-                p.wait(timeout=max(0.1, deadline - self.clock.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        """Stop the nodes (SIGTERM: they leave the committee's lists), then the verifiers."""
+        nodes = [p for n, p in self.procs.items() if n not in self.verifiers]
+        verifiers = [p for n, p in self.procs.items() if n in self.verifiers]
+        for group, grace in ((nodes, 10.0 if verifiers else 5.0), (verifiers, 20.0)):
+            for p in group:
+                if p.poll() is None:
+                    p.terminate()
+            deadline = self.clock.monotonic() + grace
+            for p in group:
+                try:
+                    p.wait(timeout=max(0.1, deadline - self.clock.monotonic()))
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
         self.procs.clear()
 
     def __enter__(self) -> LocalNet:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import Any
 
 import trio
 
@@ -16,14 +17,17 @@ from overlay.transport import Transport, TransportError
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
-        "status", help="check which nodes of a peer list are up and what they see",
+        "status", help="check the committee and which registered nodes are up and what they see",
         description=(
-            "Dial every node of the directory (--registry with --registry-keys, or an unsigned --peers "
-            "list) over authenticated TLS, pinning each id, ask for its view of its own peers, and "
-            "print one row per node. Exit status 1 if any node is unreachable."
+            "With --committee (and --committee-genesis): show the committee's height, each verifier's "
+            "RPC state, the validators and whether each signed the last block, then the registered nodes "
+            "from the committee's signed lists (verified). Otherwise the directory is a --registry file "
+            "with --registry-keys, or an unsigned --peers list. Every node is dialed over authenticated "
+            "TLS, pinning its id, and asked for its view of its own peers: one row per node. Exit status "
+            "1 if any node or verifier is unreachable."
         ),
     )
-    common_flags(p, "registry", "registry_keys", "peers")
+    common_flags(p, "committee", "committee_genesis", "registry", "registry_keys", "peers")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds per node (default: 5)")
     p.set_defaults(run=_run)
 
@@ -74,17 +78,87 @@ async def query_all(transport: Transport, entries: list[PeerEntry], timeout: flo
     return results
 
 
+LIVENESS_BLOCKS = 5  # a validator is live if it signed any of the last this many commits
+
+
+async def committee_view(addresses: tuple[str, ...], chain_id: str, validators: Any, timeout: float,
+                         ) -> tuple[list[str], list[PeerEntry], bool]:
+    """(rows describing the committee, the registered nodes from its verified lists, all verifiers up?)."""
+    import base64
+
+    from overlay.committee import CommitteeClient, ListError, rpc_call
+
+    rows, up, answered = [f"committee {chain_id!r}: {len(addresses)} verifier RPC address(es)"], True, None
+    rows.append(f"  {'verifier RPC':<22} {'height':>8}  state")
+    for addr in addresses:
+        try:
+            with trio.fail_after(timeout):
+                st = await rpc_call(addr, "status", {})
+            info = st["sync_info"]
+            state = "catching up" if info.get("catching_up") else "up"
+            rows.append(f"  {addr:<22} {int(info['latest_block_height']):>8}  {state}")
+            answered = answered or addr
+        except (OSError, ListError, trio.TooSlowError, KeyError, TypeError, ValueError) as exc:
+            up = False
+            rows.append(f"  {addr:<22} {'':>8}  DOWN: {exc or type(exc).__name__}")
+    entries: list[PeerEntry] = []
+    if answered is None:
+        rows.append("  no verifier answered: the committee's state and registered nodes are unknown")
+        return rows, entries, False
+    try:
+        with trio.fail_after(timeout):
+            vals = (await rpc_call(answered, "validators", {}))["validators"]
+            latest = await rpc_call(answered, "commit", {})
+            height = int(latest["signed_header"]["header"]["height"])
+            commits = [latest] + [await rpc_call(answered, "commit", {"height": str(h)})
+                                  for h in range(height - 1, max(0, height - LIVENESS_BLOCKS), -1)]
+        signed: dict[str, int] = {}
+        for c in commits:
+            for s in c["signed_header"]["commit"]["signatures"]:
+                if int(s.get("block_id_flag", 0)) == 2:  # BlockIDFlagCommit: it signed this block
+                    signed[s["validator_address"]] = signed.get(s["validator_address"], 0) + 1
+        rows.append(f"  validators at height {height} (live: signed some of the last {len(commits)} commits; a "
+                    "commit needs only 2/3+, so a live validator may miss one):")
+        for v in vals:
+            key = base64.b64decode(v["pub_key"]["value"]).hex()[:16]
+            n = signed.get(v["address"], 0)
+            rows.append(f"    {key:<18} power {int(v['voting_power']):>4}  {'live' if n else 'NOT SIGNING'}"
+                        f" ({n}/{len(commits)})")
+    except (OSError, ListError, trio.TooSlowError, KeyError, TypeError, ValueError) as exc:
+        rows.append(f"  validators unknown: {answered} did not answer ({exc})")
+    client = CommitteeClient(addresses, chain_id, validators, fetch_timeout=timeout)
+    try:
+        reg = await client.refresh()
+        entries = list(reg.entries)
+        rows.append(f"  signed lists at height {client.height}: {len(reg.users())} users, {len(reg.models())} model "
+                    f"nodes (verified against the pinned genesis keys)")
+    except ListError as exc:
+        up = False
+        rows.append(f"  no signed list verifies: {exc}")
+    return rows, entries, up
+
+
 def _run(args: argparse.Namespace) -> int:
+    from overlay.membership import committee_settings
     from overlay.registry import RegistryError, from_config
     from overlay.transport import TLSTransport
 
     cfg = resolve_config(args)
+    committee_up = True
     try:
-        entries = from_config(cfg).entries
+        committee = committee_settings(cfg)
+        if committee is not None:
+            rows, entries, committee_up = run_async(committee_view, committee.addresses, committee.chain_id,
+                                                    committee.validators, args.timeout)
+            for row in rows:
+                print(row)
+            print(f"registered nodes ({len(entries)}):")
+        else:
+            entries = from_config(cfg).entries
     except RegistryError as exc:
         raise CliError(f"status: {exc}") from None
     transport = TLSTransport(Identity.generate())  # a throwaway identity: status is anonymous
     results = run_async(query_all, transport, entries, args.timeout)
     for row in format_rows(entries, results):
         print(row)
-    return 0 if all(not isinstance(r, str) for r in results.values()) else 1
+    return 0 if committee_up and all(not isinstance(r, str) for r in results.values()) else 1

@@ -69,13 +69,13 @@ def test_stopping_devnet_leaves_no_process_behind(tmp_path, sig):
                 break
         text = "".join(lines)
         assert "press Ctrl-C" in text, text + proc.stderr.read()
-        assert "all 6 nodes healthy" in text and text.count("healthy: relays for users") == 5
+        assert "all 6 nodes healthy, registered with the committee" in text and text.count("healthy: relays for users") == 5
         nodes = children_of(proc.pid)
-        assert len(nodes) == 6
+        assert len(nodes) == 6 + 4  # the nodes and the committee's 4 verifiers
         proc.send_signal(sig)
         rest, _ = proc.communicate(timeout=30)
         assert proc.returncode == 0
-        assert "stopped 6 nodes" in rest
+        assert "stopped 6 nodes and 4 verifiers" in rest
         assert [p for p in nodes if alive(p)] == []
     finally:
         if proc.poll() is None:

@@ -446,3 +446,64 @@ def test_running_a_block_once_per_hash_gives_what_running_it_each_time_gives() -
         plain.commit()
         assert (app_hash, plain.snapshot()) == (shared.app_hash, shared.snapshot())
         assert plain.lists_at(plain.height) == shared.lists_at(shared.height)
+
+
+def test_signed_records_that_break_a_field_rule_are_refused() -> None:
+    """The one-pass record decoder keeps every check: types, sizes, role, region/model id, order,
+    address; and its entries equal those the plain PeerEntry constructor makes."""
+    from overlay.peers import PeerEntry
+
+    c = Committee()
+
+    def signed(records: list[list[object]], kind: int = KIND_USERS, sort: bool = True) -> bytes:
+        if sort:
+            return c.document(7, records, signers=4) if kind == KIND_USERS else \
+                c.document(7, [], records, signers=4, kind=KIND_MODELS)
+        ub = msgpack.packb(records, use_bin_type=True)
+        mb = msgpack.packb([], use_bin_type=True)
+        msg = signing_message(CHAIN, 7, crypto.sha256(ub), crypto.sha256(mb), validators_digest(c.pinned))
+        return encode_document(CHAIN, 7, KIND_USERS, ub, crypto.sha256(ub), crypto.sha256(mb), c.pinned,
+                               [(k.public_bytes, k.sign(msg)) for k in c.keys])
+
+    good = [_record(i) for i in range(3)]
+    got = verify_document(signed(good), CHAIN, c.pinned, kind=KIND_USERS)
+    assert [type(e) for e in got.entries] == [PeerEntry] * 3
+    assert got.entries[0] == PeerEntry(*[sorted(good, key=lambda r: r[0])[0][k] for k in (0, 4, 1, 3, 5)], "user", ())
+    cases: list[tuple[str, object, str]] = [
+        ("role", 2, "another role"), ("region", "", "region"), ("region", "r" * 65, "region"),
+        ("model", "m", "model id"), ("address", "no-port", "host:port"), ("address", "h:99999", "host:port"),
+        ("address", ":80", "host:port"), ("x25519", bytes(31), "wrong size"), ("capacity", "5", "types"),
+        ("expires", 1.5, "types"),
+    ]
+    index = {"role": 2, "x25519": 3, "address": 4, "region": 5, "model": 6, "capacity": 7, "expires": 8}
+    for field, value, message in cases:
+        bad = [list(r) for r in good]
+        bad[1][index[field]] = value
+        with pytest.raises(ListError, match=message):
+            verify_document(signed(bad), CHAIN, c.pinned, kind=KIND_USERS)
+    unsorted = sorted(good, key=lambda r: r[0], reverse=True)
+    with pytest.raises(ListError, match="not sorted"):
+        verify_document(signed(unsorted, sort=False), CHAIN, c.pinned, kind=KIND_USERS)
+    with pytest.raises(ListError, match="not sorted"):
+        verify_document(signed([good[0], good[0]], sort=False), CHAIN, c.pinned, kind=KIND_USERS)
+    models = [_record(i, 2) for i in range(2)]
+    bad = [list(r) for r in models]
+    bad[0][6] = ""
+    with pytest.raises(ListError, match="model id"):
+        verify_document(signed(bad, KIND_MODELS), CHAIN, c.pinned, kind=KIND_MODELS)
+
+
+def test_an_unchanged_list_reuses_the_held_entries_and_still_checks_everything_else() -> None:
+    c = Committee()
+    users = [_record(i) for i in range(5)]
+    first = verify_document(c.document(7, users, signers=4), CHAIN, c.pinned, kind=KIND_USERS)
+    again = verify_document(c.document(8, users, signers=4), CHAIN, c.pinned, kind=KIND_USERS, known=first)
+    assert again.entries is first.entries and again.height == 8 and again.digest == first.digest
+    with pytest.raises(ListError, match="more than 2/3"):
+        verify_document(c.document(9, users, signers=2), CHAIN, c.pinned, kind=KIND_USERS, known=first)
+    with pytest.raises(ListError, match="older"):
+        verify_document(c.document(6, users, signers=4), CHAIN, c.pinned, kind=KIND_USERS, min_height=7,
+                        known=first)
+    changed = verify_document(c.document(9, [*users, _record(9)], signers=4), CHAIN, c.pinned, kind=KIND_USERS,
+                              known=first)
+    assert changed.entries is not first.entries and len(changed.entries) == 6

@@ -1,0 +1,209 @@
+"""Where a node finds its peers, and keeping that view live (docs/committee.md "Nodes and the committee").
+
+A node's directory (the users it may relay with, the model nodes it may reach) comes from one of:
+
+- **the verifier committee** (``--committee HOST:PORT,...`` with ``--committee-genesis FILE``): the
+  node registers itself (:mod:`overlay.registration`), takes its lists from the committee's signed
+  lists (:class:`overlay.committee.CommitteeClient`), and sees their updates live;
+- a **signed registry file** (``--registry`` + ``--registry-keys``), a local option, static;
+- an **unsigned peers file** (``--peers``), for local testing only, static.
+
+:class:`Membership` is the thin driver of the first: register, wait for the signed lists that hold
+this node, then refresh them every few seconds and hand each update to ``on_update``. The node's
+:class:`~overlay.registry.Registry` object is updated in place (:meth:`Registry.replace`), so every
+part holding it (relay checks, path selection, the model list) sees new nodes and loses removed ones
+without a restart.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from overlay.clock import Clock, TrioClock
+from overlay.committee import REFRESH_S, CommitteeClient, Fetch, ListError, ValidatorKey, load_genesis
+from overlay.identity import Identity
+from overlay.registration import CommitteeRegistration, Entry, Registrar, RegistrationError, Rpc
+from overlay.registry import Registry, RegistryError, from_config
+from overlay.transport import parse_address
+
+log = logging.getLogger("gentorrent.membership")
+
+LIST_WAIT_S = 60.0  # how long a starting node waits for the signed lists that hold its registration
+WARMUP_S = 60.0  # for this long after start, lists are refreshed every WARMUP_INTERVAL_S (nodes start together)
+WARMUP_INTERVAL_S = 1.0
+MIN_GAP_S = 1.0  # a poke (an unlisted node seen) refreshes at most this often
+
+
+@dataclass(frozen=True)
+class CommitteeSettings:
+    """How to reach and trust a committee: its verifiers' RPC addresses, chain id and validator keys."""
+
+    addresses: tuple[str, ...]
+    chain_id: str
+    validators: tuple[ValidatorKey, ...]
+
+
+def committee_settings(cfg: Any) -> CommitteeSettings | None:
+    """``--committee`` and ``--committee-genesis`` as settings (``None`` when no committee is named);
+    :class:`RegistryError` saying what to fix."""
+    if not cfg.committee:
+        if cfg.committee_genesis:
+            raise RegistryError("--committee-genesis needs --committee HOST:PORT,... (the verifiers' RPC addresses)")
+        return None
+    if not cfg.committee_genesis:
+        raise RegistryError("--committee needs --committee-genesis FILE: the committee's genesis.json (every "
+                            "verifier holds it in DATA_DIR/cometbft/config/genesis.json)")
+    addresses = tuple(a.strip() for a in cfg.committee.split(",") if a.strip())
+    for a in addresses:
+        try:
+            parse_address(a)
+        except ValueError as exc:
+            raise RegistryError(f"--committee: {a!r}: {exc}") from None
+    if not addresses:
+        raise RegistryError("--committee names no address; pass HOST:PORT,... (the verifiers' CometBFT RPC)")
+    try:
+        chain_id, validators = load_genesis(cfg.committee_genesis)
+    except ListError as exc:
+        raise RegistryError(str(exc)) from None
+    return CommitteeSettings(addresses, chain_id, validators)
+
+
+def directory(cfg: Any) -> tuple[Registry, CommitteeSettings | None, str]:
+    """``(registry, committee, source)``: with a committee, an empty registry that
+    :class:`Membership` fills; otherwise the file's (static) registry. ``source`` says in words
+    where the directory comes from."""
+    committee = committee_settings(cfg)
+    if committee is not None:
+        return Registry(0, []), committee, f"the committee {committee.chain_id!r} ({len(committee.addresses)} verifiers)"
+    if cfg.registry:
+        return from_config(cfg), None, f"the signed registry file {cfg.registry} (local option)"
+    reg = from_config(cfg)
+    log.warning("using the UNSIGNED peers file %s: for local testing only (use --committee)", cfg.peers)
+    return reg, None, f"the UNSIGNED peers file {cfg.peers} (local testing only)"
+
+
+def node_entry(identity: Identity, address: str, region: str, *, model: str = "", capacity: int = 0) -> Entry:
+    """What this node registers: a user (no model) or a model node (model id, capacity 1-10)."""
+    host, _ = parse_address(address)
+    if host in ("0.0.0.0", "::", ""):
+        raise RegistrationError(f"listening on {address}, which other nodes cannot dial: pass --listen with the "
+                                "address others reach this node at")
+    from overlay.registration import ROLE_MODEL, ROLE_USER
+
+    return Entry(ROLE_MODEL if model else ROLE_USER, identity.x25519.public_bytes, address, region, model, capacity)
+
+
+class Membership:
+    """A node's membership in a committee's network: registration plus live signed lists.
+
+    ``run(entry)`` registers ``entry`` (and keeps it fresh, and leaves when cancelled), waits until
+    the signed lists hold the registration, replaces ``registry``'s content with them, reports
+    started, then refreshes every ``interval`` seconds (every :data:`WARMUP_INTERVAL_S` during the
+    first :data:`WARMUP_S`, when the nodes of a network start together) and calls
+    ``on_update(registry)`` after each verified refresh that changed the entries. :meth:`poke`
+    (a node saw a peer its lists do not hold: maybe one that just registered) refreshes early, at
+    most every :data:`MIN_GAP_S`. ``rpc``/``fetch`` are injectable (tests answer from an
+    in-process committee).
+    """
+
+    def __init__(self, settings: CommitteeSettings, identity: Identity, registry: Registry, *,
+                 on_update: Callable[[Registry], None] | None = None, clock: Clock | None = None,
+                 interval: float = REFRESH_S, list_wait: float = LIST_WAIT_S, rpc: Rpc | None = None,
+                 fetch: Fetch | None = None) -> None:
+        self.settings = settings
+        self.identity = identity
+        self.registry = registry
+        self.on_update = on_update
+        self.clock = clock or TrioClock()
+        self.list_wait = list_wait
+        self.rpc = rpc
+        self.client = CommitteeClient(settings.addresses, settings.chain_id, settings.validators, fetch=fetch,
+                                      clock=self.clock, interval=interval)
+        self.registration: CommitteeRegistration | None = None
+        self.refreshes = 0
+        self._poked = trio.Event()
+
+    def poke(self) -> None:
+        """Refresh the lists soon (called from trio: a relay or model node met an unlisted peer)."""
+        self._poked.set()
+
+    def _apply(self, reg: Registry) -> None:
+        if reg.entries == self.registry.entries:
+            self.registry.version = reg.version
+            return
+        self.registry.replace(reg)
+        if self.on_update is not None:
+            self.on_update(self.registry)
+
+    async def _refresh_forever(self) -> None:
+        started = last = self.clock.monotonic()
+        while True:
+            warm = self.clock.monotonic() - started < WARMUP_S
+            with trio.move_on_after(WARMUP_INTERVAL_S if warm else self.client.interval):
+                await self._poked.wait()
+            await trio.sleep(max(0.0, last + MIN_GAP_S - self.clock.monotonic()))
+            self._poked = trio.Event()
+            last = self.clock.monotonic()
+            try:
+                reg = await self.client.refresh()
+            except ListError as exc:
+                log.warning("committee lists not refreshed (keeping those held): %s", exc)
+                continue
+            self.refreshes += 1
+            self._apply(reg)
+
+    async def _first_lists(self, height: int) -> None:
+        deadline = self.clock.monotonic() + self.list_wait
+        last = "none served yet"
+        while True:
+            try:
+                reg = await self.client.refresh()
+                if self.client.height >= height and self.identity.node_id in reg.by_id:
+                    self._apply(reg)
+                    return
+                last = f"the lists are at height {self.client.height}, the registration at {height}"
+            except ListError as exc:
+                last = str(exc)
+            if self.clock.monotonic() > deadline:
+                raise RegistrationError(f"registered at height {height}, but no signed list holding this node came "
+                                        f"within {self.list_wait:g} s: {last}")
+            await trio.sleep(0.25)
+
+    async def run(self, entry: Entry, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        """Register ``entry``, wait for lists that hold it, report the registration's height, then
+        refresh the lists until cancelled (the registration then leaves)."""
+        registrar = Registrar(self.identity.signing, self.settings.chain_id, entry)
+        self.registration = CommitteeRegistration(self.settings.addresses, registrar, rpc=self.rpc, clock=self.clock)
+        failure: RegistrationError | None = None
+        async with trio.open_nursery() as nursery:
+            try:
+                height: int = await nursery.start(self.registration.run)
+                await self._first_lists(height)
+            except RegistrationError as exc:  # raised below, outside the nursery (no exception group)
+                failure = exc
+                nursery.cancel_scope.cancel()  # a registration that did commit leaves again
+            if failure is None:
+                await self._serve_lists(height, task_status)
+        if failure is not None:
+            raise failure
+
+    async def _serve_lists(self, height: int, task_status: trio.TaskStatus[int]) -> None:
+        log.info("registered with the committee %r at height %d; lists of %d nodes",
+                 self.settings.chain_id, height, len(self.registry.entries))
+        task_status.started(height)
+        await self._refresh_forever()
+
+
+async def cancel_on_sigterm(scope: trio.CancelScope) -> None:
+    """Cancel ``scope`` on SIGTERM, so a node stopped that way shuts down cleanly (and leaves the
+    committee's lists) as on Ctrl-C."""
+    with trio.open_signal_receiver(signal.SIGTERM) as signals:
+        async for _ in signals:
+            scope.cancel()
+            return

@@ -1,0 +1,256 @@
+"""A node's registration with the committee (overlay/registration.py, overlay/membership.py) and the
+relay/model-node rule that only registered nodes use the network, against an in-process committee
+(verifier/app.py run block by block as CometBFT would, with signed lists)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+import pytest
+import trio
+import trio.testing
+
+from overlay import crypto, onion
+from overlay.identity import Identity
+from overlay.membership import Membership, committee_settings, node_entry
+from overlay.messages import Create, Destroy
+from overlay.registration import (
+    OP_LEAVE,
+    OP_REGISTER,
+    OP_UPDATE,
+    REFRESH_INTERVAL_S,
+    Code,
+    CommitteeRegistration,
+    Registrar,
+    RegistrationError,
+    decode_tx,
+)
+from overlay.registry import Registry, RegistryError
+from overlay.relay import RelayCore
+from tests.committee_helpers import CHAIN, InProcessCommittee
+
+
+def _ops(c: InProcessCommittee) -> list[tuple[int, int]]:
+    out = []
+    for raw in c.sent:
+        tx = decode_tx(raw, CHAIN)
+        out.append((tx.op, tx.seq))
+    return out
+
+
+def _listed(c: InProcessCommittee, node_id: bytes) -> bool:
+    return c.app.query("/node", node_id)[0].ok
+
+
+def test_registrar_core_register_refresh_leave_and_restart() -> None:
+    ident = Identity.generate()
+    r = Registrar(ident.signing, CHAIN, node_entry(ident, "127.0.0.1:9000", "eu-west"))
+    r.begin(0, False)
+    tx = decode_tx(r.next_tx(), CHAIN)
+    assert (tx.op, tx.seq, tx.node_id) == (OP_REGISTER, 1, ident.node_id)
+    assert r.due_at is None
+    r.committed(100.0)
+    assert r.listed and r.due_at == 100.0 + REFRESH_INTERVAL_S
+    assert (decode_tx(r.next_tx(), CHAIN).op, decode_tx(r.next_tx(), CHAIN).seq) == (OP_UPDATE, 2)
+    r.failed(200.0)
+    assert r.due_at == 200.0 + r.retry
+    leave = decode_tx(r.leave_tx(), CHAIN)
+    assert (leave.op, leave.seq, leave.entry) == (OP_LEAVE, 2, None)
+    # A restart reads the committee's seq: still listed -> update with the next seq.
+    again = Registrar(ident.signing, CHAIN, node_entry(ident, "127.0.0.1:9000", "eu-west"))
+    again.begin(7, True)
+    tx = decode_tx(again.next_tx(), CHAIN)
+    assert (tx.op, tx.seq) == (OP_UPDATE, 8)
+    with pytest.raises(RegistrationError):
+        node_entry(ident, "0.0.0.0:9000", "eu-west")  # not dialable by others
+    m = node_entry(ident, "127.0.0.1:9001", "eu-west", model="smollm2", capacity=3)
+    assert (m.role, m.model_id, m.capacity) == (2, "smollm2", 3)
+
+
+def test_register_leave_and_restart_continue_the_seq_against_the_committee() -> None:
+    c = InProcessCommittee()
+    ident = Identity.generate()
+
+    async def main() -> None:
+        reg = CommitteeRegistration(["v0:1"], Registrar(ident.signing, CHAIN, node_entry(ident, "127.0.0.1:9000", "r")),
+                                    rpc=c.rpc)
+        await reg.register()
+        assert _listed(c, ident.node_id)
+        await reg.leave()
+        assert not _listed(c, ident.node_id)
+        # A new process with the same key: the committee's seq (2) is read first.
+        again = CommitteeRegistration(["v0:1"], Registrar(ident.signing, CHAIN,
+                                                          node_entry(ident, "127.0.0.1:9000", "r")), rpc=c.rpc)
+        await again.register()
+        # ...and a crash (no leave) then a restart updates the live entry instead of registering twice.
+        third = CommitteeRegistration(["v0:1"], Registrar(ident.signing, CHAIN,
+                                                          node_entry(ident, "127.0.0.1:9002", "r")), rpc=c.rpc)
+        await third.register()
+
+    trio.run(main)
+    assert _ops(c) == [(OP_REGISTER, 1), (OP_LEAVE, 2), (OP_REGISTER, 3), (OP_UPDATE, 4)]
+    rec = msgpack.unpackb(c.app.query("/node", ident.node_id)[1])
+    assert rec[4] == "127.0.0.1:9002"
+
+
+def test_a_refused_registration_names_the_code_and_log_and_unreachable_verifiers_are_listed() -> None:
+    c = InProcessCommittee()
+    a, b = Identity.generate(), Identity.generate()
+
+    async def main() -> None:
+        await CommitteeRegistration(["v0:1"], Registrar(a.signing, CHAIN, node_entry(a, "127.0.0.1:9000", "r")),
+                                    rpc=c.rpc).register()
+        taken = CommitteeRegistration(["v0:1"], Registrar(b.signing, CHAIN, node_entry(b, "127.0.0.1:9000", "r")),
+                                      rpc=c.rpc)
+        with pytest.raises(RegistrationError, match=r"code 6 CONFLICT: .*address") as info:
+            await taken.register()
+        assert info.value.code == Code.CONFLICT
+        c.down = True
+        with pytest.raises(RegistrationError, match=r"v0:1: .*refused; v1:2: .*refused.*is the committee running"):
+            await CommitteeRegistration(["v0:1", "v1:2"], Registrar(b.signing, CHAIN, node_entry(
+                b, "127.0.0.1:9001", "r")), rpc=c.rpc).register()
+
+    trio.run(main)
+    assert not _listed(c, b.node_id)
+
+
+def test_membership_registers_refreshes_before_expiry_sees_updates_live_and_leaves() -> None:
+    c = InProcessCommittee()
+    me, other = Identity.generate(), Identity.generate()
+    registry = Registry(0, [])
+    updates: list[int] = []
+
+    async def main() -> None:
+        member = Membership(c.settings(), me, registry, on_update=lambda r: updates.append(len(r.entries)),
+                            rpc=c.rpc, fetch=c.fetch)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(member.run, node_entry(me, "127.0.0.1:9000", "r"))
+            assert me.node_id in registry.by_id and updates == [1]  # lists holding this node, before started()
+            # Another node registers: the held registry object sees it at the next list refresh.
+            await CommitteeRegistration(["v0:1"], Registrar(other.signing, CHAIN, node_entry(
+                other, "127.0.0.1:9001", "r", model="m", capacity=2)), rpc=c.rpc).register()
+            await trio.sleep(member.client.interval * 2.5)
+            assert other.node_id in registry.by_id and registry.models("m")
+            # Time passes: the entry is refreshed before it could expire.
+            c.now += REFRESH_INTERVAL_S
+            await trio.sleep(REFRESH_INTERVAL_S + 1)
+            assert (OP_UPDATE, 2) in _ops(c)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert _ops(c)[-1] == (OP_LEAVE, 3)  # clean shutdown: leave
+    assert not _listed(c, me.node_id)
+
+
+def test_membership_fails_clearly_when_no_signed_list_holds_the_node() -> None:
+    c = InProcessCommittee()
+    me = Identity.generate()
+
+    async def no_lists(address: str, path: str) -> bytes:
+        raise OSError("connection refused")
+
+    async def main() -> None:
+        member = Membership(c.settings(), me, Registry(0, []), rpc=c.rpc, fetch=no_lists, list_wait=5)
+        with pytest.raises(RegistrationError, match="no signed list holding this node came within 5 s"):
+            await member.run(node_entry(me, "127.0.0.1:9000", "r"))
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_committee_settings_need_both_flags_and_read_the_genesis(tmp_path: Any) -> None:
+    import base64
+    import json
+
+    class Cfg:
+        committee: str | None = "127.0.0.1:26657, 127.0.0.1:26667"
+        committee_genesis: str | None = None
+
+    cfg = Cfg()
+    with pytest.raises(RegistryError, match="--committee needs --committee-genesis"):
+        committee_settings(cfg)
+    keys = [crypto.SigningKey.generate().public_bytes for _ in range(4)]
+    gen = tmp_path / "genesis.json"
+    gen.write_text(json.dumps({"chain_id": "c1", "validators": [
+        {"pub_key": {"type": "tendermint/PubKeyEd25519", "value": base64.b64encode(k).decode()}, "power": "10"}
+        for k in keys]}))
+    cfg.committee_genesis = str(gen)
+    got = committee_settings(cfg)
+    assert got is not None and got.chain_id == "c1" and got.addresses == ("127.0.0.1:26657", "127.0.0.1:26667")
+    assert [v.public_key for v in got.validators] == keys
+    gen.write_text("{}")
+    with pytest.raises(RegistryError, match="no chain_id or validators"):
+        committee_settings(cfg)
+    cfg.committee = None
+    with pytest.raises(RegistryError, match="--committee-genesis needs --committee"):
+        committee_settings(cfg)
+
+
+def _create(hops: list[Identity]) -> Create:
+    pkt, _ = onion.build_onion([h.x25519.public_bytes for h in hops], [h.node_id for h in hops], 2000)
+    return Create(crypto.random_bytes(16), pkt)
+
+
+def test_a_relay_refuses_paths_from_unregistered_nodes_and_closes_those_of_nodes_that_left() -> None:
+    relay, member, stranger, h1, h2 = (Identity.generate() for _ in range(5))
+    listed = {member.node_id, h1.node_id, h2.node_id}
+    core = RelayCore(relay.node_id, relay.x25519, knows=lambda i: i in listed, admits=lambda i: i in listed)
+    out = core.on_message(stranger.node_id, _create([relay, h1, h2]), now=1.0, unix=1000.0)
+    assert [type(s.msg) for s in out] == [Destroy] and out[0].msg.reason == "not-registered"
+    assert core.dropped["not-registered"] == 1 and len(core) == 0
+    out = core.on_message(member.node_id, _create([relay, h1, h2]), now=1.0, unix=1000.0)
+    assert len(core) == 1 and [(s.peer, type(s.msg)) for s in out] == [(h1.node_id, Create)]
+    assert core.forget_unlisted() == []  # still listed: nothing closes
+    listed.discard(member.node_id)  # the member left the committee's lists
+    out = core.forget_unlisted()
+    assert len(core) == 0 and core.dropped["path-unlisted"] == 1
+    assert sorted((s.peer, s.msg.reason) for s in out) == sorted(
+        [(member.node_id, "not-registered"), (h1.node_id, "not-registered")])
+
+
+def test_a_node_started_before_its_committee_waits_for_it_then_registers() -> None:
+    c = InProcessCommittee()
+    me = Identity.generate()
+    c.down = True
+
+    async def main() -> None:
+        reg = CommitteeRegistration(["v0:1"], Registrar(me.signing, CHAIN, node_entry(me, "127.0.0.1:9000", "r")),
+                                    rpc=c.rpc, start_wait=10)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reg.wait_reachable)
+            await trio.sleep(5)
+            c.down = False  # the committee comes up within the wait
+        await reg.register()
+        c.down = True
+        with pytest.raises(RegistrationError, match="no verifier answered status"):
+            await reg.wait_reachable()  # and never within it: a clear error after start_wait
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert _listed(c, me.node_id)
+
+
+def test_a_poke_refreshes_the_lists_early_after_the_warmup() -> None:
+    from overlay.membership import MIN_GAP_S, WARMUP_S
+
+    c = InProcessCommittee()
+    me, other = Identity.generate(), Identity.generate()
+    registry = Registry(0, [])
+
+    async def main() -> None:
+        member = Membership(c.settings(), me, registry, rpc=c.rpc, fetch=c.fetch)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(member.run, node_entry(me, "127.0.0.1:9000", "r"))
+            await trio.sleep(WARMUP_S + 1)
+            seen = member.refreshes
+            while member.refreshes == seen:  # just after a steady-state refresh: the next is 10 s away
+                await trio.sleep(0.01)
+            await CommitteeRegistration(["v0:1"], Registrar(other.signing, CHAIN, node_entry(
+                other, "127.0.0.1:9001", "r")), rpc=c.rpc).register()
+            await trio.sleep(MIN_GAP_S + 0.5)
+            assert other.node_id not in registry.by_id  # not without a poke
+            member.poke()  # e.g. a relay met `other`, unlisted
+            await trio.sleep(MIN_GAP_S + 0.5)
+            assert other.node_id in registry.by_id
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
