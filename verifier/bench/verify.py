@@ -39,7 +39,9 @@ timing is one verification alone on the machine's cores (other processes may sha
 Figures: ``verify_{one_pass,algorithm3,token_loop}_per_min`` (60 s ÷ mean time per
 verification), ``verify_{...}_{mean,p50,p99}_ms`` (per reply), the ratios
 ``verify_one_pass_vs_algorithm3`` and ``verify_one_pass_vs_token_loop`` (mean time of the other
-method ÷ mean time of one pass), and ``verify_{algorithm3,token_loop}_logprob_max_abs_diff``
+method ÷ mean time of one pass), the same on CPU time (``verify_{...}_cpu_mean_ms``, ratios
+``..._cpu``: this process's CPU seconds, which other load on the cores inflates far less than
+wall time), and ``verify_{algorithm3,token_loop}_logprob_max_abs_diff``
 (largest difference of a token's log-probability from one pass's, nats: 0 when the engine is
 batch-invariant, which shows all three computed the same thing). Not measured: scoring several
 replies in one batch (``Engine.score`` takes one reply; see docs/benchmarks.md "verify") and the
@@ -207,6 +209,7 @@ async def _measure(engine: LlamaCppEngine, loop: TokenLoop, n_replies: int, roun
     replies = await _replies(engine, n_replies, max_tokens)
     flush = engine.tokenize(FLUSH_TEXT)
     times: dict[str, list[float]] = {m: [] for m in METHODS}
+    cpu: dict[str, list[float]] = {m: [] for m in METHODS}
     diffs = {"algorithm3": 0.0, "token_loop": 0.0}
     scores_c: list[float] = []
     for r in range(rounds):
@@ -215,7 +218,7 @@ async def _measure(engine: LlamaCppEngine, loop: TokenLoop, n_replies: int, roun
             order = METHODS[(r + j) % 3:] + METHODS[:(r + j) % 3]  # rotate who runs first
             for m in order:
                 await engine.score(flush[:-1], flush[-1:], params)  # untimed: evict the prompt
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 if m == "one_pass":
                     s = await one_pass(engine, prompt, reply, params)
                 elif m == "algorithm3":
@@ -224,6 +227,7 @@ async def _measure(engine: LlamaCppEngine, loop: TokenLoop, n_replies: int, roun
                     s = await trio.to_thread.run_sync(loop.score, prompt, reply, params)
                 c = score_reply(s)
                 times[m].append(time.perf_counter() - t0)
+                cpu[m].append(time.process_time() - c0)
                 got[m] = s
                 if m == "one_pass":
                     scores_c.append(c.calibrated)
@@ -235,8 +239,11 @@ async def _measure(engine: LlamaCppEngine, loop: TokenLoop, n_replies: int, roun
         f[f"verify_{m}_per_min"] = 60.0 / (sum(times[m]) / len(times[m]))
     for m in METHODS:
         f.update(summarize_ms(f"verify_{m}", times[m]))
-    f["verify_one_pass_vs_algorithm3"] = sum(times["algorithm3"]) / sum(times["one_pass"])
-    f["verify_one_pass_vs_token_loop"] = sum(times["token_loop"]) / sum(times["one_pass"])
+    for m in METHODS:
+        f[f"verify_{m}_cpu_mean_ms"] = 1e3 * sum(cpu[m]) / len(cpu[m])
+    for other in ("algorithm3", "token_loop"):
+        f[f"verify_one_pass_vs_{other}"] = sum(times[other]) / sum(times["one_pass"])
+        f[f"verify_one_pass_vs_{other}_cpu"] = sum(cpu[other]) / sum(cpu["one_pass"])
     f["verify_algorithm3_logprob_max_abs_diff"] = diffs["algorithm3"]
     f["verify_token_loop_logprob_max_abs_diff"] = diffs["token_loop"]
     lengths = [len(reply) for _p, reply, _s in replies]
