@@ -15,7 +15,7 @@ from tests.conftest import run_cli
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["wire", "sida", "overlay", "engine"])
+@pytest.mark.parametrize("name", ["wire", "sida", "overlay", "engine", "verify"])
 def test_bench_prints_the_documented_keys(name: str, helpers: Any) -> None:
     done = run_cli("bench", name, "--quick", "--json", timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]

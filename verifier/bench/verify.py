@@ -1,0 +1,284 @@
+"""``gentorrent bench verify``: what auditing one challenge reply costs (issue 14, "Benchmark";
+paper §3.4, Algorithm 3; decision 0010).
+
+One llama.cpp engine (:class:`~model_node.llama.LlamaCppEngine`, default SmolLM2-135M-Instruct
+GGUF, batch-invariant) plays the honest model node: it answers ``replies`` chat questions at the
+users' default sampling (temperature 0.7, a fixed seed per question, up to ``reply_tokens``
+tokens). The same replies are then scored, in the same run and under the same sampling
+parameters, by three methods; each gives every reply token's log-probability and the expected
+log-probability the calibrated score needs (:class:`~model_node.engine.TokenScore`), and a
+verification ends with :func:`verifier.scoring.score_reply` on them:
+
+- **one pass** (what the verifier does): one :meth:`Engine.score` call per reply, which
+  evaluates prompt + reply in one teacher-forced pass and returns logits only for the positions
+  that predict a reply token.
+- **(a) Algorithm 3 as written**: one completion call per reply token over the growing
+  context, ``GetCompletionLogprobs(context, max_tokens=1)``. The engine API has no completion
+  call that returns log-probabilities (``generate`` yields token ids only), so each call is the
+  closest public equivalent, ``Engine.score(context, [next_token])``: the engine looks up its
+  prefix cache for ``context`` (the previous call left ``context`` minus its last token in place,
+  so exactly one new token is evaluated), evaluates, and returns the log-probabilities of the
+  whole vocabulary at that position (so ``FindMatchingProbability`` always finds the token and
+  Algorithm 3's ε never applies); the token is then appended to the context. What the call does
+  *not* include, unlike a completion server: drawing (and discarding) the one completion token,
+  request encoding and transport. So (a) is a lower bound on Algorithm 3's cost.
+- **(b) tight token-by-token loop**: no per-call work at all. The public engine API has no
+  "evaluate one more token" call, so the loop runs on llama.cpp's C API directly, in its own
+  context over the same GGUF with the engine's settings (batch-invariant: physical batches of
+  32 tokens, one thread for one-token steps, flash attention auto): the prompt in one prefill,
+  then per reply token one ``llama_decode`` of one token and the log-probabilities of its
+  logits row, the KV cache kept between steps.
+
+Every llama.cpp call runs on one thread (:data:`THREADS`; why there).
+
+All three start cold: the verifier engine keeps no KV snapshots (``cache_bytes=0``) and an
+unrelated token sequence is evaluated between methods, so no method finds the prompt cached;
+the in-place prefix reuse that (a) relies on stays on. The engine serializes calls, so every
+timing is one verification alone on the machine's cores (other processes may share them).
+
+Figures: ``verify_{one_pass,algorithm3,token_loop}_per_min`` (60 s ÷ mean time per
+verification), ``verify_{...}_{mean,p50,p99}_ms`` (per reply), the ratios
+``verify_one_pass_vs_algorithm3`` and ``verify_one_pass_vs_token_loop`` (mean time of the other
+method ÷ mean time of one pass), the same on CPU time (``verify_{...}_cpu_mean_ms``, ratios
+``..._cpu``: this process's CPU seconds, which other load on the cores inflates far less than
+wall time), and ``verify_{algorithm3,token_loop}_logprob_max_abs_diff``
+(largest difference of a token's log-probability from one pass's, nats: 0 when the engine is
+batch-invariant, which shows all three computed the same thing). Not measured: scoring several
+replies in one batch (``Engine.score`` takes one reply; see docs/benchmarks.md "verify") and the
+committee's EpochReport → applied update time (the EpochReport transaction is not built).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from model_node.engine import TokenScore, expected_logprob
+from model_node.llama import INVARIANT_UBATCH, N_BATCH, LlamaCppEngine, resolve_model
+from overlay.bench.stats import cpu_model, summarize_ms
+from overlay.cli import run_async
+from overlay.messages import ChatMessage, SamplingParams
+from verifier.scoring import score_reply
+
+QUESTIONS = (
+    "Explain photosynthesis to a ten-year-old in two sentences.",
+    "What are the main advantages and drawbacks of electric bicycles?",
+    "Give me three practical tips about composting at home.",
+    "Write a short poem about honey bees.",
+    "How would you describe volcanoes to someone who has never heard of them?",
+    "What is a common misconception about compound interest?",
+    "Explain the water cycle to a ten-year-old in two sentences.",
+    "What are the main advantages and drawbacks of remote work?",
+    "Give me three practical tips about sleep hygiene.",
+    "Write a short poem about public libraries.",
+    "How would you describe the printing press to someone who has never heard of it?",
+    "What is a common misconception about learning a second language?",
+)
+TEMPERATURE = 0.7  # the users' default (overlay.messages.SamplingParams)
+FLUSH_TEXT = "Unrelated text that shares no prefix with a chat prompt."
+# One llama.cpp thread for every call, batches included: the dev machine's 2 cores are shared,
+# and with 2 threads a batched pass spends most of its time in ggml's barrier spin-waits whenever
+# another process holds a core (measured at load ≈ 6: 2.2–4.1 s CPU per one-pass verification
+# against 1.0–1.1 s with one thread), which would favour the one-token methods unfairly.
+THREADS = 1
+METHODS = ("one_pass", "algorithm3", "token_loop")
+
+
+# --------------------------------------------------------------------------- the three methods
+
+
+async def one_pass(engine: LlamaCppEngine, prompt: list[int], reply: list[int],
+                   params: SamplingParams) -> list[TokenScore]:
+    """The verifier's method: one teacher-forced ``Engine.score`` call for the whole reply."""
+    return await engine.score(prompt, reply, params)
+
+
+async def algorithm3(engine: LlamaCppEngine, prompt: list[int], reply: list[int],
+                     params: SamplingParams) -> list[TokenScore]:
+    """Paper Algorithm 3 through the engine API: per reply token, one call over the growing
+    context, ``Engine.score(context, [next_token])`` (module docstring, method (a))."""
+    context = list(prompt)
+    out: list[TokenScore] = []
+    for tok in reply:
+        out += await engine.score(context, [tok], params)
+        context.append(tok)
+    return out
+
+
+class TokenLoop:
+    """Method (b): a llama.cpp context of its own on ``engine``'s GGUF, with the engine's
+    context settings, that scores a reply one token per ``llama_decode`` (module docstring).
+    Create it after the engine (which initialises llama.cpp's backend and logging);
+    :meth:`close` frees it."""
+
+    def __init__(self, engine: LlamaCppEngine, threads: int) -> None:
+        import llama_cpp as L
+
+        self._L = L
+        mparams = L.llama_model_default_params()
+        self._model = L.llama_model_load_from_file(str(engine.model_path).encode(), mparams)
+        if not self._model:
+            raise RuntimeError(f"llama.cpp could not load {engine.model_path}")
+        self.n_vocab = int(L.llama_vocab_n_tokens(L.llama_model_get_vocab(self._model)))
+        cparams = L.llama_context_default_params()
+        cparams.n_ctx = engine.context_window
+        cparams.n_batch = N_BATCH
+        cparams.n_ubatch = INVARIANT_UBATCH if engine.batch_invariant else N_BATCH
+        cparams.n_seq_max = 1
+        cparams.n_threads = 1 if engine.batch_invariant else threads
+        cparams.n_threads_batch = threads
+        cparams.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_AUTO
+        self._ctx = L.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            L.llama_model_free(self._model)
+            raise RuntimeError("llama.cpp could not create the token loop's context")
+        self._mem = L.llama_get_memory(self._ctx)
+        self._batch = L.llama_batch_init(N_BATCH, 0, 1)
+        self._n = 0  # tokens held in the KV cache (positions 0..n-1)
+
+    def close(self) -> None:
+        L = self._L
+        if self._batch is not None:
+            L.llama_batch_free(self._batch)
+            self._batch = None
+        if self._ctx:
+            L.llama_free(self._ctx)
+            self._ctx = None
+        if self._model:
+            L.llama_model_free(self._model)
+            self._model = None
+
+    def _decode(self, tokens: Sequence[int]) -> None:
+        """Evaluate ``tokens`` (≤ one batch) after the cache's; logits for the last one only."""
+        b = self._batch
+        b.n_tokens = len(tokens)
+        for j, t in enumerate(tokens):
+            b.token[j] = t
+            b.pos[j] = self._n + j
+            b.n_seq_id[j] = 1
+            b.seq_id[j][0] = 0
+            b.logits[j] = j == len(tokens) - 1
+        rc = self._L.llama_decode(self._ctx, b)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode failed (code {rc})")
+        self._n += len(tokens)
+
+    def score(self, prompt: list[int], reply: list[int], params: SamplingParams) -> list[TokenScore]:
+        """Clear the cache, prefill ``prompt``, then per reply token: score it on the last
+        logits row and evaluate it (except the last). Blocking (run it in a worker thread)."""
+        import numpy as np
+
+        self._L.llama_memory_clear(self._mem, True)
+        self._n = 0
+        for i in range(0, len(prompt), N_BATCH):
+            self._decode(prompt[i:i + N_BATCH])
+        out: list[TokenScore] = []
+        for i, tok in enumerate(reply):
+            row = np.ctypeslib.as_array(self._L.llama_get_logits_ith(self._ctx, -1), shape=(self.n_vocab,))
+            z = row.astype(np.float64)
+            zmax = z.max()
+            logp = z - (zmax + math.log(float(np.exp(z - zmax).sum())))
+            out.append(TokenScore(tok, float(logp[tok]), expected_logprob(logp, params), int(z.argmax())))
+            if i + 1 < len(reply):
+                self._decode([tok])
+        return out
+
+
+# --------------------------------------------------------------------------- the run
+
+
+async def _replies(engine: LlamaCppEngine, n: int, max_tokens: int) -> list[tuple[list[int], list[int], SamplingParams]]:
+    """``n`` (prompt ids, reply ids, sampling params) from the engine as an honest node."""
+    out = []
+    for i in range(n):
+        params = SamplingParams(temperature=TEMPERATURE, max_tokens=max_tokens, seed=1000 + i)
+        prompt = engine.chat_prompt([ChatMessage("user", QUESTIONS[i % len(QUESTIONS)])])
+        gen = engine.generate(prompt, params)
+        reply = [t async for piece in gen for t in piece.token_ids]
+        out.append((prompt, reply, params))
+    return out
+
+
+async def _measure(engine: LlamaCppEngine, loop: TokenLoop, n_replies: int, rounds: int,
+                   max_tokens: int) -> tuple[dict[str, float], dict[str, Any]]:
+    import trio
+
+    replies = await _replies(engine, n_replies, max_tokens)
+    flush = engine.tokenize(FLUSH_TEXT)
+    times: dict[str, list[float]] = {m: [] for m in METHODS}
+    cpu: dict[str, list[float]] = {m: [] for m in METHODS}
+    diffs = {"algorithm3": 0.0, "token_loop": 0.0}
+    scores_c: list[float] = []
+    for r in range(rounds):
+        for j, (prompt, reply, params) in enumerate(replies):
+            got: dict[str, list[TokenScore]] = {}
+            order = METHODS[(r + j) % 3:] + METHODS[:(r + j) % 3]  # rotate who runs first
+            for m in order:
+                await engine.score(flush[:-1], flush[-1:], params)  # untimed: evict the prompt
+                t0, c0 = time.perf_counter(), time.process_time()
+                if m == "one_pass":
+                    s = await one_pass(engine, prompt, reply, params)
+                elif m == "algorithm3":
+                    s = await algorithm3(engine, prompt, reply, params)
+                else:
+                    s = await trio.to_thread.run_sync(loop.score, prompt, reply, params)
+                c = score_reply(s)
+                times[m].append(time.perf_counter() - t0)
+                cpu[m].append(time.process_time() - c0)
+                got[m] = s
+                if m == "one_pass":
+                    scores_c.append(c.calibrated)
+            for m in ("algorithm3", "token_loop"):
+                diffs[m] = max(diffs[m], max(abs(a.logprob - b.logprob)
+                                             for a, b in zip(got["one_pass"], got[m], strict=True)))
+    f: dict[str, float] = {}
+    for m in METHODS:
+        f[f"verify_{m}_per_min"] = 60.0 / (sum(times[m]) / len(times[m]))
+    for m in METHODS:
+        f.update(summarize_ms(f"verify_{m}", times[m]))
+    for m in METHODS:
+        f[f"verify_{m}_cpu_mean_ms"] = 1e3 * sum(cpu[m]) / len(cpu[m])
+    for other in ("algorithm3", "token_loop"):
+        f[f"verify_one_pass_vs_{other}"] = sum(times[other]) / sum(times["one_pass"])
+        f[f"verify_one_pass_vs_{other}_cpu"] = sum(cpu[other]) / sum(cpu["one_pass"])
+    f["verify_algorithm3_logprob_max_abs_diff"] = diffs["algorithm3"]
+    f["verify_token_loop_logprob_max_abs_diff"] = diffs["token_loop"]
+    lengths = [len(reply) for _p, reply, _s in replies]
+    extra = {
+        "prompt_tokens_mean": round(sum(len(p) for p, _r, _s in replies) / len(replies), 1),
+        "reply_tokens_mean": round(sum(lengths) / len(lengths), 1),
+        "reply_tokens_min_max": [min(lengths), max(lengths)],
+        "calibrated_score_mean": round(sum(scores_c) / len(scores_c), 4),
+    }
+    return f, extra
+
+
+def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
+    """The ``gentorrent.benches`` entry point: ``(params, figures)``."""
+    n_replies, rounds, max_tokens = (2, 1, 16) if quick else (12, 3, 64)
+    model_id, path = resolve_model(None)
+    threads = THREADS
+    engine = LlamaCppEngine(path, model_id=model_id, cache_bytes=0, n_threads=threads)
+    loop: TokenLoop | None = None
+    try:
+        loop = TokenLoop(engine, threads)
+        figures, extra = run_async(_measure, engine, loop, n_replies, rounds, max_tokens)
+        context = engine.context_window
+        invariant = engine.batch_invariant
+    finally:
+        if loop is not None:
+            loop.close()
+        engine.close()
+    params = {
+        "model": f"{model_id} ({path.name})",
+        "engine": "llama.cpp (llama-cpp-python), " + ("batch-invariant" if invariant else "not batch-invariant")
+                  + ", no KV snapshots (cold prompts), in-place prefix reuse on",
+        "context_window": context, "threads": threads, "cpu": cpu_model(), "load_avg_1m": os.getloadavg()[0],
+        "replies": n_replies, "rounds": rounds, "reply_max_tokens": max_tokens,
+        "sampling": f"temperature {TEMPERATURE}, top_p 1, no top-k, seed 1000+i (replies and scoring)",
+        **extra,
+    }
+    return params, figures
