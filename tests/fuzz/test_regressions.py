@@ -26,3 +26,29 @@ def test_gateway_body_nested_too_deep_is_a_400(body: bytes) -> None:
     with pytest.raises(api.ApiError) as exc:
         api.parse_json(body)
     assert exc.value.status == 400 and "not valid JSON" in str(exc.value)
+
+
+@pytest.mark.parametrize("slot", [7, 8, 1])  # validators, signatures, a scalar field
+def test_signed_list_of_nested_arrays_costs_no_more_than_its_bytes(slot: int) -> None:
+    """Found by reading the ``signed-list`` target's memory figures: ``verify_document`` unpacked
+    the whole document before checking anything, so 3 MB of nested empty arrays from a hostile
+    verifier took 195 MB. It now reads the document by shape and refuses it at once."""
+    import tracemalloc
+
+    import msgpack
+
+    from overlay.committee import ListError, verify_document
+
+    junk = [[[]] * 15] * 200_000
+    doc: list[object] = [1, "chain", 1, 1, b"", b"\0" * 32, b"\0" * 32, [], []]
+    doc[slot] = junk
+    raw = msgpack.packb(doc)
+    assert len(raw) > 3_000_000
+    tracemalloc.start()
+    try:
+        with pytest.raises(ListError):
+            verify_document(raw, "chain", [], kind=1)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2 * len(raw), f"refusing {len(raw)} bytes took {peak} bytes"
