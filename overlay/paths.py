@@ -103,6 +103,11 @@ class ReturnRoutes(dict[bytes, Callable[[bytes], bool | None]]):
         return out
 
 
+# The code of the notice a path's watchers get when the path dies here (a proxy saying the
+# same is believed just as much: it speaks for its own path only).
+PATH_CLOSED = "path-closed"
+
+
 @dataclass(eq=False)
 class Path:
     relays: list[PeerEntry]
@@ -115,6 +120,8 @@ class Path:
     # reply routing: return tag -> callback(data); the manager watches what is delivered per tag
     returns: dict[bytes, Callable[[bytes], bool | None]] = field(default_factory=dict)
     notices: int = 0
+    # requests in flight on this path: return tag -> callback(notice) for the proxy's notices
+    watchers: dict[bytes, Callable[[PathNotice], None]] = field(default_factory=dict)
     doubted: bool = False  # brought no reply clove for its last request: not used, being replaced
 
     @property
@@ -246,6 +253,8 @@ class PathManager:
             log.warning("proxy %s reports %s: %s", short_id(path.proxy.node_id), payload.code, payload.detail)
             if payload.code == "cell-unauthentic":
                 self._replace(path, "forward-cell-unauthentic")
+            for watch in list(path.watchers.values()):
+                watch(payload)
 
     # ------------------------------------------------------------------ silent misbehaviour
 
@@ -326,6 +335,8 @@ class PathManager:
         if path.dead:
             return
         path.dead = True
+        for watch in list(path.watchers.values()):  # requests on it lose this path's cloves
+            watch(PathNotice(code=PATH_CLOSED, detail="the path was closed", model_node=b""))
         if send_destroy:
             self.node.send_nowait(path.first, Destroy(path.link_id, "closed"))
         self.by_link.pop((path.first, path.link_id), None)

@@ -9,7 +9,7 @@ import pytest
 import trio
 
 from model_node.testing import start_echo_overlay
-from overlay.anon import AnonError
+from overlay.anon import AnonError, ReplyUnverified
 from overlay.messages import ChatMessage, ReplyChunk, SamplingParams
 
 PARAMS = SamplingParams(max_tokens=4096)
@@ -26,7 +26,8 @@ async def test_reply_is_signed_by_the_serving_node(autojump_clock):
         last = chunks[-1]
         assert last.done and len(last.signature) == 64 and last.signed_at_ms > 0
         assert {c.node for c in chunks} == {net.model.identity.node_id}
-        assert all(c.signature == b"" for c in chunks[:-1])
+        assert len(chunks) >= 2 and all(len(c.signature) == 64 and len(c.chain) == 32 for c in chunks)
+        assert len({c.chain for c in chunks}) == len(chunks)  # each chunk moves the chain on
         nursery.cancel_scope.cancel()
 
 
@@ -44,8 +45,69 @@ async def test_tampered_reply_is_rejected_by_the_client(autojump_clock):
                     yield c
 
         model.responder.handler = forge
-        with pytest.raises(AnonError, match="signature"):
+        with pytest.raises(ReplyUnverified, match="hash chain"):
             await collect(net.users[0].client, "a reply that will be altered")
+        nursery.cancel_scope.cancel()
+
+
+def altered(real, change):
+    """A handler that yields ``real``'s signed chunks with ``change(chunk)`` applied after signing."""
+    async def handler(req):
+        async with aclosing(real(req)) as chunks:
+            async for c in chunks:
+                yield change(c)
+    return handler
+
+
+async def test_tampered_text_with_untouched_ids_is_refused_and_never_shown(autojump_clock):
+    # The signature used to cover token ids only: a node (or anyone relaying its chunks) could
+    # show other text than it signed. Now the chain covers the text; nothing after it is yielded.
+    async with trio.open_nursery() as nursery:
+        net = await start_echo_overlay(nursery, 15, echo_delay=0.05)
+        model = net.model
+        model.responder.handler = altered(
+            model.responder.handler, lambda c: dataclasses.replace(c, text=c.text.replace("safe", "harm"))
+        )
+        shown: list[str] = []
+        with pytest.raises(ReplyUnverified, match="hash chain") as info:
+            async for c in net.users[0].client.request("echo", [ChatMessage("user", "one two safe three")], PARAMS):
+                shown.append(c.text)
+        assert "harm" not in "".join(shown) and "safe" not in "".join(shown)
+        assert isinstance(info.value, AnonError)  # callers that catch AnonError still see it
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_truncated_reply_passed_off_as_complete_is_refused(autojump_clock):
+    async with trio.open_nursery() as nursery:
+        net = await start_echo_overlay(nursery, 15, echo_delay=0.05)
+        model = net.model
+        model.responder.handler = altered(model.responder.handler,
+                                          lambda c: dataclasses.replace(c, done=True) if c.seq == 1 else c)
+        with pytest.raises(ReplyUnverified, match="signature"):
+            await collect(net.users[0].client, "a b c d e f g h")
+        nursery.cancel_scope.cancel()
+
+
+async def test_chunks_spliced_from_another_reply_are_refused(autojump_clock):
+    async with trio.open_nursery() as nursery:
+        net = await start_echo_overlay(nursery, 15)
+        model = net.model
+        real = model.responder.handler
+        donor: list[ReplyChunk] = []
+
+        async def splice(req):  # the first reply is recorded; the second gets its signed chunk 1
+            async with aclosing(real(req)) as chunks:
+                async for c in chunks:
+                    if len(donor) < 2:
+                        donor.append(c)
+                    elif c.seq == 0:
+                        c = dataclasses.replace(donor[0], request_id=c.request_id)
+                    yield c
+
+        model.responder.handler = splice
+        await collect(net.users[0].client, "first reply words here")
+        with pytest.raises(ReplyUnverified, match="hash chain"):  # signed, but chained to another request
+            await collect(net.users[0].client, "first reply words here, asked again")
         nursery.cancel_scope.cancel()
 
 

@@ -27,8 +27,8 @@ class FakeClient:
             raise AnonError(self.fail)
         text = messages[-1].content
         half = len(text) // 2
-        yield ReplyChunk(b"r" * 16, 0, text[:half], tuple(range(half)), False, "", NODE, b"", 0)
-        yield ReplyChunk(b"r" * 16, 1, text[half:], tuple(range(len(text) - half)), True, "", NODE, b"s" * 64, 1)
+        yield ReplyChunk(b"r" * 16, 0, text[:half], tuple(range(half)), False, "", NODE, b"c" * 32, b"s" * 64, 1)
+        yield ReplyChunk(b"r" * 16, 1, text[half:], tuple(range(len(text) - half)), True, "", NODE, b"c" * 32, b"s" * 64, 1)
 
 
 class Clock:

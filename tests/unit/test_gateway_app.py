@@ -49,7 +49,7 @@ class FakeBackend:
             if w == "break":
                 raise AnonError("model node 0a0b0c0d: engine failed")
             last = i == min(len(words), params.max_tokens) - 1
-            yield ReplyChunk(b"r" * 16, i, (" " if i else "") + w, (1,), last, "", served, b"", 0)
+            yield ReplyChunk(b"r" * 16, i, (" " if i else "") + w, (1,), last, "", served, b"", b"", 0)
 
 
 @pytest.fixture
