@@ -272,6 +272,7 @@ class AnonClient:
                             send_ch.send_nowait(_Gone(f"{notice.code}: {notice.detail}"))
             return on_notice
 
+        self.paths.start_request()  # these n tags are one request (missing reply cloves are compared)
         for i, (p, rk) in enumerate(zip(paths, keys, strict=True)):
             p.returns[rk.tag] = self._on_reply_clove_for(rk)
             p.watchers[rk.tag] = watch(i)

@@ -183,6 +183,10 @@ class PathManager:
         self._tag_state: dict[bytes, tuple[Path, int, int]] = {}
         self._batches: dict[int, list[int]] = {}  # batch -> [tags still live, cloves on any of its paths]
         self._batch = (0, -1.0, set[int]())  # the open batch: id, time it opened, paths in it
+        # Once a client calls start_request(), batches open only there (the clock reading moves
+        # between two registrations under a real clock, so it cannot delimit a request).
+        self._explicit = False
+        self._new_batch = False
         self._missing: dict[bytes, tuple[Path, float]] = {}  # ended tags with no clove: (path, deadline)
 
     # ------------------------------------------------------------------ queries
@@ -266,10 +270,19 @@ class PathManager:
         self._failed(path, f"replaced: {why}")
         self.node.send_nowait(path.first, Destroy(path.link_id, "closed"))
 
+    def start_request(self) -> None:
+        """The return tags registered from now until the next call belong to one request: a path
+        that brings none of its reply cloves while the request's other paths did is put in doubt.
+        (Without calls, tags registered at the same clock reading are grouped.)"""
+        self._explicit = True
+        self._new_batch = True
+
     def _tag_started(self, path: Path, tag: bytes) -> None:
         batch, opened, members = self._batch
         now = self.clock.monotonic()
-        if opened != now or id(path) in members or batch not in self._batches:  # another request
+        opens = self._new_batch if self._explicit else opened != now
+        if opens or id(path) in members or batch not in self._batches:  # another request
+            self._new_batch = False
             batch, members = batch + 1, set()
             self._batch = (batch, now, members)
             self._batches[batch] = [0, 0]

@@ -52,6 +52,40 @@ async def test_a_path_through_a_bad_relay_is_replaced_within_two_requests(autoju
         nursery.cancel_scope.cancel()
 
 
+class Ticking:
+    """A clock whose every reading is later than the one before, as a real clock's is (the
+    mock clock stands still between awaits)."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.ticks = inner, 0
+
+    def monotonic(self) -> float:
+        self.ticks += 1
+        return self.inner.monotonic() + self.ticks * 1e-6
+
+    def unix(self) -> float:
+        return self.inner.unix()
+
+
+async def test_a_dropping_relay_is_caught_when_the_clock_moves_between_registrations(autojump_clock):
+    # A request's return tags used to be grouped by the clock reading at registration: under
+    # a real clock no two readings are equal, so no path was ever compared with the others
+    # and a dropping relay's path stayed ready (found by `gentorrent bench failover`).
+    async with trio.open_nursery() as nursery:
+        net = await start_secnet(nursery, 18)
+        user = net.client
+        assert user.paths is not None
+        user.paths.clock = Ticking(user.paths.clock)
+        paths = await ready_paths(user)
+        make_evil(net, paths, [("drop", 1)])
+        bad = paths[0]
+        assert await ask(user.client, "one request") == "one request"
+        assert bad.doubted and bad not in user.paths.ready_paths()
+        await trio.sleep(MISSING_GRACE + 1.5)
+        assert bad.dead and user.paths.replaced == {"reply-cloves-missing": 1}
+        nursery.cancel_scope.cancel()
+
+
 def back_cell(path: Path, data: bytes) -> CellBack:
     """A reply clove on ``path`` as the user receives it: sealed by the proxy, layered by the relays."""
     iv, body = onion.ProxyCrypt(path.crypt.hops[-1].keys).seal_backward(encode(FromModel(data=data)))
