@@ -10,9 +10,10 @@ replaced (paper §5.2: "discover new proxies every 15 minutes"); a path that
 fails (Destroy, lost first hop) is dropped and rebuilt at once, and so is a path that
 misbehaves silently (issue 15, item 4): a backward cell or reply clove that fails
 authentication, a proxy's notice that a forward cell failed there, or a request for which the
-path brought no reply clove at all while the request's other paths did (the path is doubted —
-not used, replaced at once — and given up unless the clove comes within ``MISSING_GRACE``
-seconds after the request ended). Counted in ``replaced[reason]``.
+path brought no reply clove at all while the request's other paths did (if the clove has not
+come ``LATE_CLOVE`` seconds after the request ended, the path is doubted — not used, replaced at
+once — and given up unless the clove comes within ``MISSING_GRACE`` seconds after the request
+ended). Counted in ``replaced[reason]``.
 
 The manager owns the user's end of its paths: the node routes ``CellBack`` and
 ``Destroy`` on links it owns here (:meth:`owns`).
@@ -39,6 +40,9 @@ log = logging.getLogger("gentorrent.paths")
 
 SUSPECT_SECONDS = 60.0  # relays of a failed path are avoided this long (if enough others exist)
 MISSING_GRACE = 5.0  # after a request ends, how long a path's first reply clove may still be late
+# A request ends as soon as k of its n paths brought the last chunk, so the other paths' cloves
+# are usually a moment behind: a path is doubted only if its clove is this late (seconds).
+LATE_CLOVE = 0.5
 EXPIRY_JITTER = 1200  # each hop's expiry is path_ttl plus an independent uniform draw from [0, this) s
 
 
@@ -188,10 +192,12 @@ class PathManager:
         self._explicit = False
         self._new_batch = False
         self._missing: dict[bytes, tuple[Path, float]] = {}  # ended tags with no clove: (path, deadline)
+        self._unsure: dict[bytes, float] = {}  # missing tags not yet LATE_CLOVE late -> when they will be
 
     # ------------------------------------------------------------------ queries
 
     def ready_paths(self) -> list[Path]:
+        self._doubt_late(self.clock.monotonic())
         return [p for p in self.paths if p.ready.is_set() and not p.dead and not p.doubted]
 
     def owns(self, peer: bytes, link_id: bytes) -> Path | None:
@@ -248,8 +254,10 @@ class PathManager:
                 late = self._missing.get(tag)
                 if late is not None and late[0] is path:
                     del self._missing[tag]  # the path was only slow
-                    path.doubted = any(q is path for q, _ in self._missing.values())
-                    if not path.doubted:
+                    self._unsure.pop(tag, None)
+                    was = path.doubted
+                    path.doubted = any(q is path and t not in self._unsure for t, (q, _) in self._missing.items())
+                    if was and not path.doubted:
                         self._cleared(path)
                 self.dropped["reply-unknown-tag"] += 1  # late (request finished) or forged
         elif isinstance(payload, PathNotice):
@@ -302,8 +310,23 @@ class PathManager:
         if path.dead:
             return
         if got == 0 and live_and_cloves[1] > 0:  # the request's other paths brought cloves, this one none
-            self._missing[tag] = (path, self.clock.monotonic() + MISSING_GRACE)
-            path.doubted = True  # not used while in doubt; a replacement is built at once
+            now = self.clock.monotonic()
+            self._missing[tag] = (path, now + MISSING_GRACE)
+            self._unsure[tag] = now + LATE_CLOVE  # then doubted (_doubt_late) unless it came
+
+    def _doubt_late(self, now: float) -> None:
+        """Doubt the paths whose reply clove is ``LATE_CLOVE`` late: not used while in doubt, and
+        a replacement is built at once."""
+        if not self._unsure:
+            return
+        changed = False
+        for tag, when in list(self._unsure.items()):
+            if now >= when:
+                del self._unsure[tag]
+                m = self._missing.get(tag)
+                if m is not None and not m[0].dead and not m[0].doubted:
+                    m[0].doubted = changed = True
+        if changed:
             self._notify()
 
     def _cleared(self, path: Path) -> None:
@@ -319,9 +342,11 @@ class PathManager:
         """Give up paths whose reply clove is still missing ``MISSING_GRACE`` after their
         request ended (called by :meth:`run` every second)."""
         now = self.clock.monotonic()
+        self._doubt_late(now)
         for tag, (path, deadline) in list(self._missing.items()):
             if now >= deadline:
                 del self._missing[tag]
+                self._unsure.pop(tag, None)
                 self._replace(path, "reply-cloves-missing")
 
     def on_destroy(self, path: Path, msg: Destroy) -> None:
