@@ -2,7 +2,9 @@
 
 :class:`AnonClient` turns ``request(model, messages, params)`` into n S-IDA
 cloves, each sealed to the chosen model node and sent over one of our proxy
-paths, and yields the reply chunks as soon as k cloves of each authenticate.
+paths, and yields the reply chunks as soon as k cloves of each authenticate and the chunk
+passes its check against the serving node's signature (:mod:`overlay.signing`); it fails
+over to another model node when the serving one fails, is reported gone or goes silent.
 Verifiers use the same class, so challenges look exactly like user traffic.
 
 :class:`Responder` is the model node's end: it opens sealed cloves delivered
