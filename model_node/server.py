@@ -49,13 +49,13 @@ from model_node.group import GroupConfig
 from model_node.group_service import GroupService
 from model_node.hrtree import common_prefix
 from model_node.messages import Count, NodeStats, Served, StatsRequest
-from overlay.anon import Responder, busy_error
+from overlay.anon import Responder, busy_error, invalid_error
 from overlay.clock import Clock, TrioClock
 from overlay.identity import Identity, short_id
 from overlay.messages import Deliver, ReplyChunk, Request
 from overlay.node import Node
 from overlay.registry import Registry
-from overlay.signing import reply_signing_bytes, request_digest
+from overlay.signing import ReplySigner, request_digest
 from overlay.transport import Connection, Transport, TransportError
 
 log = logging.getLogger("gentorrent.model")
@@ -344,9 +344,15 @@ class ModelNode:
                     break
 
     def _chunk(self, req: Request, seq: int, text: str, ids: tuple[int, ...], *, done: bool = False,
-               error: str = "", signature: bytes = b"", signed_at_ms: int = 0) -> ReplyChunk:
+               error: str = "", signer: ReplySigner | None = None) -> ReplyChunk:
+        """A reply chunk; with ``signer`` (every output chunk) it carries the reply's hash chain
+        after it and this node's signature over it (:mod:`overlay.signing`)."""
+        chain, signature, signed_at_ms = b"", b"", 0
+        if signer is not None:
+            signed_at_ms = int(self.clock.unix() * 1000)
+            chain, signature = signer.add(text, ids, done, signed_at_ms, self.identity.sign)
         return ReplyChunk(request_id=req.request_id, seq=seq, text=text, token_ids=ids, done=done, error=error,
-                          node=self.identity.node_id, signature=signature, signed_at_ms=signed_at_ms)
+                          node=self.identity.node_id, chain=chain, signature=signature, signed_at_ms=signed_at_ms)
 
     async def handle(self, req: Request, *, forwarded: bool = False,
                      direct: bool = False) -> AsyncGenerator[ReplyChunk, None]:
@@ -382,15 +388,15 @@ class ModelNode:
             return [], f"this node serves {self.model!r}, not {req.model!r}"
         why = check_params(req, self.max_tokens_limit)
         if why is not None:
-            return [], why
+            return [], invalid_error(why)
         try:
             prompt_ids = self.engine.chat_prompt(req.messages, req.continuation)
         except EngineError as exc:
-            return [], str(exc)
+            return [], invalid_error(str(exc))
         ctx = self.engine.context_window
         if len(prompt_ids) + req.params.max_tokens > ctx:
-            return [], (f"the prompt ({len(prompt_ids)} tokens) plus max_tokens ({req.params.max_tokens}) "
-                        f"exceeds the model's context window of {ctx} tokens")
+            return [], invalid_error(f"the prompt ({len(prompt_ids)} tokens) plus max_tokens "
+                                     f"({req.params.max_tokens}) exceeds the model's context window of {ctx} tokens")
         return prompt_ids, None
 
     async def _route(self, req: Request, prompt_ids: list[int], *, forwarded: bool,
@@ -456,6 +462,7 @@ class ModelNode:
         started, first_at = last, None
         buf: list[str] = []
         ids: list[int] = []
+        signer = ReplySigner(request_digest(req), self.model, self.identity.node_id)
         try:
             gen = self.engine.generate(prompt_ids, req.params)
         except EngineError as exc:
@@ -473,9 +480,9 @@ class ModelNode:
                     work.produced += len(piece.token_ids)
                     if seq == 0 or now - last >= CHUNK_INTERVAL or size >= CHUNK_MAX_CHARS:
                         all_ids.extend(ids)
-                        yield self._chunk(req, seq, "".join(buf), tuple(ids))
+                        yield self._chunk(req, seq, "".join(buf), tuple(ids), signer=signer)
                         seq, buf, ids, size, last = seq + 1, [], [], 0, now
-        except EngineError as exc:  # the engine failed mid-reply: say so (unsigned)
+        except EngineError as exc:  # the engine failed mid-reply: say so (unsigned; the client fails over)
             log.warning("engine failed during a reply: %s", exc)
             yield self._chunk(req, seq, "", (), done=True, error=str(exc))
             return
@@ -484,17 +491,13 @@ class ModelNode:
         if first_at is not None:
             evaluated = gen.stats.evaluated_prompt_tokens if gen.stats is not None else len(prompt_ids)
             self.throughput.record(evaluated, first_at - started, len(all_ids), ended - first_at)
-        signed_at = int(self.clock.unix() * 1000)
-        sig = self.identity.sign(
-            reply_signing_bytes(request_digest(req), all_ids, self.model, self.identity.node_id, signed_at)
-        )
         self.served += 1
         if gen.stats is not None:
             self._record(gen.stats, forwarded)
             log.info("served %d prompt tokens (%d evaluated), %d output tokens, ttft %.3fs",
                      gen.stats.prompt_tokens, gen.stats.evaluated_prompt_tokens, gen.stats.output_tokens,
                      gen.stats.ttft_s)
-        yield self._chunk(req, seq, "".join(buf), tuple(ids), done=True, signature=sig, signed_at_ms=signed_at)
+        yield self._chunk(req, seq, "".join(buf), tuple(ids), done=True, signer=signer)
 
     async def serve(
         self, host: str = "127.0.0.1", port: int = 0, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED

@@ -2,7 +2,9 @@
 
 :class:`AnonClient` turns ``request(model, messages, params)`` into n S-IDA
 cloves, each sealed to the chosen model node and sent over one of our proxy
-paths, and yields the reply chunks as soon as k cloves of each authenticate.
+paths, and yields the reply chunks as soon as k cloves of each authenticate and the chunk
+passes its check against the serving node's signature (:mod:`overlay.signing`); it fails
+over to another model node when the serving one fails, is reported gone or goes silent.
 Verifiers use the same class, so challenges look exactly like user traffic.
 
 :class:`Responder` is the model node's end: it opens sealed cloves delivered
@@ -16,7 +18,8 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from contextlib import aclosing, asynccontextmanager
+from contextlib import aclosing, asynccontextmanager, suppress
+from dataclasses import dataclass
 from typing import Any
 
 import trio
@@ -29,6 +32,7 @@ from overlay.messages import (
     CellFwd,
     ChatMessage,
     Deliver,
+    PathNotice,
     ReplyChunk,
     Request,
     ReturnClove,
@@ -36,11 +40,11 @@ from overlay.messages import (
     SamplingParams,
     ToModel,
 )
-from overlay.paths import Path, PathError, PathManager
+from overlay.paths import PATH_CLOSED, Path, PathError, PathManager
 from overlay.peers import PeerEntry
 from overlay.relay import TokenBucket
 from overlay.seal import ReturnKey, SealError, open_sealed, seal_to
-from overlay.signing import ReplyVerifyError, request_digest, verify_reply
+from overlay.signing import ReplyChecker, ReplyVerifyError, request_digest
 
 log = logging.getLogger("gentorrent.anon")
 
@@ -48,6 +52,21 @@ MAX_CHUNKS_QUEUED = 1024
 # A model node past its capacity refuses a request with an error chunk whose text starts with
 # "busy:" (before any output); the client then tries another model node serving the model.
 BUSY = "busy"
+# An error that another model node would answer the same way (bad sampling parameters, a prompt
+# the model's tokenizer refuses, a prompt too long for the model's context window) starts with
+# "invalid request:"; the client reports it without failing over. Every other error reply
+# (the engine failed, the node does not serve the model after all, a forwarding fault) makes
+# the client fail over to another node.
+INVALID = "invalid request"
+# Failover on silence: before the first chunk the caller's ``timeout`` applies (it covers
+# queueing and prefill); after it, a silence longer than SILENCE_GAPS times the reply's mean
+# gap between chunks (the node's own decode rate as seen here; FIRST_GAP until two chunks have
+# come), but never shorter than SILENCE_FLOOR nor longer than ``timeout``.
+SILENCE_FLOOR = 2.0
+SILENCE_GAPS = 8.0
+FIRST_GAP = 1.0
+# Proxy notices that say a model node cannot be reached through that proxy any more.
+MODEL_GONE = frozenset({"model-unreachable", "model-lost"})
 
 
 def busy_error(detail: str) -> str:
@@ -60,6 +79,16 @@ def is_busy(error: str) -> bool:
     return error.startswith(f"{BUSY}:")
 
 
+def invalid_error(detail: str) -> str:
+    """The error text of a refusal that no other model node would answer differently."""
+    return f"{INVALID}: {detail}"
+
+
+def is_final_error(error: str) -> bool:
+    """Whether a reply chunk's error is final by nature (:func:`invalid_error`): no failover."""
+    return error.startswith(f"{INVALID}:")
+
+
 class AnonError(Exception):
     """An anonymous request failed; the message says why and what to do."""
 
@@ -69,8 +98,26 @@ class AllBusy(AnonError):
     generated; the same request may succeed in a minute (a gateway answers 503)."""
 
 
-class _NodeSilent(AnonError):
-    """The model node stopped answering (a failover candidate)."""
+class ReplyUnverified(AnonError):
+    """A reply chunk failed its check (:mod:`overlay.signing`): its text or token ids do not
+    match the hash chain, its signature does not verify, or its node is not registered for
+    the model. Nothing of that chunk was yielded; the text yielded before it was verified."""
+
+
+class _NodeFailed(AnonError):
+    """The serving model node failed (a failover candidate): ``nodes`` are the ones to avoid."""
+
+    def __init__(self, message: str, *nodes: bytes) -> None:
+        super().__init__(message)
+        self.nodes = nodes
+
+
+class _NodeSilent(_NodeFailed):
+    """The serving model node went silent."""
+
+
+class _NodeLost(_NodeFailed):
+    """The proxies report the serving model node gone (or the paths to it died)."""
 
 
 class _NodeBusy(AnonError):
@@ -80,6 +127,13 @@ class _NodeBusy(AnonError):
     def __init__(self, message: str, node: bytes) -> None:
         super().__init__(message)
         self.node = node
+
+
+@dataclass(frozen=True, slots=True)
+class _Gone:
+    """Internal: enough of an attempt's paths can no longer carry its reply (``why``)."""
+
+    why: str
 
 
 class AnonClient:
@@ -108,8 +162,9 @@ class AnonClient:
         self.rng = rng or random.SystemRandom()
         self.clock: Clock = clock or TrioClock()
         self.reassembler = sida.Reassembler()
-        self._requests: dict[bytes, trio.MemorySendChannel[ReplyChunk]] = {}
+        self._requests: dict[bytes, trio.MemorySendChannel[ReplyChunk | _Gone]] = {}
         self.dropped: dict[str, int] = {}
+        self.failovers: dict[str, int] = {}  # why -> count ("silent", "lost", "error", "busy")
 
     def _drop(self, reason: str) -> None:
         self.dropped[reason] = self.dropped.get(reason, 0) + 1
@@ -135,17 +190,26 @@ class AnonClient:
         paths_timeout: float = 30.0,
         failover: bool = True,
     ) -> AsyncIterator[ReplyChunk]:
-        """Send one prompt anonymously; yield its reply chunks in order.
+        """Send one prompt anonymously; yield its reply chunks in order, **each one verified**.
 
-        ``node`` prefers a model node (session affinity); ``timeout`` bounds the
-        wait for each chunk. If the serving node goes silent (``timeout``) and
-        another node serves the model, the prompt and the partial reply are
-        resent there and the reply continues without repeating text (failover,
-        from Petals). A node that answers "busy" (:func:`is_busy`: past its capacity)
-        is left at once for another node serving the model that has not refused or gone
-        silent yet. The last chunk's signature is verified against the serving node's
-        registry key. Raises :class:`AnonError` on failure, :class:`AllBusy` when every
-        candidate refused as busy. ``failover=False`` tries ``node`` (or one node) only.
+        Verified means: the chunk's text and token ids, with everything before it from the
+        same node, hash to the chunk's ``chain``, and ``chunk.node`` — a model node the
+        registry lists for ``model`` — signed that chain (:mod:`overlay.signing`). A chunk
+        that fails is never yielded: :class:`ReplyUnverified` is raised instead, so callers
+        cannot show unverified text by accident. ``chunk.done`` marks the complete reply.
+
+        ``node`` prefers a model node (session affinity); ``timeout`` bounds the wait for the
+        first chunk. The request fails over — the prompt and the verified text so far are
+        resent to another node serving the model, which continues without repeating it
+        (``continuation``, from Petals) — when the serving node (1) answers with an error that
+        is not final by nature (:func:`is_final_error`), (2) is reported gone by the proxies
+        (or its paths die) so that fewer than k paths can still carry its reply, or (3) stays
+        silent for longer than :data:`SILENCE_GAPS` times its gap between chunks (at least
+        :data:`SILENCE_FLOOR` s). After a failover ``chunk.node`` changes: each part is
+        signed by the node that wrote it. A node that answers "busy" (:func:`is_busy`) is left
+        at once for another. Raises :class:`AnonError` on failure (a final error, or no node
+        left), :class:`AllBusy` when every candidate refused as busy, :class:`ReplyUnverified`
+        as above. ``failover=False`` tries ``node`` (or one node) only.
         """
         target = self.choose_model_node(model, node)
         tried: set[bytes] = set()
@@ -165,13 +229,16 @@ class AnonClient:
                 if not failover or not others:
                     raise AllBusy(f"{exc}; every model node tried for {model!r} ({len(tried)}) is busy: "
                                   "try again in a minute") from None
+                self.failovers["busy"] = self.failovers.get("busy", 0) + 1
                 target = self.rng.choice(others)
                 log.info("%s; trying model node %s instead", exc, short_id(target.node_id))
-            except _NodeSilent as exc:
-                tried.add(target.node_id)
+            except _NodeFailed as exc:
+                tried |= {target.node_id, *exc.nodes}
                 others = [e for e in self.models(model) if e.node_id not in tried]
                 if not failover or not others:
                     raise AnonError(str(exc)) from None
+                why = "silent" if isinstance(exc, _NodeSilent) else "lost" if isinstance(exc, _NodeLost) else "error"
+                self.failovers[why] = self.failovers.get(why, 0) + 1
                 target = self.rng.choice(others)
                 log.warning("%s; failing over to model node %s with %d characters already received",
                             exc, short_id(target.node_id), sum(map(len, produced)))
@@ -181,7 +248,7 @@ class AnonClient:
         continuation: str, timeout: float, paths_timeout: float,
     ) -> AsyncGenerator[ReplyChunk, None]:
         """One try at ``target``: n cloves out over n of our paths, the reply chunks back in
-        order, the last one's signature checked. :class:`_NodeSilent` if ``target`` goes quiet."""
+        order, each checked before it is yielded. :class:`_NodeFailed` if the node fails."""
         try:
             paths = self.rng.sample(await self.paths.wait_ready(self.n, paths_timeout), self.n)
         except PathError as exc:
@@ -193,18 +260,39 @@ class AnonClient:
             cloves = sida.split(codec.encode(req), self.n, self.k)
         except (sida.SidaError, codec.LocalProtocolError) as exc:
             raise AnonError(f"the request is too large to send: {exc}") from None
-        send_ch, recv_ch = trio.open_memory_channel[ReplyChunk](MAX_CHUNKS_QUEUED)
+        send_ch, recv_ch = trio.open_memory_channel[ReplyChunk | _Gone](MAX_CHUNKS_QUEUED)
         self._requests[req.request_id] = send_ch
-        for p, rk in zip(paths, keys, strict=True):
+        serving: list[bytes] = [target.node_id]  # whose loss fails this attempt (the chunks' node once known)
+        lost: set[int] = set()
+
+        def watch(i: int) -> Callable[[PathNotice], None]:
+            def on_notice(notice: PathNotice) -> None:
+                if notice.code == PATH_CLOSED or (notice.code in MODEL_GONE and notice.model_node in serving):
+                    lost.add(i)
+                    if len(lost) == self.n - self.k + 1:  # fewer than k paths left: the reply cannot come
+                        with suppress(trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+                            send_ch.send_nowait(_Gone(f"{notice.code}: {notice.detail}"))
+            return on_notice
+
+        self.paths.start_request()  # these n tags are one request (missing reply cloves are compared)
+        for i, (p, rk) in enumerate(zip(paths, keys, strict=True)):
             p.returns[rk.tag] = self._on_reply_clove_for(rk)
+            p.watchers[rk.tag] = watch(i)
         try:
             self._send_cloves(target, paths, cloves)
-            output_ids: list[int] = []
+            checker: ReplyChecker | None = None
             async with aclosing(self._in_order(recv_ch, target, paths, timeout)) as chunks:
                 async for c in chunks:
-                    output_ids.extend(c.token_ids)
-                    if c.done:
-                        self._verify(c, digest, output_ids, model)
+                    if checker is None:
+                        checker = self._checker(c.node, digest, model)
+                        serving[:] = [c.node]
+                    elif c.node != checker.node_id:
+                        raise ReplyUnverified(f"reply chunks from two nodes ({short_id(checker.node_id)}, "
+                                              f"{short_id(c.node)}) in one reply; the reply was discarded")
+                    try:
+                        checker.check(c.text, c.token_ids, c.done, c.chain, c.signature, c.signed_at_ms)
+                    except ReplyVerifyError as exc:
+                        raise ReplyUnverified(f"{exc}; the reply was discarded from there on") from None
                     yield c
                     if c.done:
                         return
@@ -212,6 +300,15 @@ class AnonClient:
             self._requests.pop(req.request_id, None)
             for p, rk in zip(paths, keys, strict=True):
                 p.returns.pop(rk.tag, None)
+                p.watchers.pop(rk.tag, None)
+
+    def _checker(self, node: bytes, digest: bytes, model: str) -> ReplyChecker:
+        """The checker for a reply from ``node``, which must be a registered node for ``model``."""
+        entry = next((e for e in self.models(model) if e.node_id == node), None)
+        if entry is None:
+            raise ReplyUnverified(f"the reply came from node {short_id(node)}, which the registry does not "
+                                  f"list as serving {model!r}; discarded")
+        return ReplyChecker(digest, model, node, entry.ed25519_public)
 
     def _request(
         self, paths: list[Path], keys: list[ReturnKey], model: str, messages: tuple[ChatMessage, ...],
@@ -240,24 +337,37 @@ class AnonClient:
             self.send(p.first, CellFwd(p.link_id, iv, body))
 
     async def _in_order(
-        self, chunks: trio.MemoryReceiveChannel[ReplyChunk], target: PeerEntry, paths: list[Path], timeout: float,
+        self, chunks: trio.MemoryReceiveChannel[ReplyChunk | _Gone], target: PeerEntry, paths: list[Path],
+        timeout: float,
     ) -> AsyncGenerator[ReplyChunk, None]:
-        """Reply chunks in ``seq`` order as each becomes next. :class:`AnonError` for an error
-        chunk or chunks too far out of order; :class:`_NodeBusy` for a "busy" refusal before
-        any output; :class:`_NodeSilent` when none arrives within ``timeout``."""
+        """Reply chunks in ``seq`` order as each becomes next. :class:`AnonError` for a final
+        error chunk or chunks too far out of order; :class:`_NodeBusy` for a "busy" refusal
+        before any output; :class:`_NodeFailed` for any other error chunk, :class:`_NodeLost`
+        when the paths report the node gone, :class:`_NodeSilent` on a silence (see
+        :meth:`request`)."""
         pending: dict[int, ReplyChunk] = {}
         next_seq = 0
+        first_at: float | None = None
+        last_at = 0.0
+        node = target.node_id
         while True:
-            with trio.move_on_after(timeout) as scope:
-                chunk = await chunks.receive()
+            limit = timeout
+            if first_at is not None:
+                gap = (last_at - first_at) / (next_seq - 1) if next_seq > 1 else FIRST_GAP
+                limit = min(timeout, max(SILENCE_FLOOR, SILENCE_GAPS * gap))
+            with trio.move_on_after(limit) as scope:
+                item = await chunks.receive()
             if scope.cancelled_caught:
                 dead = sum(1 for p in paths if p.dead)
                 raise _NodeSilent(
-                    f"no reply from model node {short_id(target.node_id)} within {timeout:.0f}s "
+                    f"no reply from model node {short_id(node)} within {limit:.1f}s "
                     f"({dead} of the {self.n} paths used failed; fewer than k={self.k} cloves of a "
-                    "reply arrived). The paths are being rebuilt: try again."
+                    "reply arrived). The paths are being rebuilt: try again.", node
                 )
-            pending[chunk.seq] = chunk
+            if isinstance(item, _Gone):
+                raise _NodeLost(f"no reply from model node {short_id(node)}: it is gone ({item.why}; fewer than "
+                                f"k={self.k} of the {self.n} paths can still carry its reply)", node)
+            pending[item.seq] = item
             if len(pending) > MAX_CHUNKS_QUEUED:
                 raise AnonError("reply chunks arrived too far out of order")
             while next_seq in pending:
@@ -265,21 +375,16 @@ class AnonClient:
                 next_seq += 1
                 if c.error and c.seq == 0 and is_busy(c.error):
                     raise _NodeBusy(f"model node {short_id(c.node)}: {c.error}", c.node)
-                if c.error:
+                if c.error and is_final_error(c.error):
                     raise AnonError(f"model node {short_id(c.node)}: {c.error}")
+                if c.error:
+                    raise _NodeFailed(f"model node {short_id(c.node)} failed: {c.error}", c.node, node)
+                now = self.clock.monotonic()
+                if first_at is None:
+                    first_at = now
+                last_at = now
+                node = c.node
                 yield c
-
-    def _verify(self, last: ReplyChunk, digest: bytes, output_ids: list[int], model: str) -> None:
-        """The serving node must be a registered model node for ``model`` and have signed the reply."""
-        entry = next((e for e in self.models(model) if e.node_id == last.node), None)
-        if entry is None:
-            raise AnonError(f"the reply came from node {short_id(last.node)}, which the registry does not "
-                            f"list as serving {model!r}; discarded")
-        try:
-            verify_reply(entry.ed25519_public, last.signature, digest, output_ids, model, last.node,
-                         last.signed_at_ms)
-        except ReplyVerifyError as exc:
-            raise AnonError(f"{exc}; the reply was discarded") from None
 
     def _on_reply_clove_for(self, rk: ReturnKey) -> Callable[[bytes], bool]:
         def on_data(data: bytes) -> bool:
@@ -450,7 +555,7 @@ class Responder:
 
     def _error_chunk(self, req: Request, seq: int, why: str) -> ReplyChunk:
         return ReplyChunk(request_id=req.request_id, seq=seq, text="", token_ids=(), done=True, error=why,
-                          node=self.identity.node_id, signature=b"", signed_at_ms=0)
+                          node=self.identity.node_id, chain=b"", signature=b"", signed_at_ms=0)
 
     async def _refuse(self, req: Request, why: str) -> AsyncIterator[ReplyChunk]:
         yield self._error_chunk(req, 0, why)

@@ -209,10 +209,15 @@ class FromModel:
 @message(113)
 @dataclass(frozen=True, slots=True)
 class PathNotice:
-    """Proxy → user: something went wrong beyond the proxy (e.g. model node unreachable)."""
+    """Proxy → user: something went wrong beyond the proxy. ``code`` ``model-unreachable``
+    (could not deliver to ``model_node``) and ``model-lost`` (the proxy's connection to
+    ``model_node``, which it delivered to or got reply cloves from on this path, closed)
+    are failover signals; ``model_node`` is empty for other codes. The proxy originates
+    this message, so the user treats it as a claim about one path, never as a reply."""
 
     code: str = field(max=64)
     detail: str = field(max=512)
+    model_node: bytes = field(max=NODE_ID_LEN)
 
 
 # --------------------------------------------------------------------------- anonymous requests (120-139)
@@ -272,10 +277,12 @@ class ReplyChunk:
     """One streamed piece of a reply; ``done`` marks the last. ``error`` is empty unless
     the request failed (then ``done`` is true and ``error`` says why, for the user).
 
-    ``node`` names the serving node on every chunk (session affinity). The last chunk
-    of a successful reply carries the node's Ed25519 ``signature`` over
-    :func:`overlay.signing.reply_signing_bytes` (request digest, all output token ids,
-    model, node id, ``signed_at_ms``); other chunks carry an empty signature and 0."""
+    ``node`` names the serving node on every chunk (session affinity). Every output chunk
+    carries ``chain``, the running hash over the text and token ids of this chunk and all
+    before it (:func:`overlay.signing.chain_next`), and the node's Ed25519 ``signature``
+    over :func:`overlay.signing.reply_signing_bytes` (request digest, ``chain``, ``done``,
+    model, node id, ``signed_at_ms``). Error chunks carry an empty chain and signature: they
+    are never an answer."""
 
     request_id: bytes = field(exact=REQUEST_ID_LEN)
     seq: int = field()
@@ -284,5 +291,6 @@ class ReplyChunk:
     done: bool = field()
     error: str = field(max=1024)
     node: bytes = field(exact=NODE_ID_LEN)
+    chain: bytes = field(max=32)
     signature: bytes = field(max=64)
     signed_at_ms: int = field()

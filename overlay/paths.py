@@ -10,9 +10,10 @@ replaced (paper §5.2: "discover new proxies every 15 minutes"); a path that
 fails (Destroy, lost first hop) is dropped and rebuilt at once, and so is a path that
 misbehaves silently (issue 15, item 4): a backward cell or reply clove that fails
 authentication, a proxy's notice that a forward cell failed there, or a request for which the
-path brought no reply clove at all while the request's other paths did (the path is doubted —
-not used, replaced at once — and given up unless the clove comes within ``MISSING_GRACE``
-seconds after the request ended). Counted in ``replaced[reason]``.
+path brought no reply clove at all while the request's other paths did (if the clove has not
+come ``LATE_CLOVE`` seconds after the request ended, the path is doubted — not used, replaced at
+once — and given up unless the clove comes within ``MISSING_GRACE`` seconds after the request
+ended). Counted in ``replaced[reason]``.
 
 The manager owns the user's end of its paths: the node routes ``CellBack`` and
 ``Destroy`` on links it owns here (:meth:`owns`).
@@ -39,6 +40,9 @@ log = logging.getLogger("gentorrent.paths")
 
 SUSPECT_SECONDS = 60.0  # relays of a failed path are avoided this long (if enough others exist)
 MISSING_GRACE = 5.0  # after a request ends, how long a path's first reply clove may still be late
+# A request ends as soon as k of its n paths brought the last chunk, so the other paths' cloves
+# are usually a moment behind: a path is doubted only if its clove is this late (seconds).
+LATE_CLOVE = 0.5
 EXPIRY_JITTER = 1200  # each hop's expiry is path_ttl plus an independent uniform draw from [0, this) s
 
 
@@ -103,6 +107,11 @@ class ReturnRoutes(dict[bytes, Callable[[bytes], bool | None]]):
         return out
 
 
+# The code of the notice a path's watchers get when the path dies here (a proxy saying the
+# same is believed just as much: it speaks for its own path only).
+PATH_CLOSED = "path-closed"
+
+
 @dataclass(eq=False)
 class Path:
     relays: list[PeerEntry]
@@ -115,6 +124,8 @@ class Path:
     # reply routing: return tag -> callback(data); the manager watches what is delivered per tag
     returns: dict[bytes, Callable[[bytes], bool | None]] = field(default_factory=dict)
     notices: int = 0
+    # requests in flight on this path: return tag -> callback(notice) for the proxy's notices
+    watchers: dict[bytes, Callable[[PathNotice], None]] = field(default_factory=dict)
     doubted: bool = False  # brought no reply clove for its last request: not used, being replaced
 
     @property
@@ -176,11 +187,17 @@ class PathManager:
         self._tag_state: dict[bytes, tuple[Path, int, int]] = {}
         self._batches: dict[int, list[int]] = {}  # batch -> [tags still live, cloves on any of its paths]
         self._batch = (0, -1.0, set[int]())  # the open batch: id, time it opened, paths in it
+        # Once a client calls start_request(), batches open only there (the clock reading moves
+        # between two registrations under a real clock, so it cannot delimit a request).
+        self._explicit = False
+        self._new_batch = False
         self._missing: dict[bytes, tuple[Path, float]] = {}  # ended tags with no clove: (path, deadline)
+        self._unsure: dict[bytes, float] = {}  # missing tags not yet LATE_CLOVE late -> when they will be
 
     # ------------------------------------------------------------------ queries
 
     def ready_paths(self) -> list[Path]:
+        self._doubt_late(self.clock.monotonic())
         return [p for p in self.paths if p.ready.is_set() and not p.dead and not p.doubted]
 
     def owns(self, peer: bytes, link_id: bytes) -> Path | None:
@@ -237,8 +254,10 @@ class PathManager:
                 late = self._missing.get(tag)
                 if late is not None and late[0] is path:
                     del self._missing[tag]  # the path was only slow
-                    path.doubted = any(q is path for q, _ in self._missing.values())
-                    if not path.doubted:
+                    self._unsure.pop(tag, None)
+                    was = path.doubted
+                    path.doubted = any(q is path and t not in self._unsure for t, (q, _) in self._missing.items())
+                    if was and not path.doubted:
                         self._cleared(path)
                 self.dropped["reply-unknown-tag"] += 1  # late (request finished) or forged
         elif isinstance(payload, PathNotice):
@@ -246,6 +265,8 @@ class PathManager:
             log.warning("proxy %s reports %s: %s", short_id(path.proxy.node_id), payload.code, payload.detail)
             if payload.code == "cell-unauthentic":
                 self._replace(path, "forward-cell-unauthentic")
+            for watch in list(path.watchers.values()):
+                watch(payload)
 
     # ------------------------------------------------------------------ silent misbehaviour
 
@@ -257,10 +278,19 @@ class PathManager:
         self._failed(path, f"replaced: {why}")
         self.node.send_nowait(path.first, Destroy(path.link_id, "closed"))
 
+    def start_request(self) -> None:
+        """The return tags registered from now until the next call belong to one request: a path
+        that brings none of its reply cloves while the request's other paths did is put in doubt.
+        (Without calls, tags registered at the same clock reading are grouped.)"""
+        self._explicit = True
+        self._new_batch = True
+
     def _tag_started(self, path: Path, tag: bytes) -> None:
         batch, opened, members = self._batch
         now = self.clock.monotonic()
-        if opened != now or id(path) in members or batch not in self._batches:  # another request
+        opens = self._new_batch if self._explicit else opened != now
+        if opens or id(path) in members or batch not in self._batches:  # another request
+            self._new_batch = False
             batch, members = batch + 1, set()
             self._batch = (batch, now, members)
             self._batches[batch] = [0, 0]
@@ -280,8 +310,23 @@ class PathManager:
         if path.dead:
             return
         if got == 0 and live_and_cloves[1] > 0:  # the request's other paths brought cloves, this one none
-            self._missing[tag] = (path, self.clock.monotonic() + MISSING_GRACE)
-            path.doubted = True  # not used while in doubt; a replacement is built at once
+            now = self.clock.monotonic()
+            self._missing[tag] = (path, now + MISSING_GRACE)
+            self._unsure[tag] = now + LATE_CLOVE  # then doubted (_doubt_late) unless it came
+
+    def _doubt_late(self, now: float) -> None:
+        """Doubt the paths whose reply clove is ``LATE_CLOVE`` late: not used while in doubt, and
+        a replacement is built at once."""
+        if not self._unsure:
+            return
+        changed = False
+        for tag, when in list(self._unsure.items()):
+            if now >= when:
+                del self._unsure[tag]
+                m = self._missing.get(tag)
+                if m is not None and not m[0].dead and not m[0].doubted:
+                    m[0].doubted = changed = True
+        if changed:
             self._notify()
 
     def _cleared(self, path: Path) -> None:
@@ -297,9 +342,11 @@ class PathManager:
         """Give up paths whose reply clove is still missing ``MISSING_GRACE`` after their
         request ended (called by :meth:`run` every second)."""
         now = self.clock.monotonic()
+        self._doubt_late(now)
         for tag, (path, deadline) in list(self._missing.items()):
             if now >= deadline:
                 del self._missing[tag]
+                self._unsure.pop(tag, None)
                 self._replace(path, "reply-cloves-missing")
 
     def on_destroy(self, path: Path, msg: Destroy) -> None:
@@ -326,6 +373,8 @@ class PathManager:
         if path.dead:
             return
         path.dead = True
+        for watch in list(path.watchers.values()):  # requests on it lose this path's cloves
+            watch(PathNotice(code=PATH_CLOSED, detail="the path was closed", model_node=b""))
         if send_destroy:
             self.node.send_nowait(path.first, Destroy(path.link_id, "closed"))
         self.by_link.pop((path.first, path.link_id), None)

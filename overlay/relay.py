@@ -49,6 +49,9 @@ class _Path:
     last_used: float
     cells: int = 0
     told_unauthentic: bool = False  # the proxy told the user once that a forward cell failed
+    # at the proxy: model nodes this path delivered to or got reply cloves from, most recent
+    # last (at most MODELS_PER_PATH); losing the connection to one is signalled to the user
+    models: dict[bytes, None] = field(default_factory=dict)
 
 
 @dataclass
@@ -260,6 +263,7 @@ class RelayCore:
             return self._notice(p, "unknown-model-node", "the destination is not a model node in the registry")
         assert p.proxy_path_id is not None
         self.forwarded += 1
+        _remember_model(p, payload.dest)
         return [Send(payload.dest, Deliver(proxy_path_id=p.proxy_path_id, sealed=payload.sealed))]
 
     def on_cell_back(self, peer: bytes, msg: CellBack, now: float) -> list[Send]:
@@ -277,22 +281,35 @@ class RelayCore:
         if not isinstance(p, _Path):
             return p
         assert p.proxy is not None
+        _remember_model(p, peer)
         iv, body = p.proxy.seal_backward(codec.encode(FromModel(data=msg.data)))
         self.forwarded += 1
         return [Send(p.pred, CellBack(p.pred_link, iv, body))]
 
-    def _notice(self, p: _Path, code: str, detail: str) -> list[Send]:
+    def _notice(self, p: _Path, code: str, detail: str, model_node: bytes = b"") -> list[Send]:
         assert p.proxy is not None
         self.dropped[code] += 1
-        iv, body = p.proxy.seal_backward(codec.encode(PathNotice(code=code, detail=detail)))
+        iv, body = p.proxy.seal_backward(codec.encode(PathNotice(code=code, detail=detail, model_node=model_node)))
         return [Send(p.pred, CellBack(p.pred_link, iv, body))]
 
-    def deliver_failed(self, proxy_path_id: bytes, detail: str) -> list[Send]:
-        """The driver could not deliver to the model node: tell the user through the path."""
+    def deliver_failed(self, proxy_path_id: bytes, detail: str, model_node: bytes = b"") -> list[Send]:
+        """The driver could not deliver to ``model_node``: tell the user through the path (a
+        failover signal)."""
         p = self.by_proxy_path.get(proxy_path_id)
         if p is None:
             return []
-        return self._notice(p, "model-unreachable", detail[:512])
+        p.models.pop(model_node, None)
+        return self._notice(p, "model-unreachable", detail[:512], model_node)
+
+    def _model_lost(self, peer: bytes) -> list[Send]:
+        """The connection to ``peer`` closed: each proxy path that delivered to it or got reply
+        cloves from it tells its user (``model-lost``, a failover signal)."""
+        out: list[Send] = []
+        for p in list(self.by_proxy_path.values()):
+            if p.proxy is not None and peer in p.models:
+                del p.models[peer]
+                out += self._notice(p, "model-lost", "the proxy lost its connection to the model node", peer)
+        return out
 
     # ------------------------------------------------------------------ teardown
 
@@ -316,8 +333,9 @@ class RelayCore:
         return self._drop("unknown-link")
 
     def on_peer_lost(self, peer: bytes) -> list[Send]:
-        """A neighbour's connection closed: tear down every path through it."""
-        out: list[Send] = []
+        """A neighbour's connection closed: tear down every path through it, and tell the users
+        of proxy paths that talked to it (if it is a model node) that it is gone."""
+        out: list[Send] = self._model_lost(peer)
         for (pred, _), p in list(self.by_pred.items()):
             if pred == peer:
                 self._remove(p)
@@ -339,3 +357,13 @@ class RelayCore:
                 self.dropped["path-expired"] += 1
         return out
 
+
+MODELS_PER_PATH = 8
+
+
+def _remember_model(p: _Path, node: bytes) -> None:
+    """``node`` talked to the proxy path ``p`` (most recent last; bounded)."""
+    p.models.pop(node, None)
+    p.models[node] = None
+    if len(p.models) > MODELS_PER_PATH:
+        del p.models[next(iter(p.models))]

@@ -44,7 +44,8 @@ class RelayService:
         for a in actions:
             ok = self.node.send_nowait(a.peer, a.msg)
             if not ok and isinstance(a.msg, Deliver):
-                self.execute(self.core.deliver_failed(a.msg.proxy_path_id, "the model node is unreachable"))
+                self.execute(self.core.deliver_failed(a.msg.proxy_path_id, "the model node is unreachable",
+                                                     a.peer))
 
     def _on_peer_lost(self, peer: bytes) -> None:
         self.execute(self.core.on_peer_lost(peer))

@@ -2,9 +2,14 @@
 
 The chat runs a full user node (it relays for others too), keeps N proxy paths, and sends
 each turn — with the conversation so far — as n S-IDA cloves. Reply text is printed as each
-chunk decodes; after each reply a status line (standard error) names the model node that
-served it, whether its signature verified, the time to first token and the token count.
-Follow-ups prefer the model node that answered before (session affinity).
+chunk arrives, and only once the chunk has passed its check: the anonymous client yields
+nothing that does not match the reply's hash chain and its model node's signature
+(:meth:`~overlay.anon.AnonClient.request`). After each reply a status line (standard error)
+names the model node that served it — after a failover, each node and the part it wrote,
+each part signed by its own node — whether the complete reply verified, the time to first
+token and the token count. A chunk that fails its check ends the reply with "REPLY REFUSED"
+(the text printed before it was verified; nothing after it is shown). Follow-ups prefer the
+model node that answered last (session affinity).
 
 Interactive when standard input is a terminal: ``/help``, ``/new`` (forget the conversation),
 ``/model NAME`` (switch model), ``/quit``. The history sent is trimmed, oldest turns first
@@ -32,7 +37,7 @@ from typing import Any, Protocol, TextIO
 
 import trio
 
-from overlay.anon import AnonError
+from overlay.anon import AnonError, ReplyUnverified
 from overlay.clock import Clock, TrioClock
 from overlay.messages import ChatMessage, ReplyChunk, SamplingParams
 from overlay.paths import PathError
@@ -67,6 +72,8 @@ def exit_status(exc: BaseException) -> int:
     """The exit status that says what failed (see :data:`EXIT_CODES`)."""
     if isinstance(exc, PathError):
         return EXIT_PATHS
+    if isinstance(exc, ReplyUnverified):
+        return EXIT_UNVERIFIED
     if isinstance(exc, AnonError):
         msg = str(exc)
         if msg.startswith("no reply") or msg.startswith("no model node"):
@@ -90,13 +97,17 @@ class Client(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Turn:
-    """One answered turn: the reply and how it came."""
+    """One answered turn: the reply and how it came. ``node`` served the end of it;
+    ``parts`` lists ``(node, characters)`` in order, one per node that wrote part of it (more
+    than one after a failover). ``verified``: the complete reply arrived, every part checked
+    against its node's signature."""
 
     text: str
     node: bytes
     verified: bool
     first_token_s: float
     tokens: int
+    parts: tuple[tuple[bytes, int], ...] = ()
 
 
 class ChatSession:
@@ -160,6 +171,7 @@ class ChatSession:
                             f"{self.context_tokens} tokens with {self.params.max_tokens} to spare for the reply; "
                             "shorten it or lower --max-tokens")
         parts: list[str] = []
+        writers: list[tuple[bytes, int]] = []
         served_by: bytes | None = None
         verified = False
         tokens = 0
@@ -172,9 +184,12 @@ class ChatSession:
                     if first is None and chunk.text:
                         first = self.now() - t0
                     parts.append(chunk.text)
+                    if not writers or writers[-1][0] != chunk.node:
+                        writers.append((chunk.node, 0))
+                    writers[-1] = (chunk.node, writers[-1][1] + len(chunk.text))
                     served_by = chunk.node
                     tokens += len(chunk.token_ids)
-                    verified = chunk.done  # AnonClient raises rather than yield an unverifiable last chunk
+                    verified = chunk.done  # every chunk yielded passed its check; done: the reply is complete
                     out.write(chunk.text)
                     out.flush()
         except AnonError:
@@ -191,7 +206,8 @@ class ChatSession:
         reply = "".join(parts)
         self.history.append(ChatMessage("assistant", reply))
         self._tokens.append(tokens + 4)
-        return Turn(reply, served_by, verified, first if first is not None else self.now() - t0, tokens)
+        return Turn(reply, served_by, verified, first if first is not None else self.now() - t0, tokens,
+                    tuple(writers))
 
 
 async def _generator(chunks: AsyncIterator[ReplyChunk]) -> AsyncGenerator[ReplyChunk, None]:
@@ -207,6 +223,10 @@ async def _generator(chunks: AsyncIterator[ReplyChunk]) -> AsyncGenerator[ReplyC
 def describe(turn: Turn) -> str:
     """The status line after a reply."""
     check = "signature verified" if turn.verified else "NOT verified"
+    if len(turn.parts) > 1:
+        who = "model nodes " + " then ".join(f"{n.hex()[:8]} ({chars} characters)" for n, chars in turn.parts)
+        check = "each part's signature verified" if turn.verified else "NOT verified"
+        return f"[{who} (failover) · {check} · first token {turn.first_token_s:.2f} s · {turn.tokens} tokens]"
     return (f"[model node {turn.node.hex()[:8]} · {check} · first token {turn.first_token_s:.2f} s · "
             f"{turn.tokens} tokens]")
 
@@ -338,6 +358,15 @@ def run_chat(args: argparse.Namespace) -> int:
                     note(f"you> {text}")
                 try:
                     turn = await session.turn(text, sys.stdout, args.timeout)
+                except ReplyUnverified as exc:
+                    print(f"\n[REPLY REFUSED: it failed verification: {exc}. The text above was verified; "
+                          "nothing after it is shown]" if interactive
+                          else f"gentorrent: error: REPLY REFUSED, it failed verification: {exc}",
+                          file=sys.stderr, flush=True)
+                    status = status or EXIT_UNVERIFIED
+                    if not interactive:
+                        break
+                    continue
                 except AnonError as exc:
                     print(f"\n[request failed: {exc}]" if interactive else f"gentorrent: error: {exc}",
                           file=sys.stderr, flush=True)

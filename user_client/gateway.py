@@ -10,8 +10,11 @@ bytes between HTTP and a :class:`Backend` (the real one, :class:`AnonBackend`, i
 Bounds: a body over ``max_body`` bytes is refused (413) without being read further; more
 than ``max_concurrent`` calls in flight are refused (429). Errors are OpenAI-shaped:
 400 bad parameters, 404 unknown model, 413 body too large, 429 too many calls, 502 the model
-node answered with an error, 503 no model node reachable or fewer proxy paths ready than a
-request needs. An error after streaming began is sent as a last ``data: {"error": ...}`` event.
+node answered with an error (``model_node_error``) or a reply failed its check against the
+model node's signature (``reply_unverified``: never returned as a success), 503 no model node
+reachable or fewer proxy paths ready than a request needs. An error after streaming began is
+sent as a last ``data: {"error": ...}`` event and the stream ends without ``[DONE]``. Only
+verified text is ever sent: the anonymous client yields nothing that failed its check.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from overlay.anon import AllBusy, AnonError
+from overlay.anon import AllBusy, AnonError, ReplyUnverified
 from overlay.clock import Clock, TrioClock
 from overlay.messages import ChatMessage, ReplyChunk, SamplingParams
 from overlay.paths import PathError
@@ -88,8 +91,12 @@ class AnonBackend:
 
 
 def error_for(exc: AnonError) -> api.ApiError:
-    """503 when no model node answered or every one was busy, 502 when one answered with an error."""
+    """503 when no model node answered or every one was busy, 502 when one answered with an error
+    or its reply failed verification."""
     msg = str(exc)
+    if isinstance(exc, ReplyUnverified):
+        return api.ApiError(502, f"the reply failed verification and was refused: {msg}", type="model_node_error",
+                            code="reply_unverified")
     if isinstance(exc, AllBusy):
         return api.ApiError(503, f"every model node is busy: {msg}; retry later", type="service_unavailable",
                             code="model_nodes_busy")
@@ -135,7 +142,7 @@ async def pieces(
                 out.stopped = True
                 break
             if c.done:
-                out.verified = True  # AnonClient raises before yielding an unverifiable last chunk
+                out.verified = True  # every chunk passed its check and this one ends the reply
     if not out.stopped:
         rest = scanner.flush()
         if rest:

@@ -11,8 +11,9 @@ and :class:`~overlay.messages.SamplingParams`, nothing else):
 - ``/v1/completions``: the prompt is sent as one user message; the model node applies its
   chat template (the protocol has no raw-prompt mode).
 - ``stop``: applied here, on the decoded text, since the protocol carries no stop strings;
-  the reply is cut before the first stop string and the rest of the stream is abandoned (so
-  the model node's final signature is never seen: ``verified`` is false for such a reply).
+  the reply is cut before the first stop string and the rest of the stream is abandoned (every
+  chunk returned passed its signature check, but the final one is never seen: ``verified`` is
+  false for such a reply, as it is not known to be complete).
 - ``usage.completion_tokens``: the number of token ids the model node sent (they are signed);
   ``usage.prompt_tokens`` is 0: the protocol does not report the prompt's token count.
 - ``finish_reason``: ``"stop"`` for a stop string or a reply shorter than ``max_tokens``,

@@ -22,7 +22,7 @@ from model_node.server import DIRECT_REFUSED, ModelNode
 from model_node.testing import GROUP_SYNC, start_group
 from overlay.identity import Identity
 from overlay.messages import ChatMessage, ReplyChunk, Request, SamplingParams
-from overlay.signing import request_digest, verify_reply
+from overlay.signing import ReplyChecker, request_digest
 from overlay.testing import Net
 
 SYNC = GROUP_SYNC  # seconds between sync rounds (expiry after 3 silent rounds)
@@ -152,9 +152,9 @@ async def test_a_forwarded_direct_request_comes_back_through_the_entry_node(auto
             chunks.append(await conn.receive())
         last = chunks[-1]
         assert last.node == nid(b) and not last.error and "".join(ch.text for ch in chunks) == req.messages[-1].content
-        ids = [t for ch in chunks for t in ch.token_ids]
-        verify_reply(b.identity.ed25519_public, last.signature, request_digest(req), ids, "echo", nid(b),
-                     last.signed_at_ms)
+        checker = ReplyChecker(request_digest(req), "echo", nid(b), b.identity.ed25519_public)
+        for ch in chunks:  # every chunk is B's, chained and signed
+            checker.check(ch.text, ch.token_ids, ch.done, ch.chain, ch.signature, ch.signed_at_ms)
         assert a.forwarded_out == 1 and b.forwarded_in == 1
         # The counters, over the same authenticated connection (the user is registered).
         await conn.send(StatsRequest(7))
@@ -234,7 +234,7 @@ async def test_forwarded_requests_and_sync_from_non_members_are_dropped(autojump
         assert set(a.group.state.peers) <= {nid(m) for m in net.models}
         # A reply chunk that answers nothing we forwarded is dropped too.
         assert user_node.send_nowait(nid(a), ReplyChunk(request_id=os.urandom(16), seq=0, text="x", token_ids=(),
-                                                         done=True, error="", node=nid(a), signature=b"",
+                                                         done=True, error="", node=nid(a), chain=b"", signature=b"",
                                                          signed_at_ms=0))
         await trio.sleep(1)
         assert a.group.dropped["unexpected-reply"] == 1

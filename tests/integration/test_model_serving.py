@@ -9,8 +9,8 @@ import pytest
 import trio
 
 from model_node.testing import start_echo_overlay
-from overlay.anon import AnonError
-from overlay.messages import ChatMessage, ReplyChunk, SamplingParams
+from overlay.anon import SILENCE_FLOOR, AnonError, ReplyUnverified
+from overlay.messages import ChatMessage, PathNotice, ReplyChunk, SamplingParams
 
 PARAMS = SamplingParams(max_tokens=4096)
 
@@ -26,7 +26,8 @@ async def test_reply_is_signed_by_the_serving_node(autojump_clock):
         last = chunks[-1]
         assert last.done and len(last.signature) == 64 and last.signed_at_ms > 0
         assert {c.node for c in chunks} == {net.model.identity.node_id}
-        assert all(c.signature == b"" for c in chunks[:-1])
+        assert len(chunks) >= 2 and all(len(c.signature) == 64 and len(c.chain) == 32 for c in chunks)
+        assert len({c.chain for c in chunks}) == len(chunks)  # each chunk moves the chain on
         nursery.cancel_scope.cancel()
 
 
@@ -44,8 +45,69 @@ async def test_tampered_reply_is_rejected_by_the_client(autojump_clock):
                     yield c
 
         model.responder.handler = forge
-        with pytest.raises(AnonError, match="signature"):
+        with pytest.raises(ReplyUnverified, match="hash chain"):
             await collect(net.users[0].client, "a reply that will be altered")
+        nursery.cancel_scope.cancel()
+
+
+def altered(real, change):
+    """A handler that yields ``real``'s signed chunks with ``change(chunk)`` applied after signing."""
+    async def handler(req):
+        async with aclosing(real(req)) as chunks:
+            async for c in chunks:
+                yield change(c)
+    return handler
+
+
+async def test_tampered_text_with_untouched_ids_is_refused_and_never_shown(autojump_clock):
+    # The signature used to cover token ids only: a node (or anyone relaying its chunks) could
+    # show other text than it signed. Now the chain covers the text; nothing after it is yielded.
+    async with trio.open_nursery() as nursery:
+        net = await start_echo_overlay(nursery, 15, echo_delay=0.05)
+        model = net.model
+        model.responder.handler = altered(
+            model.responder.handler, lambda c: dataclasses.replace(c, text=c.text.replace("safe", "harm"))
+        )
+        shown: list[str] = []
+        with pytest.raises(ReplyUnverified, match="hash chain") as info:
+            async for c in net.users[0].client.request("echo", [ChatMessage("user", "one two safe three")], PARAMS):
+                shown.append(c.text)
+        assert "harm" not in "".join(shown) and "safe" not in "".join(shown)
+        assert isinstance(info.value, AnonError)  # callers that catch AnonError still see it
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_truncated_reply_passed_off_as_complete_is_refused(autojump_clock):
+    async with trio.open_nursery() as nursery:
+        net = await start_echo_overlay(nursery, 15, echo_delay=0.05)
+        model = net.model
+        model.responder.handler = altered(model.responder.handler,
+                                          lambda c: dataclasses.replace(c, done=True) if c.seq == 1 else c)
+        with pytest.raises(ReplyUnverified, match="signature"):
+            await collect(net.users[0].client, "a b c d e f g h")
+        nursery.cancel_scope.cancel()
+
+
+async def test_chunks_spliced_from_another_reply_are_refused(autojump_clock):
+    async with trio.open_nursery() as nursery:
+        net = await start_echo_overlay(nursery, 15)
+        model = net.model
+        real = model.responder.handler
+        donor: list[ReplyChunk] = []
+
+        async def splice(req):  # the first reply is recorded; the second gets its signed chunk 1
+            async with aclosing(real(req)) as chunks:
+                async for c in chunks:
+                    if len(donor) < 2:
+                        donor.append(c)
+                    elif c.seq == 0:
+                        c = dataclasses.replace(donor[0], request_id=c.request_id)
+                    yield c
+
+        model.responder.handler = splice
+        await collect(net.users[0].client, "first reply words here")
+        with pytest.raises(ReplyUnverified, match="hash chain"):  # signed, but chained to another request
+            await collect(net.users[0].client, "first reply words here, asked again")
         nursery.cancel_scope.cancel()
 
 
@@ -77,10 +139,107 @@ async def test_failover_when_the_serving_node_dies_mid_reply(autojump_clock):
             net.kill(first_node)
 
         nursery.start_soon(kill_soon)
-        async for c in client.request("echo", [ChatMessage("user", text)], PARAMS, node=first_node, timeout=5):
+        arrived: list[float] = []
+        async for c in client.request("echo", [ChatMessage("user", text)], PARAMS, node=first_node, timeout=60):
             got.append(c)
+            arrived.append(trio.current_time())
         assert "".join(c.text for c in got) == text  # complete, no repeated words
-        assert got[0].node == first_node and got[-1].node == net.models[1].identity.node_id
+        second = net.models[1].identity.node_id
+        assert got[0].node == first_node and got[-1].node == second
+        # the proxies' model-lost signals, not a silence timeout, moved the reply: the next
+        # chunk came well within the 3 s target (virtual time), far below ``timeout``
+        assert client.failovers == {"lost": 1}
+        switch = next(i for i, c in enumerate(got) if c.node == second)
+        assert arrived[switch] - arrived[switch - 1] < 3.0
+        # each part is signed by the node that wrote it; every chunk was checked on arrival
+        assert all(len(c.signature) == 64 for c in got)
+        nursery.cancel_scope.cancel()
+
+
+def failing_after(real, n_chunks, error):
+    """A handler that passes ``n_chunks`` chunks of ``real`` on, then answers ``error``."""
+    async def handler(req):
+        async with aclosing(real(req)) as chunks:
+            async for c in chunks:
+                if c.seq == n_chunks:
+                    yield dataclasses.replace(c, text="", token_ids=(), done=True, error=error, chain=b"",
+                                              signature=b"", signed_at_ms=0)
+                    return
+                yield c
+    return handler
+
+
+async def test_an_error_reply_mid_reply_fails_over_at_once(autojump_clock):
+    async with trio.open_nursery() as nursery:
+        net = await start_echo_overlay(nursery, 15, models=2, echo_delay=0.05)
+        bad, good = net.models
+        bad.responder.handler = failing_after(bad.responder.handler, 3, "model node error: RuntimeError")
+        client = net.users[0].client
+        text = " ".join(f"w{j}" for j in range(40))
+        t0 = trio.current_time()
+        got = await collect(client, text, node=bad.identity.node_id, timeout=60)
+        assert "".join(c.text for c in got) == text
+        assert [c.node for c in got][:3] == [bad.identity.node_id] * 3 and got[-1].node == good.identity.node_id
+        assert client.failovers == {"error": 1}
+        assert trio.current_time() - t0 < 5.0  # the reply itself takes 2 s; no timeout was waited out
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_silent_node_is_left_after_a_few_of_its_chunk_gaps(autojump_clock):
+    async with trio.open_nursery() as nursery:
+        net = await start_echo_overlay(nursery, 15, models=2, echo_delay=0.05)
+        stuck, good = net.models
+        real = stuck.responder.handler
+
+        async def hang(req):  # a node that stops sending but keeps its connections (no proxy signal)
+            async with aclosing(real(req)) as chunks:
+                async for c in chunks:
+                    if c.seq == 5:
+                        await trio.sleep_forever()
+                    yield c
+
+        stuck.responder.handler = hang
+        client = net.users[0].client
+        text = " ".join(f"w{j}" for j in range(40))
+        arrived: list[float] = []
+        got = []
+        async for c in client.request("echo", [ChatMessage("user", text)], PARAMS, node=stuck.identity.node_id,
+                                      timeout=60):
+            got.append(c)
+            arrived.append(trio.current_time())
+        assert "".join(c.text for c in got) == text and client.failovers == {"silent": 1}
+        switch = next(i for i, c in enumerate(got) if c.node == good.identity.node_id)
+        gap = arrived[switch] - arrived[switch - 1]
+        assert SILENCE_FLOOR <= gap < 5.0  # the floor (its chunks came every ~50 ms), not the 60 s timeout
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_single_proxy_claiming_the_node_gone_does_not_move_the_reply(autojump_clock):
+    async with trio.open_nursery() as nursery:
+        net = await start_echo_overlay(nursery, 15, models=2, echo_delay=0.05)
+        first = net.models[0].identity.node_id
+        user = net.users[0]
+        client = user.client
+        text = " ".join(f"w{j}" for j in range(40))
+        got = []
+        async for c in client.request("echo", [ChatMessage("user", text)], PARAMS, node=first, timeout=60):
+            got.append(c)
+            if len(got) == 3:  # one (lying) proxy: its own path counts as lost, k=3 of n=4 remain
+                lying = next(p for p in user.paths.paths if p.watchers)
+                for w in list(lying.watchers.values()):
+                    w(PathNotice(code="model-lost", detail="a lie", model_node=first))
+        assert "".join(c.text for c in got) == text
+        assert {c.node for c in got} == {first} and client.failovers == {}
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_final_error_is_reported_without_trying_another_node(autojump_clock):
+    async with trio.open_nursery() as nursery:
+        net = await start_echo_overlay(nursery, 15, models=2)
+        client = net.users[0].client
+        with pytest.raises(AnonError, match="invalid request: temperature must be within"):
+            [c async for c in client.request("echo", [ChatMessage("user", "x")], SamplingParams(temperature=9.0))]
+        assert client.failovers == {}
         nursery.cancel_scope.cancel()
 
 

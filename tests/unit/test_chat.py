@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from overlay.anon import AnonError
+from overlay.anon import AnonError, ReplyUnverified
 from overlay.messages import ChatMessage, ReplyChunk, SamplingParams
 from overlay.paths import PathError
 from user_client import chat
@@ -27,8 +27,8 @@ class FakeClient:
             raise AnonError(self.fail)
         text = messages[-1].content
         half = len(text) // 2
-        yield ReplyChunk(b"r" * 16, 0, text[:half], tuple(range(half)), False, "", NODE, b"", 0)
-        yield ReplyChunk(b"r" * 16, 1, text[half:], tuple(range(len(text) - half)), True, "", NODE, b"s" * 64, 1)
+        yield ReplyChunk(b"r" * 16, 0, text[:half], tuple(range(half)), False, "", NODE, b"c" * 32, b"s" * 64, 1)
+        yield ReplyChunk(b"r" * 16, 1, text[half:], tuple(range(len(text) - half)), True, "", NODE, b"c" * 32, b"s" * 64, 1)
 
 
 class Clock:
@@ -103,9 +103,48 @@ def test_commands():
     (AnonError("bad signature; the reply was discarded"), chat.EXIT_UNVERIFIED),
     (AnonError("the reply came from node 0a0b0c0d, which the registry does not list as serving 'm'; discarded"),
      chat.EXIT_UNVERIFIED),
+    (ReplyUnverified("reply chunk 3 from node 0a0b0c0d does not match its hash chain"), chat.EXIT_UNVERIFIED),
+    (AnonError("no reply from model node 0a0b0c0d: it is gone (model-lost: ...)"), chat.EXIT_NO_MODEL_NODE),
     (AnonError("reply chunks arrived too far out of order"), chat.EXIT_OTHER),
     (RuntimeError("x"), chat.EXIT_OTHER),
 ])
 def test_exit_status_says_what_failed(exc, status):
     assert chat.exit_status(exc) == status
     assert status in chat.EXIT_CODES
+
+
+OTHER = b"O" * 32
+
+
+class FailoverClient:
+    """Two chunks from NODE, then (after a failover) two from OTHER."""
+
+    async def request(self, model, messages, params=None, *, node=None, timeout=60.0):
+        for i, (who, text) in enumerate([(NODE, "one "), (NODE, "two "), (OTHER, "three "), (OTHER, "four")]):
+            yield ReplyChunk(b"r" * 16, i, text, (i,), i == 3, "", who, b"c" * 32, b"s" * 64, 1)
+
+
+async def test_a_failed_over_reply_says_which_node_wrote_which_part():
+    s = chat.ChatSession(FailoverClient(), "m", SamplingParams(), None)
+    t = await s.turn("hi", io.StringIO(), 5)
+    assert t.text == "one two three four" and t.node == OTHER and t.verified
+    assert t.parts == ((NODE, 8), (OTHER, 10))
+    line = chat.describe(t)
+    assert f"{NODE.hex()[:8]} (8 characters) then {OTHER.hex()[:8]} (10 characters)" in line
+    assert "each part's signature verified" in line
+    assert s.node == OTHER  # follow-ups go to the node that wrote the end
+
+
+class RefusingClient:
+    async def request(self, model, messages, params=None, *, node=None, timeout=60.0):
+        yield ReplyChunk(b"r" * 16, 0, "checked ", (1,), False, "", NODE, b"c" * 32, b"s" * 64, 1)
+        raise ReplyUnverified("reply chunk 1 from node 4e4e4e4e does not match its hash chain")
+
+
+async def test_a_reply_that_fails_verification_is_not_kept():
+    s = chat.ChatSession(RefusingClient(), "m", SamplingParams(), None)
+    out = io.StringIO()
+    with pytest.raises(ReplyUnverified):
+        await s.turn("hi", out, 5)
+    assert out.getvalue() == "checked "  # only what passed its check was printed
+    assert s.history == [] and s.node is None

@@ -13,7 +13,7 @@ import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
 
-from overlay.anon import AllBusy, AnonError
+from overlay.anon import AllBusy, AnonError, ReplyUnverified
 from overlay.messages import ReplyChunk
 from user_client import openai_api as api
 from user_client.gateway import Gateway, is_loopback
@@ -48,8 +48,10 @@ class FakeBackend:
                 await self.release.wait()
             if w == "break":
                 raise AnonError("model node 0a0b0c0d: engine failed")
+            if w == "forged":
+                raise ReplyUnverified("reply chunk 2 from node 0a0b0c0d does not match its hash chain")
             last = i == min(len(words), params.max_tokens) - 1
-            yield ReplyChunk(b"r" * 16, i, (" " if i else "") + w, (1,), last, "", served, b"", 0)
+            yield ReplyChunk(b"r" * 16, i, (" " if i else "") + w, (1,), last, "", served, b"", b"", 0)
 
 
 @pytest.fixture
@@ -135,6 +137,7 @@ async def test_follow_ups_go_back_to_the_node_that_served(gateway):
     ("nopaths x", 503, "not_enough_paths"),
     ("refused x", 502, "model_node_error"),
     ("allbusy x", 503, "model_nodes_busy"),
+    ("forged x", 502, "reply_unverified"),
 ])
 async def test_overlay_failures_are_openai_errors(gateway, content, status, code):
     _, _, base = gateway
@@ -175,6 +178,24 @@ async def test_an_error_mid_stream_ends_the_stream_with_an_error_event(gateway):
                     model="echo", messages=[{"role": "user", "content": "a b break c"}], stream=True):
                 got.append(p.choices[0].delta.content)
         assert got == ["a", " b"]
+
+    await trio.to_thread.run_sync(run)
+
+
+async def test_a_reply_failing_verification_mid_stream_ends_with_an_error_event(gateway):
+    _, _, base = gateway
+
+    def run():
+        got = []
+        with pytest.raises(openai.APIError, match="failed verification") as e:
+            for p in client(base).chat.completions.create(
+                    model="echo", messages=[{"role": "user", "content": "a b forged c"}], stream=True):
+                got.append(p.choices[0].delta.content)
+        assert e.value.body["code"] == "reply_unverified"
+        assert got == ["a", " b"]  # only what passed its check was sent
+        with pytest.raises(openai.APIStatusError) as e2:  # not streamed: an error, no partial text as success
+            client(base).chat.completions.create(model="echo", messages=[{"role": "user", "content": "a b forged c"}])
+        assert e2.value.status_code == 502 and e2.value.body["code"] == "reply_unverified"
 
     await trio.to_thread.run_sync(run)
 

@@ -150,6 +150,49 @@ def test_unknown_destination_gets_a_notice_back():
     assert isinstance(notice, PathNotice) and notice.code == "unknown-model-node"
 
 
+def notices_at_user(cores, keys, actions):
+    user = onion.PathCrypt(keys)
+    return [codec.decode(user.unwrap_backward(a.msg.iv, a.msg.body)) for _, a in route(cores, cores[2].node_id, actions)]
+
+
+def test_losing_the_model_node_signals_the_paths_that_used_it():
+    cores = make_relays()
+    proxy = cores[2]
+    link, pkt, keys, out = build(cores)
+    link2, pkt2, keys2, out2 = build(cores)  # a second path through the same proxy, unused
+    iv, body = onion.PathCrypt(keys).wrap_forward(codec.encode(ToModel(dest=MODEL, sealed=b"s")))
+    route(cores, USER, [Send(cores[0].node_id, CellFwd(link, iv, body))])
+    # another node (a group member it forwarded to) sends reply cloves on the path too
+    member = b"B" * 20
+    ppid = next(iter(proxy.by_proxy_path))
+    p = proxy.by_proxy_path[ppid]
+    proxy.on_message(member, ReturnClove(ppid, b"clove"), now=0, unix=UNIX)
+    assert list(p.models) == [MODEL, member]
+    for lost in (MODEL, member):
+        (notice,) = notices_at_user(cores, keys, proxy.on_peer_lost(lost))
+        assert notice == PathNotice(code="model-lost", detail=notice.detail, model_node=lost)
+    assert notices_at_user(cores, keys, proxy.on_peer_lost(MODEL)) == []  # once per loss
+    # a relay that is not the proxy, and a peer the path never used, say nothing
+    assert proxy.on_peer_lost(b"Q" * 20) == [] and cores[1].on_peer_lost(MODEL) == []
+
+
+def test_a_failed_delivery_names_the_model_node():
+    cores = make_relays()
+    link, pkt, keys, out = build(cores)
+    ppid = next(iter(cores[2].by_proxy_path))
+    (notice,) = notices_at_user(cores, keys, cores[2].deliver_failed(ppid, "unreachable", MODEL))
+    assert notice.code == "model-unreachable" and notice.model_node == MODEL
+
+
+def test_the_models_remembered_per_path_are_bounded():
+    cores = make_relays()
+    build(cores)
+    ppid = next(iter(cores[2].by_proxy_path))
+    for i in range(50):
+        cores[2].on_message(bytes([i]) * 20, ReturnClove(ppid, b"c"), now=0, unix=UNIX)
+    assert list(cores[2].by_proxy_path[ppid].models) == [bytes([i]) * 20 for i in range(42, 50)]
+
+
 def test_destroy_propagates_and_clears_tables():
     cores = make_relays()
     link, *_ = build(cores)
