@@ -742,7 +742,14 @@ class LlamaCppEngine:
             return not busy or s.seq in (busy[0] - 1, busy[-1] + 1)
 
         here = {s.seq: min(common_prefix(s.tokens, tokens), limit) for s in self._slots}
-        target = max(self._free(), key=lambda s: (here[s.seq], adjacent(s), not s.tokens, -s.used))
+
+        def cheap(s: _Slot) -> bool:  # taking it loses nothing worth a snapshot
+            return len(s.tokens) - here[s.seq] < MIN_SNAPSHOT_TOKENS
+
+        # The free sequence that loses the least: one whose tokens this prompt continues (or
+        # empty), else the least recently used; on a tie, next to the running ones, then the
+        # longest prefix in place (no stream copy).
+        target = max(self._free(), key=lambda s: (cheap(s), adjacent(s), here[s.seq], -s.used))
         n_here = here[target.seq]
         src, n_src = None, n_here
         for s in self._slots:
