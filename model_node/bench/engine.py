@@ -20,7 +20,8 @@ system prompt is about 1,200 tokens:
 
 Several users at once (issue 19 item 3, docs/decisions/0011-llama-batching.md): chat turns of
 about 128 prompt tokens (a distinct system prompt each, so nothing but the template's first tokens
-is shared), greedy replies of up to 64 tokens (16 with ``--quick``), on an engine with 16 slots:
+is shared), greedy replies of up to 64 tokens, on an engine with 16 slots and one thread
+(:data:`CONCURRENT_THREADS`; ``--quick``: 32-token prompts, 8 output tokens):
 
 - ``llama_tokens_per_s_{1,16}``: output tokens ÷ wall time, with 1 stream (requests one after
   another) and with 16 requests submitted at once;
@@ -133,6 +134,11 @@ async def _engine_figures(engine: LlamaCppEngine, trials: int) -> tuple[dict[str
 
 CONCURRENT = 16
 PROMPT_TOKENS = 128
+# One thread for the concurrency engines: on the shared 2-core machine, llama.cpp's 2-thread
+# batches spin on a barrier after every operation and collapse when the OS deschedules one thread
+# (measured under load 7–14: a 128-token prefill took 7–18 s instead of 0.5 s, while one-thread
+# one-token steps kept their speed), which would measure the neighbours, not the batching.
+CONCURRENT_THREADS = 1
 TOPICS = ["rivers", "bridges", "volcanoes", "libraries", "trains", "bees", "glaciers", "lighthouses",
           "deserts", "orchestras", "comets", "harbours", "forests", "markets", "castles", "windmills",
           "islands", "canals", "meadows", "observatories"]
@@ -140,15 +146,15 @@ FILLER = ("Please cover its history, how it works, why people care about it, fam
           "mistakes, and what might change in the next fifty years. ").split()
 
 
-def sized_prompt(engine: LlamaCppEngine, i: int) -> list[int]:
-    """A chat turn of at least :data:`PROMPT_TOKENS` tokens (the first that reaches it), with a
-    system prompt of its own."""
+def sized_prompt(engine: LlamaCppEngine, i: int, size: int = PROMPT_TOKENS) -> list[int]:
+    """A chat turn of at least ``size`` tokens (the first that reaches it), with a system prompt
+    of its own."""
     topic = TOPICS[i % len(TOPICS)]
     words: list[str] = []
     while True:
         ids = engine.chat_prompt([ChatMessage("system", f"Session {i}: you are an expert on {topic}."),
                                   ChatMessage("user", f"Write a long essay about {topic}. " + " ".join(words))])
-        if len(ids) >= PROMPT_TOKENS:
+        if len(ids) >= size:
             return ids
         words.append(FILLER[len(words) % len(FILLER)])
 
@@ -176,8 +182,8 @@ async def _at_once(engine: LlamaCppEngine, prompts: list[list[int]], max_tokens:
 
 
 async def _concurrency_figures(batched: LlamaCppEngine, one_slot: LlamaCppEngine, singles: int,
-                               max_tokens: int) -> tuple[dict[str, float], dict[str, Any]]:
-    prompts = [sized_prompt(batched, i) for i in range(CONCURRENT + singles)]
+                               max_tokens: int, size: int = PROMPT_TOKENS) -> tuple[dict[str, float], dict[str, Any]]:
+    prompts = [sized_prompt(batched, i, size) for i in range(CONCURRENT + singles)]
     alone = [await _timed(batched, p, max_tokens) for p in prompts[CONCURRENT:]]
     f = {"llama_tokens_per_s_1": sum(s.output_tokens for s, _ in alone) / sum(dt for _, dt in alone)}
     f.update(summarize_ms("llama_ttft_1", [s.ttft_s for s, _ in alone]))
@@ -193,7 +199,7 @@ async def _concurrency_figures(batched: LlamaCppEngine, one_slot: LlamaCppEngine
     extra = {"concurrent_prompt_tokens": [min(len(p) for p in prompts), max(len(p) for p in prompts)],
              "concurrent_max_tokens": max_tokens, "concurrent_output_tokens": [min(outs), max(outs)],
              "concurrent_singles": singles, "concurrent_slots": batched.slots,
-             "concurrent_prefill_chunk": batched.prefill_chunk}
+             "concurrent_prefill_chunk": batched.prefill_chunk, "concurrent_threads": CONCURRENT_THREADS}
     return f, extra
 
 
@@ -253,11 +259,15 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
         context = engine.context_window
     finally:
         engine.close()
-    # several users at once: 16 slots vs 1 slot, same prompts (each engine: 512 tokens per sequence)
-    batched = LlamaCppEngine(path, model_id=model_id, n_ctx=512, slots=CONCURRENT, max_snapshots=0)
-    one_slot = LlamaCppEngine(path, model_id=model_id, n_ctx=512, slots=1, max_snapshots=0)
+    # several users at once: 16 slots vs 1 slot, same prompts (each engine: 512 tokens per sequence;
+    # --quick: 32-token prompts, 8 output tokens, to check the bench runs)
+    batched = LlamaCppEngine(path, model_id=model_id, n_ctx=512, slots=CONCURRENT, max_snapshots=0,
+                             n_threads=CONCURRENT_THREADS)
+    one_slot = LlamaCppEngine(path, model_id=model_id, n_ctx=512, slots=1, max_snapshots=0,
+                              n_threads=CONCURRENT_THREADS)
     try:
-        more, more_extra = run_async(_concurrency_figures, batched, one_slot, 2 if quick else 4, 16 if quick else 64)
+        more, more_extra = run_async(_concurrency_figures, batched, one_slot, 1 if quick else 4, 8 if quick else 64,
+                                     32 if quick else PROMPT_TOKENS)
     finally:
         batched.close()
         one_slot.close()
