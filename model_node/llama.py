@@ -79,7 +79,6 @@ DEFAULT_CACHE_BYTES = 512 * 1024 * 1024  # RAM for KV snapshots of earlier prefi
 MIN_SNAPSHOT_TOKENS = 64  # snapshot a sequence before losing at least this many of its tokens
 N_BATCH = 512  # tokens per llama_decode call (decode tokens + prompt chunks)
 PREFILL_CHUNK = 128  # prompt tokens evaluated per scheduler step, between decode steps (0011)
-DEFAULT_SLOTS = 8  # sequences a model node runs at once (`--slots`; measured in 0011)
 # Batch invariance (docs/decisions/0004-llama-prefix-cache.md). llama.cpp's CPU attention takes
 # other code paths for 64+ tokens per physical batch (tiled) and for one token over 512+ KV
 # cells with several threads (KV split across threads); each sums in another order, and logits
