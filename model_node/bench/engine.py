@@ -27,7 +27,8 @@ is shared), greedy replies of up to 64 tokens, on an engine with 16 slots and on
   another) and with 16 requests submitted at once;
 - ``llama_ttft_{1,16}_{mean,p50,p99}_ms``: TTFT (submission → first token) of those requests;
 - ``llama_ttft_16_one_slot_{...}_ms`` and ``llama_tokens_per_s_16_one_slot``: the same 16
-  requests at once on an engine with 1 slot (served one at a time, the others queued), same run;
+  requests at once on an engine with 1 slot (served one at a time, the others queued), same run
+  (two rounds, the engines' order swapped in the second);
 - ``llama_tokens_per_s_16_vs_1`` (target ≥ 1.1) and ``llama_ttft_mean_16_vs_one_slot`` (batched
   mean TTFT ÷ one-slot mean TTFT, target ≤ 0.7).
 
@@ -182,21 +183,35 @@ async def _at_once(engine: LlamaCppEngine, prompts: list[list[int]], max_tokens:
 
 
 async def _concurrency_figures(batched: LlamaCppEngine, one_slot: LlamaCppEngine, singles: int,
-                               max_tokens: int, size: int = PROMPT_TOKENS) -> tuple[dict[str, float], dict[str, Any]]:
-    prompts = [sized_prompt(batched, i, size) for i in range(CONCURRENT + singles)]
-    alone = [await _timed(batched, p, max_tokens) for p in prompts[CONCURRENT:]]
+                               max_tokens: int, size: int = PROMPT_TOKENS,
+                               rounds: int = 1) -> tuple[dict[str, float], dict[str, Any]]:
+    """``rounds`` of: ``singles`` requests one at a time, then the 16 at once on each engine (in
+    alternate order each round: A B, B A, ..., so a drift in the machine's load hits both)."""
+    n = CONCURRENT + singles
+    alone: list[tuple[GenStats, float]] = []
+    many: list[GenStats] = []
+    queued: list[GenStats] = []
+    wall = wall1 = 0.0
+    for r in range(rounds):
+        prompts = [sized_prompt(batched, r * n + i, size) for i in range(n)]  # new prompts: nothing cached
+        alone += [await _timed(batched, p, max_tokens) for p in prompts[CONCURRENT:]]
+        for eng in ((batched, one_slot) if r % 2 == 0 else (one_slot, batched)):
+            got, dt = await _at_once(eng, prompts[:CONCURRENT], max_tokens)
+            if eng is batched:
+                many, wall = many + got, wall + dt
+            else:
+                queued, wall1 = queued + got, wall1 + dt
     f = {"llama_tokens_per_s_1": sum(s.output_tokens for s, _ in alone) / sum(dt for _, dt in alone)}
     f.update(summarize_ms("llama_ttft_1", [s.ttft_s for s, _ in alone]))
-    many, wall = await _at_once(batched, prompts[:CONCURRENT], max_tokens)
     f["llama_tokens_per_s_16"] = sum(s.output_tokens for s in many) / wall
     f.update(summarize_ms("llama_ttft_16", [s.ttft_s for s in many]))
-    queued, wall1 = await _at_once(one_slot, prompts[:CONCURRENT], max_tokens)
     f["llama_tokens_per_s_16_one_slot"] = sum(s.output_tokens for s in queued) / wall1
     f.update(summarize_ms("llama_ttft_16_one_slot", [s.ttft_s for s in queued]))
     f["llama_tokens_per_s_16_vs_1"] = f["llama_tokens_per_s_16"] / f["llama_tokens_per_s_1"]
     f["llama_ttft_mean_16_vs_one_slot"] = f["llama_ttft_16_mean_ms"] / f["llama_ttft_16_one_slot_mean_ms"]
     outs = [s.output_tokens for s in many + queued] + [s.output_tokens for s, _ in alone]
-    extra = {"concurrent_prompt_tokens": [min(len(p) for p in prompts), max(len(p) for p in prompts)],
+    extra = {"concurrent_prompt_tokens": [min(s.prompt_tokens for s in many), max(s.prompt_tokens for s in many)],
+             "concurrent_rounds": rounds,
              "concurrent_max_tokens": max_tokens, "concurrent_output_tokens": [min(outs), max(outs)],
              "concurrent_singles": singles, "concurrent_slots": batched.slots,
              "concurrent_prefill_chunk": batched.prefill_chunk, "concurrent_threads": CONCURRENT_THREADS}
@@ -266,8 +281,8 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
     one_slot = LlamaCppEngine(path, model_id=model_id, n_ctx=512, slots=1, max_snapshots=0,
                               n_threads=CONCURRENT_THREADS)
     try:
-        more, more_extra = run_async(_concurrency_figures, batched, one_slot, 1 if quick else 4, 8 if quick else 64,
-                                     32 if quick else PROMPT_TOKENS)
+        more, more_extra = run_async(_concurrency_figures, batched, one_slot, 1 if quick else 2, 8 if quick else 64,
+                                     32 if quick else PROMPT_TOKENS, 1 if quick else 2)
     finally:
         batched.close()
         one_slot.close()
