@@ -63,6 +63,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="llama.cpp: CPU threads for prompt evaluation (default: every core this process may use)",
     )
     p.add_argument(
+        "--slots", type=_positive, default=None, metavar="N",
+        help="requests generated at once (default: llama.cpp 8, each with its own context window of KV "
+             "cache; vllm 64; echo 1); the rest wait in the node's queue",
+    )
+    p.add_argument(
         "--prefix-snapshots", type=_non_negative, default=None, metavar="N",
         help="llama.cpp: keep at most N KV snapshots of earlier prompts besides the one in the context "
              "(default: as many as 512 MiB hold; 0: only the context's)",

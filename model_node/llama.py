@@ -12,28 +12,40 @@ which tokens are evaluated:
   user typing ``<|im_end|>`` gets the characters, not the control token). The
   engine generates from those ids; output ids include the end-of-generation token
   when the model stopped, so a verifier re-scores exactly what was signed.
-- **Prefix cache** (docs/decisions/0004-llama-prefix-cache.md). One llama.cpp
-  context with one sequence serves requests. A new prompt first reuses, in
-  place, the longest common prefix of what the context holds; then an LRU of
-  KV snapshots of earlier sequences (``llama_state_seq_get_data``, a few ms per
-  thousand tokens, in RAM), bounded by ``cache_bytes``, may offer a longer prefix, which
-  is restored (``llama_state_seq_set_data``) and trimmed to the match. A snapshot
-  is taken only when at least :data:`MIN_SNAPSHOT_TOKENS` of the context's tokens
-  would otherwise be lost. ``GenStats.evaluated_prompt_tokens`` counts the
-  prompt tokens actually handed to ``llama_decode``.
+- **Several requests at once** (docs/decisions/0011-llama-batching.md). The context
+  has ``slots`` sequences, each with its own KV stream of ``context_window`` cells
+  (llama.cpp's non-unified KV cache). One engine thread owns the context and runs a
+  scheduler loop: each step evaluates, in one ``llama_decode`` batch, the next token
+  of every running reply and up to ``prefill_chunk`` prompt tokens of requests still
+  in prefill (chunked prefill: a newcomer's prompt is evaluated in pieces between
+  decode steps, so a long reply never holds its first token), then samples each
+  sequence that produced logits with that request's own sampler. Requests beyond
+  ``slots`` wait in a FIFO. Trio callers submit requests and receive pieces over a
+  memory channel; cancelling one frees its sequence at the next step and leaves the
+  others alone.
+- **Prefix cache** (docs/decisions/0004-llama-prefix-cache.md, 0011). A sequence keeps
+  its tokens' KV after its request ends. A new prompt takes a free sequence and the
+  longest cached prefix of: what that sequence holds (reused in place), what any
+  other sequence holds (``llama_memory_seq_cp`` copies that stream, trimmed to the
+  match), or an LRU of KV snapshots of earlier sequences (``llama_state_seq_get_data``,
+  in RAM, bounded by ``cache_bytes``; restored with ``llama_state_seq_set_data``). A
+  sequence's state is snapshotted before at least :data:`MIN_SNAPSHOT_TOKENS` of its
+  tokens would be lost. ``cached_prefixes()`` lists what the sequences and snapshots
+  hold now. ``GenStats.evaluated_prompt_tokens`` counts the prompt tokens actually
+  handed to ``llama_decode``.
 - **Batch invariance** (default): logits do not depend on how a position's tokens
-  were batched or cached (see :data:`INVARIANT_UBATCH`), so a cache hit never
-  changes a reply and one-pass scoring agrees with generation token by token.
-- **Streaming without blocking trio.** Every llama.cpp call runs in a worker
-  thread (``trio.to_thread.run_sync``, one call per prompt chunk or per output
-  token; ctypes releases the GIL). A lock gives one request at a time per
-  context; the model node's capacity semaphore already serializes them.
-- **Sampling**: temperature → top-k → top-p → draw (llama.cpp's sampler chain, seeded
-  by ``seed``); greedy when ``temperature == 0``. :meth:`~LlamaCppEngine.score`
-  evaluates prompt + continuation once in the serving context (logits requested only
-  where a continuation token is predicted; cached prompt prefixes reused) and
-  computes, with numpy, the expected log-probability under the same distribution
-  (temperature-scaled softmax cut by top-k, then top-p).
+  were batched, cached or which other sequences shared the batch (see
+  :data:`INVARIANT_UBATCH`; each sequence has its own KV stream, so its cells stay in
+  position order), so a cache hit or a busy node never changes a reply (same seed ⇒
+  same text as when served alone) and one-pass scoring agrees with generation token
+  by token.
+- **Sampling**: temperature → top-k → top-p → draw (llama.cpp's sampler chain, one per
+  request, seeded by ``seed``); greedy when ``temperature == 0``.
+  :meth:`~LlamaCppEngine.score` runs on the engine thread in a free sequence:
+  prompt + continuation evaluated once (logits requested only where a continuation
+  token is predicted; cached prompt prefixes reused), then, with numpy, the expected
+  log-probability under the same distribution (temperature-scaled softmax cut by
+  top-k, then top-p). Running replies pause while a scoring pass runs.
 """
 
 from __future__ import annotations
@@ -42,9 +54,11 @@ import codecs
 import ctypes
 import importlib.util
 import logging
+import math
 import os
+import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import AsyncGenerator, Sequence
 from pathlib import Path
 from typing import Any
@@ -62,15 +76,17 @@ SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = ("pip install 'gentorrent[llama]' (builds llama.cpp from source: about 5-10 minutes "
                 "on 2 cores; pip caches the wheel)")
 DEFAULT_CACHE_BYTES = 512 * 1024 * 1024  # RAM for KV snapshots of earlier prefixes
-MIN_SNAPSHOT_TOKENS = 64  # snapshot the context before losing at least this many tokens
-N_BATCH = 512  # tokens per llama_decode call (prompt chunks; a cancel waits at most one chunk)
+MIN_SNAPSHOT_TOKENS = 64  # snapshot a sequence before losing at least this many of its tokens
+N_BATCH = 512  # tokens per llama_decode call (decode tokens + prompt chunks)
+PREFILL_CHUNK = 128  # prompt tokens evaluated per scheduler step, between decode steps (0011)
 # Batch invariance (docs/decisions/0004-llama-prefix-cache.md). llama.cpp's CPU attention takes
 # other code paths for 64+ tokens per physical batch (tiled) and for one token over 512+ KV
 # cells with several threads (KV split across threads); each sums in another order, and logits
 # then move by up to ~2 (measured with SmolLM2): a greedy reply changes after a cache hit, and
 # one-pass scoring disagrees with the tokens generated one at a time. With physical batches of
 # 32 tokens and one thread for one-token batches, every position's logits are bit-identical
-# however its tokens were evaluated (one at a time, in batches, restored from a snapshot).
+# however its tokens were evaluated (one at a time, in batches, restored from a snapshot,
+# beside other sequences' tokens).
 INVARIANT_UBATCH = 32
 
 
@@ -157,72 +173,123 @@ def score_rows(logits: Any, targets: Sequence[int], params: SamplingParams) -> l
             for i, tok in enumerate(targets)]
 
 
+
 # --------------------------------------------------------------------------- the engine
 
 
+def _put(send: Any, item: Any) -> None:
+    """Runs in the caller's trio loop (``run_sync_soon``): hand ``item`` over, unless the caller
+    has gone (a closed channel must not raise inside trio's callback)."""
+    try:
+        send.send_nowait(item)
+    except (trio.ClosedResourceError, trio.BrokenResourceError):
+        pass
+
+
+class _Client:
+    """A trio caller waiting for the engine thread's answers on an unbounded memory channel
+    (the engine thread never blocks on a slow reader)."""
+
+    def __init__(self) -> None:
+        self.send, self.recv = trio.open_memory_channel[Any](math.inf)
+        self.token = trio.lowlevel.current_trio_token()
+        self.cancelled = False  # set by the caller; the engine thread then stops working for it
+
+
+class _Request(_Client):
+    """One generation while the engine thread serves it."""
+
+    def __init__(self, prompt: list[int], params: SamplingParams, t0: float) -> None:
+        super().__init__()
+        self.prompt, self.params, self.t0 = prompt, params, t0
+        self.slot: _Slot | None = None
+        self.sampler: Any = None
+        self.fed = 0  # prompt tokens in the sequence (cached or evaluated)
+        self.evaluated = 0  # prompt tokens handed to llama_decode
+        self.next_tok: int | None = None  # sampled, not evaluated yet
+        self.n_out = 0
+        self.pending: list[int] = []  # ids whose text is not complete UTF-8 yet
+        self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self.ttft = 0.0
+
+
+class _Score(_Client):
+    """One scoring pass: ``tokens`` = prompt + continuation, logits wanted from ``first`` on."""
+
+    def __init__(self, tokens: list[int], first: int, params: SamplingParams) -> None:
+        super().__init__()
+        self.tokens, self.first, self.params = tokens, first, params
+
+
+class _Slot:
+    """One llama.cpp sequence (its own KV stream): ``tokens`` are exactly those whose KV it
+    holds, positions 0..n-1; ``user`` the request running in it (None: free, its tokens are a
+    cached prefix); ``used`` when it was last released (LRU among free sequences)."""
+
+    __slots__ = ("seq", "tokens", "user", "used")
+
+    def __init__(self, seq: int) -> None:
+        self.seq = seq
+        self.tokens: list[int] = []
+        self.user: _Request | _Score | None = None
+        self.used = 0
+
+
 class LlamaGeneration:
-    """One request on a :class:`LlamaCppEngine`; iterate once for its pieces."""
+    """One request on a :class:`LlamaCppEngine`; iterate once for its pieces. Leaving the
+    iteration early (cancellation, ``aclose``) frees its sequence; ``stats`` is set when the
+    reply has ended."""
 
     def __init__(self, engine: LlamaCppEngine, prompt_ids: list[int], params: SamplingParams) -> None:
         self.engine, self.prompt_ids, self.params = engine, prompt_ids, params
         self.stats: GenStats | None = None
 
     async def __aiter__(self) -> AsyncGenerator[Piece, None]:
-        eng = self.engine
-        t0 = time.perf_counter()
-        run = trio.to_thread.run_sync
-        async with eng._lock:
-            evaluated = 0
-            start = await run(eng._reuse_prefix, self.prompt_ids, len(self.prompt_ids) - 1)
-            rest = self.prompt_ids[start:]
-            for i in range(0, len(rest) - N_BATCH, N_BATCH):  # all chunks but the last
-                evaluated += await run(eng._decode, rest[i:i + N_BATCH], False)
-            last = rest[(max(len(rest) - 1, 0) // N_BATCH) * N_BATCH:]
-            sampler = eng._sampler(self.params)
-            try:
-                tok, n = await run(eng._decode_and_sample, last, sampler)
-                evaluated += n
-                ttft = time.perf_counter() - t0
-                decoder = codecs.getincrementaldecoder("utf-8")("replace")
-                pending: list[int] = []
-                n_out, finish = 0, "stop"
-                while True:
-                    n_out += 1
-                    eog = eng._is_eog(tok)
-                    pending.append(tok)
-                    text = decoder.decode(eng._piece(tok), final=eog)
-                    done = eog or n_out >= self.params.max_tokens or eng._full()
-                    if done and not eog:
-                        finish = "length"
-                        text += decoder.decode(b"", final=True)
-                    if text or done:
-                        yield Piece(text, tuple(pending))
-                        pending = []
-                    if done:
-                        break
-                    tok, _ = await run(eng._decode_and_sample, [tok], sampler)
-            finally:
-                eng._L.llama_sampler_free(sampler)
-        self.stats = GenStats(len(self.prompt_ids), evaluated, n_out, ttft, finish)
+        req = _Request(self.prompt_ids, self.params, time.perf_counter())
+        self.engine._submit(req)
+        finished = False
+        try:
+            while True:
+                item = await req.recv.receive()
+                if isinstance(item, Piece):
+                    yield item
+                elif isinstance(item, GenStats):
+                    finished = True
+                    self.stats = item
+                    return
+                else:
+                    finished = True
+                    raise item
+        finally:
+            if not finished:
+                self.engine._cancel(req)
 
 
 class LlamaCppEngine:
     """llama.cpp on CPU: see the module docstring. ``model_path``: a GGUF file; ``model_id``:
     the id the registry lists (default: the file name without ``.gguf``); ``n_ctx``: the
-    context window in tokens (at most the model's training context); ``n_threads``: CPU
-    threads (default: every core this process may use); ``cache_bytes``: RAM for KV
-    snapshots of earlier prefixes (0 keeps only the in-place prefix); ``max_snapshots``: at
-    most this many snapshots besides the context (``None``: as many as ``cache_bytes`` hold), so
-    the engine caches at most ``max_snapshots + 1`` prefixes; ``batch_invariant``
-    (default): logits do not depend on how tokens were batched or cached (physical batches of
-    :data:`INVARIANT_UBATCH` tokens, one thread for one-token steps: measured on 2 cores, ~15%
-    slower decode and ~20% slower prefill than without)."""
+    context window of each request in tokens (at most the model's training context);
+    ``slots``: requests decoded at once, each in its own sequence of ``n_ctx`` KV cells (the
+    KV cache takes ``slots × n_ctx`` cells: 23 KiB each for SmolLM2-135M); ``prefill_chunk``:
+    prompt tokens evaluated per step between decode steps; ``n_threads``: CPU threads
+    (default: every core this process may use); ``cache_bytes``: RAM for KV snapshots of
+    earlier prefixes (0: only what the sequences hold); ``max_snapshots``: at most this many
+    snapshots (``None``: as many as ``cache_bytes`` hold), so the engine caches at most
+    ``max_snapshots + slots`` prefixes; ``batch_invariant`` (default): logits do not depend on
+    how tokens were batched or cached (physical batches of :data:`INVARIANT_UBATCH` tokens,
+    one thread for one-token steps: measured on 2 cores, ~15% slower decode and ~20% slower
+    prefill than without). Call :meth:`close` when done: it stops the engine thread."""
 
     name = "llama.cpp"
 
     def __init__(self, model_path: str | os.PathLike[str], *, model_id: str | None = None, n_ctx: int = 4096,
                  n_threads: int | None = None, cache_bytes: int = DEFAULT_CACHE_BYTES,
-                 max_snapshots: int | None = None, batch_invariant: bool = True) -> None:
+                 max_snapshots: int | None = None, batch_invariant: bool = True, slots: int = 1,
+                 prefill_chunk: int = PREFILL_CHUNK) -> None:
+        if not 1 <= slots <= 256:
+            raise EngineError(f"slots must be between 1 and 256 (got {slots})")
+        if not 1 <= prefill_chunk <= N_BATCH:
+            raise EngineError(f"prefill_chunk must be between 1 and {N_BATCH} (got {prefill_chunk})")
         L = self._L = _import_llama_cpp()
         path = Path(model_path)
         if not path.is_file():
@@ -231,6 +298,7 @@ class LlamaCppEngine:
         self.model_path = path
         self.cache_bytes = cache_bytes if max_snapshots != 0 else 0
         self.max_snapshots = max_snapshots
+        self.slots, self.prefill_chunk = slots, prefill_chunk
         mparams = L.llama_model_default_params()
         self._model = L.llama_model_load_from_file(str(path).encode(), mparams)
         if not self._model:
@@ -240,10 +308,11 @@ class LlamaCppEngine:
         self.context_window = min(n_ctx, int(L.llama_model_n_ctx_train(self._model)))
         threads = n_threads or len(os.sched_getaffinity(0))
         cparams = L.llama_context_default_params()
-        cparams.n_ctx = self.context_window
+        cparams.n_ctx = self.context_window * slots
         cparams.n_batch = N_BATCH
         cparams.n_ubatch = INVARIANT_UBATCH if batch_invariant else N_BATCH
-        cparams.n_seq_max = 1
+        cparams.n_seq_max = slots
+        cparams.kv_unified = False  # one KV stream per sequence: its cells stay in position order
         cparams.n_threads = 1 if batch_invariant else threads  # llama.cpp: threads for 1-token batches
         cparams.n_threads_batch = threads
         self.batch_invariant = batch_invariant
@@ -251,26 +320,52 @@ class LlamaCppEngine:
         self._ctx = L.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             L.llama_model_free(self._model)
-            raise EngineError(f"llama.cpp could not create a context of {self.context_window} tokens")
+            raise EngineError(f"llama.cpp could not create a context of {slots} × {self.context_window} tokens "
+                              "(too little memory? lower --slots)")
+        if hasattr(L, "llama_n_ctx_seq"):
+            self.context_window = min(self.context_window, int(L.llama_n_ctx_seq(self._ctx)))
         self._mem = L.llama_get_memory(self._ctx)
         self._batch = L.llama_batch_init(N_BATCH, 0, 1)
-        self._tokens: list[int] = []  # exactly the tokens whose KV sits in sequence 0, positions 0..n-1
+        self._slots = [_Slot(i) for i in range(slots)]
         self._snapshots: OrderedDict[tuple[int, ...], Any] = OrderedDict()  # LRU: tokens -> state bytes
         self._snapshot_bytes = 0
-        self._lock = trio.Lock()
+        self._pending_copy: set[int] = set()  # sequences whose stream copy llama.cpp applies at the next decode
+        self._tick = 0
+        # Shared with trio callers, under _cv:
+        self._cv = threading.Condition()
+        self._inbox: list[_Client] = []
+        self._cancels: list[_Client] = []
+        self._closing = False
+        self._thread: threading.Thread | None = None
+        # Owned by the engine thread:
+        self._waiting: deque[_Request] = deque()
+        self._scores: deque[_Score] = deque()
+        self._active: list[_Request] = []  # in admission order
+        # Published by the engine thread after each step (read by trio callers):
+        self._held: list[tuple[int, ...]] = []
+        self._kv = 0.0
         self._piece_buf = ctypes.create_string_buffer(256)
         self._template = self._load_template()
         self._bos = L.llama_vocab_bos(self._vocab)
         self._add_bos = bool(L.llama_vocab_get_add_bos(self._vocab)) and self._bos >= 0
-        log.info("llama.cpp engine: %s (%s), context %d tokens, %d threads, snapshot cache %d MiB%s",
-                 self.model, path.name, self.context_window, threads, self.cache_bytes >> 20,
+        log.info("llama.cpp engine: %s (%s), %d slots of %d tokens, %d threads, snapshot cache %d MiB%s",
+                 self.model, path.name, slots, self.context_window, threads, self.cache_bytes >> 20,
                  "" if max_snapshots is None else f", at most {max_snapshots} snapshots")
 
     def close(self) -> None:
-        """Free the llama.cpp context and model (also done at garbage collection)."""
+        """Stop the engine thread (requests still running end with an :class:`EngineError`),
+        then free the llama.cpp context and model (also done at garbage collection)."""
         L = getattr(self, "_L", None)
         if L is None:
             return
+        cv = getattr(self, "_cv", None)
+        if cv is not None:
+            with cv:
+                self._closing = True
+                cv.notify()
+            thread = self._thread
+            if thread is not None and thread is not threading.current_thread():
+                thread.join()
         if getattr(self, "_batch", None) is not None:
             L.llama_batch_free(self._batch)
             self._batch = None
@@ -384,33 +479,243 @@ class LlamaCppEngine:
         if bad is not None:
             raise EngineError(f"token id {bad} is outside the model's vocabulary of {self.n_vocab}")
 
-    # ----------------------------------------------------------------- prefix cache (worker thread)
+    # ----------------------------------------------------------------- cache state (read by callers)
 
     def cached_prefixes(self) -> list[tuple[int, ...]]:
-        held = [tuple(self._tokens)] if self._tokens else []
-        return held + [k for k in list(self._snapshots) if k not in held]
+        """What the sequences hold (running ones first, then free ones, most recently used
+        first) and the KV snapshots (newest first), as of the engine thread's last step."""
+        return list(self._held)
 
     def kv_usage(self) -> float:
-        """Fraction of the context's KV cells in use (for the group's load reports)."""
-        return len(self._tokens) / self.context_window
+        """Fraction of the KV cells (all sequences) in use, for the group's load reports."""
+        return self._kv
 
-    def _snapshot(self, keep: tuple[int, ...] | None = None) -> None:
-        """Keep a copy of sequence 0's KV state (its tokens are the key) in the LRU; never
-        evict ``keep`` (the snapshot about to be restored): if only it stands in the way, this
-        state is not kept."""
+    # ----------------------------------------------------------------- trio side
+
+    def _submit(self, client: _Client) -> None:
+        with self._cv:
+            if self._closing or not self._ctx:
+                raise EngineError("the llama.cpp engine is closed")
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name=f"llama.cpp {self.model}", daemon=True)
+                self._thread.start()
+            self._inbox.append(client)
+            self._cv.notify()
+
+    def _cancel(self, client: _Client) -> None:
+        client.cancelled = True
+        with self._cv:
+            self._cancels.append(client)
+            self._cv.notify()
+
+    # ----------------------------------------------------------------- the engine thread
+
+    def _loop(self) -> None:
+        """The engine thread: the only code that touches the llama.cpp context once started."""
+        while True:
+            with self._cv:
+                while not (self._closing or self._inbox or self._cancels or self._active or self._waiting
+                           or self._scores):
+                    self._cv.wait()
+                if self._closing:
+                    leftover: list[_Client] = [*self._inbox, *self._active, *self._waiting, *self._scores]
+                    break
+                inbox, self._inbox = self._inbox, []
+                cancels, self._cancels = self._cancels, []
+            for c in inbox:
+                if isinstance(c, _Score):
+                    self._scores.append(c)
+                elif isinstance(c, _Request):
+                    self._waiting.append(c)
+            for c in cancels:
+                self._drop(c)
+            out: list[tuple[_Client, Any]] = []
+            try:
+                self._step(out)
+            except Exception as exc:  # noqa: BLE001 - a bug must not hang every caller
+                log.exception("llama.cpp engine step failed")
+                err = EngineError(f"the llama.cpp engine failed ({exc}); try again or another model node")
+                for r in list(self._active):
+                    self._release(r)
+                    out.append((r, err))
+            self._publish()
+            for client, item in out:
+                self._deliver(client, item)
+        for r in list(self._active):
+            self._release(r)
+        for c in leftover:
+            self._deliver(c, EngineError("the llama.cpp engine was closed; try again or another model node"))
+
+    def _deliver(self, client: _Client, item: Any) -> None:
+        if client.cancelled:
+            return
+        try:
+            client.token.run_sync_soon(_put, client.send, item)
+        except trio.RunFinishedError:
+            client.cancelled = True
+
+    def _drop(self, client: _Client) -> None:
+        """A caller gave up: stop its work. A running request's sequence keeps the tokens it
+        evaluated (valid KV, a cached prefix like any other)."""
+        if isinstance(client, _Request):
+            if client in self._active:
+                self._release(client)
+            elif client in self._waiting:
+                self._waiting.remove(client)
+        elif isinstance(client, _Score) and client in self._scores:
+            self._scores.remove(client)
+
+    def _release(self, r: _Request) -> None:
+        if r.sampler is not None:
+            self._L.llama_sampler_free(r.sampler)
+            r.sampler = None
+        if r.slot is not None:
+            self._tick += 1
+            r.slot.user, r.slot.used, r.slot = None, self._tick, None
+        if r in self._active:
+            self._active.remove(r)
+
+    def _free(self) -> list[_Slot]:
+        return [s for s in self._slots if s.user is None]
+
+    def _step(self, out: list[tuple[_Client, Any]]) -> None:
+        """One scheduler step: scoring passes waiting for a free sequence, admissions, then one
+        ``llama_decode`` batch (every running reply's next token, then prompt chunks first come
+        first served, at most ``prefill_chunk`` tokens) and sampling. Answers go to ``out``."""
+        while self._scores and self._free():
+            job = self._scores.popleft()
+            if not job.cancelled:
+                try:
+                    out.append((job, self._score_job(job)))
+                except EngineError as exc:
+                    out.append((job, exc))
+        while self._waiting and self._free():
+            r = self._waiting.popleft()
+            if not r.cancelled:
+                self._admit(r)
+        self._compact()
+        items: list[tuple[_Request, list[int], bool]] = []
+        budget = min(self.prefill_chunk, N_BATCH - sum(r.next_tok is not None for r in self._active))
+        for r in self._active:
+            if r.next_tok is not None:
+                items.append((r, [r.next_tok], True))
+            elif budget > 0:
+                chunk = r.prompt[r.fed:r.fed + budget]
+                budget -= len(chunk)
+                items.append((r, chunk, r.fed + len(chunk) == len(r.prompt)))
+        if not items:
+            return
+        # llama.cpp puts sequences into one physical batch only in increasing, consecutive id order
+        entries = [(r.slot, toks, len(toks) - 1 if last else None) for r, toks, last in items if r.slot is not None]
+        order = sorted(range(len(items)), key=lambda i: entries[i][0].seq)
+        items, entries = [items[i] for i in order], [entries[i] for i in order]
+        try:
+            ends = self._decode_batch(entries)
+        except EngineError as exc:
+            for r, _, _ in items:
+                self._release(r)
+                out.append((r, exc))
+            return
+        for (r, toks, last), end in zip(items, ends, strict=True):
+            if r.next_tok is not None:
+                r.next_tok = None
+            else:
+                r.fed += len(toks)
+                r.evaluated += len(toks)
+            if last:
+                self._emit(r, int(self._L.llama_sampler_sample(r.sampler, self._ctx, end)), out)
+
+    def _emit(self, r: _Request, tok: int, out: list[tuple[_Client, Any]]) -> None:
+        """``tok`` was sampled for ``r``: stream its text (whole UTF-8 characters), end the reply
+        at an end-of-generation token, ``max_tokens`` or a full sequence."""
+        if r.n_out == 0:
+            r.ttft = time.perf_counter() - r.t0
+        r.n_out += 1
+        eog = self._is_eog(tok)
+        r.pending.append(tok)
+        text = r.decoder.decode(self._piece(tok), final=eog)
+        assert r.slot is not None
+        done = eog or r.n_out >= r.params.max_tokens or len(r.slot.tokens) + 1 > self.context_window
+        finish = "stop"
+        if done and not eog:
+            finish = "length"
+            text += r.decoder.decode(b"", final=True)
+        if text or done:
+            out.append((r, Piece(text, tuple(r.pending))))
+            r.pending = []
+        if done:
+            out.append((r, GenStats(len(r.prompt), r.evaluated, r.n_out, r.ttft, finish)))
+            self._release(r)
+        else:
+            r.next_tok = tok
+
+    def _admit(self, r: _Request) -> None:
+        slot, start = self._place(r.prompt, len(r.prompt) - 1)
+        slot.user, r.slot, r.fed = r, slot, start
+        r.sampler = self._sampler(r.params)
+        self._active.append(r)
+
+    def _compact(self) -> None:
+        """Keep the running sequences' ids consecutive (llama.cpp splits a batch at a gap: one
+        physical batch per run of ids): move the highest into the lowest gap (a stream copy;
+        the source keeps its tokens as a cached prefix)."""
+        busy = sorted(s.seq for s in self._slots if s.user is not None)
+        while len(busy) >= 2 and busy[-1] - busy[0] + 1 > len(busy):
+            gap = next(i for i in range(busy[0], busy[-1]) if self._slots[i].user is None)
+            src, dst = self._slots[busy[-1]], self._slots[gap]
+            if len(dst.tokens) >= MIN_SNAPSHOT_TOKENS and self.cache_bytes > 0:
+                self._snapshot(dst)
+            self._copy(src, dst)
+            user = src.user
+            dst.user, src.user = user, None
+            if isinstance(user, _Request):
+                user.slot = dst
+            self._tick += 1
+            src.used = self._tick
+            busy = sorted(s.seq for s in self._slots if s.user is not None)
+
+    def _copy(self, src: _Slot, dst: _Slot) -> None:
+        L = self._L
+        L.llama_memory_seq_rm(self._mem, dst.seq, -1, -1)
+        L.llama_memory_seq_cp(self._mem, src.seq, dst.seq, -1, -1)  # the data moves at the next decode
+        dst.tokens = list(src.tokens)
+        self._pending_copy.add(dst.seq)
+
+    def _publish(self) -> None:
+        slots = sorted(self._slots, key=lambda s: (s.user is None, -s.used))
+        held: list[tuple[int, ...]] = []
+        for s in slots:
+            t = tuple(s.tokens)
+            if t and t not in held:
+                held.append(t)
+        held += [k for k in reversed(self._snapshots) if k not in held]
+        self._held = held
+        self._kv = sum(len(s.tokens) for s in self._slots) / (self.context_window * self.slots)
+
+    # ----------------------------------------------------------------- prefix cache (engine thread)
+
+    def _snapshot(self, slot: _Slot, keep: tuple[int, ...] | None = None) -> None:
+        """Keep a copy of ``slot``'s KV state (its tokens are the key) in the LRU, unless another
+        sequence or a longer snapshot holds it; never evict ``keep`` (the snapshot about to be
+        restored): if only it stands in the way, this state is not kept."""
         import numpy as np
 
-        L, key = self._L, tuple(self._tokens)
+        L, key = self._L, tuple(slot.tokens)
+        if not key or slot.seq in self._pending_copy:
+            return
         if key in self._snapshots:
             self._snapshots.move_to_end(key)
             return
         if any(k[:len(key)] == key for k in self._snapshots):
             return  # a longer snapshot already holds this prefix
-        size = L.llama_state_seq_get_size(self._ctx, 0)
+        if any(s is not slot and tuple(s.tokens[:len(key)]) == key for s in self._slots):
+            return  # another sequence holds it (it is snapshotted in turn before losing it)
+        size = L.llama_state_seq_get_size(self._ctx, slot.seq)
         if size > self.cache_bytes:
             return
         blob = np.empty(size, dtype=np.uint8)
-        got = L.llama_state_seq_get_data(self._ctx, blob.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), size, 0)
+        got = L.llama_state_seq_get_data(self._ctx, blob.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), size,
+                                         slot.seq)
         if got == 0:
             log.warning("llama_state_seq_get_data failed; prefix not cached")
             return
@@ -425,83 +730,130 @@ class LlamaCppEngine:
         self._snapshots[key] = blob[:got]
         self._snapshot_bytes += blob[:got].nbytes
 
-    def _reuse_prefix(self, tokens: list[int], limit: int) -> int:
-        """Make sequence 0 hold the longest cached prefix of ``tokens`` (at most ``limit``
-        tokens: the caller needs logits from there on). Returns its length."""
+    def _place(self, tokens: list[int], limit: int) -> tuple[_Slot, int]:
+        """Pick a free sequence for ``tokens`` and make it hold their longest cached prefix (at
+        most ``limit`` tokens: the caller needs logits from there on): in place, copied from
+        another sequence, or restored from a snapshot. Returns the sequence and that length."""
         L = self._L
-        here = min(common_prefix(self._tokens, tokens), limit)
-        best, best_n = None, here
+        busy = sorted(s.seq for s in self._slots if s.user is not None)
+
+        def adjacent(s: _Slot) -> bool:
+            return not busy or s.seq in (busy[0] - 1, busy[-1] + 1)
+
+        here = {s.seq: min(common_prefix(s.tokens, tokens), limit) for s in self._slots}
+
+        def cheap(s: _Slot) -> bool:  # taking it loses nothing worth a snapshot
+            return len(s.tokens) - here[s.seq] < MIN_SNAPSHOT_TOKENS
+
+        # The free sequence that loses the least: one whose tokens this prompt continues (or
+        # empty), else the least recently used; on a tie, next to the running ones, then the
+        # longest prefix in place (no stream copy).
+        target = max(self._free(), key=lambda s: (cheap(s), adjacent(s), here[s.seq], -s.used))
+        n_here = here[target.seq]
+        src, n_src = None, n_here
+        for s in self._slots:
+            if s is not target and here[s.seq] > n_src:
+                src, n_src = s, here[s.seq]
+        snap, n_snap = None, n_src
         for key in self._snapshots:
             n = min(common_prefix(key, tokens), limit)
-            if n > best_n:
-                best, best_n = key, n
-        # A snapshot reused up to its last few tokens (a previous request's question and reply)
-        # moves into the context: keeping it too would hold the same prefix twice, and the
-        # context is snapshotted again before it loses MIN_SNAPSHOT_TOKENS or more.
-        moving = best is not None and best_n >= len(best) - MIN_SNAPSHOT_TOKENS
-        blob = None
-        if best is not None:
+            if n > n_snap:
+                snap, n_snap = key, n
+        losing = len(target.tokens) - (n_here if src is None and snap is None else 0)
+        save = losing >= MIN_SNAPSHOT_TOKENS and self.cache_bytes > 0
+        if snap is not None:
+            # A snapshot reused up to its last few tokens (a previous request's question and
+            # reply) moves into the sequence: keeping it too would hold the same prefix twice,
+            # and the sequence is snapshotted again before it loses MIN_SNAPSHOT_TOKENS or more.
+            moving = n_snap >= len(snap) - MIN_SNAPSHOT_TOKENS
             if moving:
-                blob = self._snapshots.pop(best)
+                blob = self._snapshots.pop(snap)
                 self._snapshot_bytes -= blob.nbytes
             else:
-                self._snapshots.move_to_end(best)
-                blob = self._snapshots[best]
-        losing = len(self._tokens) - (here if best is None else 0)
-        if losing >= MIN_SNAPSHOT_TOKENS and self.cache_bytes > 0:
-            self._snapshot(keep=None if moving else best)
-        if best is not None:
-            assert blob is not None
-            L.llama_memory_clear(self._mem, True)
-            self._tokens = []
+                self._snapshots.move_to_end(snap)
+                blob = self._snapshots[snap]
+            if save:
+                self._snapshot(target, keep=None if moving else snap)
+            L.llama_memory_seq_rm(self._mem, target.seq, -1, -1)
+            target.tokens = []
             ok = L.llama_state_seq_set_data(self._ctx, blob.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)),
-                                            blob.nbytes, 0)
+                                            blob.nbytes, target.seq)
             if ok:
-                self._tokens = list(best)
-            else:  # should not happen with an empty context; evaluate from scratch
+                target.tokens, n = list(snap), n_snap
+            else:  # should not happen with an empty sequence; evaluate from scratch
                 log.warning("llama_state_seq_set_data failed; evaluating the prompt in full")
+                L.llama_memory_seq_rm(self._mem, target.seq, -1, -1)
                 if not moving:
-                    self._snapshot_bytes -= self._snapshots.pop(best).nbytes
-                best_n = 0
+                    self._snapshot_bytes -= self._snapshots.pop(snap).nbytes
+                n = 0
+        elif src is not None:
+            if save:
+                self._snapshot(target)
+            self._copy(src, target)
+            n = n_src
         else:
-            best_n = here
-        if len(self._tokens) > best_n:
-            if not L.llama_memory_seq_rm(self._mem, 0, best_n, -1):
-                L.llama_memory_clear(self._mem, True)
-                best_n = 0
-            self._tokens = self._tokens[:best_n]
-        return best_n
+            if save:
+                self._snapshot(target)
+            n = n_here
+        if len(target.tokens) > n:
+            if not L.llama_memory_seq_rm(self._mem, target.seq, n, -1):
+                L.llama_memory_seq_rm(self._mem, target.seq, -1, -1)
+                target.tokens, n = [], 0
+            target.tokens = target.tokens[:n]
+        return target, n
 
-    def _decode(self, tokens: Sequence[int], logits: bool | int) -> int:
-        """Evaluate ``tokens`` after sequence 0's (≤ one batch). ``logits``: True for the last
-        token's logits, an int ``i`` for every token from index ``i`` on, False for none."""
-        if not tokens:
-            return 0
-        L, b, pos0 = self._L, self._batch, len(self._tokens)
-        b.n_tokens = len(tokens)
-        first_out = len(tokens) - 1 if logits is True else (len(tokens) if logits is False else logits)
-        for j, t in enumerate(tokens):
-            b.token[j] = t
-            b.pos[j] = pos0 + j
-            b.n_seq_id[j] = 1
-            b.seq_id[j][0] = 0
-            b.logits[j] = j >= first_out
+    def _decode_batch(self, entries: Sequence[tuple[_Slot, Sequence[int], int | None]]) -> list[int]:
+        """Evaluate, in one ``llama_decode`` call (≤ :data:`N_BATCH` tokens in all), each entry's
+        tokens after what its sequence holds; logits for the entry's tokens from index
+        ``first_out`` on (None: none). Returns each entry's last batch index."""
+        L, b = self._L, self._batch
+        j = 0
+        for slot, toks, first_out in entries:
+            pos0 = len(slot.tokens)
+            for k, t in enumerate(toks):
+                b.token[j] = t
+                b.pos[j] = pos0 + k
+                b.n_seq_id[j] = 1
+                b.seq_id[j][0] = slot.seq
+                b.logits[j] = first_out is not None and k >= first_out
+                j += 1
+        b.n_tokens = j
         rc = L.llama_decode(self._ctx, b)
         if rc != 0:
-            L.llama_memory_clear(self._mem, True)  # a failed batch may leave part of it behind
-            self._tokens = []
-            raise EngineError(f"llama.cpp failed to evaluate a batch of {len(tokens)} tokens (code {rc})")
-        self._tokens.extend(tokens)
-        return len(tokens)
+            for slot, _, _ in entries:  # a failed batch may leave part of it behind
+                if not L.llama_memory_seq_rm(self._mem, slot.seq, len(slot.tokens), -1):
+                    L.llama_memory_seq_rm(self._mem, slot.seq, -1, -1)
+                    slot.tokens = []
+            raise EngineError(f"llama.cpp failed to evaluate a batch of {j} tokens (code {rc})")
+        self._pending_copy.clear()
+        ends, j = [], 0
+        for slot, toks, _ in entries:
+            slot.tokens.extend(toks)
+            j += len(toks)
+            ends.append(j - 1)
+        return ends
 
-    def _decode_and_sample(self, tokens: Sequence[int], sampler: Any) -> tuple[int, int]:
-        n = self._decode(tokens, True)
-        if not self._tokens:
-            raise EngineError("nothing to sample from: empty prompt")
-        return int(self._L.llama_sampler_sample(sampler, self._ctx, -1)), n
+    def _score_job(self, job: _Score) -> list[TokenScore]:
+        import numpy as np
 
-    def _full(self) -> bool:
-        return len(self._tokens) + 1 > self.context_window  # no room to evaluate one more token
+        tokens, first = job.tokens, job.first
+        slot, start = self._place(tokens, first)
+        slot.user = job
+        feed_end = len(tokens) - 1  # the last token predicts nothing we score
+        out: list[TokenScore] = []
+        try:
+            for i in range(start, feed_end, N_BATCH):
+                chunk = tokens[i:min(i + N_BATCH, feed_end)]
+                first_out = max(0, first - i)
+                self._decode_batch([(slot, chunk, first_out if first_out < len(chunk) else None)])
+                n_out = len(chunk) - first_out
+                if n_out > 0:
+                    rows = np.ctypeslib.as_array(self._L.llama_get_logits(self._ctx), shape=(n_out, self.n_vocab))
+                    out += score_rows(rows, tokens[i + first_out + 1: i + len(chunk) + 1], job.params)
+        finally:
+            self._tick += 1
+            slot.user, slot.used = None, self._tick
+        return out
 
     def _sampler(self, params: SamplingParams) -> Any:
         L = self._L
@@ -535,6 +887,7 @@ class LlamaCppEngine:
                 f"window of {self.context_window} tokens of {self.model}")
         self._check_ids(prompt_ids)
 
+
     def generate(self, prompt_ids: list[int], params: SamplingParams) -> LlamaGeneration:
         self._check_prompt(prompt_ids)
         return LlamaGeneration(self, list(prompt_ids), params)
@@ -548,27 +901,14 @@ class LlamaCppEngine:
         self._check_ids(continuation_ids)
         if not continuation_ids:
             return []
-        tokens = list(prompt_ids) + list(continuation_ids)
-        first = len(prompt_ids) - 1  # the position whose logits predict continuation_ids[0]
-        feed_end = len(tokens) - 1  # the last token predicts nothing we score
-        run = trio.to_thread.run_sync
-        out: list[TokenScore] = []
-        async with self._lock:
-            start = await run(self._reuse_prefix, tokens, first)
-            for i in range(start, feed_end, N_BATCH):
-                chunk = tokens[i:min(i + N_BATCH, feed_end)]
-                out += await run(self._score_chunk, chunk, max(0, first - i), tokens, i, params)
-        return out
-
-    def _score_chunk(self, chunk: list[int], first_out: int, tokens: list[int], at: int,
-                     params: SamplingParams) -> list[TokenScore]:
-        import numpy as np
-
-        self._decode(chunk, first_out)
-        n_out = len(chunk) - first_out
-        if n_out <= 0:
-            return []
-        ptr = self._L.llama_get_logits(self._ctx)
-        rows = np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab))
-        targets = tokens[at + first_out + 1: at + len(chunk) + 1]
-        return score_rows(rows, targets, params)
+        job = _Score(list(prompt_ids) + list(continuation_ids), len(prompt_ids) - 1, params)
+        self._submit(job)
+        try:
+            item = await job.recv.receive()
+        except BaseException:
+            self._cancel(job)
+            raise
+        if isinstance(item, Exception):
+            raise item
+        scores: list[TokenScore] = item
+        return scores

@@ -21,16 +21,17 @@ from overlay.transport import TLSTransport, parse_address
 
 log = logging.getLogger("gentorrent.model")
 
-# Requests generated at once. llama.cpp runs one sequence per context; vLLM batches
-# continuously, so the node lets it see many requests and keeps the rest queued.
-SLOTS = {"llama.cpp": 1, "echo": 1, "vllm": 64}
+# Requests generated at once (default of --slots). llama.cpp decodes one sequence per slot in one
+# batch (docs/decisions/0011-llama-batching.md); vLLM batches continuously, so the node lets it see
+# many requests and keeps the rest queued.
+SLOTS = {"llama.cpp": 8, "echo": 1, "vllm": 64}
 
 
 def plan_engine(engine: str, model: str | None, echo_delay: float = 0.0, *, threads: int | None = None,
-                prefix_snapshots: int | None = None) -> tuple[str, Callable[[], Engine]]:
+                prefix_snapshots: int | None = None, slots: int | None = None) -> tuple[str, Callable[[], Engine]]:
     """``(model id the registry must list, factory that loads the engine)``, without loading
     anything heavy yet, so that a misconfigured node fails before a long model load.
-    ``threads`` and ``prefix_snapshots`` apply to llama.cpp only."""
+    ``threads``, ``prefix_snapshots`` and ``slots`` (default ``SLOTS``) apply to llama.cpp only."""
     if engine == "echo":
         from model_node.echo import EchoEngine
 
@@ -45,7 +46,9 @@ def plan_engine(engine: str, model: str | None, echo_delay: float = 0.0, *, thre
             raise CliError(str(exc)) from None
         if importlib.util.find_spec("llama_cpp") is None:
             raise CliError(f"llama-cpp-python is not installed: {INSTALL_HINT}")
-        return mid, lambda: LlamaCppEngine(path, model_id=mid, n_threads=threads, max_snapshots=prefix_snapshots)
+        n = slots or SLOTS["llama.cpp"]
+        return mid, lambda: LlamaCppEngine(path, model_id=mid, n_threads=threads, max_snapshots=prefix_snapshots,
+                                           slots=n)
     if engine == "vllm":
         if not model:
             raise CliError("--engine vllm needs --model: a Hugging Face model id or a local model directory")
@@ -65,8 +68,9 @@ def run_model_node(args: argparse.Namespace, *, policy: ForwardingPolicy | None 
     interrupted. Benchmarks inject ``policy`` (a forwarding baseline instead of Algorithm 2)
     and ``echo_delay`` (seconds the echo engine waits per piece); the CLI passes neither."""
     cfg = resolve_config(args)
+    slots = getattr(args, "slots", None) or SLOTS[args.engine]
     model, load_engine = plan_engine(args.engine, cfg.model, echo_delay, threads=args.threads,
-                                     prefix_snapshots=args.prefix_snapshots)
+                                     prefix_snapshots=args.prefix_snapshots, slots=slots)
     identity = load_or_create(cfg.data_path)
     try:
         registry, committee, source = directory(cfg)
@@ -97,7 +101,7 @@ def run_model_node(args: argparse.Namespace, *, policy: ForwardingPolicy | None 
         group = (None if args.no_forwarding
                  else GroupConfig(sync_interval=args.sync_interval, load_threshold=args.load_threshold,
                                   bits=args.hash_bits))
-        node = ModelNode(identity, TLSTransport(identity), registry, engine, slots=SLOTS[args.engine],
+        node = ModelNode(identity, TLSTransport(identity), registry, engine, slots=slots,
                          capacity=args.capacity, max_queue_wait=args.max_queue_wait, group=group, policy=policy,
                          accept_direct_requests=args.accept_direct_requests,
                          registered_only=committee is not None)

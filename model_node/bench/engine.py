@@ -18,6 +18,20 @@ system prompt is about 1,200 tokens:
 - ``decode_tokens_per_s``: output tokens after the first ÷ the time after the first token
   (greedy replies of up to 128 tokens to a short prompt).
 
+Several users at once (issue 19 item 3, docs/decisions/0011-llama-batching.md): chat turns of
+about 128 prompt tokens (a distinct system prompt each, so nothing but the template's first tokens
+is shared), greedy replies of up to 64 tokens, on an engine with 16 slots and one thread
+(:data:`CONCURRENT_THREADS`; ``--quick``: 32-token prompts, 8 output tokens):
+
+- ``llama_tokens_per_s_{1,16}``: output tokens ÷ wall time, with 1 stream (requests one after
+  another) and with 16 requests submitted at once;
+- ``llama_ttft_{1,16}_{mean,p50,p99}_ms``: TTFT (submission → first token) of those requests;
+- ``llama_ttft_16_one_slot_{...}_ms`` and ``llama_tokens_per_s_16_one_slot``: the same 16
+  requests at once on an engine with 1 slot (served one at a time, the others queued), same run
+  (two rounds, the engines' order swapped in the second);
+- ``llama_tokens_per_s_16_vs_1`` (target ≥ 1.1) and ``llama_ttft_mean_16_vs_one_slot`` (batched
+  mean TTFT ÷ one-slot mean TTFT, target ≤ 0.7).
+
 Through real processes (``overlay.tools.localnet.LocalNet``: 12 relays, one model node running
 ``--engine llama.cpp``), a short chat turn whose prompt the node has cached, asked alternately
 through the overlay (``UserNode``, (4,3) cloves over 3-hop paths) and directly (a ``Request`` over
@@ -119,6 +133,91 @@ async def _engine_figures(engine: LlamaCppEngine, trials: int) -> tuple[dict[str
     return f, extra
 
 
+CONCURRENT = 16
+PROMPT_TOKENS = 128
+# One thread for the concurrency engines: on the shared 2-core machine, llama.cpp's 2-thread
+# batches spin on a barrier after every operation and collapse when the OS deschedules one thread
+# (measured under load 7–14: a 128-token prefill took 7–18 s instead of 0.5 s, while one-thread
+# one-token steps kept their speed), which would measure the neighbours, not the batching.
+CONCURRENT_THREADS = 1
+TOPICS = ["rivers", "bridges", "volcanoes", "libraries", "trains", "bees", "glaciers", "lighthouses",
+          "deserts", "orchestras", "comets", "harbours", "forests", "markets", "castles", "windmills",
+          "islands", "canals", "meadows", "observatories"]
+FILLER = ("Please cover its history, how it works, why people care about it, famous examples, common "
+          "mistakes, and what might change in the next fifty years. ").split()
+
+
+def sized_prompt(engine: LlamaCppEngine, i: int, size: int = PROMPT_TOKENS) -> list[int]:
+    """A chat turn of at least ``size`` tokens (the first that reaches it), with a system prompt
+    of its own."""
+    topic = TOPICS[i % len(TOPICS)]
+    words: list[str] = []
+    while True:
+        ids = engine.chat_prompt([ChatMessage("system", f"Session {i}: you are an expert on {topic}."),
+                                  ChatMessage("user", f"Write a long essay about {topic}. " + " ".join(words))])
+        if len(ids) >= size:
+            return ids
+        words.append(FILLER[len(words) % len(FILLER)])
+
+
+async def _timed(engine: LlamaCppEngine, prompt: list[int], max_tokens: int) -> tuple[GenStats, float]:
+    t0 = time.perf_counter()
+    gen = engine.generate(prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens))
+    async for _piece in gen:
+        pass
+    assert gen.stats is not None
+    return gen.stats, time.perf_counter() - t0
+
+
+async def _at_once(engine: LlamaCppEngine, prompts: list[list[int]], max_tokens: int) -> tuple[list[GenStats], float]:
+    out: list[GenStats] = []
+
+    async def one(p: list[int]) -> None:
+        out.append((await _timed(engine, p, max_tokens))[0])
+
+    t0 = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for p in prompts:
+            nursery.start_soon(one, p)
+    return out, time.perf_counter() - t0
+
+
+async def _concurrency_figures(batched: LlamaCppEngine, one_slot: LlamaCppEngine, singles: int,
+                               max_tokens: int, size: int = PROMPT_TOKENS,
+                               rounds: int = 1) -> tuple[dict[str, float], dict[str, Any]]:
+    """``rounds`` of: ``singles`` requests one at a time, then the 16 at once on each engine (in
+    alternate order each round: A B, B A, ..., so a drift in the machine's load hits both)."""
+    n = CONCURRENT + singles
+    alone: list[tuple[GenStats, float]] = []
+    many: list[GenStats] = []
+    queued: list[GenStats] = []
+    wall = wall1 = 0.0
+    for r in range(rounds):
+        prompts = [sized_prompt(batched, r * n + i, size) for i in range(n)]  # new prompts: nothing cached
+        alone += [await _timed(batched, p, max_tokens) for p in prompts[CONCURRENT:]]
+        for eng in ((batched, one_slot) if r % 2 == 0 else (one_slot, batched)):
+            got, dt = await _at_once(eng, prompts[:CONCURRENT], max_tokens)
+            if eng is batched:
+                many, wall = many + got, wall + dt
+            else:
+                queued, wall1 = queued + got, wall1 + dt
+    f = {"llama_tokens_per_s_1": sum(s.output_tokens for s, _ in alone) / sum(dt for _, dt in alone)}
+    f.update(summarize_ms("llama_ttft_1", [s.ttft_s for s, _ in alone]))
+    f["llama_tokens_per_s_16"] = sum(s.output_tokens for s in many) / wall
+    f.update(summarize_ms("llama_ttft_16", [s.ttft_s for s in many]))
+    f["llama_tokens_per_s_16_one_slot"] = sum(s.output_tokens for s in queued) / wall1
+    f.update(summarize_ms("llama_ttft_16_one_slot", [s.ttft_s for s in queued]))
+    f["llama_tokens_per_s_16_vs_1"] = f["llama_tokens_per_s_16"] / f["llama_tokens_per_s_1"]
+    f["llama_ttft_mean_16_vs_one_slot"] = f["llama_ttft_16_mean_ms"] / f["llama_ttft_16_one_slot_mean_ms"]
+    outs = [s.output_tokens for s in many + queued] + [s.output_tokens for s, _ in alone]
+    extra = {"concurrent_prompt_tokens": [min(s.prompt_tokens for s in many), max(s.prompt_tokens for s in many)],
+             "concurrent_rounds": rounds,
+             "concurrent_max_tokens": max_tokens, "concurrent_output_tokens": [min(outs), max(outs)],
+             "concurrent_singles": singles, "concurrent_slots": batched.slots,
+             "concurrent_prefill_chunk": batched.prefill_chunk, "concurrent_threads": CONCURRENT_THREADS}
+    return f, extra
+
+
 async def _e2e(net: LocalNet, trials: int) -> dict[str, float]:
     model = net.entries["model-0"]
     ident = net.identities["client"]
@@ -175,6 +274,20 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
         context = engine.context_window
     finally:
         engine.close()
+    # several users at once: 16 slots vs 1 slot, same prompts (each engine: 512 tokens per sequence;
+    # --quick: 32-token prompts, 8 output tokens, to check the bench runs)
+    batched = LlamaCppEngine(path, model_id=model_id, n_ctx=512, slots=CONCURRENT, max_snapshots=0,
+                             n_threads=CONCURRENT_THREADS)
+    one_slot = LlamaCppEngine(path, model_id=model_id, n_ctx=512, slots=1, max_snapshots=0,
+                              n_threads=CONCURRENT_THREADS)
+    try:
+        more, more_extra = run_async(_concurrency_figures, batched, one_slot, 1 if quick else 2, 8 if quick else 64,
+                                     32 if quick else PROMPT_TOKENS, 1 if quick else 2)
+    finally:
+        batched.close()
+        one_slot.close()
+    figures.update(more)
+    extra.update(more_extra)
     n_relays = 12
     with tempfile.TemporaryDirectory(prefix="gentorrent-bench-engine-") as d:
         with LocalNet(Path(d), n_relays, users=("client",), registry_keys=1, engine="llama.cpp",
