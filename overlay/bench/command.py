@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from importlib.metadata import entry_points
+from types import FrameType
 
 from overlay.cli import CliError
 
@@ -40,7 +42,12 @@ def _run(args: argparse.Namespace) -> int:
         return 0 if args.list else 2
     if args.name not in eps:
         raise CliError(f"no benchmark named {args.name!r}; available: {', '.join(sorted(eps))}")
-    params, figures = eps[args.name].load()(args.quick)
+    bench = eps[args.name].load()
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # benches stop their processes in `finally`
+    try:
+        params, figures = bench(args.quick)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     out = {"bench": args.name, "params": params, "figures": figures}
     if args.json:
         json.dump(out, sys.stdout)
@@ -50,3 +57,8 @@ def _run(args: argparse.Namespace) -> int:
         for k, v in figures.items():
             print(f"  {k:<48} {v:.4g}")
     return 0
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM as Ctrl-C: without it a terminated bench left the processes it started running."""
+    raise KeyboardInterrupt

@@ -450,3 +450,48 @@ def test_bench_committee_quick_runs_and_prints_its_figures() -> None:
     assert all(v > 0 for v in figs.values()), figs
     assert figs["register_to_signed_list_p50_ms"] <= figs["register_to_signed_list_p99_ms"]
     assert figs["list_verify_p50_ms"] <= figs["list_fetch_verify_p99_ms"]
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    """Pids whose command line contains ``text`` (Linux /proc)."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if text in (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                    pids.append(int(d.name))
+            except OSError:
+                continue
+    return pids
+
+
+def test_bench_committee_stopped_by_sigterm_leaves_no_verifier_behind() -> None:
+    """SIGTERM stops a bench like Ctrl-C: it used to kill the bench and leave its 4 verifiers
+    and their CometBFT nodes running."""
+    import shutil
+    import tempfile
+
+    try:
+        cometbft.find_cometbft()
+    except cometbft.CometError as exc:
+        pytest.skip(str(exc))
+    # The bench's verifiers live under a short TMPDIR (their unix sockets' paths must stay short).
+    tmp_path = Path(tempfile.mkdtemp(prefix="gtsig"))
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    proc = subprocess.Popen(gentorrent_cmd("bench", "committee", "--quick"), env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while len(_processes_mentioning(str(tmp_path))) < 8:  # 4 verifiers + 4 cometbft nodes
+            assert proc.poll() is None and time.monotonic() < deadline, (
+                "the bench did not start its committee: " + (proc.stderr.read() if proc.poll() is not None and proc.stderr
+                                                             else b"").decode(errors="replace")[-2000:])
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130, err[-2000:].decode(errors="replace")
+        assert _processes_mentioning(str(tmp_path)) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        shutil.rmtree(tmp_path, ignore_errors=True)
