@@ -206,6 +206,14 @@ def _typed(value: Any, tp: type, what: str) -> Any:
     return value
 
 
+def _strict(raw: bytes, max_array: int, why: str) -> Any:
+    """``raw`` unpacked strictly (arrays of at most ``max_array`` items); MALFORMED saying ``why``."""
+    try:
+        return _unpack(raw, max_array)
+    except DECODE_ERRORS as exc:
+        raise TxError(Code.MALFORMED, f"{why} ({type(exc).__name__})") from None
+
+
 def decode_tx(raw: bytes, chain_id: str) -> Tx:
     """Strictly decode ``raw`` and check its signature for ``chain_id``; :class:`TxError` on anything off.
 
@@ -214,10 +222,7 @@ def decode_tx(raw: bytes, chain_id: str) -> Tx:
     """
     if len(raw) > MAX_TX_BYTES:
         raise TxError(Code.OVERSIZE, f"{len(raw)} bytes over the limit of {MAX_TX_BYTES}")
-    try:
-        outer = _unpack(raw, 2)
-    except DECODE_ERRORS as exc:
-        raise TxError(Code.MALFORMED, f"not a msgpack [body, signature] array ({type(exc).__name__})") from None
+    outer = _strict(raw, 2, "not a msgpack [body, signature] array")
     if type(outer) is not list or len(outer) != 2:
         raise TxError(Code.MALFORMED, "not a [body, signature] array")
     body = _typed(outer[0], bytes, "body")
@@ -228,10 +233,7 @@ def decode_tx(raw: bytes, chain_id: str) -> Tx:
         raise TxError(Code.UNSIGNED, "the transaction carries no signature")
     if len(sig) != crypto.ED25519_SIG_LEN:
         raise TxError(Code.BAD_SIGNATURE, f"signature of {len(sig)} bytes, expected {crypto.ED25519_SIG_LEN}")
-    try:
-        fields = _unpack(body, 6)
-    except DECODE_ERRORS as exc:
-        raise TxError(Code.MALFORMED, f"body is not msgpack ({type(exc).__name__})") from None
+    fields = _strict(body, 6, "body is not msgpack")
     if type(fields) is not list or len(fields) != 5:
         raise TxError(Code.MALFORMED, "body is not [version, op, seq, ed25519, entry]")
     version = _typed(fields[0], int, "version")

@@ -18,6 +18,7 @@ import signal
 import sys
 from importlib.metadata import entry_points
 from types import FrameType
+from typing import Any
 
 from overlay.cli import CliError
 
@@ -48,15 +49,21 @@ def _run(args: argparse.Namespace) -> int:
         params, figures = bench(args.quick)
     finally:
         signal.signal(signal.SIGTERM, previous)
-    out = {"bench": args.name, "params": params, "figures": figures}
-    if args.json:
-        json.dump(out, sys.stdout)
+    emit(args.name, params, figures, as_json=args.json)
+    return 0
+
+
+def emit(name: str, params: dict[str, Any], figures: dict[str, float], *, as_json: bool,
+         shown_params: dict[str, Any] | None = None) -> None:
+    """Print a bench's result: one JSON object (``as_json``), else the parameters (``shown_params``
+    if given: the readable subset) and a line a figure."""
+    if as_json:
+        json.dump({"bench": name, "params": params, "figures": figures}, sys.stdout)
         print()
     else:
-        print(f"bench {args.name}  params: {json.dumps(params)}")
+        print(f"bench {name}  params: {json.dumps(params if shown_params is None else shown_params)}")
         for k, v in figures.items():
             print(f"  {k:<48} {v:.4g}")
-    return 0
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:

@@ -20,7 +20,6 @@ with the documented error are the expected outcome (``TARGET_rejected``).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import platform
 import sys
@@ -29,6 +28,7 @@ import traceback
 import tracemalloc
 from typing import Any
 
+from overlay.bench.command import emit
 from tests.fuzz import targets
 from tests.fuzz.mutate import RandomSource
 
@@ -117,14 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         "python": platform.python_version(), "memory": "tracemalloc (Python allocations)",
         "details": details,
     }
-    out = {"bench": "fuzz", "params": params, "figures": figures}
-    if args.json:
-        json.dump(out, sys.stdout)
-        print()
-    else:
-        print(f"bench fuzz  params: {json.dumps({k: v for k, v in params.items() if k != 'details'})}")
-        for k, v in figures.items():
-            print(f"  {k:<48} {v:.4g}")
+    emit("fuzz", params, figures, as_json=args.json,
+         shown_params={k: v for k, v in params.items() if k != "details"})
     return 1 if figures["crashes_total"] else 0
 
 
