@@ -82,16 +82,28 @@ class Load:
     pending_tokens: int = 0
 
     @property
+    def prefill_wait(self) -> float:
+        """Seconds until this node's engine has evaluated the prompts it holds (forwards since
+        its last report included): what a new request waits before its own prompt starts.
+        Prompts are evaluated one after another (a batched engine feeds them first come first
+        served, between decode steps), so the tokens add up at the engine's aggregate
+        ``prefill_rate``; they are not shared out over the streams."""
+        return self.prefill_seconds(self.prefill_tokens + self.pending_tokens)
+
+    def prefill_seconds(self, tokens: int) -> float:
+        """Seconds this node's engine takes to evaluate ``tokens`` prompt tokens."""
+        return tokens / (self.prefill_rate if self.prefill_rate > 0 else self.capacity * REF_PREFILL_RATE)
+
+    @property
     def relative(self) -> float:
         """Relative load (paper §3.3's load ÷ capacity, counted in work): the seconds this
-        node needs for the work it holds, forwards since its last report included — prefill
-        tokens ÷ prefill rate plus decode tokens ÷ decode rate, shared over the streams it
-        runs at once. Unmeasured rates are ``capacity`` × :data:`REF_PREFILL_RATE` /
-        :data:`REF_DECODE_RATE`, so the capacity score still divides the load."""
-        prefill = self.prefill_rate if self.prefill_rate > 0 else self.capacity * REF_PREFILL_RATE
+        node needs for the work it holds — :attr:`prefill_wait` plus decode tokens ÷ the
+        per-stream decode rate, shared over the streams it runs at once. Unmeasured rates are
+        ``capacity`` × :data:`REF_PREFILL_RATE` / :data:`REF_DECODE_RATE`, so the capacity
+        score still divides the load."""
         decode = self.decode_rate if self.decode_rate > 0 else self.capacity * REF_DECODE_RATE
         parallel = max(1, min(self.streams, self.active + self.queued))
-        return ((self.prefill_tokens + self.pending_tokens) / prefill + self.decode_tokens / decode) / parallel
+        return self.prefill_wait + self.decode_tokens / decode / parallel
 
     @property
     def requests_relative(self) -> float:
@@ -101,25 +113,53 @@ class Load:
 
 
 class Throughput:
-    """The engine's measured rates, from the last ``window`` requests served (I/O-free: the
-    caller times each request with its injected clock).
+    """The engine's measured rates (I/O-free: the caller times each phase with its injected
+    clock).
 
-    ``prefill_rate``: prompt tokens evaluated ÷ seconds to the first token; ``decode_rate``:
-    output tokens after the first ÷ seconds from the first token to the last. Both are per
-    stream, measured while the node ran whatever else it ran, so contention is included.
-    Phases shorter than :data:`MIN_SAMPLE_S` or without tokens are not sampled; 0: unknown."""
+    ``prefill_rate``: prompt tokens the engine evaluates per second *while it has prompts to
+    evaluate*, all streams together. Prompts are evaluated first come first served, so the
+    time between two requests' first tokens, counted only while some prompt was pending, is
+    the later one's prompt time (:meth:`prefill_started` / :meth:`prefill_ended`); per-stream
+    times would count the prompts queued ahead of each request again (with 8 slots a node
+    looked 8 times less loaded than it was, and let newcomers wait minutes). ``decode_rate``:
+    output tokens after the first ÷ seconds from the first token to the last, per stream.
+    Both include whatever else the node ran (contention). Samples come from the last
+    ``window`` requests; phases shorter than :data:`MIN_SAMPLE_S` or without tokens are not
+    sampled; 0: unknown."""
 
     def __init__(self, window: int = 64) -> None:
         self._prefill: deque[tuple[int, float]] = deque(maxlen=window)
         self._decode: deque[tuple[int, float]] = deque(maxlen=window)
         self._outputs: deque[int] = deque(maxlen=window)
+        self._prefilling = 0  # requests started whose first token has not come yet
+        self._mark = 0.0  # when the pending-prompt time was last counted
+        self._busy = 0.0  # pending-prompt seconds not yet attributed to a sample
 
-    def record(self, prefill_tokens: int, prefill_s: float, output_tokens: int, decode_s: float) -> None:
-        """One request served: ``prefill_tokens`` evaluated in ``prefill_s`` seconds (to its
-        first output token), then ``output_tokens`` in all, the last ``output_tokens - 1`` of
-        them in ``decode_s`` seconds."""
-        if prefill_tokens > 0 and prefill_s >= MIN_SAMPLE_S:
-            self._prefill.append((prefill_tokens, prefill_s))
+    def prefill_started(self, now: float) -> None:
+        """A request's prompt went to the engine at ``now``."""
+        self._tick(now)
+        self._prefilling += 1
+
+    def prefill_ended(self, now: float, tokens: int | None) -> None:
+        """A request's first token came at ``now``, after the engine evaluated ``tokens`` of its
+        prompt; ``None``: it ended before its first token (cancelled, failed), and its time is
+        counted with the next sample."""
+        if self._prefilling == 0:
+            return
+        self._tick(now)
+        self._prefilling -= 1
+        if tokens is not None and tokens > 0 and self._busy >= MIN_SAMPLE_S:
+            self._prefill.append((tokens, self._busy))
+            self._busy = 0.0
+
+    def _tick(self, now: float) -> None:
+        if self._prefilling > 0:
+            self._busy += max(0.0, now - self._mark)
+        self._mark = now
+
+    def record(self, output_tokens: int, decode_s: float) -> None:
+        """One reply ended: ``output_tokens`` in all, the last ``output_tokens - 1`` of them in
+        ``decode_s`` seconds."""
         if output_tokens > 1 and decode_s >= MIN_SAMPLE_S:
             self._decode.append((output_tokens - 1, decode_s))
         if output_tokens > 0:

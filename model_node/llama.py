@@ -17,8 +17,9 @@ which tokens are evaluated:
   (llama.cpp's non-unified KV cache). One engine thread owns the context and runs a
   scheduler loop: each step evaluates, in one ``llama_decode`` batch, the next token
   of every running reply and up to ``prefill_chunk`` prompt tokens of requests still
-  in prefill (chunked prefill: a newcomer's prompt is evaluated in pieces between
-  decode steps, so a long reply never holds its first token), then samples each
+  in prefill, shortest remaining prompt first (chunked prefill: a newcomer's prompt is
+  evaluated in pieces between decode steps, so a long reply never holds its first
+  token, and a mostly cached prompt never waits behind a cold one), then samples each
   sequence that produced logits with that request's own sampler. Requests beyond
   ``slots`` wait in a FIFO. Trio callers submit requests and receive pieces over a
   memory channel; cancelling one frees its sequence at the next step and leaves the
@@ -281,6 +282,10 @@ class LlamaCppEngine:
     prefill than without). Call :meth:`close` when done: it stops the engine thread."""
 
     name = "llama.cpp"
+
+    # Prompts are evaluated shortest remaining first (see the module docstring): the model node's
+    # busy check then counts only the shorter prompts as ahead of a new one.
+    shortest_prompt_first = True
 
     def __init__(self, model_path: str | os.PathLike[str], *, model_id: str | None = None, n_ctx: int = 4096,
                  n_threads: int | None = None, cache_bytes: int = DEFAULT_CACHE_BYTES,
@@ -594,15 +599,19 @@ class LlamaCppEngine:
             if not r.cancelled:
                 self._admit(r)
         self._compact()
-        items: list[tuple[_Request, list[int], bool]] = []
         budget = min(self.prefill_chunk, N_BATCH - sum(r.next_tok is not None for r in self._active))
-        for r in self._active:
-            if r.next_tok is not None:
-                items.append((r, [r.next_tok], True))
-            elif budget > 0:
-                chunk = r.prompt[r.fed:r.fed + budget]
-                budget -= len(chunk)
-                items.append((r, chunk, r.fed + len(chunk) == len(r.prompt)))
+        items: list[tuple[_Request, list[int], bool]] = [
+            (r, [r.next_tok], True) for r in self._active if r.next_tok is not None]
+        # Prompts: shortest remaining first (ties: arrival order), so a request whose prompt is
+        # mostly cached gets its first token in a step or two instead of waiting behind a cold
+        # 1,000-token prompt; a long prompt waits at most for the shorter ones that arrive.
+        prefilling = sorted((r for r in self._active if r.next_tok is None), key=lambda r: len(r.prompt) - r.fed)
+        for r in prefilling:
+            if budget <= 0:
+                break
+            chunk = r.prompt[r.fed:r.fed + budget]
+            budget -= len(chunk)
+            items.append((r, chunk, r.fed + len(chunk) == len(r.prompt)))
         if not items:
             return
         # llama.cpp puts sequences into one physical batch only in increasing, consecutive id order

@@ -8,10 +8,13 @@ who answered and send follow-ups there (session affinity).
 **Load and overload.** The load the node advertises (:meth:`ModelNode.current_load`) is the
 work it holds: prompt tokens still to evaluate (less the prefix the engine caches) and output
 tokens still expected, with the engine's rates measured on recent requests through the
-injected clock (:class:`~model_node.forwarding.Throughput`). A request that finds every slot
-taken and more than ``max_queue_wait`` seconds of work ahead, or that waits that long for a
-slot, or that finds ``max_queue`` requests already queued, is refused at once with a "busy"
-error chunk (:func:`overlay.anon.busy_error`); the user's client then tries another model
+injected clock (:class:`~model_node.forwarding.Throughput`). A request whose first token
+would come more than ``max_queue_wait`` seconds away, the prompts ahead of it and its own
+evaluated (free slots or not: the engine evaluates prompts one after another; one that takes
+the shortest remaining prompt first, ``shortest_prompt_first``, puts only the shorter ones
+ahead), when some prompt is ahead of it, that finds every slot taken and more work than that
+ahead, that waits that long for a slot, or that finds ``max_queue`` requests already queued,
+is refused with a "busy" error chunk (:func:`overlay.anon.busy_error`); the user's client then tries another model
 node. Every request is answered or refused: none waits without bound.
 
 With a group (``group=GroupConfig(...)``, the default of ``gentorrent model-node``)
@@ -417,17 +420,30 @@ class ModelNode:
 
     async def _serve_here(self, req: Request, prompt_ids: list[int], forwarded: bool) -> AsyncGenerator[ReplyChunk, None]:
         """Wait in the queue for a slot (at most ``max_queue_wait`` seconds), then generate;
-        "busy" at once when every slot is taken and the work ahead exceeds that wait."""
-        if self._slots.value == 0:
-            ahead = self.current_load().relative
-            if ahead > self.max_queue_wait:
-                self.busy += 1
-                yield self._chunk(req, 0, "", (), done=True, error=busy_error(
-                    f"model node has about {ahead:.0f} s of work queued (limit {self.max_queue_wait:g} s); "
-                    "try another model node serving the model, or again in a minute"))
-                return
+        "busy" at once when the prompts ahead would keep this one waiting longer than that
+        (free slots or not: the engine evaluates prompts one after another), or when every
+        slot is taken and the work ahead exceeds that wait."""
+        own = self._prefill_estimate(prompt_ids)
+        load = self.current_load()
+        if self._slots.value > 0:
+            # Its first token comes after the prompts ahead of it and its own: refused when that is
+            # over the wait and something is ahead (an idle node takes any prompt; a busy one lets
+            # another node take a long one). An engine that evaluates the shortest remaining prompt
+            # first puts only the shorter ones ahead.
+            shorter_first = getattr(self.engine, "shortest_prompt_first", False)
+            ahead = load.prefill_seconds(sum(w.prefill for w in self._work if not shorter_first or w.prefill <= own))
+            wait = ahead + load.prefill_seconds(own) if ahead > 0 else 0.0
+            what = "prompts to evaluate before this one's first token"
+        else:
+            wait, what = load.relative, "work queued"
+        if wait > self.max_queue_wait:
+            self.busy += 1
+            yield self._chunk(req, 0, "", (), done=True, error=busy_error(
+                f"model node has about {wait:.0f} s of {what} (limit {self.max_queue_wait:g} s); "
+                "try another model node serving the model, or again in a minute"))
+            return
         limit = req.params.max_tokens
-        work = _Work(self._prefill_estimate(prompt_ids), self.throughput.expected_output(limit), limit)
+        work = _Work(own, self.throughput.expected_output(limit), limit)
         self._work.add(work)
         self.queued += 1
         got_slot = False
@@ -459,7 +475,7 @@ class ModelNode:
                         work: _Work) -> AsyncGenerator[ReplyChunk, None]:
         all_ids: list[int] = []
         seq, size, last = 0, 0, self.clock.monotonic()
-        started, first_at = last, None
+        first_at: float | None = None
         buf: list[str] = []
         ids: list[int] = []
         signer = ReplySigner(request_digest(req), self.model, self.identity.node_id)
@@ -468,6 +484,7 @@ class ModelNode:
         except EngineError as exc:
             yield self._chunk(req, 0, "", (), done=True, error=str(exc))
             return
+        self.throughput.prefill_started(last)
         try:
             async with aclosing(gen.__aiter__()) as pieces:
                 async for piece in pieces:
@@ -476,6 +493,7 @@ class ModelNode:
                     size += len(piece.text)
                     now = self.clock.monotonic()
                     if first_at is None:
+                        self.throughput.prefill_ended(now, work.prefill)
                         first_at, work.prefill = now, 0
                     work.produced += len(piece.token_ids)
                     if seq == 0 or now - last >= CHUNK_INTERVAL or size >= CHUNK_MAX_CHARS:
@@ -486,11 +504,12 @@ class ModelNode:
             log.warning("engine failed during a reply: %s", exc)
             yield self._chunk(req, seq, "", (), done=True, error=str(exc))
             return
+        finally:
+            if first_at is None:  # ended before its first token: its time counts with the next sample
+                self.throughput.prefill_ended(self.clock.monotonic(), None)
         all_ids.extend(ids)
-        ended = self.clock.monotonic()
         if first_at is not None:
-            evaluated = gen.stats.evaluated_prompt_tokens if gen.stats is not None else len(prompt_ids)
-            self.throughput.record(evaluated, first_at - started, len(all_ids), ended - first_at)
+            self.throughput.record(len(all_ids), self.clock.monotonic() - first_at)
         self.served += 1
         if gen.stats is not None:
             self._record(gen.stats, forwarded)

@@ -134,6 +134,23 @@ async def test_a_newcomer_gets_its_first_token_while_a_long_reply_runs(engine: A
     assert result["new"][2].evaluated_prompt_tokens > 2 * engine.prefill_chunk
 
 
+async def test_a_short_prompt_overtakes_a_long_one_still_in_prefill(engine: Any) -> None:
+    """Prompts are evaluated shortest remaining first: a question whose prompt fits in one chunk
+    gets its first token before a cold prompt of many chunks submitted just before it (first
+    come first served, it would wait for the whole long prompt)."""
+    long_prompt = engine.chat_prompt([ChatMessage("system", "Ticket 4242. " + SYSTEM + " " + SYSTEM),
+                                      ChatMessage("user", "Where is section 3?")])
+    short_prompt = engine.chat_prompt([ChatMessage("user", "Hi!")])
+    assert len(long_prompt) > 4 * engine.prefill_chunk and len(short_prompt) < engine.prefill_chunk / 2
+    events: list[tuple[str, Any]] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(generate, engine, long_prompt, SamplingParams(temperature=0.0, max_tokens=2), events, "long")
+        await trio.sleep(0)  # the long prompt is submitted first
+        nursery.start_soon(generate, engine, short_prompt, SamplingParams(temperature=0.0, max_tokens=2), events,
+                           "short")
+    assert events.index(("first", "short")) < events.index(("first", "long")), events
+
+
 async def test_cancelling_one_of_several_leaves_the_others_alone(engine: Any) -> None:
     prompts = [engine.chat_prompt(story(i)) for i in range(3)]
     params = SamplingParams(temperature=0.7, seed=7, max_tokens=20)

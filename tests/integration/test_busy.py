@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import trio
 
+from model_node.echo import EchoEngine
 from model_node.group import GroupConfig
 from model_node.server import ModelNode
 from model_node.testing import GROUP_SYNC, CachingEcho, echo_node
@@ -154,4 +155,64 @@ async def test_a_forwarded_request_refused_as_busy_completes_on_a_third_node(aut
         assert "".join(ch.text for ch in chunks) == "which box holds 1910?"
         assert chunks[-1].node == c.identity.node_id
         assert (a.forwarded_out, b.forwarded_in, b.busy, a.served, c.served) == (1, 1, 1, 0, 1)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_node_with_free_slots_refuses_when_the_prompts_ahead_exceed_the_wait(autojump_clock):
+    """Slots are not capacity: a node evaluates prompts one after another, so with four slots and
+    two long prompts still in prefill, a third request would wait for both and is refused at once,
+    though two slots are free (before issue 19's fix, it took a slot and waited minutes)."""
+    async with trio.open_nursery() as nursery:
+        factory = echo_node(delay=5.0, slots=4, max_queue_wait=3.0)  # first piece after 5 s: "prefill"
+        net = await start_overlay(nursery, 15, clients=2, models=[factory])
+        (a,) = net.models
+        words = " ".join(f"w{i}" for i in range(8))  # 45 prompt tokens: 1.1 s at the reference 40 tokens/s
+        first = a.current_load()
+        assert first.prefill_wait == 0.0
+        nursery.start_soon(ask, net.users[1].client, words, a, 1)
+        await trio.sleep(0.5)
+        assert a.current_load().prefill_wait == pytest.approx(45 / 40)
+        # one prompt ahead (1.1 s) and its own (51 tokens, 1.3 s): under the 3 s wait, so it is taken
+        nursery.start_soon(ask, net.users[1].client, words + " again", a, 1)
+        await trio.sleep(0.5)
+        assert a.active == 2 and a.current_load().prefill_wait == pytest.approx(96 / 40)
+        t0 = trio.current_time()  # 2.4 s ahead + its own 38 tokens: over the wait
+        with pytest.raises(AllBusy, match="prompts to evaluate before this one's first token") as ei:
+            await ask(net.users[0].client, "a third question", a, failover=False)
+        assert trio.current_time() - t0 < 1.0  # refused at once, not after the wait
+        assert a.busy == 1 and a.active == 2 and "busy:" in str(ei.value)
+        nursery.cancel_scope.cancel()
+
+
+class _ShortestFirstEcho(EchoEngine):
+    shortest_prompt_first = True  # as llama.cpp's batched engine
+
+
+async def test_on_a_shortest_prompt_first_engine_only_shorter_prompts_count_as_ahead(autojump_clock):
+    """The same two long prompts in prefill: a short question is taken (it overtakes them in the
+    engine), a third long prompt is refused (it would wait for all three: 3 s, and its own)."""
+    async with trio.open_nursery() as nursery:
+        factory = echo_node(engine=_ShortestFirstEcho(delay=5.0), slots=4, max_queue_wait=3.0)
+        net = await start_overlay(nursery, 15, clients=2, models=[factory])
+        (a,) = net.models
+        words = " ".join(f"w{i}" for i in range(8))  # 45 and 51 tokens, then 24 ("hi") and 55
+        nursery.start_soon(ask, net.users[1].client, words, a, 1)
+        await trio.sleep(0.5)
+        nursery.start_soon(ask, net.users[1].client, words + " again", a, 1)
+        await trio.sleep(0.5)
+        assert a.active == 2 and a.current_load().prefill_wait == pytest.approx(96 / 40)
+        short: list[ReplyChunk] = []
+
+        async def hi() -> None:
+            short.extend(await ask(net.users[0].client, "hi", a, 1, failover=False))
+
+        nursery.start_soon(hi)
+        await trio.sleep(0.5)
+        assert a.active == 3 and a.busy == 0  # taken: no shorter prompt is ahead of it
+        with pytest.raises(AllBusy, match="prompts to evaluate before this one's first token"):
+            await ask(net.users[0].client, words + " once more", a, failover=False)
+        assert a.busy == 1
+        while not short or not short[-1].done:
+            await trio.sleep(1.0)
+        assert "".join(c.text for c in short) == "hi"
         nursery.cancel_scope.cancel()

@@ -205,19 +205,48 @@ def test_a_work_heavy_node_is_avoided_where_a_request_count_would_pick_it() -> N
 def test_relative_load_is_seconds_of_work_at_the_measured_rates() -> None:
     busy = Load(active=1, queued=1, prefill_tokens=1000, decode_tokens=100, prefill_rate=500.0, decode_rate=50.0)
     assert busy.relative == pytest.approx(1000 / 500 + 100 / 50)
-    assert Load(active=2, queued=2, prefill_tokens=1000, prefill_rate=500.0, streams=4).relative == pytest.approx(0.5)
+    # Prompts are evaluated one after another whatever the slots: their seconds add up; decoding
+    # streams share the work out.
+    four = Load(active=2, queued=2, prefill_tokens=1000, decode_tokens=400, prefill_rate=500.0, decode_rate=50.0,
+                streams=4)
+    assert four.prefill_wait == pytest.approx(2.0) and four.relative == pytest.approx(2.0 + 8.0 / 4)
+    assert Load(prefill_tokens=100, pending_tokens=300, prefill_rate=100.0).prefill_wait == pytest.approx(4.0)
     # Before it measures, a node assumes capacity x the reference rates: the score still divides the load.
     assert Load(queued=1, capacity=2, prefill_tokens=UNIT * 4).relative == pytest.approx(2.0)
     assert Load(active=5, queued=5).relative == 0.0  # requests without work are no load
 
 
-def test_throughput_measures_rates_per_stream_from_recent_requests() -> None:
+def test_throughput_measures_decode_per_stream_from_recent_requests() -> None:
     t = Throughput(window=2)
     assert (t.prefill_rate, t.decode_rate, t.expected_output(256)) == (0.0, 0.0, 256)  # nothing measured
-    t.record(1000, 2.0, 11, 0.5)  # 500 prompt tokens/s; 10 tokens after the first in 0.5 s
-    t.record(300, 0.0001, 1, 0.0)  # too short to time, and one output token: no rate sample
-    assert (t.prefill_rate, t.decode_rate) == (500.0, 20.0)
+    t.record(11, 0.5)  # 10 tokens after the first in 0.5 s
+    t.record(1, 0.0)  # one output token: no rate sample
+    assert t.decode_rate == 20.0
     assert t.expected_output(256) == 6 and t.expected_output(4) == 4  # mean of 11 and 1, capped
-    t.record(100, 1.0, 21, 4.0)
-    t.record(100, 1.0, 21, 4.0)  # the window keeps the last two samples of each kind
-    assert (t.prefill_rate, t.decode_rate, t.expected_output(256)) == (100.0, 5.0, 21)
+    t.record(21, 4.0)
+    t.record(21, 4.0)  # the window keeps the last two samples of each kind
+    assert (t.decode_rate, t.expected_output(256)) == (5.0, 21)
+
+
+def test_throughput_measures_prompts_at_the_engine_rate_not_per_stream() -> None:
+    """Three prompts of 100 tokens reach a first-come-first-served engine at once and come out
+    at 1, 2 and 3 s: the engine evaluates 100 tokens/s. Per stream (tokens ÷ each one's time
+    to first token) it would read 100, 50 and 33 tokens/s, counting the prompts ahead again."""
+    t = Throughput()
+    for _ in range(3):
+        t.prefill_started(0.0)
+    for end in (1.0, 2.0, 3.0):
+        t.prefill_ended(end, 100)
+    assert t.prefill_rate == pytest.approx(100.0)
+    # Idle time does not count; a request that ends before its first token gives no sample, and
+    # its engine time goes to the next one (the rate errs low, so waits are overestimated).
+    t = Throughput()
+    t.prefill_started(10.0)
+    t.prefill_ended(12.0, 200)  # 100 tokens/s
+    t.prefill_started(50.0)
+    t.prefill_started(50.0)
+    t.prefill_ended(51.0, None)  # cancelled after 1 s
+    t.prefill_ended(52.0, 100)  # 100 tokens in 2 s counted: 50 tokens/s
+    assert t.prefill_rate == pytest.approx(300 / 4)
+    t.prefill_ended(60.0, 100)  # more ends than starts: ignored
+    assert t.prefill_rate == pytest.approx(300 / 4)
