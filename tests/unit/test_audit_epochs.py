@@ -345,3 +345,10 @@ def test_structural_faults_are_rejected_with_their_codes() -> None:
     assert c.rejected(c.attest_tx(pks[1], [950_000] * 6)).code == Code.DUPLICATE
     # Silence confirmations for a node the report does not call silent.
     assert c.rejected(c.silence_tx(pks[1], c.nodes[0].node_id, False)).code == Code.INVALID_FIELD
+
+
+def test_the_cli_defaults_are_the_cores() -> None:
+    from verifier import cli
+
+    assert (cli._DEFAULT_AUDIT_MODEL, cli._DEFAULT_EPOCH_BLOCKS, cli._DEFAULT_CHALLENGES) == (
+        audits.DEFAULT_MODEL, audits.DEFAULT_EPOCH_BLOCKS, audits.DEFAULT_CHALLENGES_PER_NODE)
