@@ -582,7 +582,7 @@ def end_block(st: AuditState, height: int, block_hash: bytes, validators: Valida
         raise ValueError(f"block {height} ends epoch {out.epoch}: its 32-byte hash (FinalizeBlock's hash) seeds the "
                          "next epoch")
     out = _settle_at_end(out, _powers(validators), height)
-    nxt = out.epoch + 1
+    nxt = max(out.epoch + 1, out.epoch_of(height + 1))  # a chain whose initial height skips epochs
     return replace(
         out, epoch=nxt, seed=block_hash, proofs=(), leader_known=False, leader=None,
         challenges=out.next_challenges or (), sealed_to=out.next_sealed_to if out.next_challenges is not None else (),

@@ -352,3 +352,20 @@ def test_the_cli_defaults_are_the_cores() -> None:
 
     assert (cli._DEFAULT_AUDIT_MODEL, cli._DEFAULT_EPOCH_BLOCKS, cli._DEFAULT_CHALLENGES) == (
         audits.DEFAULT_MODEL, audits.DEFAULT_EPOCH_BLOCKS, audits.DEFAULT_CHALLENGES_PER_NODE)
+
+
+def test_hostile_audit_bytes_get_a_code_and_change_nothing() -> None:
+    import random
+
+    c = Committee()
+    lead = run_to_report(c)
+    valid = [c.report_tx(lead, c.honest_entries(lead)), c.commit_tx(lead)[0], c.proof(lead)]
+    before = c.app.committed.canonical_bytes()
+    rng = random.Random(5)
+    for _ in range(500):
+        raw = bytearray(rng.choice(valid))
+        i = rng.randrange(len(raw))
+        raw[i] ^= 1 << rng.randrange(8)
+        r = c.app.check_tx(bytes(raw))
+        assert isinstance(r.code, Code)
+    assert c.app.committed.canonical_bytes() == before
