@@ -550,7 +550,9 @@ def _settle_at_end(st: AuditState, powers: Mapping[bytes, int], height: int) -> 
         return st
     total = sum(powers.values())
     if not st.challenges:
-        return _settle(st, ABORTED, f"no challenges were committed for epoch {st.epoch}", height)
+        why = (f"no challenges were committed for epoch {st.epoch}" if st.committer is None else
+               f"the commit for epoch {st.epoch} named no model node (none served the audit model)")
+        return _settle(st, ABORTED, why, height)
     if st.leader is None:
         return _settle(st, ABORTED, "no leader: no valid VRF proof in the proof window", height)
     if not st.report:

@@ -60,7 +60,7 @@ MAX_CHALLENGES_PER_NODE = 4
 MAX_CHALLENGES = MAX_AUDITED_NODES * MAX_CHALLENGES_PER_NODE
 MAX_SEALED = 128  # sealed boxes per challenge (one per validator: the committee's size for audits)
 MAX_REPORT_BYTES = 512 * 1024
-MAX_COMMIT_BYTES = 1024 * 1024  # CometBFT's default mempool limit on one transaction
+MAX_COMMIT_BYTES = 1024 * 1024 - 1024  # under CometBFT's default mempool limit on one transaction (1 MiB)
 MAX_SMALL_TX_BYTES = 4096  # proofs, attestations, silence confirmations
 
 # Challenge limits (an Opening)

@@ -126,3 +126,14 @@ def test_a_mixed_node_gets_its_replies_and_a_confirmed_zero() -> None:
     mean = (950_000 + 0 + 1) // 2  # half up
     assert rep.epochs == 1 and rep.window == (True,)  # 0.475 < tau
     assert rep.value < 400_000 * R0 // SCALE + 600_000 * mean // SCALE
+
+
+def test_an_epoch_without_audited_nodes_records_why() -> None:
+    c = Committee(n_nodes=0)
+    lead = c.elect(0)
+    commit, _ = c.commit_tx(lead, openings=[], node_ids=[])
+    c.block([commit])
+    c.to_epoch_start(1)
+    assert c.audit.challenges == () and c.audit.committer == lead
+    c.to_epoch_start(2)
+    assert "named no model node" in c.outcome(1).reason
