@@ -396,7 +396,7 @@ class EpochReport:
 @dataclass(frozen=True, slots=True)
 class Attestation:
     """Kind 4: a validator's own calibrated scores (fixed point), one per :class:`ReplyEntry` of
-    the report with ``report_hash``, in order."""
+    the report with ``report_hash``, in order (void entries too: any score; they count for nothing)."""
 
     epoch: int
     validator_pk: bytes
