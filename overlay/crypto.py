@@ -7,7 +7,8 @@ purposes: they call the functions here. The set is deliberately small:
 - X25519 key agreement (onion layers, sealed clove headers),
 - HKDF-SHA256 (key derivation), BLAKE2b (fingerprints, keyed hashes), SHA-256,
 - AEAD: AES-256-GCM and ChaCha20-Poly1305 with 96-bit nonces,
-- a self-signed X.509 certificate bound to an Ed25519 key (TLS transport).
+- a self-signed X.509 certificate bound to an Ed25519 key (TLS transport),
+- anonymous sealed boxes to Ed25519 keys (libsodium through PyNaCl: audit challenges).
 
 Errors: a failed signature or AEAD check raises :class:`CryptoError`; callers
 turn it into a protocol error naming the peer.
@@ -50,6 +51,7 @@ __all__ = [
     "CryptoError",
     "ED25519_PK_LEN",
     "ED25519_SIG_LEN",
+    "SEALED_OVERHEAD",
     "SigningKey",
     "X25519_PK_LEN",
     "X25519Key",
@@ -57,9 +59,11 @@ __all__ = [
     "ct_equal",
     "ed25519_verify",
     "hkdf",
+    "open_sealed_ed25519",
     "random_bytes",
     "self_signed_cert",
     "cert_ed25519_public_key",
+    "seal_to_ed25519",
     "sha256",
     "x25519_exchange",
 ]
@@ -327,3 +331,53 @@ class BlockPermutation:
 def mac16(key: bytes, data: bytes) -> bytes:
     """A 16-byte keyed MAC (keyed BLAKE2b)."""
     return hashlib.blake2b(data, digest_size=16, key=key).digest()
+
+
+# --------------------------------------------------------------------------- sealed boxes to Ed25519 keys
+
+
+def seal_to_ed25519(ed25519_public: bytes, plaintext: bytes) -> bytes:
+    """An anonymous sealed box (libsodium ``crypto_box_seal``: an ephemeral X25519 key, then
+    XSalsa20-Poly1305) of ``plaintext`` to the holder of the Ed25519 key ``ed25519_public``, whose
+    X25519 key is derived by libsodium's Ed25519-to-Curve25519 conversion. The ciphertext is
+    :data:`SEALED_OVERHEAD` bytes longer than the plaintext. Used to hide an audit challenge on the
+    committee chain from everyone but the validators (verifier/audit_tx.py). :class:`CryptoError`
+    for a key that is not a valid Ed25519 point."""
+    from nacl import bindings as sodium
+    from nacl.exceptions import CryptoError as SodiumCryptoError
+    from nacl.exceptions import RuntimeError as SodiumRuntimeError
+    from nacl.exceptions import TypeError as SodiumTypeError
+    from nacl.exceptions import ValueError as SodiumValueError
+
+    if len(ed25519_public) != ED25519_PK_LEN:
+        raise CryptoError("a sealed box goes to a 32-byte Ed25519 public key")
+    try:
+        x_public = sodium.crypto_sign_ed25519_pk_to_curve25519(ed25519_public)
+        return bytes(sodium.crypto_box_seal(plaintext, x_public))
+    except (SodiumCryptoError, SodiumRuntimeError, SodiumTypeError, SodiumValueError) as exc:
+        raise CryptoError(f"cannot seal to this Ed25519 key ({exc})") from None
+
+
+SEALED_OVERHEAD = 48  # ephemeral X25519 key (32) + Poly1305 tag (16)
+
+
+def open_sealed_ed25519(ed25519_seed32: bytes, ciphertext: bytes) -> bytes:
+    """Open a box from :func:`seal_to_ed25519` with the 32-byte Ed25519 secret seed of its
+    recipient; :class:`CryptoError` if it was not sealed to this key or was altered."""
+    from nacl import bindings as sodium
+    from nacl.exceptions import CryptoError as SodiumCryptoError
+    from nacl.exceptions import RuntimeError as SodiumRuntimeError
+    from nacl.exceptions import TypeError as SodiumTypeError
+    from nacl.exceptions import ValueError as SodiumValueError
+
+    if len(ed25519_seed32) != 32:
+        raise CryptoError("opening a sealed box needs the 32-byte Ed25519 seed")
+    if len(ciphertext) < SEALED_OVERHEAD:
+        raise CryptoError("a sealed box is at least 48 bytes")
+    try:
+        public, secret64 = sodium.crypto_sign_seed_keypair(ed25519_seed32)
+        x_public = sodium.crypto_sign_ed25519_pk_to_curve25519(public)
+        x_secret = sodium.crypto_sign_ed25519_sk_to_curve25519(secret64)
+        return bytes(sodium.crypto_box_seal_open(ciphertext, x_public, x_secret))
+    except (SodiumCryptoError, SodiumRuntimeError, SodiumTypeError, SodiumValueError) as exc:
+        raise CryptoError(f"the sealed box does not open with this key ({exc})") from None

@@ -82,6 +82,15 @@ class Code(enum.IntEnum):
     INVALID_FIELD = 8  # a field out of range (capacity, address, region, model id)
     UNSUPPORTED_VERSION = 9  # a TX_VERSION this verifier does not speak
     UNAVAILABLE = 10  # queries only: no signed list held yet; retry or ask another verifier
+    # audit transactions (verifier/audit_tx.py, verifier/audit.py)
+    WRONG_EPOCH = 11  # an audit tx for another epoch than the one it must name now
+    TOO_EARLY = 12  # before its window (a report or commit before the leader is known, an attestation before a report)
+    LATE = 13  # after its window (a VRF proof after the proof blocks)
+    NOT_LEADER = 14  # a commit or report not from the epoch's leader
+    DUPLICATE = 15  # a second proof, commit, report, attestation or confirmation from the same key
+    NOT_VALIDATOR = 16  # an audit tx from a key that is not a current validator
+    AUDITS_OFF = 17  # an audit tx on a chain whose genesis has no audit section
+    SETTLED = 18  # the epoch is already applied or aborted; nothing more is taken for it
 
 
 class TxError(Exception):
