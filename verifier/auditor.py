@@ -286,8 +286,7 @@ class Auditor:
 
     def plan(self, view: AuditView, height: int) -> list[Action]:
         """What to do at ``height`` given the committed ``view`` (each thing once per epoch)."""
-        from verifier import vrf
-        from verifier.audit_tx import VrfProof
+        from verifier.audit_tx import prove_leader
 
         self._started = {k for k in self._started if k[1] >= view.epoch - 1}  # forget old epochs
         members = {pk for pk, _ in view.validators}
@@ -302,9 +301,8 @@ class Auditor:
         e = view.epoch
         out: list[Action] = []
         if height <= view.proof_until and self._once(("proof", e)):
-            proof = vrf.prove(self.seed, vrf.leader_alpha(e, view.seed))
-            out.append(Submit(self._sign(VrfProof(epoch=e, validator_pk=self.public_key, proof=proof)),
-                              f"VRF proof for epoch {e}", ("proof", e)))
+            out.append(Submit(self._sign(prove_leader(e, view.seed, self.seed)), f"VRF proof for epoch {e}",
+                              ("proof", e)))
         leading = view.leader == self.public_key and height > view.proof_until
         if leading and not view.next_committed and view.audit_nodes_next and self._once(("commit", e)):
             out.append(self._commit(view))
@@ -331,21 +329,17 @@ class Auditor:
 
     def _open(self, view: AuditView) -> tuple[ChallengeJob, ...]:
         """The committed challenges of this epoch, opened with this verifier's key."""
-        from overlay.crypto import CryptoError, open_sealed_ed25519
-        from verifier.audit_tx import Opening
+        from verifier.audit_tx import Challenge
+        from verifier.tx import TxError
 
         mine = [pk for pk, _ in view.validators].index(self.public_key)
         jobs = []
         for i, (node_id, commitment, sealed) in enumerate(view.challenges):
             try:
-                if mine >= len(sealed):
-                    raise ValueError("no box sealed to this verifier")
-                opening = Opening.decode(open_sealed_ed25519(self.seed, sealed[mine]))
-                if opening.commitment() != commitment:
-                    raise ValueError("the opening does not match its commitment")
+                opening = Challenge(node_id, commitment, sealed).open(mine, self.seed)
                 jobs.append(ChallengeJob(i, node_id, opening))
-            except (CryptoError, ValueError) as exc:  # TxError is a ValueError too
-                log.warning("epoch %d challenge %d for node %s: %s", view.epoch, i, short_id(node_id), exc)
+            except TxError as exc:
+                log.warning("audit: epoch %d challenge %d for node %s: %s", view.epoch, i, short_id(node_id), exc)
                 jobs.append(ChallengeJob(i, node_id, None, f"the committed challenge did not open: {exc}"))
         return tuple(jobs)
 

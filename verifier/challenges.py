@@ -221,16 +221,13 @@ class ChallengeGenerator:
         validator (``validator_keys``: Ed25519 public keys, in the committee's order): the
         :class:`~verifier.audit_tx.Challenge` list for a ``ChallengeCommit`` and the openings in
         the same order (the leader keeps nothing else: every validator can open its own box)."""
-        from overlay.crypto import seal_to_ed25519
-        from verifier.audit_tx import Challenge
+        from verifier.audit_tx import seal_challenge
 
         out: list[Challenge] = []
         openings: list[Opening] = []
         for node in node_ids:
             for _ in range(per_node):
                 o = self.opening(model)
-                raw = o.encode()
-                out.append(Challenge(node_id=node, commitment=o.commitment(),
-                                     sealed=tuple(seal_to_ed25519(pk, raw) for pk in validator_keys)))
+                out.append(seal_challenge(node, o, validator_keys))
                 openings.append(o)
         return out, openings

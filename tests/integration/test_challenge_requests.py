@@ -49,7 +49,7 @@ def _chain_ok(reply: Reply, opening, key: bytes, node_id: bytes) -> bool:
 
 async def test_a_challenge_reaches_only_the_given_node_and_returns_the_signed_record(autojump_clock):
     async with trio.open_nursery() as nursery:
-        net = await start_overlay(nursery, 12, models=[echo_node(), echo_node()])
+        net = await start_overlay(nursery, 15, models=[echo_node(), echo_node()])
         a, b = net.models
         seen_a, seen_b = _record(a), _record(b)
         gen = ChallengeGenerator(rng=random.Random(5))
@@ -68,14 +68,14 @@ async def test_a_challenge_reaches_only_the_given_node_and_returns_the_signed_re
 
 async def test_no_failover_a_dead_node_is_reported_silent_and_never_replaced(autojump_clock):
     async with trio.open_nursery() as nursery:
-        net = await start_overlay(nursery, 12, models=[echo_node(delay=1.0), echo_node()])
+        net = await start_overlay(nursery, 15, models=[echo_node(delay=1.0), echo_node()])
         a, b = net.models
         seen_b = _record(b)
         net.kill(a)
         await trio.sleep(0.5)
         opening = ChallengeGenerator(rng=random.Random(6)).opening("echo")
         got = await send_challenge(net.client.client, a.identity.node_id, opening, timeout=10)
-        assert isinstance(got, Failure) and got.kind in ("silent", "lost", "other"), got
+        assert isinstance(got, Failure) and got.kind in ("silent", "lost"), got
         assert seen_b == []  # nothing went to the other node serving the model
         assert net.client.client.failovers == {}
         nursery.cancel_scope.cancel()
@@ -83,7 +83,7 @@ async def test_no_failover_a_dead_node_is_reported_silent_and_never_replaced(aut
 
 async def test_no_failover_to_a_node_not_listed_fails_at_once(autojump_clock):
     async with trio.open_nursery() as nursery:
-        net = await start_overlay(nursery, 12, models=[echo_node()])
+        net = await start_overlay(nursery, 15, models=[echo_node()])
         with pytest.raises(AnonError, match="not listed as serving"):
             async for _ in net.client.client.request("echo", [], node=b"\x01" * 20, failover=False):
                 pass
@@ -99,7 +99,7 @@ async def test_the_model_node_cannot_tell_a_challenge_from_a_users_chat_turn(aut
     cloves, with the same fields and field types, the same threshold and return-path shape; only the
     contents (prompt, parameters, ids, keys) differ, and those are drawn like users'."""
     async with trio.open_nursery() as nursery:
-        net = await start_overlay(nursery, 14, clients=2, models=[echo_node()], capture=True)
+        net = await start_overlay(nursery, 16, clients=2, models=[echo_node()], capture=True)
         (m,) = net.models
         seen = _record(m)
         received = net.capture(m.identity.node_id)

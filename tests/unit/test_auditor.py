@@ -1,0 +1,207 @@
+"""The audit planner (verifier/auditor.py ``Auditor``: I/O-free) and its driver against a fake RPC
+and a fake engine."""
+
+from __future__ import annotations
+
+import base64
+import logging
+import random
+from dataclasses import replace
+from typing import Any
+
+import msgpack
+import pytest
+import trio
+
+from model_node.engine import TokenScore
+from overlay.crypto import SigningKey
+from verifier import audit_tx as at
+from verifier import vrf
+from verifier.auditor import (
+    Attest,
+    AuditDriver,
+    Auditor,
+    AuditView,
+    AuditViewError,
+    ChallengeResult,
+    ConfirmSilence,
+    Failure,
+    Reply,
+    RunChallenges,
+    Submit,
+    parse_view,
+)
+from verifier.challenges import ChallengeGenerator
+
+CHAIN = "audit-test"
+MODEL = "smollm2-135m-instruct"
+SEEDS = [bytes([i + 1]) * 32 for i in range(4)]
+PKS = [SigningKey.from_bytes(s).public_bytes for s in SEEDS]
+NODES = (b"\x0a" * 20, b"\x0b" * 20)
+
+
+def view(**kw: Any) -> AuditView:
+    base = dict(epoch=3, epoch_blocks=20, start_height=61, seed=b"\x55" * 32, proof_until=65, leader=None,
+                validators=tuple((pk, 10) for pk in PKS), challenges=(), next_committed=False, report_hash=None,
+                agree_power=0, total_power=40, silent=(), outcomes=(), model=MODEL, challenges_per_node=2,
+                audit_nodes_next=NODES)
+    base.update(kw)
+    return AuditView(**base)  # type: ignore[arg-type]
+
+
+def auditor(i: int = 0, model: str = MODEL) -> Auditor:
+    return Auditor(SEEDS[i], CHAIN, model, ChallengeGenerator(rng=random.Random(i)))
+
+
+def test_a_non_member_or_another_model_does_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    outsider = Auditor(b"\x99" * 32, CHAIN, MODEL)
+    assert outsider.plan(view(), 62) == []
+    with caplog.at_level(logging.ERROR, "gentorrent.audit"):
+        assert auditor(model="other-model").plan(view(), 62) == []
+    assert "audits model 'smollm2-135m-instruct'" in caplog.text and "--audit-model" in caplog.text
+
+
+def test_a_vrf_proof_once_per_epoch_in_the_window_and_again_after_a_network_failure() -> None:
+    a = auditor(1)
+    (sub,) = a.plan(view(), 62)
+    assert isinstance(sub, Submit) and sub.key == ("proof", 3)
+    tx = at.decode_audit_tx(sub.raw, CHAIN)
+    assert isinstance(tx, at.VrfProof) and tx.epoch == 3 and tx.validator_pk == PKS[1]
+    vrf.verify(PKS[1], vrf.leader_alpha(3, b"\x55" * 32), tx.proof)  # raises if it does not verify
+    assert a.plan(view(), 63) == []  # once
+    a.submitted(sub.key, retry=True)  # never reached the verifier
+    assert [s.key for s in a.plan(view(), 64)] == [("proof", 3)]
+    a.submitted(sub.key, retry=False)
+    assert a.plan(view(), 65) == [] and auditor(2).plan(view(), 66) == []  # window closed
+    assert [s.key for s in a.plan(view(epoch=4, start_height=81, proof_until=85), 81)] == [("proof", 4)]
+
+
+def test_the_leader_commits_the_next_epochs_challenges_sealed_to_every_validator() -> None:
+    a = auditor(0)
+    acts = a.plan(view(leader=PKS[0]), 70)
+    (sub,) = acts
+    assert isinstance(sub, Submit) and sub.key == ("commit", 3)
+    tx = at.decode_audit_tx(sub.raw, CHAIN)
+    assert isinstance(tx, at.ChallengeCommit) and tx.epoch == 4 and tx.leader_pk == PKS[0]
+    assert [c.node_id for c in tx.challenges] == [NODES[0]] * 2 + [NODES[1]] * 2
+    assert len({c.commitment for c in tx.challenges}) == 4
+    for c in tx.challenges:
+        opened = {c.open(i, SEEDS[i]) for i in range(4)}  # every validator opens the same opening
+        assert len(opened) == 1 and next(iter(opened)).model == MODEL
+    assert a.plan(view(leader=PKS[0]), 71) == []
+    assert auditor(1).plan(view(leader=PKS[0]), 70) == []  # not the leader
+    assert auditor(0).plan(view(leader=PKS[0], next_committed=True), 70) == []
+
+
+def _challenges(gen: ChallengeGenerator, bad: int | None = None) -> tuple[tuple[bytes, bytes, tuple[bytes, ...]], ...]:
+    cs, _ = gen.challenges(MODEL, NODES, 2, PKS)
+    out = [(c.node_id, c.commitment, c.sealed) for c in cs]
+    if bad is not None:
+        node, commitment, sealed = out[bad]
+        out[bad] = (node, commitment, (b"garbage" * 20,) + sealed[1:])
+    return tuple(out)
+
+
+def test_the_leader_opens_the_committed_challenges_and_reports_them_in_order() -> None:
+    committed = _challenges(ChallengeGenerator(rng=random.Random(9)), bad=1)
+    a = auditor(0)
+    acts = a.plan(view(leader=PKS[0], next_committed=True, challenges=committed), 70)
+    (run,) = acts
+    assert isinstance(run, RunChallenges) and run.epoch == 3
+    assert [j.index for j in run.jobs] == [0, 1, 2, 3]
+    assert run.jobs[1].opening is None and "did not open" in run.jobs[1].why
+    assert all(j.opening is not None and j.opening.commitment() == committed[j.index][1]
+               for j in run.jobs if j.index != 1)
+    assert a.plan(view(leader=PKS[0], next_committed=True, challenges=committed), 71) == []
+    results = [ChallengeResult(run.jobs[3], Reply((("hi", (5, 6)),), b"\x01" * 64, 1234), 900_000, 300_000),
+               ChallengeResult(run.jobs[0], Failure("silent", "no reply within 60 s")),
+               ChallengeResult(run.jobs[2], Reply((("a", (1,)), ("", (2,))), b"\x02" * 64, 99), 1_000_000, 500_000),
+               ChallengeResult(run.jobs[1], Failure("other", run.jobs[1].why))]
+    sub = a.report(3, results)
+    tx = at.decode_audit_tx(sub.raw, CHAIN)
+    assert isinstance(tx, at.EpochReport) and tx.leader_pk == PKS[0] and tx.epoch == 3
+    assert [e.index for e in tx.entries] == [0, 1, 2, 3]
+    kinds = [type(e).__name__ for e in tx.entries]
+    assert kinds == ["SilentEntry", "SilentEntry", "ReplyEntry", "ReplyEntry"]
+    assert tx.entries[0].reason == "silent: no reply within 60 s"  # type: ignore[union-attr]
+    r2 = tx.entries[2]
+    assert isinstance(r2, at.ReplyEntry) and r2.chunks == (("a", (1,)), ("", (2,))) and r2.score == 1_000_000
+    assert r2.signed_at_ms == 99 and r2.raw_score == 500_000 and r2.opening == run.jobs[2].opening
+
+
+def test_others_attest_once_and_check_silent_nodes_with_fresh_challenges_of_their_own() -> None:
+    v = view(leader=PKS[0], next_committed=True, report_hash=b"\x77" * 32, silent=((NODES[1], 0, 0),))
+    a = auditor(2)
+    acts = a.plan(v, 75)
+    assert [type(x) for x in acts] == [Attest, ConfirmSilence]
+    attest, confirm = acts
+    assert isinstance(attest, Attest) and attest.report_hash == b"\x77" * 32 and attest.epoch == 3
+    assert isinstance(confirm, ConfirmSilence) and confirm.node_id == NODES[1] and confirm.opening.model == MODEL
+    assert a.plan(v, 76) == []
+    assert auditor(0).plan(v, 75) == []  # the leader's report is its own attestation
+    sub = a.attestation(3, b"\x77" * 32, [1, 2])
+    tx = at.decode_audit_tx(sub.raw, CHAIN)
+    assert isinstance(tx, at.Attestation) and tx.scores == (1, 2) and tx.validator_pk == PKS[2]
+    tx2 = at.decode_audit_tx(a.silence(3, NODES[1], False).raw, CHAIN)
+    assert isinstance(tx2, at.SilenceConfirm) and tx2.answered is False and tx2.node_id == NODES[1]
+
+
+def _wire(v: AuditView) -> bytes:
+    return msgpack.packb({
+        "epoch": v.epoch, "epoch_blocks": v.epoch_blocks, "start_height": v.start_height, "seed": v.seed,
+        "proof_until": v.proof_until, "leader": v.leader, "validators": [list(x) for x in v.validators],
+        "challenges": [[n, c, list(s)] for n, c, s in v.challenges], "next_committed": v.next_committed,
+        "report_hash": v.report_hash, "agree_power": v.agree_power, "total_power": v.total_power,
+        "silent": [list(s) for s in v.silent], "outcomes": [list(o) for o in v.outcomes], "model": v.model,
+        "challenges_per_node": v.challenges_per_node, "audit_nodes_next": list(v.audit_nodes_next),
+    }, use_bin_type=True)
+
+
+def test_the_view_decodes_strictly() -> None:
+    v = view(leader=PKS[1], challenges=_challenges(ChallengeGenerator(rng=random.Random(1))),
+             silent=((NODES[0], 10, 0),), outcomes=((2, "applied", "", 60),), report_hash=b"\x01" * 32)
+    assert parse_view(_wire(v)) == v
+    for bad in (replace(v, epoch=True), replace(v, seed=b"\x00" * 31), replace(v, model=b"x"),  # type: ignore[arg-type]
+                replace(v, next_committed=1)):  # type: ignore[arg-type]
+        with pytest.raises(AuditViewError):
+            parse_view(_wire(bad))
+    for raw in (b"\xc1", msgpack.packb([1, 2]), msgpack.packb({"epoch": 1})):
+        with pytest.raises(AuditViewError):
+            parse_view(raw)
+
+
+class FakeEngine:
+    model = MODEL
+
+    def chat_prompt(self, messages: Any, continuation: str = "") -> list[int]:
+        return [1, 2, 3]
+
+    async def score(self, prompt: list[int], ids: list[int], params: Any) -> list[TokenScore]:
+        # every token half as likely as the model's own choice: C = 0.5
+        return [TokenScore(t, -1.0 - 0.6931471805599453, -1.0, t) for t in ids]
+
+
+async def test_the_driver_rescoring_a_report_submits_its_own_scores() -> None:
+    leader = auditor(0)
+    committed = _challenges(ChallengeGenerator(rng=random.Random(4)))
+    (run,) = leader.plan(view(leader=PKS[0], next_committed=True, challenges=committed), 70)
+    assert isinstance(run, RunChallenges)
+    results = [ChallengeResult(j, Reply((("x", (7, 8, 9)),), b"\x03" * 64, 5), 990_000, 400_000) for j in run.jobs]
+    report_raw = leader.report(3, results).raw
+    v = view(leader=PKS[0], next_committed=True, challenges=committed, report_hash=at.report_hash(report_raw))
+    sent: list[bytes] = []
+
+    async def rpc(address: str, method: str, params: dict[str, str]) -> Any:
+        if method == "abci_query":
+            value = _wire(v) if params["path"] == '"/audit"' else report_raw
+            return {"response": {"code": 0, "value": base64.b64encode(value).decode(), "height": "75"}}
+        assert method == "broadcast_tx_sync"
+        sent.append(bytes.fromhex(params["tx"][2:]))
+        return {"code": 0, "log": ""}
+
+    driver = AuditDriver(auditor(3), "127.0.0.1:1", client=None, engine=FakeEngine(), rpc=rpc)  # type: ignore[arg-type]
+    async with trio.open_nursery() as nursery:
+        await driver.step(nursery)
+    txs = [at.decode_audit_tx(raw, CHAIN) for raw in sent]
+    (att,) = [t for t in txs if isinstance(t, at.Attestation)]
+    assert att.scores == (500_000,) * 4 and att.report_hash == v.report_hash and att.validator_pk == PKS[3]
