@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 import trio
 
+from model_node.engine import EngineError
 from overlay.anon import AnonClient, AnonError, failure_kind
 from overlay.identity import short_id
 from verifier.challenges import ChallengeGenerator
@@ -421,6 +422,20 @@ async def score_tokens(engine: Engine, opening: Opening, token_ids: Sequence[int
     return to_fixed(r.calibrated), to_fixed(r.raw_inv_ppl)
 
 
+async def score_many(engine: Engine, replies: Sequence[tuple[Opening, Sequence[int]]]) -> list[int]:
+    """The calibrated scores (fixed point) of several replies: in one ``score_batch`` call when the
+    engine has it (llama.cpp: side by side in shared batches, the same numbers), else one
+    :func:`score_tokens` each. Raises as :func:`score_tokens` does."""
+    from verifier.reputation import to_fixed
+    from verifier.scoring import score_reply
+
+    batch = getattr(engine, "score_batch", None)
+    if batch is None:
+        return [(await score_tokens(engine, o, ids))[0] for o, ids in replies]
+    items = [(engine.chat_prompt(o.messages), list(ids), o.params) for o, ids in replies]
+    return [to_fixed(score_reply(s).calibrated) for s in await batch(items)]
+
+
 # --------------------------------------------------------------------------- the driver
 
 
@@ -521,7 +536,7 @@ class AuditDriver:
             return ChallengeResult(job, outcome)
         try:
             score, raw = await score_tokens(self.engine, job.opening, outcome.token_ids)
-        except ValueError as exc:  # ScoringError; an EngineError propagates (a verifier fault)
+        except ValueError as exc:  # ScoringError: nothing to score
             return ChallengeResult(job, Failure("empty", str(exc)))
         log.info("audit: model node %s answered challenge %d: %d tokens, C = %.3f", short_id(job.node_id),
                  job.index, len(outcome.token_ids), score / 1e6)
@@ -540,7 +555,7 @@ class AuditDriver:
         await self.broadcast(self.auditor.report(action.epoch, results))
 
     async def _attest(self, action: Attest) -> None:
-        from verifier.audit_tx import EpochReport, ReplyEntry, decode_audit_tx, report_hash
+        from verifier.audit_tx import EpochReport, decode_audit_tx, report_hash
 
         raw, _ = await self.query("/audit/report")
         if report_hash(raw) != action.report_hash:
@@ -550,17 +565,11 @@ class AuditDriver:
         report = decode_audit_tx(raw, self.auditor.chain_id)
         if not isinstance(report, EpochReport):
             raise RpcError("/audit/report is not an EpochReport")
-        scores = []
-        for entry in report.entries:
-            if isinstance(entry, ReplyEntry):
-                ids = [t for _, chunk_ids in entry.chunks for t in chunk_ids]
-                try:
-                    score, _ = await score_tokens(self.engine, entry.opening, ids)
-                except ValueError as exc:
-                    log.warning("audit: cannot score entry %d of epoch %d (node %s): %s; not attesting",
-                                entry.index, action.epoch, short_id(entry.node_id), exc)
-                    return
-                scores.append(score)
+        try:
+            scores = await score_many(self.engine, [(e.opening, e.token_ids()) for e in report.replies()])
+        except (ValueError, EngineError) as exc:
+            log.warning("audit: cannot score the report of epoch %d: %s; not attesting", action.epoch, exc)
+            return
         await self.broadcast(self.auditor.attestation(action.epoch, action.report_hash, scores))
 
     async def _confirm(self, action: ConfirmSilence) -> None:
@@ -602,7 +611,9 @@ def _engine(settings: AuditSettings) -> Any:
     from model_node.llama import LlamaCppEngine, resolve_model
 
     model_id, path = resolve_model(settings.model)
-    return LlamaCppEngine(path, model_id=model_id, n_threads=settings.threads, slots=1, n_ctx=2048)
+    # 4 sequences: a report's replies are rescored side by side (score_batch); 1,024 tokens each
+    # hold any challenge (4 messages of at most 4 KiB would not: such a prompt fails to score).
+    return LlamaCppEngine(path, model_id=model_id, n_threads=settings.threads, slots=4, n_ctx=1024)
 
 
 async def _run_audits_once(data_dir: Path, settings: AuditSettings, seed: bytes) -> None:

@@ -205,3 +205,17 @@ async def test_the_driver_rescoring_a_report_submits_its_own_scores() -> None:
     txs = [at.decode_audit_tx(raw, CHAIN) for raw in sent]
     (att,) = [t for t in txs if isinstance(t, at.Attestation)]
     assert att.scores == (500_000,) * 4 and att.report_hash == v.report_hash and att.validator_pk == PKS[3]
+
+
+def test_the_verifier_command_takes_audit_flags(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    from overlay.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["verifier", "--help"])
+    out = capsys.readouterr().out
+    for flag in ("--audit ", "--audit-model", "--audit-listen", "--audit-region", "--audit-threads"):
+        assert flag in out
+    assert main(["verifier", "--data-dir", str(tmp_path), "--audit-model", MODEL]) == 2
+    assert "--audit-model needs --audit" in capsys.readouterr().err
+    assert main(["verifier", "--data-dir", str(tmp_path), "--audit", "--audit-threads", "0"]) == 2
+    assert "--audit-threads must be at least 1" in capsys.readouterr().err
