@@ -611,9 +611,9 @@ def _engine(settings: AuditSettings) -> Any:
     from model_node.llama import LlamaCppEngine, resolve_model
 
     model_id, path = resolve_model(settings.model)
-    # 4 sequences: a report's replies are rescored side by side (score_batch); 1,024 tokens each
-    # hold any challenge (4 messages of at most 4 KiB would not: such a prompt fails to score).
-    return LlamaCppEngine(path, model_id=model_id, n_threads=settings.threads, slots=4, n_ctx=1024)
+    # 4 sequences: a report's replies are rescored side by side (score_batch); 2,048 tokens each
+    # (the model nodes' default window; ~190 MB of KV cache for SmolLM2).
+    return LlamaCppEngine(path, model_id=model_id, n_threads=settings.threads, slots=4, n_ctx=2048)
 
 
 async def _run_audits_once(data_dir: Path, settings: AuditSettings, seed: bytes) -> None:
