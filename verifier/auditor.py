@@ -35,7 +35,7 @@ from __future__ import annotations
 import base64
 import logging
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -254,12 +254,15 @@ class Auditor:
 
     ``seed``: this verifier's Ed25519 validator seed (32 bytes; CometBFT's validator key);
     ``chain_id``: the committee's; ``model``: the model this verifier's engine scores with (it takes
-    part only while the chain audits that model); ``generator``: where fresh challenges come from."""
+    part only while the chain audits that model); ``generator``: where fresh challenges come from.
+    ``tamper`` is a test hook (never a flag): a Byzantine leader's edit of its report before signing
+    (``EpochReport -> EpochReport``), to show the committee aborts such an epoch."""
 
     seed: bytes
     chain_id: str
     model: str
     generator: ChallengeGenerator = field(default_factory=ChallengeGenerator)
+    tamper: Callable[[Any], Any] | None = None  # TESTS ONLY: alters each EpochReport before it is signed
     _started: set[tuple[Any, ...]] = field(default_factory=set)
     _warned_model: str = ""
 
@@ -360,6 +363,9 @@ class Auditor:
                 reason = r.outcome.reason if isinstance(r.outcome, Failure) else r.job.why
                 entries.append(SilentEntry(node_id=r.job.node_id, index=r.job.index, reason=reason[:200]))
         tx = EpochReport(epoch=epoch, leader_pk=self.public_key, entries=tuple(entries), signature=b"")
+        if self.tamper is not None:
+            tx = self.tamper(tx)
+            log.warning("audit: TEST HOOK: the report of epoch %d was altered before signing", epoch)
         return Submit(self._sign(tx), f"report of epoch {epoch} ({len(entries)} entries)", ("report-tx", epoch))
 
     def attestation(self, epoch: int, report_hash: bytes, scores: Sequence[int]) -> Submit:
@@ -593,6 +599,7 @@ class AuditSettings:
     region: str = "default"
     threads: int = 1
     poll: float = POLL_S
+    tamper: Callable[[Any], Any] | None = None  # TESTS ONLY (in-process): see Auditor.tamper
 
 
 async def run_audits(data_dir: Path, settings: AuditSettings, seed: bytes) -> None:
@@ -635,7 +642,8 @@ async def _run_audits_once(data_dir: Path, settings: AuditSettings, seed: bytes)
         user = UserNode(identity, TLSTransport(identity), registry, region=settings.region, registered_only=True)
         assert user.client is not None
         host, _, port = settings.listen.rpartition(":")
-        auditor = Auditor(seed, chain_id, engine.model, ChallengeGenerator(rng=random.SystemRandom()))
+        auditor = Auditor(seed, chain_id, engine.model, ChallengeGenerator(rng=random.SystemRandom()),
+                          tamper=settings.tamper)
         driver = AuditDriver(auditor, rpc_address, user.client, engine, poll=settings.poll)
         async with trio.open_nursery() as nursery:
             address = await nursery.start(user.serve, host.strip("[]"), int(port))

@@ -219,3 +219,13 @@ def test_the_verifier_command_takes_audit_flags(tmp_path: Any, capsys: pytest.Ca
     assert "--audit-model needs --audit" in capsys.readouterr().err
     assert main(["verifier", "--data-dir", str(tmp_path), "--audit", "--audit-threads", "0"]) == 2
     assert "--audit-threads must be at least 1" in capsys.readouterr().err
+
+
+def test_the_tamper_hook_alters_the_report_before_it_is_signed() -> None:
+    committed = _challenges(ChallengeGenerator(rng=random.Random(11)))
+    a = auditor(0)
+    a.tamper = lambda report: replace(report, entries=report.entries[1:])  # skip a node's first challenge
+    (run,) = a.plan(view(leader=PKS[0], next_committed=True, challenges=committed), 70)
+    assert isinstance(run, RunChallenges)
+    tx = at.decode_audit_tx(a.report(3, [ChallengeResult(j, Failure("silent", "x")) for j in run.jobs]).raw, CHAIN)
+    assert isinstance(tx, at.EpochReport) and [e.index for e in tx.entries] == [1, 2, 3]  # signed as altered
