@@ -89,6 +89,14 @@ class AuditView:
     model: str
     challenges_per_node: int
     audit_nodes_next: tuple[bytes, ...]
+    # Optional keys (absent: derived as stated): validators whose proof this epoch holds; whether the
+    # proof window has closed (height > proof_until); the keys this epoch's boxes are sealed to, in
+    # order (the validators); validators that attested the report; "open" / "applied" / "aborted".
+    proofs: tuple[bytes, ...] = ()
+    leader_known: bool | None = None
+    sealed_to: tuple[bytes, ...] = ()
+    attested: tuple[bytes, ...] = ()
+    status: str = "open"
 
     @property
     def end_height(self) -> int:
@@ -152,6 +160,11 @@ def parse_view(raw: bytes) -> AuditView:
             model=_t(doc["model"], str, "model"),
             challenges_per_node=_t(doc["challenges_per_node"], int, "challenges_per_node"),
             audit_nodes_next=tuple(_bytes(n, "next node", 20) for n in _list(doc["audit_nodes_next"], "next nodes")),
+            proofs=tuple(_bytes(k, "proof key", 32) for k in _list(doc.get("proofs", []), "proofs")),
+            leader_known=None if doc.get("leader_known") is None else _t(doc["leader_known"], bool, "leader_known"),
+            sealed_to=tuple(_bytes(k, "sealed_to key", 32) for k in _list(doc.get("sealed_to", []), "sealed_to")),
+            attested=tuple(_bytes(k, "attested key", 32) for k in _list(doc.get("attested", []), "attested")),
+            status=_t(doc.get("status", "open"), str, "status"),
         )
     except (KeyError, IndexError) as exc:
         raise AuditViewError(f"/audit answer lacks {exc}") from None
@@ -304,18 +317,20 @@ class Auditor:
             return []
         e = view.epoch
         out: list[Action] = []
-        if height <= view.proof_until and self._once(("proof", e)):
+        if height <= view.proof_until and self.public_key not in view.proofs and self._once(("proof", e)):
             out.append(Submit(self._sign(prove_leader(e, view.seed, self.seed)), f"VRF proof for epoch {e}",
                               ("proof", e)))
-        leading = view.leader == self.public_key and height > view.proof_until
+        window_closed = view.leader_known if view.leader_known is not None else height > view.proof_until
+        leading = view.leader == self.public_key and window_closed
         if leading and not view.next_committed and view.audit_nodes_next and self._once(("commit", e)):
             out.append(self._commit(view))
-        if leading and view.challenges and view.report_hash is None and self._once(("report", e)):
+        if leading and view.challenges and view.report_hash is None and view.status == "open" \
+                and self._once(("report", e)):
             out.append(RunChallenges(e, self._open(view)))
-        if view.report_hash is not None and view.leader != self.public_key \
+        if view.report_hash is not None and view.leader != self.public_key and self.public_key not in view.attested \
                 and self._once(("attest", e, view.report_hash)):
             out.append(Attest(e, view.report_hash))
-        if view.leader != self.public_key:
+        if view.leader != self.public_key and view.status == "open":
             for node_id, _, _ in view.silent:
                 if self._once(("silence", e, node_id)):
                     out.append(ConfirmSilence(e, node_id, self.generator.opening(view.model)))
@@ -336,7 +351,8 @@ class Auditor:
         from verifier.audit_tx import Challenge
         from verifier.tx import TxError
 
-        mine = [pk for pk, _ in view.validators].index(self.public_key)
+        keys = list(view.sealed_to) or [pk for pk, _ in view.validators]
+        mine = keys.index(self.public_key) if self.public_key in keys else len(keys)  # absent: no box opens
         jobs = []
         for i, (node_id, commitment, sealed) in enumerate(view.challenges):
             try:

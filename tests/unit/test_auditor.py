@@ -229,3 +229,20 @@ def test_the_tamper_hook_alters_the_report_before_it_is_signed() -> None:
     assert isinstance(run, RunChallenges)
     tx = at.decode_audit_tx(a.report(3, [ChallengeResult(j, Failure("silent", "x")) for j in run.jobs]).raw, CHAIN)
     assert isinstance(tx, at.EpochReport) and [e.index for e in tx.entries] == [1, 2, 3]  # signed as altered
+
+
+def test_what_the_chain_already_holds_is_not_sent_again() -> None:
+    assert auditor(1).plan(view(proofs=(PKS[1],)), 62) == []  # its proof is on chain
+    v = view(leader=PKS[0], next_committed=True, report_hash=b"\x77" * 32, attested=(PKS[2],),
+             silent=((NODES[1], 0, 0),), status="aborted")
+    assert auditor(2).plan(v, 75) == []  # attested already; the epoch is settled: no silence checks
+    # the leader opens the box sealed to its key in sealed_to's order, not the validators'
+    gen = ChallengeGenerator(rng=random.Random(12))
+    order = (PKS[3], PKS[2], PKS[1], PKS[0])
+    cs, _ = gen.challenges(MODEL, NODES[:1], 1, order)
+    committed = tuple((c.node_id, c.commitment, c.sealed) for c in cs)
+    (run,) = auditor(0).plan(view(leader=PKS[0], leader_known=True, next_committed=True, challenges=committed,
+                                  sealed_to=order), 64)
+    assert isinstance(run, RunChallenges) and run.jobs[0].opening is not None
+    assert auditor(0).plan(view(leader=PKS[0], leader_known=False, next_committed=True, challenges=committed,
+                                proofs=(PKS[0],)), 66) == []  # the window is still open on chain
