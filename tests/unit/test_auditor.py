@@ -242,6 +242,7 @@ def test_what_the_chain_already_holds_is_not_sent_again() -> None:
     cs, _ = gen.challenges(MODEL, NODES[:1], 1, order)
     committed = tuple((c.node_id, c.commitment, c.sealed) for c in cs)
     (run,) = auditor(0).plan(view(leader=PKS[0], leader_known=True, next_committed=True, challenges=committed,
+                                  proofs=(PKS[0],),
                                   sealed_to=order), 64)
     assert isinstance(run, RunChallenges) and run.jobs[0].opening is not None
     assert auditor(0).plan(view(leader=PKS[0], leader_known=False, next_committed=True, challenges=committed,
