@@ -592,6 +592,10 @@ class AuditDriver:
         except (ValueError, EngineError) as exc:
             log.warning("audit: cannot score the report of epoch %d: %s; not attesting", action.epoch, exc)
             return
+        proposed = [e.score for e in report.replies()]
+        spread = max((abs(a - b) for a, b in zip(scores, proposed, strict=True)), default=0)
+        log.info("audit: attesting the report of epoch %d: scores %s, the leader's %s (largest difference %d "
+                 "millionths)", action.epoch, scores, proposed, spread)
         await self.broadcast(self.auditor.attestation(action.epoch, action.report_hash, scores))
 
     async def _confirm(self, action: ConfirmSilence) -> None:
