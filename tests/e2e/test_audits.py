@@ -5,16 +5,24 @@ quantizer, registered under the default model's id: :func:`simulations.degraded.
 
 Checks: epochs complete and every verifier reports the same app hash and reputation table; the
 dishonest node falls below the 0.4 trust line within 5 audited epochs and leaves the signed model
-list users receive; the honest node stays trusted. Every wait is bounded; nothing asserts on time.
+list users receive; the honest node stays trusted. Then a Byzantine leader: ``verifier-3`` runs in
+this process (``InProcessVerifier``) so that a test-only hook (``AuditSettings.tamper``, never a
+flag) can alter its reports before it signs them; it holds 40 of the 70 votes so that it leads
+most epochs (more than 2/3 still needs it and one other verifier). Once it skips a node in its
+report, the epoch it leads aborts. Every wait is bounded; nothing asserts on time.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import logging
 import re
+import subprocess
+import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,29 +40,113 @@ EPOCH_BLOCKS = 60  # at ~0.6-1 s a block: a leader's 6 challenges, its scoring a
 PER_NODE = 3
 TRUST_LINE = 400_000
 EPOCHS = 5
+BYZANTINE = "verifier-3"
+BYZANTINE_POWER = 40
 TOLERANCE = 20_000  # verifier.audit.TOLERANCE: an attested score agrees within this of the leader's
 
 
+class InProcessVerifier:
+    """``gentorrent verifier --audit`` run in this process (a thread with its own trio loop), with the
+    handle of a :class:`subprocess.Popen` that :class:`LocalNet` uses (poll, terminate, kill, wait)."""
+
+    def __init__(self, data_dir: Path, settings: Any, log_path: Path) -> None:
+        self.returncode: int | None = None
+        self.data_dir, self.settings, self.log_path = data_dir, settings, log_path
+        self._token: Any = None
+        self._scope: trio.CancelScope | None = None
+        self._ready = threading.Event()
+        self.thread = threading.Thread(target=self._main, name="in-process verifier", daemon=True)
+        self.thread.start()
+        self._ready.wait(60)
+
+    def _main(self) -> None:
+        from verifier.node import run_verifier
+
+        handler = logging.FileHandler(self.log_path)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+        logger = logging.getLogger("gentorrent")
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+
+        async def main() -> None:
+            self._token = trio.lowlevel.current_trio_token()
+            with trio.CancelScope() as scope:
+                self._scope = scope
+                self._ready.set()
+                await run_verifier(self.data_dir, audit=self.settings, handle_signals=False)
+
+        try:
+            trio.run(main)
+            self.returncode = 0
+        except BaseException:  # noqa: BLE001 - reported as an exit status, like a process
+            logger.exception("the in-process verifier failed")
+            self.returncode = 1
+        finally:
+            self._ready.set()
+            logger.removeHandler(handler)
+            handler.close()
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def terminate(self) -> None:
+        if self.returncode is None and self._scope is not None:
+            trio.from_thread.run_sync(self._scope.cancel, trio_token=self._token)
+
+    kill = terminate
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        self.thread.join(timeout)
+        if self.thread.is_alive():
+            raise subprocess.TimeoutExpired(BYZANTINE, timeout or 0)
+        return self.returncode
+
+
 class AuditNet(LocalNet):
-    """A :class:`LocalNet` whose verifiers audit (``--audit``; genesis with an ``audit`` section)
-    and whose ``model-1`` serves the dishonest model under the honest model's id."""
+    """A :class:`LocalNet` whose verifiers audit (``--audit``; genesis with an ``audit`` section),
+    whose ``model-1`` serves the dishonest model under the honest model's id, and whose
+    ``verifier-3`` runs in this process with a tamper hook switched by :attr:`tampering`."""
 
     def __init__(self, root: Path, dishonest: Path) -> None:
         super().__init__(root, 10, models=2, model=MODEL, engine="llama.cpp", committee=4,
                          model_args=("--no-forwarding", "--threads", "1", "--slots", "2"))
         self.dishonest = dishonest
         self.audit_ports = dict(zip(self.verifiers, free_ports(len(self.verifiers)), strict=True))
+        self.tampering = False
+
+    def tamper(self, report: Any) -> Any:
+        """While :attr:`tampering`: leave the report's first entry out (a skipped node)."""
+        return replace(report, entries=report.entries[1:]) if self.tampering else report
+
+    def spawn(self, name: str) -> None:
+        if name != BYZANTINE:
+            return super().spawn(name)
+        from verifier.auditor import AuditSettings
+
+        settings = AuditSettings(model=MODEL, listen=f"127.0.0.1:{self.audit_ports[name]}", tamper=self.tamper)
+        self.procs[name] = InProcessVerifier(self.root / name, settings, self.root / f"{name}.log")  # type: ignore[assignment]
+        return None
 
     def init_committee(self) -> None:
         super().init_committee()  # homes and a first genesis; now the one with audits
-        import subprocess
-
         done = subprocess.run(cli("verifier", "genesis", "--chain-id", "gentorrent-devnet", "--out",
                                   str(self.genesis_file), "--install", "--audit-model", MODEL,
                                   "--epoch-blocks", str(EPOCH_BLOCKS), "--challenges-per-node", str(PER_NODE),
                                   *[str(self.root / v) for v in self.verifiers]), capture_output=True)
         if done.returncode != 0:
             raise LocalNetError(f"verifier genesis failed: {done.stderr.decode(errors='replace')[-500:]}")
+        # verifier-3 gets more power (it leads most epochs), in every copy of the genesis
+        from verifier.cometbft import home_of, read_validator_key
+
+        key = base64.b64encode(read_validator_key(self.root / BYZANTINE).public_bytes).decode()
+        genesis = json.loads(self.genesis_file.read_text())
+        for v in genesis["validators"]:
+            if v["pub_key"]["value"] == key:
+                v["power"] = str(BYZANTINE_POWER)
+        text = json.dumps(genesis, indent=2) + "\n"
+        self.genesis_file.write_text(text)
+        for v in self.verifiers:
+            (home_of(self.root / v) / "config" / "genesis.json").write_text(text)
 
     def command(self, name: str) -> list[str]:
         cmd = super().command(name)
@@ -149,3 +241,28 @@ def test_audits_demote_the_dishonest_node_and_keep_the_honest_one(net: AuditNet)
         "reputation_history": [{k.hex()[:8]: v for k, v in h.items()} for h in history]}, indent=1))
     print(f"\naudit figures in {net.root / 'audit-figures.json'}: report -> applied {sorted(report_to_apply)} s; "
           f"score spread max {max(spreads)} millionths over {len(spreads)} attestations")
+
+
+def test_a_byzantine_leader_that_skips_a_node_has_its_epoch_aborted(net: AuditNet) -> None:
+    from verifier.cometbft import read_validator_key
+
+    byzantine = read_validator_key(net.root / BYZANTINE).public_bytes
+    net.tampering = True
+    led: set[int] = set()  # epochs the Byzantine verifier leads, from now on
+    start = net.query("verifier-0", "/audit")[0]["epoch"]
+    deadline = time.monotonic() + 8 * EPOCH_BLOCKS * 3.0
+    while True:
+        assert time.monotonic() < deadline, f"no epoch led by {BYZANTINE} settled; see {net.root / (BYZANTINE + '.log')}"
+        view, _ = net.query("verifier-0", "/audit")
+        if view["epoch"] > start and view["leader"] == byzantine and view["report_hash"] is not None:
+            led.add(view["epoch"])
+        settled = {o[0]: o for o in view["outcomes"]}
+        done = [settled[e] for e in sorted(led) if e in settled]
+        if done:
+            epoch, status, reason, _ = done[0]
+            assert status == "aborted", done[0]
+            assert reason, done[0]  # the reason is recorded (a missing entry: a skipped node)
+            break
+        time.sleep(0.5)
+    net.tampering = False
+    _same_state(net)
