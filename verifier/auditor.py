@@ -624,14 +624,22 @@ class AuditSettings:
 
 async def run_audits(data_dir: Path, settings: AuditSettings, seed: bytes) -> None:
     """The audit loop of ``gentorrent verifier --audit`` (never returns; never raises: a failure is
-    logged and the loop starts again after :data:`RESTART_S`)."""
-    while True:
-        try:
-            await _run_audits_once(data_dir, settings, seed)
-        except Exception as exc:  # noqa: BLE001 - never crash the verifier
-            log.error("audit: the audit loop failed (%s: %s); starting it again in %g s",
-                      type(exc).__name__, exc, RESTART_S, exc_info=not isinstance(exc, (OSError, ValueError)))
-        await trio.sleep(RESTART_S)
+    logged and the loop starts again after :data:`RESTART_S`; the model is loaded once)."""
+    engine = None
+    try:
+        while True:
+            try:
+                if engine is None:
+                    engine = await trio.to_thread.run_sync(_engine, settings)
+                await _run_audits_once(data_dir, settings, seed, engine)
+            except Exception as exc:  # noqa: BLE001 - never crash the verifier
+                log.error("audit: the audit loop failed (%s: %s); starting it again in %g s",
+                          type(exc).__name__, exc, RESTART_S,
+                          exc_info=not isinstance(exc, (OSError, ValueError, EngineError)))
+            await trio.sleep(RESTART_S)
+    finally:
+        if engine is not None:
+            engine.close()
 
 
 def _engine(settings: AuditSettings) -> Any:
@@ -643,7 +651,7 @@ def _engine(settings: AuditSettings) -> Any:
     return LlamaCppEngine(path, model_id=model_id, n_threads=settings.threads, slots=4, n_ctx=2048)
 
 
-async def _run_audits_once(data_dir: Path, settings: AuditSettings, seed: bytes) -> None:
+async def _run_audits_once(data_dir: Path, settings: AuditSettings, seed: bytes, engine: Any) -> None:
     from overlay.committee import load_genesis
     from overlay.identity import load_or_create
     from overlay.membership import CommitteeSettings, Membership, node_entry
@@ -655,24 +663,20 @@ async def _run_audits_once(data_dir: Path, settings: AuditSettings, seed: bytes)
     home = home_of(data_dir)
     chain_id, validators = load_genesis(str(home / "config" / "genesis.json"))
     rpc_address = get_toml((home / "config" / "config.toml").read_text(), "rpc", "laddr").removeprefix("tcp://")
-    engine = await trio.to_thread.run_sync(_engine, settings)
-    try:
-        identity = load_or_create(data_dir / "audit-user")
-        registry = Registry(0, [])
-        user = UserNode(identity, TLSTransport(identity), registry, region=settings.region, registered_only=True)
-        assert user.client is not None
-        host, _, port = settings.listen.rpartition(":")
-        auditor = Auditor(seed, chain_id, engine.model, ChallengeGenerator(rng=random.SystemRandom()),
-                          tamper=settings.tamper)
-        driver = AuditDriver(auditor, rpc_address, user.client, engine, poll=settings.poll)
-        async with trio.open_nursery() as nursery:
-            address = await nursery.start(user.serve, host.strip("[]"), int(port))
-            member = Membership(CommitteeSettings((rpc_address,), chain_id, validators), identity, registry,
-                                on_update=lambda _: user.directory_changed())
-            user.on_unlisted = member.poke
-            await nursery.start(member.run, node_entry(identity, address, settings.region))
-            log.info("audit: user node %s registered at %s; auditing model %s", short_id(identity.node_id),
-                     address, engine.model)
-            await driver.run()
-    finally:
-        engine.close()
+    identity = load_or_create(data_dir / "audit-user")
+    registry = Registry(0, [])
+    user = UserNode(identity, TLSTransport(identity), registry, region=settings.region, registered_only=True)
+    assert user.client is not None
+    host, _, port = settings.listen.rpartition(":")
+    auditor = Auditor(seed, chain_id, engine.model, ChallengeGenerator(rng=random.SystemRandom()),
+                      tamper=settings.tamper)
+    driver = AuditDriver(auditor, rpc_address, user.client, engine, poll=settings.poll)
+    async with trio.open_nursery() as nursery:
+        address = await nursery.start(user.serve, host.strip("[]"), int(port))
+        member = Membership(CommitteeSettings((rpc_address,), chain_id, validators), identity, registry,
+                            on_update=lambda _: user.directory_changed())
+        user.on_unlisted = member.poke
+        await nursery.start(member.run, node_entry(identity, address, settings.region))
+        log.info("audit: user node %s registered at %s with the committee at %s; auditing model %s",
+                 short_id(identity.node_id), address, rpc_address, engine.model)
+        await driver.run()
