@@ -12,7 +12,11 @@ A served document is the msgpack array::
 
 - ``kind``: :data:`KIND_USERS` or :data:`KIND_MODELS`; ``list`` (bin) is the msgpack array of the
   records of that kind, each ``[node_id, ed25519, role, x25519, address, region, model_id,
-  capacity, expires_at]``, sorted by node id; its SHA-256 is that kind's digest.
+  capacity, expires_at]``, sorted by node id; its SHA-256 is that kind's digest. Model records
+  carry a 10th field, ``reputation``: the committee's reputation of the node in
+  fixed point (10^6 = 1.0, verifier/reputation.py); the model list holds only trusted nodes
+  (reputation >= 0.4; decision 0010), and the reputation reaches users as
+  :attr:`overlay.peers.PeerEntry.reputation`.
 - ``validators``: the committee as of ``height``, ``[[ed25519_public, power], ...]`` sorted by key;
   its digest is SHA-256 of that array's msgpack encoding.
 - ``signatures``: ``[[ed25519_public, signature], ...]``, each over :func:`signing_message` of
@@ -45,7 +49,7 @@ from overlay.transport import parse_address
 
 log = logging.getLogger("gentorrent.committee")
 
-LISTS_VERSION = 1
+LISTS_VERSION = 2  # 2: model records carry the node's reputation
 LISTS_CONTEXT = b"gentorrent/committee-lists/v1\x00"
 KIND_USERS, KIND_MODELS = 1, 2
 KIND_PATHS = {KIND_USERS: "/lists/users", KIND_MODELS: "/lists/models"}
@@ -132,8 +136,10 @@ def _unpack(raw: bytes, what: str, *, use_list: bool = True) -> Any:
 
 
 _RECORD_TYPES = (bytes, bytes, int, bytes, str, str, str, int, int)
+_MODEL_RECORD_TYPES = (*_RECORD_TYPES, int)  # + reputation
+REPUTATION_SCALE = 1_000_000
 _ID_PERSON = b"gentorrent-id"  # node id = BLAKE2b-160(ed25519 key), personalised as overlay/identity.py does
-_ENTRY_FIELDS = ("node_id", "address", "ed25519_public", "x25519_public", "region", "role", "models")
+_ENTRY_FIELDS = ("node_id", "address", "ed25519_public", "x25519_public", "region", "role", "models", "reputation")
 
 
 def _entry_maker() -> Callable[..., PeerEntry]:
@@ -144,10 +150,10 @@ def _entry_maker() -> Callable[..., PeerEntry]:
             or not all(hasattr(PeerEntry.__dict__.get(n), "__set__") for n in _ENTRY_FIELDS):
         return PeerEntry
     new = object.__new__
-    s0, s1, s2, s3, s4, s5, s6 = (PeerEntry.__dict__[n].__set__ for n in _ENTRY_FIELDS)
+    s0, s1, s2, s3, s4, s5, s6, s7 = (PeerEntry.__dict__[n].__set__ for n in _ENTRY_FIELDS)
 
     def make(node_id: bytes, address: str, ed: bytes, x: bytes, region: str, role: str,
-             models: tuple[str, ...]) -> PeerEntry:
+             models: tuple[str, ...], reputation: int | None) -> PeerEntry:
         e = new(PeerEntry)
         s0(e, node_id)
         s1(e, address)
@@ -156,6 +162,7 @@ def _entry_maker() -> Callable[..., PeerEntry]:
         s4(e, region)
         s5(e, role)
         s6(e, models)
+        s7(e, reputation)
         return e
 
     return make
@@ -171,14 +178,21 @@ def _entries(records: Any, kind: int) -> tuple[PeerEntry, ...]:
     :func:`overlay.identity.node_id_of` and :func:`overlay.transport.parse_address`."""
     want_role = ROLE_USER if kind == KIND_USERS else ROLE_MODEL
     role_name = "user" if kind == KIND_USERS else "model"
-    blake, types, entry, model = hashlib.blake2b, _RECORD_TYPES, _make_entry, want_role == ROLE_MODEL
+    model = want_role == ROLE_MODEL
+    blake, types, entry = hashlib.blake2b, _MODEL_RECORD_TYPES if model else _RECORD_TYPES, _make_entry
     out = []
     prev = b""
+    reputation: int | None = None
     for i, rec in enumerate(records):
         if type(rec) is not tuple or tuple(map(type, rec)) != types:
             raise ListError(f"record {i}: not [node_id, ed25519, role, x25519, address, region, model_id, "
-                            "capacity, expires] with those types")
-        node_id, ed, role, x, address, region, model_id, _capacity, _expires = rec
+                            f"capacity, expires{', reputation' if model else ''}] with those types")
+        if model:
+            node_id, ed, role, x, address, region, model_id, _capacity, _expires, reputation = rec
+            if not 0 <= reputation <= REPUTATION_SCALE:
+                raise ListError(f"record {i}: reputation {reputation} outside 0..{REPUTATION_SCALE}")
+        else:
+            node_id, ed, role, x, address, region, model_id, _capacity, _expires = rec
         if len(ed) != 32 or len(x) != 32 or node_id != blake(ed, digest_size=20, person=_ID_PERSON).digest():
             raise ListError(f"record {i}: keys of the wrong size, or a node id that is not its key's")
         if role != want_role:
@@ -191,7 +205,7 @@ def _entries(records: Any, kind: int) -> tuple[PeerEntry, ...]:
         host, sep, port = address.rpartition(":")
         if not sep or not host or not port.isdigit() or int(port) > 65535:
             raise ListError(f"record {i}: address {address[:80]!r} is not host:port")
-        out.append(entry(node_id, address, ed, x, region, role_name, (model_id,) if model_id else ()))
+        out.append(entry(node_id, address, ed, x, region, role_name, (model_id,) if model_id else (), reputation))
     return tuple(out)
 
 

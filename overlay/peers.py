@@ -32,6 +32,9 @@ class PeerEntry:
     region: str = "default"
     role: str = "user"  # "user" | "model"
     models: tuple[str, ...] = ()  # model nodes: the model ids they serve
+    # model nodes on a committee's list: the committee's reputation of the node (fixed point,
+    # 1_000_000 = 1.0; verifier/reputation.py); None where no committee vouches (peer files)
+    reputation: int | None = None
 
     @classmethod
     def of(cls, identity: Identity, address: str, region: str = "default", role: str = "user",

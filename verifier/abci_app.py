@@ -84,8 +84,12 @@ class CommitteeAbciApp:
             if kind is None:
                 raise ValueError("a genesis validator has no public key")
             vals.append(Validator(kind, getattr(v.pub_key, kind), v.power))
-        app_hash = self.core.init_chain(req.chain_id, vals)
-        log.info("InitChain: chain %s with %d validators", req.chain_id, len(vals))
+        app_hash = self.core.init_chain(req.chain_id, vals, bytes(req.app_state_bytes))
+        audit = self.core.committed.audit
+        log.info("InitChain: chain %s with %d validators; %s", req.chain_id, len(vals),
+                 "audits off (no app_state.audit in genesis)" if audit is None else
+                 f"audits of {audit.params.model}, epochs of {audit.params.epoch_blocks} blocks, "
+                 f"{audit.params.challenges_per_node} challenges per node")
         return abci.ResponseInitChain(app_hash=app_hash)
 
     def query(self, req: abci.RequestQuery) -> abci.ResponseQuery:

@@ -38,8 +38,10 @@ import msgpack
 from overlay import committee as lists
 from overlay import crypto
 from overlay.registration import ENTRY_TTL_S, REFRESH_INTERVAL_S  # noqa: F401 - REFRESH_INTERVAL_S re-exported
-from verifier import quorum
+from verifier import audit as audits
+from verifier import audit_tx, quorum
 from verifier.quorum import Change, ListCert
+from verifier.reputation import R0, TRUST_LINE
 from verifier.tx import (
     DECODE_ERRORS,
     OP_LEAVE,
@@ -55,7 +57,7 @@ from verifier.tx import (
     pack,
 )
 
-STATE_VERSION = 2
+STATE_VERSION = 3  # 3: the audit state (verifier/audit.py)
 SNAPSHOT_VERSION = 1
 # An entry lives ENTRY_TTL_S (block time) after its last register/update; nodes refresh every
 # REFRESH_INTERVAL_S (both defined with the codec, in overlay/registration.py).
@@ -137,19 +139,31 @@ class CommitteeState:
     seqs: dict[bytes, int] = field(default_factory=dict)
     change_seq: int = 0  # the last committee change applied (verifier/quorum.py)
     addresses: dict[str, bytes] = field(default_factory=dict)
+    audit: audits.AuditState | None = None  # None: the genesis has no audit section (audits off)
 
     def copy(self) -> CommitteeState:
         return CommitteeState(self.chain_id, self.validators, dict(self.nodes), dict(self.seqs), self.change_seq,
-                              dict(self.addresses))
+                              dict(self.addresses), self.audit)
+
+    def validator_powers(self) -> list[tuple[bytes, int]]:
+        """``(Ed25519 key, power)`` of each validator, in the committee's order (the audit's order)."""
+        return [(v.public_key, v.power) for v in self.validators]
+
+    def reputation(self, node_id: bytes) -> int:
+        """A model node's reputation (fixed point); R(0) when never audited or audits are off."""
+        if self.audit is None:
+            return R0
+        return self.audit.reputation.get(node_id).value
 
     def validator_keys(self) -> tuple[lists.ValidatorKey, ...]:
         return tuple(lists.ValidatorKey(v.public_key, v.power) for v in self.validators)
 
     def canonical_bytes(self) -> bytes:
         """One encoding per state: the msgpack array ``[STATE_VERSION, chain_id, validators,
-        records sorted by node id, [node_id, seq] pairs sorted by node id, change_seq]`` with bin types."""
+        records sorted by node id, [node_id, seq] pairs sorted by node id, change_seq, audit]`` with
+        bin types; ``audit`` is nil (audits off) or :meth:`verifier.audit.AuditState.to_wire`."""
         return b"".join((
-            _array_header(6),
+            _array_header(7),
             pack(STATE_VERSION),
             pack(self.chain_id),
             pack([[v.key_type, v.public_key, v.power] for v in self.validators]),
@@ -157,6 +171,7 @@ class CommitteeState:
             *(self.nodes[n].packed for n in sorted(self.nodes)),
             pack([[n, self.seqs[n]] for n in sorted(self.seqs)]),
             pack(self.change_seq),
+            _audit_bytes(self.audit),
         ))
 
     def app_hash(self) -> bytes:
@@ -166,22 +181,41 @@ class CommitteeState:
     def from_canonical_bytes(cls, raw: bytes) -> CommitteeState:
         """Inverse of :meth:`canonical_bytes`; :class:`StateError` if ``raw`` is not one."""
         try:
-            version, chain_id, vals, nodes, seqs, change_seq = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+            fields = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+            version = fields[0] if type(fields) is list and fields else None
             if version != STATE_VERSION:
-                raise StateError(f"state format {version}, this verifier reads {STATE_VERSION}")
+                raise StateError(f"persisted state format {version}; this verifier reads {STATE_VERSION} (format 3 "
+                                 "added the audit state). Resync: delete the data dir's app_state.bin and CometBFT's "
+                                 "data, and let the verifier replay the chain")
+            _, chain_id, vals, nodes, seqs, change_seq, audit = fields
             st = cls(chain_id=chain_id, validators=tuple(Validator(t, bytes(k), p) for t, k, p in vals),
-                     change_seq=change_seq)
+                     change_seq=change_seq, audit=None if audit is None else audits.AuditState.from_wire(audit))
             for node_id, ed, role, x, addr, region, model_id, cap, expires in nodes:
                 st.nodes[node_id] = Record(node_id, ed, Entry(role, x, addr, region, model_id, cap), expires)
                 st.addresses[addr] = node_id
             st.seqs = {n: s for n, s in seqs}
         except StateError:
             raise
-        except DECODE_ERRORS as exc:
+        except (*DECODE_ERRORS, KeyError, audits.AuditParamsError) as exc:
             raise StateError(f"persisted state does not decode ({type(exc).__name__}: {exc})") from None
         if st.canonical_bytes() != raw:
             raise StateError("persisted state is not in canonical form")
         return st
+
+
+_AUDIT_CANON: list[tuple[audits.AuditState, bytes]] = []  # the last audit state encoded (states are immutable)
+
+
+def _audit_bytes(audit: audits.AuditState | None) -> bytes:
+    """``audit``'s canonical bytes (msgpack nil when off), encoded once per audit state: most blocks
+    change registrations, not the audit, and a report with its challenges runs to hundreds of KB."""
+    if audit is None:
+        return b"\xc0"
+    if _AUDIT_CANON and _AUDIT_CANON[0][0] is audit:
+        return _AUDIT_CANON[0][1]
+    raw = audit.canonical_bytes()
+    _AUDIT_CANON[:] = [(audit, raw)]
+    return raw
 
 
 def _check(st: CommitteeState, tx: Tx) -> None:
@@ -255,9 +289,17 @@ class ListsAt:
         users: list[bytes] = []
         models: list[bytes] = []
         nodes = st.nodes
+        table = st.audit.reputation.nodes if st.audit is not None else {}
         for n in sorted(nodes):
             rec = nodes[n]
-            (users if rec.entry.role == ROLE_USER else models).append(rec.packed)
+            if rec.entry.role == ROLE_USER:
+                users.append(rec.packed)
+                continue
+            got = table.get(n)
+            value = R0 if got is None else got.value
+            if value >= TRUST_LINE:  # untrusted nodes leave the model list (decision 0010)
+                # the record's 9-field array with a 10th field, the reputation: fixarray 9 -> 10
+                models.append(b"\x9a" + rec.packed[1:] + pack(value))
         ub = _array_header(len(users)) + b"".join(users)
         mb = _array_header(len(models)) + b"".join(models)
         vals = st.validator_keys()
@@ -370,12 +412,18 @@ class CommitteeApp:
         """(last committed height, its app hash): CometBFT replays the blocks after it."""
         return self.height, self.app_hash
 
-    def init_chain(self, chain_id: str, validators: Iterable[Validator]) -> bytes:
-        """Start from genesis; returns the genesis app hash (``b""``: genesis holds no app state)."""
+    def init_chain(self, chain_id: str, validators: Iterable[Validator], app_state: bytes = b"") -> bytes:
+        """Start from genesis; returns the genesis app hash (``b""``, as CometBFT's genesis holds).
+
+        ``app_state``: the genesis ``app_state`` JSON bytes; its ``audit`` section
+        (:func:`verifier.audit.params_from_app_state`) turns audits on; without one they are off.
+        Raises :class:`verifier.audit.AuditParamsError` for a malformed section."""
         vals = tuple(sorted(validators, key=lambda v: (v.key_type, v.public_key)))
         if len(vals) > MAX_VALIDATORS:
             raise ValueError(f"{len(vals)} validators in genesis, at most {MAX_VALIDATORS}")
-        self.committed = CommitteeState(chain_id=chain_id, validators=vals)
+        params = audits.params_from_app_state(app_state)
+        self.committed = CommitteeState(chain_id=chain_id, validators=vals,
+                                        audit=None if params is None else audits.initial(params, chain_id))
         self._decoded.clear()
         self.height = 0
         self.app_hash = b""
@@ -411,7 +459,7 @@ class CommitteeApp:
         got = self._proposed.get(block_hash) if block_hash else None
         if got is not None and got[0] == height and got[1] is self.committed:
             return got[2]
-        block = self._run(txs, time_s)
+        block = self._run(txs, time_s, height, block_hash)
         if block_hash and all(r.ok for r in block.results):
             self._proposed[block_hash] = (height, self.committed, block, ListsAt.of(block.state))
         return block
@@ -483,6 +531,7 @@ class CommitteeApp:
 
     def check_tx(self, raw: bytes) -> Result:
         """May ``raw`` enter the mempool? Checked against the committed state; never changes it."""
+        self._height = self.height + 1  # the block it would enter
         result = self._step(self.committed, raw, -1, None)
         if not result.ok:
             self.rejected[result.code] = self.rejected.get(result.code, 0) + 1
@@ -496,6 +545,11 @@ class CommitteeApp:
         validator updates go to ``block``."""
         check_only = index < 0
         try:
+            if raw.startswith(audit_tx.AUDIT_TAG):
+                after = self._audit(st, raw)
+                if not check_only:
+                    st.audit = after
+                return OK
             if raw.startswith(quorum.CERT_TAG):
                 if index != 0 or block is None:
                     raise TxError(Code.MALFORMED, "a list certificate comes only from a block proposer, "
@@ -522,6 +576,15 @@ class CommitteeApp:
         return OK
 
     _time_s = 0
+    _height = 0  # the height of the block being checked or run
+
+    def _audit(self, st: CommitteeState, raw: bytes) -> audits.AuditState:
+        """The audit state after audit transaction ``raw`` at :attr:`_height`; :class:`TxError` if refused."""
+        if st.audit is None:
+            raise TxError(Code.AUDITS_OFF, "this committee's genesis has no audit section; audit transactions are "
+                                           "not taken")
+        tx = audit_tx.decode_audit_tx(raw, st.chain_id)
+        return audits.take(st.audit, tx, raw, height=self._height, validators=st.validator_powers(), nodes=st.nodes)
 
     def _decode(self, raw: bytes) -> Tx:
         """:func:`decode_tx` for this chain, remembered: the signature check is the costly part, and
@@ -535,14 +598,22 @@ class CommitteeApp:
             self._decoded[raw] = got
         return got
 
-    def _run(self, txs: Sequence[bytes], time_s: int) -> _Block:
+    def _run(self, txs: Sequence[bytes], time_s: int, height: int = 0, block_hash: bytes = b"") -> _Block:
         st = _expire(self.committed, time_s)
         block = _Block(st, [])
         self._time_s = time_s
+        self._height = height or self.height + 1
         for i, raw in enumerate(txs):
             if block.state is self.committed and not raw.startswith(quorum.CERT_TAG):
                 block.state = block.state.copy()  # a certificate changes no state; anything else may
             block.results.append(self._step(block.state, raw, i, block))
+        audit = block.state.audit
+        if audit is not None:
+            after = audits.end_block(audit, self._height, block_hash, block.state.validator_powers())
+            if after is not audit:
+                if block.state is self.committed:
+                    block.state = block.state.copy()
+                block.state.audit = after
         return block
 
     def prepare_proposal(self, txs: Sequence[bytes], max_tx_bytes: int, time_s: int, height: int = 0,
@@ -556,6 +627,7 @@ class CommitteeApp:
         """
         st = _expire(self.committed, time_s).copy()
         self._time_s = time_s
+        self._height = height or self.height + 1
         out: list[bytes] = []
         total = 0
         cert = self.make_cert(height, votes) if votes else None
@@ -575,7 +647,7 @@ class CommitteeApp:
     def process_proposal(self, txs: Sequence[bytes], time_s: int, height: int = 0, block_hash: bytes = b"") -> bool:
         """Accept a proposed block only if every transaction in it is valid in order. With its
         ``block_hash``, an accepted block's resulting lists are kept to check vote extensions on it."""
-        ok = all(r.ok for r in self._run_block(height, block_hash, txs, time_s).results)
+        ok = all(r.ok for r in self._run_block(height or self.height + 1, block_hash, txs, time_s).results)
         self.rejected_proposals += not ok
         return ok
 
@@ -647,8 +719,14 @@ class CommitteeApp:
         - ``/lists/users``, ``/lists/models``: the list as of the latest certificate with its
           signatures (the format of :mod:`overlay.committee`), or UNAVAILABLE before one.
         - ``/validators``: ``[change_seq, [[ed25519_public, power], ...]]``.
+        - ``/audit``: the audit's state as a msgpack map (:func:`verifier.audit.query_audit`;
+          docs/committee.md "Audits"); ``/audit/report``: the current epoch's raw EpochReport
+          (UNAVAILABLE before one); ``/reputation``: ``[[node_id, value, [window flags], epochs], ...]``
+          by node id. All three answer AUDITS_OFF on a chain without audits.
         """
         st = self.committed
+        if path in ("/audit", "/audit/report", "/reputation"):
+            return self._query_audit(path)
         if path in ("/lists/users", "/lists/models"):
             return self._query_list(lists.KIND_USERS if path == "/lists/users" else lists.KIND_MODELS)
         if path == "/validators":
@@ -670,7 +748,19 @@ class CommitteeApp:
             users = sum(1 for r in st.nodes.values() if r.entry.role == ROLE_USER)
             return OK, pack([self.height, self.app_hash, st.chain_id, users, len(st.nodes) - users])
         return Result(Code.INVALID_FIELD, f"unknown query path {path[:64]!r}; try /node, /seq, /nodes, /info, "
-                             "/lists/users, /lists/models or /validators"), b""
+                             "/lists/users, /lists/models, /validators, /audit, /audit/report or /reputation"), b""
+
+    def _query_audit(self, path: str) -> tuple[Result, bytes]:
+        st = self.committed
+        if st.audit is None:
+            return Result(Code.AUDITS_OFF, "this committee's genesis has no audit section"), b""
+        if path == "/reputation":
+            return OK, audits.query_reputation(st.audit)
+        if path == "/audit/report":
+            if not st.audit.report:
+                return Result(Code.UNAVAILABLE, f"no report for epoch {st.audit.epoch} yet"), b""
+            return OK, st.audit.report
+        return OK, audits.query_audit(st.audit, st.validator_powers(), st.nodes)
 
     def _query_list(self, kind: int) -> tuple[Result, bytes]:
         cert = self.cert

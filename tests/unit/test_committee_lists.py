@@ -31,10 +31,11 @@ from verifier.tx import Code
 T0 = 1_700_000_000
 
 
-def _record(i: int, role: int = 1) -> list[object]:
+def _record(i: int, role: int = 1, reputation: int = 900_000) -> list[object]:
+    """A list record; a model record carries the committee's reputation of the node as its 10th field."""
     key = crypto.SigningKey.generate()
     return [node_id_of(key.public_bytes), key.public_bytes, role, bytes(32), f"10.0.0.{i}:9000", "eu-west",
-            "smollm2" if role == 2 else "", 5 if role == 2 else 0, T0]
+            "smollm2" if role == 2 else "", 5 if role == 2 else 0, T0, *([reputation] if role == 2 else [])]
 
 
 class Committee:
@@ -64,6 +65,9 @@ def test_a_good_list_is_accepted_and_becomes_peer_entries() -> None:
     models = [_record(i, 2) for i in range(3)]
     got = verify_document(c.document(7, users, models, kind=KIND_MODELS), CHAIN, c.pinned, kind=KIND_MODELS)
     assert all(e.models == ("smollm2",) for e in got.entries)
+    assert all(e.reputation == 900_000 for e in got.entries)
+    users_got = verify_document(c.document(7, users, models, kind=KIND_USERS), CHAIN, c.pinned, kind=KIND_USERS)
+    assert all(e.reputation is None for e in users_got.entries)
 
 
 def test_two_of_four_signatures_are_refused() -> None:
@@ -491,6 +495,14 @@ def test_signed_records_that_break_a_field_rule_are_refused() -> None:
     bad[0][6] = ""
     with pytest.raises(ListError, match="model id"):
         verify_document(signed(bad, KIND_MODELS), CHAIN, c.pinned, kind=KIND_MODELS)
+    for reputation, message in ((1_000_001, "reputation"), (-1, "reputation"), ("0.9", "types"), (True, "types")):
+        bad = [list(r) for r in models]
+        bad[1][9] = reputation
+        with pytest.raises(ListError, match=message):
+            verify_document(signed(bad, KIND_MODELS), CHAIN, c.pinned, kind=KIND_MODELS)
+    nine = [list(r)[:9] for r in models]  # a model record of format 1 (no reputation)
+    with pytest.raises(ListError, match="types"):
+        verify_document(signed(nine, KIND_MODELS), CHAIN, c.pinned, kind=KIND_MODELS)
 
 
 def test_an_unchanged_list_reuses_the_held_entries_and_still_checks_everything_else() -> None:
