@@ -327,8 +327,8 @@ class Auditor:
         if leading and view.challenges and view.report_hash is None and view.status == "open" \
                 and self._once(("report", e)):
             out.append(RunChallenges(e, self._open(view)))
-        if view.report_hash is not None and view.leader != self.public_key and self.public_key not in view.attested \
-                and self._once(("attest", e, view.report_hash)):
+        if view.report_hash is not None and view.status == "open" and view.leader != self.public_key \
+                and self.public_key not in view.attested and self._once(("attest", e, view.report_hash)):
             out.append(Attest(e, view.report_hash))
         if view.leader != self.public_key and view.status == "open":
             for node_id, _, _ in view.silent:

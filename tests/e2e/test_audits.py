@@ -31,7 +31,7 @@ import pytest
 import trio
 
 from overlay.committee import CommitteeClient, load_genesis
-from overlay.tools.localnet import LocalNet, LocalNetError, cli, free_ports
+from overlay.tools.localnet import LocalNet, LocalNetError, free_ports
 
 pytestmark = pytest.mark.slow
 
@@ -128,18 +128,15 @@ class AuditNet(LocalNet):
         return None
 
     def init_committee(self) -> None:
-        super().init_committee()  # homes and a first genesis; now the one with audits
-        done = subprocess.run(cli("verifier", "genesis", "--chain-id", "gentorrent-devnet", "--out",
-                                  str(self.genesis_file), "--install", "--audit-model", MODEL,
-                                  "--epoch-blocks", str(EPOCH_BLOCKS), "--challenges-per-node", str(PER_NODE),
-                                  *[str(self.root / v) for v in self.verifiers]), capture_output=True)
-        if done.returncode != 0:
-            raise LocalNetError(f"verifier genesis failed: {done.stderr.decode(errors='replace')[-500:]}")
-        # verifier-3 gets more power (it leads most epochs), in every copy of the genesis
+        """Homes and genesis as usual, then the genesis gains ``app_state.audit`` (audits of
+        :data:`MODEL` in epochs of :data:`EPOCH_BLOCKS`) and verifier-3 more power, in every copy."""
+        from verifier.audit import AuditParams
         from verifier.cometbft import home_of, read_validator_key
 
+        super().init_committee()
         key = base64.b64encode(read_validator_key(self.root / BYZANTINE).public_bytes).decode()
         genesis = json.loads(self.genesis_file.read_text())
+        genesis["app_state"] = {"audit": AuditParams(MODEL, EPOCH_BLOCKS, PER_NODE).to_json()}
         for v in genesis["validators"]:
             if v["pub_key"]["value"] == key:
                 v["power"] = str(BYZANTINE_POWER)
