@@ -528,12 +528,16 @@ class AuditDriver:
         """Poll forever; a failed poll is logged and retried."""
         from overlay.committee import ListError
 
+        last_error = ""
         async with trio.open_nursery() as nursery:
             while True:
                 try:
                     await self.step(nursery)
+                    last_error = ""
                 except (OSError, ListError, RpcError, AuditViewError) as exc:
-                    log.warning("audit: could not read /audit from %s: %s", self.address, exc)
+                    if str(exc) != last_error:  # once per distinct error, not once a second
+                        log.warning("audit: could not read /audit from %s: %s", self.address, exc)
+                    last_error = str(exc)
                 await trio.sleep(self.poll)
 
     async def _run_action(self, action: Action, view: AuditView) -> None:
