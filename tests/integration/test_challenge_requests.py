@@ -118,7 +118,6 @@ async def test_the_model_node_cannot_tell_a_challenge_from_a_users_chat_turn(aut
         for f in fields(Request):
             assert type(getattr(u, f.name)) is type(getattr(c, f.name)), f.name
         assert (u.model, u.k, len(u.return_paths), u.continuation) == (c.model, c.k, len(c.return_paths), "")
-        assert [type(x) for x in u.params.__slots__] == [type(x) for x in c.params.__slots__]
         assert {type(getattr(u.params, s)) for s in ("temperature", "top_p", "top_k", "max_tokens")} == \
             {type(getattr(c.params, s)) for s in ("temperature", "top_p", "top_k", "max_tokens")}
         assert [m.role for m in c.messages][-1] == "user" and len(c.messages) in (1, 2)
