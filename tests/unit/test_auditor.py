@@ -247,3 +247,66 @@ def test_what_the_chain_already_holds_is_not_sent_again() -> None:
     assert isinstance(run, RunChallenges) and run.jobs[0].opening is not None
     assert auditor(0).plan(view(leader=PKS[0], leader_known=False, next_committed=True, challenges=committed,
                                 proofs=(PKS[0],)), 66) == []  # the window is still open on chain
+
+
+class FakeClient:
+    """Stands in for the anonymous client: ``answers[node]`` is the list of (text, ids) chunks a node
+    sends, or an exception; another node's id in ``signer`` makes the reply come signed by it."""
+
+    def __init__(self, answers: dict[bytes, Any], signer: dict[bytes, bytes] | None = None) -> None:
+        self.answers, self.signer, self.calls = answers, signer or {}, []
+
+    async def request(self, model: str, messages: Any, params: Any = None, *, node: bytes | None = None,
+                      timeout: float = 60.0, failover: bool = True) -> Any:
+        from overlay.messages import ReplyChunk
+
+        self.calls.append((node, failover))
+        got = self.answers[node]
+        if isinstance(got, Exception):
+            raise got
+        assert node is not None
+        for i, (text, ids) in enumerate(got):
+            yield ReplyChunk(request_id=bytes(16), seq=i, text=text, token_ids=tuple(ids), done=i == len(got) - 1,
+                             error="", node=self.signer.get(node, node), chain=b"c" * 32, signature=b"s" * 64,
+                             signed_at_ms=77)
+
+
+async def _drive(driver: AuditDriver, action: Any, v: AuditView) -> None:
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(driver._run_action, action, v)
+
+
+async def test_the_driver_leads_an_epoch_and_checks_silence_with_one_node_only() -> None:
+    from overlay.anon import AllBusy
+
+    committed = _challenges(ChallengeGenerator(rng=random.Random(21)))
+    v = view(leader=PKS[0], next_committed=True, challenges=committed, proofs=(PKS[0],))
+    sent: list[bytes] = []
+
+    async def rpc(address: str, method: str, params: dict[str, str]) -> Any:
+        sent.append(bytes.fromhex(params["tx"][2:]))
+        return {"code": 0, "log": ""}
+
+    client = FakeClient({NODES[0]: [("hello", (5, 6)), ("", (2,))], NODES[1]: AllBusy("busy: full")})
+    leader = auditor(0)
+    (run,) = leader.plan(v, 70)
+    driver = AuditDriver(leader, "127.0.0.1:1", client=client, engine=FakeEngine(), rpc=rpc)  # type: ignore[arg-type]
+    await _drive(driver, run, v)
+    assert sorted(client.calls) == [(NODES[0], False)] * 2 + [(NODES[1], False)] * 2  # each to its node only
+    (report,) = [at.decode_audit_tx(raw, CHAIN) for raw in sent]
+    assert isinstance(report, at.EpochReport) and [type(e).__name__ for e in report.entries] == \
+        ["ReplyEntry", "ReplyEntry", "SilentEntry", "SilentEntry"]
+    first = report.entries[0]
+    assert isinstance(first, at.ReplyEntry) and first.chunks == (("hello", (5, 6)), ("", (2,)))
+    assert first.score == 500_000 and first.signature == b"s" * 64 and first.signed_at_ms == 77
+    assert report.entries[2].reason.startswith("busy: ")  # type: ignore[union-attr]
+    # a silence check: a reply signed by another node (forwarded) does not count as an answer
+    sent.clear()
+    other = FakeClient({NODES[1]: [("x", (1,))]}, signer={NODES[1]: NODES[0]})
+    checker = auditor(2)
+    sv = view(leader=PKS[0], report_hash=b"\x01" * 32, silent=((NODES[1], 0, 0),), attested=(PKS[2],))
+    (confirm,) = checker.plan(sv, 80)
+    assert isinstance(confirm, ConfirmSilence)
+    await _drive(AuditDriver(checker, "x:1", client=other, engine=FakeEngine(), rpc=rpc), confirm, sv)  # type: ignore[arg-type]
+    (tx,) = [at.decode_audit_tx(raw, CHAIN) for raw in sent]
+    assert isinstance(tx, at.SilenceConfirm) and tx.answered is False and tx.node_id == NODES[1]
