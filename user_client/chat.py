@@ -220,15 +220,32 @@ async def _generator(chunks: AsyncIterator[ReplyChunk]) -> AsyncGenerator[ReplyC
             await chunks.aclose()
 
 
-def describe(turn: Turn) -> str:
-    """The status line after a reply."""
+def trust_label(reputation: int | None) -> str:
+    """How a model node's trust reads: the committee's reputation (fixed point, 10^6 = 1.0; the
+    signed model list holds only nodes at 0.4 or more), or that no committee vouches for it."""
+    if reputation is None:
+        return "trust unknown (no committee)"
+    return f"trust {reputation / 1_000_000:.2f}"
+
+
+def describe(turn: Turn, trust: Callable[[bytes], int | None] = lambda _: None) -> str:
+    """The status line after a reply. ``trust(node)``: the node's reputation on the committee's
+    signed model list (None when the directory is not a committee's)."""
     check = "signature verified" if turn.verified else "NOT verified"
     if len(turn.parts) > 1:
-        who = "model nodes " + " then ".join(f"{n.hex()[:8]} ({chars} characters)" for n, chars in turn.parts)
+        who = "model nodes " + " then ".join(f"{n.hex()[:8]} ({chars} characters; {trust_label(trust(n))})"
+                                             for n, chars in turn.parts)
         check = "each part's signature verified" if turn.verified else "NOT verified"
         return f"[{who} (failover) · {check} · first token {turn.first_token_s:.2f} s · {turn.tokens} tokens]"
-    return (f"[model node {turn.node.hex()[:8]} · {check} · first token {turn.first_token_s:.2f} s · "
-            f"{turn.tokens} tokens]")
+    return (f"[model node {turn.node.hex()[:8]} · {trust_label(trust(turn.node))} · {check} · first token "
+            f"{turn.first_token_s:.2f} s · {turn.tokens} tokens]")
+
+
+def reputation_of(models: Sequence[Any], node: bytes) -> int | None:
+    """The reputation the directory's entry for ``node`` carries (None: not listed, or no committee)."""
+    entry = next((e for e in models if e.node_id == node), None)
+    rep: int | None = getattr(entry, "reputation", None)
+    return rep
 
 
 def command(session: ChatSession, line: str, models: Callable[[str], Sequence[Any]]) -> tuple[bool, str]:
@@ -374,7 +391,7 @@ def run_chat(args: argparse.Namespace) -> int:
                     if not interactive:
                         break
                     continue
-                note(describe(turn))
+                note(describe(turn, lambda n: reputation_of(registry.models(session.model), n)))
                 if not turn.verified:
                     status = status or EXIT_UNVERIFIED
             nursery.cancel_scope.cancel()

@@ -21,8 +21,16 @@ Rules (codes in :class:`verifier.tx.Code`):
   update; expired entries are dropped at the start of the first block whose time reaches it.
 - A node's last seq outlives its entry (leave, expiry), so an old transaction can never be replayed.
 
+Audits (:mod:`verifier.audit`, docs/committee.md "Audits"): with an ``audit`` section in the
+genesis ``app_state``, audit transactions (``GTAUDIT1`` tag, :mod:`verifier.audit_tx`) are checked
+and applied at the height of the block they are in (CheckTx: the next height), and every block
+ends with :func:`verifier.audit.end_block` at its height and hash (the leader after the proof
+window; the epoch's settlement and the next seed at its last block). The model list the committee
+signs holds only trusted model nodes (reputation >= 0.4), each record with its reputation.
+
 The app hash is SHA-256 of :meth:`CommitteeState.canonical_bytes`; it covers the chain id, the
-validators, the entries and the sequence numbers, not the height (so empty blocks keep it).
+validators, the entries, the sequence numbers and the audit state, not the height (so empty blocks
+keep it, except where the audit state moves at a block's end).
 A transaction that breaks a rule never changes state: CheckTx rejects it, PrepareProposal drops
 it, ProcessProposal rejects a block that holds one, and FinalizeBlock, should one get that far,
 answers its code and skips it.

@@ -27,8 +27,9 @@ the hash of block ``e*E`` (the last block of epoch ``e-1``); ``seed(0)`` = SHA-2
   another prompt), a prompt reused by this same leader as committer. Void entries (not counted,
   noted in the outcome): a node no longer registered as a model node, an opening for another model
   than the audit model, or a reused prompt that another validator committed.
-- **Attestations.** Each validator once, for the current report's hash: it agrees when each of
-  its scores is within ``tolerance`` of the leader's proposed score. The report is the leader's
+- **Attestations.** Each validator once, for the current report's hash, one score per reply entry
+  (void ones included, in order): it agrees when each of its scores for a counted entry is within
+  ``tolerance`` of the leader's proposed score. The report is the leader's
   own agreeing attestation. When agreeing power exceeds 2/3 of the total and the report holds no
   silent entry, the reputation update applies at once, in that block.
 - **Silence.** :class:`~verifier.audit_tx.SilenceConfirm` once per validator per node the report
@@ -521,12 +522,13 @@ def _take_attestation(st: AuditState, tx: at.Attestation, height: int, powers: M
         raise _err(Code.DUPLICATE, "the leader's report is its attestation")
     if any(k == tx.validator_pk for k, _ in st.attested):
         raise _err(Code.DUPLICATE, f"validator {_short(tx.validator_pk)} already attested epoch {st.epoch}")
-    proposed = [s for _, kind, s in st.entries if kind in (E_REPLY, E_VOID)]
-    if len(tx.scores) != len(proposed):
+    replies = [(kind, s) for _, kind, s in st.entries if kind in (E_REPLY, E_VOID)]
+    if len(tx.scores) != len(replies):
         raise _err(Code.INVALID_FIELD, f"the attestation holds {len(tx.scores)} scores; the report has "
-                                       f"{len(proposed)} replies")
+                                       f"{len(replies)} replies")
     tol = st.params.tolerance
-    agrees = all(abs(a - p) <= tol for a, p in zip(tx.scores, proposed, strict=True))
+    # void entries count for nothing, so their scores need not agree (a verifier may not score them)
+    agrees = all(abs(a - p) <= tol for a, (kind, p) in zip(tx.scores, replies, strict=True) if kind == E_REPLY)
     out = replace(st, attested=tuple(sorted((*st.attested, (tx.validator_pk, agrees)))))
     return _maybe_apply_now(out, powers, height)
 
@@ -550,7 +552,9 @@ def _settle_at_end(st: AuditState, powers: Mapping[bytes, int], height: int) -> 
         return st
     total = sum(powers.values())
     if not st.challenges:
-        return _settle(st, ABORTED, f"no challenges were committed for epoch {st.epoch}", height)
+        why = (f"no challenges were committed for epoch {st.epoch}" if st.committer is None else
+               f"the commit for epoch {st.epoch} named no model node (none served the audit model)")
+        return _settle(st, ABORTED, why, height)
     if st.leader is None:
         return _settle(st, ABORTED, "no leader: no valid VRF proof in the proof window", height)
     if not st.report:
@@ -582,7 +586,7 @@ def end_block(st: AuditState, height: int, block_hash: bytes, validators: Valida
         raise ValueError(f"block {height} ends epoch {out.epoch}: its 32-byte hash (FinalizeBlock's hash) seeds the "
                          "next epoch")
     out = _settle_at_end(out, _powers(validators), height)
-    nxt = out.epoch + 1
+    nxt = max(out.epoch + 1, out.epoch_of(height + 1))  # a chain whose initial height skips epochs
     return replace(
         out, epoch=nxt, seed=block_hash, proofs=(), leader_known=False, leader=None,
         challenges=out.next_challenges or (), sealed_to=out.next_sealed_to if out.next_challenges is not None else (),

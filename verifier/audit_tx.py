@@ -60,7 +60,7 @@ MAX_CHALLENGES_PER_NODE = 4
 MAX_CHALLENGES = MAX_AUDITED_NODES * MAX_CHALLENGES_PER_NODE
 MAX_SEALED = 128  # sealed boxes per challenge (one per validator: the committee's size for audits)
 MAX_REPORT_BYTES = 512 * 1024
-MAX_COMMIT_BYTES = 1024 * 1024  # CometBFT's default mempool limit on one transaction
+MAX_COMMIT_BYTES = 1024 * 1024 - 1024  # under CometBFT's default mempool limit on one transaction (1 MiB)
 MAX_SMALL_TX_BYTES = 4096  # proofs, attestations, silence confirmations
 
 # Challenge limits (an Opening)
@@ -396,7 +396,7 @@ class EpochReport:
 @dataclass(frozen=True, slots=True)
 class Attestation:
     """Kind 4: a validator's own calibrated scores (fixed point), one per :class:`ReplyEntry` of
-    the report with ``report_hash``, in order."""
+    the report with ``report_hash``, in order (void entries too: any score; they count for nothing)."""
 
     epoch: int
     validator_pk: bytes

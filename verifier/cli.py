@@ -18,6 +18,11 @@ from typing import Any
 
 from overlay.cli import CliError, common_flags, resolve_config, run_async
 
+# verifier/audit.py's defaults, repeated here so that the CLI stays light to import (a test checks them)
+_DEFAULT_AUDIT_MODEL = "smollm2-135m-instruct"
+_DEFAULT_EPOCH_BLOCKS = 120
+_DEFAULT_CHALLENGES = 3
+
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser(
@@ -68,6 +73,13 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     g.add_argument("--power", type=int, default=10, help="voting power of each member (default 10)")
     g.add_argument("--install", action="store_true",
                    help="copy the genesis into each DATA_DIR and set their persistent peers to each other")
+    g.add_argument("--audit-model", dest="genesis_audit_model", metavar="MODEL_ID", default=_DEFAULT_AUDIT_MODEL,
+                   help="audits (docs/committee.md \"Audits\"): each epoch the committee challenges the model "
+                        f"nodes serving MODEL_ID (default {_DEFAULT_AUDIT_MODEL}); 'none' turns audits off")
+    g.add_argument("--epoch-blocks", type=int, default=_DEFAULT_EPOCH_BLOCKS, metavar="E",
+                   help=f"blocks per audit epoch (default {_DEFAULT_EPOCH_BLOCKS})")
+    g.add_argument("--challenges-per-node", type=int, default=_DEFAULT_CHALLENGES, metavar="K",
+                   help=f"challenges per audited node and epoch, 1-4 (default {_DEFAULT_CHALLENGES})")
     g.set_defaults(run=_genesis)
 
     a = verbs.add_parser("approve", help="sign this verifier's approval of a committee change",
@@ -175,10 +187,19 @@ def _init(args: argparse.Namespace) -> int:
 def _genesis(args: argparse.Namespace) -> int:
     import json
 
+    from verifier.audit import AuditParams, AuditParamsError
     from verifier.cometbft import CometError, install_genesis, make_genesis
 
+    audit: AuditParams | None = None
+    if args.genesis_audit_model != "none":
+        try:
+            audit = AuditParams(args.genesis_audit_model, args.epoch_blocks, args.challenges_per_node)
+        except AuditParamsError as exc:
+            raise CliError(f"--audit-model/--epoch-blocks/--challenges-per-node: {exc}") from None
     try:
         genesis = make_genesis(args.data_dirs, chain_id=args.chain_id, power=args.power)
+        if audit is not None:
+            genesis["app_state"] = {"audit": audit.to_json()}
         with open(args.out, "w") as f:
             json.dump(genesis, f, indent=2)
             f.write("\n")
@@ -187,7 +208,10 @@ def _genesis(args: argparse.Namespace) -> int:
     except (CometError, OSError) as exc:
         raise CliError(str(exc)) from None
     print(f"wrote {args.out}: chain {args.chain_id}, {len(args.data_dirs)} validators"
-          + (" (installed in each data dir)" if args.install else ""))
+          + (" (installed in each data dir)" if args.install else "")
+          + ("; audits off" if audit is None else
+             f"; audits of {audit.model} every {audit.epoch_blocks} blocks, {audit.challenges_per_node} challenges "
+             "per node"))
     return 0
 
 

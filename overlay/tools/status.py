@@ -47,17 +47,55 @@ async def query(transport: Transport, peer: PeerEntry, timeout: float) -> tuple[
             await conn.aclose()
 
 
+def _trust(e: PeerEntry) -> str:
+    """A model node's reputation on the committee's signed list (10^6 = 1.0), or ``-``."""
+    return "-" if e.reputation is None else f"{e.reputation / 1_000_000:.2f}"
+
+
 def format_rows(entries: list[PeerEntry], results: dict[bytes, tuple[float, PeerStatus] | str]) -> list[str]:
-    rows = [f"{'node':<10} {'address':<22} {'role':<6} {'state':<6} {'pinged ok':>13} {'median rtt':>11}"]
+    rows = [f"{'node':<10} {'address':<22} {'role':<6} {'trust':>5} {'state':<6} {'pinged ok':>13} {'median rtt':>11}"]
     for e in entries:
         r = results.get(e.node_id, "not queried")
+        head = f"{short_id(e.node_id):<10} {e.address:<22} {e.role:<6} {_trust(e):>5}"
         if isinstance(r, str):
-            rows.append(f"{short_id(e.node_id):<10} {e.address:<22} {e.role:<6} {'DOWN':<6} {'':>13} {'':>11}  {r}")
+            rows.append(f"{head} {'DOWN':<6} {'':>13} {'':>11}  {r}")
             continue
         _, st = r
         ok = sorted(p.rtt_us for p in st.peers if p.rtt_us >= 0)
         med = f"{ok[len(ok) // 2] / 1000:.2f} ms" if ok else "-"
-        rows.append(f"{short_id(e.node_id):<10} {e.address:<22} {e.role:<6} {'up':<6} {f'{len(ok)}/{len(st.peers)}' if st.peers else '-':>13} {med:>11}")
+        rows.append(f"{head} {'up':<6} {f'{len(ok)}/{len(st.peers)}' if st.peers else '-':>13} {med:>11}")
+    return rows
+
+
+def audit_rows(audit: Any, reputation: Any, listed: set[bytes]) -> list[str]:
+    """The committee's audit state (``/audit``'s map, ``/reputation``'s rows; verifier/audit.py) as
+    status lines: the epoch, its leader and progress, the last outcomes, and the audited nodes'
+    reputations (those under the trust line are not on the signed model list). Raises KeyError,
+    TypeError or ValueError on an answer of another shape."""
+    def key(k: Any) -> str:
+        return k.hex()[:16] if isinstance(k, bytes) else "none"
+
+    epoch, start, blocks = int(audit["epoch"]), int(audit["start_height"]), int(audit["epoch_blocks"])
+    rows = [f"  audits of {audit['model']}: epoch {epoch} (heights {start}-{start + blocks - 1}), "
+            f"{audit['challenges_per_node']} challenges per node, leader {key(audit['leader'])}"
+            + ("" if audit.get("leader_known", True) else f" (proofs until height {audit['proof_until']})")]
+    report = audit["report_hash"]
+    rows.append(f"    this epoch: {len(audit['challenges'])} challenges; report "
+                f"{key(report) if report else 'not yet'}; agreeing power {audit['agree_power']} of "
+                f"{audit['total_power']}; next epoch's challenges {'committed' if audit['next_committed'] else 'not yet'}")
+    for node_id, silent, answered in audit["silent"]:
+        rows.append(f"    silent per the report: {key(node_id)[:8]} (confirmed silent {silent}, answered {answered})")
+    outcomes = list(audit["outcomes"])[-5:]
+    if outcomes:
+        rows.append("    last outcomes:")
+        for e, status, reason, height in reversed(outcomes):
+            rows.append(f"      epoch {e}: {status} at height {height}: {reason}")
+    if reputation:
+        rows.append(f"    reputation of {len(reputation)} audited model node(s):")
+        for node_id, value, window, epochs in reputation:
+            flags = "".join("x" if a else "." for a in window)
+            rows.append(f"      {key(node_id)[:8]}  {int(value) / 1_000_000:.2f}  epochs {epochs}  window [{flags}]"
+                        + ("" if node_id in listed else "  UNTRUSTED: not on the model list"))
     return rows
 
 
@@ -135,7 +173,28 @@ async def committee_view(addresses: tuple[str, ...], chain_id: str, validators: 
     except ListError as exc:
         up = False
         rows.append(f"  no signed list verifies: {exc}")
+    rows.extend(await _audit_view(answered, entries, timeout))
     return rows, entries, up
+
+
+async def _audit_view(address: str, entries: list[PeerEntry], timeout: float) -> list[str]:
+    """Rows for the committee's audits, read from one verifier (unsigned: that verifier's view)."""
+    import msgpack
+
+    from overlay.committee import ListError, fetch_abci_query
+
+    try:
+        with trio.fail_after(timeout):
+            audit = msgpack.unpackb(await fetch_abci_query(address, "/audit"), raw=False, strict_map_key=False)
+            reputation = msgpack.unpackb(await fetch_abci_query(address, "/reputation"), raw=False)
+        listed = {e.node_id for e in entries if e.role == "model"}
+        return audit_rows(audit, reputation, listed)
+    except ListError as exc:
+        if "code 17" in str(exc):  # AUDITS_OFF
+            return ["  audits: off (the committee's genesis has no audit section)"]
+        return [f"  audits unknown: {exc}"]
+    except (OSError, trio.TooSlowError, ValueError, TypeError, KeyError, msgpack.UnpackException) as exc:
+        return [f"  audits unknown: {address} did not answer /audit ({type(exc).__name__}: {exc})"]
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -438,7 +438,8 @@ class ListTarget(Target):
     def _record(i: int, role: int) -> list[object]:
         key = crypto.SigningKey.generate()
         return [node_id_of(key.public_bytes), key.public_bytes, role, bytes(32), f"10.0.{role}.{i}:9000",
-                "eu-west", "smollm2" if role == 2 else "", 5 if role == 2 else 0, T0]
+                "eu-west", "smollm2" if role == 2 else "", 5 if role == 2 else 0, T0,
+                *([900_000] if role == 2 else [])]  # model records carry the node's reputation (lists format 2)
 
     def _document(self, height: int, ub: bytes, mb: bytes, kind: int, signers: int) -> bytes:
         ud, md = crypto.sha256(ub), crypto.sha256(mb)

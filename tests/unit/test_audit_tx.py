@@ -270,3 +270,26 @@ def test_report_hash_is_of_the_raw_tx() -> None:
     decoded = at.decode_audit_tx(raw, CHAIN)
     assert isinstance(decoded, at.EpochReport)
     assert at.report_hash(raw) == at.report_hash(decoded) == crypto.sha256(raw)
+
+
+def test_mutated_transactions_raise_only_tx_errors() -> None:
+    """Every byte is hostile: flipped, cut or extended audit transactions decode or raise TxError."""
+    import random
+
+    rng = random.Random(14)
+    raws = [at.sign_tx(tx, CHAIN, SEED) for tx in all_kinds()]
+    for _ in range(3000):
+        raw = bytearray(rng.choice(raws))
+        for _ in range(rng.randint(1, 4)):
+            op = rng.random()
+            i = rng.randrange(len(at.AUDIT_TAG), len(raw))
+            if op < 0.6:
+                raw[i] = rng.randrange(256)
+            elif op < 0.8:
+                del raw[i:i + rng.randint(1, 8)]
+            else:
+                raw[i:i] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 8)))
+        try:
+            at.decode_audit_tx(bytes(raw), CHAIN)
+        except TxError:
+            pass

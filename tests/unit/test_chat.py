@@ -51,6 +51,14 @@ async def test_a_turn_streams_records_and_goes_back_to_the_same_node():
     assert client.sent[0][2] is None and client.sent[1][2] == NODE  # affinity
     assert [m.role for m in client.sent[1][1]] == ["system", "user", "assistant", "user"]
     assert "verified" in chat.describe(t) and NODE.hex()[:8] in chat.describe(t)
+    assert "trust unknown (no committee)" in chat.describe(t)
+    # With a committee's model list, the serving node's reputation shows as its trust.
+    from overlay.peers import PeerEntry
+
+    listed = [PeerEntry(NODE, "h:1", b"e" * 32, b"x" * 32, role="model", models=("m",), reputation=912_000)]
+    line = chat.describe(t, lambda n: chat.reputation_of(listed, n))
+    assert f"model node {NODE.hex()[:8]} · trust 0.91 · signature verified" in line
+    assert chat.reputation_of(listed, b"z" * 20) is None
 
 
 async def test_a_failed_turn_is_forgotten():
@@ -130,7 +138,10 @@ async def test_a_failed_over_reply_says_which_node_wrote_which_part():
     assert t.text == "one two three four" and t.node == OTHER and t.verified
     assert t.parts == ((NODE, 8), (OTHER, 10))
     line = chat.describe(t)
-    assert f"{NODE.hex()[:8]} (8 characters) then {OTHER.hex()[:8]} (10 characters)" in line
+    assert (f"{NODE.hex()[:8]} (8 characters; trust unknown (no committee)) then {OTHER.hex()[:8]} "
+            "(10 characters; trust unknown (no committee))") in line
+    trusted = chat.describe(t, {NODE: 930_000, OTHER: 412_345}.get)
+    assert f"{NODE.hex()[:8]} (8 characters; trust 0.93) then {OTHER.hex()[:8]} (10 characters; trust 0.41)" in trusted
     assert "each part's signature verified" in line
     assert s.node == OTHER  # follow-ups go to the node that wrote the end
 

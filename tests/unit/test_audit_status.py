@@ -1,0 +1,41 @@
+"""``gentorrent status --committee`` shows the audits and each model node's trust (overlay/tools/status.py)."""
+
+from __future__ import annotations
+
+import msgpack
+
+from overlay.peers import PeerEntry
+from overlay.tools.status import audit_rows, format_rows
+from tests.audit_helpers import Committee
+
+
+def _rows(c: Committee, listed: set[bytes]) -> list[str]:
+    audit = msgpack.unpackb(c.app.query("/audit", b"")[1], raw=False, strict_map_key=False)
+    reputation = msgpack.unpackb(c.app.query("/reputation", b"")[1], raw=False)
+    return audit_rows(audit, reputation, listed)
+
+
+def test_status_shows_the_epoch_leader_outcomes_and_reputations() -> None:
+    c = Committee()
+    rows = _rows(c, set())
+    assert "audits of smollm2-135m: epoch 0 (heights 1-10), 2 challenges per node, leader none" in rows[0]
+    lead = c.elect(1)
+    c.block([c.commit_tx(lead)[0]])
+    c.to_epoch_start(1)
+    lead = c.elect(1)
+    c.block([c.report_tx(lead, c.honest_entries(lead))])
+    c.block([c.attest_tx(pk, [950_000] * 6) for pk in c.others(lead)[:2]])
+    listed = {n.node_id for n in c.nodes[1:]}
+    text = "\n".join(_rows(c, listed))
+    assert f"epoch 1 (heights 11-20), 2 challenges per node, leader {lead.hex()[:16]}" in text
+    assert "6 challenges; report " in text and "agreeing power 30 of 40" in text
+    assert "epoch 1: applied at height" in text and "epoch 0: aborted at height 10: no challenges" in text
+    assert "reputation of 3 audited model node(s)" in text
+    assert text.count("UNTRUSTED") == 1 and c.nodes[0].node_id.hex()[:8] in text
+
+
+def test_node_rows_show_trust() -> None:
+    model = PeerEntry(b"m" * 20, "h:1", b"e" * 32, b"x" * 32, role="model", models=("m",), reputation=876_543)
+    user = PeerEntry(b"u" * 20, "h:2", b"e" * 32, b"x" * 32)
+    rows = format_rows([model, user], {})
+    assert "trust" in rows[0] and " 0.88 " in rows[1] and " - " in rows[2]
