@@ -73,9 +73,12 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     g.add_argument("--power", type=int, default=10, help="voting power of each member (default 10)")
     g.add_argument("--install", action="store_true",
                    help="copy the genesis into each DATA_DIR and set their persistent peers to each other")
-    g.add_argument("--audit-model", dest="genesis_audit_model", metavar="MODEL_ID", default=_DEFAULT_AUDIT_MODEL,
-                   help="audits (docs/committee.md \"Audits\"): each epoch the committee challenges the model "
-                        f"nodes serving MODEL_ID (default {_DEFAULT_AUDIT_MODEL}); 'none' turns audits off")
+    g.add_argument("--audits", action="store_true",
+                   help="turn audits on (docs/committee.md \"Audits\") for the default audit model "
+                        f"{_DEFAULT_AUDIT_MODEL}; without --audits or --audit-model the genesis has no audit "
+                        "section and audits are off")
+    g.add_argument("--audit-model", dest="genesis_audit_model", metavar="MODEL_ID", default=None,
+                   help="turn audits on: each epoch the committee challenges the model nodes serving MODEL_ID")
     g.add_argument("--epoch-blocks", type=int, default=_DEFAULT_EPOCH_BLOCKS, metavar="E",
                    help=f"blocks per audit epoch (default {_DEFAULT_EPOCH_BLOCKS})")
     g.add_argument("--challenges-per-node", type=int, default=_DEFAULT_CHALLENGES, metavar="K",
@@ -191,9 +194,10 @@ def _genesis(args: argparse.Namespace) -> int:
     from verifier.cometbft import CometError, install_genesis, make_genesis
 
     audit: AuditParams | None = None
-    if args.genesis_audit_model != "none":
+    if args.audits or args.genesis_audit_model is not None:
         try:
-            audit = AuditParams(args.genesis_audit_model, args.epoch_blocks, args.challenges_per_node)
+            audit = AuditParams(args.genesis_audit_model or _DEFAULT_AUDIT_MODEL, args.epoch_blocks,
+                                args.challenges_per_node)
         except AuditParamsError as exc:
             raise CliError(f"--audit-model/--epoch-blocks/--challenges-per-node: {exc}") from None
     try:
