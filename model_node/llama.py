@@ -222,6 +222,15 @@ class _Score(_Client):
         self.tokens, self.first, self.params = tokens, first, params
 
 
+class _ScoreBatch(_Client):
+    """Several scoring passes evaluated together: each in its own sequence, their tokens in shared
+    ``llama_decode`` batches (:meth:`LlamaCppEngine.score_batch`)."""
+
+    def __init__(self, jobs: list[_Score]) -> None:
+        super().__init__()
+        self.jobs = jobs
+
+
 class _Slot:
     """One llama.cpp sequence (its own KV stream): ``tokens`` are exactly those whose KV it
     holds, positions 0..n-1; ``user`` the request running in it (None: free, its tokens are a
@@ -232,7 +241,7 @@ class _Slot:
     def __init__(self, seq: int) -> None:
         self.seq = seq
         self.tokens: list[int] = []
-        self.user: _Request | _Score | None = None
+        self.user: _Request | _Score | _ScoreBatch | None = None
         self.used = 0
 
 
@@ -344,7 +353,7 @@ class LlamaCppEngine:
         self._thread: threading.Thread | None = None
         # Owned by the engine thread:
         self._waiting: deque[_Request] = deque()
-        self._scores: deque[_Score] = deque()
+        self._scores: deque[_Score | _ScoreBatch] = deque()
         self._active: list[_Request] = []  # in admission order
         # Published by the engine thread after each step (read by trio callers):
         self._held: list[tuple[int, ...]] = []
@@ -528,7 +537,7 @@ class LlamaCppEngine:
                 inbox, self._inbox = self._inbox, []
                 cancels, self._cancels = self._cancels, []
             for c in inbox:
-                if isinstance(c, _Score):
+                if isinstance(c, _Score | _ScoreBatch):
                     self._scores.append(c)
                 elif isinstance(c, _Request):
                     self._waiting.append(c)
@@ -567,7 +576,7 @@ class LlamaCppEngine:
                 self._release(client)
             elif client in self._waiting:
                 self._waiting.remove(client)
-        elif isinstance(client, _Score) and client in self._scores:
+        elif isinstance(client, _Score | _ScoreBatch) and client in self._scores:
             self._scores.remove(client)
 
     def _release(self, r: _Request) -> None:
@@ -591,7 +600,8 @@ class LlamaCppEngine:
             job = self._scores.popleft()
             if not job.cancelled:
                 try:
-                    out.append((job, self._score_job(job)))
+                    out.append((job, self._score_batch_job(job) if isinstance(job, _ScoreBatch)
+                                else self._score_job(job)))
                 except EngineError as exc:
                     out.append((job, exc))
         while self._waiting and self._free():
@@ -864,6 +874,61 @@ class LlamaCppEngine:
             slot.user, slot.used = None, self._tick
         return out
 
+    def _score_batch_job(self, batch: _ScoreBatch) -> list[list[TokenScore]]:
+        """Score each job of ``batch``, as many at once as there are free sequences: every step
+        is one ``llama_decode`` of up to :data:`N_BATCH` tokens from several sequences (in sequence
+        order), logits only where a continuation token is predicted. With batch invariance the
+        scores are exactly those of :meth:`_score_job` one at a time."""
+        import numpy as np
+
+        results: list[list[TokenScore]] = [[] for _ in batch.jobs]
+        order = list(range(len(batch.jobs)))
+        while order:
+            group: list[tuple[int, _Slot, int]] = []  # (job index, its sequence, tokens fed)
+            try:
+                while order and self._free():
+                    i = order.pop(0)
+                    job = batch.jobs[i]
+                    slot, start = self._place(job.tokens, job.first)
+                    slot.user = batch
+                    group.append((i, slot, start))
+                group.sort(key=lambda g: g[1].seq)
+                while True:
+                    entries: list[tuple[_Slot, Sequence[int], int | None]] = []
+                    fed: list[tuple[int, int, int, int]] = []  # (job index, group position, start, n tokens)
+                    budget = N_BATCH
+                    for gi, (i, slot, pos) in enumerate(group):
+                        job = batch.jobs[i]
+                        take = min(budget, len(job.tokens) - 1 - pos)
+                        if take <= 0:
+                            continue
+                        first_out = max(0, job.first - pos)
+                        entries.append((slot, job.tokens[pos:pos + take], first_out if first_out < take else None))
+                        fed.append((i, gi, pos, take))
+                        budget -= take
+                        if budget == 0:
+                            break
+                    if not entries:
+                        break
+                    self._decode_batch(entries)
+                    n_rows = sum(take - e[2] for e, (_, _, _, take) in zip(entries, fed, strict=True)
+                                 if e[2] is not None)
+                    rows = np.ctypeslib.as_array(self._L.llama_get_logits(self._ctx), shape=(n_rows, self.n_vocab))
+                    off = 0
+                    for (slot, _, out_from), (i, gi, pos, take) in zip(entries, fed, strict=True):
+                        if out_from is not None:
+                            n_out = take - out_from
+                            job = batch.jobs[i]
+                            results[i] += score_rows(rows[off:off + n_out],
+                                                     job.tokens[pos + out_from + 1:pos + take + 1], job.params)
+                            off += n_out
+                        group[gi] = (i, slot, pos + take)
+            finally:
+                for _, slot, _ in group:
+                    self._tick += 1
+                    slot.user, slot.used = None, self._tick
+        return results
+
     def _sampler(self, params: SamplingParams) -> Any:
         L = self._L
         chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
@@ -921,3 +986,27 @@ class LlamaCppEngine:
             raise item
         scores: list[TokenScore] = item
         return scores
+
+    async def score_batch(self, items: Sequence[tuple[list[int], list[int], SamplingParams]]
+                          ) -> list[list[TokenScore]]:
+        """:meth:`score` of several ``(prompt_ids, continuation_ids, params)`` at once: as many
+        as the engine has sequences (``slots``) are evaluated side by side in shared
+        ``llama_decode`` batches. Same scores as one :meth:`score` call each (batch invariance)."""
+        jobs = []
+        for prompt_ids, continuation_ids, params in items:
+            self._check_prompt(prompt_ids, len(continuation_ids))
+            self._check_ids(continuation_ids)
+            jobs.append(_Score(list(prompt_ids) + list(continuation_ids), len(prompt_ids) - 1, params))
+        if not jobs:
+            return []
+        batch = _ScoreBatch(jobs)
+        self._submit(batch)
+        try:
+            item = await batch.recv.receive()
+        except BaseException:
+            self._cancel(batch)
+            raise
+        if isinstance(item, Exception):
+            raise item
+        results: list[list[TokenScore]] = item
+        return results

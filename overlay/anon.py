@@ -129,6 +129,24 @@ class _NodeBusy(AnonError):
         self.node = node
 
 
+def failure_kind(exc: AnonError) -> str:
+    """What went wrong with a request sent with ``failover=False``: ``"busy"`` (refused at
+    capacity), ``"silent"`` (no reply in time), ``"lost"`` (the node is gone), ``"error"`` (an
+    error reply), ``"unverified"`` (a chunk failed its check), ``"other"`` (no paths, a final
+    error, a node not listed)."""
+    if isinstance(exc, AllBusy):
+        return "busy"
+    if isinstance(exc, ReplyUnverified):
+        return "unverified"
+    if isinstance(exc, _NodeSilent):
+        return "silent"
+    if isinstance(exc, _NodeLost):
+        return "lost"
+    if isinstance(exc, _NodeFailed):
+        return "error"
+    return "other"
+
+
 @dataclass(frozen=True, slots=True)
 class _Gone:
     """Internal: enough of an attempt's paths can no longer carry its reply (``why``)."""
@@ -209,9 +227,14 @@ class AnonClient:
         signed by the node that wrote it. A node that answers "busy" (:func:`is_busy`) is left
         at once for another. Raises :class:`AnonError` on failure (a final error, or no node
         left), :class:`AllBusy` when every candidate refused as busy, :class:`ReplyUnverified`
-        as above. ``failover=False`` tries ``node`` (or one node) only.
+        as above. ``failover=False`` tries ``node`` only (or one node when ``node`` is None):
+        :class:`AnonError` if the registry does not list ``node`` for ``model``, and a failure
+        is raised as it happened (:func:`failure_kind` names it), never retried elsewhere.
+        Verifiers send audit challenges this way (``verifier/auditor.py``).
         """
         target = self.choose_model_node(model, node)
+        if not failover and node is not None and target.node_id != node:
+            raise AnonError(f"model node {short_id(node)} is not listed as serving {model!r}")
         tried: set[bytes] = set()
         produced: list[str] = []
         while True:
@@ -235,7 +258,9 @@ class AnonClient:
             except _NodeFailed as exc:
                 tried |= {target.node_id, *exc.nodes}
                 others = [e for e in self.models(model) if e.node_id not in tried]
-                if not failover or not others:
+                if not failover:
+                    raise
+                if not others:
                     raise AnonError(str(exc)) from None
                 why = "silent" if isinstance(exc, _NodeSilent) else "lost" if isinstance(exc, _NodeLost) else "error"
                 self.failovers[why] = self.failovers.get(why, 0) + 1

@@ -34,6 +34,21 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--abci", metavar="ADDR", default=None,
                    help="ABCI listen address: unix:///PATH or tcp://127.0.0.1:PORT (default unix://DATA_DIR/abci.sock); "
                         "loopback or unix only")
+    p.add_argument("--audit", action="store_true",
+                   help="take part in the committee's audits (docs/committee.md \"Audits\"): send VRF proofs, "
+                        "lead epochs (challenge model nodes through the overlay like a user, score their replies), "
+                        "rescore and attest other leaders' reports. Runs a user node of the overlay registered "
+                        "with the committee (identity in DATA_DIR/audit-user) and loads --audit-model with "
+                        "llama.cpp. Off by default")
+    p.add_argument("--audit-model", metavar="ID|PATH", default=None,
+                   help="the model this verifier scores with: the committee's audit model, as a model id "
+                        "(default: smollm2-135m-instruct, the default GGUF) or a .gguf path")
+    p.add_argument("--audit-listen", metavar="HOST:PORT", default="127.0.0.1:0",
+                   help="where the audit user node listens; it registers this address with the committee, so "
+                        "relays must reach it (default 127.0.0.1:0: any free loopback port)")
+    p.add_argument("--audit-region", default="default", help="the audit user node's region (default: default)")
+    p.add_argument("--audit-threads", type=int, default=1, metavar="N",
+                   help="llama.cpp threads for scoring (default 1: a verifier shares its host with CometBFT)")
     p.set_defaults(run=_run)
     verbs = p.add_subparsers(dest="verifier_command", metavar="SUBCOMMAND")
 
@@ -211,8 +226,18 @@ def _run(args: argparse.Namespace) -> int:
     from verifier.node import CometExited, run_verifier
 
     d = _data_dir(args)
+    audit = None
+    if args.audit:
+        from verifier.auditor import AuditSettings
+
+        if args.audit_threads < 1:
+            raise CliError("--audit-threads must be at least 1")
+        audit = AuditSettings(model=args.audit_model, listen=args.audit_listen, region=args.audit_region,
+                              threads=args.audit_threads)
+    elif args.audit_model:
+        raise CliError("--audit-model needs --audit")
     try:
-        run_async(lambda: run_verifier(d, abci=args.abci))
+        run_async(lambda: run_verifier(d, abci=args.abci, audit=audit))
     except (CometError, AbciAddressError, StateError) as exc:
         raise CliError(str(exc)) from None
     except CometExited as exc:

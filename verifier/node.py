@@ -20,6 +20,7 @@ import trio
 
 from verifier.abci import server
 from verifier.abci_app import CommitteeAbciApp, StateStore
+from verifier.auditor import AuditSettings, run_audits
 from verifier.cometbft import LOG_FILE, SOCKET_FILE, CometError, find_cometbft, home_of, read_validator_key
 
 log = logging.getLogger("gentorrent.verifier")
@@ -54,8 +55,11 @@ def default_abci_address(data_dir: Path) -> str:
 
 async def run_verifier(data_dir: str | os.PathLike[str], *, abci: str | None = None, binary: str | None = None,
                        extra_args: Sequence[str] = (), handle_signals: bool = True,
+                       audit: AuditSettings | None = None,
                        task_status: trio.TaskStatus[server.ListenAddress] = trio.TASK_STATUS_IGNORED) -> None:
-    """Run one verifier until a signal (returns) or CometBFT's own exit (raises :class:`CometExited`)."""
+    """Run one verifier until a signal (returns) or CometBFT's own exit (raises :class:`CometExited`).
+    With ``audit``, the audit loop (:func:`verifier.auditor.run_audits`) runs beside it once CometBFT
+    has started; its failures are logged, never fatal."""
     d = Path(data_dir)
     home = home_of(d)
     if not (home / "config" / "genesis.json").exists():
@@ -65,7 +69,8 @@ async def run_verifier(data_dir: str | os.PathLike[str], *, abci: str | None = N
     store = StateStore(d)
     core = store.load()
     log.info("application state at height %d (app hash %s)", core.height, core.app_hash.hex()[:16] or "none")
-    app = CommitteeAbciApp(core, store, read_validator_key(d))
+    key = read_validator_key(d)
+    app = CommitteeAbciApp(core, store, key)
     stopping = False
     async with trio.open_nursery() as nursery:
         where: server.ListenAddress = await nursery.start(server.serve, app, abci or default_abci_address(d))
@@ -90,6 +95,8 @@ async def run_verifier(data_dir: str | os.PathLike[str], *, abci: str | None = N
 
         if handle_signals:
             nursery.start_soon(stop_on_signal)
+        if audit is not None:
+            nursery.start_soon(run_audits, d, audit, key.private_bytes())
         task_status.started(where)
         try:
             code = await proc.wait()

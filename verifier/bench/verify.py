@@ -43,9 +43,17 @@ method ÷ mean time of one pass), the same on CPU time (``verify_{...}_cpu_mean_
 ``..._cpu``: this process's CPU seconds, which other load on the cores inflates far less than
 wall time), and ``verify_{algorithm3,token_loop}_logprob_max_abs_diff``
 (largest difference of a token's log-probability from one pass's, nats: 0 when the engine is
-batch-invariant, which shows all three computed the same thing). Not measured: scoring several
-replies in one batch (``Engine.score`` takes one reply; see docs/benchmarks.md "verify") and the
-committee's EpochReport → applied update time (the EpochReport transaction is not built).
+batch-invariant, which shows all three computed the same thing).
+
+**Batches** (``LlamaCppEngine.score_batch``): the same replies scored in one call by an engine
+with B sequences (``batch4``: B = 4, or every reply when fewer; ``batch_all``: B = every reply; a
+fresh engine per round, so every prompt is cold): up to B replies are evaluated side by side in
+shared ``llama_decode`` batches. Figures ``verify_{batch4,batch_all}_per_min`` (60 s ÷ the call's
+time per reply), ``verify_{...}_vs_token_loop`` and ``verify_{...}_vs_one_pass`` (the other
+method's mean time per reply ÷ the batch's), and
+``verify_batch_logprob_max_abs_diff`` (against one pass: 0 on a batch-invariant engine). Not
+measured here: the committee's EpochReport → applied update time (tests/e2e/test_audits.py runs a
+committee with audits).
 """
 
 from __future__ import annotations
@@ -246,6 +254,8 @@ async def _measure(engine: LlamaCppEngine, loop: TokenLoop, n_replies: int, roun
         f[f"verify_one_pass_vs_{other}_cpu"] = sum(cpu[other]) / sum(cpu["one_pass"])
     f["verify_algorithm3_logprob_max_abs_diff"] = diffs["algorithm3"]
     f["verify_token_loop_logprob_max_abs_diff"] = diffs["token_loop"]
+    reference = [await engine.score(p, r, s) for p, r, s in replies]
+    f.update(await _measure_batches(engine, replies, reference, rounds, f))
     lengths = [len(reply) for _p, reply, _s in replies]
     extra = {
         "prompt_tokens_mean": round(sum(len(p) for p, _r, _s in replies) / len(replies), 1),
@@ -254,6 +264,35 @@ async def _measure(engine: LlamaCppEngine, loop: TokenLoop, n_replies: int, roun
         "calibrated_score_mean": round(sum(scores_c) / len(scores_c), 4),
     }
     return f, extra
+
+
+async def _measure_batches(engine: LlamaCppEngine, replies: list[tuple[list[int], list[int], SamplingParams]],
+                           reference: list[list[TokenScore]], rounds: int, f: dict[str, float]) -> dict[str, float]:
+    """Every reply scored in one ``score_batch`` call by fresh engines with B sequences (module
+    docstring); ``f`` holds the per-reply means of the other methods."""
+    out: dict[str, float] = {}
+    diff = 0.0
+    one_pass_s = f["verify_one_pass_mean_ms"] / 1e3
+    loop_s = f["verify_token_loop_mean_ms"] / 1e3
+    for name, b in (("batch4", min(4, len(replies))), ("batch_all", len(replies))):
+        per_reply: list[float] = []
+        for _ in range(rounds):
+            batched = LlamaCppEngine(engine.model_path, model_id=engine.model, n_ctx=1024, slots=b, cache_bytes=0,
+                                     n_threads=THREADS)
+            try:
+                t0 = time.perf_counter()
+                got = await batched.score_batch(replies)
+                per_reply.append((time.perf_counter() - t0) / len(replies))
+            finally:
+                batched.close()
+            for g, want in zip(got, reference, strict=True):
+                diff = max(diff, max((abs(x.logprob - y.logprob) for x, y in zip(g, want, strict=True)), default=0.0))
+        mean = sum(per_reply) / len(per_reply)
+        out[f"verify_{name}_per_min"] = 60.0 / mean
+        out[f"verify_{name}_vs_token_loop"] = loop_s / mean
+        out[f"verify_{name}_vs_one_pass"] = one_pass_s / mean
+    out["verify_batch_logprob_max_abs_diff"] = diff
+    return out
 
 
 def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:

@@ -1,0 +1,233 @@
+"""Audit challenges: natural questions from a large space, sampling parameters drawn like users'
+(issue 14 item 2; docs/committee.md "Audits").
+
+A challenge must look like any user's request to the model node it is sent to, and a node must
+not be able to learn the prompts in advance. So:
+
+- **Prompts** are composed from seven independent parts, each picked uniformly:
+  ``opener`` (:data:`OPENERS`), ``persona`` (:data:`PERSONAS`: who asks), ``question``
+  (:data:`QUESTIONS`: a template taking a topic), ``topic`` (:data:`TOPICS`), ``audience``
+  (:data:`AUDIENCES`), ``form`` (:data:`FORMS`: length or shape of the answer) and ``closing``
+  (:data:`CLOSINGS`)::
+
+      "{opener}{persona}{question(topic)} {audience} {form} {closing}"   (empty parts left out)
+
+  :data:`PROMPT_SPACE` = the product of the seven list lengths = **2,641,766,400** distinct
+  prompts (12 × 21 × 28 × 195 × 20 × 12 × 8; the tests check the count and that different part
+  choices give different normalised texts). A :class:`ChallengeGenerator` never hands out the same prompt
+  twice (it remembers the prompt keys it made and any it is told are used, e.g. the chain's),
+  and the committee refuses a reused prompt key anyway (:meth:`verifier.audit_tx.Opening.prompt_key`).
+- **System prompt**: none in half the challenges, otherwise one of :data:`SYSTEM_PROMPTS` (chat
+  users pass ``--system`` or not).
+- **Sampling parameters**, as decision 0010 measured users': temperature greedy (0), 0.7 (the
+  chat default) or 1.0, each a third of the time; top-p 1.0 (the default) in 3 of 4 challenges,
+  else 0.9 or 0.95; no top-k (the default); ``max_tokens`` uniform in 48..96; a random 31-bit
+  seed in half the challenges and none in the rest (users pass ``--seed`` for repeatable replies
+  or leave it out).
+
+Everything here is I/O-free given its random source: ``rng`` (default :class:`random.SystemRandom`,
+which a verifier uses: the prompts must not be predictable) picks the parts; ``urandom`` (default
+:func:`os.urandom`) makes the commitment salts.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from overlay.messages import ChatMessage, SamplingParams
+
+if TYPE_CHECKING:  # audit_tx imports overlay.crypto primitives; kept out of the prompt core's import
+    from verifier.audit_tx import Challenge, Opening
+
+OPENERS = (
+    "", "Quick question: ", "Hi! ", "Hello, ", "I was wondering: ", "Can you help me? ", "Out of curiosity, ",
+    "Please help: ", "Hey there. ", "Something I keep thinking about: ", "Good morning! ", "A question for you: ",
+)
+PERSONAS = (
+    "", "I'm a retired teacher. ", "I'm a first-year student. ", "I run a small bakery. ", "I'm a nurse on night shifts. ",
+    "I'm learning to code. ", "I'm a parent of two. ", "I work in a warehouse. ", "I'm new to this city. ",
+    "I'm a hobby gardener. ", "I'm preparing for an exam. ", "I'm a journalist. ", "I volunteer at a library. ",
+    "I'm an amateur cyclist. ", "I'm a software tester. ", "I'm writing a novel. ", "I'm a farmer. ",
+    "I'm a music student. ", "I'm a bus driver. ", "I'm planning a trip. ", "I'm a science teacher. ",
+)
+QUESTIONS = (
+    "Can you explain {}?", "What are the main advantages and drawbacks of {}?", "Give me some practical tips about {}.",
+    "Write a short poem about {}.", "How would you describe {} to someone who has never heard of it?",
+    "What is a common misconception about {}?", "Why does {} matter?", "What should a beginner know about {}?",
+    "Summarise the history of {}.", "What are the most important facts about {}?",
+    "How has {} changed over the last fifty years?", "What questions should I ask about {}?",
+    "Tell me a surprising fact about {}.", "How do experts think about {}?",
+    "What mistakes do people make with {}?", "Compare {} with something from everyday life.",
+    "What would the world look like without {}?", "How can I learn more about {}?",
+    "What is the science behind {}?", "Write a short story that involves {}.",
+    "What are the ethical questions around {}?", "Give me a simple analogy for {}.",
+    "Which jobs involve {}?", "What are the costs of {}?", "How do I get started with {}?",
+    "What is the future of {}?", "Describe a typical day that involves {}.", "Argue for and against {}.",
+)
+TOPICS = (
+    "photosynthesis", "public libraries", "learning a second language", "electric bicycles", "the water cycle",
+    "compound interest", "volcanoes", "remote work", "honey bees", "composting at home",
+    "the printing press", "sleep hygiene", "black holes", "vaccines", "recycling plastics", "the stock market",
+    "jazz music", "chess openings", "the Roman Empire", "solar panels", "wind turbines", "coral reefs",
+    "the human immune system", "password managers", "open source software", "sourdough bread",
+    "marathon training", "urban gardening", "the moon landing", "earthquakes", "tides", "rainforests",
+    "bird migration", "the internet", "credit scores", "inflation", "public transport", "tea ceremonies",
+    "origami", "board games", "classical architecture", "the periodic table", "DNA", "antibiotics",
+    "the French Revolution", "meditation", "podcasts", "electric cars", "nuclear power", "glaciers",
+    "deserts", "coffee", "chocolate", "knitting", "birdwatching", "astronomy", "the Olympic Games",
+    "sign language", "braille", "the metric system", "time zones", "calendars", "map making", "lighthouses",
+    "bridges", "skyscrapers", "the postal service", "newspapers", "radio", "photography", "film making",
+    "animation", "comic books", "poetry", "opera", "ballet", "street art", "museums", "zoos",
+    "national parks", "camping", "rock climbing", "sailing", "scuba diving", "beekeeping", "cheese making",
+    "fermentation", "vegetarian cooking", "food allergies", "hydration", "posture", "running shoes",
+    "yoga", "swimming", "team sports", "video games", "virtual reality", "3D printing", "robots",
+    "drones", "satellites", "weather forecasting", "climate change", "air pollution", "water purification",
+    "wetlands", "forests", "mushrooms", "ferns", "cacti", "orchids", "houseplants", "cats", "dogs",
+    "horses", "octopuses", "whales", "penguins", "ants", "spiders", "butterflies", "frogs", "dinosaurs",
+    "fossils", "the ice ages", "the Silk Road", "ancient Egypt", "the Vikings", "the Renaissance",
+    "the industrial revolution", "trade unions", "elections", "taxes", "budgeting", "saving for retirement",
+    "renting a flat", "moving house", "job interviews", "writing a CV", "public speaking", "negotiation",
+    "time management", "procrastination", "habits", "memory", "dreams", "emotions", "friendship",
+    "volunteering", "parenting", "grandparents", "pets in cities", "noise", "light pollution", "traffic",
+    "cycling lanes", "trains", "airports", "passports", "languages of India", "Japanese cuisine",
+    "Italian cooking", "spices", "bread baking", "tomatoes", "potatoes", "rice", "olive oil", "honey",
+    "salt", "sugar", "vitamins", "first aid", "fire safety", "home insulation", "heat pumps",
+    "rainwater harvesting", "batteries", "semiconductors", "encryption", "spam email", "online privacy",
+    "search engines", "spreadsheets", "databases", "programming languages", "algorithms", "prime numbers",
+    "probability", "geometry", "fractions", "statistics", "logic puzzles", "crosswords", "magic tricks",
+)
+AUDIENCES = (
+    "", "Keep it simple.", "Assume I know nothing.", "I'm fairly advanced.", "Explain it like I'm ten.",
+    "Please be precise.", "Use plain language.", "I prefer concrete examples.", "Be friendly.",
+    "I'm in a hurry.", "Make it fun.", "Be honest about the uncertainties.", "Avoid jargon.",
+    "I like numbers.", "Think step by step.", "Keep a neutral tone.", "Write for a newsletter.",
+    "It's for a school project.", "It's for a talk I'm giving.", "My friend asked me this.",
+)
+FORMS = (
+    "", "Answer in two sentences.", "Use a short list.", "Keep it under fifty words.", "Give one example.",
+    "End with a question for me.", "Use three bullet points.", "Answer in one paragraph.",
+    "Start with a one-line summary.", "Include a number or two.", "Keep it short.", "Finish with a tip.",
+)
+CLOSINGS = (
+    "", "Thanks!", "Thank you.", "Cheers.", "Much appreciated.", "Thanks in advance.", "I'd appreciate it.",
+    "Thanks a lot!",
+)
+SYSTEM_PROMPTS = (
+    "You are a helpful assistant.", "You are a friendly and concise assistant.",
+    "You are a knowledgeable tutor.", "Answer clearly and briefly.",
+)
+PARTS = (OPENERS, PERSONAS, QUESTIONS, TOPICS, AUDIENCES, FORMS, CLOSINGS)
+PROMPT_SPACE = math.prod(len(p) for p in PARTS)
+
+TEMPERATURES = (0.0, 0.7, 1.0)
+MIN_MAX_TOKENS, MAX_MAX_TOKENS = 48, 96
+MAX_DRAWS = 1000  # attempts to find an unused prompt before giving up (the space is 10^9: never reached)
+
+
+class ChallengeError(Exception):
+    """No challenge could be made (the generator ran out of fresh prompts: a bug or a tiny space)."""
+
+
+def compose(choice: Sequence[int]) -> str:
+    """The prompt for one choice of part indices (one per :data:`PARTS` entry, in order)."""
+    opener, persona, question, topic, audience, form, closing = (
+        part[i] for part, i in zip(PARTS, choice, strict=True))
+    text = f"{opener}{persona}{question.format(topic)}"
+    for extra in (audience, form, closing):
+        if extra:
+            text += " " + extra
+    return text
+
+
+def normalise(text: str) -> str:
+    """As the prompt key sees a prompt: stripped, casefolded, whitespace runs as one space."""
+    return " ".join(text.casefold().split())
+
+
+def draw_params(rng: random.Random) -> SamplingParams:
+    """Sampling parameters drawn like users' (module docstring)."""
+    temperature = rng.choice(TEMPERATURES)
+    top_p = 1.0 if rng.random() < 0.75 else rng.choice((0.9, 0.95))
+    seed = rng.randrange(1 << 31) if rng.random() < 0.5 else None
+    return SamplingParams(temperature=temperature, top_p=top_p, top_k=0,
+                          max_tokens=rng.randint(MIN_MAX_TOKENS, MAX_MAX_TOKENS), seed=seed)
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    """One challenge's plaintext before it gets a salt: the chat messages and sampling parameters."""
+
+    messages: tuple[ChatMessage, ...]
+    params: SamplingParams
+
+    @property
+    def question(self) -> str:
+        return self.messages[-1].content
+
+
+class ChallengeGenerator:
+    """Fresh challenges, never the same prompt twice from one generator.
+
+    ``used`` (normalised prompt texts, or anything :meth:`mark_used` accepts) seeds what counts
+    as used. ``rng`` picks prompts and parameters; ``urandom(16)`` makes salts."""
+
+    def __init__(self, *, rng: random.Random | None = None, urandom: Callable[[int], bytes] = os.urandom,
+                 used: Iterable[str] = ()) -> None:
+        self.rng = rng or random.SystemRandom()
+        self.urandom = urandom
+        self._used: set[str] = {normalise(t) for t in used}
+        self._used_keys: set[bytes] = set()
+
+    def mark_used(self, *, texts: Iterable[str] = (), keys: Iterable[bytes] = ()) -> None:
+        """Never hand out these prompts (texts) or prompt keys (:meth:`Opening.prompt_key`)."""
+        self._used |= {normalise(t) for t in texts}
+        self._used_keys |= set(keys)
+
+    def prompt(self) -> Prompt:
+        """A fresh question with a system prompt half the time, and its sampling parameters."""
+        for _ in range(MAX_DRAWS):
+            text = compose([self.rng.randrange(len(p)) for p in PARTS])
+            norm = normalise(text)
+            if norm in self._used:
+                continue
+            self._used.add(norm)
+            messages: tuple[ChatMessage, ...] = (ChatMessage("user", text),)
+            if self.rng.random() < 0.5:
+                messages = (ChatMessage("system", self.rng.choice(SYSTEM_PROMPTS)), *messages)
+            return Prompt(messages, draw_params(self.rng))
+        raise ChallengeError(f"no unused prompt in {MAX_DRAWS} draws from a space of {PROMPT_SPACE}")
+
+    def opening(self, model: str) -> Opening:
+        """A fresh challenge for ``model``: prompt, parameters and a random 16-byte salt."""
+        from verifier.audit_tx import Opening
+
+        for _ in range(MAX_DRAWS):
+            p = self.prompt()
+            o = Opening(salt=self.urandom(16), model=model, messages=p.messages, params=p.params)
+            key = o.prompt_key()
+            if key not in self._used_keys:
+                self._used_keys.add(key)
+                return o
+        raise ChallengeError("every drawn prompt's key was already used")
+
+    def challenges(self, model: str, node_ids: Sequence[bytes], per_node: int,
+                   validator_keys: Sequence[bytes]) -> tuple[list[Challenge], list[Opening]]:
+        """``per_node`` fresh challenges for each of ``node_ids`` (in order), each sealed to every
+        validator (``validator_keys``: Ed25519 public keys, in the committee's order): the
+        :class:`~verifier.audit_tx.Challenge` list for a ``ChallengeCommit`` and the openings in
+        the same order (the leader keeps nothing else: every validator can open its own box)."""
+        from verifier.audit_tx import seal_challenge
+
+        out: list[Challenge] = []
+        openings: list[Opening] = []
+        for node in node_ids:
+            for _ in range(per_node):
+                o = self.opening(model)
+                out.append(seal_challenge(node, o, validator_keys))
+                openings.append(o)
+        return out, openings
