@@ -279,9 +279,13 @@ def initial(params: AuditParams, chain_id: str) -> AuditState:
 
 def audit_nodes(st: AuditState, nodes: Mapping[bytes, NodeRecord]) -> list[bytes]:
     """The model nodes the next commit must cover, in order: registered model nodes serving the
-    audit model, by BLAKE2b(seed || node id), the first :data:`~verifier.audit_tx.MAX_AUDITED_NODES`."""
+    audit model that are trusted (an untrusted node is not in the model list, so relays would not
+    deliver a challenge to it: auditing it would only record silence), by BLAKE2b(seed || node id),
+    the first :data:`~verifier.audit_tx.MAX_AUDITED_NODES`."""
     model = st.params.model
-    ids = [n for n, rec in nodes.items() if rec.entry.role == ROLE_MODEL and rec.entry.model_id == model]
+    rep = st.reputation
+    ids = [n for n, rec in nodes.items() if rec.entry.role == ROLE_MODEL and rec.entry.model_id == model
+           and rep.get(n).trusted(rep.params)]
     ids.sort(key=lambda n: (crypto.blake2b(st.seed + n, size=32, person=_ORDER_PERSON), n))
     return ids[:at.MAX_AUDITED_NODES]
 

@@ -56,3 +56,6 @@ def test_a_degraded_node_leaves_the_model_list_within_five_epochs_and_an_honest_
     assert [m[0] for m in models] == [good] and models[0][9] == c.reputation(good)
     # Still registered (the /nodes query lists it) but not on the list users receive.
     assert bad in [r[0] for r in msgpack.unpackb(c.app.query("/nodes", b"model")[1])]
+    # An untrusted node is not audited again: relays would not deliver its challenges (it is
+    # off the list), so the next commit covers only the trusted node.
+    assert audits.audit_nodes(c.audit, c.app.committed.nodes) == [good]
