@@ -108,14 +108,24 @@ def error_for(exc: AnonError) -> api.ApiError:
 
 @dataclass
 class Outcome:
-    """What a finished call produced (for the final chunk, the affinity map and the chat UI)."""
+    """What a finished call produced (for the final chunk, the affinity map and the headers).
+
+    ``nodes``: every model node that served a part of the reply, in order (more than one
+    after a failover); ``prompt_tokens``: the prompt's token count as the first of them
+    reported it."""
 
     text: list[str] = field(default_factory=list)
     tokens: int = 0
-    node: bytes | None = None
+    prompt_tokens: int = 0
+    nodes: list[bytes] = field(default_factory=list)
     verified: bool = False
     stopped: bool = False
     first_piece_s: float | None = None
+
+    @property
+    def node(self) -> bytes | None:
+        """The node that served the end of the reply (the one follow-ups go back to)."""
+        return self.nodes[-1] if self.nodes else None
 
 
 async def pieces(
@@ -131,7 +141,10 @@ async def pieces(
                                         affinity.node_for(call.model, call.messages))) as chunks:
         async for c in chunks:
             out.tokens += len(c.token_ids)
-            out.node = c.node
+            if not out.prompt_tokens:
+                out.prompt_tokens = c.prompt_tokens
+            if not out.nodes or out.nodes[-1] != c.node:
+                out.nodes.append(c.node)
             text, stopped = scanner.feed(c.text)
             if text:
                 if out.first_piece_s is None:
@@ -226,7 +239,8 @@ class Gateway:
                 raise error_for(exc) from None
             self.served += 1
             finish = api.finish_reason(out.stopped, out.tokens, call.params.max_tokens)
-            return JSONResponse(api.response(call, rid, created, "".join(texts), finish, out.tokens),
+            return JSONResponse(api.response(call, rid, created, "".join(texts), finish, out.prompt_tokens,
+                                             out.tokens),
                                 headers=_served_headers(out))
         except api.ApiError as exc:
             return _error(exc)
@@ -253,7 +267,7 @@ class Gateway:
             finish = api.finish_reason(out.stopped, out.tokens, call.params.max_tokens)
             tail = api.sse(api.chunk(call, rid, created, None, finish, first=first is None))
             if call.include_usage:
-                tail += api.sse(api.usage_chunk(call, rid, created, out.tokens))
+                tail += api.sse(api.usage_chunk(call, rid, created, out.prompt_tokens, out.tokens))
             yield tail + api.sse("[DONE]")  # one write for the last events
             self.served += 1
         finally:
@@ -269,9 +283,10 @@ async def _first(gen: AsyncGenerator[str, None]) -> str | None:
 
 
 def _served_headers(out: Outcome) -> dict[str, str]:
-    """Which model node served and whether its signature was checked (not OpenAI fields; a
-    stream carries only the node, since its headers leave before the last chunk is checked)."""
-    return {"x-gentorrent-node": out.node.hex() if out.node else "",
+    """Which model nodes served (comma-separated hex ids, in order: more than one after a
+    failover) and whether the reply's signatures were checked to its end (not OpenAI fields;
+    a stream's headers leave with its first text, so they name only the node that sent it)."""
+    return {"x-gentorrent-node": ",".join(n.hex() for n in out.nodes),
             "x-gentorrent-verified": "true" if out.verified else "false"}
 
 

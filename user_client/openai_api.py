@@ -15,7 +15,9 @@ and :class:`~overlay.messages.SamplingParams`, nothing else):
   chunk returned passed its signature check, but the final one is never seen: ``verified`` is
   false for such a reply, as it is not known to be complete).
 - ``usage.completion_tokens``: the number of token ids the model node sent (they are signed);
-  ``usage.prompt_tokens`` is 0: the protocol does not report the prompt's token count.
+  ``usage.prompt_tokens``: the prompt's token count as the serving model node reports it on
+  each reply chunk (after its chat template; not signed: an accounting figure; after a
+  failover, the first node's count, since the next one's prompt also holds the continuation).
 - ``finish_reason``: ``"stop"`` for a stop string or a reply shorter than ``max_tokens``,
   ``"length"`` when the reply used all ``max_tokens``.
 - Unknown fields are ignored (clients send many); fields whose value we cannot honour
@@ -283,11 +285,13 @@ def finish_reason(stopped: bool, completion_tokens: int, max_tokens: int) -> str
     return "length" if not stopped and completion_tokens >= max_tokens else "stop"
 
 
-def usage(completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": 0, "completion_tokens": completion_tokens, "total_tokens": completion_tokens}
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
 
 
-def response(call: Call, rid: str, created: int, text: str, finish: str, completion_tokens: int) -> dict[str, Any]:
+def response(call: Call, rid: str, created: int, text: str, finish: str, prompt_tokens: int,
+             completion_tokens: int) -> dict[str, Any]:
     """The non-streaming answer: a ``chat.completion`` or a ``text_completion`` object."""
     if call.kind == "chat":
         choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
@@ -297,7 +301,7 @@ def response(call: Call, rid: str, created: int, text: str, finish: str, complet
         choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
         obj = "text_completion"
     return {"id": rid, "object": obj, "created": created, "model": call.model, "choices": [choice],
-            "usage": usage(completion_tokens)}
+            "usage": usage(prompt_tokens, completion_tokens)}
 
 
 def chunk(call: Call, rid: str, created: int, text: str | None, finish: str | None, *,
@@ -318,11 +322,11 @@ def chunk(call: Call, rid: str, created: int, text: str | None, finish: str | No
     return {"id": rid, "object": obj, "created": created, "model": call.model, "choices": [choice]}
 
 
-def usage_chunk(call: Call, rid: str, created: int, completion_tokens: int) -> dict[str, Any]:
+def usage_chunk(call: Call, rid: str, created: int, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
     """The extra last chunk of ``stream_options.include_usage``: no choices, the usage."""
     obj = "chat.completion.chunk" if call.kind == "chat" else "text_completion"
     return {"id": rid, "object": obj, "created": created, "model": call.model, "choices": [],
-            "usage": usage(completion_tokens)}
+            "usage": usage(prompt_tokens, completion_tokens)}
 
 
 def models_list(models: Sequence[str]) -> dict[str, Any]:
