@@ -25,7 +25,7 @@ import logging
 import sys
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -33,8 +33,9 @@ from typing import Any, Protocol
 import trio
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from overlay.anon import AllBusy, AnonError, ReplyUnverified
 from overlay.clock import Clock, TrioClock
@@ -80,7 +81,8 @@ class AnonBackend:
     async def request(self, model: str, messages: Sequence[ChatMessage], params: SamplingParams,
                       node: bytes | None) -> AsyncGenerator[ReplyChunk, None]:
         try:
-            await self.client.paths.wait_ready(self.client.n, self.paths_timeout)
+            if len(self.client.paths.ready_paths()) < self.client.n:  # the usual case skips the wait's set-up
+                await self.client.paths.wait_ready(self.client.n, self.paths_timeout)
         except PathError as exc:
             raise api.ApiError(503, f"not enough proxy paths to send a request anonymously: {exc}",
                                type="service_unavailable", code="not_enough_paths") from None
@@ -226,10 +228,8 @@ class Gateway:
             created = int(self.clock.unix())
             if call.stream:
                 release = False  # the stream releases the slot when it ends
-                return StreamingResponse(self._stream(call, rid, created, first, gen, out),
-                                         media_type="text/event-stream",
-                                         headers={"cache-control": "no-cache",
-                                                  "x-gentorrent-node": out.node.hex() if out.node else ""})
+                return EventStream(self._stream(call, rid, created, first, gen, out),
+                                   {"cache-control": "no-cache", "x-gentorrent-node": _nodes(out)})
             texts = [] if first is None else [first]
             try:
                 async with aclosing(gen):
@@ -249,29 +249,68 @@ class Gateway:
                 self.active -= 1
 
     async def _stream(self, call: api.Call, rid: str, created: int, first: str | None,
-                      gen: AsyncGenerator[str, None], out: Outcome) -> AsyncIterator[bytes]:
+                      gen: AsyncGenerator[str, None], out: Outcome) -> AsyncGenerator[tuple[bytes, bool], None]:
+        """The reply's events as ``(bytes, last)``: the last one ends the body."""
         try:
+            piece = api.ChunkEncoder(call, rid, created)
             if first is not None:
-                yield api.sse(api.chunk(call, rid, created, first, None, first=True))
+                yield piece.first(first), False
             try:
                 async with aclosing(gen):
                     async for t in gen:
-                        yield api.sse(api.chunk(call, rid, created, t, None, first=first is None))
-                        first = first or t
+                        yield (piece.text(t) if first is not None else piece.first(t)), False
+                        first = t
             except AnonError as exc:
-                yield api.sse(error_for(exc).body())
+                yield api.sse(error_for(exc).body()), True
                 return
             except api.ApiError as exc:
-                yield api.sse(exc.body())
+                yield api.sse(exc.body()), True
                 return
             finish = api.finish_reason(out.stopped, out.tokens, call.params.max_tokens)
             tail = api.sse(api.chunk(call, rid, created, None, finish, first=first is None))
             if call.include_usage:
                 tail += api.sse(api.usage_chunk(call, rid, created, out.prompt_tokens, out.tokens))
-            yield tail + api.sse("[DONE]")  # one write for the last events
             self.served += 1
+            yield tail + b"data: [DONE]\n\n", True  # the last events and the end of the body: one message
         finally:
             self.active -= 1
+
+
+class EventStream(Response):
+    """A ``text/event-stream`` response that writes each event the moment it is produced.
+
+    ``events`` yields ``(bytes, last)``; the item with ``last`` ends the body, in the same ASGI
+    message. Unlike Starlette's ``StreamingResponse``, the headers and the first event leave from
+    the handler's own task (no task switch before the first token), and one plain trio task
+    watches for the client hanging up (``http.disconnect``): the stream is then cancelled, which
+    closes ``events`` and abandons the overlay request."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, events: AsyncGenerator[tuple[bytes, bool], None], headers: dict[str, str]) -> None:
+        self.status_code = 200
+        self.background = None
+        self.events = events
+        self.init_headers(headers)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async with trio.open_nursery() as nursery, aclosing(self.events) as events:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            watching = False
+            async for data, last in events:
+                await send({"type": "http.response.body", "body": data, "more_body": not last})
+                if last:
+                    break
+                if not watching:  # after the first event: it leaves before the watcher's task starts
+                    nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
+                    watching = True
+            nursery.cancel_scope.cancel()
+
+
+async def _cancel_on_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    scope.cancel()
 
 
 async def _first(gen: AsyncGenerator[str, None]) -> str | None:
@@ -282,16 +321,37 @@ async def _first(gen: AsyncGenerator[str, None]) -> str | None:
         return None
 
 
+def _nodes(out: Outcome) -> str:
+    return ",".join(n.hex() for n in out.nodes)
+
+
 def _served_headers(out: Outcome) -> dict[str, str]:
     """Which model nodes served (comma-separated hex ids, in order: more than one after a
     failover) and whether the reply's signatures were checked to its end (not OpenAI fields;
     a stream's headers leave with its first text, so they name only the node that sent it)."""
-    return {"x-gentorrent-node": ",".join(n.hex() for n in out.nodes),
+    return {"x-gentorrent-node": _nodes(out),
             "x-gentorrent-verified": "true" if out.verified else "false"}
 
 
 def _error(exc: api.ApiError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status)
+
+
+def server_config(bind: str) -> Any:
+    """Hypercorn's config for the gateway on ``bind`` (``HOST:PORT``; ``[V6]:PORT``): no access
+    log, errors to the ``gentorrent.gateway.http`` logger, no ``server`` header, kept-alive
+    connections reused for up to 100,000 calls (an OpenAI client pools a few), 1 s to finish
+    calls on shutdown."""
+    from hypercorn.config import Config as HyperConfig
+
+    hc = HyperConfig()
+    hc.bind = [bind]
+    hc.accesslog = None
+    hc.errorlog = logging.getLogger("gentorrent.gateway.http")
+    hc.include_server_header = False
+    hc.keep_alive_max_requests = 100_000
+    hc.graceful_timeout = 1.0
+    return hc
 
 
 def is_loopback(host: str) -> bool:
@@ -305,7 +365,6 @@ def is_loopback(host: str) -> bool:
 
 def run_serve(args: argparse.Namespace) -> int:
     """Start the user node and the HTTP gateway; print ``READY <base url>`` once both listen."""
-    from hypercorn.config import Config as HyperConfig
     from hypercorn.trio import serve
 
     from overlay.cli import CliError, resolve_config, run_async
@@ -338,11 +397,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
     backend = AnonBackend(user.client, models, timeout=args.timeout, paths_timeout=args.paths_timeout)
     gateway = Gateway(backend, max_body=args.max_body, max_concurrent=args.max_concurrent)
-    hc = HyperConfig()
-    hc.bind = [f"[{args.host}]:{args.port}" if ":" in args.host else f"{args.host}:{args.port}"]
-    hc.accesslog = None
-    hc.errorlog = logging.getLogger("gentorrent.gateway.http")
-    hc.graceful_timeout = 1.0
+    hc = server_config(f"[{args.host}]:{args.port}" if ":" in args.host else f"{args.host}:{args.port}")
     if args.listen_public and not is_loopback(args.host):
         print(f"gentorrent: WARNING: the gateway listens on {args.host}, beyond loopback, with no "
               "authentication: anyone who reaches it sends prompts through your user node.", file=sys.stderr)

@@ -322,6 +322,36 @@ def chunk(call: Call, rid: str, created: int, text: str | None, finish: str | No
     return {"id": rid, "object": obj, "created": created, "model": call.model, "choices": [choice]}
 
 
+class ChunkEncoder:
+    """The server-sent events of one streamed reply's text pieces, byte for byte what
+    ``sse(chunk(call, rid, created, text, None, first=...))`` gives, with the JSON around the
+    text built once per reply rather than once per piece."""
+
+    _MARK = "\x00gentorrent-text\x00"
+
+    def __init__(self, call: Call, rid: str, created: int) -> None:
+        self.call, self.rid, self.created = call, rid, created
+        mark = json.dumps(self._MARK).encode()
+        self._around: list[tuple[bytes, bytes] | None] = []
+        for first in (False, True):
+            parts = sse(chunk(call, rid, created, self._MARK, None, first=first)).split(mark)
+            self._around.append((parts[0], parts[1]) if len(parts) == 2 else None)  # None: the mark is ambiguous
+
+    def _event(self, text: str, first: bool) -> bytes:
+        around = self._around[first]
+        if around is None:
+            return sse(chunk(self.call, self.rid, self.created, text, None, first=first))
+        return around[0] + json.dumps(text).encode() + around[1]
+
+    def text(self, text: str) -> bytes:
+        """The event of a piece after the first."""
+        return self._event(text, False)
+
+    def first(self, text: str) -> bytes:
+        """The event of the first piece (a chat's first chunk also names the assistant role)."""
+        return self._event(text, True)
+
+
 def usage_chunk(call: Call, rid: str, created: int, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
     """The extra last chunk of ``stream_options.include_usage``: no choices, the usage."""
     obj = "chat.completion.chunk" if call.kind == "chat" else "text_completion"

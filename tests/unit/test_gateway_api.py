@@ -133,3 +133,14 @@ def test_response_shapes():
     assert api.sse("[DONE]") == b"data: [DONE]\n\n"
     assert json.loads(api.sse({"a": 1})[6:]) == {"a": 1}
     assert [m["id"] for m in api.models_list(["b", "a", "b"])["data"]] == ["a", "b"]
+
+
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+def test_chunk_encoder_gives_the_same_bytes_as_building_each_chunk(kind):
+    c = chat(stream=True) if kind == "chat" else api.parse_completion({"model": "m", "prompt": "p", "stream": True})
+    enc = api.ChunkEncoder(c, "chatcmpl-1", 7)
+    for text in ["a", " b", 'quo"te\\', "line\nbreak", "naïve 東京 🙂", "\x00gentorrent-text\x00", ""]:
+        assert enc.text(text) == api.sse(api.chunk(c, "chatcmpl-1", 7, text, None))
+        assert enc.first(text) == api.sse(api.chunk(c, "chatcmpl-1", 7, text, None, first=True))
+    odd = api.ChunkEncoder(api.parse_chat({"model": "\x00gentorrent-text\x00", "messages": MSG}), "r", 1)
+    assert odd.text("x") == api.sse(api.chunk(odd.call, "r", 1, "x", None))  # the model id holds the mark
