@@ -15,6 +15,11 @@ model node's signature (``reply_unverified``: never returned as a success), 503 
 reachable or fewer proxy paths ready than a request needs. An error after streaming began is
 sent as a last ``data: {"error": ...}`` event and the stream ends without ``[DONE]``. Only
 verified text is ever sent: the anonymous client yields nothing that failed its check.
+
+Beyond OpenAI's fields, a reply's headers say which model nodes served it
+(``x-gentorrent-node``: hex ids, comma-separated and in order when a failover handed the
+reply on) and, when not streamed, whether its signatures were checked to its end
+(``x-gentorrent-verified``).
 """
 
 from __future__ import annotations
