@@ -324,32 +324,31 @@ def chunk(call: Call, rid: str, created: int, text: str | None, finish: str | No
 
 class ChunkEncoder:
     """The server-sent events of one streamed reply's text pieces, byte for byte what
-    ``sse(chunk(call, rid, created, text, None, first=...))`` gives, with the JSON around the
-    text built once per reply rather than once per piece."""
+    ``sse(chunk(call, rid, created, text, None, first=...))`` gives; the JSON around the text of
+    the pieces after the first is built once per reply (at the second of them) rather than once
+    per piece."""
 
     _MARK = "\x00gentorrent-text\x00"
 
     def __init__(self, call: Call, rid: str, created: int) -> None:
         self.call, self.rid, self.created = call, rid, created
-        mark = json.dumps(self._MARK).encode()
-        self._around: list[tuple[bytes, bytes] | None] = []
-        for first in (False, True):
-            parts = sse(chunk(call, rid, created, self._MARK, None, first=first)).split(mark)
-            self._around.append((parts[0], parts[1]) if len(parts) == 2 else None)  # None: the mark is ambiguous
-
-    def _event(self, text: str, first: bool) -> bytes:
-        around = self._around[first]
-        if around is None:
-            return sse(chunk(self.call, self.rid, self.created, text, None, first=first))
-        return around[0] + json.dumps(text).encode() + around[1]
+        self._texts = 0
+        self._around: tuple[bytes, bytes] | None = None
 
     def text(self, text: str) -> bytes:
         """The event of a piece after the first."""
-        return self._event(text, False)
+        self._texts += 1
+        if self._texts == 2:
+            parts = sse(chunk(self.call, self.rid, self.created, self._MARK, None)).split(
+                json.dumps(self._MARK).encode())
+            self._around = (parts[0], parts[1]) if len(parts) == 2 else None  # None: the mark is ambiguous
+        if self._around is None:
+            return sse(chunk(self.call, self.rid, self.created, text, None))
+        return self._around[0] + json.dumps(text).encode() + self._around[1]
 
     def first(self, text: str) -> bytes:
         """The event of the first piece (a chat's first chunk also names the assistant role)."""
-        return self._event(text, True)
+        return sse(chunk(self.call, self.rid, self.created, text, None, first=True))
 
 
 def usage_chunk(call: Call, rid: str, created: int, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
