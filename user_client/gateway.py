@@ -209,7 +209,7 @@ class Gateway:
         channel holds ``http.disconnect``): the overlay request is abandoned and the slot freed.
 
         One task for every stream, instead of one more task per stream blocked on ``receive``
-        (spawning and cancelling it per call cost more than the rest of the gateway's own work)."""
+        (spawning and cancelling one per call cost about as much as the rest of the gateway's own work)."""
         while True:
             await trio.sleep(HANGUP_POLL_S)
             for scope, poll in list(self.streams.items()):
