@@ -30,8 +30,8 @@ import logging
 import os
 import sys
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
-from contextlib import aclosing, asynccontextmanager
+from collections.abc import AsyncGenerator, Callable, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -184,37 +184,11 @@ class Gateway:
         self.active = 0
         self.served = 0
         self.affinity = api.Affinity()
-        self.streams: dict[trio.CancelScope, Callable[[], object]] = {}  # in flight -> its receive_nowait
-        self.reaping = False
         self.app = Starlette(routes=[
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/v1/models", self.list_models, methods=["GET"]),
-        ], lifespan=self._lifespan)
-
-    @asynccontextmanager
-    async def _lifespan(self, app: object) -> AsyncIterator[None]:
-        """While the server runs: one task that ends the streams whose client hung up."""
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._reap)
-            self.reaping = True
-            try:
-                yield
-            finally:
-                self.reaping = False
-                nursery.cancel_scope.cancel()
-
-    async def _reap(self) -> None:
-        """Every :data:`HANGUP_POLL_S`, cancel each stream whose client hung up (its ASGI receive
-        channel holds ``http.disconnect``): the overlay request is abandoned and the slot freed.
-
-        One task for every stream, instead of one more task per stream blocked on ``receive``
-        (spawning and cancelling one per call cost about as much as the rest of the gateway's own work)."""
-        while True:
-            await trio.sleep(HANGUP_POLL_S)
-            for scope, poll in list(self.streams.items()):
-                if _hung_up(poll):
-                    scope.cancel()
+        ])
 
     async def list_models(self, request: Request) -> Response:
         return JSONResponse(api.models_list(self.backend.models()))
@@ -260,7 +234,7 @@ class Gateway:
             if call.stream:
                 release = False  # the stream releases the slot when it ends
                 return EventStream(self._stream(call, rid, created, first, gen, out),
-                                   {"cache-control": "no-cache", "x-gentorrent-node": _nodes(out)}, self)
+                                   {"cache-control": "no-cache", "x-gentorrent-node": _nodes(out)})
             texts = [] if first is None else [first]
             try:
                 async with aclosing(gen):
@@ -281,7 +255,10 @@ class Gateway:
 
     async def _stream(self, call: api.Call, rid: str, created: int, first: str | None,
                       gen: AsyncGenerator[str, None], out: Outcome) -> AsyncGenerator[tuple[bytes, bool], None]:
-        """The reply's events as ``(bytes, last)``: the last one ends the body."""
+        """The reply's events as ``(bytes, last)``: the last one ends the body. The call's slot
+        is released before the last event leaves (or when the stream is abandoned), so a client
+        that has read the whole reply never finds its slot still taken."""
+        last: bytes | None = None
         try:
             piece = api.ChunkEncoder(call, rid, created)
             if first is not None:
@@ -292,84 +269,56 @@ class Gateway:
                         yield (piece.text(t) if first is not None else piece.first(t)), False
                         first = t
             except AnonError as exc:
-                yield api.sse(error_for(exc).body()), True
-                return
+                last = api.sse(error_for(exc).body())
             except api.ApiError as exc:
-                yield api.sse(exc.body()), True
-                return
-            finish = api.finish_reason(out.stopped, out.tokens, call.params.max_tokens)
-            tail = api.sse(api.chunk(call, rid, created, None, finish, first=first is None))
-            if call.include_usage:
-                tail += api.sse(api.usage_chunk(call, rid, created, out.prompt_tokens, out.tokens))
-            self.served += 1
-            yield tail + b"data: [DONE]\n\n", True  # the last events and the end of the body: one message
+                last = api.sse(exc.body())
+            else:
+                finish = api.finish_reason(out.stopped, out.tokens, call.params.max_tokens)
+                last = api.sse(api.chunk(call, rid, created, None, finish, first=first is None))
+                if call.include_usage:
+                    last += api.sse(api.usage_chunk(call, rid, created, out.prompt_tokens, out.tokens))
+                last += b"data: [DONE]\n\n"  # the last events and the end of the body: one message
+                self.served += 1
         finally:
             self.active -= 1
-
-
-HANGUP_POLL_S = 0.2  # how often the gateway checks whether streaming clients are still there
+        yield last, True
 
 
 class EventStream(Response):
     """A ``text/event-stream`` response that writes each event the moment it is produced.
 
     ``events`` yields ``(bytes, last)``; the item with ``last`` ends the body, in the same ASGI
-    message. Unlike Starlette's ``StreamingResponse``, it sends from the handler's own task and
-    starts no task of its own when ``gateway`` is reaping (:meth:`Gateway._reap`: the server
-    ran the app's lifespan, and its ASGI ``receive`` is a trio channel, as with Hypercorn's trio
-    worker); otherwise one task per stream waits for ``http.disconnect``. Either way a client
-    that hangs up has its stream cancelled, which closes ``events`` and abandons the overlay
-    request."""
+    message. Unlike Starlette's ``StreamingResponse``, the headers and the first event leave from
+    the handler's own task (no task switch before the first token), and one plain trio task
+    (no anyio task group) watches for the client hanging up (``http.disconnect``): the stream is
+    then cancelled, which closes ``events`` and abandons the overlay request."""
 
     media_type = "text/event-stream"
 
-    def __init__(self, events: AsyncGenerator[tuple[bytes, bool], None], headers: dict[str, str],
-                 gateway: Gateway) -> None:
+    def __init__(self, events: AsyncGenerator[tuple[bytes, bool], None], headers: dict[str, str]) -> None:
         self.status_code = 200
         self.background = None
         self.events = events
-        self.gateway = gateway
         self.init_headers(headers)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        channel = getattr(receive, "__self__", None)
-        if self.gateway.reaping and isinstance(channel, trio.MemoryReceiveChannel):
-            with trio.CancelScope() as cancel:
-                self.gateway.streams[cancel] = channel.receive_nowait
-                try:
-                    await self._send_all(send)
-                finally:
-                    del self.gateway.streams[cancel]
-            return
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
-            await self._send_all(send)
-            nursery.cancel_scope.cancel()
-
-    async def _send_all(self, send: Send) -> None:
-        async with aclosing(self.events) as events:
+        async with trio.open_nursery() as nursery, aclosing(self.events) as events:
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            watching = False
             async for data, last in events:
                 await send({"type": "http.response.body", "body": data, "more_body": not last})
                 if last:
                     break
+                if not watching:  # after the first event, which leaves before the watcher starts
+                    nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
+                    watching = True
+            nursery.cancel_scope.cancel()
 
 
 async def _cancel_on_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
     scope.cancel()
-
-
-def _hung_up(receive_nowait: Callable[[], object]) -> bool:
-    """Whether a stream's ASGI receive channel says its client is gone (never blocks)."""
-    try:
-        message = receive_nowait()
-    except trio.WouldBlock:
-        return False
-    except (trio.EndOfChannel, trio.ClosedResourceError, trio.BrokenResourceError):
-        return True
-    return not isinstance(message, dict) or message.get("type") == "http.disconnect"
 
 
 async def _first(gen: AsyncGenerator[str, None]) -> str | None:
