@@ -347,15 +347,17 @@ class ModelNode:
                     break
 
     def _chunk(self, req: Request, seq: int, text: str, ids: tuple[int, ...], *, done: bool = False,
-               error: str = "", signer: ReplySigner | None = None) -> ReplyChunk:
+               error: str = "", signer: ReplySigner | None = None, prompt_tokens: int = 0) -> ReplyChunk:
         """A reply chunk; with ``signer`` (every output chunk) it carries the reply's hash chain
-        after it and this node's signature over it (:mod:`overlay.signing`)."""
+        after it and this node's signature over it (:mod:`overlay.signing`), and the prompt's
+        token count."""
         chain, signature, signed_at_ms = b"", b"", 0
         if signer is not None:
             signed_at_ms = int(self.clock.unix() * 1000)
             chain, signature = signer.add(text, ids, done, signed_at_ms, self.identity.sign)
         return ReplyChunk(request_id=req.request_id, seq=seq, text=text, token_ids=ids, done=done, error=error,
-                          node=self.identity.node_id, chain=chain, signature=signature, signed_at_ms=signed_at_ms)
+                          node=self.identity.node_id, chain=chain, signature=signature, signed_at_ms=signed_at_ms,
+                          prompt_tokens=prompt_tokens)
 
     async def handle(self, req: Request, *, forwarded: bool = False,
                      direct: bool = False) -> AsyncGenerator[ReplyChunk, None]:
@@ -498,7 +500,8 @@ class ModelNode:
                     work.produced += len(piece.token_ids)
                     if seq == 0 or now - last >= CHUNK_INTERVAL or size >= CHUNK_MAX_CHARS:
                         all_ids.extend(ids)
-                        yield self._chunk(req, seq, "".join(buf), tuple(ids), signer=signer)
+                        yield self._chunk(req, seq, "".join(buf), tuple(ids), signer=signer,
+                                          prompt_tokens=len(prompt_ids))
                         seq, buf, ids, size, last = seq + 1, [], [], 0, now
         except EngineError as exc:  # the engine failed mid-reply: say so (unsigned; the client fails over)
             log.warning("engine failed during a reply: %s", exc)
@@ -516,7 +519,7 @@ class ModelNode:
             log.info("served %d prompt tokens (%d evaluated), %d output tokens, ttft %.3fs",
                      gen.stats.prompt_tokens, gen.stats.evaluated_prompt_tokens, gen.stats.output_tokens,
                      gen.stats.ttft_s)
-        yield self._chunk(req, seq, "".join(buf), tuple(ids), done=True, signer=signer)
+        yield self._chunk(req, seq, "".join(buf), tuple(ids), done=True, signer=signer, prompt_tokens=len(prompt_ids))
 
     async def serve(
         self, host: str = "127.0.0.1", port: int = 0, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED

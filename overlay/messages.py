@@ -282,7 +282,9 @@ class ReplyChunk:
     before it (:func:`overlay.signing.chain_next`), and the node's Ed25519 ``signature``
     over :func:`overlay.signing.reply_signing_bytes` (request digest, ``chain``, ``done``,
     model, node id, ``signed_at_ms``). Error chunks carry an empty chain and signature: they
-    are never an answer."""
+    are never an answer. ``prompt_tokens`` (output chunks; 0 on error chunks) is how many
+    tokens the serving node's prompt held, for the ``usage`` a client reports. It is not
+    signed: an accounting figure, not part of the answer."""
 
     request_id: bytes = field(exact=REQUEST_ID_LEN)
     seq: int = field()
@@ -294,3 +296,4 @@ class ReplyChunk:
     chain: bytes = field(max=32)
     signature: bytes = field(max=64)
     signed_at_ms: int = field()
+    prompt_tokens: int = field(default=0)

@@ -15,6 +15,11 @@ model node's signature (``reply_unverified``: never returned as a success), 503 
 reachable or fewer proxy paths ready than a request needs. An error after streaming began is
 sent as a last ``data: {"error": ...}`` event and the stream ends without ``[DONE]``. Only
 verified text is ever sent: the anonymous client yields nothing that failed its check.
+
+Beyond OpenAI's fields, a reply's headers say which model nodes served it
+(``x-gentorrent-node``: hex ids, comma-separated and in order when a failover handed the
+reply on) and, when not streamed, whether its signatures were checked to its end
+(``x-gentorrent-verified``).
 """
 
 from __future__ import annotations
@@ -22,10 +27,10 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import logging
+import os
 import sys
 import time
-import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -33,8 +38,9 @@ from typing import Any, Protocol
 import trio
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from overlay.anon import AllBusy, AnonError, ReplyUnverified
 from overlay.clock import Clock, TrioClock
@@ -80,7 +86,8 @@ class AnonBackend:
     async def request(self, model: str, messages: Sequence[ChatMessage], params: SamplingParams,
                       node: bytes | None) -> AsyncGenerator[ReplyChunk, None]:
         try:
-            await self.client.paths.wait_ready(self.client.n, self.paths_timeout)
+            if len(self.client.paths.ready_paths()) < self.client.n:  # the usual case skips the wait's set-up
+                await self.client.paths.wait_ready(self.client.n, self.paths_timeout)
         except PathError as exc:
             raise api.ApiError(503, f"not enough proxy paths to send a request anonymously: {exc}",
                                type="service_unavailable", code="not_enough_paths") from None
@@ -108,14 +115,24 @@ def error_for(exc: AnonError) -> api.ApiError:
 
 @dataclass
 class Outcome:
-    """What a finished call produced (for the final chunk, the affinity map and the chat UI)."""
+    """What a finished call produced (for the final chunk, the affinity map and the headers).
+
+    ``nodes``: every model node that served a part of the reply, in order (more than one
+    after a failover); ``prompt_tokens``: the prompt's token count as the first of them
+    reported it."""
 
     text: list[str] = field(default_factory=list)
     tokens: int = 0
-    node: bytes | None = None
+    prompt_tokens: int = 0
+    nodes: list[bytes] = field(default_factory=list)
     verified: bool = False
     stopped: bool = False
     first_piece_s: float | None = None
+
+    @property
+    def node(self) -> bytes | None:
+        """The node that served the end of the reply (the one follow-ups go back to)."""
+        return self.nodes[-1] if self.nodes else None
 
 
 async def pieces(
@@ -131,7 +148,10 @@ async def pieces(
                                         affinity.node_for(call.model, call.messages))) as chunks:
         async for c in chunks:
             out.tokens += len(c.token_ids)
-            out.node = c.node
+            if not out.prompt_tokens:
+                out.prompt_tokens = c.prompt_tokens
+            if not out.nodes or out.nodes[-1] != c.node:
+                out.nodes.append(c.node)
             text, stopped = scanner.feed(c.text)
             if text:
                 if out.first_piece_s is None:
@@ -165,9 +185,9 @@ class Gateway:
         self.served = 0
         self.affinity = api.Affinity()
         self.app = Starlette(routes=[
-            Route("/v1/models", self.list_models, methods=["GET"]),
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/models", self.list_models, methods=["GET"]),
         ])
 
     async def list_models(self, request: Request) -> Response:
@@ -209,14 +229,12 @@ class Gateway:
                 first = await _first(gen)
             except AnonError as exc:
                 raise error_for(exc) from None
-            rid = ("chatcmpl-" if call.kind == "chat" else "cmpl-") + uuid.uuid4().hex
+            rid = ("chatcmpl-" if call.kind == "chat" else "cmpl-") + os.urandom(16).hex()
             created = int(self.clock.unix())
             if call.stream:
                 release = False  # the stream releases the slot when it ends
-                return StreamingResponse(self._stream(call, rid, created, first, gen, out),
-                                         media_type="text/event-stream",
-                                         headers={"cache-control": "no-cache",
-                                                  "x-gentorrent-node": out.node.hex() if out.node else ""})
+                return EventStream(self._stream(call, rid, created, first, gen, out),
+                                   {"cache-control": "no-cache", "x-gentorrent-node": _nodes(out)})
             texts = [] if first is None else [first]
             try:
                 async with aclosing(gen):
@@ -226,7 +244,8 @@ class Gateway:
                 raise error_for(exc) from None
             self.served += 1
             finish = api.finish_reason(out.stopped, out.tokens, call.params.max_tokens)
-            return JSONResponse(api.response(call, rid, created, "".join(texts), finish, out.tokens),
+            return JSONResponse(api.response(call, rid, created, "".join(texts), finish, out.prompt_tokens,
+                                             out.tokens),
                                 headers=_served_headers(out))
         except api.ApiError as exc:
             return _error(exc)
@@ -235,29 +254,71 @@ class Gateway:
                 self.active -= 1
 
     async def _stream(self, call: api.Call, rid: str, created: int, first: str | None,
-                      gen: AsyncGenerator[str, None], out: Outcome) -> AsyncIterator[bytes]:
+                      gen: AsyncGenerator[str, None], out: Outcome) -> AsyncGenerator[tuple[bytes, bool], None]:
+        """The reply's events as ``(bytes, last)``: the last one ends the body. The call's slot
+        is released before the last event leaves (or when the stream is abandoned), so a client
+        that has read the whole reply never finds its slot still taken."""
+        last: bytes | None = None
         try:
+            piece = api.ChunkEncoder(call, rid, created)
             if first is not None:
-                yield api.sse(api.chunk(call, rid, created, first, None, first=True))
+                yield piece.first(first), False
             try:
                 async with aclosing(gen):
                     async for t in gen:
-                        yield api.sse(api.chunk(call, rid, created, t, None, first=first is None))
-                        first = first or t
+                        yield (piece.text(t) if first is not None else piece.first(t)), False
+                        first = t
             except AnonError as exc:
-                yield api.sse(error_for(exc).body())
-                return
+                last = api.sse(error_for(exc).body())
             except api.ApiError as exc:
-                yield api.sse(exc.body())
-                return
-            finish = api.finish_reason(out.stopped, out.tokens, call.params.max_tokens)
-            tail = api.sse(api.chunk(call, rid, created, None, finish, first=first is None))
-            if call.include_usage:
-                tail += api.sse(api.usage_chunk(call, rid, created, out.tokens))
-            yield tail + api.sse("[DONE]")  # one write for the last events
-            self.served += 1
+                last = api.sse(exc.body())
+            else:
+                finish = api.finish_reason(out.stopped, out.tokens, call.params.max_tokens)
+                last = api.sse(api.chunk(call, rid, created, None, finish, first=first is None))
+                if call.include_usage:
+                    last += api.sse(api.usage_chunk(call, rid, created, out.prompt_tokens, out.tokens))
+                last += b"data: [DONE]\n\n"  # the last events and the end of the body: one message
+                self.served += 1
         finally:
             self.active -= 1
+        yield last, True
+
+
+class EventStream(Response):
+    """A ``text/event-stream`` response that writes each event the moment it is produced.
+
+    ``events`` yields ``(bytes, last)``; the item with ``last`` ends the body, in the same ASGI
+    message. Unlike Starlette's ``StreamingResponse``, the headers and the first event leave from
+    the handler's own task (no task switch before the first token), and one plain trio task
+    (no anyio task group) watches for the client hanging up (``http.disconnect``): the stream is
+    then cancelled, which closes ``events`` and abandons the overlay request."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, events: AsyncGenerator[tuple[bytes, bool], None], headers: dict[str, str]) -> None:
+        self.status_code = 200
+        self.background = None
+        self.events = events
+        self.init_headers(headers)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async with trio.open_nursery() as nursery, aclosing(self.events) as events:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            watching = False
+            async for data, last in events:
+                await send({"type": "http.response.body", "body": data, "more_body": not last})
+                if last:
+                    break
+                if not watching:  # after the first event, which leaves before the watcher starts
+                    nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
+                    watching = True
+            nursery.cancel_scope.cancel()
+
+
+async def _cancel_on_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    scope.cancel()
 
 
 async def _first(gen: AsyncGenerator[str, None]) -> str | None:
@@ -268,15 +329,37 @@ async def _first(gen: AsyncGenerator[str, None]) -> str | None:
         return None
 
 
+def _nodes(out: Outcome) -> str:
+    return ",".join(n.hex() for n in out.nodes)
+
+
 def _served_headers(out: Outcome) -> dict[str, str]:
-    """Which model node served and whether its signature was checked (not OpenAI fields; a
-    stream carries only the node, since its headers leave before the last chunk is checked)."""
-    return {"x-gentorrent-node": out.node.hex() if out.node else "",
+    """Which model nodes served (comma-separated hex ids, in order: more than one after a
+    failover) and whether the reply's signatures were checked to its end (not OpenAI fields;
+    a stream's headers leave with its first text, so they name only the node that sent it)."""
+    return {"x-gentorrent-node": _nodes(out),
             "x-gentorrent-verified": "true" if out.verified else "false"}
 
 
 def _error(exc: api.ApiError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status)
+
+
+def server_config(bind: str) -> Any:
+    """Hypercorn's config for the gateway on ``bind`` (``HOST:PORT``; ``[V6]:PORT``): no access
+    log, errors to the ``gentorrent.gateway.http`` logger, no ``server`` header, kept-alive
+    connections reused for up to 100,000 calls (an OpenAI client pools a few), 1 s to finish
+    calls on shutdown."""
+    from hypercorn.config import Config as HyperConfig
+
+    hc = HyperConfig()
+    hc.bind = [bind]
+    hc.accesslog = None
+    hc.errorlog = logging.getLogger("gentorrent.gateway.http")
+    hc.include_server_header = False
+    hc.keep_alive_max_requests = 100_000
+    hc.graceful_timeout = 1.0
+    return hc
 
 
 def is_loopback(host: str) -> bool:
@@ -290,7 +373,6 @@ def is_loopback(host: str) -> bool:
 
 def run_serve(args: argparse.Namespace) -> int:
     """Start the user node and the HTTP gateway; print ``READY <base url>`` once both listen."""
-    from hypercorn.config import Config as HyperConfig
     from hypercorn.trio import serve
 
     from overlay.cli import CliError, resolve_config, run_async
@@ -323,11 +405,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
     backend = AnonBackend(user.client, models, timeout=args.timeout, paths_timeout=args.paths_timeout)
     gateway = Gateway(backend, max_body=args.max_body, max_concurrent=args.max_concurrent)
-    hc = HyperConfig()
-    hc.bind = [f"[{args.host}]:{args.port}" if ":" in args.host else f"{args.host}:{args.port}"]
-    hc.accesslog = None
-    hc.errorlog = logging.getLogger("gentorrent.gateway.http")
-    hc.graceful_timeout = 1.0
+    hc = server_config(f"[{args.host}]:{args.port}" if ":" in args.host else f"{args.host}:{args.port}")
     if args.listen_public and not is_loopback(args.host):
         print(f"gentorrent: WARNING: the gateway listens on {args.host}, beyond loopback, with no "
               "authentication: anyone who reaches it sends prompts through your user node.", file=sys.stderr)

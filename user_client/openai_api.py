@@ -15,7 +15,9 @@ and :class:`~overlay.messages.SamplingParams`, nothing else):
   chunk returned passed its signature check, but the final one is never seen: ``verified`` is
   false for such a reply, as it is not known to be complete).
 - ``usage.completion_tokens``: the number of token ids the model node sent (they are signed);
-  ``usage.prompt_tokens`` is 0: the protocol does not report the prompt's token count.
+  ``usage.prompt_tokens``: the prompt's token count as the serving model node reports it on
+  each reply chunk (after its chat template; not signed: an accounting figure; after a
+  failover, the first node's count, since the next one's prompt also holds the continuation).
 - ``finish_reason``: ``"stop"`` for a stop string or a reply shorter than ``max_tokens``,
   ``"length"`` when the reply used all ``max_tokens``.
 - Unknown fields are ignored (clients send many); fields whose value we cannot honour
@@ -283,11 +285,13 @@ def finish_reason(stopped: bool, completion_tokens: int, max_tokens: int) -> str
     return "length" if not stopped and completion_tokens >= max_tokens else "stop"
 
 
-def usage(completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": 0, "completion_tokens": completion_tokens, "total_tokens": completion_tokens}
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
 
 
-def response(call: Call, rid: str, created: int, text: str, finish: str, completion_tokens: int) -> dict[str, Any]:
+def response(call: Call, rid: str, created: int, text: str, finish: str, prompt_tokens: int,
+             completion_tokens: int) -> dict[str, Any]:
     """The non-streaming answer: a ``chat.completion`` or a ``text_completion`` object."""
     if call.kind == "chat":
         choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
@@ -297,7 +301,7 @@ def response(call: Call, rid: str, created: int, text: str, finish: str, complet
         choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
         obj = "text_completion"
     return {"id": rid, "object": obj, "created": created, "model": call.model, "choices": [choice],
-            "usage": usage(completion_tokens)}
+            "usage": usage(prompt_tokens, completion_tokens)}
 
 
 def chunk(call: Call, rid: str, created: int, text: str | None, finish: str | None, *,
@@ -318,11 +322,40 @@ def chunk(call: Call, rid: str, created: int, text: str | None, finish: str | No
     return {"id": rid, "object": obj, "created": created, "model": call.model, "choices": [choice]}
 
 
-def usage_chunk(call: Call, rid: str, created: int, completion_tokens: int) -> dict[str, Any]:
+class ChunkEncoder:
+    """The server-sent events of one streamed reply's text pieces, byte for byte what
+    ``sse(chunk(call, rid, created, text, None, first=...))`` gives; the JSON around the text of
+    the pieces after the first is built once per reply (at the second of them) rather than once
+    per piece."""
+
+    _MARK = "\x00gentorrent-text\x00"
+
+    def __init__(self, call: Call, rid: str, created: int) -> None:
+        self.call, self.rid, self.created = call, rid, created
+        self._texts = 0
+        self._around: tuple[bytes, bytes] | None = None
+
+    def text(self, text: str) -> bytes:
+        """The event of a piece after the first."""
+        self._texts += 1
+        if self._texts == 2:
+            parts = sse(chunk(self.call, self.rid, self.created, self._MARK, None)).split(
+                json.dumps(self._MARK).encode())
+            self._around = (parts[0], parts[1]) if len(parts) == 2 else None  # None: the mark is ambiguous
+        if self._around is None:
+            return sse(chunk(self.call, self.rid, self.created, text, None))
+        return self._around[0] + json.dumps(text).encode() + self._around[1]
+
+    def first(self, text: str) -> bytes:
+        """The event of the first piece (a chat's first chunk also names the assistant role)."""
+        return sse(chunk(self.call, self.rid, self.created, text, None, first=True))
+
+
+def usage_chunk(call: Call, rid: str, created: int, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
     """The extra last chunk of ``stream_options.include_usage``: no choices, the usage."""
     obj = "chat.completion.chunk" if call.kind == "chat" else "text_completion"
     return {"id": rid, "object": obj, "created": created, "model": call.model, "choices": [],
-            "usage": usage(completion_tokens)}
+            "usage": usage(prompt_tokens, completion_tokens)}
 
 
 def models_list(models: Sequence[str]) -> dict[str, Any]:

@@ -20,6 +20,14 @@ drops into an interactive chat once the network is up; the network stops when it
 Ctrl-C (or SIGTERM) stops every node it started, waiting for each to exit: none is left
 behind.
 
+State under ``DATA_DIR/devnet`` is reused on the next start: the nodes' keys, and
+``devnet.json`` (:data:`STATE_FILE`), which records the committee's chain id and every
+node's and verifier's loopback port. A second start on the same data dir resumes the same
+chain (same genesis, same CometBFT homes, the blocks committed so far) on the same ports, so
+it skips the committee's set-up; ``--fresh`` starts a new chain on new ports instead (keys are
+kept). If a recorded port is taken, or the recorded state cannot be resumed, devnet stops
+before starting anything and says so, naming ``--fresh``.
+
 Devnet spawns processes rather than importing roles, so ``overlay`` still
 imports no role package.
 """
@@ -27,6 +35,8 @@ imports no role package.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import signal
 import subprocess
 import sys
@@ -40,11 +50,13 @@ from overlay.cli import CliError, common_flags, resolve_config, run_async
 from overlay.clock import Clock, TrioClock
 from overlay.identity import load_or_create, short_id
 from overlay.messages import PeerStatus
-from overlay.tools.localnet import LocalNet, LocalNetError, cli
+from overlay.tools.localnet import DEVNET_CHAIN_ID, LocalNet, LocalNetError, cli, ports_taken
 from overlay.tools.status import query_all
 from overlay.transport import TLSTransport
 
 REGISTRY_KEYS = 4
+STATE_FILE = "devnet.json"
+STATE_VERSION = 1
 VERIFIERS = 4
 DEFAULT_MODEL = "smollm2-135m-instruct"  # what `gentorrent model-node --engine llama.cpp` serves by default
 DEMO_TURNS = {
@@ -83,6 +95,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--no-demo", action="store_true", help="skip the demo chat")
     p.add_argument("--chat", action="store_true",
                    help="drop into an interactive chat once the network is up; the network stops when you leave")
+    p.add_argument("--fresh", action="store_true",
+                   help="start a new committee chain on new ports instead of resuming the one recorded in "
+                        f"DATA_DIR/devnet/{STATE_FILE} (node keys are kept)")
     out = p.add_mutually_exclusive_group()
     out.add_argument("--verbose", action="store_true", help="also print each node's command and log file")
     out.add_argument("--quiet", action="store_true", help="no progress display, table or demo: only errors and "
@@ -230,6 +245,76 @@ def demo_chat(net: LocalNet, config: Path, engine: str) -> int:
     return subprocess.run(cmd, timeout=180).returncode
 
 
+def load_state(path: Path) -> dict[str, Any] | None:
+    """The devnet state recorded in ``path`` (``None`` if there is none): ``version``,
+    ``chain_id``, ``verifiers`` (the committee's size) and ``ports`` (name -> loopback port, as
+    :class:`LocalNet` takes them). :class:`CliError` naming ``--fresh`` if it is unreadable."""
+    try:
+        raw = path.read_text()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise CliError(f"cannot read the devnet state {path}: {exc.strerror or exc}; pass --fresh to start a new "
+                       "chain") from None
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        doc = None
+    ok = (isinstance(doc, dict) and doc.get("version") == STATE_VERSION and isinstance(doc.get("chain_id"), str)
+          and type(doc.get("verifiers")) is int and isinstance(doc.get("ports"), dict)
+          and all(type(v) is int and 0 < v < 65536 for v in doc["ports"].values()))
+    if not ok:
+        raise CliError(f"{path} is not a devnet state this version of gentorrent understands; pass --fresh to "
+                       "start a new chain")
+    assert isinstance(doc, dict)
+    return doc
+
+
+def save_state(path: Path, net: LocalNet, recorded: dict[str, Any] | None) -> None:
+    """Record ``net``'s chain id, committee size and ports in ``path`` (keeping recorded ports of
+    nodes this run does not start, for a later run that does)."""
+    ports = {**(recorded or {}).get("ports", {}), **net.ports}
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"version": STATE_VERSION, "chain_id": net.chain_id, "verifiers": len(net.verifiers),
+                               "ports": ports}, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def open_net(root: Path, args: argparse.Namespace, model: str) -> tuple[LocalNet, dict[str, Any] | None]:
+    """The :class:`LocalNet` to start, and the state it resumes (``None``: a new chain on new
+    ports, as with ``--fresh``). :class:`CliError` naming ``--fresh`` when the recorded state is
+    for another committee size, its chain cannot be resumed, or one of its ports is taken."""
+    path = root / STATE_FILE
+    recorded = None
+    if args.fresh:
+        path.unlink(missing_ok=True)
+    else:
+        recorded = load_state(path)
+    if recorded is not None and recorded["verifiers"] != args.verifiers:
+        raise CliError(f"the devnet in {root} has a committee of {recorded['verifiers']} verifiers, not "
+                       f"{args.verifiers}: pass --verifiers {recorded['verifiers']} to resume it, or --fresh to start "
+                       "a new chain")
+    chain_id = recorded["chain_id"] if recorded is not None else f"{DEVNET_CHAIN_ID}-{os.urandom(4).hex()}"
+    net = LocalNet(root, args.relays, users=("you",), models=args.models, model=model, engine=args.engine,
+                   registry_keys=REGISTRY_KEYS, ping_interval=PING_INTERVAL, echo_delay=0.02,
+                   committee=args.verifiers, ports=recorded["ports"] if recorded is not None else None,
+                   chain_id=chain_id)
+    if recorded is None:
+        return net, None
+    if net.verifiers:
+        why = net.committee_state()
+        if why is not None:
+            raise CliError(f"cannot resume the devnet's chain {chain_id} in {root}: {why}; pass --fresh to start a "
+                           "new chain (node keys are kept)")
+    taken = ports_taken({n: p for n, p in net.ports.items() if n in recorded["ports"]})
+    if taken:
+        shown = ", ".join(f"{n} (127.0.0.1:{net.ports[n]})" for n in taken[:6]) + (" ..." if len(taken) > 6 else "")
+        raise CliError(f"ports recorded in {path} are in use: {shown}. Is a devnet still running on this data dir "
+                       "(stop it first), or another program on those ports? Pass --fresh to start a new chain on "
+                       "new ports")
+    return net, recorded
+
+
 def _run(args: argparse.Namespace) -> int:
     cfg = resolve_config(args)
     if not 4 <= args.relays <= 200:
@@ -243,9 +328,9 @@ def _run(args: argparse.Namespace) -> int:
     if not (args.verifiers == 0 or 1 <= args.verifiers <= 7):
         raise CliError("--verifiers must be between 1 and 7, or 0 for a signed registry file")
     model = DEFAULT_MODEL if args.engine == "llama.cpp" else "echo"
-    net = LocalNet(root, args.relays, users=("you",), models=args.models, model=model, engine=args.engine,
-                   registry_keys=REGISTRY_KEYS, ping_interval=PING_INTERVAL, echo_delay=0.02,
-                   committee=args.verifiers)
+    root.mkdir(parents=True, exist_ok=True)
+    net, recorded = open_net(root, args, model)
+    resume = recorded is not None and bool(net.verifiers)
     chat_config = net.config_toml("you", root / "chat.toml")
     show = not args.quiet
 
@@ -254,15 +339,32 @@ def _run(args: argparse.Namespace) -> int:
             print(text, flush=True)
 
     committee = f"a committee of {args.verifiers} verifiers, then " if args.verifiers else ""
+    chain = ""
+    if net.verifiers:
+        chain = (f"; resuming chain {net.chain_id} recorded in {root / STATE_FILE} (--fresh starts a new one)" if resume
+                 else f"; new chain {net.chain_id}")
     say(f"devnet: starting {committee}{args.relays} relays and {args.models} model node(s) ({args.engine}, {model}) "
-        f"on 127.0.0.1 (state in {root})")
+        f"on 127.0.0.1 (state in {root}{chain})")
     t0 = net.clock.monotonic()
     try:
         with sigterm_as_interrupt():
             if net.verifiers:  # the nodes start with the committee: they wait for it to answer
-                net.launch_committee()
+                net.launch_committee(resume=resume)
+                save_state(root / STATE_FILE, net, recorded)
                 spawn_nodes(net, verbose=args.verbose)
-                start_committee(net, args.ready_timeout, show=show, verbose=args.verbose)
+                try:
+                    start_committee(net, args.ready_timeout, show=show, verbose=args.verbose)
+                except LocalNetError as exc:
+                    if resume:
+                        raise LocalNetError(f"{exc}. The chain {net.chain_id} was resumed from {root}: if that state "
+                                            "is from another version of gentorrent, pass --fresh to start a new "
+                                            "chain") from None
+                    raise
+                height = net.height()
+                say(f"devnet: committee up: chain {net.chain_id} at height {height}" +
+                    (" (resumed)" if resume else ""))
+            else:
+                save_state(root / STATE_FILE, net, recorded)
             start_nodes(net, args.ready_timeout, show=show, verbose=args.verbose, spawn=not net.verifiers)
             state = run_async(wait_up, net, args.ready_timeout)
             for row in health_table(net, state["results"]):
@@ -273,10 +375,12 @@ def _run(args: argparse.Namespace) -> int:
                 return 1
             if net.verifiers:
                 say(f"devnet: all {len(state['entries'])} nodes healthy, registered with the committee "
-                    f"(RPC {net.committee_addresses}; genesis {net.genesis_file}); up in {net.clock.monotonic() - t0:.1f} s")
+                    f"(RPC {net.committee_addresses}; genesis {net.genesis_file})")
             else:
                 say(f"devnet: all {len(state['entries'])} nodes healthy. Registry: {net.registry_file} "
-                    f"(signed by {REGISTRY_KEYS} registry keys); up in {net.clock.monotonic() - t0:.1f} s")
+                    f"(signed by {REGISTRY_KEYS} registry keys)")
+            how = ("resumed chain " if resume else "new chain ") + net.chain_id if net.verifiers else "no committee"
+            print(f"devnet: up in {net.clock.monotonic() - t0:.1f} s ({how})", flush=True)
             if not args.no_demo and not args.quiet:
                 say("devnet: demo chat through the anonymous overlay (3-hop proxy paths, (4,3) S-IDA cloves):")
                 if demo_chat(net, chat_config, args.engine) != 0:

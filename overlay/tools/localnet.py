@@ -19,7 +19,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,8 @@ from overlay.crypto import SigningKey
 from overlay.identity import Identity, load_or_create
 from overlay.peers import PeerEntry
 from overlay.transport import format_address
+
+DEVNET_CHAIN_ID = "gentorrent-devnet"
 
 
 class LocalNetError(Exception):
@@ -48,6 +50,23 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
         for s in socks:
             s.close()
     return ports
+
+
+def ports_taken(ports: Mapping[str, int], host: str = "127.0.0.1") -> list[str]:
+    """The names of ``ports`` whose port cannot be listened on now (another process holds it).
+
+    Binds as servers do (``SO_REUSEADDR``), so a port left in TIME_WAIT by a stopped node
+    counts as free."""
+    taken = []
+    for name, port in ports.items():
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((host, port))
+                s.listen(1)
+            except OSError:
+                taken.append(name)
+    return taken
 
 
 def cli(*args: str) -> list[str]:
@@ -72,6 +91,8 @@ class LocalNet:
         clock: Clock | None = None,
         committee: int = 0,
         timeout_commit: str = "500ms",
+        ports: Mapping[str, int] | None = None,
+        chain_id: str = DEVNET_CHAIN_ID,
     ) -> None:
         """``users`` names extra registered user identities that this class does not
         start (chat clients, benchmark clients, test sinks). ``engine``: the model nodes'
@@ -85,7 +106,10 @@ class LocalNet:
         and times the waits for processes. ``committee``: run that many verifiers (CometBFT
         validators, ``gentorrent verifier``; :meth:`start_committee`) and let every node register
         with them instead of reading a registry file (none is written); ``timeout_commit`` is their
-        CometBFT block pause."""
+        CometBFT block pause, ``chain_id`` their chain's id. ``ports``: fixed loopback ports by
+        name (a node's name; ``verifier-I.p2p`` and ``verifier-I.rpc`` for a verifier's CometBFT
+        ports); every port not named there is one the OS finds free now (:attr:`ports` holds them
+        all, to be given back on a later run that resumes the same network)."""
         self.clock: Clock = clock or SystemClock()
         self.root = root
         self.engine = engine
@@ -95,20 +119,26 @@ class LocalNet:
         self.ping_interval = ping_interval
         self.echo_delay = echo_delay
         self.model = model
-        ports = iter(free_ports(n_relays + models + len(users) + 2 * committee))
+        verifiers = [f"verifier-{i}" for i in range(committee)]
+        wanted = [f"relay-{i}" for i in range(n_relays)] + [f"model-{i}" for i in range(models)] + list(users) + [
+            f"{v}.{what}" for v in verifiers for what in ("p2p", "rpc")]
+        fixed = dict(ports or {})
+        fresh = iter(free_ports(sum(w not in fixed for w in wanted)))
+        self.ports: dict[str, int] = {w: fixed[w] if w in fixed else next(fresh) for w in wanted}
+        self.chain_id = chain_id
         self.names: list[str] = []
         self.identities: dict[str, Identity] = {}
         self.entries: dict[str, PeerEntry] = {}
         for i in range(n_relays):
-            self._add(f"relay-{i}", next(ports), "user")
+            self._add(f"relay-{i}", self.ports[f"relay-{i}"], "user")
         for i in range(models):
-            self._add(f"model-{i}", next(ports), "model")
+            self._add(f"model-{i}", self.ports[f"model-{i}"], "model")
         for u in users:
-            self._add(u, next(ports), "user")
+            self._add(u, self.ports[u], "user")
         self.relays = [f"relay-{i}" for i in range(n_relays)]
         self.models = [f"model-{i}" for i in range(models)]
-        self.verifiers = [f"verifier-{i}" for i in range(committee)]
-        self.verifier_ports = {v: (next(ports), next(ports)) for v in self.verifiers}  # (p2p, rpc)
+        self.verifiers = verifiers
+        self.verifier_ports = {v: (self.ports[f"{v}.p2p"], self.ports[f"{v}.rpc"]) for v in verifiers}  # (p2p, rpc)
         self.timeout_commit = timeout_commit
         self.genesis_file = root / "committee-genesis.json"
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -160,9 +190,31 @@ class LocalNet:
 
     # ------------------------------------------------------------------ the committee
 
+    def committee_state(self) -> str | None:
+        """Why the verifiers' homes under ``root`` cannot resume this committee's chain, or
+        ``None`` when they can: each home holds CometBFT's config and a genesis of chain
+        :attr:`chain_id` equal to :attr:`genesis_file` (CometBFT replays to the application
+        whatever blocks its state lacks)."""
+        try:
+            genesis = json.loads(self.genesis_file.read_text())
+        except (OSError, ValueError) as exc:
+            return f"the committee's genesis {self.genesis_file} is unreadable ({exc})"
+        if not isinstance(genesis, dict) or genesis.get("chain_id") != self.chain_id:
+            return f"{self.genesis_file} is not the genesis of chain {self.chain_id!r}"
+        for v in self.verifiers:
+            home = self.root / v / "cometbft" / "config"
+            try:
+                installed = json.loads((home / "genesis.json").read_text())
+            except (OSError, ValueError):
+                return f"{v} has no CometBFT home with a genesis in {home}"
+            if installed != genesis or not (home / "config.toml").is_file():
+                return f"{v}'s CometBFT home {home} belongs to another chain"
+        return None
+
     def init_committee(self) -> None:
-        """``gentorrent verifier init`` for each verifier (a fresh home: a devnet's chain starts anew
-        each run), then one genesis from their keys, installed in each (``verifier genesis --install``)."""
+        """``gentorrent verifier init`` for each verifier (a fresh home: whatever chain was there
+        is dropped), then one genesis of :attr:`chain_id` from their keys, installed in each
+        (``verifier genesis --install``)."""
         procs = []
         for v in self.verifiers:  # in parallel: each is a Python start-up plus `cometbft init`
             shutil.rmtree(self.root / v, ignore_errors=True)
@@ -175,7 +227,7 @@ class LocalNet:
             _, err = proc.communicate()
             if proc.returncode != 0:
                 raise LocalNetError(f"{v}: verifier init failed: {err.decode(errors='replace').strip()[-500:]}")
-        done = subprocess.run(cli("verifier", "genesis", "--chain-id", "gentorrent-devnet", "--out",
+        done = subprocess.run(cli("verifier", "genesis", "--chain-id", self.chain_id, "--out",
                                   str(self.genesis_file), "--install", *[str(self.root / v) for v in self.verifiers]),
                               capture_output=True)
         if done.returncode != 0:
@@ -195,10 +247,12 @@ class LocalNet:
             return False
         return isinstance(res, dict) and int(res.get("response", {}).get("code", 1)) == 0
 
-    def launch_committee(self) -> None:
-        """Init the verifiers and spawn them (nodes may be spawned right after: they wait for the
-        committee to answer, :data:`overlay.registration.START_WAIT_S`)."""
-        self.init_committee()
+    def launch_committee(self, *, resume: bool = False) -> None:
+        """Init the verifiers (unless ``resume``: their homes hold the chain already, see
+        :meth:`committee_state`) and spawn them (nodes may be spawned right after: they wait for
+        the committee to answer, :data:`overlay.registration.START_WAIT_S`)."""
+        if not resume:
+            self.init_committee()
         for v in self.verifiers:
             self.spawn(v)
 
@@ -223,6 +277,16 @@ class LocalNet:
         """Init, start every verifier, and wait until each serves signed lists."""
         self.launch_committee()
         self.wait_committee(timeout, on_progress)
+
+    def height(self) -> int:
+        """The committee's latest block height, from the first verifier that answers (0: none)."""
+        for v in self.verifiers:
+            try:
+                res: Any = self.rpc(v, "status")
+                return int(res["sync_info"]["latest_block_height"])
+            except (OSError, ValueError, KeyError, TypeError, urllib.error.URLError):
+                continue
+        return 0
 
     def validator_keys(self) -> list[str]:
         """The committee's validator keys (base64, from its genesis)."""

@@ -3,11 +3,14 @@ that leaves no node process behind."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -82,4 +85,74 @@ def test_stopping_devnet_leaves_no_process_behind(tmp_path, sig):
             proc.kill()
             proc.wait()
         for p in [p for p in locals().get("nodes", ()) if alive(p)]:
+            os.kill(p, signal.SIGKILL)  # leave nothing behind even when the test fails
+
+
+def devnet_until_up(tmp_path: Path, started: list[subprocess.Popen[str]], *extra: str) -> str:
+    """Start devnet (echo, 12 relays, 1 model node) on ``tmp_path`` (appended to ``started``);
+    its output up to 'press Ctrl-C'."""
+    proc = subprocess.Popen([sys.executable, "-m", "overlay.cli", "devnet", "--engine", "echo", "--relays", "12",
+                             "--models", "1", "--data-dir", str(tmp_path), *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    started.append(proc)
+    assert proc.stdout is not None
+    lines = []
+    deadline = time.monotonic() + 180
+    for line in proc.stdout:
+        lines.append(line)
+        if "press Ctrl-C" in line or time.monotonic() > deadline:
+            break
+    text = "".join(lines)
+    assert "press Ctrl-C" in text, text + (proc.stderr.read() if proc.stderr else "")
+    return text
+
+
+def committee_height(tmp_path: Path) -> tuple[str, int]:
+    """(chain id, latest height) from the running devnet's first verifier, at its recorded RPC port."""
+    state = json.loads((tmp_path / "devnet" / "devnet.json").read_text())
+    with urllib.request.urlopen(f"http://127.0.0.1:{state['ports']['verifier-0.rpc']}/status", timeout=5) as r:
+        info = json.loads(r.read())["result"]
+    return info["node_info"]["network"], int(info["sync_info"]["latest_block_height"])
+
+
+def stop_with_sigint(proc: subprocess.Popen[str], seen: set[int]) -> tuple[str, list[int]]:
+    """SIGINT devnet; (its remaining output, its node processes still alive afterwards)."""
+    nodes = children_of(proc.pid)
+    seen |= nodes
+    assert len(nodes) == 13 + 4  # the nodes and the committee's 4 verifiers
+    proc.send_signal(signal.SIGINT)
+    rest, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, rest
+    return rest, [p for p in nodes if alive(p)]
+
+
+@pytest.mark.slow
+def test_a_second_start_resumes_the_same_chain_and_answers(tmp_path):
+    started: list[subprocess.Popen[str]] = []
+    seen: set[int] = set()
+    try:
+        text = devnet_until_up(tmp_path, started, "--no-demo")
+        chain = re.search(r"new chain (gentorrent-devnet-[0-9a-f]{8})", text)
+        assert chain is not None, text
+        assert re.search(r"devnet: up in \d+\.\d s \(new chain", text), text
+        network, height = committee_height(tmp_path)
+        assert network == chain.group(1) and height >= 1
+        rest, left = stop_with_sigint(started[0], seen)
+        assert "stopped 13 nodes and 4 verifiers" in rest and left == []
+
+        text = devnet_until_up(tmp_path, started)  # the demo chat runs this time
+        assert f"resuming chain {chain.group(1)}" in text, text
+        resumed = re.search(r"committee up: chain (\S+) at height (\d+) \(resumed\)", text)
+        assert resumed is not None and resumed.group(1) == chain.group(1) and int(resumed.group(2)) >= height, text
+        assert committee_height(tmp_path)[0] == chain.group(1)
+        assert "the chat answered" in text and re.search(r"devnet: up in \d+\.\d s \(resumed chain", text), text
+        rest, left = stop_with_sigint(started[1], seen)
+        assert "stopped 13 nodes and 4 verifiers" in rest and left == []
+    finally:
+        for proc in started:
+            if proc.poll() is None:
+                seen |= children_of(proc.pid)
+                proc.kill()
+                proc.wait()
+        for p in [p for p in seen if alive(p)]:
             os.kill(p, signal.SIGKILL)  # leave nothing behind even when the test fails

@@ -9,6 +9,8 @@ from pathlib import Path
 import openai
 import pytest
 
+from model_node.echo import EchoEngine
+from overlay.messages import ChatMessage
 from overlay.tools.localnet import LocalNet, cli, free_ports
 
 pytestmark = pytest.mark.slow
@@ -62,12 +64,17 @@ def test_openai_client_through_the_anonymous_overlay(tmp_path):
             r = c.chat.completions.create(model="echo", messages=first, temperature=0, seed=7)
             assert r.choices[0].message.content == "hello through nine relays"
             assert r.choices[0].finish_reason == "stop" and r.usage.completion_tokens == len("hello through nine relays")
+            prompt_tokens = len(EchoEngine().chat_prompt([ChatMessage("user", "hello through nine relays")]))
+            assert r.usage.prompt_tokens == prompt_tokens  # counted by the model node, carried back in its reply
+            assert r.usage.total_tokens == prompt_tokens + r.usage.completion_tokens
             follow = [*first, {"role": "assistant", "content": r.choices[0].message.content},
                       {"role": "user", "content": "second turn streamed word by word STOP not shown"}]
             parts = list(c.chat.completions.create(model="echo", messages=follow, stream=True, stop=[" STOP"],
                                                    stream_options={"include_usage": True}))
             text = "".join(p.choices[0].delta.content or "" for p in parts if p.choices)
             assert text == "second turn streamed word by word"
+            assert parts[-1].usage.prompt_tokens == len(EchoEngine().chat_prompt(
+                [ChatMessage(m["role"], m["content"]) for m in follow]))
             assert sum(1 for p in parts if p.choices and p.choices[0].delta.content) >= 2  # streamed
             comp = c.completions.create(model="echo", prompt="one two three four", max_tokens=2)
             assert comp.choices[0].text == "one two" and comp.choices[0].finish_reason == "length"
@@ -126,6 +133,7 @@ def test_openai_client_with_the_real_smollm2_model(tmp_path):
                                                   temperature=0, seed=1)
             assert "Paris" in r.choices[0].message.content
             assert 1 <= r.usage.completion_tokens <= 16
+            assert 10 <= r.usage.prompt_tokens <= 200  # the question in SmolLM2's chat template
             streamed = "".join(p.choices[0].delta.content or "" for p in gw.client.chat.completions.create(
                 model=llama.DEFAULT_MODEL_ID, messages=messages, max_tokens=16, temperature=0, seed=1, stream=True))
             assert streamed == r.choices[0].message.content  # greedy: the same reply, streamed

@@ -116,17 +116,32 @@ def test_stop_scanner_cuts_before_the_first_stop_string(pieces, stops, shown, st
 
 def test_response_shapes():
     c = chat()
-    r = api.response(c, "id1", 5, "text", "stop", 3)
+    r = api.response(c, "id1", 5, "text", "stop", 9, 3)
     assert r["object"] == "chat.completion" and r["choices"][0]["message"] == {"role": "assistant", "content": "text"}
-    assert r["usage"] == {"prompt_tokens": 0, "completion_tokens": 3, "total_tokens": 3}
+    assert r["usage"] == {"prompt_tokens": 9, "completion_tokens": 3, "total_tokens": 12}
     first = api.chunk(c, "id1", 5, "t", None, first=True)
     assert first["choices"][0]["delta"] == {"role": "assistant", "content": "t"}
     assert api.chunk(c, "id1", 5, None, "length")["choices"][0] == {"index": 0, "delta": {}, "finish_reason": "length",
                                                                      "logprobs": None}
     comp = api.parse_completion({"model": "m", "prompt": "p"})
-    assert api.response(comp, "c", 5, "x", "stop", 1)["choices"][0]["text"] == "x"
-    assert api.usage_chunk(c, "id1", 5, 4)["choices"] == []
+    assert api.response(comp, "c", 5, "x", "stop", 2, 1)["choices"][0]["text"] == "x"
+    assert api.usage_chunk(c, "id1", 5, 6, 4) == {"id": "id1", "object": "chat.completion.chunk", "created": 5,
+                                                   "model": "m", "choices": [],
+                                                   "usage": {"prompt_tokens": 6, "completion_tokens": 4,
+                                                             "total_tokens": 10}}
     assert api.finish_reason(False, 8, 8) == "length" and api.finish_reason(True, 8, 8) == "stop"
     assert api.sse("[DONE]") == b"data: [DONE]\n\n"
     assert json.loads(api.sse({"a": 1})[6:]) == {"a": 1}
     assert [m["id"] for m in api.models_list(["b", "a", "b"])["data"]] == ["a", "b"]
+
+
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+def test_chunk_encoder_gives_the_same_bytes_as_building_each_chunk(kind):
+    c = chat(stream=True) if kind == "chat" else api.parse_completion({"model": "m", "prompt": "p", "stream": True})
+    enc = api.ChunkEncoder(c, "chatcmpl-1", 7)
+    for text in ["a", " b", 'quo"te\\', "line\nbreak", "naïve 東京 🙂", "\x00gentorrent-text\x00", ""]:
+        assert enc.text(text) == api.sse(api.chunk(c, "chatcmpl-1", 7, text, None))
+        assert enc.first(text) == api.sse(api.chunk(c, "chatcmpl-1", 7, text, None, first=True))
+    odd = api.ChunkEncoder(api.parse_chat({"model": "\x00gentorrent-text\x00", "messages": MSG}), "r", 1)
+    for text in ("x", "y"):  # the model id holds the mark: every event is built whole
+        assert odd.text(text) == api.sse(api.chunk(odd.call, "r", 1, text, None))

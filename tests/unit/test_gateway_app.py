@@ -21,8 +21,13 @@ from user_client.gateway import Gateway, is_loopback
 NODE_A, NODE_B = b"A" * 32, b"B" * 32
 
 
+PROMPT_TOKENS = 11  # what the fake's first node reports as the prompt's token count
+
+
 class FakeBackend:
-    """Echoes the last message word by word; special first words fail in chosen ways."""
+    """Echoes the last message word by word; special first words fail in chosen ways, and the
+    word ``failover`` hands the rest of the reply to another node (whose prompt is longer: it
+    holds the continuation)."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, bytes | None]] = []
@@ -42,7 +47,7 @@ class FakeBackend:
             raise AnonError("model node 0a0b0c0d: model node is at capacity; try again later")
         if words[0] == "allbusy":
             raise AllBusy("every model node serving 'echo' refused the request as busy")
-        served = node or NODE_A
+        served, prompt_tokens = node or NODE_A, PROMPT_TOKENS
         for i, w in enumerate(words[: params.max_tokens]):
             if w == "hold":
                 await self.release.wait()
@@ -50,8 +55,10 @@ class FakeBackend:
                 raise AnonError("model node 0a0b0c0d: engine failed")
             if w == "forged":
                 raise ReplyUnverified("reply chunk 2 from node 0a0b0c0d does not match its hash chain")
+            if w == "failover":
+                served, prompt_tokens = (NODE_B if served == NODE_A else NODE_A), PROMPT_TOKENS + i
             last = i == min(len(words), params.max_tokens) - 1
-            yield ReplyChunk(b"r" * 16, i, (" " if i else "") + w, (1,), last, "", served, b"", b"", 0)
+            yield ReplyChunk(b"r" * 16, i, (" " if i else "") + w, (1,), last, "", served, b"", b"", 0, prompt_tokens)
 
 
 @pytest.fixture
@@ -255,3 +262,45 @@ async def test_a_client_that_hangs_up_mid_stream_frees_its_slot(gateway):
         while gw.active:
             await trio.sleep(0.01)
     assert gw.served == 0  # the reply was abandoned, not counted as served
+
+
+async def test_usage_counts_the_prompt_tokens_the_model_node_reports(gateway):
+    _, _, base = gateway
+
+    def run():
+        c = client(base)
+        r = c.chat.completions.create(model="echo", messages=[{"role": "user", "content": "one two three"}])
+        assert (r.usage.prompt_tokens, r.usage.completion_tokens, r.usage.total_tokens) == (
+            PROMPT_TOKENS, 3, PROMPT_TOKENS + 3)
+        parts = list(c.chat.completions.create(model="echo", messages=[{"role": "user", "content": "a b"}],
+                                               stream=True, stream_options={"include_usage": True}))
+        assert parts[-1].usage.prompt_tokens == PROMPT_TOKENS and parts[-1].usage.total_tokens == PROMPT_TOKENS + 2
+        comp = c.completions.create(model="echo", prompt="x y STOP z", stop=["STOP"])
+        assert comp.choices[0].text == "x y " and comp.usage.prompt_tokens == PROMPT_TOKENS  # known before the end
+
+    await trio.to_thread.run_sync(run)
+
+
+async def test_after_a_failover_the_headers_name_every_node_that_served(gateway):
+    gw, backend, base = gateway
+
+    def run():
+        c = client(base)
+        first = [{"role": "user", "content": "a b failover c d"}]
+        raw = c.chat.completions.with_raw_response.create(model="echo", messages=first)
+        assert raw.headers["x-gentorrent-node"] == f"{NODE_A.hex()},{NODE_B.hex()}"
+        assert raw.headers["x-gentorrent-verified"] == "true"
+        r = raw.parse()
+        assert r.choices[0].message.content == "a b failover c d"
+        assert r.usage.prompt_tokens == PROMPT_TOKENS  # the first node's: the next one's prompt holds more
+        follow = [*first, {"role": "assistant", "content": r.choices[0].message.content},
+                  {"role": "user", "content": "again"}]
+        again = c.chat.completions.with_raw_response.create(model="echo", messages=follow)
+        assert again.headers["x-gentorrent-node"] == NODE_B.hex()  # the follow-up went to the last node
+        stream = c.chat.completions.with_raw_response.create(model="echo", messages=first, stream=True)
+        assert stream.headers["x-gentorrent-node"] == NODE_A.hex()  # a stream's headers leave with its first text
+        assert "".join(p.choices[0].delta.content or "" for p in stream.parse()) == "a b failover c d"
+
+    await trio.to_thread.run_sync(run)
+    assert backend.calls[1] == ("again", NODE_B)
+

@@ -37,7 +37,7 @@ from overlay.messages import ChatMessage, SamplingParams
 from overlay.tools.localnet import LocalNet
 from overlay.transport import TLSTransport
 from overlay.usernode import UserNode
-from user_client.gateway import AnonBackend, Gateway
+from user_client.gateway import AnonBackend, Gateway, server_config
 
 PROMPT = " ".join(f"word{i}" for i in range(32))  # 32 echo pieces back
 PARAMS = SamplingParams(temperature=0.0, max_tokens=1024)
@@ -94,7 +94,6 @@ async def _direct(user: UserNode, model: str) -> tuple[float, float]:
 
 
 async def _measure(net: LocalNet, trials: int, seconds: float) -> dict[str, float]:
-    from hypercorn.config import Config as HyperConfig
     from hypercorn.trio import serve
 
     ident = net.identities["client"]
@@ -102,10 +101,7 @@ async def _measure(net: LocalNet, trials: int, seconds: float) -> dict[str, floa
     assert user.client is not None and user.paths is not None
     backend = AnonBackend(user.client, lambda: [net.model], timeout=30)
     gateway = Gateway(backend, max_concurrent=4 * CONCURRENCY)
-    hc = HyperConfig()
-    hc.bind = ["127.0.0.1:0"]
-    hc.accesslog = None
-    hc.errorlog = None
+    hc = server_config("127.0.0.1:0")  # as `gentorrent user serve` runs it
     figures: dict[str, float] = {}
     async with trio.open_nursery() as nursery:
         host, port = net.entries["client"].address.rsplit(":", 1)

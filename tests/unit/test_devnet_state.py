@@ -1,0 +1,106 @@
+"""``gentorrent devnet``'s recorded state (DATA_DIR/devnet/devnet.json): what a second start
+resumes, and the errors (naming ``--fresh``) when it cannot."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from overlay.cli import CliError
+from overlay.tools.devnet import STATE_FILE, load_state, open_net, save_state
+from overlay.tools.localnet import LocalNet, ports_taken
+
+
+def args(**kw) -> argparse.Namespace:
+    base = {"relays": 4, "models": 1, "verifiers": 2, "engine": "echo", "fresh": False}
+    return argparse.Namespace(**{**base, **kw})
+
+
+def fake_committee(net: LocalNet) -> None:
+    """What `verifier init` and `verifier genesis --install` leave behind, as far as devnet checks."""
+    genesis = {"chain_id": net.chain_id, "validators": []}
+    net.genesis_file.write_text(json.dumps(genesis))
+    for v in net.verifiers:
+        cfg = net.root / v / "cometbft" / "config"
+        cfg.mkdir(parents=True)
+        (cfg / "genesis.json").write_text(json.dumps(genesis))
+        (cfg / "config.toml").write_text("")
+
+
+def started(root: Path, **kw) -> LocalNet:
+    """A devnet's first start, as far as its state goes: a new chain, recorded."""
+    net, recorded = open_net(root, args(**kw), "echo")
+    assert recorded is None
+    fake_committee(net)
+    save_state(root / STATE_FILE, net, recorded)
+    return net
+
+
+def test_a_second_start_resumes_the_recorded_chain_on_the_recorded_ports(tmp_path):
+    first = started(tmp_path)
+    assert first.chain_id.startswith("gentorrent-devnet-") and len(first.ports) == 4 + 1 + 1 + 2 * 2
+    net, recorded = open_net(tmp_path, args(), "echo")
+    assert recorded is not None and recorded["chain_id"] == first.chain_id
+    assert net.chain_id == first.chain_id and net.ports == first.ports
+    assert net.committee_addresses == first.committee_addresses
+    assert {n: e.address for n, e in net.entries.items()} == {n: e.address for n, e in first.entries.items()}
+    other = started(tmp_path / "other")
+    assert other.chain_id != first.chain_id  # each new devnet chain is its own
+
+
+def test_more_relays_keep_the_recorded_ports_and_the_state_keeps_ports_of_nodes_not_started(tmp_path):
+    first = started(tmp_path)
+    more, recorded = open_net(tmp_path, args(relays=6), "echo")
+    assert all(more.ports[n] == p for n, p in first.ports.items())
+    assert len(set(more.ports.values())) == len(more.ports)  # the two new relays got ports of their own
+    save_state(tmp_path / STATE_FILE, more, recorded)
+    fewer, recorded = open_net(tmp_path, args(relays=4), "echo")
+    save_state(tmp_path / STATE_FILE, fewer, recorded)
+    assert load_state(tmp_path / STATE_FILE)["ports"] == more.ports
+
+
+def test_fresh_starts_a_new_chain_on_new_ports(tmp_path):
+    first = started(tmp_path)
+    net, recorded = open_net(tmp_path, args(fresh=True), "echo")
+    assert recorded is None and net.chain_id != first.chain_id
+    assert not (tmp_path / STATE_FILE).exists()  # recorded again once the new committee is set up
+
+
+def test_a_taken_port_is_a_clear_error_naming_fresh(tmp_path):
+    first = started(tmp_path)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", first.ports["relay-2"]))
+        s.listen(1)
+        assert ports_taken(first.ports) == ["relay-2"]
+        with pytest.raises(CliError, match=rf"in use: relay-2 \(127.0.0.1:{first.ports['relay-2']}\).*--fresh"):
+            open_net(tmp_path, args(), "echo")
+        open_net(tmp_path, args(fresh=True), "echo")  # --fresh picks free ports
+    assert ports_taken(first.ports) == []
+
+
+def test_state_that_cannot_be_resumed_is_a_clear_error_naming_fresh(tmp_path):
+    first = started(tmp_path)
+    with pytest.raises(CliError, match="committee of 2 verifiers, not 4.*--fresh"):
+        open_net(tmp_path, args(verifiers=4), "echo")
+    (tmp_path / "verifier-1" / "cometbft" / "config" / "genesis.json").write_text(json.dumps({"chain_id": "other"}))
+    with pytest.raises(CliError, match="verifier-1's CometBFT home .* belongs to another chain.*--fresh"):
+        open_net(tmp_path, args(), "echo")
+    first.genesis_file.unlink()
+    with pytest.raises(CliError, match="genesis .* is unreadable.*--fresh"):
+        open_net(tmp_path, args(), "echo")
+    for bad in ("{not json", json.dumps({"version": 99}), json.dumps({"version": 1, "chain_id": "c", "verifiers": 2,
+                                                                      "ports": {"relay-0": 70000}})):
+        (tmp_path / STATE_FILE).write_text(bad)
+        with pytest.raises(CliError, match="not a devnet state .*--fresh"):
+            open_net(tmp_path, args(), "echo")
+
+
+def test_without_a_committee_the_ports_are_still_reused(tmp_path):
+    net, recorded = open_net(tmp_path, args(verifiers=0), "echo")
+    save_state(tmp_path / STATE_FILE, net, recorded)
+    again, recorded = open_net(tmp_path, args(verifiers=0), "echo")
+    assert recorded is not None and again.ports == net.ports and again.registry_file.exists()
