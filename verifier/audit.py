@@ -465,12 +465,18 @@ def _report_content(st: AuditState, tx: at.EpochReport, nodes: Mapping[bytes, No
         key = entry.opening.prompt_key()
         reused = key in used or key in keys
         keys.append(key)
-        if rec is not None and registered:
+        server = entry.served_by
+        srec = nodes.get(server)
+        if server != ch.node_id and (srec is None or srec.entry.role != ROLE_MODEL
+                                     or srec.entry.model_id != st.params.model):
+            return (f"entry {i} (node {node}): the reply names serving node {server.hex()[:8]}, which is not a "
+                    "registered model node of the audited model"), (), (), ()
+        if srec is not None and registered:
             try:
-                entry.verify(rec.ed25519_public)
+                entry.verify(srec.ed25519_public)
             except ReplyVerifyError:
                 return (f"entry {i} (node {node}): the reply's hash chain or signature does not verify against the "
-                        "node's registered key (an altered reply, or a reply to another prompt)"), (), (), ()
+                        "serving node's registered key (an altered reply, or a reply to another prompt)"), (), (), ()
         if reused and st.committer == tx.leader_pk:
             return (f"entry {i} (node {node}): a reused prompt (key {key.hex()[:8]}), committed by this same "
                     "leader"), (), (), ()
@@ -480,8 +486,8 @@ def _report_content(st: AuditState, tx: at.EpochReport, nodes: Mapping[bytes, No
             notes.append(f"entry {i} void: node {node} is no longer registered")
         elif entry.opening.model != st.params.model:
             notes.append(f"entry {i} void: the committer chose model {entry.opening.model[:40]!r}")
-        else:
-            entries.append((ch.node_id, E_REPLY, entry.score))
+        else:  # the score is the serving node's: it generated the reply (the challenged one forwarded it)
+            entries.append((server, E_REPLY, entry.score))
             continue
         entries.append((ch.node_id, E_VOID, entry.score))
     return None, tuple(entries), tuple(notes), tuple(keys)

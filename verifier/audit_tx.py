@@ -327,7 +327,12 @@ class ChallengeCommit:
 class ReplyEntry:
     """One answered challenge in a report: every reply chunk's (text, token ids) in order, the
     final chunk's signature and signing time, and the leader's proposed calibrated score and raw
-    1/PPL in fixed point (:func:`verifier.reputation.to_fixed`)."""
+    1/PPL in fixed point (:func:`verifier.reputation.to_fixed`).
+
+    ``server``: the model node that generated and signed the reply. It is the challenged node
+    (``node_id``) unless that node forwarded the challenge to a member of its group, as
+    Algorithm 2 lets it do with any request (the one hop of paper §3.3): the reply is then
+    checked against, and scored for, the node that served it (empty: ``node_id``)."""
 
     node_id: bytes
     index: int
@@ -337,11 +342,20 @@ class ReplyEntry:
     signed_at_ms: int
     score: int
     raw_score: int
+    server: bytes = b""
+
+    def __post_init__(self) -> None:
+        if self.server == self.node_id:  # one form per entry: empty means the challenged node
+            object.__setattr__(self, "server", b"")
+
+    @property
+    def served_by(self) -> bytes:
+        return self.server or self.node_id
 
     def to_wire(self) -> list[Any]:
         return [ENTRY_REPLY, self.node_id, self.index, self.opening.to_wire(),
                 [[t, list(ids)] for t, ids in self.chunks], self.signature, self.signed_at_ms, self.score,
-                self.raw_score]
+                self.raw_score, self.served_by]
 
     def text(self) -> str:
         return "".join(t for t, _ in self.chunks)
@@ -351,12 +365,12 @@ class ReplyEntry:
 
     def verify(self, ed25519_public: bytes) -> None:
         """:class:`overlay.signing.ReplyVerifyError` unless the chunks, chained from the opening's
-        request digest, carry the node's (key ``ed25519_public``) final signature."""
+        request digest, carry the serving node's (key ``ed25519_public``) final signature."""
         digest = self.opening.digest()
         chain = signing.chain_start(digest)
         for text, ids in self.chunks:
             chain = signing.chain_next(chain, text, ids)
-        signing.verify_reply(ed25519_public, self.signature, digest, chain, True, self.opening.model, self.node_id,
+        signing.verify_reply(ed25519_public, self.signature, digest, chain, True, self.opening.model, self.served_by,
                              self.signed_at_ms)
 
 
@@ -510,9 +524,9 @@ def _entry(e: Any, i: int) -> Entry:
                            _int(e[2], 0, MAX_CHALLENGES - 1, f"entry {i}'s index"), reason)
     if tag != ENTRY_REPLY:
         raise _bad(f"entry {i}: unknown entry kind {tag}")
-    if len(e) != 9:
+    if len(e) != 10:
         raise _bad(f"reply entry {i} is [0, node_id, index, opening, chunks, signature, signed_at_ms, score, "
-                   "raw_score]")
+                   "raw_score, server]")
     chunks = []
     tokens = 0
     for c in _list(e[4], MAX_CHUNKS, f"entry {i}'s chunks"):
@@ -536,6 +550,7 @@ def _entry(e: Any, i: int) -> Entry:
         signed_at_ms=_int(e[6], 0, 2**64 - 1, f"entry {i}'s signed_at_ms"),
         score=_score(e[7], f"entry {i}'s score"),
         raw_score=_score(e[8], f"entry {i}'s raw score"),
+        server=_bytes(e[9], NODE_ID_LEN, f"entry {i}'s serving node id"),
     )
 
 

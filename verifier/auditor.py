@@ -24,10 +24,10 @@ Two layers, as everywhere in this project:
   stop the verifier (:func:`run_audits` restarts after a failure).
 
 What counts as an answer: a complete reply (its last chunk ``done``) whose every chunk verified
-against the signature of the challenged node itself. A reply signed by another node (the challenged
-node forwarded the request to a member of its group) cannot be checked against the challenged
-node's key on chain, so the leader reports it as silent ("forwarded") and a silence check counts it
-as not answered; run audited model nodes with ``--no-forwarding`` to avoid it.
+against the signature of the node that served it: the challenged node, or the member of its group
+it forwarded the challenge to (Algorithm 2 may forward any request, one hop). A forwarded reply is
+reported with its serving node (``ReplyEntry.server``): the chain checks it against that node's
+registered key and scores that node, and a silence check counts it as answered.
 """
 
 from __future__ import annotations
@@ -229,6 +229,7 @@ class Reply:
     chunks: tuple[tuple[str, tuple[int, ...]], ...]
     signature: bytes
     signed_at_ms: int
+    server: bytes = b""  # the node that signed it when not the challenged one (it was forwarded)
 
     @property
     def token_ids(self) -> list[int]:
@@ -237,7 +238,7 @@ class Reply:
 
 @dataclass(frozen=True, slots=True)
 class Failure:
-    """No usable reply: ``kind`` ("busy", "silent", "lost", "error", "unverified", "forwarded",
+    """No usable reply: ``kind`` ("busy", "silent", "lost", "error", "unverified",
     "incomplete", "empty", "other") and the words."""
 
     kind: str
@@ -374,7 +375,7 @@ class Auditor:
                 entries.append(ReplyEntry(node_id=r.job.node_id, index=r.job.index, opening=r.job.opening,
                                           chunks=r.outcome.chunks, signature=r.outcome.signature,
                                           signed_at_ms=r.outcome.signed_at_ms, score=r.score,
-                                          raw_score=r.raw_score))
+                                          raw_score=r.raw_score, server=r.outcome.server))
             else:
                 reason = r.outcome.reason if isinstance(r.outcome, Failure) else r.job.why
                 entries.append(SilentEntry(node_id=r.job.node_id, index=r.job.index, reason=reason[:200]))
@@ -415,9 +416,9 @@ async def send_challenge(client: AnonClient, node_id: bytes, opening: Opening, *
                                 failover=False)
         async with aclosing(stream) as replies:  # type: ignore[type-var]
             async for c in replies:
-                if c.node != node_id:
-                    return Failure("forwarded", f"the reply was signed by node {short_id(c.node)}, not by the "
-                                                f"challenged node {short_id(node_id)}")
+                if last is not None and c.node != last.node:
+                    return Failure("unverified", f"the reply's chunks are signed by nodes {short_id(last.node)} and "
+                                                 f"{short_id(c.node)}")
                 chunks.append((c.text, tuple(c.token_ids)))
                 last = c
                 if c.done:
@@ -428,7 +429,7 @@ async def send_challenge(client: AnonClient, node_id: bytes, opening: Opening, *
         return Failure("incomplete", "the reply ended before its last chunk")
     if not any(ids for _, ids in chunks):
         return Failure("empty", "the reply holds no tokens")
-    return Reply(tuple(chunks), last.signature, last.signed_at_ms)
+    return Reply(tuple(chunks), last.signature, last.signed_at_ms, b"" if last.node == node_id else last.node)
 
 
 async def score_tokens(engine: Engine, opening: Opening, token_ids: Sequence[int]) -> tuple[int, int]:

@@ -9,7 +9,7 @@ import dataclasses
 import msgpack
 import pytest
 
-from tests.audit_helpers import MODEL, Committee, fresh_opening
+from tests.audit_helpers import MODEL, Committee, ModelNode, fresh_opening
 from verifier import audit as audits
 from verifier import audit_tx as at
 from verifier.app import CommitteeApp
@@ -371,3 +371,50 @@ def test_hostile_audit_bytes_get_a_code_and_change_nothing() -> None:
         r = c.app.check_tx(bytes(raw))
         assert isinstance(r.code, Code)
     assert c.app.committed.canonical_bytes() == before
+
+
+def test_a_challenge_the_node_forwarded_is_scored_for_the_node_that_served_it() -> None:
+    """Algorithm 2 lets a model node forward any request, a challenge included, to a member of its
+    group; the reply then carries that member's signature. It is checked against and scored for
+    the serving node; a serving node that is not a registered model node aborts the epoch."""
+    c = Committee()
+    lead0 = c.elect()
+    c.block([c.commit_tx(lead0)[0]])
+    c.to_epoch_start(1)
+    lead1 = c.elect()
+    entries = c.honest_entries(lead1)
+    first = c.audit.challenges[0].node_id
+    server = next(n for n in c.nodes if n.node_id != first)
+    served = server.answer(c.opened(lead1)[0], 0, score=700_000)
+    entries[0] = dataclasses.replace(served, node_id=first, server=server.node_id)
+    assert entries[0].served_by == server.node_id
+    c.block([c.report_tx(lead1, entries)])
+    scores = [e.score for e in entries if isinstance(e, at.ReplyEntry)]
+    for pk in c.others(lead1)[:2]:
+        c.block([c.attest_tx(pk, scores)])
+    assert c.outcome(1).status == audits.APPLIED
+    per_node = {n.node_id: sum(ch.node_id == n.node_id for ch in c.audit.challenges) for n in c.nodes}
+    assert c.audit.reputation.get(first).epochs == (1 if per_node[first] > 1 else 0)
+    assert c.audit.reputation.get(server.node_id).epochs == 1
+
+
+@pytest.mark.parametrize("who", ["stranger", "wrong signer"])
+def test_a_forwarded_reply_must_be_signed_by_a_registered_model_node_it_names(who: str) -> None:
+    c = Committee()
+    lead0 = c.elect()
+    c.block([c.commit_tx(lead0)[0]])
+    c.to_epoch_start(1)
+    lead1 = c.elect()
+    entries = c.honest_entries(lead1)
+    first = c.audit.challenges[0].node_id
+    others = [n for n in c.nodes if n.node_id != first]
+    if who == "stranger":  # signed by a key the committee never registered
+        stranger = ModelNode()
+        entries[0] = dataclasses.replace(stranger.answer(c.opened(lead1)[0], 0), node_id=first,
+                                         server=stranger.node_id)
+    else:  # names one member, signed by another
+        entries[0] = dataclasses.replace(others[0].answer(c.opened(lead1)[0], 0), node_id=first,
+                                         server=others[1].node_id)
+    c.block([c.report_tx(lead1, entries)])
+    out = c.outcome(1)
+    assert out.status == audits.ABORTED and "entry 0" in out.reason

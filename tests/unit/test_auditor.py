@@ -113,7 +113,9 @@ def test_the_leader_opens_the_committed_challenges_and_reports_them_in_order() -
     assert all(j.opening is not None and j.opening.commitment() == committed[j.index][1]
                for j in run.jobs if j.index != 1)
     assert a.plan(view(leader=PKS[0], next_committed=True, challenges=committed), 71) == []
-    results = [ChallengeResult(run.jobs[3], Reply((("hi", (5, 6)),), b"\x01" * 64, 1234), 900_000, 300_000),
+    forwarded_to = b"\x42" * 20  # job 3's node forwarded the challenge to a member of its group
+    results = [ChallengeResult(run.jobs[3], Reply((("hi", (5, 6)),), b"\x01" * 64, 1234, forwarded_to), 900_000,
+                               300_000),
                ChallengeResult(run.jobs[0], Failure("silent", "no reply within 60 s")),
                ChallengeResult(run.jobs[2], Reply((("a", (1,)), ("", (2,))), b"\x02" * 64, 99), 1_000_000, 500_000),
                ChallengeResult(run.jobs[1], Failure("other", run.jobs[1].why))]
@@ -127,6 +129,9 @@ def test_the_leader_opens_the_committed_challenges_and_reports_them_in_order() -
     r2 = tx.entries[2]
     assert isinstance(r2, at.ReplyEntry) and r2.chunks == (("a", (1,)), ("", (2,))) and r2.score == 1_000_000
     assert r2.signed_at_ms == 99 and r2.raw_score == 500_000 and r2.opening == run.jobs[2].opening
+    assert r2.served_by == r2.node_id and r2.server == b""
+    r3 = tx.entries[3]
+    assert isinstance(r3, at.ReplyEntry) and r3.server == forwarded_to and r3.node_id == run.jobs[3].node_id
 
 
 def test_others_attest_once_and_check_silent_nodes_with_fresh_challenges_of_their_own() -> None:
@@ -300,7 +305,8 @@ async def test_the_driver_leads_an_epoch_and_checks_silence_with_one_node_only()
     assert isinstance(first, at.ReplyEntry) and first.chunks == (("hello", (5, 6)), ("", (2,)))
     assert first.score == 500_000 and first.signature == b"s" * 64 and first.signed_at_ms == 77
     assert report.entries[2].reason.startswith("busy: ")  # type: ignore[union-attr]
-    # a silence check: a reply signed by another node (forwarded) does not count as an answer
+    # a silence check: a reply signed by another node (the challenged node forwarded it to a member
+    # of its group) is an answer
     sent.clear()
     other = FakeClient({NODES[1]: [("x", (1,))]}, signer={NODES[1]: NODES[0]})
     checker = auditor(2)
@@ -309,4 +315,4 @@ async def test_the_driver_leads_an_epoch_and_checks_silence_with_one_node_only()
     assert isinstance(confirm, ConfirmSilence)
     await _drive(AuditDriver(checker, "x:1", client=other, engine=FakeEngine(), rpc=rpc), confirm, sv)  # type: ignore[arg-type]
     (tx,) = [at.decode_audit_tx(raw, CHAIN) for raw in sent]
-    assert isinstance(tx, at.SilenceConfirm) and tx.answered is False and tx.node_id == NODES[1]
+    assert isinstance(tx, at.SilenceConfirm) and tx.answered is True and tx.node_id == NODES[1]
