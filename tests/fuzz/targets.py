@@ -1147,6 +1147,14 @@ class AuditTxTarget(Target):
         return 1
 
 
+def _flip(src: Source, data: bytes) -> bytes:
+    """``data`` with one bit flipped (one byte if it is empty)."""
+    if not data:
+        return b"\x01"
+    i = src.int(0, len(data) - 1)
+    return data[:i] + bytes([data[i] ^ (1 << src.int(0, 7))]) + data[i + 1:]
+
+
 class ReplyTarget(Target):
     """Signed replies (``overlay.signing.ReplyChecker.check``): an honest multi-chunk reply passes;
     a sequence that is not a prefix of it (text, token ids, chain, signature, signing time or final
@@ -1192,11 +1200,9 @@ class ReplyTarget(Target):
             bad = choice(src, (0, 1, -1, 2**32, 2**64 - 1, -(2**63)))
             ids = choice(src, (ids + (bad,), ids[:-1], (bad,) + ids[1:], tuple(reversed(ids))))
         elif what == 2:
-            chain = choice(src, (src.bytes(32), chain[:-1], b"", chain + b"\x00", prev_chain,
-                                 bytes([chain[0] ^ 1]) + chain[1:]))
+            chain = choice(src, (src.bytes(32), chain[:-1], b"", chain + b"\x00", prev_chain, _flip(src, chain)))
         elif what == 3:
-            sig = choice(src, (src.bytes(64), sig[:-1], b"", sig + b"\x00", bytes([sig[5] ^ 0x10]) + sig[1:5]
-                               + sig[6:], self.other_key.sign(b"x")))
+            sig = choice(src, (src.bytes(64), sig[:-1], b"", sig + b"\x00", _flip(src, sig), self.other_key.sign(b"x")))
         elif what == 4:
             t = choice(src, (t + 1, t - 1, 0, -1, 2**64, 2**64 - 1))
         else:
