@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -247,6 +247,14 @@ def _bad_pair() -> list[Any]:
     raise ListError("a validator or signature is not a 2-field array")
 
 
+def _signature_pairs(sigs: Iterable[Any]) -> Iterator[tuple[bytes, bytes]]:
+    """The document's ``[key, signature]`` arrays as pairs; :class:`ListError` at the first other."""
+    for s in sigs:
+        if type(s) is not list or len(s) != 2 or type(s[0]) is not bytes or type(s[1]) is not bytes:
+            raise ListError("a signature is not [key, signature]")
+        yield s[0], s[1]
+
+
 def verify_document(raw: bytes, chain_id: str, held: Sequence[ValidatorKey], *, kind: int,
                     min_height: int = 0, known: SignedList | None = None) -> SignedList:
     """Decode ``raw`` strictly and accept it only as described in the module docstring.
@@ -290,18 +298,7 @@ def verify_document(raw: bytes, chain_id: str, held: Sequence[ValidatorKey], *, 
     message = signing_message(chain_id, height, users_d, models_d, validators_digest(validators))
     power = {v.public_key: v.power for v in held}
     total = sum(power.values())
-    signers: set[bytes] = set()
-    for s in sigs:
-        if type(s) is not list or len(s) != 2 or type(s[0]) is not bytes or type(s[1]) is not bytes:
-            raise ListError("a signature is not [key, signature]")
-        key, sig = s
-        if key not in power or key in signers:
-            continue
-        try:
-            crypto.ed25519_verify(key, sig, message)
-        except crypto.CryptoError:
-            continue
-        signers.add(key)
+    signers = crypto.valid_signers(_signature_pairs(sigs), power, message)
     signed = sum(power[k] for k in signers)
     if 3 * signed <= 2 * total:
         raise ListError(f"valid signatures from validators with {signed} of {total} voting power; more than 2/3 "

@@ -20,6 +20,7 @@ import datetime
 import hashlib
 import hmac
 import os
+from collections.abc import Container, Iterable
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature, InvalidTag
@@ -153,6 +154,23 @@ def ed25519_verify(public: bytes, signature: bytes, message: bytes) -> None:
     except (InvalidSignature, ValueError) as exc:
         raise CryptoError("bad Ed25519 signature") from exc
 
+
+
+def valid_signers(signatures: Iterable[tuple[bytes, bytes]], trusted: Container[bytes], message: bytes) -> set[bytes]:
+    """The distinct ``trusted`` Ed25519 keys among ``signatures`` (``(public key, signature)``
+    pairs) whose signature over ``message`` verifies. Keys not trusted, repeated keys and bad
+    signatures are skipped, never an error: a quorum check counts what this returns. The pairs are
+    read in order, so an iterator that raises on a malformed pair stops the count there."""
+    signers: set[bytes] = set()
+    for key, sig in signatures:
+        if key in signers or key not in trusted:
+            continue
+        try:
+            ed25519_verify(key, sig, message)
+        except CryptoError:
+            continue
+        signers.add(key)
+    return signers
 
 # --------------------------------------------------------------------------- X25519
 

@@ -23,12 +23,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import msgpack
 import trio
 
 from overlay.clock import Clock, TrioClock
 from overlay.committee import REFRESH_S, CommitteeClient, Fetch, ListError, ValidatorKey, load_genesis
 from overlay.identity import Identity
-from overlay.registration import CommitteeRegistration, Entry, Registrar, RegistrationError, Rpc
+from overlay.registration import ROLE_MODEL, CommitteeRegistration, Entry, Registrar, RegistrationError, Rpc
 from overlay.registry import Registry, RegistryError, from_config
 from overlay.transport import parse_address
 
@@ -38,6 +39,9 @@ LIST_WAIT_S = 60.0  # how long a starting node waits for the signed lists that h
 WARMUP_S = 60.0  # for this long after start, lists are refreshed every WARMUP_INTERVAL_S (nodes start together)
 WARMUP_INTERVAL_S = 1.0
 MIN_GAP_S = 1.0  # a poke (an unlisted node seen) refreshes at most this often
+# The committee's reputation scale, trust line and R(0) (verifier/reputation.py: overlay does not import verifier)
+REPUTATION_SCALE = 1_000_000
+TRUST_LINE = 0.4
 
 
 @dataclass(frozen=True)
@@ -94,7 +98,7 @@ def node_entry(identity: Identity, address: str, region: str, *, model: str = ""
     if host in ("0.0.0.0", "::", ""):
         raise RegistrationError(f"listening on {address}, which other nodes cannot dial: pass --listen with the "
                                 "address others reach this node at")
-    from overlay.registration import ROLE_MODEL, ROLE_USER
+    from overlay.registration import ROLE_USER
 
     return Entry(ROLE_MODEL if model else ROLE_USER, identity.x25519.public_bytes, address, region, model, capacity)
 
@@ -158,22 +162,75 @@ class Membership:
             self.refreshes += 1
             self._apply(reg)
 
-    async def _first_lists(self, height: int) -> None:
+    async def _first_lists(self, height: int, entry: Entry) -> None:
         deadline = self.clock.monotonic() + self.list_wait
         last = "none served yet"
+        left_out = False  # lists at or past the registration's height were served without this node
         while True:
             try:
                 reg = await self.client.refresh()
                 if self.client.height >= height and self.identity.node_id in reg.by_id:
                     self._apply(reg)
                     return
-                last = f"the lists are at height {self.client.height}, the registration at {height}"
+                left_out = self.client.height >= height
+                last = (f"the signed lists at height {self.client.height} do not hold this node" if left_out
+                        else f"the lists are at height {self.client.height}, the registration at {height}")
             except ListError as exc:
                 last = str(exc)
             if self.clock.monotonic() > deadline:
+                if left_out and entry.role == ROLE_MODEL:
+                    raise RegistrationError(await self._untrusted_reason(height, entry))
                 raise RegistrationError(f"registered at height {height}, but no signed list holding this node came "
                                         f"within {self.list_wait:g} s: {last}")
             await trio.sleep(0.25)
+
+    async def _untrusted_reason(self, height: int, entry: Entry) -> str:
+        """Why a registered model node is missing from the signed model list, and what to do: the
+        committee's ``/node`` query says whether it is registered, ``/reputation`` its reputation."""
+        assert self.registration is not None
+        node = self.identity.node_id.hex()[:16]
+        try:
+            _, registered = await self.registration.read_state()
+        except RegistrationError as exc:
+            return (f"registered at height {height}, but the signed model lists since leave this node ({node}) "
+                    f"out, and the committee could not be asked why ({exc})")
+        if not registered:
+            return (f"registered at height {height}, but the committee no longer holds this node ({node}) "
+                    "(its /node query does not know it: the registration expired or was removed); restart the "
+                    "node to register again")
+        value = await self._reputation()
+        rep = (f"reputation {value / REPUTATION_SCALE:.3f}" if value is not None
+               else "reputation unknown: the /reputation query did not answer with this node")
+        return (f"this model node ({node}) is registered (height {height}; the committee's /node query holds it) "
+                f"but the signed model list leaves it out: the committee's audits found it untrusted ({rep}; "
+                f"the list holds only model nodes at {TRUST_LINE:g} or above, the /reputation query shows the "
+                "value), so no user is sent to it. Check that it serves its model "
+                f"({entry.model_id!r}) unmodified and answers within the audits' time limit. Its reputation "
+                "changes only in epochs where the committee audits it (registered model nodes of the audit "
+                "model, listed or not, up to 32 an epoch): each moves it to 0.4 x R + w x (the epoch's mean "
+                "score), w = 0.6, less while an epoch with a mean under 0.75 is among its last 5, so a few "
+                "honestly answered epochs bring it back over the line. But this node stops here and leaves "
+                "the committee, and a node that is not registered is not audited: restarting it does not "
+                "change its reputation, and this version cannot keep an unlisted model node registered to "
+                "answer audits")
+
+    async def _reputation(self) -> int | None:
+        """This node's reputation (fixed point) from the committee's ``/reputation`` query
+        (``[[node_id, value, window, epochs], ...]``); ``None`` if it does not answer, does not
+        decode or does not hold this node (the value is only shown to the operator)."""
+        assert self.registration is not None
+        try:
+            code, value, _ = await self.registration._query("/reputation", b"")  # the same package's RPC
+            rows = msgpack.unpackb(value, raw=False, strict_map_key=False) if code == 0 else None
+        except (RegistrationError, ValueError, TypeError, msgpack.UnpackException):
+            return None
+        if type(rows) is not list:
+            return None
+        for row in rows:
+            if (type(row) is list and len(row) >= 2 and row[0] == self.identity.node_id and type(row[1]) is int
+                    and 0 <= row[1] <= REPUTATION_SCALE):
+                return row[1]
+        return None  # not in the table: never audited (then it would be listed: R(0) = 0.5)
 
     async def run(self, entry: Entry, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         """Register ``entry``, wait for lists that hold it, report the registration's height, then
@@ -184,7 +241,7 @@ class Membership:
         async with trio.open_nursery() as nursery:
             try:
                 height: int = await nursery.start(self.registration.run)
-                await self._first_lists(height)
+                await self._first_lists(height, entry)
             except RegistrationError as exc:  # raised below, outside the nursery (no exception group)
                 failure = exc
                 nursery.cancel_scope.cancel()  # a registration that did commit leaves again

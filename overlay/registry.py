@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,18 @@ def parse_keys(text: str) -> list[bytes]:
     return keys
 
 
+def _signature_pairs(sigs: list[Any], where: str) -> Iterator[tuple[bytes, bytes]]:
+    """The file's ``{"key", "sig"}`` objects as byte pairs; :class:`RegistryError` at the first
+    malformed one."""
+    for i, s in enumerate(sigs):
+        if not isinstance(s, dict) or not isinstance(s.get("key"), str) or not isinstance(s.get("sig"), str):
+            raise RegistryError(f"{where}: signatures[{i}] malformed")
+        try:
+            yield bytes.fromhex(s["key"]), bytes.fromhex(s["sig"])
+        except ValueError:
+            raise RegistryError(f"{where}: signatures[{i}] is not hex") from None
+
+
 def verify(doc: Any, pinned: list[bytes], where: str = "registry") -> Registry:
     """Check the quorum of signatures, then parse the entries strictly."""
     if not isinstance(doc, dict) or set(doc) != {"registry", "signatures"}:
@@ -108,22 +121,7 @@ def verify(doc: Any, pinned: list[bytes], where: str = "registry") -> Registry:
     if not isinstance(body, dict) or not isinstance(sigs, list) or len(sigs) > 1024:
         raise RegistryError(f"{where}: malformed registry or signatures")
     msg = canonical(body)
-    pinned_set = set(pinned)
-    good: set[bytes] = set()
-    for i, s in enumerate(sigs):
-        if not isinstance(s, dict) or not isinstance(s.get("key"), str) or not isinstance(s.get("sig"), str):
-            raise RegistryError(f"{where}: signatures[{i}] malformed")
-        try:
-            key, sig = bytes.fromhex(s["key"]), bytes.fromhex(s["sig"])
-        except ValueError:
-            raise RegistryError(f"{where}: signatures[{i}] is not hex") from None
-        if key not in pinned_set:
-            continue
-        try:
-            crypto.ed25519_verify(key, sig, msg)
-        except crypto.CryptoError:
-            continue
-        good.add(key)
+    good = crypto.valid_signers(_signature_pairs(sigs, where), set(pinned), msg)
     need = quorum(len(pinned))
     if len(good) < need:
         raise RegistryError(

@@ -59,15 +59,26 @@ from overlay.messages import (
 )
 from overlay.relay import RelayCore, RelayLimits
 from overlay.seal import ReturnKey, SealError, open_sealed, seal_to
+from overlay.signing import (
+    ReplyChecker,
+    ReplySigner,
+    ReplyVerifyError,
+    chain_next,
+    chain_start,
+    reply_signing_bytes,
+    request_digest,
+)
+from tests.audit_helpers import Committee
 from tests.committee_helpers import CHAIN, Node
 from tests.fuzz import mutate
 from tests.fuzz.mutate import Source, chance, choice
 from tests.unit.test_codec_roundtrip import REGISTERED
 from user_client import openai_api as api
+from verifier import audit_tx as at
 from verifier import tx as vtx
 from verifier.abci import wire as abci_wire
 from verifier.abci.proto.tendermint.abci import types_pb2 as abci
-from verifier.app import CommitteeApp, Validator
+from verifier.app import CommitteeApp, Result, Validator
 
 T0 = 1_700_000_000
 
@@ -1073,8 +1084,189 @@ class CommitteeTarget(Target):
         return len(txs)
 
 
+class AuditTxTarget(Target):
+    """Audit transactions (``verifier.audit_tx.decode_audit_tx``, then ``CommitteeApp.check_tx``
+    on an app with audits on, in the middle of an epoch: its report on the chain, attestations
+    and silence confirmations open). Contract: decoding raises only :class:`TxError` with a code
+    and decodes only the signed corpus (a VRF proof, which is unsigned, may decode mutated: its
+    proof is the app's to check); ``check_tx`` answers every input with a :class:`Result`,
+    accepts exactly the corpus transactions it accepted unmutated, and never changes the state."""
+
+    NAME = "audit_tx"
+    STEPS = ("feed",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        c = Committee()
+        lead0 = c.elect(0)
+        c.block([c.commit_tx(lead0)[0]])
+        c.to_epoch_start(1)
+        proof = c.proof(c.others(lead0)[0])
+        lead = c.elect(0)
+        entries = c.honest_entries(lead)
+        silent = entries[1].node_id
+        entries = [at.SilentEntry(e.node_id, e.index, "no reply within 60 s") if e.node_id == silent else e
+                   for e in entries]
+        report = c.report_tx(lead, entries)
+        c.block([report])
+        others = c.others(lead)
+        replies = sum(isinstance(e, at.ReplyEntry) for e in entries)
+        assert 0 < replies < len(entries), "the report holds reply and silent entries"
+        self.corpus = [proof, c.commit_tx(lead)[0], report, c.attest_tx(others[0], [950_000] * replies),
+                       c.silence_tx(others[1], silent, False)]
+        self.kinds = [at.KIND_PROOF, at.KIND_COMMIT, at.KIND_REPORT, at.KIND_ATTESTATION, at.KIND_SILENCE]
+        for raw, kind in zip(self.corpus, self.kinds, strict=True):
+            assert at.decode_audit_tx(raw, CHAIN).KIND == kind
+        self.bodies = [raw[len(at.AUDIT_TAG):] for raw in self.corpus]
+        self.app = c.app
+        self.state = self.app.committed.canonical_bytes()
+        self.accepted = {raw for raw in self.corpus if self.app.check_tx(raw).ok}
+        assert len(self.accepted) >= 2, "some of the corpus is valid in this state"
+
+    def feed(self, src: Source) -> int:
+        if chance(src, 10):  # the tag itself mutated too
+            _, data = mutate.payload(src, self.corpus)
+        else:  # structure mutations need the msgpack body without the tag
+            _, body = mutate.payload(src, self.bodies)
+            data = at.AUDIT_TAG + body
+        try:
+            t = at.decode_audit_tx(data, CHAIN)
+        except vtx.TxError as exc:
+            assert isinstance(exc.code, vtx.Code) and exc.code != vtx.Code.OK
+            self.rejected += 1
+        else:
+            if isinstance(t, at.VrfProof):
+                assert at.encode_tx(t) == data
+            else:
+                assert data in self.corpus, "only a transaction its validator signed decodes"
+        result = self.app.check_tx(data)
+        assert isinstance(result, Result) and isinstance(result.code, vtx.Code)
+        assert result.ok == (data in self.accepted), "check_tx accepts exactly the valid corpus"
+        assert result.ok or result.log, "a refusal says why"
+        assert self.app.committed.canonical_bytes() == self.state, "check_tx never changes the state"
+        return 1
+
+
+def _flip(src: Source, data: bytes) -> bytes:
+    """``data`` with one bit flipped (one byte if it is empty)."""
+    if not data:
+        return b"\x01"
+    i = src.int(0, len(data) - 1)
+    return data[:i] + bytes([data[i] ^ (1 << src.int(0, 7))]) + data[i + 1:]
+
+
+class ReplyTarget(Target):
+    """Signed replies (``overlay.signing.ReplyChecker.check``): an honest multi-chunk reply passes;
+    a sequence that is not a prefix of it (text, token ids, chain, signature, signing time or final
+    flag altered; chunks reordered, dropped, duplicated, merged, or foreign ones inserted: random,
+    with a right chain but a wrong key, or from the same node's reply to another request) raises
+    :class:`ReplyVerifyError` at the first altered chunk and nothing else, and every chunk before
+    it passes. A prefix passes chunk by chunk: only its final flag tells a client it is whole."""
+
+    NAME = "reply"
+    STEPS = ("feed",)
+    MODEL = "smollm2-135m"
+    TEXTS = ("", "The", " answer", " is 7.", "caf\u00e9", "\u2603\U0001f600", "\ud800", "\x00", "a" * 300)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.key = crypto.SigningKey.generate()
+        self.other_key = crypto.SigningKey.generate()
+        self.node_id = node_id_of(self.key.public_bytes)
+        self.digest, self.other_digest = (
+            request_digest(Request(bytes(16), self.MODEL, (ChatMessage("user", q),), SamplingParams(), 1, (), ""))
+            for q in ("What is 3 plus 4?", "What is 3 plus 5?"))
+
+    def _reply(self, src: Source, digest: bytes, key: crypto.SigningKey, n: int) -> list[tuple[Any, ...]]:
+        """``n`` chunks (text, ids, final, chain, signature, signed_at_ms) as ``key``'s node signs them."""
+        signer = ReplySigner(digest, self.MODEL, self.node_id)
+        out: list[tuple[Any, ...]] = []
+        t = T0 * 1000 + src.int(0, 10**6)
+        for i in range(n):
+            text = choice(src, self.TEXTS)
+            ids = tuple(src.int(0, 2**32 - 1) if chance(src, 10) else src.int(0, 49_151)
+                        for _ in range(src.int(0, 4)))
+            t += src.int(0, 3000)
+            chain, sig = signer.add(text, ids, i == n - 1, t, key.sign)
+            out.append((text, ids, i == n - 1, chain, sig, t))
+        return out
+
+    def _altered(self, src: Source, c: tuple[Any, ...], prev_chain: bytes) -> tuple[Any, ...]:
+        text, ids, final, chain, sig, t = c
+        what = src.int(0, 5)
+        if what == 0:
+            text = choice(src, (text + "!", text[:-1], "", choice(src, self.TEXTS), text.upper()))
+        elif what == 1:
+            bad = choice(src, (0, 1, -1, 2**32, 2**64 - 1, -(2**63)))
+            ids = choice(src, (ids + (bad,), ids[:-1], (bad,) + ids[1:], tuple(reversed(ids))))
+        elif what == 2:
+            chain = choice(src, (src.bytes(32), chain[:-1], b"", chain + b"\x00", prev_chain, _flip(src, chain)))
+        elif what == 3:
+            sig = choice(src, (src.bytes(64), sig[:-1], b"", sig + b"\x00", _flip(src, sig), self.other_key.sign(b"x")))
+        elif what == 4:
+            t = choice(src, (t + 1, t - 1, 0, -1, 2**64, 2**64 - 1))
+        else:
+            final = not final
+        return (text, ids, final, chain, sig, t)
+
+    def _foreign(self, src: Source, prev_chain: bytes, index: int) -> tuple[Any, ...]:
+        """A chunk the node did not sign for this position of this reply."""
+        text = choice(src, self.TEXTS)
+        ids = tuple(src.int(0, 49_151) for _ in range(src.int(0, 3)))
+        final = chance(src, 50)
+        t = T0 * 1000 + src.int(0, 10**6)
+        chain = chain_next(prev_chain, text, ids)
+        how = src.int(0, 3)
+        if how == 0:  # random bytes throughout
+            return (text, ids, final, src.bytes(src.int(0, 33)), src.bytes(src.int(0, 65)), src.int(0, 2**64 - 1))
+        if how == 1:  # the right chain, a made-up signature
+            return (text, ids, final, chain, src.bytes(64), t)
+        if how == 2:  # the right chain, signed by another node's key
+            return (text, ids, final, chain,
+                    self.other_key.sign(reply_signing_bytes(self.digest, chain, final, self.MODEL, self.node_id, t)), t)
+        other = self._reply(src, self.other_digest, self.key, index + 1)  # the node's reply to another request
+        return other[index]
+
+    def feed(self, src: Source) -> int:
+        honest = self._reply(src, self.digest, self.key, src.int(1, 6))
+        chains = [chain_start(self.digest)] + [c[3] for c in honest]  # chains[i]: the chain before chunk i
+        seq = list(honest)
+        if chance(src, 80):
+            for _ in range(src.int(1, 3)):
+                op = src.int(0, 5)
+                i = src.int(0, max(0, len(seq) - 1))
+                if op == 0 and seq:  # one field altered
+                    seq[i] = self._altered(src, seq[i], chains[min(i, len(chains) - 1)])
+                elif op == 1 and len(seq) > 1:  # two chunks swapped
+                    j = src.int(0, len(seq) - 1)
+                    seq[i], seq[j] = seq[j], seq[i]
+                elif op == 2 and seq:  # a chunk dropped
+                    del seq[i]
+                elif op == 3 and seq:  # a chunk duplicated
+                    seq.insert(i, seq[i])
+                elif op == 4 and i + 1 < len(seq):  # two chunks merged into one, the later one's signature
+                    a, b = seq[i], seq[i + 1]
+                    seq[i:i + 2] = [(a[0] + b[0], a[1] + b[1], *b[2:])]
+                else:  # a foreign chunk
+                    seq.insert(i, self._foreign(src, chains[min(i, len(chains) - 1)], i))
+        first = next((i for i, (a, b) in enumerate(zip(seq, honest, strict=False)) if a != b),
+                     None if len(seq) <= len(honest) else len(honest))
+        checker = ReplyChecker(self.digest, self.MODEL, self.node_id, self.key.public_bytes)
+        for i, c in enumerate(seq):
+            try:
+                checker.check(c[0], c[1], c[2], c[3], c[4], c[5])
+            except ReplyVerifyError:
+                assert i == first, f"chunk {i} refused, the first altered one is {first}"
+                self.rejected += 1
+                return len(seq)
+        assert first is None and seq == honest[:len(seq)], f"an altered reply (first altered chunk {first}) passed"
+        assert checker.chunks == len(seq)
+        assert (bool(seq) and seq[-1][2]) == (seq == honest), "only the whole reply ends with its final chunk"
+        return len(seq)
+
+
 STATELESS: tuple[type[Target], ...] = (CodecTarget, FramingTarget, HandshakeTarget, OnionTarget, SealTarget,
                                        CloveTarget, RequestTarget, TxTarget, AbciFramingTarget, ListTarget,
-                                       GatewayTarget)
+                                       GatewayTarget, AuditTxTarget, ReplyTarget)
 STATEFUL: tuple[type[Target], ...] = (RelayTarget, ReassemblerTarget, GroupTarget, CommitteeTarget)
 ALL: tuple[type[Target], ...] = STATELESS + STATEFUL

@@ -13,7 +13,7 @@ import trio.testing
 
 from overlay import crypto, onion
 from overlay.identity import Identity
-from overlay.membership import Membership, committee_settings, node_entry
+from overlay.membership import REPUTATION_SCALE, TRUST_LINE, Membership, committee_settings, node_entry
 from overlay.messages import Create, Destroy
 from overlay.registration import (
     OP_LEAVE,
@@ -254,3 +254,45 @@ def test_a_poke_refreshes_the_lists_early_after_the_warmup() -> None:
             nursery.cancel_scope.cancel()
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_membership_says_a_registered_model_node_is_unlisted_because_untrusted() -> None:
+    """A model node registered with a committee whose audits put its reputation under 0.4: the
+    signed model list leaves it out, and the error says so (registered per /node, the reputation
+    from /reputation) and what the operator can do, instead of "no signed list"."""
+    from dataclasses import replace
+
+    from verifier import reputation
+    from verifier.app import CommitteeApp, Validator
+
+    assert (TRUST_LINE, REPUTATION_SCALE) == (reputation.TRUST_LINE / reputation.SCALE, reputation.SCALE)
+    c = InProcessCommittee()
+    c.app = CommitteeApp()  # the same validators, with audits on
+    c.app.init_chain(CHAIN, [Validator("ed25519", k.public_bytes, 10) for k in c.keys],
+                     b'{"audit": {"model": "m", "epoch_blocks": 10, "challenges_per_node": 2}}')
+    c.settle()
+    me = Identity.generate()
+
+    async def rpc(address: str, method: str, params: dict[str, str]) -> object:
+        out = await c.rpc(address, method, params)
+        st = c.app.committed
+        if me.node_id in st.nodes and st.audit is not None and not st.audit.reputation.nodes:
+            # the audits scored it 0 in one epoch (a confirmed silent node: 0.4 x 0.5 = 0.2)
+            c.app.committed = replace(st, audit=replace(st.audit, reputation=replace(st.audit.reputation, nodes={
+                me.node_id: reputation.NodeReputation(200_000, (True,), 1)})))
+            c.settle()  # the next lists are signed over the new state
+        return out
+
+    async def main() -> None:
+        member = Membership(c.settings(), me, Registry(0, []), rpc=rpc, fetch=c.fetch, list_wait=5)
+        with pytest.raises(RegistrationError) as err:
+            await member.run(node_entry(me, "127.0.0.1:9000", "r", model="m", capacity=2))
+        msg = str(err.value)
+        assert "is registered" in msg and "/node query holds it" in msg
+        assert "signed model list leaves it out" in msg and "untrusted (reputation 0.200" in msg
+        assert "/reputation" in msg and "serves its model ('m') unmodified" in msg
+        assert "restarting it does not change its reputation" in msg
+        assert "no signed list holding" not in msg
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert _ops(c)[-1][0] == OP_LEAVE  # the failed start leaves the committee again

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
 
 import pytest
 
@@ -101,3 +102,34 @@ def test_load_and_pinned_keys_parsing(tmp_path):
         reg.load(p, pinned)
     with pytest.raises(reg.RegistryError, match="does not exist"):
         reg.load(tmp_path / "missing.json", pinned)
+
+
+def test_valid_signers_counts_distinct_trusted_keys_with_good_signatures() -> None:
+    """``crypto.valid_signers``, the count behind both quorum checks (this file's registry and the
+    committee's signed lists): untrusted keys, repeated keys and bad signatures do not count."""
+    from overlay import crypto
+
+    a, b, c, stranger = (crypto.SigningKey.generate() for _ in range(4))
+    msg = b"the list"
+    trusted = {a.public_bytes, b.public_bytes, c.public_bytes}
+    pairs = [
+        (a.public_bytes, a.sign(msg)),
+        (a.public_bytes, a.sign(msg)),  # the same key twice counts once
+        (b.public_bytes, b.sign(b"another list")),  # over another message
+        (stranger.public_bytes, stranger.sign(msg)),  # not trusted
+        (c.public_bytes, b"\x00" * 64),  # not a signature
+        (c.public_bytes, c.sign(msg)[:-1]),  # wrong length
+        (b"short", b"x"),
+    ]
+    assert crypto.valid_signers(pairs, trusted, msg) == {a.public_bytes}
+    assert crypto.valid_signers([*pairs, (c.public_bytes, c.sign(msg))], trusted, msg) == {a.public_bytes,
+                                                                                           c.public_bytes}
+    assert crypto.valid_signers([], trusted, msg) == set()
+
+    def malformed_third() -> Iterator[tuple[bytes, bytes]]:
+        yield a.public_bytes, a.sign(msg)
+        yield b.public_bytes, b.sign(msg)
+        raise ValueError("the caller's parse error")
+
+    with pytest.raises(ValueError, match="parse error"):
+        crypto.valid_signers(malformed_third(), trusted, msg)
