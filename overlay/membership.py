@@ -205,14 +205,12 @@ class Membership:
                 f"but the signed model list leaves it out: the committee's audits found it untrusted ({rep}; "
                 f"the list holds only model nodes at {TRUST_LINE:g} or above, the /reputation query shows the "
                 "value), so no user is sent to it. Check that it serves its model "
-                f"({entry.model_id!r}) unmodified and answers within the audits' time limit. Its reputation "
-                "changes only in epochs where the committee audits it (registered model nodes of the audit "
-                "model, listed or not, up to 32 an epoch): each moves it to 0.4 x R + w x (the epoch's mean "
-                "score), w = 0.6, less while an epoch with a mean under 0.75 is among its last 5, so a few "
-                "honestly answered epochs bring it back over the line. But this node stops here and leaves "
-                "the committee, and a node that is not registered is not audited: restarting it does not "
-                "change its reputation, and this version cannot keep an unlisted model node registered to "
-                "answer audits")
+                f"({entry.model_id!r}) unmodified and answers within the audits' time limit. The committee "
+                "does not audit an untrusted node again (relays do not deliver to unlisted nodes), so its "
+                "reputation under this identity stays as it is and restarting does not change it. Once the "
+                "node serves the model honestly, start it with a new identity (a new --data-dir or key "
+                "file): a new node starts at reputation 0.5, listed, and must keep answering the audits "
+                "well to stay so")
 
     async def _reputation(self) -> int | None:
         """This node's reputation (fixed point) from the committee's ``/reputation`` query
