@@ -95,6 +95,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--no-demo", action="store_true", help="skip the demo chat")
     p.add_argument("--chat", action="store_true",
                    help="drop into an interactive chat once the network is up; the network stops when you leave")
+    p.add_argument("--audits", action="store_true",
+                   help="the committee audits the model nodes (docs/committee.md \"Audits\"): each verifier loads "
+                        "the model, and every epoch of 60 blocks (about a minute) a VRF-chosen leader sends hidden "
+                        "challenge prompts through the overlay and the committee agrees on reputations "
+                        "(gentorrent status --committee shows them). Needs --engine llama.cpp and a committee; a "
+                        "devnet keeps the choice it was created with (--fresh to change it)")
     p.add_argument("--fresh", action="store_true",
                    help="start a new committee chain on new ports instead of resuming the one recorded in "
                         f"DATA_DIR/devnet/{STATE_FILE} (node keys are kept)")
@@ -276,7 +282,7 @@ def save_state(path: Path, net: LocalNet, recorded: dict[str, Any] | None) -> No
     ports = {**(recorded or {}).get("ports", {}), **net.ports}
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps({"version": STATE_VERSION, "chain_id": net.chain_id, "verifiers": len(net.verifiers),
-                               "ports": ports}, indent=1) + "\n")
+                               "audits": net.audits, "ports": ports}, indent=1) + "\n")
     os.replace(tmp, path)
 
 
@@ -290,6 +296,11 @@ def open_net(root: Path, args: argparse.Namespace, model: str) -> tuple[LocalNet
         path.unlink(missing_ok=True)
     else:
         recorded = load_state(path)
+    if recorded is not None and bool(recorded.get("audits", False)) != args.audits:
+        was = "with" if recorded.get("audits") else "without"
+        raise CliError(f"the devnet in {root} was created {was} --audits (its committee's genesis fixes it): "
+                       f"{'add' if was == 'with' else 'drop'} --audits to resume it, or pass --fresh to start a new "
+                       "chain")
     if recorded is not None and recorded["verifiers"] != args.verifiers:
         raise CliError(f"the devnet in {root} has a committee of {recorded['verifiers']} verifiers, not "
                        f"{args.verifiers}: pass --verifiers {recorded['verifiers']} to resume it, or --fresh to start "
@@ -298,7 +309,7 @@ def open_net(root: Path, args: argparse.Namespace, model: str) -> tuple[LocalNet
     net = LocalNet(root, args.relays, users=("you",), models=args.models, model=model, engine=args.engine,
                    registry_keys=REGISTRY_KEYS, ping_interval=PING_INTERVAL, echo_delay=0.02,
                    committee=args.verifiers, ports=recorded["ports"] if recorded is not None else None,
-                   chain_id=chain_id)
+                   chain_id=chain_id, audits=args.audits)
     if recorded is None:
         return net, None
     if net.verifiers:
@@ -327,6 +338,9 @@ def _run(args: argparse.Namespace) -> int:
         raise CliError("--models must be between 1 and 8")
     if not (args.verifiers == 0 or 1 <= args.verifiers <= 7):
         raise CliError("--verifiers must be between 1 and 7, or 0 for a signed registry file")
+    if args.audits and (args.engine != "llama.cpp" or args.verifiers == 0):
+        raise CliError("--audits needs the real model (--engine llama.cpp, the default) and a committee "
+                       "(--verifiers 1 or more): the verifiers score replies under their own copy of the model")
     model = DEFAULT_MODEL if args.engine == "llama.cpp" else "echo"
     root.mkdir(parents=True, exist_ok=True)
     net, recorded = open_net(root, args, model)

@@ -93,6 +93,8 @@ class LocalNet:
         timeout_commit: str = "500ms",
         ports: Mapping[str, int] | None = None,
         chain_id: str = DEVNET_CHAIN_ID,
+        audits: bool = False,
+        epoch_blocks: int = 60,
     ) -> None:
         """``users`` names extra registered user identities that this class does not
         start (chat clients, benchmark clients, test sinks). ``engine``: the model nodes'
@@ -109,7 +111,9 @@ class LocalNet:
         CometBFT block pause, ``chain_id`` their chain's id. ``ports``: fixed loopback ports by
         name (a node's name; ``verifier-I.p2p`` and ``verifier-I.rpc`` for a verifier's CometBFT
         ports); every port not named there is one the OS finds free now (:attr:`ports` holds them
-        all, to be given back on a later run that resumes the same network)."""
+        all, to be given back on a later run that resumes the same network). ``audits``: the
+        committee's genesis turns audits on for ``model`` in epochs of ``epoch_blocks`` blocks and
+        every verifier runs ``--audit`` (its audit user node on port ``verifier-I.audit``)."""
         self.clock: Clock = clock or SystemClock()
         self.root = root
         self.engine = engine
@@ -121,7 +125,7 @@ class LocalNet:
         self.model = model
         verifiers = [f"verifier-{i}" for i in range(committee)]
         wanted = [f"relay-{i}" for i in range(n_relays)] + [f"model-{i}" for i in range(models)] + list(users) + [
-            f"{v}.{what}" for v in verifiers for what in ("p2p", "rpc")]
+            f"{v}.{what}" for v in verifiers for what in ("p2p", "rpc", *(("audit",) if audits else ()))]
         fixed = dict(ports or {})
         fresh = iter(free_ports(sum(w not in fixed for w in wanted)))
         self.ports: dict[str, int] = {w: fixed[w] if w in fixed else next(fresh) for w in wanted}
@@ -140,6 +144,7 @@ class LocalNet:
         self.verifiers = verifiers
         self.verifier_ports = {v: (self.ports[f"{v}.p2p"], self.ports[f"{v}.rpc"]) for v in verifiers}  # (p2p, rpc)
         self.timeout_commit = timeout_commit
+        self.audits, self.epoch_blocks = audits, epoch_blocks
         self.genesis_file = root / "committee-genesis.json"
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         if committee:  # no registry file: the nodes register with the committee
@@ -227,8 +232,9 @@ class LocalNet:
             _, err = proc.communicate()
             if proc.returncode != 0:
                 raise LocalNetError(f"{v}: verifier init failed: {err.decode(errors='replace').strip()[-500:]}")
-        done = subprocess.run(cli("verifier", "genesis", "--chain-id", self.chain_id, "--out",
-                                  str(self.genesis_file), "--install", *[str(self.root / v) for v in self.verifiers]),
+        audit = ["--audit-model", self.model, "--epoch-blocks", str(self.epoch_blocks)] if self.audits else []
+        done = subprocess.run(cli("verifier", "genesis", "--chain-id", self.chain_id, "--out", str(self.genesis_file),
+                                  *audit, "--install", *[str(self.root / v) for v in self.verifiers]),
                               capture_output=True)
         if done.returncode != 0:
             raise LocalNetError(f"verifier genesis failed: {done.stderr.decode(errors='replace').strip()[-500:]}")
@@ -295,7 +301,9 @@ class LocalNet:
 
     def command(self, name: str) -> list[str]:
         if name in self.verifiers:
-            return cli("verifier", "--data-dir", str(self.root / name))
+            audit = ["--audit", "--audit-model", self.model, "--audit-listen",
+                     f"127.0.0.1:{self.ports[name + '.audit']}"] if self.audits else []
+            return cli("verifier", "--data-dir", str(self.root / name), *audit)
         e = self.entries[name]
         common = ["--data-dir", str(self.root / name), "--listen", e.address, *self.registry_args()]
         if name in self.models:

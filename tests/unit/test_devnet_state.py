@@ -16,7 +16,7 @@ from overlay.tools.localnet import LocalNet, ports_taken
 
 
 def args(**kw) -> argparse.Namespace:
-    base = {"relays": 4, "models": 1, "verifiers": 2, "engine": "echo", "fresh": False}
+    base = {"relays": 4, "models": 1, "verifiers": 2, "engine": "echo", "fresh": False, "audits": False}
     return argparse.Namespace(**{**base, **kw})
 
 
@@ -104,3 +104,19 @@ def test_without_a_committee_the_ports_are_still_reused(tmp_path):
     save_state(tmp_path / STATE_FILE, net, recorded)
     again, recorded = open_net(tmp_path, args(verifiers=0), "echo")
     assert recorded is not None and again.ports == net.ports and again.registry_file.exists()
+
+
+def test_audits_add_an_audit_port_per_verifier_and_a_devnet_keeps_its_choice(tmp_path):
+    first = started(tmp_path, audits=True)
+    assert first.audits and {f"verifier-{i}.audit" for i in range(2)} <= set(first.ports)
+    cmd = first.command("verifier-0")
+    assert "--audit" in cmd and cmd[cmd.index("--audit-listen") + 1] == f"127.0.0.1:{first.ports['verifier-0.audit']}"
+    assert json.loads((tmp_path / STATE_FILE).read_text())["audits"] is True
+    net, recorded = open_net(tmp_path, args(audits=True), "echo")
+    assert recorded is not None and net.ports == first.ports
+    with pytest.raises(CliError, match="created with --audits.*--fresh"):
+        open_net(tmp_path, args(), "echo")
+    plain = started(tmp_path / "plain")
+    assert "--audit" not in plain.command("verifier-0")
+    with pytest.raises(CliError, match="created without --audits"):
+        open_net(tmp_path / "plain", args(audits=True), "echo")
