@@ -124,7 +124,7 @@ async def test_shared_prefix_is_not_evaluated_again(engine: VllmEngine) -> None:
     cached = shared // fake_vllm.BLOCK * fake_vllm.BLOCK
     assert cached > 0
     assert stats is not None and stats.evaluated_prompt_tokens == len(p2) - cached
-    assert engine.cached_prefixes()[:2] == [tuple(p2), tuple(p1)]
+    assert engine.cached_prefixes() == []  # no KV events from this vLLM: nothing is claimed (no guess)
 
 
 async def test_score_of_a_greedy_reply_is_its_argmax(engine: VllmEngine) -> None:
@@ -218,5 +218,5 @@ def test_close_stops_the_asyncio_thread() -> None:
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
 def test_missing_vllm_says_how_to_install() -> None:
-    with pytest.raises(EngineError, match=r"pip install 'gentorrent\[vllm\]'"):
+    with pytest.raises(EngineError, match="make setup-vllm"):
         VllmEngine("m")
