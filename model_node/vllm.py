@@ -151,7 +151,8 @@ def resolve_vllm_model(model: str | None) -> tuple[str, str]:
 
 def prepare_environment(cpu: bool) -> dict[str, str]:
     """Environment vLLM reads at import and in its spawned engine core; set before importing it
-    (values already set win). Caches go into the project's cache; no usage reporting. On CPU:
+    (values already set win). Caches go into the project's cache; no usage reporting; vLLM's log
+    to stderr, warnings and errors only (``VLLM_LOGGING_LEVEL=INFO`` for more). On CPU:
     a 1 GiB KV cache and no core held back (the default reserves one of the 2 cores)."""
     from model_node.convert import cache_root
 
@@ -162,6 +163,8 @@ def prepare_environment(cpu: bool) -> dict[str, str]:
         "TRITON_CACHE_DIR": str(cache / "triton"),
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
+        "VLLM_LOGGING_STREAM": "ext://sys.stderr",  # stdout is the node's READY line, a bench's JSON
+        "VLLM_LOGGING_LEVEL": "WARNING",
     }
     if cpu:
         env.update(VLLM_CPU_KVCACHE_SPACE=str(CPU_KVCACHE_GIB), VLLM_CPU_NUM_OF_RESERVED_CPU="0")
@@ -438,7 +441,7 @@ class VllmEngine:
         self._tmp: str | None = None
         self._events: _KvEventSubscriber | None = None
         if kv_events is None:
-            kv_events = vllm_module is not None and getattr(v, "__name__", "") == "vllm"
+            kv_events = getattr(v, "__name__", "") == "vllm"
         if kv_events:
             from vllm.config import KVEventsConfig
 
