@@ -95,6 +95,14 @@ def convert(model: str | None = None, *, force: bool = False) -> Path:
         if not getattr(tokenizer, "chat_template", None):
             raise EngineError(f"{gguf} has no chat template (tokenizer.chat_template): a model node "
                               "needs a chat model")
+        # transformers marks a model read from a GGUF as "quantized" (and then refuses to save it),
+        # but it has dequantized every weight into a plain tensor: drop the mark after checking that
+        odd = {str(p.dtype) for p in weights.parameters() if p.dtype != torch.float32}
+        if odd:
+            raise EngineError(f"{gguf}: transformers left weights of types {sorted(odd)}, not float32")
+        weights.hf_quantizer = None
+        if hasattr(weights.config, "quantization_config"):
+            del weights.config.quantization_config
         weights.save_pretrained(str(tmp), safe_serialization=True)
         tokenizer.save_pretrained(str(tmp))
         (tmp / MARKER).write_text(json.dumps({**_source_record(gguf), "model_id": model_id}, indent=1) + "\n")
