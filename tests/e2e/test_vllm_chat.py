@@ -26,7 +26,11 @@ from model_node.engine import EngineError  # noqa: E402
 from model_node.llama import DEFAULT_MODEL_ID, resolve_model  # noqa: E402
 from model_node.vllm import VllmEngine  # noqa: E402
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+# vLLM, torch and transformers warn about their own internals at import (not ours to fix)
+THIRD_PARTY = r"(torch|vllm|transformers)(\.|$)"
+pytestmark = [pytest.mark.vllm, pytest.mark.slow,
+              *(pytest.mark.filterwarnings(f"ignore::{w}:{THIRD_PARTY}")
+                for w in ("DeprecationWarning", "FutureWarning", "UserWarning"))]
 
 
 async def test_a_vllm_model_node_answers_through_the_overlay(tmp_path: Path) -> None:

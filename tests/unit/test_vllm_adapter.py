@@ -140,7 +140,7 @@ async def test_score_of_a_greedy_reply_is_its_argmax(engine: VllmEngine) -> None
     assert sp.output_kind is fake_vllm.RequestOutputKind.FINAL_ONLY
 
 
-async def test_score_expectation_over_the_top_20(engine: VllmEngine) -> None:
+async def test_score_expectation_over_the_vocabulary(engine: VllmEngine) -> None:
     prompt = engine.chat_prompt([ChatMessage("user", "sampled")])
     reply = [3 + ord(c) for c in "abc"]
     params = SamplingParams(temperature=0.7, top_p=0.9, top_k=10)
@@ -148,7 +148,7 @@ async def test_score_expectation_over_the_top_20(engine: VllmEngine) -> None:
     ctx = list(prompt)
     for s, tok in zip(scores, reply, strict=True):
         lps = fake_vllm.logprobs_after(ctx)
-        order = sorted(range(fake_vllm.VOCAB), key=lambda t: (-lps[t], t))[:10]  # top-20, then top_k
+        order = sorted(range(fake_vllm.VOCAB), key=lambda t: (-lps[t], t))[:10]  # whole vocabulary, then top_k
         w = [math.exp(lps[t] / 0.7) for t in order]
         total, acc, keep = sum(w), 0.0, 0
         for x in w:
