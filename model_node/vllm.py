@@ -16,7 +16,7 @@ its entry point with ``if __name__ == "__main__"`` (``gentorrent`` and pytest do
 The adapter uses only these vLLM names and calls (``tests/unit/fake_vllm.py``
 mirrors exactly them; docs/engines.md lists them):
 
-- ``vllm.AsyncEngineArgs(model=..., enable_prefix_caching=True, max_logprobs=20, [max_model_len=...],
+- ``vllm.AsyncEngineArgs(model=..., enable_prefix_caching=True, max_logprobs=1000, [max_model_len=...],
   [kv_events_config=vllm.config.KVEventsConfig(...)], **extra)``
 - ``vllm.AsyncLLMEngine.from_engine_args(args)`` (on the asyncio loop), ``engine.shutdown()``
 - ``engine.model_config.max_model_len``, ``engine.model_config.get_vocab_size()``; ``engine.get_tokenizer()`` →
@@ -508,15 +508,15 @@ class VllmEngine:
 
             self._bridge.submit(shutdown()).result()
             del engine
-            # vLLM 0.32's client leaves a ZMQ context unclosed; collect it here, quietly, rather than
-            # have its ResourceWarning surface at some later garbage collection
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", ResourceWarning)
-                gc.collect()
         bridge = getattr(self, "_bridge", None)
         if bridge is not None:
             bridge.close()
         self._close_events()
+        # vLLM 0.32's client leaves a ZMQ context unclosed; collect it here, quietly, rather than
+        # have its ResourceWarning surface at some later garbage collection
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)
+            gc.collect()
 
     def _request_id(self) -> str:
         return f"gt-{self._prefix}-{next(self._ids)}"

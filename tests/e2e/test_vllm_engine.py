@@ -162,8 +162,9 @@ async def test_cached_prefixes_follow_the_kv_cache(engine: VllmEngine) -> None:
     await wait_for_prefix(engine, p1[:32], False)
 
 
-# Measured on this model (docs/decisions/0012-vllm-cpu.md): see the test below.
-TOL_CALIBRATED = 0.05
+# Measured on SmolLM2 here (docs/decisions/0012-vllm-cpu.md): calibrated scores 0.008, 0.002 and
+# 0.040 apart (greedy, T = 0.7, T = 1.0), mean log-probabilities 0.015, 0.006, 0.011 nats.
+TOL_CALIBRATED = 0.06
 TOL_MEAN_LOGPROB = 0.05
 
 
