@@ -499,23 +499,24 @@ class VllmEngine:
     def close(self) -> None:
         """Shut vLLM down (its engine core process included), stop the asyncio thread and the
         KV event subscriber."""
-        engine = getattr(self, "_engine", None)
-        if engine is not None:
-            self._engine = None
-
-            async def shutdown() -> None:
-                engine.shutdown()
-
-            self._bridge.submit(shutdown()).result()
-            del engine
-        bridge = getattr(self, "_bridge", None)
-        if bridge is not None:
-            bridge.close()
-        self._close_events()
-        # vLLM 0.32's client leaves a ZMQ context unclosed; collect it here, quietly, rather than
-        # have its ResourceWarning surface at some later garbage collection
+        # vLLM 0.32's client leaves a ZMQ context unclosed, found by the garbage collector while
+        # vLLM shuts down or soon after: silence that ResourceWarning here and collect it now
+        # rather than have it surface at some later collection
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ResourceWarning)
+            engine = getattr(self, "_engine", None)
+            if engine is not None:
+                self._engine = None
+
+                async def shutdown() -> None:
+                    engine.shutdown()
+
+                self._bridge.submit(shutdown()).result()
+                del engine
+            bridge = getattr(self, "_bridge", None)
+            if bridge is not None:
+                bridge.close()
+            self._close_events()
             gc.collect()
 
     def _request_id(self) -> str:
