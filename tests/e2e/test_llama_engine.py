@@ -203,16 +203,17 @@ async def test_a_long_prompt_plus_max_tokens_is_refused_by_the_node(engine: Any)
     assert len(chunks) == 1 and "context window of 2048 tokens" in chunks[0].error
 
 
-def test_cli_errors_are_clear(tmp_path, capsys) -> None:
+def test_cli_errors_are_clear(tmp_path, capsys, monkeypatch) -> None:
     from overlay.cli import main
 
     assert main(["model-node", "--data-dir", str(tmp_path), "--model", str(tmp_path / "gone.gguf")]) == 2
     assert "model file not found" in capsys.readouterr().err
+    monkeypatch.setenv("GENTORRENT_CACHE", str(tmp_path / "cache"))
     assert main(["model-node", "--data-dir", str(tmp_path), "--engine", "vllm"]) == 2
-    assert "--engine vllm needs --model" in capsys.readouterr().err
+    assert "has not been converted for vLLM: run `python -m model_node.convert`" in capsys.readouterr().err
     if importlib.util.find_spec("vllm") is None:
         assert main(["model-node", "--data-dir", str(tmp_path), "--engine", "vllm", "--model", "org/m"]) == 2
-        assert "pip install 'gentorrent[vllm]'" in capsys.readouterr().err
+        assert "vLLM is not installed: make setup-vllm" in capsys.readouterr().err
 
 
 async def test_a_model_node_process_answers_through_the_overlay(tmp_path) -> None:

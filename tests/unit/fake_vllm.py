@@ -78,9 +78,6 @@ class SamplingParams:
             raise ValueError(f"temperature must be non-negative, got {self.temperature}.")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}.")
-        if self.prompt_logprobs is not None and self.prompt_logprobs > 20:
-            raise ValueError(f"Requested prompt logprobs of {self.prompt_logprobs}, "
-                             "which is greater than max allowed: 20")
 
 
 # --------------------------------------------------------------------------- vllm.inputs / outputs
@@ -232,7 +229,8 @@ class FakeAsyncLLM:
     step_delay: float = 0.0
 
     def __post_init__(self) -> None:
-        self.model_config = SimpleNamespace(max_model_len=self.args.max_model_len or 512, model=self.args.model)
+        self.model_config = SimpleNamespace(max_model_len=self.args.max_model_len or 512, model=self.args.model,
+                                            get_vocab_size=lambda: VOCAB)
         self._tokenizer = FakeTokenizer()
 
     @classmethod
@@ -269,6 +267,9 @@ class FakeAsyncLLM:
         cached = self._cached(ids)
         self.seen_prompts.append(ids)
         plp: list[dict[int, Logprob] | None] | None = None
+        if sp.prompt_logprobs is not None and sp.prompt_logprobs > self.args.max_logprobs:
+            raise ValueError(f"Requested prompt logprobs of {sp.prompt_logprobs}, "
+                             f"which is greater than max allowed: {self.args.max_logprobs}")
         if sp.prompt_logprobs is not None:
             plp = [None]
             for i in range(1, len(ids)):

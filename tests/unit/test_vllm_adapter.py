@@ -124,7 +124,7 @@ async def test_shared_prefix_is_not_evaluated_again(engine: VllmEngine) -> None:
     cached = shared // fake_vllm.BLOCK * fake_vllm.BLOCK
     assert cached > 0
     assert stats is not None and stats.evaluated_prompt_tokens == len(p2) - cached
-    assert engine.cached_prefixes()[:2] == [tuple(p2), tuple(p1)]
+    assert engine.cached_prefixes() == []  # no KV events from this vLLM: nothing is claimed (no guess)
 
 
 async def test_score_of_a_greedy_reply_is_its_argmax(engine: VllmEngine) -> None:
@@ -140,7 +140,7 @@ async def test_score_of_a_greedy_reply_is_its_argmax(engine: VllmEngine) -> None
     assert sp.output_kind is fake_vllm.RequestOutputKind.FINAL_ONLY
 
 
-async def test_score_expectation_over_the_top_20(engine: VllmEngine) -> None:
+async def test_score_expectation_over_the_vocabulary(engine: VllmEngine) -> None:
     prompt = engine.chat_prompt([ChatMessage("user", "sampled")])
     reply = [3 + ord(c) for c in "abc"]
     params = SamplingParams(temperature=0.7, top_p=0.9, top_k=10)
@@ -148,7 +148,7 @@ async def test_score_expectation_over_the_top_20(engine: VllmEngine) -> None:
     ctx = list(prompt)
     for s, tok in zip(scores, reply, strict=True):
         lps = fake_vllm.logprobs_after(ctx)
-        order = sorted(range(fake_vllm.VOCAB), key=lambda t: (-lps[t], t))[:10]  # top-20, then top_k
+        order = sorted(range(fake_vllm.VOCAB), key=lambda t: (-lps[t], t))[:10]  # whole vocabulary, then top_k
         w = [math.exp(lps[t] / 0.7) for t in order]
         total, acc, keep = sum(w), 0.0, 0
         for x in w:
@@ -218,5 +218,5 @@ def test_close_stops_the_asyncio_thread() -> None:
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
 def test_missing_vllm_says_how_to_install() -> None:
-    with pytest.raises(EngineError, match=r"pip install 'gentorrent\[vllm\]'"):
+    with pytest.raises(EngineError, match="make setup-vllm"):
         VllmEngine("m")
