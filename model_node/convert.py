@@ -100,7 +100,7 @@ def convert(model: str | None = None, *, force: bool = False) -> Path:
         odd = {str(p.dtype) for p in weights.parameters() if p.dtype != torch.float32}
         if odd:
             raise EngineError(f"{gguf}: transformers left weights of types {sorted(odd)}, not float32")
-        weights.hf_quantizer = None  # type: ignore[assignment]
+        weights.hf_quantizer = None  # type: ignore[assignment, unused-ignore]  # typed only where transformers is installed
         if hasattr(weights.config, "quantization_config"):
             del weights.config.quantization_config
         weights.save_pretrained(str(tmp), safe_serialization=True)
