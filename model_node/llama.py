@@ -299,7 +299,7 @@ class LlamaCppEngine:
     def __init__(self, model_path: str | os.PathLike[str], *, model_id: str | None = None, n_ctx: int = 4096,
                  n_threads: int | None = None, cache_bytes: int = DEFAULT_CACHE_BYTES,
                  max_snapshots: int | None = None, batch_invariant: bool = True, slots: int = 1,
-                 prefill_chunk: int = PREFILL_CHUNK) -> None:
+                 prefill_chunk: int = PREFILL_CHUNK, score_fresh: bool = False) -> None:
         if not 1 <= slots <= 256:
             raise EngineError(f"slots must be between 1 and 256 (got {slots})")
         if not 1 <= prefill_chunk <= N_BATCH:
@@ -313,6 +313,7 @@ class LlamaCppEngine:
         self.cache_bytes = cache_bytes if max_snapshots != 0 else 0
         self.max_snapshots = max_snapshots
         self.slots, self.prefill_chunk = slots, prefill_chunk
+        self.score_fresh = score_fresh
         mparams = L.llama_model_default_params()
         self._model = L.llama_model_load_from_file(str(path).encode(), mparams)
         if not self._model:
@@ -856,7 +857,7 @@ class LlamaCppEngine:
         import numpy as np
 
         tokens, first = job.tokens, job.first
-        slot, start = self._place(tokens, first)
+        slot, start = self._place_for_score(tokens, first)
         slot.user = job
         feed_end = len(tokens) - 1  # the last token predicts nothing we score
         out: list[TokenScore] = []
@@ -874,6 +875,22 @@ class LlamaCppEngine:
             slot.user, slot.used = None, self._tick
         return out
 
+    def _place_for_score(self, tokens: list[int], first: int) -> tuple[_Slot, int]:
+        """:meth:`_place` for a scoring pass; with ``score_fresh`` the sequence is emptied first, so
+        every pass evaluates its tokens from position 0 in the same chunks whatever the engine held
+        before. Measured: with cached prefixes reused, the same replies scored in random mixes of
+        single and batched calls differed from a fresh engine's 5 times in 10 rounds of 1–6
+        replies (a calibrated score of 0.72 against 1.00 once), and in a devnet two verifiers
+        disagreed with the leader by 0.16; verifiers that must agree on scores (the committee's
+        audits) use it. The cause (reuse with other chunk boundaries breaking batch invariance,
+        or a stale reused prefix) is not found yet."""
+        slot, start = self._place(tokens, first)
+        if self.score_fresh and start > 0:
+            self._L.llama_memory_seq_rm(self._mem, slot.seq, -1, -1)
+            slot.tokens = []
+            start = 0
+        return slot, start
+
     def _score_batch_job(self, batch: _ScoreBatch) -> list[list[TokenScore]]:
         """Score each job of ``batch``, as many at once as there are free sequences: every step
         is one ``llama_decode`` of up to :data:`N_BATCH` tokens from several sequences (in sequence
@@ -889,7 +906,7 @@ class LlamaCppEngine:
                 while order and self._free():
                     i = order.pop(0)
                     job = batch.jobs[i]
-                    slot, start = self._place(job.tokens, job.first)
+                    slot, start = self._place_for_score(job.tokens, job.first)
                     slot.user = batch
                     group.append((i, slot, start))
                 group.sort(key=lambda g: g[1].seq)

@@ -654,7 +654,10 @@ def _engine(settings: AuditSettings) -> Any:
     model_id, path = resolve_model(settings.model)
     # 4 sequences: a report's replies are rescored side by side (score_batch); 2,048 tokens each
     # (the model nodes' default window; ~190 MB of KV cache for SmolLM2).
-    return LlamaCppEngine(path, model_id=model_id, n_threads=settings.threads, slots=4, n_ctx=2048)
+    # score_fresh: every reply is evaluated from scratch, so every verifier computes the same scores
+    # whatever its engine scored before (reused cached prefixes changed them: model_node/llama.py).
+    return LlamaCppEngine(path, model_id=model_id, n_threads=settings.threads, slots=4, n_ctx=2048,
+                          score_fresh=True)
 
 
 async def _run_audits_once(data_dir: Path, settings: AuditSettings, seed: bytes, engine: Any) -> None:

@@ -97,7 +97,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="drop into an interactive chat once the network is up; the network stops when you leave")
     p.add_argument("--audits", action="store_true",
                    help="the committee audits the model nodes (docs/committee.md \"Audits\"): each verifier loads "
-                        "the model, and every epoch of 60 blocks (about a minute) a VRF-chosen leader sends hidden "
+                        "the model, and every epoch of 120 blocks (about two minutes) a VRF-chosen leader sends hidden "
                         "challenge prompts through the overlay and the committee agrees on reputations "
                         "(gentorrent status --committee shows them). Needs --engine llama.cpp and a committee; a "
                         "devnet keeps the choice it was created with (--fresh to change it)")

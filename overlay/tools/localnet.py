@@ -94,7 +94,7 @@ class LocalNet:
         ports: Mapping[str, int] | None = None,
         chain_id: str = DEVNET_CHAIN_ID,
         audits: bool = False,
-        epoch_blocks: int = 60,
+        epoch_blocks: int = 120,
     ) -> None:
         """``users`` names extra registered user identities that this class does not
         start (chat clients, benchmark clients, test sinks). ``engine``: the model nodes'

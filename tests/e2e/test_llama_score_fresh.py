@@ -1,0 +1,56 @@
+"""Scores verifiers agree on (issue 14): with ``score_fresh`` (what ``gentorrent verifier
+--audit`` uses) a reply's score does not depend on what the engine scored before. Without it,
+reused cached prefixes changed scores (model_node/llama.py ``_place_for_score``)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import trio
+
+from verifier.challenges import ChallengeGenerator
+from verifier.reputation import to_fixed
+from verifier.scoring import score_reply
+
+pytestmark = pytest.mark.slow
+
+llama = pytest.importorskip("model_node.llama")
+pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install 'gentorrent[llama]')")
+
+
+def test_scores_do_not_depend_on_the_engines_history() -> None:
+    model_id, path = llama.resolve_model(None)
+
+    def engine(**kw):  # type: ignore[no-untyped-def]
+        return llama.LlamaCppEngine(path, model_id=model_id, n_threads=1, slots=4, n_ctx=2048, **kw)
+
+    async def main() -> None:
+        gen = engine()
+        g = ChallengeGenerator(rng=random.Random(11))
+        items = []
+        for _ in range(12):
+            op = g.opening(model_id)
+            prompt = gen.chat_prompt(op.messages)
+            ids: list[int] = []
+            async for piece in gen.generate(prompt, op.params):
+                ids += piece.token_ids
+            items.append((prompt, ids, op.params))
+        gen.close()
+        ref = []
+        for it in items:  # each reply alone on a fresh engine
+            e = engine()
+            ref.append(to_fixed(score_reply(await e.score(*it)).calibrated))
+            e.close()
+        eng = engine(score_fresh=True)
+        rng = random.Random(3)
+        for _ in range(8):  # random mixes of single and batched calls over overlapping replies
+            ks = rng.sample(range(len(items)), rng.choice([1, 3, 4, 6]))
+            if len(ks) == 1 or rng.random() < 0.3:
+                got = [to_fixed(score_reply(await eng.score(*items[k])).calibrated) for k in ks]
+            else:
+                got = [to_fixed(score_reply(s).calibrated) for s in await eng.score_batch([items[k] for k in ks])]
+            assert got == [ref[k] for k in ks]
+        eng.close()
+
+    trio.run(main)
