@@ -23,6 +23,14 @@ import pytest
 from overlay import testing
 
 REPO = Path(__file__).resolve().parent.parent
+# Tests stop the processes they start with Ctrl-C (SIGINT), as a user would. A test run started in
+# the background by a non-interactive shell (`make test &`, `nohup ... &`) has SIGINT ignored, and an
+# ignored signal stays ignored across exec: every node started from it would then ignore Ctrl-C
+# (Python installs its KeyboardInterrupt handler only where SIGINT is not ignored). Restore the
+# default here, so children start with it.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 PROCESS_START_TIMEOUT = 30.0  # seconds; generous for a loaded 2-core machine
 PROCESS_STOP_TIMEOUT = 10.0
 

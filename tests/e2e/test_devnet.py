@@ -83,7 +83,7 @@ def test_stopping_devnet_leaves_no_process_behind(tmp_path, sig):
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.wait()
+            proc.communicate()  # also closes the pipes (a leaked one fails a later test as unraisable)
         for p in [p for p in locals().get("nodes", ()) if alive(p)]:
             os.kill(p, signal.SIGKILL)  # leave nothing behind even when the test fails
 
@@ -153,6 +153,6 @@ def test_a_second_start_resumes_the_same_chain_and_answers(tmp_path):
             if proc.poll() is None:
                 seen |= children_of(proc.pid)
                 proc.kill()
-                proc.wait()
+                proc.communicate()  # also closes the pipes
         for p in [p for p in seen if alive(p)]:
             os.kill(p, signal.SIGKILL)  # leave nothing behind even when the test fails
