@@ -133,10 +133,11 @@ class ChallengeError(Exception):
     """No challenge could be made (the generator ran out of fresh prompts: a bug or a tiny space)."""
 
 
-def compose(choice: Sequence[int]) -> str:
-    """The prompt for one choice of part indices (one per :data:`PARTS` entry, in order)."""
+def compose(choice: Sequence[int], parts: Sequence[Sequence[str]] = PARTS) -> str:
+    """The prompt for one choice of part indices (one per entry of ``parts``, :data:`PARTS` by
+    default, in order)."""
     opener, persona, question, topic, audience, form, closing = (
-        part[i] for part, i in zip(PARTS, choice, strict=True))
+        part[i] for part, i in zip(parts, choice, strict=True))
     text = f"{opener}{persona}{question.format(topic)}"
     for extra in (audience, form, closing):
         if extra:
@@ -174,11 +175,13 @@ class ChallengeGenerator:
     """Fresh challenges, never the same prompt twice from one generator.
 
     ``used`` (normalised prompt texts, or anything :meth:`mark_used` accepts) seeds what counts
-    as used. ``rng`` picks prompts and parameters; ``urandom(16)`` makes salts."""
+    as used. ``rng`` picks prompts and parameters; ``urandom(16)`` makes salts; ``parts`` are the
+    prompt parts (:data:`PARTS`; tests pass a tiny space)."""
 
     def __init__(self, *, rng: random.Random | None = None, urandom: Callable[[int], bytes] = os.urandom,
-                 used: Iterable[str] = ()) -> None:
+                 used: Iterable[str] = (), parts: Sequence[Sequence[str]] = PARTS) -> None:
         self.rng = rng or random.SystemRandom()
+        self.parts = parts
         self.urandom = urandom
         self._used: set[str] = {normalise(t) for t in used}
         self._used_keys: set[bytes] = set()
@@ -191,7 +194,7 @@ class ChallengeGenerator:
     def prompt(self) -> Prompt:
         """A fresh question with a system prompt half the time, and its sampling parameters."""
         for _ in range(MAX_DRAWS):
-            text = compose([self.rng.randrange(len(p)) for p in PARTS])
+            text = compose([self.rng.randrange(len(p)) for p in self.parts], self.parts)
             norm = normalise(text)
             if norm in self._used:
                 continue

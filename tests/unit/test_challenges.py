@@ -33,10 +33,9 @@ def test_different_choices_give_different_normalised_prompts() -> None:
         assert len(texts) == len(part)
 
 
-def test_a_generator_never_repeats_a_prompt_even_in_a_tiny_space(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_generator_never_repeats_a_prompt_even_in_a_tiny_space() -> None:
     tiny = (("",), ("",), ("What about {}?",), ("cats", "dogs", "owls"), ("",), ("",), ("",))
-    monkeypatch.setattr(ch, "PARTS", tiny)
-    gen = ch.ChallengeGenerator(rng=random.Random(1), used=["what about OWLS?"])
+    gen = ch.ChallengeGenerator(rng=random.Random(1), used=["what about OWLS?"], parts=tiny)
     got = {gen.prompt().question for _ in range(2)}
     assert got == {"What about cats?", "What about dogs?"}
     with pytest.raises(ch.ChallengeError, match="no unused prompt"):
