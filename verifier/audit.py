@@ -31,7 +31,10 @@ the hash of block ``e*E`` (the last block of epoch ``e-1``); ``seed(0)`` = SHA-2
   (void ones included, in order): it agrees when each of its scores for a counted entry is within
   ``tolerance`` of the leader's proposed score. The report is the leader's
   own agreeing attestation. When agreeing power exceeds 2/3 of the total and the report holds no
-  silent entry, the reputation update applies at once, in that block.
+  silent entry, the reputation update applies at once, in that block. Each counted reply's score
+  that applies is the power-weighted lower median of the agreeing attestations' scores, the
+  leader's proposal among them, not the proposal itself: a leader cannot shift a score within the tolerance while
+  the honest verifiers, who compute identical scores, hold at least half of the agreeing power.
 - **Silence.** :class:`~verifier.audit_tx.SilenceConfirm` once per validator per node the report
   calls silent. At the epoch's last block: any silent node that validators with more than 2/3 of
   the power got an answer from aborts the epoch (the leader lied); otherwise, with agreement, the
@@ -189,7 +192,8 @@ class AuditState:
     report: bytes = b""  # this epoch's raw EpochReport, once taken
     report_hash: bytes = b""
     entries: tuple[tuple[bytes, int, int], ...] = ()  # per report entry: (node id, E_*, proposed score)
-    attested: tuple[tuple[bytes, bool], ...] = ()  # (validator key, agrees), sorted by key
+    # (validator key, agrees, its score per reply entry), sorted by key; the leader's are the proposed ones
+    attested: tuple[tuple[bytes, bool, tuple[int, ...]], ...] = ()
     silence: tuple[tuple[bytes, bytes, bool], ...] = ()  # (node id, validator key, answered), sorted
     status: str = OPEN
     notes: tuple[str, ...] = ()  # void entries of this epoch
@@ -235,7 +239,7 @@ class AuditState:
             self.leader, [c.to_wire() for c in self.challenges], list(self.sealed_to), self.committer,
             None if self.next_challenges is None else [c.to_wire() for c in self.next_challenges],
             list(self.next_sealed_to), self.report, self.report_hash, [list(e) for e in self.entries],
-            [[k, a] for k, a in self.attested], [list(s) for s in self.silence], self.status, list(self.notes),
+            [[k, a, list(sc)] for k, a, sc in self.attested], [list(s) for s in self.silence], self.status, list(self.notes),
             [o.to_wire() for o in self.outcomes], [[e, list(keys)] for e, keys in self.used_prompts],
             [[nid, r.value, list(r.window), r.epochs] for nid, r in sorted(rep.nodes.items())],
         ]
@@ -265,7 +269,7 @@ class AuditState:
             next_challenges=None if next_chs is None else challenges(next_chs),
             next_sealed_to=tuple(bytes(k) for k in next_sealed), report=bytes(report), report_hash=bytes(rhash),
             entries=tuple((bytes(n), int(k), int(s)) for n, k, s in entries),
-            attested=tuple((bytes(k), bool(a)) for k, a in attested),
+            attested=tuple((bytes(k), bool(a), tuple(int(x) for x in sc)) for k, a, sc in attested),
             silence=tuple((bytes(n), bytes(k), bool(a)) for n, k, a in silence), status=status,
             notes=tuple(str(n) for n in notes), outcomes=tuple(Outcome(*o) for o in outcomes),
             used_prompts=tuple((int(e), tuple(bytes(k) for k in keys)) for e, keys in used), reputation=table,
@@ -314,7 +318,23 @@ def _settle(st: AuditState, status: str, reason: str, height: int) -> AuditState
 
 
 def _agree_power(st: AuditState, powers: Mapping[bytes, int]) -> int:
-    return sum(powers.get(k, 0) for k, agrees in st.attested if agrees)
+    return sum(powers.get(k, 0) for k, agrees, _ in st.attested if agrees)
+
+
+def _agreed_scores(st: AuditState, powers: Mapping[bytes, int]) -> list[int]:
+    """Per reply entry (void ones included, in report order): the power-weighted lower median of
+    the agreeing attestations' scores (module docstring)."""
+    votes = [(powers.get(k, 0), sc) for k, agrees, sc in st.attested if agrees]
+    total = sum(p for p, _ in votes)
+    out = []
+    for i in range(len(votes[0][1]) if votes else 0):
+        acc = 0
+        for score, power in sorted((sc[i], p) for p, sc in votes):
+            acc += power
+            if 2 * acc >= total:
+                out.append(score)
+                break
+    return out
 
 
 def _apply(st: AuditState, powers: Mapping[bytes, int], height: int) -> AuditState:
@@ -326,7 +346,9 @@ def _apply(st: AuditState, powers: Mapping[bytes, int], height: int) -> AuditSta
             silent_power[node_id] = silent_power.get(node_id, 0) + powers.get(pk, 0)
     scores: dict[bytes, list[int]] = {}
     ignored = 0
-    for node_id, kind, score in st.entries:
+    agreed = iter(_agreed_scores(st, powers))
+    for node_id, kind, _proposed in st.entries:
+        score = next(agreed) if kind in (E_REPLY, E_VOID) else 0
         if kind == E_REPLY:
             scores.setdefault(node_id, []).append(score)
         elif kind == E_SILENT:
@@ -510,7 +532,8 @@ def _take_report(st: AuditState, tx: at.EpochReport, raw: bytes, height: int, po
     out = replace(st, report=raw, report_hash=at.report_hash(raw), used_prompts=used)
     if fault is not None:
         return _settle(out, ABORTED, f"leader {_short(tx.leader_pk)}: {fault}", height)
-    out = replace(out, entries=entries, notes=notes, attested=((tx.leader_pk, True),))
+    proposed = tuple(sc for _, kind, sc in entries if kind in (E_REPLY, E_VOID))
+    out = replace(out, entries=entries, notes=notes, attested=((tx.leader_pk, True, proposed),))
     return _maybe_apply_now(out, powers, height)
 
 
@@ -530,7 +553,7 @@ def _take_attestation(st: AuditState, tx: at.Attestation, height: int, powers: M
     _validator(powers, tx.validator_pk)
     if tx.validator_pk == st.leader:
         raise _err(Code.DUPLICATE, "the leader's report is its attestation")
-    if any(k == tx.validator_pk for k, _ in st.attested):
+    if any(k == tx.validator_pk for k, _, _ in st.attested):
         raise _err(Code.DUPLICATE, f"validator {_short(tx.validator_pk)} already attested epoch {st.epoch}")
     replies = [(kind, s) for _, kind, s in st.entries if kind in (E_REPLY, E_VOID)]
     if len(tx.scores) != len(replies):
@@ -539,7 +562,7 @@ def _take_attestation(st: AuditState, tx: at.Attestation, height: int, powers: M
     tol = st.params.tolerance
     # void entries count for nothing, so their scores need not agree (a verifier may not score them)
     agrees = all(abs(a - p) <= tol for a, (kind, p) in zip(tx.scores, replies, strict=True) if kind == E_REPLY)
-    out = replace(st, attested=tuple(sorted((*st.attested, (tx.validator_pk, agrees)))))
+    out = replace(st, attested=tuple(sorted((*st.attested, (tx.validator_pk, agrees, tuple(tx.scores))))))
     return _maybe_apply_now(out, powers, height)
 
 
@@ -636,7 +659,7 @@ def query_audit(st: AuditState, validators: Validators, nodes: Mapping[bytes, No
         "status": st.status,
         "agree_power": _agree_power(st, powers) if st.report else 0,
         "total_power": sum(powers.values()),
-        "attested": [k for k, _ in st.attested],
+        "attested": [k for k, _, _ in st.attested],
         "silent": silent,
         "outcomes": [o.to_wire() for o in st.outcomes],
         "model": st.params.model,

@@ -48,10 +48,57 @@ def test_the_tolerance_is_inclusive_and_one_score_out_of_it_disagrees() -> None:
     one_off[3] += 20_001
     c.block([c.attest_tx(a, one_off), c.attest_tx(b, edge)])
     st = c.audit
-    assert dict(st.attested) == {lead: True, a: False, b: True}
+    assert {k: agrees for k, agrees, _ in st.attested} == {lead: True, a: False, b: True}
     assert st.status == audits.OPEN  # 20 of 40 agree
     c.block([c.attest_tx(d, proposed)])
     assert c.audit.status == audits.APPLIED
+
+
+def test_the_applied_score_is_the_median_of_the_agreeing_votes_not_the_leaders_proposal() -> None:
+    """A leader that shifts every score by the whole tolerance moves no reputation when honest
+    verifiers (who compute identical scores) make the agreement; the weighted median decides."""
+    honest = [880_000] * 6  # the same for every entry: committees assign challenges to nodes differently
+
+    def run(proposed: list[int], votes: list[list[int]], powers: tuple[int, ...] = (10, 10, 10, 10)
+            ) -> list[int]:
+        c = Committee(powers=powers)
+        lead = epoch1(c)
+        c.block([c.report_tx(lead, c.honest_entries(lead, proposed))])
+        for v, sc in zip(c.others(lead), votes, strict=False):
+            assert c.audit.status == audits.OPEN
+            c.block([c.attest_tx(v, sc)])
+        assert c.audit.status == audits.APPLIED  # leader + 2 of 4: applied at once
+        return sorted(c.reputation(n.node_id) for n in c.nodes)
+
+    want = run(honest, [honest, honest])
+    up = [s + 20_000 for s in honest]
+    down = [s - 20_000 for s in honest]
+    assert run(up, [honest, honest]) == want
+    assert run(down, [honest, honest]) == want
+    assert run(honest, [down, honest]) == want
+    assert run(up, [up, honest]) != want  # a leader with a colluder (2 of 4) is past the model's f
+    assert run(up, [up, honest]) == run(up, [up, up])
+
+
+def test_the_applied_score_is_weighted_by_voting_power() -> None:
+    """Powers 10/10/10/40, the leader light: two light verifiers vote one score, the leader and the
+    heavy one another. A head count's median would take the light votes; the power's takes the heavy."""
+    honest, up = [880_000] * 6, [900_000] * 6
+
+    def run(light_votes: list[int]) -> list[int]:
+        c = Committee(powers=(10, 10, 10, 40))
+        powers = dict(c.app.committed.validator_powers())
+        lead = epoch1(c, leader=next(i for i in range(4) if powers[c.pk(i)] == 10))
+        c.block([c.report_tx(lead, c.honest_entries(lead, up))])
+        lights = [pk for pk in c.others(lead) if powers[pk] == 10]
+        heavy = next(pk for pk in c.others(lead) if powers[pk] == 40)
+        c.block([c.attest_tx(pk, light_votes) for pk in lights])
+        assert c.audit.status == audits.OPEN  # 30 of 70
+        c.block([c.attest_tx(heavy, up)])
+        assert c.audit.status == audits.APPLIED
+        return sorted(c.reputation(n.node_id) for n in c.nodes)
+
+    assert run(honest) == run(up)  # 50 of 70 voted up
 
 
 def test_the_exact_two_thirds_boundary_with_unequal_power() -> None:

@@ -274,7 +274,7 @@ def test_entries_of_nodes_that_left_are_void() -> None:
     assert c.app.prepare_proposal([c.attest_tx(pk, void_scores) for pk in c.others(lead)[:2]] + [third],
                                   1 << 22, c.now + 1, c.height + 1)[2:] == []  # settled by the second one
     c.block([c.attest_tx(pk, void_scores) for pk in c.others(lead)[:2]])
-    assert c.audit.status == audits.APPLIED and all(agrees for _, agrees in c.audit.attested)
+    assert c.audit.status == audits.APPLIED and all(agrees for _, agrees, _ in c.audit.attested)
     assert gone not in c.audit.reputation.nodes and len(c.audit.reputation.nodes) == 2
 
 
