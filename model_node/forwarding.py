@@ -96,14 +96,27 @@ class Load:
 
     @property
     def relative(self) -> float:
-        """Relative load (paper §3.3's load ÷ capacity, counted in work): the seconds this
-        node needs for the work it holds — :attr:`prefill_wait` plus decode tokens ÷ the
-        per-stream decode rate, shared over the streams it runs at once. Unmeasured rates are
-        ``capacity`` × :data:`REF_PREFILL_RATE` / :data:`REF_DECODE_RATE`, so the capacity
-        score still divides the load."""
-        decode = self.decode_rate if self.decode_rate > 0 else self.capacity * REF_DECODE_RATE
-        parallel = max(1, min(self.streams, self.active + self.queued))
-        return self.prefill_wait + self.decode_tokens / decode / parallel
+        """Relative load (paper §3.3's load ÷ capacity, counted in work): the seconds a new
+        request would wait here before its own prompt starts. That is :attr:`prefill_wait`
+        while a stream is free: the engine feeds prompts between decode steps, and the time
+        those decode steps take is already in the measured ``prefill_rate``. When every stream
+        is taken (``active + queued + pending`` ≥ ``streams``) it also waits for one to free:
+        plus the output tokens held ÷ the per-stream decode rate, shared over the streams.
+        Unmeasured rates are ``capacity`` × :data:`REF_PREFILL_RATE` / :data:`REF_DECODE_RATE`,
+        so the capacity score still divides the load.
+
+        Counting the decode work while streams are free (as first built) made a node that
+        interleaves a long prompt with running replies look overloaded: their per-stream decode
+        rate falls to about a token a second while prompt chunks share the steps, and the
+        held output tokens then read as tens of seconds of work that delays no newcomer's first
+        token (measured: 35 of 100 requests at the forwarding bench's base rate went past the
+        cache holder as ``match-overloaded``, and mean TTFT rose from 0.9 to 5.8 s)."""
+        wait = self.prefill_wait
+        held = self.active + self.queued + self.pending
+        if held >= max(1, self.streams):
+            decode = self.decode_rate if self.decode_rate > 0 else self.capacity * REF_DECODE_RATE
+            wait += self.decode_tokens / decode / max(1, self.streams)
+        return wait
 
     @property
     def requests_relative(self) -> float:

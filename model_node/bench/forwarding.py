@@ -254,7 +254,8 @@ async def _play(net: LocalNet, jobs: list[Job], systems: list[str], warm_conns: 
     latency: list[float] = []
     served_by: dict[bytes, int] = {}
     node_index = {e.node_id: i for i, e in enumerate(entries)}
-    trace: list[tuple[float, int, int, int, float, float]] = []  # at, entry, system, server, ttft, latency
+    # at, entry, system, server, ttft, latency, busy refusals before the answer
+    trace: list[tuple[float, int, int, int, float, float, int]] = []
     clock = TrioClock()  # arrivals are scheduled with trio.sleep_until on trio's clock
     t_start = clock.monotonic()
 
@@ -266,7 +267,7 @@ async def _play(net: LocalNet, jobs: list[Job], systems: list[str], warm_conns: 
     async def one(job: Job) -> None:
         await trio.sleep_until(t_start + job.at)
         msgs = (ChatMessage("system", systems[job.system]), ChatMessage("user", job.question))
-        entry, tried, t0 = entries[job.entry], set[bytes](), time.perf_counter()
+        entry, tried, t0, refusals = entries[job.entry], set[bytes](), time.perf_counter(), 0
         while True:
             attempts.append(job.at)
             try:
@@ -276,6 +277,7 @@ async def _play(net: LocalNet, jobs: list[Job], systems: list[str], warm_conns: 
                 if not is_busy(str(exc)):  # e.g. a forward timed out in an overloaded group: counted
                     failed.append(str(exc))
                     return
+                refusals += 1
                 tried |= {entry.node_id, exc.node}  # busy: at once to a node that has not refused
                 others = [e for e in entries if e.node_id not in tried]
                 if not others:
@@ -285,7 +287,7 @@ async def _play(net: LocalNet, jobs: list[Job], systems: list[str], warm_conns: 
             except TransportError as exc:
                 lost.append(str(exc))
                 return
-        trace.append((job.at, job.entry, job.system, node_index[node], t, lat))
+        trace.append((job.at, job.entry, job.system, node_index[node], t, lat, refusals))
         ttft.append(t)
         latency.append(lat)
         served_by[node] = served_by.get(node, 0) + 1

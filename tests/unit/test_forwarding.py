@@ -216,6 +216,17 @@ def test_relative_load_is_seconds_of_work_at_the_measured_rates() -> None:
     assert Load(active=5, queued=5).relative == 0.0  # requests without work are no load
 
 
+def test_while_a_stream_is_free_decode_work_delays_no_newcomer() -> None:
+    """A node interleaving a long prompt with running replies: their per-stream decode rate falls
+    to about a token a second, but a newcomer's prompt is fed between decode steps, so only the
+    prompts count while a stream is free (the base-rate regression of issue 19's first build)."""
+    slow_decode = dict(prefill_tokens=300, decode_tokens=3 * 16, prefill_rate=100.0, decode_rate=1.0, streams=8)
+    free = Load(active=3, **slow_decode)
+    assert free.relative == pytest.approx(3.0) == free.prefill_wait
+    full = Load(active=6, queued=1, pending=1, **slow_decode)
+    assert full.relative == pytest.approx(3.0 + 48 / 1.0 / 8)
+
+
 def test_throughput_measures_decode_per_stream_from_recent_requests() -> None:
     t = Throughput(window=2)
     assert (t.prefill_rate, t.decode_rate, t.expected_output(256)) == (0.0, 0.0, 256)  # nothing measured
