@@ -12,16 +12,21 @@ verification ends with :func:`verifier.scoring.score_reply` on them:
 - **one pass** (what the verifier does): one :meth:`Engine.score` call per reply, which
   evaluates prompt + reply in one teacher-forced pass and returns logits only for the positions
   that predict a reply token.
-- **(a) Algorithm 3 as written**: one completion call per reply token over the growing
-  context, ``GetCompletionLogprobs(context, max_tokens=1)``. The engine API has no completion
-  call that returns log-probabilities (``generate`` yields token ids only), so each call is the
-  closest public equivalent, ``Engine.score(context, [next_token])``: the engine looks up its
-  prefix cache for ``context`` (the previous call left ``context`` minus its last token in place,
-  so exactly one new token is evaluated), evaluates, and returns the log-probabilities of the
-  whole vocabulary at that position (so ``FindMatchingProbability`` always finds the token and
-  Algorithm 3's ε never applies); the token is then appended to the context. What the call does
-  *not* include, unlike a completion server: drawing (and discarding) the one completion token,
-  request encoding and transport. So (a) is a lower bound on Algorithm 3's cost.
+- **(a) Algorithm 3 as written** (``algorithm3``): one completion call per reply token over the
+  growing context, ``GetCompletionLogprobs(context, max_tokens=1)``, through llama-cpp-python's
+  own completion API (:class:`CompletionAPI`: ``Llama.create_completion(context, max_tokens=1,
+  logprobs=TOP_LOGPROBS)`` with the challenge's sampling parameters) in a ``Llama`` of its own
+  over the same GGUF with the engine's context settings, ``logits_all`` on (the API refuses
+  log-probabilities without it). Its prefix cache is on: each call finds the previous call's
+  context in place and evaluates one new token. ``FindMatchingProbability`` looks the reply
+  token's text up in the returned top list (an OpenAI-style API keys it by text); a token not in
+  it gets Algorithm 3's ε (:data:`EPSILON`), as does every token at a position where the call
+  drew the end-of-generation token (llama-cpp-python then returns no token and no list). The score is the paper's NormalizedPPL, 1/PPL (the
+  top list gives no expected log-probability, so no calibrated score).
+- **(a′) Algorithm 3 through the engine API** (``algorithm3_engine``; a lower bound on (a)): the
+  same loop with ``Engine.score(context, [next_token])`` for each call, which returns the whole
+  vocabulary's log-probabilities (so ε never applies) and has none of a completion API's per-call
+  work (drawing the discarded token, sorting the vocabulary, building the top list).
 - **(b) tight token-by-token loop**: no per-call work at all. The public engine API has no
   "evaluate one more token" call, so the loop runs on llama.cpp's C API directly, in its own
   context over the same GGUF with the engine's settings (batch-invariant: physical batches of
@@ -36,14 +41,16 @@ unrelated token sequence is evaluated between methods, so no method finds the pr
 the in-place prefix reuse that (a) relies on stays on. The engine serializes calls, so every
 timing is one verification alone on the machine's cores (other processes may share them).
 
-Figures: ``verify_{one_pass,algorithm3,token_loop}_per_min`` (60 s ÷ mean time per
+Figures: ``verify_{one_pass,algorithm3,algorithm3_engine,token_loop}_per_min`` (60 s ÷ mean time per
 verification), ``verify_{...}_{mean,p50,p99}_ms`` (per reply), the ratios
-``verify_one_pass_vs_algorithm3`` and ``verify_one_pass_vs_token_loop`` (mean time of the other
+``verify_one_pass_vs_{algorithm3,algorithm3_engine,token_loop}`` (mean time of the other
 method ÷ mean time of one pass), the same on CPU time (``verify_{...}_cpu_mean_ms``, ratios
 ``..._cpu``: this process's CPU seconds, which other load on the cores inflates far less than
-wall time), and ``verify_{algorithm3,token_loop}_logprob_max_abs_diff``
-(largest difference of a token's log-probability from one pass's, nats: 0 when the engine is
-batch-invariant, which shows all three computed the same thing).
+wall time), ``verify_{algorithm3,algorithm3_engine,token_loop}_logprob_max_abs_diff``
+(largest difference of a token's log-probability from one pass's, nats, over the tokens a method
+found: ≈ 0 when the engine is batch-invariant, which shows every method computed the same thing;
+(a) returns float32 values) and ``verify_algorithm3_epsilon_share`` (the share of reply tokens
+(a) did not find in its top list).
 
 **Batches** (``LlamaCppEngine.score_batch``): the same replies scored in one call by an engine
 with B sequences (``batch4``: B = 4, or every reply when fewer; ``batch_all``: B = every reply; a
@@ -92,7 +99,9 @@ FLUSH_TEXT = "Unrelated text that shares no prefix with a chat prompt."
 # another process holds a core (measured at load ≈ 6: 2.2–4.1 s CPU per one-pass verification
 # against 1.0–1.1 s with one thread), which would favour the one-token methods unfairly.
 THREADS = 1
-METHODS = ("one_pass", "algorithm3", "token_loop")
+METHODS = ("one_pass", "algorithm3", "algorithm3_engine", "token_loop")
+TOP_LOGPROBS = 20  # method (a): the top list's length, the most OpenAI's completion API returns
+EPSILON = 1e-5  # method (a): Algorithm 3's ε, the probability of a reply token not in the top list
 
 
 # --------------------------------------------------------------------------- the three methods
@@ -104,16 +113,55 @@ async def one_pass(engine: LlamaCppEngine, prompt: list[int], reply: list[int],
     return await engine.score(prompt, reply, params)
 
 
-async def algorithm3(engine: LlamaCppEngine, prompt: list[int], reply: list[int],
-                     params: SamplingParams) -> list[TokenScore]:
+async def algorithm3_engine(engine: LlamaCppEngine, prompt: list[int], reply: list[int],
+                            params: SamplingParams) -> list[TokenScore]:
     """Paper Algorithm 3 through the engine API: per reply token, one call over the growing
-    context, ``Engine.score(context, [next_token])`` (module docstring, method (a))."""
+    context, ``Engine.score(context, [next_token])`` (module docstring, method (a′))."""
     context = list(prompt)
     out: list[TokenScore] = []
     for tok in reply:
         out += await engine.score(context, [tok], params)
         context.append(tok)
     return out
+
+
+class CompletionAPI:
+    """Method (a): paper Algorithm 3 as written, through llama-cpp-python's completion API in a
+    ``Llama`` of its own on ``engine``'s GGUF with the engine's context settings (module
+    docstring). :meth:`close` frees it."""
+
+    def __init__(self, engine: LlamaCppEngine, threads: int) -> None:
+        from llama_cpp import Llama
+
+        self.llm = Llama(str(engine.model_path), n_ctx=engine.context_window, n_batch=N_BATCH,
+                         n_ubatch=INVARIANT_UBATCH if engine.batch_invariant else N_BATCH,
+                         n_threads=1 if engine.batch_invariant else threads, n_threads_batch=threads,
+                         flash_attn=True, logits_all=True, verbose=False)
+
+    def close(self) -> None:
+        self.llm.close()
+
+    def forget(self) -> None:
+        """Drop the evaluated context, so the next call starts cold (untimed, between methods)."""
+        self.llm.reset()  # type: ignore[no-untyped-call]
+
+    def score(self, prompt: list[int], reply: list[int], params: SamplingParams) -> tuple[list[float | None], float]:
+        """Algorithm 3: per reply token one ``create_completion(context, max_tokens=1)``, the
+        token's log-probability looked up by text in the returned top list (``None``: not found,
+        ε used); returns those and NormalizedPPL (1/PPL). Blocking (run it in a worker thread)."""
+        context = list(prompt)
+        found: list[float | None] = []
+        for tok in reply:
+            out: Any = self.llm.create_completion(
+                context, max_tokens=1, logprobs=TOP_LOGPROBS, temperature=params.temperature, top_p=params.top_p,
+                top_k=params.top_k, min_p=0.0, repeat_penalty=1.0, seed=params.seed)
+            # no list when the call drew the end-of-generation token (the API returns no token then)
+            tops = out["choices"][0]["logprobs"]["top_logprobs"]
+            logp = None if not tops else tops[0].get(self.llm.detokenize([tok]).decode("utf-8", errors="ignore"))
+            found.append(None if logp is None else float(logp))
+            context.append(tok)
+        logps = [math.log(EPSILON) if x is None else x for x in found]
+        return found, math.exp(sum(logps) / max(1, len(logps)))
 
 
 class TokenLoop:
@@ -210,7 +258,7 @@ async def _replies(engine: LlamaCppEngine, n: int, max_tokens: int) -> list[tupl
     return out
 
 
-async def _measure(engine: LlamaCppEngine, loop: TokenLoop, n_replies: int, rounds: int,
+async def _measure(engine: LlamaCppEngine, api: CompletionAPI, loop: TokenLoop, n_replies: int, rounds: int,
                    max_tokens: int) -> tuple[dict[str, float], dict[str, Any]]:
     import trio
 
@@ -218,30 +266,38 @@ async def _measure(engine: LlamaCppEngine, loop: TokenLoop, n_replies: int, roun
     flush = engine.tokenize(FLUSH_TEXT)
     times: dict[str, list[float]] = {m: [] for m in METHODS}
     cpu: dict[str, list[float]] = {m: [] for m in METHODS}
-    diffs = {"algorithm3": 0.0, "token_loop": 0.0}
+    diffs = {m: 0.0 for m in METHODS[1:]}
+    missed = counted = 0
     scores_c: list[float] = []
     for r in range(rounds):
         for j, (prompt, reply, params) in enumerate(replies):
-            got: dict[str, list[TokenScore]] = {}
-            order = METHODS[(r + j) % 3:] + METHODS[:(r + j) % 3]  # rotate who runs first
-            for m in order:
+            got: dict[str, list[float | None]] = {}
+            k = (r + j) % len(METHODS)
+            for m in METHODS[k:] + METHODS[:k]:  # rotate who runs first
                 await engine.score(flush[:-1], flush[-1:], params)  # untimed: evict the prompt
+                api.forget()
                 t0, c0 = time.perf_counter(), time.process_time()
-                if m == "one_pass":
-                    s = await one_pass(engine, prompt, reply, params)
-                elif m == "algorithm3":
-                    s = await algorithm3(engine, prompt, reply, params)
+                if m == "algorithm3":
+                    logps, _inv_ppl = await trio.to_thread.run_sync(api.score, prompt, reply, params)
                 else:
-                    s = await trio.to_thread.run_sync(loop.score, prompt, reply, params)
-                c = score_reply(s)
+                    if m == "one_pass":
+                        s = await one_pass(engine, prompt, reply, params)
+                    elif m == "algorithm3_engine":
+                        s = await algorithm3_engine(engine, prompt, reply, params)
+                    else:
+                        s = await trio.to_thread.run_sync(loop.score, prompt, reply, params)
+                    c = score_reply(s)
+                    logps = [x.logprob for x in s]
+                    if m == "one_pass":
+                        scores_c.append(c.calibrated)
                 times[m].append(time.perf_counter() - t0)
                 cpu[m].append(time.process_time() - c0)
-                got[m] = s
-                if m == "one_pass":
-                    scores_c.append(c.calibrated)
-            for m in ("algorithm3", "token_loop"):
-                diffs[m] = max(diffs[m], max(abs(a.logprob - b.logprob)
-                                             for a, b in zip(got["one_pass"], got[m], strict=True)))
+                got[m] = logps
+            missed += sum(x is None for x in got["algorithm3"])
+            counted += len(reply)
+            for m in METHODS[1:]:
+                diffs[m] = max(diffs[m], max((abs(a - b) for a, b in zip(got["one_pass"], got[m], strict=True)
+                                              if a is not None and b is not None), default=0.0))
     f: dict[str, float] = {}
     for m in METHODS:
         f[f"verify_{m}_per_min"] = 60.0 / (sum(times[m]) / len(times[m]))
@@ -249,11 +305,12 @@ async def _measure(engine: LlamaCppEngine, loop: TokenLoop, n_replies: int, roun
         f.update(summarize_ms(f"verify_{m}", times[m]))
     for m in METHODS:
         f[f"verify_{m}_cpu_mean_ms"] = 1e3 * sum(cpu[m]) / len(cpu[m])
-    for other in ("algorithm3", "token_loop"):
+    for other in METHODS[1:]:
         f[f"verify_one_pass_vs_{other}"] = sum(times[other]) / sum(times["one_pass"])
         f[f"verify_one_pass_vs_{other}_cpu"] = sum(cpu[other]) / sum(cpu["one_pass"])
-    f["verify_algorithm3_logprob_max_abs_diff"] = diffs["algorithm3"]
-    f["verify_token_loop_logprob_max_abs_diff"] = diffs["token_loop"]
+    for m in METHODS[1:]:
+        f[f"verify_{m}_logprob_max_abs_diff"] = diffs[m]
+    f["verify_algorithm3_epsilon_share"] = missed / max(1, counted)
     reference = [await engine.score(p, r, s) for p, r, s in replies]
     f.update(await _measure_batches(engine, replies, reference, rounds, f))
     lengths = [len(reply) for _p, reply, _s in replies]
@@ -295,6 +352,12 @@ async def _measure_batches(engine: LlamaCppEngine, replies: list[tuple[list[int]
     return out
 
 
+def _llama_cpp_version() -> str:
+    from importlib.metadata import version
+
+    return version("llama-cpp-python")
+
+
 def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
     """The ``gentorrent.benches`` entry point: ``(params, figures)``."""
     n_replies, rounds, max_tokens = (2, 1, 16) if quick else (12, 3, 64)
@@ -302,14 +365,18 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
     threads = THREADS
     engine = LlamaCppEngine(path, model_id=model_id, cache_bytes=0, n_threads=threads)
     loop: TokenLoop | None = None
+    api: CompletionAPI | None = None
     try:
         loop = TokenLoop(engine, threads)
-        figures, extra = run_async(_measure, engine, loop, n_replies, rounds, max_tokens)
+        api = CompletionAPI(engine, threads)
+        figures, extra = run_async(_measure, engine, api, loop, n_replies, rounds, max_tokens)
         context = engine.context_window
         invariant = engine.batch_invariant
     finally:
         if loop is not None:
             loop.close()
+        if api is not None:
+            api.close()
         engine.close()
     params = {
         "model": f"{model_id} ({path.name})",
@@ -318,6 +385,8 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
         "context_window": context, "threads": threads, "cpu": cpu_model(), "load_avg_1m": os.getloadavg()[0],
         "replies": n_replies, "rounds": rounds, "reply_max_tokens": max_tokens,
         "sampling": f"temperature {TEMPERATURE}, top_p 1, no top-k, seed 1000+i (replies and scoring)",
+        "algorithm3_api": f"llama-cpp-python {_llama_cpp_version()} Llama.create_completion(max_tokens=1, "
+                          f"logprobs={TOP_LOGPROBS}), logits_all, epsilon {EPSILON:g}",
         **extra,
     }
     return params, figures
