@@ -345,6 +345,8 @@ class LlamaCppEngine:
         self._snapshots: OrderedDict[tuple[int, ...], Any] = OrderedDict()  # LRU: tokens -> state bytes
         self._snapshot_bytes = 0
         self._pending_copy: set[int] = set()  # sequences whose stream copy llama.cpp applies at the next decode
+        # ... and the sequences those copies read: their data must not change before that decode
+        self._pending_src: set[int] = set()
         self._tick = 0
         # Shared with trio callers, under _cv:
         self._cv = threading.Condition()
@@ -700,6 +702,7 @@ class LlamaCppEngine:
         L.llama_memory_seq_cp(self._mem, src.seq, dst.seq, -1, -1)  # the data moves at the next decode
         dst.tokens = list(src.tokens)
         self._pending_copy.add(dst.seq)
+        self._pending_src.add(src.seq)
 
     def _publish(self) -> None:
         slots = sorted(self._slots, key=lambda s: (s.user is None, -s.used))
@@ -768,17 +771,25 @@ class LlamaCppEngine:
         # The free sequence that loses the least: one whose tokens this prompt continues (or
         # empty), else the least recently used; on a tie, next to the running ones, then the
         # longest prefix in place (no stream copy).
-        target = max(self._free(), key=lambda s: (cheap(s), adjacent(s), here[s.seq], -s.used))
+        # Not the source of a stream copy llama.cpp has not applied yet (it copies at the next
+        # decode, from what the source holds then): restoring a snapshot into it, or copying into
+        # it, would hand the earlier placement this one's data. Measured before this rule: a
+        # score_batch of 4-6 replies gave one reply's first tokens log-probabilities off by 0.7-0.9,
+        # and the wrong KV was then snapshotted and reused.
+        safe = [s for s in self._free() if s.seq not in self._pending_src]
+        target = max(safe or self._free(), key=lambda s: (cheap(s), adjacent(s), here[s.seq], -s.used))
         n_here = here[target.seq]
         src, n_src = None, n_here
-        for s in self._slots:
-            if s is not target and here[s.seq] > n_src:
-                src, n_src = s, here[s.seq]
         snap, n_snap = None, n_src
-        for key in self._snapshots:
-            n = min(common_prefix(key, tokens), limit)
-            if n > n_snap:
-                snap, n_snap = key, n
+        if target.seq not in self._pending_src:  # else only what it holds in place (its data stays)
+            for s in self._slots:
+                if s is not target and here[s.seq] > n_src:
+                    src, n_src = s, here[s.seq]
+            snap, n_snap = None, n_src
+            for key in self._snapshots:
+                n = min(common_prefix(key, tokens), limit)
+                if n > n_snap:
+                    snap, n_snap = key, n
         losing = len(target.tokens) - (n_here if src is None and snap is None else 0)
         save = losing >= MIN_SNAPSHOT_TOKENS and self.cache_bytes > 0
         if snap is not None:
@@ -846,6 +857,7 @@ class LlamaCppEngine:
                     slot.tokens = []
             raise EngineError(f"llama.cpp failed to evaluate a batch of {j} tokens (code {rc})")
         self._pending_copy.clear()
+        self._pending_src.clear()
         ends, j = [], 0
         for slot, toks, _ in entries:
             slot.tokens.extend(toks)
@@ -878,12 +890,13 @@ class LlamaCppEngine:
     def _place_for_score(self, tokens: list[int], first: int) -> tuple[_Slot, int]:
         """:meth:`_place` for a scoring pass; with ``score_fresh`` the sequence is emptied first, so
         every pass evaluates its tokens from position 0 in the same chunks whatever the engine held
-        before. Measured: with cached prefixes reused, the same replies scored in random mixes of
-        single and batched calls differed from a fresh engine's 5 times in 10 rounds of 1–6
-        replies (a calibrated score of 0.72 against 1.00 once), and in a devnet two verifiers
-        disagreed with the leader by 0.16; verifiers that must agree on scores (the committee's
-        audits) use it. The cause (reuse with other chunk boundaries breaking batch invariance,
-        or a stale reused prefix) is not found yet."""
+        before. Verifiers that must agree on scores (the committee's audits) use it. It was added
+        when reused prefixes made scores depend on the engine's history (5 mismatches in 10 mixed
+        rounds; in a devnet two verifiers disagreed with the leader by 0.16); the cause, found
+        since, was a placement restoring a snapshot into a sequence another placement of the same
+        batch was still copying from (see :meth:`_place`), and reuse now gives the same scores
+        (tests/e2e/test_llama_score_fresh.py runs both); verifiers keep evaluating from scratch,
+        which costs little for challenge-sized prompts and depends on no cache logic."""
         slot, start = self._place(tokens, first)
         if self.score_fresh and start > 0:
             self._L.llama_memory_seq_rm(self._mem, slot.seq, -1, -1)

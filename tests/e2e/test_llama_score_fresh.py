@@ -1,6 +1,8 @@
-"""Scores verifiers agree on (issue 14): with ``score_fresh`` (what ``gentorrent verifier
---audit`` uses) a reply's score does not depend on what the engine scored before. Without it,
-reused cached prefixes changed scores (model_node/llama.py ``_place_for_score``)."""
+"""Scores verifiers agree on (issue 14): a reply's score does not depend on what the engine scored
+before, with ``score_fresh`` (what ``gentorrent verifier --audit`` uses) and without it. Reused
+cached prefixes used to change scores: a placement in a batch restored a snapshot into a sequence
+another placement was still copying from (llama.cpp applies stream copies at the next decode), so
+that placement got wrong KV (model_node/llama.py ``_place``)."""
 
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ llama = pytest.importorskip("model_node.llama")
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install 'gentorrent[llama]')")
 
 
-def test_scores_do_not_depend_on_the_engines_history() -> None:
+@pytest.mark.parametrize("fresh", [True, False])
+def test_scores_do_not_depend_on_the_engines_history(fresh: bool) -> None:
     model_id, path = llama.resolve_model(None)
 
     def engine(**kw):  # type: ignore[no-untyped-def]
@@ -42,7 +45,7 @@ def test_scores_do_not_depend_on_the_engines_history() -> None:
             e = engine()
             ref.append(to_fixed(score_reply(await e.score(*it)).calibrated))
             e.close()
-        eng = engine(score_fresh=True)
+        eng = engine(score_fresh=fresh)
         rng = random.Random(3)
         for _ in range(8):  # random mixes of single and batched calls over overlapping replies
             ks = rng.sample(range(len(items)), rng.choice([1, 3, 4, 6]))
