@@ -103,14 +103,8 @@ class Load:
         is taken (``active + queued + pending`` ≥ ``streams``) it also waits for one to free:
         plus the output tokens held ÷ the per-stream decode rate, shared over the streams.
         Unmeasured rates are ``capacity`` × :data:`REF_PREFILL_RATE` / :data:`REF_DECODE_RATE`,
-        so the capacity score still divides the load.
-
-        Counting the decode work while streams are free (as first built) made a node that
-        interleaves a long prompt with running replies look overloaded: their per-stream decode
-        rate falls to about a token a second while prompt chunks share the steps, and the
-        held output tokens then read as tens of seconds of work that delays no newcomer's first
-        token (measured: 35 of 100 requests at the forwarding bench's base rate went past the
-        cache holder as ``match-overloaded``, and mean TTFT rose from 0.9 to 5.8 s)."""
+        so the capacity score still divides the load. Why decode work counts only with every
+        stream taken: docs/decisions/0009-work-load-and-busy.md, "Second revision"."""
         wait = self.prefill_wait
         held = self.active + self.queued + self.pending
         if held >= max(1, self.streams):

@@ -780,12 +780,12 @@ class LlamaCppEngine:
         target = max(safe or self._free(), key=lambda s: (cheap(s), adjacent(s), here[s.seq], -s.used))
         n_here = here[target.seq]
         src, n_src = None, n_here
-        snap, n_snap = None, n_src
+        snap, n_snap = None, n_here
         if target.seq not in self._pending_src:  # else only what it holds in place (its data stays)
             for s in self._slots:
                 if s is not target and here[s.seq] > n_src:
                     src, n_src = s, here[s.seq]
-            snap, n_snap = None, n_src
+            n_snap = n_src
             for key in self._snapshots:
                 n = min(common_prefix(key, tokens), limit)
                 if n > n_snap:
@@ -1005,16 +1005,8 @@ class LlamaCppEngine:
         self._check_ids(continuation_ids)
         if not continuation_ids:
             return []
-        job = _Score(list(prompt_ids) + list(continuation_ids), len(prompt_ids) - 1, params)
-        self._submit(job)
-        try:
-            item = await job.recv.receive()
-        except BaseException:
-            self._cancel(job)
-            raise
-        if isinstance(item, Exception):
-            raise item
-        scores: list[TokenScore] = item
+        scores: list[TokenScore] = await self._run(
+            _Score(list(prompt_ids) + list(continuation_ids), len(prompt_ids) - 1, params))
         return scores
 
     async def score_batch(self, items: Sequence[tuple[list[int], list[int], SamplingParams]]
@@ -1029,14 +1021,18 @@ class LlamaCppEngine:
             jobs.append(_Score(list(prompt_ids) + list(continuation_ids), len(prompt_ids) - 1, params))
         if not jobs:
             return []
-        batch = _ScoreBatch(jobs)
-        self._submit(batch)
+        results: list[list[TokenScore]] = await self._run(_ScoreBatch(jobs))
+        return results
+
+    async def _run(self, job: _Score | _ScoreBatch) -> Any:
+        """Submit a scoring job to the engine thread and wait for its one answer (cancelled with
+        the caller; an engine error is raised here)."""
+        self._submit(job)
         try:
-            item = await batch.recv.receive()
+            item = await job.recv.receive()
         except BaseException:
-            self._cancel(batch)
+            self._cancel(job)
             raise
         if isinstance(item, Exception):
             raise item
-        results: list[list[TokenScore]] = item
-        return results
+        return item

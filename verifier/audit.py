@@ -33,8 +33,9 @@ the hash of block ``e*E`` (the last block of epoch ``e-1``); ``seed(0)`` = SHA-2
   own agreeing attestation. When agreeing power exceeds 2/3 of the total and the report holds no
   silent entry, the reputation update applies at once, in that block. Each counted reply's score
   that applies is the power-weighted lower median of the agreeing attestations' scores, the
-  leader's proposal among them, not the proposal itself: a leader cannot shift a score within the tolerance while
-  the honest verifiers, who compute identical scores, hold at least half of the agreeing power.
+  leader's proposal among them, not the proposal itself: a leader cannot shift a score within
+  the tolerance while the honest verifiers, who compute identical scores, hold at least half of
+  the agreeing power.
 - **Silence.** :class:`~verifier.audit_tx.SilenceConfirm` once per validator per node the report
   calls silent. At the epoch's last block: any silent node that validators with more than 2/3 of
   the power got an answer from aborts the epoch (the leader lied); otherwise, with agreement, the
