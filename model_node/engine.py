@@ -93,6 +93,18 @@ class Engine(Protocol):
     def detokenize(self, token_ids: Sequence[int]) -> str: ...
 
 
+@runtime_checkable
+class OrdersPrompts(Protocol):
+    """An engine that evaluates waiting prompts in the order its callers ask (lowest
+    ``priority`` first, ties first come first served) instead of first come first served; the
+    model node's admission then places a short prompt ahead of longer ones
+    (:mod:`model_node.admission`). ``orders_prompts`` is True on such an engine."""
+
+    orders_prompts: bool
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams, priority: float = 0.0) -> Generation: ...
+
+
 # --------------------------------------------------------------------------- scoring math (numpy)
 
 

@@ -9,8 +9,8 @@ search result for the prompt (a :class:`~model_node.hrtree.Match`).
 
 - a request that was already forwarded is served where it is (``forwarded``);
 - with no other member of known load, serve here (``alone``);
-- on a match (depth ``d ≥ τ_c``), the candidate holding the prefix with the lowest relative
-  load, if that load is under ``load_threshold`` (``match``);
+- on a match (depth ``d ≥ τ_c``), the candidate holding the prefix that would give it its
+  first token soonest (:attr:`Load.cached_wait`), if under ``load_threshold`` (``match``);
 - otherwise (``miss``, or ``match-overloaded`` when every candidate is at or over the
   threshold) the least relatively loaded node of the whole table, ourselves included.
 
@@ -48,6 +48,7 @@ DEFAULT_LOAD_THRESHOLD = 10.0  # seconds of queued work a cache holder may carry
 REF_PREFILL_RATE = 40.0  # prompt tokens per second per capacity point
 REF_DECODE_RATE = 25.0  # output tokens per second per capacity point
 MIN_SAMPLE_S = 1e-3  # shorter phases are not timed precisely enough to measure a rate
+MATCH_PROBE_TOKENS = 64  # what is left of a prompt whose prefix a node caches (the question), for match_wait
 
 
 @dataclass(slots=True)
@@ -66,7 +67,10 @@ class Load:
     node's capacity score 1–10 (§3.3); ``kv_usage_permille``: KV-cache use if the engine
     reports it; ``latency_ms``: recent median time to first token (0: unknown);
     ``pending`` / ``pending_tokens``: requests (and their prompt tokens) this node forwarded
-    there since its last report."""
+    there since its last report; ``match_wait``: the seconds until the first token the node's
+    admission would give a :data:`MATCH_PROBE_TOKENS`-token prompt, i.e. a request whose
+    prefix it caches (an engine that orders prompts puts such a prompt ahead of cold ones as far
+    as their promises allow: :mod:`model_node.admission`; -1: not reported)."""
 
     active: int = 0
     queued: int = 0
@@ -80,6 +84,7 @@ class Load:
     decode_rate: float = 0.0
     streams: int = 1
     pending_tokens: int = 0
+    match_wait: float = -1.0
 
     @property
     def prefill_wait(self) -> float:
@@ -111,6 +116,15 @@ class Load:
             decode = self.decode_rate if self.decode_rate > 0 else self.capacity * REF_DECODE_RATE
             wait += self.decode_tokens / decode / max(1, self.streams)
         return wait
+
+    @property
+    def cached_wait(self) -> float:
+        """Seconds a request whose prompt this node caches (an HR-tree match) would wait for its
+        first token: :attr:`match_wait` plus a probe's prompt time for each forward since the
+        report; :attr:`relative` when the node reports no ``match_wait``."""
+        if self.match_wait < 0:
+            return self.relative
+        return self.match_wait + self.pending * self.prefill_seconds(MATCH_PROBE_TOKENS)
 
     @property
     def requests_relative(self) -> float:
@@ -223,10 +237,12 @@ def algorithm2(self_id: bytes, table: Mapping[bytes, Load], found: Match, *, tau
 
     ``table``: every node with a known load, ``self_id`` included; ``tau_c``: the minimum
     matched depth; ``load_threshold``: the relative load a matching candidate must be under.
-    ``measure``: a node's relative load (default :attr:`Load.relative`, seconds of work; a
-    benchmark baseline passes :attr:`Load.requests_relative`).
+    ``measure``: a node's relative load (default :attr:`Load.relative`, seconds of work, and
+    :attr:`Load.cached_wait` for a matching candidate; a benchmark baseline passes
+    :attr:`Load.requests_relative`, used for both).
     Pure: the caller counts the decision and the forward (see the module docstring)."""
     rel = measure or _work
+    rel_match = measure or _cached
     depth = found.depth
     if forwarded:
         return Decision(None, "forwarded", depth)
@@ -239,15 +255,20 @@ def algorithm2(self_id: bytes, table: Mapping[bytes, Load], found: Match, *, tau
 
     reason = "miss"
     if depth >= tau_c:
-        under = [c for c in found.candidates if c in table and rel(table[c]) < load_threshold]
+        under = [c for c in found.candidates if c in table and rel_match(table[c]) < load_threshold]
         if under:
-            return _to(min(under, key=rank), "match", depth, self_id)
+            best = min(under, key=lambda n: (rel_match(table[n]), n != self_id, -table[n].capacity, n))
+            return _to(best, "match", depth, self_id)
         reason = "match-overloaded"
     return _to(min(table, key=rank), reason, depth, self_id)
 
 
 def _work(load: Load) -> float:
     return load.relative
+
+
+def _cached(load: Load) -> float:
+    return load.cached_wait
 
 
 def _to(node: bytes, reason: str, depth: int, self_id: bytes) -> Decision:

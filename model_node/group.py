@@ -136,6 +136,8 @@ def load_problem(msg: LoadReport) -> str | None:
         return f"prefill_mtps and decode_mtps must be within 0..{MAX_RATE_MTPS}"
     if not 1 <= msg.streams <= MAX_STREAMS:
         return f"streams {msg.streams} outside 1..{MAX_STREAMS}"
+    if not -1 <= msg.match_wait_ms <= MAX_LATENCY_MS:
+        return f"match_wait_ms outside -1..{MAX_LATENCY_MS}"
     return None
 
 
@@ -143,14 +145,16 @@ def load_of(msg: LoadReport) -> Load:
     """The node-table row a (valid) load report stands for."""
     return Load(msg.active, msg.queued, msg.capacity, msg.kv_usage_permille, msg.latency_ms,
                 prefill_tokens=msg.prefill_tokens, decode_tokens=msg.decode_tokens,
-                prefill_rate=msg.prefill_mtps / 1000, decode_rate=msg.decode_mtps / 1000, streams=msg.streams)
+                prefill_rate=msg.prefill_mtps / 1000, decode_rate=msg.decode_mtps / 1000, streams=msg.streams,
+                match_wait=msg.match_wait_ms / 1000 if msg.match_wait_ms >= 0 else -1.0)
 
 
 def report_of(load: Load, seq: int, l_version: int, requests: int) -> LoadReport:
     """This node's load report for round ``seq``."""
     return LoadReport(seq, l_version, load.active, load.queued, load.capacity, load.kv_usage_permille,
                       load.latency_ms, requests, load.prefill_tokens, load.decode_tokens,
-                      round(load.prefill_rate * 1000), round(load.decode_rate * 1000), load.streams)
+                      round(load.prefill_rate * 1000), round(load.decode_rate * 1000), load.streams,
+                      min(MAX_LATENCY_MS, round(load.match_wait * 1000)) if load.match_wait >= 0 else -1)
 
 
 def proposal_of(lengths: ChunkLengths) -> LengthProposal:

@@ -17,11 +17,12 @@ which tokens are evaluated:
   (llama.cpp's non-unified KV cache). One engine thread owns the context and runs a
   scheduler loop: each step evaluates, in one ``llama_decode`` batch, the next token
   of every running reply and up to ``prefill_chunk`` prompt tokens of requests still
-  in prefill, shortest remaining prompt first (chunked prefill: a newcomer's prompt is
-  evaluated in pieces between decode steps, so a long reply never holds its first
-  token, and a mostly cached prompt never waits behind a cold one), then samples each
-  sequence that produced logits with that request's own sampler. Requests beyond
-  ``slots`` wait in a FIFO. Trio callers submit requests and receive pieces over a
+  in prefill, lowest ``priority`` first, ties first come first served (chunked prefill:
+  a newcomer's prompt is evaluated in pieces between decode steps, so a long reply never
+  holds its first token; the model node gives a mostly cached prompt a place ahead of cold
+  ones, :mod:`model_node.admission`), then samples each sequence that produced logits
+  with that request's own sampler. Requests beyond ``slots`` wait, and take freed
+  sequences in the same order. Trio callers submit requests and receive pieces over a
   memory channel; cancelling one frees its sequence at the next step and leaves the
   others alone.
 - **Prefix cache** (docs/decisions/0004-llama-prefix-cache.md, 0011). A sequence keeps
@@ -200,9 +201,10 @@ class _Client:
 class _Request(_Client):
     """One generation while the engine thread serves it."""
 
-    def __init__(self, prompt: list[int], params: SamplingParams, t0: float) -> None:
+    def __init__(self, prompt: list[int], params: SamplingParams, t0: float, priority: float = 0.0) -> None:
         super().__init__()
         self.prompt, self.params, self.t0 = prompt, params, t0
+        self.order = (priority, t0)  # prompts are evaluated lowest first
         self.slot: _Slot | None = None
         self.sampler: Any = None
         self.fed = 0  # prompt tokens in the sequence (cached or evaluated)
@@ -250,12 +252,23 @@ class LlamaGeneration:
     iteration early (cancellation, ``aclose``) frees its sequence; ``stats`` is set when the
     reply has ended."""
 
-    def __init__(self, engine: LlamaCppEngine, prompt_ids: list[int], params: SamplingParams) -> None:
-        self.engine, self.prompt_ids, self.params = engine, prompt_ids, params
+    def __init__(self, engine: LlamaCppEngine, prompt_ids: list[int], params: SamplingParams,
+                 priority: float = 0.0) -> None:
+        self.engine, self.prompt_ids, self.params, self.priority = engine, prompt_ids, params, priority
         self.stats: GenStats | None = None
+        self._req: _Request | None = None
+
+    @property
+    def prompt_left(self) -> int | None:
+        """Prompt tokens not evaluated yet (cached ones count as evaluated); ``None`` until the
+        engine has placed the request in a sequence. Read from another thread: a snapshot."""
+        r = self._req
+        if r is None or r.slot is None:
+            return None
+        return 0 if r.n_out else max(0, len(r.prompt) - r.fed)
 
     async def __aiter__(self) -> AsyncGenerator[Piece, None]:
-        req = _Request(self.prompt_ids, self.params, time.perf_counter())
+        req = self._req = _Request(self.prompt_ids, self.params, time.perf_counter(), self.priority)
         self.engine._submit(req)
         finished = False
         try:
@@ -292,9 +305,9 @@ class LlamaCppEngine:
 
     name = "llama.cpp"
 
-    # Prompts are evaluated shortest remaining first (see the module docstring): the model node's
-    # busy check then counts only the shorter prompts as ahead of a new one.
-    shortest_prompt_first = True
+    # Waiting prompts are evaluated lowest ``priority`` first (ties first come first served): the
+    # model node's admission orders them (model_node.admission; engine.OrdersPrompts).
+    orders_prompts = True
 
     def __init__(self, model_path: str | os.PathLike[str], *, model_id: str | None = None, n_ctx: int = 4096,
                  n_threads: int | None = None, cache_bytes: int = DEFAULT_CACHE_BYTES,
@@ -597,8 +610,8 @@ class LlamaCppEngine:
 
     def _step(self, out: list[tuple[_Client, Any]]) -> None:
         """One scheduler step: scoring passes waiting for a free sequence, admissions, then one
-        ``llama_decode`` batch (every running reply's next token, then prompt chunks first come
-        first served, at most ``prefill_chunk`` tokens) and sampling. Answers go to ``out``."""
+        ``llama_decode`` batch (every running reply's next token, then prompt chunks lowest
+        priority first, at most ``prefill_chunk`` tokens) and sampling. Answers go to ``out``."""
         while self._scores and self._free():
             job = self._scores.popleft()
             if not job.cancelled:
@@ -608,17 +621,18 @@ class LlamaCppEngine:
                 except EngineError as exc:
                     out.append((job, exc))
         while self._waiting and self._free():
-            r = self._waiting.popleft()
+            r = min(self._waiting, key=lambda w: w.order)
+            self._waiting.remove(r)
             if not r.cancelled:
                 self._admit(r)
         self._compact()
         budget = min(self.prefill_chunk, N_BATCH - sum(r.next_tok is not None for r in self._active))
         items: list[tuple[_Request, list[int], bool]] = [
             (r, [r.next_tok], True) for r in self._active if r.next_tok is not None]
-        # Prompts: shortest remaining first (ties: arrival order), so a request whose prompt is
-        # mostly cached gets its first token in a step or two instead of waiting behind a cold
-        # 1,000-token prompt; a long prompt waits at most for the shorter ones that arrive.
-        prefilling = sorted((r for r in self._active if r.next_tok is None), key=lambda r: len(r.prompt) - r.fed)
+        # Prompts: lowest priority first (ties: arrival order). The model node gives a mostly
+        # cached prompt a place ahead of cold 1,000-token ones, as far as the promises it made to
+        # those allow (model_node.admission).
+        prefilling = sorted((r for r in self._active if r.next_tok is None), key=lambda r: r.order)
         for r in prefilling:
             if budget <= 0:
                 break
@@ -992,9 +1006,11 @@ class LlamaCppEngine:
         self._check_ids(prompt_ids)
 
 
-    def generate(self, prompt_ids: list[int], params: SamplingParams) -> LlamaGeneration:
+    def generate(self, prompt_ids: list[int], params: SamplingParams, priority: float = 0.0) -> LlamaGeneration:
+        """Start a reply. Waiting prompts take free sequences and prompt chunks lowest
+        ``priority`` first, ties in arrival order."""
         self._check_prompt(prompt_ids)
-        return LlamaGeneration(self, list(prompt_ids), params)
+        return LlamaGeneration(self, list(prompt_ids), params, priority)
 
     async def score(self, prompt_ids: list[int], continuation_ids: list[int],
                     params: SamplingParams) -> list[TokenScore]:

@@ -40,8 +40,9 @@ class LoadReport:
     The work it holds (issue 19, :class:`~model_node.forwarding.Load`): ``prefill_tokens``
     prompt tokens still to evaluate, ``decode_tokens`` output tokens still expected,
     ``prefill_mtps`` / ``decode_mtps`` its measured per-stream rates in thousandths of a
-    token per second (0: not measured yet), ``streams`` the sequences it generates at once.
-    Bounds: :func:`model_node.group.load_problem`.
+    token per second (0: not measured yet), ``streams`` the sequences it generates at once,
+    ``match_wait_ms`` the wait for the first token of a request whose prefix it caches
+    (-1: not reported). Bounds: :func:`model_node.group.load_problem`.
     """
 
     seq: int
@@ -57,6 +58,7 @@ class LoadReport:
     prefill_mtps: int = field(default=0)
     decode_mtps: int = field(default=0)
     streams: int = field(default=1)
+    match_wait_ms: int = field(default=-1)
 
 
 @message(301)

@@ -8,14 +8,18 @@ who answered and send follow-ups there (session affinity).
 **Load and overload.** The load the node advertises (:meth:`ModelNode.current_load`) is the
 work it holds: prompt tokens still to evaluate (less the prefix the engine caches) and output
 tokens still expected, with the engine's rates measured on recent requests through the
-injected clock (:class:`~model_node.forwarding.Throughput`). A request whose first token
-would come more than ``max_queue_wait`` seconds away, the prompts ahead of it and its own
-evaluated (free slots or not: the engine evaluates prompts one after another; one that takes
-the shortest remaining prompt first, ``shortest_prompt_first``, puts only the shorter ones
-ahead), when some prompt is ahead of it, that finds every slot taken and more work than that
-ahead, that waits that long for a slot, or that finds ``max_queue`` requests already queued,
-is refused with a "busy" error chunk (:func:`overlay.anon.busy_error`); the user's client then tries another model
-node. Every request is answered or refused: none waits without bound.
+injected clock (:class:`~model_node.forwarding.Throughput`). A request is taken only with a
+promise: its first token within ``max_queue_wait`` seconds, without making an earlier
+request's promised first token late (:mod:`model_node.admission`; an idle node takes any
+prompt). An engine that orders prompts (:class:`~model_node.engine.OrdersPrompts`, llama.cpp)
+gets each request's place in the order (a mostly cached prompt ahead of cold ones, as far as
+their promises allow); other engines serve prompts first come first served. A request that
+cannot be taken so, that finds every slot taken and more work than that wait queued, that waits
+that long for a slot, or that finds ``max_queue`` requests already queued, is refused with a
+"busy" error chunk (:func:`overlay.anon.busy_error`); the user's client then tries another
+model node. Every request is answered or refused: none waits without bound. The load also
+reports ``match_wait``, the wait admission would give a mostly cached prompt now, which
+forwarding compares for a prefix's holders.
 
 With a group (``group=GroupConfig(...)``, the default of ``gentorrent model-node``)
 the node forwards among the model nodes serving its model (paper §3.3,
@@ -46,8 +50,9 @@ from typing import Any
 
 import trio
 
-from model_node.engine import Engine, EngineError, GenStats
-from model_node.forwarding import ForwardingPolicy, Load, Throughput
+from model_node.admission import Admission, Queued, admit
+from model_node.engine import Engine, EngineError, GenStats, OrdersPrompts
+from model_node.forwarding import MATCH_PROBE_TOKENS, ForwardingPolicy, Load, Throughput
 from model_node.group import GroupConfig
 from model_node.group_service import GroupService
 from model_node.hrtree import common_prefix
@@ -146,6 +151,7 @@ class ModelNode:
         self.served = 0
         self.busy = 0  # requests refused as busy
         self.throughput = Throughput(RECENT)
+        self._reorders = isinstance(engine, OrdersPrompts) and engine.orders_prompts
         self._work: set[_Work] = set()
         self._slots = trio.Semaphore(slots)
         self.node = Node(identity, transport, peers=registry.entries, ping_interval=0, clock=self.clock)
@@ -196,12 +202,27 @@ class ModelNode:
         median time to first token of recent replies."""
         kv = getattr(self.engine, "kv_usage", None)
         ttfts = [s.ttft_us for s in self.recent]
-        return Load(self.active, self.queued, self.capacity, int(1000 * kv()) if kv is not None else 0,
+        load = Load(self.active, self.queued, self.capacity, int(1000 * kv()) if kv is not None else 0,
                     int(statistics.median(ttfts) // 1000) if ttfts else 0,
-                    prefill_tokens=sum(w.prefill for w in self._work),
+                    prefill_tokens=sum(w.left() for w in self._work),
                     decode_tokens=sum(w.remaining for w in self._work),
                     prefill_rate=self.throughput.prefill_rate, decode_rate=self.throughput.decode_rate,
                     streams=self.slots)
+        if self._slots.value == 0:
+            load.match_wait = max(load.relative, self.max_queue_wait)
+        elif load.prefill_tokens == 0:  # nothing waits for a first token (no clock needed: called at start-up)
+            load.match_wait = load.prefill_seconds(MATCH_PROBE_TOKENS)
+        else:
+            probe = self._admission(load, MATCH_PROBE_TOKENS)
+            load.match_wait = probe.wait if probe is not None else max(load.relative, self.max_queue_wait)
+        return load
+
+    def _admission(self, load: Load, tokens: int) -> Admission | None:
+        """What :func:`~model_node.admission.admit` gives a request with ``tokens`` prompt
+        tokens to evaluate, now (``None``: refused)."""
+        queue = [Queued(w.key, load.prefill_seconds(w.left()), w.promise) for w in self._work if w.prefill > 0]
+        return admit(queue, load.prefill_seconds(tokens), self.clock.monotonic(), self.max_queue_wait,
+                     reorders=self._reorders)
 
     def _prefill_estimate(self, prompt_ids: list[int]) -> int:
         """Prompt tokens the engine will evaluate for ``prompt_ids``: those past the longest
@@ -421,31 +442,28 @@ class ModelNode:
         return await self._forward(req, target, direct)
 
     async def _serve_here(self, req: Request, prompt_ids: list[int], forwarded: bool) -> AsyncGenerator[ReplyChunk, None]:
-        """Wait in the queue for a slot (at most ``max_queue_wait`` seconds), then generate;
-        "busy" at once when the prompts ahead would keep this one waiting longer than that
-        (free slots or not: the engine evaluates prompts one after another), or when every
-        slot is taken and the work ahead exceeds that wait."""
+        """Admit (:mod:`model_node.admission`), wait in the queue for a slot (at most
+        ``max_queue_wait`` seconds), then generate; "busy" at once when admission refuses it
+        (free slots or not: prompts are evaluated one after another), or when every slot is
+        taken and the work ahead exceeds that wait."""
         own = self._prefill_estimate(prompt_ids)
         load = self.current_load()
-        if self._slots.value > 0:
-            # Its first token comes after the prompts ahead of it and its own: refused when that is
-            # over the wait and something is ahead (an idle node takes any prompt; a busy one lets
-            # another node take a long one). An engine that evaluates the shortest remaining prompt
-            # first puts only the shorter ones ahead.
-            shorter_first = getattr(self.engine, "shortest_prompt_first", False)
-            ahead = load.prefill_seconds(sum(w.prefill for w in self._work if not shorter_first or w.prefill <= own))
-            wait = ahead + load.prefill_seconds(own) if ahead > 0 else 0.0
-            what = "prompts to evaluate before this one's first token"
-        else:
-            wait, what = load.relative, "work queued"
-        if wait > self.max_queue_wait:
+        taken = self._admission(load, own)
+        why = ""
+        if taken is None:
+            wait = load.prefill_seconds(own + load.prefill_tokens)
+            why = (f"its first token would come after more than {self.max_queue_wait:g} s (about {wait:.0f} s "
+                   "of prompts to evaluate, or earlier requests' promised first tokens would be late)")
+        elif self._slots.value == 0 and load.relative > self.max_queue_wait:
+            why = f"every slot is taken and about {load.relative:.0f} s of work queued"
+        if why:
             self.busy += 1
             yield self._chunk(req, 0, "", (), done=True, error=busy_error(
-                f"model node has about {wait:.0f} s of {what} (limit {self.max_queue_wait:g} s); "
-                "try another model node serving the model, or again in a minute"))
+                f"model node cannot take this request now: {why}; try another model node serving the model, or again in a minute"))
             return
+        assert taken is not None
         limit = req.params.max_tokens
-        work = _Work(own, self.throughput.expected_output(limit), limit)
+        work = _Work(own, self.throughput.expected_output(limit), limit, key=taken.key, promise=taken.promise)
         self._work.add(work)
         self.queued += 1
         got_slot = False
@@ -482,10 +500,15 @@ class ModelNode:
         ids: list[int] = []
         signer = ReplySigner(request_digest(req), self.model, self.identity.node_id)
         try:
-            gen = self.engine.generate(prompt_ids, req.params)
+            if self._reorders:
+                assert isinstance(self.engine, OrdersPrompts)
+                gen = self.engine.generate(prompt_ids, req.params, priority=work.key)
+            else:
+                gen = self.engine.generate(prompt_ids, req.params)
         except EngineError as exc:
             yield self._chunk(req, 0, "", (), done=True, error=str(exc))
             return
+        work.gen = gen
         self.throughput.prefill_started(last)
         try:
             async with aclosing(gen.__aiter__()) as pieces:
@@ -538,12 +561,21 @@ class _Work:
     """One request's work while it is queued or generated here (hashed by identity):
     ``prefill`` prompt tokens still to evaluate (0 once its first token is out), ``expected``
     output tokens to expect (:meth:`Throughput.expected_output`), ``limit`` its
-    ``max_tokens``, ``produced`` so far."""
+    ``max_tokens``, ``produced`` so far; its admission ``key`` (the engine's prompt order) and
+    ``promise``, the time its first token is promised by (:mod:`model_node.admission`)."""
 
     prefill: int
     expected: int
     limit: int
     produced: int = 0
+    key: float = 0.0
+    promise: float = math.inf
+    gen: Any = None  # the engine's generation, once started
+
+    def left(self) -> int:
+        """``prefill``, or what the engine reports is left of the prompt (``prompt_left``)."""
+        now = getattr(self.gen, "prompt_left", None)
+        return self.prefill if now is None or self.prefill == 0 else min(self.prefill, now)
 
     @property
     def remaining(self) -> int:

@@ -177,22 +177,36 @@ async def test_a_node_with_free_slots_refuses_when_the_prompts_ahead_exceed_the_
         await trio.sleep(0.5)
         assert a.active == 2 and a.current_load().prefill_wait == pytest.approx(96 / 40)
         t0 = trio.current_time()  # 2.4 s ahead + its own 38 tokens: over the wait
-        with pytest.raises(AllBusy, match="prompts to evaluate before this one's first token") as ei:
+        with pytest.raises(AllBusy, match="first token would come after more than 3 s") as ei:
             await ask(net.users[0].client, "a third question", a, failover=False)
         assert trio.current_time() - t0 < 1.0  # refused at once, not after the wait
         assert a.busy == 1 and a.active == 2 and "busy:" in str(ei.value)
         nursery.cancel_scope.cancel()
 
 
-class _ShortestFirstEcho(EchoEngine):
-    shortest_prompt_first = True  # as llama.cpp's batched engine
+class _OrderedEcho(EchoEngine):
+    """Echo that records the priority each prompt is generated with (an engine that orders
+    prompts, as llama.cpp's batched engine)."""
+
+    orders_prompts = True
+
+    def __init__(self, delay: float) -> None:
+        super().__init__(delay=delay)
+        self.priorities: dict[str, float] = {}
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams, priority: float = 0.0):  # type: ignore[override]
+        text = bytes(prompt_ids).decode(errors="replace")
+        self.priorities[text[text.index("<|user|>") + 8:text.index("\n")]] = priority
+        return super().generate(prompt_ids, params)
 
 
-async def test_on_a_shortest_prompt_first_engine_only_shorter_prompts_count_as_ahead(autojump_clock):
-    """The same two long prompts in prefill: a short question is taken (it overtakes them in the
-    engine), a third long prompt is refused (it would wait for all three: 3 s, and its own)."""
+async def test_on_an_engine_that_orders_prompts_a_short_one_goes_ahead_of_long_ones(autojump_clock):
+    """Two long prompts in prefill, with slack in their promises: a short question is placed
+    ahead of both (a lower priority), a later long prompt behind them; a long prompt that would
+    make the first token come after the wait is refused."""
     async with trio.open_nursery() as nursery:
-        factory = echo_node(engine=_ShortestFirstEcho(delay=5.0), slots=4, max_queue_wait=3.0)
+        engine = _OrderedEcho(delay=5.0)
+        factory = echo_node(engine=engine, slots=4, max_queue_wait=6.0)
         net = await start_overlay(nursery, 15, clients=2, models=[factory])
         (a,) = net.models
         words = " ".join(f"w{i}" for i in range(8))  # 45 and 51 tokens, then 24 ("hi") and 55
@@ -200,7 +214,6 @@ async def test_on_a_shortest_prompt_first_engine_only_shorter_prompts_count_as_a
         await trio.sleep(0.5)
         nursery.start_soon(ask, net.users[1].client, words + " again", a, 1)
         await trio.sleep(0.5)
-        assert a.active == 2 and a.current_load().prefill_wait == pytest.approx(96 / 40)
         short: list[ReplyChunk] = []
 
         async def hi() -> None:
@@ -208,9 +221,14 @@ async def test_on_a_shortest_prompt_first_engine_only_shorter_prompts_count_as_a
 
         nursery.start_soon(hi)
         await trio.sleep(0.5)
-        assert a.active == 3 and a.busy == 0  # taken: no shorter prompt is ahead of it
-        with pytest.raises(AllBusy, match="prompts to evaluate before this one's first token"):
-            await ask(net.users[0].client, words + " once more", a, failover=False)
+        nursery.start_soon(ask, net.users[1].client, words + " once more", a, 1)
+        await trio.sleep(0.5)
+        p = engine.priorities
+        assert a.active == 4 and a.busy == 0
+        assert p["hi"] < p[words] < p[words + " again"] < p[words + " once more"]
+        # 4.4 s of prompts ahead + its own 1.8 s (71 tokens): over the 6 s wait
+        with pytest.raises(AllBusy, match="first token would come after more than 6 s"):
+            await ask(net.users[0].client, words + " and one more time, please", a, failover=False)
         assert a.busy == 1
         while not short or not short[-1].done:
             await trio.sleep(1.0)

@@ -1,74 +1,82 @@
-"""The listener's admission policy (overlay.transport.Admission, issue 15 item 5), I/O-free:
-silent or half-open connections cannot keep honest peers out."""
+"""model_node.admission: promises kept, short prompts ahead only as far as promises allow."""
 
 from __future__ import annotations
 
 import pytest
 
-from overlay.transport import Admission
+from model_node.admission import Admission, Queued, admit
+
+LIMIT = 10.0
 
 
-def test_a_flood_from_one_address_evicts_only_its_own_pending_connections() -> None:
-    adm = Admission(max_connections=100, max_pending=20, max_pending_per_address=8)
-    for i in range(2000):  # one address holds 2,000 silent connections (within its rate)
-        ok, evict = adm.admit(("bad", i), "10.0.0.66", now=i / 10)
-        assert ok and all(k[0] == "bad" for k in evict)
-    assert adm.pending == 8 and adm.evicted == 2000 - 8
-    # honest peers from other addresses get in and stay while they authenticate
-    for j in range(12):
-        ok, evict = adm.admit(("good", j), f"10.0.1.{j}", now=200.0)
-        assert ok and all(k[0] == "bad" for k in evict)
-    for j in range(12):
-        adm.authenticated(("good", j))
-    assert adm.established == 12 and adm.pending <= 8
+def test_an_idle_node_takes_any_prompt_and_promises_its_own_time() -> None:
+    assert admit([], 3.0, 100.0, LIMIT) == Admission(3.0, 110.0, 3.0)
+    # a prompt that alone takes longer than the limit: only an idle node takes it, and short
+    # requests may pass it for half the limit
+    assert admit([], 25.0, 100.0, LIMIT) == Admission(25.0, 130.0, 25.0)
+    got = admit([Queued(25.0, 25.0, 130.0)], 0.5, 100.0, LIMIT)
+    assert got is not None and got.key < 25.0
+    assert admit([Queued(0.5, 0.5, 109.0)], 25.0, 100.0, LIMIT) is None
 
 
-def test_over_the_pending_cap_the_heaviest_address_loses_its_oldest() -> None:
-    adm = Admission(max_connections=100, max_pending=10, max_pending_per_address=10)
-    for i in range(7):
-        assert adm.admit(("a", i), "A") == (True, [])
-    for i in range(3):
-        assert adm.admit(("b", i), "B") == (True, [])
-    assert adm.admit(("c", 0), "C") == (True, [("a", 0)])  # A has the most pending: its oldest goes
-    assert adm.admit(("a", 7), "A") == (True, [("a", 1)])
+def test_a_short_prompt_goes_ahead_of_a_long_one_that_has_slack() -> None:
+    long = Queued(6.0, 6.0, 110.0)  # done at 106, promised 110: 4 s of slack
+    got = admit([long], 0.5, 100.0, LIMIT)
+    assert got is not None and got.key < long.key and got.wait == 0.5 and got.promise == 110.0
 
 
-def test_authenticated_connections_are_never_evicted() -> None:
-    adm = Admission(max_connections=4, max_pending=4, max_pending_per_address=4)
-    for i in range(4):
-        adm.admit(i, "H")
-        adm.authenticated(i)
-    assert adm.admit("new", "X") == (False, []) and adm.refused == 1
-    adm.closed(0)
-    assert adm.admit("new", "X") == (True, [])
-    # total cap with one pending left: the newcomer evicts the pending one, not the others
-    assert adm.admit("newer", "Y") == (True, ["new"])
-    assert adm.established == 3 and adm.pending == 1
+def test_a_short_prompt_never_makes_an_earlier_request_late() -> None:
+    long = Queued(6.0, 6.0, 106.2)  # 0.2 s of slack only
+    got = admit([long], 0.5, 100.0, LIMIT)
+    # not ahead of it: behind it, where it waits 6.5 s (within its own promise)
+    assert got is not None and got.key > long.key and got.wait == pytest.approx(6.5)
 
 
-def test_closing_frees_slots_and_unknown_keys_are_ignored() -> None:
-    adm = Admission(max_connections=2, max_pending=2, max_pending_per_address=1)
-    adm.admit(1, "A")
-    adm.closed(1)
-    adm.closed(1)
-    adm.closed("never seen")
-    adm.authenticated("never seen")
-    assert adm.pending == adm.established == 0
-    assert adm.admit(2, "A") == (True, [])
+def test_with_no_position_that_keeps_every_promise_the_request_is_refused() -> None:
+    queue = [Queued(4.0, 4.0, 104.1), Queued(5.0, 5.0, 110.0)]  # done at 104 and 109
+    assert admit(queue, 0.5, 100.0, LIMIT) is not None  # behind both: 9.5 s
+    assert admit(queue, 1.5, 100.0, LIMIT) is None  # ahead of either makes one late; behind: 10.5 s
+
+
+def test_a_request_already_late_is_not_pushed_back_further() -> None:
+    late = Queued(2.0, 3.0, 101.0)  # promised in 1 s, estimated in 3 s
+    got = admit([late], 0.1, 100.0, LIMIT)
+    assert got is not None and got.key > late.key
+
+
+def test_first_come_first_served_engines_only_append() -> None:
+    long = Queued(6.0, 6.0, 110.0)
+    got = admit([long], 0.5, 100.0, LIMIT, reorders=False)
+    assert got is not None and got.key > long.key and got.wait == pytest.approx(6.5)
+    assert admit([long], 4.5, 100.0, LIMIT, reorders=False) is None
+
+
+def test_keys_order_the_queue_as_admitted() -> None:
+    """Playing admissions one after another: the keys sort the requests in the order the
+    admission placed them, and every estimated first token is within its promise."""
+    queue: list[Queued] = []
+    now = 0.0
+    for seconds in (5.0, 0.3, 4.0, 0.2, 0.4, 1.0, 3.0, 0.05):
+        got = admit(queue, seconds, now, LIMIT)
+        if got is not None:
+            queue.append(Queued(got.key, seconds, got.promise))
+    ordered = sorted(queue, key=lambda q: q.key)
+    t = now
+    for q in ordered:
+        t += q.seconds
+        assert t <= q.promise + 1e-9
+    # short ones went ahead of the 5 s prompt taken first, as long as its slack lasted; the
+    # 1 s and 3 s prompts no longer fit in anyone's promise; 0.05 s still does, first
+    assert [q.seconds for q in ordered] == [0.05, 0.2, 0.3, 0.4, 4.0, 5.0]
+
+
+def test_equal_keys_cannot_be_split() -> None:
+    a, b = Queued(1.0, 1.0, 110.0), Queued(1.0, 1.0, 101.5)  # b (later arrival) has 0.5 s of slack
+    got = admit([a, b], 0.9, 100.0, LIMIT)
+    assert got is not None and got.key > 1.0  # not between a and b: there is no key there
+
+
+@pytest.mark.parametrize("limit, seconds", [(0.0, 1.0), (-1.0, 1.0), (1.0, -0.5)])
+def test_bad_arguments(limit: float, seconds: float) -> None:
     with pytest.raises(ValueError):
-        Admission(max_connections=4, max_pending=8)
-
-
-def test_new_connections_are_rate_limited_per_address() -> None:
-    """A churning attacker is refused before TLS; other addresses are not affected."""
-    adm = Admission(max_connections=1000, max_pending=1000, max_pending_per_address=1000,
-                    new_per_s=10.0, new_burst=20.0)
-    results = [adm.admit(("bad", i), "A", now=0.0)[0] for i in range(100)]
-    assert sum(results) == 20 and adm.rate_limited == 80
-    assert adm.admit("good", "B", now=0.0) == (True, [])
-    assert adm.admit(("bad", 100), "A", now=0.05)[0] is False  # half a token
-    assert adm.admit(("bad", 101), "A", now=0.2)[0] is True  # refilled at 10/s
-    for i in range(10_000):  # many addresses: the bucket table stays bounded
-        adm.admit(("many", i), f"10.{i}", now=1000.0 + i)
-        adm.closed(("many", i))
-    assert len(adm._buckets) <= 4 * adm.max_connections + 1
+        admit([], seconds, 0.0, limit)

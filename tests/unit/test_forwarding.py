@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from model_node.bench.policies import request_count
-from model_node.forwarding import REF_PREFILL_RATE, Load, Throughput, algorithm2
-from model_node.group import GroupConfig, GroupState
+from model_node.forwarding import REF_PREFILL_RATE, Decision, Load, Throughput, algorithm2
+from model_node.group import GroupConfig, GroupState, load_problem
 from model_node.hrtree import ChunkLengths
 from model_node.messages import LoadReport, SubtreeUpdate
 
@@ -261,3 +261,29 @@ def test_throughput_measures_prompts_at_the_engine_rate_not_per_stream() -> None
     assert t.prefill_rate == pytest.approx(300 / 4)
     t.prefill_ended(60.0, 100)  # more ends than starts: ignored
     assert t.prefill_rate == pytest.approx(300 / 4)
+
+
+def test_a_holder_busy_with_a_cold_prompt_still_takes_a_match_it_can_put_ahead() -> None:
+    """A prefix's holder evaluating a cold 3,000-token prompt holds far more than the threshold
+    of prompt work, but reports (``match_wait``) that a mostly cached prompt would get its first
+    token in half a second (ahead of the cold one): the match goes there. A holder that reports
+    no ``match_wait`` is judged by its whole prompt work, as before."""
+    holder, other = IDS["p1"], IDS["p2"]
+    gs = GroupState(IDS["self"], [holder, other], lengths=L, config=GroupConfig(load_threshold=10.0))
+    gs.set_local_load(load(1))
+    rates = {"prefill_mtps": 100_000, "decode_mtps": 20_000}
+    gs.on_message(holder, LoadReport(1, 0, 1, 0, 1, 0, 0, 0, prefill_tokens=3000, match_wait_ms=500, **rates), 0.0)
+    gs.on_message(other, LoadReport(1, 0, 0, 0, 1, 0, 0, 0, **rates), 0.0)
+    gs.on_message(holder, SubtreeUpdate(1, 0, True, 0, L.digest, (L.path(SYSTEM + [7] * 300),), ()), 0.0)
+    table = gs.table()
+    assert table[holder].relative == pytest.approx(30.0) and table[holder].cached_wait == pytest.approx(0.5)
+    assert gs.decide(HIT) == Decision(holder, "match", gs.search(HIT).depth)
+    # each forward since the report counts as one more short prompt ahead (64 tokens: 0.64 s)
+    assert gs.table()[holder].pending == 1 and gs.table()[holder].cached_wait == pytest.approx(0.5 + 0.64)
+    gs.on_message(holder, LoadReport(2, 0, 1, 0, 1, 0, 0, 0, prefill_tokens=3000, **rates), 0.0)  # no match_wait
+    assert gs.decide(HIT).reason == "match-overloaded"
+
+
+@pytest.mark.parametrize("wait, ok", [(-1, True), (0, True), (10_000_000, True), (-2, False), (10_000_001, False)])
+def test_match_wait_in_a_report_is_bounded(wait: int, ok: bool) -> None:
+    assert (load_problem(LoadReport(1, 0, 0, 0, 1, 0, 0, 0, match_wait_ms=wait)) is None) == ok
