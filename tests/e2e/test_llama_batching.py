@@ -44,8 +44,8 @@ def engine() -> Iterator[Any]:
 
 
 async def generate(eng: Any, prompt: list[int], params: SamplingParams, events: list[tuple[str, Any]] | None = None,
-                   name: Any = None) -> tuple[list[int], str, GenStats]:
-    gen = eng.generate(prompt, params)
+                   name: Any = None, priority: float = 0.0) -> tuple[list[int], str, GenStats]:
+    gen = eng.generate(prompt, params, priority)
     ids: list[int] = []
     text = ""
     async with aclosing(gen.__aiter__()) as pieces:
@@ -134,21 +134,25 @@ async def test_a_newcomer_gets_its_first_token_while_a_long_reply_runs(engine: A
     assert result["new"][2].evaluated_prompt_tokens > 2 * engine.prefill_chunk
 
 
-async def test_a_short_prompt_overtakes_a_long_one_still_in_prefill(engine: Any) -> None:
-    """Prompts are evaluated shortest remaining first: a question whose prompt fits in one chunk
-    gets its first token before a cold prompt of many chunks submitted just before it (first
-    come first served, it would wait for the whole long prompt)."""
-    long_prompt = engine.chat_prompt([ChatMessage("system", "Ticket 4242. " + SYSTEM + " " + SYSTEM),
+@pytest.mark.parametrize("ticket, priorities, first", [(4242, (0.0, 0.0), "long"), (4343, (9.0, 1.0), "short")])
+async def test_prompts_are_evaluated_in_priority_order(engine: Any, ticket: int, priorities: tuple[float, float],
+                                                       first: str) -> None:
+    """Prompts in prefill are fed lowest priority first, ties first come first served: with equal
+    priorities a cold prompt of many chunks submitted just before a one-chunk question gets its
+    first token first; with a lower priority the question overtakes it (what the model node's
+    admission asks for a mostly cached prompt)."""
+    long_prompt = engine.chat_prompt([ChatMessage("system", f"Ticket {ticket}. " + SYSTEM + " " + SYSTEM),
                                       ChatMessage("user", "Where is section 3?")])
-    short_prompt = engine.chat_prompt([ChatMessage("user", "Hi!")])
+    short_prompt = engine.chat_prompt([ChatMessage("user", f"Hi! I am visitor {ticket}.")])
     assert len(long_prompt) > 4 * engine.prefill_chunk and len(short_prompt) < engine.prefill_chunk / 2
     events: list[tuple[str, Any]] = []
+    params = SamplingParams(temperature=0.0, max_tokens=2)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(generate, engine, long_prompt, SamplingParams(temperature=0.0, max_tokens=2), events, "long")
-        await trio.sleep(0)  # the long prompt is submitted first
-        nursery.start_soon(generate, engine, short_prompt, SamplingParams(temperature=0.0, max_tokens=2), events,
-                           "short")
-    assert events.index(("first", "short")) < events.index(("first", "long")), events
+        nursery.start_soon(generate, engine, long_prompt, params, events, "long", priorities[0])
+        await trio.sleep(0.05)  # the long prompt is submitted first (trio may run new tasks in any order)
+        nursery.start_soon(generate, engine, short_prompt, params, events, "short", priorities[1])
+    later = "short" if first == "long" else "long"
+    assert events.index(("first", first)) < events.index(("first", later)), events
 
 
 async def test_cancelling_one_of_several_leaves_the_others_alone(engine: Any) -> None:
