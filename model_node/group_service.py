@@ -151,6 +151,7 @@ class GroupService:
             prefill_rate=min(max(load.prefill_rate, 0.0), MAX_RATE_MTPS / 1000),
             decode_rate=min(max(load.decode_rate, 0.0), MAX_RATE_MTPS / 1000),
             streams=min(max(load.streams, 1), MAX_STREAMS),
+            match_wait=min(load.match_wait, MAX_LATENCY_MS / 1000) if load.match_wait >= 0 else -1.0,
         ))
 
     # ------------------------------------------------------------------ requests

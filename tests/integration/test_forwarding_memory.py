@@ -81,6 +81,24 @@ async def test_a_request_cached_on_b_arriving_at_a_is_served_by_b(autojump_clock
         nursery.cancel_scope.cancel()
 
 
+async def test_match_wait_reaches_the_node_table_and_the_peers(autojump_clock):
+    """A node's ``match_wait`` (what its admission would give a mostly cached prompt) is in its
+    own row of the table and in the load reports its peers receive (decision 0009, third
+    revision): Algorithm 2 compares it for a prefix's holders."""
+    async with trio.open_nursery() as nursery:
+        net = await start_group(nursery)
+        a, b, c = net.models
+        await cache_on(net, b)
+        assert a.group is not None and b.group is not None
+        b.group.refresh_load()
+        assert b.group.state.local.match_wait == pytest.approx(b.current_load().match_wait) and \
+            b.current_load().match_wait >= 0
+        await trio.sleep(2 * SYNC)
+        seen = a.group.state.table()[nid(b)]
+        assert seen.match_wait >= 0 and seen.cached_wait == pytest.approx(seen.match_wait, abs=1e-3)
+        nursery.cancel_scope.cancel()
+
+
 async def test_an_overloaded_b_is_bypassed(autojump_clock):
     async with trio.open_nursery() as nursery:
         net = await start_group(nursery, delays=(0.0, 1.0, 0.0), threshold=0.5)
