@@ -52,8 +52,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument(
         "--max-queue-wait", type=_queue_wait, default=10.0, metavar="SECONDS",
-        help="a request that would wait longer than SECONDS for a free slot is refused with a 'busy' "
-             "reply, and the user's client tries another model node (default: 10)",
+        help="the node takes a request only if its first token can come within SECONDS without making an "
+             "earlier request's first token later than that (an idle node takes any prompt); otherwise, or "
+             "after SECONDS without a free slot, it answers 'busy' and the user's client tries another model "
+             "node (default: 10; docs/forwarding.md 'Overload')",
     )
     p.add_argument(
         "--hash-bits", type=_bits, default=8, metavar="B",
