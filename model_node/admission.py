@@ -23,8 +23,8 @@ prompts first come first served (``reorders=False``) has one position: the end.
 
 Estimates: ``seconds`` are prompt tokens still to evaluate ÷ the engine's measured prompt rate
 (:class:`~model_node.forwarding.Throughput`, which includes the decode steps interleaved with
-prompt chunks). A prompt keeps its whole estimate until its first token (partly evaluated
-prompts count in full: the check errs on the safe side).
+prompt chunks). The caller counts a started prompt's tokens as the engine reports them left
+(llama.cpp's ``prompt_left``), else its whole admission-time estimate until its first token.
 """
 
 from __future__ import annotations
@@ -85,16 +85,15 @@ def admit(queue: Sequence[Queued], seconds: float, now: float, limit: float, *,
         if 0 < i < len(ahead) and keys[i - 1] == keys[i]:
             continue  # no key sorts between equal keys
         if slack[i] >= seconds:
-            return Admission(_key_at(keys, i, seconds, start), promise, before + seconds)
+            return Admission(_key_at(keys, i, seconds), promise, before + seconds)
     return None  # unreachable: the last position has infinite slack
 
 
-def _key_at(keys: list[float], i: int, natural: float, start: int) -> float:
-    """A key that sorts at position ``i`` of ``keys`` (after equal keys: arrival order)."""
-    if i == start and (i == 0 or keys[i - 1] <= natural) and (i == len(keys) or natural < keys[i]):
+def _key_at(keys: list[float], i: int, natural: float) -> float:
+    """A key that sorts at position ``i`` of ``keys``, ``i`` ≥ 1 or ``natural`` < ``keys[0]``
+    (after equal keys: arrival order): ``natural`` itself where it sorts there."""
+    if (i == 0 or keys[i - 1] <= natural) and (i == len(keys) or natural < keys[i]):
         return natural
     if i == len(keys):
         return keys[-1] + 1.0
-    if i == 0:
-        return keys[0] - 1.0
     return (keys[i - 1] + keys[i]) / 2

@@ -249,18 +249,16 @@ def algorithm2(self_id: bytes, table: Mapping[bytes, Load], found: Match, *, tau
     if len(table) <= 1:
         return Decision(None, "alone", depth)
 
-    def rank(node: bytes) -> tuple[float, bool, int, bytes]:
-        info = table[node]
-        return (rel(info), node != self_id, -info.capacity, node)
+    def rank_by(measure: Callable[[Load], float]) -> Callable[[bytes], tuple[float, bool, int, bytes]]:
+        return lambda node: (measure(table[node]), node != self_id, -table[node].capacity, node)
 
     reason = "miss"
     if depth >= tau_c:
         under = [c for c in found.candidates if c in table and rel_match(table[c]) < load_threshold]
         if under:
-            best = min(under, key=lambda n: (rel_match(table[n]), n != self_id, -table[n].capacity, n))
-            return _to(best, "match", depth, self_id)
+            return _to(min(under, key=rank_by(rel_match)), "match", depth, self_id)
         reason = "match-overloaded"
-    return _to(min(table, key=rank), reason, depth, self_id)
+    return _to(min(table, key=rank_by(rel)), reason, depth, self_id)
 
 
 def _work(load: Load) -> float:

@@ -151,7 +151,9 @@ class ModelNode:
         self.served = 0
         self.busy = 0  # requests refused as busy
         self.throughput = Throughput(RECENT)
-        self._reorders = isinstance(engine, OrdersPrompts) and engine.orders_prompts
+        # the engine, if it evaluates prompts in the order admission gives (else first come first served)
+        self._ordered: OrdersPrompts | None = (
+            engine if isinstance(engine, OrdersPrompts) and engine.orders_prompts else None)
         self._work: set[_Work] = set()
         self._slots = trio.Semaphore(slots)
         self.node = Node(identity, transport, peers=registry.entries, ping_interval=0, clock=self.clock)
@@ -222,7 +224,7 @@ class ModelNode:
         tokens to evaluate, now (``None``: refused)."""
         queue = [Queued(w.key, load.prefill_seconds(w.left()), w.promise) for w in self._work if w.prefill > 0]
         return admit(queue, load.prefill_seconds(tokens), self.clock.monotonic(), self.max_queue_wait,
-                     reorders=self._reorders)
+                     reorders=self._ordered is not None)
 
     def _prefill_estimate(self, prompt_ids: list[int]) -> int:
         """Prompt tokens the engine will evaluate for ``prompt_ids``: those past the longest
@@ -500,9 +502,8 @@ class ModelNode:
         ids: list[int] = []
         signer = ReplySigner(request_digest(req), self.model, self.identity.node_id)
         try:
-            if self._reorders:
-                assert isinstance(self.engine, OrdersPrompts)
-                gen = self.engine.generate(prompt_ids, req.params, priority=work.key)
+            if self._ordered is not None:
+                gen = self._ordered.generate(prompt_ids, req.params, priority=work.key)
             else:
                 gen = self.engine.generate(prompt_ids, req.params)
         except EngineError as exc:
