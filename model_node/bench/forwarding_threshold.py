@@ -11,15 +11,18 @@ Zipf(1.1) popularity, questions and entry nodes, HR-tree forwarding, three singl
 model-node processes, at most 4 cached prefixes each) at ``RATE_FACTORS`` times its arrival rate,
 with 150 requests, once per threshold in ``THRESHOLDS``, each on fresh processes.
 
-``--quick``: 8 requests, 3 short system prompts, thresholds 1 and 2, one rate.
+``--quick``: 8 requests, 3 short system prompts, thresholds 5 and 10, one rate.
 Full run ≈ 36 minutes on the 2-core dev machine.
 
 Figures, for rate factor ``xF`` and threshold ``T``: ``ttft_xF_tT_{mean,p50,p99}_ms``,
 ``latency_xF_tT_mean_ms``, ``cache_hit_rate_xF_tT``, ``forwarded_frac_xF_tT``,
 ``overloaded_frac_xF_tT`` (requests whose prompt matched a holder that was over the threshold),
-``busiest_node_share_xF_tT``, ``cpu_utilisation_xF_tT``, ``foreign_cpu_xF_tT``; and, per rate,
-``ttft_mean_ratio_xF_tT_vs_t2`` against threshold 2 (the default before this sweep, when
-thresholds counted requests). Requests refused as "busy" by every node are not in the TTFT
+``busiest_node_share_xF_tT``, ``cpu_utilisation_xF_tT``, ``foreign_cpu_xF_tT``,
+``refused_frac_xF_tT`` (requests every node refused as busy), ``lost_xF_tT`` (requests neither
+answered nor refused); and, per rate,
+``ttft_mean_ratio_xF_tT_vs_t10`` against the default threshold, 10 s of work
+(:data:`~model_node.forwarding.DEFAULT_LOAD_THRESHOLD`). Thresholds are labelled with ``_`` for
+the decimal point (``t2_5`` is 2.5 s). Requests refused as "busy" by every node are not in the TTFT
 figures; the params' ``attempts`` count the requests sent, busy retries included.
 """
 
@@ -46,9 +49,10 @@ from model_node.forwarding import DEFAULT_LOAD_THRESHOLD
 from model_node.llama import resolve_model
 from overlay.bench.stats import cpu_model, summarize_ms
 
-THRESHOLDS = (1.0, 2.0, 4.0, 8.0)
+THRESHOLDS = (2.5, 5.0, 10.0, 20.0)  # seconds of work: a quarter of the default to twice it
+QUICK_THRESHOLDS = (5.0, 10.0)
 RATE_FACTORS = (2, 4)
-RATIO_BASE = 2.0  # ratios are against threshold 2, the default before this sweep
+RATIO_BASE = DEFAULT_LOAD_THRESHOLD  # ratios are against the default threshold
 REQUESTS = 150
 
 
@@ -57,7 +61,7 @@ def _label(x: float) -> str:
 
 
 def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
-    thresholds = (1.0, 2.0) if quick else THRESHOLDS
+    thresholds = QUICK_THRESHOLDS if quick else THRESHOLDS
     factors = (2,) if quick else RATE_FACTORS
     n_requests = 8 if quick else REQUESTS
     n_system = 3 if quick else SYSTEM_PROMPTS
@@ -80,6 +84,8 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
                       "failed_frac"):
                 figures[f"{k}_{key}"] = r[k]
             figures[f"overloaded_frac_{key}"] = d.get("match-overloaded", 0) / n_requests
+            figures[f"refused_frac_{key}"] = r["refused_frac"]
+            figures[f"lost_{key}"] = float(r["lost"])
             walls[key] = round(r["wall"], 1)
             attempts[key] = r["attempts"]
             decisions[key] = d

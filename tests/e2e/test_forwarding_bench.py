@@ -69,9 +69,11 @@ def test_bench_forwarding_threshold_quick(helpers: Any) -> None:
     params, figures = run(quick=True)
     keys = helpers.documented_figures("forwarding-threshold")
     assert set(figures) <= keys, set(figures) - keys  # the quick run sweeps a subset
-    assert {k for k in keys if "_x2_t1_" in k or "_x2_t2_" in k or k.endswith(("_x2_t1", "_x2_t2"))} <= set(figures)
+    assert {k for k in keys if "_x2_t5_" in k or "_x2_t10_" in k or k.endswith(("_x2_t5", "_x2_t10"))} <= set(figures)
     _check(figures)
     for key, d in params["decisions"].items():
         assert _requests_decided(d) == params["attempts"][key] >= params["requests"], (key, d)
         assert d.get("match-overloaded", 0) == round(figures[f"overloaded_frac_{key}"] * params["requests"])
-    assert figures["ttft_mean_ratio_x2_t2_vs_t2"] == 1.0
+    assert figures["ttft_mean_ratio_x2_t10_vs_t10"] == 1.0
+    for key in params["decisions"]:
+        assert figures[f"lost_{key}"] == 0 and 0 <= figures[f"refused_frac_{key}"] < 1
