@@ -22,7 +22,10 @@ signature])``, so a signature binds one chain and one kind.
 
 Decoding is strict: exact types (bool is not int, a float is a 64-bit float), every length and
 count bounded, integers in range, no trailing bytes, and the canonical re-encoding must equal the
-input (so a transaction has exactly one byte form and :func:`report_hash` is well defined).
+input (so a transaction has exactly one byte form and :func:`report_hash` is well defined). The
+body is read by shape, the kind first (its byte limit applies before the rest is read), then each
+field as its kind's schema has it: a value where a value belongs, each array bounded before its
+items, so no transaction builds more objects than its schema allows (docs/fuzzing.md).
 Errors are :class:`verifier.tx.TxError` with MALFORMED (shape, types, encoding), INVALID_FIELD
 (a value out of range), OVERSIZE or BAD_SIGNATURE, and a reason. Membership, leadership, windows
 and content rules are the application's (:mod:`verifier.audit`).
@@ -36,9 +39,9 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import msgpack
 
@@ -125,13 +128,88 @@ def _list(value: Any, most: int, what: str) -> list[Any]:
     return value
 
 
-def _unpack(raw: bytes, max_bin: int, why: str) -> Any:
+# msgpack's first bytes of arrays (fixarray, array 16/32), and of maps (fixmap, map 16/32)
+_ARRAY_HEADS = frozenset((*range(0x90, 0xA0), 0xDC, 0xDD))
+_CONTAINER_HEADS = _ARRAY_HEADS | frozenset((*range(0x80, 0x90), 0xDE, 0xDF))
+_MAX_ARRAY = max(MAX_CHUNKS, MAX_CHALLENGES, MAX_SEALED) + 8  # no array anywhere is longer
+_T = TypeVar("_T")
+
+
+class _Reader:
+    """A msgpack body read by shape, one item at a time: a value (nil, bool, int, float, str,
+    bytes) where the schema has a value, an array header where it has an array, bounded before
+    its items are read. An array where a value belongs is refused before it is built, so no
+    transaction builds more objects than its schema allows, whatever its bytes (unpacking the
+    whole body first let 1 MiB of nested empty arrays take 66 MB, docs/fuzzing.md). msgpack's own
+    errors propagate: :func:`_read` maps them to MALFORMED."""
+
+    def __init__(self, raw: bytes | memoryview, max_bin: int) -> None:
+        self.raw = raw
+        self._u = msgpack.Unpacker(raw=False, strict_map_key=True, max_buffer_size=max(len(raw), 1),
+                                   max_bin_len=max_bin, max_str_len=max_bin, max_array_len=_MAX_ARRAY,
+                                   max_map_len=0, max_ext_len=0)
+        self._u.feed(raw)
+
+    def _head(self) -> int:
+        """The first byte of the next item (-1 at the end)."""
+        at: int = self._u.tell()
+        return self.raw[at] if at < len(self.raw) else -1
+
+    def value(self, why: str = "") -> Any:
+        """The next item, a value; MALFORMED (``why``, if given) if it is an array or a map."""
+        if self._head() in _CONTAINER_HEADS:
+            raise _bad(why or f"an array or map where a value belongs (byte {self._u.tell()})")
+        return self._u.unpack()
+
+    def values(self, n: int, why: str = "") -> list[Any]:
+        """The next ``n`` items, values: :meth:`value` in one loop (token ids come by the thousand)."""
+        raw, u, out = self.raw, self._u, []
+        for _ in range(n):
+            at = u.tell()
+            if at < len(raw) and raw[at] in _CONTAINER_HEADS:
+                raise _bad(why or f"an array or map where a value belongs (byte {at})")
+            out.append(u.unpack())
+        return out
+
+    def header(self, why: str) -> int:
+        """The length of the next item, an array, whose items follow; MALFORMED ``why`` if it is none."""
+        try:
+            n: int = self._u.read_array_header()
+        except ValueError:  # "Unexpected type header": no array
+            raise _bad(why) from None
+        if n > _MAX_ARRAY:  # what msgpack's max_array_len raises, which read_array_header does not check
+            raise ValueError(f"{n} exceeds max_array_len({_MAX_ARRAY})")
+        return n
+
+    def array(self, most: int, what: str) -> int:
+        """:meth:`header` of an array of at most ``most`` items (INVALID_FIELD if more)."""
+        n = self.header(f"{what}: expected an array")
+        if n > most:
+            raise _invalid(f"{what}: {n} items, at most {most}")
+        return n
+
+    def shaped(self, n: int, why: str) -> None:
+        """The header of an array of exactly ``n`` items; MALFORMED ``why`` otherwise."""
+        if self.header(why) != n:
+            raise _bad(why)
+
+    def done(self) -> bool:
+        """Whether every byte was read."""
+        at: int = self._u.tell()
+        return at == len(self.raw)
+
+
+def _read(raw: bytes | memoryview, max_bin: int, why: str, read: Callable[[_Reader], _T]) -> _T:
+    """``read`` of a :class:`_Reader` of ``raw``, which must take every byte; msgpack's errors and
+    trailing bytes are MALFORMED ``why (error)``."""
+    r = _Reader(raw, max_bin)
     try:
-        return msgpack.unpackb(raw, raw=False, use_list=True, strict_map_key=True, max_bin_len=max_bin,
-                               max_str_len=max_bin, max_array_len=max(MAX_CHUNKS, MAX_CHALLENGES, MAX_SEALED) + 8,
-                               max_map_len=0, max_ext_len=0)
+        out = read(r)
     except DECODE_ERRORS as exc:
         raise _bad(f"{why} ({type(exc).__name__})") from None
+    if not r.done():
+        raise _bad(f"{why} (ExtraData)")
+    return out
 
 
 # =========================================================================== the challenge
@@ -227,7 +305,7 @@ class Opening:
         """Strictly decode :meth:`encode`'s bytes (a sealed box's content); :class:`TxError` if off."""
         if len(raw) > MAX_OPENING_BYTES:
             raise TxError(Code.OVERSIZE, f"a challenge opening of {len(raw)} bytes, at most {MAX_OPENING_BYTES}")
-        opening = cls.from_wire(_unpack(raw, MAX_OPENING_BYTES, "the challenge opening is not msgpack"))
+        opening = cls.from_wire(_read(raw, MAX_OPENING_BYTES, "the challenge opening is not msgpack", _read_opening))
         if pack(opening.to_wire()) != raw:
             raise _bad("the challenge opening is not in canonical msgpack form")
         return opening
@@ -499,102 +577,166 @@ def _score(v: Any, what: str) -> int:
     return _int(v, 0, SCALE, what)
 
 
-def _challenge(c: Any, i: int) -> Challenge:
-    if type(c) is not list or len(c) != 3:
-        raise _bad(f"challenge {i} is not [node_id, commitment, sealed boxes]")
-    sealed = _list(c[2], MAX_SEALED, f"challenge {i}'s sealed boxes")
+# Each reader below takes one item of the schema from a :class:`_Reader`, in wire order, and checks
+# it as it goes (Python evaluates arguments left to right, the order of the fields on the wire).
+
+
+def _read_opening(r: _Reader) -> list[Any]:
+    """An opening's wire array, read by shape for :meth:`Opening.from_wire` to check."""
+    if r.array(4, "opening") != 4:
+        raise _bad("an opening is [salt, model, messages, params]")
+    salt, model = r.value(), r.value()
+    messages = [_read_message(r) for _ in range(r.array(MAX_MESSAGES, "challenge messages"))]
+    why = "challenge params are [temperature, top_p, top_k, max_tokens, seed]"
+    if r.array(5, "challenge params") != 5:
+        raise _bad(why)
+    return [salt, model, messages, r.values(5, why)]
+
+
+def _read_message(r: _Reader) -> list[Any]:
+    why = "a challenge message is [role, content]"
+    r.shaped(2, why)
+    return r.values(2, why)
+
+
+def _read_challenge(r: _Reader, i: int) -> Challenge:
+    r.shaped(3, f"challenge {i} is not [node_id, commitment, sealed boxes]")
+    node_id = _bytes(r.value(), NODE_ID_LEN, f"challenge {i}'s node id")
+    commitment = _bytes(r.value(), COMMITMENT_LEN, f"challenge {i}'s commitment")
+    sealed = r.values(r.array(MAX_SEALED, f"challenge {i}'s sealed boxes"))
     for s in sealed:
         if type(s) is not bytes or not crypto.SEALED_OVERHEAD < len(s) <= MAX_SEALED_BYTES:
             raise _bad(f"challenge {i}: a sealed box is {crypto.SEALED_OVERHEAD + 1}..{MAX_SEALED_BYTES} bytes")
-    return Challenge(_bytes(c[0], NODE_ID_LEN, f"challenge {i}'s node id"),
-                     _bytes(c[1], COMMITMENT_LEN, f"challenge {i}'s commitment"), tuple(sealed))
+    return Challenge(node_id, commitment, tuple(sealed))
 
 
-def _entry(e: Any, i: int) -> Entry:
-    if type(e) is not list or not e:
+def _read_entry(r: _Reader, i: int) -> Entry:
+    n = r.header(f"report entry {i} is not an array")
+    if not n:
         raise _bad(f"report entry {i} is not an array")
-    tag = _typed(e[0], int, f"entry {i}'s kind")
+    tag = _typed(r.value(), int, f"entry {i}'s kind")
     if tag == ENTRY_SILENT:
-        if len(e) != 4:
+        if n != 4:
             raise _bad(f"silent entry {i} is [1, node_id, index, reason]")
-        reason = _typed(e[3], str, f"entry {i}'s reason")
-        if len(reason) > MAX_REASON:
-            raise _invalid(f"entry {i}'s reason is over {MAX_REASON} characters")
-        return SilentEntry(_bytes(e[1], NODE_ID_LEN, f"entry {i}'s node id"),
-                           _int(e[2], 0, MAX_CHALLENGES - 1, f"entry {i}'s index"), reason)
+        return _read_silent(r, i)
     if tag != ENTRY_REPLY:
         raise _bad(f"entry {i}: unknown entry kind {tag}")
-    if len(e) != 10:
+    if n != 10:
         raise _bad(f"reply entry {i} is [0, node_id, index, opening, chunks, signature, signed_at_ms, score, "
                    "raw_score, server]")
+    return _read_reply(r, i)
+
+
+def _read_silent(r: _Reader, i: int) -> SilentEntry:
+    node_id = _bytes(r.value(), NODE_ID_LEN, f"entry {i}'s node id")
+    index = _int(r.value(), 0, MAX_CHALLENGES - 1, f"entry {i}'s index")
+    reason = _typed(r.value(), str, f"entry {i}'s reason")
+    if len(reason) > MAX_REASON:
+        raise _invalid(f"entry {i}'s reason is over {MAX_REASON} characters")
+    return SilentEntry(node_id, index, reason)
+
+
+def _read_reply(r: _Reader, i: int) -> ReplyEntry:
+    return ReplyEntry(
+        node_id=_bytes(r.value(), NODE_ID_LEN, f"entry {i}'s node id"),
+        index=_int(r.value(), 0, MAX_CHALLENGES - 1, f"entry {i}'s index"),
+        opening=Opening.from_wire(_read_opening(r)),
+        chunks=_read_chunks(r, i),
+        signature=_bytes(r.value(), crypto.ED25519_SIG_LEN, f"entry {i}'s reply signature"),
+        signed_at_ms=_int(r.value(), 0, 2**64 - 1, f"entry {i}'s signed_at_ms"),
+        score=_score(r.value(), f"entry {i}'s score"),
+        raw_score=_score(r.value(), f"entry {i}'s raw score"),
+        server=_bytes(r.value(), NODE_ID_LEN, f"entry {i}'s serving node id"),
+    )
+
+
+def _read_chunks(r: _Reader, i: int) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """A reply's [text, token ids] chunks: at most :data:`MAX_CHUNKS`, :data:`MAX_REPLY_TOKENS` ids in all."""
+    why, what = f"entry {i}: a chunk is [text, token ids]", f"entry {i}'s token id"
     chunks = []
     tokens = 0
-    for c in _list(e[4], MAX_CHUNKS, f"entry {i}'s chunks"):
-        if type(c) is not list or len(c) != 2 or type(c[0]) is not str or type(c[1]) is not list:
-            raise _bad(f"entry {i}: a chunk is [text, token ids]")
-        if len(c[0]) > MAX_CHUNK_TEXT:
+    for _ in range(r.array(MAX_CHUNKS, f"entry {i}'s chunks")):
+        r.shaped(2, why)
+        text = r.value(why)
+        if type(text) is not str:
+            raise _bad(why)
+        if len(text) > MAX_CHUNK_TEXT:
             raise _invalid(f"entry {i}: a chunk's text is over {MAX_CHUNK_TEXT} characters")
-        tokens += len(c[1])
+        n = r.header(why)
+        tokens += n
         if tokens > MAX_REPLY_TOKENS:
             raise _invalid(f"entry {i}: over {MAX_REPLY_TOKENS} reply tokens")
-        ids = tuple(_int(t, 0, 2**32 - 1, f"entry {i}'s token id") for t in c[1])
-        chunks.append((c[0], ids))
+        chunks.append((text, tuple(_int(t, 0, 2**32 - 1, what) for t in r.values(n))))
     if not chunks:
         raise _invalid(f"entry {i}: a reply has at least one chunk (an empty reply is a silent entry)")
-    return ReplyEntry(
-        node_id=_bytes(e[1], NODE_ID_LEN, f"entry {i}'s node id"),
-        index=_int(e[2], 0, MAX_CHALLENGES - 1, f"entry {i}'s index"),
-        opening=Opening.from_wire(e[3]),
-        chunks=tuple(chunks),
-        signature=_bytes(e[5], crypto.ED25519_SIG_LEN, f"entry {i}'s reply signature"),
-        signed_at_ms=_int(e[6], 0, 2**64 - 1, f"entry {i}'s signed_at_ms"),
-        score=_score(e[7], f"entry {i}'s score"),
-        raw_score=_score(e[8], f"entry {i}'s raw score"),
-        server=_bytes(e[9], NODE_ID_LEN, f"entry {i}'s serving node id"),
-    )
+    return tuple(chunks)
+
+
+def _read_proof(r: _Reader) -> VrfProof:
+    return VrfProof(_epoch(r.value()), _bytes(r.value(), vrf.KEY_LEN, "validator key"),
+                    _bytes(r.value(), vrf.PROOF_LEN, "VRF proof"))
+
+
+def _read_commit(r: _Reader) -> ChallengeCommit:
+    epoch, leader = _epoch(r.value()), _bytes(r.value(), 32, "leader key")
+    n = r.array(MAX_CHALLENGES, "challenges")
+    return ChallengeCommit(epoch, leader, tuple(_read_challenge(r, i) for i in range(n)), _sig(r.value()))
+
+
+def _read_report(r: _Reader) -> EpochReport:
+    epoch, leader = _epoch(r.value()), _bytes(r.value(), 32, "leader key")
+    n = r.array(MAX_CHALLENGES, "report entries")
+    return EpochReport(epoch, leader, tuple(_read_entry(r, i) for i in range(n)), _sig(r.value()))
+
+
+def _read_attestation(r: _Reader) -> Attestation:
+    epoch, key = _epoch(r.value()), _bytes(r.value(), 32, "validator key")
+    report = _bytes(r.value(), 32, "report hash")
+    n = r.array(MAX_CHALLENGES, "attested scores")
+    return Attestation(epoch, key, report, tuple(_score(s, "attested score") for s in r.values(n)), _sig(r.value()))
+
+
+def _read_silence(r: _Reader) -> SilenceConfirm:
+    return SilenceConfirm(_epoch(r.value()), _bytes(r.value(), 32, "validator key"),
+                          _bytes(r.value(), NODE_ID_LEN, "node id"), _typed(r.value(), bool, "answered"),
+                          _sig(r.value()))
 
 
 _ARITY = {KIND_PROOF: 4, KIND_COMMIT: 5, KIND_REPORT: 5, KIND_ATTESTATION: 6, KIND_SILENCE: 6}
 _LIMIT = {KIND_PROOF: MAX_SMALL_TX_BYTES, KIND_COMMIT: MAX_COMMIT_BYTES, KIND_REPORT: MAX_REPORT_BYTES,
           KIND_ATTESTATION: MAX_SMALL_TX_BYTES, KIND_SILENCE: MAX_SMALL_TX_BYTES}
+_READERS: dict[int, Callable[[_Reader], AuditTx]] = {
+    KIND_PROOF: _read_proof, KIND_COMMIT: _read_commit, KIND_REPORT: _read_report,
+    KIND_ATTESTATION: _read_attestation, KIND_SILENCE: _read_silence}
+
+
+def _read_tx(r: _Reader) -> AuditTx:
+    """``[kind, *fields]``: the kind first, then its byte limit and arity, then its fields by shape."""
+    why = "an audit transaction is [kind 1-5, ...fields]"
+    n = r.header(why)
+    kind = r.value(why) if n else None
+    if type(kind) is not int or kind not in _ARITY:
+        raise _bad(why)
+    if len(r.raw) > _LIMIT[kind]:
+        raise TxError(Code.OVERSIZE, f"a {KIND_NAMES[kind]} of {len(r.raw)} bytes, at most {_LIMIT[kind]}")
+    if n != _ARITY[kind]:
+        raise _bad(f"a {KIND_NAMES[kind]} has {_ARITY[kind] - 1} fields, not {n - 1}")
+    return _READERS[kind](r)
 
 
 def decode_audit_tx(raw: bytes, chain_id: str) -> AuditTx:
     """Strictly decode an audit transaction and check its signature against its own key for
     ``chain_id`` (a :class:`VrfProof` is checked by the application, which knows the epoch's seed).
-    :class:`TxError` on anything off; never raises anything else."""
+    :class:`TxError` on anything off; never raises anything else. The body is read by shape
+    (:class:`_Reader`): its kind's byte limit applies before its fields are read, and it builds no
+    more objects than its kind's schema allows."""
     if not raw.startswith(AUDIT_TAG):
         raise _bad("not an audit transaction (no GTAUDIT1 tag)")
     if len(raw) > MAX_COMMIT_BYTES + len(AUDIT_TAG):
         raise TxError(Code.OVERSIZE, f"an audit transaction of {len(raw)} bytes, at most {MAX_COMMIT_BYTES}")
-    body = raw[len(AUDIT_TAG):]
-    f = _unpack(body, MAX_COMMIT_BYTES, "the audit transaction is not strict msgpack")
-    if type(f) is not list or not f or type(f[0]) is not int or f[0] not in _ARITY:
-        raise _bad("an audit transaction is [kind 1-5, ...fields]")
-    kind = f[0]
-    if len(body) > _LIMIT[kind]:
-        raise TxError(Code.OVERSIZE, f"a {KIND_NAMES[kind]} of {len(body)} bytes, at most {_LIMIT[kind]}")
-    if len(f) != _ARITY[kind]:
-        raise _bad(f"a {KIND_NAMES[kind]} has {_ARITY[kind] - 1} fields, not {len(f) - 1}")
-    tx: AuditTx
-    if kind == KIND_PROOF:
-        tx = VrfProof(_epoch(f[1]), _bytes(f[2], vrf.KEY_LEN, "validator key"),
-                      _bytes(f[3], vrf.PROOF_LEN, "VRF proof"))
-    elif kind == KIND_COMMIT:
-        chs = _list(f[3], MAX_CHALLENGES, "challenges")
-        tx = ChallengeCommit(_epoch(f[1]), _bytes(f[2], 32, "leader key"),
-                             tuple(_challenge(c, i) for i, c in enumerate(chs)), _sig(f[4]))
-    elif kind == KIND_REPORT:
-        ents = _list(f[3], MAX_CHALLENGES, "report entries")
-        tx = EpochReport(_epoch(f[1]), _bytes(f[2], 32, "leader key"),
-                         tuple(_entry(e, i) for i, e in enumerate(ents)), _sig(f[4]))
-    elif kind == KIND_ATTESTATION:
-        scores = _list(f[4], MAX_CHALLENGES, "attested scores")
-        tx = Attestation(_epoch(f[1]), _bytes(f[2], 32, "validator key"), _bytes(f[3], 32, "report hash"),
-                         tuple(_score(s, "attested score") for s in scores), _sig(f[5]))
-    else:
-        tx = SilenceConfirm(_epoch(f[1]), _bytes(f[2], 32, "validator key"),
-                            _bytes(f[3], NODE_ID_LEN, "node id"), _typed(f[4], bool, "answered"), _sig(f[5]))
+    body = memoryview(raw)[len(AUDIT_TAG):]
+    tx = _read(body, MAX_COMMIT_BYTES, "the audit transaction is not strict msgpack", _read_tx)
+    kind = tx.KIND
     if encode_tx(tx) != raw:
         raise _bad(f"the {KIND_NAMES[kind]} is not in canonical msgpack form")
     if not isinstance(tx, VrfProof):

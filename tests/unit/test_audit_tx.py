@@ -239,6 +239,43 @@ def test_strict_rejects() -> None:
     assert e.value.code == Code.MALFORMED
 
 
+def test_decoded_by_shape() -> None:
+    """The body is read by shape: the kind's byte limit before the rest, a value where the schema
+    has one, each array bounded before its items (docs/fuzzing.md "Found and fixed")."""
+    def enc(fields: list[object]) -> bytes:
+        return at.AUDIT_TAG + msgpack.packb(fields, use_bin_type=True)
+
+    sig = b"s" * 64
+    cases = [
+        (at.AUDIT_TAG + b"\x94\x01" + b"\xc1" * 5000, Code.OVERSIZE, "VRF proof of"),  # limit before the rest
+        (enc([5, [3], PK, b"m" * 20, True, sig]), Code.MALFORMED, "where a value belongs"),
+        (enc([5, 3, {}, b"m" * 20, True, sig]), Code.MALFORMED, "where a value belongs"),
+        (enc([[5], 3]), Code.MALFORMED, "kind 1-5"),
+        (enc([2, 3, PK, 5, sig]), Code.MALFORMED, "challenges: expected an array"),
+        (enc([2, 3, PK, [0] * 129, sig]), Code.INVALID_FIELD, "129 items, at most 128"),
+        (enc([2, 3, PK, [0] * 300, sig]), Code.MALFORMED, "not strict msgpack"),  # no array is that long
+        (enc([2, 3, PK, [[b"n" * 20, b"c" * 32, [["ab"]]]], sig]), Code.MALFORMED, "where a value belongs"),
+        (enc([3, 3, PK, [[]], sig]), Code.MALFORMED, "entry 0 is not an array"),
+        (enc([3, 3, PK, [[0, b"n" * 20, 0, opening().to_wire(), [["x", [[1]]]], sig, 1, 1, 1, b"n" * 20]], sig]),
+         Code.MALFORMED, "where a value belongs"),
+        (enc([3, 3, PK, [[0, b"n" * 20, 0, opening().to_wire(), [["x", 1]], sig, 1, 1, 1, b"n" * 20]], sig]),
+         Code.MALFORMED, "a chunk is [text, token ids]"),
+        (enc([3, 3, PK, [[0, b"n" * 20, 0, [1, 2, 3, 4, 5], [], sig, 1, 1, 1, b"n" * 20]], sig]),
+         Code.INVALID_FIELD, "opening: 5 items, at most 4"),
+        (enc([4, 3, PK, b"r" * 32, [1, [2]], sig]), Code.MALFORMED, "where a value belongs"),
+        (at.AUDIT_TAG + b"\x96\x05\x03", Code.MALFORMED, "OutOfData"),
+    ]
+    for raw, code, why in cases:
+        with pytest.raises(TxError) as e:
+            at.decode_audit_tx(raw, CHAIN)
+        assert (e.value.code, why in e.value.reason) == (code, True), (raw[:40], e.value.reason)
+    wire = opening().to_wire()
+    for bad in ([wire[0], wire[1], [[["user"], "q"]], wire[3]], [*wire[:3], [0.7, [1.0], 0, 32, 7]]):
+        with pytest.raises(TxError) as e:
+            at.Opening.decode(msgpack.packb(bad, use_bin_type=True))
+        assert e.value.code == Code.MALFORMED
+
+
 def test_size_caps() -> None:
     att = at.Attestation(3, PK, b"r" * 32, tuple([1] * (at.MAX_CHALLENGES + 1)))
     with pytest.raises(TxError) as e:
