@@ -37,8 +37,65 @@ class LocalNetError(Exception):
     """A node of the local network failed to start."""
 
 
+_EPHEMERAL_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_LISTEN_PORTS = 12_000  # how many ports below the ephemeral range free_ports draws from
+_handed_out: set[int] = set()  # ports free_ports gave this process, never given twice
+
+
+def ephemeral_low() -> int:
+    """The lowest port the kernel gives outgoing connections (Linux's ``ip_local_port_range``;
+    32768, Linux's default, where that cannot be read)."""
+    try:
+        return int(_EPHEMERAL_FILE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """``n`` distinct ports free right now (the OS picks; a tiny race is acceptable on loopback)."""
+    """``n`` distinct ports free right now, for listeners a local network will start.
+
+    They come from the :data:`_LISTEN_PORTS` ports just below the kernel's ephemeral range, so
+    no outgoing connection of another node can take one as its source port between this call and
+    the listener's bind (a port the OS picks with ``bind(("", 0))`` is an ephemeral one, and with
+    dozens of nodes dialling each other while they start, one of them took a verifier's audit
+    port in a CI run). A port this process was given before is never given again. Falls back to
+    OS-picked ports where that range is too small."""
+    import random
+
+    lo = ephemeral_low()
+    first = max(1024, lo - _LISTEN_PORTS)
+    if lo - first < 4 * n + 64:
+        return _os_ports(n, host)
+    rng = random.SystemRandom()
+    socks: list[socket.socket] = []
+    ports: list[int] = []
+    try:
+        for _ in range(50 * n + 200):
+            if len(ports) == n:
+                break
+            port = rng.randrange(first, lo)
+            if port in _handed_out or port in ports:
+                continue
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers bind
+            try:
+                s.bind((host, port))
+            except OSError:
+                s.close()
+                continue
+            socks.append(s)
+            ports.append(port)
+    finally:
+        for s in socks:
+            s.close()
+    if len(ports) < n:
+        raise LocalNetError(f"found only {len(ports)} of {n} free ports in {first}..{lo - 1} on {host}")
+    _handed_out.update(ports)
+    return ports
+
+
+def _os_ports(n: int, host: str) -> list[int]:
+    """``n`` distinct ports the OS picks (ephemeral ones: a small race with outgoing connections)."""
     socks, ports = [], []
     try:
         for _ in range(n):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import stat
 from pathlib import Path
 from typing import Any
@@ -27,21 +26,10 @@ from overlay.messages import (
     Pong,
 )
 from overlay.peers import PeerEntry, save
+from overlay.tools.localnet import free_ports
 from overlay.transport import PeerAuthError, TLSTransport, TransportError, parse_address
 
 pytestmark = pytest.mark.slow
-
-
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct ports free right now (a tiny race on loopback is acceptable)."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 async def echo_round_trip(relay: Any, nonce: int = 1) -> None:
