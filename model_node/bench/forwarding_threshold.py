@@ -12,18 +12,18 @@ model-node processes, at most 4 cached prefixes each) at ``RATE_FACTORS`` times 
 with 150 requests, once per threshold in ``THRESHOLDS``, each on fresh processes.
 
 ``--quick``: 8 requests, 3 short system prompts, thresholds 5 and 10, one rate.
-Full run ≈ 36 minutes on the 2-core dev machine.
+Full run ≈ 22 minutes on the 2-core dev machine.
 
 Figures, for rate factor ``xF`` and threshold ``T``: ``ttft_xF_tT_{mean,p50,p99}_ms``,
 ``latency_xF_tT_mean_ms``, ``cache_hit_rate_xF_tT``, ``forwarded_frac_xF_tT``,
 ``overloaded_frac_xF_tT`` (requests whose prompt matched a holder that was over the threshold),
 ``busiest_node_share_xF_tT``, ``cpu_utilisation_xF_tT``, ``foreign_cpu_xF_tT``,
 ``refused_frac_xF_tT`` (requests every node refused as busy), ``lost_xF_tT`` (requests neither
-answered nor refused); and, per rate,
-``ttft_mean_ratio_xF_tT_vs_t10`` against the default threshold, 10 s of work
-(:data:`~model_node.forwarding.DEFAULT_LOAD_THRESHOLD`). Thresholds are labelled with ``_`` for
-the decimal point (``t2_5`` is 2.5 s). Requests refused as "busy" by every node are not in the TTFT
-figures; the params' ``attempts`` count the requests sent, busy retries included.
+answered nor refused); and, per rate, ``ttft_mean_ratio_xF_tT_vs_t10`` against the default
+threshold, 10 s of work (:data:`~model_node.forwarding.DEFAULT_LOAD_THRESHOLD`). Thresholds are
+labelled with ``_`` for the decimal point (``t2_5`` is 2.5 s). Requests refused as "busy" by
+every node are not in the TTFT figures; the params' ``attempts`` count the requests sent, busy
+retries included.
 """
 
 from __future__ import annotations

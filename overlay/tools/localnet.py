@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import json
+import random
 import shutil
 import socket
 import subprocess
@@ -38,8 +39,7 @@ class LocalNetError(Exception):
 
 
 _EPHEMERAL_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
-_LISTEN_PORTS = 12_000  # how many ports below the ephemeral range free_ports draws from
-_handed_out: set[int] = set()  # ports free_ports gave this process, never given twice
+LISTEN_PORTS = 12_000  # how many ports below the ephemeral range local networks listen on
 
 
 def ephemeral_low() -> int:
@@ -51,47 +51,43 @@ def ephemeral_low() -> int:
         return 32768
 
 
-def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """``n`` distinct ports free right now, for listeners a local network will start.
+class PortPool:
+    """Listener ports for local networks: the ``span`` ports just below ``low`` (the kernel's
+    ephemeral range), so no outgoing connection of another node can take one as its source port
+    between :meth:`take` and the listener's bind (a port the OS picks with ``bind(("", 0))`` is an
+    ephemeral one, and with dozens of nodes dialling each other while they start, one of them took
+    a verifier's audit port in a CI run). A port the pool gave is never given again. Where that
+    range is too small for a request, the OS picks (ephemeral ports: a small race)."""
 
-    They come from the :data:`_LISTEN_PORTS` ports just below the kernel's ephemeral range, so
-    no outgoing connection of another node can take one as its source port between this call and
-    the listener's bind (a port the OS picks with ``bind(("", 0))`` is an ephemeral one, and with
-    dozens of nodes dialling each other while they start, one of them took a verifier's audit
-    port in a CI run). A port this process was given before is never given again. Falls back to
-    OS-picked ports where that range is too small."""
-    import random
+    def __init__(self, low: int, span: int = LISTEN_PORTS) -> None:
+        self.first, self.low = max(1024, low - span), low
+        self.given: set[int] = set()
+        self._rng = random.SystemRandom()
 
-    lo = ephemeral_low()
-    first = max(1024, lo - _LISTEN_PORTS)
-    if lo - first < 4 * n + 64:
-        return _os_ports(n, host)
-    rng = random.SystemRandom()
-    socks: list[socket.socket] = []
-    ports: list[int] = []
-    try:
+    def take(self, n: int, host: str = "127.0.0.1") -> list[int]:
+        """``n`` distinct ports nobody listens on now (checked as :func:`ports_taken` does)."""
+        if self.low - self.first < 4 * n + 64:
+            return _os_ports(n, host)
+        ports: list[int] = []
         for _ in range(50 * n + 200):
             if len(ports) == n:
                 break
-            port = rng.randrange(first, lo)
-            if port in _handed_out or port in ports:
-                continue
-            s = socket.socket()
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers bind
-            try:
-                s.bind((host, port))
-            except OSError:
-                s.close()
-                continue
-            socks.append(s)
-            ports.append(port)
-    finally:
-        for s in socks:
-            s.close()
-    if len(ports) < n:
-        raise LocalNetError(f"found only {len(ports)} of {n} free ports in {first}..{lo - 1} on {host}")
-    _handed_out.update(ports)
-    return ports
+            port = self._rng.randrange(self.first, self.low)
+            if port not in self.given and port not in ports and not ports_taken({"": port}, host):
+                ports.append(port)
+        if len(ports) < n:
+            raise LocalNetError(f"found only {len(ports)} of {n} free ports in {self.first}..{self.low - 1} on {host}")
+        self.given.update(ports)
+        return ports
+
+
+_POOL = PortPool(ephemeral_low())
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct ports free right now, for listeners a local network will start, never the
+    same port twice in one process (:class:`PortPool` below the ephemeral range)."""
+    return _POOL.take(n, host)
 
 
 def _os_ports(n: int, host: str) -> list[int]:

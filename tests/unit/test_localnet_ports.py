@@ -1,21 +1,20 @@
-"""``overlay.tools.localnet.free_ports``: listener ports for local networks come from below the
-kernel's ephemeral range (no outgoing connection can take one before its listener binds) and
-are never handed out twice in one process."""
+"""``overlay.tools.localnet.free_ports`` and its :class:`PortPool`: listener ports for local
+networks come from below the kernel's ephemeral range (no outgoing connection can take one before
+its listener binds) and are never handed out twice in one process."""
 
 from __future__ import annotations
 
 import socket
 
-import pytest
-
 from overlay.tools import localnet
+from overlay.tools.localnet import PortPool
 
 
 def test_free_ports_are_distinct_bindable_and_below_the_ephemeral_range() -> None:
     lo = localnet.ephemeral_low()
     ports = localnet.free_ports(40)
     assert len(set(ports)) == 40
-    assert all(lo - localnet._LISTEN_PORTS <= p < lo for p in ports), (lo, ports)
+    assert all(lo - localnet.LISTEN_PORTS <= p < lo for p in ports), (lo, ports)
     for p in ports:
         with socket.socket() as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -30,21 +29,18 @@ def test_free_ports_never_repeats_within_a_process() -> None:
         seen |= set(ports)
 
 
-def test_a_port_with_a_listener_is_not_handed_out(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_port_with_a_listener_is_not_handed_out() -> None:
     with socket.socket() as held:
         held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         held.bind(("127.0.0.1", 0))
         held.listen()
         port = held.getsockname()[1]
-        # a range of exactly 68 ports that starts at the held one
-        monkeypatch.setattr(localnet, "ephemeral_low", lambda: port + 68)
-        monkeypatch.setattr(localnet, "_LISTEN_PORTS", 68)
-        monkeypatch.setattr(localnet, "_handed_out", set())
-        got = localnet.free_ports(1)
+        pool = PortPool(port + 68, span=68)  # exactly 68 ports, the first one held
+        got = pool.take(1)
         assert got != [port] and port < got[0] < port + 68
+        assert pool.given == set(got)
 
 
-def test_falls_back_to_os_ports_when_the_range_is_too_small(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(localnet, "ephemeral_low", lambda: 1030)
-    ports = localnet.free_ports(3)
+def test_falls_back_to_os_ports_when_the_range_is_too_small() -> None:
+    ports = PortPool(1030).take(3)
     assert len(set(ports)) == 3 and all(p >= 1030 for p in ports)
