@@ -7,10 +7,14 @@ Frame::
     +----------------+-------------------------------------------------+
 
 Every message is a frozen dataclass registered with :func:`message` under a
-unique type number; its fields' annotations are its schema. Decoding is strict:
-an unknown version or type, a wrong field count or type, an oversize field,
-trailing bytes, or a frame over :data:`MAX_FRAME` raise
-:class:`RemoteProtocolError` naming the peer. Nothing here does I/O.
+unique type number; its fields' annotations are its schema. Decoding is by shape:
+the payload is read one msgpack item at a time against that schema (a value where
+a field is a value, an array header, counted against the field's bound before any
+item is read, where it is a tuple or a nested message), so no frame builds more
+objects than its schema allows, whatever its bytes. Decoding is strict: an
+unknown version or type, a wrong field count or type, an oversize field,
+trailing bytes, a non-canonical encoding, or a frame over :data:`MAX_FRAME`
+raise :class:`RemoteProtocolError` naming the peer. Nothing here does I/O.
 
 Supported field types: ``int`` (signed/unsigned 64-bit; ``bool`` is not an
 ``int`` here), ``bool``, ``float``, ``str``, ``bytes``, ``tuple[T, ...]``,
@@ -36,10 +40,6 @@ MAX_FRAME = 2 * 1024 * 1024
 DEFAULT_MAX_STR = 64 * 1024
 DEFAULT_MAX_ITEMS = 1024
 _EVIDENCE = 64  # bytes of a bad frame kept in the error
-# Items the unpacker admits per array: the largest declared tuple bound (raised as
-# messages register), and never more than the payload's length (each item takes at
-# least a byte), so a tiny frame cannot make msgpack preallocate a huge list.
-_max_array_len = DEFAULT_MAX_ITEMS * 16
 
 _I64_MIN = -(2**63)
 _U64_MAX = 2**64 - 1
@@ -87,14 +87,85 @@ def field(*, max: int | None = None, exact: int | None = None, **kw: Any) -> Any
     return dataclasses.field(metadata=meta, **kw)
 
 
-Check = Callable[[Any], Any]  # validates a decoded value, returns the Python value
+Check = Callable[[Any], Any]  # validates one decoded item, returns the Python value
+Read = Callable[["_Reader"], Any]  # reads a field's items by shape, returns the Python value
+Encode = Callable[[Any], Any]  # turns a Python value into what msgpack packs
 
 
 class _Bad(Exception):
     pass
 
 
-Encode = Callable[[Any], Any]  # turns a Python value into what msgpack packs
+# msgpack's first bytes of an array (fixarray, array 16, array 32), and of nil
+_ARRAY_HEADS = frozenset((*range(0x90, 0xA0), 0xDC, 0xDD))
+_NIL = 0xC0
+
+
+class _Reader:
+    """A payload read by shape, one item at a time: a value where the schema has a value, an
+    array header where it has an array, whose count the field's bound checks before any item
+    is read. An array where a value belongs is refused before it is built, and the unpacker
+    itself builds no array or map with items (``max_array_len=0``, ``max_map_len=0``: arrays
+    are only read by header), so no payload builds more objects than its schema allows
+    (unpacking the whole payload first let 2 MB of nested empty arrays take 116 MB,
+    docs/fuzzing.md). msgpack's own errors propagate: :func:`decode` maps them to "malformed
+    msgpack"."""
+
+    __slots__ = ("raw", "end", "u")
+
+    def __init__(self, raw: bytes) -> None:
+        self.raw = raw
+        self.end = len(raw)
+        self.u = msgpack.Unpacker(
+            raw=False,
+            strict_map_key=True,
+            max_buffer_size=self.end or 1,
+            read_size=self.end or 1,  # one buffer of the payload's size, never regrown
+            max_bin_len=MAX_FRAME,
+            max_str_len=MAX_FRAME,  # the field checks apply the real bounds
+            max_array_len=0,
+            max_map_len=0,
+            max_ext_len=0,
+        )
+        self.u.feed(raw)
+
+    def head(self) -> int:
+        """The first byte of the next item (-1 at the end)."""
+        at: int = self.u.tell()
+        return self.raw[at] if at < self.end else -1
+
+    def value(self) -> Any:
+        """The next item, a value; :class:`_Bad` if it is an array, refused unbuilt."""
+        at = self.u.tell()
+        if at < self.end and self.raw[at] in _ARRAY_HEADS:
+            raise _Bad("expected a value, got an array")
+        return self.u.unpack()
+
+    def ints(self, n: int) -> list[int]:
+        """The next ``n`` items, ints, in one loop without a peek per item (token ids come by
+        the thousand). Each is checked as it comes, so an array among them is refused unbuilt
+        by the unpacker if it has items, as the one object it is if not."""
+        out: list[int] = []
+        unpack, append = self.u.unpack, out.append
+        for _ in range(n):
+            x = unpack()
+            if type(x) is not int:
+                raise _Bad(f"expected int, got {type(x).__name__}")
+            append(x)
+        return out
+
+    def array(self) -> int:
+        """The item count of the next item, an array, whose items follow (the caller bounds
+        the count before it reads any); :class:`_Bad` naming the value found instead."""
+        if self.head() in _ARRAY_HEADS:
+            n: int = self.u.read_array_header()
+            return n
+        raise _Bad(f"expected array, got {type(self.u.unpack()).__name__}")
+
+    def done(self) -> bool:
+        """Whether every byte was read."""
+        at: int = self.u.tell()
+        return at == self.end
 
 
 def _check_int(v: Any) -> int:
@@ -119,42 +190,70 @@ def _check_float(v: Any) -> float:
 _SCALARS: dict[Any, Check] = {int: _check_int, bool: _check_bool, float: _check_float}
 
 
-def _compile(tp: Any, meta: dict[str, Any], owner: str) -> tuple[Check, Encode | None]:
-    """Return (decode-check, encode-transform-or-None) for annotation ``tp`` of a field of
-    ``owner`` with wire bounds ``meta``; ``TypeError`` for a type the wire cannot carry."""
+class _Field(typing.NamedTuple):
+    """A field type compiled for the wire."""
+
+    read: Read  # reads the field's items by shape, returns the Python value
+    enc: Encode | None  # turns the value into what msgpack packs; None: packed as it is
+    # For a value (one item, never an array: a scalar, str, bytes, or one of those or nil),
+    # the check of that item: a message reads its value fields with it, without a call to
+    # ``read`` (most fields are values).
+    check: Check | None = None
+
+
+def _value(check: Check) -> _Field:
+    """A value field: one item, never an array, that ``check`` accepts."""
+
+    def read_value(r: _Reader) -> Any:
+        return check(r.value())
+
+    return _Field(read_value, None, check)
+
+
+def _compile(tp: Any, meta: dict[str, Any], owner: str) -> _Field:
+    """Compile annotation ``tp`` of a field of ``owner`` with wire bounds ``meta``;
+    ``TypeError`` for a type the wire cannot carry."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         return _compile_optional(tp, meta, owner)
     if tp in _SCALARS:
-        return _SCALARS[tp], None
+        return _value(_SCALARS[tp])
     if tp is str or tp is bytes:
-        return _compile_sized(tp, meta), None
+        return _value(_compile_sized(tp, meta))
     if origin is tuple:
         return _compile_tuple(tp, meta, owner)
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
         spec = _spec_of(tp)
-        return spec.decode_fields, spec.encode_fields
+        return _Field(spec.read, spec.encode_fields)
     raise TypeError(f"{owner}: unsupported wire field type {tp!r}")
 
 
-def _compile_optional(tp: Any, meta: dict[str, Any], owner: str) -> tuple[Check, Encode | None]:
-    """``T | None``: ``None`` passes as nil, anything else as ``T``."""
+def _compile_optional(tp: Any, meta: dict[str, Any], owner: str) -> _Field:
+    """``T | None``: nil reads as ``None``, anything else as ``T``."""
     args = [a for a in typing.get_args(tp) if a is not type(None)]
     if len(args) != 1:
         raise TypeError(f"{owner}: only 'T | None' unions are supported")
-    inner_check, inner_enc = _compile(args[0], meta, owner)
+    inner = _compile(args[0], meta, owner)
+    if inner.check is not None:  # nil or a value: still one value
+        check = inner.check
 
-    def check_optional(v: Any) -> Any:
-        return None if v is None else inner_check(v)
+        def check_optional(v: Any) -> Any:
+            return None if v is None else check(v)
 
-    if inner_enc is None:
-        return check_optional, None
-    enc = inner_enc
+        return _value(check_optional)
+    read = inner.read
+
+    def read_optional(r: _Reader) -> Any:
+        return r.u.unpack() if r.head() == _NIL else read(r)
+
+    if inner.enc is None:
+        return _Field(read_optional, None)
+    enc = inner.enc
 
     def encode_optional(v: Any) -> Any:
         return None if v is None else enc(v)
 
-    return check_optional, encode_optional
+    return _Field(read_optional, encode_optional)
 
 
 def _compile_sized(tp: type[str] | type[bytes], meta: dict[str, Any]) -> Check:
@@ -176,45 +275,45 @@ def _compile_sized(tp: type[str] | type[bytes], meta: dict[str, Any]) -> Check:
     return check_sized
 
 
-def _compile_tuple(tp: Any, meta: dict[str, Any], owner: str) -> tuple[Check, Encode | None]:
+def _compile_tuple(tp: Any, meta: dict[str, Any], owner: str) -> _Field:
     """``tuple[T, ...]`` as an array of ``exact`` or at most ``max`` items (default
-    :data:`DEFAULT_MAX_ITEMS`); ``item_max``/``item_exact`` bound each item."""
+    :data:`DEFAULT_MAX_ITEMS`), counted before any item is read; ``item_max``/``item_exact``
+    bound each item."""
     args = typing.get_args(tp)
     if len(args) != 2 or args[1] is not Ellipsis:
         raise TypeError(f"{owner}: tuples must be tuple[T, ...]")
     exact: int | None = meta.get("exact")
     limit: int = meta.get("max", DEFAULT_MAX_ITEMS)
-    global _max_array_len
-    _max_array_len = max(_max_array_len, limit)  # the unpacker must admit every declared bound
     item_meta = {key: meta["item_" + key] for key in ("max", "exact") if "item_" + key in meta}
-    item_check, item_enc = _compile(args[0], item_meta, owner)
+    item = _compile(args[0], item_meta, owner)
+    read_item = item.read
     ints = args[0] is int
 
-    def check_tuple(v: Any) -> tuple[Any, ...]:
-        if type(v) is not list:
-            raise _Bad(f"expected array, got {type(v).__name__}")
-        if exact is not None and len(v) != exact:
-            raise _Bad(f"array of {len(v)} items, expected exactly {exact}")
-        if len(v) > limit:
-            raise _Bad(f"array of {len(v)} items over the limit {limit}")
-        if ints and v:  # fast path for token ids: one pass per check, not a call per item
-            if not all(type(x) is int for x in v) or min(v) < _I64_MIN or max(v) > _U64_MAX:
-                return tuple(item_check(x) for x in v)  # raises with the precise reason
+    def read_tuple(r: _Reader) -> tuple[Any, ...]:
+        n = r.array()
+        if exact is not None and n != exact:
+            raise _Bad(f"array of {n} items, expected exactly {exact}")
+        if n > limit:
+            raise _Bad(f"array of {n} items over the limit {limit}")
+        if ints:  # fast path for token ids: one loop, then one pass per bound
+            v = r.ints(n)
+            if v and (min(v) < _I64_MIN or max(v) > _U64_MAX):
+                return tuple(_check_int(x) for x in v)  # raises with the precise reason
             return tuple(v)
-        return tuple(item_check(x) for x in v)
+        return tuple([read_item(r) for _ in range(n)])
 
-    if item_enc is None:
-        return check_tuple, None
-    enc = item_enc
+    if item.enc is None:
+        return _Field(read_tuple, None)
+    enc = item.enc
 
     def encode_tuple(v: Any) -> Any:
         return [enc(x) for x in v]
 
-    return check_tuple, encode_tuple
+    return _Field(read_tuple, encode_tuple)
 
 
 class _Spec:
-    __slots__ = ("cls", "names", "checks", "encs", "any_enc")
+    __slots__ = ("cls", "names", "fields", "encs", "any_enc")
 
     def __init__(self, cls: type[Any]) -> None:
         if not cls.__dataclass_params__.frozen:
@@ -222,12 +321,12 @@ class _Spec:
         hints = typing.get_type_hints(cls)
         self.cls = cls
         self.names: list[str] = []
-        self.checks: list[Check] = []
+        self.fields: list[tuple[str, Read, Check | None]] = []
         self.encs: list[Encode | None] = []
         for f in dataclasses.fields(cls):
-            check, enc = _compile(hints[f.name], dict(f.metadata), cls.__name__)
+            read, enc, check = _compile(hints[f.name], dict(f.metadata), cls.__name__)
             self.names.append(f.name)
-            self.checks.append(check)
+            self.fields.append((f.name, read, check))
             self.encs.append(enc)
         self.any_enc = any(e is not None for e in self.encs)
 
@@ -239,17 +338,18 @@ class _Spec:
             ]
         return [getattr(msg, n) for n in self.names]
 
-    def decode_fields(self, values: Any) -> Any:
-        if type(values) is not list:
-            raise _Bad(f"{self.cls.__name__}: expected array, got {type(values).__name__}")
-        if len(values) != len(self.names):
-            raise _Bad(
-                f"{self.cls.__name__}: {len(values)} fields, expected {len(self.names)}"
-            )
+    def read(self, r: _Reader) -> Any:
+        """This message nested in another: an array of exactly its fields."""
+        return self.read_fields(r, r.array())
+
+    def read_fields(self, r: _Reader, count: int) -> Any:
+        """This message from its ``count`` fields, which come next, checked one by one."""
+        if count != len(self.names):
+            raise _Bad(f"{self.cls.__name__}: {count} fields, expected {len(self.names)}")
         out = []
-        for name, check, v in zip(self.names, self.checks, values, strict=True):
+        for name, read, check in self.fields:
             try:
-                out.append(check(v))
+                out.append(read(r) if check is None else check(r.value()))
             except _Bad as exc:
                 raise _Bad(f"{self.cls.__name__}.{name}: {exc}") from None
         try:
@@ -315,44 +415,62 @@ def frame(msg: Any) -> bytes:
     return len(payload).to_bytes(HEADER_LEN, "big") + payload
 
 
+# What msgpack raises on bytes that are not msgpack: a bad or reserved byte, a truncated item,
+# a length over a ``max_*_len``, invalid UTF-8 (StopIteration only when an Unpacker is iterated).
+_MALFORMED = (ValueError, TypeError, RecursionError, StopIteration, msgpack.UnpackException)
+_NOT_A_FRAME = "frame is not [version, type, ...]"
+
+
+def _frame_value(r: _Reader) -> Any:
+    """The next item of a frame's head (its version or type), a value."""
+    try:
+        return r.value()
+    except _Bad:
+        raise _Bad(_NOT_A_FRAME) from None
+
+
+def _read_message(payload: bytes) -> Any:
+    """The one message ``[version, type, field...]`` of ``payload``, read by shape (the reader,
+    a copy of the payload, is gone when the canonical check packs the message again)."""
+    r = _Reader(payload)
+    if r.head() not in _ARRAY_HEADS:
+        r.u.unpack()  # bytes that are not msgpack (a map with entries, a cut item) say so
+        raise _Bad(_NOT_A_FRAME)
+    n: int = r.u.read_array_header()
+    if n < 2:
+        raise _Bad(_NOT_A_FRAME)
+    version = _frame_value(r)
+    if type(version) is not int or version != WIRE_VERSION:
+        raise _Bad(f"unsupported wire version {version!r} (we speak {WIRE_VERSION})")
+    code = _frame_value(r)
+    spec = _BY_CODE.get(code) if type(code) is int else None
+    if spec is None:
+        raise _Bad(f"unknown message type {code!r}")
+    msg = spec.read_fields(r, n - 2)
+    if not r.done():
+        raise _Bad("trailing bytes after the message")
+    return msg
+
+
 def decode(payload: bytes, *, peer: str | None = None) -> Any:
-    """Decode one payload strictly; :class:`RemoteProtocolError` on anything off."""
+    """Decode one payload strictly, by shape; :class:`RemoteProtocolError` on anything off."""
     if len(payload) > MAX_FRAME:
         raise RemoteProtocolError("payload over the frame limit", peer=peer, evidence=payload)
     try:
-        obj = msgpack.unpackb(
-            payload,
-            raw=False,
-            use_list=True,
-            strict_map_key=True,
-            max_bin_len=MAX_FRAME,
-            max_str_len=MAX_FRAME,  # field checks apply the real bounds
-            max_array_len=min(_max_array_len, len(payload)),
-            max_map_len=0,
-            max_ext_len=0,
-        )
-    except msgpack.ExtraData:
-        raise RemoteProtocolError("trailing bytes after the message", peer=peer, evidence=payload) from None
-    except (ValueError, msgpack.UnpackException, TypeError, RecursionError) as exc:
-        raise RemoteProtocolError(f"malformed msgpack ({exc})", peer=peer, evidence=payload) from None
-    if type(obj) is not list or len(obj) < 2:
-        raise RemoteProtocolError("frame is not [version, type, ...]", peer=peer, evidence=payload)
-    # One message, one encoding: a wider integer, float or length header than needed (msgpack
-    # allows them) would let a peer vary the bytes of an identical message.
-    if msgpack.packb(obj, use_bin_type=True) != payload:
-        raise RemoteProtocolError("non-canonical msgpack encoding", peer=peer, evidence=payload)
-    version, code = obj[0], obj[1]
-    if type(version) is not int or version != WIRE_VERSION:
-        raise RemoteProtocolError(
-            f"unsupported wire version {version!r} (we speak {WIRE_VERSION})", peer=peer, evidence=payload
-        )
-    spec = _BY_CODE.get(code) if type(code) is int else None
-    if spec is None:
-        raise RemoteProtocolError(f"unknown message type {code!r}", peer=peer, evidence=payload)
-    try:
-        return spec.decode_fields(obj[2:])
+        msg = _read_message(payload)
     except _Bad as exc:
         raise RemoteProtocolError(str(exc), peer=peer, evidence=payload) from None
+    except _MALFORMED as exc:
+        raise RemoteProtocolError(f"malformed msgpack ({exc})", peer=peer, evidence=payload) from None
+    # One message, one encoding: a wider integer, float or length header than needed (msgpack
+    # allows them) would let a peer vary the bytes of an identical message.
+    try:
+        canonical = encode(msg)
+    except LocalProtocolError:  # float32s widened past the frame limit
+        canonical = b""
+    if canonical != payload:
+        raise RemoteProtocolError("non-canonical msgpack encoding", peer=peer, evidence=payload)
+    return msg
 
 
 # --------------------------------------------------------------------------- framing
