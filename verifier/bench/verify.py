@@ -125,6 +125,13 @@ async def algorithm3_engine(engine: LlamaCppEngine, prompt: list[int], reply: li
     return out
 
 
+def normalized_ppl(found: Sequence[float | None]) -> float:
+    """Algorithm 3's NormalizedPPL, 1/PPL, of a reply's token log-probabilities as a completion
+    API found them (``None``: not in its top list, :data:`EPSILON` used)."""
+    logps = [math.log(EPSILON) if x is None else x for x in found]
+    return math.exp(sum(logps) / max(1, len(logps)))
+
+
 class CompletionAPI:
     """Method (a): paper Algorithm 3 as written, through llama-cpp-python's completion API in a
     ``Llama`` of its own on ``engine``'s GGUF with the engine's context settings (module
@@ -160,8 +167,7 @@ class CompletionAPI:
             logp = None if not tops else tops[0].get(self.llm.detokenize([tok]).decode("utf-8", errors="ignore"))
             found.append(None if logp is None else float(logp))
             context.append(tok)
-        logps = [math.log(EPSILON) if x is None else x for x in found]
-        return found, math.exp(sum(logps) / max(1, len(logps)))
+        return found, normalized_ppl(found)
 
 
 class TokenLoop:

@@ -61,11 +61,8 @@ from model_node.engine import TokenScore
 from overlay.bench.stats import summarize_ms
 from overlay.cli import CliError
 from overlay.messages import SamplingParams
+from verifier.bench.verify import EPSILON, TEMPERATURE, TOP_LOGPROBS, normalized_ppl
 from verifier.scoring import score_reply
-
-TEMPERATURE = 0.7  # the users' default (overlay.messages.SamplingParams)
-TOP_LOGPROBS = 20  # method (a): the top list's length, the most OpenAI's completion API returns
-EPSILON = 1e-5  # method (a): Algorithm 3's ε for a reply token not in the top list
 
 # Architectures (transformers LlamaConfig fields). 8b: Meta Llama 3 8B's published shape;
 # 135m: SmolLM2-135M-Instruct's (the CPU bench's model); tiny: a smoke-test model.
@@ -239,8 +236,7 @@ class Methods:
             table = dict(zip(top.indices.tolist(), top.values.tolist(), strict=True))
             found.append(table.get(tok))
             context.append(tok)
-        logps = [math.log(EPSILON) if x is None else x for x in found]
-        return found, math.exp(sum(logps) / max(1, len(logps)))
+        return found, normalized_ppl(found)
 
 
 # --------------------------------------------------------------------------- the run
@@ -310,7 +306,9 @@ def measure(plan: Plan, device: Any) -> tuple[dict[str, float], dict[str, Any]]:
         # first-use costs of a shape (kernel and GEMM algorithm selection, allocator growth) stay
         # out of the figures; measured on an H100 they doubled one pass's mean without it.
         for prompt, reply, params in replies:
-            m.one_pass(prompt, reply, params), m.token_loop(prompt, reply, params), m.algorithm3(prompt, reply, params)
+            m.one_pass(prompt, reply, params)
+            m.token_loop(prompt, reply, params)
+            m.algorithm3(prompt, reply, params)
         for b in plan.batches:
             for at in range(0, len(pool) - b + 1, b):
                 m.batch(pool[at:at + b])
