@@ -47,13 +47,17 @@ class TokenScore:
     ``logprob``: log-probability of the given token; ``expected_logprob``: the
     expected log-probability of the token the model itself would sample under
     the request's sampling parameters (for greedy, that of the argmax);
-    ``argmax``: the most likely token id.
+    ``argmax``: the most likely token id; ``var_logprob``: the variance of that
+    log-probability under the same sampling distribution (0 for greedy), so a
+    verifier can tell how far a reply's total lies from its expectation in standard
+    deviations (:mod:`verifier.audit.scoring`, decision 0013 §5).
     """
 
     token_id: int
     logprob: float
     expected_logprob: float
     argmax: int
+    var_logprob: float = 0.0
 
 
 class Generation(Protocol):
@@ -109,22 +113,29 @@ class OrdersPrompts(Protocol):
 
 
 def expected_logprob(logprobs: Any, params: SamplingParams) -> float:
-    """The expected log-probability of the token a model samples with ``params`` (paper §3.4).
+    """The expected log-probability of the token a model samples with ``params`` (paper §3.4):
+    the first of :func:`logprob_moments`."""
+    return logprob_moments(logprobs, params)[0]
+
+
+def logprob_moments(logprobs: Any, params: SamplingParams) -> tuple[float, float]:
+    """The mean and the variance of the log-probability of the token a model samples with
+    ``params`` (paper §3.4; decision 0013 §5).
 
     ``logprobs``: one position's next-token log-probabilities under the model at temperature
     1 (1-D, any order): the whole vocabulary, or only the top alternatives an engine reports
-    (the mass beyond them is then ignored). The sampling distribution is softmax(``logprobs``
+    (the mass beyond them is then ignored). The sampling distribution q is softmax(``logprobs``
     / temperature) cut to the top-k, then to the smallest top-p nucleus, renormalised; the
-    result is the mean of ``logprobs`` under it. Temperature 0 (greedy): the largest
-    log-probability. No alternatives: NaN. Needs numpy (every engine backend has it)."""
+    result is (Σ q·lp, Σ q·(lp − mean)²). Temperature 0 (greedy): (the largest
+    log-probability, 0). No alternatives: (NaN, NaN). Needs numpy (every engine backend has it)."""
     import numpy as np
 
     lp = np.asarray(logprobs, dtype=np.float64).reshape(-1)
     if lp.size == 0:
-        return math.nan
+        return math.nan, math.nan
     t, k, p = params.temperature, params.top_k, params.top_p
     if t <= 0.0:
-        return float(lp.max())
+        return float(lp.max()), 0.0
     s = lp / t
     keep = np.argpartition(-s, k - 1)[:k] if 0 < k < lp.size else None
     if p < 1.0:
@@ -132,7 +143,9 @@ def expected_logprob(logprobs: Any, params: SamplingParams) -> float:
     if keep is not None:
         s, lp = s[keep], lp[keep]
     q = np.exp(s - s.max())
-    return float((q * lp).sum() / q.sum())
+    total = q.sum()
+    mean = float((q * lp).sum() / total)
+    return mean, float((q * (lp - mean) ** 2).sum() / total)
 
 
 def _nucleus(s: Any, keep: Any, p: float) -> Any:

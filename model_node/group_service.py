@@ -102,9 +102,11 @@ class GroupService:
     # ------------------------------------------------------------------ membership
 
     def members_of(self, registry: Registry) -> tuple[bytes, ...]:
-        """This node's group under the registry: model nodes serving ``model``, split by region
-        above 50 (every member computes the same partition)."""
-        regions = {e.node_id: e.region for e in registry.models(self.model)}
+        """This node's group under the registry: trusted model nodes serving ``model`` (the signed
+        list keeps untrusted ones so that audits reach them, but users do not read their replies,
+        so nobody forwards to them; an untrusted node is a group of its own), split by region above
+        50 (every member computes the same partition)."""
+        regions = {e.node_id: e.region for e in registry.models(self.model) if e.trusted}
         return group_of(self.node.node_id, regions) or (self.node.node_id,)
 
     def is_member(self, peer: bytes) -> bool:

@@ -47,12 +47,13 @@ which tokens are evaluated:
   prompt + continuation evaluated once (logits requested only where a continuation
   token is predicted; cached prompt prefixes reused), then, with numpy, the expected
   log-probability under the same distribution (temperature-scaled softmax cut by
-  top-k, then top-p). Running replies pause while a scoring pass runs.
+  top-k, then top-p) and its variance. Running replies pause while a scoring pass runs.
 """
 
 from __future__ import annotations
 
 import codecs
+import contextlib
 import ctypes
 import importlib.util
 import logging
@@ -61,13 +62,13 @@ import os
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import trio
 
-from model_node.engine import EngineError, GenStats, Piece, TokenScore, expected_logprob
+from model_node.engine import EngineError, GenStats, Piece, TokenScore, logprob_moments
 from model_node.hrtree import common_prefix
 from overlay.messages import ChatMessage, SamplingParams
 
@@ -131,6 +132,52 @@ def _import_llama_cpp() -> Any:
     return llama_cpp
 
 
+EXTRA_BUFFERS_ENV = "GENTORRENT_LLAMA_EXTRA_BUFFERS"
+
+
+def extra_buffers(cpuinfo: str | None = None, env: Mapping[str, str] | None = None) -> bool:
+    """Whether llama.cpp may load weights into its extra (repacking) buffer types. Off where the
+    CPU advertises AMX (``amx_tile`` in /proc/cpuinfo): llama.cpp then repacks the weights for its
+    AMX kernels, and on virtual machines that advertise AMX without letting a guest use it (one
+    of this project's CI hosts) the first ``ldtilecfg`` is a general protection fault that kills
+    the process, on every decode. The plain CPU kernels compute the same numbers. On by default
+    elsewhere; :data:`EXTRA_BUFFERS_ENV` = 1 or 0 overrides (1 on a host whose AMX works)."""
+    forced = (os.environ if env is None else env).get(EXTRA_BUFFERS_ENV, "").strip()
+    if forced in ("0", "1"):
+        return forced == "1"
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
+        except OSError:
+            cpuinfo = ""
+    return "amx_tile" not in cpuinfo.split()
+
+
+@contextlib.contextmanager
+def model_params_for_this_host() -> Iterator[None]:
+    """While inside: llama-cpp-python's high-level ``Llama`` loads models with
+    :func:`extra_buffers` applied (it builds its model parameters from
+    ``llama_model_default_params``, which has no argument for them)."""
+    _import_llama_cpp()
+    import llama_cpp.llama_cpp as L  # the module ``Llama`` calls it from
+
+    default = L.llama_model_default_params
+    if extra_buffers():
+        yield
+        return
+
+    def params() -> Any:
+        p = default()
+        p.use_extra_bufts = False
+        return p
+
+    L.llama_model_default_params = params
+    try:
+        yield
+    finally:
+        L.llama_model_default_params = default
+
+
 _log_callback: Any = None
 _backend_ready = False
 
@@ -163,16 +210,20 @@ def _quiet_llama_cpp(L: Any) -> None:
 def score_rows(logits: Any, targets: Sequence[int], params: SamplingParams) -> list[TokenScore]:
     """Per row of ``logits`` (``(n, vocab)``, the model's raw next-token logits): the
     log-probability of ``targets[i]`` under the model (temperature 1, no cut), the expected
-    log-probability of a token drawn with ``params`` (:func:`~model_node.engine.expected_logprob`
-    over the whole vocabulary), and the argmax. Paper §3.4."""
+    log-probability of a token drawn with ``params`` and its variance
+    (:func:`~model_node.engine.logprob_moments` over the whole vocabulary), and the argmax.
+    Paper §3.4."""
     import numpy as np
 
     z = np.asarray(logits, dtype=np.float64)
     zmax = z.max(axis=1, keepdims=True)
     logp = z - (zmax + np.log(np.exp(z - zmax).sum(axis=1, keepdims=True)))
     argmax = z.argmax(axis=1)
-    return [TokenScore(int(tok), float(logp[i, tok]), expected_logprob(logp[i], params), int(argmax[i]))
-            for i, tok in enumerate(targets)]
+    out = []
+    for i, tok in enumerate(targets):
+        mean, var = logprob_moments(logp[i], params)
+        out.append(TokenScore(int(tok), float(logp[i, tok]), mean, int(argmax[i]), var))
+    return out
 
 
 
@@ -328,6 +379,7 @@ class LlamaCppEngine:
         self.slots, self.prefill_chunk = slots, prefill_chunk
         self.score_fresh = score_fresh
         mparams = L.llama_model_default_params()
+        mparams.use_extra_bufts = extra_buffers()
         self._model = L.llama_model_load_from_file(str(path).encode(), mparams)
         if not self._model:
             raise EngineError(f"llama.cpp could not load {path} (not a GGUF model it supports?)")

@@ -45,10 +45,11 @@ module without them, or ``kv_events=False``) ``cached_prefixes()`` is empty.
 Scoring uses ``prompt_logprobs``: one prefill over prompt + continuation returns, per
 position, the log-probability of the given token and the top ``SCORE_TOP_LOGPROBS`` (1,000;
 the engine's ``max_logprobs`` is raised to match) alternatives. The expected log-probability
-under the sampling parameters (:func:`~model_node.engine.expected_logprob`, as for llama.cpp)
-is computed over the whole vocabulary with the tokens beyond the top 1,000 estimated as an
-even share of the remaining probability mass; exact for greedy, within 0.03 nats of the
-full-vocabulary value at T = 1 on SmolLM2 (measured, decision 0012).
+under the sampling parameters and its variance (:func:`~model_node.engine.logprob_moments`, as
+for llama.cpp) are computed over the whole vocabulary with the tokens beyond the top 1,000
+estimated as an even share of the remaining probability mass; the expectation is exact for
+greedy, within 0.03 nats of the full-vocabulary value at T = 1 on SmolLM2 (measured, decision
+0012); the variance is not measured against the full vocabulary.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ from typing import Any
 
 import trio
 
-from model_node.engine import EngineError, GenStats, Piece, TokenScore, expected_logprob
+from model_node.engine import EngineError, GenStats, Piece, TokenScore, logprob_moments
 from overlay.messages import ChatMessage, SamplingParams
 
 log = logging.getLogger("gentorrent.vllm")
@@ -626,8 +627,8 @@ class VllmEngine:
                 tail = math.log(max(1.0 - mass, 1e-30) / rest)
                 alternatives = np.concatenate([np.asarray(top, dtype=np.float64), np.full(rest, tail)])
             argmax = min(entry.items(), key=lambda kv: kv[1].rank if kv[1].rank is not None else math.inf)[0]
-            scores.append(TokenScore(int(tok), float(entry[tok].logprob), expected_logprob(alternatives, params),
-                                     int(argmax)))
+            mean, var = logprob_moments(alternatives, params)
+            scores.append(TokenScore(int(tok), float(entry[tok].logprob), mean, int(argmax), var))
         return scores
 
     def cached_prefixes(self) -> list[tuple[int, ...]]:

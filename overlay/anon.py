@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import aclosing, asynccontextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
@@ -41,7 +41,7 @@ from overlay.messages import (
     ToModel,
 )
 from overlay.paths import PATH_CLOSED, Path, PathError, PathManager
-from overlay.peers import PeerEntry
+from overlay.peers import PeerEntry, usable
 from overlay.relay import TokenBucket
 from overlay.seal import ReturnKey, SealError, open_sealed, seal_to
 from overlay.signing import ReplyChecker, ReplyVerifyError, request_digest
@@ -91,6 +91,39 @@ def is_final_error(error: str) -> bool:
 
 class AnonError(Exception):
     """An anonymous request failed; the message says why and what to do."""
+
+
+class ModelUnaudited(AnonError):
+    """Every trusted model node serving the model is of a model no verifier with enough voting
+    power audits (the committee's model list marks it unaudited, decision 0013), and the user did
+    not opt in (``--allow-unaudited``). Nothing was sent."""
+
+    def __init__(self, model: str) -> None:
+        super().__init__(unaudited_message(model))
+        self.model = model
+
+
+def unaudited_message(model: str) -> str:
+    """What a user reads when ``model`` is not audited and they did not pass ``--allow-unaudited``."""
+    return (f"model {model} is not audited by the committee's verifiers (no verifier with enough voting power holds "
+            "it); pass --allow-unaudited to use it anyway")
+
+
+def usable_nodes(nodes: Sequence[PeerEntry], model: str, allow_unaudited: bool = False) -> list[PeerEntry]:
+    """Those of ``nodes`` (the model nodes listed for ``model``) a user may send a prompt to
+    (:func:`overlay.peers.usable`), never none: :class:`AnonError` (starting "no model node") when
+    none is listed or none is trusted, :class:`ModelUnaudited` when the trusted ones serve an
+    unaudited model and ``allow_unaudited`` is off."""
+    if not nodes:
+        raise AnonError(f"no model node in the registry serves {model!r}")
+    trusted = [e for e in nodes if e.trusted]
+    if not trusted:
+        raise AnonError(f"no model node serving {model!r} is trusted: the committee's audits put all "
+                        f"{len(nodes)} listed under its trust line")
+    ok = [e for e in trusted if usable(e, allow_unaudited)]
+    if not ok:
+        raise ModelUnaudited(model)
+    return ok
 
 
 class AllBusy(AnonError):
@@ -165,10 +198,15 @@ class AnonClient:
         k: int = 3,
         rng: random.Random | None = None,
         clock: Clock | None = None,
+        allow_unaudited: bool = False,
     ) -> None:
-        """``models(model_id)`` lists trusted model nodes serving it; ``send(peer, msg)``
-        queues a frame (``Node.send_nowait``). Defaults n=4, k=3 (paper §5.1). ``clock``
-        (default :class:`~overlay.clock.TrioClock`) times the reply reassembler's TTL."""
+        """``models(model_id)`` lists the model nodes serving it (all the committee lists, trusted
+        or not, audited or not); ``send(peer, msg)`` queues a frame (``Node.send_nowait``).
+        Defaults n=4, k=3 (paper §5.1). ``clock`` (default :class:`~overlay.clock.TrioClock`)
+        times the reply reassembler's TTL. ``allow_unaudited`` (also an attribute, set by the
+        user commands from ``--allow-unaudited``): also choose nodes of models the committee
+        does not audit. Untrusted nodes are never chosen (:func:`overlay.peers.usable`), except
+        as the explicit target of a ``failover=False`` request (verifiers' audits)."""
         if not 1 <= k <= n <= 16:
             raise ValueError("need 1 <= k <= n <= 16")
         if paths.target < n:
@@ -179,6 +217,7 @@ class AnonClient:
         self.n, self.k = n, k
         self.rng = rng or random.SystemRandom()
         self.clock: Clock = clock or TrioClock()
+        self.allow_unaudited = allow_unaudited
         self.reassembler = sida.Reassembler()
         self._requests: dict[bytes, trio.MemorySendChannel[ReplyChunk | _Gone]] = {}
         self.dropped: dict[str, int] = {}
@@ -187,15 +226,30 @@ class AnonClient:
     def _drop(self, reason: str) -> None:
         self.dropped[reason] = self.dropped.get(reason, 0) + 1
 
-    def choose_model_node(self, model: str, prefer: bytes | None = None) -> PeerEntry:
+    def usable(self, model: str) -> list[PeerEntry]:
+        """The model nodes serving ``model`` that users may be sent to (:func:`overlay.peers.usable`
+        under :attr:`allow_unaudited`)."""
+        return [e for e in self.models(model) if usable(e, self.allow_unaudited)]
+
+    def choose_model_node(self, model: str, prefer: bytes | None = None, *, exact: bool = False) -> PeerEntry:
+        """A model node for ``model``: ``prefer`` if it is usable, else one at random among the
+        usable ones (trusted; of an audited model unless :attr:`allow_unaudited`). ``exact``:
+        ``prefer`` whatever its reputation or audit (a verifier's audit challenge must reach every
+        listed node), :class:`AnonError` if it is not listed for ``model``. :class:`ModelUnaudited`
+        when only unaudited nodes serve it and the user did not opt in; :class:`AnonError` (starting
+        "no model node") when none is listed or none is trusted."""
         nodes = self.models(model)
-        if not nodes:
-            raise AnonError(f"no model node in the registry serves {model!r}")
-        if prefer is not None:
+        if exact and prefer is not None and nodes:
             for e in nodes:
                 if e.node_id == prefer:
                     return e
-        return self.rng.choice(nodes)
+            raise AnonError(f"model node {short_id(prefer)} is not listed as serving {model!r}")
+        ok = usable_nodes(nodes, model, self.allow_unaudited)
+        if prefer is not None:
+            for e in ok:
+                if e.node_id == prefer:
+                    return e
+        return self.rng.choice(ok)
 
     async def request(
         self,
@@ -207,6 +261,7 @@ class AnonClient:
         timeout: float = 60.0,
         paths_timeout: float = 30.0,
         failover: bool = True,
+        fresh_paths: bool = False,
     ) -> AsyncIterator[ReplyChunk]:
         """Send one prompt anonymously; yield its reply chunks in order, **each one verified**.
 
@@ -227,20 +282,27 @@ class AnonClient:
         signed by the node that wrote it. A node that answers "busy" (:func:`is_busy`) is left
         at once for another. Raises :class:`AnonError` on failure (a final error, or no node
         left), :class:`AllBusy` when every candidate refused as busy, :class:`ReplyUnverified`
-        as above. ``failover=False`` tries ``node`` only (or one node when ``node`` is None):
+        as above. Only usable nodes are chosen (:meth:`choose_model_node`: trusted, of an audited
+        model unless :attr:`allow_unaudited`; :class:`ModelUnaudited` otherwise). ``failover=False``
+        tries ``node`` only, whatever its reputation or audit (one usable node when ``node`` is None):
         :class:`AnonError` if the registry does not list ``node`` for ``model``, and a failure
         is raised as it happened (:func:`failure_kind` names it), never retried elsewhere.
-        Verifiers send audit challenges this way (``verifier/auditor.py``).
+        Verifiers send audit challenges this way (``verifier/audit/auditor.py``).
+
+        ``fresh_paths=True`` sends each try over n proxy paths built for it alone
+        (:meth:`~overlay.paths.PathManager.build_fresh`, within ``paths_timeout``) and closes
+        them when the try ends, instead of the kept paths that a user's requests share: the
+        proxies of one such request link it to no other request of this client. Verifiers send
+        every audit challenge so (decision 0013).
         """
-        target = self.choose_model_node(model, node)
-        if not failover and node is not None and target.node_id != node:
-            raise AnonError(f"model node {short_id(node)} is not listed as serving {model!r}")
+        exact = not failover and node is not None  # a verifier's challenge to one node, whatever its standing
+        target = self.choose_model_node(model, node, exact=exact)
         tried: set[bytes] = set()
         produced: list[str] = []
         while True:
             try:
                 attempt = self._attempt(target, model, tuple(messages), params or SamplingParams(),
-                                        "".join(produced), timeout, paths_timeout)
+                                        "".join(produced), timeout, paths_timeout, exact, fresh_paths)
                 async with aclosing(attempt) as chunks:
                     async for chunk in chunks:
                         produced.append(chunk.text)
@@ -248,7 +310,7 @@ class AnonClient:
                 return
             except _NodeBusy as exc:
                 tried |= {target.node_id, exc.node}
-                others = [e for e in self.models(model) if e.node_id not in tried]
+                others = [e for e in self.usable(model) if e.node_id not in tried]
                 if not failover or not others:
                     raise AllBusy(f"{exc}; every model node tried for {model!r} ({len(tried)}) is busy: "
                                   "try again in a minute") from None
@@ -257,7 +319,7 @@ class AnonClient:
                 log.info("%s; trying model node %s instead", exc, short_id(target.node_id))
             except _NodeFailed as exc:
                 tried |= {target.node_id, *exc.nodes}
-                others = [e for e in self.models(model) if e.node_id not in tried]
+                others = [e for e in self.usable(model) if e.node_id not in tried]
                 if not failover:
                     raise
                 if not others:
@@ -270,14 +332,32 @@ class AnonClient:
 
     async def _attempt(
         self, target: PeerEntry, model: str, messages: tuple[ChatMessage, ...], params: SamplingParams,
-        continuation: str, timeout: float, paths_timeout: float,
+        continuation: str, timeout: float, paths_timeout: float, exact: bool = False, fresh_paths: bool = False,
     ) -> AsyncGenerator[ReplyChunk, None]:
-        """One try at ``target``: n cloves out over n of our paths, the reply chunks back in
-        order, each checked before it is yielded. :class:`_NodeFailed` if the node fails."""
+        """One try at ``target``: n cloves out over n of our paths (n built for this try alone
+        with ``fresh_paths``, closed after it), the reply chunks back in order, each checked
+        before it is yielded. :class:`_NodeFailed` if the node fails."""
         try:
-            paths = self.rng.sample(await self.paths.wait_ready(self.n, paths_timeout), self.n)
+            if fresh_paths:
+                paths = await self.paths.build_fresh(self.n, paths_timeout)
+            else:
+                paths = self.rng.sample(await self.paths.wait_ready(self.n, paths_timeout), self.n)
         except PathError as exc:
             raise AnonError(str(exc)) from None
+        try:
+            async with aclosing(self._attempt_on(paths, target, model, messages, params, continuation, timeout,
+                                                 exact)) as chunks:
+                async for c in chunks:
+                    yield c
+        finally:
+            if fresh_paths:
+                self.paths.retire(paths)
+
+    async def _attempt_on(
+        self, paths: list[Path], target: PeerEntry, model: str, messages: tuple[ChatMessage, ...],
+        params: SamplingParams, continuation: str, timeout: float, exact: bool,
+    ) -> AsyncGenerator[ReplyChunk, None]:
+        """:meth:`_attempt` over the chosen ``paths``."""
         keys = [ReturnKey.generate() for _ in paths]
         req = self._request(paths, keys, model, messages, params, continuation)
         digest = request_digest(req)
@@ -309,7 +389,7 @@ class AnonClient:
             async with aclosing(self._in_order(recv_ch, target, paths, timeout)) as chunks:
                 async for c in chunks:
                     if checker is None:
-                        checker = self._checker(c.node, digest, model)
+                        checker = self._checker(c.node, digest, model, any_standing=exact)
                         serving[:] = [c.node]
                     elif c.node != checker.node_id:
                         raise ReplyUnverified(f"reply chunks from two nodes ({short_id(checker.node_id)}, "
@@ -327,12 +407,19 @@ class AnonClient:
                 p.returns.pop(rk.tag, None)
                 p.watchers.pop(rk.tag, None)
 
-    def _checker(self, node: bytes, digest: bytes, model: str) -> ReplyChecker:
-        """The checker for a reply from ``node``, which must be a registered node for ``model``."""
+    def _checker(self, node: bytes, digest: bytes, model: str, *, any_standing: bool = False) -> ReplyChecker:
+        """The checker for a reply from ``node``, which must be a registered node for ``model``
+        (:class:`ReplyUnverified` otherwise) and, unless ``any_standing`` (a verifier's challenge: a
+        forwarded reply counts for the node asked, whoever signed it), a trusted one: a reply a
+        trusted node had an untrusted one write is not read, and the request fails over
+        (:class:`_NodeFailed`) to another node."""
         entry = next((e for e in self.models(model) if e.node_id == node), None)
         if entry is None:
             raise ReplyUnverified(f"the reply came from node {short_id(node)}, which the registry does not "
                                   f"list as serving {model!r}; discarded")
+        if not any_standing and not entry.trusted:
+            raise _NodeFailed(f"the reply came from model node {short_id(node)}, which the committee does not trust "
+                              "(its reputation is under the trust line); not read", node)
         return ReplyChecker(digest, model, node, entry.ed25519_public)
 
     def _request(

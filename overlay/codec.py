@@ -88,12 +88,15 @@ def field(*, max: int | None = None, exact: int | None = None, **kw: Any) -> Any
 
 
 Check = Callable[[Any], Any]  # validates one decoded item, returns the Python value
-Read = Callable[["_Reader"], Any]  # reads a field's items by shape, returns the Python value
+Read = Callable[["ShapeReader"], Any]  # reads a field's items by shape, returns the Python value
 Encode = Callable[[Any], Any]  # turns a Python value into what msgpack packs
 
 
-class _Bad(Exception):
-    pass
+class ShapeError(Exception):
+    """A payload that :class:`ShapeReader` refused: its shape is not the schema's."""
+
+
+_Bad = ShapeError
 
 
 # msgpack's first bytes of an array (fixarray, array 16, array 32), and of nil
@@ -101,7 +104,7 @@ _ARRAY_HEADS = frozenset((*range(0x90, 0xA0), 0xDC, 0xDD))
 _NIL = 0xC0
 
 
-class _Reader:
+class ShapeReader:
     """A payload read by shape, one item at a time: a value where the schema has a value, an
     array header where it has an array, whose count the field's bound checks before any item
     is read. An array where a value belongs is refused before it is built, and the unpacker
@@ -113,7 +116,7 @@ class _Reader:
 
     __slots__ = ("raw", "end", "u")
 
-    def __init__(self, raw: bytes) -> None:
+    def __init__(self, raw: bytes | memoryview, max_bin: int = MAX_FRAME) -> None:
         self.raw = raw
         self.end = len(raw)
         self.u = msgpack.Unpacker(
@@ -121,8 +124,8 @@ class _Reader:
             strict_map_key=True,
             max_buffer_size=self.end or 1,
             read_size=self.end or 1,  # one buffer of the payload's size, never regrown
-            max_bin_len=MAX_FRAME,
-            max_str_len=MAX_FRAME,  # the field checks apply the real bounds
+            max_bin_len=max_bin,
+            max_str_len=max_bin,  # the field checks apply the real bounds
             max_array_len=0,
             max_map_len=0,
             max_ext_len=0,
@@ -204,7 +207,7 @@ class _Field(typing.NamedTuple):
 def _value(check: Check) -> _Field:
     """A value field: one item, never an array, that ``check`` accepts."""
 
-    def read_value(r: _Reader) -> Any:
+    def read_value(r: ShapeReader) -> Any:
         return check(r.value())
 
     return _Field(read_value, None, check)
@@ -243,7 +246,7 @@ def _compile_optional(tp: Any, meta: dict[str, Any], owner: str) -> _Field:
         return _value(check_optional)
     read = inner.read
 
-    def read_optional(r: _Reader) -> Any:
+    def read_optional(r: ShapeReader) -> Any:
         return r.u.unpack() if r.head() == _NIL else read(r)
 
     if inner.enc is None:
@@ -289,7 +292,7 @@ def _compile_tuple(tp: Any, meta: dict[str, Any], owner: str) -> _Field:
     read_item = item.read
     ints = args[0] is int
 
-    def read_tuple(r: _Reader) -> tuple[Any, ...]:
+    def read_tuple(r: ShapeReader) -> tuple[Any, ...]:
         n = r.array()
         if exact is not None and n != exact:
             raise _Bad(f"array of {n} items, expected exactly {exact}")
@@ -338,11 +341,11 @@ class _Spec:
             ]
         return [getattr(msg, n) for n in self.names]
 
-    def read(self, r: _Reader) -> Any:
+    def read(self, r: ShapeReader) -> Any:
         """This message nested in another: an array of exactly its fields."""
         return self.read_fields(r, r.array())
 
-    def read_fields(self, r: _Reader, count: int) -> Any:
+    def read_fields(self, r: ShapeReader, count: int) -> Any:
         """This message from its ``count`` fields, which come next, checked one by one."""
         if count != len(self.names):
             raise _Bad(f"{self.cls.__name__}: {count} fields, expected {len(self.names)}")
@@ -421,7 +424,7 @@ _MALFORMED = (ValueError, TypeError, RecursionError, StopIteration, msgpack.Unpa
 _NOT_A_FRAME = "frame is not [version, type, ...]"
 
 
-def _frame_value(r: _Reader) -> Any:
+def _frame_value(r: ShapeReader) -> Any:
     """The next item of a frame's head (its version or type), a value."""
     try:
         return r.value()
@@ -432,7 +435,7 @@ def _frame_value(r: _Reader) -> Any:
 def _read_message(payload: bytes) -> Any:
     """The one message ``[version, type, field...]`` of ``payload``, read by shape (the reader,
     a copy of the payload, is gone when the canonical check packs the message again)."""
-    r = _Reader(payload)
+    r = ShapeReader(payload)
     if r.head() not in _ARRAY_HEADS:
         r.u.unpack()  # bytes that are not msgpack (a map with entries, a cut item) say so
         raise _Bad(_NOT_A_FRAME)

@@ -13,10 +13,13 @@ A served document is the msgpack array::
 - ``kind``: :data:`KIND_USERS` or :data:`KIND_MODELS`; ``list`` (bin) is the msgpack array of the
   records of that kind, each ``[node_id, ed25519, role, x25519, address, region, model_id,
   capacity, expires_at]``, sorted by node id; its SHA-256 is that kind's digest. Model records
-  carry a 10th field, ``reputation``: the committee's reputation of the node in
-  fixed point (10^6 = 1.0, verifier/reputation.py); the model list holds only trusted nodes
-  (reputation >= 0.4; decision 0010), and the reputation reaches users as
-  :attr:`overlay.peers.PeerEntry.reputation`.
+  carry two more fields: ``reputation`` (10th), the committee's reputation of the node in fixed
+  point (10^6 = 1.0, verifier/audit/reputation.py), and ``audited`` (11th, a bool), whether the
+  node's model is audited (validators with more than 2/3 of the power hold it; decision 0013).
+  The model list holds every registered model node, untrusted ones too (reputation under
+  :data:`overlay.peers.TRUST_LINE`), so audits can reach them; both fields reach users as
+  :attr:`overlay.peers.PeerEntry.reputation` and :attr:`~overlay.peers.PeerEntry.audited`, and
+  clients send prompts only to trusted nodes of audited models (:func:`overlay.peers.usable`).
 - ``validators``: the committee as of ``height``, ``[[ed25519_public, power], ...]`` sorted by key;
   its digest is SHA-256 of that array's msgpack encoding.
 - ``signatures``: ``[[ed25519_public, signature], ...]``, each over :func:`signing_message` of
@@ -49,7 +52,7 @@ from overlay.transport import parse_address
 
 log = logging.getLogger("gentorrent.committee")
 
-LISTS_VERSION = 2  # 2: model records carry the node's reputation
+LISTS_VERSION = 3  # 2: model records carry the node's reputation; 3: and whether its model is audited
 LISTS_CONTEXT = b"gentorrent/committee-lists/v1\x00"
 KIND_USERS, KIND_MODELS = 1, 2
 KIND_PATHS = {KIND_USERS: "/lists/users", KIND_MODELS: "/lists/models"}
@@ -136,10 +139,11 @@ def _unpack(raw: bytes, what: str, *, use_list: bool = True) -> Any:
 
 
 _RECORD_TYPES = (bytes, bytes, int, bytes, str, str, str, int, int)
-_MODEL_RECORD_TYPES = (*_RECORD_TYPES, int)  # + reputation
+_MODEL_RECORD_TYPES = (*_RECORD_TYPES, int, bool)  # + reputation, audited
 REPUTATION_SCALE = 1_000_000
 _ID_PERSON = b"gentorrent-id"  # node id = BLAKE2b-160(ed25519 key), personalised as overlay/identity.py does
-_ENTRY_FIELDS = ("node_id", "address", "ed25519_public", "x25519_public", "region", "role", "models", "reputation")
+_ENTRY_FIELDS = ("node_id", "address", "ed25519_public", "x25519_public", "region", "role", "models", "reputation",
+                 "audited")
 
 
 def _entry_maker() -> Callable[..., PeerEntry]:
@@ -150,10 +154,10 @@ def _entry_maker() -> Callable[..., PeerEntry]:
             or not all(hasattr(PeerEntry.__dict__.get(n), "__set__") for n in _ENTRY_FIELDS):
         return PeerEntry
     new = object.__new__
-    s0, s1, s2, s3, s4, s5, s6, s7 = (PeerEntry.__dict__[n].__set__ for n in _ENTRY_FIELDS)
+    s0, s1, s2, s3, s4, s5, s6, s7, s8 = (PeerEntry.__dict__[n].__set__ for n in _ENTRY_FIELDS)
 
     def make(node_id: bytes, address: str, ed: bytes, x: bytes, region: str, role: str,
-             models: tuple[str, ...], reputation: int | None) -> PeerEntry:
+             models: tuple[str, ...], reputation: int | None, audited: bool | None) -> PeerEntry:
         e = new(PeerEntry)
         s0(e, node_id)
         s1(e, address)
@@ -163,6 +167,7 @@ def _entry_maker() -> Callable[..., PeerEntry]:
         s5(e, role)
         s6(e, models)
         s7(e, reputation)
+        s8(e, audited)
         return e
 
     return make
@@ -183,12 +188,13 @@ def _entries(records: Any, kind: int) -> tuple[PeerEntry, ...]:
     out = []
     prev = b""
     reputation: int | None = None
+    audited: bool | None = None
     for i, rec in enumerate(records):
         if type(rec) is not tuple or tuple(map(type, rec)) != types:
             raise ListError(f"record {i}: not [node_id, ed25519, role, x25519, address, region, model_id, "
-                            f"capacity, expires{', reputation' if model else ''}] with those types")
+                            f"capacity, expires{', reputation, audited' if model else ''}] with those types")
         if model:
-            node_id, ed, role, x, address, region, model_id, _capacity, _expires, reputation = rec
+            node_id, ed, role, x, address, region, model_id, _capacity, _expires, reputation, audited = rec
             if not 0 <= reputation <= REPUTATION_SCALE:
                 raise ListError(f"record {i}: reputation {reputation} outside 0..{REPUTATION_SCALE}")
         else:
@@ -205,7 +211,8 @@ def _entries(records: Any, kind: int) -> tuple[PeerEntry, ...]:
         host, sep, port = address.rpartition(":")
         if not sep or not host or not port.isdigit() or int(port) > 65535:
             raise ListError(f"record {i}: address {address[:80]!r} is not host:port")
-        out.append(entry(node_id, address, ed, x, region, role_name, (model_id,) if model_id else (), reputation))
+        out.append(entry(node_id, address, ed, x, region, role_name, (model_id,) if model_id else (), reputation,
+                         audited))
     return tuple(out)
 
 

@@ -65,14 +65,35 @@ SETTINGS: dict[str, Setting] = {
         Setting("proxies", int, 4, "N >= n: proxy paths to keep ready"),
         Setting("path_refresh", float, 900.0, "seconds before a proxy path is replaced (paper: 15 minutes)"),
         Setting("model", str, None, "model id to request (user) or serve (model node)"),
+        Setting("allow_unaudited", bool, False,
+                "also send prompts to model nodes of models the committee's verifiers do not audit (the signed "
+                "model list marks them unaudited: no verifiers with more than 2/3 of the voting power hold the "
+                "model, so nothing checks what such a node answers). Untrusted nodes (reputation under 0.4) are "
+                "never used either way. Without a committee (--registry or --peers files) whether a model is "
+                "audited is unknown, and its nodes are used"),
+        Setting("donate_prompts", bool, False,
+                "after a complete reply, with probability --donate-rate, donate the request's messages and "
+                "sampling parameters to one verifier chosen at random, sealed to its key, 0-60 s later, so the "
+                "committee's audit challenges look like real prompts (decision 0013). Privacy cost: the chosen "
+                "verifier learns your node id, your IP address and the prompt (not the reply, nor which model "
+                "node served you). Needs --committee; donations still waiting when the command exits are dropped"),
+        Setting("donate_rate", float, 0.25, "with --donate-prompts, the share of replies whose prompt is donated (0..1)"),
     ]
 }
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
 
 
 def _coerce(setting: Setting, value: Any, where: str) -> Any:
     t = setting.type
     if t is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
+    if t is bool and isinstance(value, str):
+        word = value.strip().lower()
+        if word not in _TRUE | _FALSE:
+            raise ConfigError(f"{where}: {setting.name} must be true or false (1/0, yes/no, on/off), got {value!r}")
+        value = word in _TRUE
     if isinstance(value, str) and t is not str:
         try:
             value = t(value)
@@ -164,14 +185,23 @@ def resolve(
 
 
 def add_flags(parser: Any, *names: str) -> None:
-    """Add ``--name`` flags for these settings to an argparse parser (default None)."""
+    """Add ``--name`` flags for these settings to an argparse parser (default None). A boolean
+    setting is a switch: ``--name`` sets it, ``--no-name`` clears it (over the file or environment)."""
+    import argparse
+
     for name in names:
         s = SETTINGS[name]
+        flag = "--" + name.replace("_", "-")
+        if s.type is bool:
+            parser.add_argument(flag, dest=name, default=None, action=argparse.BooleanOptionalAction,
+                                help=s.help + f" (default: {'on' if s.default else 'off'}); env "
+                                     f"{ENV_PREFIX}{name.upper()}=1")
+            continue
         default = "" if s.default is None else f" (default: {s.default})"
         parser.add_argument(
-            "--" + name.replace("_", "-"),
+            flag,
             dest=name,
             default=None,
-            type=s.type if s.type is not bool else None,
+            type=s.type,
             help=s.help + default + f"; env {ENV_PREFIX}{name.upper()}",
         )

@@ -359,7 +359,7 @@ def seal_to_ed25519(ed25519_public: bytes, plaintext: bytes) -> bytes:
     XSalsa20-Poly1305) of ``plaintext`` to the holder of the Ed25519 key ``ed25519_public``, whose
     X25519 key is derived by libsodium's Ed25519-to-Curve25519 conversion. The ciphertext is
     :data:`SEALED_OVERHEAD` bytes longer than the plaintext. Used to hide an audit challenge on the
-    committee chain from everyone but the validators (verifier/audit_tx.py). :class:`CryptoError`
+    committee chain from everyone but the validators (verifier/audit/tx.py). :class:`CryptoError`
     for a key that is not a valid Ed25519 point."""
     from nacl import bindings as sodium
     from nacl.exceptions import CryptoError as SodiumCryptoError

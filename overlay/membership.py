@@ -39,7 +39,7 @@ LIST_WAIT_S = 60.0  # how long a starting node waits for the signed lists that h
 WARMUP_S = 60.0  # for this long after start, lists are refreshed every WARMUP_INTERVAL_S (nodes start together)
 WARMUP_INTERVAL_S = 1.0
 MIN_GAP_S = 1.0  # a poke (an unlisted node seen) refreshes at most this often
-# The committee's reputation scale, trust line and R(0) (verifier/reputation.py: overlay does not import verifier)
+# The committee's reputation scale, trust line and R(0) (verifier/audit/reputation.py: overlay does not import verifier)
 REPUTATION_SCALE = 1_000_000
 TRUST_LINE = 0.4
 
@@ -132,12 +132,22 @@ class Membership:
         self.registration: CommitteeRegistration | None = None
         self.refreshes = 0
         self._poked = trio.Event()
+        self._warned_rep: int | None = None  # the reputation last warned about (once per value)
 
     def poke(self) -> None:
         """Refresh the lists soon (called from trio: a relay or model node met an unlisted peer)."""
         self._poked.set()
 
     def _apply(self, reg: Registry) -> None:
+        mine = reg.by_id.get(self.identity.node_id)
+        rep = None if mine is None else mine.reputation
+        if rep is not None and rep < TRUST_LINE * REPUTATION_SCALE and rep != self._warned_rep:
+            log.warning("this model node is untrusted: the committee's audits put its reputation at %.3f, under "
+                        "the trust line %g, so no client sends it requests. The audits go on (untrusted nodes stay "
+                        "on the signed list so that they can be audited): check that it serves its model "
+                        "unmodified and answers the audits in time, and its reputation climbs back above the line "
+                        "after an epoch or two of honest answers (decision 0013)", rep / REPUTATION_SCALE, TRUST_LINE)
+        self._warned_rep = rep
         if reg.entries == self.registry.entries:
             self.registry.version = reg.version
             return
@@ -202,15 +212,10 @@ class Membership:
         rep = (f"reputation {value / REPUTATION_SCALE:.3f}" if value is not None
                else "reputation unknown: the /reputation query did not answer with this node")
         return (f"this model node ({node}) is registered (height {height}; the committee's /node query holds it) "
-                f"but the signed model list leaves it out: the committee's audits found it untrusted ({rep}; "
-                f"the list holds only model nodes at {TRUST_LINE:g} or above, the /reputation query shows the "
-                "value), so no user is sent to it. Check that it serves its model "
-                f"({entry.model_id!r}) unmodified and answers within the audits' time limit. The committee "
-                "does not audit an untrusted node again (relays do not deliver to unlisted nodes), so its "
-                "reputation under this identity stays as it is and restarting does not change it. Once the "
-                "node serves the model honestly, start it with a new identity (a new --data-dir or key "
-                "file): a new node starts at reputation 0.5, listed, and must keep answering the audits "
-                "well to stay so")
+                f"but the signed model lists since leave it out ({rep}). A committee that follows decision 0013 "
+                "lists every registered model node, untrusted ones too: this committee's verifiers may run an "
+                f"older version. Check that this node serves its model ({entry.model_id!r}) and ask the "
+                "committee's operators")
 
     async def _reputation(self) -> int | None:
         """This node's reputation (fixed point) from the committee's ``/reputation`` query

@@ -15,12 +15,19 @@ come ``LATE_CLOVE`` seconds after the request ended, the path is doubted — not
 once — and given up unless the clove comes within ``MISSING_GRACE`` seconds after the request
 ended). Counted in ``replaced[reason]``.
 
+Besides its pool, the manager builds *one-off* paths for a single request
+(:meth:`PathManager.build_fresh`, retired with :meth:`PathManager.retire`): a verifier sends
+each audit challenge over paths no other request used, so the proxies that deliver one
+challenge's cloves link it to no other (decision 0013). They are never handed to other
+requests, and :meth:`~PathManager.run` neither counts nor refreshes them.
+
 The manager owns the user's end of its paths: the node routes ``CellBack`` and
 ``Destroy`` on links it owns here (:meth:`owns`).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 from collections import Counter
@@ -43,6 +50,7 @@ MISSING_GRACE = 5.0  # after a request ends, how long a path's first reply clove
 # A request ends as soon as k of its n paths brought the last chunk, so the other paths' cloves
 # are usually a moment behind: a path is doubted only if its clove is this late (seconds).
 LATE_CLOVE = 0.5
+FRESH_RETRY_S = 1.0  # build_fresh: the pause before building again when every build failed at once
 EXPIRY_JITTER = 1200  # each hop's expiry is path_ttl plus an independent uniform draw from [0, this) s
 
 
@@ -174,6 +182,7 @@ class PathManager:
                              f"(relays refuse longer onions); got {path_ttl} + {expiry_jitter}")
         self.rng = rng or random.SystemRandom()
         self.paths: list[Path] = []
+        self.one_off: list[Path] = []  # paths of one request (build_fresh), outside the pool
         self.by_link: dict[tuple[bytes, bytes], Path] = {}
         self._changed = trio.Event()
         self.built = 0
@@ -353,7 +362,7 @@ class PathManager:
         self._failed(path, f"destroyed: {msg.reason}")
 
     def on_peer_lost(self, peer: bytes) -> None:
-        for p in list(self.paths):
+        for p in [*self.paths, *self.one_off]:
             if p.first == peer:
                 self._failed(p, "lost the connection to the first relay")
 
@@ -380,6 +389,8 @@ class PathManager:
         self.by_link.pop((path.first, path.link_id), None)
         if path in self.paths:
             self.paths.remove(path)
+        if path in self.one_off:
+            self.one_off.remove(path)
         self._notify()
 
     # ------------------------------------------------------------------ building
@@ -395,13 +406,15 @@ class PathManager:
         until = self._suspect.get(relay)
         return until is not None and now <= until
 
-    def start_build(self) -> Path:
-        relays = self._choose_relays()
+    def start_build(self, relays: list[PeerEntry] | None = None, *, one_off: bool = False) -> Path:
+        """Start building a path (through ``relays``, by default drawn for the pool); ``one_off``
+        keeps it out of the pool (:meth:`build_fresh`)."""
+        relays = relays if relays is not None else self._choose_relays()
         expiries = hop_expiries(self.clock.unix(), self.path_ttl, self.expiry_jitter, self.rng)
         packet, keys = onion.build_onion([r.x25519_public for r in relays], [r.node_id for r in relays], expiries)
         path = Path(relays, crypto.random_bytes(LINK_ID_LEN), onion.PathCrypt(keys), self.clock.monotonic())
         path.returns = ReturnRoutes(lambda tag: self._tag_started(path, tag), lambda tag: self._tag_ended(path, tag))
-        self.paths.append(path)
+        (self.one_off if one_off else self.paths).append(path)
         self.by_link[(path.first, path.link_id)] = path
         if not self.node.send_nowait(path.first, Create(path.link_id, packet)):
             self._build_failed(path, "first relay unreachable")
@@ -416,6 +429,57 @@ class PathManager:
             await path.ready.wait()
         if not path.ready.is_set() and not path.dead:
             self._build_failed(path, f"no PathReady within {self.build_timeout}s")
+
+    async def build_fresh(self, n: int, timeout: float) -> list[Path]:
+        """``n`` new ready paths for ONE request, built now and used by nothing else: relays drawn
+        as for the pool (distinct within these ``n`` paths, avoiding suspects), a build that fails
+        or takes longer than ``build_timeout`` replaced on other relays, all within ``timeout``.
+        The caller retires them (:meth:`retire`) when its request is over. :class:`PathError` if
+        they cannot be built in time (what was built is retired)."""
+        me = self.node.node_id
+        mine: list[Path] = []
+        ok = False
+        try:
+            with trio.move_on_after(timeout):
+                while True:
+                    now = self.clock.monotonic()
+                    for p in [p for p in mine if not p.dead and not p.ready.is_set()
+                              and now - p.created >= self.build_timeout]:
+                        self._build_failed(p, f"no PathReady within {self.build_timeout}s")
+                    mine = [p for p in mine if not p.dead]
+                    if sum(p.ready.is_set() for p in mine) >= n:
+                        ok = True
+                        return [p for p in mine if p.ready.is_set()][:n]
+                    suspect = functools.partial(self._is_suspect, now=now)
+                    failed_at_once = False
+                    for _ in range(2 * n):  # a first relay we cannot reach fails at once: try others
+                        if len(mine) >= n:
+                            break
+                        in_use = {r.node_id for p in mine for r in p.relays}
+                        relays = choose_relays(self.directory(), me, in_use, suspect, self.rng)
+                        path = self.start_build(relays, one_off=True)
+                        if path.dead:
+                            failed_at_once = True
+                        else:
+                            mine.append(path)
+                    building = [p.created + self.build_timeout for p in mine if not p.ready.is_set()]
+                    if failed_at_once or not building:  # first relays unreachable: pause before more builds
+                        await trio.sleep(FRESH_RETRY_S)
+                        continue
+                    changed = self._changed
+                    with trio.move_on_after(max(0.0, min(building) - now)):
+                        await changed.wait()
+            raise PathError(f"could not build {n} fresh proxy paths within {timeout:.0f}s "
+                            f"({sum(p.ready.is_set() for p in mine)} ready); check that enough relays are up")
+        finally:
+            if not ok:
+                self.retire(mine)
+
+    def retire(self, paths: list[Path]) -> None:
+        """Close one-off paths (:meth:`build_fresh`) once their request is over (Destroy; their
+        relays are not suspected)."""
+        for p in paths:
+            self._kill(p, send_destroy=True)
 
     def _fresh(self, now: float) -> list[Path]:
         """Live paths that are building or younger than ``refresh``, and not in doubt."""
@@ -446,5 +510,5 @@ class PathManager:
                     await changed.wait()
 
     def close(self) -> None:
-        for p in list(self.paths):
+        for p in [*self.paths, *self.one_off]:
             self._kill(p, send_destroy=True)

@@ -17,6 +17,10 @@ from overlay.transport import parse_address
 
 MAX_PEERS = 100_000
 MAX_FILE = 64 * 1024 * 1024
+# The committee's trust line in its reputation's fixed point (10^6 = 1.0): verifier/audit/reputation.py
+# TRUST_LINE (overlay imports no verifier; a unit test keeps the two equal). Users never send
+# prompts to a model node under it.
+TRUST_LINE = 400_000
 
 
 class PeerListError(Exception):
@@ -33,8 +37,17 @@ class PeerEntry:
     role: str = "user"  # "user" | "model"
     models: tuple[str, ...] = ()  # model nodes: the model ids they serve
     # model nodes on a committee's list: the committee's reputation of the node (fixed point,
-    # 1_000_000 = 1.0; verifier/reputation.py); None where no committee vouches (peer files)
+    # 1_000_000 = 1.0; verifier/audit/reputation.py); None where no committee vouches (peer files)
     reputation: int | None = None
+    # model nodes on a committee's list: whether the committee's verifiers audit the node's model
+    # (decision 0013); None where no committee vouches (peer files, registry files): unknown
+    audited: bool | None = None
+
+    @property
+    def trusted(self) -> bool:
+        """Not under the committee's trust line (:data:`TRUST_LINE`); True where no committee
+        vouches (``reputation`` None)."""
+        return self.reputation is None or self.reputation >= TRUST_LINE
 
     @classmethod
     def of(cls, identity: Identity, address: str, region: str = "default", role: str = "user",
@@ -54,6 +67,14 @@ class PeerEntry:
         if self.models:
             out["models"] = list(self.models)
         return out
+
+
+def usable(entry: PeerEntry, allow_unaudited: bool = False) -> bool:
+    """Whether a user may send prompts to model node ``entry``: it is trusted
+    (:attr:`PeerEntry.trusted`; never waived) and its model is audited, unless ``allow_unaudited``
+    (``--allow-unaudited``). An entry no committee vouches for (``audited`` None: a peer or
+    registry file, local testing) counts as audited."""
+    return entry.trusted and (allow_unaudited or entry.audited is not False)
 
 
 def _hex(v: object, n: int, what: str) -> bytes:

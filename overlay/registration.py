@@ -82,7 +82,7 @@ class Code(enum.IntEnum):
     INVALID_FIELD = 8  # a field out of range (capacity, address, region, model id)
     UNSUPPORTED_VERSION = 9  # a TX_VERSION this verifier does not speak
     UNAVAILABLE = 10  # queries only: no signed list held yet; retry or ask another verifier
-    # audit transactions (verifier/audit_tx.py, verifier/audit.py)
+    # audit transactions (verifier/audit/tx.py, verifier/audit/chain.py)
     WRONG_EPOCH = 11  # an audit tx for another epoch than the one it must name now
     TOO_EARLY = 12  # before its window (a report or commit before the leader is known, an attestation before a report)
     LATE = 13  # after its window (a VRF proof after the proof blocks)

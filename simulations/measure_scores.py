@@ -15,7 +15,7 @@
 
 For each setting and prompt, each node (honest, degraded) generates a reply; the verifier's
 engine scores its ids in one teacher-forced pass (``Engine.score``) and
-:func:`verifier.scoring.score_reply` gives the calibrated score C and the raw 1/PPL.
+:func:`verifier.audit.scoring.score_reply` gives the calibrated score C and the raw 1/PPL.
 Writes ``simulations/data/scores.json`` (the samples, summaries, how and where measured);
 the reputation simulation and tests draw from it. Progress on stderr.
 """
@@ -37,7 +37,7 @@ import trio
 from model_node.llama import LlamaCppEngine, resolve_model
 from overlay.bench.stats import cpu_model
 from overlay.messages import ChatMessage, SamplingParams
-from verifier.scoring import score_reply
+from verifier.audit.scoring import score_reply
 
 SCORES_FILE = Path(__file__).parent / "data" / "scores.json"
 SETTINGS = {"greedy": 0.0, "t0.7": 0.7, "t1.0": 1.0}

@@ -7,7 +7,7 @@ score is a calibrated score C **measured on the real engine** (``simulations/dat
 written by ``python -m simulations.measure_scores``): an honest node's from the replies of the
 verifier's own model (SmolLM2-135M-Instruct Q4_1), a dishonest node's from the replies of the
 same model re-quantized to Q2_K, both scored by the verifier's model. The scores go through the
-real reputation core (:class:`verifier.reputation.ReputationTable`, its fixed-point rule, τ and
+real reputation core (:class:`verifier.audit.reputation.ReputationTable`, its fixed-point rule, τ and
 R(0)); only γ changes between runs, and every γ sees the same draws.
 
 For comparison, the paper's raw score (1/PPL of the same replies) is run through the same rule
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from simulations.common import Progress, Result, new_figure
-from verifier import reputation as rep
+from verifier.audit import reputation as rep
 
 SCORES_FILE = Path(__file__).parent / "data" / "scores.json"
 EPOCHS = 35

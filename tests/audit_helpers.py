@@ -5,21 +5,43 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from overlay import crypto, signing
 from overlay.messages import ChatMessage, SamplingParams
 from tests.committee_helpers import CHAIN, Node
-from verifier import audit as audits
-from verifier import audit_tx as at
 from verifier import tx
 from verifier.app import CommitteeApp, ListsAt, Result, Validator
+from verifier.audit import chain as audits
+from verifier.audit import tx as at
 
 T0 = 1_700_000_000
 MODEL = "smollm2-135m"  # what tests.committee_helpers.Node registers model nodes with
-E = 10  # blocks per epoch
-K = 2  # challenges per node
+E = 12  # blocks per epoch (the minimum: commit window 3, report window 3)
+K = 2  # challenges per node and verifier
+CLOCK = [T0]  # the block time of the last block run (ModelNode signs replies at it by default)
+
+
+def _pick(score: int | Sequence[int], i: int) -> int:
+    return score if isinstance(score, int) else score[i % len(score)]
+
+
+@dataclass
+class Plan:
+    """A validator's secret plan: its key, the models it declares, the salt, and (node, opening) per challenge."""
+
+    pk: bytes
+    models: tuple[str, ...]
+    salt: bytes
+    items: list[tuple[bytes, at.Opening]]
+
+    def hash(self) -> bytes:
+        return at.plan_hash(self.salt, [(n, op.commitment()) for n, op in self.items])
+
+    def failed(self, kind: str = "silent", tries: int = 3) -> list[at.ReportEntry]:
+        return [at.ReportEntry(n, op, at.FailOutcome(kind, tries)) for n, op in self.items]
 
 _prompts = itertools.count()
 
@@ -42,16 +64,17 @@ class ModelNode:
     def node_id(self) -> bytes:
         return self.node.node_id
 
-    def answer(self, opening: at.Opening, index: int, score: int = 950_000, raw_score: int = 400_000,
-               chunks: Sequence[tuple[str, Sequence[int]]] = (("The answer", (791, 4245)), (" is 7.", (318, 767, 13))),
-               signed_at_ms: int = 1_700_000_000_123) -> at.ReplyEntry:
-        """The report entry for this node's reply to ``opening``: every chunk signed as it streams."""
+    def reply(self, opening: at.Opening, score: int = 950_000,
+              chunks: Sequence[tuple[str, Sequence[int]]] = (("The answer", (791, 4245)), (" is 7.", (318, 767, 13))),
+              signed_at_ms: int | None = None, tries: int = 1) -> at.ReplyOutcome:
+        """This node's signed reply to ``opening`` (every chunk signed as it streams), signed at
+        ``signed_at_ms`` (default: the clock of :class:`Committee`, i.e. inside the epoch)."""
+        at_ms = CLOCK[0] * 1000 + 123 if signed_at_ms is None else signed_at_ms
         signer = signing.ReplySigner(opening.digest(), opening.model, self.node_id)
         sig = b""
         for i, (text, ids) in enumerate(chunks):
-            _, sig = signer.add(text, ids, i == len(chunks) - 1, signed_at_ms, self.node.key.sign)
-        return at.ReplyEntry(self.node_id, index, opening, tuple((t, tuple(ids)) for t, ids in chunks), sig,
-                             signed_at_ms, score, raw_score)
+            _, sig = signer.add(text, ids, i == len(chunks) - 1, at_ms, self.node.key.sign)
+        return at.ReplyOutcome(self.node_id, tuple((t, tuple(ids)) for t, ids in chunks), sig, at_ms, score, tries)
 
 
 class Committee:
@@ -59,12 +82,11 @@ class Committee:
     them (prepare on the first, process/finalize/commit on all) and their app hashes must agree."""
 
     def __init__(self, powers: Sequence[int] = (10, 10, 10, 10), n_nodes: int = 3, n_apps: int = 4,
-                 epoch_blocks: int = E, k: int = K, model: str = MODEL) -> None:
+                 epoch_blocks: int = E, k: int = K) -> None:
         self.keys = [crypto.SigningKey.generate() for _ in powers]
         self.seeds = {k.public_bytes: k.private_bytes() for k in self.keys}
         self.validators = [Validator("ed25519", k.public_bytes, p) for k, p in zip(self.keys, powers, strict=True)]
-        app_state = json.dumps({"audit": {"model": model, "epoch_blocks": epoch_blocks,
-                                          "challenges_per_node": k}}).encode()
+        app_state = json.dumps({"audit": {"epoch_blocks": epoch_blocks, "challenges_per_node": k}}).encode()
         self.apps = [CommitteeApp() for _ in range(n_apps)]
         for a in self.apps:
             a.init_chain(CHAIN, self.validators, app_state)
@@ -89,13 +111,14 @@ class Committee:
         return self.app.height
 
     def pk(self, i: int) -> bytes:
-        """The i-th validator key in the committee's order (the order of sealed boxes)."""
+        """The i-th validator key in the committee's order."""
         return self.app.committed.validators[i].public_key
 
     def block(self, txs: Sequence[bytes]) -> list[Result]:
         """Run one block with ``txs`` (every one must be valid) on every app; their app hashes must agree."""
         a, h = self.app, self.app.height + 1
         self.now += 1
+        CLOCK[0] = self.now
         included = a.prepare_proposal(list(txs), 1 << 22, self.now, h)
         assert len(included) == len(txs), [a.check_tx(t) for t in txs]
         block_hash = crypto.sha256(b"".join(included) + h.to_bytes(8, "big"))
@@ -126,7 +149,7 @@ class Committee:
             self.block([])
 
     def to_epoch_start(self, epoch: int) -> None:
-        """Run empty blocks up to the last block of ``epoch - 1``."""
+        """Run empty blocks up to the last block of ``epoch - 1`` (the next block starts ``epoch``)."""
         self.to_height(epoch * self.audit.params.epoch_blocks)
         assert self.audit.epoch == epoch
 
@@ -135,71 +158,71 @@ class Committee:
     def sign(self, obj: at.AuditTx, pk: bytes) -> bytes:
         return at.sign_tx(obj, CHAIN, self.seeds[pk])
 
-    def proof(self, pk: bytes, epoch: int | None = None) -> bytes:
+    def plan(self, pk: bytes, node_ids: Sequence[bytes] | None = None, models: Sequence[str] = (MODEL,),
+             k: int | None = None) -> Plan:
+        """A fresh secret plan of ``pk`` for the current epoch: ``k`` fresh challenges for each node
+        (default: every registered model node of :data:`MODEL`, by id)."""
         st = self.audit
-        return self.sign(at.prove_leader(st.epoch if epoch is None else epoch, st.seed, self.seeds[pk]), pk)
+        ids = sorted(node_ids if node_ids is not None else dict(audits.nodes_by_model(st, self.app.committed.nodes))
+                     .get(MODEL, []))
+        per = st.params.challenges_per_node if k is None else k
+        return Plan(pk, tuple(sorted(models)), crypto.random_bytes(16),
+                    [(n, fresh_opening()) for n in ids for _ in range(per)])
 
-    def elect(self, leader: int | None = None) -> bytes:
-        """At an epoch's first block: proofs from every validator (``leader`` None: the VRF decides)
-        or from validator ``leader`` only; then run to the end of the proof window. The leader's key."""
-        pks = [v.public_key for v in self.app.committed.validators]
-        chosen = pks if leader is None else [self.pk(leader)]
-        self.block([self.proof(pk) for pk in chosen])
-        self.to_height(self.audit.proof_until())
-        assert self.audit.leader_known and self.audit.leader is not None
-        return self.audit.leader
+    def commit_tx(self, plan: Plan, epoch: int | None = None) -> bytes:
+        e = self.audit.epoch if epoch is None else epoch
+        return self.sign(at.PlanCommit(e, plan.pk, plan.models, plan.hash()), plan.pk)
 
-    def commit_tx(self, leader: bytes, openings: Sequence[at.Opening] | None = None,
-                  node_ids: Sequence[bytes] | None = None) -> tuple[bytes, list[at.Opening]]:
-        """The next epoch's challenge commit by ``leader``: ``k`` fresh challenges per node the app
-        names (or ``node_ids``), sealed to every validator."""
-        st = self.audit
-        ids = list(node_ids) if node_ids is not None else audits.audit_nodes(st, self.app.committed.nodes)
-        k = st.params.challenges_per_node
-        ops = list(openings) if openings is not None else [fresh_opening() for _ in range(k * len(ids))]
-        order = [pk for pk, _ in self.app.committed.validator_powers()]
-        chs = tuple(at.seal_challenge(ids[i // k] if i // k < len(ids) else ids[-1], op, order)
-                    for i, op in enumerate(ops))
-        return self.sign(at.ChallengeCommit(st.epoch + 1, leader, chs), leader), ops
-
-    def opened(self, leader: bytes) -> list[at.Opening]:
-        """The current epoch's openings as ``leader`` reads them from its sealed boxes."""
-        st = self.audit
-        me = st.sealed_to.index(leader)
-        return [ch.open(me, self.seeds[leader]) for ch in st.challenges]
-
-    def honest_entries(self, leader: bytes, scores: Sequence[int] | None = None) -> list[at.Entry]:
-        """The report entries an honest leader makes: each node's signed reply to each challenge."""
+    def answers(self, plan: Plan, score: int | Sequence[int] = 950_000, **kw: Any) -> list[at.ReportEntry]:
+        """Every planned challenge answered by its node with a signed reply (``score`` per entry, or one for all)."""
         by_id = {n.node_id: n for n in self.nodes}
-        out: list[at.Entry] = []
-        for i, (ch, op) in enumerate(zip(self.audit.challenges, self.opened(leader), strict=True)):
-            out.append(by_id[ch.node_id].answer(op, i, score=950_000 if scores is None else scores[i]))
-        return out
+        scores = [score] * len(plan.items) if isinstance(score, int) else list(score)
+        return [at.ReportEntry(n, op, by_id[n].reply(op, score=s, **kw))
+                for (n, op), s in zip(plan.items, scores, strict=True)]
 
-    def report_tx(self, leader: bytes, entries: Sequence[at.Entry], epoch: int | None = None) -> bytes:
-        return self.sign(at.EpochReport(self.audit.epoch if epoch is None else epoch, leader, tuple(entries)), leader)
+    def report_tx(self, plan: Plan, entries: Sequence[at.ReportEntry], epoch: int | None = None) -> bytes:
+        e = self.audit.epoch if epoch is None else epoch
+        return self.sign(at.AuditReport(e, plan.pk, plan.salt, tuple(entries)), plan.pk)
 
-    def attest_tx(self, pk: bytes, scores: Sequence[int], report_hash: bytes | None = None) -> bytes:
-        st = self.audit
-        return self.sign(at.Attestation(st.epoch, pk, report_hash or st.report_hash, tuple(scores)), pk)
+    def epoch(self, scores: dict[bytes, int | Sequence[int]] | None = None, pks: Sequence[bytes] | None = None,
+              entries: Callable[[Plan], Sequence[at.ReportEntry]] | None = None) -> audits.Outcome:
+        """One whole epoch from its first block: every validator in ``pks`` (default all) commits a
+        plan over every model node, every node answers every challenge (score per node from
+        ``scores``, default 0.95), each reports; runs to the epoch's last block. Its outcome."""
+        e = self.audit.epoch
+        assert self.height == self.audit.start_height() - 1, "call at the last block of the previous epoch"
+        plans = [self.plan(pk) for pk in (pks if pks is not None else self.pks())]
+        self.block([self.commit_tx(p) for p in plans])
+        self.to_height(self.audit.report_from() - 1)
+        reports = []
+        for p in plans:
+            if entries is not None:
+                got = list(entries(p))
+            else:
+                by = scores or {}
+                got = [at.ReportEntry(n, op, self.node(n).reply(op, score=_pick(by.get(n, 950_000), i)))
+                       for i, (n, op) in enumerate(p.items)]
+            reports.append(self.report_tx(p, got))
+        self.block(reports)
+        self.to_height(self.audit.end_height())
+        return self.outcome(e)
 
-    def silence_tx(self, pk: bytes, node_id: bytes, answered: bool) -> bytes:
-        return self.sign(at.SilenceConfirm(self.audit.epoch, pk, node_id, answered), pk)
+    def node(self, node_id: bytes) -> ModelNode:
+        return next(n for n in self.nodes if n.node_id == node_id)
 
-    def others(self, leader: bytes) -> list[bytes]:
-        return [v.public_key for v in self.app.committed.validators if v.public_key != leader]
+    def pks(self) -> list[bytes]:
+        return [v.public_key for v in self.app.committed.validators]
 
     # ------------------------------------------------------------------ reading
 
     def reputation(self, node_id: bytes) -> int:
         return self.audit.reputation.get(node_id).value
 
-    def listed_models(self) -> list[bytes]:
-        """Node ids on the model list the committee signs (ListsAt: trusted nodes only)."""
+    def listed_models(self) -> list[list[Any]]:
+        """The model list's records as the committee signs them (ListsAt)."""
         import msgpack
 
-        held = ListsAt.of(self.app.committed)
-        return [r[0] for r in msgpack.unpackb(held.models)]
+        return list(msgpack.unpackb(ListsAt.of(self.app.committed).models))
 
     def outcome(self, epoch: int) -> audits.Outcome:
         return next(o for o in self.audit.outcomes if o.epoch == epoch)

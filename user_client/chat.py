@@ -17,12 +17,18 @@ Interactive when standard input is a terminal: ``/help``, ``/new`` (forget the c
 turns count the tokens the model node sent, other text counts one token per 3 characters
 (a conservative estimate: the user node has no tokenizer).
 
+Only trusted model nodes of models the committee audits are used (:func:`overlay.peers.usable`);
+``--allow-unaudited`` also uses nodes of models no verifier with enough voting power holds (the
+committee's model list marks them). ``--donate-prompts`` donates some complete requests to the
+committee's audits (:mod:`user_client.donate`); pending donations are dropped when the chat exits.
+
 Non-interactive (scriptable) when ``--prompt TEXT`` is given (repeatable: one turn each) or
 standard input is not a terminal (all of it is one prompt): the replies go to standard output
 and nothing else does. Exit status (:data:`EXIT_CODES`): 0 every reply arrived and verified;
 2 bad usage or configuration; 3 too few proxy paths (are enough relays up?); 4 no model node
 answered in time; 5 the model node answered with an error; 6 a reply failed verification
-(discarded); 1 anything else; 130 interrupted.
+(discarded); 7 the model is not audited by the committee's verifiers (pass --allow-unaudited);
+1 anything else; 130 interrupted.
 """
 
 from __future__ import annotations
@@ -37,10 +43,11 @@ from typing import Any, Protocol, TextIO
 
 import trio
 
-from overlay.anon import AnonError, ReplyUnverified
+from overlay.anon import AnonError, ModelUnaudited, ReplyUnverified, usable_nodes
 from overlay.clock import Clock, TrioClock
 from overlay.messages import ChatMessage, ReplyChunk, SamplingParams
 from overlay.paths import PathError
+from user_client.donate import Donor
 
 EXIT_OK = 0
 EXIT_OTHER = 1
@@ -49,6 +56,7 @@ EXIT_PATHS = 3
 EXIT_NO_MODEL_NODE = 4
 EXIT_MODEL_ERROR = 5
 EXIT_UNVERIFIED = 6
+EXIT_UNAUDITED = 7
 EXIT_CODES = {
     EXIT_OK: "every reply arrived and its signature verified",
     EXIT_OTHER: "another failure (see the message)",
@@ -57,6 +65,7 @@ EXIT_CODES = {
     EXIT_NO_MODEL_NODE: "no model node answered in time",
     EXIT_MODEL_ERROR: "the model node answered with an error",
     EXIT_UNVERIFIED: "a reply failed verification and was discarded",
+    EXIT_UNAUDITED: "the model is not audited by the committee's verifiers (pass --allow-unaudited to use it anyway)",
 }
 CHARS_PER_TOKEN = 3  # conservative: real tokenizers average 3.5-4.5 characters per token on English
 
@@ -74,6 +83,8 @@ def exit_status(exc: BaseException) -> int:
         return EXIT_PATHS
     if isinstance(exc, ReplyUnverified):
         return EXIT_UNVERIFIED
+    if isinstance(exc, ModelUnaudited):
+        return EXIT_UNAUDITED
     if isinstance(exc, AnonError):
         msg = str(exc)
         if msg.startswith("no reply") or msg.startswith("no model node"):
@@ -108,6 +119,7 @@ class Turn:
     first_token_s: float
     tokens: int
     parts: tuple[tuple[bytes, int], ...] = ()
+    sent: tuple[ChatMessage, ...] = ()  # the messages the request carried (the window of the history)
 
 
 class ChatSession:
@@ -207,7 +219,7 @@ class ChatSession:
         self.history.append(ChatMessage("assistant", reply))
         self._tokens.append(tokens + 4)
         return Turn(reply, served_by, verified, first if first is not None else self.now() - t0, tokens,
-                    tuple(writers))
+                    tuple(writers), tuple(window))
 
 
 async def _generator(chunks: AsyncIterator[ReplyChunk]) -> AsyncGenerator[ReplyChunk, None]:
@@ -221,8 +233,8 @@ async def _generator(chunks: AsyncIterator[ReplyChunk]) -> AsyncGenerator[ReplyC
 
 
 def trust_label(reputation: int | None) -> str:
-    """How a model node's trust reads: the committee's reputation (fixed point, 10^6 = 1.0; the
-    signed model list holds only nodes at 0.4 or more), or that no committee vouches for it."""
+    """How a model node's trust reads: the committee's reputation (fixed point, 10^6 = 1.0; users
+    are sent only to nodes at 0.4 or more), or that no committee vouches for it."""
     if reputation is None:
         return "trust unknown (no committee)"
     return f"trust {reputation / 1_000_000:.2f}"
@@ -248,8 +260,21 @@ def reputation_of(models: Sequence[Any], node: bytes) -> int | None:
     return rep
 
 
-def command(session: ChatSession, line: str, models: Callable[[str], Sequence[Any]]) -> tuple[bool, str]:
-    """Run a ``/command``: (keep going?, what to print). ``models(name)`` lists nodes serving it."""
+def model_problem(models: Sequence[Any], model: str, allow_unaudited: bool) -> AnonError | None:
+    """Why a prompt for ``model`` cannot be sent to any of ``models`` (the nodes listed for it):
+    none listed, none trusted, or (:class:`~overlay.anon.ModelUnaudited`) an unaudited model
+    without ``allow_unaudited``; ``None`` when one can be used."""
+    try:
+        usable_nodes(models, model, allow_unaudited)
+    except AnonError as exc:
+        return exc
+    return None
+
+
+def command(session: ChatSession, line: str, models: Callable[[str], Sequence[Any]],
+            allow_unaudited: bool = False) -> tuple[bool, str]:
+    """Run a ``/command``: (keep going?, what to print). ``models(name)`` lists nodes serving it;
+    ``allow_unaudited``: whether a model the committee does not audit may be switched to."""
     name, _, arg = line.strip().partition(" ")
     arg = arg.strip()
     if name in ("/quit", "/exit"):
@@ -264,6 +289,9 @@ def command(session: ChatSession, line: str, models: Callable[[str], Sequence[An
             return True, f"[model: {session.model}; /model NAME switches]"
         if not models(arg):
             return True, f"[no model node in the registry serves {arg!r}; staying with {session.model}]"
+        problem = model_problem(models(arg), arg, allow_unaudited)
+        if problem is not None:
+            return True, f"[{problem}; staying with {session.model}]"
         session.switch(arg)
         return True, f"[model: {arg}]"
     return True, f"[unknown command {name}; /help lists them]"
@@ -290,6 +318,20 @@ async def wait_paths(paths: Any, n: int, timeout: float, *, show: bool, clock: C
                     raise
 
 
+def check_donation_settings(cfg: Any) -> None:
+    """:class:`~overlay.cli.CliError` for a ``--donate-rate`` outside 0..1."""
+    from overlay.cli import CliError
+
+    if not 0.0 <= cfg.donate_rate <= 1.0:
+        raise CliError(f"--donate-rate must be within 0..1, got {cfg.donate_rate:g}")
+
+
+def make_donor(cfg: Any, identity: Any, addresses: Sequence[str], validators: Callable[[], Sequence[bytes]]) -> Donor:
+    """The donor of ``--donate-prompts`` (:mod:`user_client.donate`), to the committee at ``addresses``
+    whose validator keys ``validators()`` returns (the set the node holds now)."""
+    return Donor(identity, addresses, validators, rate=cfg.donate_rate)
+
+
 def run_chat(args: argparse.Namespace) -> int:
     from overlay.cli import CliError, resolve_config, run_async
     from overlay.identity import load_or_create
@@ -305,6 +347,9 @@ def run_chat(args: argparse.Namespace) -> int:
         raise CliError("need 1 <= threshold (k) <= cloves (n) <= 16 and proxies (N) >= cloves")
     if not 1 <= args.max_tokens < args.context_tokens:
         raise CliError("need 1 <= --max-tokens < --context-tokens")
+    if not 0.0 < args.top_p <= 1.0:
+        raise CliError("--top-p must be within (0, 1]")
+    check_donation_settings(cfg)
     interactive = args.prompt is None and sys.stdin.isatty()
     turns: list[str] = list(args.prompt or [])
     if args.prompt is None and not interactive:
@@ -316,23 +361,28 @@ def run_chat(args: argparse.Namespace) -> int:
     registry, committee, _ = directory(cfg)
     if committee is None and not registry.models(cfg.model):
         raise CliError(f"no model node in the registry serves {cfg.model!r}")
+    if committee is None and cfg.donate_prompts:
+        raise CliError("--donate-prompts donates to the committee's verifiers: it needs --committee")
     host, port = listen_address(cfg)
     user = UserNode(identity, TLSTransport(identity), registry, region=cfg.region, n=cfg.cloves,
                     k=cfg.threshold, paths=cfg.proxies, refresh=cfg.path_refresh, ping_interval=0,
                     registered_only=committee is not None)
     assert user.client is not None and user.paths is not None
+    user.client.allow_unaudited = cfg.allow_unaudited
     paths = user.paths
-    params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed)
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens,
+                            seed=args.seed)
     session = ChatSession(user.client, cfg.model, params, args.system, context_tokens=args.context_tokens)
     quiet = not interactive and not args.verbose
     status = EXIT_OK
+    donor: Donor | None = None
 
     def note(text: str) -> None:
         if not quiet:
             print(text, file=sys.stderr, flush=True)
 
     async def main() -> None:
-        nonlocal status
+        nonlocal status, donor
         async with trio.open_nursery() as nursery:
             address = await nursery.start(user.serve, host, port)
             if committee is not None:  # register, and take the lists from the committee (live)
@@ -341,6 +391,16 @@ def run_chat(args: argparse.Namespace) -> int:
                 await nursery.start(member.run, node_entry(identity, cfg.advertise or address, cfg.region))
                 if not registry.models(cfg.model):
                     raise CliError(f"no model node in the committee's lists serves {cfg.model!r}")
+                if cfg.donate_prompts:
+                    donor = make_donor(cfg, identity, committee.addresses,
+                                       lambda: [v.public_key for v in member.client.validators])
+                    await nursery.start(donor.run)
+            problem = model_problem(registry.models(cfg.model), cfg.model, cfg.allow_unaudited)
+            if problem is not None:
+                print(f"gentorrent: error: {problem}", file=sys.stderr, flush=True)
+                status = exit_status(problem)
+                nursery.cancel_scope.cancel()
+                return
             if not interactive:
                 note(f"[building {cfg.proxies} proxy paths of 3 relays each...]")
             try:
@@ -361,7 +421,7 @@ def run_chat(args: argparse.Namespace) -> int:
                     if not text:
                         continue
                     if text.startswith("/"):
-                        go_on, said = command(session, text, registry.models)
+                        go_on, said = command(session, text, registry.models, cfg.allow_unaudited)
                         if said:
                             print(said, flush=True)
                         if not go_on:
@@ -394,6 +454,8 @@ def run_chat(args: argparse.Namespace) -> int:
                 note(describe(turn, lambda n: reputation_of(registry.models(session.model), n)))
                 if not turn.verified:
                     status = status or EXIT_UNVERIFIED
+                elif donor is not None:  # a complete reply: maybe donate its request, later (fire and forget)
+                    donor.offer(session.model, turn.sent, session.params)
             nursery.cancel_scope.cancel()
 
     try:

@@ -9,6 +9,16 @@ from overlay.cli import common_flags
 DEFAULT_PORT = 8741  # `gentorrent user serve`
 DEFAULT_MAX_BODY = 1 << 20  # 1 MiB: more than MAX_PROMPT_CHARS of JSON-escaped ASCII fits
 DEFAULT_MAX_CONCURRENT = 32
+# settings of the commands that send prompts (overlay/config.py): which model nodes, and donations
+USER_SETTINGS = ("allow_unaudited", "donate_prompts", "donate_rate")
+USE_NOTE = ("Prompts go only to trusted model nodes (committee reputation 0.4 or more) of models the committee's "
+            "verifiers audit; --allow-unaudited also uses models no verifier with enough voting power holds, never "
+            "untrusted nodes. With a --registry or --peers file no committee says whether a model is audited "
+            "(unknown), and its nodes are used (local testing). --donate-prompts (off by default) donates, after "
+            "a complete reply and with probability --donate-rate (0.25), the request's messages and sampling "
+            "parameters to one verifier chosen at random, 0-60 s later, for its audit challenges: the chosen "
+            "verifier learns your node id, your IP address and the prompt (not the reply, nor which model node "
+            "served you).")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -27,17 +37,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "relays for other users while it runs. Type /help for commands, /quit or Ctrl-D to leave. "
             "With --prompt, or a prompt piped on standard input, it answers and exits: the reply on stdout; "
             "exit status 0 ok, 2 usage, 3 too few proxy paths, 4 no model node answered, 5 the model node "
-            "answered with an error, 6 a reply failed verification, 1 other."
+            "answered with an error, 6 a reply failed verification, 7 the model is not audited by the committee's "
+            "verifiers (--allow-unaudited), 1 other. " + USE_NOTE
         ),
     )
     common_flags(chat, "model", "committee", "committee_genesis", "advertise", "registry", "registry_keys", "peers",
                  "region", "listen", "cloves", "threshold",
-                 "proxies", "path_refresh")
+                 "proxies", "path_refresh", *USER_SETTINGS)
     chat.add_argument("--prompt", action="append", default=None, metavar="TEXT",
                       help="send this turn (repeatable), print the replies and exit; without it, a prompt piped "
                            "on standard input is sent the same way")
     chat.add_argument("--system", default=None, help="system prompt for the conversation")
     chat.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (default: 0.7)")
+    chat.add_argument("--top-p", type=float, default=1.0,
+                      help="nucleus sampling: sample from the smallest set of tokens whose probability reaches P, "
+                           "0 < P <= 1 (default: 1, no cut)")
     chat.add_argument("--max-tokens", type=int, default=256, help="longest reply in tokens (default: 256)")
     chat.add_argument("--seed", type=int, default=None, help="sampling seed, for repeatable replies")
     chat.add_argument("--context-tokens", type=int, default=2048,
@@ -56,12 +70,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "/v1/completions, streamed or not) whose every call goes anonymously through the overlay, "
             "like 'user chat'; follow-ups of a conversation go back to the model node that served it. "
             "Point any OpenAI client at http://127.0.0.1:PORT/v1 (any API key). Prints "
-            "'READY <url>' once listening. Runs until Ctrl-C."
+            "'READY <url>' once listening. Runs until Ctrl-C. A model the committee does not audit is answered "
+            "503 model_unaudited unless --allow-unaudited. " + USE_NOTE
         ),
     )
     common_flags(serve, "committee", "committee_genesis", "advertise", "registry", "registry_keys", "peers", "region",
                  "listen", "cloves", "threshold", "proxies",
-                 "path_refresh")
+                 "path_refresh", *USER_SETTINGS)
     _serve_flags(serve)
     serve.set_defaults(run=_run_serve)
 

@@ -12,7 +12,11 @@ than ``max_concurrent`` calls in flight are refused (429). Errors are OpenAI-sha
 400 bad parameters, 404 unknown model, 413 body too large, 429 too many calls, 502 the model
 node answered with an error (``model_node_error``) or a reply failed its check against the
 model node's signature (``reply_unverified``: never returned as a success), 503 no model node
-reachable or fewer proxy paths ready than a request needs. An error after streaming began is
+reachable, fewer proxy paths ready than a request needs, or a model the committee's verifiers do
+not audit (``model_unaudited``; ``--allow-unaudited`` lifts it). ``GET /v1/models`` lists the
+models with a node a call may use: trusted, and audited unless ``--allow-unaudited``.
+With ``--donate-prompts``, a complete reply's request may be donated to the committee's audits
+(:mod:`user_client.donate`). An error after streaming began is
 sent as a last ``data: {"error": ...}`` event and the stream ends without ``[DONE]``. Only
 verified text is ever sent: the anonymous client yields nothing that failed its check.
 
@@ -42,12 +46,14 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from overlay.anon import AllBusy, AnonError, ReplyUnverified
+from overlay.anon import AllBusy, AnonError, ModelUnaudited, ReplyUnverified, unaudited_message
 from overlay.clock import Clock, TrioClock
 from overlay.messages import ChatMessage, ReplyChunk, SamplingParams
 from overlay.paths import PathError
+from overlay.peers import PeerEntry, usable
 from user_client import openai_api as api
 from user_client.cli import DEFAULT_MAX_BODY, DEFAULT_MAX_CONCURRENT
+from user_client.donate import Donor
 
 log = logging.getLogger("gentorrent.gateway")
 
@@ -57,7 +63,12 @@ class Backend(Protocol):
     """Where calls go: :class:`AnonBackend` over the overlay, or a fake in tests."""
 
     def models(self) -> list[str]:
-        """Model ids served by the registry's model nodes."""
+        """Model ids a call may use: served by a usable model node (trusted; of an audited model
+        unless the user allowed unaudited ones)."""
+        ...
+
+    def unaudited(self) -> list[str]:
+        """Model ids left out of :meth:`models` only because the committee does not audit them."""
         ...
 
     def request(self, model: str, messages: Sequence[ChatMessage], params: SamplingParams,
@@ -74,14 +85,18 @@ class AnonBackend:
     needs (503 ``not_enough_paths`` otherwise); ``timeout`` bounds the wait for each chunk."""
 
     def __init__(self, client: Any, models: Callable[[], list[str]], *, timeout: float = 60.0,
-                 paths_timeout: float = 10.0) -> None:
+                 paths_timeout: float = 10.0, unaudited: Callable[[], list[str]] = list) -> None:
         self.client = client
         self._models = models
+        self._unaudited = unaudited
         self.timeout = timeout
         self.paths_timeout = paths_timeout
 
     def models(self) -> list[str]:
         return self._models()
+
+    def unaudited(self) -> list[str]:
+        return self._unaudited()
 
     async def request(self, model: str, messages: Sequence[ChatMessage], params: SamplingParams,
                       node: bytes | None) -> AsyncGenerator[ReplyChunk, None]:
@@ -97,10 +112,18 @@ class AnonBackend:
                 yield c
 
 
+def unaudited_error(model: str) -> api.ApiError:
+    """The 503 for a model the committee's verifiers do not audit (``--allow-unaudited`` lifts it)."""
+    return api.ApiError(503, unaudited_message(model), type="service_unavailable", param="model",
+                        code="model_unaudited")
+
+
 def error_for(exc: AnonError) -> api.ApiError:
-    """503 when no model node answered or every one was busy, 502 when one answered with an error
-    or its reply failed verification."""
+    """503 when no model node answered, every one was busy or the model is not audited, 502 when
+    one answered with an error or its reply failed verification."""
     msg = str(exc)
+    if isinstance(exc, ModelUnaudited):
+        return unaudited_error(exc.model)
     if isinstance(exc, ReplyUnverified):
         return api.ApiError(502, f"the reply failed verification and was refused: {msg}", type="model_node_error",
                             code="reply_unverified")
@@ -111,6 +134,21 @@ def error_for(exc: AnonError) -> api.ApiError:
         return api.ApiError(503, f"no model node reachable: {msg}", type="service_unavailable",
                             code="no_model_node_reachable")
     return api.ApiError(502, msg, type="model_node_error", code="model_node_error")
+
+
+def model_ids(entries: Sequence[PeerEntry], allow_unaudited: bool) -> tuple[list[str], list[str]]:
+    """``(usable, unaudited)`` model ids of the model nodes ``entries``: those served by a node a
+    call may use (:func:`overlay.peers.usable`), and those served by trusted nodes only of a model
+    the committee does not audit (so left out unless ``allow_unaudited``). Models served by
+    untrusted nodes only are in neither."""
+    ok: set[str] = set()
+    held: set[str] = set()
+    for e in entries:
+        if usable(e, allow_unaudited):
+            ok.update(e.models)
+        elif e.trusted:
+            held.update(e.models)
+    return sorted(ok), sorted(held - ok)
 
 
 @dataclass
@@ -176,8 +214,10 @@ class Gateway:
     """The ASGI app (``self.app``) and its limits."""
 
     def __init__(self, backend: Backend, *, max_body: int = DEFAULT_MAX_BODY,
-                 max_concurrent: int = DEFAULT_MAX_CONCURRENT, clock: Clock | None = None) -> None:
+                 max_concurrent: int = DEFAULT_MAX_CONCURRENT, clock: Clock | None = None,
+                 donor: Donor | None = None) -> None:
         self.backend = backend
+        self.donor = donor  # --donate-prompts: offered each complete reply's request
         self.clock: Clock = clock or TrioClock()  # stamps replies' ``created``
         self.max_body = max_body
         self.max_concurrent = max_concurrent
@@ -220,6 +260,8 @@ class Gateway:
         try:
             call = parse(await self._body(request))
             if call.model not in self.backend.models():
+                if call.model in self.backend.unaudited():
+                    raise unaudited_error(call.model)
                 raise api.ApiError(404, f"the model {call.model!r} is not served by any model node of the "
                                         "registry; GET /v1/models lists those that are", param="model",
                                    code="model_not_found")
@@ -243,6 +285,7 @@ class Gateway:
             except AnonError as exc:
                 raise error_for(exc) from None
             self.served += 1
+            self._donate(call, out)
             finish = api.finish_reason(out.stopped, out.tokens, call.params.max_tokens)
             return JSONResponse(api.response(call, rid, created, "".join(texts), finish, out.prompt_tokens,
                                              out.tokens),
@@ -252,6 +295,11 @@ class Gateway:
         finally:
             if release:
                 self.active -= 1
+
+    def _donate(self, call: api.Call, out: Outcome) -> None:
+        """Offer a complete reply's request to the donor (fire and forget: it never raises)."""
+        if self.donor is not None and (out.verified or out.stopped):
+            self.donor.offer(call.model, call.messages, call.params)
 
     async def _stream(self, call: api.Call, rid: str, created: int, first: str | None,
                       gen: AsyncGenerator[str, None], out: Outcome) -> AsyncGenerator[tuple[bytes, bool], None]:
@@ -279,6 +327,7 @@ class Gateway:
                     last += api.sse(api.usage_chunk(call, rid, created, out.prompt_tokens, out.tokens))
                 last += b"data: [DONE]\n\n"  # the last events and the end of the body: one message
                 self.served += 1
+                self._donate(call, out)
         finally:
             self.active -= 1
         yield last, True
@@ -380,6 +429,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from overlay.membership import Membership, directory, node_entry
     from overlay.transport import TLSTransport
     from overlay.usernode import UserNode
+    from user_client.chat import check_donation_settings, make_donor
     from user_client.relay import listen_address
 
     cfg = resolve_config(args)
@@ -392,18 +442,26 @@ def run_serve(args: argparse.Namespace) -> int:
         raise CliError("--max-body must be at least 1024 and --max-concurrent at least 1")
     if not 1 <= cfg.threshold <= cfg.cloves <= 16 or cfg.proxies < cfg.cloves:
         raise CliError("need 1 <= threshold (k) <= cloves (n) <= 16 and proxies (N) >= cloves")
+    check_donation_settings(cfg)
     identity = load_or_create(cfg.data_path)
     registry, committee, _ = directory(cfg)
+    if committee is None and cfg.donate_prompts:
+        raise CliError("--donate-prompts donates to the committee's verifiers: it needs --committee")
     host, port = listen_address(cfg)
     user = UserNode(identity, TLSTransport(identity), registry, region=cfg.region, n=cfg.cloves,
                     k=cfg.threshold, paths=cfg.proxies, refresh=cfg.path_refresh, ping_interval=0,
                     registered_only=committee is not None)
     assert user.client is not None
+    user.client.allow_unaudited = cfg.allow_unaudited
 
     def models() -> list[str]:
-        return sorted({m for e in registry.models() for m in e.models})
+        return model_ids(registry.models(), cfg.allow_unaudited)[0]
 
-    backend = AnonBackend(user.client, models, timeout=args.timeout, paths_timeout=args.paths_timeout)
+    def unaudited() -> list[str]:
+        return model_ids(registry.models(), cfg.allow_unaudited)[1]
+
+    backend = AnonBackend(user.client, models, timeout=args.timeout, paths_timeout=args.paths_timeout,
+                          unaudited=unaudited)
     gateway = Gateway(backend, max_body=args.max_body, max_concurrent=args.max_concurrent)
     hc = server_config(f"[{args.host}]:{args.port}" if ":" in args.host else f"{args.host}:{args.port}")
     if args.listen_public and not is_loopback(args.host):
@@ -417,10 +475,17 @@ def run_serve(args: argparse.Namespace) -> int:
                 member = Membership(committee, identity, registry, on_update=lambda _: user.directory_changed())
                 user.on_unlisted = member.poke
                 await nursery.start(member.run, node_entry(identity, cfg.advertise or address, cfg.region))
+                if cfg.donate_prompts:
+                    donor = make_donor(cfg, identity, committee.addresses,
+                                       lambda: [v.public_key for v in member.client.validators])
+                    await nursery.start(donor.run)
+                    gateway.donor = donor
             binds = await nursery.start(serve, gateway.app, hc)
             print(f"READY {binds[0]}/v1", flush=True)
-            print(f"[OpenAI-compatible API on {binds[0]}/v1; models: {', '.join(models()) or 'none'}; "
-                  f"building {cfg.proxies} proxy paths]", file=sys.stderr, flush=True)
+            held = unaudited()
+            print(f"[OpenAI-compatible API on {binds[0]}/v1; models: {', '.join(models()) or 'none'}"
+                  + (f"; not audited by the committee, left out (--allow-unaudited uses them): {', '.join(held)}"
+                     if held else "") + f"; building {cfg.proxies} proxy paths]", file=sys.stderr, flush=True)
 
     try:
         run_async(main)

@@ -16,9 +16,13 @@ from overlay import crypto
 from verifier.abci.proto.tendermint.abci import types_pb2 as abci
 from verifier.abci.proto.tendermint.types import validator_pb2
 from verifier.app import CommitteeApp, Validator
+from verifier.audit.pool import MAX_DONATION_BYTES, DonationError, DonationPool
+from verifier.tx import ROLE_USER, Code
 
 log = logging.getLogger("gentorrent.verifier")
 
+DONATE_KEY_PATH = "/audit/donate_key"
+DONATE_PATH = "/audit/donate"
 APP_NAME = "gentorrent-committee"
 APP_VERSION = 1
 STATE_FILE = "app_state.bin"
@@ -62,12 +66,15 @@ class CommitteeAbciApp:
     """Implements :class:`verifier.abci.server.Application` over a :class:`CommitteeApp`."""
 
     def __init__(self, core: CommitteeApp, store: StateStore | None = None,
-                 signer: crypto.SigningKey | None = None) -> None:
+                 signer: crypto.SigningKey | None = None, pool: DonationPool | None = None) -> None:
         """``signer``: this verifier's CometBFT validator key, which signs the lists in its vote
-        extensions (:func:`verifier.cometbft.read_validator_key`); None sends empty extensions."""
+        extensions (:func:`verifier.cometbft.read_validator_key`); None sends empty extensions.
+        ``pool``: the prompts users donate to this verifier (``gentorrent verifier --audit``;
+        :mod:`verifier.audit.pool`), taken through the ``/audit/donate`` query; None refuses them."""
         self.core = core
         self.store = store
         self.signer = signer
+        self.pool = pool
 
     # ----------------------------------------------------------------- info / genesis
 
@@ -88,14 +95,51 @@ class CommitteeAbciApp:
         audit = self.core.committed.audit
         log.info("InitChain: chain %s with %d validators; %s", req.chain_id, len(vals),
                  "audits off (no app_state.audit in genesis)" if audit is None else
-                 f"audits of {audit.params.model}, epochs of {audit.params.epoch_blocks} blocks, "
-                 f"{audit.params.challenges_per_node} challenges per node")
+                 f"audits on: epochs of {audit.params.epoch_blocks} blocks, "
+                 f"{audit.params.challenges_per_node} challenges per node from each verifier")
         return abci.ResponseInitChain(app_hash=app_hash)
 
     def query(self, req: abci.RequestQuery) -> abci.ResponseQuery:
+        if req.path in (DONATE_KEY_PATH, DONATE_PATH):
+            code, why, value = self.donation(req.path, req.data)
+            return abci.ResponseQuery(code=int(code), log=why, value=value, height=self.core.height)
         result, value = self.core.query(req.path, req.data)
         return abci.ResponseQuery(code=int(result.code), log=result.log, key=req.data, value=value,
                                   height=self.core.height)
+
+    def donation(self, path: str, data: bytes) -> tuple[Code, str, bytes]:
+        """The donation queries, answered from this verifier's own keys and pool (never from the
+        chain's state, which every verifier shares):
+
+        - ``/audit/donate_key``: this verifier's Ed25519 validator public key, which donations are
+          sealed to;
+        - ``/audit/donate`` (data: a sealed donation, at most 16 KiB): code 0 when the pool took it,
+          else the code and reason of :class:`verifier.audit.pool.DonationError`.
+
+        Both answer AUDITS_OFF when this verifier keeps no pool (it does not run ``--audit``) or
+        the chain has no audits."""
+        if len(data) > MAX_DONATION_BYTES:
+            return Code.OVERSIZE, f"a donation of {len(data)} bytes; at most {MAX_DONATION_BYTES}", b""
+        if self.pool is None or self.signer is None:
+            return Code.AUDITS_OFF, "this verifier takes no donated prompts (it does not run --audit)", b""
+        if self.core.committed.audit is None:
+            return Code.AUDITS_OFF, "this committee's genesis has no audit section", b""
+        if path == DONATE_KEY_PATH:
+            return Code.OK, "", self.signer.public_bytes
+        try:
+            d = self.pool.offer(bytes(data), self.signer.private_bytes(), self._user_key)
+        except DonationError as exc:
+            log.info("donation refused: %s", exc)
+            return exc.code, exc.reason, b""
+        held = self.pool.count(donor=d.donor)
+        log.info("donation taken from user node %s for %s (%d of theirs held, %d in the pool)", d.donor.hex()[:8],
+                 d.model, held, len(self.pool))
+        return Code.OK, f"taken; {held} of your prompts are waiting to be used", b""
+
+    def _user_key(self, node_id: bytes) -> bytes | None:
+        """The registered Ed25519 key of ``node_id`` if it is a current user node (committed state)."""
+        rec = self.core.committed.nodes.get(node_id)
+        return rec.ed25519_public if rec is not None and rec.entry.role == ROLE_USER else None
 
     # ----------------------------------------------------------------- mempool
 

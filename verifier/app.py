@@ -21,12 +21,13 @@ Rules (codes in :class:`verifier.tx.Code`):
   update; expired entries are dropped at the start of the first block whose time reaches it.
 - A node's last seq outlives its entry (leave, expiry), so an old transaction can never be replayed.
 
-Audits (:mod:`verifier.audit`, docs/committee.md "Audits"): with an ``audit`` section in the
-genesis ``app_state``, audit transactions (``GTAUDIT1`` tag, :mod:`verifier.audit_tx`) are checked
-and applied at the height of the block they are in (CheckTx: the next height), and every block
-ends with :func:`verifier.audit.end_block` at its height and hash (the leader after the proof
-window; the epoch's settlement and the next seed at its last block). The model list the committee
-signs holds only trusted model nodes (reputation >= 0.4), each record with its reputation.
+Audits (:mod:`verifier.audit.chain`, docs/committee.md "Audits"): with an ``audit`` section in the
+genesis ``app_state``, audit transactions (``GTAUDIT2`` tag, :mod:`verifier.audit.tx`) are checked
+and applied at the height and block time of the block they are in (CheckTx: the next height, the
+last block's time), and every block ends with :func:`verifier.audit.chain.end_block` at its height
+and hash (the epoch's settlement and the next seed at its last block). The model list the
+committee signs holds every registered model node with its reputation and whether its model is
+audited (decision 0013); clients use only the trusted ones.
 
 The app hash is SHA-256 of :meth:`CommitteeState.canonical_bytes`; it covers the chain id, the
 validators, the entries, the sequence numbers and the audit state, not the height (so empty blocks
@@ -46,10 +47,11 @@ import msgpack
 from overlay import committee as lists
 from overlay import crypto
 from overlay.registration import ENTRY_TTL_S, REFRESH_INTERVAL_S  # noqa: F401 - REFRESH_INTERVAL_S re-exported
-from verifier import audit as audits
-from verifier import audit_tx, quorum
+from verifier import quorum
+from verifier.audit import chain as audits
+from verifier.audit import tx as audit_tx
+from verifier.audit.reputation import R0
 from verifier.quorum import Change, ListCert
-from verifier.reputation import R0, TRUST_LINE
 from verifier.tx import (
     DECODE_ERRORS,
     OP_LEAVE,
@@ -65,7 +67,7 @@ from verifier.tx import (
     pack,
 )
 
-STATE_VERSION = 3  # 3: the audit state (verifier/audit.py)
+STATE_VERSION = 4  # 3: the audit state (verifier/audit/chain.py); 4: its decision 0013 form
 SNAPSHOT_VERSION = 1
 # An entry lives ENTRY_TTL_S (block time) after its last register/update; nodes refresh every
 # REFRESH_INTERVAL_S (both defined with the codec, in overlay/registration.py).
@@ -298,6 +300,8 @@ class ListsAt:
         models: list[bytes] = []
         nodes = st.nodes
         table = st.audit.reputation.nodes if st.audit is not None else {}
+        audited = audits.audited_models(st.audit, st.validator_powers())  # empty when audits are off
+        flags = {True: pack(True), False: pack(False)}
         for n in sorted(nodes):
             rec = nodes[n]
             if rec.entry.role == ROLE_USER:
@@ -305,9 +309,10 @@ class ListsAt:
                 continue
             got = table.get(n)
             value = R0 if got is None else got.value
-            if value >= TRUST_LINE:  # untrusted nodes leave the model list (decision 0010)
-                # the record's 9-field array with a 10th field, the reputation: fixarray 9 -> 10
-                models.append(b"\x9a" + rec.packed[1:] + pack(value))
+            # Every model node is listed, untrusted ones too (value < TRUST_LINE): audits must reach
+            # them and clients leave them out (decision 0013). The record's 9-field array with a 10th
+            # and an 11th field, the reputation and whether its model is audited: fixarray 9 -> 11.
+            models.append(b"\x9b" + rec.packed[1:] + pack(value) + flags[rec.entry.model_id in audited])
         ub = _array_header(len(users)) + b"".join(users)
         mb = _array_header(len(models)) + b"".join(models)
         vals = st.validator_keys()
@@ -592,7 +597,8 @@ class CommitteeApp:
             raise TxError(Code.AUDITS_OFF, "this committee's genesis has no audit section; audit transactions are "
                                            "not taken")
         tx = audit_tx.decode_audit_tx(raw, st.chain_id)
-        return audits.take(st.audit, tx, raw, height=self._height, validators=st.validator_powers(), nodes=st.nodes)
+        return audits.take(st.audit, tx, raw, height=self._height, time_s=self._time_s,
+                           validators=st.validator_powers(), nodes=st.nodes)
 
     def _decode(self, raw: bytes) -> Tx:
         """:func:`decode_tx` for this chain, remembered: the signature check is the costly part, and
@@ -727,13 +733,13 @@ class CommitteeApp:
         - ``/lists/users``, ``/lists/models``: the list as of the latest certificate with its
           signatures (the format of :mod:`overlay.committee`), or UNAVAILABLE before one.
         - ``/validators``: ``[change_seq, [[ed25519_public, power], ...]]``.
-        - ``/audit``: the audit's state as a msgpack map (:func:`verifier.audit.query_audit`;
-          docs/committee.md "Audits"); ``/audit/report``: the current epoch's raw EpochReport
-          (UNAVAILABLE before one); ``/reputation``: ``[[node_id, value, [window flags], epochs], ...]``
-          by node id. All three answer AUDITS_OFF on a chain without audits.
+        - ``/audit``: the audit's state as a msgpack map (:func:`verifier.audit.chain.query_audit`;
+          docs/committee.md "Audits"): who committed and reported, never what a plan holds;
+          ``/reputation``: ``[[node_id, value, [window flags], epochs], ...]`` by node id. Both
+          answer AUDITS_OFF on a chain without audits.
         """
         st = self.committed
-        if path in ("/audit", "/audit/report", "/reputation"):
+        if path in ("/audit", "/reputation"):
             return self._query_audit(path)
         if path in ("/lists/users", "/lists/models"):
             return self._query_list(lists.KIND_USERS if path == "/lists/users" else lists.KIND_MODELS)
@@ -756,7 +762,7 @@ class CommitteeApp:
             users = sum(1 for r in st.nodes.values() if r.entry.role == ROLE_USER)
             return OK, pack([self.height, self.app_hash, st.chain_id, users, len(st.nodes) - users])
         return Result(Code.INVALID_FIELD, f"unknown query path {path[:64]!r}; try /node, /seq, /nodes, /info, "
-                             "/lists/users, /lists/models, /validators, /audit, /audit/report or /reputation"), b""
+                             "/lists/users, /lists/models, /validators, /audit or /reputation"), b""
 
     def _query_audit(self, path: str) -> tuple[Result, bytes]:
         st = self.committed
@@ -764,10 +770,6 @@ class CommitteeApp:
             return Result(Code.AUDITS_OFF, "this committee's genesis has no audit section"), b""
         if path == "/reputation":
             return OK, audits.query_reputation(st.audit)
-        if path == "/audit/report":
-            if not st.audit.report:
-                return Result(Code.UNAVAILABLE, f"no report for epoch {st.audit.epoch} yet"), b""
-            return OK, st.audit.report
         return OK, audits.query_audit(st.audit, st.validator_powers(), st.nodes)
 
     def _query_list(self, kind: int) -> tuple[Result, bytes]:

@@ -18,10 +18,10 @@ from typing import Any
 
 from overlay.cli import CliError, common_flags, resolve_config, run_async
 
-# verifier/audit.py's defaults, repeated here so that the CLI stays light to import (a test checks them)
+# verifier/audit/chain.py's defaults, repeated here so that the CLI stays light to import (a test checks them)
 _DEFAULT_AUDIT_MODEL = "smollm2-135m-instruct"
 _DEFAULT_EPOCH_BLOCKS = 120
-_DEFAULT_CHALLENGES = 3
+_DEFAULT_CHALLENGES = 2
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -35,14 +35,16 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
                    help="ABCI listen address: unix:///PATH or tcp://127.0.0.1:PORT (default unix://DATA_DIR/abci.sock); "
                         "loopback or unix only")
     p.add_argument("--audit", action="store_true",
-                   help="take part in the committee's audits (docs/committee.md \"Audits\"): send VRF proofs, "
-                        "lead epochs (challenge model nodes through the overlay like a user, score their replies), "
-                        "rescore and attest other leaders' reports. Runs a user node of the overlay registered "
-                        "with the committee (identity in DATA_DIR/audit-user) and loads --audit-model with "
-                        "llama.cpp. Off by default")
+                   help="take part in the committee's audits (docs/committee.md \"Audits\"): each epoch, commit "
+                        "a secret plan, challenge the model nodes of --audit-model through the overlay like a user "
+                        "(users' donated prompts first, kept in DATA_DIR/audit-pool.msgpack), score their replies "
+                        "and report. Runs a user node of the overlay registered with the committee (identity in "
+                        "DATA_DIR/audit-user), loads --audit-model with llama.cpp and takes donated prompts "
+                        "(abci_query /audit/donate). Off by default")
     p.add_argument("--audit-model", metavar="ID|PATH", default=None,
-                   help="the model this verifier scores with: the committee's audit model, as a model id "
-                        "(default: smollm2-135m-instruct, the default GGUF) or a .gguf path")
+                   help="the model this verifier holds, audits and scores with, as a model id (default: "
+                        "smollm2-135m-instruct, the default GGUF) or a .gguf path; it is declared in each plan "
+                        "commit, and a model is audited while verifiers with more than 2/3 of the power hold it")
     p.add_argument("--audit-listen", metavar="HOST:PORT", default="127.0.0.1:0",
                    help="where the audit user node listens; it registers this address with the committee, so "
                         "relays must reach it (default 127.0.0.1:0: any free loopback port)")
@@ -74,15 +76,14 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     g.add_argument("--install", action="store_true",
                    help="copy the genesis into each DATA_DIR and set their persistent peers to each other")
     g.add_argument("--audits", action="store_true",
-                   help="turn audits on (docs/committee.md \"Audits\") for the default audit model "
-                        f"{_DEFAULT_AUDIT_MODEL}; without --audits or --audit-model the genesis has no audit "
-                        "section and audits are off")
-    g.add_argument("--audit-model", dest="genesis_audit_model", metavar="MODEL_ID", default=None,
-                   help="turn audits on: each epoch the committee challenges the model nodes serving MODEL_ID")
+                   help="turn audits on (docs/committee.md \"Audits\"): every verifier run with --audit audits "
+                        "the model nodes of the models it holds; without --audits the genesis has no audit section "
+                        "and audits are off")
     g.add_argument("--epoch-blocks", type=int, default=_DEFAULT_EPOCH_BLOCKS, metavar="E",
                    help=f"blocks per audit epoch (default {_DEFAULT_EPOCH_BLOCKS})")
     g.add_argument("--challenges-per-node", type=int, default=_DEFAULT_CHALLENGES, metavar="K",
-                   help=f"challenges per audited node and epoch, 1-4 (default {_DEFAULT_CHALLENGES})")
+                   help=f"challenges each verifier sends each audited node per epoch, 1-4 (default "
+                        f"{_DEFAULT_CHALLENGES})")
     g.set_defaults(run=_genesis)
 
     a = verbs.add_parser("approve", help="sign this verifier's approval of a committee change",
@@ -190,16 +191,15 @@ def _init(args: argparse.Namespace) -> int:
 def _genesis(args: argparse.Namespace) -> int:
     import json
 
-    from verifier.audit import AuditParams, AuditParamsError
+    from verifier.audit.chain import AuditParams, AuditParamsError
     from verifier.cometbft import CometError, install_genesis, make_genesis
 
     audit: AuditParams | None = None
-    if args.audits or args.genesis_audit_model is not None:
+    if args.audits:
         try:
-            audit = AuditParams(args.genesis_audit_model or _DEFAULT_AUDIT_MODEL, args.epoch_blocks,
-                                args.challenges_per_node)
+            audit = AuditParams(args.epoch_blocks, args.challenges_per_node)
         except AuditParamsError as exc:
-            raise CliError(f"--audit-model/--epoch-blocks/--challenges-per-node: {exc}") from None
+            raise CliError(f"--epoch-blocks/--challenges-per-node: {exc}") from None
     try:
         genesis = make_genesis(args.data_dirs, chain_id=args.chain_id, power=args.power)
         if audit is not None:
@@ -214,8 +214,8 @@ def _genesis(args: argparse.Namespace) -> int:
     print(f"wrote {args.out}: chain {args.chain_id}, {len(args.data_dirs)} validators"
           + (" (installed in each data dir)" if args.install else "")
           + ("; audits off" if audit is None else
-             f"; audits of {audit.model} every {audit.epoch_blocks} blocks, {audit.challenges_per_node} challenges "
-             "per node"))
+             f"; audits every {audit.epoch_blocks} blocks, {audit.challenges_per_node} challenges per node from "
+             "each verifier"))
     return 0
 
 
@@ -228,7 +228,7 @@ def _run(args: argparse.Namespace) -> int:
     d = _data_dir(args)
     audit = None
     if args.audit:
-        from verifier.auditor import AuditSettings
+        from verifier.audit.auditor import AuditSettings
 
         if args.audit_threads < 1:
             raise CliError("--audit-threads must be at least 1")

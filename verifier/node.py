@@ -20,7 +20,8 @@ import trio
 
 from verifier.abci import server
 from verifier.abci_app import CommitteeAbciApp, StateStore
-from verifier.auditor import AuditSettings, run_audits
+from verifier.audit.auditor import AuditSettings, run_audits
+from verifier.audit.pool import load_pool
 from verifier.cometbft import LOG_FILE, SOCKET_FILE, CometError, find_cometbft, home_of, read_validator_key
 
 log = logging.getLogger("gentorrent.verifier")
@@ -58,8 +59,10 @@ async def run_verifier(data_dir: str | os.PathLike[str], *, abci: str | None = N
                        audit: AuditSettings | None = None,
                        task_status: trio.TaskStatus[server.ListenAddress] = trio.TASK_STATUS_IGNORED) -> None:
     """Run one verifier until a signal (returns) or CometBFT's own exit (raises :class:`CometExited`).
-    With ``audit``, the audit loop (:func:`verifier.auditor.run_audits`) runs beside it once CometBFT
-    has started; its failures are logged, never fatal."""
+    With ``audit``, the audit loop (:func:`verifier.audit.auditor.run_audits`) runs beside it once CometBFT
+    has started; its failures are logged, never fatal. It shares the donation pool
+    (``DATA_DIR/audit-pool.msgpack``, :mod:`verifier.audit.pool`) with the ABCI application, which
+    takes users' donated prompts through ``abci_query /audit/donate``."""
     d = Path(data_dir)
     home = home_of(d)
     if not (home / "config" / "genesis.json").exists():
@@ -70,7 +73,8 @@ async def run_verifier(data_dir: str | os.PathLike[str], *, abci: str | None = N
     core = store.load()
     log.info("application state at height %d (app hash %s)", core.height, core.app_hash.hex()[:16] or "none")
     key = read_validator_key(d)
-    app = CommitteeAbciApp(core, store, key)
+    pool = load_pool(d) if audit is not None else None  # prompts users donate (verifier/audit/pool.py)
+    app = CommitteeAbciApp(core, store, key, pool=pool)
     stopping = False
     async with trio.open_nursery() as nursery:
         where: server.ListenAddress = await nursery.start(server.serve, app, abci or default_abci_address(d))
@@ -96,7 +100,7 @@ async def run_verifier(data_dir: str | os.PathLike[str], *, abci: str | None = N
         if handle_signals:
             nursery.start_soon(stop_on_signal)
         if audit is not None:
-            nursery.start_soon(run_audits, d, audit, key.private_bytes())
+            nursery.start_soon(run_audits, d, audit, key.private_bytes(), pool)
         task_status.started(where)
         try:
             code = await proc.wait()

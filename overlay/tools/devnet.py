@@ -28,6 +28,12 @@ it skips the committee's set-up; ``--fresh`` starts a new chain on new ports ins
 kept). If a recorded port is taken, or the recorded state cannot be resumed, devnet stops
 before starting anything and says so, naming ``--fresh``.
 
+Clients use only models the committee audits unless they opt in (``--allow-unaudited``,
+decision 0013). A devnet without ``--audits`` audits no model, so its chat config
+(``chat.toml``) sets ``allow_unaudited = true`` and devnet says so; with ``--audits`` it does
+not, and the chats wait until the committee's model list marks the model audited (the
+verifiers' first plan commits, at the start of an epoch).
+
 Devnet spawns processes rather than importing roles, so ``overlay`` still
 imports no role package.
 """
@@ -35,6 +41,7 @@ imports no role package.
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import signal
@@ -97,10 +104,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="drop into an interactive chat once the network is up; the network stops when you leave")
     p.add_argument("--audits", action="store_true",
                    help="the committee audits the model nodes (docs/committee.md \"Audits\"): each verifier loads "
-                        "the model, and every epoch of 120 blocks (about two minutes) a VRF-chosen leader sends hidden "
-                        "challenge prompts through the overlay and the committee agrees on reputations "
-                        "(gentorrent status --committee shows them). Needs --engine llama.cpp and a committee; a "
-                        "devnet keeps the choice it was created with (--fresh to change it)")
+                        "the model, and every epoch of 120 blocks (about two minutes) sends hidden challenge prompts "
+                        "through the overlay and the committee agrees on reputations (gentorrent status --committee "
+                        "shows them); the chats wait until the model is audited (the verifiers' first plan "
+                        "commits). Without it no model is audited, and the chat config allows unaudited models "
+                        "(allow_unaudited = true). Needs --engine llama.cpp and a committee; a devnet keeps the "
+                        "choice it was created with (--fresh to change it)")
     p.add_argument("--fresh", action="store_true",
                    help="start a new committee chain on new ports instead of resuming the one recorded in "
                         f"DATA_DIR/devnet/{STATE_FILE} (node keys are kept)")
@@ -236,6 +245,43 @@ def sigterm_as_interrupt() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def model_audited(net: LocalNet) -> bool:
+    """Whether the committee's signed model list (from the first verifier that serves one that
+    verifies against the genesis keys) marks a node of ``net.model`` audited."""
+    from overlay.committee import KIND_MODELS, ListError, load_genesis, verify_document
+
+    chain_id, validators = load_genesis(str(net.genesis_file))
+    for v in net.verifiers:
+        try:
+            res: Any = net.rpc(v, 'abci_query?path="/lists/models"')
+            raw = base64.b64decode(res["response"].get("value") or "")
+            got = verify_document(raw, chain_id, validators, kind=KIND_MODELS)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, ListError):
+            continue
+        return any(e.audited for e in got.entries if net.model in e.models)
+    return False
+
+
+AUDITED_WAIT_BLOCKS = 3  # epochs: the verifiers may miss the first epochs' commit windows while they start
+
+
+def wait_audited(net: LocalNet, *, show: bool, timeout: float | None = None) -> None:
+    """Wait until the committee's model list marks the model audited (:func:`model_audited`): with
+    ``--audits`` a chat may use it only then. ``timeout`` (default: :data:`AUDITED_WAIT_BLOCKS`
+    epochs at a second a block) on ``net.clock``; :class:`LocalNetError` after it."""
+    timeout = AUDITED_WAIT_BLOCKS * net.epoch_blocks * 1.0 if timeout is None else timeout
+    what = "waiting for the verifiers to audit the model (their first plan commits, at an epoch's start)"
+    deadline = net.clock.monotonic() + timeout
+    with progress(1, what, show) as update:
+        while not model_audited(net):
+            if net.clock.monotonic() > deadline:
+                raise LocalNetError(f"the committee's model list does not mark {net.model} audited after {timeout:g} s: "
+                                    f"no verifiers with more than 2/3 of the voting power declared it; see the "
+                                    f"verifiers' logs in {net.root}")
+            time.sleep(1.0)
+        update(1, f"the committee audits {net.model}")
 
 
 def interactive_chat(config: Path) -> int:
@@ -395,6 +441,13 @@ def _run(args: argparse.Namespace) -> int:
                     f"(signed by {REGISTRY_KEYS} registry keys)")
             how = ("resumed chain " if resume else "new chain ") + net.chain_id if net.verifiers else "no committee"
             print(f"devnet: up in {net.clock.monotonic() - t0:.1f} s ({how})", flush=True)
+            if net.unaudited:
+                say(f"devnet: this committee runs no audits (--audits turns them on), so no model is audited: the "
+                    f"chat config {chat_config} sets allow_unaudited = true (a user's own config would need "
+                    f"--allow-unaudited)")
+            elif net.audits and (args.chat or not (args.no_demo or args.quiet)):
+                wait_audited(net, show=show)
+                say(f"devnet: the committee audits {model}: chats use it without --allow-unaudited")
             if not args.no_demo and not args.quiet:
                 say("devnet: demo chat through the anonymous overlay (3-hop proxy paths, (4,3) S-IDA cloves):")
                 if demo_chat(net, chat_config, args.engine) != 0:
@@ -413,7 +466,9 @@ def _run(args: argparse.Namespace) -> int:
             print(f"devnet: chat yourself, from another terminal:\n"
                   f"    {exe if exe.exists() else 'gentorrent'} user chat --config {chat_config}\n"
                   f"or serve an OpenAI-compatible API on http://127.0.0.1:8741/v1:\n"
-                  f"    {exe if exe.exists() else 'gentorrent'} user serve --config {chat_config}", flush=True)
+                  f"    {exe if exe.exists() else 'gentorrent'} user serve --config {chat_config}"
+                  + ("\n(that config sets allow_unaudited = true: this committee runs no audits, so no model is "
+                     "audited)" if net.unaudited else ""), flush=True)
             if args.duration is None:
                 print("devnet: running; press Ctrl-C to stop.", flush=True)
                 while True:

@@ -231,9 +231,16 @@ class LocalNet:
             return ["--committee", self.committee_addresses, "--committee-genesis", str(self.genesis_file)]
         return ["--registry", str(self.registry_file), "--registry-keys", self.keys_hex]
 
+    @property
+    def unaudited(self) -> bool:
+        """Whether the committee's model list marks the model unaudited: a committee without
+        audits (no verifier declares a model), whose users need ``allow_unaudited``."""
+        return bool(self.verifiers) and not self.audits
+
     def config_toml(self, name: str, path: Path) -> Path:
         """Write a config file for the user ``name`` (e.g. a chat client; registered in the
-        registry file, or registering itself with the committee)."""
+        registry file, or registering itself with the committee). A committee without audits
+        audits no model, so the file sets ``allow_unaudited = true`` (:attr:`unaudited`)."""
         directory = (f'committee = "{self.committee_addresses}"\n'
                      f"committee_genesis = {json.dumps(str(self.genesis_file))}\n") if self.verifiers else (
                      f"registry = {json.dumps(str(self.registry_file))}\n"
@@ -243,6 +250,8 @@ class LocalNet:
             + directory +
             f'listen = "{self.entries[name].address}"\n'
             f'model = "{self.model}"\n'
+            + ("# this committee runs no audits: its model list marks every model unaudited\n"
+               "allow_unaudited = true\n" if self.unaudited else "")
         )
         return path
 
@@ -285,7 +294,7 @@ class LocalNet:
             _, err = proc.communicate()
             if proc.returncode != 0:
                 raise LocalNetError(f"{v}: verifier init failed: {err.decode(errors='replace').strip()[-500:]}")
-        audit = ["--audit-model", self.model, "--epoch-blocks", str(self.epoch_blocks)] if self.audits else []
+        audit = ["--audits", "--epoch-blocks", str(self.epoch_blocks)] if self.audits else []
         done = subprocess.run(cli("verifier", "genesis", "--chain-id", self.chain_id, "--out", str(self.genesis_file),
                                   *audit, "--install", *[str(self.root / v) for v in self.verifiers]),
                               capture_output=True)

@@ -68,23 +68,24 @@ def format_rows(entries: list[PeerEntry], results: dict[bytes, tuple[float, Peer
 
 
 def audit_rows(audit: Any, reputation: Any, listed: set[bytes]) -> list[str]:
-    """The committee's audit state (``/audit``'s map, ``/reputation``'s rows; verifier/audit.py) as
-    status lines: the epoch, its leader and progress, the last outcomes, and the audited nodes'
-    reputations (those under the trust line are not on the signed model list). Raises KeyError,
-    TypeError or ValueError on an answer of another shape."""
+    """The committee's audit state (``/audit``'s map, ``/reputation``'s rows; verifier/audit/chain.py)
+    as status lines: the epoch and its windows, which verifiers committed and reported, the models
+    that are audited, the last outcomes, and the audited nodes' reputations (those under the trust
+    line are listed but no client uses them). Raises KeyError, TypeError or ValueError on an
+    answer of another shape."""
     def key(k: Any) -> str:
         return k.hex()[:16] if isinstance(k, bytes) else "none"
 
-    epoch, start, blocks = int(audit["epoch"]), int(audit["start_height"]), int(audit["epoch_blocks"])
-    rows = [f"  audits of {audit['model']}: epoch {epoch} (heights {start}-{start + blocks - 1}), "
-            f"{audit['challenges_per_node']} challenges per node, leader {key(audit['leader'])}"
-            + ("" if audit.get("leader_known", True) else f" (proofs until height {audit['proof_until']})")]
-    report = audit["report_hash"]
-    rows.append(f"    this epoch: {len(audit['challenges'])} challenges; report "
-                f"{key(report) if report else 'not yet'}; agreeing power {audit['agree_power']} of "
-                f"{audit['total_power']}; next epoch's challenges {'committed' if audit['next_committed'] else 'not yet'}")
-    for node_id, silent, answered in audit["silent"]:
-        rows.append(f"    silent per the report: {key(node_id)[:8]} (confirmed silent {silent}, answered {answered})")
+    epoch, start, end = int(audit["epoch"]), int(audit["start_height"]), int(audit["end_height"])
+    audited = ", ".join(str(m) for m in audit["audited_models"]) or "none (no model is held by verifiers with more " \
+                                                                     "than 2/3 of the power)"
+    rows = [f"  audits: epoch {epoch} (heights {start}-{end}: commits until {audit['commit_until']}, reports from "
+            f"{audit['report_from']}), {audit['challenges_per_node']} challenges per node and verifier",
+            f"    audited models: {audited}",
+            f"    this epoch: {len(audit['committed'])} of {len(audit['validators'])} verifiers committed a plan, "
+            f"{len(audit['reported'])} reported"]
+    for node_id, missed in audit["misses"]:
+        rows.append(f"    missed epochs in a row: {key(node_id)[:8]} {missed}")
     outcomes = list(audit["outcomes"])[-5:]
     if outcomes:
         rows.append("    last outcomes:")
@@ -95,7 +96,7 @@ def audit_rows(audit: Any, reputation: Any, listed: set[bytes]) -> list[str]:
         for node_id, value, window, epochs in reputation:
             flags = "".join("x" if a else "." for a in window)
             rows.append(f"      {key(node_id)[:8]}  {int(value) / 1_000_000:.2f}  epochs {epochs}  window [{flags}]"
-                        + ("" if node_id in listed else "  UNTRUSTED: not on the model list"))
+                        + ("" if node_id in listed else "  UNTRUSTED: clients do not use it"))
     return rows
 
 

@@ -1,6 +1,6 @@
 """The audit state on a real CometBFT committee (slow): four validators with audits on agree on
 every epoch, each epoch's seed is CometBFT's own hash of the previous epoch's last block, and a
-VRF proof sent through the RPC makes its sender the leader on every verifier."""
+plan commit sent through the RPC in the commit window is taken by every verifier (decision 0013)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ import pytest
 
 from tests.conftest import run_cli
 from tests.e2e.test_committee import CHAIN, COMMIT_TIMEOUT, Verifier, _free_port, wait_for
-from verifier import audit_tx as at
 from verifier import cometbft
+from verifier.audit import tx as at
 
 pytestmark = pytest.mark.slow
-E = 8
+E = 12
 
 
 def _audit(v: Verifier) -> dict[str, Any]:
@@ -27,7 +27,7 @@ def _audit(v: Verifier) -> dict[str, Any]:
     return out
 
 
-def test_four_validators_with_audits_agree_on_epochs_seeds_and_leaders(tmp_path: Path) -> None:
+def test_four_validators_with_audits_agree_on_epochs_seeds_and_commits(tmp_path: Path) -> None:
     try:
         cometbft.find_cometbft()
     except cometbft.CometError as exc:
@@ -46,24 +46,25 @@ def test_four_validators_with_audits_agree_on_epochs_seeds_and_leaders(tmp_path:
         for v in vs:
             wait_for(f"{v.data_dir.name}'s RPC", lambda v=v: v.height() >= 1, 60)
         key = cometbft.read_validator_key(vs[0].data_dir)
-        # Send a proof at the start of an epoch; under load a try may miss the 5-block window (LATE).
+        # Send a plan commit at the start of an epoch; under load a try may miss the 3-block window (LATE).
         for _ in range(6):
-            st = wait_for("an epoch's first blocks", lambda: (lambda a: a if vs[0].height() <= a["start_height"]
+            st = wait_for("an epoch's first blocks", lambda: (lambda a: a if vs[0].height() < a["commit_until"]
                                                               else None)(_audit(vs[0])), COMMIT_TIMEOUT)
-            proof = at.prove_leader(st["epoch"], st["seed"], key.private_bytes())
-            res = vs[0].broadcast_commit(at.sign_tx(proof, CHAIN, key.private_bytes()))
+            commit = at.PlanCommit(st["epoch"], key.public_bytes, ("a-model",), at.plan_hash(b"s" * 16, []))
+            res = vs[0].broadcast_commit(at.sign_tx(commit, CHAIN, key.private_bytes()))
             if int(res["check_tx"].get("code", 0)) == 0 and int(res["tx_result"].get("code", 0)) == 0:
                 break
         else:
-            raise AssertionError(f"no VRF proof landed in its window: {res}")
+            raise AssertionError(f"no plan commit landed in its window: {res}")
         epoch = st["epoch"]
-        wait_for("the proof window's end", lambda: vs[0].height() > st["proof_until"] + 1, COMMIT_TIMEOUT)
-        for v in vs:  # every verifier names the same leader: the only validator that sent a proof
-            got = wait_for(f"{v.data_dir.name} past the window", lambda v=v: (lambda a: a if a["leader_known"]
+        for v in vs:  # every verifier took the same commit
+            got = wait_for(f"{v.data_dir.name} with the commit", lambda v=v: (lambda a: a if a["committed"]
                                                                               or a["epoch"] > epoch else None)(
                 _audit(v)), COMMIT_TIMEOUT)
             if got["epoch"] == epoch:
-                assert got["leader"] == key.public_bytes and got["proofs"] == [key.public_bytes]
+                assert got["committed"] == [key.public_bytes]
+            assert got["declared"] == [[key.public_bytes, ["a-model"]]]
+            assert got["audited_models"] == []  # one validator of four holds it: not more than 2/3
         # Two more epoch boundaries: the same state everywhere, seeds = CometBFT's block hashes.
         target = (epoch + 2) * E + 1
         for v in vs:
@@ -77,7 +78,7 @@ def test_four_validators_with_audits_agree_on_epochs_seeds_and_leaders(tmp_path:
         block = vs[0].rpc_call("block", height=str(a["start_height"] - 1))
         assert a["seed"] == bytes.fromhex(block["block_id"]["hash"])
         outcomes = {o[0]: o for o in a["outcomes"]}
-        assert outcomes[epoch][1] == "aborted" and "no challenges" in outcomes[epoch][2]
+        assert outcomes[epoch][1] == "empty" and "0 of 4 validators reported" in outcomes[epoch][2]
     finally:
         for v in vs:
             if v.proc is not None:

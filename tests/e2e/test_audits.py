@@ -1,15 +1,19 @@
-"""Audits end to end (issue 14): 4 real ``gentorrent verifier --audit`` processes (real CometBFT,
-short epochs), relays, and two real llama.cpp model nodes serving ``smollm2-135m-instruct``: one
-honest (the default Q4_1 GGUF), one dishonest (the same GGUF re-quantized to Q2_K by llama.cpp's
-quantizer, registered under the default model's id: :func:`simulations.degraded.dishonest_model`).
+"""Audits end to end (issues 14 and 27): 4 real ``gentorrent verifier --audit`` processes (real
+CometBFT, short epochs), relays, and two real llama.cpp model nodes serving
+``smollm2-135m-instruct``: one honest (the default Q4_1 GGUF), one dishonest (the same GGUF
+re-quantized to Q2_K by llama.cpp's quantizer, registered under the default model's id:
+:func:`simulations.degraded.dishonest_model`).
 
-Checks: epochs complete and every verifier reports the same app hash and reputation table; the
-dishonest node falls below the 0.4 trust line within 5 audited epochs and leaves the signed model
-list users receive; the honest node stays trusted. Then a Byzantine leader: ``verifier-3`` runs in
-this process (``InProcessVerifier``) so that a test-only hook (``AuditSettings.tamper``, never a
-flag) can alter its reports before it signs them; it holds 40 of the 70 votes so that it leads
-most epochs (more than 2/3 still needs it and one other verifier). Once it skips a node in its
-report, the epoch it leads aborts. Every wait is bounded; nothing asserts on time.
+One of the four verifiers is Byzantine throughout: ``verifier-3`` runs in this process
+(``InProcessVerifier``) so that a test-only hook (``AuditSettings.tamper``, never a flag) rewrites
+its reports before it signs them: score 0 for every reply of the honest node (framing it) and 1.0
+for every reply of the dishonest one (covering for it). Every verifier sends its own secret plan
+of challenges (decision 0013); the chain takes each node's median over the verifiers.
+
+Checks: epochs apply and every verifier reports the same app hash and reputation table; the
+dishonest node falls below the 0.4 trust line within 5 applied epochs and is marked untrusted on
+the signed model list (it stays listed so the audits reach it); the honest node stays trusted
+despite the framing. Every wait is bounded; nothing asserts on time.
 """
 
 from __future__ import annotations
@@ -17,7 +21,6 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import re
 import subprocess
 import threading
 import time
@@ -36,13 +39,11 @@ from overlay.tools.localnet import LocalNet, LocalNetError, free_ports
 pytestmark = pytest.mark.slow
 
 MODEL = "smollm2-135m-instruct"
-EPOCH_BLOCKS = 60  # at ~0.6-1 s a block: a leader's 6 challenges, its scoring and 3 rescorings fit
-PER_NODE = 3
+EPOCH_BLOCKS = 100  # at ~0.6-1 s a block: each model node answers 4 verifiers x 2 challenges of up to 256 tokens
+PER_NODE = 2
 TRUST_LINE = 400_000
 EPOCHS = 5
 BYZANTINE = "verifier-3"
-BYZANTINE_POWER = 40
-TOLERANCE = 20_000  # verifier.audit.TOLERANCE: an attested score agrees within this of the leader's
 
 
 class InProcessVerifier:
@@ -105,41 +106,46 @@ class InProcessVerifier:
 class AuditNet(LocalNet):
     """A :class:`LocalNet` whose verifiers audit (``--audit``; genesis with an ``audit`` section),
     whose ``model-1`` serves the dishonest model under the honest model's id, and whose
-    ``verifier-3`` runs in this process with a tamper hook switched by :attr:`tampering`."""
+    ``verifier-3`` runs in this process with a tamper hook that frames ``model-0`` and covers for
+    ``model-1`` in its reports."""
 
     def __init__(self, root: Path, dishonest: Path) -> None:
         super().__init__(root, 10, models=2, model=MODEL, engine="llama.cpp", committee=4,
                          model_args=("--no-forwarding", "--threads", "1", "--slots", "2"))
         self.dishonest = dishonest
         self.audit_ports = dict(zip(self.verifiers, free_ports(len(self.verifiers)), strict=True))
-        self.tampering = False
+        self.tampered = 0
 
     def tamper(self, report: Any) -> Any:
-        """While :attr:`tampering`: leave the report's first entry out (a skipped node)."""
-        return replace(report, entries=report.entries[1:]) if self.tampering else report
+        """Score 0 for the honest node's replies and 1.0 for the dishonest node's (a Byzantine verifier)."""
+        from verifier.audit.tx import ReplyOutcome
+
+        honest, dishonest = (self.entries[m].node_id for m in ("model-0", "model-1"))
+        lie = {honest: 0, dishonest: 1_000_000}
+        entries = tuple(replace(e, outcome=replace(e.outcome, score=lie[e.node_id]))
+                        if isinstance(e.outcome, ReplyOutcome) and e.node_id in lie else e for e in report.entries)
+        self.tampered += 1
+        return replace(report, entries=entries)
 
     def spawn(self, name: str) -> None:
         if name != BYZANTINE:
             return super().spawn(name)
-        from verifier.auditor import AuditSettings
+        from verifier.audit.auditor import AuditSettings
 
         settings = AuditSettings(model=MODEL, listen=f"127.0.0.1:{self.audit_ports[name]}", tamper=self.tamper)
         self.procs[name] = InProcessVerifier(self.root / name, settings, self.root / f"{name}.log")  # type: ignore[assignment]
         return None
 
     def init_committee(self) -> None:
-        """Homes and genesis as usual, then the genesis gains ``app_state.audit`` (audits of
-        :data:`MODEL` in epochs of :data:`EPOCH_BLOCKS`) and verifier-3 more power, in every copy."""
-        from verifier.audit import AuditParams
-        from verifier.cometbft import home_of, read_validator_key
+        """Homes and genesis as usual, then the genesis gains ``app_state.audit`` (epochs of
+        :data:`EPOCH_BLOCKS`, :data:`PER_NODE` challenges per node and verifier), in every copy.
+        Every validator keeps the same power: the Byzantine one holds 1/4."""
+        from verifier.audit.chain import AuditParams
+        from verifier.cometbft import home_of
 
         super().init_committee()
-        key = base64.b64encode(read_validator_key(self.root / BYZANTINE).public_bytes).decode()
         genesis = json.loads(self.genesis_file.read_text())
-        genesis["app_state"] = {"audit": AuditParams(MODEL, EPOCH_BLOCKS, PER_NODE).to_json()}
-        for v in genesis["validators"]:
-            if v["pub_key"]["value"] == key:
-                v["power"] = str(BYZANTINE_POWER)
+        genesis["app_state"] = {"audit": AuditParams(EPOCH_BLOCKS, PER_NODE).to_json()}
         text = json.dumps(genesis, indent=2) + "\n"
         self.genesis_file.write_text(text)
         for v in self.verifiers:
@@ -190,32 +196,33 @@ def _same_state(net: AuditNet, tries: int = 40) -> tuple[bytes, list[Any]]:
     raise AssertionError("the verifiers never answered at one height")
 
 
-def _model_list(net: AuditNet) -> set[bytes]:
+def _model_list(net: AuditNet) -> dict[bytes, tuple[int | None, bool | None]]:
+    """The signed model list as a client receives it: node id -> (reputation, audited)."""
     chain, vals = load_genesis(str(net.genesis_file))
     client = CommitteeClient(net.committee_addresses.split(","), chain, vals)
-    return {e.node_id for e in trio.run(client.refresh).models(MODEL)}
+    return {e.node_id: (e.reputation, e.audited) for e in trio.run(client.refresh).models(MODEL)}
 
 
-def test_audits_demote_the_dishonest_node_and_keep_the_honest_one(net: AuditNet) -> None:
+def test_audits_demote_the_dishonest_node_and_keep_the_honest_one_despite_a_byzantine_verifier(
+        net: AuditNet) -> None:
     honest, dishonest = (net.entries[m].node_id for m in ("model-0", "model-1"))
-    assert {honest, dishonest} <= _model_list(net)  # never audited: R(0) = 0.5, listed
+    listed = _model_list(net)
+    assert listed[honest][0] == listed[dishonest][0] == 500_000  # never audited: R(0)
     applied: set[int] = set()
     history: list[dict[bytes, int]] = []
     deadline = time.monotonic() + (EPOCHS + 3) * EPOCH_BLOCKS * 3.0
     fell_at = None
     last_epoch = -1
-    reported: dict[int, float] = {}  # epoch -> when its report was first seen committed
-    report_to_apply: list[float] = []
-    while len(applied) < EPOCHS:
-        assert time.monotonic() < deadline, f"only {len(applied)} epochs applied: {history}; see the verifier logs in {net.root}"
+    outcomes: dict[int, list[Any]] = {}
+    while fell_at is None or len(applied) < 3:
+        assert len(applied) <= EPOCHS or fell_at is not None, f"the dishonest node stayed trusted: {history}"
+        assert time.monotonic() < deadline, (f"only {len(applied)} epochs applied: {history} {outcomes}; see the "
+                                             f"verifier logs in {net.root}")
         view, _ = net.query("verifier-0", "/audit")
-        if view["report_hash"] is not None:
-            reported.setdefault(view["epoch"], time.monotonic())
         for o in view["outcomes"]:
-            if o[1] == "applied" and o[0] not in applied:
+            outcomes[o[0]] = o
+            if o[1] == "applied":
                 applied.add(o[0])
-                if o[0] in reported:
-                    report_to_apply.append(time.monotonic() - reported[o[0]])
         if view["epoch"] != last_epoch:
             last_epoch = view["epoch"]
             _, table = _same_state(net)
@@ -224,43 +231,15 @@ def test_audits_demote_the_dishonest_node_and_keep_the_honest_one(net: AuditNet)
             assert rep.get(honest, 500_000) >= TRUST_LINE, f"the honest node fell below the line: {history}"
             if fell_at is None and rep.get(dishonest, 500_000) < TRUST_LINE:
                 fell_at = len(applied)
-        time.sleep(0.25)
-    assert fell_at is not None and fell_at <= EPOCHS, f"the dishonest node stayed trusted: {history}"
+        time.sleep(0.5)
+    assert fell_at <= EPOCHS, history
+    assert net.tampered >= len(applied) - 1, "the Byzantine verifier reported (its lies were on the chain)"
     _same_state(net)
     listed = _model_list(net)
-    assert honest in listed and dishonest not in listed
-    # Verifiers scoring the same reply on one machine: the spread against the leader's score.
-    spreads = [int(m) for v in net.verifiers
-               for m in re.findall(r"largest difference (\d+) millionths", (net.root / f"{v}.log").read_text())]
-    assert spreads and max(spreads) <= TOLERANCE, spreads
+    assert listed[honest][0] is not None and listed[honest][0] >= TRUST_LINE and listed[honest][1] is True
+    assert listed[dishonest][0] is not None and listed[dishonest][0] < TRUST_LINE  # listed, marked untrusted
     (net.root / "audit-figures.json").write_text(json.dumps({
-        "report_to_applied_s": sorted(report_to_apply), "score_spread_millionths": spreads,
+        "outcomes": [outcomes[e] for e in sorted(outcomes)],
         "reputation_history": [{k.hex()[:8]: v for k, v in h.items()} for h in history]}, indent=1))
-    print(f"\naudit figures in {net.root / 'audit-figures.json'}: report -> applied {sorted(report_to_apply)} s; "
-          f"score spread max {max(spreads)} millionths over {len(spreads)} attestations")
-
-
-def test_a_byzantine_leader_that_skips_a_node_has_its_epoch_aborted(net: AuditNet) -> None:
-    from verifier.cometbft import read_validator_key
-
-    byzantine = read_validator_key(net.root / BYZANTINE).public_bytes
-    net.tampering = True
-    led: set[int] = set()  # epochs the Byzantine verifier leads, from now on
-    start = net.query("verifier-0", "/audit")[0]["epoch"]
-    deadline = time.monotonic() + 8 * EPOCH_BLOCKS * 3.0
-    while True:
-        assert time.monotonic() < deadline, f"no epoch led by {BYZANTINE} settled; see {net.root / (BYZANTINE + '.log')}"
-        view, _ = net.query("verifier-0", "/audit")
-        if view["epoch"] > start and view["leader"] == byzantine and view["report_hash"] is not None:
-            led.add(view["epoch"])
-        settled = {o[0]: o for o in view["outcomes"]}
-        done = [settled[e] for e in sorted(led) if e in settled]
-        if done:
-            epoch, status, reason, _ = done[0]
-            assert status == "aborted", done[0]
-            # the reason names the leader and the fault: its first entry is missing (a skipped node)
-            assert reason.startswith(f"leader {byzantine.hex()[:16]}: ") and "entr" in reason, done[0]
-            break
-        time.sleep(0.5)
-    net.tampering = False
-    _same_state(net)
+    print(f"\naudit figures in {net.root / 'audit-figures.json'}: {len(applied)} epochs applied, dishonest node "
+          f"untrusted after {fell_at}; history {[{k.hex()[:6]: v for k, v in h.items()} for h in history]}")

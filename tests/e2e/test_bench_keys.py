@@ -1,7 +1,7 @@
 """Every benchmark prints exactly the figure keys docs/benchmarks.md documents.
 
-hrtree, forwarding, forwarding-threshold and gateway have their own tests; these run the
-others in ``--quick`` mode (figures are rough there; only the keys are checked).
+hrtree, forwarding, forwarding-threshold, gateway and audit-evasion have their own tests; these
+run the others in ``--quick`` mode (figures are rough there; only the keys are checked).
 """
 
 from __future__ import annotations

@@ -11,9 +11,9 @@ import random
 import pytest
 import trio
 
-from verifier.challenges import ChallengeGenerator
-from verifier.reputation import to_fixed
-from verifier.scoring import score_reply
+from verifier.audit.challenges import ChallengeGenerator
+from verifier.audit.reputation import to_fixed
+from verifier.audit.scoring import score_reply
 
 pytestmark = pytest.mark.slow
 

@@ -74,11 +74,11 @@ from tests.fuzz import mutate
 from tests.fuzz.mutate import Source, chance, choice
 from tests.unit.test_codec_roundtrip import REGISTERED
 from user_client import openai_api as api
-from verifier import audit_tx as at
 from verifier import tx as vtx
 from verifier.abci import wire as abci_wire
 from verifier.abci.proto.tendermint.abci import types_pb2 as abci
 from verifier.app import CommitteeApp, Result, Validator
+from verifier.audit import tx as at
 
 T0 = 1_700_000_000
 
@@ -450,7 +450,7 @@ class ListTarget(Target):
         key = crypto.SigningKey.generate()
         return [node_id_of(key.public_bytes), key.public_bytes, role, bytes(32), f"10.0.{role}.{i}:9000",
                 "eu-west", "smollm2" if role == 2 else "", 5 if role == 2 else 0, T0,
-                *([900_000] if role == 2 else [])]  # model records carry the node's reputation (lists format 2)
+                *([900_000, True] if role == 2 else [])]  # model records: reputation, audited (lists format 3)
 
     def _document(self, height: int, ub: bytes, mb: bytes, kind: int, signers: int) -> bytes:
         ud, md = crypto.sha256(ub), crypto.sha256(mb)
@@ -1085,12 +1085,12 @@ class CommitteeTarget(Target):
 
 
 class AuditTxTarget(Target):
-    """Audit transactions (``verifier.audit_tx.decode_audit_tx``, then ``CommitteeApp.check_tx``
-    on an app with audits on, in the middle of an epoch: its report on the chain, attestations
-    and silence confirmations open). Contract: decoding raises only :class:`TxError` with a code
-    and decodes only the signed corpus (a VRF proof, which is unsigned, may decode mutated: its
-    proof is the app's to check); ``check_tx`` answers every input with a :class:`Result`,
-    accepts exactly the corpus transactions it accepted unmutated, and never changes the state."""
+    """Audit transactions (``verifier.audit.tx.decode_audit_tx``, then ``CommitteeApp.check_tx``
+    on an app with audits on, in an epoch's report window: three validators' plans committed, one
+    report on the chain with replies and failed challenges). Contract: decoding raises only
+    :class:`TxError` with a code and decodes only the signed corpus; ``check_tx`` answers every
+    input with a :class:`Result`, accepts exactly the corpus transactions it accepted unmutated,
+    and never changes the state."""
 
     NAME = "audit_tx"
     STEPS = ("feed",)
@@ -1098,30 +1098,25 @@ class AuditTxTarget(Target):
     def __init__(self) -> None:
         super().__init__()
         c = Committee()
-        lead0 = c.elect(0)
-        c.block([c.commit_tx(lead0)[0]])
         c.to_epoch_start(1)
-        proof = c.proof(c.others(lead0)[0])
-        lead = c.elect(0)
-        entries = c.honest_entries(lead)
-        silent = entries[1].node_id
-        entries = [at.SilentEntry(e.node_id, e.index, "no reply within 60 s") if e.node_id == silent else e
-                   for e in entries]
-        report = c.report_tx(lead, entries)
-        c.block([report])
-        others = c.others(lead)
-        replies = sum(isinstance(e, at.ReplyEntry) for e in entries)
-        assert 0 < replies < len(entries), "the report holds reply and silent entries"
-        self.corpus = [proof, c.commit_tx(lead)[0], report, c.attest_tx(others[0], [950_000] * replies),
-                       c.silence_tx(others[1], silent, False)]
-        self.kinds = [at.KIND_PROOF, at.KIND_COMMIT, at.KIND_REPORT, at.KIND_ATTESTATION, at.KIND_SILENCE]
+        plans = [c.plan(pk) for pk in c.pks()[:3]]
+        c.block([c.commit_tx(p) for p in plans])
+        c.to_height(c.audit.report_from() - 1)
+        silent = plans[0].items[0][0]
+        entries = [at.ReportEntry(n, op, at.FailOutcome("silent", 3)) if n == silent else e
+                   for (n, op), e in zip(plans[0].items, c.answers(plans[0]), strict=True)]
+        c.block([c.report_tx(plans[0], entries)])
+        late = c.plan(c.pks()[3])
+        self.corpus = [c.commit_tx(late), c.report_tx(plans[0], entries), c.report_tx(plans[1], c.answers(plans[1])),
+                       c.report_tx(plans[2], plans[2].failed())]
+        self.kinds = [at.KIND_COMMIT, at.KIND_REPORT, at.KIND_REPORT, at.KIND_REPORT]
         for raw, kind in zip(self.corpus, self.kinds, strict=True):
             assert at.decode_audit_tx(raw, CHAIN).KIND == kind
         self.bodies = [raw[len(at.AUDIT_TAG):] for raw in self.corpus]
         self.app = c.app
         self.state = self.app.committed.canonical_bytes()
         self.accepted = {raw for raw in self.corpus if self.app.check_tx(raw).ok}
-        assert len(self.accepted) >= 2, "some of the corpus is valid in this state"
+        assert len(self.accepted) == 2, "the two fresh reports are valid in this state"
 
     def feed(self, src: Source) -> int:
         if chance(src, 10):  # the tag itself mutated too
@@ -1130,15 +1125,12 @@ class AuditTxTarget(Target):
             _, body = mutate.payload(src, self.bodies)
             data = at.AUDIT_TAG + body
         try:
-            t = at.decode_audit_tx(data, CHAIN)
+            at.decode_audit_tx(data, CHAIN)
         except vtx.TxError as exc:
             assert isinstance(exc.code, vtx.Code) and exc.code != vtx.Code.OK
             self.rejected += 1
         else:
-            if isinstance(t, at.VrfProof):
-                assert at.encode_tx(t) == data
-            else:
-                assert data in self.corpus, "only a transaction its validator signed decodes"
+            assert data in self.corpus, "only a transaction its validator signed decodes"
         result = self.app.check_tx(data)
         assert isinstance(result, Result) and isinstance(result.code, vtx.Code)
         assert result.ok == (data in self.accepted), "check_tx accepts exactly the valid corpus"

@@ -1,9 +1,12 @@
-"""Audit challenges through the overlay's anonymous request API (verifier/auditor.py
-``send_challenge``; overlay/anon.py ``failover=False``), in memory on trio's mock clock.
+"""Audit challenges through the overlay's anonymous request API (verifier/audit/auditor.py
+``send_challenge``; overlay/anon.py ``failover=False``, ``fresh_paths=True``), in memory on trio's
+mock clock.
 
-A challenge goes to ONE model node with no failover, comes back as the record a report needs
-(every chunk's text and token ids, the final signature and signing time), or as the reason there
-is none; and the model node receives nothing that tells it from a user's chat turn.
+A challenge goes to ONE model node with no failover, over proxy paths built for it alone
+(overlay/paths.py ``PathManager.build_fresh``) and closed after it, and comes back as the record a
+report needs (every chunk's text and token ids, the final signature and signing time, the signer),
+or as the reason there is none; and the model node receives nothing that tells it from a user's
+chat turn, nor a proxy path that links two challenges.
 """
 
 from __future__ import annotations
@@ -18,11 +21,13 @@ import trio
 from model_node.testing import echo_node
 from overlay import signing
 from overlay.anon import AnonError
-from overlay.messages import Request, SamplingParams
-from overlay.testing import start_overlay
+from overlay.identity import short_id
+from overlay.messages import ChatMessage, Create, Destroy, Request, SamplingParams
+from overlay.paths import PathError, PathManager
+from overlay.testing import Net, settle, start_overlay
 from user_client.chat import ChatSession
-from verifier.auditor import Failure, Reply, send_challenge
-from verifier.challenges import ChallengeGenerator
+from verifier.audit.auditor import Failure, Reply, send_challenge
+from verifier.audit.challenges import ChallengeGenerator
 
 
 def _record(node) -> list[Request]:
@@ -59,6 +64,7 @@ async def test_a_challenge_reaches_only_the_given_node_and_returns_the_signed_re
             assert isinstance(reply, Reply), reply
             assert "".join(t for t, _ in reply.chunks) == opening.messages[-1].content  # the echo engine
             assert reply.token_ids and reply.signature and reply.signed_at_ms > 0
+            assert reply.served_by == target.identity.node_id
             assert _chain_ok(reply, opening, net.entry(target.identity.node_id).ed25519_public,
                              target.identity.node_id)
             assert seen[-1].messages == opening.messages and seen[-1].params == opening.params
@@ -126,3 +132,72 @@ async def test_the_model_node_cannot_tell_a_challenge_from_a_users_chat_turn(aut
         assert kinds == sorted(type(x).__name__ for x in challenge_frames if type(x).__name__ == "Deliver")
         assert len(kinds) == net.users[0].client.n
         nursery.cancel_scope.cancel()
+
+
+async def test_every_challenge_goes_over_paths_no_other_request_used_and_they_are_closed_after(autojump_clock):
+    """The model node sees the proxies that deliver a request's cloves and the return paths it
+    answers on: reused paths would let it link two challenges (and, once a report reveals one,
+    label those proxies as a verifier's). Each challenge gets n paths of its own."""
+    async with trio.open_nursery() as nursery:
+        net = await start_overlay(nursery, 15, models=[echo_node()])
+        (m,) = net.models
+        seen = _record(m)
+        client = net.client.client
+        paths = net.client.paths
+        assert paths is not None
+        kept = set(map(id, await paths.wait_ready(client.n, 30)))
+        gen = ChallengeGenerator(rng=random.Random(9))
+        for _ in range(3):
+            got = await send_challenge(client, m.identity.node_id, gen.opening("echo"), timeout=30)
+            assert isinstance(got, Reply), got
+            assert paths.one_off == []  # closed once the challenge is over
+        async for _ in client.request("echo", [ChatMessage("user", "a user's request")]):  # the kept paths
+            pass
+        returns = [{(rp.proxy, rp.proxy_path_id) for rp in req.return_paths} for req in seen]
+        assert len(returns) == 4 and all(len(r) == client.n for r in returns)
+        for i in range(4):
+            for j in range(i + 1, 4):
+                assert not returns[i] & returns[j], (i, j)  # no path shared by two requests
+        assert set(map(id, paths.ready_paths())) == kept  # the kept paths were neither used up nor replaced
+        assert paths.built >= client.n + 3 * client.n
+        await settle()
+        for r in returns[:3]:  # the proxies closed the challenges' paths
+            for proxy, proxy_path_id in r:
+                assert proxy_path_id not in net.user(proxy).relay.core.by_proxy_path, short_id(proxy)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_challenge_whose_paths_cannot_be_built_fails_as_other(autojump_clock):
+    async with trio.open_nursery() as nursery:
+        net = await start_overlay(nursery, 10, models=[echo_node()])  # 9 relays: 4 paths of 3 need 12
+        (m,) = net.models
+        opening = ChallengeGenerator(rng=random.Random(10)).opening("echo")
+        got = await send_challenge(net.client.client, m.identity.node_id, opening, timeout=10, paths_timeout=20)
+        assert isinstance(got, Failure) and got.kind == "other" and "relays" in got.detail, got
+        assert net.client.paths is not None and net.client.paths.one_off == []  # what was built is closed
+        nursery.cancel_scope.cancel()
+
+
+async def test_fresh_paths_that_never_come_up_are_rebuilt_elsewhere_then_given_up(autojump_clock):
+    """``PathManager.build_fresh`` on its own: a build with no PathReady within ``build_timeout`` is
+    replaced on other relays until ``timeout``; then PathError, and every path it began is closed."""
+    net = Net()
+    net.add_users(15)
+    me = net.identities["user-0"].node_id
+    sent: list[object] = []
+
+    class Mute:  # a node whose relays never answer
+        node_id = me
+
+        def send_nowait(self, peer: bytes, msg: object) -> bool:
+            sent.append(msg)
+            return True
+
+    pm = PathManager(Mute(), lambda: net.registry.users("default"), build_timeout=5.0)
+    with pytest.raises(PathError, match="fresh proxy paths"):
+        await pm.build_fresh(4, 22.0)
+    creates = [m for m in sent if isinstance(m, Create)]
+    destroys = [m for m in sent if isinstance(m, Destroy)]
+    assert len(creates) == 4 * 5  # at 0, 5, 10, 15 and 20 s
+    assert {d.link_id for d in destroys} == {c.link_id for c in creates}  # each one closed
+    assert pm.one_off == [] and pm.paths == [] and pm.by_link == {}

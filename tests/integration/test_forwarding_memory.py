@@ -345,3 +345,22 @@ async def test_baseline_policies_ignore_caches(autojump_clock, policy):
         assert a.decisions["match"] == 0
         assert sum(a.decisions.values()) == 6
         nursery.cancel_scope.cancel()
+
+
+async def test_an_untrusted_model_node_is_no_group_member(autojump_clock):
+    """The signed list keeps untrusted model nodes (so that audits reach them, decision 0013), but
+    users do not read their replies: nobody forwards to one, and it forwards to nobody."""
+    async with trio.open_nursery() as nursery:
+        net = await start_group(nursery)
+        a, b = net.models[0], net.models[1]
+        assert a.group is not None and b.group is not None
+        registry = a._registry
+        assert nid(b) in a.group.members_of(registry)
+        untrusted = [dataclasses.replace(e, reputation=100_000) if e.node_id == nid(b) else e
+                     for e in registry.entries]
+        from overlay.registry import Registry
+
+        changed = Registry(registry.version + 1, untrusted)
+        assert nid(b) not in a.group.members_of(changed)
+        assert b.group.members_of(changed) == (nid(b),)
+        nursery.cancel_scope.cancel()

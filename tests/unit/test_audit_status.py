@@ -15,21 +15,17 @@ def _rows(c: Committee, listed: set[bytes]) -> list[str]:
     return audit_rows(audit, reputation, listed)
 
 
-def test_status_shows_the_epoch_leader_outcomes_and_reputations() -> None:
+def test_status_shows_the_epoch_commits_outcomes_and_reputations() -> None:
     c = Committee()
     rows = _rows(c, set())
-    assert "audits of smollm2-135m: epoch 0 (heights 1-10), 2 challenges per node, leader none" in rows[0]
-    lead = c.elect(1)
-    c.block([c.commit_tx(lead)[0]])
+    assert "audits: epoch 0 (heights 1-12: commits until 3, reports from 10), 2 challenges per node" in rows[0]
+    assert "audited models: none" in rows[1]
     c.to_epoch_start(1)
-    lead = c.elect(1)
-    c.block([c.report_tx(lead, c.honest_entries(lead))])
-    c.block([c.attest_tx(pk, [950_000] * 6) for pk in c.others(lead)[:2]])
+    c.epoch(scores={c.nodes[0].node_id: 100_000})
     listed = {n.node_id for n in c.nodes[1:]}
     text = "\n".join(_rows(c, listed))
-    assert f"epoch 1 (heights 11-20), 2 challenges per node, leader {lead.hex()[:16]}" in text
-    assert "6 challenges; report " in text and "agreeing power 30 of 40" in text
-    assert "epoch 1: applied at height" in text and "epoch 0: aborted at height 10: no challenges" in text
+    assert "epoch 2 (heights 25-36" in text and "audited models: smollm2-135m" in text
+    assert "epoch 1: applied at height 24: 3 node(s) scored, 0 missed; 4 of 4 validators reported" in text
     assert "reputation of 3 audited model node(s)" in text
     assert text.count("UNTRUSTED") == 1 and c.nodes[0].node_id.hex()[:8] in text
 

@@ -1,12 +1,14 @@
-"""The audit planner (verifier/auditor.py ``Auditor``: I/O-free) and its driver against a fake RPC
-and a fake engine."""
+"""The audit planner (verifier/audit/auditor.py ``Auditor``: I/O-free) and its driver against a fake
+RPC, a fake anonymous client and a fake engine (decision 0013 §1-§3)."""
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import logging
 import random
-from dataclasses import replace
+import stat
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -15,164 +17,338 @@ import trio
 
 from model_node.engine import TokenScore
 from overlay.crypto import SigningKey
-from verifier import audit_tx as at
-from verifier import vrf
-from verifier.auditor import (
-    Attest,
+from overlay.messages import ChatMessage, SamplingParams
+from verifier.audit import pool as pl
+from verifier.audit import tx as at
+from verifier.audit.auditor import (
+    GENERATOR_WARNING,
+    PLAN_FILE,
     AuditDriver,
     Auditor,
     AuditView,
     AuditViewError,
-    ChallengeResult,
-    ConfirmSilence,
     Failure,
     Reply,
-    RunChallenges,
+    Send,
     Submit,
+    grace_height,
+    last_send,
+    load_auditor,
     parse_view,
 )
-from verifier.challenges import ChallengeGenerator
+from verifier.audit.challenges import ChallengeGenerator
 
 CHAIN = "audit-test"
 MODEL = "smollm2-135m-instruct"
 SEEDS = [bytes([i + 1]) * 32 for i in range(4)]
 PKS = [SigningKey.from_bytes(s).public_bytes for s in SEEDS]
-NODES = (b"\x0a" * 20, b"\x0b" * 20)
+NODES = (b"\x0c" * 20, b"\x0a" * 20, b"\x0b" * 20)  # the chain's order is not the report's
+START, COMMIT_UNTIL, REPORT_FROM, END = 61, 63, 111, 120
 
 
 def view(**kw: Any) -> AuditView:
-    base = dict(epoch=3, epoch_blocks=20, start_height=61, seed=b"\x55" * 32, proof_until=65, leader=None,
-                validators=tuple((pk, 10) for pk in PKS), challenges=(), next_committed=False, report_hash=None,
-                agree_power=0, total_power=40, silent=(), outcomes=(), model=MODEL, challenges_per_node=2,
-                audit_nodes_next=NODES)
+    base: dict[str, Any] = dict(
+        epoch=1, epoch_blocks=60, start_height=START, commit_until=COMMIT_UNTIL, report_from=REPORT_FROM,
+        end_height=END, seed=b"\x55" * 32, challenges_per_node=2, validators=tuple((pk, 10) for pk in PKS),
+        total_power=40, committed=(), reported=(), declared=(), audited_models=(MODEL,),
+        nodes=((MODEL, NODES), ("other-model", (b"\x0d" * 20,))), outcomes=(), misses=())
     base.update(kw)
-    return AuditView(**base)  # type: ignore[arg-type]
+    return AuditView(**base)
 
 
-def auditor(i: int = 0, model: str = MODEL) -> Auditor:
-    return Auditor(SEEDS[i], CHAIN, model, ChallengeGenerator(rng=random.Random(i)))
-
-
-def test_a_non_member_or_another_model_does_nothing(caplog: pytest.LogCaptureFixture) -> None:
-    outsider = Auditor(b"\x99" * 32, CHAIN, MODEL)
-    assert outsider.plan(view(), 62) == []
-    with caplog.at_level(logging.ERROR, "gentorrent.audit"):
-        assert auditor(model="other-model").plan(view(), 62) == []
-    assert "audits model 'smollm2-135m-instruct'" in caplog.text and "--audit-model" in caplog.text
-
-
-def test_a_vrf_proof_once_per_epoch_in_the_window_and_again_after_a_network_failure() -> None:
-    a = auditor(1)
-    (sub,) = a.plan(view(), 62)
-    assert isinstance(sub, Submit) and sub.key == ("proof", 3)
-    tx = at.decode_audit_tx(sub.raw, CHAIN)
-    assert isinstance(tx, at.VrfProof) and tx.epoch == 3 and tx.validator_pk == PKS[1]
-    vrf.verify(PKS[1], vrf.leader_alpha(3, b"\x55" * 32), tx.proof)  # raises if it does not verify
-    assert a.plan(view(), 63) == []  # once
-    a.submitted(sub.key, retry=True)  # never reached the verifier
-    assert [s.key for s in a.plan(view(), 64)] == [("proof", 3)]
-    a.submitted(sub.key, retry=False)
-    assert a.plan(view(), 65) == [] and auditor(2).plan(view(), 66) == []  # window closed
-    assert [s.key for s in a.plan(view(epoch=4, start_height=81, proof_until=85), 81)] == [("proof", 4)]
-
-
-def test_the_leader_commits_the_next_epochs_challenges_sealed_to_every_validator() -> None:
-    a = auditor(0)
-    acts = a.plan(view(leader=PKS[0]), 70)
-    (sub,) = acts
-    assert isinstance(sub, Submit) and sub.key == ("commit", 3)
-    tx = at.decode_audit_tx(sub.raw, CHAIN)
-    assert isinstance(tx, at.ChallengeCommit) and tx.epoch == 4 and tx.leader_pk == PKS[0]
-    assert [c.node_id for c in tx.challenges] == [NODES[0]] * 2 + [NODES[1]] * 2
-    assert len({c.commitment for c in tx.challenges}) == 4
-    for c in tx.challenges:
-        opened = {c.open(i, SEEDS[i]) for i in range(4)}  # every validator opens the same opening
-        assert len(opened) == 1 and next(iter(opened)).model == MODEL
-    assert a.plan(view(leader=PKS[0]), 71) == []
-    assert auditor(1).plan(view(leader=PKS[0]), 70) == []  # not the leader
-    assert auditor(0).plan(view(leader=PKS[0], next_committed=True), 70) == []
-
-
-def _challenges(gen: ChallengeGenerator, bad: int | None = None) -> tuple[tuple[bytes, bytes, tuple[bytes, ...]], ...]:
-    cs, _ = gen.challenges(MODEL, NODES, 2, PKS)
-    out = [(c.node_id, c.commitment, c.sealed) for c in cs]
-    if bad is not None:
-        node, commitment, sealed = out[bad]
-        out[bad] = (node, commitment, (b"garbage" * 20,) + sealed[1:])
-    return tuple(out)
-
-
-def test_the_leader_opens_the_committed_challenges_and_reports_them_in_order() -> None:
-    committed = _challenges(ChallengeGenerator(rng=random.Random(9)), bad=1)
-    a = auditor(0)
-    acts = a.plan(view(leader=PKS[0], next_committed=True, challenges=committed), 70)
-    (run,) = acts
-    assert isinstance(run, RunChallenges) and run.epoch == 3
-    assert [j.index for j in run.jobs] == [0, 1, 2, 3]
-    assert run.jobs[1].opening is None and "did not open" in run.jobs[1].why
-    assert all(j.opening is not None and j.opening.commitment() == committed[j.index][1]
-               for j in run.jobs if j.index != 1)
-    assert a.plan(view(leader=PKS[0], next_committed=True, challenges=committed), 71) == []
-    forwarded_to = b"\x42" * 20  # job 3's node forwarded the challenge to a member of its group
-    results = [ChallengeResult(run.jobs[3], Reply((("hi", (5, 6)),), b"\x01" * 64, 1234, forwarded_to), 900_000,
-                               300_000),
-               ChallengeResult(run.jobs[0], Failure("silent", "no reply within 60 s")),
-               ChallengeResult(run.jobs[2], Reply((("a", (1,)), ("", (2,))), b"\x02" * 64, 99), 1_000_000, 500_000),
-               ChallengeResult(run.jobs[1], Failure("other", run.jobs[1].why))]
-    sub = a.report(3, results)
-    tx = at.decode_audit_tx(sub.raw, CHAIN)
-    assert isinstance(tx, at.EpochReport) and tx.leader_pk == PKS[0] and tx.epoch == 3
-    assert [e.index for e in tx.entries] == [0, 1, 2, 3]
-    kinds = [type(e).__name__ for e in tx.entries]
-    assert kinds == ["SilentEntry", "SilentEntry", "ReplyEntry", "ReplyEntry"]
-    assert tx.entries[0].reason == "silent: no reply within 60 s"  # type: ignore[union-attr]
-    r2 = tx.entries[2]
-    assert isinstance(r2, at.ReplyEntry) and r2.chunks == (("a", (1,)), ("", (2,))) and r2.score == 1_000_000
-    assert r2.signed_at_ms == 99 and r2.raw_score == 500_000 and r2.opening == run.jobs[2].opening
-    assert r2.served_by == r2.node_id and r2.server == b""
-    r3 = tx.entries[3]
-    assert isinstance(r3, at.ReplyEntry) and r3.server == forwarded_to and r3.node_id == run.jobs[3].node_id
-
-
-def test_others_attest_once_and_check_silent_nodes_with_fresh_challenges_of_their_own() -> None:
-    v = view(leader=PKS[0], next_committed=True, report_hash=b"\x77" * 32, silent=((NODES[1], 0, 0),))
-    a = auditor(2)
-    acts = a.plan(v, 75)
-    assert [type(x) for x in acts] == [Attest, ConfirmSilence]
-    attest, confirm = acts
-    assert isinstance(attest, Attest) and attest.report_hash == b"\x77" * 32 and attest.epoch == 3
-    assert isinstance(confirm, ConfirmSilence) and confirm.node_id == NODES[1] and confirm.opening.model == MODEL
-    assert a.plan(v, 76) == []
-    assert auditor(0).plan(v, 75) == []  # the leader's report is its own attestation
-    sub = a.attestation(3, b"\x77" * 32, [1, 2])
-    tx = at.decode_audit_tx(sub.raw, CHAIN)
-    assert isinstance(tx, at.Attestation) and tx.scores == (1, 2) and tx.validator_pk == PKS[2]
-    tx2 = at.decode_audit_tx(a.silence(3, NODES[1], False).raw, CHAIN)
-    assert isinstance(tx2, at.SilenceConfirm) and tx2.answered is False and tx2.node_id == NODES[1]
-
-
-def _wire(v: AuditView) -> bytes:
+def wire(v: AuditView) -> bytes:
+    """``v`` as the chain's ``/audit`` map (verifier/audit/chain.py ``query_audit``)."""
     return msgpack.packb({
-        "epoch": v.epoch, "epoch_blocks": v.epoch_blocks, "start_height": v.start_height, "seed": v.seed,
-        "proof_until": v.proof_until, "leader": v.leader, "validators": [list(x) for x in v.validators],
-        "challenges": [[n, c, list(s)] for n, c, s in v.challenges], "next_committed": v.next_committed,
-        "report_hash": v.report_hash, "agree_power": v.agree_power, "total_power": v.total_power,
-        "silent": [list(s) for s in v.silent], "outcomes": [list(o) for o in v.outcomes], "model": v.model,
-        "challenges_per_node": v.challenges_per_node, "audit_nodes_next": list(v.audit_nodes_next),
-    }, use_bin_type=True)
+        "epoch": v.epoch, "epoch_blocks": v.epoch_blocks, "start_height": v.start_height,
+        "commit_until": v.commit_until, "report_from": v.report_from, "end_height": v.end_height, "seed": v.seed,
+        "challenges_per_node": v.challenges_per_node, "validators": [list(x) for x in v.validators],
+        "total_power": v.total_power, "committed": list(v.committed), "reported": list(v.reported),
+        "declared": [[k, list(ms)] for k, ms in v.declared], "audited_models": list(v.audited_models),
+        "nodes": [[m, list(ids)] for m, ids in v.nodes], "outcomes": [list(o) for o in v.outcomes],
+        "misses": [list(m) for m in v.misses]}, use_bin_type=True)
+
+
+def auditor(i: int = 0, **kw: Any) -> Auditor:
+    kw.setdefault("generator", ChallengeGenerator(rng=random.Random(100 + i)))
+    kw.setdefault("rng", random.Random(i))
+    return Auditor(SEEDS[i], CHAIN, (MODEL,), **kw)
+
+
+def committed(i: int = 0, **kw: Any) -> AuditView:
+    return view(committed=(PKS[i],), **kw)
+
+
+def reply(served_by: bytes, n: int = 0) -> Reply:
+    return Reply(((f"answer {n}", (5, 6, 7)), ("", (2,))), b"\x03" * 64, 1_700_000_000_000 + n, served_by)
+
+
+def run_sends(a: Auditor, v: AuditView, heights: range, answer: Any) -> list[Send]:
+    """Plan at each height, answer each send with ``answer(send, height)`` at once; the sends made."""
+    sends = []
+    for h in heights:
+        for act in a.plan(v, h):
+            assert isinstance(act, Send), act
+            sends.append(act)
+            out = answer(act, h)
+            if out is not None:
+                a.result(act, out, 900_000 if isinstance(out, Reply) else None, h)
+    return sends
+
+
+# --------------------------------------------------------------------------- the view
 
 
 def test_the_view_decodes_strictly() -> None:
-    v = view(leader=PKS[1], challenges=_challenges(ChallengeGenerator(rng=random.Random(1))),
-             silent=((NODES[0], 10, 0),), outcomes=((2, "applied", "", 60),), report_hash=b"\x01" * 32)
-    assert parse_view(_wire(v)) == v
-    for bad in (replace(v, epoch=True), replace(v, seed=b"\x00" * 31), replace(v, model=b"x"),  # type: ignore[arg-type]
-                replace(v, next_committed=1)):  # type: ignore[arg-type]
+    v = view(committed=(PKS[1],), declared=((PKS[1], (MODEL,)),), outcomes=((0, "applied", "1 node(s)", 60),),
+             misses=((NODES[0], 1),))
+    assert parse_view(wire(v)) == v
+    assert parse_view(wire(v)).nodes_of(MODEL) == NODES and parse_view(wire(v)).nodes_of("x") == ()
+    doc = msgpack.unpackb(wire(v), raw=False)
+    for bad in ({**doc, "epoch": "1"}, {**doc, "seed": b"x"}, {k: x for k, x in doc.items() if k != "nodes"},
+                {**doc, "nodes": [[MODEL]]}, {**doc, "committed": [b"short"]}, {**doc, "epoch": True}):
         with pytest.raises(AuditViewError):
-            parse_view(_wire(bad))
-    for raw in (b"\xc1", msgpack.packb([1, 2]), msgpack.packb({"epoch": 1})):
+            parse_view(msgpack.packb(bad, use_bin_type=True))
+    for raw in (b"\xc1", b"\x92\x01\x02", b"x" * (4 * 1024 * 1024 + 1)):
         with pytest.raises(AuditViewError):
             parse_view(raw)
+
+
+# --------------------------------------------------------------------------- the plan and its commit
+
+
+def test_a_non_validator_does_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    outsider = Auditor(b"\x99" * 32, CHAIN, (MODEL,))
+    with caplog.at_level(logging.WARNING, "gentorrent.audit"):
+        assert outsider.plan(view(), 61) == [] and outsider.plan(view(), 62) == []
+    assert caplog.text.count("not a validator") == 1
+
+
+def test_the_plan_commits_only_a_salted_hash_and_reveals_no_prompt() -> None:
+    a = auditor(0)
+    (sub,) = a.plan(view(), START - 1)  # the last block of the previous epoch: the commit lands in time
+    assert isinstance(sub, Submit) and sub.key == ("commit", 1)
+    tx = at.decode_audit_tx(sub.raw, CHAIN)
+    assert isinstance(tx, at.PlanCommit)
+    assert (tx.epoch, tx.validator_pk, tx.models) == (1, PKS[0], (MODEL,))
+    p = a.current
+    assert p is not None and tx.plan_hash == p.hash()
+    # the plan: 2 challenges for each of the model's nodes, by node id ascending, another model's node left out
+    assert [e.node_id for e in p.entries] == [n for n in sorted(NODES) for _ in range(2)]
+    assert all(e.opening.model == MODEL for e in p.entries)
+    assert tx.plan_hash == at.plan_hash(p.salt, [(e.node_id, e.opening.commitment()) for e in p.entries])
+    # nothing of the plan is in the transaction: no prompt, node id, commitment, salt or send height
+    for e in p.entries:
+        for m in e.opening.messages:
+            assert m.content.encode() not in sub.raw
+        assert e.node_id not in sub.raw and e.opening.commitment() not in sub.raw and e.opening.salt not in sub.raw
+    assert p.salt not in sub.raw
+    # the same plan with another salt has another hash: a known node list cannot be checked against it
+    other = at.plan_hash(bytes(16), [(e.node_id, e.opening.commitment()) for e in p.entries])
+    assert other != tx.plan_hash
+    # once, and again only after a network failure; never a new plan for the same epoch
+    assert a.plan(view(), START) == []
+    a.submitted(sub.key, retry=True)
+    (again,) = a.plan(view(), START)
+    assert isinstance(again, Submit) and at.decode_audit_tx(again.raw, CHAIN).plan_hash == tx.plan_hash  # type: ignore[union-attr]
+    # two verifiers plan apart: different prompts, different hashes
+    b = auditor(1)
+    (sub_b,) = b.plan(view(), START)
+    assert at.decode_audit_tx(sub_b.raw, CHAIN).plan_hash != tx.plan_hash  # type: ignore[union-attr]
+    assert b.current is not None
+    assert not {e.opening.prompt_key() for e in p.entries} & {e.opening.prompt_key() for e in b.current.entries}
+
+
+def test_no_commit_once_the_window_is_over_and_no_sends_without_a_commit(caplog: pytest.LogCaptureFixture) -> None:
+    assert auditor(0).plan(view(), COMMIT_UNTIL) == []  # a commit sent now would land after the window
+    a = auditor(0)
+    a.plan(view(), START)
+    with caplog.at_level(logging.WARNING, "gentorrent.audit"):
+        for h in range(COMMIT_UNTIL, REPORT_FROM + 2):
+            assert a.plan(view(), h) == []  # its commit never made it on chain: nothing is sent or reported
+    assert caplog.text.count("not on the chain") == 1
+
+
+def test_sends_are_spread_over_the_send_window_each_at_its_own_height() -> None:
+    nodes = tuple(bytes([i]) * 20 for i in range(1, 9))
+    a = auditor(2)
+    v = view(nodes=((MODEL, nodes),), committed=(PKS[2],))
+    a.plan(view(nodes=((MODEL, nodes),)), START)
+    assert a.current is not None
+    planned = [e.send_at for e in a.current.entries]
+    assert all(COMMIT_UNTIL < h < REPORT_FROM for h in planned)
+    assert len(set(planned)) >= 8  # 16 challenges, not all at one height
+    sends = run_sends(a, v, range(START, REPORT_FROM), lambda s, h: reply(s.node_id))
+    assert sorted(s.index for s in sends) == list(range(16))  # each once
+    heights: dict[int, int] = {}
+    b = auditor(2)
+    b.plan(view(nodes=((MODEL, nodes),)), START)
+    for h in range(START, REPORT_FROM):
+        for s in b.plan(v, h):
+            assert isinstance(s, Send)
+            heights[s.index] = h
+    assert b.current is not None
+    assert heights == {i: e.send_at for i, e in enumerate(b.current.entries)}  # sent when its height came
+    first_span = (last_send(COMMIT_UNTIL, REPORT_FROM) - COMMIT_UNTIL - 1) * 2 // 3  # where first tries fall
+    assert max(heights.values()) - min(heights.values()) > first_span // 2
+
+
+def test_busy_silent_and_lost_are_tried_again_later_at_most_three_times() -> None:
+    a = auditor(0)
+    a.plan(view(), START)
+    tries: dict[int, list[int]] = {}
+
+    def answer(s: Send, h: int) -> Reply | Failure:
+        tries.setdefault(s.index, []).append(h)
+        if s.node_id == NODES[1]:
+            return Failure("busy", "at capacity")  # always busy
+        if s.node_id == NODES[2] and s.attempt == 1:
+            return Failure("silent", "no reply")  # answers its second try
+        return Failure("unverified", "bad signature") if s.node_id == NODES[0] else reply(s.node_id)
+
+    sends = run_sends(a, committed(), range(START, REPORT_FROM), answer)
+    p = a.current
+    assert p is not None
+    by_node = {n: [i for i, e in enumerate(p.entries) if e.node_id == n] for n in NODES}
+    for i in by_node[NODES[1]]:
+        assert len(tries[i]) == at.MAX_TRIES and tries[i] == sorted(set(tries[i]))  # later each time
+        assert p.entries[i].outcome == at.FailOutcome("busy", 3)
+    for i in by_node[NODES[2]]:
+        out = p.entries[i].outcome
+        assert len(tries[i]) == 2 and isinstance(out, at.ReplyOutcome) and out.tries == 2
+    for i in by_node[NODES[0]]:  # not a failure that waiting mends: reported after one try
+        assert len(tries[i]) == 1 and p.entries[i].outcome == at.FailOutcome("unverified", 1)
+    assert len(sends) == 2 * 3 + 2 * 2 + 2 * 1
+
+
+def test_a_retry_that_no_longer_fits_the_window_is_final() -> None:
+    a = auditor(0)
+    a.plan(view(), START)
+    p = a.current
+    assert p is not None
+    for e in p.entries:
+        e.send_at = REPORT_FROM - 1
+    sends = [s for s in a.plan(committed(), REPORT_FROM - 1) if isinstance(s, Send)]
+    for s in sends:
+        a.result(s, Failure("busy", "full"), None, REPORT_FROM - 1)
+    assert all(e.outcome == at.FailOutcome("busy", 1) for e in p.entries)
+
+
+def test_the_report_reveals_the_committed_plan_a_forwarded_reply_for_the_node_asked() -> None:
+    a = auditor(1)
+    (commit_sub,) = a.plan(view(), START)
+    commit = at.decode_audit_tx(commit_sub.raw, CHAIN)
+    forwarded_to = b"\x0e" * 20
+
+    def answer(s: Send, h: int) -> Reply | None:
+        if s.node_id == NODES[0]:
+            return reply(forwarded_to, s.index)  # the node asked forwarded it to a member of its group
+        if s.node_id == NODES[2] and s.index % 2:
+            return None  # still out when the report window opens
+        return reply(s.node_id, s.index)
+
+    v = committed(1)
+    run_sends(a, v, range(START, REPORT_FROM), answer)
+    # a challenge still out: the report waits a few blocks for it
+    grace = grace_height(REPORT_FROM, END)
+    assert grace == REPORT_FROM + (END - REPORT_FROM) // 2
+    assert a.plan(v, REPORT_FROM) == [] and a.plan(v, grace - 1) == []
+    (sub,) = a.plan(v, grace)
+    assert isinstance(sub, Submit) and sub.key == ("report", 1)
+    report = at.decode_audit_tx(sub.raw, CHAIN)
+    assert isinstance(report, at.AuditReport) and isinstance(commit, at.PlanCommit)
+    assert report.plan_hash() == commit.plan_hash and report.validator_pk == PKS[1] and report.epoch == 1
+    assert [e.node_id for e in report.entries] == [n for n in sorted(NODES) for _ in range(2)]
+    for e in report.entries:
+        out = e.outcome
+        if e.node_id == NODES[0]:
+            assert isinstance(out, at.ReplyOutcome) and out.served_by == forwarded_to and out.score == 900_000
+        elif e.node_id == NODES[2] and out != at.FailOutcome("silent", 1):
+            assert isinstance(out, at.ReplyOutcome) and out.served_by == NODES[2]
+    assert sum(e.outcome == at.FailOutcome("silent", 1) for e in report.entries) == 1
+    assert a.plan(v, REPORT_FROM + 4) == []  # once
+    assert a.plan(view(committed=(PKS[1],), reported=(PKS[1],)), REPORT_FROM + 5) == []
+
+
+def test_a_report_refused_for_one_entry_is_sent_again_with_that_entry_failed() -> None:
+    a = auditor(0)
+    a.plan(view(), START)
+    run_sends(a, committed(), range(START, REPORT_FROM), lambda s, h: reply(s.node_id, s.index))
+    (sub,) = a.plan(committed(), REPORT_FROM)
+    a.submitted(sub.key, retry=False)
+    a.refused(sub.key, "INVALID_FIELD (8): entry 3: the reply's serving node 0b0b0b0b is not a registered model node")
+    (again,) = a.plan(committed(), REPORT_FROM + 1)
+    report = at.decode_audit_tx(again.raw, CHAIN)
+    assert isinstance(report, at.AuditReport)
+    assert [i for i, e in enumerate(report.entries) if isinstance(e.outcome, at.FailOutcome)] == [3]
+    a.refused(again.key, "CONFLICT (6): something else")
+    assert a.plan(committed(), REPORT_FROM + 2) == []  # not an entry's fault: final
+
+
+def test_an_auditor_restarted_mid_epoch_reports_the_plan_it_committed() -> None:
+    a = auditor(3)
+    (sub,) = a.plan(view(), START)
+    commit = at.decode_audit_tx(sub.raw, CHAIN)
+    half = (REPORT_FROM + START) // 2
+    run_sends(a, committed(3), range(START, half), lambda s, h: reply(s.node_id, s.index))
+    out = [s for s in a.plan(committed(3), half) if isinstance(s, Send)]  # some out when it stops
+    saved = a.snapshot()
+    assert not a.changed
+    b = auditor(3, generator=ChallengeGenerator(rng=random.Random(999)))
+    assert b.restore(saved) and b.current is not None
+    sends = run_sends(b, committed(3), range(half, REPORT_FROM), lambda s, h: reply(s.node_id, s.index))
+    assert {s.index for s in out} <= {s.index for s in sends}  # what was out is sent again
+    (rep,) = b.plan(committed(3), REPORT_FROM)
+    report = at.decode_audit_tx(rep.raw, CHAIN)
+    assert isinstance(report, at.AuditReport) and isinstance(commit, at.PlanCommit)
+    assert report.plan_hash() == commit.plan_hash
+    assert all(isinstance(e.outcome, at.ReplyOutcome) for e in report.entries)
+    # another verifier's or another chain's plan is not taken
+    assert not auditor(2).restore(saved) and not Auditor(SEEDS[3], "other", (MODEL,)).restore(saved)
+    assert not auditor(3).restore(b"\xc1garbage")
+
+
+def test_a_restart_before_the_commit_lands_sends_the_same_plan() -> None:
+    a = auditor(0)
+    (sub,) = a.plan(view(), START)
+    b = auditor(0, generator=ChallengeGenerator(rng=random.Random(5)))
+    b.restore(a.snapshot())
+    (again,) = b.plan(view(), START + 1)
+    assert at.decode_audit_tx(again.raw, CHAIN).plan_hash == at.decode_audit_tx(sub.raw, CHAIN).plan_hash  # type: ignore[union-attr]
+
+
+def test_a_verifier_that_lost_its_plan_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.ERROR, "gentorrent.audit"):
+        assert auditor(0).plan(committed(), START + 5) == []
+    assert "no longer holds it" in caplog.text
+
+
+def test_donated_prompts_come_first_and_the_generator_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    donor = b"\x44" * 20
+    pool = pl.DonationPool()
+    turns = (ChatMessage("user", "Hi"), ChatMessage("assistant", "Hello!"), ChatMessage("user", "Tell me a joke."))
+    own = SamplingParams(temperature=0.2, top_p=0.9, top_k=0, max_tokens=100, seed=3)
+    pool.add(pl.Donation(donor, MODEL, turns, own))
+    pool.add(pl.Donation(donor, "other-model", (ChatMessage("user", "not this model"),), own))
+    a = auditor(0, pool=pool)
+    with caplog.at_level(logging.WARNING, "gentorrent.audit"):
+        a.plan(view(), START)
+        a.plan(view(), START + 1)
+    p = a.current
+    assert p is not None
+    donated = [e for e in p.entries if e.opening.messages == turns]
+    assert len(donated) == 1 and donated[0].opening.params == own  # as given, turns kept
+    assert pool.count(MODEL) == 0 and pool.count("other-model") == 1
+    assert caplog.text.count(GENERATOR_WARNING) == 1 and "5 of 6 challenges" in caplog.text
+    caplog.clear()
+    full = pl.DonationPool()
+    for i in range(6):
+        full.add(pl.Donation(bytes([i]) * 20, MODEL, (ChatMessage("user", f"donated {i}"),), own))
+    with caplog.at_level(logging.WARNING, "gentorrent.audit"):
+        auditor(1, pool=full).plan(view(), START)
+    assert GENERATOR_WARNING not in caplog.text and len(full) == 0
+
+
+# --------------------------------------------------------------------------- the driver
 
 
 class FakeEngine:
@@ -186,30 +362,114 @@ class FakeEngine:
         return [TokenScore(t, -1.0 - 0.6931471805599453, -1.0, t) for t in ids]
 
 
-async def test_the_driver_rescoring_a_report_submits_its_own_scores() -> None:
-    leader = auditor(0)
-    committed = _challenges(ChallengeGenerator(rng=random.Random(4)))
-    (run,) = leader.plan(view(leader=PKS[0], next_committed=True, challenges=committed), 70)
-    assert isinstance(run, RunChallenges)
-    results = [ChallengeResult(j, Reply((("x", (7, 8, 9)),), b"\x03" * 64, 5), 990_000, 400_000) for j in run.jobs]
-    report_raw = leader.report(3, results).raw
-    v = view(leader=PKS[0], next_committed=True, challenges=committed, report_hash=at.report_hash(report_raw))
-    sent: list[bytes] = []
+class FakeClient:
+    """Stands in for the anonymous client: ``answers[node]`` is the list of (text, ids) chunks a node
+    sends, or an exception; another node's id in ``signer`` makes the reply come signed by it."""
 
-    async def rpc(address: str, method: str, params: dict[str, str]) -> Any:
+    def __init__(self, answers: dict[bytes, Any], signer: dict[bytes, bytes] | None = None) -> None:
+        self.answers, self.signer = answers, signer or {}
+        self.calls: list[tuple[bytes | None, bool, bool]] = []
+
+    async def request(self, model: str, messages: Any, params: Any = None, *, node: bytes | None = None,
+                      timeout: float = 60.0, paths_timeout: float = 30.0, failover: bool = True,
+                      fresh_paths: bool = False) -> Any:
+        from overlay.messages import ReplyChunk
+
+        self.calls.append((node, failover, fresh_paths))
+        got = self.answers[node]
+        if isinstance(got, Exception):
+            raise got
+        assert node is not None
+        for i, (text, ids) in enumerate(got):
+            yield ReplyChunk(request_id=bytes(16), seq=i, text=text, token_ids=tuple(ids), done=i == len(got) - 1,
+                             error="", node=self.signer.get(node, node), chain=b"c" * 32, signature=b"s" * 64,
+                             signed_at_ms=77)
+
+
+class FakeChain:
+    """The verifier's RPC: ``/audit`` at ``height``, and every broadcast transaction."""
+
+    def __init__(self, v: AuditView, height: int) -> None:
+        self.view, self.height = v, height
+        self.sent: list[bytes] = []
+
+    async def rpc(self, address: str, method: str, params: dict[str, str]) -> Any:
         if method == "abci_query":
-            value = _wire(v) if params["path"] == '"/audit"' else report_raw
-            return {"response": {"code": 0, "value": base64.b64encode(value).decode(), "height": "75"}}
+            assert params["path"] == '"/audit"'
+            return {"response": {"code": 0, "value": base64.b64encode(wire(self.view)).decode(),
+                                 "height": str(self.height)}}
         assert method == "broadcast_tx_sync"
-        sent.append(bytes.fromhex(params["tx"][2:]))
+        self.sent.append(bytes.fromhex(params["tx"][2:]))
         return {"code": 0, "log": ""}
 
-    driver = AuditDriver(auditor(3), "127.0.0.1:1", client=None, engine=FakeEngine(), rpc=rpc)  # type: ignore[arg-type]
+
+async def test_the_driver_runs_an_epoch_over_fresh_paths_to_one_node_each(tmp_path: Path) -> None:
+    from overlay.anon import AllBusy
+
+    chain = FakeChain(view(), START)
+    client = FakeClient({NODES[0]: [("hello", (5, 6)), ("", (2,))], NODES[1]: AllBusy("busy: full"),
+                         NODES[2]: [("fwd", (8,))]}, signer={NODES[2]: b"\x0e" * 20})
+    a = auditor(0)
+    driver = AuditDriver(a, "127.0.0.1:1", client=client, engine=FakeEngine(), rpc=chain.rpc,  # type: ignore[arg-type]
+                         data_dir=tmp_path)
     async with trio.open_nursery() as nursery:
         await driver.step(nursery)
-    txs = [at.decode_audit_tx(raw, CHAIN) for raw in sent]
-    (att,) = [t for t in txs if isinstance(t, at.Attestation)]
-    assert att.scores == (500_000,) * 4 and att.report_hash == v.report_hash and att.validator_pk == PKS[3]
+    (commit,) = [at.decode_audit_tx(raw, CHAIN) for raw in chain.sent]
+    assert isinstance(commit, at.PlanCommit)
+    path = tmp_path / PLAN_FILE
+    assert path.exists() and stat.S_IMODE(path.stat().st_mode) == 0o600  # written before the commit went out
+    chain.view = committed(0)
+    for h in range(START + 1, REPORT_FROM + 1):
+        chain.height = h
+        async with trio.open_nursery() as nursery:
+            await driver.step(nursery)
+    report = at.decode_audit_tx(chain.sent[-1], CHAIN)
+    assert isinstance(report, at.AuditReport) and report.plan_hash() == commit.plan_hash
+    assert {(n, f, fresh) for n, f, fresh in client.calls} == {(n, False, True) for n in NODES}  # one node, fresh paths
+    assert [c[0] for c in client.calls].count(NODES[1]) == 2 * at.MAX_TRIES  # busy: three tries each
+    outs = {e.node_id: e.outcome for e in report.entries}
+    first = outs[NODES[0]]
+    assert isinstance(first, at.ReplyOutcome) and first.chunks == (("hello", (5, 6)), ("", (2,)))
+    assert first.score == 500_000 and first.signature == b"s" * 64 and first.signed_at_ms == 77
+    assert outs[NODES[1]] == at.FailOutcome("busy", 3)
+    fwd = outs[NODES[2]]
+    assert isinstance(fwd, at.ReplyOutcome) and fwd.served_by == b"\x0e" * 20  # counted for the node asked
+    # a restarted verifier takes the saved plan back
+    b = auditor(0, generator=ChallengeGenerator(rng=random.Random(1)))
+    load_auditor(tmp_path, b)
+    assert b.current is not None and b.current.hash() == commit.plan_hash
+
+
+class BrokenEngine(FakeEngine):
+    async def score(self, prompt: list[int], ids: list[int], params: Any) -> list[TokenScore]:
+        from model_node.engine import EngineError
+
+        raise EngineError("out of memory")
+
+
+async def test_a_failure_on_the_verifiers_side_is_logged_with_the_node_and_stops_nothing(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from overlay.identity import short_id
+
+    a = auditor(0)
+    a.plan(view(), START)
+    assert a.current is not None
+    send, other, *_ = [s for s in a.plan(committed(), REPORT_FROM - 1) if isinstance(s, Send)]
+    client = FakeClient({n: [("x", (1,))] for n in NODES})
+    driver = AuditDriver(a, "x:1", client=client, engine=BrokenEngine(), rpc=FakeChain(view(), 0).rpc)  # type: ignore[arg-type]
+    with caplog.at_level(logging.WARNING, "gentorrent.audit"):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(driver._run_action, send)
+    assert a.current.entries[send.index].outcome == at.FailOutcome("other", 1)
+    assert short_id(send.node_id) in caplog.text and "out of memory" in caplog.text
+    # a bug in the client: logged, the challenge failed, the driver goes on
+    caplog.clear()
+    driver.client = None  # type: ignore[assignment]
+    with caplog.at_level(logging.ERROR, "gentorrent.audit"):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(driver._run_action, other)
+    assert a.current.entries[other.index].outcome == at.FailOutcome("other", 1)
+    assert short_id(other.node_id) in caplog.text
 
 
 def test_the_verifier_command_takes_audit_flags(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
@@ -226,93 +486,36 @@ def test_the_verifier_command_takes_audit_flags(tmp_path: Any, capsys: pytest.Ca
     assert "--audit-threads must be at least 1" in capsys.readouterr().err
 
 
-def test_the_tamper_hook_alters_the_report_before_it_is_signed() -> None:
-    committed = _challenges(ChallengeGenerator(rng=random.Random(11)))
-    a = auditor(0)
-    a.tamper = lambda report: replace(report, entries=report.entries[1:])  # skip a node's first challenge
-    (run,) = a.plan(view(leader=PKS[0], next_committed=True, challenges=committed), 70)
-    assert isinstance(run, RunChallenges)
-    tx = at.decode_audit_tx(a.report(3, [ChallengeResult(j, Failure("silent", "x")) for j in run.jobs]).raw, CHAIN)
-    assert isinstance(tx, at.EpochReport) and [e.index for e in tx.entries] == [1, 2, 3]  # signed as altered
+def test_a_reply_too_likely_for_its_sampling_scores_low() -> None:
+    """The auditor scores with the two-sided score (decision 0013 §5): a greedy reply to a T = 0.7
+    challenge (every token the argmax, each far above what sampling would give) is not a 1.0."""
+    from overlay.messages import SamplingParams
+    from verifier.audit.auditor import score_tokens
+    from verifier.audit.challenges import ChallengeGenerator
+
+    class GreedyReplyEngine(FakeEngine):
+        async def score(self, prompt: list[int], ids: list[int], params: Any) -> list[TokenScore]:
+            # the token's log-probability -0.1 against -1.0 expected, variance 0.5 a position
+            return [TokenScore(t, -0.1, -1.0, t, 0.5) for t in ids]
+
+    opening = ChallengeGenerator().opening(MODEL)
+    sampled = dataclasses.replace(opening, params=SamplingParams(0.7, 1.0, 0, 64, None))
+    score, _ = trio.run(score_tokens, GreedyReplyEngine(), sampled, list(range(40)))
+    assert score < 500_000
+    honest, _ = trio.run(score_tokens, FakeEngine(), sampled, list(range(40)))  # too unlikely: C = 0.5
+    assert honest == 500_000
 
 
-def test_what_the_chain_already_holds_is_not_sent_again() -> None:
-    assert auditor(1).plan(view(proofs=(PKS[1],)), 62) == []  # its proof is on chain
-    v = view(leader=PKS[0], next_committed=True, report_hash=b"\x77" * 32, attested=(PKS[2],),
-             silent=((NODES[1], 0, 0),), status="aborted")
-    assert auditor(2).plan(v, 75) == []  # attested already; the epoch is settled: no silence checks
-    # the leader opens the box sealed to its key in sealed_to's order, not the validators'
-    gen = ChallengeGenerator(rng=random.Random(12))
-    order = (PKS[3], PKS[2], PKS[1], PKS[0])
-    cs, _ = gen.challenges(MODEL, NODES[:1], 1, order)
-    committed = tuple((c.node_id, c.commitment, c.sealed) for c in cs)
-    (run,) = auditor(0).plan(view(leader=PKS[0], leader_known=True, next_committed=True, challenges=committed,
-                                  proofs=(PKS[0],),
-                                  sealed_to=order), 64)
-    assert isinstance(run, RunChallenges) and run.jobs[0].opening is not None
-    assert auditor(0).plan(view(leader=PKS[0], leader_known=False, next_committed=True, challenges=committed,
-                                proofs=(PKS[0],)), 66) == []  # the window is still open on chain
-
-
-class FakeClient:
-    """Stands in for the anonymous client: ``answers[node]`` is the list of (text, ids) chunks a node
-    sends, or an exception; another node's id in ``signer`` makes the reply come signed by it."""
-
-    def __init__(self, answers: dict[bytes, Any], signer: dict[bytes, bytes] | None = None) -> None:
-        self.answers, self.signer, self.calls = answers, signer or {}, []
-
-    async def request(self, model: str, messages: Any, params: Any = None, *, node: bytes | None = None,
-                      timeout: float = 60.0, failover: bool = True) -> Any:
-        from overlay.messages import ReplyChunk
-
-        self.calls.append((node, failover))
-        got = self.answers[node]
-        if isinstance(got, Exception):
-            raise got
-        assert node is not None
-        for i, (text, ids) in enumerate(got):
-            yield ReplyChunk(request_id=bytes(16), seq=i, text=text, token_ids=tuple(ids), done=i == len(got) - 1,
-                             error="", node=self.signer.get(node, node), chain=b"c" * 32, signature=b"s" * 64,
-                             signed_at_ms=77)
-
-
-async def _drive(driver: AuditDriver, action: Any, v: AuditView) -> None:
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(driver._run_action, action, v)
-
-
-async def test_the_driver_leads_an_epoch_and_checks_silence_with_one_node_only() -> None:
-    from overlay.anon import AllBusy
-
-    committed = _challenges(ChallengeGenerator(rng=random.Random(21)))
-    v = view(leader=PKS[0], next_committed=True, challenges=committed, proofs=(PKS[0],))
-    sent: list[bytes] = []
-
-    async def rpc(address: str, method: str, params: dict[str, str]) -> Any:
-        sent.append(bytes.fromhex(params["tx"][2:]))
-        return {"code": 0, "log": ""}
-
-    client = FakeClient({NODES[0]: [("hello", (5, 6)), ("", (2,))], NODES[1]: AllBusy("busy: full")})
-    leader = auditor(0)
-    (run,) = leader.plan(v, 70)
-    driver = AuditDriver(leader, "127.0.0.1:1", client=client, engine=FakeEngine(), rpc=rpc)  # type: ignore[arg-type]
-    await _drive(driver, run, v)
-    assert sorted(client.calls) == [(NODES[0], False)] * 2 + [(NODES[1], False)] * 2  # each to its node only
-    (report,) = [at.decode_audit_tx(raw, CHAIN) for raw in sent]
-    assert isinstance(report, at.EpochReport) and [type(e).__name__ for e in report.entries] == \
-        ["ReplyEntry", "ReplyEntry", "SilentEntry", "SilentEntry"]
-    first = report.entries[0]
-    assert isinstance(first, at.ReplyEntry) and first.chunks == (("hello", (5, 6)), ("", (2,)))
-    assert first.score == 500_000 and first.signature == b"s" * 64 and first.signed_at_ms == 77
-    assert report.entries[2].reason.startswith("busy: ")  # type: ignore[union-attr]
-    # a silence check: a reply signed by another node (the challenged node forwarded it to a member
-    # of its group) is an answer
-    sent.clear()
-    other = FakeClient({NODES[1]: [("x", (1,))]}, signer={NODES[1]: NODES[0]})
-    checker = auditor(2)
-    sv = view(leader=PKS[0], report_hash=b"\x01" * 32, silent=((NODES[1], 0, 0),), attested=(PKS[2],))
-    (confirm,) = checker.plan(sv, 80)
-    assert isinstance(confirm, ConfirmSilence)
-    await _drive(AuditDriver(checker, "x:1", client=other, engine=FakeEngine(), rpc=rpc), confirm, sv)  # type: ignore[arg-type]
-    (tx,) = [at.decode_audit_tx(raw, CHAIN) for raw in sent]
-    assert isinstance(tx, at.SilenceConfirm) and tx.answered is True and tx.node_id == NODES[1]
+def test_sends_leave_the_last_quarter_of_the_send_window_for_replies_to_finish() -> None:
+    """Every send falls in the first 3/4 of the send window, first tries in the first 2/3 of
+    those heights (room for retries): a devnet on 2 cores had 256-token replies still arriving
+    after the report, counted as missed."""
+    last = last_send(COMMIT_UNTIL, REPORT_FROM)
+    assert last == COMMIT_UNTIL + 1 + (REPORT_FROM - 1 - COMMIT_UNTIL - 1) * 3 // 4 < REPORT_FROM - 10
+    a = auditor(1)
+    a.plan(view(), START)
+    assert a.current is not None
+    heights = [e.send_at for e in a.current.entries]
+    first_last = COMMIT_UNTIL + 1 + (last - COMMIT_UNTIL - 1) * 2 // 3
+    assert heights and all(COMMIT_UNTIL < h <= first_last for h in heights)
+    assert last_send(10, 12) == 11  # a window of one height still has it

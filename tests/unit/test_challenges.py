@@ -1,13 +1,18 @@
-"""Audit challenges (verifier/challenges.py): the prompt space, freshness, parameters drawn like users'."""
+"""Audit challenges (verifier/audit/challenges.py): the prompt space, freshness, parameters drawn like the
+project's clients send them (decision 0013 §3)."""
 
 from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 
 import pytest
 
-from verifier import challenges as ch
+from overlay.messages import ChatMessage, SamplingParams
+from user_client.openai_api import DEFAULT_MAX_TOKENS
+from verifier.audit import challenges as ch
+from verifier.audit import tx as at
 
 
 def test_the_prompt_space_holds_over_a_billion_prompts_as_the_docstring_says() -> None:
@@ -42,23 +47,54 @@ def test_a_generator_never_repeats_a_prompt_even_in_a_tiny_space() -> None:
         gen.prompt()
 
 
-def test_prompts_and_parameters_are_natural_and_drawn_like_users() -> None:
+def test_prompts_are_natural_and_fresh() -> None:
     gen = ch.ChallengeGenerator(rng=random.Random(3))
     prompts = [gen.prompt() for _ in range(3000)]
     assert len({p.question for p in prompts}) == 3000
-    temps = [p.params.temperature for p in prompts]
-    for t in ch.TEMPERATURES:
-        assert 800 < temps.count(t) < 1200  # a third each
-    assert all(ch.MIN_MAX_TOKENS <= p.params.max_tokens <= ch.MAX_MAX_TOKENS for p in prompts)
-    assert {p.params.max_tokens for p in prompts} == set(range(ch.MIN_MAX_TOKENS, ch.MAX_MAX_TOKENS + 1))
-    assert all(p.params.top_k == 0 and p.params.top_p in (1.0, 0.9, 0.95) for p in prompts)
-    seeded = [p.params.seed for p in prompts if p.params.seed is not None]
-    assert 1300 < len(seeded) < 1700 and len(set(seeded)) > 1400
     with_system = [p for p in prompts if len(p.messages) == 2]
     assert 1300 < len(with_system) < 1700
     assert all(p.messages[0].role == "system" for p in with_system)
     assert all(p.messages[-1].role == "user" and p.question.endswith(tuple(".?!")) for p in prompts)
     assert all("  " not in p.question and p.question == p.question.strip() for p in prompts)
+
+
+def test_parameters_follow_what_the_clients_send_defaults_included() -> None:
+    rng = random.Random(4)
+    params = [ch.draw_params(rng) for _ in range(20_000)]
+    n = len(params)
+    chat, gateway = params.count(ch.CHAT_DEFAULTS), params.count(ch.GATEWAY_DEFAULTS)
+    assert 0.43 < chat / n < 0.47 and 0.33 < gateway / n < 0.37  # defaults unchanged: 45 % and 35 %
+    # the clients' own defaults, as their code has them
+    assert (ch.CHAT_DEFAULTS.temperature, ch.CHAT_DEFAULTS.max_tokens, ch.CHAT_DEFAULTS.seed) == (0.7, 256, None)
+    assert SamplingParams().temperature == ch.CHAT_DEFAULTS.temperature  # what `user chat` sends unless told
+    assert ch.GATEWAY_DEFAULTS.temperature == 1.0 and ch.GATEWAY_DEFAULTS.max_tokens == DEFAULT_MAX_TOKENS
+    assert sum(p.max_tokens == 256 for p in params) / n > 0.9  # the default length is most of them
+    # no value a client cannot send: the chat has no top-p flag, the gateway takes these ranges
+    assert {p.top_p for p in params} <= {1.0, *ch.USER_TOP_P} and all(0 < p.top_p <= 1 for p in params)
+    assert all(p == replace(ch.GATEWAY_DEFAULTS, top_p=p.top_p) for p in params if p.top_p < 1.0)  # gateway only
+    assert all(p.top_k == 0 for p in params)
+    assert all(0.0 <= p.temperature <= 2.0 and type(p.temperature) is float for p in params)
+    assert all(1 <= p.max_tokens <= at.MAX_TOKENS for p in params)
+    assert all(p.seed is None or 0 <= p.seed <= 2**32 - 1 for p in params)
+    # a user's own choices appear, greedy among them
+    assert any(p.temperature == 0.0 for p in params) and any(p.seed is not None for p in params)
+    assert any(p.top_p < 1.0 for p in params) and any(p.max_tokens != 256 for p in params)
+    changed = [p for p in params if p not in (ch.CHAT_DEFAULTS, ch.GATEWAY_DEFAULTS)]
+    assert 0.17 < len(changed) / n < 0.21
+    # every draw is a challenge the chain takes
+    for i, p in enumerate(params[:500]):
+        at.Opening(bytes(16), "m", (ChatMessage("user", f"q{i}"),), p).check()
+
+
+def test_user_chat_and_the_gateway_send_the_defaults_the_generator_copies() -> None:
+    """The shares above copy these clients: if their defaults change, so must challenges.py."""
+    from overlay.cli import build_parser
+    from user_client.openai_api import parse_chat
+
+    assert parse_chat({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).params == ch.GATEWAY_DEFAULTS
+    chat = build_parser().parse_args(["user", "chat", "--model", "m"])
+    assert SamplingParams(temperature=chat.temperature, max_tokens=chat.max_tokens, seed=chat.seed) == \
+        ch.CHAT_DEFAULTS
 
 
 def test_two_generators_with_system_randomness_differ() -> None:

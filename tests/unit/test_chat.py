@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from overlay.anon import AnonError, ReplyUnverified
+from overlay.anon import AnonError, ModelUnaudited, ReplyUnverified
 from overlay.messages import ChatMessage, ReplyChunk, SamplingParams
 from overlay.paths import PathError
 from user_client import chat
@@ -84,18 +84,34 @@ async def test_history_is_trimmed_to_the_context_window_keeping_the_system_promp
     assert s.history[-1].role == "assistant"  # the refused prompt is not kept
 
 
+def _model_node(model: str, reputation: int | None = 900_000, audited: bool | None = True):
+    from overlay.peers import PeerEntry
+
+    return PeerEntry(NODE[:20], "h:1", b"e" * 32, b"x" * 32, role="model", models=(model,), reputation=reputation,
+                     audited=audited)
+
+
 def test_commands():
     s = chat.ChatSession(FakeClient(), "m", SamplingParams(), "sys")
     s.history.append(ChatMessage("user", "x"))
     s.node = NODE
 
     def models(name):
-        return ["entry"] if name in ("m", "other") else []
+        if name == "plain":
+            return [_model_node(name, audited=False)]
+        if name == "sunk":
+            return [_model_node(name, reputation=100_000)]
+        return [_model_node(name)] if name in ("m", "other") else []
 
     assert chat.command(s, "/help", models) == (True, chat.HELP)
     assert chat.command(s, "/new", models)[0] and s.history == [ChatMessage("system", "sys")] and s.node is None
     s.node = NODE
     assert "no model node" in chat.command(s, "/model nope", models)[1] and s.model == "m" and s.node == NODE
+    said = chat.command(s, "/model plain", models)[1]
+    assert "model plain is not audited" in said and "--allow-unaudited" in said and s.model == "m"
+    assert "no model node serving 'sunk' is trusted" in chat.command(s, "/model sunk", models, True)[1]
+    assert s.model == "m"
+    assert chat.command(s, "/model plain", models, True)[1] == "[model: plain]" and s.model == "plain"
     assert chat.command(s, "/model other", models)[0] and s.model == "other" and s.node is None
     assert "other" in chat.command(s, "/model", models)[1]
     assert chat.command(s, "/quit", models)[0] is False
@@ -114,6 +130,9 @@ def test_commands():
     (ReplyUnverified("reply chunk 3 from node 0a0b0c0d does not match its hash chain"), chat.EXIT_UNVERIFIED),
     (AnonError("no reply from model node 0a0b0c0d: it is gone (model-lost: ...)"), chat.EXIT_NO_MODEL_NODE),
     (AnonError("reply chunks arrived too far out of order"), chat.EXIT_OTHER),
+    (ModelUnaudited("m"), chat.EXIT_UNAUDITED),
+    (AnonError("no model node serving 'm' is trusted: the committee's audits put all 2 listed under its trust line"),
+     chat.EXIT_NO_MODEL_NODE),
     (RuntimeError("x"), chat.EXIT_OTHER),
 ])
 def test_exit_status_says_what_failed(exc, status):
@@ -159,3 +178,51 @@ async def test_a_reply_that_fails_verification_is_not_kept():
         await s.turn("hi", out, 5)
     assert out.getvalue() == "checked "  # only what passed its check was printed
     assert s.history == [] and s.node is None
+
+
+def test_a_turn_records_the_messages_it_sent():
+    import trio
+
+    client = FakeClient()
+    s = chat.ChatSession(client, "m", SamplingParams(), "sys")
+    t = trio.run(s.turn, "hello", io.StringIO(), 5)
+    assert t.sent == client.sent[-1][1] == (ChatMessage("system", "sys"), ChatMessage("user", "hello"))
+
+
+def _chat(tmp_path, monkeypatch, capsys, *extra: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    """``gentorrent user chat`` on a directory whose only model node serves an unaudited model, as a
+    committee's signed list marks it (trusted, audited False)."""
+    from overlay import membership
+    from overlay.cli import main
+    from overlay.peers import PeerEntry
+    from overlay.registry import Registry
+
+    entry = PeerEntry(b"\x01" * 20, "127.0.0.1:9", b"e" * 32, b"x" * 32, role="model", models=("m",),
+                      reputation=600_000, audited=False)
+    monkeypatch.setattr(membership, "directory", lambda cfg: (Registry(1, [entry]), None, "a test directory"))
+    for k, v in (env or {}).items():
+        monkeypatch.setenv(k, v)
+    code = main(["user", "chat", "--data-dir", str(tmp_path), "--model", "m", "--prompt", "hi", "--paths-timeout",
+                 "0.01", "--log-level", "error", *extra])
+    return code, capsys.readouterr().err
+
+
+def test_chat_refuses_an_unaudited_model_naming_the_flag(tmp_path, monkeypatch, capsys):
+    code, err = _chat(tmp_path, monkeypatch, capsys)
+    assert code == chat.EXIT_UNAUDITED == 7
+    assert ("gentorrent: error: model m is not audited by the committee's verifiers (no verifier with enough voting "
+            "power holds it); pass --allow-unaudited to use it anyway") in err
+    # With the opt-in (flag or environment) the chat goes on: here to building paths, which fail (no relays).
+    assert _chat(tmp_path, monkeypatch, capsys, "--allow-unaudited")[0] == chat.EXIT_PATHS
+    assert _chat(tmp_path, monkeypatch, capsys, env={"GENTORRENT_ALLOW_UNAUDITED": "1"})[0] == chat.EXIT_PATHS
+    assert _chat(tmp_path, monkeypatch, capsys, "--no-allow-unaudited",
+                 env={"GENTORRENT_ALLOW_UNAUDITED": "yes"})[0] == chat.EXIT_UNAUDITED
+
+
+def test_chat_checks_top_p_and_the_donation_settings(tmp_path, monkeypatch, capsys):
+    code, err = _chat(tmp_path, monkeypatch, capsys, "--top-p", "0")
+    assert code == 2 and "--top-p must be within (0, 1]" in err
+    code, err = _chat(tmp_path, monkeypatch, capsys, "--donate-rate", "1.5")
+    assert code == 2 and "--donate-rate must be within 0..1" in err
+    code, err = _chat(tmp_path, monkeypatch, capsys, "--donate-prompts")
+    assert code == 2 and "--donate-prompts" in err and "needs --committee" in err

@@ -80,17 +80,16 @@ def test_init_and_genesis_with_real_cometbft(tmp_path: Path, capsys: pytest.Capt
     assert g["chain_id"] == "gt-unit" and g["initial_height"] == "1"
     assert [v["address"] for v in g["validators"]] == [i.validator_address for i in infos]
     assert g["consensus_params"]["abci"]["vote_extensions_enable_height"] == "1"  # the lists are signed in them
-    from verifier.audit import AuditParams, params_from_app_state
+    from verifier.audit.chain import AuditParams, params_from_app_state
 
     assert "app_state" not in g  # audits off unless asked for
     other = tmp_path / "other.json"
     assert main(["verifier", "genesis", "--out", str(other), "--audits", *dirs]) == 0
     assert params_from_app_state(json.dumps(json.loads(other.read_text())["app_state"]).encode()) == AuditParams()
-    assert main(["verifier", "genesis", "--out", str(other), "--audit-model", "qwen-0.5b", "--epoch-blocks", "60",
+    assert main(["verifier", "genesis", "--out", str(other), "--audits", "--epoch-blocks", "60",
                  "--challenges-per-node", "4", *dirs]) == 0
-    assert json.loads(other.read_text())["app_state"] == {
-        "audit": {"model": "qwen-0.5b", "epoch_blocks": 60, "challenges_per_node": 4, "tolerance": 20_000}}
-    assert main(["verifier", "genesis", "--out", str(other), "--audit-model", "m", "--epoch-blocks", "3", *dirs]) == 2
+    assert json.loads(other.read_text())["app_state"] == {"audit": {"epoch_blocks": 60, "challenges_per_node": 4}}
+    assert main(["verifier", "genesis", "--out", str(other), "--audits", "--epoch-blocks", "3", *dirs]) == 2
     assert "epoch_blocks" in capsys.readouterr().err
     for d, me in zip(dirs, infos, strict=True):
         installed = json.loads((Path(d) / "cometbft" / "config" / "genesis.json").read_text())

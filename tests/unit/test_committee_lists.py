@@ -31,11 +31,13 @@ from verifier.tx import Code
 T0 = 1_700_000_000
 
 
-def _record(i: int, role: int = 1, reputation: int = 900_000) -> list[object]:
-    """A list record; a model record carries the committee's reputation of the node as its 10th field."""
+def _record(i: int, role: int = 1, reputation: int = 900_000, audited: bool = True) -> list[object]:
+    """A list record; a model record carries the committee's reputation of the node as its 10th field
+    and whether its model is audited as its 11th (lists format 3)."""
     key = crypto.SigningKey.generate()
     return [node_id_of(key.public_bytes), key.public_bytes, role, bytes(32), f"10.0.0.{i}:9000", "eu-west",
-            "smollm2" if role == 2 else "", 5 if role == 2 else 0, T0, *([reputation] if role == 2 else [])]
+            "smollm2" if role == 2 else "", 5 if role == 2 else 0, T0,
+            *([reputation, audited] if role == 2 else [])]
 
 
 class Committee:
@@ -65,9 +67,39 @@ def test_a_good_list_is_accepted_and_becomes_peer_entries() -> None:
     models = [_record(i, 2) for i in range(3)]
     got = verify_document(c.document(7, users, models, kind=KIND_MODELS), CHAIN, c.pinned, kind=KIND_MODELS)
     assert all(e.models == ("smollm2",) for e in got.entries)
-    assert all(e.reputation == 900_000 for e in got.entries)
+    assert all(e.reputation == 900_000 and e.audited is True for e in got.entries)
     users_got = verify_document(c.document(7, users, models, kind=KIND_USERS), CHAIN, c.pinned, kind=KIND_USERS)
-    assert all(e.reputation is None for e in users_got.entries)
+    assert all(e.reputation is None and e.audited is None for e in users_got.entries)
+
+
+def test_model_records_carry_the_audited_flag_and_untrusted_nodes_are_listed() -> None:
+    """Lists format 3: a model record's 11th field says whether its model is audited (a bool,
+    strictly), and nodes under the trust line stay on the list, marked by their reputation."""
+    from overlay.committee import LISTS_VERSION
+    from overlay.peers import TRUST_LINE, usable
+
+    assert LISTS_VERSION == 3
+    c = Committee()
+    models = [_record(0, 2, reputation=900_000, audited=True), _record(1, 2, reputation=10_000, audited=True),
+              _record(2, 2, reputation=500_000, audited=False)]
+    got = verify_document(c.document(7, [], models, kind=KIND_MODELS), CHAIN, c.pinned, kind=KIND_MODELS)
+    by_id = {e.node_id: e for e in got.entries}
+    ok, low, unaudited = (by_id[r[0]] for r in models)  # type: ignore[index]
+    assert (ok.audited, low.audited, unaudited.audited) == (True, True, False)
+    assert low.reputation == 10_000 < TRUST_LINE and not low.trusted and ok.trusted and unaudited.trusted
+    assert [usable(e) for e in (ok, low, unaudited)] == [True, False, False]
+    assert [usable(e, allow_unaudited=True) for e in (ok, low, unaudited)] == [True, False, True]
+    for flag in (1, 0, None, "true", b"\x01"):  # only msgpack's true and false are a flag
+        bad = [list(r) for r in models]
+        bad[0][10] = flag
+        with pytest.raises(ListError, match="types"):
+            verify_document(c.document(7, [], bad, kind=KIND_MODELS), CHAIN, c.pinned, kind=KIND_MODELS)
+    ten = [list(r)[:10] for r in models]  # a model record of format 2 (no audited flag)
+    with pytest.raises(ListError, match="types"):
+        verify_document(c.document(7, [], ten, kind=KIND_MODELS), CHAIN, c.pinned, kind=KIND_MODELS)
+    twelve = [[*r, True] for r in models]
+    with pytest.raises(ListError, match="types"):
+        verify_document(c.document(7, [], twelve, kind=KIND_MODELS), CHAIN, c.pinned, kind=KIND_MODELS)
 
 
 def test_two_of_four_signatures_are_refused() -> None:
@@ -229,6 +261,50 @@ def test_the_core_records_certificates_and_serves_lists_that_verify() -> None:
     # With only two validators extending their votes, no certificate is made.
     _height(a, c, [], signers=2)
     assert not [b for b in _height(a, c, []) if b.startswith(quorum.CERT_TAG)]
+
+
+def test_the_model_list_holds_every_model_node_with_its_reputation_and_audited_flag(monkeypatch) -> None:
+    """verifier/app.py ListsAt.of (lists format 3): untrusted model nodes stay on the list (audits
+    must reach them), each record with its reputation and whether its model is audited
+    (verifier.audit.chain.audited_models: empty when audits are off)."""
+    from types import SimpleNamespace
+
+    from verifier import app as core
+    from verifier.audit.reputation import R0, TRUST_LINE
+
+    c = Committee()
+    a = _committee_app(c)
+    good, low, other = Node(port=7100), Node(port=7101), Node(port=7102)
+    user = Node(port=7103)
+    _height(a, c, [good.register(tx.ROLE_MODEL), low.register(tx.ROLE_MODEL),
+                   other.register(tx.ROLE_MODEL, model_id="other-model", capacity=2), user.register()])
+
+    def entries(st: object) -> dict[bytes, object]:
+        lists = core.ListsAt.of(st)  # type: ignore[arg-type]
+        doc = encode_document(CHAIN, 9, KIND_MODELS, lists.models, lists.users_digest, lists.models_digest, c.pinned,
+                              [(k.public_bytes, k.sign(lists.message(CHAIN, 9))) for k in c.keys])
+        return {e.node_id: e for e in verify_document(doc, CHAIN, c.pinned, kind=KIND_MODELS).entries}
+
+    # Audits off: every model node listed at R(0), no model audited.
+    off = entries(a.committed)
+    assert set(off) == {good.node_id, low.node_id, other.node_id}
+    assert all(e.reputation == R0 and e.audited is False for e in off.values())  # type: ignore[attr-defined]
+    # Audits on: one node under the trust line, one model audited.
+    st = a.committed.copy()
+    st.audit = SimpleNamespace(reputation=SimpleNamespace(nodes={  # type: ignore[assignment]
+        good.node_id: SimpleNamespace(value=900_000), low.node_id: SimpleNamespace(value=TRUST_LINE - 1)}))
+    seen: list[object] = []
+
+    def audited_models(audit: object, validators: object) -> frozenset[str]:
+        seen.append((audit, validators))
+        return frozenset({"smollm2-135m"})
+
+    monkeypatch.setattr(core.audits, "audited_models", audited_models)
+    on = entries(st)
+    assert seen == [(st.audit, st.validator_powers())]
+    assert set(on) == {good.node_id, low.node_id, other.node_id}  # the untrusted node is still listed
+    got = {n: (e.reputation, e.audited) for n, e in on.items()}  # type: ignore[attr-defined]
+    assert got == {good.node_id: (900_000, True), low.node_id: (TRUST_LINE - 1, True), other.node_id: (R0, False)}
 
 
 def test_a_wrong_extension_is_rejected_and_forged_certificates_never_pass() -> None:
@@ -500,7 +576,7 @@ def test_signed_records_that_break_a_field_rule_are_refused() -> None:
         bad[1][9] = reputation
         with pytest.raises(ListError, match=message):
             verify_document(signed(bad, KIND_MODELS), CHAIN, c.pinned, kind=KIND_MODELS)
-    nine = [list(r)[:9] for r in models]  # a model record of format 1 (no reputation)
+    nine = [list(r)[:9] for r in models]  # a model record of format 1 (no reputation nor audited flag)
     with pytest.raises(ListError, match="types"):
         verify_document(signed(nine, KIND_MODELS), CHAIN, c.pinned, kind=KIND_MODELS)
 
@@ -519,3 +595,11 @@ def test_an_unchanged_list_reuses_the_held_entries_and_still_checks_everything_e
     changed = verify_document(c.document(9, [*users, _record(9)], signers=4), CHAIN, c.pinned, kind=KIND_USERS,
                               known=first)
     assert changed.entries is not first.entries and len(changed.entries) == 6
+
+
+def test_the_clients_trust_line_is_the_committees() -> None:
+    """overlay imports no verifier: overlay.peers.TRUST_LINE restates verifier/audit/reputation.py's."""
+    from overlay.peers import TRUST_LINE
+    from verifier.audit import reputation
+
+    assert TRUST_LINE == reputation.TRUST_LINE

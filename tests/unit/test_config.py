@@ -142,3 +142,29 @@ def test_config_flag_through_the_cli(tmp_path: Path) -> None:
     f = write_toml(tmp_path / "x.toml", 'peers = "/nonexistent/peers.json"\n')
     cfg = resolve_config(build_parser().parse_args(["status", "--config", str(f)]))
     assert cfg.peers == "/nonexistent/peers.json" and cfg.source("peers") == f"file {f}"
+
+
+def test_switches_come_from_every_layer_and_take_only_true_or_false(tmp_path: Path) -> None:
+    """``allow_unaudited`` and ``donate_prompts`` (user chat/serve): booleans in the file, words in the
+    environment (``GENTORRENT_ALLOW_UNAUDITED=1``), ``--x``/``--no-x`` flags; ``donate_rate`` a float."""
+    cfg = resolve({}, env={})
+    assert (cfg.allow_unaudited, cfg.donate_prompts, cfg.donate_rate) == (False, False, 0.25)
+    f = write_toml(tmp_path / "c.toml", "allow_unaudited = true\ndonate-prompts = true\ndonate_rate = 1\n")
+    cfg = resolve({}, env={}, config_path=str(f))
+    assert (cfg.allow_unaudited, cfg.donate_prompts, cfg.donate_rate) == (True, True, 1.0)
+    for word, value in (("1", True), ("TRUE", True), ("yes", True), ("on", True), ("0", False), ("false", False),
+                        ("no", False), ("off", False)):
+        assert resolve({}, env={"GENTORRENT_ALLOW_UNAUDITED": word}).allow_unaudited is value
+    assert resolve({}, env={"GENTORRENT_ALLOW_UNAUDITED": "0"}, config_path=str(f)).allow_unaudited is False
+    with pytest.raises(ConfigError, match="GENTORRENT_DONATE_PROMPTS: donate_prompts must be true or false"):
+        resolve({}, env={"GENTORRENT_DONATE_PROMPTS": "maybe"})
+    with pytest.raises(ConfigError, match="allow_unaudited must be a bool"):
+        resolve({}, env={}, config_path=str(write_toml(tmp_path / "d.toml", "allow_unaudited = 1\n")))
+    parser = build_parser()
+    for argv, want in ((["--allow-unaudited"], True), (["--no-allow-unaudited"], False), ([], None)):
+        for cmd in ("chat", "serve"):
+            args = parser.parse_args(["user", cmd, *argv, "--donate-prompts", "--donate-rate", "0.5"])
+            assert (args.allow_unaudited, args.donate_prompts, args.donate_rate) == (want, True, 0.5)
+    args = parser.parse_args(["user", "chat", "--no-allow-unaudited", "--config", str(f)])
+    cfg = resolve_config(args)
+    assert cfg.allow_unaudited is False and cfg.source("allow_unaudited") == "flag" and cfg.donate_prompts is True

@@ -120,3 +120,18 @@ def test_audits_add_an_audit_port_per_verifier_and_a_devnet_keeps_its_choice(tmp
     assert "--audit" not in plain.command("verifier-0")
     with pytest.raises(CliError, match="created without --audits"):
         open_net(tmp_path / "plain", args(audits=True), "echo")
+
+
+def test_the_chat_config_allows_unaudited_models_only_where_the_committee_audits_none(tmp_path):
+    """A committee without --audits audits no model (its list marks every model unaudited), so the
+    devnet's chat.toml opts in (allow_unaudited = true); with --audits, or with no committee (a
+    registry file: audited unknown, allowed anyway), it does not."""
+    from overlay.config import load_toml
+
+    for name, kw, allowed in (("plain", {}, True), ("audited", {"audits": True}, None),
+                              ("registry", {"verifiers": 0}, None)):
+        net, _ = open_net(tmp_path / name, args(**kw), "echo")
+        assert net.unaudited is bool(allowed)
+        got = load_toml(net.config_toml("you", tmp_path / name / "chat.toml"))
+        assert got.get("allow_unaudited") is allowed  # None: not in the file (the default, off)
+        assert got["model"] == "echo" and ("committee" in got) is (name != "registry")

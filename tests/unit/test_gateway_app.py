@@ -13,7 +13,7 @@ import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
 
-from overlay.anon import AllBusy, AnonError, ReplyUnverified
+from overlay.anon import AllBusy, AnonError, ModelUnaudited, ReplyUnverified
 from overlay.messages import ReplyChunk
 from user_client import openai_api as api
 from user_client.gateway import Gateway, is_loopback
@@ -36,6 +36,9 @@ class FakeBackend:
     def models(self) -> list[str]:
         return ["echo"]
 
+    def unaudited(self) -> list[str]:
+        return ["held"]  # served by trusted nodes only of a model the committee does not audit
+
     async def request(self, model, messages, params, node):
         self.calls.append((messages[-1].content, node))
         words = messages[-1].content.split(" ")
@@ -47,6 +50,8 @@ class FakeBackend:
             raise AnonError("model node 0a0b0c0d: model node is at capacity; try again later")
         if words[0] == "allbusy":
             raise AllBusy("every model node serving 'echo' refused the request as busy")
+        if words[0] == "unaudited":  # the committee stopped auditing the model since the call was admitted
+            raise ModelUnaudited(model)
         served, prompt_tokens = node or NODE_A, PROMPT_TOKENS
         for i, w in enumerate(words[: params.max_tokens]):
             if w == "hold":
@@ -145,6 +150,7 @@ async def test_follow_ups_go_back_to_the_node_that_served(gateway):
     ("refused x", 502, "model_node_error"),
     ("allbusy x", 503, "model_nodes_busy"),
     ("forged x", 502, "reply_unverified"),
+    ("unaudited x", 503, "model_unaudited"),
 ])
 async def test_overlay_failures_are_openai_errors(gateway, content, status, code):
     _, _, base = gateway
@@ -173,6 +179,77 @@ async def test_unknown_model_404_bad_parameter_400(gateway):
         assert post(base + "/v1/chat/completions", b"{not json")[0] == 400
 
     await trio.to_thread.run_sync(run)
+
+
+async def test_an_unaudited_model_is_left_out_of_the_list_and_answered_503_model_unaudited(gateway):
+    _, _, base = gateway
+
+    def run():
+        c = client(base)
+        assert [m.id for m in c.models.list().data] == ["echo"]
+        for stream in (False, True):
+            with pytest.raises(openai.APIStatusError) as e:
+                r = c.chat.completions.create(model="held", messages=[{"role": "user", "content": "x"}], stream=stream)
+                list(r) if stream else None
+            assert e.value.status_code == 503 and e.value.body["code"] == "model_unaudited"
+            assert e.value.body["type"] == "service_unavailable" and e.value.body["param"] == "model"
+            assert e.value.body["message"] == (
+                "model held is not audited by the committee's verifiers (no verifier with enough voting power "
+                "holds it); pass --allow-unaudited to use it anyway")
+        status, body = post(base + "/v1/completions", json.dumps({"model": "held", "prompt": "x"}).encode())
+        assert status == 503 and body["error"]["code"] == "model_unaudited"
+
+    await trio.to_thread.run_sync(run)
+
+
+def test_the_listed_models_are_those_with_a_usable_node():
+    """user serve's /v1/models: trusted nodes of audited models (or unknown: no committee); an
+    unaudited model only with --allow-unaudited; a model of untrusted nodes never."""
+    from overlay.peers import TRUST_LINE, PeerEntry
+    from user_client.gateway import model_ids
+
+    def node(i, model, reputation, audited):
+        return PeerEntry(bytes([i]) * 20, f"h:{i + 1}", b"e" * 32, b"x" * 32, role="model", models=(model,),
+                         reputation=reputation, audited=audited)
+
+    entries = [node(1, "audited", 900_000, True), node(2, "audited", 100_000, True),
+               node(3, "plain", 600_000, False), node(4, "plain", 10_000, False),
+               node(5, "sunk", TRUST_LINE - 1, True), node(6, "sunk-plain", 0, False),
+               node(7, "file", None, None)]
+    assert model_ids(entries, False) == (["audited", "file"], ["plain"])
+    assert model_ids(entries, True) == (["audited", "file", "plain"], [])
+
+
+class FakeDonor:
+    def __init__(self) -> None:
+        self.offers: list[tuple[str, tuple, object]] = []
+
+    def offer(self, model, messages, params) -> bool:
+        self.offers.append((model, tuple(messages), params))
+        return True
+
+
+async def test_complete_replies_are_offered_to_the_donor_and_failures_are_not(gateway):
+    gw, _, base = gateway
+    gw.donor = FakeDonor()
+
+    def run():
+        c = client(base)
+        msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "one two"}]
+        c.chat.completions.create(model="echo", messages=msgs, temperature=0.5, top_p=0.9)
+        "".join(p.choices[0].delta.content or "" for p in c.chat.completions.create(
+            model="echo", messages=[{"role": "user", "content": "streamed reply"}], stream=True) if p.choices)
+        with pytest.raises(openai.APIStatusError):
+            c.chat.completions.create(model="echo", messages=[{"role": "user", "content": "silent x"}])
+        with pytest.raises(openai.APIError):
+            list(c.chat.completions.create(model="echo", messages=[{"role": "user", "content": "a break"}],
+                                           stream=True))
+
+    await trio.to_thread.run_sync(run)
+    assert [(m, [x.content for x in msgs]) for m, msgs, _ in gw.donor.offers] == [
+        ("echo", ["be brief", "one two"]), ("echo", ["streamed reply"])]
+    params = gw.donor.offers[0][2]
+    assert (params.temperature, params.top_p) == (0.5, 0.9)
 
 
 async def test_an_error_mid_stream_ends_the_stream_with_an_error_event(gateway):

@@ -59,7 +59,7 @@ def test_roles_do_not_import_each_other(role: str) -> None:
                 if role == "verifier" and m.startswith("model_node.engine"):
                     continue
                 # ... and the audit loop loads the llama.cpp engine it scores with (the audit model).
-                if p.relative_to(REPO).as_posix() == "verifier/auditor.py" and m.startswith("model_node.llama"):
+                if p.relative_to(REPO).as_posix() == "verifier/audit/auditor.py" and m.startswith("model_node.llama"):
                     continue
                 # Verifier benchmarks (tooling, never loaded by a node) build the engine they time.
                 module = ".".join(p.relative_to(REPO).with_suffix("").parts)

@@ -24,3 +24,17 @@ def test_bad_slots_are_refused(value: str, capsys: pytest.CaptureFixture[str]) -
 def test_echo_plans_without_slots() -> None:
     model, factory = plan_engine("echo", None, slots=3)
     assert model == "echo" and factory().model == "echo"
+
+
+def test_extra_buffers_are_off_where_the_cpu_advertises_amx() -> None:
+    """llama.cpp's AMX repacking faults on hosts that advertise AMX but do not let a guest use it
+    (a CI host: every decode was a general protection fault); the plain kernels run there."""
+    from model_node.llama import EXTRA_BUFFERS_ENV, extra_buffers
+
+    amd = "flags\t\t: fpu vme avx2 avx512f sha_ni\n"
+    intel = "flags\t\t: fpu vme avx2 avx512f amx_bf16 amx_tile amx_int8\n"
+    assert extra_buffers(amd, {}) is True
+    assert extra_buffers(intel, {}) is False
+    assert extra_buffers(intel, {EXTRA_BUFFERS_ENV: "1"}) is True
+    assert extra_buffers(amd, {EXTRA_BUFFERS_ENV: "0"}) is False
+    assert extra_buffers(intel, {EXTRA_BUFFERS_ENV: "maybe"}) is False

@@ -1,4 +1,4 @@
-"""The reputation rule (verifier/reputation.py): hand-computed cases pin it."""
+"""The reputation rule (verifier/audit/reputation.py): hand-computed cases pin it."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from fractions import Fraction
 
 import pytest
 
-from verifier import reputation as rep
-from verifier.reputation import NodeReputation, Params, ReputationTable, update
+from verifier.audit import reputation as rep
+from verifier.audit.reputation import NodeReputation, Params, ReputationTable, update
 
 U = rep.SCALE  # 1.0
 

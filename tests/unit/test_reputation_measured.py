@@ -8,7 +8,7 @@ import json
 import random
 from pathlib import Path
 
-from verifier import reputation as rep
+from verifier.audit import reputation as rep
 
 SCORES = Path(__file__).resolve().parents[2] / "simulations" / "data" / "scores.json"
 CHALLENGES = 3  # per node and epoch, each with a setting drawn like a user's

@@ -1,4 +1,4 @@
-"""Audit scores from token scores (verifier/scoring.py)."""
+"""Audit scores from token scores (verifier/audit/scoring.py)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,21 @@ import math
 import pytest
 
 from model_node.engine import TokenScore
-from verifier.scoring import ScoringError, calibrated, raw_inv_ppl, score_reply
+from overlay.messages import SamplingParams
+from verifier.audit.scoring import (
+    MIN_VARIANCE,
+    Z_HIGH,
+    ScoringError,
+    calibrated,
+    raw_inv_ppl,
+    score_reply,
+    two_sided,
+    z_score,
+)
 
 
-def ts(logprob: float, expected: float, token: int = 1, argmax: int = 1) -> TokenScore:
-    return TokenScore(token, logprob, expected, argmax)
+def ts(logprob: float, expected: float, token: int = 1, argmax: int = 1, var: float = 0.0) -> TokenScore:
+    return TokenScore(token, logprob, expected, argmax, var)
 
 
 def test_greedy_reply_of_the_same_model_scores_one() -> None:
@@ -32,6 +42,7 @@ def test_less_likely_tokens_lower_the_score_by_the_missing_likelihood() -> None:
 def test_more_likely_than_expected_is_capped_at_one() -> None:
     """A sampled reply can be luckier than the model's expectation: C stays at 1."""
     assert score_reply([ts(-0.1, -0.9)]).calibrated == 1.0
+    assert score_reply([ts(-0.1, -0.9, var=1.0)]).score == 1.0  # z = 0.8: within sampling luck
     assert calibrated(-0.1, -0.9) == 1.0
     assert calibrated(-3.0, -1.0) == pytest.approx(math.exp(-2.0))
 
@@ -43,6 +54,10 @@ def test_empty_and_non_finite_refused() -> None:
         score_reply([ts(float("-inf"), -1.0)])
     with pytest.raises(ScoringError, match="non-finite"):
         score_reply([ts(-1.0, float("nan"))])
+    with pytest.raises(ScoringError, match="non-finite"):
+        score_reply([ts(-1.0, -1.0, var=float("nan"))])
+    with pytest.raises(ScoringError, match="non-finite"):
+        score_reply([ts(-1.0, -1.0, var=-1.0)])
 
 
 def test_raw_score_is_the_papers() -> None:
@@ -57,3 +72,105 @@ def test_challenge_prompts_are_distinct() -> None:
     assert prompts(24) == ps[:24]
     with pytest.raises(ValueError, match="distinct"):
         prompts(73)
+
+
+# --------------------------------------------------------------------------- the two-sided score
+
+
+def _reply(n: int, rng_seed: int, temperature: float, greedy: bool = False) -> list[TokenScore]:
+    """A reply over fixed random next-token distributions, scored under ``temperature``: drawn
+    at that temperature (an honest node) or, with ``greedy``, the argmax everywhere (a node that
+    ignores the temperature asked)."""
+    np = pytest.importorskip("numpy")
+    from model_node.engine import logprob_moments
+
+    rng = np.random.default_rng(rng_seed)
+    params = SamplingParams(temperature=temperature)
+    out = []
+    for _ in range(n):
+        logits = rng.normal(0.0, 2.5, size=200)
+        lp = logits - np.log(np.exp(logits).sum())
+        q = np.exp(lp / temperature)
+        q /= q.sum()
+        drawn = int(rng.choice(200, p=q))
+        tok = int(lp.argmax()) if greedy else drawn
+        mean, var = logprob_moments(lp, params)
+        out.append(TokenScore(tok, float(lp[tok]), mean, int(lp.argmax()), var))
+    return out
+
+
+def test_z_is_the_sum_of_differences_over_the_standard_deviation() -> None:
+    r = score_reply([ts(-0.5, -1.0, var=0.25), ts(-1.0, -1.0, var=0.5), ts(-0.5, -1.0, var=0.25)])
+    assert r.z == pytest.approx(1.0 / math.sqrt(1.0))
+    assert z_score(3.0, 4.0) == pytest.approx(1.5)
+    assert z_score(3.0, MIN_VARIANCE / 2) == 0.0  # no spread: nothing to measure
+
+
+def test_greedy_reply_to_a_sampled_request_scores_low() -> None:
+    """A node decoding greedily although T = 0.7 is asked: every token is the argmax, far more
+    likely than sampling gives; its one-sided C is 1, its two-sided score is not."""
+    scores = [ts(-0.3, -1.1, var=0.9) for _ in range(64)]  # like a greedy reply at T = 0.7
+    r = score_reply(scores)
+    assert r.calibrated == 1.0
+    assert r.z == pytest.approx(64 * 0.8 / math.sqrt(64 * 0.9)) and r.z > Z_HIGH
+    assert r.score == pytest.approx(math.exp(-0.8))
+    assert r.score < 0.75  # τ: one such reply makes an abnormal epoch on its own
+    assert two_sided(-0.3, -1.1, r.z) == r.score
+
+
+def test_honest_sampled_replies_keep_their_one_sided_score() -> None:
+    for seed in range(20):
+        for t in (0.7, 1.0):
+            r = score_reply(_reply(128, seed, t))
+            assert r.z <= Z_HIGH
+            assert r.score == r.calibrated
+
+
+def test_greedy_reply_of_random_distributions_is_caught() -> None:
+    for seed in range(5):
+        r = score_reply(_reply(128, seed, 0.7, greedy=True))
+        assert r.calibrated == 1.0 and r.z > Z_HIGH and r.score < 0.75
+
+
+def test_greedy_requests_keep_the_one_sided_score() -> None:
+    """T = 0 (no variance): z is 0 and the score is C, whatever the reply."""
+    r = score_reply([ts(-0.2, -0.2), ts(-2.0, -0.5, token=5)])
+    assert r.z == 0.0 and r.score == r.calibrated == pytest.approx(math.exp(-0.75))
+    assert two_sided(-0.1, -0.9, 0.0) == 1.0
+
+
+def test_too_likely_scores_as_far_below() -> None:
+    assert two_sided(-0.5, -1.5, Z_HIGH + 0.01) == pytest.approx(math.exp(-1.0))
+    assert two_sided(-0.5, -1.5, Z_HIGH) == 1.0
+    assert two_sided(-2.5, -1.5, Z_HIGH + 5) == pytest.approx(math.exp(-1.0))  # never above C
+
+
+def test_logprob_moments_hand_computation() -> None:
+    """Mean and variance of the sampled token's log-probability (numpy and score_rows)."""
+    np = pytest.importorskip("numpy")
+    from model_node.engine import expected_logprob, logprob_moments
+    from model_node.llama import score_rows
+
+    logits = [2.0, 1.0, 0.0, -1.0]
+    lse = math.log(sum(math.exp(x) for x in logits))
+    logp = [x - lse for x in logits]
+    shuffled = [logp[2], logp[0], logp[3], logp[1]]
+
+    def moments(q: list[float], xs: list[float]) -> tuple[float, float]:
+        total = sum(q)
+        m = sum(a * x for a, x in zip(q, xs, strict=True)) / total
+        return m, sum(a * (x - m) ** 2 for a, x in zip(q, xs, strict=True)) / total
+
+    assert logprob_moments(shuffled, SamplingParams(temperature=0.0)) == pytest.approx((logp[0], 0.0))
+    for params, q, keep in (
+            (SamplingParams(temperature=1.0), [math.exp(x) for x in logp], 4),
+            (SamplingParams(temperature=0.7), [math.exp(x / 0.7) for x in logp], 4),
+            (SamplingParams(temperature=0.5, top_k=2), [math.exp(x / 0.5) for x in logp[:2]], 2),
+            (SamplingParams(temperature=1.0, top_p=0.85), [math.exp(x) for x in logp[:2]], 2)):
+        m, v = moments(q, logp[:keep])
+        assert logprob_moments(shuffled, params) == pytest.approx((m, v))
+        assert expected_logprob(shuffled, params) == pytest.approx(m)
+        (row,) = score_rows(np.array([logits]), [1], params)
+        assert row.expected_logprob == pytest.approx(m) and row.var_logprob == pytest.approx(v)
+    assert logprob_moments(shuffled, SamplingParams(temperature=1.0, top_p=0.5)) == pytest.approx((logp[0], 0.0))
+    assert all(math.isnan(x) for x in logprob_moments([], SamplingParams()))

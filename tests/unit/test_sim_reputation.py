@@ -12,7 +12,7 @@ import pytest
 
 from simulations import __main__ as cli
 from simulations import reputation as sim
-from verifier import reputation as rep
+from verifier.audit import reputation as rep
 
 
 def _run(seed: int, **kw: object) -> sim.Result:

@@ -1,4 +1,4 @@
-"""τ (verifier.reputation.TAU) against the score distributions measured on the real engine
+"""τ (verifier.audit.reputation.TAU) against the score distributions measured on the real engine
 (simulations/data/scores.json), as decision 0010 §4 chose it: an epoch's C(T) is the mean of 3
 challenges, each with a setting drawn like a user's (greedy, T = 0.7, T = 1.0 equally likely) and
 a reply from that setting. With 24 replies per setting and role, every challenge's score is a
@@ -11,7 +11,7 @@ import bisect
 import json
 from pathlib import Path
 
-from verifier import reputation as rep
+from verifier.audit import reputation as rep
 
 SCORES = Path(__file__).resolve().parents[2] / "simulations" / "data" / "scores.json"
 CHALLENGES = 3  # per node and epoch (decision 0010)

@@ -1,6 +1,6 @@
 """The GPU bench's scoring math (verifier/bench/verify_gpu.py, torch) computes what the CPU
 engine's does (model_node.llama.score_rows, numpy float64): the same token log-probabilities,
-expected log-probabilities under every kind of sampling cut, and argmaxes. Needs torch (`make
+expected log-probabilities and their variances under every kind of sampling cut, and argmaxes. Needs torch (`make
 setup-vllm` installs it; CI has it)."""
 
 from __future__ import annotations
@@ -42,6 +42,11 @@ def test_torch_scores_equal_numpy_scores(params: SamplingParams) -> None:
     for g, w in zip(got, want, strict=True):
         assert g.logprob == pytest.approx(w.logprob, abs=1e-9)
         assert g.expected_logprob == pytest.approx(w.expected_logprob, abs=1e-9)
+        assert g.var_logprob == pytest.approx(w.var_logprob, abs=1e-9)
+    if params.temperature == 0.0 or params.top_p < 0.05:  # one token to draw: no spread
+        assert all(s.var_logprob == 0.0 for s in got)
+    else:
+        assert any(s.var_logprob > 0.01 for s in got)
 
 
 def test_float32_rows_are_close_and_a_cut_changes_the_expectation() -> None:
@@ -52,6 +57,7 @@ def test_float32_rows_are_close_and_a_cut_changes_the_expectation() -> None:
     got = score_rows_torch(torch.from_numpy(logits).to(torch.bfloat16).float(), [1, 2, 3, 4], params)
     for g, w in zip(got, want, strict=True):
         assert g.expected_logprob == pytest.approx(w.expected_logprob, abs=0.05)
+        assert g.var_logprob == pytest.approx(w.var_logprob, rel=0.05, abs=0.05)
     lp = torch.log_softmax(torch.from_numpy(logits).double(), dim=-1)
     uncut = expected_logprob_torch(lp, SamplingParams(temperature=0.9))
     cut = expected_logprob_torch(lp, params)

@@ -7,7 +7,7 @@ users' default sampling (temperature 0.7, a fixed seed per question, up to ``rep
 tokens). The same replies are then scored, in the same run and under the same sampling
 parameters, by three methods; each gives every reply token's log-probability and the expected
 log-probability the calibrated score needs (:class:`~model_node.engine.TokenScore`), and a
-verification ends with :func:`verifier.scoring.score_reply` on them:
+verification ends with :func:`verifier.audit.scoring.score_reply` on them:
 
 - **one pass** (what the verifier does): one :meth:`Engine.score` call per reply, which
   evaluates prompt + reply in one teacher-forced pass and returns logits only for the positions
@@ -76,7 +76,7 @@ from model_node.llama import INVARIANT_UBATCH, N_BATCH, LlamaCppEngine, resolve_
 from overlay.bench.stats import cpu_model, summarize_ms
 from overlay.cli import run_async
 from overlay.messages import ChatMessage, SamplingParams
-from verifier.scoring import score_reply
+from verifier.audit.scoring import score_reply
 
 QUESTIONS = (
     "Explain photosynthesis to a ten-year-old in two sentences.",
@@ -140,10 +140,13 @@ class CompletionAPI:
     def __init__(self, engine: LlamaCppEngine, threads: int) -> None:
         from llama_cpp import Llama
 
-        self.llm = Llama(str(engine.model_path), n_ctx=engine.context_window, n_batch=N_BATCH,
-                         n_ubatch=INVARIANT_UBATCH if engine.batch_invariant else N_BATCH,
-                         n_threads=1 if engine.batch_invariant else threads, n_threads_batch=threads,
-                         flash_attn=True, logits_all=True, verbose=False)
+        from model_node.llama import model_params_for_this_host
+
+        with model_params_for_this_host():  # the engine's own choice of buffer types (AMX hosts)
+            self.llm = Llama(str(engine.model_path), n_ctx=engine.context_window, n_batch=N_BATCH,
+                             n_ubatch=INVARIANT_UBATCH if engine.batch_invariant else N_BATCH,
+                             n_threads=1 if engine.batch_invariant else threads, n_threads_batch=threads,
+                             flash_attn=True, logits_all=True, verbose=False)
 
     def close(self) -> None:
         self.llm.close()

@@ -13,7 +13,7 @@ PyTorch's SDPA attention and no CUDA graphs (HF eager):
 - **one pass** (the verifier's method): prompt + reply in one teacher-forced forward pass; the
   language-model head runs only on the rows that predict a reply token; then the calibrated score
   (:func:`score_rows_torch`, the same math as :func:`model_node.llama.score_rows`, on the GPU) and
-  :func:`verifier.scoring.score_reply`.
+  :func:`verifier.audit.scoring.score_reply`.
 - **(a) Algorithm 3 as written** (``algorithm3``): per reply token one completion call over the
   growing context with ``max_tokens = 1`` and 20 log-probabilities, the prefix cache on (each call
   finds the previous context's KV in place and evaluates one new token). A call does what a
@@ -61,8 +61,8 @@ from model_node.engine import TokenScore
 from overlay.bench.stats import summarize_ms
 from overlay.cli import CliError
 from overlay.messages import SamplingParams
+from verifier.audit.scoring import score_reply
 from verifier.bench.verify import EPSILON, TEMPERATURE, TOP_LOGPROBS, normalized_ppl
-from verifier.scoring import score_reply
 
 # Architectures (transformers LlamaConfig fields). 8b: Meta Llama 3 8B's published shape;
 # 135m: SmolLM2-135M-Instruct's (the CPU bench's model); tiny: a smoke-test model.
@@ -102,14 +102,22 @@ QUICK = (Plan("tiny", 4, 1, (8, 12), (6, 10), (1, 4)),)
 
 def expected_logprob_torch(lp: Any, params: SamplingParams) -> Any:
     """Per row of ``lp`` (``(n, vocab)`` log-probabilities at temperature 1): the expected
-    log-probability of a token drawn with ``params`` — :func:`model_node.engine.expected_logprob`
-    for a whole batch of rows on the tensor's device (softmax(lp / T) cut to the top-k, then to
-    the smallest top-p nucleus, renormalised; greedy: the row's maximum)."""
+    log-probability of a token drawn with ``params``, the first of :func:`logprob_moments_torch`."""
+    return logprob_moments_torch(lp, params)[0]
+
+
+def logprob_moments_torch(lp: Any, params: SamplingParams) -> tuple[Any, Any]:
+    """Per row of ``lp`` (``(n, vocab)`` log-probabilities at temperature 1): the mean and the
+    variance of the log-probability of a token drawn with ``params`` —
+    :func:`model_node.engine.logprob_moments` for a whole batch of rows on the tensor's device
+    (softmax(lp / T) cut to the top-k, then to the smallest top-p nucleus, renormalised; greedy:
+    the row's maximum and 0)."""
     import torch
 
     t, k, p = params.temperature, params.top_k, params.top_p
     if t <= 0.0:
-        return lp.max(dim=-1).values
+        top = lp.max(dim=-1).values
+        return top, torch.zeros_like(top)
     s = lp / t
     vocab = s.shape[-1]
     if 0 < k < vocab:
@@ -124,23 +132,28 @@ def expected_logprob_torch(lp: Any, params: SamplingParams) -> Any:
         keep = torch.zeros_like(in_nucleus).scatter(-1, order, in_nucleus)
         s = s.masked_fill(~keep, -math.inf)
     q = torch.softmax(s, dim=-1)
-    return torch.where(q > 0, q * lp, torch.zeros_like(lp)).sum(dim=-1)
+    live = q > 0
+    zero = torch.zeros_like(lp)
+    mean = torch.where(live, q * lp, zero).sum(dim=-1)
+    var = torch.where(live, q * (lp - mean[:, None]) ** 2, zero).sum(dim=-1)
+    return mean, var
 
 
 def score_rows_torch(logits: Any, targets: Sequence[int], params: SamplingParams) -> list[TokenScore]:
     """:func:`model_node.llama.score_rows` for a torch tensor ``(n, vocab)`` of raw logits on any
     device: per row, ``targets[i]``'s log-probability, the expected log-probability under
-    ``params`` and the argmax; computed on the tensor's device in float32 (float64 if given),
-    copied to the host once."""
+    ``params`` and its variance, and the argmax; computed on the tensor's device in float32
+    (float64 if given), copied to the host once."""
     import torch
 
     z = logits if logits.dtype == torch.float64 else logits.float()
     lp = torch.log_softmax(z, dim=-1)
     tgt = torch.as_tensor(list(targets), device=z.device, dtype=torch.long)
     chosen = lp.gather(1, tgt[:, None])[:, 0]
-    rows = torch.stack([chosen.double(), expected_logprob_torch(lp, params).double(),
-                        z.argmax(dim=-1).double()]).cpu().tolist()
-    return [TokenScore(int(tok), rows[0][i], rows[1][i], int(rows[2][i])) for i, tok in enumerate(targets)]
+    mean, var = logprob_moments_torch(lp, params)
+    rows = torch.stack([chosen.double(), mean.double(), z.argmax(dim=-1).double(), var.double()]).cpu().tolist()
+    return [TokenScore(int(tok), rows[0][i], rows[1][i], int(rows[2][i]), rows[3][i])
+            for i, tok in enumerate(targets)]
 
 
 # --------------------------------------------------------------------------- the methods

@@ -3,7 +3,7 @@
 I/O-free and deterministic. Every value is an integer in fixed point, :data:`SCALE` = 10^6
 meaning 1.0: the table is meant to live in the committee's application state, where every
 verifier must compute byte-identical values; float rounding differs across platforms and
-compilers, integers do not. Scores arrive as floats from the engine (:mod:`verifier.scoring`)
+compilers, integers do not. Scores arrive as floats from the engine (:mod:`verifier.audit.scoring`)
 and are converted once, at the boundary, by :func:`to_fixed`.
 
 The rule, per model node and per epoch T in which it was audited:
@@ -20,7 +20,9 @@ The rule, per model node and per epoch T in which it was audited:
 - ``R(0)`` = :data:`R0` = 0.5 for a node the committee has never audited: it is listed (so
   users' requests, and with them the audits, reach it) but one clearly abnormal epoch removes it,
   and trust above that is earned by answering audits.
-- ``R < 0.4`` (:data:`TRUST_LINE`): untrusted; the node leaves the model list users receive.
+- ``R < 0.4`` (:data:`TRUST_LINE`): untrusted; the node stays on the signed model list (so that
+  audits reach it and an honest node can climb back), marked by its reputation, and no client
+  sends it requests (decision 0013).
 
 An epoch in which a node was not audited leaves its reputation and window unchanged.
 """

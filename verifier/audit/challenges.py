@@ -1,29 +1,38 @@
-"""Audit challenges: natural questions from a large space, sampling parameters drawn like users'
-(issue 14 item 2; docs/committee.md "Audits").
+"""Audit challenges: prompts, and sampling parameters drawn like the project's clients send them
+(decision 0013 §3; docs/committee.md "Audits").
 
-A challenge must look like any user's request to the model node it is sent to, and a node must
-not be able to learn the prompts in advance. So:
+A challenge should look like any user's request to the model node it is sent to.
 
-- **Prompts** are composed from seven independent parts, each picked uniformly:
-  ``opener`` (:data:`OPENERS`), ``persona`` (:data:`PERSONAS`: who asks), ``question``
-  (:data:`QUESTIONS`: a template taking a topic), ``topic`` (:data:`TOPICS`), ``audience``
-  (:data:`AUDIENCES`), ``form`` (:data:`FORMS`: length or shape of the answer) and ``closing``
+- **Prompts** come first from users' donations (:mod:`verifier.audit.pool`: users' own prompts,
+  multi-turn kept, with their own parameters). When a verifier holds none, the built-in generator
+  here is the fallback, and it is **recognisable**: its prompts are composed from seven
+  independent parts, each picked uniformly, ``opener`` (:data:`OPENERS`), ``persona``
+  (:data:`PERSONAS`), ``question`` (:data:`QUESTIONS`: a template taking a topic), ``topic``
+  (:data:`TOPICS`), ``audience`` (:data:`AUDIENCES`), ``form`` (:data:`FORMS`) and ``closing``
   (:data:`CLOSINGS`)::
 
       "{opener}{persona}{question(topic)} {audience} {form} {closing}"   (empty parts left out)
 
   :data:`PROMPT_SPACE` = the product of the seven list lengths = **2,641,766,400** distinct
-  prompts (12 × 21 × 28 × 195 × 20 × 12 × 8; the tests check the count and that different part
-  choices give different normalised texts). A :class:`ChallengeGenerator` never hands out the same prompt
-  twice (it remembers the prompt keys it made and any it is told are used, e.g. the chain's),
-  and the committee refuses a reused prompt key anyway (:meth:`verifier.audit_tx.Opening.prompt_key`).
-- **System prompt**: none in half the challenges, otherwise one of :data:`SYSTEM_PROMPTS` (chat
-  users pass ``--system`` or not).
-- **Sampling parameters**, as decision 0010 measured users': temperature greedy (0), 0.7 (the
-  chat default) or 1.0, each a third of the time; top-p 1.0 (the default) in 3 of 4 challenges,
-  else 0.9 or 0.95; no top-k (the default); ``max_tokens`` uniform in 48..96; a random 31-bit
-  seed in half the challenges and none in the rest (users pass ``--seed`` for repeatable replies
-  or leave it out).
+  prompts (12 × 21 × 28 × 195 × 20 × 12 × 8). The space is large, so a node cannot learn the
+  prompts in advance, but the lists are in this public repository: a node that has read them can
+  tell such a prompt from a user's by its shape and answer it honestly while cheating users (the
+  audit-evasion bench measures it; docs/threat-model.md). The verifier logs when it falls back
+  to the generator. A :class:`ChallengeGenerator` never hands out the same prompt twice.
+- **System prompt** (generator): none in half the challenges, otherwise one of
+  :data:`SYSTEM_PROMPTS` (chat users pass ``--system`` or not).
+- **Sampling parameters** (generator; donations carry their own), :func:`draw_params`: what the
+  project's clients send, defaults included, and no value a client cannot send:
+
+  - :data:`CHAT_SHARE` (45 %): ``gentorrent user chat``'s defaults unchanged
+    (:data:`CHAT_DEFAULTS`: temperature 0.7, top-p 1, no top-k, 256 tokens, no seed);
+  - :data:`GATEWAY_SHARE` (35 %): the OpenAI-compatible gateway's defaults unchanged
+    (:data:`GATEWAY_DEFAULTS`: temperature 1, top-p 1, no top-k, 256 tokens, no seed);
+  - the rest (20 %): one of those two with one value a user set: a temperature
+    (:data:`USER_TEMPERATURES`, greedy included; the chat's ``--temperature``, the gateway's
+    ``temperature`` within 0..2), a ``max_tokens`` (:data:`USER_MAX_TOKENS`), a seed (a
+    familiar one, :data:`USER_SEEDS`, or a random 32-bit one, as programs make them), or,
+    through the gateway only (the chat has no top-p flag), a top-p (:data:`USER_TOP_P`).
 
 Everything here is I/O-free given its random source: ``rng`` (default :class:`random.SystemRandom`,
 which a verifier uses: the prompts must not be predictable) picks the parts; ``urandom`` (default
@@ -36,13 +45,13 @@ import math
 import os
 import random
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from overlay.messages import ChatMessage, SamplingParams
 
-if TYPE_CHECKING:  # audit_tx imports overlay.crypto primitives; kept out of the prompt core's import
-    from verifier.audit_tx import Challenge, Opening
+if TYPE_CHECKING:  # tx imports overlay.crypto primitives; kept out of the prompt core's import
+    from verifier.audit.tx import Opening
 
 OPENERS = (
     "", "Quick question: ", "Hi! ", "Hello, ", "I was wondering: ", "Can you help me? ", "Out of curiosity, ",
@@ -124,8 +133,19 @@ SYSTEM_PROMPTS = (
 PARTS = (OPENERS, PERSONAS, QUESTIONS, TOPICS, AUDIENCES, FORMS, CLOSINGS)
 PROMPT_SPACE = math.prod(len(p) for p in PARTS)
 
-TEMPERATURES = (0.0, 0.7, 1.0)
-MIN_MAX_TOKENS, MAX_MAX_TOKENS = 48, 96
+# What the project's clients send when the user sets nothing (user_client/cli.py `user chat`;
+# user_client/openai_api.py, the gateway behind `user serve`).
+CHAT_DEFAULTS = SamplingParams(temperature=0.7, top_p=1.0, top_k=0, max_tokens=256, seed=None)
+GATEWAY_DEFAULTS = SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_tokens=256, seed=None)
+CHAT_SHARE, GATEWAY_SHARE = 0.45, 0.35  # the rest: one of them with one value a user set
+# Values a user sets, all within what both clients accept (the gateway takes temperature 0..2,
+# top_p in (0, 1], max_tokens 1..4096, seed 0..2^32-1; the chat has no top-p flag) and within a
+# challenge's limits (verifier/audit/tx.py: max_tokens at most 1024).
+USER_TEMPERATURES = (0.0, 0.0, 0.2, 0.3, 0.5, 0.7, 0.8, 0.9, 1.0, 1.2)  # greedy the most common choice
+USER_TOP_P = (0.8, 0.9, 0.9, 0.95, 0.95)
+USER_MAX_TOKENS = (64, 100, 128, 150, 200, 300, 500, 512, 1000, 1024)
+USER_SEEDS = (0, 1, 7, 42, 123, 1234, 2024, 12345)
+MAX_SEED = 2**32 - 1
 MAX_DRAWS = 1000  # attempts to find an unused prompt before giving up (the space is 10^9: never reached)
 
 
@@ -151,12 +171,24 @@ def normalise(text: str) -> str:
 
 
 def draw_params(rng: random.Random) -> SamplingParams:
-    """Sampling parameters drawn like users' (module docstring)."""
-    temperature = rng.choice(TEMPERATURES)
-    top_p = 1.0 if rng.random() < 0.75 else rng.choice((0.9, 0.95))
-    seed = rng.randrange(1 << 31) if rng.random() < 0.5 else None
-    return SamplingParams(temperature=temperature, top_p=top_p, top_k=0,
-                          max_tokens=rng.randint(MIN_MAX_TOKENS, MAX_MAX_TOKENS), seed=seed)
+    """Sampling parameters as the project's clients send them (module docstring): a client's
+    defaults unchanged in 80 % of the draws, one user-set value in the rest."""
+    u = rng.random()
+    if u < CHAT_SHARE:
+        return CHAT_DEFAULTS
+    if u < CHAT_SHARE + GATEWAY_SHARE:
+        return GATEWAY_DEFAULTS
+    gateway = rng.random() < GATEWAY_SHARE / (CHAT_SHARE + GATEWAY_SHARE)
+    base = GATEWAY_DEFAULTS if gateway else CHAT_DEFAULTS
+    knob = rng.random()
+    if gateway and knob < 0.15:  # only the gateway takes a top-p
+        return replace(base, top_p=rng.choice(USER_TOP_P))
+    if knob < 0.55:
+        return replace(base, temperature=rng.choice(USER_TEMPERATURES))
+    if knob < 0.8:
+        return replace(base, max_tokens=rng.choice(USER_MAX_TOKENS))
+    seed = rng.choice(USER_SEEDS) if rng.random() < 0.5 else rng.randint(0, MAX_SEED)
+    return replace(base, seed=seed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,7 +204,8 @@ class Prompt:
 
 
 class ChallengeGenerator:
-    """Fresh challenges, never the same prompt twice from one generator.
+    """Fresh challenges from the built-in prompt parts (the fallback when no donated prompt is
+    held; recognisable, see the module docstring), never the same prompt twice from one generator.
 
     ``used`` (normalised prompt texts, or anything :meth:`mark_used` accepts) seeds what counts
     as used. ``rng`` picks prompts and parameters; ``urandom(16)`` makes salts; ``parts`` are the
@@ -207,7 +240,7 @@ class ChallengeGenerator:
 
     def opening(self, model: str) -> Opening:
         """A fresh challenge for ``model``: prompt, parameters and a random 16-byte salt."""
-        from verifier.audit_tx import Opening
+        from verifier.audit.tx import Opening
 
         for _ in range(MAX_DRAWS):
             p = self.prompt()
@@ -217,20 +250,3 @@ class ChallengeGenerator:
                 self._used_keys.add(key)
                 return o
         raise ChallengeError("every drawn prompt's key was already used")
-
-    def challenges(self, model: str, node_ids: Sequence[bytes], per_node: int,
-                   validator_keys: Sequence[bytes]) -> tuple[list[Challenge], list[Opening]]:
-        """``per_node`` fresh challenges for each of ``node_ids`` (in order), each sealed to every
-        validator (``validator_keys``: Ed25519 public keys, in the committee's order): the
-        :class:`~verifier.audit_tx.Challenge` list for a ``ChallengeCommit`` and the openings in
-        the same order (the leader keeps nothing else: every validator can open its own box)."""
-        from verifier.audit_tx import seal_challenge
-
-        out: list[Challenge] = []
-        openings: list[Opening] = []
-        for node in node_ids:
-            for _ in range(per_node):
-                o = self.opening(model)
-                out.append(seal_challenge(node, o, validator_keys))
-                openings.append(o)
-        return out, openings

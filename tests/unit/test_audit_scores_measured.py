@@ -1,0 +1,101 @@
+"""The two-sided audit score (verifier.audit.scoring, decision 0013 §5) against the replies measured
+on the real engine (simulations/data/audit_scores.json, ``python -m simulations.measure_audit_scores``):
+the file is well-formed and matches the current rule, honest nodes stay above τ, and nodes that
+decode greedily whatever temperature is asked fall below it where the measurement shows they can
+be seen (a Q2_K node's greedy reply at T = 0.7 cannot: see the assertions and Z_HIGH's comment)."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from simulations.measure_audit_scores import KINDS, SETTINGS, epoch2_below, summarize
+from verifier.audit import reputation as rep
+from verifier.audit import scoring
+
+DATA = Path(__file__).resolve().parents[2] / "simulations" / "data" / "audit_scores.json"
+TAU = rep.TAU / rep.SCALE
+SAMPLED = [s for s in SETTINGS if SETTINGS[s][0] > 0.0]
+USERS = ["t0.7", "t1.0"]  # the clients' defaults (user chat, gateway)
+FIELDS = {"prompt": int, "tokens": int, "calibrated": float, "score": float, "z": float, "mean_logprob": float,
+          "mean_expected_logprob": float, "var_sum": float, "argmax_agreement": float}
+
+
+@pytest.fixture(scope="module")
+def data() -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads(DATA.read_text())
+    return loaded
+
+
+def _mixed_below(samples: dict[str, Any], kind: str, settings: list[str], field: str = "score") -> float:
+    """The share of 2-reply epochs below τ, each reply's setting uniform among ``settings``."""
+    pools = [[r[field] for r in samples[s][kind]] for s in settings]
+    return statistics.fmean(
+        sum((x + y) / 2 < TAU for x in a for y in b) / (len(a) * len(b)) for a in pools for b in pools)
+
+
+def test_the_file_is_well_formed_and_matches_the_current_rule(data: dict[str, Any]) -> None:
+    samples = data["samples"]
+    assert set(samples) == set(SETTINGS) and set(data["settings"]) == set(SETTINGS)
+    assert all(set(cells) == set(KINDS) for cells in samples.values())
+    assert data["z_high"] == scoring.Z_HIGH, "rerun python -m simulations.measure_audit_scores --rescore"
+    assert data["tau"] == TAU and data["cpu"] and data["measured"] and data["how"]
+    n_prompts = len(data["prompts"])
+    sizes = {len(rows) for cells in samples.values() for rows in cells.values()}
+    assert sizes == {n_prompts} and n_prompts >= 20
+    for setting, cells in samples.items():
+        for kind, rows in cells.items():
+            assert [r["prompt"] for r in rows] == list(range(n_prompts)), (setting, kind)
+            for r in rows:
+                assert set(r) == set(FIELDS)
+                assert all(isinstance(r[f], t) or (t is float and isinstance(r[f], int)) for f, t in FIELDS.items())
+                assert all(math.isfinite(r[f]) for f in FIELDS)
+                assert 0.0 < r["score"] <= r["calibrated"] <= 1.0 and r["tokens"] >= 1 and r["var_sum"] >= 0.0
+                assert r["calibrated"] == pytest.approx(scoring.calibrated(r["mean_logprob"], r["mean_expected_logprob"]))
+                assert r["score"] == scoring.two_sided(r["mean_logprob"], r["mean_expected_logprob"], r["z"])
+                if setting == "greedy":
+                    assert r["z"] == 0.0 and r["var_sum"] == 0.0 and r["score"] == r["calibrated"]
+    assert data["summary"] == summarize(samples)
+
+
+def test_honest_replies_keep_their_one_sided_score_and_stay_above_tau(data: dict[str, Any]) -> None:
+    samples = data["samples"]
+    for setting in SETTINGS:
+        rows = samples[setting]["honest"]
+        assert all(r["z"] <= scoring.Z_HIGH for r in rows), setting  # never "too likely"
+        assert all(r["score"] == r["calibrated"] for r in rows)
+        assert statistics.median(r["score"] for r in rows) > TAU
+    honest_z = [r["z"] for s in SAMPLED for r in samples[s]["honest"]]
+    assert abs(statistics.fmean(honest_z)) < 0.3 and statistics.stdev(honest_z) < 1.3  # z is ~N(0, 1)
+    assert _mixed_below(samples, "honest", USERS) < 0.05
+
+
+def test_greedy_cheaters_fall_below_tau_where_they_can_be_seen(data: dict[str, Any]) -> None:
+    samples = data["samples"]
+    for kind in ("greedy", "greedy_honest_weights"):
+        # T = 1 (the gateway's default): too likely, and scored as far below.
+        assert statistics.median(r["score"] for r in samples["t1.0"][kind]) < TAU, kind
+        assert statistics.median(r["calibrated"] for r in samples["t1.0"][kind]) == 1.0  # the old score saw nothing
+    # With the honest weights, greedy replies are too likely at every temperature.
+    assert statistics.median(r["score"] for r in samples["t0.7"]["greedy_honest_weights"]) < TAU
+    assert sum(r["z"] > scoring.Z_HIGH for s in SAMPLED for r in samples[s]["greedy_honest_weights"]) >= 0.8 * 72
+    # With Q2_K weights at T = 0.7, quantization noise makes its greedy reply as far from the
+    # verifier's argmax as sampling would be: nothing is too likely (a limit of any such test).
+    assert statistics.median(r["z"] for r in samples["t0.7"]["greedy"]) < scoring.Z_HIGH
+    # Over epochs of two challenges with the clients' default settings, every cheater is abnormal
+    # far more often than an honest node; the one-sided score let the greedy ones through.
+    assert _mixed_below(samples, "degraded", USERS) > 0.9
+    assert _mixed_below(samples, "greedy", USERS) > 0.4
+    assert _mixed_below(samples, "greedy_honest_weights", USERS) > 0.8
+    assert _mixed_below(samples, "greedy", USERS, "calibrated") < 0.05
+    assert _mixed_below(samples, "greedy_honest_weights", USERS, "calibrated") < 0.05
+
+
+def test_epoch_share_is_exact_over_pairs() -> None:
+    assert epoch2_below([1.0, 0.5], 0.75) == pytest.approx(0.25)  # only (0.5, 0.5) averages below
+    assert epoch2_below([0.8, 0.7], 0.75) == pytest.approx(0.25)

@@ -1,0 +1,881 @@
+"""A verifier's audits (decision 0013; docs/committee.md "Audits: running a verifier with audits").
+
+Every verifier audits on a secret plan of its own; the chain takes a per-node median of the
+verifiers' reports (:mod:`verifier.audit.chain`). Two layers, as everywhere in this project:
+
+- :class:`Auditor`, the **I/O-free planner**. Given this verifier's validator key, the committee's
+  ``/audit`` view (:class:`AuditView`, committed state) at a height, and what it has done so far,
+  :meth:`Auditor.plan` says what to do next:
+
+  - in the epoch's commit window, a **secret plan**: for each model this verifier holds and each
+    node the view lists for it, ``challenges_per_node`` fresh challenges (users' donated prompts
+    first, :mod:`verifier.audit.pool`; else the built-in generator, which is recognisable and is
+    logged), entries by node id ascending, a random salt; a :class:`Submit` of the signed
+    :class:`~verifier.audit.tx.PlanCommit`, which holds only the plan's salted hash and the
+    models. Each challenge gets a random send height in the send window.
+  - in the send window, a :class:`Send` for each challenge whose height has come. Its outcome
+    comes back through :meth:`Auditor.result`: a reply (scored by this verifier's engine) is final;
+    a busy, silent, lost, incomplete or error outcome is tried again later at a new random height
+    of the window, at most :data:`~verifier.audit.tx.MAX_TRIES` sends in all.
+  - from the report window on, a :class:`Submit` of the signed
+    :class:`~verifier.audit.tx.AuditReport`: every planned entry with its reply or failure. A
+    challenge still out waits up to half the report window (:func:`grace_height`), then is reported
+    silent. Sends fall in the first :data:`SEND_SHARE` of the send window (:func:`last_send`).
+
+  The plan is kept in memory and written (:meth:`Auditor.snapshot`, ``DATA_DIR/audit-plan.msgpack``,
+  mode 0600) before its commit is sent, and after each outcome, so a restarted verifier reports
+  the plan it committed (:meth:`Auditor.restore`).
+- :class:`AuditDriver`, the **thin trio driver**: it polls the verifier's own CometBFT RPC
+  (``/abci_query`` ``/audit``, about once a block), sends challenges through the overlay's
+  anonymous request API, the very code users run, to ONE node with no failover and over paths
+  built for that challenge alone (:func:`send_challenge`: the proxies of one challenge link it to
+  no other), scores replies with this verifier's own engine (:func:`score_tokens`), and
+  broadcasts the transactions (``/broadcast_tx_sync``). :func:`run_audits` sets it up inside
+  ``gentorrent verifier --audit``: a user node of the overlay registered with the committee as a
+  user (its identity in ``DATA_DIR/audit-user``) and the audit model loaded with llama.cpp.
+  Every failure is logged with the node; nothing here can stop the verifier.
+
+What counts as an answer: a complete reply (its last chunk ``done``) whose every chunk verified
+against the signature of the node that served it. A node answers for what it returns (decision
+0013 §2): a reply signed by another node (the challenged node forwarded it, Algorithm 2) counts for
+the challenged node, with the signer as ``served_by``.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import random
+import re
+from collections.abc import Callable, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+import trio
+
+from model_node.engine import EngineError
+from overlay.anon import AnonClient, AnonError, failure_kind
+from overlay.clock import Clock, TrioClock
+from overlay.identity import short_id
+from verifier.audit.challenges import ChallengeError, ChallengeGenerator
+
+if TYPE_CHECKING:
+    from model_node.engine import Engine
+    from verifier.audit.pool import DonationPool
+    from verifier.audit.tx import AuditReport, FailOutcome, Opening, ReplyOutcome
+
+log = logging.getLogger("gentorrent.audit")
+
+POLL_S = 1.0  # about once a block
+CHALLENGE_TIMEOUT_S = 60.0  # for the first chunk (queueing and prefill); then the overlay's silence rule
+PATHS_TIMEOUT_S = 30.0  # to build a challenge's own paths
+MAX_VIEW_BYTES = 4 * 1024 * 1024
+RESTART_S = 10.0  # run_audits waits this long after a failure before starting again
+SEND_SHARE = (3, 4)  # sends fall in this first share of the send window: the rest leaves a reply of
+# hundreds of tokens time to finish on a loaded node before the report (a devnet on 2 cores: 256-token
+# replies still arriving after the report, counted as missed)
+FIRST_SEND_SHARE = (2, 3)  # first tries fall in this share of those heights, leaving room for retries
+RETRY_KINDS = frozenset({"busy", "silent", "lost", "incomplete", "error"})  # tried again later in the window
+MAX_REPORT_FIXES = 3  # a refused report with one bad entry is sent again with that entry failed, this often
+PLAN_FILE = "audit-plan.msgpack"
+POOL_SAVE_S = 30.0  # the donation pool is written at most this often (a used prompt lost in a crash is void anyway)
+GENERATOR_WARNING = ("challenges from the built-in generator are recognisable by a cheating node "
+                     "(docs/threat-model.md); ask users to --donate-prompts")
+_PLAN_VERSION = 1
+_ENTRY_RE = re.compile(r"\bentry (\d+):")
+
+
+class AuditViewError(ValueError):
+    """The ``/audit`` answer does not decode as the view described in docs/committee.md."""
+
+
+# --------------------------------------------------------------------------- the /audit view
+
+
+@dataclass(frozen=True, slots=True)
+class AuditView:
+    """The committee's ``/audit`` query answer (committed state), decoded strictly."""
+
+    epoch: int
+    epoch_blocks: int
+    start_height: int
+    commit_until: int
+    report_from: int
+    end_height: int
+    seed: bytes
+    challenges_per_node: int
+    validators: tuple[tuple[bytes, int], ...]
+    total_power: int
+    committed: tuple[bytes, ...]
+    reported: tuple[bytes, ...]
+    declared: tuple[tuple[bytes, tuple[str, ...]], ...]
+    audited_models: tuple[str, ...]
+    nodes: tuple[tuple[str, tuple[bytes, ...]], ...]  # (model, node ids in the chain's order)
+    outcomes: tuple[tuple[int, str, str, int], ...]  # (epoch, "applied"|"empty", reason, height)
+    misses: tuple[tuple[bytes, int], ...]
+
+    def nodes_of(self, model: str) -> tuple[bytes, ...]:
+        return next((ids for m, ids in self.nodes if m == model), ())
+
+
+def _t(value: Any, tp: type, what: str) -> Any:
+    if type(value) is not tp:
+        raise AuditViewError(f"/audit: {what} is {type(value).__name__}, not {tp.__name__}")
+    return value
+
+
+def _bytes(value: Any, what: str, size: int | None = None) -> bytes:
+    b: bytes = _t(value, bytes, what)
+    if size is not None and len(b) != size:
+        raise AuditViewError(f"/audit: {what} has {len(b)} bytes, not {size}")
+    return b
+
+
+def _list(value: Any, what: str, size: int | None = None) -> list[Any]:
+    out: list[Any] = _t(value, list, what)
+    if size is not None and len(out) != size:
+        raise AuditViewError(f"/audit: {what} has {len(out)} items, not {size}")
+    return out
+
+
+def parse_view(raw: bytes) -> AuditView:
+    """The ``/audit`` msgpack map as an :class:`AuditView`; :class:`AuditViewError` for anything else."""
+    if len(raw) > MAX_VIEW_BYTES:
+        raise AuditViewError(f"/audit answer over {MAX_VIEW_BYTES} bytes")
+    try:
+        doc = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
+        raise AuditViewError(f"/audit answer does not decode ({exc})") from None
+    if not isinstance(doc, dict):
+        raise AuditViewError("/audit answer is not a map")
+
+    def pairs(key: str, what: str) -> list[list[Any]]:
+        return [_list(x, what, 2) for x in _list(doc[key], key)]
+
+    try:
+        return AuditView(
+            epoch=_t(doc["epoch"], int, "epoch"),
+            epoch_blocks=_t(doc["epoch_blocks"], int, "epoch_blocks"),
+            start_height=_t(doc["start_height"], int, "start_height"),
+            commit_until=_t(doc["commit_until"], int, "commit_until"),
+            report_from=_t(doc["report_from"], int, "report_from"),
+            end_height=_t(doc["end_height"], int, "end_height"),
+            seed=_bytes(doc["seed"], "seed", 32),
+            challenges_per_node=_t(doc["challenges_per_node"], int, "challenges_per_node"),
+            validators=tuple((_bytes(k, "validator key", 32), _t(p, int, "power"))
+                             for k, p in pairs("validators", "validator")),
+            total_power=_t(doc["total_power"], int, "total_power"),
+            committed=tuple(_bytes(k, "committed key", 32) for k in _list(doc["committed"], "committed")),
+            reported=tuple(_bytes(k, "reported key", 32) for k in _list(doc["reported"], "reported")),
+            declared=tuple((_bytes(k, "declaring key", 32), tuple(_t(m, str, "declared model")
+                                                                  for m in _list(ms, "declared models")))
+                           for k, ms in pairs("declared", "declaration")),
+            audited_models=tuple(_t(m, str, "audited model") for m in _list(doc["audited_models"], "audited_models")),
+            nodes=tuple((_t(m, str, "model"), tuple(_bytes(n, "node id", 20) for n in _list(ids, "node ids")))
+                        for m, ids in pairs("nodes", "model's nodes")),
+            outcomes=tuple((_t(o[0], int, "outcome epoch"), _t(o[1], str, "status"), _t(o[2], str, "reason"),
+                            _t(o[3], int, "outcome height"))
+                           for o in (_list(x, "outcome", 4) for x in _list(doc["outcomes"], "outcomes"))),
+            misses=tuple((_bytes(n, "missing node", 20), _t(c, int, "misses")) for n, c in pairs("misses", "miss")),
+        )
+    except KeyError as exc:
+        raise AuditViewError(f"/audit answer lacks {exc}") from None
+
+
+# --------------------------------------------------------------------------- actions and results
+
+
+@dataclass(frozen=True, slots=True)
+class Submit:
+    """Broadcast ``raw`` (an audit transaction); ``key`` identifies it for :meth:`Auditor.submitted`."""
+
+    raw: bytes
+    what: str
+    key: tuple[Any, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Send challenge ``index`` of the plan of ``epoch`` (``opening``) to ``node_id``, score the
+    reply and hand the outcome to :meth:`Auditor.result`. ``attempt``: 1 for the first send."""
+
+    epoch: int
+    index: int
+    node_id: bytes
+    opening: Opening
+    attempt: int
+
+
+Action = Submit | Send
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """A complete, verified reply to a challenge: every chunk's (text, token ids) in order, the final
+    chunk's signature and signing time, and the node that signed it (``served_by``: the challenged
+    node, or the member of its group it forwarded the challenge to)."""
+
+    chunks: tuple[tuple[str, tuple[int, ...]], ...]
+    signature: bytes
+    signed_at_ms: int
+    served_by: bytes
+
+    @property
+    def token_ids(self) -> list[int]:
+        return [t for _, ids in self.chunks for t in ids]
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """No usable reply: ``kind`` (one of :data:`verifier.audit.tx.FAIL_KINDS`) and the words."""
+
+    kind: str
+    detail: str
+
+    @property
+    def reason(self) -> str:
+        return f"{self.kind}: {self.detail}"[:200]
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+@dataclass(slots=True)
+class Planned:
+    """One planned challenge: its node, its opening, the height it goes out at, and what came of it."""
+
+    node_id: bytes
+    opening: Opening
+    send_at: int
+    tries: int = 0
+    sending: bool = False
+    outcome: ReplyOutcome | FailOutcome | None = None
+    last: str = ""  # the last failed try's kind
+
+
+@dataclass(slots=True)
+class Plan:
+    """This verifier's secret plan for one epoch (entries by node id ascending, as reported)."""
+
+    epoch: int
+    models: tuple[str, ...]
+    salt: bytes
+    entries: list[Planned]
+    commit_until: int
+    report_from: int
+    end_height: int
+    fixes: int = 0  # refused reports mended (MAX_REPORT_FIXES)
+
+    def hash(self) -> bytes:
+        from verifier.audit.tx import plan_hash
+
+        return plan_hash(self.salt, [(e.node_id, e.opening.commitment()) for e in self.entries])
+
+
+def last_send(commit_until: int, report_from: int) -> int:
+    """The last height a challenge is sent (or sent again) at: the end of the first
+    :data:`SEND_SHARE` of the send window ``(commit_until, report_from)``; at least one height."""
+    first, window_last = commit_until + 1, report_from - 1
+    num, den = SEND_SHARE
+    return max(first, first + (window_last - first) * num // den)
+
+
+def grace_height(report_from: int, end_height: int) -> int:
+    """Until this height a report waits for challenges still out: half the report window."""
+    return min(report_from + (end_height - report_from) // 2, end_height - 1)
+
+
+def _outcome_from_wire(w: Any) -> ReplyOutcome | FailOutcome:
+    from verifier.audit.tx import FailOutcome, ReplyOutcome
+
+    if w[0] == 1:
+        return FailOutcome(str(w[1]), int(w[2]))
+    return ReplyOutcome(bytes(w[1]), tuple((str(t), tuple(int(i) for i in ids)) for t, ids in w[2]), bytes(w[3]),
+                        int(w[4]), int(w[5]), int(w[6]))
+
+
+# --------------------------------------------------------------------------- the planner
+
+
+@dataclass
+class Auditor:
+    """The I/O-free audit planner of one verifier (see the module docstring).
+
+    ``seed``: this verifier's Ed25519 validator seed (32 bytes; CometBFT's validator key);
+    ``chain_id``: the committee's; ``models``: the models this verifier holds (its engine's: it
+    audits their nodes and declares them in its commits); ``generator``: the fallback prompts;
+    ``pool``: users' donated prompts (drawn first); ``rng``: send heights and pool draws (a
+    verifier uses :class:`random.SystemRandom`: nobody may predict them); ``urandom``: plan salts.
+    ``tamper`` is a test hook (never a flag): a Byzantine verifier's edit of its report before
+    signing (``AuditReport -> AuditReport``)."""
+
+    seed: bytes
+    chain_id: str
+    models: tuple[str, ...]
+    generator: ChallengeGenerator = field(default_factory=ChallengeGenerator)
+    pool: DonationPool | None = None
+    rng: random.Random = field(default_factory=random.SystemRandom)
+    urandom: Callable[[int], bytes] = os.urandom
+    tamper: Callable[[Any], Any] | None = None  # TESTS ONLY: alters each AuditReport before it is signed
+    current: Plan | None = None
+    changed: bool = False  # the plan changed since the last snapshot(): the driver writes it
+    _started: set[tuple[Any, ...]] = field(default_factory=set)
+    _warned: set[tuple[Any, ...]] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        from overlay.crypto import SigningKey
+
+        self.public_key = SigningKey.from_bytes(self.seed).public_bytes
+        self.models = tuple(sorted(set(self.models)))
+
+    def _sign(self, tx: Any) -> bytes:
+        from verifier.audit.tx import sign_tx
+
+        return sign_tx(tx, self.chain_id, self.seed)
+
+    def _warn_once(self, key: tuple[Any, ...], level: int, msg: str, *args: Any) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.log(level, msg, *args)
+
+    # ------------------------------------------------------------------ submissions
+
+    def submitted(self, key: tuple[Any, ...], *, retry: bool) -> None:
+        """A submission is over: ``retry`` (it never reached the chain: a network error) lets the
+        next :meth:`plan` hand it out again while it is still due; otherwise it is not sent again."""
+        if retry:
+            self._started.discard(key)
+
+    def refused(self, key: tuple[Any, ...], why: str) -> None:
+        """The chain refused submission ``key`` (CheckTx said ``why``). A report refused for one
+        entry (``entry N: ...``: a reply the chain cannot verify, say its serving node left the
+        registry) is mended, that entry reported as failed ("unverified"), and sent again at the
+        next :meth:`plan` (at most :data:`MAX_REPORT_FIXES` times). Anything else is final."""
+        from verifier.audit.tx import FailOutcome
+
+        p = self.current
+        m = _ENTRY_RE.search(why)
+        if key[0] != "report" or p is None or key[1] != p.epoch or m is None or p.fixes >= MAX_REPORT_FIXES:
+            return
+        i = int(m.group(1))
+        if not 0 <= i < len(p.entries):
+            return
+        e = p.entries[i]
+        e.outcome = FailOutcome("unverified", max(1, e.tries))
+        p.fixes += 1
+        self.changed = True
+        self._started.discard(key)
+        log.warning("audit: the chain refused entry %d (node %s) of the report of epoch %d: %s; reporting it "
+                    "as unverified", i, short_id(e.node_id), p.epoch, why[:200])
+
+    # ------------------------------------------------------------------ planning
+
+    def plan(self, view: AuditView, height: int) -> list[Action]:
+        """What to do at ``height`` given the committed ``view``."""
+        if self.public_key not in {pk for pk, _ in view.validators}:
+            self._warn_once(("member", view.epoch), logging.WARNING,
+                            "audit: this verifier is not a validator in epoch %d: not auditing", view.epoch)
+            return []
+        p = self.current
+        if p is not None and p.epoch < view.epoch:
+            self.current = p = None
+            self.changed = True
+        self._started = {k for k in self._started if k[1] >= view.epoch}
+        out: list[Action] = []
+        committed = self.public_key in view.committed
+        if p is None and not committed and height < view.commit_until:
+            p = self.current = self._make_plan(view)
+            self.changed = True
+        if p is None or p.epoch != view.epoch:
+            if committed and self.public_key not in view.reported:
+                self._warn_once(("lost", view.epoch), logging.ERROR,
+                                "audit: this verifier committed a plan for epoch %d but no longer holds it "
+                                "(%s lost?); it cannot report this epoch", view.epoch, PLAN_FILE)
+            return out
+        if not committed:
+            if height < view.commit_until and self._once(("commit", p.epoch)):
+                tx = self._commit_tx(p)
+                out.append(Submit(self._sign(tx), f"plan commit of epoch {p.epoch} ({len(p.entries)} challenges "
+                                                  f"to {len({e.node_id for e in p.entries})} nodes)",
+                                  ("commit", p.epoch)))
+            elif height >= view.commit_until:
+                self._warn_once(("uncommitted", p.epoch), logging.WARNING,
+                                "audit: this verifier's plan commit for epoch %d is not on the chain and its window "
+                                "has closed; not auditing this epoch", p.epoch)
+            return out
+        if self.public_key in view.reported:
+            return out
+        if height < p.report_from:
+            out.extend(self._sends(p, height))
+            return out
+        if any(e.sending for e in p.entries) and height < grace_height(p.report_from, p.end_height):
+            return out
+        if height <= p.end_height and self._once(("report", p.epoch)):
+            out.append(self._report(p))
+        return out
+
+    def _once(self, key: tuple[Any, ...]) -> bool:
+        if key in self._started:
+            return False
+        self._started.add(key)
+        return True
+
+    def _commit_tx(self, p: Plan) -> Any:
+        from verifier.audit.tx import PlanCommit
+
+        return PlanCommit(p.epoch, self.public_key, p.models, p.hash())
+
+    def _make_plan(self, view: AuditView) -> Plan:
+        from verifier.audit.tx import MAX_AUDITED_NODES
+
+        first = view.commit_until + 1
+        last = first + (last_send(view.commit_until, view.report_from) - first) * FIRST_SEND_SHARE[0] \
+            // FIRST_SEND_SHARE[1]
+        chosen: dict[bytes, str] = {}
+        for model in self.models:
+            for node in view.nodes_of(model):
+                if node not in chosen and len(chosen) < MAX_AUDITED_NODES:
+                    chosen[node] = model
+        entries: list[Planned] = []
+        generated = 0
+        for node in sorted(chosen):
+            for _ in range(view.challenges_per_node):
+                opening, donated = self._opening(chosen[node])
+                generated += not donated
+                entries.append(Planned(node, opening, self.rng.randint(first, last)))
+        if generated:
+            self._warn_once(("generator", view.epoch), logging.WARNING,
+                            "audit: epoch %d: %d of %d challenges come from the built-in generator: %s", view.epoch,
+                            generated, len(entries), GENERATOR_WARNING)
+        log.info("audit: epoch %d: planned %d challenges to %d model nodes, sent between heights %d and %d",
+                 view.epoch, len(entries), len(chosen), first, last)
+        return Plan(view.epoch, self.models, self.urandom(16), entries, view.commit_until, view.report_from,
+                    view.end_height)
+
+    def _opening(self, model: str) -> tuple[Opening, bool]:
+        """A fresh challenge for ``model``: a donated prompt if the pool holds one (True), else the
+        generator's (False)."""
+        from verifier.audit.tx import Opening
+        from verifier.tx import TxError
+
+        while self.pool is not None and (d := self.pool.draw(model, self.rng)) is not None:
+            o = Opening(self.urandom(16), model, d.messages, d.params)
+            try:
+                o.check()
+            except TxError as exc:  # the limits changed since it was taken
+                log.info("audit: a donated prompt no longer fits a challenge (%s); dropped", exc.reason)
+                continue
+            self.generator.mark_used(keys=[o.prompt_key()])
+            return o, True
+        return self.generator.opening(model), False
+
+    def _sends(self, p: Plan, height: int) -> list[Action]:
+        from verifier.audit.tx import MAX_TRIES, FailOutcome
+
+        out: list[Action] = []
+        for i, e in enumerate(p.entries):
+            if e.outcome is not None or e.sending or e.send_at > height:
+                continue
+            if e.tries >= MAX_TRIES:  # sent MAX_TRIES times, the last one lost in a restart
+                e.outcome = FailOutcome(e.last or "silent", e.tries)
+                self.changed = True
+                continue
+            e.tries += 1
+            e.sending = True
+            self.changed = True
+            out.append(Send(p.epoch, i, e.node_id, e.opening, e.tries))
+        return out
+
+    def result(self, send: Send, outcome: Reply | Failure, score: int | None, height: int) -> None:
+        """What came of ``send`` at ``height``: a reply with its score (fixed point), or a failure,
+        retried later in the window while it is worth it (module docstring)."""
+        from verifier.audit.tx import MAX_TRIES, FailOutcome, ReplyOutcome
+
+        p = self.current
+        if p is None or p.epoch != send.epoch or not 0 <= send.index < len(p.entries):
+            return
+        e = p.entries[send.index]
+        if not e.sending or e.outcome is not None:
+            return  # reported already (it came too late)
+        e.sending = False
+        self.changed = True
+        if isinstance(outcome, Reply):
+            assert score is not None
+            e.outcome = ReplyOutcome(outcome.served_by, outcome.chunks, outcome.signature, outcome.signed_at_ms,
+                                     score, e.tries)
+            return
+        e.last = outcome.kind
+        last = last_send(p.commit_until, p.report_from)
+        if outcome.kind in RETRY_KINDS and e.tries < MAX_TRIES and height + 1 <= last:
+            e.send_at = self.rng.randint(height + 1, last)
+            log.info("audit: challenge %d to model node %s: %s; trying again at height %d (try %d of %d)",
+                     send.index, short_id(e.node_id), outcome.reason, e.send_at, e.tries + 1, MAX_TRIES)
+            return
+        e.outcome = FailOutcome(outcome.kind, e.tries)
+
+    def _report(self, p: Plan) -> Submit:
+        from verifier.audit.tx import AuditReport, FailOutcome, ReportEntry
+
+        entries = []
+        for e in p.entries:
+            if e.outcome is None:
+                # still out after the grace blocks: silent; never sent (this verifier was down): other
+                e.outcome = FailOutcome("silent", e.tries) if e.tries else FailOutcome("other", 1)
+                self.changed = True
+            entries.append(ReportEntry(e.node_id, e.opening, e.outcome))
+        tx: AuditReport = AuditReport(p.epoch, self.public_key, p.salt, tuple(entries))
+        if self.tamper is not None:
+            honest, tx = tx, self.tamper(tx)
+            if tx != honest:
+                log.warning("audit: TEST HOOK: the report of epoch %d was altered before signing", p.epoch)
+        answered = sum(1 for e in entries if not isinstance(e.outcome, FailOutcome))
+        return Submit(self._sign(tx), f"report of epoch {p.epoch} ({answered} of {len(entries)} challenges answered)",
+                      ("report", p.epoch))
+
+    # ------------------------------------------------------------------ persistence
+
+    def snapshot(self) -> bytes:
+        """The current plan as bytes for ``DATA_DIR/audit-plan.msgpack`` (:meth:`restore`); clears
+        :attr:`changed`."""
+        from verifier.tx import pack
+
+        self.changed = False
+        p = self.current
+        if p is None:
+            return pack([_PLAN_VERSION, self.chain_id, self.public_key, None])
+        return pack([_PLAN_VERSION, self.chain_id, self.public_key,
+                     [p.epoch, list(p.models), p.salt, p.commit_until, p.report_from, p.end_height, p.fixes,
+                      [[e.node_id, e.opening.to_wire(), e.send_at, e.tries, e.sending,
+                        None if e.outcome is None else e.outcome.to_wire(), e.last] for e in p.entries]]])
+
+    def restore(self, raw: bytes) -> bool:
+        """Take back a :meth:`snapshot` of this verifier on this chain (True); a challenge that was
+        out when it was taken is sent again when its turn comes (its try counted). False (nothing
+        changes) for another key's or chain's, or bytes that are not one."""
+        from verifier.audit.tx import Opening
+        from verifier.tx import TxError
+
+        try:
+            version, chain_id, pk, body = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+            if version != _PLAN_VERSION or chain_id != self.chain_id or pk != self.public_key:
+                return False
+            if body is None:
+                return True
+            epoch, models, salt, commit_until, report_from, end_height, fixes, entries = body
+            plan = Plan(int(epoch), tuple(str(m) for m in models), bytes(salt), [
+                Planned(bytes(n), Opening.from_wire(o), int(at), int(tries), False,
+                        None if out is None else _outcome_from_wire(out), str(last))
+                for n, o, at, tries, _sending, out, last in entries],
+                int(commit_until), int(report_from), int(end_height), int(fixes))
+        except (ValueError, TypeError, KeyError, IndexError, TxError, RecursionError, msgpack.UnpackException) as exc:
+            log.warning("audit: the saved plan does not decode (%s: %s); ignored", type(exc).__name__, exc)
+            return False
+        self.current = plan
+        return True
+
+
+# --------------------------------------------------------------------------- challenges and scoring (I/O)
+
+
+async def send_challenge(client: AnonClient, node_id: bytes, opening: Opening, *,
+                         timeout: float = CHALLENGE_TIMEOUT_S, paths_timeout: float = PATHS_TIMEOUT_S
+                         ) -> Reply | Failure:
+    """Send ``opening`` through the anonymous request API to ``node_id`` only (no failover, no retry
+    elsewhere), over proxy paths built for it alone and closed after it (``fresh_paths``): the
+    complete verified reply, signed by that node or the member of its group it forwarded to, or
+    why there is none."""
+    chunks: list[tuple[str, tuple[int, ...]]] = []
+    last = None
+    try:
+        stream = client.request(opening.model, opening.messages, opening.params, node=node_id, timeout=timeout,
+                                paths_timeout=paths_timeout, failover=False, fresh_paths=True)
+        async with aclosing(stream) as replies:  # type: ignore[type-var]
+            async for c in replies:
+                if last is not None and c.node != last.node:
+                    return Failure("unverified", f"the reply's chunks are signed by nodes {short_id(last.node)} and "
+                                                 f"{short_id(c.node)}")
+                chunks.append((c.text, tuple(c.token_ids)))
+                last = c
+                if c.done:
+                    break
+    except AnonError as exc:
+        return Failure(failure_kind(exc), str(exc))
+    if last is None or not last.done:
+        return Failure("incomplete", "the reply ended before its last chunk")
+    if not any(ids for _, ids in chunks):
+        return Failure("empty", "the reply holds no tokens")
+    return Reply(tuple(chunks), last.signature, last.signed_at_ms, last.node)
+
+
+async def score_tokens(engine: Engine, opening: Opening, token_ids: Sequence[int]) -> tuple[int, int]:
+    """``(score, raw 1/PPL)`` in fixed point for a reply's token ids to ``opening``: one
+    teacher-forced pass of this verifier's engine (``Engine.score``) after the prompt the model node
+    saw (the chat template of the opening's messages), then :func:`verifier.audit.scoring.score_reply`.
+    Raises :class:`~verifier.audit.scoring.ScoringError` or :class:`~model_node.engine.EngineError`."""
+    from verifier.audit.reputation import to_fixed
+    from verifier.audit.scoring import score_reply
+
+    prompt = engine.chat_prompt(opening.messages)
+    scores = await engine.score(prompt, list(token_ids), opening.params)
+    r = score_reply(scores)
+    return to_fixed(r.score), to_fixed(r.raw_inv_ppl)  # the two-sided score (decision 0013 §5)
+
+
+# --------------------------------------------------------------------------- the driver
+
+
+class RpcError(Exception):
+    """The verifier's RPC did not answer as expected."""
+
+
+class AuditDriver:
+    """Runs an :class:`Auditor` against one verifier's CometBFT RPC (``rpc_address``), with
+    ``client`` (the verifier's user node's anonymous client) and ``engine`` (its audit model).
+
+    ``data_dir``: where the plan (:data:`PLAN_FILE`) and the donation pool are kept (None: not
+    kept, for tests). ``rpc`` (default :func:`overlay.committee.rpc_call`) is injectable for tests;
+    ``clock`` (default :class:`~overlay.clock.TrioClock`) times the pool's writes."""
+
+    def __init__(self, auditor: Auditor, rpc_address: str, client: AnonClient, engine: Engine, *,
+                 rpc: Any = None, poll: float = POLL_S, challenge_timeout: float = CHALLENGE_TIMEOUT_S,
+                 paths_timeout: float = PATHS_TIMEOUT_S, data_dir: Path | None = None,
+                 clock: Clock | None = None) -> None:
+        from overlay.committee import rpc_call
+
+        self.auditor = auditor
+        self.address = rpc_address
+        self.client = client
+        self.engine = engine
+        self.rpc = rpc or rpc_call
+        self.poll = poll
+        self.challenge_timeout = challenge_timeout
+        self.paths_timeout = paths_timeout
+        self.data_dir = data_dir
+        self.clock: Clock = clock or TrioClock()
+        self.height = 0
+        self._pool_saved = -POOL_SAVE_S
+        self.submitted: list[tuple[str, int, str]] = []  # (what, code, log) for tests and stats
+
+    async def query(self, path: str) -> tuple[bytes, int]:
+        """``abci_query path`` on the verifier: ``(value, height)``; :class:`RpcError` for a non-zero code."""
+        res = await self.rpc(self.address, "abci_query", {"path": f'"{path}"'})
+        try:
+            resp = res["response"]
+            code = int(resp.get("code", 0))
+            value = base64.b64decode(resp.get("value") or "", validate=True)
+            height = int(resp.get("height", 0))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise RpcError(f"{self.address} answered abci_query {path} oddly ({exc!r})") from None
+        if code:
+            raise RpcError(f"{self.address} answered {path} with code {code}: {str(resp.get('log', ''))[:200]}")
+        return value, height
+
+    def persist(self) -> None:
+        """Write the plan (if it changed) and the donation pool (if it changed, at most every
+        :data:`POOL_SAVE_S`: it may be large) to :attr:`data_dir`. A write that fails is logged;
+        the plan stays in memory."""
+        from verifier.audit.pool import save_pool, write_private
+
+        if self.data_dir is None:
+            return
+        try:
+            if self.auditor.changed:
+                write_private(self.data_dir / PLAN_FILE, self.auditor.snapshot())
+            now = self.clock.monotonic()
+            if self.auditor.pool is not None and now - self._pool_saved >= POOL_SAVE_S:
+                self._pool_saved = now
+                save_pool(self.auditor.pool, self.data_dir)
+        except OSError as exc:
+            log.error("audit: cannot write the audit plan or donation pool in %s: %s", self.data_dir, exc)
+
+    async def broadcast(self, sub: Submit) -> None:
+        """``broadcast_tx_sync``; a network error is retried at the next plan, a refusal goes to
+        :meth:`Auditor.refused`."""
+        from overlay.committee import ListError
+
+        try:
+            res = await self.rpc(self.address, "broadcast_tx_sync", {"tx": "0x" + sub.raw.hex()})
+            code, why = int(res.get("code", 0)), str(res.get("log", ""))[:300]
+        except (OSError, ListError, ValueError, TypeError, AttributeError) as exc:
+            log.warning("audit: %s not submitted to %s (will retry): %s", sub.what, self.address, exc)
+            self.auditor.submitted(sub.key, retry=True)
+            return
+        self.submitted.append((sub.what, code, why))
+        self.auditor.submitted(sub.key, retry=False)
+        if code:
+            log.warning("audit: the committee refused the %s: code %d: %s", sub.what, code, why)
+            self.auditor.refused(sub.key, why)
+            self.persist()
+        else:
+            log.info("audit: submitted the %s", sub.what)
+
+    async def step(self, nursery: trio.Nursery) -> None:
+        """One poll: read the view, write the plan if it changed (before its commit goes out), start
+        what the planner asks (in ``nursery``)."""
+        raw, height = await self.query("/audit")
+        view = parse_view(raw)
+        self.height = max(self.height, height)
+        actions = self.auditor.plan(view, height)
+        self.persist()
+        for action in actions:
+            nursery.start_soon(self._run_action, action)
+
+    async def run(self) -> None:
+        """Poll forever; a failed poll is logged and retried."""
+        from overlay.committee import ListError
+
+        last_error = ""
+        async with trio.open_nursery() as nursery:
+            while True:
+                try:
+                    await self.step(nursery)
+                    last_error = ""
+                except (OSError, ListError, RpcError, AuditViewError) as exc:
+                    if str(exc) != last_error:  # once per distinct error, not once a second
+                        log.warning("audit: could not read /audit from %s: %s", self.address, exc)
+                    last_error = str(exc)
+                except ChallengeError as exc:
+                    log.error("audit: cannot make challenges: %s", exc)
+                await trio.sleep(self.poll)
+
+    async def _run_action(self, action: Action) -> None:
+        try:
+            if isinstance(action, Submit):
+                await self.broadcast(action)
+            else:
+                await self._send(action)
+        except Exception:  # noqa: BLE001 - an audit step must never stop the verifier
+            log.exception("audit: %s failed", action.what if isinstance(action, Submit) else
+                          f"challenge {action.index} of epoch {action.epoch} to model node {short_id(action.node_id)}")
+            if isinstance(action, Send):
+                self.auditor.result(action, Failure("other", "the verifier failed"), None, self.height)
+
+    async def _send(self, send: Send) -> None:
+        from verifier.audit.scoring import ScoringError
+
+        outcome = await send_challenge(self.client, send.node_id, send.opening, timeout=self.challenge_timeout,
+                                       paths_timeout=self.paths_timeout)
+        score = None
+        if isinstance(outcome, Reply):
+            try:
+                score, _ = await score_tokens(self.engine, send.opening, outcome.token_ids)
+            except ScoringError as exc:
+                outcome = Failure("other", f"cannot score the reply: {exc}")
+            except EngineError as exc:
+                log.error("audit: this verifier's engine failed scoring a reply of model node %s: %s",
+                          short_id(send.node_id), exc)
+                outcome = Failure("other", f"the verifier's engine failed: {exc}")
+        if isinstance(outcome, Failure):
+            log.warning("audit: epoch %d challenge %d (try %d) to model node %s: %s", send.epoch, send.index,
+                        send.attempt, short_id(send.node_id), outcome.reason)
+        else:
+            via = "" if outcome.served_by == send.node_id else f" (forwarded to {short_id(outcome.served_by)})"
+            log.info("audit: model node %s answered challenge %d of epoch %d%s: %d tokens, score %.3f",
+                     short_id(send.node_id), send.index, send.epoch, via, len(outcome.token_ids),
+                     (score or 0) / 1e6)
+        self.auditor.result(send, outcome, score, self.height)
+        self.persist()
+
+
+# --------------------------------------------------------------------------- inside `gentorrent verifier --audit`
+
+
+@dataclass(frozen=True, slots=True)
+class AuditSettings:
+    """``gentorrent verifier --audit`` flags: the audit model (id or GGUF path), the user node's
+    listen address and region, llama.cpp threads."""
+
+    model: str | None = None
+    listen: str = "127.0.0.1:0"
+    region: str = "default"
+    threads: int = 1
+    poll: float = POLL_S
+    tamper: Callable[[Any], Any] | None = None  # TESTS ONLY (in-process): see Auditor.tamper
+
+
+async def run_audits(data_dir: Path, settings: AuditSettings, seed: bytes, pool: DonationPool | None = None) -> None:
+    """The audit loop of ``gentorrent verifier --audit`` (never returns; never raises: a failure is
+    logged and the loop starts again after :data:`RESTART_S`; the model is loaded once). ``pool``:
+    the donated prompts this verifier takes (:mod:`verifier.abci_app` adds to it); it learns the
+    audited model here, once the engine is loaded."""
+    engine: Any = None
+    try:
+        while True:
+            try:
+                if engine is None:
+                    engine = await trio.to_thread.run_sync(_engine, settings)
+                if pool is not None:
+                    pool.models = frozenset({engine.model})
+                await _run_audits_once(data_dir, settings, seed, engine, pool)
+            except Exception as exc:  # noqa: BLE001 - never crash the verifier
+                log.error("audit: the audit loop failed (%s: %s); starting it again in %g s",
+                          type(exc).__name__, exc, RESTART_S,
+                          exc_info=not isinstance(exc, (OSError, ValueError, EngineError)))
+            await trio.sleep(RESTART_S)
+    finally:
+        if engine is not None:
+            engine.close()
+
+
+def _engine(settings: AuditSettings) -> Any:
+    from model_node.llama import LlamaCppEngine, resolve_model
+
+    model_id, path = resolve_model(settings.model)
+    # 4 sequences: replies to several challenges are scored side by side; 2,048 tokens each
+    # (the model nodes' default window; ~190 MB of KV cache for SmolLM2).
+    # score_fresh: every reply is evaluated from scratch, so every verifier computes the same scores
+    # whatever its engine scored before (reused cached prefixes changed them: model_node/llama.py).
+    return LlamaCppEngine(path, model_id=model_id, n_threads=settings.threads, slots=4, n_ctx=2048,
+                          score_fresh=True)
+
+
+def load_auditor(data_dir: Path, auditor: Auditor) -> None:
+    """Take back the plan saved in ``data_dir`` (:data:`PLAN_FILE`), if any and if it is this verifier's."""
+    path = data_dir / PLAN_FILE
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        log.warning("audit: cannot read the saved plan %s: %s", path, exc)
+        return
+    if auditor.restore(raw) and auditor.current is not None:
+        log.info("audit: took back the saved plan of epoch %d (%d challenges)", auditor.current.epoch,
+                 len(auditor.current.entries))
+
+
+async def _run_audits_once(data_dir: Path, settings: AuditSettings, seed: bytes, engine: Any,
+                           pool: DonationPool | None) -> None:
+    from overlay.committee import load_genesis
+    from overlay.identity import load_or_create
+    from overlay.membership import CommitteeSettings, Membership, node_entry
+    from overlay.registry import Registry
+    from overlay.transport import TLSTransport
+    from overlay.usernode import UserNode
+    from verifier.cometbft import get_toml, home_of
+
+    home = home_of(data_dir)
+    chain_id, validators = load_genesis(str(home / "config" / "genesis.json"))
+    rpc_address = get_toml((home / "config" / "config.toml").read_text(), "rpc", "laddr").removeprefix("tcp://")
+    identity = load_or_create(data_dir / "audit-user")
+    registry = Registry(0, [])
+    user = UserNode(identity, TLSTransport(identity), registry, region=settings.region, registered_only=True)
+    assert user.client is not None
+    host, _, port = settings.listen.rpartition(":")
+    auditor = Auditor(seed, chain_id, (engine.model,), ChallengeGenerator(rng=random.SystemRandom()), pool=pool,
+                      tamper=settings.tamper)
+    load_auditor(data_dir, auditor)
+    driver = AuditDriver(auditor, rpc_address, user.client, engine, poll=settings.poll, data_dir=data_dir)
+    async with trio.open_nursery() as nursery:
+        address = await nursery.start(user.serve, host.strip("[]"), int(port))
+        member = Membership(CommitteeSettings((rpc_address,), chain_id, validators), identity, registry,
+                            on_update=lambda _: user.directory_changed())
+        user.on_unlisted = member.poke
+        await nursery.start(member.run, node_entry(identity, address, settings.region))
+        log.info("audit: user node %s registered at %s with the committee at %s; auditing model %s",
+                 short_id(identity.node_id), address, rpc_address, engine.model)
+        await driver.run()

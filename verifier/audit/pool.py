@@ -1,0 +1,374 @@
+"""Prompts users donated for audit challenges (decision 0013 §4; ``user_client/donate.py`` is the
+client's side).
+
+A user who turns on ``--donate-prompts`` hands, now and then, a request's messages and sampling
+parameters to one verifier, sealed to that verifier's validator key
+(:func:`overlay.crypto.seal_to_ed25519`) and signed by the user's node key, through the verifier's
+RPC (``abci_query /audit/donate``, answered by :mod:`verifier.abci_app`). The verifier keeps them
+here, in a private pool (never on the chain), and challenges model nodes with them: a challenge is
+then a user's own prompt, which a node cannot tell from users' traffic by its text.
+
+Wire format (``MAX_DONATION_BYTES`` = 16 KiB sealed at most)::
+
+    plaintext = msgpack([1, donor_node_id(20), model(str), [[role, content], ...],
+                         [temperature(float), top_p(float), top_k(int), max_tokens(int), seed(int|nil)],
+                         signature(64)])
+    signature = Ed25519(donor's node key, DONATION_CONTEXT + msgpack([donor_node_id, model, messages, params]))
+
+:func:`open_donation` takes a donation only if it opens with this verifier's key, decodes strictly
+(exact types, no trailing bytes), its signature verifies with the key the committee registered for
+``donor_node_id``, the donor is a currently registered **user** node, the model is one this
+verifier audits, and the messages and parameters pass a challenge's limits
+(:meth:`verifier.audit.tx.Opening.check`: at most 8 messages, the last the user's, and so on).
+:meth:`DonationPool.add` then refuses a prompt already held or already used (the normalised last
+user message, :meth:`~verifier.audit.tx.Opening.prompt_key`) and a donor's prompt over
+:data:`PER_DONOR` live ones; past :data:`MAX_POOL` prompts the oldest is dropped. Every refusal is
+a :class:`DonationError` with a code (:class:`verifier.tx.Code`) and a reason, and leaves the pool
+unchanged; nothing else is raised on any input.
+
+:meth:`DonationPool.draw` picks a donor uniformly among those holding unused prompts for the
+model, then one of its prompts uniformly, and removes it (a prompt is used once): one flooding
+donor gets no more challenges than any other donor.
+
+The pool is I/O-free; :func:`load_pool` and :func:`save_pool` keep it in
+``DATA_DIR/audit-pool.msgpack`` (mode 0600; a corrupt file is logged and set aside).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+from collections import OrderedDict
+from collections.abc import Callable, Container, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import msgpack
+
+from overlay import crypto
+from overlay.messages import ChatMessage, SamplingParams
+from verifier.tx import Code, pack
+
+if TYPE_CHECKING:
+    from verifier.audit.tx import Opening
+
+log = logging.getLogger("gentorrent.audit")
+
+DONATION_VERSION = 1
+DONATION_CONTEXT = b"gentorrent/donation/v1\x00"
+MAX_DONATION_BYTES = 16 * 1024  # sealed
+PER_DONOR = 64  # live prompts one donor may have in the pool
+MAX_POOL = 10_000  # prompts in the pool (the oldest is dropped past it)
+MAX_USED_KEYS = 4 * MAX_POOL  # prompt keys of used prompts remembered (a used prompt is refused again)
+POOL_FILE = "audit-pool.msgpack"
+NODE_ID_LEN = 20
+SIGNATURE_LEN = 64
+_FILE_VERSION = 1
+
+UserKey = Callable[[bytes], bytes | None]
+"""``user_key(node_id)``: the Ed25519 key the committee registered for a current USER node, else None."""
+
+
+class DonationError(Exception):
+    """A donation refused: ``code`` (:class:`verifier.tx.Code`) and ``reason`` (words for the donor)."""
+
+    def __init__(self, code: Code, reason: str) -> None:
+        self.code = code
+        self.reason = reason
+        super().__init__(f"{code.name} ({int(code)}): {reason}")
+
+
+@dataclass(frozen=True, slots=True)
+class Donation:
+    """One donated prompt: the donor's node id, the model, the chat messages and sampling parameters."""
+
+    donor: bytes
+    model: str
+    messages: tuple[ChatMessage, ...]
+    params: SamplingParams
+
+    def wire(self) -> list[object]:
+        p = self.params
+        return [self.donor, self.model, [[m.role, m.content] for m in self.messages],
+                [p.temperature, p.top_p, p.top_k, p.max_tokens, p.seed]]
+
+    def prompt_key(self) -> bytes:
+        """:meth:`verifier.audit.tx.Opening.prompt_key` of this prompt (the normalised last user message)."""
+        return self.opening(bytes(16)).prompt_key()
+
+    def opening(self, salt: bytes) -> Opening:
+        """The challenge this prompt makes (:class:`verifier.audit.tx.Opening`) with ``salt``."""
+        from verifier.audit.tx import Opening
+
+        return Opening(salt, self.model, self.messages, self.params)
+
+
+def signing_bytes(donor: bytes, model: str, messages: Iterable[tuple[str, str]] | list[list[str]],
+                  params: SamplingParams) -> bytes:
+    """What a donor signs: :data:`DONATION_CONTEXT` + msgpack([donor, model, messages, params])."""
+    p = params
+    return DONATION_CONTEXT + pack([donor, model, [[r, c] for r, c in messages],
+                                    [p.temperature, p.top_p, p.top_k, p.max_tokens, p.seed]])
+
+
+def seal_donation(verifier_pk: bytes, donor_key: crypto.SigningKey, donor: bytes, model: str,
+                  messages: Iterable[ChatMessage], params: SamplingParams) -> bytes:
+    """A donation as a client makes it (for tests; ``user_client/donate.py`` is the client's own)."""
+    msgs = [(m.role, m.content) for m in messages]
+    sig = donor_key.sign(signing_bytes(donor, model, msgs, params))
+    p = params
+    plain = pack([DONATION_VERSION, donor, model, [[r, c] for r, c in msgs],
+                  [p.temperature, p.top_p, p.top_k, p.max_tokens, p.seed], sig])
+    return crypto.seal_to_ed25519(verifier_pk, plain)
+
+
+def _refuse(code: Code, reason: str) -> DonationError:
+    return DonationError(code, reason)
+
+
+def _malformed(why: str) -> DonationError:
+    return DonationError(Code.MALFORMED, f"the donation is not {why}")
+
+
+def _decode(plain: bytes) -> tuple[Donation, bytes]:
+    """The donation and its signature from the opened plaintext, strictly; :class:`DonationError`."""
+    try:
+        doc = msgpack.unpackb(plain, raw=False, strict_map_key=True, use_list=True,
+                              max_bin_len=MAX_DONATION_BYTES, max_str_len=MAX_DONATION_BYTES,
+                              max_array_len=64, max_map_len=0, max_ext_len=0)
+    except (ValueError, TypeError, RecursionError, msgpack.UnpackException) as exc:
+        raise _malformed(f"msgpack ({type(exc).__name__})") from None
+    if type(doc) is not list or len(doc) != 6:
+        raise _malformed("[version, donor, model, messages, params, signature]")
+    version, donor, model, messages, params, sig = doc
+    if type(version) is not int or version != DONATION_VERSION:
+        raise DonationError(Code.UNSUPPORTED_VERSION, f"donation version {version!r} is not {DONATION_VERSION}")
+    if type(donor) is not bytes or len(donor) != NODE_ID_LEN:
+        raise _malformed(f"from a {NODE_ID_LEN}-byte donor node id")
+    if type(model) is not str or not model:
+        raise _malformed("for a model (a non-empty string)")
+    if type(messages) is not list or not all(
+            type(m) is list and len(m) == 2 and type(m[0]) is str and type(m[1]) is str for m in messages):
+        raise _malformed("made of messages [[role, content], ...]")
+    if type(params) is not list or len(params) != 5:
+        raise _malformed("with params [temperature, top_p, top_k, max_tokens, seed]")
+    temp, top_p, top_k, max_tokens, seed = params
+    if type(temp) is not float or type(top_p) is not float or type(top_k) is not int \
+            or type(max_tokens) is not int or not (seed is None or type(seed) is int):
+        raise _malformed("with params of types [float, float, int, int, int or nil]")
+    if type(sig) is not bytes or len(sig) != SIGNATURE_LEN:
+        raise _malformed(f"signed (a {SIGNATURE_LEN}-byte signature)")
+    d = Donation(donor, model, tuple(ChatMessage(r, c) for r, c in messages),
+                 SamplingParams(temperature=temp, top_p=top_p, top_k=top_k, max_tokens=max_tokens, seed=seed))
+    return d, sig
+
+
+def open_donation(sealed: bytes, seed32: bytes, user_key: UserKey, models: Container[str]) -> Donation:
+    """The donation in ``sealed`` (sealed to the Ed25519 key of ``seed32``, this verifier's
+    validator seed), checked as the module docstring says: from a current user node
+    (``user_key``), for one of ``models`` (those this verifier audits), within a challenge's
+    limits. :class:`DonationError` with the reason otherwise; never anything else."""
+    from verifier.audit.tx import Opening
+    from verifier.tx import TxError
+
+    if type(sealed) is not bytes:
+        raise _malformed("bytes")
+    if len(sealed) > MAX_DONATION_BYTES:
+        raise DonationError(Code.OVERSIZE, f"a donation of {len(sealed)} bytes; at most {MAX_DONATION_BYTES}")
+    try:
+        plain = crypto.open_sealed_ed25519(seed32, sealed)
+    except crypto.CryptoError:
+        raise _refuse(Code.MALFORMED, "the donation does not open with this verifier's key (sealed to another "
+                                      "key, or altered); fetch the key from /audit/donate_key") from None
+    d, sig = _decode(plain)
+    public = user_key(d.donor)
+    if public is None:
+        raise _refuse(Code.UNKNOWN_NODE, f"donor {d.donor.hex()[:16]} is not a registered user node of this "
+                                         "committee")
+    try:
+        crypto.ed25519_verify(public, sig, signing_bytes(d.donor, d.model, [(m.role, m.content) for m in d.messages],
+                                                         d.params))
+    except crypto.CryptoError:
+        raise _refuse(Code.BAD_SIGNATURE, "the donation's signature does not verify with the donor's registered "
+                                          "key") from None
+    if d.model not in models:
+        raise _refuse(Code.INVALID_FIELD, f"this verifier does not audit model {d.model[:64]!r}")
+    try:
+        Opening(bytes(16), d.model, d.messages, d.params).check()
+    except TxError as exc:
+        raise _refuse(Code.INVALID_FIELD, f"the prompt is not one a challenge may carry: {exc.reason}") from None
+    return d
+
+
+class DonationPool:
+    """The donated prompts one verifier holds (module docstring). ``models``: the models this
+    verifier audits (set by the audit loop once its engine is loaded; until then every donation
+    is refused). ``dirty`` says the pool changed since :func:`save_pool` last wrote it."""
+
+    def __init__(self, *, per_donor: int = PER_DONOR, cap: int = MAX_POOL) -> None:
+        self.per_donor = per_donor
+        self.cap = cap
+        self.models: frozenset[str] = frozenset()
+        self.dirty = False
+        self._seq = 0
+        self._items: OrderedDict[int, Donation] = OrderedDict()  # oldest first
+        self._keys: dict[bytes, int] = {}  # prompt key -> seq, live prompts
+        self._used: OrderedDict[bytes, None] = OrderedDict()  # prompt keys drawn (bounded)
+        self._by_model: dict[str, dict[bytes, list[int]]] = {}  # model -> donor -> seqs
+        self._per_donor: dict[bytes, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def count(self, model: str | None = None, donor: bytes | None = None) -> int:
+        """Live prompts (for ``model`` and/or from ``donor`` when given)."""
+        return sum(1 for d in self._items.values()
+                   if (model is None or d.model == model) and (donor is None or d.donor == donor))
+
+    def donors(self, model: str) -> int:
+        """How many donors hold unused prompts for ``model``."""
+        return len(self._by_model.get(model, {}))
+
+    # ------------------------------------------------------------------ taking
+
+    def offer(self, sealed: bytes, seed32: bytes, user_key: UserKey) -> Donation:
+        """Open, check and add one sealed donation (:func:`open_donation`, :meth:`add`)."""
+        if not self.models:
+            raise DonationError(Code.UNAVAILABLE, "this verifier's audit loop has not started yet (its model is "
+                                                  "still loading); retry in a minute")
+        d = open_donation(sealed, seed32, user_key, self.models)
+        self.add(d)
+        return d
+
+    def add(self, d: Donation) -> None:
+        """Keep ``d``: :class:`DonationError` (pool unchanged) for a prompt already held or used, or a
+        donor at :attr:`per_donor` live prompts; past :attr:`cap` the oldest prompt is dropped."""
+        key = d.prompt_key()
+        if key in self._keys or key in self._used:
+            raise DonationError(Code.DUPLICATE, "this prompt was already donated")
+        if self._per_donor.get(d.donor, 0) >= self.per_donor:
+            raise DonationError(Code.UNAVAILABLE, f"this donor already has {self.per_donor} prompts waiting in "
+                                                  "this verifier's pool; donate again later")
+        while len(self._items) >= self.cap:
+            self._remove(next(iter(self._items)))
+        self._insert(d, key)
+
+    def _insert(self, d: Donation, key: bytes) -> None:
+        self._seq += 1
+        self._items[self._seq] = d
+        self._keys[key] = self._seq
+        self._by_model.setdefault(d.model, {}).setdefault(d.donor, []).append(self._seq)
+        self._per_donor[d.donor] = self._per_donor.get(d.donor, 0) + 1
+        self.dirty = True
+
+    def _remove(self, seq: int) -> Donation:
+        d = self._items.pop(seq)
+        self._keys.pop(d.prompt_key(), None)
+        donors = self._by_model[d.model]
+        donors[d.donor].remove(seq)
+        if not donors[d.donor]:
+            del donors[d.donor]
+        if not donors:
+            del self._by_model[d.model]
+        left = self._per_donor[d.donor] - 1
+        if left:
+            self._per_donor[d.donor] = left
+        else:
+            del self._per_donor[d.donor]
+        self.dirty = True
+        return d
+
+    # ------------------------------------------------------------------ drawing
+
+    def draw(self, model: str, rng: random.Random) -> Donation | None:
+        """A prompt for ``model``, removed from the pool (used once): a donor chosen uniformly among
+        those holding prompts for it, then one of its prompts uniformly. None when there is none."""
+        donors = self._by_model.get(model)
+        if not donors:
+            return None
+        donor = rng.choice(list(donors))
+        seq = rng.choice(donors[donor])
+        d = self._remove(seq)
+        self._used[d.prompt_key()] = None
+        while len(self._used) > MAX_USED_KEYS:
+            self._used.popitem(last=False)
+        return d
+
+    # ------------------------------------------------------------------ persistence
+
+    def to_bytes(self) -> bytes:
+        return pack([_FILE_VERSION, [d.wire() for d in self._items.values()], list(self._used)])
+
+    @classmethod
+    def from_bytes(cls, raw: bytes, *, per_donor: int = PER_DONOR, cap: int = MAX_POOL) -> DonationPool:
+        """A pool from :meth:`to_bytes`; ValueError if the bytes are not one."""
+        try:
+            doc = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+            version, items, used = doc
+            if version != _FILE_VERSION:
+                raise ValueError(f"pool file version {version!r}")
+            pool = cls(per_donor=per_donor, cap=cap)
+            for donor, model, messages, p in items:
+                d = Donation(bytes(donor), str(model), tuple(ChatMessage(str(r), str(c)) for r, c in messages),
+                             SamplingParams(float(p[0]), float(p[1]), int(p[2]), int(p[3]),
+                                            None if p[4] is None else int(p[4])))
+                key = d.prompt_key()
+                if key not in pool._keys:
+                    pool._insert(d, key)
+            for k in used:
+                if bytes(k) not in pool._keys:
+                    pool._used[bytes(k)] = None
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError, StopIteration,
+                msgpack.UnpackException) as exc:
+            raise ValueError(f"not a donation pool ({type(exc).__name__}: {exc})") from None
+        pool.dirty = False
+        return pool
+
+
+def load_pool(data_dir: str | os.PathLike[str]) -> DonationPool:
+    """The pool kept in ``data_dir`` (:data:`POOL_FILE`), or an empty one. A file that does not
+    decode is logged and renamed ``.corrupt`` (never fatal)."""
+    path = Path(data_dir) / POOL_FILE
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return DonationPool()
+    except OSError as exc:
+        log.warning("audit: cannot read the donation pool %s (%s); starting with an empty pool", path, exc)
+        return DonationPool()
+    try:
+        return DonationPool.from_bytes(raw)
+    except ValueError as exc:
+        log.warning("audit: the donation pool %s is corrupt (%s); set aside as %s.corrupt, starting empty",
+                    path, exc, path.name)
+        try:
+            os.replace(path, path.with_name(path.name + ".corrupt"))
+        except OSError:
+            pass
+        return DonationPool()
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (temp file, fsync, rename), mode 0600."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def save_pool(pool: DonationPool, data_dir: str | os.PathLike[str]) -> None:
+    """Write the pool to ``data_dir`` (:data:`POOL_FILE`, mode 0600) if it changed. OSError passes."""
+    if not pool.dirty:
+        return
+    write_private(Path(data_dir) / POOL_FILE, pool.to_bytes())
+    pool.dirty = False

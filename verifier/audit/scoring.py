@@ -1,0 +1,122 @@
+"""Audit scores of one challenge reply from its teacher-forced token scores (issue 14 item 3;
+paper §3.4, §4.3; decision 0010).
+
+A verifier runs the reply's token ids through its own copy of the model once
+(``Engine.score``), which gives, per reply token, the token's log-probability and the
+log-probability the model *expects* of a token drawn with the challenge's sampling parameters
+(:class:`model_node.engine.TokenScore`). From those:
+
+- **raw 1/PPL** (the paper's score): ``exp(mean(logprob))``. It depends on the sampling
+  temperature and on how predictable the prompt is, so an honest node's score varies from
+  about 0.2 to 0.6 on a small model (decision 0010); it is kept for reports only.
+- **calibrated score** ``C = exp(min(0, mean(logprob) − mean(expected_logprob)))``: 1 when the
+  reply is as likely under the verifier's model as the model's own samples would be (greedy: the
+  argmax at every position), below 1 by the factor of likelihood the reply lacks. A node serving a
+  different (cheaper) model picks tokens the verifier's model finds less likely than its own
+  choices, so its C falls; an honest node's C stays near 1 at every temperature.
+- **z** ``= Σ(logprob − expected) / √Σ variance`` (decision 0013 §5): how many standard
+  deviations the reply's total log-probability lies from what sampling with the challenge's
+  parameters gives (the engine reports each position's variance, ``TokenScore.var_logprob``).
+  An honest sampled reply has z near 0 (its positions' differences have mean 0 under the
+  model's own sampling; measured sd 0.91); a reply decoded greedily by the verifier's own weights
+  although a temperature was asked is too likely: z of 2 to 8 on 128 tokens, growing with the
+  square root of the length. 0 when there is no variance (greedy requests: the honest reply is the
+  argmax everywhere and C alone judges it, as before).
+- **two-sided score** (``score``, the one audits use): C while ``z ≤ Z_HIGH``; above it the
+  reply is as much evidence as one that far *below* its expectation: ``exp(−(mean(logprob) −
+  mean(expected_logprob)))``. ``Z_HIGH`` and the rule come from measurements on the real
+  engine (``python -m simulations.measure_audit_scores``, ``simulations/data/audit_scores.json``).
+
+All are pure functions of the scores: I/O-free and deterministic for the same input (but the
+scores themselves are floats from an engine: verifiers agree on them within a tolerance, not
+bit for bit; the reputation core quantizes what it keeps, :mod:`verifier.audit.reputation`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from model_node.engine import TokenScore
+
+
+class ScoringError(ValueError):
+    """The scores cannot be turned into an audit score (empty reply, non-finite values)."""
+
+
+#: A reply whose z is above this is too likely for its sampling parameters (decision 0013 §5).
+#: Measured (``simulations/data/audit_scores.json``: SmolLM2 Q4_1 verifier, 128-token replies to
+#: real users' prompts): honest sampled replies' z has mean −0.02, sd 0.91, no skew, max 2.30 over
+#: 72 (so z > 3 is ~0.1 % of honest replies if normal); a node decoding greedily with the honest
+#: weights exceeds 3 in 66 of 72 sampled challenges, one with Q2_K weights in 16 of 72 (at T = 1:
+#: 19 of 24; at T = 0.7 its quantization noise makes its argmax as different from the verifier's
+#: as sampling would, and nothing "too likely" is left to see).
+Z_HIGH = 3.0
+#: Below this total variance (nats²) z is 0: nothing to measure (greedy, top-k 1, a tiny nucleus).
+MIN_VARIANCE = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyScore:
+    """The audit figures of one reply: ``score`` (the two-sided calibrated score, in (0, 1]: the
+    one audits use), ``calibrated`` (the one-sided C, in (0, 1], for reports), ``z`` (standard
+    deviations above the sampling expectation), ``raw_inv_ppl`` (1/PPL, in (0, 1]), the mean
+    observed and expected log-probabilities, the share of positions where the reply's token is
+    the model's argmax, and the number of scored tokens."""
+
+    calibrated: float
+    raw_inv_ppl: float
+    mean_logprob: float
+    mean_expected_logprob: float
+    argmax_agreement: float
+    tokens: int
+    z: float
+    score: float
+
+
+def score_reply(scores: Sequence[TokenScore]) -> ReplyScore:
+    """The audit figures of a reply from its per-token scores (one entry per reply token, in
+    order). Raises :class:`ScoringError` for an empty reply (there is nothing to judge: the
+    audit treats an empty answer to a challenge as a failed challenge, not as a score) or a
+    non-finite log-probability or variance (an engine fault, not the node's)."""
+    if not scores:
+        raise ScoringError("an empty reply has no score: count it as a failed challenge")
+    n = len(scores)
+    lp = math.fsum(s.logprob for s in scores) / n
+    ex = math.fsum(s.expected_logprob for s in scores) / n
+    var = math.fsum(s.var_logprob for s in scores)
+    if not (math.isfinite(lp) and math.isfinite(ex) and math.isfinite(var) and var >= 0.0):
+        raise ScoringError("the engine returned a non-finite log-probability; rescore the reply "
+                           "(a verifier-side fault, not evidence against the node)")
+    agree = sum(s.token_id == s.argmax for s in scores) / n
+    z = z_score(n * (lp - ex), var)
+    return ReplyScore(calibrated=calibrated(lp, ex), raw_inv_ppl=math.exp(min(0.0, lp)),
+                      mean_logprob=lp, mean_expected_logprob=ex, argmax_agreement=agree, tokens=n,
+                      z=z, score=two_sided(lp, ex, z))
+
+
+def calibrated(mean_logprob: float, mean_expected_logprob: float) -> float:
+    """C = exp(min(0, observed − expected)) for a reply's mean log-probabilities."""
+    return math.exp(min(0.0, mean_logprob - mean_expected_logprob))
+
+
+def z_score(total_difference: float, total_variance: float) -> float:
+    """Σ(logprob − expected) / √Σ variance; 0 when the variance is below :data:`MIN_VARIANCE`."""
+    if total_variance < MIN_VARIANCE:
+        return 0.0
+    return total_difference / math.sqrt(total_variance)
+
+
+def two_sided(mean_logprob: float, mean_expected_logprob: float, z: float, z_high: float = Z_HIGH) -> float:
+    """The two-sided score: C while ``z ≤ z_high``; a reply too likely for its sampling
+    (``z > z_high``) scores exp(−(observed − expected)), as one that far below would."""
+    d = mean_logprob - mean_expected_logprob
+    if z > z_high:
+        return math.exp(-abs(d))
+    return math.exp(min(0.0, d))
+
+
+def raw_inv_ppl(scores: Sequence[TokenScore]) -> float:
+    """The paper's raw score, 1/PPL = exp(mean log-probability), for reports."""
+    return score_reply(scores).raw_inv_ppl

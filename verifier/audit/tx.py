@@ -1,0 +1,558 @@
+"""Audit transactions on the committee chain (decision 0013; docs/committee.md "Audits").
+
+The one codec of the audit protocol: the verifiers' audit loop encodes and signs with it, the
+committee's application (:mod:`verifier.audit.chain`) decodes with it. Pure: no state, no clock.
+
+A raw audit transaction is :data:`AUDIT_TAG` followed by one msgpack array ``[kind, *fields]``:
+
+- kind 1 :class:`PlanCommit` ``[1, epoch, validator_pk, [model, ...], plan_hash, signature]``: a
+  verifier's secret plan for ``epoch``, as a hash (:func:`plan_hash`), and the models it holds.
+- kind 2 :class:`AuditReport` ``[2, epoch, validator_pk, salt, [entry, ...], signature]``: the
+  plan revealed once its challenges were answered. Each entry is ``[node_id, opening, outcome]``
+  with ``opening`` the array of :meth:`Opening.to_wire` and ``outcome`` either
+  ``[0, served_by, [[text, [token ids]], ...], reply_signature, signed_at_ms, score, tries]``
+  (:class:`ReplyOutcome`) or ``[1, kind, tries]`` (:class:`FailOutcome`).
+
+Signatures are Ed25519 by the validator's CometBFT key over ``AUDIT_CONTEXT || len(chain_id) (u8)
+|| chain_id || kind (u8) || msgpack([fields without the signature])``, so a signature binds one
+chain and one kind.
+
+Decoding is strict: exact types (bool is not int, a float is a 64-bit float), every length and
+count bounded, integers in range, no trailing bytes, and the canonical re-encoding must equal the
+input (a transaction has exactly one byte form). The body is read by shape with the wire codec's
+:class:`overlay.codec.ShapeReader`: the kind first (its byte limit applies before the rest is
+read), then each field as the kind's schema has it, each array bounded before its items, so no
+transaction builds more objects than its schema allows (docs/fuzzing.md). Errors are
+:class:`verifier.tx.TxError` with MALFORMED (shape, types, encoding), INVALID_FIELD (a value out of
+range), OVERSIZE or BAD_SIGNATURE, and a reason. Membership, windows and content rules are the
+application's (:mod:`verifier.audit.chain`).
+
+A challenge's plaintext (:class:`Opening`) is known only to the verifier that sends it until its
+report reveals it: the commit holds a hash of the whole plan, salted.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
+
+from overlay import codec, crypto, signing
+from overlay.messages import REQUEST_ID_LEN, ChatMessage, Request, SamplingParams
+from verifier.audit.reputation import SCALE
+from verifier.tx import DECODE_ERRORS, MAX_CHAIN_ID, MAX_MODEL_ID, Code, TxError, pack
+
+AUDIT_TAG = b"GTAUDIT2"
+AUDIT_CONTEXT = b"gentorrent/audit/v2\x00"
+KIND_COMMIT, KIND_REPORT = 1, 2
+KIND_NAMES = {KIND_COMMIT: "plan commit", KIND_REPORT: "audit report"}
+OUTCOME_REPLY, OUTCOME_FAIL = 0, 1
+FAIL_KINDS = ("busy", "silent", "lost", "error", "unverified", "incomplete", "empty", "other")
+
+MAX_AUDITED_NODES = 32  # model nodes in one verifier's plan
+MAX_CHALLENGES_PER_NODE = 4
+MAX_CHALLENGES = MAX_AUDITED_NODES * MAX_CHALLENGES_PER_NODE
+MAX_MODELS_HELD = 8  # models one verifier declares
+MAX_TRIES = 3  # sends of one challenge (a busy or silent node is tried again later in the epoch)
+MAX_REPORT_BYTES = 1024 * 1024 - 4096  # under CometBFT's default mempool limit on one transaction (1 MiB)
+MAX_COMMIT_BYTES = 4096
+
+# Challenge limits (an Opening): what users' clients may send
+SALT_LEN = 16
+COMMITMENT_LEN = 32
+PLAN_HASH_LEN = 32
+PROMPT_KEY_LEN = 16
+NODE_ID_LEN = 20
+MIN_TOKENS, MAX_TOKENS = 1, 1024
+MAX_MESSAGES = 8
+MAX_CONTENT_BYTES = 8192
+MAX_OPENING_BYTES = 64 + MAX_MODEL_ID + MAX_MESSAGES * (MAX_CONTENT_BYTES + 32) + 64
+ROLES = ("system", "user", "assistant")
+MAX_TEMPERATURE = 5.0
+MAX_TOP_K = 1000
+MAX_SEED = 2**32 - 1
+
+# Reply limits (a ReplyOutcome)
+MAX_CHUNKS = 2 * MAX_TOKENS + 4
+MAX_REPLY_TOKENS = 2 * MAX_TOKENS
+MAX_CHUNK_TEXT = 16 * 1024
+
+_CHALLENGE_PERSON = b"gt-challenge"
+_PROMPT_PERSON = b"gt-prompt"
+_PLAN_PERSON = b"gt-audit-plan"
+_SPACES = re.compile(r"\s+")
+_T = TypeVar("_T")
+
+
+def _bad(why: str) -> TxError:
+    return TxError(Code.MALFORMED, why)
+
+
+def _invalid(why: str) -> TxError:
+    return TxError(Code.INVALID_FIELD, why)
+
+
+def _typed(value: Any, tp: type, what: str) -> Any:
+    if type(value) is not tp:
+        raise _bad(f"{what}: expected {tp.__name__}, got {type(value).__name__}")
+    return value
+
+
+def _bytes(value: Any, n: int, what: str) -> bytes:
+    if type(value) is not bytes or len(value) != n:
+        raise _bad(f"{what}: expected {n} bytes")
+    return value
+
+
+def _int(value: Any, lo: int, hi: int, what: str) -> int:
+    if type(value) is not int:
+        raise _bad(f"{what}: expected int, got {type(value).__name__}")
+    if not lo <= value <= hi:
+        raise _invalid(f"{what} {value} outside {lo}..{hi}")
+    return value
+
+
+def _list(value: Any, most: int, what: str) -> list[Any]:
+    if type(value) is not list:
+        raise _bad(f"{what}: expected an array")
+    if len(value) > most:
+        raise _invalid(f"{what}: {len(value)} items, at most {most}")
+    return value
+
+
+def _array(r: codec.ShapeReader, most: int, what: str) -> int:
+    """The item count of the next item, an array of at most ``most`` items (INVALID_FIELD if more)."""
+    n = r.array()
+    if n > most:
+        raise _invalid(f"{what}: {n} items, at most {most}")
+    return n
+
+
+def _shaped(r: codec.ShapeReader, n: int, why: str) -> None:
+    """The header of an array of exactly ``n`` items; MALFORMED ``why`` otherwise."""
+    if r.array() != n:
+        raise _bad(why)
+
+
+def _values(r: codec.ShapeReader, n: int) -> list[Any]:
+    return [r.value() for _ in range(n)]
+
+
+def _read(raw: bytes | memoryview, max_bin: int, why: str, read: Callable[[codec.ShapeReader], _T]) -> _T:
+    """``read`` of a :class:`overlay.codec.ShapeReader` of ``raw``, which must take every byte;
+    a shape the reader refuses, msgpack's errors and trailing bytes are MALFORMED ``why (error)``."""
+    r = codec.ShapeReader(raw, max_bin)
+    try:
+        out = read(r)
+    except codec.ShapeError as exc:
+        raise _bad(f"{why} ({exc})") from None
+    except DECODE_ERRORS as exc:
+        raise _bad(f"{why} ({type(exc).__name__})") from None
+    if not r.done():
+        raise _bad(f"{why} (ExtraData)")
+    return out
+
+
+# =========================================================================== the challenge
+
+
+def _check_params(p: SamplingParams) -> None:
+    if type(p.temperature) is not float or not math.isfinite(p.temperature) \
+            or not 0.0 <= p.temperature <= MAX_TEMPERATURE:
+        raise _invalid(f"challenge temperature must be a float within 0..{MAX_TEMPERATURE:g}")
+    if type(p.top_p) is not float or not math.isfinite(p.top_p) or not 0.0 < p.top_p <= 1.0:
+        raise _invalid("challenge top_p must be a float within (0, 1]")
+    if type(p.top_k) is not int or not 0 <= p.top_k <= MAX_TOP_K:
+        raise _invalid(f"challenge top_k must be within 0..{MAX_TOP_K}")
+    if type(p.max_tokens) is not int or not MIN_TOKENS <= p.max_tokens <= MAX_TOKENS:
+        raise _invalid(f"challenge max_tokens must be within {MIN_TOKENS}..{MAX_TOKENS}")
+    if p.seed is not None and (type(p.seed) is not int or not 0 <= p.seed <= MAX_SEED):
+        raise _invalid(f"challenge seed must be nil or within 0..{MAX_SEED}")
+
+
+def normalise_prompt(text: str) -> str:
+    """The form a prompt is compared in for reuse: stripped, casefolded, whitespace runs as one space."""
+    return _SPACES.sub(" ", text.strip().casefold())
+
+
+@dataclass(frozen=True, slots=True)
+class Opening:
+    """The plaintext of one challenge: a salt, the model, the chat messages (the last is the user's
+    question) and the sampling parameters. Not a transaction: it travels sealed in a
+    :class:`ChallengeCommit` and in the clear in the :class:`EpochReport` that answers it.
+
+    Limits: 1 to :data:`MAX_MESSAGES` messages, each of role system/user/assistant and at most
+    :data:`MAX_CONTENT_BYTES` UTF-8 bytes, the last from the user; max_tokens 1..128; the other
+    parameters within what model nodes accept. :meth:`check` raises :class:`TxError` otherwise."""
+
+    salt: bytes
+    model: str
+    messages: tuple[ChatMessage, ...]
+    params: SamplingParams
+
+    def check(self) -> None:
+        if type(self.salt) is not bytes or len(self.salt) != SALT_LEN:
+            raise _bad(f"challenge salt must be {SALT_LEN} bytes")
+        if type(self.model) is not str or not 0 < len(self.model.encode()) <= MAX_MODEL_ID:
+            raise _invalid(f"challenge model id must be 1-{MAX_MODEL_ID} bytes")
+        if not 1 <= len(self.messages) <= MAX_MESSAGES:
+            raise _invalid(f"a challenge has 1 to {MAX_MESSAGES} messages")
+        for m in self.messages:
+            if type(m.role) is not str or m.role not in ROLES or type(m.content) is not str:
+                raise _invalid(f"a challenge message's role is one of {', '.join(ROLES)}")
+            if len(m.content.encode("utf-8", errors="surrogatepass")) > MAX_CONTENT_BYTES:
+                raise _invalid(f"a challenge message holds at most {MAX_CONTENT_BYTES} bytes")
+        if self.messages[-1].role != "user" or not self.messages[-1].content.strip():
+            raise _invalid("a challenge's last message is the user's (non-empty) question")
+        _check_params(self.params)
+
+    def to_wire(self) -> list[Any]:
+        p = self.params
+        return [self.salt, self.model, [[m.role, m.content] for m in self.messages],
+                [p.temperature, p.top_p, p.top_k, p.max_tokens, p.seed]]
+
+    def encode(self) -> bytes:
+        """The canonical msgpack of :meth:`to_wire` (what is sealed to each validator)."""
+        self.check()
+        return pack(self.to_wire())
+
+    @classmethod
+    def from_wire(cls, f: Any) -> Opening:
+        """The opening from its wire array; :class:`TxError` if anything is off."""
+        f = _list(f, 4, "opening")
+        if len(f) != 4:
+            raise _bad("an opening is [salt, model, messages, params]")
+        salt = _bytes(f[0], SALT_LEN, "challenge salt")
+        model = _typed(f[1], str, "challenge model")
+        msgs = []
+        for m in _list(f[2], MAX_MESSAGES, "challenge messages"):
+            if type(m) is not list or len(m) != 2 or type(m[0]) is not str or type(m[1]) is not str:
+                raise _bad("a challenge message is [role, content]")
+            msgs.append(ChatMessage(m[0], m[1]))
+        p = _list(f[3], 5, "challenge params")
+        if len(p) != 5:
+            raise _bad("challenge params are [temperature, top_p, top_k, max_tokens, seed]")
+        temp = _typed(p[0], float, "temperature")
+        top_p = _typed(p[1], float, "top_p")
+        top_k = _typed(p[2], int, "top_k")
+        max_tokens = _typed(p[3], int, "max_tokens")
+        seed = p[4] if p[4] is None else _typed(p[4], int, "seed")
+        opening = cls(salt, model, tuple(msgs), SamplingParams(temp, top_p, top_k, max_tokens, seed))
+        opening.check()
+        return opening
+
+    @classmethod
+    def decode(cls, raw: bytes) -> Opening:
+        """Strictly decode :meth:`encode`'s bytes (a sealed box's content); :class:`TxError` if off."""
+        if len(raw) > MAX_OPENING_BYTES:
+            raise TxError(Code.OVERSIZE, f"a challenge opening of {len(raw)} bytes, at most {MAX_OPENING_BYTES}")
+        opening = cls.from_wire(_read(raw, MAX_OPENING_BYTES, "the challenge opening is not msgpack", _read_opening))
+        if pack(opening.to_wire()) != raw:
+            raise _bad("the challenge opening is not in canonical msgpack form")
+        return opening
+
+    def request(self, request_id: bytes = bytes(REQUEST_ID_LEN), k: int = 3) -> Request:
+        """The request a model node receives for this challenge (no continuation, no return paths:
+        the sender adds its own paths; the digest covers neither)."""
+        return Request(request_id=request_id, model=self.model, messages=self.messages, params=self.params,
+                       k=k, return_paths=(), continuation="")
+
+    def digest(self) -> bytes:
+        """:func:`overlay.signing.request_digest` of :meth:`request`: what the node's reply signs."""
+        return signing.request_digest(self.request())
+
+    def commitment(self) -> bytes:
+        """BLAKE2b-256(salt || request digest), personalised ``gt-challenge``: what the commit holds."""
+        return crypto.blake2b(self.salt + self.digest(), size=COMMITMENT_LEN, person=_CHALLENGE_PERSON)
+
+    def prompt_key(self) -> bytes:
+        """BLAKE2b-128 of the last user message normalised (:func:`normalise_prompt`), personalised
+        ``gt-prompt``: prompts are never reused, and the chain remembers used keys."""
+        last = next(m.content for m in reversed(self.messages) if m.role == "user")
+        return crypto.blake2b(normalise_prompt(last).encode("utf-8", errors="surrogatepass"), size=PROMPT_KEY_LEN,
+                              person=_PROMPT_PERSON)
+
+
+# =========================================================================== transactions
+
+
+def plan_hash(salt: bytes, pairs: Sequence[tuple[bytes, bytes]]) -> bytes:
+    """BLAKE2b-256(salt || msgpack([[node_id, commitment], ...])), personalised ``gt-audit-plan``:
+    what a :class:`PlanCommit` holds of a plan (the node and the opening's commitment of each
+    planned challenge, in report order). The salt keeps a plan of known nodes from being guessed."""
+    return crypto.blake2b(salt + pack([[n, c] for n, c in pairs]), size=PLAN_HASH_LEN, person=_PLAN_PERSON)
+
+
+@dataclass(frozen=True, slots=True)
+class PlanCommit:
+    """Kind 1: ``validator_pk``'s plan for ``epoch`` as a hash, and the models it holds (it audits
+    their nodes; a model is audited while holders have more than 2/3 of the power)."""
+
+    epoch: int
+    validator_pk: bytes
+    models: tuple[str, ...]
+    plan_hash: bytes
+    signature: bytes = b""
+
+    KIND = KIND_COMMIT
+
+    def fields(self) -> list[Any]:
+        return [self.epoch, self.validator_pk, list(self.models), self.plan_hash]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyOutcome:
+    """A challenge answered: every reply chunk's (text, token ids) in order, the final chunk's
+    signature and signing time, the node that signed it (the challenged node, or the member of
+    its group it forwarded the challenge to), the sender's two-sided score in fixed point
+    (:mod:`verifier.audit.scoring`) and how many sends it took."""
+
+    served_by: bytes
+    chunks: tuple[tuple[str, tuple[int, ...]], ...]
+    signature: bytes
+    signed_at_ms: int
+    score: int
+    tries: int = 1
+
+    def to_wire(self) -> list[Any]:
+        return [OUTCOME_REPLY, self.served_by, [[t, list(ids)] for t, ids in self.chunks], self.signature,
+                self.signed_at_ms, self.score, self.tries]
+
+    def token_ids(self) -> tuple[int, ...]:
+        return tuple(i for _, ids in self.chunks for i in ids)
+
+
+@dataclass(frozen=True, slots=True)
+class FailOutcome:
+    """A challenge with no usable reply after ``tries`` sends: ``kind`` is one of :data:`FAIL_KINDS`."""
+
+    kind: str
+    tries: int = 1
+
+    def to_wire(self) -> list[Any]:
+        return [OUTCOME_FAIL, self.kind, self.tries]
+
+
+@dataclass(frozen=True, slots=True)
+class ReportEntry:
+    """One planned challenge: the node it was sent to, its opening, and what came back."""
+
+    node_id: bytes
+    opening: Opening
+    outcome: ReplyOutcome | FailOutcome
+
+    def to_wire(self) -> list[Any]:
+        return [self.node_id, self.opening.to_wire(), self.outcome.to_wire()]
+
+    def verify(self, ed25519_public: bytes) -> None:
+        """:class:`overlay.signing.ReplyVerifyError` unless the reply's chunks, chained from the
+        opening's request digest, carry the final signature of its serving node (key
+        ``ed25519_public``). A failure outcome has nothing to verify (ValueError)."""
+        out = self.outcome
+        if not isinstance(out, ReplyOutcome):
+            raise ValueError("a failed challenge carries no reply")
+        digest = self.opening.digest()
+        chain = signing.chain_start(digest)
+        for text, ids in out.chunks:
+            chain = signing.chain_next(chain, text, ids)
+        signing.verify_reply(ed25519_public, out.signature, digest, chain, True, self.opening.model, out.served_by,
+                             out.signed_at_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class AuditReport:
+    """Kind 2: ``validator_pk``'s plan for ``epoch`` revealed, with what each challenge got back."""
+
+    epoch: int
+    validator_pk: bytes
+    salt: bytes
+    entries: tuple[ReportEntry, ...]
+    signature: bytes = b""
+
+    KIND = KIND_REPORT
+
+    def fields(self) -> list[Any]:
+        return [self.epoch, self.validator_pk, self.salt, [e.to_wire() for e in self.entries]]
+
+    def plan_hash(self) -> bytes:
+        return plan_hash(self.salt, [(e.node_id, e.opening.commitment()) for e in self.entries])
+
+
+AuditTx = PlanCommit | AuditReport
+
+
+def signing_bytes(chain_id: str, kind: int, fields: list[Any]) -> bytes:
+    """What a validator signs: context, chain id (u8 length), kind (u8), msgpack of the fields."""
+    chain = chain_id.encode()
+    if not 0 < len(chain) <= MAX_CHAIN_ID:
+        raise ValueError(f"chain id must be 1-{MAX_CHAIN_ID} bytes")
+    return AUDIT_CONTEXT + bytes([len(chain)]) + chain + bytes([kind]) + pack(fields)
+
+
+def encode_tx(tx: AuditTx) -> bytes:
+    """The raw transaction (with the signature the object holds)."""
+    return AUDIT_TAG + pack([tx.KIND, *tx.fields(), tx.signature])
+
+
+def sign_tx(tx: AuditTx, chain_id: str, seed32: bytes) -> bytes:
+    """``tx`` signed with the validator's Ed25519 seed (its CometBFT key), as raw bytes. The key in
+    ``tx`` must be the seed's (ValueError otherwise)."""
+    key = crypto.SigningKey.from_bytes(seed32)
+    if tx.validator_pk != key.public_bytes:
+        raise ValueError("the transaction names another validator key than this seed's")
+    return encode_tx(replace(tx, signature=key.sign(signing_bytes(chain_id, tx.KIND, tx.fields()))))
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+def _epoch(v: Any) -> int:
+    return _int(v, 0, 2**63 - 1, "epoch")
+
+
+def _sig(v: Any) -> bytes:
+    if type(v) is not bytes:
+        raise _bad("signature: expected bytes")
+    if len(v) != crypto.ED25519_SIG_LEN:
+        raise TxError(Code.BAD_SIGNATURE, f"a signature of {len(v)} bytes, expected {crypto.ED25519_SIG_LEN}")
+    return v
+
+
+# Each reader below takes one item of the schema from a ShapeReader, in wire order, and checks it
+# as it goes (Python evaluates arguments left to right, the order of the fields on the wire).
+
+
+def _read_opening(r: codec.ShapeReader) -> list[Any]:
+    """An opening's wire array, read by shape for :meth:`Opening.from_wire` to check."""
+    if _array(r, 4, "opening") != 4:
+        raise _bad("an opening is [salt, model, messages, params]")
+    salt, model = r.value(), r.value()
+    messages = [_read_message(r) for _ in range(_array(r, MAX_MESSAGES, "challenge messages"))]
+    why = "challenge params are [temperature, top_p, top_k, max_tokens, seed]"
+    if _array(r, 5, "challenge params") != 5:
+        raise _bad(why)
+    return [salt, model, messages, _values(r, 5)]
+
+
+def _read_message(r: codec.ShapeReader) -> list[Any]:
+    _shaped(r, 2, "a challenge message is [role, content]")
+    return _values(r, 2)
+
+
+def _read_commit(r: codec.ShapeReader) -> PlanCommit:
+    epoch, key = _epoch(r.value()), _bytes(r.value(), 32, "validator key")
+    models = tuple(_typed(m, str, "model") for m in _values(r, _array(r, MAX_MODELS_HELD, "models")))
+    return PlanCommit(epoch, key, models, _bytes(r.value(), PLAN_HASH_LEN, "plan hash"), _sig(r.value()))
+
+
+def _read_chunks(r: codec.ShapeReader, i: int) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """A reply's [text, token ids] chunks: at most :data:`MAX_CHUNKS`, :data:`MAX_REPLY_TOKENS` ids in all."""
+    why, what = f"entry {i}: a chunk is [text, token ids]", f"entry {i}'s token id"
+    chunks = []
+    tokens = 0
+    for _ in range(_array(r, MAX_CHUNKS, f"entry {i}'s chunks")):
+        _shaped(r, 2, why)
+        text = r.value()
+        if type(text) is not str:
+            raise _bad(why)
+        if len(text) > MAX_CHUNK_TEXT:
+            raise _invalid(f"entry {i}: a chunk's text is over {MAX_CHUNK_TEXT} characters")
+        n = r.array()
+        tokens += n
+        if tokens > MAX_REPLY_TOKENS:
+            raise _invalid(f"entry {i}: over {MAX_REPLY_TOKENS} reply tokens")
+        chunks.append((text, tuple(_int(t, 0, 2**32 - 1, what) for t in r.ints(n))))
+    if not chunks:
+        raise _invalid(f"entry {i}: a reply has at least one chunk (an empty reply is a failed challenge)")
+    return tuple(chunks)
+
+
+def _tries(v: Any, i: int) -> int:
+    return _int(v, 1, MAX_TRIES, f"entry {i}'s tries")
+
+
+def _read_outcome(r: codec.ShapeReader, i: int) -> ReplyOutcome | FailOutcome:
+    n = r.array()
+    tag = _typed(r.value(), int, f"entry {i}'s outcome kind") if n else None
+    if tag == OUTCOME_FAIL and n == 3:
+        kind = _typed(r.value(), str, f"entry {i}'s failure kind")
+        if kind not in FAIL_KINDS:
+            raise _invalid(f"entry {i}: failure kind {kind[:20]!r} is not one of {', '.join(FAIL_KINDS)}")
+        return FailOutcome(kind, _tries(r.value(), i))
+    if tag != OUTCOME_REPLY or n != 7:
+        raise _bad(f"entry {i}'s outcome is [0, served_by, chunks, signature, signed_at_ms, score, tries] or "
+                   "[1, kind, tries]")
+    return ReplyOutcome(
+        served_by=_bytes(r.value(), NODE_ID_LEN, f"entry {i}'s serving node id"),
+        chunks=_read_chunks(r, i),
+        signature=_bytes(r.value(), crypto.ED25519_SIG_LEN, f"entry {i}'s reply signature"),
+        signed_at_ms=_int(r.value(), 0, 2**64 - 1, f"entry {i}'s signed_at_ms"),
+        score=_int(r.value(), 0, SCALE, f"entry {i}'s score"),
+        tries=_tries(r.value(), i),
+    )
+
+
+def _read_entry(r: codec.ShapeReader, i: int) -> ReportEntry:
+    _shaped(r, 3, f"report entry {i} is [node_id, opening, outcome]")
+    return ReportEntry(_bytes(r.value(), NODE_ID_LEN, f"entry {i}'s node id"), Opening.from_wire(_read_opening(r)),
+                       _read_outcome(r, i))
+
+
+def _read_report(r: codec.ShapeReader) -> AuditReport:
+    epoch, key = _epoch(r.value()), _bytes(r.value(), 32, "validator key")
+    salt = _bytes(r.value(), SALT_LEN, "plan salt")
+    n = _array(r, MAX_CHALLENGES, "report entries")
+    return AuditReport(epoch, key, salt, tuple(_read_entry(r, i) for i in range(n)), _sig(r.value()))
+
+
+_ARITY = {KIND_COMMIT: 6, KIND_REPORT: 6}
+_LIMIT = {KIND_COMMIT: MAX_COMMIT_BYTES, KIND_REPORT: MAX_REPORT_BYTES}
+_READERS: dict[int, Callable[[codec.ShapeReader], AuditTx]] = {KIND_COMMIT: _read_commit, KIND_REPORT: _read_report}
+
+
+def _read_tx(r: codec.ShapeReader) -> AuditTx:
+    """``[kind, *fields]``: the kind first, then its byte limit and arity, then its fields by shape."""
+    why = "an audit transaction is [kind 1-2, ...fields]"
+    n = r.array()
+    kind = r.value() if n else None
+    if type(kind) is not int or kind not in _ARITY:
+        raise _bad(why)
+    if len(r.raw) > _LIMIT[kind]:
+        raise TxError(Code.OVERSIZE, f"a {KIND_NAMES[kind]} of {len(r.raw)} bytes, at most {_LIMIT[kind]}")
+    if n != _ARITY[kind]:
+        raise _bad(f"a {KIND_NAMES[kind]} has {_ARITY[kind] - 1} fields, not {n - 1}")
+    return _READERS[kind](r)
+
+
+def decode_audit_tx(raw: bytes, chain_id: str) -> AuditTx:
+    """Strictly decode an audit transaction and check its signature against its own key for
+    ``chain_id``. :class:`TxError` on anything off; never raises anything else. The body is read by
+    shape: its kind's byte limit applies before its fields are read, and it builds no more objects
+    than its kind's schema allows."""
+    if not raw.startswith(AUDIT_TAG):
+        raise _bad(f"not an audit transaction (no {AUDIT_TAG.decode()} tag)")
+    if len(raw) > MAX_REPORT_BYTES + len(AUDIT_TAG):
+        raise TxError(Code.OVERSIZE, f"an audit transaction of {len(raw)} bytes, at most {MAX_REPORT_BYTES}")
+    body = memoryview(raw)[len(AUDIT_TAG):]
+    tx = _read(body, MAX_REPORT_BYTES, "the audit transaction is not strict msgpack", _read_tx)
+    kind = tx.KIND
+    if encode_tx(tx) != raw:
+        raise _bad(f"the {KIND_NAMES[kind]} is not in canonical msgpack form")
+    try:
+        crypto.ed25519_verify(tx.validator_pk, tx.signature, signing_bytes(chain_id, kind, tx.fields()))
+    except crypto.CryptoError:
+        raise TxError(Code.BAD_SIGNATURE, f"the {KIND_NAMES[kind]}'s signature does not verify with its own "
+                                          "validator key for this chain") from None
+    return tx
+
+
+def reply_outcome(served_by: bytes, chunks: Sequence[tuple[str, Sequence[int]]], signature: bytes,
+                  signed_at_ms: int, score: float | int, tries: int = 1) -> ReplyOutcome:
+    """A :class:`ReplyOutcome` from a reply as received (the score as a float in [0, 1] or fixed point)."""
+    from verifier.audit.reputation import to_fixed
+
+    fixed = score if type(score) is int else to_fixed(float(score))
+    return ReplyOutcome(served_by, tuple((t, tuple(ids)) for t, ids in chunks), signature, signed_at_ms, fixed,
+                        tries)
