@@ -153,6 +153,14 @@ def extra_buffers(cpuinfo: str | None = None, env: Mapping[str, str] | None = No
     return "amx_tile" not in cpuinfo.split()
 
 
+def model_params(L: Any) -> Any:
+    """llama.cpp's default model parameters with :func:`extra_buffers` applied: every model this
+    project loads through the low-level API starts from these."""
+    p = L.llama_model_default_params()
+    p.use_extra_bufts = extra_buffers()
+    return p
+
+
 @contextlib.contextmanager
 def model_params_for_this_host() -> Iterator[None]:
     """While inside: llama-cpp-python's high-level ``Llama`` loads models with
@@ -378,9 +386,7 @@ class LlamaCppEngine:
         self.max_snapshots = max_snapshots
         self.slots, self.prefill_chunk = slots, prefill_chunk
         self.score_fresh = score_fresh
-        mparams = L.llama_model_default_params()
-        mparams.use_extra_bufts = extra_buffers()
-        self._model = L.llama_model_load_from_file(str(path).encode(), mparams)
+        self._model = L.llama_model_load_from_file(str(path).encode(), model_params(L))
         if not self._model:
             raise EngineError(f"llama.cpp could not load {path} (not a GGUF model it supports?)")
         self._vocab = L.llama_model_get_vocab(self._model)

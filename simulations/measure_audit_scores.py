@@ -102,24 +102,6 @@ def sample_row(prompt: int, scores: list[TokenScore]) -> dict[str, Any]:
             "var_sum": math.fsum(s.var_logprob for s in scores), "argmax_agreement": r.argmax_agreement}
 
 
-def no_repack() -> None:
-    """Load every model of this process without llama.cpp's extra (repacking) buffer types
-    (``use_extra_bufts = False``): a llama.cpp built where the CPU reports AMX repacks Q4 weights
-    for AMX kernels, and where the hypervisor does not let a guest use AMX, ``ldtilecfg`` faults
-    (SIGSEGV in ``ggml_backend_amx_mul_mat``). The plain CPU kernels then run; every engine of the
-    measurement (nodes and verifier) uses them alike."""
-    import llama_cpp as L
-
-    default = L.llama_model_default_params
-
-    def params() -> Any:
-        p = default()
-        p.use_extra_bufts = False
-        return p
-
-    L.llama_model_default_params = params
-
-
 def _position_extras(logp_row: Any, tok: int, params: SamplingParams) -> list[float]:
     """Diagnostics of one scored position under the sampling distribution q (the cut
     :func:`model_node.engine.logprob_moments` applies): q(argmax), the token's mid-rank
@@ -305,19 +287,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens-out", type=Path, default=None,
                         help="also write every scored position's [token, logprob, expected, variance, argmax, "
                              "q(argmax), mid-rank u, var u] here (a diagnostic)")
-    parser.add_argument("--no-repack", action="store_true",
-                        help="load models without llama.cpp's repacking buffer types (AMX faults in some VMs)")
     parser.add_argument("--rescore", action="store_true",
                         help="recompute scores and summaries of --out from its stored figures (no engine)")
     args = parser.parse_args(argv)
     if args.rescore:
         result = rescore(json.loads(args.out.read_text()))
     else:
-        if args.no_repack:
-            no_repack()
+        from model_node.llama import extra_buffers
+
         result = trio.run(_measure, args.prompts, args.max_tokens, args.tokens_out)
-        if args.no_repack:
-            result["how"] += "; --no-repack (llama.cpp use_extra_bufts off: AMX faults on this VM)"
+        result["how"] += ("" if extra_buffers() else
+                          "; llama.cpp's extra (repacking) buffer types off: the CPU advertises AMX (model_node.llama)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({"summary": result["summary"], "mixed": result["mixed"]}, indent=1))

@@ -71,7 +71,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from model_node.engine import TokenScore, expected_logprob
+from model_node.engine import TokenScore, logprob_moments
 from model_node.llama import INVARIANT_UBATCH, N_BATCH, LlamaCppEngine, resolve_model
 from overlay.bench.stats import cpu_model, summarize_ms
 from overlay.cli import run_async
@@ -183,8 +183,9 @@ class TokenLoop:
         import llama_cpp as L
 
         self._L = L
-        mparams = L.llama_model_default_params()
-        self._model = L.llama_model_load_from_file(str(engine.model_path).encode(), mparams)
+        from model_node.llama import model_params
+
+        self._model = L.llama_model_load_from_file(str(engine.model_path).encode(), model_params(L))
         if not self._model:
             raise RuntimeError(f"llama.cpp could not load {engine.model_path}")
         self.n_vocab = int(L.llama_vocab_n_tokens(L.llama_model_get_vocab(self._model)))
@@ -246,7 +247,8 @@ class TokenLoop:
             z = row.astype(np.float64)
             zmax = z.max()
             logp = z - (zmax + math.log(float(np.exp(z - zmax).sum())))
-            out.append(TokenScore(tok, float(logp[tok]), expected_logprob(logp, params), int(z.argmax())))
+            mean, var = logprob_moments(logp, params)
+            out.append(TokenScore(tok, float(logp[tok]), mean, int(z.argmax()), var))
             if i + 1 < len(reply):
                 self._decode([tok])
         return out

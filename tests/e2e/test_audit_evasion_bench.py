@@ -1,0 +1,99 @@
+"""``gentorrent bench audit-evasion --quick`` (verifier/bench/audit_evasion.py): it prints exactly
+the figures docs/benchmarks.md "audit-evasion" documents, every figure is well-formed, and the
+properties the audit design promises hold in every quick run: a node that always serves the
+degraded model is untrusted within 5 epochs of cheating, honest nodes (with faults) stay
+trusted, and no node's outcome changes another's. Measured figures are not asserted beyond
+that (the bench reports where goals are missed); no timing is asserted."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from contextlib import redirect_stdout
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+NAME = "audit-evasion"
+
+
+@pytest.fixture(scope="module")
+def out() -> dict[str, Any]:
+    """One quick run's JSON: through the CLI when the entry point is installed, else the same
+    output printed in-process (an editable install registers new entry points on reinstall)."""
+    from tests.conftest import run_cli
+    from verifier.bench import audit_evasion
+
+    if not audit_evasion.USER_PROMPTS.is_file():
+        pytest.skip(f"{audit_evasion.USER_PROMPTS} is missing (../shared/data next to the repository)")
+    if NAME in {ep.name for ep in entry_points(group="gentorrent.benches")}:
+        done = run_cli("bench", NAME, "--quick", "--json", timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return dict(json.loads(done.stdout))
+    from overlay.bench.command import emit
+
+    params, figures = audit_evasion.run(True)
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        emit(NAME, params, figures, as_json=True)
+    return dict(json.loads(buf.getvalue()))
+
+
+def test_prints_the_documented_keys(out: dict[str, Any], helpers: Any) -> None:
+    assert out["bench"] == NAME and out["params"]["quick"] is True
+    assert set(out["figures"]) == helpers.documented_figures(NAME)
+
+
+def test_figures_are_well_formed(out: dict[str, Any]) -> None:
+    f = out["figures"]
+    assert all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in f.values()), f
+    censored = out["params"]["cheaters"]["censored_epochs_value"]
+    for k, v in f.items():
+        if k.startswith("auc_") or k.endswith(("_share", "_reputation", "_reputation_after_5_mean")):
+            assert 0.0 <= v <= 1.0, (k, v)
+        if "_epochs_to_untrusted_" in k:
+            assert 1 <= v <= censored and v == int(v), (k, v)
+        if k.startswith("goal_"):
+            assert v in (0.0, 1.0), (k, v)
+        if k.startswith(("honest_", "cost_", "main_")):
+            assert v >= 0, (k, v)
+    goals = out["params"]["goals"]
+    assert {f"goal_{g}_met" for g in goals} == {k for k in f if k.startswith("goal_")}
+    for g, v in goals.items():
+        assert v["met"] is (f[f"goal_{g}_met"] == 1.0)
+    # the selective cheater's worst case is one of its swept points
+    for view in ("generator", "donated", "donated_colluder"):
+        swept = [f[f"selective_{view}_tpr{t}_untrusted_within_5_share"] for t in (50, 80, 90, 95)]
+        assert f[f"cheater_selective_{view}_untrusted_within_5_share"] in swept
+    # main's protocol as documented: the leader sends 3, each of 4 verifiers scores 3
+    assert f["main_challenges_sent_per_verifier_node_epoch"] == 0.75
+    assert f["main_replies_scored_per_verifier_node_epoch"] == 3
+    k = out["params"]["chain"]["challenges_per_node_per_verifier"]
+    assert f["cost_replies_scored_per_verifier_node_epoch"] <= k <= f["cost_challenges_sent_per_verifier_node_epoch"]
+
+
+def test_what_the_design_promises(out: dict[str, Any]) -> None:
+    f = out["figures"]
+    # a node serving the cheap model on every challenge is untrusted within 5 epochs, every run
+    assert f["cheater_degraded_untrusted_within_5_share"] == 1.0
+    # honest nodes stay trusted, faults included, and no node's outcome moves another's
+    for kind in ("plain", "restart", "busy", "flood"):
+        assert f[f"honest_{kind}_untrusted_nodes"] == 0
+        assert f[f"honest_{kind}_min_reputation"] >= 0.4
+    assert f["cheater_run_honest_min_reputation"] >= 0.4
+    assert f["honest_epochs_changed_by_another_node"] == 0
+    # the detectors work: the public generator is recognisable, a colluder's memory recognises donations
+    assert f["auc_template_generator"] > 0.9
+    assert f["auc_seen_before_all_donated"] > 0.9
+
+
+def test_missing_prompts_file_says_where(tmp_path: Path) -> None:
+    from verifier.bench.audit_evasion import BenchError, load_user_prompts
+
+    with pytest.raises(BenchError, match="user-prompts.jsonl"):
+        load_user_prompts(tmp_path / "user-prompts.jsonl")

@@ -1,0 +1,1128 @@
+"""``gentorrent bench audit-evasion``: can a cheating model node tell audit challenges from users'
+requests, and does it get caught anyway? (issue 27 "Benchmark"; decision 0013; docs/benchmarks.md
+"audit-evasion").
+
+Four parts, every one seeded (the same seeds give the same figures):
+
+**A. Detectors.** One model node's view of a stream of requests, epoch after epoch: users'
+requests (prompts from ``../shared/data/user-prompts.jsonl``, read at run time; sessions of
+several requests per user over the user's own proxy paths, which live :data:`PATH_REFRESH_S`
+seconds as :class:`overlay.paths.PathManager` keeps them; the chat client's and the gateway's
+parameters, defaults and user-set values) mixed with challenges, from the built-in generator
+(:class:`verifier.audit.challenges.ChallengeGenerator`) or from donated prompts (users' own
+requests, drawn from a donation pool as :mod:`verifier.audit.pool` draws: donor first), each
+sent over four fresh paths at a random height of the epoch's send window. The file is split in
+two halves by a seeded shuffle: this node's users write from one, donors from the other. What
+the node sees of each request gives the features (:func:`observe`): how much of the last user
+message the generator's public part lists cover (template), the parameters, whether its proxy
+paths and proxies are new, whether its paths carried a challenge that an earlier report
+revealed, the block height within the epoch, a conversation history this node never served,
+the number of turns, a system prompt, and whether the prompt was seen before (by this node;
+and, separately, by a node that remembers every prompt it or a colluder served: every donor's
+original request). Detectors are scoring functions of those; the combined one is a logistic
+regression (numpy) trained on one seed's stream (labels: what the reports reveal) and evaluated
+on another's. AUC by Mann–Whitney (ties count half). Two what-ifs that are not decision 0013's
+protocol are measured beside it (:func:`stream`'s ``paths``): challenge paths built once an
+epoch per verifier, and donated conversations replayed turn by turn.
+
+**B. Cheaters** against the real chain core (:mod:`verifier.audit.chain`: ``take`` of
+:mod:`verifier.audit.tx` transactions signed by four equal-power validators with real Ed25519
+keys, ``end_block`` every block; reply entries signed as a node signs replies,
+:class:`overlay.signing.ReplySigner`). Each reply's score is drawn from the engine's measured
+per-reply scores (``simulations/data/audit_scores.json``) by the challenge's setting and the
+kind of reply the cheater returns. A cheater is honest for :data:`WARMUP_EPOCHS` epochs (so it
+starts trusted, the harder case), then cheats; the figure is the epochs from then until its
+reputation is below the trust line.
+
+**C. Honest nodes with faults** on the same chain for :data:`HONEST_EPOCHS` epochs: restarts,
+busy answers, a flood. Each run is replayed with every faulty node replaced by a fault-free one
+(the same random streams): an epoch in which any *other* node's reputation differs between the
+two runs is an epoch one node's outcome changed another's.
+
+**D. Cost** per verifier per audited node per epoch: challenges sent (tries included) and
+replies scored, against main's protocol (the leader sends k = 3, every verifier rescores the
+3 replies), in CPU seconds at the measured one-pass scoring time (docs/benchmarks.md "verify").
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from overlay.messages import ChatMessage, SamplingParams
+
+REPO = Path(__file__).resolve().parents[2]
+USER_PROMPTS = REPO.parent / "shared" / "data" / "user-prompts.jsonl"
+SCORES_FILE = REPO / "simulations" / "data" / "audit_scores.json"
+
+# ----------------------------------------------------------------------------- the network's shape
+VERIFIERS = 4  # equal power
+BLOCK_S = 1.0  # seconds a block (CometBFT timeout_commit 1 s, docs/benchmarks.md "committee")
+PATH_REFRESH_S = 15 * 60.0  # overlay.paths.PathManager(refresh=...): a user's paths live this long
+PATHS_PER_REQUEST = 4  # overlay.anon.AnonClient n = 4 of target 4 ready paths: every path, every request
+RELAYS = 200  # proxies a path can end at (the region's user nodes)
+# ----------------------------------------------------------------------------- users (assumptions)
+USER_REQUESTS_PER_EPOCH = 24  # this node's users' requests per epoch (challenges: 4 verifiers x k = 2 = 8)
+SESSION_MEAN = 3.0  # requests per session: 1 + geometric, this mean
+THINK_MEAN_S = 45.0  # between a reply and the user's next request in a session
+SHARE_CHAT = 0.5  # sessions from `gentorrent user chat` (else the gateway, an OpenAI client)
+SHARE_GATEWAY_HISTORY = 0.7  # gateway sessions that send the conversation (a chat app); else one-shot calls
+SHARE_USER_SET = 0.3  # users who set parameters themselves (else the client's defaults)
+SHARE_CHAT_SYSTEM = 0.15  # chat users who pass --system
+SHARE_GATEWAY_SYSTEM = 0.4  # gateway apps that send a system prompt
+USER_SYSTEM_PROMPTS = ("You are a helpful assistant.", "You are a helpful assistant.", "You are a concise assistant.",
+                       "Answer in English.", "You are an expert programmer.", "Be brief.",
+                       "You are a friendly tutor who explains things simply.")
+USER_TEMPERATURES = (0.0, 0.2, 0.3, 0.5, 0.7, 0.8, 1.0, 1.2)
+USER_MAX_TOKENS = (64, 128, 256, 512, 1024)
+AFFINITY = 0.9  # a follow-up reaches the node that answered the previous turn (chat's session affinity)
+DONATE_RATE = 0.25  # user_client/donate.py --donate-rate
+DONORS = 40  # users who donate (each with its own sessions, served elsewhere)
+CHAT_TEMPERATURE, GATEWAY_TEMPERATURE, DEFAULT_MAX_TOKENS = 0.7, 1.0, 256  # the clients' defaults
+
+# ----------------------------------------------------------------------------- cheaters and faults
+WARMUP_EPOCHS = 4  # honest epochs before a cheater starts cheating
+UNTRUSTED_WITHIN = 5  # goal: untrusted within this many epochs of cheating ...
+UNTRUSTED_SHARE_GOAL = 0.95  # ... in at least this share of runs
+AUC_GOAL = 0.6
+HONEST_EPOCHS = 100
+RESTART_EVERY = 10  # a restart per this many epochs (silent for a random part of one epoch)
+BUSY_SHARE = 0.2
+FLOOD_BUSY_SHARE = 0.9
+SELECTIVE_TPRS = (0.5, 0.8, 0.9, 0.95)  # shares of challenges a selective cheater wants to answer honestly
+MAX_FPR = 0.5  # ... while serving at least half of its users' requests cheaply (else it is no cheater)
+MAIN_K = 3  # main's protocol: the leader sends k = 3 a node, every verifier rescores them
+SCORE_S = 0.877  # docs/benchmarks.md "verify": one-pass scoring, 877 ms a verification
+
+
+class BenchError(Exception):
+    """A prerequisite is missing (the prompts file, the measured scores)."""
+
+
+# ============================================================================= A. what a node sees
+
+
+def load_user_prompts(path: Path = USER_PROMPTS) -> list[str]:
+    """The users' prompts (docs: ../shared/data/README.md); never copied into the package."""
+    if not path.is_file():
+        raise BenchError(f"bench audit-evasion: {path} is missing: the users' prompts are read from "
+                         f"../shared/data/user-prompts.jsonl next to the repository (see its README)")
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            out.append(str(json.loads(line)["prompt"]))
+    if len(out) < 20:
+        raise BenchError(f"bench audit-evasion: {path} holds {len(out)} prompts; at least 20 are needed")
+    return out
+
+
+def split_prompts(prompts: Sequence[str], seed: int) -> tuple[list[str], list[str]]:
+    """Two disjoint halves by a seeded shuffle: (this node's users', donors')."""
+    order = list(range(len(prompts)))
+    random.Random(f"split/{seed}").shuffle(order)
+    half = len(order) // 2
+    return [prompts[i] for i in order[:half]], [prompts[i] for i in order[half:]]
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """An epoch's windows in blocks (decision 0013): commit, send, report."""
+
+    epoch_blocks: int
+    commit_blocks: int
+
+    @property
+    def report_blocks(self) -> int:
+        return max(3, self.epoch_blocks // 6)
+
+    @property
+    def send_first(self) -> int:  # offsets within the epoch, 0-based (offset o is height e*E + o + 1)
+        return self.commit_blocks
+
+    @property
+    def send_last(self) -> int:
+        return self.epoch_blocks - self.report_blocks - 1
+
+    @property
+    def epoch_s(self) -> float:
+        return self.epoch_blocks * BLOCK_S
+
+
+@dataclass(slots=True)
+class Req:
+    """One request as the model node sees it, with the truth the bench keeps beside it."""
+
+    t: float
+    messages: tuple[ChatMessage, ...]
+    params: SamplingParams
+    paths: tuple[int, ...]  # the ReturnPaths' proxy path ids (a path is named by its id at its proxy)
+    proxies: tuple[int, ...]
+    ident: int  # the prompt's identity (users' prompts never repeat; a retry repeats its challenge's)
+    prev_reply: int  # the conversation's previous reply (0: no history)
+    served_prev: bool  # this node served that reply
+    source: str  # "user", "generator", "donated"
+    user: int = -1  # the user who sent it (-1: a verifier)
+
+
+@dataclass(slots=True)
+class _User:
+    kind: str  # "chat" | "gateway"
+    params: SamplingParams
+    system: str | None
+    path_offset: float
+
+
+def _user_params(rng: random.Random, kind: str) -> SamplingParams:
+    if rng.random() >= SHARE_USER_SET:
+        temp = CHAT_TEMPERATURE if kind == "chat" else GATEWAY_TEMPERATURE
+        return SamplingParams(temperature=temp, top_p=1.0, top_k=0, max_tokens=DEFAULT_MAX_TOKENS, seed=None)
+    temp = rng.choice(USER_TEMPERATURES) if rng.random() < 0.7 else (CHAT_TEMPERATURE if kind == "chat"
+                                                                      else GATEWAY_TEMPERATURE)
+    top_p = 1.0 if kind == "chat" or rng.random() < 0.7 else rng.choice((0.9, 0.95))
+    max_tokens = rng.choice(USER_MAX_TOKENS) if rng.random() < 0.6 else DEFAULT_MAX_TOKENS
+    seed = rng.randrange(1 << 31) if rng.random() < 0.3 else None
+    return SamplingParams(temperature=float(temp), top_p=float(top_p), top_k=0, max_tokens=max_tokens, seed=seed)
+
+
+class _Ids:
+    """Fresh identities (paths, prompts, replies) shared by one stream."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def __call__(self) -> int:
+        self.n += 1
+        return self.n
+
+
+def _sessions(rng: random.Random, prompts: Sequence[str], ids: _Ids, duration_s: float, requests_per_s: float,
+              n_users: int, served_here: bool) -> Iterator[Req]:
+    """Users' requests over ``duration_s``: each user's sessions arrive as a Poisson process,
+    each a conversation (history kept: chat always, the gateway's chat apps) or one-shot calls,
+    over the user's paths (rebuilt every PATH_REFRESH_S; `user chat` builds fresh ones at start).
+    ``served_here``: this node answers the sessions (else another node: donors' traffic)."""
+    users = []
+    for _ in range(n_users):
+        kind = "chat" if rng.random() < SHARE_CHAT else "gateway"
+        share = SHARE_CHAT_SYSTEM if kind == "chat" else SHARE_GATEWAY_SYSTEM
+        system = rng.choice(USER_SYSTEM_PROMPTS) if rng.random() < share else None
+        users.append(_User(kind, _user_params(rng, kind), system, rng.uniform(0, PATH_REFRESH_S)))
+    session_rate = requests_per_s / SESSION_MEAN / n_users
+    paths: dict[tuple[int, int], tuple[tuple[int, ...], tuple[int, ...]]] = {}
+
+    def paths_of(u: int, gen: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        if (u, gen) not in paths:
+            paths[(u, gen)] = (tuple(ids() for _ in range(PATHS_PER_REQUEST)),
+                               tuple(rng.randrange(RELAYS) for _ in range(PATHS_PER_REQUEST)))
+        return paths[(u, gen)]
+
+    out: list[Req] = []
+    for u, user in enumerate(users):
+        t = rng.expovariate(session_rate)
+        while t < duration_s:
+            n = 1
+            while rng.random() > 1.0 / SESSION_MEAN:
+                n += 1
+            history = user.kind == "chat" or rng.random() < SHARE_GATEWAY_HISTORY
+            start = t
+            msgs: list[ChatMessage] = [ChatMessage("system", user.system)] if user.system else []
+            prev, served_prev = 0, False
+            gen_base = ids() if user.kind == "chat" else 0  # `user chat` starts with fresh paths
+            for _ in range(n):
+                gen = int((t - (start if user.kind == "chat" else -user.path_offset)) // PATH_REFRESH_S)
+                p, x = paths_of(u, gen_base * 1_000_000 + gen)
+                text = rng.choice(prompts)
+                if not history:
+                    msgs = [ChatMessage("system", user.system)] if user.system else []
+                    prev, served_prev = 0, False
+                msgs.append(ChatMessage("user", text))
+                out.append(Req(t, tuple(msgs), user.params, p, x, ids(), prev, served_prev, "user", u))
+                reply = ids()
+                msgs.append(ChatMessage("assistant", f"(reply {reply})"))
+                prev = reply
+                served_prev = served_here and rng.random() < AFFINITY
+                t += rng.expovariate(1.0 / THINK_MEAN_S) + 10.0
+            t += rng.expovariate(session_rate)
+    return iter(sorted(out, key=lambda r: r.t))
+
+
+@dataclass(slots=True)
+class Donation:
+    donor: int
+    messages: tuple[ChatMessage, ...]
+    params: SamplingParams
+    ident: int
+
+
+def _opening_ok(messages: tuple[ChatMessage, ...], params: SamplingParams) -> bool:
+    """Whether a request passes an opening's limits (the pool refuses other donations)."""
+    from verifier.audit import tx as at
+    from verifier.tx import TxError
+
+    try:
+        at.Opening(bytes(16), "m", messages, params).check()
+    except TxError:
+        return False
+    return True
+
+
+class DonationPool:
+    """Donors' requests (served by other nodes), each donated with probability DONATE_RATE when it
+    passes an opening's limits; drawn as verifier/audit/pool.py draws: a donor uniformly among
+    those with unused prompts, then one of its prompts uniformly, used once."""
+
+    def __init__(self, rng: random.Random, prompts: Sequence[str], ids: _Ids, needed: int) -> None:
+        self.rng = rng
+        self.by_donor: dict[int, list[Donation]] = {}
+        self.served: set[int] = set()  # identities of every donor request (a colluder may have served each)
+        while sum(map(len, self.by_donor.values())) < needed:  # an hour of the donors' traffic at a time
+            for r in _sessions(rng, prompts, ids, 3600.0, 8.0 / 3600.0 * DONORS, DONORS, served_here=False):
+                self.served.add(r.ident)
+                if rng.random() < DONATE_RATE and _opening_ok(r.messages, r.params):
+                    self.by_donor.setdefault(r.user, []).append(Donation(r.user, r.messages, r.params, r.ident))
+
+    def draw(self) -> Donation:
+        donors = [d for d, left in self.by_donor.items() if left]
+        if not donors:
+            raise BenchError("bench audit-evasion: the donation pool ran dry")
+        d = self.rng.choice(sorted(donors))
+        left = self.by_donor[d]
+        return left.pop(self.rng.randrange(len(left)))
+
+
+def _challenge_prompt(source: str, gen: Any,
+                      pool: DonationPool | None) -> tuple[tuple[ChatMessage, ...], SamplingParams, int, int]:
+    """(messages, params, identity, previous reply) of one fresh challenge from ``source``."""
+    if source == "generator":
+        p = gen.prompt()
+        return tuple(p.messages), p.params, -1, 0
+    assert pool is not None
+    d = pool.draw()  # a donation carries its own parameters (decision 0013 §3)
+    prev = 0
+    for m in reversed(d.messages):
+        if m.role == "assistant":
+            prev = int(m.content.split()[1].rstrip(")"))
+            break
+    return d.messages, d.params, d.ident, prev
+
+
+def stream(seed: int, source: str, epochs: int, timing: Timing, k: int, user_prompts: Sequence[str],
+           donor_prompts: Sequence[str], paths: str = "fresh") -> tuple[list[Req], set[int]]:
+    """One node's view over ``epochs`` epochs: its users' requests and the first try of every
+    challenge of ``source`` ("generator" or "donated"), in time order; and the identities of
+    every donor request (what a node that remembers every prompt a colluder served knows).
+
+    ``paths``: "fresh" (decision 0013: every challenge over newly built paths), or a what-if:
+    "epoch" (each verifier builds fresh paths once an epoch and sends all its challenges of the
+    epoch over them) or "replay" (donated prompts only: a donated conversation is replayed turn by
+    turn over one set of fresh paths, each turn after the node's reply to the previous one, as
+    its user sent it; every turn is a challenge)."""
+    from verifier.audit.challenges import ChallengeGenerator
+
+    rng = random.Random(f"stream/{seed}/{source}")
+    ids = _Ids()
+    duration = epochs * timing.epoch_s
+    users = list(_sessions(random.Random(f"users/{seed}"), user_prompts, ids, duration,
+                           USER_REQUESTS_PER_EPOCH / timing.epoch_s, 60, served_here=True))
+    n_challenges = epochs * VERIFIERS * k
+    pool = DonationPool(random.Random(f"donors/{seed}"), donor_prompts, ids, n_challenges) \
+        if source == "donated" else None
+    gen = ChallengeGenerator(rng=random.Random(f"gen/{seed}"), urandom=random.Random(f"salt/{seed}").randbytes)
+    if paths not in ("fresh", "epoch", "replay"):
+        raise ValueError(f"paths must be 'fresh', 'epoch' or 'replay', not {paths!r}")
+    chs = []
+    for e in range(epochs):
+        kept = [(tuple(ids() for _ in range(PATHS_PER_REQUEST)),
+                 tuple(rng.randrange(RELAYS) for _ in range(PATHS_PER_REQUEST))) for _ in range(VERIFIERS)]
+        for i in range(VERIFIERS * k):
+            off = rng.randint(timing.send_first, timing.send_last)
+            t = e * timing.epoch_s + (off + rng.random()) * BLOCK_S
+            msgs, params, ident, prev = _challenge_prompt(source, gen, pool)
+            p, x = kept[i // k] if paths == "epoch" else (tuple(ids() for _ in range(PATHS_PER_REQUEST)),
+                                                          tuple(rng.randrange(RELAYS) for _ in range(PATHS_PER_REQUEST)))
+            if paths == "replay" and source == "donated":
+                turns = [j for j, m in enumerate(msgs) if m.role == "user"]
+                before = 0
+                for n, j in enumerate(turns):
+                    last = n == len(turns) - 1
+                    chs.append(Req(t, msgs[:j + 1], params, p, x, ident if last else ids(), before, before != 0,
+                                   source))
+                    before = ids()
+                    t += rng.expovariate(1.0 / THINK_MEAN_S) + 10.0
+                continue
+            chs.append(Req(t, msgs, params, p, x, ident if ident >= 0 else ids(), prev, False, source))
+    return sorted(users + chs, key=lambda r: r.t), (pool.served if pool else set())
+
+
+# ----------------------------------------------------------------------------- features
+
+
+def _segments() -> list[str]:
+    """The fixed pieces of the generator's public part lists (templates split at their holes)."""
+    from verifier.audit import challenges
+
+    pieces: set[str] = set()
+    lists: list[Sequence[str]] = list(getattr(challenges, "PARTS", ()))
+    for name in ("SYSTEM_PROMPTS",):
+        lists.append(getattr(challenges, name, ()))
+    for part in lists:
+        for s in part:
+            for piece in str(s).split("{}"):
+                piece = piece.strip()
+                if len(piece) >= 3:
+                    pieces.add(piece)
+    return sorted(pieces, key=lambda p: (-len(p), p))
+
+
+class TemplateMatcher:
+    """Share of a text's non-space characters covered by the generator's public parts."""
+
+    def __init__(self) -> None:
+        segs = _segments()
+        self.rx = re.compile("(?<!\\w)(?:" + "|".join(re.escape(s) for s in segs) + ")(?!\\w)") if segs else None
+
+    def __call__(self, text: str) -> float:
+        total = sum(not c.isspace() for c in text)
+        if not total or self.rx is None:
+            return 0.0
+        covered = sum(sum(not c.isspace() for c in m.group(0)) for m in self.rx.finditer(text))
+        return covered / total
+
+
+FEATURES = ("template", "params", "path_novelty", "proxy_novelty", "revealed_paths", "time", "orphan_history",
+            "turns", "system_prompt", "seen_before", "seen_before_all")
+
+
+def _params_key(p: SamplingParams) -> tuple[float, float, int, int, bool]:
+    return (round(p.temperature, 2), round(p.top_p, 3), p.top_k, p.max_tokens, p.seed is None)
+
+
+@dataclass
+class Observed:
+    """Features of every request of a stream (one row each, :data:`FEATURES` order; "params" and
+    "time" are filled in by :func:`matrix` from ``keys`` and ``offsets``)."""
+
+    rows: list[list[float]] = field(default_factory=list)
+    keys: list[tuple[float, float, int, int, bool]] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=list)
+    label: list[int] = field(default_factory=list)  # 1 challenge, 0 user
+    reqs: list[Req] = field(default_factory=list)
+
+
+def observe(reqs: Sequence[Req], donor_served: set[int], timing: Timing, match: TemplateMatcher) -> Observed:
+    """What the node derives from each request, given everything it saw before it."""
+    out = Observed()
+    seen_paths: set[int] = set()
+    proxy_last: dict[int, float] = {}
+    seen: set[int] = set()
+    revealed: set[int] = set()  # paths that carried a challenge an epoch's reports revealed
+    pending: dict[int, list[int]] = {}  # epoch -> paths of its challenges (revealed at its end)
+    for r in reqs:
+        epoch = int(r.t // timing.epoch_s)
+        for e in [e for e in pending if e < epoch]:
+            revealed.update(pending.pop(e))
+        last_user = next(m.content for m in reversed(r.messages) if m.role == "user")
+        path_new = sum(p not in seen_paths for p in r.paths) / len(r.paths)
+        proxy_new = sum(r.t - proxy_last.get(x, -math.inf) > PATH_REFRESH_S for x in r.proxies) / len(r.proxies)
+        orphan = 1.0 if r.prev_reply and not r.served_prev else 0.0
+        turns = math.log1p(sum(m.role == "user" for m in r.messages))
+        system = 1.0 if r.messages[0].role == "system" else 0.0
+        s_before = 1.0 if r.ident in seen else 0.0
+        s_all = 1.0 if (r.ident in seen or r.ident in donor_served) else 0.0
+        shown = sum(p in revealed for p in r.paths) / len(r.paths)
+        out.rows.append([match(last_user), 0.0, path_new, proxy_new, shown, 0.0, orphan, turns, system, s_before,
+                         s_all])
+        out.keys.append(_params_key(r.params))
+        out.offsets.append(int(r.t / BLOCK_S) % timing.epoch_blocks)
+        out.label.append(0 if r.source == "user" else 1)
+        out.reqs.append(r)
+        seen_paths.update(r.paths)
+        for x in r.proxies:
+            proxy_last[x] = r.t
+        seen.add(r.ident)
+        if r.source != "user":
+            pending.setdefault(epoch, []).extend(r.paths)
+    return out
+
+
+class LikelihoodRatio:
+    """log P(x | challenge) / P(x | user) of a discrete observation, fitted on counts (add-½)."""
+
+    def __init__(self, xs: Sequence[Any], labels: Sequence[int]) -> None:
+        self.c: dict[Any, int] = {}
+        self.u: dict[Any, int] = {}
+        for x, y in zip(xs, labels, strict=True):
+            d = self.c if y else self.u
+            d[x] = d.get(x, 0) + 1
+        self.nc, self.nu = sum(self.c.values()), sum(self.u.values())
+        self.k = len(set(self.c) | set(self.u)) + 1
+
+    def __call__(self, x: Any) -> float:
+        pc = (self.c.get(x, 0) + 0.5) / (self.nc + 0.5 * self.k)
+        pu = (self.u.get(x, 0) + 0.5) / (self.nu + 0.5 * self.k)
+        return math.log(pc / pu)
+
+
+def matrix(obs: Observed, params_lr: LikelihoodRatio, timing: Timing) -> np.ndarray[Any, Any]:
+    """The feature matrix: the parameters' fitted log ratio, and for the time whether the request
+    came in the epoch's send window (the windows are public: the chain's /audit says them)."""
+    m = np.array(obs.rows, dtype=np.float64)
+    m[:, FEATURES.index("params")] = [params_lr(k) for k in obs.keys]
+    m[:, FEATURES.index("time")] = [float(timing.send_first <= o <= timing.send_last) for o in obs.offsets]
+    return m
+
+
+def auc(scores: np.ndarray[Any, Any], labels: np.ndarray[Any, Any]) -> float:
+    """ROC AUC by Mann–Whitney: P(challenge scores above a user request) + ½ P(tie)."""
+    pos, neg = int(labels.sum()), int(len(labels) - labels.sum())
+    if not pos or not neg:
+        return math.nan
+    order = np.argsort(scores, kind="mergesort")
+    s = scores[order]
+    ranks = np.empty(len(s), dtype=np.float64)
+    i = 0
+    while i < len(s):
+        j = i
+        while j + 1 < len(s) and s[j + 1] == s[i]:
+            j += 1
+        ranks[i:j + 1] = (i + j) / 2.0 + 1.0
+        i = j + 1
+    r = np.empty_like(ranks)
+    r[order] = ranks
+    return float((r[labels == 1].sum() - pos * (pos + 1) / 2.0) / (pos * neg))
+
+
+class Logistic:
+    """Logistic regression (Newton steps, a small L2 penalty) on standardised features."""
+
+    def __init__(self, x: np.ndarray[Any, Any], y: np.ndarray[Any, Any], l2: float = 1e-2, steps: int = 30) -> None:
+        self.mu = x.mean(axis=0)
+        self.sd = x.std(axis=0)
+        self.sd[self.sd == 0] = 1.0
+        z = np.hstack([np.ones((len(x), 1)), (x - self.mu) / self.sd])
+        w = np.zeros(z.shape[1])
+        pen = l2 * np.eye(z.shape[1])
+        pen[0, 0] = 0.0
+        # balance the classes: each carries half the weight
+        wt = np.where(y == 1, 0.5 / max(1, int(y.sum())), 0.5 / max(1, int(len(y) - y.sum())))
+        for _ in range(steps):
+            p = 1.0 / (1.0 + np.exp(-(z @ w)))
+            g = z.T @ (wt * (p - y)) + pen @ w
+            h = (z * (wt * p * (1 - p))[:, None]).T @ z + pen
+            step = np.linalg.solve(h, g)
+            w -= step
+            if float(np.abs(step).max()) < 1e-9:
+                break
+        self.w = w
+
+    def __call__(self, x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        z = (x - self.mu) / self.sd
+        return np.asarray(self.w[0] + z @ self.w[1:])
+
+
+SINGLE = ("template", "params", "seen_before", "seen_before_all", "path_novelty", "proxy_novelty",
+          "revealed_paths", "time", "orphan_history", "turns", "system_prompt")
+COMBINED = {"combined": [f for f in FEATURES if f != "seen_before_all"], "combined_all": list(FEATURES)}
+MEMORY = ("seen_before_all", "combined_all")
+WHATIF = ("path_novelty", "revealed_paths", "combined")  # detectors reported for the per-epoch paths what-if
+WHATIF_REPLAY = ("path_novelty", "orphan_history", "turns", "combined")  # ... and for the replay what-if  # detectors that use a colluder's memory of donors' requests
+
+
+@dataclass
+class View:
+    """One adversary's detector on a test stream: its scores of every challenge (with the
+    challenge) and of every user request."""
+
+    name: str
+    detector: str
+    auc: float
+    challenges: list[tuple[Req, float]]
+    users: np.ndarray[Any, Any]
+
+
+def detectors(train: tuple[list[Req], set[int]], test: tuple[list[Req], set[int]], timing: Timing,
+              match: TemplateMatcher) -> tuple[dict[str, float], dict[str, np.ndarray[Any, Any]], Observed]:
+    """Every detector's AUC on ``test``, fitted on ``train``; and each detector's test scores."""
+    o_tr, o_te = observe(*train, timing, match), observe(*test, timing, match)
+    y_tr, y_te = np.array(o_tr.label), np.array(o_te.label)
+    p_lr = LikelihoodRatio(o_tr.keys, o_tr.label)
+    x_tr, x_te = matrix(o_tr, p_lr, timing), matrix(o_te, p_lr, timing)
+    scores: dict[str, np.ndarray[Any, Any]] = {}
+    for name in SINGLE:  # the attacker orients each feature as the training stream shows it
+        col = FEATURES.index(name)
+        sign = -1.0 if auc(x_tr[:, col], y_tr) < 0.5 else 1.0
+        scores[name] = sign * x_te[:, col]
+    for name, cols in COMBINED.items():
+        idx = [FEATURES.index(c) for c in cols]
+        model = Logistic(x_tr[:, idx], y_tr)
+        scores[name] = model(x_te[:, idx])
+    return {n: auc(s, y_te) for n, s in scores.items()}, scores, o_te
+
+
+def views(source: str, aucs: dict[str, float], scores: dict[str, np.ndarray[Any, Any]],
+          obs: Observed) -> list[View]:
+    """The adversaries' best detectors for a challenge source: without a colluder's memory, and
+    (donated prompts) with it."""
+    y = np.array(obs.label)
+    out = []
+    variants = [(source, [d for d in aucs if d not in MEMORY])]
+    if source == "donated":
+        variants.append(("donated_colluder", list(aucs)))
+    for name, allowed in variants:
+        best = max(allowed, key=lambda d: (aucs[d], d))
+        s = scores[best]
+        chs = [(r, float(v)) for r, v, lab in zip(obs.reqs, s, y, strict=True) if lab == 1]
+        out.append(View(name, best, aucs[best], chs, s[y == 0]))
+    return out
+
+
+def flag_rule(view: View, tpr: float) -> tuple[float, float, float]:
+    """The threshold at which ``view``'s detector flags a ``tpr`` share of challenges:
+    (threshold, probability of flagging a score equal to it, the share of users' requests it
+    flags then)."""
+    ch = np.sort(np.array([s for _, s in view.challenges]))[::-1]
+    n = len(ch)
+    want = min(n, max(0.0, tpr * n))
+    thr = float(ch[min(n - 1, max(0, math.ceil(want) - 1))])
+    above = float((ch > thr).sum())
+    ties = float((ch == thr).sum())
+    rho = min(1.0, max(0.0, (want - above) / ties)) if ties else 0.0
+    u = view.users
+    fpr = float(((u > thr).sum() + rho * (u == thr).sum()) / max(1, len(u)))
+    return thr, rho, fpr
+
+
+# ============================================================================= B/C. the chain
+
+CHAIN_ID = "gt-bench-audit"
+MODEL = "smollm2-135m-instruct"
+T0 = 1_800_000_000  # block time of height 0 (s); height h has time T0 + h
+
+
+class ScoreTable:
+    """The engine's measured per-reply two-sided scores (``samples[setting][kind]``), drawn by the
+    challenge's setting: the measured setting nearest its (temperature, top-p)."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        path = path or SCORES_FILE
+        if not path.is_file():
+            raise BenchError(f"bench audit-evasion: {path} is missing: measure it with "
+                             "`python -m simulations.measure_audit_scores`")
+        doc = json.loads(path.read_text())
+        self.samples: dict[str, dict[str, list[int]]] = {}
+        self.settings: dict[str, tuple[float, float]] = {}
+        from verifier.audit.reputation import to_fixed
+
+        named = doc.get("settings")
+        for setting, kinds in doc["samples"].items():
+            if isinstance(named, dict) and isinstance(named.get(setting), dict):
+                self.settings[setting] = (float(named[setting]["temperature"]), float(named[setting]["top_p"]))
+            else:
+                self.settings[setting] = self._parse(setting)
+            self.samples[setting] = {k: [to_fixed(float(r["score"])) for r in rows] for k, rows in kinds.items()}
+        self.kinds = sorted({k for kinds in self.samples.values() for k in kinds})
+        self.measured = str(doc.get("measured", "?"))
+        self.how = str(doc.get("how", ""))
+
+    @staticmethod
+    def _parse(name: str) -> tuple[float, float]:
+        if name == "greedy":
+            return 0.0, 1.0
+        m = re.fullmatch(r"t([0-9.]+)(?:p([0-9.]+))?", name)
+        if not m:
+            raise BenchError(f"bench audit-evasion: unknown setting {name!r} in {SCORES_FILE.name}")
+        return float(m.group(1)), float(m.group(2) or 1.0)
+
+    def setting(self, p: SamplingParams) -> str:
+        """The measured setting nearest ``p`` (greedy only for greedy-like temperatures)."""
+        def dist(s: str) -> float:
+            t, tp = self.settings[s]
+            return abs(t - p.temperature) + abs(tp - p.top_p)
+        return min(sorted(self.settings), key=dist)
+
+    def draw(self, setting: str, kind: str, rng: random.Random) -> int:
+        rows = self.samples[setting][kind]
+        return rows[rng.randrange(len(rows))]
+
+
+@dataclass(slots=True)
+class _Entry:
+    role: int
+    model_id: str
+
+
+@dataclass(slots=True)
+class _Record:
+    ed25519_public: bytes
+    entry: _Entry
+
+
+@dataclass
+class NodeSpec:
+    """One model node of a chain run: its behaviour (module docstring), the adversary view whose
+    detector it uses and the share of challenges it wants flagged, and from which epoch it cheats."""
+
+    name: str
+    behaviour: str
+    view: View | None = None
+    tpr: float = 0.0
+    cheat_from: int = 0
+
+
+@dataclass
+class _Node:
+    spec: NodeSpec
+    key: Any
+    node_id: bytes
+    rule: tuple[float, float, float] = (math.inf, 0.0, 0.0)  # detector threshold, tie probability, users' share
+    silent: tuple[int, int] = (0, -1)  # heights [a, b] of a restart's silence
+    restart: tuple[int, int, int] = (-1, 0, 0)  # the next restart: (epoch, first, last offset)
+    flood_epoch: int = -1
+
+
+@dataclass
+class RunResult:
+    reputation: dict[str, list[int]]  # node name -> R after each epoch
+    missed: dict[str, int]
+    statuses: list[str]
+    sends: int = 0  # tries, all verifiers and nodes
+    replies: int = 0  # replies received (each scored once, by its sender)
+    node_epochs: int = 0  # (node, epoch) pairs audited, per verifier
+
+
+def _seeded(*parts: object) -> random.Random:
+    return random.Random("/".join(map(str, parts)))
+
+
+class ChainRun:
+    """Four equal-power validators and ``specs`` model nodes on the real audit core for
+    ``epochs`` epochs (module docstring, part B)."""
+
+    def __init__(self, seed: int, specs: Sequence[NodeSpec], scores: ScoreTable, default_view: View,
+                 epoch_blocks: int, k: int) -> None:
+        from overlay import crypto
+        from overlay.identity import node_id_of
+        from verifier.audit import chain
+
+        self.seed, self.scores, self.default_view, self.k = seed, scores, default_view, k
+        self.params = chain.AuditParams(epoch_blocks=epoch_blocks, challenges_per_node=k)
+        vkeys = [crypto.SigningKey.from_bytes(_seeded("validator", seed, i).randbytes(32)) for i in range(VERIFIERS)]
+        self.vseeds = [v.private_bytes() for v in vkeys]
+        self.validators = [(v.public_bytes, 10) for v in vkeys]
+        self.nodes: list[_Node] = []
+        for s in specs:
+            key = crypto.SigningKey.from_bytes(_seeded("node", seed, s.name).randbytes(32))
+            n = _Node(s, key, node_id_of(key.public_bytes))
+            if s.view is not None:
+                n.rule = flag_rule(s.view, s.tpr)
+            self.nodes.append(n)
+        self.records = {n.node_id: _Record(n.key.public_bytes, _Entry(2, MODEL)) for n in self.nodes}
+        self.honest_peer = next((n for n in self.nodes if n.spec.behaviour == "honest"), None)
+        self.st = chain.initial(self.params, CHAIN_ID)
+
+    # ------------------------------------------------------------------ a node's answer to one try
+
+    def _flagged(self, node: _Node, score: float, rng: random.Random) -> bool:
+        thr, rho, _ = node.rule
+        return score > thr or (score == thr and rng.random() < rho)
+
+    def _answer(self, node: _Node, epoch: int, v: int, height: int, flagged: bool,
+                rng: random.Random) -> tuple[str, str, _Node]:
+        """("reply", kind, server) or ("busy" | "silent", "", node) for one try."""
+        s = node.spec
+        b = s.behaviour if epoch >= s.cheat_from else "honest"
+        if b in ("honest", "degraded", "greedy", "greedy_honest_weights"):
+            return "reply", b, node
+        if b == "selective":
+            return "reply", "honest" if flagged else "degraded", node
+        if b == "forwarder":
+            if flagged and self.honest_peer is not None:
+                return "reply", "honest", self.honest_peer
+            return "reply", "degraded", node
+        if b == "aborter":
+            return ("silent", "", node) if flagged else ("reply", "degraded", node)
+        if b == "leaked":  # validator 0 colludes: it tells the node its challenges
+            return "reply", "honest" if v == 0 else "degraded", node
+        if b == "restart":
+            a, z = node.silent
+            return ("silent", "", node) if a <= height <= z else ("reply", "honest", node)
+        if b in ("busy", "flood"):
+            p = FLOOD_BUSY_SHARE if b == "flood" and epoch == node.flood_epoch else (
+                BUSY_SHARE if b == "busy" else 0.0)
+            return ("busy", "", node) if rng.random() < p else ("reply", "honest", node)
+        raise ValueError(f"unknown behaviour {b!r}")
+
+    # ------------------------------------------------------------------ one epoch
+
+    def _plan(self, v: int, epoch: int, first: int, last: int, result: RunResult) -> tuple[bytes, list[Any]]:
+        """Validator ``v``'s challenges this epoch, sent and answered: (salt, report entries)."""
+        from overlay import signing
+        from verifier.audit import tx as at
+
+        entries = []
+        for node in sorted(self.nodes, key=lambda n: n.node_id):
+            rng = _seeded("plan", self.seed, node.spec.name, epoch, v)
+            view = node.spec.view or self.default_view
+            for j in range(self.k):
+                req, det = view.challenges[rng.randrange(len(view.challenges))]
+                msgs = list(req.messages)
+                msgs[-1] = ChatMessage("user", f"{msgs[-1].content} [{node.spec.name}/{epoch}/{v}/{j}]")
+                opening = at.Opening(rng.randbytes(16), MODEL, tuple(msgs), req.params)
+                flagged = self._flagged(node, det, rng)
+                h = rng.randint(first, last)
+                outcome: Any = None
+                for tries in range(1, at.MAX_TRIES + 1):
+                    result.sends += 1
+                    what, kind, server = self._answer(node, epoch, v, h, flagged, rng)
+                    if what == "reply":
+                        result.replies += 1
+                        score = self.scores.draw(self.scores.setting(opening.params), kind, rng)
+                        signed_at = (T0 + h) * 1000 + rng.randrange(1000)
+                        chunks = (("The answer", (791, 4245)), (" is here.", (318, 767, 13)))
+                        signer = signing.ReplySigner(opening.digest(), MODEL, server.node_id)
+                        sig = b""
+                        for i, (text, ids) in enumerate(chunks):
+                            _, sig = signer.add(text, ids, i == len(chunks) - 1, signed_at, server.key.sign)
+                        outcome = at.ReplyOutcome(server.node_id, chunks, sig, signed_at, score, tries)
+                        break
+                    outcome = at.FailOutcome(what, tries)
+                    if h >= last:
+                        break
+                    h = rng.randint(h + 1, last)
+                entries.append(at.ReportEntry(node.node_id, opening, outcome))
+        return _seeded("salt", self.seed, epoch, v).randbytes(16), entries
+
+    def _faults(self, epoch: int, start: int) -> None:
+        """A restarting node: one restart in each RESTART_EVERY epochs, in a random one of them,
+        silent from a random height of that epoch to a random later one of the same epoch."""
+        e_blocks = self.params.epoch_blocks
+        for node in self.nodes:
+            if node.spec.behaviour != "restart":
+                continue
+            if epoch % RESTART_EVERY == 0:
+                rng = _seeded("restart", self.seed, node.spec.name, epoch)
+                a = rng.randrange(e_blocks)
+                node.restart = (epoch + rng.randrange(RESTART_EVERY), a, rng.randint(a, e_blocks - 1))
+            e, a, b = node.restart
+            node.silent = (start + a, start + b) if e == epoch else (0, -1)
+
+    def run(self, epochs: int) -> RunResult:
+        from verifier.audit import chain
+        from verifier.audit import tx as at
+
+        res = RunResult({n.spec.name: [] for n in self.nodes}, {n.spec.name: 0 for n in self.nodes}, [])
+        for n in self.nodes:
+            if n.spec.behaviour == "flood":
+                n.flood_epoch = _seeded("flood", self.seed, n.spec.name).randrange(epochs)
+        for e in range(epochs):
+            st = self.st
+            assert st.epoch == e
+            start, commit_until, report_from, end = st.start_height(), st.commit_until(), st.report_from(), st.end_height()
+            self._faults(e, start)
+            plans = [self._plan(v, e, commit_until + 1, report_from - 1, res) for v in range(VERIFIERS)]
+            res.node_epochs += len(self.nodes)
+            powers = dict(self.validators)
+            for h in range(start, end + 1):
+                txs: list[bytes] = []
+                if h == start:
+                    for v, (salt, entries) in enumerate(plans):
+                        pk = self.validators[v][0]
+                        ph = at.plan_hash(salt, [(x.node_id, x.opening.commitment()) for x in entries])
+                        txs.append(at.sign_tx(at.PlanCommit(e, pk, (MODEL,), ph), CHAIN_ID, self.vseeds[v]))
+                if h == report_from:
+                    for v, (salt, entries) in enumerate(plans):
+                        pk = self.validators[v][0]
+                        txs.append(at.sign_tx(at.AuditReport(e, pk, salt, tuple(entries)), CHAIN_ID, self.vseeds[v]))
+                for raw in txs:
+                    tx = at.decode_audit_tx(raw, CHAIN_ID)
+                    st = chain.take(st, tx, raw, height=h, time_s=T0 + h, validators=self.validators,
+                                    nodes=self.records)
+                if h == end:
+                    for n in self.nodes:
+                        if chain.node_epoch(st, n.node_id, powers) == "missed":
+                            res.missed[n.spec.name] += 1
+                st = chain.end_block(st, h, _seeded("block", self.seed, h).randbytes(32), self.validators)
+            self.st = st
+            res.statuses.append(st.outcomes[-1].status if st.outcomes else "none")
+            for n in self.nodes:
+                res.reputation[n.spec.name].append(st.reputation.get(n.node_id).value)
+        return res
+
+
+# ============================================================================= the runs
+
+VIEWS = ("generator", "donated", "donated_colluder")
+PLAIN_CHEATERS = ("degraded", "greedy", "greedy_honest_weights", "leaked")
+DETECTING = ("selective", "forwarder", "aborter")
+FAULTS = ("plain", "restart", "busy", "flood")
+
+
+def cheater_specs(views_: dict[str, View]) -> tuple[list[NodeSpec], dict[str, float]]:
+    """An honest peer (the forwarders' target), the plain cheaters, and per adversary view the
+    selective cheater at every swept share and the forwarder and aborter at the highest share
+    that still serves at least 1 − MAX_FPR of users' requests cheaply; and that share per view."""
+    specs = [NodeSpec("honest", "honest")]
+    specs += [NodeSpec(b, b, cheat_from=WARMUP_EPOCHS) for b in PLAIN_CHEATERS]
+    chosen: dict[str, float] = {}
+    for name in VIEWS:
+        v = views_[name]
+        ok = [t for t in SELECTIVE_TPRS if flag_rule(v, t)[2] <= MAX_FPR]
+        chosen[name] = max(ok) if ok else min(SELECTIVE_TPRS)
+        for t in SELECTIVE_TPRS:
+            specs.append(NodeSpec(f"selective_{name}_tpr{round(100 * t)}", "selective", v, t, WARMUP_EPOCHS))
+        for b in ("forwarder", "aborter"):
+            specs.append(NodeSpec(f"{b}_{name}", b, v, chosen[name], WARMUP_EPOCHS))
+    return specs, chosen
+
+
+def _epochs_to_untrusted(rs: Sequence[int], cheat_from: int, trust_line: int) -> int | None:
+    """Epochs of cheating until R is below the trust line (1 = after the first), None if never."""
+    for i, r in enumerate(rs[cheat_from:], start=1):
+        if r < trust_line:
+            return i
+    return None
+
+
+def _pct(values: Sequence[float], q: float) -> float:
+    from overlay.bench.stats import percentile
+
+    return percentile(sorted(values), q)
+
+
+def run_cheaters(seeds: Sequence[int], epochs: int, scores: ScoreTable, views_: dict[str, View], epoch_blocks: int,
+                 k: int) -> tuple[dict[str, float], dict[str, Any]]:
+    from verifier.audit.reputation import TRUST_LINE
+
+    specs, chosen = cheater_specs(views_)
+    got: dict[str, list[int | None]] = {s.name: [] for s in specs}
+    r_after: dict[str, list[int]] = {s.name: [] for s in specs}
+    honest_min: list[int] = []
+    for seed in seeds:
+        res = ChainRun(seed, specs, scores, views_["donated"], epoch_blocks, k).run(epochs)
+        for s in specs:
+            rs = res.reputation[s.name]
+            if s.behaviour == "honest":
+                honest_min.append(min(rs))
+                continue
+            got[s.name].append(_epochs_to_untrusted(rs, s.cheat_from, TRUST_LINE))
+            r_after[s.name].append(rs[min(len(rs), s.cheat_from + UNTRUSTED_WITHIN) - 1])
+    never = epochs - WARMUP_EPOCHS + 1
+    f: dict[str, float] = {}
+
+    def figures(label: str, name: str) -> None:
+        xs = got[name]
+        f[f"cheater_{label}_untrusted_within_5_share"] = sum(x is not None and x <= UNTRUSTED_WITHIN
+                                                              for x in xs) / len(xs)
+        ep = [float(never if x is None else x) for x in xs]
+        f[f"cheater_{label}_epochs_to_untrusted_p50"] = _pct(ep, 50)
+        f[f"cheater_{label}_epochs_to_untrusted_p95"] = _pct(ep, 95)
+        f[f"cheater_{label}_reputation_after_5_mean"] = sum(r_after[name]) / len(r_after[name]) / 1e6
+
+    for b in PLAIN_CHEATERS:
+        figures(b, b)
+    sweep: dict[str, Any] = {}
+    for name in VIEWS:
+        worst = None
+        for t in SELECTIVE_TPRS:
+            sname = f"selective_{name}_tpr{round(100 * t)}"
+            xs = got[sname]
+            share = sum(x is not None and x <= UNTRUSTED_WITHIN for x in xs) / len(xs)
+            fpr = flag_rule(views_[name], t)[2]
+            f[f"{sname}_untrusted_within_5_share"] = share
+            f[f"{sname}_users_flagged_share"] = fpr
+            if fpr <= MAX_FPR and (worst is None or share < f[f"{worst}_untrusted_within_5_share"]):
+                worst = sname
+        worst = worst or f"selective_{name}_tpr{round(100 * min(SELECTIVE_TPRS))}"
+        figures(f"selective_{name}", worst)
+        sweep[name] = {"worst": worst, "forwarder_aborter_share_flagged": chosen[name]}
+        for b in ("forwarder", "aborter"):
+            figures(f"{b}_{name}", f"{b}_{name}")
+    f["cheater_run_honest_min_reputation"] = min(honest_min) / 1e6
+    return f, sweep
+
+
+def run_honest(seeds: Sequence[int], epochs: int, scores: ScoreTable, view: View, epoch_blocks: int,
+               k: int, per_kind: int) -> dict[str, float]:
+    """Part C, and D's counts: nodes with faults and fault-free ones, each run replayed with every
+    faulty node fault-free."""
+    from verifier.audit.reputation import TRUST_LINE
+
+    specs = [NodeSpec(f"{b}{i}", "honest" if b == "plain" else b) for b in FAULTS for i in range(per_kind)]
+    twin_specs = [NodeSpec(s.name, "honest") for s in specs]
+    f: dict[str, float] = {}
+    low: dict[str, list[int]] = {b: [] for b in FAULTS}
+    untrusted: dict[str, int] = {b: 0 for b in FAULTS}
+    missed: dict[str, int] = {b: 0 for b in FAULTS}
+    interfered = empty = sends = replies = node_epochs = 0
+    for seed in seeds:
+        res = ChainRun(seed, specs, scores, view, epoch_blocks, k).run(epochs)
+        twin = ChainRun(seed, twin_specs, scores, view, epoch_blocks, k).run(epochs)
+        sends, replies, node_epochs = sends + res.sends, replies + res.replies, node_epochs + res.node_epochs
+        empty += sum(s != "applied" for s in res.statuses)
+        for s in specs:
+            kind = s.name.rstrip("0123456789")
+            rs = res.reputation[s.name]
+            low[kind].append(min(rs))
+            untrusted[kind] += any(r < TRUST_LINE for r in rs)
+            missed[kind] += res.missed[s.name]
+        plain = [s.name for s in specs if s.behaviour == "honest"]
+        for e in range(epochs):
+            interfered += any(res.reputation[n][e] != twin.reputation[n][e] for n in plain)
+    n_nodes = len(seeds) * per_kind
+    for b in FAULTS:
+        f[f"honest_{b}_untrusted_nodes"] = float(untrusted[b])
+        f[f"honest_{b}_min_reputation"] = min(low[b]) / 1e6
+        f[f"honest_{b}_missed_epochs_per_100"] = 100.0 * missed[b] / (n_nodes * epochs)
+    f["honest_nodes_per_kind"] = float(n_nodes)
+    f["honest_epochs_changed_by_another_node"] = float(interfered)
+    f["honest_epochs_not_applied"] = float(empty)
+    per = VERIFIERS * node_epochs
+    f["cost_challenges_sent_per_verifier_node_epoch"] = sends / per
+    f["cost_replies_scored_per_verifier_node_epoch"] = replies / per
+    return f
+
+
+def run_detectors(seed_train: int, seed_test: int, epochs: int, timing: Timing, k: int,
+                  prompts: Sequence[str]) -> tuple[dict[str, float], dict[str, View]]:
+    """Part A for both challenge sources: every detector's AUC, and the adversaries' views."""
+    users_half, donors_half = split_prompts(prompts, seed_train)
+    match = TemplateMatcher()
+    f: dict[str, float] = {}
+    out: dict[str, View] = {}
+    for source in ("generator", "donated"):
+        train = stream(seed_train, source, epochs, timing, k, users_half, donors_half)
+        test = stream(seed_test, source, epochs, timing, k, users_half, donors_half)
+        aucs, scores, obs = detectors(train, test, timing, match)
+        for name, a in aucs.items():
+            f[f"auc_{name}_{source}"] = a
+        for v in views(source, aucs, scores, obs):
+            out[v.name] = v
+    for name in VIEWS:
+        f[f"auc_best_{name}"] = out[name].auc
+    # what-if: challenge paths built once an epoch per verifier (not per challenge)
+    train = stream(seed_train, "donated", epochs, timing, k, users_half, donors_half, paths="epoch")
+    test = stream(seed_test, "donated", epochs, timing, k, users_half, donors_half, paths="epoch")
+    aucs, _, _ = detectors(train, test, timing, match)
+    for name in WHATIF:
+        f[f"whatif_epoch_paths_auc_{name}_donated"] = aucs[name]
+    f["whatif_epoch_paths_auc_best_donated"] = max(a for d, a in aucs.items() if d not in MEMORY)
+    # what-if: donated conversations replayed turn by turn over the same fresh paths
+    train = stream(seed_train, "donated", epochs, timing, k, users_half, donors_half, paths="replay")
+    test = stream(seed_test, "donated", epochs, timing, k, users_half, donors_half, paths="replay")
+    aucs, _, _ = detectors(train, test, timing, match)
+    for name in WHATIF_REPLAY:
+        f[f"whatif_replay_auc_{name}_donated"] = aucs[name]
+    f["whatif_replay_auc_best_donated"] = max(a for d, a in aucs.items() if d not in MEMORY)
+    return f, out
+
+
+def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
+    """The ``gentorrent.benches`` entry point: ``(params, figures)``."""
+    import time
+
+    from overlay.bench.stats import cpu_model
+    from verifier.audit import chain
+    from verifier.audit import tx as at
+    from verifier.audit.reputation import TRUST_LINE
+
+    t_start = time.perf_counter()
+    try:
+        prompts = load_user_prompts()
+        scores = ScoreTable()
+    except BenchError as exc:
+        raise SystemExit(str(exc)) from None
+    missing = {"honest", "degraded", "greedy", "greedy_honest_weights"} - set(scores.kinds)
+    if missing:
+        raise SystemExit(f"bench audit-evasion: {SCORES_FILE} lacks reply kinds {sorted(missing)}")
+    epoch_blocks, k = chain.DEFAULT_EPOCH_BLOCKS, chain.DEFAULT_CHALLENGES_PER_NODE
+    timing = Timing(epoch_blocks, chain.COMMIT_BLOCKS)
+    detector_epochs = 15 if quick else 120
+    cheater_seeds = list(range(1, 4 if quick else 201))
+    cheat_epochs = WARMUP_EPOCHS + (6 if quick else 10)
+    honest_seeds = list(range(1, 3 if quick else 21))
+    honest_epochs = 30 if quick else HONEST_EPOCHS
+    per_kind = 2
+
+    f, views_ = run_detectors(1, 2, detector_epochs, timing, k, prompts)
+    t_a = time.perf_counter()
+    cf, sweep = run_cheaters(cheater_seeds, cheat_epochs, scores, views_, epoch_blocks, k)
+    f.update(cf)
+    t_b = time.perf_counter()
+    f.update(run_honest(honest_seeds, honest_epochs, scores, views_["donated"], epoch_blocks, k, per_kind))
+    t_c = time.perf_counter()
+
+    # D. cost, against main's protocol (the leader sends MAIN_K a node; every verifier scores them)
+    f["cost_cpu_s_per_verifier_node_epoch"] = f["cost_replies_scored_per_verifier_node_epoch"] * SCORE_S
+    f["main_challenges_sent_per_verifier_node_epoch"] = MAIN_K / VERIFIERS
+    f["main_replies_scored_per_verifier_node_epoch"] = float(MAIN_K)
+    f["main_cpu_s_per_verifier_node_epoch"] = MAIN_K * SCORE_S
+    f["cost_cpu_ratio_vs_main"] = f["cost_cpu_s_per_verifier_node_epoch"] / f["main_cpu_s_per_verifier_node_epoch"]
+
+    cheaters = [*PLAIN_CHEATERS, *(f"{b}_{v}" for b in DETECTING for v in VIEWS)]
+    worst_cheater = min(cheaters, key=lambda c: f[f"cheater_{c}_untrusted_within_5_share"])
+    goals: dict[str, Any] = {}
+    for v in VIEWS:
+        goals[f"detector_auc_{v}"] = {"goal": f"best detector's AUC <= {AUC_GOAL}", "value": f[f"auc_best_{v}"],
+                                     "detector": views_[v].detector, "met": f[f"auc_best_{v}"] <= AUC_GOAL}
+    goals["cheaters_untrusted"] = {
+        "goal": f"every cheater untrusted within {UNTRUSTED_WITHIN} epochs in >= {UNTRUSTED_SHARE_GOAL:.0%} of runs",
+        "worst": worst_cheater, "value": f[f"cheater_{worst_cheater}_untrusted_within_5_share"],
+        "failing": [c for c in cheaters if f[f"cheater_{c}_untrusted_within_5_share"] < UNTRUSTED_SHARE_GOAL],
+        "met": f[f"cheater_{worst_cheater}_untrusted_within_5_share"] >= UNTRUSTED_SHARE_GOAL}
+    honest_untrusted = sum(f[f"honest_{b}_untrusted_nodes"] for b in FAULTS)
+    goals["honest_trusted"] = {"goal": f"0 honest nodes (with faults) untrusted over {honest_epochs} epochs",
+                               "value": honest_untrusted, "met": honest_untrusted == 0}
+    goals["no_interference"] = {"goal": "0 epochs in which one node's outcome changed another's",
+                                "value": f["honest_epochs_changed_by_another_node"],
+                                "met": f["honest_epochs_changed_by_another_node"] == 0}
+    for name, g in goals.items():
+        f[f"goal_{name}_met"] = 1.0 if g["met"] else 0.0
+
+    params: dict[str, Any] = {
+        "quick": quick,
+        "cpu": cpu_model(),
+        "chain": {"validators": VERIFIERS, "power_each": 10, "epoch_blocks": epoch_blocks, "block_s": BLOCK_S,
+                  "commit_blocks": chain.COMMIT_BLOCKS, "report_blocks": timing.report_blocks,
+                  "challenges_per_node_per_verifier": k, "max_tries": at.MAX_TRIES, "miss_limit": chain.MISS_LIMIT,
+                  "trust_line": TRUST_LINE / 1e6},
+        "scores": {"file": str(SCORES_FILE), "measured": scores.measured, "how": scores.how,
+                   "settings": scores.settings,
+                   "setting_rule": "the measured (temperature, top-p) nearest the challenge's (L1 distance)"},
+        "user_prompts": f"{USER_PROMPTS} ({len(prompts)} prompts; halves by a seeded shuffle: users / donors)",
+        "users": {"requests_per_epoch": USER_REQUESTS_PER_EPOCH, "session_mean_requests": SESSION_MEAN,
+                  "think_mean_s": THINK_MEAN_S, "share_chat": SHARE_CHAT,
+                  "share_gateway_history": SHARE_GATEWAY_HISTORY, "share_user_set_params": SHARE_USER_SET,
+                  "user_temperatures": USER_TEMPERATURES, "user_max_tokens": USER_MAX_TOKENS,
+                  "system_prompt_share": {"chat": SHARE_CHAT_SYSTEM, "gateway": SHARE_GATEWAY_SYSTEM},
+                  "path_refresh_s": PATH_REFRESH_S, "paths_per_request": PATHS_PER_REQUEST, "relays": RELAYS,
+                  "affinity": AFFINITY, "donate_rate": DONATE_RATE, "donors": DONORS},
+        "detectors": {"epochs": detector_epochs, "train_seed": 1, "test_seed": 2,
+                      "features": list(FEATURES), "memory_detectors": list(MEMORY),
+                      "best": {v: views_[v].detector for v in VIEWS},
+                      "challenges_per_stream": len(views_["donated"].challenges),
+                      "user_requests_per_stream": len(views_["donated"].users)},
+        "cheaters": {"runs": len(cheater_seeds), "epochs": cheat_epochs, "warmup_honest_epochs": WARMUP_EPOCHS,
+                     "selective_shares": SELECTIVE_TPRS, "max_users_flagged": MAX_FPR, "sweep": sweep,
+                     "censored_epochs_value": cheat_epochs - WARMUP_EPOCHS + 1,
+                     "leaked": "validator 0 of 4 colludes: its challenges answered honestly, the others' degraded"},
+        "honest": {"runs": len(honest_seeds), "epochs": honest_epochs, "nodes_per_kind_per_run": per_kind,
+                   "restart": f"one per {RESTART_EVERY} epochs, silent from a random height to a later one of the "
+                              "same epoch",
+                   "busy_share": BUSY_SHARE, "flood_busy_share": FLOOD_BUSY_SHARE,
+                   "retry": "a failed try is retried at a uniform later height of the send window"},
+        "cost": {"score_s": SCORE_S, "assumption": "every scored reply costs one one-pass verification of "
+                 "docs/benchmarks.md 'verify' (877 ms, SmolLM2 Q4_1, one thread, 60-token replies)",
+                 "main": f"leader sends k={MAIN_K} a node; every verifier scores the {MAIN_K} replies"},
+        "goals": goals,
+        "seconds": {"detectors": round(t_a - t_start, 1), "cheaters": round(t_b - t_a, 1),
+                    "honest": round(t_c - t_b, 1)},
+    }
+    return params, f
