@@ -21,8 +21,9 @@ registry) -> node`` (:mod:`model_node.testing` has the echo ones).
 
 Also here: raw authenticated nodes that speak the protocol by hand (:class:`RawNode`),
 raw streams past the fake TLS but before the handshake (:meth:`Net.raw_dial`,
-:class:`RawPeer`), bad-frame helpers (:func:`framed`, :func:`flip`), and capture hooks
-(:class:`Capture`: every byte a node receives and sends).
+:class:`RawPeer`), bad-frame helpers (:func:`framed`, :func:`flip`), capture hooks
+(:class:`Capture`: every byte a node receives and sends), and a spy on the requests a model
+node accepts (:func:`record_requests`).
 """
 
 from __future__ import annotations
@@ -37,9 +38,10 @@ import trio
 import trio.testing
 
 from overlay import codec, crypto, onion
+from overlay.anon import ReplyStream, Responder
 from overlay.clock import Clock, TrioClock
 from overlay.identity import Identity, node_id_of
-from overlay.messages import CellBack, CellFwd, Create, Deliver, Destroy, PathReady, ReturnClove
+from overlay.messages import CellBack, CellFwd, Create, Deliver, Destroy, PathReady, Request, ReturnClove
 from overlay.node import Node
 from overlay.peers import PeerEntry
 from overlay.registry import Registry
@@ -239,6 +241,28 @@ async def wait_until(predicate: Callable[[], object], timeout: float = 15.0, wha
 def warnings_logged(records: Iterable[logging.LogRecord]) -> list[str]:
     """The messages of the WARNING records among ``records`` (pytest's ``caplog.records``)."""
     return [r.getMessage() for r in records if r.levelno == logging.WARNING]
+
+
+class _Responding(Protocol):
+    """A model node, as far as :func:`record_requests` goes: it answers through a responder."""
+
+    @property
+    def responder(self) -> Responder: ...
+
+
+def record_requests(node: _Responding) -> list[Request]:
+    """Every request ``node``'s responder accepts from now on, in order (what the model node sees):
+    a spy wrapped around :meth:`overlay.anon.Responder.accept`; the list fills as requests come."""
+    seen: list[Request] = []
+    responder = node.responder
+    accept = responder.accept
+
+    def spy(req: Request, handler: ReplyStream | None = None) -> bool:
+        seen.append(req)
+        return accept(req, handler)
+
+    responder.accept = spy  # type: ignore[method-assign]
+    return seen
 
 
 # --------------------------------------------------------------------------- the network

@@ -16,13 +16,14 @@ The exchange, over the verifier's CometBFT RPC (``abci_query``, :func:`overlay.c
 1. ``/audit/donate_key`` answers the verifier's Ed25519 validator key (32 bytes); the donor
    goes on only if that key is one of the committee's validator keys it holds (the genesis set,
    or the set the signed lists moved it to).
-2. ``/audit/donate`` with ``data`` = the sealed donation (:func:`overlay.crypto.seal_to_ed25519`
-   to that key, at most :data:`MAX_DONATION_BYTES`); code 0 means accepted.
+2. ``/audit/donate`` with ``data`` = the sealed donation (:func:`overlay.donation.seal_donation`
+   to that key, at most :data:`~overlay.donation.MAX_DONATION_BYTES`); code 0 means accepted.
 
-The plaintext (:func:`encode`) is the msgpack array ``[1, donor_node_id(20), model,
-[[role, content], ...], [temperature, top_p, top_k, max_tokens, seed], signature(64)]``; the
-signature is the donor's identity key's Ed25519 over :data:`DONATION_CONTEXT` followed by the
-msgpack of ``[donor_node_id, model, messages, params]``.
+The format (the plaintext, its signature by the donor's identity key, the sealing) is
+:mod:`overlay.donation`'s, the codec the verifier decodes with; :func:`encode` makes it from this
+node's identity, with the parameters as floats where the format has floats. Every refusal here
+is that module's :class:`~overlay.donation.DonationError` too (a donation that could not be made
+or was refused, with the reason).
 
 Fire and forget: nothing here is ever shown as a chat error, blocks or slows a reply; failures
 are logged (info). Donations still waiting for their delay when the process exits are dropped
@@ -36,21 +37,17 @@ import logging
 import math
 import random
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-import msgpack
 import trio
 
-from overlay import crypto
-from overlay.identity import Identity, node_id_of, short_id
+from overlay import donation
+from overlay.donation import MAX_DONATION_BYTES, DonationError
+from overlay.identity import Identity, short_id
 from overlay.messages import ChatMessage, SamplingParams
 
 log = logging.getLogger("gentorrent.donate")
 
-DONATION_VERSION = 1
-DONATION_CONTEXT = b"gentorrent/donation/v1\x00"
-MAX_DONATION_BYTES = 16 * 1024  # sealed
 MAX_MESSAGES = 8  # an audit challenge's limit (verifier/audit/tx.py MAX_MESSAGES)
 MAX_DELAY_S = 60.0
 DEFAULT_RATE = 0.25
@@ -63,82 +60,15 @@ PRIVACY = ("the chosen verifier learns your node id, your IP address and the pro
 Rpc = Callable[[str, str, dict[str, str]], Awaitable[Any]]  # overlay.committee.rpc_call's shape
 
 
-class DonationError(Exception):
-    """A donation could not be made or was refused; says why."""
-
-
-def _pack(obj: object) -> bytes:
-    out: bytes = msgpack.packb(obj, use_bin_type=True)
-    return out
-
-
-def messages_wire(messages: Sequence[ChatMessage]) -> list[list[str]]:
-    return [[m.role, m.content] for m in messages]
-
-
-def params_wire(p: SamplingParams) -> list[Any]:
-    """``[temperature, top_p, top_k, max_tokens, seed]``, floats as floats (a gateway may hold ints)."""
-    return [float(p.temperature), float(p.top_p), int(p.top_k), int(p.max_tokens),
-            None if p.seed is None else int(p.seed)]
-
-
-def signed_bytes(donor: bytes, model: str, messages: list[list[str]], params: list[Any]) -> bytes:
-    """What the donor signs: :data:`DONATION_CONTEXT` || msgpack([donor, model, messages, params])."""
-    return DONATION_CONTEXT + _pack([donor, model, messages, params])
+def _as_floats(p: SamplingParams) -> SamplingParams:
+    """``p`` with floats as floats and ints as ints (a gateway may hold ints)."""
+    return SamplingParams(float(p.temperature), float(p.top_p), int(p.top_k), int(p.max_tokens),
+                          None if p.seed is None else int(p.seed))
 
 
 def encode(identity: Identity, model: str, messages: Sequence[ChatMessage], params: SamplingParams) -> bytes:
-    """The donation's plaintext, signed by ``identity`` (see the module docstring)."""
-    donor = identity.node_id
-    msgs, prm = messages_wire(messages), params_wire(params)
-    signature = identity.sign(signed_bytes(donor, model, msgs, prm))
-    return _pack([DONATION_VERSION, donor, model, msgs, prm, signature])
-
-
-@dataclass(frozen=True, slots=True)
-class Donation:
-    """A decoded donation (:func:`decode`)."""
-
-    donor: bytes
-    model: str
-    messages: tuple[ChatMessage, ...]
-    params: SamplingParams
-    signature: bytes
-
-    def verify(self, ed25519_public: bytes) -> None:
-        """:class:`DonationError` unless ``ed25519_public`` is the donor's key and signed this."""
-        if len(ed25519_public) != 32 or node_id_of(ed25519_public) != self.donor:
-            raise DonationError("the key is not the donor's")
-        message = signed_bytes(self.donor, self.model, messages_wire(self.messages), params_wire(self.params))
-        try:
-            crypto.ed25519_verify(ed25519_public, self.signature, message)
-        except crypto.CryptoError:
-            raise DonationError("the donation's signature does not verify") from None
-
-
-def decode(plaintext: bytes) -> Donation:
-    """A donation's plaintext, decoded strictly (types exact, no trailing bytes); the signature is
-    not checked here (:meth:`Donation.verify`). :class:`DonationError` if anything is off."""
-    try:
-        f = msgpack.unpackb(plaintext, raw=False, strict_map_key=True, max_map_len=0, max_ext_len=0,
-                            max_array_len=MAX_MESSAGES + 8, max_str_len=MAX_DONATION_BYTES,
-                            max_bin_len=MAX_DONATION_BYTES)
-    except (ValueError, TypeError, msgpack.UnpackException) as exc:
-        raise DonationError(f"not strict msgpack ({type(exc).__name__})") from None
-    if type(f) is not list or len(f) != 6 or f[0] != DONATION_VERSION or type(f[0]) is not int:
-        raise DonationError(f"not a version {DONATION_VERSION} donation [1, donor, model, messages, params, signature]")
-    _, donor, model, msgs, prm, signature = f
-    if type(donor) is not bytes or len(donor) != 20 or type(model) is not str or type(signature) is not bytes \
-            or len(signature) != 64:
-        raise DonationError("bad donor id, model or signature")
-    if type(msgs) is not list or not 1 <= len(msgs) <= MAX_MESSAGES or not all(
-            type(m) is list and len(m) == 2 and type(m[0]) is str and type(m[1]) is str for m in msgs):
-        raise DonationError(f"messages are 1 to {MAX_MESSAGES} [role, content] pairs")
-    if type(prm) is not list or len(prm) != 5 or type(prm[0]) is not float or type(prm[1]) is not float \
-            or type(prm[2]) is not int or type(prm[3]) is not int or not (prm[4] is None or type(prm[4]) is int):
-        raise DonationError("params are [temperature, top_p, top_k, max_tokens, seed]")
-    return Donation(donor, model, tuple(ChatMessage(r, c) for r, c in msgs),
-                    SamplingParams(prm[0], prm[1], prm[2], prm[3], prm[4]), signature)
+    """The donation's plaintext (:func:`overlay.donation.encode`) from and signed by ``identity``."""
+    return donation.encode(identity, identity.node_id, model, messages, _as_floats(params))
 
 
 def fit(messages: Sequence[ChatMessage]) -> list[ChatMessage] | None:
@@ -166,8 +96,9 @@ def seal(verifier_key: bytes, identity: Identity, model: str, messages: Sequence
     if msgs is None:
         raise DonationError("the request's last message is not a user's: nothing to donate")
     first = 1 if msgs[0].role == "system" else 0
+    params = _as_floats(params)
     while True:
-        sealed = crypto.seal_to_ed25519(verifier_key, encode(identity, model, msgs, params))
+        sealed = donation.seal_donation(verifier_key, identity, identity.node_id, model, msgs, params)
         if len(sealed) <= MAX_DONATION_BYTES:
             return sealed
         rest = msgs[first + 1:]

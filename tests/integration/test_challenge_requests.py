@@ -24,23 +24,10 @@ from overlay.anon import AnonError
 from overlay.identity import short_id
 from overlay.messages import ChatMessage, Create, Destroy, Request, SamplingParams
 from overlay.paths import PathError, PathManager
-from overlay.testing import Net, settle, start_overlay
+from overlay.testing import Net, record_requests, settle, start_overlay
 from user_client.chat import ChatSession
 from verifier.audit.auditor import Failure, Reply, send_challenge
 from verifier.audit.challenges import ChallengeGenerator
-
-
-def _record(node) -> list[Request]:
-    """Every request ``node``'s responder accepts, in order (what the model node sees)."""
-    seen: list[Request] = []
-    accept = node.responder.accept
-
-    def spy(req: Request, handler=None) -> bool:
-        seen.append(req)
-        return accept(req, handler)
-
-    node.responder.accept = spy
-    return seen
 
 
 def _chain_ok(reply: Reply, opening, key: bytes, node_id: bytes) -> bool:
@@ -56,7 +43,7 @@ async def test_a_challenge_reaches_only_the_given_node_and_returns_the_signed_re
     async with trio.open_nursery() as nursery:
         net = await start_overlay(nursery, 15, models=[echo_node(), echo_node()])
         a, b = net.models
-        seen_a, seen_b = _record(a), _record(b)
+        seen_a, seen_b = record_requests(a), record_requests(b)
         gen = ChallengeGenerator(rng=random.Random(5))
         for target, seen in ((a, seen_a), (b, seen_b)):
             opening = gen.opening("echo")
@@ -76,7 +63,7 @@ async def test_no_failover_a_dead_node_is_reported_silent_and_never_replaced(aut
     async with trio.open_nursery() as nursery:
         net = await start_overlay(nursery, 15, models=[echo_node(delay=1.0), echo_node()])
         a, b = net.models
-        seen_b = _record(b)
+        seen_b = record_requests(b)
         net.kill(a)
         await trio.sleep(0.5)
         opening = ChallengeGenerator(rng=random.Random(6)).opening("echo")
@@ -107,7 +94,7 @@ async def test_the_model_node_cannot_tell_a_challenge_from_a_users_chat_turn(aut
     async with trio.open_nursery() as nursery:
         net = await start_overlay(nursery, 16, clients=2, models=[echo_node()], capture=True)
         (m,) = net.models
-        seen = _record(m)
+        seen = record_requests(m)
         received = net.capture(m.identity.node_id)
         user, verifier = net.users[0].client, net.users[1].client
         session = ChatSession(user, "echo", SamplingParams(temperature=0.7, max_tokens=64), "You are a helpful assistant.")
@@ -141,7 +128,7 @@ async def test_every_challenge_goes_over_paths_no_other_request_used_and_they_ar
     async with trio.open_nursery() as nursery:
         net = await start_overlay(nursery, 15, models=[echo_node()])
         (m,) = net.models
-        seen = _record(m)
+        seen = record_requests(m)
         client = net.client.client
         paths = net.client.paths
         assert paths is not None

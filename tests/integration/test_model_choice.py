@@ -12,22 +12,10 @@ import trio
 
 from model_node.testing import echo_node
 from overlay.anon import ModelUnaudited
-from overlay.messages import ChatMessage, Request
+from overlay.messages import ChatMessage
 from overlay.peers import TRUST_LINE
 from overlay.registry import Registry
-from overlay.testing import Net, start_overlay
-
-
-def _record(node) -> list[Request]:
-    seen: list[Request] = []
-    accept = node.responder.accept
-
-    def spy(req: Request, handler=None) -> bool:
-        seen.append(req)
-        return accept(req, handler)
-
-    node.responder.accept = spy
-    return seen
+from overlay.testing import Net, record_requests, start_overlay
 
 
 def _mark(net: Net, marks: dict[bytes, tuple[int, bool]]) -> None:
@@ -49,7 +37,7 @@ async def test_users_reach_only_trusted_audited_nodes_and_audits_reach_every_nod
     async with trio.open_nursery() as nursery:
         net = await start_overlay(nursery, 15, models=[echo_node(), echo_node()])
         good, low = net.models
-        seen_good, seen_low = _record(good), _record(low)
+        seen_good, seen_low = record_requests(good), record_requests(low)
         _mark(net, {good.identity.node_id: (900_000, True), low.identity.node_id: (TRUST_LINE - 1, True)})
         client = net.client.client
         served = {await _ask(client, f"question {i}") for i in range(6)}
@@ -66,7 +54,7 @@ async def test_an_unaudited_model_needs_the_opt_in_and_audits_reach_it_without(a
     async with trio.open_nursery() as nursery:
         net = await start_overlay(nursery, 15, models=[echo_node()])
         (m,) = net.models
-        seen = _record(m)
+        seen = record_requests(m)
         _mark(net, {m.identity.node_id: (600_000, False)})
         client = net.client.client
         with pytest.raises(ModelUnaudited, match="pass --allow-unaudited to use it anyway"):

@@ -19,6 +19,7 @@ import msgpack
 import pytest
 
 from overlay import crypto
+from overlay.donation import seal_donation
 from overlay.identity import Identity
 from overlay.messages import ChatMessage, SamplingParams
 from verifier.audit import pool as pl
@@ -44,7 +45,7 @@ def donation(user: Identity, text: str = "How do tides work?", *, model: str = M
              messages: tuple[ChatMessage, ...] | None = None, params: SamplingParams = PARAMS,
              to: bytes = VERIFIER.public_bytes) -> bytes:
     msgs = messages if messages is not None else (ChatMessage("user", text),)
-    return pl.seal_donation(to, user.signing, user.node_id, model, msgs, params)
+    return seal_donation(to, user.signing, user.node_id, model, msgs, params)
 
 
 def new_pool(**kw: int) -> pl.DonationPool:
@@ -91,8 +92,8 @@ def test_bad_donations_are_refused_with_their_reason_and_leave_the_pool_unchange
     _refused(p, users, crypto.seal_to_ed25519(VERIFIER.public_bytes, b"\x93\x01\x02"), Code.MALFORMED, "not")
     _refused(p, users, crypto.seal_to_ed25519(VERIFIER.public_bytes, msgpack.packb({"a": 1})), Code.MALFORMED, "not")
     # a donation signed by another key than the donor's registered one
-    forged = pl.seal_donation(VERIFIER.public_bytes, stranger.signing, a.node_id, MODEL, (ChatMessage("user", "q"),),
-                              PARAMS)
+    forged = seal_donation(VERIFIER.public_bytes, stranger.signing, a.node_id, MODEL, (ChatMessage("user", "q"),),
+                           PARAMS)
     _refused(p, users, forged, Code.BAD_SIGNATURE, "does not verify")
     # a tampered plaintext: the signature no longer covers it
     plain = msgpack.unpackb(crypto.open_sealed_ed25519(VERIFIER.private_bytes(), sealed), raw=False)

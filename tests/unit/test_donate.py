@@ -13,6 +13,7 @@ import pytest
 import trio
 
 from overlay import crypto
+from overlay.donation import decode, verify
 from overlay.identity import Identity
 from overlay.messages import ChatMessage, SamplingParams
 from user_client import donate
@@ -71,42 +72,42 @@ def test_the_plaintext_is_the_spec_array_signed_by_the_donor() -> None:
     # The signature, recomputed here from the spec: Ed25519 over the context || msgpack([id, model, msgs, params]).
     signed = b"gentorrent/donation/v1\x00" + msgpack.packb(f[1:5], use_bin_type=True)
     crypto.ed25519_verify(me.ed25519_public, f[5], signed)
-    got = donate.decode(raw)
+    got, sig = decode(raw)
     assert (got.donor, got.model, got.messages, got.params) == (me.node_id, "smollm2", MESSAGES,
                                                                  SamplingParams(1.0, 0.9, 0, 64, 7))
-    got.verify(me.ed25519_public)
+    verify(got, sig, me.ed25519_public)
     with pytest.raises(DonationError, match="not the donor's"):
-        got.verify(Identity.generate().ed25519_public)
+        verify(got, sig, Identity.generate().ed25519_public)
     forged = msgpack.packb([*f[:2], "other-model", *f[3:]], use_bin_type=True)
     with pytest.raises(DonationError, match="does not verify"):
-        donate.decode(forged).verify(me.ed25519_public)
+        verify(*decode(forged), me.ed25519_public)
     # A seed of nil stays nil; strict decoding refuses other shapes.
     assert msgpack.unpackb(donate.encode(me, "m", MESSAGES[1:2], SamplingParams()), raw=False)[4][4] is None
     for bad in ([2, *f[1:]], [True, *f[1:]], f[:5], [*f[:4], [1, 0.9, 0, 64, 7], f[5]], [*f[:3], [], *f[4:]]):
         with pytest.raises(DonationError):
-            donate.decode(msgpack.packb(bad, use_bin_type=True))
+            decode(msgpack.packb(bad, use_bin_type=True))
 
 
 def test_the_donation_is_sealed_to_the_verifiers_key_and_fits_the_limit() -> None:
     me, verifier = Identity.generate(), crypto.SigningKey.generate()
     sealed = donate.seal(verifier.public_bytes, me, "m", MESSAGES, SamplingParams())
     plain = crypto.open_sealed_ed25519(verifier.private_bytes(), sealed)
-    assert donate.decode(plain).messages == MESSAGES
+    assert decode(plain)[0].messages == MESSAGES
     with pytest.raises(crypto.CryptoError):
         crypto.open_sealed_ed25519(crypto.SigningKey.generate().private_bytes(), sealed)
     # A long conversation keeps its system prompt and its latest turns, from a user turn on.
     long = [ChatMessage("system", "sys")] + [ChatMessage("user" if i % 2 == 0 else "assistant", f"turn {i}")
                                              for i in range(21)]
-    kept = donate.decode(crypto.open_sealed_ed25519(
-        verifier.private_bytes(), donate.seal(verifier.public_bytes, me, "m", long, SamplingParams()))).messages
+    kept = decode(crypto.open_sealed_ed25519(
+        verifier.private_bytes(), donate.seal(verifier.public_bytes, me, "m", long, SamplingParams())))[0].messages
     assert len(kept) <= donate.MAX_MESSAGES and kept[0].content == "sys" and kept[1].role == "user"
     assert kept[-1] == long[-1]
     # Too large for one donation: older turns go first; a last message alone too large is not donated.
     big = [ChatMessage("user", "a" * 9000), ChatMessage("assistant", "b" * 3000), ChatMessage("user", "c" * 9000)]
     sealed = donate.seal(verifier.public_bytes, me, "m", big, SamplingParams())
     assert len(sealed) <= donate.MAX_DONATION_BYTES
-    assert [m.content[0] for m in donate.decode(crypto.open_sealed_ed25519(verifier.private_bytes(),
-                                                                           sealed)).messages] == ["c"]
+    assert [m.content[0] for m in decode(crypto.open_sealed_ed25519(verifier.private_bytes(),
+                                                                    sealed))[0].messages] == ["c"]
     with pytest.raises(DonationError, match="longer than a donation holds"):
         donate.seal(verifier.public_bytes, me, "m", [ChatMessage("user", "x" * 20_000)], SamplingParams())
     with pytest.raises(DonationError, match="not a user's"):
@@ -121,8 +122,8 @@ async def test_a_donation_goes_to_one_verifier_after_checking_its_key() -> None:
     v = c.verifiers[address]
     assert [p["path"] for p in v.calls] == ['"/audit/donate_key"', '"/audit/donate"']
     assert all(not other.calls for a, other in c.verifiers.items() if a != address)  # ONE verifier
-    got = donate.decode(crypto.open_sealed_ed25519(v.key.private_bytes(), v.sealed[0]))
-    got.verify(me.ed25519_public)
+    got, sig = decode(crypto.open_sealed_ed25519(v.key.private_bytes(), v.sealed[0]))
+    verify(got, sig, me.ed25519_public)
     assert (got.model, got.messages, got.params) == ("smollm2", MESSAGES, params)
 
 

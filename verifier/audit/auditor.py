@@ -19,8 +19,9 @@ verifiers' reports (:mod:`verifier.audit.chain`). Two layers, as everywhere in t
     of the window, at most :data:`~verifier.audit.tx.MAX_TRIES` sends in all.
   - from the report window on, a :class:`Submit` of the signed
     :class:`~verifier.audit.tx.AuditReport`: every planned entry with its reply or failure. A
-    challenge still out waits up to half the report window (:func:`grace_height`), then is reported
-    silent. Sends fall in the first :data:`SEND_SHARE` of the send window (:func:`last_send`).
+    challenge still out is waited for until :func:`grace_height` (a 256-token reply on a loaded
+    node may take many blocks), then reported silent. Sends fall anywhere in the send window
+    (:func:`last_send`): a narrower schedule would tell a node when challenges cannot come.
 
   The plan is kept in memory and written (:meth:`Auditor.snapshot`, ``DATA_DIR/audit-plan.msgpack``,
   mode 0600) before its commit is sent, and after each outcome, so a restarted verifier reports
@@ -75,10 +76,7 @@ CHALLENGE_TIMEOUT_S = 60.0  # for the first chunk (queueing and prefill); then t
 PATHS_TIMEOUT_S = 30.0  # to build a challenge's own paths
 MAX_VIEW_BYTES = 4 * 1024 * 1024
 RESTART_S = 10.0  # run_audits waits this long after a failure before starting again
-SEND_SHARE = (3, 4)  # sends fall in this first share of the send window: the rest leaves a reply of
-# hundreds of tokens time to finish on a loaded node before the report (a devnet on 2 cores: 256-token
-# replies still arriving after the report, counted as missed)
-FIRST_SEND_SHARE = (2, 3)  # first tries fall in this share of those heights, leaving room for retries
+REPORT_MARGIN_BLOCKS = 2  # a report waits for challenges still out until this many blocks before the epoch's end
 RETRY_KINDS = frozenset({"busy", "silent", "lost", "incomplete", "error"})  # tried again later in the window
 MAX_REPORT_FIXES = 3  # a refused report with one bad entry is sent again with that entry failed, this often
 PLAN_FILE = "audit-plan.msgpack"
@@ -277,16 +275,15 @@ class Plan:
 
 
 def last_send(commit_until: int, report_from: int) -> int:
-    """The last height a challenge is sent (or sent again) at: the end of the first
-    :data:`SEND_SHARE` of the send window ``(commit_until, report_from)``; at least one height."""
-    first, window_last = commit_until + 1, report_from - 1
-    num, den = SEND_SHARE
-    return max(first, first + (window_last - first) * num // den)
+    """The last height a challenge is sent (or sent again) at: the send window's last."""
+    return max(commit_until + 1, report_from - 1)
 
 
 def grace_height(report_from: int, end_height: int) -> int:
-    """Until this height a report waits for challenges still out: half the report window."""
-    return min(report_from + (end_height - report_from) // 2, end_height - 1)
+    """Until this height a report waits for challenges still out: :data:`REPORT_MARGIN_BLOCKS`
+    before the epoch's end (a devnet on 2 cores had 256-token replies arriving 10 blocks into the
+    report window), so that the report still lands in the window."""
+    return max(report_from, end_height - REPORT_MARGIN_BLOCKS)
 
 
 def _outcome_from_wire(w: Any) -> ReplyOutcome | FailOutcome:
@@ -432,9 +429,7 @@ class Auditor:
     def _make_plan(self, view: AuditView) -> Plan:
         from verifier.audit.tx import MAX_AUDITED_NODES
 
-        first = view.commit_until + 1
-        last = first + (last_send(view.commit_until, view.report_from) - first) * FIRST_SEND_SHARE[0] \
-            // FIRST_SEND_SHARE[1]
+        first, last = view.commit_until + 1, last_send(view.commit_until, view.report_from)
         chosen: dict[bytes, str] = {}
         for model in self.models:
             for node in view.nodes_of(model):

@@ -3,22 +3,17 @@ client's side).
 
 A user who turns on ``--donate-prompts`` hands, now and then, a request's messages and sampling
 parameters to one verifier, sealed to that verifier's validator key
-(:func:`overlay.crypto.seal_to_ed25519`) and signed by the user's node key, through the verifier's
+(:func:`overlay.donation.seal_donation`) and signed by the user's node key, through the verifier's
 RPC (``abci_query /audit/donate``, answered by :mod:`verifier.abci_app`). The verifier keeps them
 here, in a private pool (never on the chain), and challenges model nodes with them: a challenge is
 then a user's own prompt, which a node cannot tell from users' traffic by its text.
 
-Wire format (``MAX_DONATION_BYTES`` = 16 KiB sealed at most)::
-
-    plaintext = msgpack([1, donor_node_id(20), model(str), [[role, content], ...],
-                         [temperature(float), top_p(float), top_k(int), max_tokens(int), seed(int|nil)],
-                         signature(64)])
-    signature = Ed25519(donor's node key, DONATION_CONTEXT + msgpack([donor_node_id, model, messages, params]))
-
-:func:`open_donation` takes a donation only if it opens with this verifier's key, decodes strictly
-(exact types, no trailing bytes), its signature verifies with the key the committee registered for
-``donor_node_id``, the donor is a currently registered **user** node, the model is one this
-verifier audits, and the messages and parameters pass a challenge's limits
+The wire format is :mod:`overlay.donation`'s, the one codec both sides use (at most
+``MAX_DONATION_BYTES`` = 16 KiB sealed). :func:`open_donation` takes a donation only if it opens
+with this verifier's key, decodes strictly (:func:`overlay.donation.decode`: exact types, no
+trailing bytes), its signature verifies with the key the committee registered for the donor's
+node id, the donor is a currently registered **user** node, the model is one this verifier
+audits, and the messages and parameters pass a challenge's limits
 (:meth:`verifier.audit.tx.Opening.check`: at most 8 messages, the last the user's, and so on).
 :meth:`DonationPool.add` then refuses a prompt already held or already used (the normalised last
 user message, :meth:`~verifier.audit.tx.Opening.prompt_key`) and a donor's prompt over
@@ -40,31 +35,23 @@ import logging
 import os
 import random
 from collections import OrderedDict
-from collections.abc import Callable, Container, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Container
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import msgpack
 
-from overlay import crypto
+from overlay import donation
+from overlay.donation import MAX_DONATION_BYTES as MAX_DONATION_BYTES
+from overlay.donation import Donation as Donation
 from overlay.messages import ChatMessage, SamplingParams
 from verifier.tx import Code, pack
 
-if TYPE_CHECKING:
-    from verifier.audit.tx import Opening
-
 log = logging.getLogger("gentorrent.audit")
 
-DONATION_VERSION = 1
-DONATION_CONTEXT = b"gentorrent/donation/v1\x00"
-MAX_DONATION_BYTES = 16 * 1024  # sealed
 PER_DONOR = 64  # live prompts one donor may have in the pool
 MAX_POOL = 10_000  # prompts in the pool (the oldest is dropped past it)
 MAX_USED_KEYS = 4 * MAX_POOL  # prompt keys of used prompts remembered (a used prompt is refused again)
 POOL_FILE = "audit-pool.msgpack"
-NODE_ID_LEN = 20
-SIGNATURE_LEN = 64
 _FILE_VERSION = 1
 
 UserKey = Callable[[bytes], bytes | None]
@@ -80,48 +67,11 @@ class DonationError(Exception):
         super().__init__(f"{code.name} ({int(code)}): {reason}")
 
 
-@dataclass(frozen=True, slots=True)
-class Donation:
-    """One donated prompt: the donor's node id, the model, the chat messages and sampling parameters."""
+def prompt_key(d: Donation) -> bytes:
+    """:meth:`verifier.audit.tx.Opening.prompt_key` of ``d``'s prompt (the normalised last user message)."""
+    from verifier.audit.tx import Opening
 
-    donor: bytes
-    model: str
-    messages: tuple[ChatMessage, ...]
-    params: SamplingParams
-
-    def wire(self) -> list[object]:
-        p = self.params
-        return [self.donor, self.model, [[m.role, m.content] for m in self.messages],
-                [p.temperature, p.top_p, p.top_k, p.max_tokens, p.seed]]
-
-    def prompt_key(self) -> bytes:
-        """:meth:`verifier.audit.tx.Opening.prompt_key` of this prompt (the normalised last user message)."""
-        return self.opening(bytes(16)).prompt_key()
-
-    def opening(self, salt: bytes) -> Opening:
-        """The challenge this prompt makes (:class:`verifier.audit.tx.Opening`) with ``salt``."""
-        from verifier.audit.tx import Opening
-
-        return Opening(salt, self.model, self.messages, self.params)
-
-
-def signing_bytes(donor: bytes, model: str, messages: Iterable[tuple[str, str]] | list[list[str]],
-                  params: SamplingParams) -> bytes:
-    """What a donor signs: :data:`DONATION_CONTEXT` + msgpack([donor, model, messages, params])."""
-    p = params
-    return DONATION_CONTEXT + pack([donor, model, [[r, c] for r, c in messages],
-                                    [p.temperature, p.top_p, p.top_k, p.max_tokens, p.seed]])
-
-
-def seal_donation(verifier_pk: bytes, donor_key: crypto.SigningKey, donor: bytes, model: str,
-                  messages: Iterable[ChatMessage], params: SamplingParams) -> bytes:
-    """A donation as a client makes it (for tests; ``user_client/donate.py`` is the client's own)."""
-    msgs = [(m.role, m.content) for m in messages]
-    sig = donor_key.sign(signing_bytes(donor, model, msgs, params))
-    p = params
-    plain = pack([DONATION_VERSION, donor, model, [[r, c] for r, c in msgs],
-                  [p.temperature, p.top_p, p.top_k, p.max_tokens, p.seed], sig])
-    return crypto.seal_to_ed25519(verifier_pk, plain)
+    return Opening(bytes(16), d.model, d.messages, d.params).prompt_key()
 
 
 def _refuse(code: Code, reason: str) -> DonationError:
@@ -130,39 +80,6 @@ def _refuse(code: Code, reason: str) -> DonationError:
 
 def _malformed(why: str) -> DonationError:
     return DonationError(Code.MALFORMED, f"the donation is not {why}")
-
-
-def _decode(plain: bytes) -> tuple[Donation, bytes]:
-    """The donation and its signature from the opened plaintext, strictly; :class:`DonationError`."""
-    try:
-        doc = msgpack.unpackb(plain, raw=False, strict_map_key=True, use_list=True,
-                              max_bin_len=MAX_DONATION_BYTES, max_str_len=MAX_DONATION_BYTES,
-                              max_array_len=64, max_map_len=0, max_ext_len=0)
-    except (ValueError, TypeError, RecursionError, msgpack.UnpackException) as exc:
-        raise _malformed(f"msgpack ({type(exc).__name__})") from None
-    if type(doc) is not list or len(doc) != 6:
-        raise _malformed("[version, donor, model, messages, params, signature]")
-    version, donor, model, messages, params, sig = doc
-    if type(version) is not int or version != DONATION_VERSION:
-        raise DonationError(Code.UNSUPPORTED_VERSION, f"donation version {version!r} is not {DONATION_VERSION}")
-    if type(donor) is not bytes or len(donor) != NODE_ID_LEN:
-        raise _malformed(f"from a {NODE_ID_LEN}-byte donor node id")
-    if type(model) is not str or not model:
-        raise _malformed("for a model (a non-empty string)")
-    if type(messages) is not list or not all(
-            type(m) is list and len(m) == 2 and type(m[0]) is str and type(m[1]) is str for m in messages):
-        raise _malformed("made of messages [[role, content], ...]")
-    if type(params) is not list or len(params) != 5:
-        raise _malformed("with params [temperature, top_p, top_k, max_tokens, seed]")
-    temp, top_p, top_k, max_tokens, seed = params
-    if type(temp) is not float or type(top_p) is not float or type(top_k) is not int \
-            or type(max_tokens) is not int or not (seed is None or type(seed) is int):
-        raise _malformed("with params of types [float, float, int, int, int or nil]")
-    if type(sig) is not bytes or len(sig) != SIGNATURE_LEN:
-        raise _malformed(f"signed (a {SIGNATURE_LEN}-byte signature)")
-    d = Donation(donor, model, tuple(ChatMessage(r, c) for r, c in messages),
-                 SamplingParams(temperature=temp, top_p=top_p, top_k=top_k, max_tokens=max_tokens, seed=seed))
-    return d, sig
 
 
 def open_donation(sealed: bytes, seed32: bytes, user_key: UserKey, models: Container[str]) -> Donation:
@@ -178,19 +95,21 @@ def open_donation(sealed: bytes, seed32: bytes, user_key: UserKey, models: Conta
     if len(sealed) > MAX_DONATION_BYTES:
         raise DonationError(Code.OVERSIZE, f"a donation of {len(sealed)} bytes; at most {MAX_DONATION_BYTES}")
     try:
-        plain = crypto.open_sealed_ed25519(seed32, sealed)
-    except crypto.CryptoError:
+        plain = donation.unseal(seed32, sealed)
+    except donation.DonationError:
         raise _refuse(Code.MALFORMED, "the donation does not open with this verifier's key (sealed to another "
                                       "key, or altered); fetch the key from /audit/donate_key") from None
-    d, sig = _decode(plain)
+    try:
+        d, sig = donation.decode(plain)
+    except donation.DonationError as exc:
+        raise _refuse(Code.UNSUPPORTED_VERSION if exc.unsupported_version else Code.MALFORMED, exc.reason) from None
     public = user_key(d.donor)
     if public is None:
         raise _refuse(Code.UNKNOWN_NODE, f"donor {d.donor.hex()[:16]} is not a registered user node of this "
                                          "committee")
     try:
-        crypto.ed25519_verify(public, sig, signing_bytes(d.donor, d.model, [(m.role, m.content) for m in d.messages],
-                                                         d.params))
-    except crypto.CryptoError:
+        donation.verify(d, sig, public)
+    except donation.DonationError:
         raise _refuse(Code.BAD_SIGNATURE, "the donation's signature does not verify with the donor's registered "
                                           "key") from None
     if d.model not in models:
@@ -245,7 +164,7 @@ class DonationPool:
     def add(self, d: Donation) -> None:
         """Keep ``d``: :class:`DonationError` (pool unchanged) for a prompt already held or used, or a
         donor at :attr:`per_donor` live prompts; past :attr:`cap` the oldest prompt is dropped."""
-        key = d.prompt_key()
+        key = prompt_key(d)
         if key in self._keys or key in self._used:
             raise DonationError(Code.DUPLICATE, "this prompt was already donated")
         if self._per_donor.get(d.donor, 0) >= self.per_donor:
@@ -265,7 +184,7 @@ class DonationPool:
 
     def _remove(self, seq: int) -> Donation:
         d = self._items.pop(seq)
-        self._keys.pop(d.prompt_key(), None)
+        self._keys.pop(prompt_key(d), None)
         donors = self._by_model[d.model]
         donors[d.donor].remove(seq)
         if not donors[d.donor]:
@@ -291,7 +210,7 @@ class DonationPool:
         donor = rng.choice(list(donors))
         seq = rng.choice(donors[donor])
         d = self._remove(seq)
-        self._used[d.prompt_key()] = None
+        self._used[prompt_key(d)] = None
         while len(self._used) > MAX_USED_KEYS:
             self._used.popitem(last=False)
         return d
@@ -314,7 +233,7 @@ class DonationPool:
                 d = Donation(bytes(donor), str(model), tuple(ChatMessage(str(r), str(c)) for r, c in messages),
                              SamplingParams(float(p[0]), float(p[1]), int(p[2]), int(p[3]),
                                             None if p[4] is None else int(p[4])))
-                key = d.prompt_key()
+                key = prompt_key(d)
                 if key not in pool._keys:
                     pool._insert(d, key)
             for k in used:
