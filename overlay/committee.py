@@ -505,15 +505,20 @@ async def rpc_call(address: str, method: str, params: dict[str, str]) -> Any:
     return doc["result"]
 
 
-async def fetch_abci_query(address: str, path: str) -> bytes:
-    """``abci_query`` on a verifier's CometBFT RPC (``host:port``); the response's value bytes.
+async def fetch_abci_query(address: str, path: str, data: bytes = b"", *,
+                           rpc: Callable[[str, str, dict[str, str]], Awaitable[Any]] | None = None) -> bytes:
+    """``abci_query`` on a verifier's CometBFT RPC (``host:port``), with ``data`` if any; the
+    response's value bytes. ``rpc`` (default :func:`rpc_call`) is injectable for tests.
 
     The response is bounded by :data:`MAX_RESPONSE`. Raises :class:`ListError` for a non-zero query
     code (with the verifier's log) and ``OSError`` for I/O.
     """
     import base64
 
-    result = await rpc_call(address, "abci_query", {"path": f'"{path}"'})
+    params = {"path": f'"{path}"'}
+    if data:
+        params["data"] = "0x" + data.hex()
+    result = await (rpc or rpc_call)(address, "abci_query", params)
     try:
         response = result["response"]
         code = int(response.get("code", 0))

@@ -358,8 +358,8 @@ def seal_to_ed25519(ed25519_public: bytes, plaintext: bytes) -> bytes:
     """An anonymous sealed box (libsodium ``crypto_box_seal``: an ephemeral X25519 key, then
     XSalsa20-Poly1305) of ``plaintext`` to the holder of the Ed25519 key ``ed25519_public``, whose
     X25519 key is derived by libsodium's Ed25519-to-Curve25519 conversion. The ciphertext is
-    :data:`SEALED_OVERHEAD` bytes longer than the plaintext. Used to hide an audit challenge on the
-    committee chain from everyone but the validators (verifier/audit/tx.py). :class:`CryptoError`
+    :data:`SEALED_OVERHEAD` bytes longer than the plaintext. Used to seal a user's donated prompt to
+    the one verifier it is for (overlay/donation.py). :class:`CryptoError`
     for a key that is not a valid Ed25519 point."""
     from nacl import bindings as sodium
     from nacl.exceptions import CryptoError as SodiumCryptoError

@@ -38,6 +38,9 @@ DONATION_CONTEXT = b"gentorrent/donation/v1\x00"
 MAX_DONATION_BYTES = 16 * 1024  # sealed
 MAX_ITEMS = 64  # items of any array in a donation (so at most 64 messages; a challenge takes fewer)
 SIGNATURE_LEN = 64
+# The verifier's CometBFT RPC queries (abci_query) a donor asks: the key to seal to, then the donation
+KEY_PATH = "/audit/donate_key"
+DONATE_PATH = "/audit/donate"
 
 __all__ = [
     "DONATION_CONTEXT", "DONATION_VERSION", "MAX_DONATION_BYTES", "MAX_ITEMS", "SIGNATURE_LEN", "Donation",

@@ -84,13 +84,29 @@ def load_or_create(data_dir: str | os.PathLike[str]) -> Identity:
             )
         return Identity.from_bytes(path.read_bytes())
     ident = Identity.generate()
-    tmp = d / (_KEY_FILE + ".tmp")
+    write_private(path, ident.to_bytes())
+    return ident
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically and privately: a temporary file beside it, mode 0600
+    (set again on the descriptor: a leftover temporary file from a crash keeps its old mode
+    otherwise), every byte written and fsynced, renamed over ``path``, the directory fsynced (made
+    with mode 0700 if missing). Keys, a verifier's state, its audit plan and donation pool."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        os.fchmod(fd, 0o600)  # a leftover tmp file from a crash keeps its old mode otherwise
-        os.write(fd, ident.to_bytes())
+        os.fchmod(fd, 0o600)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
         os.fsync(fd)
     finally:
         os.close(fd)
     os.replace(tmp, path)
-    return ident
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)

@@ -27,8 +27,9 @@ import msgpack
 import trio
 
 from overlay.clock import Clock, TrioClock
-from overlay.committee import REFRESH_S, CommitteeClient, Fetch, ListError, ValidatorKey, load_genesis
+from overlay.committee import REFRESH_S, REPUTATION_SCALE, CommitteeClient, Fetch, ListError, ValidatorKey, load_genesis
 from overlay.identity import Identity
+from overlay.peers import TRUST_LINE
 from overlay.registration import ROLE_MODEL, CommitteeRegistration, Entry, Registrar, RegistrationError, Rpc
 from overlay.registry import Registry, RegistryError, from_config
 from overlay.transport import parse_address
@@ -39,9 +40,6 @@ LIST_WAIT_S = 60.0  # how long a starting node waits for the signed lists that h
 WARMUP_S = 60.0  # for this long after start, lists are refreshed every WARMUP_INTERVAL_S (nodes start together)
 WARMUP_INTERVAL_S = 1.0
 MIN_GAP_S = 1.0  # a poke (an unlisted node seen) refreshes at most this often
-# The committee's reputation scale, trust line and R(0) (verifier/audit/reputation.py: overlay does not import verifier)
-REPUTATION_SCALE = 1_000_000
-TRUST_LINE = 0.4
 
 
 @dataclass(frozen=True)
@@ -141,12 +139,13 @@ class Membership:
     def _apply(self, reg: Registry) -> None:
         mine = reg.by_id.get(self.identity.node_id)
         rep = None if mine is None else mine.reputation
-        if rep is not None and rep < TRUST_LINE * REPUTATION_SCALE and rep != self._warned_rep:
+        if mine is not None and not mine.trusted and rep != self._warned_rep:
             log.warning("this model node is untrusted: the committee's audits put its reputation at %.3f, under "
                         "the trust line %g, so no client sends it requests. The audits go on (untrusted nodes stay "
                         "on the signed list so that they can be audited): check that it serves its model "
                         "unmodified and answers the audits in time, and its reputation climbs back above the line "
-                        "after an epoch or two of honest answers (decision 0013)", rep / REPUTATION_SCALE, TRUST_LINE)
+                        "after an epoch or two of honest answers (decision 0013)", (rep or 0) / REPUTATION_SCALE,
+                        TRUST_LINE / REPUTATION_SCALE)
         self._warned_rep = rep
         if reg.entries == self.registry.entries:
             self.registry.version = reg.version

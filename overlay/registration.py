@@ -84,13 +84,13 @@ class Code(enum.IntEnum):
     UNAVAILABLE = 10  # queries only: no signed list held yet; retry or ask another verifier
     # audit transactions (verifier/audit/tx.py, verifier/audit/chain.py)
     WRONG_EPOCH = 11  # an audit tx for another epoch than the one it must name now
-    TOO_EARLY = 12  # before its window (a report or commit before the leader is known, an attestation before a report)
-    LATE = 13  # after its window (a VRF proof after the proof blocks)
-    NOT_LEADER = 14  # a commit or report not from the epoch's leader
-    DUPLICATE = 15  # a second proof, commit, report, attestation or confirmation from the same key
+    TOO_EARLY = 12  # before its window (a report before the report window)
+    LATE = 13  # after its window (a plan commit after the commit window)
+    NOT_LEADER = 14  # no longer sent (decision 0010's leaders; decision 0013 has none): the number stays taken
+    DUPLICATE = 15  # a second plan commit or report from the same validator in an epoch
     NOT_VALIDATOR = 16  # an audit tx from a key that is not a current validator
     AUDITS_OFF = 17  # an audit tx on a chain whose genesis has no audit section
-    SETTLED = 18  # the epoch is already applied or aborted; nothing more is taken for it
+    SETTLED = 18  # no longer sent (decision 0010's early settlement): the number stays taken
 
 
 class TxError(Exception):

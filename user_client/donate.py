@@ -32,7 +32,6 @@ are logged (info). Donations still waiting for their delay when the process exit
 
 from __future__ import annotations
 
-import base64
 import logging
 import math
 import random
@@ -42,7 +41,7 @@ from typing import Any
 import trio
 
 from overlay import donation
-from overlay.donation import MAX_DONATION_BYTES, DonationError
+from overlay.donation import DONATE_PATH, KEY_PATH, MAX_DONATION_BYTES, DonationError
 from overlay.identity import Identity, short_id
 from overlay.messages import ChatMessage, SamplingParams
 
@@ -52,8 +51,6 @@ MAX_MESSAGES = 8  # an audit challenge's limit (verifier/audit/tx.py MAX_MESSAGE
 MAX_DELAY_S = 60.0
 DEFAULT_RATE = 0.25
 MAX_PENDING = 64  # donations waiting for their delay at once; more are skipped
-KEY_PATH = "/audit/donate_key"
-DONATE_PATH = "/audit/donate"
 PRIVACY = ("the chosen verifier learns your node id, your IP address and the prompt (not the reply, nor which "
            "model node served you)")
 
@@ -110,21 +107,14 @@ def seal(verifier_key: bytes, identity: Identity, model: str, messages: Sequence
 
 
 async def abci_query(rpc: Rpc, address: str, path: str, data: bytes = b"") -> bytes:
-    """``abci_query path [data]`` on ``address``: the value; :class:`DonationError` for a non-zero
-    code (with the verifier's log) or an answer that is not CometBFT's."""
-    params = {"path": f'"{path}"'}
-    if data:
-        params["data"] = "0x" + data.hex()
-    res = await rpc(address, "abci_query", params)
+    """:func:`overlay.committee.fetch_abci_query` through ``rpc``; a refusal or an answer that is
+    not CometBFT's is a :class:`DonationError` (with the verifier's log)."""
+    from overlay.committee import ListError, fetch_abci_query
+
     try:
-        resp = res["response"]
-        code = int(resp.get("code", 0))
-        value = base64.b64decode(resp.get("value") or "", validate=True)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise DonationError(f"{address} answered abci_query {path} oddly ({type(exc).__name__})") from None
-    if code:
-        raise DonationError(f"{address} answered {path} with code {code}: {str(resp.get('log', ''))[:200]}")
-    return value
+        return await fetch_abci_query(address, path, data, rpc=rpc)
+    except ListError as exc:
+        raise DonationError(f"{path}: {exc}") from None
 
 
 class Donor:

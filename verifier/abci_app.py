@@ -13,6 +13,8 @@ import os
 from pathlib import Path
 
 from overlay import crypto
+from overlay.donation import DONATE_PATH, KEY_PATH
+from overlay.identity import write_private
 from verifier.abci.proto.tendermint.abci import types_pb2 as abci
 from verifier.abci.proto.tendermint.types import validator_pb2
 from verifier.app import CommitteeApp, Validator
@@ -21,8 +23,6 @@ from verifier.tx import ROLE_USER, Code
 
 log = logging.getLogger("gentorrent.verifier")
 
-DONATE_KEY_PATH = "/audit/donate_key"
-DONATE_PATH = "/audit/donate"
 APP_NAME = "gentorrent-committee"
 APP_VERSION = 1
 STATE_FILE = "app_state.bin"
@@ -46,20 +46,7 @@ class StateStore:
         return CommitteeApp.restore(self.path.read_bytes())
 
     def save(self, snapshot: bytes) -> None:
-        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.write(fd, snapshot)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-        dfd = os.open(self.dir, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        write_private(self.path, snapshot)
 
 
 class CommitteeAbciApp:
@@ -100,7 +87,7 @@ class CommitteeAbciApp:
         return abci.ResponseInitChain(app_hash=app_hash)
 
     def query(self, req: abci.RequestQuery) -> abci.ResponseQuery:
-        if req.path in (DONATE_KEY_PATH, DONATE_PATH):
+        if req.path in (KEY_PATH, DONATE_PATH):
             code, why, value = self.donation(req.path, req.data)
             return abci.ResponseQuery(code=int(code), log=why, value=value, height=self.core.height)
         result, value = self.core.query(req.path, req.data)
@@ -124,7 +111,7 @@ class CommitteeAbciApp:
             return Code.AUDITS_OFF, "this verifier takes no donated prompts (it does not run --audit)", b""
         if self.core.committed.audit is None:
             return Code.AUDITS_OFF, "this committee's genesis has no audit section", b""
-        if path == DONATE_KEY_PATH:
+        if path == KEY_PATH:
             return Code.OK, "", self.signer.public_bytes
         try:
             d = self.pool.offer(bytes(data), self.signer.private_bytes(), self._user_key)

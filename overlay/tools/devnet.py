@@ -264,14 +264,14 @@ def model_audited(net: LocalNet) -> bool:
     return False
 
 
-AUDITED_WAIT_BLOCKS = 3  # epochs: the verifiers may miss the first epochs' commit windows while they start
+AUDITED_WAIT_EPOCHS = 3  # the verifiers may miss the first epochs' commit windows while they start
 
 
 def wait_audited(net: LocalNet, *, show: bool, timeout: float | None = None) -> None:
     """Wait until the committee's model list marks the model audited (:func:`model_audited`): with
-    ``--audits`` a chat may use it only then. ``timeout`` (default: :data:`AUDITED_WAIT_BLOCKS`
+    ``--audits`` a chat may use it only then. ``timeout`` (default: :data:`AUDITED_WAIT_EPOCHS`
     epochs at a second a block) on ``net.clock``; :class:`LocalNetError` after it."""
-    timeout = AUDITED_WAIT_BLOCKS * net.epoch_blocks * 1.0 if timeout is None else timeout
+    timeout = AUDITED_WAIT_EPOCHS * net.epoch_blocks * 1.0 if timeout is None else timeout
     what = "waiting for the verifiers to audit the model (their first plan commits, at an epoch's start)"
     deadline = net.clock.monotonic() + timeout
     with progress(1, what, show) as update:

@@ -189,40 +189,43 @@ def test_a_turn_records_the_messages_it_sent():
     assert t.sent == client.sent[-1][1] == (ChatMessage("system", "sys"), ChatMessage("user", "hello"))
 
 
-def _chat(tmp_path, monkeypatch, capsys, *extra: str, env: dict[str, str] | None = None) -> tuple[int, str]:
-    """``gentorrent user chat`` on a directory whose only model node serves an unaudited model, as a
-    committee's signed list marks it (trusted, audited False)."""
-    from overlay import membership
+def _chat(tmp_path, capsys, *extra: str) -> tuple[int, str]:
+    """``gentorrent user chat`` on a peers file whose only model node serves ``m`` (no committee)."""
+    from overlay import peers
     from overlay.cli import main
+    from overlay.identity import Identity
     from overlay.peers import PeerEntry
-    from overlay.registry import Registry
 
-    entry = PeerEntry(b"\x01" * 20, "127.0.0.1:9", b"e" * 32, b"x" * 32, role="model", models=("m",),
-                      reputation=600_000, audited=False)
-    monkeypatch.setattr(membership, "directory", lambda cfg: (Registry(1, [entry]), None, "a test directory"))
-    for k, v in (env or {}).items():
-        monkeypatch.setenv(k, v)
-    code = main(["user", "chat", "--data-dir", str(tmp_path), "--model", "m", "--prompt", "hi", "--paths-timeout",
-                 "0.01", "--log-level", "error", *extra])
+    peers.save(tmp_path / "peers.json", [PeerEntry.of(Identity.generate(), "127.0.0.1:9", role="model",
+                                                      models=("m",))])
+    code = main(["user", "chat", "--data-dir", str(tmp_path), "--peers", str(tmp_path / "peers.json"), "--model",
+                 "m", "--prompt", "hi", "--paths-timeout", "0.01", "--log-level", "error", *extra])
     return code, capsys.readouterr().err
 
 
-def test_chat_refuses_an_unaudited_model_naming_the_flag(tmp_path, monkeypatch, capsys):
-    code, err = _chat(tmp_path, monkeypatch, capsys)
-    assert code == chat.EXIT_UNAUDITED == 7
-    assert ("gentorrent: error: model m is not audited by the committee's verifiers (no verifier with enough voting "
-            "power holds it); pass --allow-unaudited to use it anyway") in err
-    # With the opt-in (flag or environment) the chat goes on: here to building paths, which fail (no relays).
-    assert _chat(tmp_path, monkeypatch, capsys, "--allow-unaudited")[0] == chat.EXIT_PATHS
-    assert _chat(tmp_path, monkeypatch, capsys, env={"GENTORRENT_ALLOW_UNAUDITED": "1"})[0] == chat.EXIT_PATHS
-    assert _chat(tmp_path, monkeypatch, capsys, "--no-allow-unaudited",
-                 env={"GENTORRENT_ALLOW_UNAUDITED": "yes"})[0] == chat.EXIT_UNAUDITED
+def test_chat_refuses_an_unaudited_model_naming_the_flag() -> None:
+    """A committee's list marks the model unaudited (trusted node, audited False): the chat's check
+    refuses it naming the flag, exits 7, and lets it through with the opt-in. A node no committee
+    vouches for (audited None: peer and registry files) is allowed."""
+    from overlay.anon import ModelUnaudited
+    from overlay.peers import PeerEntry
+
+    def node(audited: bool | None) -> PeerEntry:
+        return PeerEntry(b"\x01" * 20, "127.0.0.1:9", b"e" * 32, b"x" * 32, role="model", models=("m",),
+                         reputation=None if audited is None else 600_000, audited=audited)
+
+    problem = chat.model_problem([node(False)], "m", allow_unaudited=False)
+    assert isinstance(problem, ModelUnaudited) and chat.exit_status(problem) == chat.EXIT_UNAUDITED == 7
+    assert str(problem) == ("model m is not audited by the committee's verifiers (no verifier with enough voting "
+                            "power holds it); pass --allow-unaudited to use it anyway")
+    assert chat.model_problem([node(False)], "m", allow_unaudited=True) is None
+    assert chat.model_problem([node(None)], "m", allow_unaudited=False) is None
 
 
-def test_chat_checks_top_p_and_the_donation_settings(tmp_path, monkeypatch, capsys):
-    code, err = _chat(tmp_path, monkeypatch, capsys, "--top-p", "0")
+def test_chat_checks_top_p_and_the_donation_settings(tmp_path, capsys):
+    code, err = _chat(tmp_path, capsys, "--top-p", "0")
     assert code == 2 and "--top-p must be within (0, 1]" in err
-    code, err = _chat(tmp_path, monkeypatch, capsys, "--donate-rate", "1.5")
+    code, err = _chat(tmp_path, capsys, "--donate-rate", "1.5")
     assert code == 2 and "--donate-rate must be within 0..1" in err
-    code, err = _chat(tmp_path, monkeypatch, capsys, "--donate-prompts")
+    code, err = _chat(tmp_path, capsys, "--donate-prompts")
     assert code == 2 and "--donate-prompts" in err and "needs --committee" in err

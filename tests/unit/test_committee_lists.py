@@ -263,14 +263,15 @@ def test_the_core_records_certificates_and_serves_lists_that_verify() -> None:
     assert not [b for b in _height(a, c, []) if b.startswith(quorum.CERT_TAG)]
 
 
-def test_the_model_list_holds_every_model_node_with_its_reputation_and_audited_flag(monkeypatch) -> None:
+def test_the_model_list_holds_every_model_node_with_its_reputation_and_audited_flag() -> None:
     """verifier/app.py ListsAt.of (lists format 3): untrusted model nodes stay on the list (audits
     must reach them), each record with its reputation and whether its model is audited
     (verifier.audit.chain.audited_models: empty when audits are off)."""
-    from types import SimpleNamespace
+    from dataclasses import replace
 
     from verifier import app as core
-    from verifier.audit.reputation import R0, TRUST_LINE
+    from verifier.audit import chain as audits
+    from verifier.audit.reputation import R0, TRUST_LINE, NodeReputation, ReputationTable
 
     c = Committee()
     a = _committee_app(c)
@@ -289,19 +290,17 @@ def test_the_model_list_holds_every_model_node_with_its_reputation_and_audited_f
     off = entries(a.committed)
     assert set(off) == {good.node_id, low.node_id, other.node_id}
     assert all(e.reputation == R0 and e.audited is False for e in off.values())  # type: ignore[attr-defined]
-    # Audits on: one node under the trust line, one model audited.
+    # Audits on: one node under the trust line; "smollm2-135m" declared by 3 of 4 validators of equal
+    # power (audited), "other-model" by 2 (not).
     st = a.committed.copy()
-    st.audit = SimpleNamespace(reputation=SimpleNamespace(nodes={  # type: ignore[assignment]
-        good.node_id: SimpleNamespace(value=900_000), low.node_id: SimpleNamespace(value=TRUST_LINE - 1)}))
-    seen: list[object] = []
-
-    def audited_models(audit: object, validators: object) -> frozenset[str]:
-        seen.append((audit, validators))
-        return frozenset({"smollm2-135m"})
-
-    monkeypatch.setattr(core.audits, "audited_models", audited_models)
+    pks = [pk for pk, _ in st.validator_powers()]
+    st.audit = replace(audits.initial(audits.AuditParams(), CHAIN),
+                       declared=tuple(sorted((pk, ("other-model", "smollm2-135m") if i < 2 else ("smollm2-135m",))
+                                             for i, pk in enumerate(pks[:3]))),
+                       reputation=ReputationTable(nodes={good.node_id: NodeReputation(900_000),
+                                                         low.node_id: NodeReputation(TRUST_LINE - 1)}))
+    assert audits.audited_models(st.audit, st.validator_powers()) == {"smollm2-135m"}
     on = entries(st)
-    assert seen == [(st.audit, st.validator_powers())]
     assert set(on) == {good.node_id, low.node_id, other.node_id}  # the untrusted node is still listed
     got = {n: (e.reputation, e.audited) for n, e in on.items()}  # type: ignore[attr-defined]
     assert got == {good.node_id: (900_000, True), low.node_id: (TRUST_LINE - 1, True), other.node_id: (R0, False)}
@@ -598,8 +597,10 @@ def test_an_unchanged_list_reuses_the_held_entries_and_still_checks_everything_e
 
 
 def test_the_clients_trust_line_is_the_committees() -> None:
-    """overlay imports no verifier: overlay.peers.TRUST_LINE restates verifier/audit/reputation.py's."""
+    """overlay imports no verifier: overlay.peers.TRUST_LINE and overlay.committee.REPUTATION_SCALE
+    restate verifier/audit/reputation.py's."""
+    from overlay.committee import REPUTATION_SCALE
     from overlay.peers import TRUST_LINE
     from verifier.audit import reputation
 
-    assert TRUST_LINE == reputation.TRUST_LINE
+    assert (TRUST_LINE, REPUTATION_SCALE) == (reputation.TRUST_LINE, reputation.SCALE)

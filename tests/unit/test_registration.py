@@ -13,7 +13,7 @@ import trio.testing
 
 from overlay import crypto, onion
 from overlay.identity import Identity
-from overlay.membership import REPUTATION_SCALE, TRUST_LINE, Membership, committee_settings, node_entry
+from overlay.membership import Membership, committee_settings, node_entry
 from overlay.messages import Create, Destroy
 from overlay.registration import (
     OP_LEAVE,
@@ -266,7 +266,6 @@ def test_an_untrusted_model_node_stays_listed_starts_and_is_told_why_no_client_u
     from verifier.app import CommitteeApp, Validator
     from verifier.audit import reputation
 
-    assert (TRUST_LINE, REPUTATION_SCALE) == (reputation.TRUST_LINE / reputation.SCALE, reputation.SCALE)
     c = InProcessCommittee()
     c.app = CommitteeApp()  # the same validators, with audits on
     c.app.init_chain(CHAIN, [Validator("ed25519", k.public_bytes, 10) for k in c.keys],

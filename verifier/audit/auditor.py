@@ -83,7 +83,7 @@ PLAN_FILE = "audit-plan.msgpack"
 POOL_SAVE_S = 30.0  # the donation pool is written at most this often (a used prompt lost in a crash is void anyway)
 GENERATOR_WARNING = ("challenges from the built-in generator are recognisable by a cheating node "
                      "(docs/threat-model.md); ask users to --donate-prompts")
-_PLAN_VERSION = 1
+_PLAN_VERSION = 2  # 2: outcomes as their transaction bytes, no in-flight flag
 _ENTRY_RE = re.compile(r"\bentry (\d+):")
 
 
@@ -284,15 +284,6 @@ def grace_height(report_from: int, end_height: int) -> int:
     before the epoch's end (a devnet on 2 cores had 256-token replies arriving 10 blocks into the
     report window), so that the report still lands in the window."""
     return max(report_from, end_height - REPORT_MARGIN_BLOCKS)
-
-
-def _outcome_from_wire(w: Any) -> ReplyOutcome | FailOutcome:
-    from verifier.audit.tx import FailOutcome, ReplyOutcome
-
-    if w[0] == 1:
-        return FailOutcome(str(w[1]), int(w[2]))
-    return ReplyOutcome(bytes(w[1]), tuple((str(t), tuple(int(i) for i in ids)) for t, ids in w[2]), bytes(w[3]),
-                        int(w[4]), int(w[5]), int(w[6]))
 
 
 # --------------------------------------------------------------------------- the planner
@@ -544,14 +535,14 @@ class Auditor:
             return pack([_PLAN_VERSION, self.chain_id, self.public_key, None])
         return pack([_PLAN_VERSION, self.chain_id, self.public_key,
                      [p.epoch, list(p.models), p.salt, p.commit_until, p.report_from, p.end_height, p.fixes,
-                      [[e.node_id, e.opening.to_wire(), e.send_at, e.tries, e.sending,
-                        None if e.outcome is None else e.outcome.to_wire(), e.last] for e in p.entries]]])
+                      [[e.node_id, e.opening.to_wire(), e.send_at, e.tries,
+                        None if e.outcome is None else pack(e.outcome.to_wire()), e.last] for e in p.entries]]])
 
     def restore(self, raw: bytes) -> bool:
         """Take back a :meth:`snapshot` of this verifier on this chain (True); a challenge that was
         out when it was taken is sent again when its turn comes (its try counted). False (nothing
         changes) for another key's or chain's, or bytes that are not one."""
-        from verifier.audit.tx import Opening
+        from verifier.audit.tx import Opening, decode_outcome
         from verifier.tx import TxError
 
         try:
@@ -563,8 +554,8 @@ class Auditor:
             epoch, models, salt, commit_until, report_from, end_height, fixes, entries = body
             plan = Plan(int(epoch), tuple(str(m) for m in models), bytes(salt), [
                 Planned(bytes(n), Opening.from_wire(o), int(at), int(tries), False,
-                        None if out is None else _outcome_from_wire(out), str(last))
-                for n, o, at, tries, _sending, out, last in entries],
+                        None if out is None else decode_outcome(bytes(out)), str(last))
+                for n, o, at, tries, out, last in entries],
                 int(commit_until), int(report_from), int(end_height), int(fixes))
         except (ValueError, TypeError, KeyError, IndexError, TxError, RecursionError, msgpack.UnpackException) as exc:
             log.warning("audit: the saved plan does not decode (%s: %s); ignored", type(exc).__name__, exc)
@@ -673,7 +664,8 @@ class AuditDriver:
         """Write the plan (if it changed) and the donation pool (if it changed, at most every
         :data:`POOL_SAVE_S`: it may be large) to :attr:`data_dir`. A write that fails is logged;
         the plan stays in memory."""
-        from verifier.audit.pool import save_pool, write_private
+        from overlay.identity import write_private
+        from verifier.audit.pool import save_pool
 
         if self.data_dir is None:
             return

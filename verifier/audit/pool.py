@@ -43,6 +43,7 @@ import msgpack
 from overlay import donation
 from overlay.donation import MAX_DONATION_BYTES as MAX_DONATION_BYTES
 from overlay.donation import Donation as Donation
+from overlay.identity import write_private
 from overlay.messages import ChatMessage, SamplingParams
 from verifier.tx import Code, pack
 
@@ -267,22 +268,6 @@ def load_pool(data_dir: str | os.PathLike[str]) -> DonationPool:
         except OSError:
             pass
         return DonationPool()
-
-
-def write_private(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (temp file, fsync, rename), mode 0600."""
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
 
 
 def save_pool(pool: DonationPool, data_dir: str | os.PathLike[str]) -> None:

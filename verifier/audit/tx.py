@@ -494,6 +494,12 @@ def _read_outcome(r: codec.ShapeReader, i: int) -> ReplyOutcome | FailOutcome:
     )
 
 
+def decode_outcome(raw: bytes) -> ReplyOutcome | FailOutcome:
+    """An outcome from its canonical msgpack (``pack(outcome.to_wire())``), read as a report's
+    entry is: :class:`TxError` on anything off (an auditor's saved plan uses it)."""
+    return _read(raw, MAX_REPORT_BYTES, "the outcome is not strict msgpack", lambda r: _read_outcome(r, 0))
+
+
 def _read_entry(r: codec.ShapeReader, i: int) -> ReportEntry:
     _shaped(r, 3, f"report entry {i} is [node_id, opening, outcome]")
     return ReportEntry(_bytes(r.value(), NODE_ID_LEN, f"entry {i}'s node id"), Opening.from_wire(_read_opening(r)),

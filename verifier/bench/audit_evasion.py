@@ -58,6 +58,7 @@ from typing import Any
 import numpy as np
 
 from overlay.messages import ChatMessage, SamplingParams
+from verifier.audit import chain
 
 REPO = Path(__file__).resolve().parents[2]
 USER_PROMPTS = REPO.parent / "shared" / "data" / "user-prompts.jsonl"
@@ -141,7 +142,7 @@ class Timing:
 
     @property
     def report_blocks(self) -> int:
-        return max(3, self.epoch_blocks // 6)
+        return chain.AuditParams(epoch_blocks=self.epoch_blocks).report_blocks()  # the chain's own rule
 
     @property
     def send_first(self) -> int:  # offsets within the epoch, 0-based (offset o is height e*E + o + 1)
@@ -710,7 +711,6 @@ class ChainRun:
                  epoch_blocks: int, k: int) -> None:
         from overlay import crypto
         from overlay.identity import node_id_of
-        from verifier.audit import chain
 
         self.seed, self.scores, self.default_view, self.k = seed, scores, default_view, k
         self.params = chain.AuditParams(epoch_blocks=epoch_blocks, challenges_per_node=k)
@@ -815,7 +815,6 @@ class ChainRun:
             node.silent = (start + a, start + b) if e == epoch else (0, -1)
 
     def run(self, epochs: int) -> RunResult:
-        from verifier.audit import chain
         from verifier.audit import tx as at
 
         res = RunResult({n.spec.name: [] for n in self.nodes}, {n.spec.name: 0 for n in self.nodes}, [])
@@ -1029,7 +1028,6 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
     import time
 
     from overlay.bench.stats import cpu_model
-    from verifier.audit import chain
     from verifier.audit import tx as at
     from verifier.audit.reputation import TRUST_LINE
 
