@@ -9,7 +9,9 @@ A node's directory (the users it may relay with, the model nodes it may reach) c
 - an **unsigned peers file** (``--peers``), for local testing only, static.
 
 :class:`Membership` is the thin driver of the first: register, wait for the signed lists that hold
-this node, then refresh them every few seconds and hand each update to ``on_update``. The node's
+this node, then refresh them every few seconds (each time from more than one verifier, by delta;
+lists older than :data:`overlay.committee.MAX_LIST_AGE_S` are refused, and a warning says when no
+fresh list can be had) and hand each update to ``on_update``. The node's
 :class:`~overlay.registry.Registry` object is updated in place (:meth:`Registry.replace`), so every
 part holding it (relay checks, path selection, the model list) sees new nodes and loses removed ones
 without a restart.
@@ -96,9 +98,15 @@ def node_entry(identity: Identity, address: str, region: str, *, model: str = ""
     if host in ("0.0.0.0", "::", ""):
         raise RegistrationError(f"listening on {address}, which other nodes cannot dial: pass --listen with the "
                                 "address others reach this node at")
-    from overlay.registration import ROLE_USER
+    from overlay.registration import ROLE_USER, TxError, check_entry
 
-    return Entry(ROLE_MODEL if model else ROLE_USER, identity.x25519.public_bytes, address, region, model, capacity)
+    entry = Entry(ROLE_MODEL if model else ROLE_USER, identity.x25519.public_bytes, address, region, model, capacity)
+    try:
+        check_entry(entry)
+    except TxError as exc:
+        raise RegistrationError(f"this node cannot register {address!r}: {exc.reason} (pass --advertise IP:PORT, "
+                                "the address others reach this node at)", exc.code) from None
+    return entry
 
 
 class Membership:
@@ -166,10 +174,24 @@ class Membership:
             try:
                 reg = await self.client.refresh()
             except ListError as exc:
-                log.warning("committee lists not refreshed (keeping those held): %s", exc)
+                self._stale(exc)
+                self._apply(self.client.registry())  # the held lists, less the records expired since
                 continue
             self.refreshes += 1
             self._apply(reg)
+
+    def _stale(self, exc: ListError) -> None:
+        """Say that no fresh list could be had, and how old the held one is."""
+        age = self.client.list_age()
+        if age is not None and age > self.client.max_age:
+            log.warning("NO FRESH COMMITTEE LIST: the lists this node holds were signed %.0f s ago (height %d), more "
+                        "than the %g s bound, and no verifier served a newer one that verifies. This node keeps "
+                        "using them (less the records that expired) but may miss nodes that joined or left: check "
+                        "that the committee is running and that this machine's clock is right. %s", age,
+                        self.client.height, self.client.max_age, exc)
+        else:
+            log.warning("committee lists not refreshed (keeping those held%s): %s",
+                        "" if age is None else f", signed {age:.0f} s ago", exc)
 
     async def _first_lists(self, height: int, entry: Entry) -> None:
         deadline = self.clock.monotonic() + self.list_wait

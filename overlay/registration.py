@@ -10,11 +10,17 @@ Transactions (DESIGN.md "Verifier committee"):
 A transaction is one msgpack array of exactly two binaries, ``[body, signature]``:
 
 - ``body`` is the canonical msgpack encoding of
-  ``[TX_VERSION, op, seq, ed25519_public, entry]`` where ``op`` is :data:`OP_REGISTER`,
+  ``[TX_VERSION, op, seq, ed25519_public, entry, work]`` where ``op`` is :data:`OP_REGISTER`,
   :data:`OP_UPDATE` or :data:`OP_LEAVE`; ``seq`` a per-node sequence number (1 ≤ seq < 2**63) that
-  must grow with every transaction the node sends, so none can be replayed; ``entry`` is
+  must grow with every transaction the node sends, so none can be replayed (nodes use their unix
+  time in milliseconds when that is larger than the last seq plus one, so a key whose seq the
+  committee has pruned, decision 0014, still never reuses one); ``entry`` is
   ``[role, x25519_public, address, region, model_id, capacity]`` for register/update and ``nil``
-  for leave. ``role`` is :data:`ROLE_USER` or :data:`ROLE_MODEL`; user nodes have ``model_id ""``
+  for leave; ``work`` (bin, at most :data:`overlay.work.NONCE_LEN` bytes) is a register's
+  proof-of-work nonce (:mod:`overlay.work`), empty in updates and leaves.
+- ``address`` is canonical: an IPv4 literal as Python's :mod:`ipaddress` writes it, or an IPv6
+  literal in brackets in its compressed form (never an IPv4-mapped one), and a port 1–65535 without
+  leading zeros. DNS names are refused: one host cannot count as several addresses. ``role`` is :data:`ROLE_USER` or :data:`ROLE_MODEL`; user nodes have ``model_id ""``
   and ``capacity 0``, model nodes a model id and a capacity score 1–10 (paper §3.1).
 - ``signature`` is the node's Ed25519 signature over
   ``TX_CONTEXT || len(chain_id) (u8) || chain_id || body``; the chain id binds a transaction to
@@ -39,14 +45,15 @@ from typing import Any
 import msgpack
 import trio
 
-from overlay import crypto
+from overlay import crypto, work
 from overlay.clock import Clock, TrioClock
 from overlay.committee import ListError, rpc_call
 from overlay.identity import node_id_of
+from overlay.work import NONCE_LEN
 
 log = logging.getLogger("gentorrent.registration")
 
-TX_VERSION = 1
+TX_VERSION = 2  # 2: canonical IP-literal addresses and a register's proof of work
 TX_CONTEXT = b"gentorrent/committee-tx/v1\x00"
 MAX_TX_BYTES = 1024
 MAX_ADDRESS = 255
@@ -65,7 +72,6 @@ ROLE_NAMES = {ROLE_USER: "user", ROLE_MODEL: "model"}
 
 _REGION = re.compile(r"[a-z0-9][a-z0-9-]*")
 _MODEL_ID = re.compile(r"[\x21-\x7e]+")  # printable ASCII, no spaces
-_HOST = re.compile(r"[A-Za-z0-9.-]+")
 
 
 class Code(enum.IntEnum):
@@ -91,6 +97,11 @@ class Code(enum.IntEnum):
     NOT_VALIDATOR = 16  # an audit tx from a key that is not a current validator
     AUDITS_OFF = 17  # an audit tx on a chain whose genesis has no audit section
     SETTLED = 18  # no longer sent (decision 0010's early settlement): the number stays taken
+    # admission (verifier/admission.py, decision 0014)
+    LOW_WORK = 19  # a register whose proof of work is below what the committee requires now
+    ADDRESS_NOT_ALLOWED = 20  # a loopback, private, link-local or reserved address on a public network
+    ADDRESS_CAP = 21  # the address's IP or network prefix already holds as many nodes as allowed
+    PENDING_FULL = 22  # too many registrations await their address probe; retry later
 
 
 class TxError(Exception):
@@ -125,24 +136,41 @@ class Tx:
     seq: int
     ed25519_public: bytes
     entry: Entry | None  # None for leave
+    work: bytes = b""  # a register's proof-of-work nonce (overlay/work.py)
 
     @property
     def node_id(self) -> bytes:
         return node_id_of(self.ed25519_public)
 
 
+def canonical_ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """``host`` as an IP address if it is one written canonically (IPv6 without brackets), else None."""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    return ip if str(ip) == host else None
+
+
 def check_address(address: str) -> None:
-    """``host:port`` with a DNS name or IP literal (IPv6 in brackets) and a port 1–65535."""
+    """A canonical ``IP:port``: an IPv4 literal or a bracketed, compressed IPv6 literal (not
+    IPv4-mapped), and a port 1–65535 without leading zeros. DNS names are refused."""
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit() or not 1 <= int(port) <= 65535 or port != str(int(port)):
-        raise TxError(Code.INVALID_FIELD, f"address {address!r} is not host:port with a port 1-65535")
-    if host.startswith("[") and host.endswith("]"):
-        try:
-            ipaddress.IPv6Address(host[1:-1])
-        except ValueError:
-            raise TxError(Code.INVALID_FIELD, f"address {address!r}: bad IPv6 literal") from None
-    elif not host or not _HOST.fullmatch(host) or host.startswith(("-", ".")):
-        raise TxError(Code.INVALID_FIELD, f"address {address!r}: host must be a DNS name or IP literal")
+        raise TxError(Code.INVALID_FIELD, f"address {address!r} is not IP:port with a port 1-65535")
+    bracketed = host.startswith("[") and host.endswith("]")
+    inner = host[1:-1] if bracketed else host
+    try:
+        mapped = ipaddress.IPv6Address(inner).ipv4_mapped if bracketed else None
+    except ValueError:
+        mapped = None
+    if mapped is not None:
+        raise TxError(Code.INVALID_FIELD, f"address {address!r} is IPv4-mapped: register the IPv4 form {mapped}:{port}")
+    ip = canonical_ip(inner)
+    if ip is None or bracketed != (ip.version == 6):
+        raise TxError(Code.INVALID_FIELD,
+                      f"address {address!r}: the host must be an IP literal written canonically (IPv4 as "
+                      f"198.51.100.7, IPv6 in brackets and compressed, as [2001:db8::7]); DNS names are not taken")
 
 
 def check_entry(entry: Entry) -> None:
@@ -186,21 +214,25 @@ def pack(obj: object) -> bytes:
     return out
 
 
-def _body(op: int, seq: int, ed25519_public: bytes, entry: Entry | None) -> bytes:
-    return pack([TX_VERSION, op, seq, ed25519_public, None if entry is None else entry.to_wire()])
+def _body(op: int, seq: int, ed25519_public: bytes, entry: Entry | None, work: bytes) -> bytes:
+    return pack([TX_VERSION, op, seq, ed25519_public, None if entry is None else entry.to_wire(), work])
 
 
-def make_tx(signing: crypto.SigningKey, chain_id: str, op: int, seq: int, entry: Entry | None = None) -> bytes:
-    """Encode and sign a transaction (the client side). Raises :class:`TxError` for a bad entry."""
+def make_tx(signing: crypto.SigningKey, chain_id: str, op: int, seq: int, entry: Entry | None = None, *,
+            work: bytes = b"") -> bytes:
+    """Encode and sign a transaction (the client side); ``work``: a register's proof-of-work nonce
+    (:func:`overlay.work.solve`). Raises :class:`TxError` for a bad entry."""
     if op not in OP_NAMES:
         raise ValueError(f"unknown op {op}")
     if (entry is None) != (op == OP_LEAVE):
         raise ValueError("register and update carry an entry; leave carries none")
+    if len(work) > NONCE_LEN or (work and op != OP_REGISTER):
+        raise ValueError(f"work is a register's nonce of at most {NONCE_LEN} bytes")
     if entry is not None:
         check_entry(entry)
     if not 1 <= seq <= MAX_SEQ:
         raise ValueError(f"seq must be 1..{MAX_SEQ}")
-    body = _body(op, seq, signing.public_bytes, entry)
+    body = _body(op, seq, signing.public_bytes, entry, work)
     return pack([body, signing.sign(signing_bytes(chain_id, body))])
 
 
@@ -243,8 +275,11 @@ def decode_tx(raw: bytes, chain_id: str) -> Tx:
     if len(sig) != crypto.ED25519_SIG_LEN:
         raise TxError(Code.BAD_SIGNATURE, f"signature of {len(sig)} bytes, expected {crypto.ED25519_SIG_LEN}")
     fields = _strict(body, 6, "body is not msgpack")
-    if type(fields) is not list or len(fields) != 5:
-        raise TxError(Code.MALFORMED, "body is not [version, op, seq, ed25519, entry]")
+    version = fields[0] if type(fields) is list and fields else None
+    if type(version) is int and version != TX_VERSION:
+        raise TxError(Code.UNSUPPORTED_VERSION, f"transaction version {version}; this verifier speaks {TX_VERSION}")
+    if type(fields) is not list or len(fields) != 6:
+        raise TxError(Code.MALFORMED, "body is not [version, op, seq, ed25519, entry, work]")
     version = _typed(fields[0], int, "version")
     if version != TX_VERSION:
         raise TxError(Code.UNSUPPORTED_VERSION, f"transaction version {version}; this verifier speaks {TX_VERSION}")
@@ -271,14 +306,17 @@ def decode_tx(raw: bytes, chain_id: str) -> Tx:
             model_id=_typed(e[4], str, "model id"), capacity=_typed(e[5], int, "capacity"),
         )
         check_entry(entry)
-    if _body(op, seq, pub, entry) != body:
+    work = _typed(fields[5], bytes, "work")
+    if len(work) > NONCE_LEN or (work and op != OP_REGISTER):
+        raise TxError(Code.MALFORMED, f"work is a register's nonce of at most {NONCE_LEN} bytes")
+    if _body(op, seq, pub, entry, work) != body:
         raise TxError(Code.MALFORMED, "body is not in canonical msgpack form")
     try:
         crypto.ed25519_verify(pub, sig, signing_bytes(chain_id, body))
     except crypto.CryptoError:
         raise TxError(Code.BAD_SIGNATURE,
                       "the signature does not verify with the transaction's key for this chain") from None
-    return Tx(op=op, seq=seq, ed25519_public=pub, entry=entry)
+    return Tx(op=op, seq=seq, ed25519_public=pub, entry=entry, work=work)
 
 
 # =========================================================================== the node's side
@@ -321,6 +359,8 @@ class Registrar:
     retry: float = RETRY_S
     seq: int = 0  # the last seq this node knows committed
     listed: bool = False
+    floor: int = 0  # the next seq is at least this (the driver sets its unix time in ms: decision 0014)
+    work: bytes = b""  # the proof-of-work nonce a register carries (overlay/work.py)
     due_at: float | None = None  # when the next refresh is due (None: before the first commit)
     _pending: int = 0
 
@@ -332,18 +372,22 @@ class Registrar:
     def node_id(self) -> bytes:
         return node_id_of(self.signing.public_bytes)
 
-    def begin(self, last_seq: int, listed: bool) -> None:
-        """What the committee holds for this node: its last committed seq and whether it is listed."""
+    def begin(self, last_seq: int, listed: bool, floor: int = 0) -> None:
+        """What the committee holds for this node: its last committed seq and whether it is listed;
+        ``floor``: the least seq to send next (a committee prunes the seqs of keys that left long
+        ago, so a key counts on from its clock, never reusing a seq an old transaction holds)."""
         if not 0 <= last_seq <= MAX_SEQ:
             raise RegistrationError(f"the committee reports seq {last_seq} for this node, outside 0..{MAX_SEQ}")
         self.seq = max(self.seq, last_seq)
         self.listed = listed
+        self.floor = min(floor, MAX_SEQ)
 
     def next_tx(self) -> bytes:
         """The signed register (or refreshing update) to send now, with the next seq."""
-        self._pending = self.seq + 1
-        return make_tx(self.signing, self.chain_id, OP_UPDATE if self.listed else OP_REGISTER,
-                       self._pending, self.entry)
+        self._pending = min(MAX_SEQ, max(self.seq + 1, self.floor))
+        if self.listed:
+            return make_tx(self.signing, self.chain_id, OP_UPDATE, self._pending, self.entry)
+        return make_tx(self.signing, self.chain_id, OP_REGISTER, self._pending, self.entry, work=self.work)
 
     def committed(self, now: float) -> None:
         """The transaction from :meth:`next_tx` committed: listed until ``now + ENTRY_TTL_S``."""
@@ -357,7 +401,7 @@ class Registrar:
 
     def leave_tx(self) -> bytes:
         """The signed leave (next seq); the node is no longer listed once it commits."""
-        self._pending = self.seq + 1
+        self._pending = min(MAX_SEQ, max(self.seq + 1, self.floor))
         return make_tx(self.signing, self.chain_id, OP_LEAVE, self._pending)
 
     def left(self) -> None:
@@ -379,7 +423,8 @@ class CommitteeRegistration:
     """
 
     def __init__(self, addresses: Sequence[str], registrar: Registrar, *, rpc: Rpc | None = None,
-                 clock: Clock | None = None, timeout: float = 30.0, start_wait: float = START_WAIT_S) -> None:
+                 clock: Clock | None = None, timeout: float = 30.0, start_wait: float = START_WAIT_S,
+                 unix_ms: Callable[[], int] | None = None) -> None:
         if not addresses:
             raise ValueError("name at least one verifier RPC address (--committee HOST:PORT,...)")
         self.addresses = list(addresses)
@@ -389,6 +434,9 @@ class CommitteeRegistration:
         self.timeout = timeout
         self.start_wait = start_wait  # at start, wait this long for a verifier to answer at all
         self.height = 0  # the block the last registration/refresh committed in
+        self.work_trials = 0  # scrypt trials spent on proofs of work
+        # the least next seq: this node's unix time in ms (injectable for tests)
+        self.floor: Callable[[], int] = unix_ms or (lambda: int(self.clock.unix() * 1000))
 
     async def _call(self, method: str, params: dict[str, str]) -> Any:
         errors = []
@@ -465,19 +513,59 @@ class CommitteeRegistration:
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise RegistrationError(f"a verifier answered broadcast_tx_commit oddly ({exc!r})") from None
 
+    async def admission(self) -> tuple[int, int]:
+        """``(work bits a new key needs now, scrypt n_log2)`` from the committee's ``/admission``."""
+        code, value, log_ = await self._query("/admission", b"")
+        if code:
+            raise RegistrationError(f"the committee answered /admission with code {code}: {log_[:200]}")
+        try:
+            doc = msgpack.unpackb(value, raw=False, strict_map_key=True, max_map_len=64, max_array_len=64)
+            bits, n_log2 = doc["work_bits"], doc["params"]["work_n_log2"]
+        except (*DECODE_ERRORS, KeyError) as exc:
+            raise RegistrationError(f"the committee's /admission answer does not decode ({type(exc).__name__})") \
+                from None
+        if type(bits) is not int or type(n_log2) is not int or not 0 <= bits <= work.MAX_BITS \
+                or not work.MIN_N_LOG2 <= n_log2 <= work.MAX_N_LOG2:
+            raise RegistrationError(f"the committee's /admission answer is out of range ({bits}, {n_log2})")
+        return bits, n_log2
+
+    async def solve_work(self) -> None:
+        """Pay the registration's proof of work (decision 0014), in a worker thread, unless the nonce
+        held already proves what the committee requires now."""
+        bits, n_log2 = await self.admission()
+        reg = self.registrar
+        pub = reg.signing.public_bytes
+        if bits == 0 or (reg.work and work.bits_of(reg.chain_id, pub, reg.work, n_log2) >= bits):
+            return
+        log.info("paying the registration's proof of work: %d bits (about %d scrypt trials of 2^%d)", bits,
+                 1 << bits, n_log2)
+        stop = False
+        try:
+            got = await trio.to_thread.run_sync(
+                lambda: work.solve(reg.chain_id, pub, bits, n_log2, cancelled=lambda: stop), abandon_on_cancel=True)
+        finally:
+            stop = True
+        assert got is not None
+        reg.work = got[0]
+        self.work_trials += got[1]
+
     async def register(self) -> int:
         """Register (or, still listed after a restart, update) this node; the block it committed in.
 
-        A REPLAYED, CONFLICT or UNKNOWN_NODE answer means the committee's view moved under us
-        (another process with this key, an expiry): the state is read again and the send retried once.
+        A key the committee does not know (seq 0) pays the proof of work first. A REPLAYED,
+        CONFLICT, UNKNOWN_NODE or LOW_WORK answer means the committee's view moved under us
+        (another process with this key, an expiry, a rise in the work required): the state is read
+        again and the send retried once.
         """
         for attempt in (0, 1):
             seq, listed = await self.read_state()
-            self.registrar.begin(seq, listed)
+            self.registrar.begin(seq, listed, self.floor())
+            if not listed and seq == 0:
+                await self.solve_work()
             try:
                 self.height = await self.submit(self.registrar.next_tx())
             except RegistrationError as exc:
-                if attempt == 0 and exc.code in (Code.REPLAYED, Code.CONFLICT, Code.UNKNOWN_NODE):
+                if attempt == 0 and exc.code in (Code.REPLAYED, Code.CONFLICT, Code.UNKNOWN_NODE, Code.LOW_WORK):
                     continue
                 raise
             self.registrar.committed(self.clock.monotonic())
@@ -488,6 +576,7 @@ class CommitteeRegistration:
         """Send the leave transaction and wait for it to commit."""
         if not self.registrar.listed:
             return
+        self.registrar.floor = max(self.registrar.floor, self.floor())
         self.height = await self.submit(self.registrar.leave_tx())
         self.registrar.left()
 

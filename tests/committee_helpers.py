@@ -53,16 +53,30 @@ class InProcessCommittee:
     ``now`` is the block time in seconds; every committed transaction is followed by empty heights
     so the signed lists cover it."""
 
-    def __init__(self, n: int = 4, chain: str = CHAIN) -> None:
+    def __init__(self, n: int = 4, chain: str = CHAIN, admission: object = None, *, probe_all: bool = False,
+                 clock: object = None) -> None:
+        """``admission``: the genesis's :class:`verifier.admission.AdmissionParams` (None: none, open
+        admission); ``probe_all``: every validator reports every pending registration reached, as
+        soon as it is committed (its address answered with its key). ``clock``: an
+        :class:`overlay.clock.Clock` the block time follows (:meth:`tick`), as a running chain's
+        empty blocks do; inside trio without one, :class:`overlay.clock.TrioClock`'s."""
+        import json
+
         from overlay.committee import ValidatorKey
+        from verifier.admission import AdmissionParams
         from verifier.app import CommitteeApp, Validator
 
         self.chain = chain
         self.keys = [crypto.SigningKey.generate() for _ in range(n)]
         self.pinned = [ValidatorKey(k.public_bytes, 10) for k in self.keys]
         self.app = CommitteeApp()
-        self.app.init_chain(chain, [Validator("ed25519", k.public_bytes, 10) for k in self.keys])
-        self.now = 1_700_000_000
+        state = b"" if admission is None else json.dumps(
+            {"admission": admission.to_json()}).encode()  # type: ignore[attr-defined]
+        assert admission is None or isinstance(admission, AdmissionParams)
+        self.probe_all = probe_all
+        self.app.init_chain(chain, [Validator("ed25519", k.public_bytes, 10) for k in self.keys], state)
+        self.clock = clock
+        self.now = int(clock.unix()) if clock is not None else 1_700_000_000  # type: ignore[attr-defined]
         self._votes: list[tuple[bytes, bytes]] = []
         self.sent: list[bytes] = []  # every transaction broadcast, accepted or not
         self.down = False  # True: every call raises OSError, as an unreachable verifier
@@ -79,14 +93,42 @@ class InProcessCommittee:
         a.commit()
         return h, list(results)
 
+    def probe(self, keys: list[crypto.SigningKey] | None = None) -> None:
+        """``keys`` (default: every validator) report every pending registration reached."""
+        from verifier.admission import make_probe_tx
+
+        reached = sorted((p.node_id, p.seq) for p in self.app.committed.pending.values())
+        if reached:
+            self.height([make_probe_tx(k, self.chain, reached) for k in (self.keys if keys is None else keys)])
+
     def settle(self) -> None:
         """Two empty heights: the lists signed after them hold every committed transaction."""
         self.height()
         self.height()
 
+    def tick(self) -> None:
+        """Empty blocks up to the clock's time, when it is past the block time (in trio without a
+        clock: trio's clock, anchored to the wall clock, as the nodes' own clocks are)."""
+        clock = self.clock
+        if clock is None:
+            import trio
+
+            from overlay.clock import TrioClock
+
+            try:
+                trio.lowlevel.current_task()
+            except RuntimeError:
+                return
+            clock = self.clock = TrioClock()
+        unix = int(clock.unix())  # type: ignore[attr-defined]
+        if unix > self.now:
+            self.now = unix
+            self.settle()
+
     async def rpc(self, address: str, method: str, params: dict[str, str]) -> object:
         import base64
 
+        self.tick()
         if self.down:
             raise OSError(f"{address}: connection refused")
         if method == "status":
@@ -104,15 +146,18 @@ class InProcessCommittee:
                 return {"check_tx": {"code": int(check.code), "log": check.log}, "tx_result": {"code": 0},
                         "height": "0"}
             h, results = self.height([raw])
-            res = results[-1]
+            outcome = results[-1]
+            if self.probe_all:
+                self.probe()
             self.settle()
-            return {"check_tx": {"code": 0}, "tx_result": {"code": int(res.code), "log": res.log},  # type: ignore[attr-defined]
+            return {"check_tx": {"code": 0}, "tx_result": {"code": int(outcome.code), "log": outcome.log},  # type: ignore[attr-defined]
                     "height": str(h)}
         raise OSError(f"no such method {method}")
 
     async def fetch(self, address: str, path: str) -> bytes:
         from overlay.committee import ListError
 
+        self.tick()
         if self.down:
             raise OSError(f"{address}: connection refused")
         res, value = self.app.query(path, b"")

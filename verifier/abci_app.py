@@ -17,6 +17,7 @@ from overlay.donation import DONATE_PATH, KEY_PATH
 from overlay.identity import write_private
 from verifier.abci.proto.tendermint.abci import types_pb2 as abci
 from verifier.abci.proto.tendermint.types import validator_pb2
+from verifier.admission import OPEN
 from verifier.app import CommitteeApp, Validator
 from verifier.audit.pool import MAX_DONATION_BYTES, DonationError, DonationPool
 from verifier.tx import ROLE_USER, Code
@@ -80,6 +81,15 @@ class CommitteeAbciApp:
             vals.append(Validator(kind, getattr(v.pub_key, kind), v.power))
         app_hash = self.core.init_chain(req.chain_id, vals, bytes(req.app_state_bytes))
         audit = self.core.committed.audit
+        rules = self.core.committed.admission
+        if rules == OPEN:
+            log.warning("InitChain: the genesis has no app_state.admission section: registration is OPEN (any "
+                        "address, no proof of work, no caps, no address probes). Make public committees' genesis "
+                        "with `gentorrent verifier genesis` (decision 0014)")
+        else:
+            log.info("InitChain: a %s network: proof of work %d bits, caps %d per IP and %d per prefix (0: none), "
+                     "address probes %s", rules.network, rules.work_bits, rules.per_ip, rules.per_prefix,
+                     "on" if rules.probe else "off")
         log.info("InitChain: chain %s with %d validators; %s", req.chain_id, len(vals),
                  "audits off (no app_state.audit in genesis)" if audit is None else
                  f"audits on: epochs of {audit.params.epoch_blocks} blocks, "

@@ -84,6 +84,18 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     g.add_argument("--challenges-per-node", type=int, default=_DEFAULT_CHALLENGES, metavar="K",
                    help=f"challenges each verifier sends each audited node per epoch, 1-4 (default "
                         f"{_DEFAULT_CHALLENGES})")
+    g.add_argument("--local-network", action="store_true",
+                   help="a network on one machine or a private LAN (devnet, tests): loopback and private addresses "
+                        "are listed, with no caps per IP or prefix and no proof of work (addresses are still "
+                        "probed). Default: a public network, where a registration needs a globally routable "
+                        "address, pays a proof of work that grows with the registration rate, and counts against "
+                        "caps per IP and per network prefix (docs/committee.md \"Admission\")")
+    g.add_argument("--no-address-probes", action="store_true",
+                   help="list registrations without dialling their addresses first (test networks whose nodes "
+                        "do not listen); never on a real network: anyone could then claim any address")
+    g.add_argument("--work-bits", type=int, default=None, metavar="N",
+                   help="proof of work a new key pays at a normal registration rate, in bits (public default 6: "
+                        "about 2 s of one core; each bit doubles it)")
     g.set_defaults(run=_genesis)
 
     a = verbs.add_parser("approve", help="sign this verifier's approval of a committee change",
@@ -191,8 +203,17 @@ def _init(args: argparse.Namespace) -> int:
 def _genesis(args: argparse.Namespace) -> int:
     import json
 
+    from verifier.admission import AdmissionParams, AdmissionParamsError
     from verifier.audit.chain import AuditParams, AuditParamsError
     from verifier.cometbft import CometError, install_genesis, make_genesis
+
+    rules = AdmissionParams.local() if args.local_network else AdmissionParams()
+    if args.work_bits is not None or args.no_address_probes:
+        try:
+            rules = AdmissionParams(**{**rules.to_json(), "probe": not args.no_address_probes,
+                                       "work_bits": rules.work_bits if args.work_bits is None else args.work_bits})
+        except AdmissionParamsError as exc:
+            raise CliError(f"--work-bits: {exc}") from None
 
     audit: AuditParams | None = None
     if args.audits:
@@ -202,8 +223,10 @@ def _genesis(args: argparse.Namespace) -> int:
             raise CliError(f"--epoch-blocks/--challenges-per-node: {exc}") from None
     try:
         genesis = make_genesis(args.data_dirs, chain_id=args.chain_id, power=args.power)
+        app_state: dict[str, object] = {"admission": rules.to_json()}
         if audit is not None:
-            genesis["app_state"] = {"audit": audit.to_json()}
+            app_state["audit"] = audit.to_json()
+        genesis["app_state"] = app_state
         with open(args.out, "w") as f:
             json.dump(genesis, f, indent=2)
             f.write("\n")
@@ -213,6 +236,8 @@ def _genesis(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
     print(f"wrote {args.out}: chain {args.chain_id}, {len(args.data_dirs)} validators"
           + (" (installed in each data dir)" if args.install else "")
+          + (f"; a {rules.network} network (proof of work {rules.work_bits} bits, caps {rules.per_ip} per IP and "
+             f"{rules.per_prefix} per prefix, 0 = none; address probes {'on' if rules.probe else 'off'})")
           + ("; audits off" if audit is None else
              f"; audits every {audit.epoch_blocks} blocks, {audit.challenges_per_node} challenges per node from "
              "each verifier"))

@@ -181,7 +181,8 @@ def init_home(data_dir: str | os.PathLike[str], *, p2p: str = "127.0.0.1:26656",
 
     Edits: P2P and RPC listen addresses, the ABCI socket, ``addr_book_strict = false`` and
     ``allow_duplicate_ip = true`` (so several verifiers on one host can peer; harmless elsewhere),
-    and ``timeout_commit``. ``skip_timeout_commit`` stays false.
+    ``timeout_commit`` and ``create_empty_blocks = true`` (the lists' signed time must advance).
+    ``skip_timeout_commit`` stays false.
     """
     _check_hostport(p2p, "--p2p")
     _check_hostport(rpc, "--rpc")
@@ -203,6 +204,9 @@ def init_home(data_dir: str | os.PathLike[str], *, p2p: str = "127.0.0.1:26656",
         ("p2p", "addr_book_strict", False),
         ("p2p", "allow_duplicate_ip", True),
         ("consensus", "timeout_commit", timeout_commit),
+        # a block every timeout_commit even with no transaction: the signed lists carry the block time,
+        # and clients refuse lists older than overlay.committee.MAX_LIST_AGE_S (decision 0014)
+        ("consensus", "create_empty_blocks", True),
     ):
         text = set_toml(text, section, key, value)
     cfg_path.write_text(text)

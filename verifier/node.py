@@ -22,7 +22,8 @@ from verifier.abci import server
 from verifier.abci_app import CommitteeAbciApp, StateStore
 from verifier.audit.auditor import AuditSettings, run_audits
 from verifier.audit.pool import load_pool
-from verifier.cometbft import LOG_FILE, SOCKET_FILE, CometError, find_cometbft, home_of, read_validator_key
+from verifier.cometbft import LOG_FILE, SOCKET_FILE, CometError, find_cometbft, get_toml, home_of, read_validator_key
+from verifier.prober import run_prober
 
 log = logging.getLogger("gentorrent.verifier")
 
@@ -99,6 +100,13 @@ async def run_verifier(data_dir: str | os.PathLike[str], *, abci: str | None = N
 
         if handle_signals:
             nursery.start_soon(stop_on_signal)
+        # address probes (decision 0014): idle on a chain whose genesis turns them off
+        try:
+            rpc = get_toml((home / "config" / "config.toml").read_text(), "rpc", "laddr").removeprefix("tcp://")
+        except (OSError, CometError) as exc:
+            log.warning("no address probes: this verifier's RPC address is unknown (%s)", exc)
+        else:
+            nursery.start_soon(run_prober, core, key, rpc)
         if audit is not None:
             nursery.start_soon(run_audits, d, audit, key.private_bytes(), pool)
         task_status.started(where)

@@ -3,9 +3,10 @@
 Both start with the byte ``0xc1``, which msgpack never uses, so neither can be mistaken for a
 registration transaction (a msgpack array, :mod:`verifier.tx`):
 
-- **List certificate** ``0xc1 0x01 || msgpack [height, users_digest, models_digest,
+- **List certificate** ``0xc1 0x01 || msgpack [height, time, users_digest, models_digest,
   validators_digest, [[ed25519_public, signature], ...]]``: the validators' vote-extension
-  signatures over :func:`overlay.committee.signing_message` for the lists as of ``height``. Only a
+  signatures over :func:`overlay.committee.signing_message` for the lists as of ``height``, whose
+  time is the BFT time of block ``height`` (Unix seconds). Only a
   block proposer puts one in a block (first transaction, from PrepareProposal's
   ``local_last_commit``); CheckTx refuses it from the mempool.
 - **Committee change** ``0xc1 0x02 || msgpack [body, [[ed25519_public, signature], ...]]`` with
@@ -36,22 +37,23 @@ CHANGE_VERSION = 1
 CHANGE_CONTEXT = b"gentorrent/committee-change/v1\x00"
 MAX_SIGNERS = 1000
 MAX_POWER = 1 << 40  # CometBFT caps total power at MaxInt64/8; far below it
-MAX_CERT_BYTES = 16 + 3 * 34 + MAX_SIGNERS * 104
+MAX_CERT_BYTES = 25 + 3 * 34 + MAX_SIGNERS * 104
 MAX_CHANGE_BYTES = 64 + MAX_SIGNERS * 104
 
 
 @dataclass(frozen=True, slots=True)
 class ListCert:
-    """Signatures by validators over the lists as of ``height``."""
+    """Signatures by validators over the lists as of ``height`` and their time (block ``height``'s)."""
 
     height: int
+    time_s: int
     users_digest: bytes
     models_digest: bytes
     validators_digest: bytes
     signatures: tuple[tuple[bytes, bytes], ...]  # (ed25519 public, signature), sorted by key
 
     def encode(self) -> bytes:
-        return CERT_TAG + pack([self.height, self.users_digest, self.models_digest, self.validators_digest,
+        return CERT_TAG + pack([self.height, self.time_s, self.users_digest, self.models_digest, self.validators_digest,
                                 [[k, s] for k, s in self.signatures]])
 
 
@@ -113,15 +115,15 @@ def decode_cert(raw: bytes) -> ListCert:
     if not raw.startswith(CERT_TAG) or len(raw) > MAX_CERT_BYTES:
         raise _bad("not a list certificate (or over its size limit)")
     f = _unpack(raw[2:], MAX_SIGNERS)
-    if type(f) is not list or len(f) != 5:
-        raise _bad("a list certificate is [height, users, models, validators digests, signatures]")
-    height, ud, md, vd, sigs = f
-    if type(height) is not int or not 0 <= height < 2**63:
-        raise _bad("certificate height out of range")
+    if type(f) is not list or len(f) != 6:
+        raise _bad("a list certificate is [height, time, users, models, validators digests, signatures]")
+    height, time_s, ud, md, vd, sigs = f
+    if type(height) is not int or not 0 <= height < 2**63 or type(time_s) is not int or not 0 <= time_s < 2**63:
+        raise _bad("certificate height or time out of range")
     for d in (ud, md, vd):
         if type(d) is not bytes or len(d) != 32:
             raise _bad("certificate digests are 32 bytes")
-    cert = ListCert(height, ud, md, vd, _pairs(sigs, "certificate signatures"))
+    cert = ListCert(height, time_s, ud, md, vd, _pairs(sigs, "certificate signatures"))
     if cert.encode() != raw:
         raise _bad("list certificate is not in canonical form")
     return cert

@@ -296,7 +296,7 @@ class LocalNet:
                 raise LocalNetError(f"{v}: verifier init failed: {err.decode(errors='replace').strip()[-500:]}")
         audit = ["--audits", "--epoch-blocks", str(self.epoch_blocks)] if self.audits else []
         done = subprocess.run(cli("verifier", "genesis", "--chain-id", self.chain_id, "--out", str(self.genesis_file),
-                                  *audit, "--install", *[str(self.root / v) for v in self.verifiers]),
+                                  "--local-network", *audit, "--install", *[str(self.root / v) for v in self.verifiers]),
                               capture_output=True)
         if done.returncode != 0:
             raise LocalNetError(f"verifier genesis failed: {done.stderr.decode(errors='replace').strip()[-500:]}")

@@ -169,8 +169,9 @@ async def committee_view(addresses: tuple[str, ...], chain_id: str, validators: 
     try:
         reg = await client.refresh()
         entries = list(reg.entries)
+        age = client.list_age()
         rows.append(f"  signed lists at height {client.height}: {len(reg.users())} users, {len(reg.models())} model "
-                    f"nodes (verified against the pinned genesis keys)")
+                    f"nodes (verified against the pinned genesis keys; signed {age or 0:.0f} s ago)")
     except ListError as exc:
         up = False
         rows.append(f"  no signed list verifies: {exc}")

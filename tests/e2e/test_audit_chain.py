@@ -38,7 +38,7 @@ def test_four_validators_with_audits_agree_on_epochs_seeds_and_commits(tmp_path:
                     "--rpc", f"127.0.0.1:{v.rpc}", "--timeout-commit", "300ms")
         assert r.returncode == 0, r.stderr
     r = run_cli("verifier", "genesis", "--chain-id", CHAIN, "--out", str(tmp_path / "genesis.json"), "--install",
-                "--audits", "--epoch-blocks", str(E), "--challenges-per-node", "1", *(str(v.data_dir) for v in vs))
+                "--local-network", "--audits", "--epoch-blocks", str(E), "--challenges-per-node", "1", *(str(v.data_dir) for v in vs))
     assert r.returncode == 0, r.stderr
     try:
         for v in vs:

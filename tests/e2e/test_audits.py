@@ -145,7 +145,7 @@ class AuditNet(LocalNet):
 
         super().init_committee()
         genesis = json.loads(self.genesis_file.read_text())
-        genesis["app_state"] = {"audit": AuditParams(EPOCH_BLOCKS, PER_NODE).to_json()}
+        genesis["app_state"]["audit"] = AuditParams(EPOCH_BLOCKS, PER_NODE).to_json()
         text = json.dumps(genesis, indent=2) + "\n"
         self.genesis_file.write_text(text)
         for v in self.verifiers:

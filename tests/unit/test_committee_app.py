@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from tests.committee_helpers import CHAIN, Node
 from verifier import tx
+from verifier.admission import OPEN, RESERVE_S
 from verifier.app import ENTRY_TTL_S, CommitteeApp, StateError, Validator
 from verifier.tx import Code
 
@@ -122,12 +123,22 @@ def test_entries_expire_by_block_time_and_seq_outlives_them() -> None:
     assert a.query("/node", u.node_id)[0].ok
 
 
-def test_address_frees_when_its_holder_leaves() -> None:
+def test_an_address_stays_reserved_to_a_node_that_left_then_frees() -> None:
+    """Squatting (issue 28 item 2): a node that leaves on a clean stop keeps its address for
+    RESERVE_S; another key cannot take it meanwhile, the owner comes back to it at once."""
     a = fresh()
     u, w = Node(), Node()
     block(a, [u.register()])
     assert a.check_tx(w.register()).code == Code.CONFLICT
-    block(a, [u.leave(), w.register()], T0 + 1)
+    block(a, [u.leave()], T0 + 1)
+    res = a.check_tx(w.register())
+    assert res.code == Code.CONFLICT and "reserved" in res.log
+    block(a, [u.register()], T0 + 2)  # the owner restarts: its address is still its own
+    assert a.query("/node", u.node_id)[0].ok
+    block(a, [u.leave()], T0 + 3)
+    block(a, [], T0 + 3 + RESERVE_S)  # the reservation runs out, and with it the seq the state kept
+    assert u.node_id not in a.committed.seqs and not a.committed.tombstones
+    block(a, [w.register()], T0 + 4 + RESERVE_S)
     assert a.query("/node", w.node_id)[0].ok
 
 
@@ -141,11 +152,13 @@ def test_info_restart_and_corrupt_snapshots() -> None:
     assert b.committed.addresses == a.committed.addresses
     with pytest.raises(StateError):
         CommitteeApp.restore(snap[:-3])
-    version, height, app_hash, state = msgpack.unpackb(snap)
+    version, height, app_hash, state, time_s, cert = msgpack.unpackb(snap)
     with pytest.raises(StateError, match="does not match"):
-        CommitteeApp.restore(msgpack.packb([version, height, b"\x00" * 32, state], use_bin_type=True))
+        CommitteeApp.restore(msgpack.packb([version, height, b"\x00" * 32, state, time_s, cert], use_bin_type=True))
     with pytest.raises(StateError, match="format"):
-        CommitteeApp.restore(msgpack.packb([99, height, app_hash, state], use_bin_type=True))
+        CommitteeApp.restore(msgpack.packb([99, height, app_hash, state, time_s, cert], use_bin_type=True))
+    with pytest.raises(StateError, match="format 1, this verifier reads 2 .*Resync"):  # before the certificate
+        CommitteeApp.restore(msgpack.packb([1, height, app_hash, state], use_bin_type=True))
 
 
 def test_finalize_needs_the_next_height_and_commit_needs_finalize() -> None:
@@ -231,9 +244,10 @@ def test_canonical_bytes_are_plain_msgpack_of_the_state(count: int) -> None:
         block(a, [n.register(tx.ROLE_MODEL if i % 2 else tx.ROLE_USER) for i, n in enumerate(nodes)])
     st = a.committed
     plain = msgpack.packb([
-        4, CHAIN, [[v.key_type, v.public_key, v.power] for v in st.validators],
+        5, CHAIN, [[v.key_type, v.public_key, v.power] for v in st.validators],
         [st.nodes[n].to_wire() for n in sorted(st.nodes)], [[n, st.seqs[n]] for n in sorted(st.seqs)],
         st.change_seq, None,  # no audit section in this genesis
+        [OPEN.to_wire(), [], [], []],  # nor an admission section: open admission, nothing paid, pending or left
     ], use_bin_type=True)
     assert st.canonical_bytes() == plain
     assert msgpack.unpackb(a.query("/nodes", b"")[1]) == msgpack.unpackb(msgpack.packb(

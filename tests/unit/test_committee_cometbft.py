@@ -80,15 +80,20 @@ def test_init_and_genesis_with_real_cometbft(tmp_path: Path, capsys: pytest.Capt
     assert g["chain_id"] == "gt-unit" and g["initial_height"] == "1"
     assert [v["address"] for v in g["validators"]] == [i.validator_address for i in infos]
     assert g["consensus_params"]["abci"]["vote_extensions_enable_height"] == "1"  # the lists are signed in them
+    from verifier.admission import AdmissionParams
+    from verifier.admission import params_from_app_state as admission_rules
     from verifier.audit.chain import AuditParams, params_from_app_state
 
-    assert "app_state" not in g  # audits off unless asked for
+    assert set(g["app_state"]) == {"admission"}  # audits off unless asked for; admission rules always written
+    assert admission_rules(json.dumps(g["app_state"]).encode()) == AdmissionParams()  # a public network's
     other = tmp_path / "other.json"
-    assert main(["verifier", "genesis", "--out", str(other), "--audits", *dirs]) == 0
+    assert main(["verifier", "genesis", "--out", str(other), "--audits", "--local-network", *dirs]) == 0
     assert params_from_app_state(json.dumps(json.loads(other.read_text())["app_state"]).encode()) == AuditParams()
+    assert admission_rules(json.dumps(json.loads(other.read_text())["app_state"]).encode()) == AdmissionParams.local()
     assert main(["verifier", "genesis", "--out", str(other), "--audits", "--epoch-blocks", "60",
                  "--challenges-per-node", "4", *dirs]) == 0
-    assert json.loads(other.read_text())["app_state"] == {"audit": {"epoch_blocks": 60, "challenges_per_node": 4}}
+    assert json.loads(other.read_text())["app_state"]["audit"] == {"epoch_blocks": 60, "challenges_per_node": 4}
+    assert main(["verifier", "genesis", "--out", str(other), "--work-bits", "99", *dirs]) == 2
     assert main(["verifier", "genesis", "--out", str(other), "--audits", "--epoch-blocks", "3", *dirs]) == 2
     assert "epoch_blocks" in capsys.readouterr().err
     for d, me in zip(dirs, infos, strict=True):

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from overlay import crypto
+from overlay.clock import FakeClock
 from overlay.committee import (
     KIND_MODELS,
     KIND_USERS,
@@ -36,7 +37,7 @@ def _record(i: int, role: int = 1, reputation: int = 900_000, audited: bool = Tr
     and whether its model is audited as its 11th (lists format 3)."""
     key = crypto.SigningKey.generate()
     return [node_id_of(key.public_bytes), key.public_bytes, role, bytes(32), f"10.0.0.{i}:9000", "eu-west",
-            "smollm2" if role == 2 else "", 5 if role == 2 else 0, T0,
+            "smollm2" if role == 2 else "", 5 if role == 2 else 0, T0 + 1800,
             *([reputation, audited] if role == 2 else [])]
 
 
@@ -48,13 +49,13 @@ class Committee:
         self.pinned = [ValidatorKey(k.public_bytes, power) for k in self.keys]
 
     def document(self, height: int, users: list[list[object]], models: list[list[object]] | None = None, *,
-                 signers: int | None = None, kind: int = KIND_USERS) -> bytes:
+                 signers: int | None = None, kind: int = KIND_USERS, t: int = T0) -> bytes:
         ub = msgpack.packb(sorted(users, key=lambda r: r[0]), use_bin_type=True)  # type: ignore[arg-type,return-value]
         mb = msgpack.packb(sorted(models or [], key=lambda r: r[0]), use_bin_type=True)  # type: ignore[arg-type,return-value]
         ud, md = crypto.sha256(ub), crypto.sha256(mb)
-        msg = signing_message(CHAIN, height, ud, md, validators_digest(self.pinned))
+        msg = signing_message(CHAIN, height, t, ud, md, validators_digest(self.pinned))
         sigs = [(k.public_bytes, k.sign(msg)) for k in self.keys[:signers]]
-        return encode_document(CHAIN, height, kind, ub if kind == KIND_USERS else mb, ud, md, self.pinned, sigs)
+        return encode_document(CHAIN, height, t, kind, ub if kind == KIND_USERS else mb, ud, md, self.pinned, sigs)
 
 
 def test_a_good_list_is_accepted_and_becomes_peer_entries() -> None:
@@ -78,7 +79,7 @@ def test_model_records_carry_the_audited_flag_and_untrusted_nodes_are_listed() -
     from overlay.committee import LISTS_VERSION
     from overlay.peers import TRUST_LINE, usable
 
-    assert LISTS_VERSION == 3
+    assert LISTS_VERSION == 4
     c = Committee()
     models = [_record(0, 2, reputation=900_000, audited=True), _record(1, 2, reputation=10_000, audited=True),
               _record(2, 2, reputation=500_000, audited=False)]
@@ -109,7 +110,7 @@ def test_two_of_four_signatures_are_refused() -> None:
     # Exactly 2/3 is not more than 2/3: with unequal power, 20 of 30 is refused too.
     uneven = [ValidatorKey(p.public_key, w) for p, w in zip(c.pinned, (10, 10, 5, 5), strict=True)]
     doc = msgpack.unpackb(c.document(7, [_record(1)], signers=4))
-    doc[7] = [[v.public_key, v.power] for v in sorted(uneven, key=lambda v: v.public_key)]
+    doc[8] = [[v.public_key, v.power] for v in sorted(uneven, key=lambda v: v.public_key)]
     with pytest.raises(ListError):
         verify_document(msgpack.packb(doc, use_bin_type=True), CHAIN, uneven, kind=KIND_USERS)
 
@@ -118,7 +119,7 @@ def test_signatures_by_unpinned_keys_or_twice_by_one_key_do_not_count() -> None:
     c, strangers = Committee(), Committee()
     doc = msgpack.unpackb(c.document(7, [_record(1)], signers=2))
     other = msgpack.unpackb(strangers.document(7, [_record(1)], signers=4))
-    doc[8] = doc[8] + other[8][:1] + doc[8][:1]  # 2 good, 1 stranger, 1 repeat: 4 of 4 slots
+    doc[9] = doc[9] + other[9][:1] + doc[9][:1]  # 2 good, 1 stranger, 1 repeat: 4 of 4 slots
     with pytest.raises(ListError, match="more than 2/3"):
         verify_document(msgpack.packb(doc, use_bin_type=True), CHAIN, c.pinned, kind=KIND_USERS)
 
@@ -127,9 +128,9 @@ def test_tampered_entry_wrong_chain_and_junk_are_refused() -> None:
     c = Committee()
     users = [_record(i) for i in range(3)]
     doc = msgpack.unpackb(c.document(7, users, signers=4))
-    records = msgpack.unpackb(doc[4])
+    records = msgpack.unpackb(doc[5])
     records[1][4] = "6.6.6.6:9000"  # an attacker's address for a listed node
-    doc[4] = msgpack.packb(records, use_bin_type=True)
+    doc[5] = msgpack.packb(records, use_bin_type=True)
     with pytest.raises(ListError, match="digest"):
         verify_document(msgpack.packb(doc, use_bin_type=True), CHAIN, c.pinned, kind=KIND_USERS)
     with pytest.raises(ListError, match="not the pinned committee"):
@@ -166,7 +167,8 @@ def test_client_refuses_older_lists_follows_committee_changes_and_refreshes_on_i
         return docs[addr] if kind == KIND_USERS else models_doc[addr]
 
     models_doc: dict[str, bytes] = {}
-    client = CommitteeClient(["a:1", "b:1"], CHAIN, c.pinned, fetch=fetch, interval=5.0)
+    client = CommitteeClient(["a:1", "b:1"], CHAIN, c.pinned, fetch=fetch, interval=5.0, clock=FakeClock(unix=T0),
+                             deltas=False)
 
     async def main() -> None:
         docs["a:1"] = c.document(10, users, models, signers=3)
@@ -196,12 +198,12 @@ def test_client_adopts_a_new_validator_set_vouched_for_by_the_old_one() -> None:
     bigger = Committee()
     bigger.keys = [*c.keys, joiner]
     bigger.pinned = [*c.pinned, ValidatorKey(joiner.public_bytes, 10)]
-    client = CommitteeClient(["a:1"], CHAIN, c.pinned, fetch=_never)
+    client = CommitteeClient(["a:1"], CHAIN, c.pinned, fetch=_never, clock=FakeClock(unix=T0))
     client.accept(bigger.document(5, [_record(1)]), KIND_USERS)
     assert {v.public_key for v in client.validators} == {k.public_bytes for k in bigger.keys}
     # Now the joiner's signature counts: 4 of 5 (joiner included, one founder missing) is enough.
     doc = msgpack.unpackb(bigger.document(6, [_record(1)]))
-    doc[8] = [s for s in doc[8] if s[0] != c.keys[0].public_bytes]
+    doc[9] = [s for s in doc[9] if s[0] != c.keys[0].public_bytes]
     got = client.accept(msgpack.packb(doc, use_bin_type=True), KIND_USERS)
     assert joiner.public_bytes in got.signers
     # A set the held committee did not sign is never adopted.
@@ -281,8 +283,8 @@ def test_the_model_list_holds_every_model_node_with_its_reputation_and_audited_f
                    other.register(tx.ROLE_MODEL, model_id="other-model", capacity=2), user.register()])
 
     def entries(st: object) -> dict[bytes, object]:
-        lists = core.ListsAt.of(st)  # type: ignore[arg-type]
-        doc = encode_document(CHAIN, 9, KIND_MODELS, lists.models, lists.users_digest, lists.models_digest, c.pinned,
+        lists = core.ListsAt.of(st, T0)  # type: ignore[arg-type]
+        doc = encode_document(CHAIN, 9, T0, KIND_MODELS, lists.models, lists.users_digest, lists.models_digest, c.pinned,
                               [(k.public_bytes, k.sign(lists.message(CHAIN, 9))) for k in c.keys])
         return {e.node_id: e for e in verify_document(doc, CHAIN, c.pinned, kind=KIND_MODELS).entries}
 
@@ -331,15 +333,15 @@ def test_a_wrong_extension_is_rejected_and_forged_certificates_never_pass() -> N
         sorted([(good[0][0], good[1][1]), *good[1:]]),  # a signature under another key
         sorted([(crypto.SigningKey.generate().public_bytes, good[0][1]), *good[1:]]),  # not a validator
     ):
-        cert = quorum.ListCert(a.height, held.users_digest, held.models_digest, held.validators_digest,
+        cert = quorum.ListCert(a.height, held.time_s, held.users_digest, held.models_digest, held.validators_digest,
                                tuple(sigs))
         assert not a.process_proposal([cert.encode()], T0)
         assert a._run([cert.encode()], T0).results[0].code == Code.BAD_SIGNATURE
         assert a.check_tx(cert.encode()).code == Code.MALFORMED  # never from the mempool
-    ok = quorum.ListCert(a.height, held.users_digest, held.models_digest, held.validators_digest,
+    ok = quorum.ListCert(a.height, held.time_s, held.users_digest, held.models_digest, held.validators_digest,
                          tuple(sorted(good)))
     assert (a.height > last) and a.process_proposal([ok.encode()], T0)
-    stale = quorum.ListCert(last, held.users_digest, held.models_digest, held.validators_digest, tuple(sorted(good)))
+    stale = quorum.ListCert(last, held.time_s, held.users_digest, held.models_digest, held.validators_digest, tuple(sorted(good)))
     assert a._run([stale.encode()], T0).results[0].code == Code.REPLAYED
     assert not a.process_proposal([Node().register(), ok.encode()], T0)  # only as the first transaction
     for junk in (quorum.CERT_TAG, quorum.CERT_TAG + b"\x95", ok.encode() + b"\x00"):
@@ -419,7 +421,8 @@ def test_a_verifier_that_never_answers_is_skipped_after_the_fetch_timeout() -> N
         return good[KIND_USERS if path.endswith("users") else KIND_MODELS]
 
     async def main() -> None:
-        client = CommitteeClient(["stuck:1", "ok:1"], CHAIN, c.pinned, fetch=fetch, fetch_timeout=2.0)
+        client = CommitteeClient(["stuck:1", "ok:1"], CHAIN, c.pinned, fetch=fetch, fetch_timeout=2.0,
+                                 clock=FakeClock(unix=T0), deltas=False)
         reg = await client.refresh()
         assert reg.version == 3 and len(reg.users()) == 1
         # Both down: the error names each verifier and why; the held lists stay.
@@ -540,8 +543,8 @@ def test_signed_records_that_break_a_field_rule_are_refused() -> None:
                 c.document(7, [], records, signers=4, kind=KIND_MODELS)
         ub = msgpack.packb(records, use_bin_type=True)
         mb = msgpack.packb([], use_bin_type=True)
-        msg = signing_message(CHAIN, 7, crypto.sha256(ub), crypto.sha256(mb), validators_digest(c.pinned))
-        return encode_document(CHAIN, 7, KIND_USERS, ub, crypto.sha256(ub), crypto.sha256(mb), c.pinned,
+        msg = signing_message(CHAIN, 7, T0, crypto.sha256(ub), crypto.sha256(mb), validators_digest(c.pinned))
+        return encode_document(CHAIN, 7, T0, KIND_USERS, ub, crypto.sha256(ub), crypto.sha256(mb), c.pinned,
                                [(k.public_bytes, k.sign(msg)) for k in c.keys])
 
     good = [_record(i) for i in range(3)]

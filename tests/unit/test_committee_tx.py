@@ -60,7 +60,7 @@ def test_oversize_malformed_and_version() -> None:
     assert _code(msgpack.packb([1, 2])) == Code.MALFORMED
     assert _code(msgpack.packb({"a": 1})) == Code.MALFORMED
     n = Node()
-    body = msgpack.packb([2, tx.OP_LEAVE, 1, n.key.public_bytes, None], use_bin_type=True)
+    body = msgpack.packb([1, tx.OP_LEAVE, 1, n.key.public_bytes, None], use_bin_type=True)  # the old format
     assert _code(msgpack.packb([body, n.key.sign(tx.signing_bytes(CHAIN, body))], use_bin_type=True)) \
         == Code.UNSUPPORTED_VERSION
 
@@ -74,7 +74,7 @@ def test_non_canonical_encodings_are_refused() -> None:
     # a body whose seq is a uint64 instead of a fixint, signed correctly
     fields = msgpack.unpackb(body)
     packed_head = msgpack.packb(fields[:2])[1:]  # fixarray header stripped
-    odd = b"\x95" + packed_head + b"\xcf" + (1).to_bytes(8, "big") + b"".join(
+    odd = b"\x96" + packed_head + b"\xcf" + (1).to_bytes(8, "big") + b"".join(
         msgpack.packb(f, use_bin_type=True) for f in fields[3:])
     assert msgpack.unpackb(odd) == fields
     signed = msgpack.packb([odd, n.key.sign(tx.signing_bytes(CHAIN, odd))], use_bin_type=True)
@@ -82,11 +82,19 @@ def test_non_canonical_encodings_are_refused() -> None:
 
 
 @pytest.mark.parametrize("kw, why", [
-    ({"address": "127.0.0.1"}, "host:port"),
+    ({"address": "127.0.0.1"}, "IP:port"),
     ({"address": "127.0.0.1:0"}, "port"),
     ({"address": "127.0.0.1:070"}, "port"),
     ({"address": "bad host:1"}, "host"),
-    ({"address": "[zz::1]:1"}, "IPv6"),
+    ({"address": "[zz::1]:1"}, "IP literal"),
+    ({"address": "node.example:9000"}, "DNS names"),
+    ({"address": "198.51.100.7.nip.io:9000"}, "DNS names"),
+    ({"address": "[::ffff:198.51.100.7]:9000"}, "IPv4-mapped"),
+    ({"address": "[2001:DB8::7]:9000"}, "canonically"),
+    ({"address": "[2001:db8:0::7]:9000"}, "canonically"),
+    ({"address": "2001:db8::7:9000"}, "brackets"),
+    ({"address": "[198.51.100.7]:9000"}, "IP literal"),
+    ({"address": "198.051.100.7:9000"}, "IP literal"),
     ({"address": "a" * 300 + ":1"}, "over"),
     ({"region": ""}, "region"),
     ({"region": "EU"}, "region"),
@@ -109,13 +117,13 @@ def test_model_fields(model_id: str, capacity: int) -> None:
 
 def test_user_carries_no_model() -> None:
     with pytest.raises(tx.TxError, match="user node"):
-        tx.check_entry(tx.Entry(tx.ROLE_USER, b"x" * 32, "h:1", "eu", "m", 3))
+        tx.check_entry(tx.Entry(tx.ROLE_USER, b"x" * 32, "127.0.0.1:1", "eu", "m", 3))
 
 
 def test_field_bounds_are_checked_on_decode_too() -> None:
     n = Node()
     fields = [tx.TX_VERSION, tx.OP_REGISTER, 1, n.key.public_bytes,
-              [tx.ROLE_MODEL, n.x25519, "h:1", "eu", "m", 11]]
+              [tx.ROLE_MODEL, n.x25519, "127.0.0.1:1", "eu", "m", 11], b""]
     body = msgpack.packb(fields, use_bin_type=True)
     raw = msgpack.packb([body, n.key.sign(tx.signing_bytes(CHAIN, body))], use_bin_type=True)
     assert _code(raw) == Code.INVALID_FIELD
