@@ -61,7 +61,7 @@ from overlay.anon import Responder, busy_error, invalid_error
 from overlay.clock import Clock, TrioClock
 from overlay.identity import Identity, short_id
 from overlay.messages import Deliver, ReplyChunk, Request
-from overlay.node import Node
+from overlay.node import Node, listed_in
 from overlay.registry import Registry
 from overlay.signing import ReplySigner, request_digest
 from overlay.transport import Connection, Transport, TransportError
@@ -156,7 +156,8 @@ class ModelNode:
             engine if isinstance(engine, OrdersPrompts) and engine.orders_prompts else None)
         self._work: set[_Work] = set()
         self._slots = trio.Semaphore(slots)
-        self.node = Node(identity, transport, peers=registry.entries, ping_interval=0, clock=self.clock)
+        self.node = Node(identity, transport, peers=registry.entries, ping_interval=0, clock=self.clock,
+                         registered=listed_in(registry))
         self.responder = Responder(identity, self.handle, self.node.send_nowait, self._proxy,
                                    max_active=max_queue + slots, clock=self.clock)
         self._registry = registry

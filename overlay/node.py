@@ -8,14 +8,20 @@ Connections in both directions (accepted and dialed) run the same receive loop,
 so a peer can talk on whichever connection exists. A peer that sends a bad
 frame gets an ``Error`` frame and a closed connection; the node counts the
 reason (``node.rejected``) and keeps serving everyone else.
+
+Outboxes (:meth:`Node.send_nowait`) are bounded per peer in frames (:data:`OUTBOX_FRAMES`) and
+bytes (:data:`OUTBOX_BYTES`), and all together in bytes (:data:`OUTBOXES_BYTES`, of which the
+last quarter only takes frames for peers whose queue is short, :data:`OUTBOX_SHORT`): a frame
+over a bound is dropped and counted (``outbox-full``, ``outbox-bytes``, ``outboxes-bytes``). A
+frame counts from the moment it is queued until its write has finished or failed.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol
 
 import trio
 
@@ -33,7 +39,42 @@ MessageHandler = Callable[[Connection, Any], Awaitable[Any]]
 
 MAX_PENDING_PINGS = 4096
 OUTBOX_FRAMES = 2048  # frames queued per peer before new ones are dropped
+OUTBOX_BYTES = 8 * 1024 * 1024  # bytes queued per peer (four of the largest frames, codec.MAX_FRAME)
+OUTBOXES_BYTES = 256 * 1024 * 1024  # bytes queued for all peers together
+OUTBOX_SHORT = 1024 * 1024  # a queue holding less may use the last quarter of OUTBOXES_BYTES
 OUTBOX_IDLE = 120.0   # seconds an idle outbox writer lingers
+
+
+class Directory(Protocol):
+    """What :func:`listed_in` reads: a directory's entries by node id (a
+    :class:`~overlay.registry.Registry`, updated in place)."""
+
+    @property
+    def by_id(self) -> Mapping[bytes, object]: ...
+
+
+def listed_in(directory: Directory) -> Callable[[bytes], bool]:
+    """The ``registered`` predicate for a node whose directory is ``directory``: a peer is
+    registered if ``directory`` lists it, read at each call (lists refresh in place). While the
+    directory is empty (a node whose lists come from the committee, before the first one) every
+    peer counts as registered, as with no predicate: nothing is preferred before anything is
+    known, and the connections taken meanwhile are counted again once the list arrives."""
+
+    def registered(peer_id: bytes) -> bool:
+        listed = directory.by_id
+        return not listed or peer_id in listed
+
+    return registered
+
+
+class _Outbox:
+    """One peer's queue of frames and the bytes it holds (queued or being written)."""
+
+    __slots__ = ("send", "bytes")
+
+    def __init__(self, send: trio.MemorySendChannel[bytes]) -> None:
+        self.send = send
+        self.bytes = 0
 
 
 class Node:
@@ -46,10 +87,17 @@ class Node:
         ping_interval: float = 30.0,
         idle_timeout: float = 300.0,
         clock: Clock | None = None,
+        registered: Callable[[bytes], bool] | None = None,
     ) -> None:
         """``clock`` (default :class:`~overlay.clock.TrioClock`) times uptime and ping round
-        trips (``monotonic``) and stamps when a peer last answered (``unix``)."""
+        trips (``monotonic``) and stamps when a peer last answered (``unix``). ``registered``
+        (``registered(peer_id)``: whether the peer is in this node's current directory) becomes
+        the transport's admission predicate (:class:`~overlay.transport.Admission`: registered
+        peers are preferred; unregistered ones share a bounded part of the connection slots);
+        ``None`` leaves the transport's as it is."""
         self.identity = identity
+        if registered is not None:
+            transport.registered = registered
         self.clock: Clock = clock or TrioClock()
         self.transport = transport
         self.peers = {p.node_id: p for p in (peers or []) if p.node_id != identity.node_id}
@@ -64,7 +112,10 @@ class Node:
         self._dial_locks: dict[bytes, trio.Lock] = {}
         self._pings: dict[int, trio.Event] = {}
         self._nursery: trio.Nursery | None = None
-        self._outboxes: dict[bytes, trio.MemorySendChannel[bytes]] = {}
+        self._outboxes: dict[bytes, _Outbox] = {}
+        self.outbox_bytes = OUTBOX_BYTES
+        self.outboxes_bytes = OUTBOXES_BYTES
+        self.queued_bytes = 0  # in all outboxes
         self._lost_callbacks: list[Callable[[bytes], None]] = []
         self.on(Ping, self._on_ping)
         self.on(Pong, self._on_pong)
@@ -179,26 +230,41 @@ class Node:
         Each peer has a bounded outbox drained by one writer task, which dials
         the peer from ``self.peers`` if no connection is open. Relaying uses
         this so a slow next hop never stalls the connection a cell came in on.
+        Bounds (module docstring): ``OUTBOX_FRAMES`` frames and ``self.outbox_bytes`` bytes per
+        peer, ``self.outboxes_bytes`` bytes in all.
         """
         frame = codec.frame(msg)
         box = self._outboxes.get(peer_id)
+        if box is None and peer_id not in self._conns and peer_id not in self.peers:
+            self.rejected["unknown-destination"] += 1
+            return False
+        n, held = len(frame), 0 if box is None else box.bytes
+        if held + n > self.outbox_bytes:
+            self.rejected["outbox-bytes"] += 1
+            return False
+        room = self.outboxes_bytes if held < OUTBOX_SHORT else self.outboxes_bytes * 3 // 4
+        if self.queued_bytes + n > room:
+            self.rejected["outboxes-bytes"] += 1
+            return False
         if box is None:
-            if peer_id not in self._conns and peer_id not in self.peers:
-                self.rejected["unknown-destination"] += 1
-                return False
             assert self._nursery is not None, "Node.serve() must be running"
-            box, inbox = trio.open_memory_channel[bytes](OUTBOX_FRAMES)
-            self._outboxes[peer_id] = box
-            self._nursery.start_soon(self._writer, peer_id, inbox)
+            send, inbox = trio.open_memory_channel[bytes](OUTBOX_FRAMES)
+            box = self._outboxes[peer_id] = _Outbox(send)
+            self._nursery.start_soon(self._writer, peer_id, box, inbox)
         try:
-            box.send_nowait(frame)
-            return True
+            box.send.send_nowait(frame)
         except trio.WouldBlock:
             self.rejected["outbox-full"] += 1
             return False
+        box.bytes += n
+        self.queued_bytes += n
+        return True
 
-    async def _writer(self, peer_id: bytes, inbox: trio.MemoryReceiveChannel[bytes]) -> None:
-        box = self._outboxes[peer_id]
+    def _written(self, box: _Outbox, n: int) -> None:
+        box.bytes -= n
+        self.queued_bytes -= n
+
+    async def _writer(self, peer_id: bytes, box: _Outbox, inbox: trio.MemoryReceiveChannel[bytes]) -> None:
         try:
             while True:
                 first = None
@@ -228,10 +294,17 @@ class Node:
                     log.info("cannot deliver %d frame(s) to %s: %s", len(batch), short_id(peer_id), exc)
                     self._peer_lost(peer_id)
                     return
+                finally:
+                    self._written(box, sum(len(f) for f in batch))
         finally:
             if self._outboxes.get(peer_id) is box:
                 del self._outboxes[peer_id]
-            box.close()
+            box.send.close()
+            while True:  # frames left behind (the writer failed or was cancelled) no longer count
+                try:
+                    self._written(box, len(inbox.receive_nowait()))
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    break
             inbox.close()
 
     async def ping(self, peer: PeerEntry, timeout: float = 5.0) -> float:

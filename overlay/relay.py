@@ -10,6 +10,12 @@ stores a proxy path id instead of a successor. Tables are bounded in total and p
 peer; every peer has a token bucket for cells and for creates; idle paths
 expire. Every drop is counted in ``core.dropped[reason]``; nothing a peer sends
 raises out of :meth:`RelayCore.on_message`.
+
+A proxy passes a :class:`~overlay.messages.ReturnClove` back to the user only from a model node
+the path delivered a clove to, or from a model node ``may_answer`` allows for one of those (a
+member of its group answering a request forwarded to it); from anyone else it is dropped
+(``return-clove-stranger``) and the path is left as it was. Whoever learns a proxy path id
+cannot push data down the path.
 """
 
 from __future__ import annotations
@@ -52,6 +58,9 @@ class _Path:
     # at the proxy: model nodes this path delivered to or got reply cloves from, most recent
     # last (at most MODELS_PER_PATH); losing the connection to one is signalled to the user
     models: dict[bytes, None] = field(default_factory=dict)
+    # at the proxy: model nodes this path delivered to, most recent last (at most
+    # MODELS_PER_PATH): reply cloves are taken from these (and those may_answer allows) only
+    delivered: dict[bytes, None] = field(default_factory=dict)
 
 
 @dataclass
@@ -93,7 +102,11 @@ class RelayCore:
     connection (it does not speak the message), and with it every path on that link.
     ``admits(node_id)`` (``None``: anyone) says whether a predecessor may open a path here; once
     lists come from the committee it is "a registered user", so an unregistered node is refused
-    (``not-registered``) and :meth:`forget_unlisted` closes the paths of one that left."""
+    (``not-registered``) and :meth:`forget_unlisted` closes the paths of one that left.
+    ``may_answer(delivered_to, node_id)`` (``None``: nobody) says whether ``node_id`` may send
+    reply cloves on a path that delivered to model node ``delivered_to`` (it is a member of that
+    node's group, which answers a request forwarded to it straight to the user's proxies); the
+    node delivered to may always."""
 
     node_id: bytes
     static_key: crypto.X25519Key
@@ -103,6 +116,7 @@ class RelayCore:
     forwarded: int = 0
     is_model: Any = None  # Callable[[bytes], bool]
     admits: Any = None  # Callable[[bytes], bool]
+    may_answer: Any = None  # Callable[[bytes, bytes], bool]
 
     def __post_init__(self) -> None:
         self.by_pred: dict[tuple[bytes, bytes], _Path] = {}
@@ -225,8 +239,11 @@ class RelayCore:
 
     # ------------------------------------------------------------------ cells
 
-    def _live_path(self, peer: bytes, p: _Path | None, unknown: str, now: float) -> _Path | list[Send]:
-        """Rate-limit ``peer``, then the path a cell belongs to — or the actions for a drop."""
+    def _live_path(self, peer: bytes, p: _Path | None, unknown: str, now: float,
+                   sender_ok: Any = None) -> _Path | list[Send]:
+        """Rate-limit ``peer``, then the path a cell belongs to — or the actions for a drop.
+        ``sender_ok(path)`` (optional): whether ``peer`` may use the live path at all (if not:
+        dropped as ``return-clove-stranger``, the path untouched)."""
         if not self._bucket(self._cell_buckets, peer, self.limits.cells_per_s, self.limits.cell_burst).take(now):
             return self._drop("cell-rate-limited")
         if p is None:
@@ -234,6 +251,8 @@ class RelayCore:
         if now > p.expires:
             self._remove(p)
             return self._teardown(p, "expired") + self._drop("path-expired")
+        if sender_ok is not None and not sender_ok(p):
+            return self._drop("return-clove-stranger")
         p.last_used = now
         p.cells += 1
         return p
@@ -263,7 +282,8 @@ class RelayCore:
             return self._notice(p, "unknown-model-node", "the destination is not a model node in the registry")
         assert p.proxy_path_id is not None
         self.forwarded += 1
-        _remember_model(p, payload.dest)
+        _remember_model(p.models, payload.dest)
+        _remember_model(p.delivered, payload.dest)
         return [Send(payload.dest, Deliver(proxy_path_id=p.proxy_path_id, sealed=payload.sealed))]
 
     def on_cell_back(self, peer: bytes, msg: CellBack, now: float) -> list[Send]:
@@ -275,16 +295,24 @@ class RelayCore:
         return [Send(p.pred, CellBack(p.pred_link, iv, body))]
 
     def on_return_clove(self, peer: bytes, msg: ReturnClove, now: float) -> list[Send]:
+        """A reply clove from ``peer`` for the user of a proxy path: passed back only if the path
+        delivered to ``peer`` or ``may_answer`` allows it for a node the path delivered to (an
+        expired path is torn down whoever names it, as for any cell)."""
         found = self.by_proxy_path.get(msg.proxy_path_id)
         p = self._live_path(peer, found if found is not None and found.proxy is not None else None,
-                            "unknown-proxy-path", now)
+                            "unknown-proxy-path", now, lambda path: self._may_return(path, peer))
         if not isinstance(p, _Path):
             return p
         assert p.proxy is not None
-        _remember_model(p, peer)
+        _remember_model(p.models, peer)
         iv, body = p.proxy.seal_backward(codec.encode(FromModel(data=msg.data)))
         self.forwarded += 1
         return [Send(p.pred, CellBack(p.pred_link, iv, body))]
+
+    def _may_return(self, p: _Path, peer: bytes) -> bool:
+        if peer in p.delivered:
+            return True
+        return self.may_answer is not None and any(self.may_answer(d, peer) for d in p.delivered)
 
     def _notice(self, p: _Path, code: str, detail: str, model_node: bytes = b"") -> list[Send]:
         assert p.proxy is not None
@@ -361,9 +389,9 @@ class RelayCore:
 MODELS_PER_PATH = 8
 
 
-def _remember_model(p: _Path, node: bytes) -> None:
-    """``node`` talked to the proxy path ``p`` (most recent last; bounded)."""
-    p.models.pop(node, None)
-    p.models[node] = None
-    if len(p.models) > MODELS_PER_PATH:
-        del p.models[next(iter(p.models))]
+def _remember_model(models: dict[bytes, None], node: bytes) -> None:
+    """Add ``node`` to a proxy path's ``models`` or ``delivered`` (most recent last; bounded)."""
+    models.pop(node, None)
+    models[node] = None
+    if len(models) > MODELS_PER_PATH:
+        del models[next(iter(models))]

@@ -14,19 +14,24 @@ nonce together with the hash of the server certificate (:mod:`overlay.handshake`
 Every network await has a timeout (:class:`Timeouts`); a bad frame or failed proof earns the
 peer an :class:`~overlay.messages.Error` frame and a closed connection, never a crash.
 
-**Admission** (:class:`Admission`, issue 15 item 5). A listener caps its connections, and a
-peer holding many silent or half-open connections must not keep honest peers out: a
-connection is *pending* until the peer has proved its identity, which it must do within
-``Timeouts.accept`` (5 s); pending connections are capped in total and per source address;
-when a cap is reached the newcomer evicts the oldest pending connection of the address with
-the most pending ones (its own address first if that one is over its cap). Authenticated
-connections are never evicted for a newcomer; when all slots hold authenticated connections,
-the newcomer is refused.
+**Admission** (:class:`Admission`, issue 15 item 5, issue 28 item 4). A listener caps its
+connections, and one host must not keep honest peers out, neither with many silent or half-open
+connections nor with many authenticated ones under fresh keys: a connection is *pending* until
+the peer has proved its identity, which it must do within ``Timeouts.accept`` (5 s); pending
+connections are capped in total, per source address and per network prefix, and a newcomer over
+a cap evicts the oldest pending connection of the heaviest source. Once the peer has proved its
+identity, the node's ``registered`` predicate (its current directory; ``None``: everyone counts
+as registered) decides its class: unregistered peers share at most a quarter of the slots, with
+caps per address and per prefix, and are evicted (oldest first, from the heaviest prefix) to
+make room for a registered peer; registered peers are never evicted and have no per-source cap
+(the committee caps registrations per address). When every slot holds a registered peer, the
+newcomer is refused.
 """
 
 from __future__ import annotations
 
 import abc
+import ipaddress
 import itertools
 import logging
 import os
@@ -86,42 +91,136 @@ def format_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def source_of(host: str) -> tuple[str, str]:
+    """The ``(address, prefix)`` a listener counts a connection from ``host`` under.
+
+    IPv4: the address and its /24. IPv6: the /64 (one host's share: a host picks any address
+    in it) and the /48. An IPv4-mapped IPv6 address (``::ffff:198.51.100.7``) counts as the
+    IPv4 address. Anything else (the in-memory transport's names) is its own address and
+    prefix."""
+    text = host.strip("[]").partition("%")[0]  # no brackets, no IPv6 zone
+    try:
+        ip = ipaddress.ip_address(text)
+    except ValueError:
+        return host, host
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if isinstance(ip, ipaddress.IPv4Address):
+        return str(ip), str(ipaddress.IPv4Network((ip, 24), strict=False))
+    return (str(ipaddress.IPv6Network((ip, 64), strict=False)),
+            str(ipaddress.IPv6Network((ip, 48), strict=False)))
+
+
+@dataclass(slots=True)
+class _Slot:
+    """An authenticated connection as :class:`Admission` sees it."""
+
+    peer_id: bytes
+    address: str
+    prefix: str
+    registered: bool
+
+
 class Admission:
     """Which connections a listener keeps (I/O-free; the transport drives it).
 
-    ``admit(key, address)`` for every new connection returns ``(admitted, evict)``: whether
-    to go on with ``key``'s handshake, and the keys of pending connections to close now to
-    make room. ``authenticated(key)`` once the peer proved its identity, ``closed(key)``
-    when a connection ends (admitted or not, evicted or not; unknown keys are ignored).
+    ``admit(key, address, now)`` for every new connection returns ``(admitted, evict)``:
+    whether to go on with ``key``'s handshake, and the keys of pending connections to close
+    now to make room. ``authenticated(key, peer_id)`` once the peer proved its identity returns
+    ``(refusal, evict)``: ``None`` to keep it (else the error code to close it with), and the
+    keys of authenticated connections to close now to make room for it. ``closed(key)`` when a
+    connection ends (admitted or not, evicted or not; unknown keys are ignored).
 
-    Policy: at most ``new_per_s`` new connections a second from one source address (a token
-    bucket with ``new_burst``; over it the newcomer is refused before TLS, so churning silent
-    connections cannot burn the listener's CPU on handshakes either); at most
-    ``max_connections`` in all, ``max_pending`` of them unauthenticated, and
-    ``max_pending_per_address`` unauthenticated from one source address. A newcomer over a
-    cap evicts the oldest pending connection of its own address if that address is at its
-    cap, else of the address with the most pending connections; authenticated connections
-    are never evicted (the newcomer is refused when no pending one is left to evict).
+    Sources: a connection counts under its source address and its network prefix
+    (:func:`source_of`: IPv4 /24, IPv6 /64 as the address and /48 as the prefix).
+
+    Before the handshake: at most ``new_per_s`` new connections a second from one source
+    address (a token bucket with ``new_burst``; over it the newcomer is refused before TLS, so
+    churning connections cannot burn the listener's CPU on handshakes either); at most
+    ``max_pending`` unauthenticated connections, ``max_pending_per_prefix`` of them from one
+    prefix and ``max_pending_per_address`` from one address. A newcomer over a cap evicts the
+    oldest pending connection of its own address (or prefix) if that one is at its cap, else
+    the oldest of the prefix with the most pending connections.
+
+    After the handshake: at most ``max_connections`` authenticated connections. ``registered``
+    (``None``: every peer counts as registered) says whether a peer is in the node's current
+    directory; it is asked when a peer authenticates and asked again for every connection
+    whenever a cap is reached, so a connection counts as what its peer is now. Unregistered
+    peers hold at most ``max_unregistered`` connections in all (``unregistered_share`` of
+    ``max_connections``), ``max_unregistered_per_prefix`` from one prefix and
+    ``max_unregistered_per_address`` from one address; a newcomer over its address's or
+    prefix's cap is refused (``unregistered-over-cap``). When the unregistered share (or every
+    slot) is full, an unregistered newcomer evicts the oldest unregistered connection of the
+    heaviest prefix (most unregistered connections, then its heaviest address) if that prefix
+    holds at least two more than the newcomer's own, else it is refused: no prefix can keep
+    the share from peers elsewhere. A registered newcomer is never held to these caps; when
+    every slot is taken it evicts an unregistered connection chosen the same way, and is
+    refused (``too-many-connections``) only when every slot holds a registered peer.
+    Registered peers are never evicted.
+
+    So that a registered newcomer can get in while every slot is held, a connection may start
+    its handshake beyond ``max_connections`` while fewer connections are over it than there
+    are unregistered connections to evict (still within ``max_pending``): the listener holds at
+    most ``max_connections + max_pending`` sockets. With ``registered=None`` there is never an
+    unregistered connection, and none of this applies: authenticated connections are never
+    evicted and have no per-source cap.
+
+    Counters: ``rate_limited``, ``evicted`` (pending connections), ``refused`` (before the
+    handshake: every slot taken), ``evicted_unregistered``, ``refused_unregistered`` and
+    ``refused_full`` (after the handshake).
     """
 
     def __init__(self, max_connections: int = 1024, max_pending: int = 128,
-                 max_pending_per_address: int = 32, new_per_s: float = 20.0, new_burst: float = 100.0) -> None:
+                 max_pending_per_address: int = 32, new_per_s: float = 20.0, new_burst: float = 100.0, *,
+                 max_pending_per_prefix: int | None = None,
+                 registered: Callable[[bytes], bool] | None = None, unregistered_share: float = 0.25,
+                 max_unregistered_per_address: int | None = None,
+                 max_unregistered_per_prefix: int | None = None) -> None:
+        """Defaults derived from the caps given: ``max_pending_per_prefix`` half of
+        ``max_pending`` (at least ``max_pending_per_address``); ``max_unregistered_per_address``
+        1/16 and ``max_unregistered_per_prefix`` 1/4 of ``max_unregistered`` (at least 1 and
+        at least the per-address cap): 256, 64 and 16 at 1,024 connections."""
         if not 1 <= max_pending_per_address <= max_pending <= max_connections:
             raise ValueError("need 1 <= max_pending_per_address <= max_pending <= max_connections")
         if new_per_s <= 0 or new_burst < 1:
             raise ValueError("need new_per_s > 0 and new_burst >= 1")
+        if not 0 < unregistered_share <= 1:
+            raise ValueError("need 0 < unregistered_share <= 1")
         self.new_per_s = new_per_s
         self.new_burst = new_burst
         self._buckets: dict[str, tuple[float, float]] = {}  # address -> (tokens, time)
-        self.rate_limited = 0
         self.max_connections = max_connections
         self.max_pending = max_pending
         self.max_pending_per_address = max_pending_per_address
-        self._pending: OrderedDict[Hashable, str] = OrderedDict()  # key -> address, oldest first
-        self._per_address: Counter[str] = Counter()
-        self._established: set[Hashable] = set()
+        self.max_pending_per_prefix = (max(max_pending_per_address, max_pending // 2)
+                                       if max_pending_per_prefix is None else max_pending_per_prefix)
+        if not max_pending_per_address <= self.max_pending_per_prefix <= max_pending:
+            raise ValueError("need max_pending_per_address <= max_pending_per_prefix <= max_pending")
+        self.registered = registered
+        self.max_unregistered = max(1, int(max_connections * unregistered_share))
+        self.max_unregistered_per_address = (max(1, self.max_unregistered // 16)
+                                             if max_unregistered_per_address is None
+                                             else max_unregistered_per_address)
+        self.max_unregistered_per_prefix = (max(self.max_unregistered_per_address, self.max_unregistered // 4)
+                                            if max_unregistered_per_prefix is None
+                                            else max_unregistered_per_prefix)
+        if not (1 <= self.max_unregistered_per_address <= self.max_unregistered_per_prefix
+                <= self.max_unregistered):
+            raise ValueError("need 1 <= max_unregistered_per_address <= max_unregistered_per_prefix"
+                             " <= max_unregistered")
+        self._pending: OrderedDict[Hashable, tuple[str, str]] = OrderedDict()  # key -> source, oldest first
+        self._pending_per_address: Counter[str] = Counter()
+        self._pending_per_prefix: Counter[str] = Counter()
+        self._established: dict[Hashable, _Slot] = {}  # oldest first
+        self._unregistered = 0
+        self._unregistered_per_address: Counter[str] = Counter()
+        self._unregistered_per_prefix: Counter[str] = Counter()
+        self.rate_limited = 0
         self.evicted = 0
         self.refused = 0
+        self.evicted_unregistered = 0
+        self.refused_unregistered = 0
+        self.refused_full = 0
 
     @property
     def pending(self) -> int:
@@ -131,25 +230,37 @@ class Admission:
     def established(self) -> int:
         return len(self._established)
 
+    @property
+    def unregistered(self) -> int:
+        """Authenticated connections counted as unregistered (as of the last check)."""
+        return self._unregistered
+
+    # ------------------------------------------------------------------ before the handshake
+
     def admit(self, key: Hashable, address: str, now: float = 0.0) -> tuple[bool, list[Hashable]]:
-        """``now``: monotonic seconds (for the per-address rate)."""
+        """``address``: the source host; ``now``: monotonic seconds (for the per-address rate)."""
+        address, prefix = source_of(address)
         if not self._take(address, now):
             self.rate_limited += 1
             return False, []
         evict: list[Hashable] = []
-        if self._per_address[address] >= self.max_pending_per_address:
-            evict.append(self._oldest_of(address))
-        elif self.pending >= self.max_pending or self.pending + self.established >= self.max_connections:
+        over = self.pending + self.established - self.max_connections  # >= 0: every slot taken
+        if self._pending_per_address[address] >= self.max_pending_per_address:
+            evict.append(self._oldest_pending(lambda a, p: a == address))
+        elif self._pending_per_prefix[prefix] >= self.max_pending_per_prefix:
+            evict.append(self._oldest_pending(lambda a, p: p == prefix))
+        elif self.pending >= self.max_pending or (over >= 0 and over >= self._unregistered):
             if not self._pending:
                 self.refused += 1
                 return False, []
-            heaviest = max(self._per_address, key=lambda a: self._per_address[a])
-            evict.append(self._oldest_of(heaviest))
+            heaviest = max(self._pending_per_prefix, key=lambda p: self._pending_per_prefix[p])
+            evict.append(self._oldest_pending(lambda a, p: p == heaviest))
         for k in evict:
             self.closed(k)
         self.evicted += len(evict)
-        self._pending[key] = address
-        self._per_address[address] += 1
+        self._pending[key] = (address, prefix)
+        self._pending_per_address[address] += 1
+        self._pending_per_prefix[prefix] += 1
         return True, evict
 
     def _take(self, address: str, now: float) -> bool:
@@ -167,26 +278,106 @@ class Admission:
         self._buckets[address] = (tokens - 1.0 if ok else tokens, now)
         return ok
 
-    def _oldest_of(self, address: str) -> Hashable:
-        return next(k for k, a in self._pending.items() if a == address)
+    def _oldest_pending(self, match: Callable[[str, str], bool]) -> Hashable:
+        return next(k for k, (a, p) in self._pending.items() if match(a, p))
 
-    def authenticated(self, key: Hashable) -> None:
-        address = self._pending.pop(key, None)
-        if address is None:
+    def _drop_pending(self, address: str, prefix: str) -> None:
+        _decrement(self._pending_per_address, address)
+        _decrement(self._pending_per_prefix, prefix)
+
+    # ------------------------------------------------------------------ after the handshake
+
+    def authenticated(self, key: Hashable, peer_id: bytes) -> tuple[str | None, list[Hashable]]:
+        """``peer_id`` proved its identity on ``key``. ``("evicted", [])`` if ``key`` was
+        closed meanwhile (nothing changes)."""
+        source = self._pending.pop(key, None)
+        if source is None:
+            return "evicted", []
+        address, prefix = source
+        self._drop_pending(address, prefix)
+        registered = self.registered is None or self.registered(peer_id)
+        evict: list[Hashable] = []
+        if registered:
+            if self.established >= self.max_connections:
+                self._recount()
+                victim = self._victim()
+                if victim is None:
+                    self.refused_full += 1
+                    return "too-many-connections", []
+                evict.append(victim)
+        else:
+            def over_source() -> bool:
+                return (self._unregistered_per_address[address] >= self.max_unregistered_per_address
+                        or self._unregistered_per_prefix[prefix] >= self.max_unregistered_per_prefix)
+
+            def full() -> bool:
+                return self._unregistered >= self.max_unregistered or self.established >= self.max_connections
+
+            if over_source() or full():
+                self._recount()
+            if over_source():
+                self.refused_unregistered += 1
+                return "unregistered-over-cap", []
+            if full():
+                victim = self._victim(prefix)
+                if victim is None:
+                    self.refused_unregistered += 1
+                    return "unregistered-over-cap", []
+                evict.append(victim)
+        for k in evict:
+            self.closed(k)
+        self.evicted_unregistered += len(evict)
+        self._established[key] = slot = _Slot(peer_id, address, prefix, registered)
+        if not registered:
+            self._count_unregistered(slot, 1)
+        return None, evict
+
+    def _count_unregistered(self, slot: _Slot, n: int) -> None:
+        self._unregistered += n
+        if n > 0:
+            self._unregistered_per_address[slot.address] += n
+            self._unregistered_per_prefix[slot.prefix] += n
+        else:
+            _decrement(self._unregistered_per_address, slot.address)
+            _decrement(self._unregistered_per_prefix, slot.prefix)
+
+    def _recount(self) -> None:
+        """Ask ``registered`` again for every authenticated connection (the directory changes)."""
+        if self.registered is None:
             return
-        self._drop_address(address)
-        self._established.add(key)
+        for slot in self._established.values():
+            now_registered = self.registered(slot.peer_id)
+            if now_registered != slot.registered:
+                slot.registered = now_registered
+                self._count_unregistered(slot, -1 if now_registered else 1)
+
+    def _victim(self, newcomer_prefix: str | None = None) -> Hashable | None:
+        """The unregistered connection to evict: the oldest of the heaviest address of the
+        heaviest prefix; for an unregistered newcomer (``newcomer_prefix``) only if that prefix
+        holds at least two more unregistered connections than the newcomer's."""
+        if not self._unregistered:
+            return None
+        count = self._unregistered_per_prefix
+        heaviest = max(count, key=lambda p: count[p])
+        if newcomer_prefix is not None and count[heaviest] <= count[newcomer_prefix] + 1:
+            return None
+        of_prefix = [(k, s) for k, s in self._established.items() if not s.registered and s.prefix == heaviest]
+        address = max((s.address for _, s in of_prefix), key=lambda a: self._unregistered_per_address[a])
+        return next(k for k, s in of_prefix if s.address == address)
 
     def closed(self, key: Hashable) -> None:
-        address = self._pending.pop(key, None)
-        if address is not None:
-            self._drop_address(address)
-        self._established.discard(key)
+        source = self._pending.pop(key, None)
+        if source is not None:
+            self._drop_pending(*source)
+        slot = self._established.pop(key, None)
+        if slot is not None and not slot.registered:
+            self._count_unregistered(slot, -1)
 
-    def _drop_address(self, address: str) -> None:
-        self._per_address[address] -= 1
-        if self._per_address[address] <= 0:
-            del self._per_address[address]
+
+def _decrement(counter: Counter[str], key: str) -> None:
+    counter[key] -= 1
+    if counter[key] <= 0:
+        del counter[key]
 
 
 class Connection:
@@ -351,12 +542,21 @@ class Transport(abc.ABC):
 
     def __init__(self, identity: Identity, *, timeouts: Timeouts | None = None, max_connections: int = 1024,
                  max_pending: int = 128, max_pending_per_address: int = 32,
-                 tap: Callable[[bytes | bytearray], None] | None = None, clock: Clock | None = None) -> None:
+                 tap: Callable[[bytes | bytearray], None] | None = None, clock: Clock | None = None,
+                 registered: Callable[[bytes], bool] | None = None, local_address: str | None = None) -> None:
         """``tap``, if given, sees every byte this node receives after TLS (tests use it
         to check what a relay learns). ``max_connections``, ``max_pending`` and
         ``max_pending_per_address`` are each listener's :class:`Admission` caps; ``clock``
-        (default :class:`~overlay.clock.TrioClock`) times its rate limit."""
+        (default :class:`~overlay.clock.TrioClock`) times its rate limit. ``registered``
+        (``registered(peer_id)``: is the peer in this node's current directory; ``None``: every
+        peer counts as registered) is the :class:`Admission` predicate of the listeners started
+        after it is set (a :class:`~overlay.node.Node` sets it). ``local_address``: the source
+        address this transport's dials leave from (TLS: the local IP the socket binds to; in
+        memory: the source the listener sees); ``None``: the system's choice (in memory: one
+        per identity)."""
         self.identity = identity
+        self.registered = registered
+        self.local_address = local_address
         self.clock: Clock = clock or TrioClock()
         self.timeouts = timeouts or Timeouts()
         self.max_connections = max_connections
@@ -417,8 +617,12 @@ class Transport(abc.ABC):
         conn._decoder.feed(bytes(pre.decoder._buf))  # anything sent right after AuthOk
         return conn
 
-    async def _accept(self, stream: trio.abc.Stream, binding: bytes, address: str) -> Connection | None:
-        """Server side of the handshake; ``None`` (logged, counted) when it fails."""
+    async def _accept(self, stream: trio.abc.Stream, binding: bytes, address: str,
+                      decide: Callable[[bytes], str | None]) -> Connection | None:
+        """Server side of the handshake; ``None`` (logged, counted) when it fails.
+        ``decide(peer_id)``, once the peer has proved its identity and before it is told so,
+        returns ``None`` to keep it, else the error code it is refused with (``"evicted"``:
+        the connection was evicted meanwhile; closed without a word, counted by the caller)."""
         reason = None
         pre = _PreAuth(stream, address, self.tap)
         tls_done = False
@@ -430,18 +634,27 @@ class Transport(abc.ABC):
                 await pre.send(AuthChallenge(nonce=nonce))
                 proof = await pre.receive(AuthProof)
                 peer_id = handshake.check_proof(proof, binding, nonce)
+                refusal = decide(peer_id)
+                if refusal == "evicted":
+                    return None
+                if refusal is not None:
+                    raise _Refused(refusal)
                 await pre.send(AuthOk(x25519_public=self.identity.x25519_public))
         except trio.TooSlowError:
             reason, detail = "timeout", f"no valid handshake within {self.timeouts.accept}s"
         except handshake.AuthError as exc:
             reason, detail = "auth-failed", str(exc)
+        except _Refused as exc:
+            reason, detail = exc.code, _REFUSALS.get(exc.code, exc.code)
         except RemoteProtocolError as exc:
             reason, detail = "bad-frame", str(exc)
         except (TransportError, OSError, trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError) as exc:
             reason, detail = "handshake-io", repr(exc)
         if reason is not None:
             self._count_reject(reason)
-            log.warning("rejected %s during handshake: %s: %s", address, reason, detail)
+            # (an admission refusal is policy, not a fault: an attacker's flood would fill the log)
+            log.log(logging.INFO if reason in _REFUSALS else logging.WARNING,
+                    "rejected %s during handshake: %s: %s", address, reason, detail)
             if tls_done:  # (before TLS is up, sending would first finish TLS for a peer we drop)
                 with trio.move_on_after(1.0):
                     try:
@@ -467,13 +680,15 @@ class Transport(abc.ABC):
         return None  # a hook: none by default (MemoryTransport), TLSTransport overrides it
 
     def _new_admission(self) -> tuple[Admission, dict[Hashable, trio.CancelScope]]:
-        self.admission = Admission(self.max_connections, self.max_pending, self.max_pending_per_address)
+        self.admission = Admission(self.max_connections, self.max_pending, self.max_pending_per_address,
+                                   registered=self.registered)
         return self.admission, {}
 
     async def _run_handler(self, handler: Handler, stream: trio.abc.Stream, binding: bytes, address: str,
-                           admission: Admission, pending: dict[Hashable, trio.CancelScope],
+                           admission: Admission, scopes: dict[Hashable, trio.CancelScope],
                            source: str | None = None) -> None:
-        """One accepted connection: admission, handshake (evictable), then ``handler``.
+        """One accepted connection: admission, handshake, admission of the authenticated peer,
+        then ``handler``; evictable throughout (``scopes``: each connection's cancel scope).
         ``source``: the peer's address for the caps (default: the host of ``address``)."""
         key = object()
         if source is None:
@@ -481,7 +696,7 @@ class Transport(abc.ABC):
         rate_limited_before = admission.rate_limited
         admitted, evict = admission.admit(key, source, self.clock.monotonic())
         for k in evict:
-            scope = pending.pop(k, None)
+            scope = scopes.pop(k, None)
             if scope is not None:
                 scope.cancel()
         if not admitted:
@@ -495,27 +710,58 @@ class Transport(abc.ABC):
                             self.max_connections)
             await _hard_close(stream)
             return
+        decided: list[str | None] = []
+
+        def decide(peer_id: bytes) -> str | None:
+            refusal, victims = admission.authenticated(key, peer_id)
+            for k in victims:
+                victim = scopes.get(k)
+                if victim is not None:
+                    victim.cancel()
+            decided.append(refusal)
+            return refusal
+
         try:
-            scope = pending[key] = trio.CancelScope()
+            scope = scopes[key] = trio.CancelScope()
             conn = None
             with scope:
-                conn = await self._accept(stream, binding, address)
-            pending.pop(key, None)
-            if scope.cancelled_caught:
-                self._count_reject("evicted")
-                log.info("evicted %s: still unauthenticated when the pending connections were full", address)
+                conn = await self._accept(stream, binding, address, decide)
+            if scope.cancel_called and (scope.cancelled_caught or conn is not None or decided == ["evicted"]):
+                kept = decided == [None]  # evicted after it authenticated, or while it still had to
+                self._count_reject("evicted-unregistered" if kept else "evicted")
+                log.info("evicted %s: %s", address, "an unregistered peer, for a registered one" if kept
+                         else "still unauthenticated when the pending connections were full")
                 await _hard_close(stream)
                 return
             if conn is None:
                 return
-            admission.authenticated(key)
-            try:
-                await handler(conn)
-            finally:
-                await conn.aclose()
+            scope = scopes[key] = trio.CancelScope()
+            with scope:
+                try:
+                    await handler(conn)
+                finally:
+                    await conn.aclose()
+            if scope.cancelled_caught:
+                self._count_reject("evicted-unregistered")
+                log.info("evicted %s (peer %s): an unregistered peer, for a registered one", address, conn.peer)
         finally:
-            pending.pop(key, None)
+            scopes.pop(key, None)
             admission.closed(key)
+
+
+class _Refused(Exception):
+    """Admission refused a peer that proved its identity (``code``: the error code it gets)."""
+
+    def __init__(self, code: str) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+_REFUSALS = {
+    "unregistered-over-cap": "this node keeps most connections for registered peers, and the share for "
+                             "unregistered ones is full (from your address or network, or in all)",
+    "too-many-connections": "every connection slot of this node holds a registered peer",
+}
 
 
 # --------------------------------------------------------------------------- TLS
@@ -553,7 +799,7 @@ class TLSTransport(Transport):
 
     async def _open(self, address: str) -> tuple[trio.abc.Stream, bytes, bytes]:
         host, port = parse_address(address)
-        tcp = await trio.open_tcp_stream(host, port)
+        tcp = await trio.open_tcp_stream(host, port, local_address=self.local_address)
         tls = trio.SSLStream(tcp, self._client_ctx, server_hostname=None)
         try:
             await tls.do_handshake()
@@ -584,7 +830,7 @@ class TLSTransport(Transport):
     ) -> None:
         """Listen until cancelled; reports the bound ``host:port`` via ``task_status``."""
         listeners = await trio.open_tcp_listeners(port, host=host)
-        admission, pending = self._new_admission()
+        admission, scopes = self._new_admission()
         sock = listeners[0].socket
         bound = format_address(*sock.getsockname()[:2])
 
@@ -594,7 +840,7 @@ class TLSTransport(Transport):
             except OSError:
                 peer = "?"
             tls = trio.SSLStream(tcp, self._server_ctx, server_side=True)
-            await self._run_handler(handler, tls, self._binding, peer, admission, pending)
+            await self._run_handler(handler, tls, self._binding, peer, admission, scopes)
 
         async with trio.open_nursery() as nursery:
             await nursery.start(trio.serve_listeners, on_tcp, listeners)
@@ -634,8 +880,10 @@ class MemoryTransport(Transport):
         server_pk, inbox = entry
         client, server = trio.testing.memory_stream_pair()
         binding = crypto.sha256(b"mem" + server_pk + next(self.network._serial).to_bytes(8, "big"))
-        try:  # the source "address" is the dialer's own (one per node), as a host would be
-            inbox.send_nowait((server, binding, "mem-from-" + self.identity.node_id.hex()[:12]))
+        # the source "address" is the dialer's own (one per node), as a host would be, unless given
+        source = self.local_address or "mem-from-" + self.identity.node_id.hex()[:12]
+        try:
+            inbox.send_nowait((server, binding, source))
         except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
             raise TransportError(f"cannot connect to {address}: listener busy or gone") from None
         return client, server_pk, binding
@@ -651,13 +899,13 @@ class MemoryTransport(Transport):
     ) -> None:
         address = self.network.address(name or self.identity.node_id.hex()[:12])
         send, receive = trio.open_memory_channel[Any](64)
-        admission, pending = self._new_admission()
+        admission, scopes = self._new_admission()
         self.network.listeners[address] = (self.identity.ed25519_public, send)
         try:
             async with trio.open_nursery() as nursery:
                 task_status.started(address)
                 async for stream, binding, *source in receive:  # raw test dials send no source
-                    nursery.start_soon(self._run_handler, handler, stream, binding, address, admission, pending,
+                    nursery.start_soon(self._run_handler, handler, stream, binding, address, admission, scopes,
                                        source[0] if source else address)
         finally:
             self.network.listeners.pop(address, None)

@@ -454,9 +454,9 @@ class ListTarget(Target):
 
     def _document(self, height: int, ub: bytes, mb: bytes, kind: int, signers: int) -> bytes:
         ud, md = crypto.sha256(ub), crypto.sha256(mb)
-        msg = signing_message(CHAIN, height, ud, md, validators_digest(self.pinned))
+        msg = signing_message(CHAIN, height, T0, ud, md, validators_digest(self.pinned))
         sigs = [(k.public_bytes, k.sign(msg)) for k in self.keys[:signers]]
-        return encode_document(CHAIN, height, kind, ub if kind == KIND_USERS else mb, ud, md, self.pinned, sigs)
+        return encode_document(CHAIN, height, T0, kind, ub if kind == KIND_USERS else mb, ud, md, self.pinned, sigs)
 
     def document(self, src: Source) -> int:
         i = src.int(0, 1)
@@ -729,10 +729,16 @@ class RelayTarget(Target):
             return 0
         key = choice(src, sorted(self.proxies))
         before, crypt = self.proxies[key]
-        ppid = self.core.by_pred[key].proxy_path_id
+        path = self.core.by_pred[key]
+        ppid = path.proxy_path_id
         assert ppid is not None
         data = src.bytes(src.int(0, 300))
+        delivered = self.model in path.delivered
+        stranger_drops = self.core.dropped["return-clove-stranger"]
         out = self._feed(self.model, ReturnClove(ppid, data))
+        if not delivered:  # only the model node the path delivered to may answer on it
+            assert out == [] and self.core.dropped["return-clove-stranger"] == stranger_drops + 1
+            return 1
         assert len(out) == 1 and out[0].peer == key[0] and isinstance(out[0].msg, CellBack)
         iv, body = out[0].msg.iv, out[0].msg.body
         for h in reversed(crypt.hops[:-1]):

@@ -114,6 +114,35 @@ def test_unknown_links_and_proxy_paths_are_dropped():
     assert c.dropped["unknown-link"] == 2 and c.dropped["unknown-proxy-path"] == 1
 
 
+def test_a_return_clove_from_a_stranger_is_dropped_and_counted():
+    """Issue 28 item 6: the proxy passes reply cloves back only from a model node the path
+    delivered to (or one ``may_answer`` allows for it); anyone else who names the path id is
+    dropped, counted, and leaves the path as it was."""
+    cores = make_relays()
+    proxy = cores[2]
+    link, pkt, keys, out = build(cores)
+    (ppid,) = proxy.by_proxy_path
+    p = proxy.by_proxy_path[ppid]
+    # before any delivery even the model node is a stranger to the path
+    assert proxy.on_message(MODEL, ReturnClove(ppid, b"early"), now=1.0, unix=UNIX) == []
+    user = onion.PathCrypt(keys)
+    iv, body = user.wrap_forward(codec.encode(ToModel(dest=MODEL, sealed=b"s")))
+    route(cores, USER, [Send(cores[0].node_id, CellFwd(link, iv, body))], now=2.0)
+    state = (p.last_used, p.cells, dict(p.models), dict(p.delivered), proxy.forwarded)
+    for stranger in (b"X" * 20, USER, cores[1].node_id, b"B" * 20):
+        assert proxy.on_message(stranger, ReturnClove(ppid, b"watermark" * 1000), now=5.0, unix=UNIX) == []
+    assert proxy.dropped["return-clove-stranger"] == 5
+    assert (p.last_used, p.cells, dict(p.models), dict(p.delivered), proxy.forwarded) == state
+    # the model node delivered to is answered
+    (src, a), = route(cores, proxy.node_id, proxy.on_message(MODEL, ReturnClove(ppid, b"reply"), now=6.0, unix=UNIX))
+    assert a.peer == USER and user.unwrap_backward(a.msg.iv, a.msg.body) == codec.encode(FromModel(data=b"reply"))
+    # a member of its group, as may_answer says (B, not X)
+    proxy.may_answer = lambda delivered_to, node: delivered_to == MODEL and node == b"B" * 20
+    assert len(proxy.on_message(b"B" * 20, ReturnClove(ppid, b"member"), now=7.0, unix=UNIX)) == 1
+    assert proxy.on_message(b"X" * 20, ReturnClove(ppid, b"stranger"), now=7.0, unix=UNIX) == []
+    assert proxy.dropped["return-clove-stranger"] == 6 and list(p.models) == [MODEL, b"B" * 20]
+
+
 def test_link_ids_are_per_peer_and_differ_per_link():
     cores = make_relays()
     link, pkt, keys, out = build(cores)
@@ -164,6 +193,7 @@ def test_losing_the_model_node_signals_the_paths_that_used_it():
     route(cores, USER, [Send(cores[0].node_id, CellFwd(link, iv, body))])
     # another node (a group member it forwarded to) sends reply cloves on the path too
     member = b"B" * 20
+    proxy.may_answer = lambda delivered_to, node: (delivered_to, node) == (MODEL, member)
     ppid = next(iter(proxy.by_proxy_path))
     p = proxy.by_proxy_path[ppid]
     proxy.on_message(member, ReturnClove(ppid, b"clove"), now=0, unix=UNIX)
@@ -186,11 +216,20 @@ def test_a_failed_delivery_names_the_model_node():
 
 def test_the_models_remembered_per_path_are_bounded():
     cores = make_relays()
-    build(cores)
+    link, pkt, keys, out = build(cores)
+    cores[2].knows = lambda node: True
     ppid = next(iter(cores[2].by_proxy_path))
-    for i in range(50):
+    user = onion.PathCrypt(keys)
+    for i in range(50):  # delivered to 50 model nodes: the last 8 are remembered
+        iv, body = user.wrap_forward(codec.encode(ToModel(dest=bytes([i]) * 20, sealed=b"s")))
+        route(cores, USER, [Send(cores[0].node_id, CellFwd(link, iv, body))])
+    p = cores[2].by_proxy_path[ppid]
+    assert list(p.delivered) == list(p.models) == [bytes([i]) * 20 for i in range(42, 50)]
+    cores[2].may_answer = lambda delivered_to, node: True
+    for i in range(100, 150):  # 50 more answer for them
         cores[2].on_message(bytes([i]) * 20, ReturnClove(ppid, b"c"), now=0, unix=UNIX)
-    assert list(cores[2].by_proxy_path[ppid].models) == [bytes([i]) * 20 for i in range(42, 50)]
+    assert list(p.models) == [bytes([i]) * 20 for i in range(142, 150)]
+    assert list(p.delivered) == [bytes([i]) * 20 for i in range(42, 50)]
 
 
 def test_destroy_propagates_and_clears_tables():
