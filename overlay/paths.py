@@ -15,6 +15,22 @@ come ``LATE_CLOVE`` seconds after the request ended, the path is doubted — not
 once — and given up unless the clove comes within ``MISSING_GRACE`` seconds after the request
 ended). Counted in ``replaced[reason]``.
 
+A build that fails fast, before its ``PathReady`` (a relay's ``Destroy``, a first relay
+unreachable or lost; not a timeout, which has waited ``build_timeout`` already), pushes the next
+build back (:class:`Backoff`, issue 28 item 9): exponential from ``BACKOFF_BASE_S``, doubling per
+consecutive failed round, capped at ``BACKOFF_CAP_S``, with equal jitter; while builds keep
+failing only one build is in flight (a probe), and the first ``PathReady`` ends the back-off, so
+the pool fills at once. A ``Destroy("not-registered")`` means a relay's
+list does not hold us yet (we registered moments ago): it is counted (``refused[reason]``) and
+backed off, but does not make the path's relays suspects, since they will serve us after their
+next list refresh. Without this, a new user's pool rebuilt on every refusal at once: hundreds
+of refused builds a second until the relays' rate limits stopped answering.
+
+Relays are drawn from the user's region if it has at least ``region_min_users`` users
+(:data:`REGION_MIN_USERS`, the paper's "more than 1,000 users per region"), else from the
+nearest wider region ('eu-west' -> 'eu' -> everyone; :func:`region_scope`): regions are
+self-declared, and a small region would be a small anonymity set.
+
 Besides its pool, the manager builds *one-off* paths for a single request
 (:meth:`PathManager.build_fresh`, retired with :meth:`PathManager.retire`): a verifier sends
 each audit challenge over paths no other request used, so the proxies that deliver one
@@ -29,6 +45,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import random
 from collections import Counter
 from collections.abc import Callable, Container, Sequence
@@ -52,6 +69,14 @@ MISSING_GRACE = 5.0  # after a request ends, how long a path's first reply clove
 LATE_CLOVE = 0.5
 FRESH_RETRY_S = 1.0  # build_fresh: the pause before building again when every build failed at once
 EXPIRY_JITTER = 1200  # each hop's expiry is path_ttl plus an independent uniform draw from [0, this) s
+BACKOFF_BASE_S = 0.5  # the pause after the first failed round of builds (then doubled per failed round)
+BACKOFF_CAP_S = 30.0  # the longest pause between two rounds of builds
+NOT_REGISTERED = "not-registered"  # a relay's Destroy reason: its list does not hold us (yet)
+# Destroy reasons counted by name in ``PathManager.refused``; any other reason (it comes from the
+# network) is counted as "other", so the counter stays small.
+REFUSAL_REASONS = frozenset({NOT_REGISTERED, "table-full", "bad-next-hop", "expired", "closed", "neighbour-lost",
+                             "bad-size", "bad-key", "bad-mac", "bad-flags", "bad-cell"})
+REGION_MIN_USERS = 1000  # fewer users than this in a region: its users draw relays from a wider one
 
 
 class PathError(Exception):
@@ -79,6 +104,100 @@ def choose_relays(directory: Sequence[_E], me: bytes, in_use: Container[bytes], 
     if len(pool) < hops:
         raise PathError(f"need {hops} relays not used by our other paths, only {len(pool)} available")
     return rng.sample(pool, hops)
+
+
+class _HasRegion(Protocol):
+    @property
+    def node_id(self) -> bytes: ...
+
+    @property
+    def region(self) -> str: ...
+
+
+_R = TypeVar("_R", bound=_HasRegion)
+
+
+def in_region(region: str, scope: str) -> bool:
+    """Whether a node of ``region`` belongs to the region ``scope``: the same region or one inside
+    it ('eu-west' and 'eu-west-2' are in 'eu-west' and in 'eu'); every region is in ``""``."""
+    return scope == "" or region == scope or region.startswith(scope + "-")
+
+
+def wider_region(scope: str) -> str:
+    """The region around ``scope``: its name before the last '-' ('eu-west' -> 'eu'), and ``""``
+    (everyone) around a name without one."""
+    return scope.rsplit("-", 1)[0] if "-" in scope else ""
+
+
+def region_scope(users: Sequence[_R], region: str, min_users: int = REGION_MIN_USERS) -> tuple[str, list[_R]]:
+    """The region whose ``users`` a user of ``region`` draws its relays from, and those users:
+    ``region`` itself if at least ``min_users`` of ``users`` are in it (:func:`in_region`), else
+    the first of its wider regions (:func:`wider_region`) that has as many, else everyone
+    (scope ``""``). Every user whose choice lands on one scope draws from the same set, so a
+    region smaller than ``min_users`` never narrows an anonymity set below it (unless the whole
+    network is smaller). Pure."""
+    scope = region
+    while True:
+        members = [u for u in users if in_region(u.region, scope)]
+        if len(members) >= min_users or scope == "":
+            return scope, members
+        scope = wider_region(scope)
+
+
+class Backoff:
+    """When the next path build may start, after consecutive failed rounds of builds.
+
+    Builds started together form a *round* (:attr:`round`, stamped on each build); the first
+    failure of the current round opens the next one and pushes the next build back by
+    ``min(cap, base * 2**(f-1))`` seconds with equal jitter (half fixed, half uniform from
+    ``rng``), ``f`` the number of consecutive failed rounds; later failures of an older round
+    add nothing, so a pool whose four builds are all refused backs off once, not four times.
+    A success ends the back-off and opens a new round. ``base = 0`` turns it off (every failed
+    build may be retried at once). Pure: the caller passes the time."""
+
+    def __init__(self, rng: random.Random, base: float = BACKOFF_BASE_S, cap: float = BACKOFF_CAP_S) -> None:
+        if not (0 <= base <= cap and math.isfinite(cap)):
+            raise ValueError(f"need 0 <= base <= cap < inf; got base {base}, cap {cap}")
+        self.rng, self.base, self.cap = rng, base, cap
+        self.failures = 0  # consecutive failed rounds
+        self.round = 0
+        self.not_before = -math.inf  # monotonic time before which no build starts
+
+    @property
+    def enabled(self) -> bool:
+        return self.base > 0
+
+    def delay(self, failures: int) -> float:
+        """The pause after ``failures`` (>= 1) consecutive failed rounds, jitter drawn."""
+        d = min(self.cap, self.base * 2.0 ** min(failures - 1, 64))
+        return d / 2 + self.rng.uniform(0, d / 2)
+
+    def failed(self, build_round: int, now: float) -> float | None:
+        """A build of round ``build_round`` failed at ``now``: the pause before the next build if
+        this failure opened a new round, ``None`` if its round had already failed (or back-off
+        is off)."""
+        if not self.enabled or build_round != self.round:
+            return None
+        self.failures += 1
+        self.round += 1
+        d = self.delay(self.failures)
+        self.not_before = now + d
+        return d
+
+    def succeeded(self) -> None:
+        """A build succeeded: builds may start at once again."""
+        self.failures = 0
+        self.round += 1
+        self.not_before = -math.inf
+
+    def wait(self, now: float) -> float:
+        """Seconds from ``now`` until a build may start (0: now)."""
+        return max(0.0, self.not_before - now)
+
+    @property
+    def probing(self) -> bool:
+        """Builds keep failing: start one at a time until one succeeds."""
+        return self.enabled and self.failures > 0
 
 
 def hop_expiries(unix: float, ttl: int, jitter: int, rng: random.Random, hops: int = onion.HOPS) -> list[int]:
@@ -135,6 +254,7 @@ class Path:
     # requests in flight on this path: return tag -> callback(notice) for the proxy's notices
     watchers: dict[bytes, Callable[[PathNotice], None]] = field(default_factory=dict)
     doubted: bool = False  # brought no reply clove for its last request: not used, being replaced
+    build_round: int = 0  # the Backoff round the build started in
 
     @property
     def first(self) -> bytes:
@@ -162,13 +282,20 @@ class PathManager:
         expiry_jitter: int = EXPIRY_JITTER,
         rng: random.Random | None = None,
         clock: Clock | None = None,
+        region: str | None = None,
+        region_min_users: int = REGION_MIN_USERS,
+        backoff_base: float = BACKOFF_BASE_S,
+        backoff_cap: float = BACKOFF_CAP_S,
     ) -> None:
-        """``node`` sends frames (``send_nowait``); ``directory()`` lists the relays usable
-        (users of our region). ``target`` is N ≥ n (paper §3.2). ``clock`` (default
-        :class:`~overlay.clock.TrioClock`) times refreshes and suspect periods
-        (``monotonic``) and stamps onion expiries (``unix``): each hop of each path gets its
-        own, ``path_ttl`` plus an independent draw from ``[0, expiry_jitter)`` seconds
-        (:func:`hop_expiries`)."""
+        """``node`` sends frames (``send_nowait``); ``directory()`` lists the relays usable: with
+        ``region`` (our region), every user, of which the manager uses those of the region
+        :func:`region_scope` picks (``region_min_users``); without, exactly the relays to draw
+        from. ``target`` is N ≥ n (paper §3.2). ``clock`` (default
+        :class:`~overlay.clock.TrioClock`) times refreshes, suspect periods and the back-off
+        between failed builds (``monotonic``; :class:`Backoff` with ``backoff_base`` and
+        ``backoff_cap``, jitter from ``rng``; ``backoff_base=0`` turns it off) and stamps onion
+        expiries (``unix``): each hop of each path gets its own, ``path_ttl`` plus an
+        independent draw from ``[0, expiry_jitter)`` seconds (:func:`hop_expiries`)."""
         self.clock: Clock = clock or TrioClock()
         self.node = node
         self.directory = directory
@@ -181,12 +308,17 @@ class PathManager:
             raise ValueError(f"path_ttl + expiry_jitter must be positive and at most {onion.MAX_ONION_TTL} s "
                              f"(relays refuse longer onions); got {path_ttl} + {expiry_jitter}")
         self.rng = rng or random.SystemRandom()
+        self.backoff = Backoff(self.rng, backoff_base, backoff_cap)
+        self.region = region
+        self.region_min_users = region_min_users
+        self.scope: str | None = region  # the region relays are drawn from (region_scope), once known
         self.paths: list[Path] = []
         self.one_off: list[Path] = []  # paths of one request (build_fresh), outside the pool
         self.by_link: dict[tuple[bytes, bytes], Path] = {}
         self._changed = trio.Event()
         self.built = 0
-        self.failed = 0
+        self.failed = 0  # builds that failed, for any reason (refused, timed out, first relay lost)
+        self.refused: Counter[str] = Counter()  # builds a relay refused (Destroy before PathReady), by reason
         self._suspect: dict[bytes, float] = {}  # relay id -> monotonic time until which we avoid it
         self.dropped: Counter[str] = Counter()  # backward cells dropped, by reason
         self.replaced: Counter[str] = Counter()  # paths given up for silent misbehaviour, by reason
@@ -211,6 +343,11 @@ class PathManager:
 
     def owns(self, peer: bytes, link_id: bytes) -> Path | None:
         return self.by_link.get((peer, link_id))
+
+    @property
+    def refused_builds(self) -> int:
+        """Builds a relay refused with a ``Destroy`` before their ``PathReady`` (any reason)."""
+        return sum(self.refused.values())
 
     async def wait_ready(self, n: int, timeout: float) -> list[Path]:
         """At least ``n`` ready paths, waiting up to ``timeout`` for builds to finish."""
@@ -246,6 +383,9 @@ class PathManager:
                 path.proxy_path_id = payload.proxy_path_id
                 path.ready.set()
                 self.built += 1
+                if self.backoff.failures:
+                    log.info("%r: relays accept our builds again after %d failed rounds", path, self.backoff.failures)
+                self.backoff.succeeded()
                 self._notify()
         elif isinstance(payload, FromModel):
             data = payload.data
@@ -359,23 +499,40 @@ class PathManager:
                 self._replace(path, "reply-cloves-missing")
 
     def on_destroy(self, path: Path, msg: Destroy) -> None:
-        self._failed(path, f"destroyed: {msg.reason}")
+        """A relay tore ``path`` down. Before its ``PathReady`` that is a refused build, counted
+        by reason; ``not-registered`` (a list without us, most likely one a moment older than our
+        registration) leaves the relays unsuspected: they serve us after their next refresh."""
+        if not path.dead and not path.ready.is_set():
+            self.refused[msg.reason if msg.reason in REFUSAL_REASONS else "other"] += 1
+        self._failed(path, f"destroyed: {msg.reason}", suspect=msg.reason != NOT_REGISTERED)
 
     def on_peer_lost(self, peer: bytes) -> None:
         for p in [*self.paths, *self.one_off]:
             if p.first == peer:
                 self._failed(p, "lost the connection to the first relay")
 
-    def _failed(self, path: Path, why: str) -> None:
-        """A path died: avoid its relays for a while (we cannot tell which hop failed)."""
+    def _failed(self, path: Path, why: str, *, suspect: bool = True, backoff: bool = True) -> None:
+        """A path died: avoid its relays for a while (``suspect``; we cannot tell which hop
+        failed). A build that failed fast (``backoff``: refused, first relay unreachable or lost;
+        not one that timed out, which waited ``build_timeout`` already) backs off the next ones
+        (:class:`Backoff`)."""
         if path.dead:
             return
+        now = self.clock.monotonic()
         if not path.ready.is_set():
             self.failed += 1
-        until = self.clock.monotonic() + SUSPECT_SECONDS
-        for r in path.relays:
-            self._suspect[r.node_id] = until
-        log.info("%r failed: %s", path, why)
+            pause = self.backoff.failed(path.build_round, now) if backoff else None
+            if pause is not None:
+                log.info("%r failed: %s; %d failed rounds of builds in a row: the next in %.2fs", path, why,
+                         self.backoff.failures, pause)
+            else:
+                log.debug("%r failed: %s", path, why)
+        else:
+            log.info("%r failed: %s", path, why)
+        if suspect:
+            until = now + SUSPECT_SECONDS
+            for r in path.relays:
+                self._suspect[r.node_id] = until
         self._kill(path, send_destroy=False)
 
     def _kill(self, path: Path, *, send_destroy: bool) -> None:
@@ -395,24 +552,43 @@ class PathManager:
 
     # ------------------------------------------------------------------ building
 
+    def relay_pool(self) -> list[PeerEntry]:
+        """The relays paths are drawn from: ``directory()``, narrowed to our region's scope
+        (:func:`region_scope`) when the manager has a region. Logs when the scope changes, so a
+        fall-back to a wider region is logged once."""
+        entries = self.directory()
+        if self.region is None:
+            return entries
+        scope, pool = region_scope(entries, self.region, self.region_min_users)
+        if scope != self.scope:
+            if scope != self.region:
+                log.info("region %r has fewer than %d users: paths use the relays of %s (%d users)", self.region,
+                         self.region_min_users, repr(scope) if scope else "every region", len(pool))
+            else:
+                log.info("region %r has %d users: paths use its relays", self.region, len(pool))
+            self.scope = scope
+        return pool
+
     def _choose_relays(self) -> list[PeerEntry]:
         me = self.node.node_id
         now = self.clock.monotonic()
         in_use = {r.node_id for p in self._fresh(now) for r in p.relays}
         in_use |= {r.node_id for p in self.paths if p.doubted and not p.dead for r in p.relays}
-        return choose_relays(self.directory(), me, in_use, lambda r: self._is_suspect(r, now), self.rng)
+        return choose_relays(self.relay_pool(), me, in_use, lambda r: self._is_suspect(r, now), self.rng)
 
     def _is_suspect(self, relay: bytes, now: float) -> bool:
         until = self._suspect.get(relay)
         return until is not None and now <= until
 
     def start_build(self, relays: list[PeerEntry] | None = None, *, one_off: bool = False) -> Path:
-        """Start building a path (through ``relays``, by default drawn for the pool); ``one_off``
-        keeps it out of the pool (:meth:`build_fresh`)."""
+        """Start building a path now (through ``relays``, by default drawn for the pool); ``one_off``
+        keeps it out of the pool (:meth:`build_fresh`). The back-off is the caller's to respect
+        (:meth:`run` and :meth:`build_fresh` do)."""
         relays = relays if relays is not None else self._choose_relays()
         expiries = hop_expiries(self.clock.unix(), self.path_ttl, self.expiry_jitter, self.rng)
         packet, keys = onion.build_onion([r.x25519_public for r in relays], [r.node_id for r in relays], expiries)
-        path = Path(relays, crypto.random_bytes(LINK_ID_LEN), onion.PathCrypt(keys), self.clock.monotonic())
+        path = Path(relays, crypto.random_bytes(LINK_ID_LEN), onion.PathCrypt(keys), self.clock.monotonic(),
+                    build_round=self.backoff.round)
         path.returns = ReturnRoutes(lambda tag: self._tag_started(path, tag), lambda tag: self._tag_ended(path, tag))
         (self.one_off if one_off else self.paths).append(path)
         self.by_link[(path.first, path.link_id)] = path
@@ -420,22 +596,24 @@ class PathManager:
             self._build_failed(path, "first relay unreachable")
         return path
 
-    def _build_failed(self, path: Path, why: str) -> None:
-        self._failed(path, why)
+    def _build_failed(self, path: Path, why: str, *, backoff: bool = True) -> None:
+        self._failed(path, why, backoff=backoff)
         self.node.send_nowait(path.first, Destroy(path.link_id, "closed"))
 
     async def _watch_build(self, path: Path) -> None:
         with trio.move_on_after(self.build_timeout):
             await path.ready.wait()
         if not path.ready.is_set() and not path.dead:
-            self._build_failed(path, f"no PathReady within {self.build_timeout}s")
+            self._build_failed(path, f"no PathReady within {self.build_timeout}s", backoff=False)
 
     async def build_fresh(self, n: int, timeout: float) -> list[Path]:
         """``n`` new ready paths for ONE request, built now and used by nothing else: relays drawn
         as for the pool (distinct within these ``n`` paths, avoiding suspects), a build that fails
         or takes longer than ``build_timeout`` replaced on other relays, all within ``timeout``.
-        The caller retires them (:meth:`retire`) when its request is over. :class:`PathError` if
-        they cannot be built in time (what was built is retired)."""
+        Builds respect the back-off the pool shares (:class:`Backoff`: no build before its pause
+        is over, one at a time while builds keep failing). The caller retires them
+        (:meth:`retire`) when its request is over. :class:`PathError` if they cannot be built in
+        time (what was built is retired)."""
         me = self.node.node_id
         mine: list[Path] = []
         ok = False
@@ -444,8 +622,8 @@ class PathManager:
                 while True:
                     now = self.clock.monotonic()
                     for p in [p for p in mine if not p.dead and not p.ready.is_set()
-                              and now - p.created >= self.build_timeout]:
-                        self._build_failed(p, f"no PathReady within {self.build_timeout}s")
+                              and now >= p.created + self.build_timeout]:  # as the wake-up time below
+                        self._build_failed(p, f"no PathReady within {self.build_timeout}s", backoff=False)
                     mine = [p for p in mine if not p.dead]
                     if sum(p.ready.is_set() for p in mine) >= n:
                         ok = True
@@ -453,17 +631,22 @@ class PathManager:
                     suspect = functools.partial(self._is_suspect, now=now)
                     failed_at_once = False
                     for _ in range(2 * n):  # a first relay we cannot reach fails at once: try others
-                        if len(mine) >= n:
+                        if len(mine) >= n or self.backoff.wait(now) > 0:
                             break
+                        if self.backoff.probing and any(not p.ready.is_set() for p in mine):
+                            break  # builds keep failing: one probe at a time
                         in_use = {r.node_id for p in mine for r in p.relays}
-                        relays = choose_relays(self.directory(), me, in_use, suspect, self.rng)
+                        relays = choose_relays(self.relay_pool(), me, in_use, suspect, self.rng)
                         path = self.start_build(relays, one_off=True)
                         if path.dead:
                             failed_at_once = True
                         else:
                             mine.append(path)
                     building = [p.created + self.build_timeout for p in mine if not p.ready.is_set()]
-                    if failed_at_once or not building:  # first relays unreachable: pause before more builds
+                    pause = self.backoff.wait(now)
+                    if pause > 0:  # backing off: wake for a build's outcome or the pause's end
+                        building.append(now + pause)
+                    elif failed_at_once or not building:  # first relays unreachable: pause before more builds
                         await trio.sleep(FRESH_RETRY_S)
                         continue
                     changed = self._changed
@@ -487,7 +670,9 @@ class PathManager:
                 if not p.dead and not p.doubted and not (p.ready.is_set() and now - p.created > self.refresh)]
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Keep ``target`` fresh paths until cancelled; retire stale ones once replaced."""
+        """Keep ``target`` fresh paths until cancelled; retire stale ones once replaced. Missing
+        paths are built at once, unless builds are backing off (:class:`Backoff`): then none
+        before the pause is over, and one at a time until a build succeeds."""
         async with trio.open_nursery() as nursery:
             task_status.started()
             while True:
@@ -498,7 +683,12 @@ class PathManager:
                 if stale and sum(p.ready.is_set() for p in fresh) >= self.target:
                     for p in stale:
                         self._kill(p, send_destroy=True)
-                for _ in range(self.target - len(fresh)):
+                missing = self.target - len(fresh)
+                if self.backoff.probing:
+                    missing = min(missing, 1 - sum(not p.ready.is_set() for p in fresh))
+                for _ in range(missing):
+                    if self.backoff.wait(now) > 0:  # a build failed (at once, or before this round)
+                        break
                     try:
                         path = self.start_build()
                     except PathError as exc:
@@ -506,7 +696,7 @@ class PathManager:
                         break
                     nursery.start_soon(self._watch_build, path)
                 changed = self._changed
-                with trio.move_on_after(1.0):
+                with trio.move_on_after(min(1.0, self.backoff.wait(now)) or 1.0):
                     await changed.wait()
 
     def close(self) -> None:

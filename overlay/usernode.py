@@ -15,8 +15,8 @@ from overlay.anon import AnonClient
 from overlay.clock import Clock, TrioClock
 from overlay.identity import Identity
 from overlay.messages import CellBack, Destroy
-from overlay.node import Node
-from overlay.paths import PathManager
+from overlay.node import Node, listed_in
+from overlay.paths import REGION_MIN_USERS, PathManager
 from overlay.registry import Registry
 from overlay.relay import RelayCore
 from overlay.relay_service import RelayService
@@ -40,18 +40,20 @@ class UserNode:
         refresh: float = 15 * 60.0,
         clock: Clock | None = None,
         registered_only: bool = False,
+        region_min_users: int = REGION_MIN_USERS,
     ) -> None:
         """``clock`` (default :class:`~overlay.clock.TrioClock`) is handed to every part:
         node, relay, path manager and client, so a test moves them all at once.
         ``registered_only`` (set when lists come from the committee): this relay opens paths only
-        for users in the current user list. ``registry`` may be updated in place
+        for users in the current user list. Paths go through the user's ``region`` while it lists
+        at least ``region_min_users`` users, else through a wider one (:func:`overlay.paths.region_scope`). ``registry`` may be updated in place
         (:meth:`Registry.replace`); call :meth:`directory_changed` after each update."""
         clock = clock or TrioClock()
         self.identity = identity
         self.registry = registry
         self.region = region
         self.node = Node(identity, transport, peers=registry.entries, ping_interval=ping_interval,
-                         clock=clock)
+                         clock=clock, registered=listed_in(registry))
 
         self.on_unlisted: Any = None  # Callable[[], None]: told when a peer is not in the lists (refresh them)
 
@@ -63,10 +65,17 @@ class UserNode:
                 return e is not None and e.role == role
             return check
 
+        def groupmates(delivered_to: bytes, node_id: bytes) -> bool:
+            """Both trusted model nodes serving a common model: ``node_id`` may be in
+            ``delivered_to``'s forwarding group (model_node.group_service), and answer for it."""
+            a, b = registry.by_id.get(delivered_to), registry.by_id.get(node_id)
+            return (a is not None and b is not None and a.role == b.role == "model" and a.trusted
+                    and b.trusted and not set(a.models).isdisjoint(b.models))
+
         self.relay = RelayService(
             self.node,
             RelayCore(identity.node_id, identity.x25519, knows=has_role("user"), is_model=has_role("model"),
-                      admits=has_role("user") if registered_only else None),
+                      admits=has_role("user") if registered_only else None, may_answer=groupmates),
             clock=clock,
         )
         self.relay.install()
@@ -76,8 +85,8 @@ class UserNode:
         self._paths_deferred = False  # lists from the committee: build paths once the first ones arrive
         if client:
             self.paths = PathManager(
-                self.node, lambda: registry.users(region), target=max(n, paths or n),
-                build_timeout=build_timeout, refresh=refresh, clock=clock,
+                self.node, registry.users, region=region, region_min_users=region_min_users,
+                target=max(n, paths or n), build_timeout=build_timeout, refresh=refresh, clock=clock,
             )
             self.client = AnonClient(self.paths, registry.models, self.node.send_nowait, n=n, k=k,
                                       clock=clock)
@@ -133,4 +142,7 @@ class UserNode:
         }
         if self.paths is not None:
             out["paths_ready"] = len(self.paths.ready_paths())
+            out["paths_refused_builds"] = self.paths.refused_builds
+            out["paths_refused"] = dict(self.paths.refused)
+            out["paths_region_scope"] = self.paths.scope
         return out

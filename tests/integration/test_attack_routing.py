@@ -29,7 +29,7 @@ from .attacks import (
 
 async def test_paths_are_disjoint_regional_and_never_through_oneself(autojump_clock):
     async with trio.open_nursery() as nursery:
-        net = await start_secnet(nursery, 30, regions=("eu", "eu", "us"))
+        net = await start_secnet(nursery, 30, regions=("eu", "eu", "us"), region_min_users=1)
         user = net.client
         paths = await ready_paths(user)
         relays = [r.node_id for p in paths for r in p.relays]
