@@ -9,6 +9,8 @@ from overlay.cli import common_flags
 DEFAULT_PORT = 8741  # `gentorrent user serve`
 DEFAULT_MAX_BODY = 1 << 20  # 1 MiB: more than MAX_PROMPT_CHARS of JSON-escaped ASCII fits
 DEFAULT_MAX_CONCURRENT = 32
+DEFAULT_BODY_TIMEOUT = 10.0  # seconds for a request body to arrive whole
+API_KEY_ENV = "GENTORRENT_API_KEY"
 # settings of the commands that send prompts (overlay/config.py): which model nodes, and donations
 USER_SETTINGS = ("allow_unaudited", "donate_prompts", "donate_rate")
 USE_NOTE = ("Prompts go only to trusted model nodes (committee reputation 0.4 or more) of models the committee's "
@@ -69,9 +71,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "A local OpenAI-compatible HTTP API (GET /v1/models, POST /v1/chat/completions, POST "
             "/v1/completions, streamed or not) whose every call goes anonymously through the overlay, "
             "like 'user chat'; follow-ups of a conversation go back to the model node that served it. "
-            "Point any OpenAI client at http://127.0.0.1:PORT/v1 (any API key). Prints "
+            "Point any OpenAI client at http://127.0.0.1:PORT/v1 (any API key, unless --api-key sets one). Prints "
             "'READY <url>' once listening. Runs until Ctrl-C. A model the committee does not audit is answered "
-            "503 model_unaudited unless --allow-unaudited. " + USE_NOTE
+            "503 model_unaudited unless --allow-unaudited. Against web pages you visit: a request whose Host "
+            "header does not name the gateway (localhost, 127.0.0.1, [::1], the --host address, or an "
+            "--allow-host name) is refused 421 bad_host (DNS rebinding); a browser request from another web "
+            "origin is refused 403 cross_origin (unless --allow-origin lists it); a POST body must be sent as "
+            "Content-Type: application/json (415 otherwise). " + USE_NOTE
         ),
     )
     common_flags(serve, "committee", "committee_genesis", "advertise", "registry", "registry_keys", "peers", "region",
@@ -120,7 +126,26 @@ def _serve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"HTTP port (default: {DEFAULT_PORT}; 0 = any free)")
     p.add_argument("--listen-public", action="store_true",
                    help="allow --host to be a non-loopback address: anyone who reaches it can use your user "
-                        "node (the gateway has no authentication)")
+                        "node (only the holders of the key with --api-key)")
+    p.add_argument("--api-key", default=None, metavar="KEY",
+                   help=f"require 'Authorization: Bearer KEY' on every call, /v1/models included (401 "
+                        f"invalid_api_key otherwise); 1-1024 printable ASCII characters, no spaces. Default: the "
+                        f"{API_KEY_ENV} environment variable if set, else no key (fine on loopback). Prefer the "
+                        f"variable: a command line is visible to other local users. The key is never logged")
+    p.add_argument("--allow-host", action="append", default=None, metavar="HOST",
+                   help="also answer requests whose Host header names HOST (a DNS name or IP literal, no port; "
+                        "repeatable or comma-separated), e.g. the LAN name of a --listen-public gateway. "
+                        "By default only the --host address and, for a loopback or wildcard --host, localhost, "
+                        "127.0.0.1 and [::1]")
+    p.add_argument("--allow-origin", action="append", default=None, metavar="ORIGIN",
+                   help="let web pages of ORIGIN (scheme://host[:port], e.g. http://localhost:3000; repeatable "
+                        "or comma-separated) call the gateway from a browser: they get CORS headers, so they can "
+                        "read the answers. By default a request from any origin but the gateway's own is refused "
+                        "403 cross_origin and no page elsewhere can read an answer")
+    p.add_argument("--body-timeout", type=float, default=DEFAULT_BODY_TIMEOUT, metavar="SECONDS",
+                   help=f"seconds for a request body to arrive whole before answering 408 body_timeout "
+                        f"(default: {DEFAULT_BODY_TIMEOUT:g}); a call takes a --max-concurrent slot only once "
+                        "its body is in")
     p.add_argument("--max-body", type=int, default=DEFAULT_MAX_BODY,
                    help=f"largest request body in bytes (default: {DEFAULT_MAX_BODY})")
     p.add_argument("--max-concurrent", type=int, default=DEFAULT_MAX_CONCURRENT,

@@ -7,9 +7,22 @@ shapes are the plain functions of :mod:`user_client.openai_api`; this module onl
 bytes between HTTP and a :class:`Backend` (the real one, :class:`AnonBackend`, is the
 :class:`~overlay.anon.AnonClient` users run, with session affinity per conversation).
 
-Bounds: a body over ``max_body`` bytes is refused (413) without being read further; more
-than ``max_concurrent`` calls in flight are refused (429). Errors are OpenAI-shaped:
-400 bad parameters, 404 unknown model, 413 body too large, 429 too many calls, 502 the model
+Who may call (:class:`~user_client.openai_api.Guard`, on the headers alone, before the body is
+read and before anything is sent to the network; a refusal leaves no state): a ``Host`` that
+does not name the gateway is refused 421 ``bad_host`` (DNS rebinding), a browser request from
+another web origin 403 ``cross_origin`` (CSRF) unless ``--allow-origin`` lists it (only a listed
+origin gets CORS headers), a missing or wrong ``Authorization: Bearer`` key 401
+``invalid_api_key`` when ``--api-key`` is set; a POST body not declared ``application/json`` is
+refused 415 ``unsupported_media_type``.
+
+Bounds: a body over ``max_body`` bytes is refused (413) without being read further; a body not
+received whole within ``body_timeout`` seconds is refused (408 ``body_timeout``, and the
+connection closed); a call takes one of ``max_concurrent`` slots only once its body is read and
+valid, and more calls in flight are refused (429), so clients that send their bodies slowly
+never hold a slot. Hypercorn closes a connection whose request headers do not arrive within
+``keep_alive_timeout`` (:func:`server_config`). Errors are OpenAI-shaped: 400 bad parameters,
+401 no or a wrong API key, 403 another web origin, 404 unknown model, 408 body too slow, 413 body
+too large, 415 body not JSON, 421 a Host not this gateway's, 429 too many calls, 502 the model
 node answered with an error (``model_node_error``) or a reply failed its check against the
 model node's signature (``reply_unverified``: never returned as a success), 503 no model node
 reachable, fewer proxy paths ready than a request needs, or a model the committee's verifiers do
@@ -41,7 +54,7 @@ from typing import Any, Protocol
 
 import trio
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
@@ -52,11 +65,10 @@ from overlay.messages import ChatMessage, ReplyChunk, SamplingParams
 from overlay.paths import PathError
 from overlay.peers import PeerEntry, usable
 from user_client import openai_api as api
-from user_client.cli import DEFAULT_MAX_BODY, DEFAULT_MAX_CONCURRENT
+from user_client.cli import API_KEY_ENV, DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY, DEFAULT_MAX_CONCURRENT
 from user_client.donate import Donor
 
 log = logging.getLogger("gentorrent.gateway")
-
 
 
 class Backend(Protocol):
@@ -211,24 +223,54 @@ async def pieces(
 
 
 class Gateway:
-    """The ASGI app (``self.app``) and its limits."""
+    """The ASGI app (``self.app``: the :class:`~user_client.openai_api.Guard`'s checks, then the
+    routes) and its limits. ``guard`` defaults to a loopback gateway's: loopback names only, no
+    other origin, no API key."""
 
     def __init__(self, backend: Backend, *, max_body: int = DEFAULT_MAX_BODY,
-                 max_concurrent: int = DEFAULT_MAX_CONCURRENT, clock: Clock | None = None,
-                 donor: Donor | None = None) -> None:
+                 max_concurrent: int = DEFAULT_MAX_CONCURRENT, body_timeout: float = DEFAULT_BODY_TIMEOUT,
+                 guard: api.Guard | None = None, clock: Clock | None = None, donor: Donor | None = None) -> None:
         self.backend = backend
         self.donor = donor  # --donate-prompts: offered each complete reply's request
         self.clock: Clock = clock or TrioClock()  # stamps replies' ``created``
+        self.guard = guard or api.Guard.make("127.0.0.1")
         self.max_body = max_body
         self.max_concurrent = max_concurrent
+        self.body_timeout = body_timeout
         self.active = 0
         self.served = 0
         self.affinity = api.Affinity()
-        self.app = Starlette(routes=[
+        self.routes = Starlette(routes=[
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/v1/models", self.list_models, methods=["GET"]),
         ])
+
+    async def app(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The ASGI app: an HTTP request passes the guard (on its headers, nothing read, nothing
+        kept) or is answered with the refusal; a CORS preflight from a listed origin is answered
+        here; a listed origin's answers carry its CORS headers."""
+        if scope["type"] != "http":
+            return await self.routes(scope, receive, send)
+        server = scope.get("server")
+        try:
+            headers = api.Headers(scope["headers"])
+            listed = self.guard.check(scope["method"], headers, server[1] if server else None)
+        except api.ApiError as exc:
+            return await _error(exc)(scope, receive, send)
+        if listed is None:
+            return await self.routes(scope, receive, send)
+        if scope["method"] == "OPTIONS" and headers.get("access-control-request-method") is not None:
+            return await Response(status_code=204, headers=dict(
+                (k.decode(), v.decode()) for k, v in api.Guard.cors(listed, headers)))(scope, receive, send)
+        cors = api.Guard.cors(listed)
+
+        async def send_cors(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()), *cors]}
+            await send(message)
+
+        await self.routes(scope, receive, send_cors)
 
     async def list_models(self, request: Request) -> Response:
         return JSONResponse(api.models_list(self.backend.models()))
@@ -240,31 +282,46 @@ class Gateway:
         return await self._handle(request, api.parse_completion)
 
     async def _body(self, request: Request) -> object:
+        """The request's JSON body, read whole within ``body_timeout`` seconds (408 otherwise)."""
+        api.check_json_body(request.headers.get("content-type"))
         declared = request.headers.get("content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > self.max_body):
             raise api.ApiError(413, f"the request body is larger than {self.max_body} bytes", code="body_too_large")
         data = bytearray()
-        async for part in request.stream():
-            data += part
-            if len(data) > self.max_body:
-                raise api.ApiError(413, f"the request body is larger than {self.max_body} bytes",
-                                   code="body_too_large")
-        return api.parse_json(data)
+        with trio.move_on_after(self.body_timeout):
+            try:
+                async for part in request.stream():
+                    data += part
+                    if len(data) > self.max_body:
+                        raise api.ApiError(413, f"the request body is larger than {self.max_body} bytes",
+                                           code="body_too_large")
+            except ClientDisconnect:
+                raise api.ApiError(400, "the client hung up before sending the whole body",
+                                   code="body_incomplete") from None
+            return api.parse_json(data)
+        raise api.ApiError(408, f"the request body did not arrive whole within {self.body_timeout:g} s",
+                           code="body_timeout")
+
+    def _check_model(self, call: api.Call) -> None:
+        if call.model not in self.backend.models():
+            if call.model in self.backend.unaudited():
+                raise unaudited_error(call.model)
+            raise api.ApiError(404, f"the model {call.model!r} is not served by any model node of the "
+                                    "registry; GET /v1/models lists those that are", param="model",
+                               code="model_not_found")
 
     async def _handle(self, request: Request, parse: Callable[[object], api.Call]) -> Response:
+        try:  # the body is read and checked before the call takes a slot: a slow body holds none
+            call = parse(await self._body(request))
+            self._check_model(call)
+        except api.ApiError as exc:
+            return _error(exc)
         if self.active >= self.max_concurrent:
             return _error(api.ApiError(429, f"the gateway is handling {self.max_concurrent} calls already; retry "
                                             "shortly", type="rate_limit_exceeded", code="too_many_requests"))
         self.active += 1
         release = True
         try:
-            call = parse(await self._body(request))
-            if call.model not in self.backend.models():
-                if call.model in self.backend.unaudited():
-                    raise unaudited_error(call.model)
-                raise api.ApiError(404, f"the model {call.model!r} is not served by any model node of the "
-                                        "registry; GET /v1/models lists those that are", param="model",
-                                   code="model_not_found")
             out = Outcome()
             gen = pieces(self.backend, self.affinity, call, out)
             try:
@@ -391,14 +448,29 @@ def _served_headers(out: Outcome) -> dict[str, str]:
 
 
 def _error(exc: api.ApiError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status)
+    """The OpenAI-shaped answer to ``exc``; a 408 closes the connection (the rest of the body may
+    still be on its way), a 401 names the scheme the key goes in."""
+    headers = {"connection": "close"} if exc.status == 408 else {"www-authenticate": "Bearer"} \
+        if exc.status == 401 else None
+    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+
+HEADER_TIMEOUT = 5.0  # seconds for a request's headers to arrive, and for an idle kept-alive connection
+MAX_HEADER_BYTES = 16 * 1024
 
 
 def server_config(bind: str) -> Any:
     """Hypercorn's config for the gateway on ``bind`` (``HOST:PORT``; ``[V6]:PORT``): no access
     log, errors to the ``gentorrent.gateway.http`` logger, no ``server`` header, kept-alive
     connections reused for up to 100,000 calls (an OpenAI client pools a few), 1 s to finish
-    calls on shutdown."""
+    calls on shutdown.
+
+    Slow clients: Hypercorn's ``keep_alive_timeout`` runs from the moment a connection opens (or
+    its last answer ends) until a request's headers are whole, so a connection whose headers
+    trickle in, or that sits idle, is closed after :data:`HEADER_TIMEOUT` s; the headers are at
+    most :data:`MAX_HEADER_BYTES`. The body is the app's to bound (``--body-timeout``).
+    ``read_timeout`` stays off: it bounds every socket read, and the client sends nothing while a
+    long reply streams to it."""
     from hypercorn.config import Config as HyperConfig
 
     hc = HyperConfig()
@@ -407,6 +479,9 @@ def server_config(bind: str) -> Any:
     hc.errorlog = logging.getLogger("gentorrent.gateway.http")
     hc.include_server_header = False
     hc.keep_alive_max_requests = 100_000
+    hc.keep_alive_timeout = HEADER_TIMEOUT
+    hc.h11_max_incomplete_size = MAX_HEADER_BYTES
+    hc.read_timeout = None
     hc.graceful_timeout = 1.0
     return hc
 
@@ -418,6 +493,24 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def flag_values(values: Sequence[str] | None) -> list[str]:
+    """A repeatable flag's values, each of which may be a comma-separated list."""
+    return [v.strip() for value in values or () for v in value.split(",") if v.strip()]
+
+
+def guard_from_args(args: argparse.Namespace, environ: Any = os.environ) -> api.Guard:
+    """The :class:`~user_client.openai_api.Guard` of ``--host``, ``--allow-host``,
+    ``--allow-origin`` and ``--api-key`` (else the ``GENTORRENT_API_KEY`` environment variable;
+    empty means none); :class:`~overlay.cli.CliError` for a bad value (never showing the key)."""
+    from overlay.cli import CliError
+
+    key = args.api_key if args.api_key is not None else environ.get(API_KEY_ENV) or None
+    try:
+        return api.Guard.make(args.host, flag_values(args.allow_host), flag_values(args.allow_origin), key)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -434,12 +527,15 @@ def run_serve(args: argparse.Namespace) -> int:
 
     cfg = resolve_config(args)
     if not is_loopback(args.host) and not args.listen_public:
-        raise CliError(f"--host {args.host} is not a loopback address: the gateway has no authentication, so "
-                       "anyone reaching it would use your user node. Pass --listen-public if that is intended")
+        raise CliError(f"--host {args.host} is not a loopback address: anyone reaching it would use your user "
+                       "node (with --api-key, anyone who has the key). Pass --listen-public if that is intended")
     if not 0 <= args.port <= 65535:
         raise CliError("--port must be within 0..65535")
     if args.max_body < 1024 or args.max_concurrent < 1:
         raise CliError("--max-body must be at least 1024 and --max-concurrent at least 1")
+    if not 0 < args.body_timeout <= 3600:
+        raise CliError("--body-timeout must be more than 0 and at most 3600 seconds")
+    guard = guard_from_args(args)
     if not 1 <= cfg.threshold <= cfg.cloves <= 16 or cfg.proxies < cfg.cloves:
         raise CliError("need 1 <= threshold (k) <= cloves (n) <= 16 and proxies (N) >= cloves")
     check_donation_settings(cfg)
@@ -462,11 +558,15 @@ def run_serve(args: argparse.Namespace) -> int:
 
     backend = AnonBackend(user.client, models, timeout=args.timeout, paths_timeout=args.paths_timeout,
                           unaudited=unaudited)
-    gateway = Gateway(backend, max_body=args.max_body, max_concurrent=args.max_concurrent)
+    gateway = Gateway(backend, max_body=args.max_body, max_concurrent=args.max_concurrent,
+                      body_timeout=args.body_timeout, guard=guard)
     hc = server_config(f"[{args.host}]:{args.port}" if ":" in args.host else f"{args.host}:{args.port}")
     if args.listen_public and not is_loopback(args.host):
-        print(f"gentorrent: WARNING: the gateway listens on {args.host}, beyond loopback, with no "
-              "authentication: anyone who reaches it sends prompts through your user node.", file=sys.stderr)
+        print(f"gentorrent: WARNING: the gateway listens on {args.host}, beyond loopback, "
+              + ("with no API key: anyone who reaches it sends prompts through your user node." if
+                 guard.key_digest is None else "over plain HTTP: the API key crosses the network unencrypted.")
+              + f" It answers to the host names {', '.join(sorted(guard.hosts))} (--allow-host adds one).",
+              file=sys.stderr)
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
@@ -485,7 +585,8 @@ def run_serve(args: argparse.Namespace) -> int:
             held = unaudited()
             print(f"[OpenAI-compatible API on {binds[0]}/v1; models: {', '.join(models()) or 'none'}"
                   + (f"; not audited by the committee, left out (--allow-unaudited uses them): {', '.join(held)}"
-                     if held else "") + f"; building {cfg.proxies} proxy paths]", file=sys.stderr, flush=True)
+                     if held else "") + ("; API key required" if guard.key_digest is not None else "")
+                  + f"; building {cfg.proxies} proxy paths]", file=sys.stderr, flush=True)
 
     try:
         run_async(main)

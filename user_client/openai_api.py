@@ -3,7 +3,10 @@
 I/O-free: the HTTP layer (:mod:`user_client.gateway`) hands each parsed JSON body to
 :func:`parse_chat` or :func:`parse_completion`, which either return a :class:`Call` or
 raise :class:`ApiError` (the OpenAI error body and its HTTP status); replies are shaped by
-the ``*_response`` / ``*_chunk`` functions and framed for streaming by :func:`sse`.
+the ``*_response`` / ``*_chunk`` functions and framed for streaming by :func:`sse`. Before
+any of that, :class:`Guard` decides from a request's headers alone whether it may be served
+(``Host``, ``Origin``, ``Sec-Fetch-Site``, the API key) and :func:`check_json_body` that a POST
+body is declared JSON.
 
 What maps to what (the overlay's :class:`~overlay.messages.Request` carries chat messages
 and :class:`~overlay.messages.SamplingParams`, nothing else):
@@ -34,8 +37,11 @@ no key and goes to any node serving the model.
 from __future__ import annotations
 
 import hashlib
+import hmac
+import ipaddress
 import json
 import math
+import re
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -368,3 +374,222 @@ def sse(obj: dict[str, Any] | str) -> bytes:
     """One server-sent event: ``data: <json>`` (or a literal such as ``[DONE]``) and a blank line."""
     data = obj if isinstance(obj, str) else json.dumps(obj, separators=(",", ":"))
     return f"data: {data}\n\n".encode()
+
+
+# ------------------------------------------------------------------ who may call the gateway
+
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
+MAX_API_KEY = 1024
+_NAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*")
+_SCHEME = re.compile(r"[a-z][a-z0-9+.-]{0,31}")
+_TOKEN_LIST = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+(\s*,\s*[A-Za-z0-9!#$%&'*+.^_`|~-]+)*")
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def host_name(value: str) -> str | None:
+    """``value`` as the gateway compares host names: lower case, an IPv6 literal in brackets and
+    compressed (``::1``, ``[0::1]`` -> ``[::1]``); ``None`` if it is not a DNS name or an IP literal
+    (a port, a scheme, a path, a trailing dot or an empty name are not)."""
+    v = value.strip().lower()
+    inner = v[1:-1] if v.startswith("[") and v.endswith("]") else v
+    if ":" in inner:
+        try:
+            return f"[{ipaddress.IPv6Address(inner).compressed}]"
+        except ValueError:
+            return None
+    if v != inner or len(v) > 253 or not _NAME.fullmatch(v):
+        return None
+    return v
+
+
+def split_authority(value: str) -> tuple[str, int | None] | None:
+    """A ``Host`` header's (or an origin's) ``(host name, port)``: ``name``, ``name:port``,
+    ``[v6]`` or ``[v6]:port``; the port is ``None`` when absent. ``None`` if malformed."""
+    if value.startswith("["):
+        end = value.find("]")
+        if end < 0:
+            return None
+        name, rest = value[: end + 1], value[end + 1:]
+        if rest and not rest.startswith(":"):
+            return None
+        port = rest[1:] if rest else None
+    else:
+        name, sep, port_text = value.partition(":")
+        port = port_text if sep else None
+    host = host_name(name)
+    if host is None:
+        return None
+    if port is None:
+        return host, None
+    if not port.isascii() or not port.isdigit() or len(port) > 5 or int(port) > 65535:
+        return None
+    return host, int(port)
+
+
+def parse_origin(value: str) -> tuple[str, str, int | None] | None:
+    """A serialized origin (``scheme://host[:port]``, no path) as ``(scheme, host, port)``, the
+    port filled in for http (80) and https (443) when absent; ``None`` for anything else, ``null``
+    (an opaque origin: a sandboxed frame, a ``file:`` page) included."""
+    scheme, sep, rest = value.strip().partition("://")
+    scheme = scheme.lower()
+    if not sep or not _SCHEME.fullmatch(scheme) or not rest or "/" in rest or "@" in rest:
+        return None
+    parts = split_authority(rest)
+    if parts is None:
+        return None
+    host, port = parts
+    return scheme, host, port if port is not None else _DEFAULT_PORTS.get(scheme)
+
+
+def _origin_text(origin: tuple[str, str, int | None]) -> str:
+    scheme, host, port = origin
+    return f"{scheme}://{host}" + ("" if port is None or port == _DEFAULT_PORTS.get(scheme) else f":{port}")
+
+
+def _shown(value: str) -> str:
+    return json.dumps(value[:100])
+
+
+class Headers:
+    """An ASGI scope's request headers by lower-case name (latin-1 text); :class:`ApiError` 400
+    ``duplicate_header`` when one that the gateway reads is sent twice."""
+
+    SINGLE = frozenset({"host", "origin", "authorization", "sec-fetch-site", "content-type", "content-length"})
+
+    def __init__(self, raw: Sequence[tuple[bytes, bytes]]) -> None:
+        self.values: dict[str, str] = {}
+        for k, v in raw:
+            name = k.decode("latin-1").lower()
+            if name in self.values and name in self.SINGLE:
+                raise ApiError(400, f"the request carries more than one {name} header", code="duplicate_header")
+            self.values.setdefault(name, v.decode("latin-1"))
+
+    def get(self, name: str) -> str | None:
+        return self.values.get(name)
+
+
+@dataclass(frozen=True, slots=True)
+class Guard:
+    """Who may call the gateway, checked on a request's headers before its body is read.
+
+    - ``Host`` must name the gateway (against DNS rebinding: a page whose name was re-pointed
+      at 127.0.0.1 sends its own name): one of ``hosts``, with the port the request came in on
+      or without a port; else 421 ``bad_host``.
+    - A request with an ``Origin`` (a browser's, against CSRF) must come from the gateway's own
+      origin (``http://`` one of ``hosts`` ``:`` port) or one of ``origins``; ``null`` never;
+      ``Sec-Fetch-Site: cross-site`` is refused unless the origin is one of ``origins``; else
+      403 ``cross_origin``.
+    - With an API key, every request carries ``Authorization: Bearer <key>`` (compared in
+      constant time, on SHA-256 digests so not even the length leaks); else 401
+      ``invalid_api_key``. A CORS preflight (``OPTIONS`` with
+      ``Access-Control-Request-Method``) from one of ``origins`` needs none: browsers send it
+      without credentials.
+
+    A listed origin (``origins``) is the only one answered with CORS headers (:meth:`cors`);
+    with none listed no page elsewhere can read an answer."""
+
+    hosts: frozenset[str]
+    origins: frozenset[tuple[str, str, int | None]] = frozenset()
+    key_digest: bytes | None = None
+
+    @classmethod
+    def make(cls, bind_host: str, allow_hosts: Sequence[str] = (), allow_origins: Sequence[str] = (),
+             api_key: str | None = None) -> Guard:
+        """The guard of a gateway bound to ``bind_host``: it answers to that host, to the loopback
+        names (``localhost``, ``127.0.0.1``, ``[::1]``) when the bind is loopback or a wildcard
+        (``0.0.0.0``, ``::``: reachable through loopback too), and to each of ``allow_hosts``.
+        :class:`ValueError` naming the bad value for a host that is not a name or IP literal, an
+        origin that is not ``scheme://host[:port]``, or a key that is not 1 to 1,024 printable
+        ASCII characters without spaces."""
+        bind = host_name(bind_host)
+        if bind is None:
+            raise ValueError(f"the bind address {bind_host!r} is not a host name or IP literal")
+        hosts = {bind}
+        try:
+            ip = ipaddress.ip_address(bind.strip("[]"))
+            local = ip.is_loopback or ip.is_unspecified
+        except ValueError:
+            local = bind == "localhost"
+        if local:
+            hosts.update(LOOPBACK_NAMES)
+        for h in allow_hosts:
+            name = host_name(h)
+            if name is None:
+                raise ValueError(f"--allow-host {h!r} is not a host name or IP literal (no port, no scheme)")
+            hosts.add(name)
+        origins = set()
+        for o in allow_origins:
+            parsed = parse_origin(o)
+            if parsed is None:
+                raise ValueError(f"--allow-origin {o!r} is not an origin: scheme://host[:port], no path, not null")
+            origins.add(parsed)
+        digest = None
+        if api_key is not None:
+            if not 0 < len(api_key) <= MAX_API_KEY or not all("!" <= c <= "~" for c in api_key):
+                raise ValueError(f"the API key must be 1 to {MAX_API_KEY} printable ASCII characters without spaces")
+            digest = hashlib.sha256(api_key.encode()).digest()
+        return cls(frozenset(hosts), frozenset(origins), digest)
+
+    def check(self, method: str, headers: Headers, port: int | None) -> tuple[str, str, int | None] | None:
+        """``None`` for a request the gateway serves as its own (no ``Origin``, or its own), the
+        listed origin for one from ``origins``; :class:`ApiError` for a refused request.
+        ``port``: the port the request came in on (the ASGI scope's ``server``)."""
+        host = headers.get("host")
+        parts = split_authority(host) if host is not None else None
+        if parts is None or parts[0] not in self.hosts or parts[1] not in (None, port):
+            raise ApiError(421, f"the Host header {_shown(host) if host is not None else '(none)'} does not name "
+                                f"this gateway (it answers to {', '.join(sorted(self.hosts))}, on port {port}); "
+                                "a page reaching it under another name (DNS rebinding) is refused. --allow-host "
+                                "adds a name", code="bad_host")
+        listed = None
+        origin = headers.get("origin")
+        if origin is not None:
+            parsed = parse_origin(origin)
+            if parsed is not None and parsed in self.origins:
+                listed = parsed
+            elif parsed is None or parsed != ("http", parsed[1], port) or parsed[1] not in self.hosts:
+                raise ApiError(403, f"requests from the web origin {_shown(origin)} are refused: only the gateway's "
+                                    "own origin and those given with --allow-origin may call it", code="cross_origin")
+        if listed is None and (headers.get("sec-fetch-site") or "").strip().lower() == "cross-site":
+            raise ApiError(403, "cross-site requests are refused (Sec-Fetch-Site: cross-site): only the gateway's "
+                                "own origin and those given with --allow-origin may call it", code="cross_origin")
+        preflight = method == "OPTIONS" and headers.get("access-control-request-method") is not None
+        if self.key_digest is not None and not (preflight and listed is not None):
+            scheme, _, token = (headers.get("authorization") or "").strip().partition(" ")
+            given = hashlib.sha256(token.strip().encode("latin-1")).digest()
+            if not (hmac.compare_digest(given, self.key_digest) and scheme.lower() == "bearer"):
+                raise ApiError(401, "this gateway needs its API key: send 'Authorization: Bearer <key>' with the "
+                                    "key given by --api-key or GENTORRENT_API_KEY", code="invalid_api_key")
+        return listed
+
+    @staticmethod
+    def cors(origin: tuple[str, str, int | None], headers: Headers | None = None) -> list[tuple[bytes, bytes]]:
+        """The CORS headers for a listed ``origin``; with the ``headers`` of a preflight, those
+        that answer it (the methods the gateway serves, the request headers it asked for when
+        they are a valid token list, private-network access when asked)."""
+        out = [(b"access-control-allow-origin", _origin_text(origin).encode()), (b"vary", b"Origin"),
+               (b"access-control-expose-headers", b"x-gentorrent-node, x-gentorrent-verified")]
+        if headers is not None:
+            asked = (headers.get("access-control-request-headers") or "").strip()
+            allowed = asked if len(asked) <= 1024 and _TOKEN_LIST.fullmatch(asked) else "authorization, content-type"
+            out += [(b"access-control-allow-methods", b"GET, POST"),
+                    (b"access-control-allow-headers", allowed.encode()),
+                    (b"access-control-max-age", b"600")]
+            if (headers.get("access-control-request-private-network") or "").strip().lower() == "true":
+                out.append((b"access-control-allow-private-network", b"true"))
+        return out
+
+
+def check_json_body(content_type: str | None) -> None:
+    """A POST body must be declared JSON: ``application/json``, optionally with
+    ``charset=utf-8``; else 415 ``unsupported_media_type`` (a page's form or ``text/plain``
+    post, sent without a CORS preflight, never is)."""
+    media, *params = (content_type or "").split(";")
+    ok = media.strip().lower() == "application/json"
+    for p in params:
+        name, _, value = p.partition("=")
+        ok = ok and name.strip().lower() == "charset" and value.strip().strip('"').lower() in ("utf-8", "utf8")
+    if not ok:
+        raise ApiError(415, f"the request body must be JSON, sent with 'Content-Type: application/json' (got "
+                            f"{_shown(content_type) if content_type is not None else 'none'})",
+                       code="unsupported_media_type")

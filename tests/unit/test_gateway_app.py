@@ -328,11 +328,13 @@ async def test_a_client_that_hangs_up_mid_stream_frees_its_slot(gateway):
     host, port = base.removeprefix("http://").rsplit(":", 1)
     body = json.dumps({"model": "echo", "messages": [{"role": "user", "content": "a hold"}], "stream": True}).encode()
     stream = await trio.open_tcp_stream(host, int(port))
-    await stream.send_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                          b"content-length: %d\r\n\r\n%s" % (len(body), body))
+    await stream.send_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: %s:%s\r\ncontent-type: application/json\r\n"
+                          b"content-length: %d\r\n\r\n%s" % (host.encode(), port.encode(), len(body), body))
     got = b""
     while b'"content":"a"' not in got:
-        got += await stream.receive_some(4096)
+        part = await stream.receive_some(4096)
+        assert part, got  # the server closed the connection before the first text
+        got += part
     assert gw.active == 1
     await stream.aclose()
     with trio.fail_after(10):
