@@ -6,8 +6,10 @@ Pure rules and the probe transaction's codec; :mod:`verifier.app` applies them a
   *public* network an address must be globally routable: loopback, private, link-local, shared,
   reserved, documentation and multicast ranges are refused (ADDRESS_NOT_ALLOWED). A *local* network
   (the genesis says so: devnet, tests) takes any unicast address.
-- **Caps**: at most ``per_ip`` nodes (listed or awaiting their probe) on one IP and ``per_prefix``
-  on one network prefix (/24 for IPv4, /48 for IPv6) (ADDRESS_CAP); 0 is no cap.
+- **Caps**: at most ``per_ip`` listed nodes on one IP and ``per_prefix`` on one network prefix
+  (/24 for IPv4, /48 for IPv6) (ADDRESS_CAP, at the register and again when a probed registration
+  is listed); 0 is no cap. Registrations awaiting their probe do not count: an unproven claim must
+  not use up an owner's cap.
 - **Work**: a new key's register carries a proof of work (:mod:`overlay.work`) of at least
   :func:`required_bits`: ``work_bits`` while at most ``free`` registrations paid work in the last
   ``window_s`` seconds of block time, then one more bit for every ``step`` more. A flood thus pays
@@ -163,17 +165,21 @@ def cap_keys(address: str) -> tuple[str, str]:
     return f"ip {ip}", f"net {prefix_of(ip)}"
 
 
-def check_caps(params: AdmissionParams, address: str, held: Mapping[str, int]) -> None:
-    """ADDRESS_CAP when ``held`` (counts by :func:`cap_keys` over the nodes listed or pending)
-    already holds ``per_ip`` nodes on this IP or ``per_prefix`` on its prefix."""
+def check_caps(params: AdmissionParams, address: str, held: Mapping[str, int], moving_from: str | None = None) -> None:
+    """ADDRESS_CAP when ``held`` (counts by :func:`cap_keys` over the listed nodes) already holds
+    ``per_ip`` nodes on this IP or ``per_prefix`` on its prefix, not counting the node's own
+    address ``moving_from`` (an update to a new address)."""
     if not params.per_ip and not params.per_prefix:
         return
     ip_key, net_key = cap_keys(address)
-    if params.per_ip and held.get(ip_key, 0) >= params.per_ip:
-        raise TxError(Code.ADDRESS_CAP, f"{ip_key[3:]} already holds {held[ip_key]} nodes, the most this committee "
+    mine = cap_keys(moving_from) if moving_from else ()
+    on_ip = held.get(ip_key, 0) - (ip_key in mine)
+    on_net = held.get(net_key, 0) - (net_key in mine)
+    if params.per_ip and on_ip >= params.per_ip:
+        raise TxError(Code.ADDRESS_CAP, f"{ip_key[3:]} already holds {on_ip} nodes, the most this committee "
                                         f"lists on one IP ({params.per_ip})")
-    if params.per_prefix and held.get(net_key, 0) >= params.per_prefix:
-        raise TxError(Code.ADDRESS_CAP, f"network {net_key[4:]} already holds {held[net_key]} nodes, the most this "
+    if params.per_prefix and on_net >= params.per_prefix:
+        raise TxError(Code.ADDRESS_CAP, f"network {net_key[4:]} already holds {on_net} nodes, the most this "
                                         f"committee lists on one prefix ({params.per_prefix})")
 
 

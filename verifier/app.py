@@ -183,7 +183,7 @@ class CommitteeState:
     pending: dict[bytes, Pending] = field(default_factory=dict)
     tombstones: dict[bytes, Tombstone] = field(default_factory=dict)
     reserved: dict[str, bytes] = field(default_factory=dict)  # derived: tombstoned address -> node id
-    held: dict[str, int] = field(default_factory=dict)  # derived: nodes listed or pending per IP and prefix
+    held: dict[str, int] = field(default_factory=dict)  # derived: listed nodes per IP and prefix
 
     def copy(self) -> CommitteeState:
         return CommitteeState(self.chain_id, self.validators, dict(self.nodes), dict(self.seqs), self.change_seq,
@@ -253,9 +253,8 @@ class CommitteeState:
             for node_id, addr, until in tombs:
                 st.tombstones[node_id] = Tombstone(node_id, addr, until)
                 st.reserved[addr] = node_id
-            for address in [r.entry.address for r in st.nodes.values()] + [p.entry.address
-                                                                             for p in st.pending.values()]:
-                _hold(st, address, 1)
+            for rec in st.nodes.values():
+                _hold(st, rec.entry.address, 1)
         except StateError:
             raise
         except (*DECODE_ERRORS, KeyError, audits.AuditParamsError, admission.AdmissionParamsError) as exc:
@@ -315,9 +314,7 @@ def _check_entry(st: CommitteeState, tx: Tx, current: Record | None) -> None:
     moving = current is None or current.entry.address != address
     if moving:
         admission.check_allowed(params, address)
-        prior = st.pending.get(node_id)
-        if prior is None or prior.entry.address != address:  # its own pending entry already counts
-            admission.check_caps(params, address, st.held)
+        admission.check_caps(params, address, st.held, None if current is None else current.entry.address)
     if tx.op == OP_REGISTER and node_id not in st.tombstones and node_id not in st.pending:
         if params.probe and len(st.pending) >= admission.MAX_PENDING:
             raise TxError(Code.PENDING_FULL, f"{len(st.pending)} registrations await their address probe; retry in "
@@ -326,7 +323,10 @@ def _check_entry(st: CommitteeState, tx: Tx, current: Record | None) -> None:
 
 
 def _hold(st: CommitteeState, address: str, delta: int) -> None:
-    """Count ``address`` in (``delta`` 1) or out of (-1) the caps' index, when the network has caps."""
+    """Count a listed node's ``address`` in (``delta`` 1) or out of (-1) the caps' index, when the
+    network has caps. Pending registrations do not count: a claim nobody has proven must not use up
+    the cap of an IP or a prefix (a squatter could then lock its owner out); the caps are checked
+    again when a pending registration is listed."""
     if not st.admission.per_ip and not st.admission.per_prefix:
         return
     for key in admission.cap_keys(address):
@@ -340,6 +340,7 @@ def _hold(st: CommitteeState, address: str, delta: int) -> None:
 def _list(st: CommitteeState, node_id: bytes, ed25519_public: bytes, entry: Entry, time_s: int) -> None:
     st.nodes[node_id] = Record(node_id, ed25519_public, entry, time_s + ENTRY_TTL_S)
     st.addresses[entry.address] = node_id
+    _hold(st, entry.address, 1)
 
 
 def _unlist(st: CommitteeState, node_id: bytes, time_s: int) -> None:
@@ -357,8 +358,6 @@ def _apply(st: CommitteeState, tx: Tx, time_s: int) -> None:
     st.seqs[node_id] = tx.seq
     old = st.nodes.get(node_id)
     prior = st.pending.pop(node_id, None)
-    if prior is not None:
-        _hold(st, prior.entry.address, -1)
     tomb = st.tombstones.pop(node_id, None)
     if tomb is not None:
         del st.reserved[tomb.address]
@@ -379,7 +378,6 @@ def _apply(st: CommitteeState, tx: Tx, time_s: int) -> None:
         del st.nodes[node_id]
         del st.addresses[old.entry.address]
         _hold(st, old.entry.address, -1)
-    _hold(st, entry.address, 1)
     if params.probe and not known:  # a new address is listed once the validators reached the key there
         st.pending[node_id] = Pending(node_id, tx.ed25519_public, entry, tx.seq, time_s + admission.PENDING_TTL_S)
     else:
@@ -388,7 +386,8 @@ def _apply(st: CommitteeState, tx: Tx, time_s: int) -> None:
 
 def _apply_probe(st: CommitteeState, probe: admission.ProbeTx, time_s: int, check_only: bool) -> int:
     """Record a validator's probe; a pending registration attested by more than 2/3 of the power is
-    listed, unless its address was taken meanwhile: then it is dropped. Returns how many were dropped."""
+    listed, unless its address was taken meanwhile or its IP or prefix reached its cap: then it is
+    dropped. Returns how many were dropped."""
     power = {v.public_key: v.power for v in st.validators}
     if probe.validator not in power:
         raise TxError(Code.NOT_VALIDATOR, f"probe from {probe.validator.hex()[:16]}, not a current validator")
@@ -408,8 +407,13 @@ def _apply_probe(st: CommitteeState, probe: admission.ProbeTx, time_s: int, chec
             continue
         del st.pending[p.node_id]
         address = p.entry.address
-        if st.addresses.get(address, p.node_id) != p.node_id or st.reserved.get(address, p.node_id) != p.node_id:
-            _hold(st, address, -1)
+        try:
+            admission.check_caps(st.admission, address, st.held)
+            taken = st.addresses.get(address, p.node_id) != p.node_id or st.reserved.get(address, p.node_id) != p.node_id
+        except TxError:
+            taken = True
+        if taken:
+            st.seqs.pop(p.node_id, None)
             dropped += 1
             continue
         _list(st, p.node_id, p.ed25519_public, p.entry, time_s)
@@ -443,7 +447,7 @@ def _expire(st: CommitteeState, time_s: int) -> CommitteeState:
         del out.reserved[tomb.address]
         out.seqs.pop(n, None)
     for n in stale:
-        _hold(out, out.pending.pop(n).entry.address, -1)
+        del out.pending[n]
         out.seqs.pop(n, None)
     for n in gone:
         _unlist(out, n, time_s)

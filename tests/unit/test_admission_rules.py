@@ -105,16 +105,40 @@ def test_registration_costs_work_that_grows_with_the_rate() -> None:
 
 def test_caps_per_ip_and_per_prefix() -> None:
     app, keys = committee(CHEAP)
-    for port in (9000, 9001):
-        assert block(app, [paid_register(app, Node(), f"8.8.8.8:{port}")], T0) == [Code.OK]
+
+    def join(address: str) -> list[Code]:
+        got = block(app, [paid_register(app, Node(), address)], T0)
+        probe(app, keys, T0)
+        return got
+
+    assert join("8.8.8.8:9000") == [Code.OK] and join("8.8.8.8:9001") == [Code.OK]
     res = app.check_tx(paid_register(app, Node(), "8.8.8.8:9002"))
     assert res.code == Code.ADDRESS_CAP and "8.8.8.8" in res.log
-    assert block(app, [paid_register(app, Node(), "8.8.8.9:9000")], T0) == [Code.OK]
-    res = app.check_tx(paid_register(app, Node(), "8.8.8.10:9000"))  # the /24 holds 3 (pending count too)
+    assert join("8.8.8.9:9000") == [Code.OK]
+    res = app.check_tx(paid_register(app, Node(), "8.8.8.10:9000"))  # the /24 lists 3
     assert res.code == Code.ADDRESS_CAP and "8.8.8.0/24" in res.log
     for i in range(3):
-        assert block(app, [paid_register(app, Node(), f"[2001:4860:4860::{i + 1}]:9000")], T0) == [Code.OK]
+        assert join(f"[2001:4860:4860::{i + 1}]:9000") == [Code.OK]
     assert app.check_tx(paid_register(app, Node(), "[2001:4860:4860::99]:9000")).code == Code.ADDRESS_CAP  # one /48
+    assert len(app.committed.nodes) == 6
+
+
+def test_unproven_claims_do_not_use_up_an_owners_cap() -> None:
+    """A squatter registering the owner's IP (ports nobody answers on) before the owner comes
+    cannot lock it out: pending registrations count against no cap; the caps hold at listing."""
+    app, keys = committee(CHEAP)
+    squats = [Node(), Node()]
+    for i, n in enumerate(squats):
+        assert block(app, [paid_register(app, n, f"9.9.9.9:{7000 + i}")], T0) == [Code.OK]
+    owner = Node()
+    assert block(app, [paid_register(app, owner, "9.9.9.9:9000")], T0) == [Code.OK]
+    # The validators reach only the owner; the squatters' claims stay pending and then go.
+    reached = [(owner.node_id, owner.seq)]
+    assert block(app, [make_probe_tx(k, CHAIN, reached) for k in keys[:3]], T0 + 1) == [Code.OK] * 3
+    assert listed(app, owner)
+    # Were all three reached (one host answering on three ports), the cap holds when they are listed.
+    probe(app, keys, T0 + 2)
+    assert sum(n.node_id in app.committed.nodes for n in squats) == 1 and app.probes_dropped == 1
 
 
 def test_an_address_is_listed_only_once_more_than_two_thirds_of_the_power_reached_the_key_there() -> None:
