@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from overlay import crypto, signing
+from overlay.directory import registration as tx
 from overlay.messages import ChatMessage, SamplingParams
 from tests.committee_helpers import CHAIN, Node
-from verifier import tx
 from verifier.app import CommitteeApp, ListsAt, Result, Validator
 from verifier.audit import chain as audits
 from verifier.audit import tx as at

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from overlay import crypto
+from overlay.directory import registration as tx
 from overlay.identity import node_id_of
-from verifier import tx
 
 CHAIN = "gt-test-chain"
 
@@ -62,7 +62,7 @@ class InProcessCommittee:
         empty blocks do; inside trio without one, :class:`overlay.clock.TrioClock`'s."""
         import json
 
-        from overlay.committee import ValidatorKey
+        from overlay.directory.lists import ValidatorKey
         from verifier.admission import AdmissionParams
         from verifier.app import CommitteeApp, Validator
 
@@ -155,7 +155,7 @@ class InProcessCommittee:
         raise OSError(f"no such method {method}")
 
     async def fetch(self, address: str, path: str) -> bytes:
-        from overlay.committee import ListError
+        from overlay.directory.lists import ListError
 
         self.tick()
         if self.down:
@@ -166,6 +166,6 @@ class InProcessCommittee:
         return value
 
     def settings(self, addresses: tuple[str, ...] = ("v0:26657", "v1:26657")) -> object:
-        from overlay.membership import CommitteeSettings
+        from overlay.directory.membership import CommitteeSettings
 
         return CommitteeSettings(addresses, self.chain, tuple(self.pinned))

@@ -334,8 +334,8 @@ def make_donor(cfg: Any, identity: Any, addresses: Sequence[str], validators: Ca
 
 def run_chat(args: argparse.Namespace) -> int:
     from overlay.cli import CliError, resolve_config, run_async
+    from overlay.directory.membership import Membership, directory, node_entry
     from overlay.identity import load_or_create
-    from overlay.membership import Membership, directory, node_entry
     from overlay.transport import TLSTransport
     from overlay.usernode import UserNode
     from user_client.relay import listen_address

@@ -23,7 +23,7 @@ import trio
 
 from overlay import crypto
 from overlay.clock import Clock, TrioClock
-from overlay.committee import ListError
+from overlay.directory.lists import ListError
 from overlay.transport import TransportError
 from verifier.admission import MAX_PROBE_ENTRIES, make_probe_tx
 from verifier.app import CommitteeApp, Pending
@@ -92,7 +92,7 @@ async def probe_once(app: CommitteeApp, plan: ProbePlan, key: crypto.SigningKey,
 async def run_prober(app: CommitteeApp, key: crypto.SigningKey, rpc_address: str, *, dial: Dial | None = None,
                      rpc: Rpc | None = None, clock: Clock | None = None) -> None:
     """Probe pending registrations every :data:`PROBE_EVERY_S` until cancelled; failures are logged."""
-    from overlay.committee import rpc_call
+    from overlay.directory.lists import rpc_call
 
     clock = clock or TrioClock()
     call = rpc or rpc_call

@@ -250,7 +250,7 @@ def sigterm_as_interrupt() -> Iterator[None]:
 def model_audited(net: LocalNet) -> bool:
     """Whether the committee's signed model list (from the first verifier that serves one that
     verifies against the genesis keys) marks a node of ``net.model`` audited."""
-    from overlay.committee import KIND_MODELS, ListError, load_genesis, verify_document
+    from overlay.directory.lists import KIND_MODELS, ListError, load_genesis, verify_document
 
     chain_id, validators = load_genesis(str(net.genesis_file))
     for v in net.verifiers:

@@ -24,9 +24,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from overlay import registry as reg
 from overlay.clock import Clock, SystemClock
 from overlay.crypto import SigningKey
+from overlay.directory import registry as reg
 from overlay.identity import Identity, load_or_create
 from overlay.peers import PeerEntry
 from overlay.transport import format_address
@@ -318,7 +318,7 @@ class LocalNet:
     def launch_committee(self, *, resume: bool = False) -> None:
         """Init the verifiers (unless ``resume``: their homes hold the chain already, see
         :meth:`committee_state`) and spawn them (nodes may be spawned right after: they wait for
-        the committee to answer, :data:`overlay.registration.START_WAIT_S`)."""
+        the committee to answer, :data:`overlay.directory.registration.START_WAIT_S`)."""
         if not resume:
             self.init_committee()
         for v in self.verifiers:
@@ -404,9 +404,9 @@ class LocalNet:
 
     def wait_listed(self, names: list[str], timeout: float) -> None:
         """Wait until the committee lists every node of ``names``, then for the nodes' next list
-        refresh (:data:`overlay.membership.WARMUP_INTERVAL_S` while they are young), so that each
+        refresh (:data:`overlay.directory.membership.WARMUP_INTERVAL_S` while they are young), so that each
         knows the others."""
-        from overlay.membership import WARMUP_INTERVAL_S
+        from overlay.directory.membership import WARMUP_INTERVAL_S
 
         want = {self.entries[n].node_id for n in names}
         deadline = self.clock.monotonic() + timeout

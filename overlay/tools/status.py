@@ -125,7 +125,7 @@ async def committee_view(addresses: tuple[str, ...], chain_id: str, validators: 
     """(rows describing the committee, the registered nodes from its verified lists, all verifiers up?)."""
     import base64
 
-    from overlay.committee import CommitteeClient, ListError, rpc_call
+    from overlay.directory.lists import CommitteeClient, ListError, rpc_call
 
     rows, up, answered = [f"committee {chain_id!r}: {len(addresses)} verifier RPC address(es)"], True, None
     rows.append(f"  {'verifier RPC':<22} {'height':>8}  state")
@@ -183,7 +183,7 @@ async def _audit_view(address: str, entries: list[PeerEntry], timeout: float) ->
     """Rows for the committee's audits, read from one verifier (unsigned: that verifier's view)."""
     import msgpack
 
-    from overlay.committee import ListError, fetch_abci_query
+    from overlay.directory.lists import ListError, fetch_abci_query
 
     try:
         with trio.fail_after(timeout):
@@ -200,8 +200,8 @@ async def _audit_view(address: str, entries: list[PeerEntry], timeout: float) ->
 
 
 def _run(args: argparse.Namespace) -> int:
-    from overlay.membership import committee_settings
-    from overlay.registry import RegistryError, from_config
+    from overlay.directory.membership import committee_settings
+    from overlay.directory.registry import RegistryError, from_config
     from overlay.transport import TLSTransport
 
     cfg = resolve_config(args)

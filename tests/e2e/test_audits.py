@@ -33,7 +33,7 @@ import msgpack
 import pytest
 import trio
 
-from overlay.committee import CommitteeClient, load_genesis
+from overlay.directory.lists import CommitteeClient, load_genesis
 from overlay.tools.localnet import LocalNet, LocalNetError, free_ports
 
 pytestmark = pytest.mark.slow

@@ -26,7 +26,8 @@ import pytest
 import trio
 
 from overlay.clock import SystemClock
-from overlay.committee import (
+from overlay.directory import registration as tx
+from overlay.directory.lists import (
     KIND_MODELS,
     KIND_USERS,
     CommitteeClient,
@@ -35,10 +36,10 @@ from overlay.committee import (
     fetch_abci_query,
     verify_document,
 )
+from overlay.directory.registration import Code
 from tests.committee_helpers import Node
 from tests.conftest import REPO, gentorrent_cmd, run_cli
-from verifier import cometbft, tx
-from verifier.tx import Code
+from verifier import cometbft
 
 pytestmark = pytest.mark.slow
 

@@ -9,8 +9,8 @@ from dataclasses import replace
 
 import pytest
 
+from overlay.directory import registration as tx
 from tests.audit_helpers import MODEL, Committee, fresh_opening
-from verifier import tx
 from verifier.audit import chain as audits
 from verifier.audit import tx as at
 from verifier.audit.reputation import R0, TRUST_LINE

@@ -17,8 +17,8 @@ from dataclasses import replace
 from typing import Any
 
 from overlay import crypto, signing
+from overlay.directory.registration import OP_REGISTER, ROLE_MODEL, Entry, make_tx
 from overlay.identity import Identity
-from overlay.registration import OP_REGISTER, ROLE_MODEL, Entry, make_tx
 from verifier.app import CommitteeApp, Validator
 from verifier.audit import tx as at
 from verifier.audit.auditor import Auditor, Failure, Reply, Send, Submit, parse_view

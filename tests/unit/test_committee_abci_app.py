@@ -8,14 +8,14 @@ import pytest
 import trio
 import trio.testing
 
+from overlay.directory import registration as tx
+from overlay.directory.registration import Code
 from tests.committee_helpers import CHAIN, Node
-from verifier import tx
 from verifier.abci import server, wire
 from verifier.abci.proto.tendermint.abci import types_pb2 as abci
 from verifier.abci.proto.tendermint.crypto import keys_pb2
 from verifier.abci_app import STATE_FILE, CommitteeAbciApp, StateStore
 from verifier.app import StateError
-from verifier.tx import Code
 
 
 class Client:

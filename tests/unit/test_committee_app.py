@@ -7,11 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from overlay.directory import registration as tx
+from overlay.directory.registration import Code
 from tests.committee_helpers import CHAIN, Node
-from verifier import tx
 from verifier.admission import OPEN, RESERVE_S
 from verifier.app import ENTRY_TTL_S, CommitteeApp, StateError, Validator
-from verifier.tx import Code
 
 T0 = 1_700_000_000
 VALIDATORS = [Validator("ed25519", bytes([i]) * 32, 10) for i in range(4)]

@@ -1,4 +1,4 @@
-"""Signed lists: the client's verification (overlay/committee.py) and the verifier core's side
+"""Signed lists: the client's verification (overlay/directory/lists.py) and the verifier core's side
 (vote extensions, certificates in blocks, queries; verifier/app.py), with keys made in the test."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from overlay import crypto
 from overlay.clock import FakeClock
-from overlay.committee import (
+from overlay.directory import registration as tx
+from overlay.directory.lists import (
     KIND_MODELS,
     KIND_USERS,
     CommitteeClient,
@@ -23,11 +24,11 @@ from overlay.committee import (
     validators_digest,
     verify_document,
 )
+from overlay.directory.registration import Code
 from overlay.identity import node_id_of
 from tests.committee_helpers import CHAIN, Node
-from verifier import quorum, tx
+from verifier import quorum
 from verifier.app import CommitteeApp, Validator
-from verifier.tx import Code
 
 T0 = 1_700_000_000
 
@@ -76,7 +77,7 @@ def test_a_good_list_is_accepted_and_becomes_peer_entries() -> None:
 def test_model_records_carry_the_audited_flag_and_untrusted_nodes_are_listed() -> None:
     """Lists format 3: a model record's 11th field says whether its model is audited (a bool,
     strictly), and nodes under the trust line stay on the list, marked by their reputation."""
-    from overlay.committee import LISTS_VERSION
+    from overlay.directory.lists import LISTS_VERSION
     from overlay.peers import TRUST_LINE, usable
 
     assert LISTS_VERSION == 4
@@ -465,7 +466,7 @@ def test_fetch_abci_query_reads_cometbft_answers_and_refuses_errors() -> None:
                http({"error": {"code": -32603}}), b"garbage"]
 
     async def main() -> None:
-        from overlay.committee import fetch_abci_query
+        from overlay.directory.lists import fetch_abci_query
 
         async with trio.open_nursery() as n:
             port = await n.start(_http_server, answers)
@@ -600,9 +601,9 @@ def test_an_unchanged_list_reuses_the_held_entries_and_still_checks_everything_e
 
 
 def test_the_clients_trust_line_is_the_committees() -> None:
-    """overlay imports no verifier: overlay.peers.TRUST_LINE and overlay.committee.REPUTATION_SCALE
+    """overlay imports no verifier: overlay.peers.TRUST_LINE and overlay.directory.lists.REPUTATION_SCALE
     restate verifier/audit/reputation.py's."""
-    from overlay.committee import REPUTATION_SCALE
+    from overlay.directory.lists import REPUTATION_SCALE
     from overlay.peers import TRUST_LINE
     from verifier.audit import reputation
 

@@ -1,4 +1,4 @@
-"""The committee's transaction codec (verifier/tx.py): strict decoding, bounds, signatures."""
+"""The committee's transaction codec (overlay/directory/registration.py): strict decoding, bounds, signatures."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from overlay import crypto
+from overlay.directory import registration as tx
+from overlay.directory.registration import Code
 from tests.committee_helpers import CHAIN, Node
-from verifier import tx
-from verifier.tx import Code
 
 
 def _code(raw: bytes, chain: str = CHAIN) -> Code:

@@ -11,11 +11,11 @@ import pytest
 import trio
 
 from overlay.clock import FakeClock
-from overlay.committee import KIND_MODELS, KIND_USERS, CommitteeClient, ListError, apply_delta, verify_document
+from overlay.directory import registration as tx
+from overlay.directory.lists import KIND_MODELS, KIND_USERS, CommitteeClient, ListError, apply_delta, verify_document
+from overlay.directory.registration import Code
 from tests.committee_helpers import CHAIN, InProcessCommittee, Node
 from verifier import app as core
-from verifier import tx
-from verifier.tx import Code
 
 
 def _committee(users: int = 40) -> tuple[InProcessCommittee, FakeClock, list[Node]]:

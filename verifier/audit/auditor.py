@@ -445,8 +445,8 @@ class Auditor:
     def _opening(self, model: str) -> tuple[Opening, bool]:
         """A fresh challenge for ``model``: a donated prompt if the pool holds one (True), else the
         generator's (False)."""
+        from overlay.directory.registration import TxError
         from verifier.audit.tx import Opening
-        from verifier.tx import TxError
 
         while self.pool is not None and (d := self.pool.draw(model, self.rng)) is not None:
             o = Opening(self.urandom(16), model, d.messages, d.params)
@@ -527,7 +527,7 @@ class Auditor:
     def snapshot(self) -> bytes:
         """The current plan as bytes for ``DATA_DIR/audit-plan.msgpack`` (:meth:`restore`); clears
         :attr:`changed`."""
-        from verifier.tx import pack
+        from overlay.directory.registration import pack
 
         self.changed = False
         p = self.current
@@ -542,8 +542,8 @@ class Auditor:
         """Take back a :meth:`snapshot` of this verifier on this chain (True); a challenge that was
         out when it was taken is sent again when its turn comes (its try counted). False (nothing
         changes) for another key's or chain's, or bytes that are not one."""
+        from overlay.directory.registration import TxError
         from verifier.audit.tx import Opening, decode_outcome
-        from verifier.tx import TxError
 
         try:
             version, chain_id, pk, body = msgpack.unpackb(raw, raw=False, strict_map_key=True)
@@ -623,14 +623,14 @@ class AuditDriver:
     ``client`` (the verifier's user node's anonymous client) and ``engine`` (its audit model).
 
     ``data_dir``: where the plan (:data:`PLAN_FILE`) and the donation pool are kept (None: not
-    kept, for tests). ``rpc`` (default :func:`overlay.committee.rpc_call`) is injectable for tests;
+    kept, for tests). ``rpc`` (default :func:`overlay.directory.lists.rpc_call`) is injectable for tests;
     ``clock`` (default :class:`~overlay.clock.TrioClock`) times the pool's writes."""
 
     def __init__(self, auditor: Auditor, rpc_address: str, client: AnonClient, engine: Engine, *,
                  rpc: Any = None, poll: float = POLL_S, challenge_timeout: float = CHALLENGE_TIMEOUT_S,
                  paths_timeout: float = PATHS_TIMEOUT_S, data_dir: Path | None = None,
                  clock: Clock | None = None) -> None:
-        from overlay.committee import rpc_call
+        from overlay.directory.lists import rpc_call
 
         self.auditor = auditor
         self.address = rpc_address
@@ -682,7 +682,7 @@ class AuditDriver:
     async def broadcast(self, sub: Submit) -> None:
         """``broadcast_tx_sync``; a network error is retried at the next plan, a refusal goes to
         :meth:`Auditor.refused`."""
-        from overlay.committee import ListError
+        from overlay.directory.lists import ListError
 
         try:
             res = await self.rpc(self.address, "broadcast_tx_sync", {"tx": "0x" + sub.raw.hex()})
@@ -713,7 +713,7 @@ class AuditDriver:
 
     async def run(self) -> None:
         """Poll forever; a failed poll is logged and retried."""
-        from overlay.committee import ListError
+        from overlay.directory.lists import ListError
 
         last_error = ""
         async with trio.open_nursery() as nursery:
@@ -837,10 +837,10 @@ def load_auditor(data_dir: Path, auditor: Auditor) -> None:
 
 async def _run_audits_once(data_dir: Path, settings: AuditSettings, seed: bytes, engine: Any,
                            pool: DonationPool | None) -> None:
-    from overlay.committee import load_genesis
+    from overlay.directory.lists import load_genesis
+    from overlay.directory.membership import CommitteeSettings, Membership, node_entry
+    from overlay.directory.registry import Registry
     from overlay.identity import load_or_create
-    from overlay.membership import CommitteeSettings, Membership, node_entry
-    from overlay.registry import Registry
     from overlay.transport import TLSTransport
     from overlay.usernode import UserNode
     from verifier.cometbft import get_toml, home_of

@@ -1,7 +1,7 @@
 """``gentorrent bench admission``: what admission, fresh lists and connection slots cost a cheap
 attacker and an honest node (issue 28 "Benchmark"; decision 0014; docs/benchmarks.md "admission").
 
-**Registration work.** The cost of one scrypt trial at the genesis default (:mod:`overlay.work`,
+**Registration work.** The cost of one scrypt trial at the genesis default (:mod:`overlay.directory.work`,
 ``n = 2**14``) is measured here, on this machine, and so is the CPU time of real solves at the
 default difficulty (the honest node's one-off cost: its mean is ``2**work_bits`` trials). The
 attacker owns this machine's cores (:data:`ATTACKER_CORES`) and as many addresses as it likes
@@ -30,8 +30,10 @@ import statistics
 import time
 from typing import Any
 
-from overlay import crypto, work
-from verifier import admission, tx
+from overlay import crypto
+from overlay.directory import registration as tx
+from overlay.directory import work
+from verifier import admission
 from verifier.admission import AdmissionParams
 
 ATTACKER_CORES = 2

@@ -265,8 +265,8 @@ class Donation:
 
 def _opening_ok(messages: tuple[ChatMessage, ...], params: SamplingParams) -> bool:
     """Whether a request passes an opening's limits (the pool refuses other donations)."""
+    from overlay.directory.registration import TxError
     from verifier.audit import tx as at
-    from verifier.tx import TxError
 
     try:
         at.Opening(bytes(16), "m", messages, params).check()

@@ -9,7 +9,7 @@ Figures (docs/benchmarks.md "## committee"):
 - ``register_to_signed_list_{mean,p50,p99}_ms``: one registration at a time, from its broadcast to
   the first signed ``/lists/users`` (fetched and verified as a client does) that lists it.
 - ``list_fetch_verify_{mean,p50,p99}_ms``: ``abci_query /lists/users`` over HTTP plus
-  :func:`overlay.committee.verify_document` of the list of ``users`` users (10,000 in a full run);
+  :func:`overlay.directory.lists.verify_document` of the list of ``users`` users (10,000 in a full run);
   ``list_verify_*`` the verification alone, ``list_bytes`` the document's size.
 - ``block_time_mean_ms``: CometBFT's mean block interval (header times) during the registrations,
   ``txs_per_block_max`` the largest block then.
@@ -37,9 +37,10 @@ import trio
 
 from overlay import crypto
 from overlay.bench.stats import cpu_model, summarize_ms
-from overlay.committee import KIND_USERS, CommitteeClient, ValidatorKey, fetch_abci_query, verify_document
+from overlay.directory import registration as tx
+from overlay.directory.lists import KIND_USERS, CommitteeClient, ValidatorKey, fetch_abci_query, verify_document
 from overlay.identity import node_id_of
-from verifier import cometbft, tx
+from verifier import cometbft
 
 CHAIN = "gt-bench"
 START_TIMEOUT = 90.0

@@ -1,7 +1,7 @@
 """Registration with the verifier committee: the transaction codec, and the node's side of it.
 
-This module is the ONE codec of committee registration transactions: the verifiers
-(:mod:`verifier.tx` re-exports it) decode with it and nodes sign with it. It also holds the node's
+This module is the ONE codec of committee registration transactions: the verifiers decode with
+it and nodes sign with it. It also holds the node's
 I/O-free registration core (:class:`Registrar`: which transaction to send next, and when) and the
 thin driver that talks to a verifier's CometBFT RPC (:class:`CommitteeRegistration`).
 
@@ -16,8 +16,8 @@ A transaction is one msgpack array of exactly two binaries, ``[body, signature]`
   time in milliseconds when that is larger than the last seq plus one, so a key whose seq the
   committee has pruned, decision 0014, still never reuses one); ``entry`` is
   ``[role, x25519_public, address, region, model_id, capacity]`` for register/update and ``nil``
-  for leave; ``work`` (bin, at most :data:`overlay.work.NONCE_LEN` bytes) is a register's
-  proof-of-work nonce (:mod:`overlay.work`), empty in updates and leaves.
+  for leave; ``work`` (bin, at most :data:`overlay.directory.work.NONCE_LEN` bytes) is a register's
+  proof-of-work nonce (:mod:`overlay.directory.work`), empty in updates and leaves.
 - ``address`` is canonical: an IPv4 literal as Python's :mod:`ipaddress` writes it, or an IPv6
   literal in brackets in its compressed form (never an IPv4-mapped one), and a port 1–65535 without
   leading zeros. DNS names are refused: one host cannot count as several addresses. ``role`` is :data:`ROLE_USER` or :data:`ROLE_MODEL`; user nodes have ``model_id ""``
@@ -45,11 +45,12 @@ from typing import Any
 import msgpack
 import trio
 
-from overlay import crypto, work
+from overlay import crypto
 from overlay.clock import Clock, TrioClock
-from overlay.committee import ListError, rpc_call
+from overlay.directory import work
+from overlay.directory.lists import ListError, rpc_call
+from overlay.directory.work import NONCE_LEN
 from overlay.identity import node_id_of
-from overlay.work import NONCE_LEN
 
 log = logging.getLogger("gentorrent.registration")
 
@@ -136,7 +137,7 @@ class Tx:
     seq: int
     ed25519_public: bytes
     entry: Entry | None  # None for leave
-    work: bytes = b""  # a register's proof-of-work nonce (overlay/work.py)
+    work: bytes = b""  # a register's proof-of-work nonce (overlay/directory/work.py)
 
     @property
     def node_id(self) -> bytes:
@@ -221,7 +222,7 @@ def _body(op: int, seq: int, ed25519_public: bytes, entry: Entry | None, work: b
 def make_tx(signing: crypto.SigningKey, chain_id: str, op: int, seq: int, entry: Entry | None = None, *,
             work: bytes = b"") -> bytes:
     """Encode and sign a transaction (the client side); ``work``: a register's proof-of-work nonce
-    (:func:`overlay.work.solve`). Raises :class:`TxError` for a bad entry."""
+    (:func:`overlay.directory.work.solve`). Raises :class:`TxError` for a bad entry."""
     if op not in OP_NAMES:
         raise ValueError(f"unknown op {op}")
     if (entry is None) != (op == OP_LEAVE):
@@ -360,7 +361,7 @@ class Registrar:
     seq: int = 0  # the last seq this node knows committed
     listed: bool = False
     floor: int = 0  # the next seq is at least this (the driver sets its unix time in ms: decision 0014)
-    work: bytes = b""  # the proof-of-work nonce a register carries (overlay/work.py)
+    work: bytes = b""  # the proof-of-work nonce a register carries (overlay/directory/work.py)
     due_at: float | None = None  # when the next refresh is due (None: before the first commit)
     _pending: int = 0
 
@@ -417,7 +418,7 @@ Rpc = Callable[[str, str, dict[str, str]], Awaitable[Any]]
 class CommitteeRegistration:
     """The thin driver: runs a :class:`Registrar` against verifiers' CometBFT RPC.
 
-    ``rpc`` (default :func:`overlay.committee.rpc_call`, plain HTTP) is injectable so tests can
+    ``rpc`` (default :func:`overlay.directory.lists.rpc_call`, plain HTTP) is injectable so tests can
     answer from an in-process committee. Each call tries the verifiers in turn; a verifier that
     cannot be reached is skipped, an answer (accepted or refused) is final.
     """

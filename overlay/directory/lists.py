@@ -65,8 +65,8 @@ import trio
 
 from overlay import crypto
 from overlay.clock import Clock, TrioClock
+from overlay.directory.registry import Registry
 from overlay.peers import PeerEntry
-from overlay.registry import Registry
 from overlay.transport import parse_address
 
 log = logging.getLogger("gentorrent.committee")
