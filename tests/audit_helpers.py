@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from overlay import crypto, signing
-from overlay.directory import registration as tx
+from overlay.directory.constants import ROLE_MODEL
 from overlay.messages import ChatMessage, SamplingParams
 from tests.committee_helpers import CHAIN, Node
 from verifier.app import CommitteeApp, ListsAt, Result, Validator
@@ -92,7 +92,7 @@ class Committee:
             a.init_chain(CHAIN, self.validators, app_state)
         self.nodes = [ModelNode(Node(port=9000 + i)) for i in range(n_nodes)]
         self.now = T0
-        self.block([n.node.register(tx.ROLE_MODEL) for n in self.nodes])
+        self.block([n.node.register(ROLE_MODEL) for n in self.nodes])
 
     # ------------------------------------------------------------------ chain
 

@@ -13,7 +13,8 @@ import os
 from pathlib import Path
 
 from overlay import crypto
-from overlay.directory.registration import ROLE_USER, Code
+from overlay.directory.constants import ROLE_USER
+from overlay.directory.registration import Code
 from overlay.donation import DONATE_PATH, KEY_PATH
 from overlay.identity import write_private
 from verifier.abci.proto.tendermint.abci import types_pb2 as abci

@@ -46,15 +46,13 @@ import msgpack
 
 from overlay import crypto
 from overlay.directory import lists
+from overlay.directory.constants import MAX_VALIDATORS, ROLE_MODEL, ROLE_NAMES, ROLE_USER
 from overlay.directory.registration import (  # noqa: F401 - REFRESH_INTERVAL_S re-exported
     DECODE_ERRORS,
     ENTRY_TTL_S,
     OP_LEAVE,
     OP_REGISTER,
     REFRESH_INTERVAL_S,
-    ROLE_MODEL,
-    ROLE_NAMES,
-    ROLE_USER,
     Code,
     Entry,
     Tx,
@@ -73,7 +71,6 @@ STATE_VERSION = 5  # 3: the audit state (verifier/audit/chain.py); 4: its decisi
 SNAPSHOT_VERSION = 2  # 2: the block time and the last list certificate
 # An entry lives ENTRY_TTL_S (block time) after its last register/update; nodes refresh every
 # REFRESH_INTERVAL_S (both defined with the codec, in overlay/directory/registration.py).
-MAX_VALIDATORS = 1000
 DECODE_MEMO = 50_000  # decoded transactions remembered (about 20 MB at most)
 LIST_HISTORY = 8  # heights whose lists a verifier keeps to serve under a certificate
 DELTA_HISTORY = 1200  # heights whose changed node ids a verifier keeps to serve deltas (20 min at 1 block/s)

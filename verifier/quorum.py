@@ -28,7 +28,8 @@ from typing import Any
 import msgpack
 
 from overlay import crypto
-from overlay.directory.registration import DECODE_ERRORS, MAX_CHAIN_ID, Code, TxError, pack
+from overlay.directory.constants import MAX_CHAIN_ID
+from overlay.directory.registration import DECODE_ERRORS, Code, TxError, pack
 
 PREFIX = b"\xc1"
 CERT_TAG = b"\xc1\x01"

@@ -1,5 +1,7 @@
 """The directory: who is on the network, as the verifier committee says (docs/committee.md).
 
+- :mod:`~overlay.directory.constants`: the numbers and names the directory's modules share (roles,
+  the chain id's bound, the reputation scale and trust line, ...), each defined once.
 - :mod:`~overlay.directory.registration`: the registration transaction codec (nodes sign with it,
   verifiers decode with it) and a node's registration driver.
 - :mod:`~overlay.directory.work`: the registration's proof of work.

@@ -65,7 +65,16 @@ import trio
 
 from overlay import crypto
 from overlay.clock import Clock, TrioClock
+from overlay.directory.constants import (
+    MAX_CHAIN_ID,
+    MAX_VALIDATORS,
+    REPUTATION_SCALE,
+    ROLE_MODEL,
+    ROLE_NAMES,
+    ROLE_USER,
+)
 from overlay.directory.registry import Registry
+from overlay.identity import ID_PERSON, NODE_ID_LEN
 from overlay.peers import PeerEntry
 from overlay.transport import parse_address
 
@@ -76,13 +85,9 @@ LISTS_CONTEXT = b"gentorrent/committee-lists/v2\x00"  # v2: the message holds th
 KIND_USERS, KIND_MODELS = 1, 2
 KIND_PATHS = {KIND_USERS: "/lists/users", KIND_MODELS: "/lists/models"}
 SINCE = "/since/"  # KIND_PATHS[kind] + SINCE + str(held height): the delta query
-ROLE_USER, ROLE_MODEL = 1, 2  # as in verifier/tx.py
 MAX_LIST_BYTES = 32 * 1024 * 1024
 MAX_RECORDS = 200_000
-MAX_VALIDATORS = 1000
-MAX_CHAIN_ID = 50
 DIGEST_LEN = 32
-NODE_ID_LEN = 20
 REFRESH_S = 10.0
 FETCH_TIMEOUT_S = 10.0
 # A list is refused once its signed time is more than MAX_LIST_AGE_S + CLOCK_AHEAD_S before the
@@ -187,8 +192,6 @@ def _typed(value: Any, tp: type, what: str) -> Any:
 
 _RECORD_TYPES = (bytes, bytes, int, bytes, str, str, str, int, int)
 _MODEL_RECORD_TYPES = (*_RECORD_TYPES, int, bool)  # + reputation, audited
-REPUTATION_SCALE = 1_000_000
-_ID_PERSON = b"gentorrent-id"  # node id = BLAKE2b-160(ed25519 key), personalised as overlay/identity.py does
 _ENTRY_FIELDS = ("node_id", "address", "ed25519_public", "x25519_public", "region", "role", "models", "reputation",
                  "audited")
 
@@ -229,7 +232,7 @@ def _entries(records: Iterable[Any], kind: int) -> tuple[tuple[PeerEntry, ...], 
     a list): one pass, locals only, the node id hashed with :mod:`hashlib` directly; the checks are
     those of :func:`overlay.identity.node_id_of` and :func:`overlay.transport.parse_address`."""
     want_role = ROLE_USER if kind == KIND_USERS else ROLE_MODEL
-    role_name = "user" if kind == KIND_USERS else "model"
+    role_name = ROLE_NAMES[want_role]
     model = want_role == ROLE_MODEL
     blake, types, entry = hashlib.blake2b, _MODEL_RECORD_TYPES if model else _RECORD_TYPES, _make_entry
     out = []
@@ -247,7 +250,7 @@ def _entries(records: Iterable[Any], kind: int) -> tuple[tuple[PeerEntry, ...], 
                 raise ListError(f"record {i}: reputation {reputation} outside 0..{REPUTATION_SCALE}")
         else:
             node_id, ed, role, x, address, region, model_id, _capacity, expires_at = rec
-        if len(ed) != 32 or len(x) != 32 or node_id != blake(ed, digest_size=20, person=_ID_PERSON).digest():
+        if len(ed) != 32 or len(x) != 32 or node_id != blake(ed, digest_size=NODE_ID_LEN, person=ID_PERSON).digest():
             raise ListError(f"record {i}: keys of the wrong size, or a node id that is not its key's")
         if role != want_role:
             raise ListError(f"record {i}: the {role_name} list holds another role")

@@ -48,6 +48,7 @@ import trio
 from overlay import crypto
 from overlay.clock import Clock, TrioClock
 from overlay.directory import work
+from overlay.directory.constants import MAX_CAPACITY, MAX_CHAIN_ID, MIN_CAPACITY, ROLE_NAMES, ROLE_USER
 from overlay.directory.lists import ListError, rpc_call
 from overlay.directory.work import NONCE_LEN
 from overlay.identity import node_id_of
@@ -60,16 +61,12 @@ MAX_TX_BYTES = 1024
 MAX_ADDRESS = 255
 MAX_REGION = 32
 MAX_MODEL_ID = 128
-MAX_CHAIN_ID = 50  # CometBFT's own limit on a chain id
-MIN_CAPACITY, MAX_CAPACITY = 1, 10
 MAX_SEQ = 2**63 - 1
 # What msgpack (and unpacking its result) raises on hostile bytes: caught by type, never blindly.
 DECODE_ERRORS = (ValueError, TypeError, RecursionError, msgpack.UnpackException)
 
 OP_REGISTER, OP_UPDATE, OP_LEAVE = 1, 2, 3
-ROLE_USER, ROLE_MODEL = 1, 2
 OP_NAMES = {OP_REGISTER: "register", OP_UPDATE: "update", OP_LEAVE: "leave"}
-ROLE_NAMES = {ROLE_USER: "user", ROLE_MODEL: "model"}
 
 _REGION = re.compile(r"[a-z0-9][a-z0-9-]*")
 _MODEL_ID = re.compile(r"[\x21-\x7e]+")  # printable ASCII, no spaces

@@ -9,6 +9,7 @@ from typing import Any
 import trio
 
 from overlay.cli import CliError, common_flags, resolve_config, run_async
+from overlay.directory.constants import REPUTATION_SCALE
 from overlay.identity import Identity, short_id
 from overlay.messages import PeerStatus, PeerStatusRequest
 from overlay.peers import PeerEntry
@@ -49,7 +50,7 @@ async def query(transport: Transport, peer: PeerEntry, timeout: float) -> tuple[
 
 def _trust(e: PeerEntry) -> str:
     """A model node's reputation on the committee's signed list (10^6 = 1.0), or ``-``."""
-    return "-" if e.reputation is None else f"{e.reputation / 1_000_000:.2f}"
+    return "-" if e.reputation is None else f"{e.reputation / REPUTATION_SCALE:.2f}"
 
 
 def format_rows(entries: list[PeerEntry], results: dict[bytes, tuple[float, PeerStatus] | str]) -> list[str]:
@@ -95,7 +96,7 @@ def audit_rows(audit: Any, reputation: Any, listed: set[bytes]) -> list[str]:
         rows.append(f"    reputation of {len(reputation)} audited model node(s):")
         for node_id, value, window, epochs in reputation:
             flags = "".join("x" if a else "." for a in window)
-            rows.append(f"      {key(node_id)[:8]}  {int(value) / 1_000_000:.2f}  epochs {epochs}  window [{flags}]"
+            rows.append(f"      {key(node_id)[:8]}  {int(value) / REPUTATION_SCALE:.2f}  epochs {epochs}  window [{flags}]"
                         + ("" if node_id in listed else "  UNTRUSTED: clients do not use it"))
     return rows
 

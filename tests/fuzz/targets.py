@@ -28,6 +28,7 @@ from model_node.server import check_params
 from overlay import codec, crypto, onion, sida
 from overlay.actions import Send
 from overlay.directory import registration as vtx
+from overlay.directory.constants import ROLE_MODEL
 from overlay.directory.lists import (
     KIND_MODELS,
     KIND_USERS,
@@ -343,7 +344,7 @@ class TxTarget(Target):
     def __init__(self) -> None:
         super().__init__()
         nodes = [Node(port=9000 + i) for i in range(4)]
-        self.corpus = [nodes[0].register(), nodes[1].register(vtx.ROLE_MODEL), nodes[2].update(),
+        self.corpus = [nodes[0].register(), nodes[1].register(ROLE_MODEL), nodes[2].update(),
                        nodes[3].leave()]
         self.app = CommitteeApp()
         self.app.init_chain(CHAIN, [Validator("ed25519", bytes([i]) * 32, 10) for i in range(4)])

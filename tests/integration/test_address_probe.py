@@ -9,7 +9,8 @@ import json
 import trio
 
 from overlay import crypto
-from overlay.directory.registration import OP_REGISTER, ROLE_USER, Entry, make_tx
+from overlay.directory.constants import ROLE_USER
+from overlay.directory.registration import OP_REGISTER, Entry, make_tx
 from overlay.identity import Identity
 from overlay.node import Node as OverlayNode
 from overlay.transport import TLSTransport

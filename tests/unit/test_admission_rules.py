@@ -11,6 +11,7 @@ import pytest
 from overlay import crypto
 from overlay.directory import registration as tx
 from overlay.directory import work
+from overlay.directory.constants import ROLE_USER
 from overlay.directory.registration import Code
 from tests.committee_helpers import CHAIN, Node
 from verifier import admission
@@ -36,7 +37,7 @@ def block(app: CommitteeApp, txs: list[bytes], time_s: int) -> list[Code]:
     return [r.code for r in results]
 
 
-def paid_register(app: CommitteeApp, node: Node, address: str, role: int = tx.ROLE_USER) -> bytes:
+def paid_register(app: CommitteeApp, node: Node, address: str, role: int = ROLE_USER) -> bytes:
     """A register carrying the work the committee requires now (as CommitteeRegistration pays it)."""
     st = app.committed
     bits = admission.required_bits(st.admission, len(st.paid))

@@ -203,7 +203,8 @@ def test_the_pool_survives_a_restart_in_a_private_file(tmp_path: Path) -> None:
 
 
 def _abci_app(pool: pl.DonationPool | None, users: Users, *, audits: bool = True) -> object:
-    from overlay.directory.registration import OP_REGISTER, ROLE_MODEL, ROLE_USER, Entry, make_tx
+    from overlay.directory.constants import ROLE_MODEL, ROLE_USER
+    from overlay.directory.registration import OP_REGISTER, Entry, make_tx
     from verifier.abci_app import CommitteeAbciApp
     from verifier.app import CommitteeApp, Validator
 

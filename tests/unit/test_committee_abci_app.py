@@ -8,7 +8,7 @@ import pytest
 import trio
 import trio.testing
 
-from overlay.directory import registration as tx
+from overlay.directory.constants import ROLE_MODEL
 from overlay.directory.registration import Code
 from tests.committee_helpers import CHAIN, Node
 from verifier.abci import server, wire
@@ -105,4 +105,4 @@ def test_model_registration_fields_survive_the_adapter() -> None:
     app = CommitteeAbciApp(StateStore("/nonexistent-never-written").load())
     app.init_chain(_genesis())
     n = Node()
-    assert app.check_tx(abci.RequestCheckTx(tx=n.register(tx.ROLE_MODEL, capacity=7))).code == 0
+    assert app.check_tx(abci.RequestCheckTx(tx=n.register(ROLE_MODEL, capacity=7))).code == 0

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from overlay import crypto
 from overlay.clock import FakeClock
 from overlay.directory import registration as tx
+from overlay.directory.constants import ROLE_MODEL, ROLE_USER
 from overlay.directory.lists import (
     KIND_MODELS,
     KIND_USERS,
@@ -77,8 +78,9 @@ def test_a_good_list_is_accepted_and_becomes_peer_entries() -> None:
 def test_model_records_carry_the_audited_flag_and_untrusted_nodes_are_listed() -> None:
     """Lists format 3: a model record's 11th field says whether its model is audited (a bool,
     strictly), and nodes under the trust line stay on the list, marked by their reputation."""
+    from overlay.directory.constants import TRUST_LINE
     from overlay.directory.lists import LISTS_VERSION
-    from overlay.peers import TRUST_LINE, usable
+    from overlay.peers import usable
 
     assert LISTS_VERSION == 4
     c = Committee()
@@ -272,16 +274,17 @@ def test_the_model_list_holds_every_model_node_with_its_reputation_and_audited_f
     (verifier.audit.chain.audited_models: empty when audits are off)."""
     from dataclasses import replace
 
+    from overlay.directory.constants import TRUST_LINE
     from verifier import app as core
     from verifier.audit import chain as audits
-    from verifier.audit.reputation import R0, TRUST_LINE, NodeReputation, ReputationTable
+    from verifier.audit.reputation import R0, NodeReputation, ReputationTable
 
     c = Committee()
     a = _committee_app(c)
     good, low, other = Node(port=7100), Node(port=7101), Node(port=7102)
     user = Node(port=7103)
-    _height(a, c, [good.register(tx.ROLE_MODEL), low.register(tx.ROLE_MODEL),
-                   other.register(tx.ROLE_MODEL, model_id="other-model", capacity=2), user.register()])
+    _height(a, c, [good.register(ROLE_MODEL), low.register(ROLE_MODEL),
+                   other.register(ROLE_MODEL, model_id="other-model", capacity=2), user.register()])
 
     def entries(st: object) -> dict[bytes, object]:
         lists = core.ListsAt.of(st, T0)  # type: ignore[arg-type]
@@ -519,7 +522,7 @@ def test_running_a_block_once_per_hash_gives_what_running_it_each_time_gives() -
     c = Committee()
     shared, plain = _committee_app(c), _committee_app(c)
     nodes = [Node(port=7100 + i) for i in range(6)]
-    rounds = [[n.register(tx.ROLE_MODEL if i % 2 else tx.ROLE_USER) for i, n in enumerate(nodes)],
+    rounds = [[n.register(ROLE_MODEL if i % 2 else ROLE_USER) for i, n in enumerate(nodes)],
               [nodes[0].update(region="us-east"), nodes[1].leave()], [], [nodes[2].leave()]]
     for i, txs in enumerate(rounds):
         block = _height(shared, c, txs, t=T0 + i)
@@ -601,10 +604,11 @@ def test_an_unchanged_list_reuses_the_held_entries_and_still_checks_everything_e
 
 
 def test_the_clients_trust_line_is_the_committees() -> None:
-    """overlay imports no verifier: overlay.peers.TRUST_LINE and overlay.directory.lists.REPUTATION_SCALE
-    restate verifier/audit/reputation.py's."""
-    from overlay.directory.lists import REPUTATION_SCALE
-    from overlay.peers import TRUST_LINE
+    """One definition (overlay/directory/constants.py): the clients' trust line and reputation scale
+    are the ones verifier/audit/reputation.py computes with."""
+    from overlay import peers
+    from overlay.directory.constants import REPUTATION_SCALE, TRUST_LINE
     from verifier.audit import reputation
 
-    assert (TRUST_LINE, REPUTATION_SCALE) == (reputation.TRUST_LINE, reputation.SCALE)
+    assert (TRUST_LINE, REPUTATION_SCALE) == (400_000, 1_000_000)
+    assert (peers.TRUST_LINE, reputation.TRUST_LINE, reputation.SCALE) == (TRUST_LINE, TRUST_LINE, REPUTATION_SCALE)

@@ -61,6 +61,7 @@ import trio
 from model_node.engine import EngineError
 from overlay.anon import AnonClient, AnonError, failure_kind
 from overlay.clock import Clock, TrioClock
+from overlay.directory.constants import REPUTATION_SCALE
 from overlay.identity import short_id
 from verifier.audit.challenges import ChallengeError, ChallengeGenerator
 
@@ -763,7 +764,7 @@ class AuditDriver:
             via = "" if outcome.served_by == send.node_id else f" (forwarded to {short_id(outcome.served_by)})"
             log.info("audit: model node %s answered challenge %d of epoch %d%s: %d tokens, score %.3f",
                      short_id(send.node_id), send.index, send.epoch, via, len(outcome.token_ids),
-                     (score or 0) / 1e6)
+                     (score or 0) / REPUTATION_SCALE)
         self.auditor.result(send, outcome, score, self.height)
         self.persist()
 

@@ -48,7 +48,8 @@ from typing import Any, Protocol
 import msgpack
 
 from overlay import crypto
-from overlay.directory.registration import MAX_MODEL_ID, ROLE_MODEL, Code, TxError, pack
+from overlay.directory.constants import ROLE_MODEL
+from overlay.directory.registration import MAX_MODEL_ID, Code, TxError, pack
 from overlay.signing import ReplyVerifyError
 from verifier.audit import tx as at
 from verifier.audit.reputation import NodeReputation, ReputationTable

@@ -40,7 +40,9 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from overlay import codec, crypto, signing
-from overlay.directory.registration import DECODE_ERRORS, MAX_CHAIN_ID, MAX_MODEL_ID, Code, TxError, pack
+from overlay.directory.constants import MAX_CHAIN_ID
+from overlay.directory.registration import DECODE_ERRORS, MAX_MODEL_ID, Code, TxError, pack
+from overlay.identity import NODE_ID_LEN
 from overlay.messages import REQUEST_ID_LEN, ChatMessage, Request, SamplingParams
 from verifier.audit.reputation import SCALE
 
@@ -64,7 +66,6 @@ SALT_LEN = 16
 COMMITMENT_LEN = 32
 PLAN_HASH_LEN = 32
 PROMPT_KEY_LEN = 16
-NODE_ID_LEN = 20
 MIN_TOKENS, MAX_TOKENS = 1, 1024
 MAX_MESSAGES = 8
 MAX_CONTENT_BYTES = 8192

@@ -33,6 +33,7 @@ from typing import Any
 from overlay import crypto
 from overlay.directory import registration as tx
 from overlay.directory import work
+from overlay.directory.constants import ROLE_USER
 from verifier import admission
 from verifier.admission import AdmissionParams
 
@@ -92,7 +93,7 @@ def chain_bits(params: AdmissionParams, count: int) -> list[int]:
         key = crypto.SigningKey.generate()
         got = work.solve(CHAIN, key.public_bytes, bits, cheap.work_n_log2)
         assert got is not None
-        entry = tx.Entry(tx.ROLE_USER, crypto.X25519Key.generate().public_bytes,
+        entry = tx.Entry(ROLE_USER, crypto.X25519Key.generate().public_bytes,
                          f"{8 + i // 250}.{i % 250}.1.1:9000", "r")
         raw = tx.make_tx(key, CHAIN, tx.OP_REGISTER, 1, entry, work=got[0])
         results, _ = app.finalize_block(app.height + 1, 1_700_000_000 + i, [raw])
@@ -112,7 +113,7 @@ def prefix_cap(params: AdmissionParams) -> int:
     listed = 0
     for i in range(4 * max(1, params.per_prefix)):
         key = crypto.SigningKey.generate()
-        entry = tx.Entry(tx.ROLE_USER, crypto.X25519Key.generate().public_bytes, f"8.8.8.{i % 250}:{9000 + i}", "r")
+        entry = tx.Entry(ROLE_USER, crypto.X25519Key.generate().public_bytes, f"8.8.8.{i % 250}:{9000 + i}", "r")
         results, _ = app.finalize_block(app.height + 1, 1_700_000_000 + i,
                                         [tx.make_tx(key, CHAIN, tx.OP_REGISTER, 1, entry)])
         app.commit()

@@ -50,6 +50,7 @@ import trio
 from overlay import crypto
 from overlay.clock import FakeClock
 from overlay.directory import registration as tx
+from overlay.directory.constants import ROLE_USER
 from overlay.directory.lists import (
     KIND_USERS,
     REFRESH_S,
@@ -116,7 +117,7 @@ class _User:
 
     def tx(self, op: int) -> bytes:
         self.seq += 1
-        entry = None if op == tx.OP_LEAVE else tx.Entry(tx.ROLE_USER, bytes(32), self.address, "eu-west", "", 0)
+        entry = None if op == tx.OP_LEAVE else tx.Entry(ROLE_USER, bytes(32), self.address, "eu-west", "", 0)
         return tx.make_tx(self.key, CHAIN, op, self.seq, entry)
 
 

@@ -38,6 +38,7 @@ import trio
 from overlay import crypto
 from overlay.bench.stats import cpu_model, summarize_ms
 from overlay.directory import registration as tx
+from overlay.directory.constants import ROLE_USER
 from overlay.directory.lists import KIND_USERS, CommitteeClient, ValidatorKey, fetch_abci_query, verify_document
 from overlay.identity import node_id_of
 from verifier import cometbft
@@ -92,7 +93,7 @@ def _wait(what: str, fn: Any, timeout: float, every: float = 0.05) -> Any:
 
 def _registration(i: int) -> tuple[bytes, bytes]:
     key = crypto.SigningKey.generate()
-    entry = tx.Entry(tx.ROLE_USER, crypto.X25519Key.generate().public_bytes,
+    entry = tx.Entry(ROLE_USER, crypto.X25519Key.generate().public_bytes,
                      f"10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}:7000", "eu-west")
     return node_id_of(key.public_bytes), tx.make_tx(key, CHAIN, tx.OP_REGISTER, 1, entry)
 
