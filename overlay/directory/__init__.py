@@ -2,6 +2,8 @@
 
 - :mod:`~overlay.directory.constants`: the numbers and names the directory's modules share (roles,
   the chain id's bound, the reputation scale and trust line, ...), each defined once.
+- :mod:`~overlay.directory.rpc`: the one client of a verifier's CometBFT RPC (HTTP transport,
+  ``abci_query``, ``broadcast_tx_sync``/``broadcast_tx_commit``).
 - :mod:`~overlay.directory.registration`: the registration transaction codec (nodes sign with it,
   verifiers decode with it) and a node's registration driver.
 - :mod:`~overlay.directory.work`: the registration's proof of work.

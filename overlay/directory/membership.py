@@ -31,8 +31,9 @@ import trio
 from overlay.clock import Clock, TrioClock
 from overlay.directory.constants import REPUTATION_SCALE, ROLE_MODEL, TRUST_LINE
 from overlay.directory.lists import REFRESH_S, CommitteeClient, Fetch, ListError, ValidatorKey, load_genesis
-from overlay.directory.registration import CommitteeRegistration, Entry, Registrar, RegistrationError, Rpc
+from overlay.directory.registration import CommitteeRegistration, Entry, Registrar, RegistrationError
 from overlay.directory.registry import Registry, RegistryError, from_config
+from overlay.directory.rpc import Rpc
 from overlay.identity import Identity
 from overlay.transport import parse_address
 

@@ -38,7 +38,7 @@ import enum
 import ipaddress
 import logging
 import re
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,7 +49,7 @@ from overlay import crypto
 from overlay.clock import Clock, TrioClock
 from overlay.directory import work
 from overlay.directory.constants import MAX_CAPACITY, MAX_CHAIN_ID, MIN_CAPACITY, ROLE_NAMES, ROLE_USER
-from overlay.directory.lists import ListError, rpc_call
+from overlay.directory.rpc import Rpc, RpcError, parse_commit, parse_query, query_params, rpc_call, tx_params
 from overlay.directory.work import NONCE_LEN
 from overlay.identity import node_id_of
 
@@ -408,14 +408,10 @@ class Registrar:
         self.due_at = None
 
 
-# An RPC call: (verifier RPC address, method, params) -> the JSON-RPC "result" object.
-Rpc = Callable[[str, str, dict[str, str]], Awaitable[Any]]
-
-
 class CommitteeRegistration:
     """The thin driver: runs a :class:`Registrar` against verifiers' CometBFT RPC.
 
-    ``rpc`` (default :func:`overlay.directory.lists.rpc_call`, plain HTTP) is injectable so tests can
+    ``rpc`` (default :func:`overlay.directory.rpc.rpc_call`, plain HTTP) is injectable so tests can
     answer from an in-process committee. Each call tries the verifiers in turn; a verifier that
     cannot be reached is skipped, an answer (accepted or refused) is final.
     """
@@ -444,21 +440,17 @@ class CommitteeRegistration:
                     return await self.rpc(addr, method, params)
             except trio.TooSlowError:
                 errors.append(f"{addr}: no answer within {self.timeout:g} s")
-            except (OSError, ValueError, ListError) as exc:
+            except (OSError, ValueError, RpcError) as exc:
                 errors.append(f"{addr}: {exc}")
         raise RegistrationError(f"no verifier answered {method}: " + "; ".join(errors)
                                 + " (is the committee running, and are these its RPC addresses?)")
 
     async def _query(self, path: str, data: bytes) -> tuple[int, bytes, str]:
-        import base64
-
-        res = await self._call("abci_query", {"path": f'"{path}"', "data": "0x" + data.hex()})
         try:
-            resp = res["response"]
-            return int(resp.get("code", 0)), base64.b64decode(resp.get("value") or "", validate=True), \
-                str(resp.get("log", ""))
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise RegistrationError(f"a verifier answered abci_query {path} with no response ({exc!r})") from None
+            answer = parse_query(await self._call("abci_query", query_params(path, data)))
+        except RpcError as exc:
+            raise RegistrationError(f"a verifier answered abci_query {path} with no response ({exc})") from None
+        return answer.code, answer.value, answer.log
 
     async def wait_reachable(self) -> None:
         """At start: wait up to ``start_wait`` seconds for any verifier to answer (a node may start
@@ -494,22 +486,21 @@ class CommitteeRegistration:
     async def submit(self, raw: bytes) -> int:
         """Broadcast ``raw`` and wait for it to commit; the block height, or :class:`RegistrationError`
         naming the verifier's code and log."""
-        res = await self._call("broadcast_tx_commit", {"tx": "0x" + raw.hex()})
         try:
-            for stage in ("check_tx", "tx_result"):
-                part = res[stage]
-                code = int(part.get("code", 0))
-                if code:
-                    try:
-                        name = Code(code).name
-                    except ValueError:
-                        name = "UNKNOWN"
-                    raise RegistrationError(
-                        f"the committee refused the transaction ({stage}): code {code} {name}: "
-                        f"{str(part.get('log', ''))[:300]}", Code(code) if name != "UNKNOWN" else None)
-            return int(res["height"])
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise RegistrationError(f"a verifier answered broadcast_tx_commit oddly ({exc!r})") from None
+            done = parse_commit(await self._call("broadcast_tx_commit", tx_params(raw)))
+        except RpcError as exc:
+            raise RegistrationError(f"a verifier answered broadcast_tx_commit oddly ({exc})") from None
+        refused = done.refused()
+        if refused is not None:
+            stage, part = refused
+            try:
+                code: Code | None = Code(part.code)
+            except ValueError:
+                code = None
+            raise RegistrationError(
+                f"the committee refused the transaction ({stage}): code {part.code} "
+                f"{code.name if code is not None else 'UNKNOWN'}: {part.log[:300]}", code)
+        return done.height
 
     async def admission(self) -> tuple[int, int]:
         """``(work bits a new key needs now, scrypt n_log2)`` from the committee's ``/admission``."""

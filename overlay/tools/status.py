@@ -126,7 +126,8 @@ async def committee_view(addresses: tuple[str, ...], chain_id: str, validators: 
     """(rows describing the committee, the registered nodes from its verified lists, all verifiers up?)."""
     import base64
 
-    from overlay.directory.lists import CommitteeClient, ListError, rpc_call
+    from overlay.directory.lists import CommitteeClient, ListError
+    from overlay.directory.rpc import RpcError, rpc_call
 
     rows, up, answered = [f"committee {chain_id!r}: {len(addresses)} verifier RPC address(es)"], True, None
     rows.append(f"  {'verifier RPC':<22} {'height':>8}  state")
@@ -138,7 +139,7 @@ async def committee_view(addresses: tuple[str, ...], chain_id: str, validators: 
             state = "catching up" if info.get("catching_up") else "up"
             rows.append(f"  {addr:<22} {int(info['latest_block_height']):>8}  {state}")
             answered = answered or addr
-        except (OSError, ListError, trio.TooSlowError, KeyError, TypeError, ValueError) as exc:
+        except (OSError, RpcError, trio.TooSlowError, KeyError, TypeError, ValueError) as exc:
             up = False
             rows.append(f"  {addr:<22} {'':>8}  DOWN: {exc or type(exc).__name__}")
     entries: list[PeerEntry] = []
@@ -164,7 +165,7 @@ async def committee_view(addresses: tuple[str, ...], chain_id: str, validators: 
             n = signed.get(v["address"], 0)
             rows.append(f"    {key:<18} power {int(v['voting_power']):>4}  {'live' if n else 'NOT SIGNING'}"
                         f" ({n}/{len(commits)})")
-    except (OSError, ListError, trio.TooSlowError, KeyError, TypeError, ValueError) as exc:
+    except (OSError, RpcError, trio.TooSlowError, KeyError, TypeError, ValueError) as exc:
         rows.append(f"  validators unknown: {answered} did not answer ({exc})")
     client = CommitteeClient(addresses, chain_id, validators, fetch_timeout=timeout)
     try:
@@ -184,15 +185,15 @@ async def _audit_view(address: str, entries: list[PeerEntry], timeout: float) ->
     """Rows for the committee's audits, read from one verifier (unsigned: that verifier's view)."""
     import msgpack
 
-    from overlay.directory.lists import ListError, fetch_abci_query
+    from overlay.directory.rpc import RpcError, abci_value
 
     try:
         with trio.fail_after(timeout):
-            audit = msgpack.unpackb(await fetch_abci_query(address, "/audit"), raw=False, strict_map_key=False)
-            reputation = msgpack.unpackb(await fetch_abci_query(address, "/reputation"), raw=False)
+            audit = msgpack.unpackb(await abci_value(address, "/audit"), raw=False, strict_map_key=False)
+            reputation = msgpack.unpackb(await abci_value(address, "/reputation"), raw=False)
         listed = {e.node_id for e in entries if e.role == "model"}
         return audit_rows(audit, reputation, listed)
-    except ListError as exc:
+    except RpcError as exc:
         if "code 17" in str(exc):  # AUDITS_OFF
             return ["  audits: off (the committee's genesis has no audit section)"]
         return [f"  audits unknown: {exc}"]

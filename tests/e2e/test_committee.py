@@ -34,10 +34,10 @@ from overlay.directory.lists import (
     CommitteeClient,
     ListError,
     ValidatorKey,
-    fetch_abci_query,
     verify_document,
 )
 from overlay.directory.registration import Code
+from overlay.directory.rpc import abci_value
 from tests.committee_helpers import Node
 from tests.conftest import REPO, gentorrent_cmd, run_cli
 from verifier import cometbft
@@ -302,7 +302,7 @@ def pinned_validators(tmp_path: Path) -> list[ValidatorKey]:
 
 
 def _fetch_list(v: Verifier, path: str) -> bytes:
-    return trio.run(fetch_abci_query, f"127.0.0.1:{v.rpc}", path)
+    return trio.run(abci_value, f"127.0.0.1:{v.rpc}", path)
 
 
 def test_registrations_appear_in_signed_lists_that_verify_on_the_client(

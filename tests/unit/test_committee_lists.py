@@ -452,7 +452,7 @@ async def _http_server(answers: list[bytes], task_status: trio.TaskStatus[int] =
     await trio.serve_listeners(handle, listeners)
 
 
-def test_fetch_abci_query_reads_cometbft_answers_and_refuses_errors() -> None:
+def test_abci_value_reads_cometbft_answers_and_refuses_errors() -> None:
     import base64
     import json
 
@@ -469,18 +469,18 @@ def test_fetch_abci_query_reads_cometbft_answers_and_refuses_errors() -> None:
                http({"error": {"code": -32603}}), b"garbage"]
 
     async def main() -> None:
-        from overlay.directory.lists import fetch_abci_query
+        from overlay.directory.rpc import RpcError, abci_value
 
         async with trio.open_nursery() as n:
             port = await n.start(_http_server, answers)
             addr = f"127.0.0.1:{port}"
-            assert await fetch_abci_query(addr, "/lists/users") == b"doc"
-            assert await fetch_abci_query(addr, "/lists/users") == b"doc"
-            with pytest.raises(ListError, match="code 10: no signed list"):
-                await fetch_abci_query(addr, "/lists/users")
+            assert await abci_value(addr, "/lists/users") == b"doc"
+            assert await abci_value(addr, "/lists/users") == b"doc"
+            with pytest.raises(RpcError, match="code 10: no signed list"):
+                await abci_value(addr, "/lists/users")
             for _ in range(2):
-                with pytest.raises(ListError, match="did not answer"):
-                    await fetch_abci_query(addr, "/lists/users")
+                with pytest.raises(RpcError, match="did not answer"):
+                    await abci_value(addr, "/lists/users")
             n.cancel_scope.cancel()
 
     trio.run(main)

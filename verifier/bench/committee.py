@@ -39,7 +39,8 @@ from overlay import crypto
 from overlay.bench.stats import cpu_model, summarize_ms
 from overlay.directory import registration as tx
 from overlay.directory.constants import ROLE_USER
-from overlay.directory.lists import KIND_USERS, CommitteeClient, ValidatorKey, fetch_abci_query, verify_document
+from overlay.directory.lists import KIND_USERS, CommitteeClient, ValidatorKey, verify_document
+from overlay.directory.rpc import abci_value
 from overlay.identity import node_id_of
 from verifier import cometbft
 
@@ -220,7 +221,7 @@ def _measure(committee: _Committee, users: int, samples: int, fetches: int, clie
     fetch_s, verify_s, size = [], [], 0
     for i in range(fetches):
         t = time.perf_counter()
-        raw = trio.run(fetch_abci_query, addrs[i % len(addrs)], "/lists/users")
+        raw = trio.run(abci_value, addrs[i % len(addrs)], "/lists/users")
         t1 = time.perf_counter()
         got = verify_document(raw, CHAIN, committee.pinned, kind=KIND_USERS)
         t2 = time.perf_counter()
