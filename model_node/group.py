@@ -67,6 +67,7 @@ from model_node.hrtree import (
 from model_node.messages import LengthProposal, LoadReport, SubtreeRequest, SubtreeUpdate
 from model_node.sentry import LengthAgreement, Sentry, proposer
 from overlay.actions import Send
+from overlay.directory.constants import MAX_CAPACITY, MIN_CAPACITY
 
 log = logging.getLogger("gentorrent.model.group")
 
@@ -74,7 +75,6 @@ MAX_GROUP_SIZE = 50  # paper §3.3: a larger group splits (by region)
 SYNC_INTERVAL = 5.0  # seconds between rounds (paper §5)
 EXPIRY_ROUNDS = 3  # a peer silent this many rounds leaves the table and the tree
 FULL_EVERY = 12  # rounds between full subtrees sent to everyone (1 min at 5 s)
-MAX_CAPACITY = 10  # capacity score range 1..10 (paper §3.3)
 MAX_REQUESTS = 1_000_000  # active or queued requests a report may claim
 MAX_LATENCY_MS = 10_000_000
 MAX_WORK_TOKENS = 10**9  # prefill or decode tokens a report may claim
@@ -124,8 +124,8 @@ def load_problem(msg: LoadReport) -> str | None:
         return "l_version must be within 0..2^62"
     if not 0 <= msg.active <= MAX_REQUESTS or not 0 <= msg.queued <= MAX_REQUESTS:
         return f"active and queued must be within 0..{MAX_REQUESTS}"
-    if not 1 <= msg.capacity <= MAX_CAPACITY:
-        return f"capacity {msg.capacity} outside 1..{MAX_CAPACITY}"
+    if not MIN_CAPACITY <= msg.capacity <= MAX_CAPACITY:
+        return f"capacity {msg.capacity} outside {MIN_CAPACITY}..{MAX_CAPACITY}"
     if not 0 <= msg.kv_usage_permille <= 1000:
         return "kv_usage_permille outside 0..1000"
     if not 0 <= msg.latency_ms <= MAX_LATENCY_MS:
@@ -621,8 +621,8 @@ class GroupState:
 
     @staticmethod
     def _check_local(info: Load) -> None:
-        if not 1 <= info.capacity <= MAX_CAPACITY:
-            raise ValueError(f"capacity must be within 1..{MAX_CAPACITY}")
+        if not MIN_CAPACITY <= info.capacity <= MAX_CAPACITY:
+            raise ValueError(f"capacity must be within {MIN_CAPACITY}..{MAX_CAPACITY}")
         if min(info.active, info.queued, info.kv_usage_permille, info.latency_ms, info.prefill_tokens,
                info.decode_tokens, info.prefill_rate, info.decode_rate) < 0:
             raise ValueError("load figures must not be negative")

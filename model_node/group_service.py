@@ -53,10 +53,10 @@ from model_node.messages import (
 from overlay.actions import Send
 from overlay.clock import Clock, TrioClock
 from overlay.codec import LocalProtocolError
+from overlay.directory.registry import Registry
 from overlay.identity import short_id
 from overlay.messages import Request
 from overlay.node import Node
-from overlay.registry import Registry
 from overlay.transport import Connection, TransportError
 
 log = logging.getLogger("gentorrent.model.group")

@@ -14,9 +14,9 @@ import trio
 from model_node.engine import Engine, EngineError
 from model_node.forwarding import ForwardingPolicy
 from overlay.cli import CliError, resolve_config, run_async
+from overlay.directory.membership import Membership, cancel_on_sigterm, directory, node_entry
+from overlay.directory.registry import Registry, RegistryError
 from overlay.identity import load_or_create
-from overlay.membership import Membership, cancel_on_sigterm, directory, node_entry
-from overlay.registry import Registry, RegistryError
 from overlay.transport import TLSTransport, parse_address
 
 log = logging.getLogger("gentorrent.model")

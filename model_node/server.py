@@ -59,10 +59,10 @@ from model_node.hrtree import common_prefix
 from model_node.messages import Count, NodeStats, Served, StatsRequest
 from overlay.anon import Responder, busy_error, invalid_error
 from overlay.clock import Clock, TrioClock
+from overlay.directory.registry import Registry
 from overlay.identity import Identity, short_id
 from overlay.messages import Deliver, ReplyChunk, Request
 from overlay.node import Node, listed_in
-from overlay.registry import Registry
 from overlay.signing import ReplySigner, request_digest
 from overlay.transport import Connection, Transport, TransportError
 

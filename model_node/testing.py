@@ -26,9 +26,9 @@ from model_node.engine import Engine, Piece
 from model_node.group import GroupConfig
 from model_node.hrtree import common_prefix
 from model_node.server import ModelNode
+from overlay.directory.registry import Registry
 from overlay.identity import Identity
 from overlay.messages import SamplingParams
-from overlay.registry import Registry
 from overlay.testing import Net, NodeFactory, start_overlay
 from overlay.transport import Transport
 

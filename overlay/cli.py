@@ -105,9 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from overlay.directory.registration import RegistrationError
     from overlay.identity import IdentityError
     from overlay.peers import PeerListError
-    from overlay.registration import RegistrationError
 
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -16,6 +16,7 @@ from pathlib import Path
 from overlay import crypto
 
 NODE_ID_LEN = 20
+ID_PERSON = b"gentorrent-id"  # node id = BLAKE2b-160(ed25519 key), personalised with this
 _KEY_FILE = "identity.key"
 _MAGIC = b"GTID1\n"
 
@@ -28,7 +29,7 @@ def node_id_of(ed25519_public: bytes) -> bytes:
     """The node id derived from an Ed25519 public key."""
     if len(ed25519_public) != crypto.ED25519_PK_LEN:
         raise ValueError("Ed25519 public key must be 32 bytes")
-    return crypto.blake2b(ed25519_public, size=NODE_ID_LEN, person=b"gentorrent-id")
+    return crypto.blake2b(ed25519_public, size=NODE_ID_LEN, person=ID_PERSON)
 
 
 def short_id(node_id: bytes) -> str:

@@ -47,7 +47,7 @@ OUTBOX_IDLE = 120.0   # seconds an idle outbox writer lingers
 
 class Directory(Protocol):
     """What :func:`listed_in` reads: a directory's entries by node id (a
-    :class:`~overlay.registry.Registry`, updated in place)."""
+    :class:`~overlay.directory.registry.Registry`, updated in place)."""
 
     @property
     def by_id(self) -> Mapping[bytes, object]: ...

@@ -12,15 +12,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from overlay.directory.constants import ROLE_NAMES, TRUST_LINE
 from overlay.identity import Identity, node_id_of
 from overlay.transport import parse_address
 
 MAX_PEERS = 100_000
 MAX_FILE = 64 * 1024 * 1024
-# The committee's trust line in its reputation's fixed point (10^6 = 1.0): verifier/audit/reputation.py
-# TRUST_LINE (overlay imports no verifier; a unit test keeps the two equal). Users never send
-# prompts to a model node under it.
-TRUST_LINE = 400_000
 
 
 class PeerListError(Exception):
@@ -37,7 +34,7 @@ class PeerEntry:
     role: str = "user"  # "user" | "model"
     models: tuple[str, ...] = ()  # model nodes: the model ids they serve
     # model nodes on a committee's list: the committee's reputation of the node (fixed point,
-    # 1_000_000 = 1.0; verifier/audit/reputation.py); None where no committee vouches (peer files)
+    # REPUTATION_SCALE = 1.0; verifier/audit/reputation.py); None where no committee vouches (peer files)
     reputation: int | None = None
     # model nodes on a committee's list: whether the committee's verifiers audit the node's model
     # (decision 0013); None where no committee vouches (peer files, registry files): unknown
@@ -110,7 +107,7 @@ def parse_entry(obj: object, where: str) -> PeerEntry:
     role = obj.get("role", "user")
     if not isinstance(region, str) or not 0 < len(region) <= 64:
         raise PeerListError(f"{where}.region must be a short string")
-    if role not in ("user", "model"):
+    if role not in ROLE_NAMES.values():
         raise PeerListError(f"{where}.role must be 'user' or 'model'")
     models = obj.get("models", [])
     if (not isinstance(models, list) or len(models) > 16

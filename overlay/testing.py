@@ -40,11 +40,11 @@ import trio.testing
 from overlay import codec, crypto, onion
 from overlay.anon import ReplyStream, Responder
 from overlay.clock import Clock, TrioClock
+from overlay.directory.registry import Registry
 from overlay.identity import Identity, node_id_of
 from overlay.messages import CellBack, CellFwd, Create, Deliver, Destroy, PathReady, Request, ReturnClove
 from overlay.node import Node
 from overlay.peers import PeerEntry
-from overlay.registry import Registry
 from overlay.transport import Connection, MemoryNetwork, MemoryTransport, Transport
 from overlay.usernode import UserNode
 

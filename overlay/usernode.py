@@ -13,11 +13,11 @@ import trio
 
 from overlay.anon import AnonClient
 from overlay.clock import Clock, TrioClock
+from overlay.directory.registry import Registry
 from overlay.identity import Identity
 from overlay.messages import CellBack, Destroy
 from overlay.node import Node, listed_in
 from overlay.paths import REGION_MIN_USERS, PathManager
-from overlay.registry import Registry
 from overlay.relay import RelayCore
 from overlay.relay_service import RelayService
 from overlay.transport import Connection, Transport

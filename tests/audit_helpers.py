@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from overlay import crypto, signing
+from overlay.directory.constants import ROLE_MODEL
 from overlay.messages import ChatMessage, SamplingParams
 from tests.committee_helpers import CHAIN, Node
-from verifier import tx
 from verifier.app import CommitteeApp, ListsAt, Result, Validator
 from verifier.audit import chain as audits
 from verifier.audit import tx as at
@@ -92,7 +92,7 @@ class Committee:
             a.init_chain(CHAIN, self.validators, app_state)
         self.nodes = [ModelNode(Node(port=9000 + i)) for i in range(n_nodes)]
         self.now = T0
-        self.block([n.node.register(tx.ROLE_MODEL) for n in self.nodes])
+        self.block([n.node.register(ROLE_MODEL) for n in self.nodes])
 
     # ------------------------------------------------------------------ chain
 

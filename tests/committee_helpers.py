@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from overlay import crypto
+from overlay.directory import registration as tx
+from overlay.directory.constants import ROLE_MODEL, ROLE_USER
 from overlay.identity import node_id_of
-from verifier import tx
 
 CHAIN = "gt-test-chain"
 
@@ -24,9 +25,9 @@ class Node:
     def node_id(self) -> bytes:
         return node_id_of(self.key.public_bytes)
 
-    def entry(self, role: int = tx.ROLE_USER, *, region: str = "eu-west", address: str | None = None,
+    def entry(self, role: int = ROLE_USER, *, region: str = "eu-west", address: str | None = None,
               model_id: str = "", capacity: int = 0) -> tx.Entry:
-        if role == tx.ROLE_MODEL and not model_id:
+        if role == ROLE_MODEL and not model_id:
             model_id, capacity = "smollm2-135m", capacity or 5
         return tx.Entry(role, self.x25519, address or f"127.0.0.1:{self.port}", region, model_id, capacity)
 
@@ -36,10 +37,10 @@ class Node:
             seq = self.seq
         return tx.make_tx(self.key, chain, op, seq, entry)
 
-    def register(self, role: int = tx.ROLE_USER, **kw: object) -> bytes:
+    def register(self, role: int = ROLE_USER, **kw: object) -> bytes:
         return self.sign_tx(tx.OP_REGISTER, self.entry(role, **kw))  # type: ignore[arg-type]
 
-    def update(self, role: int = tx.ROLE_USER, **kw: object) -> bytes:
+    def update(self, role: int = ROLE_USER, **kw: object) -> bytes:
         return self.sign_tx(tx.OP_UPDATE, self.entry(role, **kw))  # type: ignore[arg-type]
 
     def leave(self) -> bytes:
@@ -62,7 +63,7 @@ class InProcessCommittee:
         empty blocks do; inside trio without one, :class:`overlay.clock.TrioClock`'s."""
         import json
 
-        from overlay.committee import ValidatorKey
+        from overlay.directory.lists import ValidatorKey
         from verifier.admission import AdmissionParams
         from verifier.app import CommitteeApp, Validator
 
@@ -155,7 +156,7 @@ class InProcessCommittee:
         raise OSError(f"no such method {method}")
 
     async def fetch(self, address: str, path: str) -> bytes:
-        from overlay.committee import ListError
+        from overlay.directory.lists import ListError
 
         self.tick()
         if self.down:
@@ -166,6 +167,6 @@ class InProcessCommittee:
         return value
 
     def settings(self, addresses: tuple[str, ...] = ("v0:26657", "v1:26657")) -> object:
-        from overlay.membership import CommitteeSettings
+        from overlay.directory.membership import CommitteeSettings
 
         return CommitteeSettings(addresses, self.chain, tuple(self.pinned))

@@ -45,6 +45,7 @@ import trio
 
 from overlay.anon import AnonError, ModelUnaudited, ReplyUnverified, usable_nodes
 from overlay.clock import Clock, TrioClock
+from overlay.directory.constants import REPUTATION_SCALE
 from overlay.messages import ChatMessage, ReplyChunk, SamplingParams
 from overlay.paths import PathError
 from user_client.donate import Donor
@@ -237,7 +238,7 @@ def trust_label(reputation: int | None) -> str:
     are sent only to nodes at 0.4 or more), or that no committee vouches for it."""
     if reputation is None:
         return "trust unknown (no committee)"
-    return f"trust {reputation / 1_000_000:.2f}"
+    return f"trust {reputation / REPUTATION_SCALE:.2f}"
 
 
 def describe(turn: Turn, trust: Callable[[bytes], int | None] = lambda _: None) -> str:
@@ -334,8 +335,8 @@ def make_donor(cfg: Any, identity: Any, addresses: Sequence[str], validators: Ca
 
 def run_chat(args: argparse.Namespace) -> int:
     from overlay.cli import CliError, resolve_config, run_async
+    from overlay.directory.membership import Membership, directory, node_entry
     from overlay.identity import load_or_create
-    from overlay.membership import Membership, directory, node_entry
     from overlay.transport import TLSTransport
     from overlay.usernode import UserNode
     from user_client.relay import listen_address

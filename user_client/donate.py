@@ -11,7 +11,7 @@ users' own prompts (verifier/audit/pool.py).
 Privacy cost, stated where the flag is: the chosen verifier learns the donor's node id, its IP
 address and the prompt; not the reply, nor which model node served it.
 
-The exchange, over the verifier's CometBFT RPC (``abci_query``, :func:`overlay.committee.rpc_call`):
+The exchange, over the verifier's CometBFT RPC (``abci_query``, :func:`overlay.directory.rpc.rpc_call`):
 
 1. ``/audit/donate_key`` answers the verifier's Ed25519 validator key (32 bytes); the donor
    goes on only if that key is one of the committee's validator keys it holds (the genesis set,
@@ -35,8 +35,8 @@ from __future__ import annotations
 import logging
 import math
 import random
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -44,6 +44,9 @@ from overlay import donation
 from overlay.donation import DONATE_PATH, KEY_PATH, MAX_DONATION_BYTES, DonationError
 from overlay.identity import Identity, short_id
 from overlay.messages import ChatMessage, SamplingParams
+
+if TYPE_CHECKING:
+    from overlay.directory.rpc import Rpc
 
 log = logging.getLogger("gentorrent.donate")
 
@@ -54,7 +57,6 @@ MAX_PENDING = 64  # donations waiting for their delay at once; more are skipped
 PRIVACY = ("the chosen verifier learns your node id, your IP address and the prompt (not the reply, nor which "
            "model node served you)")
 
-Rpc = Callable[[str, str, dict[str, str]], Awaitable[Any]]  # overlay.committee.rpc_call's shape
 
 
 def _as_floats(p: SamplingParams) -> SamplingParams:
@@ -107,13 +109,13 @@ def seal(verifier_key: bytes, identity: Identity, model: str, messages: Sequence
 
 
 async def abci_query(rpc: Rpc, address: str, path: str, data: bytes = b"") -> bytes:
-    """:func:`overlay.committee.fetch_abci_query` through ``rpc``; a refusal or an answer that is
+    """:func:`overlay.directory.rpc.abci_value` through ``rpc``; a refusal or an answer that is
     not CometBFT's is a :class:`DonationError` (with the verifier's log)."""
-    from overlay.committee import ListError, fetch_abci_query
+    from overlay.directory.rpc import RpcError, abci_value
 
     try:
-        return await fetch_abci_query(address, path, data, rpc=rpc)
-    except ListError as exc:
+        return await abci_value(address, path, data, rpc=rpc)
+    except RpcError as exc:
         raise DonationError(f"{path}: {exc}") from None
 
 
@@ -122,7 +124,7 @@ class Donor:
 
     ``addresses``: the committee's RPC addresses (``--committee``); ``validators()``: the
     validator keys the node holds now (the genesis set, or the committee's signed lists' latest).
-    ``rpc`` (default :func:`overlay.committee.rpc_call`) and ``rng`` (default
+    ``rpc`` (default :func:`overlay.directory.rpc.rpc_call`) and ``rng`` (default
     :class:`random.SystemRandom`) are injectable for tests. :meth:`run` must be running (in a
     nursery) for :meth:`offer` to schedule anything."""
 
@@ -134,7 +136,7 @@ class Donor:
         if not (math.isfinite(rate) and 0.0 <= rate <= 1.0):
             raise ValueError(f"the donation rate must be within 0..1, got {rate}")
         if rpc is None:
-            from overlay.committee import rpc_call
+            from overlay.directory.rpc import rpc_call
 
             rpc = rpc_call
         self.identity = identity
@@ -195,7 +197,7 @@ class Donor:
 
     async def donate(self, model: str, messages: Sequence[ChatMessage], params: SamplingParams) -> str:
         """Donate now to one verifier chosen uniformly at random; its address. Raises
-        :class:`DonationError` (or the RPC's errors: ``OSError``, ``overlay.committee.ListError``)."""
+        :class:`DonationError` (or the RPC's errors: ``OSError``, ``overlay.directory.rpc.RpcError``)."""
         address = self.rng.choice(self.addresses)
         key = await abci_query(self.rpc, address, KEY_PATH)
         if len(key) != 32 or key not in set(self.validators()):

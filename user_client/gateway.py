@@ -518,8 +518,8 @@ def run_serve(args: argparse.Namespace) -> int:
     from hypercorn.trio import serve
 
     from overlay.cli import CliError, resolve_config, run_async
+    from overlay.directory.membership import Membership, directory, node_entry
     from overlay.identity import load_or_create
-    from overlay.membership import Membership, directory, node_entry
     from overlay.transport import TLSTransport
     from overlay.usernode import UserNode
     from user_client.chat import check_donation_settings, make_donor

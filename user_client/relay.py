@@ -10,9 +10,9 @@ import trio
 
 from overlay.cli import CliError, resolve_config, run_async
 from overlay.config import Config
+from overlay.directory.membership import Membership, cancel_on_sigterm, directory, node_entry
+from overlay.directory.registry import RegistryError
 from overlay.identity import load_or_create
-from overlay.membership import Membership, cancel_on_sigterm, directory, node_entry
-from overlay.registry import RegistryError
 from overlay.transport import TLSTransport, parse_address
 from overlay.usernode import UserNode
 

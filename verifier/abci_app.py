@@ -13,6 +13,8 @@ import os
 from pathlib import Path
 
 from overlay import crypto
+from overlay.directory.constants import ROLE_USER
+from overlay.directory.registration import Code
 from overlay.donation import DONATE_PATH, KEY_PATH
 from overlay.identity import write_private
 from verifier.abci.proto.tendermint.abci import types_pb2 as abci
@@ -20,7 +22,6 @@ from verifier.abci.proto.tendermint.types import validator_pb2
 from verifier.admission import OPEN
 from verifier.app import CommitteeApp, Validator
 from verifier.audit.pool import MAX_DONATION_BYTES, DonationError, DonationPool
-from verifier.tx import ROLE_USER, Code
 
 log = logging.getLogger("gentorrent.verifier")
 

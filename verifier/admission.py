@@ -2,7 +2,7 @@
 
 Pure rules and the probe transaction's codec; :mod:`verifier.app` applies them at a block's time.
 
-- **Addresses** are canonical IP literals (:func:`overlay.registration.check_address`). On a
+- **Addresses** are canonical IP literals (:func:`overlay.directory.registration.check_address`). On a
   *public* network an address must be globally routable: loopback, private, link-local, shared,
   reserved, documentation and multicast ranges are refused (ADDRESS_NOT_ALLOWED). A *local* network
   (the genesis says so: devnet, tests) takes any unicast address.
@@ -10,7 +10,7 @@ Pure rules and the probe transaction's codec; :mod:`verifier.app` applies them a
   (/24 for IPv4, /48 for IPv6) (ADDRESS_CAP, at the register and again when a probed registration
   is listed); 0 is no cap. Registrations awaiting their probe do not count: an unproven claim must
   not use up an owner's cap.
-- **Work**: a new key's register carries a proof of work (:mod:`overlay.work`) of at least
+- **Work**: a new key's register carries a proof of work (:mod:`overlay.directory.work`) of at least
   :func:`required_bits`: ``work_bits`` while at most ``free`` registrations paid work in the last
   ``window_s`` seconds of block time, then one more bit for every ``step`` more. A flood thus pays
   exponentially more per key while honest joins at a normal rate pay ``work_bits`` (LOW_WORK).
@@ -40,8 +40,10 @@ from typing import Any
 
 import msgpack
 
-from overlay import crypto, work
-from overlay.registration import DECODE_ERRORS, MAX_CHAIN_ID, Code, TxError, canonical_ip, pack
+from overlay import crypto
+from overlay.directory import work
+from overlay.directory.constants import MAX_CHAIN_ID
+from overlay.directory.registration import DECODE_ERRORS, Code, TxError, canonical_ip, pack
 
 PENDING_TTL_S = 300  # a registration not probed within this much block time is dropped
 RESERVE_S = 30 * 60  # a node that left keeps its address and seq this long
@@ -193,7 +195,7 @@ def required_bits(params: AdmissionParams, paid_in_window: int) -> int:
 
 @functools.lru_cache(maxsize=4096)
 def work_bits_of(chain_id: str, ed25519_public: bytes, nonce: bytes, n_log2: int) -> int:
-    """:func:`overlay.work.bits_of`, remembered: CheckTx, ProcessProposal and FinalizeBlock each
+    """:func:`overlay.directory.work.bits_of`, remembered: CheckTx, ProcessProposal and FinalizeBlock each
     check a register, and a check costs one scrypt."""
     return work.bits_of(chain_id, ed25519_public, nonce, n_log2)
 

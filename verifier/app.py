@@ -9,7 +9,7 @@ the core knows is the block time from the header CometBFT hands to ``prepare_pro
 ``process_proposal`` and ``finalize_block`` (BFT time: the same on every validator), in whole
 seconds; it never reads a clock.
 
-Rules (codes in :class:`verifier.tx.Code`):
+Rules (codes in :class:`overlay.directory.registration.Code`):
 
 - register: the node is not registered (else CONFLICT, use update); seq > its last seq (REPLAYED);
   the address is not held by another node (CONFLICT).
@@ -44,22 +44,15 @@ from dataclasses import dataclass, field, replace
 
 import msgpack
 
-from overlay import committee as lists
 from overlay import crypto
-from overlay.registration import ENTRY_TTL_S, REFRESH_INTERVAL_S  # noqa: F401 - REFRESH_INTERVAL_S re-exported
-from verifier import admission, quorum
-from verifier.admission import AdmissionParams
-from verifier.audit import chain as audits
-from verifier.audit import tx as audit_tx
-from verifier.audit.reputation import R0
-from verifier.quorum import Change, ListCert
-from verifier.tx import (
+from overlay.directory import lists
+from overlay.directory.constants import MAX_VALIDATORS, ROLE_MODEL, ROLE_NAMES, ROLE_USER
+from overlay.directory.registration import (  # noqa: F401 - REFRESH_INTERVAL_S re-exported
     DECODE_ERRORS,
+    ENTRY_TTL_S,
     OP_LEAVE,
     OP_REGISTER,
-    ROLE_MODEL,
-    ROLE_NAMES,
-    ROLE_USER,
+    REFRESH_INTERVAL_S,
     Code,
     Entry,
     Tx,
@@ -67,12 +60,17 @@ from verifier.tx import (
     decode_tx,
     pack,
 )
+from verifier import admission, quorum
+from verifier.admission import AdmissionParams
+from verifier.audit import chain as audits
+from verifier.audit import tx as audit_tx
+from verifier.audit.reputation import R0
+from verifier.quorum import Change, ListCert
 
 STATE_VERSION = 5  # 3: the audit state (verifier/audit/chain.py); 4: its decision 0013 form; 5: admission
 SNAPSHOT_VERSION = 2  # 2: the block time and the last list certificate
 # An entry lives ENTRY_TTL_S (block time) after its last register/update; nodes refresh every
-# REFRESH_INTERVAL_S (both defined with the codec, in overlay/registration.py).
-MAX_VALIDATORS = 1000
+# REFRESH_INTERVAL_S (both defined with the codec, in overlay/directory/registration.py).
 DECODE_MEMO = 50_000  # decoded transactions remembered (about 20 MB at most)
 LIST_HISTORY = 8  # heights whose lists a verifier keeps to serve under a certificate
 DELTA_HISTORY = 1200  # heights whose changed node ids a verifier keeps to serve deltas (20 min at 1 block/s)
@@ -457,7 +455,7 @@ def _expire(st: CommitteeState, time_s: int) -> CommitteeState:
 
 @dataclass(frozen=True, slots=True)
 class ListsAt:
-    """The lists of one committed state as the committee signs and serves them (overlay/committee.py):
+    """The lists of one committed state as the committee signs and serves them (overlay/directory/lists.py):
     their bytes and digests, their time (the BFT time of the block that made that state), and each
     record's bytes by node id (what a delta serves)."""
 
@@ -972,7 +970,7 @@ class CommitteeApp:
         - ``/nodes`` (data: ``b"user"``, ``b"model"`` or empty for both): a list of records by node id.
         - ``/info``: ``[height, app_hash, chain_id, users, models]``.
         - ``/lists/users``, ``/lists/models``: the list as of the latest certificate with its
-          signatures (the format of :mod:`overlay.committee`), or UNAVAILABLE before one.
+          signatures (the format of :mod:`overlay.directory.lists`), or UNAVAILABLE before one.
           ``/lists/users/since/H``, ``/lists/models/since/H`` (``H`` in decimal: the height of the
           list the client holds): the delta from ``H`` to the certified lists, with their signatures;
           UNAVAILABLE when this verifier no longer knows every change since ``H`` (more than

@@ -151,31 +151,31 @@ def _approve(args: argparse.Namespace) -> int:
 
 
 def _change(args: argparse.Namespace) -> int:
-    import json
-    import urllib.error
-    import urllib.request
+    import trio
 
+    from overlay.directory.rpc import Committed, RpcError, broadcast_tx_commit
     from verifier.quorum import make_change, parse_approval
 
     try:
         raw = make_change(args.seq, _change_key(args), args.power, [parse_approval(a) for a in args.approvals])
     except ValueError as exc:
         raise CliError(str(exc)) from None
-    url = f"http://{args.rpc}/broadcast_tx_commit?tx=0x{raw.hex()}"
+
+    async def send() -> Committed:
+        with trio.fail_after(60):
+            return await broadcast_tx_commit(args.rpc, raw)
+
     try:
-        with urllib.request.urlopen(url, timeout=60) as r:
-            body = json.loads(r.read())
-    except urllib.error.HTTPError as exc:
-        body = json.loads(exc.read())
-    except (OSError, ValueError) as exc:
-        raise CliError(f"could not reach the verifier's RPC at {args.rpc}: {exc}") from None
-    if "error" in body:
-        raise CliError(f"the verifier refused the change: {body['error']}")
-    res = body["result"]
-    for stage in ("check_tx", "tx_result"):
-        if int(res.get(stage, {}).get("code", 0)):
-            raise CliError(f"the change was refused ({stage} code {res[stage]['code']}): {res[stage].get('log', '')}")
-    print(f"committee change {args.seq} committed at height {res.get('height')}; CometBFT applies it two "
+        done = trio.run(send)
+    except RpcError as exc:
+        raise CliError(f"the verifier refused the change: {exc}") from None
+    except (OSError, ValueError, trio.TooSlowError) as exc:
+        raise CliError(f"could not reach the verifier's RPC at {args.rpc}: {exc or type(exc).__name__}") from None
+    refused = done.refused()
+    if refused is not None:
+        stage, answer = refused
+        raise CliError(f"the change was refused ({stage} code {answer.code}): {answer.log}")
+    print(f"committee change {args.seq} committed at height {done.height}; CometBFT applies it two "
           "heights later")
     return 0
 

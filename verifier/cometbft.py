@@ -205,7 +205,7 @@ def init_home(data_dir: str | os.PathLike[str], *, p2p: str = "127.0.0.1:26656",
         ("p2p", "allow_duplicate_ip", True),
         ("consensus", "timeout_commit", timeout_commit),
         # a block every timeout_commit even with no transaction: the signed lists carry the block time,
-        # and clients refuse lists older than overlay.committee.MAX_LIST_AGE_S (decision 0014)
+        # and clients refuse lists older than overlay.directory.lists.MAX_LIST_AGE_S (decision 0014)
         ("consensus", "create_empty_blocks", True),
     ):
         text = set_toml(text, section, key, value)

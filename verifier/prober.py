@@ -23,7 +23,7 @@ import trio
 
 from overlay import crypto
 from overlay.clock import Clock, TrioClock
-from overlay.committee import ListError
+from overlay.directory.rpc import Rpc, RpcError, broadcast_tx_sync
 from overlay.transport import TransportError
 from verifier.admission import MAX_PROBE_ENTRIES, make_probe_tx
 from verifier.app import CommitteeApp, Pending
@@ -59,7 +59,6 @@ class ProbePlan:
 
 
 Dial = Callable[[str, bytes], Awaitable[Any]]  # (address, node id) -> a connection with aclose()
-Rpc = Callable[[str, str, dict[str, str]], Awaitable[Any]]
 
 
 async def probe_once(app: CommitteeApp, plan: ProbePlan, key: crypto.SigningKey, dial: Dial, broadcast:
@@ -92,10 +91,7 @@ async def probe_once(app: CommitteeApp, plan: ProbePlan, key: crypto.SigningKey,
 async def run_prober(app: CommitteeApp, key: crypto.SigningKey, rpc_address: str, *, dial: Dial | None = None,
                      rpc: Rpc | None = None, clock: Clock | None = None) -> None:
     """Probe pending registrations every :data:`PROBE_EVERY_S` until cancelled; failures are logged."""
-    from overlay.committee import rpc_call
-
     clock = clock or TrioClock()
-    call = rpc or rpc_call
     if dial is None:
         from overlay.identity import Identity
         from overlay.transport import TLSTransport
@@ -106,15 +102,14 @@ async def run_prober(app: CommitteeApp, key: crypto.SigningKey, rpc_address: str
 
     async def broadcast(raw: bytes) -> None:
         with trio.fail_after(DIAL_TIMEOUT_S):
-            res = await call(rpc_address, "broadcast_tx_sync", {"tx": "0x" + raw.hex()})
-        code = int(res.get("code", 0)) if isinstance(res, dict) else -1
-        if code:
-            log.info("probe transaction refused (code %d): %s", code, str(res.get("log", ""))[:200])
+            answer = await broadcast_tx_sync(rpc_address, raw, rpc=rpc)
+        if answer.code:
+            log.info("probe transaction refused (code %d): %s", answer.code, answer.log[:200])
 
     while True:
         if app.committed.admission.probe and app.committed.pending:
             try:
                 await probe_once(app, plan, key, dial, broadcast, clock.monotonic())
-            except (OSError, ListError, ValueError, trio.TooSlowError) as exc:
+            except (OSError, RpcError, ValueError, trio.TooSlowError) as exc:
                 log.warning("probe round failed (retrying): %s", exc)
         await trio.sleep(PROBE_EVERY_S)

@@ -1,11 +1,11 @@
 """Transactions signed by the committee itself: list certificates and committee changes.
 
 Both start with the byte ``0xc1``, which msgpack never uses, so neither can be mistaken for a
-registration transaction (a msgpack array, :mod:`verifier.tx`):
+registration transaction (a msgpack array, :mod:`overlay.directory.registration`):
 
 - **List certificate** ``0xc1 0x01 || msgpack [height, time, users_digest, models_digest,
   validators_digest, [[ed25519_public, signature], ...]]``: the validators' vote-extension
-  signatures over :func:`overlay.committee.signing_message` for the lists as of ``height``, whose
+  signatures over :func:`overlay.directory.lists.signing_message` for the lists as of ``height``, whose
   time is the BFT time of block ``height`` (Unix seconds). Only a
   block proposer puts one in a block (first transaction, from PrepareProposal's
   ``local_last_commit``); CheckTx refuses it from the mempool.
@@ -16,7 +16,7 @@ registration transaction (a msgpack array, :mod:`verifier.tx`):
   approvals from more than 2/3 of the current voting power are present and ``change_seq`` is one
   above the last applied change (so no approval can be replayed).
 
-Decoding is strict (types, sizes, canonical re-encoding); errors are :class:`verifier.tx.TxError`
+Decoding is strict (types, sizes, canonical re-encoding); errors are :class:`overlay.directory.registration.TxError`
 with code MALFORMED. Stateful checks (whose keys, how much power) live in :mod:`verifier.app`.
 """
 
@@ -28,7 +28,8 @@ from typing import Any
 import msgpack
 
 from overlay import crypto
-from verifier.tx import DECODE_ERRORS, MAX_CHAIN_ID, Code, TxError, pack
+from overlay.directory.constants import MAX_CHAIN_ID
+from overlay.directory.registration import DECODE_ERRORS, Code, TxError, pack
 
 PREFIX = b"\xc1"
 CERT_TAG = b"\xc1\x01"

@@ -24,8 +24,8 @@ import random
 import trio
 import trio.testing
 
+from overlay.directory.registry import Registry
 from overlay.paths import Backoff
-from overlay.registry import Registry
 from overlay.testing import Net
 from overlay.usernode import UserNode
 

@@ -41,7 +41,6 @@ imports no role package.
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import os
 import signal
@@ -250,15 +249,17 @@ def sigterm_as_interrupt() -> Iterator[None]:
 def model_audited(net: LocalNet) -> bool:
     """Whether the committee's signed model list (from the first verifier that serves one that
     verifies against the genesis keys) marks a node of ``net.model`` audited."""
-    from overlay.committee import KIND_MODELS, ListError, load_genesis, verify_document
+    import trio
+
+    from overlay.directory.lists import KIND_MODELS, load_genesis, verify_document
+    from overlay.directory.rpc import RpcError
 
     chain_id, validators = load_genesis(str(net.genesis_file))
     for v in net.verifiers:
         try:
-            res: Any = net.rpc(v, 'abci_query?path="/lists/models"')
-            raw = base64.b64decode(res["response"].get("value") or "")
-            got = verify_document(raw, chain_id, validators, kind=KIND_MODELS)
-        except (OSError, ValueError, KeyError, TypeError, AttributeError, ListError):
+            answer = net.query(v, "/lists/models")
+            got = verify_document(answer.value, chain_id, validators, kind=KIND_MODELS)
+        except (OSError, ValueError, RpcError, trio.TooSlowError):
             continue
         return any(e.audited for e in got.entries if net.model in e.models)
     return False

@@ -10,7 +10,6 @@ package: roles run as processes.
 
 from __future__ import annotations
 
-import base64
 import json
 import random
 import shutil
@@ -18,15 +17,16 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from overlay import registry as reg
+import trio
+
 from overlay.clock import Clock, SystemClock
 from overlay.crypto import SigningKey
+from overlay.directory import registry as reg
+from overlay.directory.rpc import Answer, RpcError, call_sync, query_sync
 from overlay.identity import Identity, load_or_create
 from overlay.peers import PeerEntry
 from overlay.transport import format_address
@@ -301,24 +301,29 @@ class LocalNet:
         if done.returncode != 0:
             raise LocalNetError(f"verifier genesis failed: {done.stderr.decode(errors='replace').strip()[-500:]}")
 
-    def rpc(self, verifier: str, method: str, timeout: float = 2.0) -> object:
-        """One CometBFT RPC call (``method`` with its query string) to ``verifier``; the result."""
-        url = f"http://127.0.0.1:{self.verifier_ports[verifier][1]}/{method}"
-        with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - loopback, our own verifier
-            return json.loads(r.read())["result"]
+    def rpc_address(self, verifier: str) -> str:
+        """``verifier``'s CometBFT RPC address (loopback)."""
+        return f"127.0.0.1:{self.verifier_ports[verifier][1]}"
+
+    def rpc(self, verifier: str, method: str, params: dict[str, str] | None = None, timeout: float = 2.0) -> Any:
+        """One CometBFT RPC call to ``verifier`` (:func:`overlay.directory.rpc.call_sync`); the result."""
+        return call_sync(self.rpc_address(verifier), method, params, timeout=timeout)
+
+    def query(self, verifier: str, path: str, timeout: float = 2.0) -> Answer:
+        """``abci_query path`` on ``verifier`` (:func:`overlay.directory.rpc.query_sync`), whatever its code."""
+        return query_sync(self.rpc_address(verifier), path, timeout=timeout)
 
     def serves_lists(self, verifier: str) -> bool:
         """Whether ``verifier`` answers its RPC and serves a signed user list (code 0)."""
         try:
-            res: object = self.rpc(verifier, 'abci_query?path="/lists/users"')
-        except (OSError, ValueError, KeyError, urllib.error.URLError):
+            return self.query(verifier, "/lists/users").code == 0
+        except (OSError, RpcError, ValueError, trio.TooSlowError):
             return False
-        return isinstance(res, dict) and int(res.get("response", {}).get("code", 1)) == 0
 
     def launch_committee(self, *, resume: bool = False) -> None:
         """Init the verifiers (unless ``resume``: their homes hold the chain already, see
         :meth:`committee_state`) and spawn them (nodes may be spawned right after: they wait for
-        the committee to answer, :data:`overlay.registration.START_WAIT_S`)."""
+        the committee to answer, :data:`overlay.directory.registration.START_WAIT_S`)."""
         if not resume:
             self.init_committee()
         for v in self.verifiers:
@@ -352,7 +357,7 @@ class LocalNet:
             try:
                 res: Any = self.rpc(v, "status")
                 return int(res["sync_info"]["latest_block_height"])
-            except (OSError, ValueError, KeyError, TypeError, urllib.error.URLError):
+            except (OSError, RpcError, ValueError, KeyError, TypeError, trio.TooSlowError):
                 continue
         return 0
 
@@ -395,18 +400,19 @@ class LocalNet:
 
         for v in self.verifiers:
             try:
-                res: Any = self.rpc(v, 'abci_query?path="/nodes"')
-                raw = base64.b64decode(res["response"].get("value") or "")
-                return {rec[0] for rec in msgpack.unpackb(raw)}
-            except (OSError, ValueError, KeyError, TypeError, urllib.error.URLError):
+                answer = self.query(v, "/nodes")
+                if answer.code:
+                    continue
+                return {rec[0] for rec in msgpack.unpackb(answer.value)}
+            except (OSError, RpcError, ValueError, KeyError, TypeError, trio.TooSlowError):
                 continue
         return set()
 
     def wait_listed(self, names: list[str], timeout: float) -> None:
         """Wait until the committee lists every node of ``names``, then for the nodes' next list
-        refresh (:data:`overlay.membership.WARMUP_INTERVAL_S` while they are young), so that each
+        refresh (:data:`overlay.directory.membership.WARMUP_INTERVAL_S` while they are young), so that each
         knows the others."""
-        from overlay.membership import WARMUP_INTERVAL_S
+        from overlay.directory.membership import WARMUP_INTERVAL_S
 
         want = {self.entries[n].node_id for n in names}
         deadline = self.clock.monotonic() + timeout

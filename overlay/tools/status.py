@@ -9,6 +9,7 @@ from typing import Any
 import trio
 
 from overlay.cli import CliError, common_flags, resolve_config, run_async
+from overlay.directory.constants import REPUTATION_SCALE
 from overlay.identity import Identity, short_id
 from overlay.messages import PeerStatus, PeerStatusRequest
 from overlay.peers import PeerEntry
@@ -49,7 +50,7 @@ async def query(transport: Transport, peer: PeerEntry, timeout: float) -> tuple[
 
 def _trust(e: PeerEntry) -> str:
     """A model node's reputation on the committee's signed list (10^6 = 1.0), or ``-``."""
-    return "-" if e.reputation is None else f"{e.reputation / 1_000_000:.2f}"
+    return "-" if e.reputation is None else f"{e.reputation / REPUTATION_SCALE:.2f}"
 
 
 def format_rows(entries: list[PeerEntry], results: dict[bytes, tuple[float, PeerStatus] | str]) -> list[str]:
@@ -95,7 +96,7 @@ def audit_rows(audit: Any, reputation: Any, listed: set[bytes]) -> list[str]:
         rows.append(f"    reputation of {len(reputation)} audited model node(s):")
         for node_id, value, window, epochs in reputation:
             flags = "".join("x" if a else "." for a in window)
-            rows.append(f"      {key(node_id)[:8]}  {int(value) / 1_000_000:.2f}  epochs {epochs}  window [{flags}]"
+            rows.append(f"      {key(node_id)[:8]}  {int(value) / REPUTATION_SCALE:.2f}  epochs {epochs}  window [{flags}]"
                         + ("" if node_id in listed else "  UNTRUSTED: clients do not use it"))
     return rows
 
@@ -125,7 +126,8 @@ async def committee_view(addresses: tuple[str, ...], chain_id: str, validators: 
     """(rows describing the committee, the registered nodes from its verified lists, all verifiers up?)."""
     import base64
 
-    from overlay.committee import CommitteeClient, ListError, rpc_call
+    from overlay.directory.lists import CommitteeClient, ListError
+    from overlay.directory.rpc import RpcError, rpc_call
 
     rows, up, answered = [f"committee {chain_id!r}: {len(addresses)} verifier RPC address(es)"], True, None
     rows.append(f"  {'verifier RPC':<22} {'height':>8}  state")
@@ -137,7 +139,7 @@ async def committee_view(addresses: tuple[str, ...], chain_id: str, validators: 
             state = "catching up" if info.get("catching_up") else "up"
             rows.append(f"  {addr:<22} {int(info['latest_block_height']):>8}  {state}")
             answered = answered or addr
-        except (OSError, ListError, trio.TooSlowError, KeyError, TypeError, ValueError) as exc:
+        except (OSError, RpcError, trio.TooSlowError, KeyError, TypeError, ValueError) as exc:
             up = False
             rows.append(f"  {addr:<22} {'':>8}  DOWN: {exc or type(exc).__name__}")
     entries: list[PeerEntry] = []
@@ -163,7 +165,7 @@ async def committee_view(addresses: tuple[str, ...], chain_id: str, validators: 
             n = signed.get(v["address"], 0)
             rows.append(f"    {key:<18} power {int(v['voting_power']):>4}  {'live' if n else 'NOT SIGNING'}"
                         f" ({n}/{len(commits)})")
-    except (OSError, ListError, trio.TooSlowError, KeyError, TypeError, ValueError) as exc:
+    except (OSError, RpcError, trio.TooSlowError, KeyError, TypeError, ValueError) as exc:
         rows.append(f"  validators unknown: {answered} did not answer ({exc})")
     client = CommitteeClient(addresses, chain_id, validators, fetch_timeout=timeout)
     try:
@@ -183,15 +185,15 @@ async def _audit_view(address: str, entries: list[PeerEntry], timeout: float) ->
     """Rows for the committee's audits, read from one verifier (unsigned: that verifier's view)."""
     import msgpack
 
-    from overlay.committee import ListError, fetch_abci_query
+    from overlay.directory.rpc import RpcError, abci_value
 
     try:
         with trio.fail_after(timeout):
-            audit = msgpack.unpackb(await fetch_abci_query(address, "/audit"), raw=False, strict_map_key=False)
-            reputation = msgpack.unpackb(await fetch_abci_query(address, "/reputation"), raw=False)
+            audit = msgpack.unpackb(await abci_value(address, "/audit"), raw=False, strict_map_key=False)
+            reputation = msgpack.unpackb(await abci_value(address, "/reputation"), raw=False)
         listed = {e.node_id for e in entries if e.role == "model"}
         return audit_rows(audit, reputation, listed)
-    except ListError as exc:
+    except RpcError as exc:
         if "code 17" in str(exc):  # AUDITS_OFF
             return ["  audits: off (the committee's genesis has no audit section)"]
         return [f"  audits unknown: {exc}"]
@@ -200,8 +202,8 @@ async def _audit_view(address: str, entries: list[PeerEntry], timeout: float) ->
 
 
 def _run(args: argparse.Namespace) -> int:
-    from overlay.membership import committee_settings
-    from overlay.registry import RegistryError, from_config
+    from overlay.directory.membership import committee_settings
+    from overlay.directory.registry import RegistryError, from_config
     from overlay.transport import TLSTransport
 
     cfg = resolve_config(args)

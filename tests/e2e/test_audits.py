@@ -18,7 +18,6 @@ despite the framing. Every wait is bounded; nothing asserts on time.
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import subprocess
@@ -33,7 +32,7 @@ import msgpack
 import pytest
 import trio
 
-from overlay.committee import CommitteeClient, load_genesis
+from overlay.directory.lists import CommitteeClient, load_genesis
 from overlay.tools.localnet import LocalNet, LocalNetError, free_ports
 
 pytestmark = pytest.mark.slow
@@ -162,11 +161,10 @@ class AuditNet(LocalNet):
         return cmd
 
     def query(self, verifier: str, path: str) -> tuple[Any, int]:
-        res: Any = self.rpc(verifier, f'abci_query?path="{path}"', timeout=10)
-        resp = res["response"]
-        if int(resp.get("code", 0)):
-            raise LocalNetError(f"{verifier} {path}: code {resp.get('code')}: {resp.get('log')}")
-        return msgpack.unpackb(base64.b64decode(resp.get("value") or "")), int(resp.get("height", 0))
+        answer = super().query(verifier, path, timeout=10)
+        if answer.code:
+            raise LocalNetError(f"{verifier} {path}: code {answer.code}: {answer.log}")
+        return msgpack.unpackb(answer.value), answer.height
 
 
 @pytest.fixture(scope="module")

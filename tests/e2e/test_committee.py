@@ -26,19 +26,21 @@ import pytest
 import trio
 
 from overlay.clock import SystemClock
-from overlay.committee import (
+from overlay.directory import registration as tx
+from overlay.directory.constants import ROLE_MODEL, ROLE_USER
+from overlay.directory.lists import (
     KIND_MODELS,
     KIND_USERS,
     CommitteeClient,
     ListError,
     ValidatorKey,
-    fetch_abci_query,
     verify_document,
 )
+from overlay.directory.registration import Code
+from overlay.directory.rpc import abci_value
 from tests.committee_helpers import Node
 from tests.conftest import REPO, gentorrent_cmd, run_cli
-from verifier import cometbft, tx
-from verifier.tx import Code
+from verifier import cometbft
 
 pytestmark = pytest.mark.slow
 
@@ -186,12 +188,12 @@ def test_one_validator_commits_registrations_and_rejects_bad_transactions(
     v.start()
     user, model = Node(port=7001), Node(port=7002)
     for raw in (_chain_tx(user, tx.OP_REGISTER, user.entry()),
-                _chain_tx(model, tx.OP_REGISTER, model.entry(tx.ROLE_MODEL, model_id="smollm2", capacity=3))):
+                _chain_tx(model, tx.OP_REGISTER, model.entry(ROLE_MODEL, model_id="smollm2", capacity=3))):
         r = v.broadcast_commit(raw)
         assert r["check_tx"]["code"] == 0 and r["tx_result"].get("code", 0) == 0, r
     code, rec = v.query("/node", model.node_id)
     assert code == 0
-    assert rec[0] == model.node_id and rec[1] == model.key.public_bytes and rec[2] == tx.ROLE_MODEL
+    assert rec[0] == model.node_id and rec[1] == model.key.public_bytes and rec[2] == ROLE_MODEL
     assert rec[4:8] == ["127.0.0.1:7002", "eu-west", "smollm2", 3]
     assert v.query("/nodes", b"user")[1][0][0] == user.node_id
     _, before = v.app_info()
@@ -246,11 +248,11 @@ def _mixed_round(vs: list[Verifier], nodes: list[Node], round_no: int) -> None:
         v = vs[(i + round_no) % len(vs)]
         registered = v.query("/node", n.node_id)[0] == 0
         if not registered:
-            raw = _chain_tx(n, tx.OP_REGISTER, n.entry(tx.ROLE_MODEL if i % 2 else tx.ROLE_USER))
+            raw = _chain_tx(n, tx.OP_REGISTER, n.entry(ROLE_MODEL if i % 2 else ROLE_USER))
         elif (i + round_no) % 3 == 0:
             raw = _chain_tx(n, tx.OP_LEAVE)
         else:
-            raw = _chain_tx(n, tx.OP_UPDATE, n.entry(tx.ROLE_MODEL if i % 2 else tx.ROLE_USER,
+            raw = _chain_tx(n, tx.OP_UPDATE, n.entry(ROLE_MODEL if i % 2 else ROLE_USER,
                                                      region=f"r{round_no}"))
         r = v.broadcast_sync(raw)
         assert int(r["code"]) == 0, r
@@ -300,7 +302,7 @@ def pinned_validators(tmp_path: Path) -> list[ValidatorKey]:
 
 
 def _fetch_list(v: Verifier, path: str) -> bytes:
-    return trio.run(fetch_abci_query, f"127.0.0.1:{v.rpc}", path)
+    return trio.run(abci_value, f"127.0.0.1:{v.rpc}", path)
 
 
 def test_registrations_appear_in_signed_lists_that_verify_on_the_client(
@@ -314,7 +316,7 @@ def test_registrations_appear_in_signed_lists_that_verify_on_the_client(
     model = Node(port=8200)
     for i, n in enumerate(users):
         assert int(vs[i % 4].broadcast_sync(_chain_tx(n, tx.OP_REGISTER, n.entry()))["code"]) == 0
-    assert int(vs[0].broadcast_sync(_chain_tx(model, tx.OP_REGISTER, model.entry(tx.ROLE_MODEL)))["code"]) == 0
+    assert int(vs[0].broadcast_sync(_chain_tx(model, tx.OP_REGISTER, model.entry(ROLE_MODEL)))["code"]) == 0
     _wait_committed(vs, [*users, model])
 
     pinned = pinned_validators(tmp_path)

@@ -16,7 +16,7 @@ import pytest
 import trio
 
 from overlay import crypto, onion
-from overlay.committee import CommitteeClient, ListError, load_genesis
+from overlay.directory.lists import CommitteeClient, ListError, load_genesis
 from overlay.identity import Identity
 from overlay.messages import Create, Destroy
 from overlay.tools.localnet import LocalNet, cli

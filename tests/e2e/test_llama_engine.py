@@ -18,9 +18,9 @@ import trio
 from model_node.engine import Engine, EngineError, GenStats
 from model_node.hrtree import common_prefix
 from model_node.server import ModelNode
+from overlay.directory.registry import Registry
 from overlay.identity import Identity
 from overlay.messages import ChatMessage, Request, SamplingParams
-from overlay.registry import Registry
 from overlay.tools.localnet import LocalNet
 from overlay.transport import MemoryNetwork, MemoryTransport, TLSTransport
 from overlay.usernode import UserNode

@@ -27,7 +27,9 @@ from model_node.messages import LengthProposal, LoadReport, SubtreeRequest, Subt
 from model_node.server import check_params
 from overlay import codec, crypto, onion, sida
 from overlay.actions import Send
-from overlay.committee import (
+from overlay.directory import registration as vtx
+from overlay.directory.constants import ROLE_MODEL
+from overlay.directory.lists import (
     KIND_MODELS,
     KIND_USERS,
     ListError,
@@ -74,7 +76,6 @@ from tests.fuzz import mutate
 from tests.fuzz.mutate import Source, chance, choice
 from tests.unit.test_codec_roundtrip import REGISTERED
 from user_client import openai_api as api
-from verifier import tx as vtx
 from verifier.abci import wire as abci_wire
 from verifier.abci.proto.tendermint.abci import types_pb2 as abci
 from verifier.app import CommitteeApp, Result, Validator
@@ -333,7 +334,7 @@ class CloveTarget(Target):
 
 
 class TxTarget(Target):
-    """Committee transactions: ``verifier.tx.decode_tx`` raises only :class:`TxError`;
+    """Committee transactions: ``overlay.directory.registration.decode_tx`` raises only :class:`TxError`;
     ``CommitteeApp.check_tx`` answers every input with a result and accepts only transactions
     signed by their node (the valid corpus)."""
 
@@ -343,7 +344,7 @@ class TxTarget(Target):
     def __init__(self) -> None:
         super().__init__()
         nodes = [Node(port=9000 + i) for i in range(4)]
-        self.corpus = [nodes[0].register(), nodes[1].register(vtx.ROLE_MODEL), nodes[2].update(),
+        self.corpus = [nodes[0].register(), nodes[1].register(ROLE_MODEL), nodes[2].update(),
                        nodes[3].leave()]
         self.app = CommitteeApp()
         self.app.init_chain(CHAIN, [Validator("ed25519", bytes([i]) * 32, 10) for i in range(4)])
@@ -425,7 +426,7 @@ class AbciFramingTarget(Target):
 
 
 class ListTarget(Target):
-    """The signed user and model lists (``overlay.committee.verify_document``): refused with
+    """The signed user and model lists (``overlay.directory.lists.verify_document``): refused with
     :class:`ListError`, or accepted with exactly the entries the committee signed — also when
     the committee signed a list whose records are garbage."""
 

@@ -39,7 +39,7 @@ def test_signed_list_of_nested_arrays_costs_no_more_than_its_bytes(slot: int) ->
 
     import msgpack
 
-    from overlay.committee import ListError, verify_document
+    from overlay.directory.lists import ListError, verify_document
 
     junk = [[[]] * 15] * 200_000
     doc: list[object] = [1, "chain", 1, 1, b"", b"\0" * 32, b"\0" * 32, [], []]
@@ -102,8 +102,8 @@ def test_audit_tx_of_nested_arrays_costs_no_more_than_its_bytes(case: str) -> No
     ShapeReader) and refuses it at once."""
     import tracemalloc
 
+    from overlay.directory.registration import Code, TxError
     from verifier.audit import tx as at
-    from verifier.tx import Code, TxError
 
     raw = _hostile_audit_tx(case)
     limit = at.MAX_REPORT_BYTES

@@ -9,9 +9,10 @@ import json
 import trio
 
 from overlay import crypto
+from overlay.directory.constants import ROLE_USER
+from overlay.directory.registration import OP_REGISTER, Entry, make_tx
 from overlay.identity import Identity
 from overlay.node import Node as OverlayNode
-from overlay.registration import OP_REGISTER, ROLE_USER, Entry, make_tx
 from overlay.transport import TLSTransport
 from verifier.admission import AdmissionParams
 from verifier.app import CommitteeApp, Validator

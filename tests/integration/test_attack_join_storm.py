@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import trio
 
-from overlay.registry import Registry
+from overlay.directory.registry import Registry
 from overlay.testing import Net
 from overlay.usernode import UserNode
 

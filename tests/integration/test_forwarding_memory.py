@@ -358,7 +358,7 @@ async def test_an_untrusted_model_node_is_no_group_member(autojump_clock):
         assert nid(b) in a.group.members_of(registry)
         untrusted = [dataclasses.replace(e, reputation=100_000) if e.node_id == nid(b) else e
                      for e in registry.entries]
-        from overlay.registry import Registry
+        from overlay.directory.registry import Registry
 
         changed = Registry(registry.version + 1, untrusted)
         assert nid(b) not in a.group.members_of(changed)

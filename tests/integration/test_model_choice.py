@@ -12,9 +12,9 @@ import trio
 
 from model_node.testing import echo_node
 from overlay.anon import ModelUnaudited
+from overlay.directory.constants import TRUST_LINE
+from overlay.directory.registry import Registry
 from overlay.messages import ChatMessage
-from overlay.peers import TRUST_LINE
-from overlay.registry import Registry
 from overlay.testing import Net, record_requests, start_overlay
 
 

@@ -10,8 +10,8 @@ import trio
 
 from overlay import sida
 from overlay.anon import AnonError
+from overlay.directory.registry import Registry
 from overlay.messages import Deliver
-from overlay.registry import Registry
 from overlay.seal import seal_to
 
 from .attacks import ask, start_secnet

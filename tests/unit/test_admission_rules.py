@@ -8,12 +8,15 @@ import json
 
 import pytest
 
-from overlay import crypto, work
+from overlay import crypto
+from overlay.directory import registration as tx
+from overlay.directory import work
+from overlay.directory.constants import ROLE_USER
+from overlay.directory.registration import Code
 from tests.committee_helpers import CHAIN, Node
-from verifier import admission, tx
+from verifier import admission
 from verifier.admission import AdmissionParams, make_probe_tx
 from verifier.app import CommitteeApp, Validator
-from verifier.tx import Code
 
 T0 = 1_700_000_000
 # A public network whose work is cheap enough for tests: scrypt n = 2**2, 4 bits at the normal rate.
@@ -34,7 +37,7 @@ def block(app: CommitteeApp, txs: list[bytes], time_s: int) -> list[Code]:
     return [r.code for r in results]
 
 
-def paid_register(app: CommitteeApp, node: Node, address: str, role: int = tx.ROLE_USER) -> bytes:
+def paid_register(app: CommitteeApp, node: Node, address: str, role: int = ROLE_USER) -> bytes:
     """A register carrying the work the committee requires now (as CommitteeRegistration pays it)."""
     st = app.committed
     bits = admission.required_bits(st.admission, len(st.paid))
@@ -253,9 +256,9 @@ def test_admission_section_is_checked() -> None:
 def test_a_node_pays_the_work_the_committee_asks_for_and_comes_back_without_paying_again() -> None:
     import trio
 
+    from overlay.directory.membership import node_entry
+    from overlay.directory.registration import CommitteeRegistration, Registrar
     from overlay.identity import Identity
-    from overlay.membership import node_entry
-    from overlay.registration import CommitteeRegistration, Registrar
     from tests.committee_helpers import InProcessCommittee
 
     c = InProcessCommittee(admission=CHEAP, probe_all=True)

@@ -9,11 +9,12 @@ from dataclasses import replace
 
 import pytest
 
+from overlay.directory import registration as tx
+from overlay.directory.constants import TRUST_LINE
 from tests.audit_helpers import MODEL, Committee, fresh_opening
-from verifier import tx
 from verifier.audit import chain as audits
 from verifier.audit import tx as at
-from verifier.audit.reputation import R0, TRUST_LINE
+from verifier.audit.reputation import R0
 
 DEGRADED = 450_000  # a cheap model's typical calibrated score (decision 0010: mean 0.47)
 

@@ -17,14 +17,14 @@ from dataclasses import replace
 from typing import Any
 
 from overlay import crypto, signing
+from overlay.directory.constants import ROLE_MODEL, TRUST_LINE
+from overlay.directory.registration import OP_REGISTER, Entry, make_tx
 from overlay.identity import Identity
-from overlay.registration import OP_REGISTER, ROLE_MODEL, Entry, make_tx
 from verifier.app import CommitteeApp, Validator
 from verifier.audit import tx as at
 from verifier.audit.auditor import Auditor, Failure, Reply, Send, Submit, parse_view
 from verifier.audit.chain import decode_query
 from verifier.audit.challenges import ChallengeGenerator
-from verifier.audit.reputation import TRUST_LINE
 
 CHAIN = "audit-loop"
 MODEL = "smollm2-135m-instruct"

@@ -19,11 +19,11 @@ import msgpack
 import pytest
 
 from overlay import crypto
+from overlay.directory.registration import Code
 from overlay.donation import seal_donation
 from overlay.identity import Identity
 from overlay.messages import ChatMessage, SamplingParams
 from verifier.audit import pool as pl
-from verifier.tx import Code
 
 MODEL = "smollm2-135m-instruct"
 VERIFIER = crypto.SigningKey.from_bytes(b"\x07" * 32)
@@ -203,7 +203,8 @@ def test_the_pool_survives_a_restart_in_a_private_file(tmp_path: Path) -> None:
 
 
 def _abci_app(pool: pl.DonationPool | None, users: Users, *, audits: bool = True) -> object:
-    from overlay.registration import OP_REGISTER, ROLE_MODEL, ROLE_USER, Entry, make_tx
+    from overlay.directory.constants import ROLE_MODEL, ROLE_USER
+    from overlay.directory.registration import OP_REGISTER, Entry, make_tx
     from verifier.abci_app import CommitteeAbciApp
     from verifier.app import CommitteeApp, Validator
 

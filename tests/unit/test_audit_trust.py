@@ -8,9 +8,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from overlay.directory.constants import TRUST_LINE
 from tests.audit_helpers import Committee
 from verifier.audit import tx as at
-from verifier.audit.reputation import TRUST_LINE, to_fixed
+from verifier.audit.reputation import to_fixed
 
 SCORES = Path(__file__).resolve().parents[2] / "simulations" / "data" / "scores.json"
 SETTINGS = ("greedy", "t0.7", "t1.0")

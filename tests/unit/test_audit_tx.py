@@ -8,10 +8,10 @@ import msgpack
 import pytest
 
 from overlay import crypto, signing
+from overlay.directory.registration import Code, TxError
 from overlay.identity import node_id_of
 from overlay.messages import ChatMessage, SamplingParams
 from verifier.audit import tx as at
-from verifier.tx import Code, TxError
 
 CHAIN = "audit-test"
 SEED = bytes(range(32))

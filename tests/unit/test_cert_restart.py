@@ -8,10 +8,10 @@ import msgpack
 import pytest
 
 from overlay import crypto
+from overlay.directory.registration import Code
 from tests.committee_helpers import InProcessCommittee, Node
 from verifier import quorum
 from verifier.app import CommitteeApp, StateError
-from verifier.tx import Code
 
 
 def _certs(c: InProcessCommittee) -> list[bytes]:

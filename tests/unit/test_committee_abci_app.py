@@ -8,14 +8,14 @@ import pytest
 import trio
 import trio.testing
 
+from overlay.directory.constants import ROLE_MODEL
+from overlay.directory.registration import Code
 from tests.committee_helpers import CHAIN, Node
-from verifier import tx
 from verifier.abci import server, wire
 from verifier.abci.proto.tendermint.abci import types_pb2 as abci
 from verifier.abci.proto.tendermint.crypto import keys_pb2
 from verifier.abci_app import STATE_FILE, CommitteeAbciApp, StateStore
 from verifier.app import StateError
-from verifier.tx import Code
 
 
 class Client:
@@ -105,4 +105,4 @@ def test_model_registration_fields_survive_the_adapter() -> None:
     app = CommitteeAbciApp(StateStore("/nonexistent-never-written").load())
     app.init_chain(_genesis())
     n = Node()
-    assert app.check_tx(abci.RequestCheckTx(tx=n.register(tx.ROLE_MODEL, capacity=7))).code == 0
+    assert app.check_tx(abci.RequestCheckTx(tx=n.register(ROLE_MODEL, capacity=7))).code == 0

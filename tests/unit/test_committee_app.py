@@ -7,11 +7,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from overlay.directory import registration as tx
+from overlay.directory.constants import ROLE_MODEL, ROLE_USER
+from overlay.directory.registration import Code
 from tests.committee_helpers import CHAIN, Node
-from verifier import tx
 from verifier.admission import OPEN, RESERVE_S
 from verifier.app import ENTRY_TTL_S, CommitteeApp, StateError, Validator
-from verifier.tx import Code
 
 T0 = 1_700_000_000
 VALIDATORS = [Validator("ed25519", bytes([i]) * 32, 10) for i in range(4)]
@@ -37,14 +38,14 @@ def block(a: CommitteeApp, txs: list[bytes], time_s: int = T0) -> list[Code]:
 def test_register_update_leave_and_query() -> None:
     a = fresh()
     u, m = Node(), Node(port=9001)
-    reg_u, reg_m = u.register(), m.register(tx.ROLE_MODEL)
+    reg_u, reg_m = u.register(), m.register(ROLE_MODEL)
     assert a.check_tx(reg_u).code == Code.OK
     block(a, [reg_u, reg_m])
     assert a.height == 1 and len(a.app_hash) == 32
     res, value = a.query("/node", m.node_id)
     assert res.ok
     rec = msgpack.unpackb(value)
-    assert rec[0] == m.node_id and rec[2] == tx.ROLE_MODEL and rec[6] == "smollm2-135m" and rec[8] == T0 + ENTRY_TTL_S
+    assert rec[0] == m.node_id and rec[2] == ROLE_MODEL and rec[6] == "smollm2-135m" and rec[8] == T0 + ENTRY_TTL_S
     assert msgpack.unpackb(a.query("/seq", u.node_id)[1]) == 1
     assert [r[0] for r in msgpack.unpackb(a.query("/nodes", b"user")[1])] == [u.node_id]
     assert len(msgpack.unpackb(a.query("/nodes", b"")[1])) == 2
@@ -77,7 +78,7 @@ def test_rejections_carry_their_codes_and_change_nothing() -> None:
         assert r.code == code, (code, r)
         assert r.log
     assert a.check_tx(cases_conflict_addr).code == Code.CONFLICT
-    role_change = u.update(tx.ROLE_MODEL)
+    role_change = u.update(ROLE_MODEL)
     assert a.check_tx(role_change).code == Code.CONFLICT
     assert "role" in a.check_tx(role_change).log
     # None of them gets into a block, and the state is unchanged after one.
@@ -111,8 +112,8 @@ def test_prepare_drops_invalid_and_in_block_duplicates_and_respects_max_bytes() 
 def test_entries_expire_by_block_time_and_seq_outlives_them() -> None:
     a = fresh()
     u, m = Node(), Node(port=9001)
-    block(a, [u.register(), m.register(tx.ROLE_MODEL)], T0)
-    block(a, [m.update(tx.ROLE_MODEL)], T0 + ENTRY_TTL_S - 1)  # m refreshes, u does not
+    block(a, [u.register(), m.register(ROLE_MODEL)], T0)
+    block(a, [m.update(ROLE_MODEL)], T0 + ENTRY_TTL_S - 1)  # m refreshes, u does not
     block(a, [], T0 + ENTRY_TTL_S)
     assert a.query("/node", u.node_id)[0].code == Code.UNKNOWN_NODE
     assert a.query("/node", m.node_id)[0].ok
@@ -145,7 +146,7 @@ def test_an_address_stays_reserved_to_a_node_that_left_then_frees() -> None:
 def test_info_restart_and_corrupt_snapshots() -> None:
     a = fresh()
     assert a.info() == (0, b"")
-    block(a, [Node().register(), Node(port=1).register(tx.ROLE_MODEL)])
+    block(a, [Node().register(), Node(port=1).register(ROLE_MODEL)])
     snap = a.snapshot()
     b = CommitteeApp.restore(snap)
     assert b.info() == a.info() and b.committed.canonical_bytes() == a.committed.canonical_bytes()
@@ -200,7 +201,7 @@ def _blocks(draw: st.DrawFn) -> list[tuple[int, list[bytes]]]:
             if kind == "reg":
                 raw = n.register()
             elif kind == "regm":
-                raw = n.register(tx.ROLE_MODEL)
+                raw = n.register(ROLE_MODEL)
             elif kind == "upd":
                 raw = n.update()
             elif kind == "leave":
@@ -241,7 +242,7 @@ def test_canonical_bytes_are_plain_msgpack_of_the_state(count: int) -> None:
     a = fresh()
     nodes = [Node(port=1000 + i) for i in range(count)]
     if nodes:
-        block(a, [n.register(tx.ROLE_MODEL if i % 2 else tx.ROLE_USER) for i, n in enumerate(nodes)])
+        block(a, [n.register(ROLE_MODEL if i % 2 else ROLE_USER) for i, n in enumerate(nodes)])
     st = a.committed
     plain = msgpack.packb([
         5, CHAIN, [[v.key_type, v.public_key, v.power] for v in st.validators],

@@ -1,4 +1,4 @@
-"""Signed lists: the client's verification (overlay/committee.py) and the verifier core's side
+"""Signed lists: the client's verification (overlay/directory/lists.py) and the verifier core's side
 (vote extensions, certificates in blocks, queries; verifier/app.py), with keys made in the test."""
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ from hypothesis import strategies as st
 
 from overlay import crypto
 from overlay.clock import FakeClock
-from overlay.committee import (
+from overlay.directory import registration as tx
+from overlay.directory.constants import ROLE_MODEL, ROLE_USER
+from overlay.directory.lists import (
     KIND_MODELS,
     KIND_USERS,
     CommitteeClient,
@@ -23,11 +25,11 @@ from overlay.committee import (
     validators_digest,
     verify_document,
 )
+from overlay.directory.registration import Code
 from overlay.identity import node_id_of
 from tests.committee_helpers import CHAIN, Node
-from verifier import quorum, tx
+from verifier import quorum
 from verifier.app import CommitteeApp, Validator
-from verifier.tx import Code
 
 T0 = 1_700_000_000
 
@@ -76,8 +78,9 @@ def test_a_good_list_is_accepted_and_becomes_peer_entries() -> None:
 def test_model_records_carry_the_audited_flag_and_untrusted_nodes_are_listed() -> None:
     """Lists format 3: a model record's 11th field says whether its model is audited (a bool,
     strictly), and nodes under the trust line stay on the list, marked by their reputation."""
-    from overlay.committee import LISTS_VERSION
-    from overlay.peers import TRUST_LINE, usable
+    from overlay.directory.constants import TRUST_LINE
+    from overlay.directory.lists import LISTS_VERSION
+    from overlay.peers import usable
 
     assert LISTS_VERSION == 4
     c = Committee()
@@ -271,16 +274,17 @@ def test_the_model_list_holds_every_model_node_with_its_reputation_and_audited_f
     (verifier.audit.chain.audited_models: empty when audits are off)."""
     from dataclasses import replace
 
+    from overlay.directory.constants import TRUST_LINE
     from verifier import app as core
     from verifier.audit import chain as audits
-    from verifier.audit.reputation import R0, TRUST_LINE, NodeReputation, ReputationTable
+    from verifier.audit.reputation import R0, NodeReputation, ReputationTable
 
     c = Committee()
     a = _committee_app(c)
     good, low, other = Node(port=7100), Node(port=7101), Node(port=7102)
     user = Node(port=7103)
-    _height(a, c, [good.register(tx.ROLE_MODEL), low.register(tx.ROLE_MODEL),
-                   other.register(tx.ROLE_MODEL, model_id="other-model", capacity=2), user.register()])
+    _height(a, c, [good.register(ROLE_MODEL), low.register(ROLE_MODEL),
+                   other.register(ROLE_MODEL, model_id="other-model", capacity=2), user.register()])
 
     def entries(st: object) -> dict[bytes, object]:
         lists = core.ListsAt.of(st, T0)  # type: ignore[arg-type]
@@ -448,7 +452,7 @@ async def _http_server(answers: list[bytes], task_status: trio.TaskStatus[int] =
     await trio.serve_listeners(handle, listeners)
 
 
-def test_fetch_abci_query_reads_cometbft_answers_and_refuses_errors() -> None:
+def test_abci_value_reads_cometbft_answers_and_refuses_errors() -> None:
     import base64
     import json
 
@@ -465,18 +469,18 @@ def test_fetch_abci_query_reads_cometbft_answers_and_refuses_errors() -> None:
                http({"error": {"code": -32603}}), b"garbage"]
 
     async def main() -> None:
-        from overlay.committee import fetch_abci_query
+        from overlay.directory.rpc import RpcError, abci_value
 
         async with trio.open_nursery() as n:
             port = await n.start(_http_server, answers)
             addr = f"127.0.0.1:{port}"
-            assert await fetch_abci_query(addr, "/lists/users") == b"doc"
-            assert await fetch_abci_query(addr, "/lists/users") == b"doc"
-            with pytest.raises(ListError, match="code 10: no signed list"):
-                await fetch_abci_query(addr, "/lists/users")
+            assert await abci_value(addr, "/lists/users") == b"doc"
+            assert await abci_value(addr, "/lists/users") == b"doc"
+            with pytest.raises(RpcError, match="code 10: no signed list"):
+                await abci_value(addr, "/lists/users")
             for _ in range(2):
-                with pytest.raises(ListError, match="did not answer"):
-                    await fetch_abci_query(addr, "/lists/users")
+                with pytest.raises(RpcError, match="did not answer"):
+                    await abci_value(addr, "/lists/users")
             n.cancel_scope.cancel()
 
     trio.run(main)
@@ -518,7 +522,7 @@ def test_running_a_block_once_per_hash_gives_what_running_it_each_time_gives() -
     c = Committee()
     shared, plain = _committee_app(c), _committee_app(c)
     nodes = [Node(port=7100 + i) for i in range(6)]
-    rounds = [[n.register(tx.ROLE_MODEL if i % 2 else tx.ROLE_USER) for i, n in enumerate(nodes)],
+    rounds = [[n.register(ROLE_MODEL if i % 2 else ROLE_USER) for i, n in enumerate(nodes)],
               [nodes[0].update(region="us-east"), nodes[1].leave()], [], [nodes[2].leave()]]
     for i, txs in enumerate(rounds):
         block = _height(shared, c, txs, t=T0 + i)
@@ -600,10 +604,11 @@ def test_an_unchanged_list_reuses_the_held_entries_and_still_checks_everything_e
 
 
 def test_the_clients_trust_line_is_the_committees() -> None:
-    """overlay imports no verifier: overlay.peers.TRUST_LINE and overlay.committee.REPUTATION_SCALE
-    restate verifier/audit/reputation.py's."""
-    from overlay.committee import REPUTATION_SCALE
-    from overlay.peers import TRUST_LINE
+    """One definition (overlay/directory/constants.py): the clients' trust line and reputation scale
+    are the ones verifier/audit/reputation.py computes with."""
+    from overlay import peers
+    from overlay.directory.constants import REPUTATION_SCALE, TRUST_LINE
     from verifier.audit import reputation
 
-    assert (TRUST_LINE, REPUTATION_SCALE) == (reputation.TRUST_LINE, reputation.SCALE)
+    assert (TRUST_LINE, REPUTATION_SCALE) == (400_000, 1_000_000)
+    assert (peers.TRUST_LINE, reputation.TRUST_LINE, reputation.SCALE) == (TRUST_LINE, TRUST_LINE, REPUTATION_SCALE)

@@ -1,4 +1,4 @@
-"""The committee's transaction codec (verifier/tx.py): strict decoding, bounds, signatures."""
+"""The committee's transaction codec (overlay/directory/registration.py): strict decoding, bounds, signatures."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from overlay import crypto
+from overlay.directory import registration as tx
+from overlay.directory.constants import ROLE_MODEL, ROLE_USER
+from overlay.directory.registration import Code
 from tests.committee_helpers import CHAIN, Node
-from verifier import tx
-from verifier.tx import Code
 
 
 def _code(raw: bytes, chain: str = CHAIN) -> Code:
@@ -25,7 +26,7 @@ def test_round_trip_user_model_leave() -> None:
     t = tx.decode_tx(n.register(), CHAIN)
     assert (t.op, t.seq, t.node_id) == (tx.OP_REGISTER, 1, n.node_id)
     assert t.entry == n.entry()
-    m = tx.decode_tx(n.update(tx.ROLE_MODEL, model_id="llama-3-8b", capacity=10), CHAIN)
+    m = tx.decode_tx(n.update(ROLE_MODEL, model_id="llama-3-8b", capacity=10), CHAIN)
     assert m.entry is not None and (m.entry.model_id, m.entry.capacity) == ("llama-3-8b", 10)
     leave = tx.decode_tx(n.leave(), CHAIN)
     assert leave.op == tx.OP_LEAVE and leave.entry is None and leave.seq == 3
@@ -109,7 +110,7 @@ def test_entry_field_bounds(kw: dict[str, str], why: str) -> None:
 @pytest.mark.parametrize("model_id, capacity", [("m", 0), ("m", 11), ("", 5), ("has space", 5), ("x" * 129, 5)])
 def test_model_fields(model_id: str, capacity: int) -> None:
     n = Node()
-    e = tx.Entry(tx.ROLE_MODEL, n.x25519, "127.0.0.1:1", "eu", model_id, capacity)
+    e = tx.Entry(ROLE_MODEL, n.x25519, "127.0.0.1:1", "eu", model_id, capacity)
     with pytest.raises(tx.TxError) as info:
         tx.check_entry(e)
     assert info.value.code == Code.INVALID_FIELD
@@ -117,13 +118,13 @@ def test_model_fields(model_id: str, capacity: int) -> None:
 
 def test_user_carries_no_model() -> None:
     with pytest.raises(tx.TxError, match="user node"):
-        tx.check_entry(tx.Entry(tx.ROLE_USER, b"x" * 32, "127.0.0.1:1", "eu", "m", 3))
+        tx.check_entry(tx.Entry(ROLE_USER, b"x" * 32, "127.0.0.1:1", "eu", "m", 3))
 
 
 def test_field_bounds_are_checked_on_decode_too() -> None:
     n = Node()
     fields = [tx.TX_VERSION, tx.OP_REGISTER, 1, n.key.public_bytes,
-              [tx.ROLE_MODEL, n.x25519, "127.0.0.1:1", "eu", "m", 11], b""]
+              [ROLE_MODEL, n.x25519, "127.0.0.1:1", "eu", "m", 11], b""]
     body = msgpack.packb(fields, use_bin_type=True)
     raw = msgpack.packb([body, n.key.sign(tx.signing_bytes(CHAIN, body))], use_bin_type=True)
     assert _code(raw) == Code.INVALID_FIELD
@@ -139,7 +140,7 @@ def test_random_bytes_never_decode_and_never_crash(data: bytes) -> None:
 @settings(max_examples=200)
 @given(st.data())
 def test_mutated_transactions_never_crash(data: st.DataObject) -> None:
-    raw = bytearray(Node().register(tx.ROLE_MODEL))
+    raw = bytearray(Node().register(ROLE_MODEL))
     for _ in range(data.draw(st.integers(1, 4))):
         i = data.draw(st.integers(0, len(raw) - 1))
         raw[i] = data.draw(st.integers(0, 255))

@@ -205,7 +205,8 @@ async def test_an_unaudited_model_is_left_out_of_the_list_and_answered_503_model
 def test_the_listed_models_are_those_with_a_usable_node():
     """user serve's /v1/models: trusted nodes of audited models (or unknown: no committee); an
     unaudited model only with --allow-unaudited; a model of untrusted nodes never."""
-    from overlay.peers import TRUST_LINE, PeerEntry
+    from overlay.directory.constants import TRUST_LINE
+    from overlay.peers import PeerEntry
     from user_client.gateway import model_ids
 
     def node(i, model, reputation, audited):

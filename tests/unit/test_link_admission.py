@@ -11,11 +11,11 @@ import trio
 import trio.testing
 
 from overlay import codec
+from overlay.directory.registry import Registry
 from overlay.identity import Identity
 from overlay.messages import Deliver
 from overlay.node import OUTBOX_FRAMES, Node, listed_in
 from overlay.peers import PeerEntry
-from overlay.registry import Registry
 from overlay.testing import wait_until
 from overlay.transport import Admission, MemoryNetwork, MemoryTransport, source_of
 

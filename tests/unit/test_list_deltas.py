@@ -11,18 +11,18 @@ import pytest
 import trio
 
 from overlay.clock import FakeClock
-from overlay.committee import KIND_MODELS, KIND_USERS, CommitteeClient, ListError, apply_delta, verify_document
+from overlay.directory.constants import ROLE_MODEL
+from overlay.directory.lists import KIND_MODELS, KIND_USERS, CommitteeClient, ListError, apply_delta, verify_document
+from overlay.directory.registration import Code
 from tests.committee_helpers import CHAIN, InProcessCommittee, Node
 from verifier import app as core
-from verifier import tx
-from verifier.tx import Code
 
 
 def _committee(users: int = 40) -> tuple[InProcessCommittee, FakeClock, list[Node]]:
     clock = FakeClock(unix=1_750_000_000.0)
     c = InProcessCommittee(clock=clock)
     nodes = [Node(port=7000 + i) for i in range(users)]
-    c.height([n.register() for n in nodes] + [Node(port=6000).register(tx.ROLE_MODEL)])
+    c.height([n.register() for n in nodes] + [Node(port=6000).register(ROLE_MODEL)])
     c.settle()
     return c, clock, nodes
 

@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from overlay.anon import AnonClient, AnonError, ModelUnaudited, ReplyUnverified, usable_nodes
-from overlay.peers import TRUST_LINE, PeerEntry, usable
+from overlay.directory.constants import TRUST_LINE
+from overlay.peers import PeerEntry, usable
 
 MODEL = "m"
 

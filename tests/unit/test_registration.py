@@ -1,4 +1,4 @@
-"""A node's registration with the committee (overlay/registration.py, overlay/membership.py) and the
+"""A node's registration with the committee (overlay/directory/registration.py, overlay/directory/membership.py) and the
 relay/model-node rule that only registered nodes use the network, against an in-process committee
 (verifier/app.py run block by block as CometBFT would, with signed lists)."""
 
@@ -12,10 +12,8 @@ import trio
 import trio.testing
 
 from overlay import crypto, onion
-from overlay.identity import Identity
-from overlay.membership import Membership, committee_settings, node_entry
-from overlay.messages import Create, Destroy
-from overlay.registration import (
+from overlay.directory.membership import Membership, committee_settings, node_entry
+from overlay.directory.registration import (
     OP_LEAVE,
     OP_REGISTER,
     OP_UPDATE,
@@ -26,7 +24,9 @@ from overlay.registration import (
     RegistrationError,
     decode_tx,
 )
-from overlay.registry import Registry, RegistryError
+from overlay.directory.registry import Registry, RegistryError
+from overlay.identity import Identity
+from overlay.messages import Create, Destroy
 from overlay.relay import RelayCore
 from tests.committee_helpers import CHAIN, InProcessCommittee
 
@@ -235,7 +235,7 @@ def test_a_node_started_before_its_committee_waits_for_it_then_registers() -> No
 
 
 def test_a_poke_refreshes_the_lists_early_after_the_warmup() -> None:
-    from overlay.membership import MIN_GAP_S, WARMUP_S
+    from overlay.directory.membership import MIN_GAP_S, WARMUP_S
 
     c = InProcessCommittee()
     me, other = Identity.generate(), Identity.generate()

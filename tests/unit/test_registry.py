@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from overlay import registry as reg
 from overlay.crypto import SigningKey
+from overlay.directory import registry as reg
 from overlay.identity import Identity
 from overlay.peers import PeerEntry
 

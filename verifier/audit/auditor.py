@@ -44,7 +44,6 @@ the challenged node, with the signer as ``served_by``.
 
 from __future__ import annotations
 
-import base64
 import logging
 import os
 import random
@@ -61,6 +60,8 @@ import trio
 from model_node.engine import EngineError
 from overlay.anon import AnonClient, AnonError, failure_kind
 from overlay.clock import Clock, TrioClock
+from overlay.directory.constants import REPUTATION_SCALE
+from overlay.directory.rpc import Rpc, RpcError, abci_query, broadcast_tx_sync, rpc_call
 from overlay.identity import short_id
 from verifier.audit.challenges import ChallengeError, ChallengeGenerator
 
@@ -445,8 +446,8 @@ class Auditor:
     def _opening(self, model: str) -> tuple[Opening, bool]:
         """A fresh challenge for ``model``: a donated prompt if the pool holds one (True), else the
         generator's (False)."""
+        from overlay.directory.registration import TxError
         from verifier.audit.tx import Opening
-        from verifier.tx import TxError
 
         while self.pool is not None and (d := self.pool.draw(model, self.rng)) is not None:
             o = Opening(self.urandom(16), model, d.messages, d.params)
@@ -527,7 +528,7 @@ class Auditor:
     def snapshot(self) -> bytes:
         """The current plan as bytes for ``DATA_DIR/audit-plan.msgpack`` (:meth:`restore`); clears
         :attr:`changed`."""
-        from verifier.tx import pack
+        from overlay.directory.registration import pack
 
         self.changed = False
         p = self.current
@@ -542,8 +543,8 @@ class Auditor:
         """Take back a :meth:`snapshot` of this verifier on this chain (True); a challenge that was
         out when it was taken is sent again when its turn comes (its try counted). False (nothing
         changes) for another key's or chain's, or bytes that are not one."""
+        from overlay.directory.registration import TxError
         from verifier.audit.tx import Opening, decode_outcome
-        from verifier.tx import TxError
 
         try:
             version, chain_id, pk, body = msgpack.unpackb(raw, raw=False, strict_map_key=True)
@@ -614,29 +615,23 @@ async def score_tokens(engine: Engine, opening: Opening, token_ids: Sequence[int
 # --------------------------------------------------------------------------- the driver
 
 
-class RpcError(Exception):
-    """The verifier's RPC did not answer as expected."""
-
-
 class AuditDriver:
     """Runs an :class:`Auditor` against one verifier's CometBFT RPC (``rpc_address``), with
     ``client`` (the verifier's user node's anonymous client) and ``engine`` (its audit model).
 
     ``data_dir``: where the plan (:data:`PLAN_FILE`) and the donation pool are kept (None: not
-    kept, for tests). ``rpc`` (default :func:`overlay.committee.rpc_call`) is injectable for tests;
+    kept, for tests). ``rpc`` (default :func:`overlay.directory.rpc.rpc_call`) is injectable for tests;
     ``clock`` (default :class:`~overlay.clock.TrioClock`) times the pool's writes."""
 
     def __init__(self, auditor: Auditor, rpc_address: str, client: AnonClient, engine: Engine, *,
-                 rpc: Any = None, poll: float = POLL_S, challenge_timeout: float = CHALLENGE_TIMEOUT_S,
+                 rpc: Rpc | None = None, poll: float = POLL_S, challenge_timeout: float = CHALLENGE_TIMEOUT_S,
                  paths_timeout: float = PATHS_TIMEOUT_S, data_dir: Path | None = None,
                  clock: Clock | None = None) -> None:
-        from overlay.committee import rpc_call
-
         self.auditor = auditor
         self.address = rpc_address
         self.client = client
         self.engine = engine
-        self.rpc = rpc or rpc_call
+        self.rpc: Rpc = rpc or rpc_call
         self.poll = poll
         self.challenge_timeout = challenge_timeout
         self.paths_timeout = paths_timeout
@@ -648,17 +643,10 @@ class AuditDriver:
 
     async def query(self, path: str) -> tuple[bytes, int]:
         """``abci_query path`` on the verifier: ``(value, height)``; :class:`RpcError` for a non-zero code."""
-        res = await self.rpc(self.address, "abci_query", {"path": f'"{path}"'})
-        try:
-            resp = res["response"]
-            code = int(resp.get("code", 0))
-            value = base64.b64decode(resp.get("value") or "", validate=True)
-            height = int(resp.get("height", 0))
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise RpcError(f"{self.address} answered abci_query {path} oddly ({exc!r})") from None
-        if code:
-            raise RpcError(f"{self.address} answered {path} with code {code}: {str(resp.get('log', ''))[:200]}")
-        return value, height
+        answer = await abci_query(self.address, path, rpc=self.rpc)
+        if answer.code:
+            raise RpcError(f"{self.address} answered {path} with code {answer.code}: {answer.log[:200]}")
+        return answer.value, answer.height
 
     def persist(self) -> None:
         """Write the plan (if it changed) and the donation pool (if it changed, at most every
@@ -682,12 +670,10 @@ class AuditDriver:
     async def broadcast(self, sub: Submit) -> None:
         """``broadcast_tx_sync``; a network error is retried at the next plan, a refusal goes to
         :meth:`Auditor.refused`."""
-        from overlay.committee import ListError
-
         try:
-            res = await self.rpc(self.address, "broadcast_tx_sync", {"tx": "0x" + sub.raw.hex()})
-            code, why = int(res.get("code", 0)), str(res.get("log", ""))[:300]
-        except (OSError, ListError, ValueError, TypeError, AttributeError) as exc:
+            answer = await broadcast_tx_sync(self.address, sub.raw, rpc=self.rpc)
+            code, why = answer.code, answer.log[:300]
+        except (OSError, RpcError, ValueError) as exc:
             log.warning("audit: %s not submitted to %s (will retry): %s", sub.what, self.address, exc)
             self.auditor.submitted(sub.key, retry=True)
             return
@@ -713,15 +699,13 @@ class AuditDriver:
 
     async def run(self) -> None:
         """Poll forever; a failed poll is logged and retried."""
-        from overlay.committee import ListError
-
         last_error = ""
         async with trio.open_nursery() as nursery:
             while True:
                 try:
                     await self.step(nursery)
                     last_error = ""
-                except (OSError, ListError, RpcError, AuditViewError) as exc:
+                except (OSError, RpcError, AuditViewError) as exc:
                     if str(exc) != last_error:  # once per distinct error, not once a second
                         log.warning("audit: could not read /audit from %s: %s", self.address, exc)
                     last_error = str(exc)
@@ -763,7 +747,7 @@ class AuditDriver:
             via = "" if outcome.served_by == send.node_id else f" (forwarded to {short_id(outcome.served_by)})"
             log.info("audit: model node %s answered challenge %d of epoch %d%s: %d tokens, score %.3f",
                      short_id(send.node_id), send.index, send.epoch, via, len(outcome.token_ids),
-                     (score or 0) / 1e6)
+                     (score or 0) / REPUTATION_SCALE)
         self.auditor.result(send, outcome, score, self.height)
         self.persist()
 
@@ -837,10 +821,10 @@ def load_auditor(data_dir: Path, auditor: Auditor) -> None:
 
 async def _run_audits_once(data_dir: Path, settings: AuditSettings, seed: bytes, engine: Any,
                            pool: DonationPool | None) -> None:
-    from overlay.committee import load_genesis
+    from overlay.directory.lists import load_genesis
+    from overlay.directory.membership import CommitteeSettings, Membership, node_entry
+    from overlay.directory.registry import Registry
     from overlay.identity import load_or_create
-    from overlay.membership import CommitteeSettings, Membership, node_entry
-    from overlay.registry import Registry
     from overlay.transport import TLSTransport
     from overlay.usernode import UserNode
     from verifier.cometbft import get_toml, home_of

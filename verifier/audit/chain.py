@@ -2,7 +2,7 @@
 
 I/O-free and deterministic: an immutable :class:`AuditState` and pure functions that take one
 audit transaction (:func:`take`) or end one block (:func:`end_block`) at a height and block time
-and return the next state, or raise :class:`verifier.tx.TxError` with a code and a reason. No
+and return the next state, or raise :class:`overlay.directory.registration.TxError` with a code and a reason. No
 clock but the block time CometBFT hands every validator alike, no float, no dependence on dict
 order: every verifier that applies the same blocks holds the same bytes
 (:meth:`AuditState.canonical_bytes`, part of the app hash).
@@ -48,10 +48,11 @@ from typing import Any, Protocol
 import msgpack
 
 from overlay import crypto
+from overlay.directory.constants import ROLE_MODEL
+from overlay.directory.registration import MAX_MODEL_ID, Code, TxError, pack
 from overlay.signing import ReplyVerifyError
 from verifier.audit import tx as at
 from verifier.audit.reputation import NodeReputation, ReputationTable
-from verifier.tx import MAX_MODEL_ID, ROLE_MODEL, Code, TxError, pack
 
 COMMIT_BLOCKS = 3
 MIN_REPORT_BLOCKS = 3

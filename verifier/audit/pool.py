@@ -18,7 +18,7 @@ audits, and the messages and parameters pass a challenge's limits
 :meth:`DonationPool.add` then refuses a prompt already held or already used (the normalised last
 user message, :meth:`~verifier.audit.tx.Opening.prompt_key`) and a donor's prompt over
 :data:`PER_DONOR` live ones; past :data:`MAX_POOL` prompts the oldest is dropped. Every refusal is
-a :class:`DonationError` with a code (:class:`verifier.tx.Code`) and a reason, and leaves the pool
+a :class:`DonationError` with a code (:class:`overlay.directory.registration.Code`) and a reason, and leaves the pool
 unchanged; nothing else is raised on any input.
 
 :meth:`DonationPool.draw` picks a donor uniformly among those holding unused prompts for the
@@ -41,11 +41,11 @@ from pathlib import Path
 import msgpack
 
 from overlay import donation
+from overlay.directory.registration import Code, pack
 from overlay.donation import MAX_DONATION_BYTES as MAX_DONATION_BYTES
 from overlay.donation import Donation as Donation
 from overlay.identity import write_private
 from overlay.messages import ChatMessage, SamplingParams
-from verifier.tx import Code, pack
 
 log = logging.getLogger("gentorrent.audit")
 
@@ -60,7 +60,7 @@ UserKey = Callable[[bytes], bytes | None]
 
 
 class DonationError(Exception):
-    """A donation refused: ``code`` (:class:`verifier.tx.Code`) and ``reason`` (words for the donor)."""
+    """A donation refused: ``code`` (:class:`overlay.directory.registration.Code`) and ``reason`` (words for the donor)."""
 
     def __init__(self, code: Code, reason: str) -> None:
         self.code = code
@@ -88,8 +88,8 @@ def open_donation(sealed: bytes, seed32: bytes, user_key: UserKey, models: Conta
     validator seed), checked as the module docstring says: from a current user node
     (``user_key``), for one of ``models`` (those this verifier audits), within a challenge's
     limits. :class:`DonationError` with the reason otherwise; never anything else."""
+    from overlay.directory.registration import TxError
     from verifier.audit.tx import Opening
-    from verifier.tx import TxError
 
     if type(sealed) is not bytes:
         raise _malformed("bytes")

@@ -36,13 +36,14 @@ from fractions import Fraction
 
 import msgpack
 
-SCALE = 1_000_000  # fixed point: SCALE means 1.0
+from overlay.directory.constants import REPUTATION_SCALE, TRUST_LINE
+
+SCALE = REPUTATION_SCALE  # fixed point: SCALE means 1.0 (overlay/directory/constants.py)
 ALPHA = 400_000  # paper §4.3
 BETA = 600_000
 WINDOW = 5
 GAMMA = Fraction(1, 5)
 R0 = 500_000
-TRUST_LINE = 400_000
 TAU = 750_000  # abnormal below C = 0.75: chosen from the measured scores, decision 0010
 
 

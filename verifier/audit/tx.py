@@ -23,7 +23,7 @@ input (a transaction has exactly one byte form). The body is read by shape with 
 :class:`overlay.codec.ShapeReader`: the kind first (its byte limit applies before the rest is
 read), then each field as the kind's schema has it, each array bounded before its items, so no
 transaction builds more objects than its schema allows (docs/fuzzing.md). Errors are
-:class:`verifier.tx.TxError` with MALFORMED (shape, types, encoding), INVALID_FIELD (a value out of
+:class:`overlay.directory.registration.TxError` with MALFORMED (shape, types, encoding), INVALID_FIELD (a value out of
 range), OVERSIZE or BAD_SIGNATURE, and a reason. Membership, windows and content rules are the
 application's (:mod:`verifier.audit.chain`).
 
@@ -40,9 +40,11 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from overlay import codec, crypto, signing
+from overlay.directory.constants import MAX_CHAIN_ID
+from overlay.directory.registration import DECODE_ERRORS, MAX_MODEL_ID, Code, TxError, pack
+from overlay.identity import NODE_ID_LEN
 from overlay.messages import REQUEST_ID_LEN, ChatMessage, Request, SamplingParams
 from verifier.audit.reputation import SCALE
-from verifier.tx import DECODE_ERRORS, MAX_CHAIN_ID, MAX_MODEL_ID, Code, TxError, pack
 
 AUDIT_TAG = b"GTAUDIT2"
 AUDIT_CONTEXT = b"gentorrent/audit/v2\x00"
@@ -64,7 +66,6 @@ SALT_LEN = 16
 COMMITMENT_LEN = 32
 PLAN_HASH_LEN = 32
 PROMPT_KEY_LEN = 16
-NODE_ID_LEN = 20
 MIN_TOKENS, MAX_TOKENS = 1, 1024
 MAX_MESSAGES = 8
 MAX_CONTENT_BYTES = 8192

@@ -1,7 +1,7 @@
 """``gentorrent bench admission``: what admission, fresh lists and connection slots cost a cheap
 attacker and an honest node (issue 28 "Benchmark"; decision 0014; docs/benchmarks.md "admission").
 
-**Registration work.** The cost of one scrypt trial at the genesis default (:mod:`overlay.work`,
+**Registration work.** The cost of one scrypt trial at the genesis default (:mod:`overlay.directory.work`,
 ``n = 2**14``) is measured here, on this machine, and so is the CPU time of real solves at the
 default difficulty (the honest node's one-off cost: its mean is ``2**work_bits`` trials). The
 attacker owns this machine's cores (:data:`ATTACKER_CORES`) and as many addresses as it likes
@@ -30,8 +30,11 @@ import statistics
 import time
 from typing import Any
 
-from overlay import crypto, work
-from verifier import admission, tx
+from overlay import crypto
+from overlay.directory import registration as tx
+from overlay.directory import work
+from overlay.directory.constants import ROLE_USER
+from verifier import admission
 from verifier.admission import AdmissionParams
 
 ATTACKER_CORES = 2
@@ -90,7 +93,7 @@ def chain_bits(params: AdmissionParams, count: int) -> list[int]:
         key = crypto.SigningKey.generate()
         got = work.solve(CHAIN, key.public_bytes, bits, cheap.work_n_log2)
         assert got is not None
-        entry = tx.Entry(tx.ROLE_USER, crypto.X25519Key.generate().public_bytes,
+        entry = tx.Entry(ROLE_USER, crypto.X25519Key.generate().public_bytes,
                          f"{8 + i // 250}.{i % 250}.1.1:9000", "r")
         raw = tx.make_tx(key, CHAIN, tx.OP_REGISTER, 1, entry, work=got[0])
         results, _ = app.finalize_block(app.height + 1, 1_700_000_000 + i, [raw])
@@ -110,7 +113,7 @@ def prefix_cap(params: AdmissionParams) -> int:
     listed = 0
     for i in range(4 * max(1, params.per_prefix)):
         key = crypto.SigningKey.generate()
-        entry = tx.Entry(tx.ROLE_USER, crypto.X25519Key.generate().public_bytes, f"8.8.8.{i % 250}:{9000 + i}", "r")
+        entry = tx.Entry(ROLE_USER, crypto.X25519Key.generate().public_bytes, f"8.8.8.{i % 250}:{9000 + i}", "r")
         results, _ = app.finalize_block(app.height + 1, 1_700_000_000 + i,
                                         [tx.make_tx(key, CHAIN, tx.OP_REGISTER, 1, entry)])
         app.commit()

@@ -3,7 +3,7 @@
 Both run the real code in process: a :class:`verifier.app.CommitteeApp` with four validator keys,
 blocks run as CometBFT runs them (PrepareProposal with the last height's vote extensions, so a
 certificate rides first; ProcessProposal, ExtendVote, FinalizeBlock, Commit), and a real
-:class:`overlay.committee.CommitteeClient` whose fetch answers from the app's ``query`` (no network,
+:class:`overlay.directory.lists.CommitteeClient` whose fetch answers from the app's ``query`` (no network,
 so the figures are bytes and CPU, not latency). Time is a :class:`overlay.clock.FakeClock` the
 block time follows.
 
@@ -14,15 +14,15 @@ delta and, side by side, the full fetch today's clients made:
 - ``delta_bytes``: the bytes the delta refresh fetched (user and model deltas);
 - ``full_bytes``: the bytes of the full user and model lists at the same height;
 - ``delta_to_full_bytes_ratio``;
-- ``delta_apply_ms``: :func:`overlay.committee.apply_delta` of the user delta on the held list
+- ``delta_apply_ms``: :func:`overlay.directory.lists.apply_delta` of the user delta on the held list
   (decode the added records, rebuild the list bytes, SHA-256, signatures), median of 5;
-- ``full_verify_ms``: :func:`overlay.committee.verify_document` of the full user list (every
+- ``full_verify_ms``: :func:`overlay.directory.lists.verify_document` of the full user list (every
   record decoded and checked, signatures), median of 5;
 - ``users_count``, ``churn_records_count``.
 
 :func:`measure_replay_stale`: a committee making a block a second, a user joining right after a
 dishonest verifier froze its lists (from then on it serves those genuine, signed lists and no
-delta), and a client refreshing every :data:`overlay.committee.REFRESH_S` seconds, over every phase
+delta), and a client refreshing every :data:`overlay.directory.lists.REFRESH_S` seconds, over every phase
 of its refresh against the freeze:
 
 - ``replay_stale_with_honest_s``: with two honest verifiers besides the replaying one (three
@@ -31,8 +31,8 @@ of its refresh against the freeze:
 - ``replay_stale_alone_s``: with only the replaying verifier reachable, the most seconds the client
   kept taking the replayed lists as current after the newer list existed; from the first refresh
   past that, it refuses them (the lists were signed more than
-  :data:`~overlay.committee.MAX_LIST_AGE_S` + :data:`~overlay.committee.CLOCK_AHEAD_S` ago), its
-  :meth:`~overlay.committee.CommitteeClient.fresh` is false and the node warns; it still holds
+  :data:`~overlay.directory.lists.MAX_LIST_AGE_S` + :data:`~overlay.directory.lists.CLOCK_AHEAD_S` ago), its
+  :meth:`~overlay.directory.lists.CommitteeClient.fresh` is false and the node warns; it still holds
   those lists, less the records that expire;
 - ``replay_refused_at_list_age_s``: how old (signed time to the client's clock) the replayed list
   was at the refresh that first refused it.
@@ -49,7 +49,9 @@ import trio
 
 from overlay import crypto
 from overlay.clock import FakeClock
-from overlay.committee import (
+from overlay.directory import registration as tx
+from overlay.directory.constants import ROLE_USER
+from overlay.directory.lists import (
     KIND_USERS,
     REFRESH_S,
     CommitteeClient,
@@ -59,7 +61,6 @@ from overlay.committee import (
     verify_document,
 )
 from overlay.identity import node_id_of
-from verifier import tx
 from verifier.app import CommitteeApp, Validator
 
 CHAIN = "gt-bench-lists"
@@ -116,7 +117,7 @@ class _User:
 
     def tx(self, op: int) -> bytes:
         self.seq += 1
-        entry = None if op == tx.OP_LEAVE else tx.Entry(tx.ROLE_USER, bytes(32), self.address, "eu-west", "", 0)
+        entry = None if op == tx.OP_LEAVE else tx.Entry(ROLE_USER, bytes(32), self.address, "eu-west", "", 0)
         return tx.make_tx(self.key, CHAIN, op, self.seq, entry)
 
 

@@ -265,8 +265,8 @@ class Donation:
 
 def _opening_ok(messages: tuple[ChatMessage, ...], params: SamplingParams) -> bool:
     """Whether a request passes an opening's limits (the pool refuses other donations)."""
+    from overlay.directory.registration import TxError
     from verifier.audit import tx as at
-    from verifier.tx import TxError
 
     try:
         at.Opening(bytes(16), "m", messages, params).check()
@@ -898,7 +898,7 @@ def _pct(values: Sequence[float], q: float) -> float:
 
 def run_cheaters(seeds: Sequence[int], epochs: int, scores: ScoreTable, views_: dict[str, View], epoch_blocks: int,
                  k: int) -> tuple[dict[str, float], dict[str, Any]]:
-    from verifier.audit.reputation import TRUST_LINE
+    from overlay.directory.constants import TRUST_LINE
 
     specs, chosen = cheater_specs(views_)
     got: dict[str, list[int | None]] = {s.name: [] for s in specs}
@@ -952,7 +952,7 @@ def run_honest(seeds: Sequence[int], epochs: int, scores: ScoreTable, view: View
                k: int, per_kind: int) -> dict[str, float]:
     """Part C, and D's counts: nodes with faults and fault-free ones, each run replayed with every
     faulty node fault-free."""
-    from verifier.audit.reputation import TRUST_LINE
+    from overlay.directory.constants import TRUST_LINE
 
     specs = [NodeSpec(f"{b}{i}", "honest" if b == "plain" else b) for b in FAULTS for i in range(per_kind)]
     twin_specs = [NodeSpec(s.name, "honest") for s in specs]
@@ -1028,8 +1028,8 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
     import time
 
     from overlay.bench.stats import cpu_model
+    from overlay.directory.constants import TRUST_LINE
     from verifier.audit import tx as at
-    from verifier.audit.reputation import TRUST_LINE
 
     t_start = time.perf_counter()
     try:

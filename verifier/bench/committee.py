@@ -9,7 +9,7 @@ Figures (docs/benchmarks.md "## committee"):
 - ``register_to_signed_list_{mean,p50,p99}_ms``: one registration at a time, from its broadcast to
   the first signed ``/lists/users`` (fetched and verified as a client does) that lists it.
 - ``list_fetch_verify_{mean,p50,p99}_ms``: ``abci_query /lists/users`` over HTTP plus
-  :func:`overlay.committee.verify_document` of the list of ``users`` users (10,000 in a full run);
+  :func:`overlay.directory.lists.verify_document` of the list of ``users`` users (10,000 in a full run);
   ``list_verify_*`` the verification alone, ``list_bytes`` the document's size.
 - ``block_time_mean_ms``: CometBFT's mean block interval (header times) during the registrations,
   ``txs_per_block_max`` the largest block then.
@@ -37,9 +37,12 @@ import trio
 
 from overlay import crypto
 from overlay.bench.stats import cpu_model, summarize_ms
-from overlay.committee import KIND_USERS, CommitteeClient, ValidatorKey, fetch_abci_query, verify_document
+from overlay.directory import registration as tx
+from overlay.directory.constants import ROLE_USER
+from overlay.directory.lists import KIND_USERS, CommitteeClient, ValidatorKey, verify_document
+from overlay.directory.rpc import abci_value
 from overlay.identity import node_id_of
-from verifier import cometbft, tx
+from verifier import cometbft
 
 CHAIN = "gt-bench"
 START_TIMEOUT = 90.0
@@ -91,7 +94,7 @@ def _wait(what: str, fn: Any, timeout: float, every: float = 0.05) -> Any:
 
 def _registration(i: int) -> tuple[bytes, bytes]:
     key = crypto.SigningKey.generate()
-    entry = tx.Entry(tx.ROLE_USER, crypto.X25519Key.generate().public_bytes,
+    entry = tx.Entry(ROLE_USER, crypto.X25519Key.generate().public_bytes,
                      f"10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}:7000", "eu-west")
     return node_id_of(key.public_bytes), tx.make_tx(key, CHAIN, tx.OP_REGISTER, 1, entry)
 
@@ -218,7 +221,7 @@ def _measure(committee: _Committee, users: int, samples: int, fetches: int, clie
     fetch_s, verify_s, size = [], [], 0
     for i in range(fetches):
         t = time.perf_counter()
-        raw = trio.run(fetch_abci_query, addrs[i % len(addrs)], "/lists/users")
+        raw = trio.run(abci_value, addrs[i % len(addrs)], "/lists/users")
         t1 = time.perf_counter()
         got = verify_document(raw, CHAIN, committee.pinned, kind=KIND_USERS)
         t2 = time.perf_counter()

@@ -3,16 +3,16 @@
 A node's directory (the users it may relay with, the model nodes it may reach) comes from one of:
 
 - **the verifier committee** (``--committee HOST:PORT,...`` with ``--committee-genesis FILE``): the
-  node registers itself (:mod:`overlay.registration`), takes its lists from the committee's signed
-  lists (:class:`overlay.committee.CommitteeClient`), and sees their updates live;
+  node registers itself (:mod:`overlay.directory.registration`), takes its lists from the committee's signed
+  lists (:class:`overlay.directory.lists.CommitteeClient`), and sees their updates live;
 - a **signed registry file** (``--registry`` + ``--registry-keys``), a local option, static;
 - an **unsigned peers file** (``--peers``), for local testing only, static.
 
 :class:`Membership` is the thin driver of the first: register, wait for the signed lists that hold
 this node, then refresh them every few seconds (each time from more than one verifier, by delta;
-lists older than :data:`overlay.committee.MAX_LIST_AGE_S` are refused, and a warning says when no
+lists older than :data:`overlay.directory.lists.MAX_LIST_AGE_S` are refused, and a warning says when no
 fresh list can be had) and hand each update to ``on_update``. The node's
-:class:`~overlay.registry.Registry` object is updated in place (:meth:`Registry.replace`), so every
+:class:`~overlay.directory.registry.Registry` object is updated in place (:meth:`Registry.replace`), so every
 part holding it (relay checks, path selection, the model list) sees new nodes and loses removed ones
 without a restart.
 """
@@ -29,11 +29,12 @@ import msgpack
 import trio
 
 from overlay.clock import Clock, TrioClock
-from overlay.committee import REFRESH_S, REPUTATION_SCALE, CommitteeClient, Fetch, ListError, ValidatorKey, load_genesis
+from overlay.directory.constants import REPUTATION_SCALE, ROLE_MODEL, TRUST_LINE
+from overlay.directory.lists import REFRESH_S, CommitteeClient, Fetch, ListError, ValidatorKey, load_genesis
+from overlay.directory.registration import CommitteeRegistration, Entry, Registrar, RegistrationError
+from overlay.directory.registry import Registry, RegistryError, from_config
+from overlay.directory.rpc import Rpc
 from overlay.identity import Identity
-from overlay.peers import TRUST_LINE
-from overlay.registration import ROLE_MODEL, CommitteeRegistration, Entry, Registrar, RegistrationError, Rpc
-from overlay.registry import Registry, RegistryError, from_config
 from overlay.transport import parse_address
 
 log = logging.getLogger("gentorrent.membership")
@@ -98,7 +99,8 @@ def node_entry(identity: Identity, address: str, region: str, *, model: str = ""
     if host in ("0.0.0.0", "::", ""):
         raise RegistrationError(f"listening on {address}, which other nodes cannot dial: pass --listen with the "
                                 "address others reach this node at")
-    from overlay.registration import ROLE_USER, TxError, check_entry
+    from overlay.directory.constants import ROLE_USER
+    from overlay.directory.registration import TxError, check_entry
 
     entry = Entry(ROLE_MODEL if model else ROLE_USER, identity.x25519.public_bytes, address, region, model, capacity)
     try:

@@ -65,9 +65,18 @@ import trio
 
 from overlay import crypto
 from overlay.clock import Clock, TrioClock
+from overlay.directory.constants import (
+    MAX_CHAIN_ID,
+    MAX_VALIDATORS,
+    REPUTATION_SCALE,
+    ROLE_MODEL,
+    ROLE_NAMES,
+    ROLE_USER,
+)
+from overlay.directory.registry import Registry
+from overlay.directory.rpc import RpcError, abci_value
+from overlay.identity import ID_PERSON, NODE_ID_LEN
 from overlay.peers import PeerEntry
-from overlay.registry import Registry
-from overlay.transport import parse_address
 
 log = logging.getLogger("gentorrent.committee")
 
@@ -76,13 +85,9 @@ LISTS_CONTEXT = b"gentorrent/committee-lists/v2\x00"  # v2: the message holds th
 KIND_USERS, KIND_MODELS = 1, 2
 KIND_PATHS = {KIND_USERS: "/lists/users", KIND_MODELS: "/lists/models"}
 SINCE = "/since/"  # KIND_PATHS[kind] + SINCE + str(held height): the delta query
-ROLE_USER, ROLE_MODEL = 1, 2  # as in verifier/tx.py
 MAX_LIST_BYTES = 32 * 1024 * 1024
 MAX_RECORDS = 200_000
-MAX_VALIDATORS = 1000
-MAX_CHAIN_ID = 50
 DIGEST_LEN = 32
-NODE_ID_LEN = 20
 REFRESH_S = 10.0
 FETCH_TIMEOUT_S = 10.0
 # A list is refused once its signed time is more than MAX_LIST_AGE_S + CLOCK_AHEAD_S before the
@@ -96,8 +101,9 @@ CLOCK_AHEAD_S = 10.0
 FANOUT = 2  # verifiers asked at once per refresh (random order); the newest list that verifies is kept
 
 
-class ListError(Exception):
-    """A signed list was refused (bad format, too few valid signatures, older than held); says why."""
+class ListError(RpcError):
+    """A signed list was refused (bad format, too few valid signatures, older than held); says why.
+    An :class:`~overlay.directory.rpc.RpcError`: a verifier served something a client cannot use."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,8 +193,6 @@ def _typed(value: Any, tp: type, what: str) -> Any:
 
 _RECORD_TYPES = (bytes, bytes, int, bytes, str, str, str, int, int)
 _MODEL_RECORD_TYPES = (*_RECORD_TYPES, int, bool)  # + reputation, audited
-REPUTATION_SCALE = 1_000_000
-_ID_PERSON = b"gentorrent-id"  # node id = BLAKE2b-160(ed25519 key), personalised as overlay/identity.py does
 _ENTRY_FIELDS = ("node_id", "address", "ed25519_public", "x25519_public", "region", "role", "models", "reputation",
                  "audited")
 
@@ -229,7 +233,7 @@ def _entries(records: Iterable[Any], kind: int) -> tuple[tuple[PeerEntry, ...], 
     a list): one pass, locals only, the node id hashed with :mod:`hashlib` directly; the checks are
     those of :func:`overlay.identity.node_id_of` and :func:`overlay.transport.parse_address`."""
     want_role = ROLE_USER if kind == KIND_USERS else ROLE_MODEL
-    role_name = "user" if kind == KIND_USERS else "model"
+    role_name = ROLE_NAMES[want_role]
     model = want_role == ROLE_MODEL
     blake, types, entry = hashlib.blake2b, _MODEL_RECORD_TYPES if model else _RECORD_TYPES, _make_entry
     out = []
@@ -247,7 +251,7 @@ def _entries(records: Iterable[Any], kind: int) -> tuple[tuple[PeerEntry, ...], 
                 raise ListError(f"record {i}: reputation {reputation} outside 0..{REPUTATION_SCALE}")
         else:
             node_id, ed, role, x, address, region, model_id, _capacity, expires_at = rec
-        if len(ed) != 32 or len(x) != 32 or node_id != blake(ed, digest_size=20, person=_ID_PERSON).digest():
+        if len(ed) != 32 or len(x) != 32 or node_id != blake(ed, digest_size=NODE_ID_LEN, person=ID_PERSON).digest():
             raise ListError(f"record {i}: keys of the wrong size, or a node id that is not its key's")
         if role != want_role:
             raise ListError(f"record {i}: the {role_name} list holds another role")
@@ -516,7 +520,7 @@ Fetch = Callable[[str, str], Awaitable[bytes]]  # (verifier RPC address, query p
 class CommitteeClient:
     """Holds the latest verified user and model lists, fetched from ``addresses``.
 
-    I/O goes through ``fetch`` (default: :func:`fetch_abci_query`, CometBFT's RPC over HTTP), so the
+    I/O goes through ``fetch`` (default: :func:`overlay.directory.rpc.abci_value`, CometBFT's RPC over HTTP), so the
     core can be tested without a network. Each :meth:`refresh` asks the verifiers in a random order
     (``rng``), :data:`FANOUT` at a time, and keeps the newest list that verifies, so one verifier
     replaying an old list cannot hold a client back while another one serves the current list; it
@@ -540,7 +544,7 @@ class CommitteeClient:
         self.addresses = list(addresses)
         self.chain_id = chain_id
         self.validators: tuple[ValidatorKey, ...] = tuple(validators)
-        self.fetch = fetch or fetch_abci_query
+        self.fetch = fetch or abci_value
         self.clock = clock or TrioClock()
         self.interval = interval
         self.fetch_timeout = fetch_timeout
@@ -609,7 +613,7 @@ class CommitteeClient:
 
     async def _ask(self, address: str, kind: int) -> SignedList:
         """The list of ``kind`` from ``address``: a delta on the held list if one is held, else (or
-        when the delta is refused) the full list. :class:`ListError`, ``OSError`` or
+        when the delta is refused) the full list. :class:`~overlay.directory.rpc.RpcError` (a refused list: :class:`ListError`), ``OSError`` or
         ``trio.TooSlowError`` when neither verifies."""
         held = self.lists.get(kind)
         with trio.fail_after(self.fetch_timeout):
@@ -620,7 +624,7 @@ class CommitteeClient:
                     got = self.verify_delta(raw, kind)
                     self.delta_fetches += 1
                     return got
-                except (ListError, ValueError) as exc:
+                except (RpcError, ValueError) as exc:
                     log.debug("%s: no usable delta since height %d (%s); fetching the full list", address,
                               held.height, exc)
             raw = await self.fetch(address, KIND_PATHS[kind])
@@ -638,7 +642,7 @@ class CommitteeClient:
                 got.append(await self._ask(address, kind))
             except trio.TooSlowError:
                 errors.append(f"{address}: no answer within {self.fetch_timeout:g} s")
-            except (ListError, OSError, ValueError) as exc:
+            except (RpcError, OSError, ValueError) as exc:
                 errors.append(f"{address}: {exc}")
 
         async with trio.open_nursery() as nursery:
@@ -681,96 +685,3 @@ class CommitteeClient:
                 if on_update is not None:
                     on_update(reg)
             await trio.sleep(self.interval)
-
-
-MAX_RESPONSE = 64 * 1024 * 1024
-
-
-async def http_get(address: str, target: str, *, max_bytes: int = MAX_RESPONSE) -> bytes:
-    """``GET target`` on ``host:port`` (plain HTTP/1.1 over trio); the response body, at most
-    ``max_bytes``. Raises :class:`ListError` for a response that is not HTTP or too large, and
-    ``OSError`` for I/O."""
-    host, port = parse_address(address)
-    stream = await trio.open_tcp_stream(host, port)
-    async with stream:
-        await stream.send_all(f"GET {target} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n".encode())
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            chunk = await stream.receive_some(1 << 20)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > max_bytes:
-                raise ListError(f"{address} answered over {max_bytes} bytes")
-    head, sep, body = b"".join(chunks).partition(b"\r\n\r\n")
-    if not sep:
-        raise ListError(f"{address} did not answer HTTP")
-    if b"chunked" in head.lower():
-        body = _dechunk(body)
-    return body
-
-
-async def rpc_call(address: str, method: str, params: dict[str, str]) -> Any:
-    """One CometBFT JSON-RPC call over HTTP GET (``/method?k=v``; values as CometBFT's URI form
-    expects them: strings quoted, bytes ``0x``-hex); the ``result`` object. A JSON-RPC error
-    raises :class:`ListError` with its message and data."""
-    import json
-    import urllib.parse
-
-    query = "&".join(f"{k}={urllib.parse.quote(v, safe='')}" for k, v in params.items())
-    body = await http_get(address, f"/{method}?{query}" if query else f"/{method}")
-    try:
-        doc = json.loads(body)
-    except ValueError:
-        raise ListError(f"{address} answered {method} with something other than JSON") from None
-    if not isinstance(doc, dict):
-        raise ListError(f"{address} answered {method} with a non-object")
-    if doc.get("error"):
-        err = doc["error"]
-        what = f"{err.get('message', '')}: {err.get('data', '')}" if isinstance(err, dict) else str(err)
-        raise ListError(f"{address} did not answer {method}: JSON-RPC error {what[:300]}")
-    if "result" not in doc:
-        raise ListError(f"{address} answered {method} without a result")
-    return doc["result"]
-
-
-async def fetch_abci_query(address: str, path: str, data: bytes = b"", *,
-                           rpc: Callable[[str, str, dict[str, str]], Awaitable[Any]] | None = None) -> bytes:
-    """``abci_query`` on a verifier's CometBFT RPC (``host:port``), with ``data`` if any; the
-    response's value bytes. ``rpc`` (default :func:`rpc_call`) is injectable for tests.
-
-    The response is bounded by :data:`MAX_RESPONSE`. Raises :class:`ListError` for a non-zero query
-    code (with the verifier's log) and ``OSError`` for I/O.
-    """
-    import base64
-
-    params = {"path": f'"{path}"'}
-    if data:
-        params["data"] = "0x" + data.hex()
-    result = await (rpc or rpc_call)(address, "abci_query", params)
-    try:
-        response = result["response"]
-        code = int(response.get("code", 0))
-        value = base64.b64decode(response.get("value") or "", validate=True)
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise ListError(f"{address} did not answer an abci_query ({type(exc).__name__})") from None
-    if code:
-        raise ListError(f"{address} answered code {code}: {str(response.get('log', ''))[:200]}")
-    return value
-
-
-def _dechunk(body: bytes) -> bytes:
-    out = bytearray()
-    while body:
-        size_line, _, rest = body.partition(b"\r\n")
-        try:
-            size = int(size_line.split(b";")[0], 16)
-        except ValueError:
-            raise ListError("bad HTTP chunk") from None
-        if size == 0:
-            break
-        out += rest[:size]
-        body = rest[size + 2:]
-    return bytes(out)

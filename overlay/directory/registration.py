@@ -1,7 +1,7 @@
 """Registration with the verifier committee: the transaction codec, and the node's side of it.
 
-This module is the ONE codec of committee registration transactions: the verifiers
-(:mod:`verifier.tx` re-exports it) decode with it and nodes sign with it. It also holds the node's
+This module is the ONE codec of committee registration transactions: the verifiers decode with
+it and nodes sign with it. It also holds the node's
 I/O-free registration core (:class:`Registrar`: which transaction to send next, and when) and the
 thin driver that talks to a verifier's CometBFT RPC (:class:`CommitteeRegistration`).
 
@@ -16,8 +16,8 @@ A transaction is one msgpack array of exactly two binaries, ``[body, signature]`
   time in milliseconds when that is larger than the last seq plus one, so a key whose seq the
   committee has pruned, decision 0014, still never reuses one); ``entry`` is
   ``[role, x25519_public, address, region, model_id, capacity]`` for register/update and ``nil``
-  for leave; ``work`` (bin, at most :data:`overlay.work.NONCE_LEN` bytes) is a register's
-  proof-of-work nonce (:mod:`overlay.work`), empty in updates and leaves.
+  for leave; ``work`` (bin, at most :data:`overlay.directory.work.NONCE_LEN` bytes) is a register's
+  proof-of-work nonce (:mod:`overlay.directory.work`), empty in updates and leaves.
 - ``address`` is canonical: an IPv4 literal as Python's :mod:`ipaddress` writes it, or an IPv6
   literal in brackets in its compressed form (never an IPv4-mapped one), and a port 1–65535 without
   leading zeros. DNS names are refused: one host cannot count as several addresses. ``role`` is :data:`ROLE_USER` or :data:`ROLE_MODEL`; user nodes have ``model_id ""``
@@ -38,18 +38,20 @@ import enum
 import ipaddress
 import logging
 import re
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import msgpack
 import trio
 
-from overlay import crypto, work
+from overlay import crypto
 from overlay.clock import Clock, TrioClock
-from overlay.committee import ListError, rpc_call
+from overlay.directory import work
+from overlay.directory.constants import MAX_CAPACITY, MAX_CHAIN_ID, MIN_CAPACITY, ROLE_NAMES, ROLE_USER
+from overlay.directory.rpc import Rpc, RpcError, parse_commit, parse_query, query_params, rpc_call, tx_params
+from overlay.directory.work import NONCE_LEN
 from overlay.identity import node_id_of
-from overlay.work import NONCE_LEN
 
 log = logging.getLogger("gentorrent.registration")
 
@@ -59,16 +61,12 @@ MAX_TX_BYTES = 1024
 MAX_ADDRESS = 255
 MAX_REGION = 32
 MAX_MODEL_ID = 128
-MAX_CHAIN_ID = 50  # CometBFT's own limit on a chain id
-MIN_CAPACITY, MAX_CAPACITY = 1, 10
 MAX_SEQ = 2**63 - 1
 # What msgpack (and unpacking its result) raises on hostile bytes: caught by type, never blindly.
 DECODE_ERRORS = (ValueError, TypeError, RecursionError, msgpack.UnpackException)
 
 OP_REGISTER, OP_UPDATE, OP_LEAVE = 1, 2, 3
-ROLE_USER, ROLE_MODEL = 1, 2
 OP_NAMES = {OP_REGISTER: "register", OP_UPDATE: "update", OP_LEAVE: "leave"}
-ROLE_NAMES = {ROLE_USER: "user", ROLE_MODEL: "model"}
 
 _REGION = re.compile(r"[a-z0-9][a-z0-9-]*")
 _MODEL_ID = re.compile(r"[\x21-\x7e]+")  # printable ASCII, no spaces
@@ -136,7 +134,7 @@ class Tx:
     seq: int
     ed25519_public: bytes
     entry: Entry | None  # None for leave
-    work: bytes = b""  # a register's proof-of-work nonce (overlay/work.py)
+    work: bytes = b""  # a register's proof-of-work nonce (overlay/directory/work.py)
 
     @property
     def node_id(self) -> bytes:
@@ -221,7 +219,7 @@ def _body(op: int, seq: int, ed25519_public: bytes, entry: Entry | None, work: b
 def make_tx(signing: crypto.SigningKey, chain_id: str, op: int, seq: int, entry: Entry | None = None, *,
             work: bytes = b"") -> bytes:
     """Encode and sign a transaction (the client side); ``work``: a register's proof-of-work nonce
-    (:func:`overlay.work.solve`). Raises :class:`TxError` for a bad entry."""
+    (:func:`overlay.directory.work.solve`). Raises :class:`TxError` for a bad entry."""
     if op not in OP_NAMES:
         raise ValueError(f"unknown op {op}")
     if (entry is None) != (op == OP_LEAVE):
@@ -360,7 +358,7 @@ class Registrar:
     seq: int = 0  # the last seq this node knows committed
     listed: bool = False
     floor: int = 0  # the next seq is at least this (the driver sets its unix time in ms: decision 0014)
-    work: bytes = b""  # the proof-of-work nonce a register carries (overlay/work.py)
+    work: bytes = b""  # the proof-of-work nonce a register carries (overlay/directory/work.py)
     due_at: float | None = None  # when the next refresh is due (None: before the first commit)
     _pending: int = 0
 
@@ -410,14 +408,10 @@ class Registrar:
         self.due_at = None
 
 
-# An RPC call: (verifier RPC address, method, params) -> the JSON-RPC "result" object.
-Rpc = Callable[[str, str, dict[str, str]], Awaitable[Any]]
-
-
 class CommitteeRegistration:
     """The thin driver: runs a :class:`Registrar` against verifiers' CometBFT RPC.
 
-    ``rpc`` (default :func:`overlay.committee.rpc_call`, plain HTTP) is injectable so tests can
+    ``rpc`` (default :func:`overlay.directory.rpc.rpc_call`, plain HTTP) is injectable so tests can
     answer from an in-process committee. Each call tries the verifiers in turn; a verifier that
     cannot be reached is skipped, an answer (accepted or refused) is final.
     """
@@ -446,21 +440,17 @@ class CommitteeRegistration:
                     return await self.rpc(addr, method, params)
             except trio.TooSlowError:
                 errors.append(f"{addr}: no answer within {self.timeout:g} s")
-            except (OSError, ValueError, ListError) as exc:
+            except (OSError, ValueError, RpcError) as exc:
                 errors.append(f"{addr}: {exc}")
         raise RegistrationError(f"no verifier answered {method}: " + "; ".join(errors)
                                 + " (is the committee running, and are these its RPC addresses?)")
 
     async def _query(self, path: str, data: bytes) -> tuple[int, bytes, str]:
-        import base64
-
-        res = await self._call("abci_query", {"path": f'"{path}"', "data": "0x" + data.hex()})
         try:
-            resp = res["response"]
-            return int(resp.get("code", 0)), base64.b64decode(resp.get("value") or "", validate=True), \
-                str(resp.get("log", ""))
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise RegistrationError(f"a verifier answered abci_query {path} with no response ({exc!r})") from None
+            answer = parse_query(await self._call("abci_query", query_params(path, data)))
+        except RpcError as exc:
+            raise RegistrationError(f"a verifier answered abci_query {path} with no response ({exc})") from None
+        return answer.code, answer.value, answer.log
 
     async def wait_reachable(self) -> None:
         """At start: wait up to ``start_wait`` seconds for any verifier to answer (a node may start
@@ -496,22 +486,21 @@ class CommitteeRegistration:
     async def submit(self, raw: bytes) -> int:
         """Broadcast ``raw`` and wait for it to commit; the block height, or :class:`RegistrationError`
         naming the verifier's code and log."""
-        res = await self._call("broadcast_tx_commit", {"tx": "0x" + raw.hex()})
         try:
-            for stage in ("check_tx", "tx_result"):
-                part = res[stage]
-                code = int(part.get("code", 0))
-                if code:
-                    try:
-                        name = Code(code).name
-                    except ValueError:
-                        name = "UNKNOWN"
-                    raise RegistrationError(
-                        f"the committee refused the transaction ({stage}): code {code} {name}: "
-                        f"{str(part.get('log', ''))[:300]}", Code(code) if name != "UNKNOWN" else None)
-            return int(res["height"])
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise RegistrationError(f"a verifier answered broadcast_tx_commit oddly ({exc!r})") from None
+            done = parse_commit(await self._call("broadcast_tx_commit", tx_params(raw)))
+        except RpcError as exc:
+            raise RegistrationError(f"a verifier answered broadcast_tx_commit oddly ({exc})") from None
+        refused = done.refused()
+        if refused is not None:
+            stage, part = refused
+            try:
+                code: Code | None = Code(part.code)
+            except ValueError:
+                code = None
+            raise RegistrationError(
+                f"the committee refused the transaction ({stage}): code {part.code} "
+                f"{code.name if code is not None else 'UNKNOWN'}: {part.log[:300]}", code)
+        return done.height
 
     async def admission(self) -> tuple[int, int]:
         """``(work bits a new key needs now, scrypt n_log2)`` from the committee's ``/admission``."""

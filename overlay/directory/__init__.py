@@ -1,0 +1,15 @@
+"""The directory: who is on the network, as the verifier committee says (docs/committee.md).
+
+- :mod:`~overlay.directory.constants`: the numbers and names the directory's modules share (roles,
+  the chain id's bound, the reputation scale and trust line, ...), each defined once.
+- :mod:`~overlay.directory.rpc`: the one client of a verifier's CometBFT RPC (HTTP transport,
+  ``abci_query``, ``broadcast_tx_sync``/``broadcast_tx_commit``).
+- :mod:`~overlay.directory.registration`: the registration transaction codec (nodes sign with it,
+  verifiers decode with it) and a node's registration driver.
+- :mod:`~overlay.directory.work`: the registration's proof of work.
+- :mod:`~overlay.directory.lists`: the committee's signed user and model lists: format,
+  verification and the refreshing client.
+- :mod:`~overlay.directory.registry`: the registry object nodes route with (a static file's, or
+  the signed lists').
+- :mod:`~overlay.directory.membership`: a node's membership, live: registers, follows the lists.
+"""

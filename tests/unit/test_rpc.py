@@ -1,0 +1,50 @@
+"""The one CometBFT RPC client (overlay/directory/rpc.py): its helpers' parsing, through an injected rpc."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import pytest
+import trio
+
+from overlay.directory.rpc import RpcError, abci_query, abci_value, broadcast_tx_commit, broadcast_tx_sync
+
+
+def fake(result: Any) -> Any:
+    calls: list[tuple[str, str, dict[str, str]]] = []
+
+    async def rpc(address: str, method: str, params: dict[str, str]) -> Any:
+        calls.append((address, method, params))
+        return result
+
+    rpc.calls = calls  # type: ignore[attr-defined]
+    return rpc
+
+
+def test_abci_query_sends_the_quoted_path_and_hex_data_and_reads_every_field() -> None:
+    rpc = fake({"response": {"code": 7, "log": "why", "value": base64.b64encode(b"v").decode(), "height": "12"}})
+    answer = trio.run(lambda: abci_query("a:1", "/node", b"\x01\x02", rpc=rpc))
+    assert (answer.code, answer.log, answer.value, answer.height) == (7, "why", b"v", 12)
+    assert rpc.calls == [("a:1", "abci_query", {"path": '"/node"', "data": "0x0102"})]
+    with pytest.raises(RpcError, match="a:1 answered code 7: why"):
+        trio.run(lambda: abci_value("a:1", "/node", rpc=rpc))
+    with pytest.raises(RpcError, match="did not answer an abci_query"):
+        trio.run(lambda: abci_query("a:1", "/node", rpc=fake({"no": "response"})))
+
+
+def test_broadcasts_read_their_codes_and_the_first_refusing_stage() -> None:
+    sync = trio.run(lambda: broadcast_tx_sync("a:1", b"\xff", rpc=fake({"code": 19, "log": "low work"})))
+    assert (sync.code, sync.log) == (19, "low work")
+    ok = trio.run(lambda: broadcast_tx_commit("a:1", b"\xff", rpc=fake(
+        {"check_tx": {"code": 0}, "tx_result": {"code": 0}, "height": "5"})))
+    assert ok.refused() is None and ok.height == 5
+    bad = trio.run(lambda: broadcast_tx_commit("a:1", b"\xff", rpc=fake({"check_tx": {"code": 4, "log": "sig"}})))
+    assert bad.refused() == ("check_tx", bad.check_tx) and bad.check_tx.log == "sig"
+    late = trio.run(lambda: broadcast_tx_commit("a:1", b"\xff", rpc=fake(
+        {"check_tx": {"code": 0}, "tx_result": {"code": 6, "log": "conflict"}, "height": "9"})))
+    assert late.refused() == ("tx_result", late.tx_result)
+    with pytest.raises(RpcError, match="broadcast_tx_commit oddly"):
+        trio.run(lambda: broadcast_tx_commit("a:1", b"\xff", rpc=fake({"check_tx": {"code": 0}})))
+    with pytest.raises(RpcError, match="broadcast_tx_sync oddly"):
+        trio.run(lambda: broadcast_tx_sync("a:1", b"\xff", rpc=fake([1])))
