@@ -81,6 +81,18 @@ class TokenBucket:
         return False
 
 
+HOLD_S = 3.0  # how long a Create from an unlisted peer waits for a list that holds it
+
+
+@dataclass(slots=True)
+class _Held:
+    """A Create from a peer ``admits`` did not list, waiting for the next list (or ``until``)."""
+
+    peer: bytes
+    msg: Create
+    until: float  # monotonic
+
+
 @dataclass(frozen=True)
 class RelayLimits:
     max_paths: int = 20_000
@@ -91,6 +103,12 @@ class RelayLimits:
     creates_per_s: float = 100.0
     create_burst: float = 400.0
     max_replay_entries: int = 200_000
+    # A Create from a peer ``admits`` does not list (yet) is held up to ``hold_s`` for a list
+    # that holds it (issue 28 item 9), at most ``max_held`` in all and ``max_held_per_peer`` per
+    # peer; ``hold_s = 0``: refused at once.
+    hold_s: float = HOLD_S
+    max_held: int = 64
+    max_held_per_peer: int = 2
 
 
 @dataclass
@@ -126,6 +144,11 @@ class RelayCore:
         self.replay: dict[bytes, float] = {}  # ephemeral key -> unix expiry
         self._cell_buckets: dict[bytes, TokenBucket] = {}
         self._create_buckets: dict[bytes, TokenBucket] = {}
+        self._held: dict[tuple[bytes, bytes], _Held] = {}  # (peer, link id) -> held Create, oldest first
+        self._held_per_peer: Counter[bytes] = Counter()
+        # held Creates: "held" (taken), "full" (refused at once: over max_held/_per_peer),
+        # "admitted" (re-fed once a list held the peer), "refused" (re-fed after hold_s, unlisted)
+        self.holds: Counter[str] = Counter()
 
     def __len__(self) -> int:
         return len(self.by_pred)
@@ -163,7 +186,16 @@ class RelayCore:
         if not self._bucket(self._create_buckets, peer, self.limits.creates_per_s,
                             self.limits.create_burst).take(now):
             return self._drop("create-rate-limited")
+        return self._create(peer, msg, now, unix, may_hold=True)
+
+    def _create(self, peer: bytes, msg: Create, now: float, unix: float, *, may_hold: bool) -> list[Send]:
+        """A Create that passed the rate limit (``on_create``), or a held one re-fed
+        (``release_held``: its token was taken when it arrived; ``may_hold`` False)."""
         if self.admits is not None and not self.admits(peer):
+            if may_hold:
+                held = self._hold(peer, msg, now)
+                if held is not None:
+                    return held
             return [Send(peer, Destroy(msg.link_id, "not-registered"))] + self._drop("not-registered")
         if (peer, msg.link_id) in self.by_pred:
             return self._drop("link-in-use")
@@ -194,6 +226,57 @@ class RelayCore:
         path = _Path(peer, msg.link_id, nxt, succ_link, onion.HopCrypt(r.keys), None, None, expires, now)
         self._add(path)
         return [Send(nxt, Create(succ_link, r.next_onion))]
+
+    # ------------------------------------------------------------------ held creates
+
+    def _hold(self, peer: bytes, msg: Create, now: float) -> list[Send] | None:
+        """Hold a Create from an unlisted ``peer`` (``[]``: held, or dropped as a duplicate link);
+        ``None``: holding is off or full, refuse it at once. Nothing of it is read until it is
+        re-fed (no onion peeled, no replay entry made), so a held Create costs its bytes only."""
+        lim = self.limits
+        if lim.hold_s <= 0:
+            return None
+        key = (peer, msg.link_id)
+        if key in self._held:
+            return self._drop("link-in-use")
+        if len(self._held) >= lim.max_held or self._held_per_peer[peer] >= lim.max_held_per_peer:
+            self.holds["full"] += 1
+            return None
+        self._held[key] = _Held(peer, msg, now + lim.hold_s)
+        self._held_per_peer[peer] += 1
+        self.holds["held"] += 1
+        return []
+
+    def _unhold(self, key: tuple[bytes, bytes]) -> _Held:
+        h = self._held.pop(key)
+        self._held_per_peer[h.peer] -= 1
+        if self._held_per_peer[h.peer] <= 0:
+            del self._held_per_peer[h.peer]
+        return h
+
+    @property
+    def held(self) -> int:
+        """How many Creates are held now."""
+        return len(self._held)
+
+    def next_hold_deadline(self) -> float | None:
+        """When the oldest held Create is due (monotonic), ``None`` if none is held."""
+        return min((h.until for h in self._held.values()), default=None)
+
+    def release_held(self, now: float, unix: float) -> list[Send]:
+        """Re-feed the held Creates whose peer ``admits`` now lists (call after each list update)
+        and those held ``hold_s`` (due): each goes through the rest of :meth:`on_create` (no second
+        rate-limit token; the onion checks, replay cache included, as for any Create), so a listed
+        peer's is accepted and an unlisted one's refused ``not-registered`` as without holding."""
+        out: list[Send] = []
+        for key, h in list(self._held.items()):
+            admitted = self.admits is None or self.admits(h.peer)
+            if not admitted and h.until > now:
+                continue
+            self._unhold(key)
+            self.holds["admitted" if admitted else "refused"] += 1
+            out += self._create(h.peer, h.msg, now, unix, may_hold=False)
+        return out
 
     def forget_unlisted(self) -> list[Send]:
         """Close every path whose predecessor or successor ``admits``/``knows`` no longer lists
@@ -348,6 +431,9 @@ class RelayCore:
         return out
 
     def on_destroy(self, peer: bytes, msg: Destroy) -> list[Send]:
+        if (peer, msg.link_id) in self._held:  # the user gave up on a build we hold
+            self._unhold((peer, msg.link_id))
+            return self._drop("held-destroyed")
         p = self.by_pred.get((peer, msg.link_id))
         if p is not None:
             self._remove(p)
@@ -364,6 +450,9 @@ class RelayCore:
         """A neighbour's connection closed: tear down every path through it, and tell the users
         of proxy paths that talked to it (if it is a model node) that it is gone."""
         out: list[Send] = self._model_lost(peer)
+        for key in [k for k in self._held if k[0] == peer]:
+            self._unhold(key)
+            self.dropped["held-peer-lost"] += 1
         for (pred, _), p in list(self.by_pred.items()):
             if pred == peer:
                 self._remove(p)

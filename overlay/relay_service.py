@@ -31,6 +31,7 @@ class RelayService:
         self.core = core
         self.clock: Clock = clock or TrioClock()
         node.on_peer_lost(self._on_peer_lost)
+        self._held_wake = trio.Event()  # set when the core may have taken a held Create
 
     def install(self) -> None:
         """Handle every relay message on ``node`` (a user node may wrap some first)."""
@@ -39,6 +40,23 @@ class RelayService:
 
     async def handle(self, conn: Connection, msg: Any) -> None:
         self.execute(self.core.on_message(conn.peer_id, msg, now=self.clock.monotonic(), unix=self.clock.unix()))
+        if self.core.held:
+            self._held_wake.set()
+
+    def release_held(self) -> None:
+        """Re-feed the core's held Creates that are due or whose peer is now listed (call after
+        each list update; :meth:`run` calls it when the oldest is due)."""
+        self.execute(self.core.release_held(self.clock.monotonic(), self.clock.unix()))
+
+    async def _release_due(self) -> None:
+        while True:
+            due = self.core.next_hold_deadline()
+            if due is None:
+                await self._held_wake.wait()
+                self._held_wake = trio.Event()
+                continue
+            await trio.sleep(max(0.0, due - self.clock.monotonic()))
+            self.release_held()
 
     def execute(self, actions: list[Send]) -> None:
         for a in actions:
@@ -51,7 +69,9 @@ class RelayService:
         self.execute(self.core.on_peer_lost(peer))
 
     async def run(self, *, interval: float = 30.0, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
-        while True:
-            await trio.sleep(interval)
-            self.execute(self.core.expire(self.clock.monotonic()))
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._release_due)
+            task_status.started()
+            while True:
+                await trio.sleep(interval)
+                self.execute(self.core.expire(self.clock.monotonic()))

@@ -96,9 +96,11 @@ class UserNode:
 
     def directory_changed(self) -> None:
         """The registry was updated in place: dial the new nodes by their listed addresses, forget
-        removed ones, and close relayed paths of nodes no longer listed."""
+        removed ones, and close relayed paths of nodes no longer listed, and re-feed the Creates the relay holds for
+        senders the list did not hold (now accepted if it does)."""
         self.node.peers = {e.node_id: e for e in self.registry.entries if e.node_id != self.identity.node_id}
         self.relay.execute(self.relay.core.forget_unlisted())
+        self.relay.release_held()  # Creates held for a list that holds their sender (issue 28 item 9)
         if self._paths_deferred and self._nursery is not None and self.paths is not None and self.registry.entries:
             self._paths_deferred = False
             self._nursery.start_soon(self.paths.run)
@@ -138,6 +140,7 @@ class UserNode:
             "relay_paths": len(self.relay.core),
             "relay_forwarded": self.relay.core.forwarded,
             "relay_dropped": dict(self.relay.core.dropped),
+            "relay_holds": dict(self.relay.core.holds),
             "node_rejected": dict(self.node.rejected),
         }
         if self.paths is not None:

@@ -1,13 +1,15 @@
 """A new user does not storm the relays (issue 28 item 9): right after it registers, the relays'
 lists do not hold it yet and they refuse its path builds (``Destroy("not-registered")``); its
 path manager backs off instead of rebuilding at once, and has its paths as soon as the relays'
-next list holds it."""
+next list holds it. The relays here refuse at once (``RelayLimits.hold_s = 0``), so this measures
+the back-off alone; tests/integration/test_join_hold.py has relays that hold the Creates."""
 
 from __future__ import annotations
 
 import trio
 
 from overlay.directory.registry import Registry
+from overlay.relay import RelayLimits
 from overlay.testing import Net
 from overlay.usernode import UserNode
 
@@ -22,6 +24,7 @@ async def test_a_joining_user_backs_off_while_the_relays_do_not_list_it(autojump
     lagging = Registry(full.version, [e for e in full.entries if e.node_id != newcomer.node_id])
     relays = [UserNode(i, net.transport(i), lagging, client=False, registered_only=True) for i in relay_ids]
     for r in relays:
+        r.relay.core.limits = RelayLimits(hold_s=0.0)  # refuse at once: the back-off alone
         await net.start(nursery, r)
     user = net.user_node(newcomer)  # its own list holds everyone
     assert user.paths is not None

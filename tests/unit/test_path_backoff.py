@@ -19,7 +19,7 @@ from overlay.identity import Identity
 from overlay.messages import CellBack, Create, Destroy
 from overlay.paths import BACKOFF_BASE_S, Backoff, PathManager
 from overlay.peers import PeerEntry
-from overlay.relay import RelayCore
+from overlay.relay import RelayCore, RelayLimits
 
 LATENCY = 0.005  # seconds per hop
 LAG = 3.0  # seconds before the relays' lists hold the new user
@@ -41,7 +41,10 @@ class _Wire:
         def admits(peer: bytes) -> bool:
             return peer in relays or (peer == self.node_id and self.listed)
 
-        self.cores = {i.node_id: RelayCore(i.node_id, i.x25519, knows=relays.__contains__, admits=admits)
+        # Relays that refuse an unlisted user at once (no hold: ``hold_s = 0``, as a relay whose
+        # hold is full does), so every build attempt the back-off lets through is refused.
+        self.cores = {i.node_id: RelayCore(i.node_id, i.x25519, knows=relays.__contains__, admits=admits,
+                                           limits=RelayLimits(hold_s=0.0))
                       for i in idents}
         self.pm: PathManager | None = None
         self.creates: list[float] = []  # when each of the user's Creates reached its first relay

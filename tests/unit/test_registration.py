@@ -201,8 +201,10 @@ def test_a_relay_refuses_paths_from_unregistered_nodes_and_closes_those_of_nodes
     listed = {member.node_id, h1.node_id, h2.node_id}
     core = RelayCore(relay.node_id, relay.x25519, knows=lambda i: i in listed, admits=lambda i: i in listed)
     out = core.on_message(stranger.node_id, _create([relay, h1, h2]), now=1.0, unix=1000.0)
+    assert out == [] and core.held == 1  # held up to hold_s for a list that holds the stranger
+    out = core.release_held(now=1.0 + core.limits.hold_s, unix=1003.0)  # none came: refused
     assert [type(s.msg) for s in out] == [Destroy] and out[0].msg.reason == "not-registered"
-    assert core.dropped["not-registered"] == 1 and len(core) == 0
+    assert core.dropped["not-registered"] == 1 and len(core) == 0 and core.held == 0
     out = core.on_message(member.node_id, _create([relay, h1, h2]), now=1.0, unix=1000.0)
     assert len(core) == 1 and [(s.peer, type(s.msg)) for s in out] == [(h1.node_id, Create)]
     assert core.forget_unlisted() == []  # still listed: nothing closes
