@@ -611,14 +611,17 @@ class RelayTarget(Target):
     """``RelayCore.on_message`` (paper §3.2 steps 2–4) fed valid paths and cells interleaved with
     hostile messages from neighbours and strangers: never raises; a message that yields nothing
     is counted in ``dropped`` (or tore down a path); a mutated onion never sets up a path; the
-    tables stay within the limits; a valid cell on a live path is still forwarded exactly."""
+    tables stay within the limits; a valid cell on a live path is still forwarded exactly. A Create
+    from a peer the list does not hold (a stranger) is held within the bounds or refused at once,
+    and a held one is accepted once the list holds its peer or refused when due."""
 
     NAME = "relay"
     STATEFUL = True
     STEPS = ("create_relay", "create_proxy", "valid_cell", "valid_return", "hostile_message",
-             "hostile_cell", "hostile_create", "peer_lost", "advance")
+             "hostile_cell", "hostile_create", "peer_lost", "advance", "unlisted_create")
     LIMITS = RelayLimits(max_paths=48, max_paths_per_peer=12, cells_per_s=1e12, cell_burst=1e12,
-                         creates_per_s=1e12, create_burst=1e12, max_replay_entries=64, idle_timeout=300.0)
+                         creates_per_s=1e12, create_burst=1e12, max_replay_entries=64, idle_timeout=300.0,
+                         max_held=6, max_held_per_peer=2)
 
     def __init__(self) -> None:
         super().__init__()
@@ -629,8 +632,11 @@ class RelayTarget(Target):
         self.neighbours = [bytes([0xB0 + i]) * 20 for i in range(3)]
         self.model = bytes([0xCC]) * 20
         known = set(self.hop_ids) | set(self.neighbours) | {self.model}
+        self.strangers = [bytes([0xD0 + i]) * 20 for i in range(4)]
+        self.listed_late: set[bytes] = set()  # strangers a later list holds
         self.core = RelayCore(self.me, self.key, knows=known.__contains__, limits=self.LIMITS,
-                              is_model=lambda n: n == self.model)
+                              is_model=lambda n: n == self.model,
+                              admits=lambda n: n in known or n in self.listed_late)
         self.now, self.unix = 1000.0, float(T0)
         # (pred, link) -> (succ, hop keys for our layer) for relay paths we made;
         # (pred, link) -> (hop crypts before us, path crypt) for proxy paths we made
@@ -641,17 +647,18 @@ class RelayTarget(Target):
              PathReady], 1)
 
     def state_size(self) -> int:
-        return len(self.core.by_pred) + len(self.core.replay) + len(self.core._cell_buckets)
+        return len(self.core.by_pred) + len(self.core.replay) + len(self.core._cell_buckets) + self.core.held
 
     def _drops(self) -> int:
         return sum(self.core.dropped.values())
 
     def _feed(self, peer: bytes, msg: Any) -> list[Send]:
-        before_drops, before_paths = self._drops(), len(self.core)
+        before_drops, before_paths, before_held = self._drops(), len(self.core), self.core.holds["held"]
         out = self.core.on_message(peer, msg, now=self.now, unix=self.unix)
         _sends_ok(out)
         if not out:
-            assert self._drops() > before_drops or len(self.core) < before_paths, (
+            assert self._drops() > before_drops or len(self.core) < before_paths or \
+                self.core.holds["held"] > before_held, (
                 f"{type(msg).__name__} from a peer yielded nothing and was not counted as a drop")
         self._forget_gone()
         return out
@@ -677,11 +684,12 @@ class RelayTarget(Target):
     def create_relay(self, src: Source) -> int:
         peer, link = choice(src, self.neighbours), src.bytes(16)
         packet, keys = self._onion(False)
+        in_use = (peer, link) in self.core.by_pred  # the path already on this link stays as it was
         full = len(self.core) >= self.LIMITS.max_paths or \
-            self.core.per_peer[peer] >= self.LIMITS.max_paths_per_peer or (peer, link) in self.core.by_pred
+            self.core.per_peer[peer] >= self.LIMITS.max_paths_per_peer or in_use
         out = self._feed(peer, Create(link, packet))
         if full:
-            assert (peer, link) not in self.relays
+            assert in_use or (peer, link) not in self.relays
             return 1
         assert len(out) == 1 and out[0].peer == self.hop_ids[0] and isinstance(out[0].msg, Create)
         self.relays[(peer, link)] = (self.hop_ids[0], onion.HopCrypt(keys[0]))
@@ -801,6 +809,7 @@ class RelayTarget(Target):
         peer = choice(src, [*self.neighbours, *self.hop_ids, src.bytes(20)])
         _sends_ok(self.core.on_peer_lost(peer))
         assert all(p.pred != peer and p.succ != peer for p in self.core.by_pred.values())
+        assert all(h.peer != peer for h in self.core._held.values())
         self._forget_gone()
         return 0
 
@@ -809,8 +818,39 @@ class RelayTarget(Target):
         self.now += dt
         self.unix += dt
         _sends_ok(self.core.expire(self.now))
+        out = self.core.release_held(self.now, self.unix)
+        _sends_ok(out)
+        assert all(h.until > self.now for h in self.core._held.values()), "a due held Create was kept"
         self._forget_gone()
         return 0
+
+    def unlisted_create(self, src: Source) -> int:
+        """A valid Create from a stranger: held while there is room (else refused at once); once a
+        list holds the stranger, its held Creates are re-fed and none stays held."""
+        c, lim = self.core, self.LIMITS
+        unlisted = [s for s in self.strangers if s not in self.listed_late]
+        if not unlisted:
+            return 0
+        peer = choice(src, unlisted)
+        if chance(src, 25):  # the next list holds it
+            self.listed_late.add(peer)
+            _sends_ok(c.release_held(self.now, self.unix))
+            assert all(h.peer not in self.listed_late for h in c._held.values()), "a listed peer's Create kept"
+            self._forget_gone()
+            return 1
+        packet, _ = self._onion(chance(src, 50))
+        link = src.bytes(16)
+        room = c.held < lim.max_held and c._held_per_peer[peer] < lim.max_held_per_peer
+        dup = (peer, link) in c._held
+        held = c.held
+        out = self._feed(peer, Create(link, packet))
+        if dup:
+            assert out == [] and c.held == held
+        elif room:
+            assert out == [] and c.held == held + 1, "a Create from an unlisted peer with room is held"
+        else:
+            assert [(s.peer, s.msg) for s in out] == [(peer, Destroy(link, "not-registered"))]
+        return 1
 
     def check(self) -> None:
         c, lim = self.core, self.LIMITS
@@ -823,6 +863,8 @@ class RelayTarget(Target):
         assert all(id(p) in live for p in c.by_succ.values())
         assert all(id(p) in live for p in c.by_proxy_path.values())
         assert len(c.by_succ) + len(c.by_proxy_path) == len(c.by_pred)
+        assert c.held <= lim.max_held and sum(c._held_per_peer.values()) == c.held
+        assert all(0 < n <= lim.max_held_per_peer for n in c._held_per_peer.values())
 
 
 class ReassemblerTarget(Target):
