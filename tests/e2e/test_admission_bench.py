@@ -20,7 +20,7 @@ FIGURES = {
     "verifier_check_register_ms", "delta_bytes", "full_bytes", "delta_to_full_bytes_ratio", "delta_apply_ms",
     "full_verify_ms", "replay_stale_with_honest_s", "replay_stale_alone_s", "honest_handshakes_ok_count",
     "honest_handshakes_total_count", "attacker_connections_held_count", "refused_builds_count",
-    "refused_builds_no_backoff_count", "paths_ready_after_s",
+    "refused_builds_no_backoff_count", "paths_ready_after_s", "held_refused_builds_count", "held_creates_count",
 }
 
 
@@ -47,4 +47,5 @@ def test_the_mechanisms_hold(out: dict[str, Any]) -> None:
     assert f["attacker_connections_held_count"] < f["honest_handshakes_total_count"]
     assert f["replay_stale_alone_s"] <= 60 and f["replay_stale_with_honest_s"] <= f["replay_stale_alone_s"]
     assert f["refused_builds_count"] * 10 < f["refused_builds_no_backoff_count"]
+    assert f["held_refused_builds_count"] == 0 < f["held_creates_count"]  # relays hold, not refuse
     assert f["attacker_listed_one_prefix_count"] == out["params"]["admission"]["per_prefix"]
