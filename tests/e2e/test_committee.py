@@ -38,9 +38,12 @@ from overlay.directory.lists import (
 )
 from overlay.directory.registration import Code
 from overlay.directory.rpc import abci_value
+from overlay.tools.localnet import free_ports
 from tests.committee_helpers import Node
 from tests.conftest import REPO, gentorrent_cmd, run_cli
 from verifier import cometbft
+from verifier.cometbft import LOG_FILE
+from verifier.node import log_tail
 
 pytestmark = pytest.mark.slow
 
@@ -51,9 +54,10 @@ T = TypeVar("T")
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port below the ephemeral range, never given twice in this process: an OS-picked ephemeral
+    port can be taken by another verifier's outgoing connection before this one listens (CI saw a
+    verifier's RPC refuse connections for a whole minute)."""
+    return free_ports(1)[0]
 
 
 def wait_for(what: str, fn: Callable[[], T | None], timeout: float) -> T:
@@ -86,7 +90,23 @@ class Verifier:
 
     def start(self) -> None:
         self.spawn()
-        wait_for(f"{self.data_dir.name}'s RPC", lambda: self.height() >= 1, START_TIMEOUT)
+        self.wait_height(1)
+
+    def wait_height(self, height: int) -> None:
+        """Wait for block ``height``; a process that exits or a timeout fails with this verifier's
+        own output and the tail of its CometBFT log, so a start-up failure says why."""
+        def reached() -> bool:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise AssertionError(f"{self.data_dir.name} exited with {self.proc.returncode}:\n"
+                                     f"{self.output()}\n{self.comet_log()}")
+            return self.height() >= height
+        try:
+            wait_for(f"{self.data_dir.name} at height {height}", reached, START_TIMEOUT)
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}\n{self.output()}\n{self.comet_log()}") from None
+
+    def comet_log(self) -> str:
+        return "\n".join(log_tail(self.data_dir / LOG_FILE).splitlines()[-40:])
 
     def stop(self, sig: int = signal.SIGINT) -> int:
         assert self.proc is not None
@@ -265,7 +285,7 @@ def test_four_validators_agree_survive_a_crash_and_catch_up(
     for v in vs:
         v.spawn()
     for v in vs:
-        wait_for(f"{v.data_dir.name} to produce blocks", lambda v=v: v.height() >= 2, START_TIMEOUT)
+        v.wait_height(2)
     nodes = [Node(port=8000 + i) for i in range(12)]
     for round_no in range(3):
         _mixed_round(vs, nodes, round_no)
@@ -311,7 +331,7 @@ def test_registrations_appear_in_signed_lists_that_verify_on_the_client(
     for v in vs:
         v.spawn()
     for v in vs:
-        wait_for(f"{v.data_dir.name} to produce blocks", lambda v=v: v.height() >= 2, START_TIMEOUT)
+        v.wait_height(2)
     users = [Node(port=8100 + i) for i in range(5)]
     model = Node(port=8200)
     for i, n in enumerate(users):
@@ -374,7 +394,7 @@ def test_a_fifth_verifier_joins_by_approved_change_and_its_signatures_then_count
     for v in vs:
         v.spawn()
     for v in vs:
-        wait_for(f"{v.data_dir.name} to produce blocks", lambda v=v: v.height() >= 2, START_TIMEOUT)
+        v.wait_height(2)
     # The fifth: its own home and key, the committee's genesis, the others as peers; a full node at first.
     new = Verifier(tmp_path / "v4", _free_port(), _free_port())
     r = run_cli("verifier", "init", "--data-dir", str(new.data_dir), "--p2p", f"127.0.0.1:{new.p2p}",

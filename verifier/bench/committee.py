@@ -21,7 +21,6 @@ import base64
 import http.client
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -42,6 +41,7 @@ from overlay.directory.constants import ROLE_USER
 from overlay.directory.lists import KIND_USERS, CommitteeClient, ValidatorKey, verify_document
 from overlay.directory.rpc import abci_value
 from overlay.identity import node_id_of
+from overlay.tools.localnet import free_ports
 from verifier import cometbft
 
 CHAIN = "gt-bench"
@@ -49,9 +49,7 @@ START_TIMEOUT = 90.0
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_ports(1)[0]  # below the ephemeral range: outgoing connections cannot take it first
 
 
 class _Rpc:
