@@ -91,6 +91,63 @@ def format_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+VIA_ENV = "GENTORRENT_VIA"
+
+
+@dataclass(frozen=True)
+class Via:
+    """Where a dial really goes: rules ``FROM=TO`` between IPv4 networks of one prefix length; a
+    dial to an address in ``FROM`` goes to the address at the same offset in ``TO``, same port
+    (the first rule that matches wins; an address no rule names is dialled as it is).
+
+    The wide-area testbed (docs/testbed.md) gives every node one Toxiproxy "access link" per source
+    region: node ``127.1.A.B:P`` is reached from region ``r`` at ``127.(10+r).A.B:P``, whose proxy
+    adds that pair of regions' delay. A node in region ``r`` runs with
+    ``GENTORRENT_VIA=127.1.0.0/16=127.(10+r).0.0/16``, so every dial it makes crosses the link the
+    pair of regions would, while the addresses it registers, lists and pins stay the real ones.
+    Only the TCP destination changes: peers are still pinned by key, so a wrong rule costs a
+    failed dial, never a wrong peer."""
+
+    rules: tuple[tuple[ipaddress.IPv4Network, ipaddress.IPv4Network], ...] = ()
+
+    @classmethod
+    def parse(cls, text: str) -> Via:
+        """``"127.1.0.0/16=127.11.0.0/16,..."``; :class:`ValueError` saying what is wrong."""
+        rules = []
+        for part in (p.strip() for p in text.split(",")):
+            if not part:
+                continue
+            src, sep, dst = part.partition("=")
+            if not sep:
+                raise ValueError(f"{VIA_ENV}: {part!r} is not FROM=TO (two IPv4 networks, e.g. "
+                                 "127.1.0.0/16=127.11.0.0/16)")
+            try:
+                a, b = ipaddress.IPv4Network(src.strip()), ipaddress.IPv4Network(dst.strip())
+            except ValueError as exc:
+                raise ValueError(f"{VIA_ENV}: {part!r}: {exc}") from None
+            if a.prefixlen != b.prefixlen:
+                raise ValueError(f"{VIA_ENV}: {part!r}: both networks need the same prefix length")
+            rules.append((a, b))
+        return cls(tuple(rules))
+
+    @classmethod
+    def from_env(cls) -> Via:
+        return cls.parse(os.environ.get(VIA_ENV, ""))
+
+    def __call__(self, address: str) -> str:
+        if not self.rules:
+            return address
+        host, port = parse_address(address)
+        try:
+            ip = ipaddress.IPv4Address(host)
+        except ValueError:
+            return address
+        for src, dst in self.rules:
+            if ip in src:
+                return format_address(str(dst.network_address + (int(ip) - int(src.network_address))), port)
+        return address
+
+
 def source_of(host: str) -> tuple[str, str]:
     """The ``(address, prefix)`` a listener counts a connection from ``host`` under.
 
@@ -543,7 +600,8 @@ class Transport(abc.ABC):
     def __init__(self, identity: Identity, *, timeouts: Timeouts | None = None, max_connections: int = 1024,
                  max_pending: int = 128, max_pending_per_address: int = 32,
                  tap: Callable[[bytes | bytearray], None] | None = None, clock: Clock | None = None,
-                 registered: Callable[[bytes], bool] | None = None, local_address: str | None = None) -> None:
+                 registered: Callable[[bytes], bool] | None = None, local_address: str | None = None,
+                 via: Via | None = None) -> None:
         """``tap``, if given, sees every byte this node receives after TLS (tests use it
         to check what a relay learns). ``max_connections``, ``max_pending`` and
         ``max_pending_per_address`` are each listener's :class:`Admission` caps; ``clock``
@@ -553,8 +611,10 @@ class Transport(abc.ABC):
         after it is set (a :class:`~overlay.node.Node` sets it). ``local_address``: the source
         address this transport's dials leave from (TLS: the local IP the socket binds to; in
         memory: the source the listener sees); ``None``: the system's choice (in memory: one
-        per identity)."""
+        per identity). ``via``: where TLS dials really go (:class:`Via`; default: the rules in
+        the environment variable ``GENTORRENT_VIA``, none when it is unset)."""
         self.identity = identity
+        self.via = via if via is not None else Via.from_env()
         self.registered = registered
         self.local_address = local_address
         self.clock: Clock = clock or TrioClock()
@@ -798,7 +858,7 @@ class TLSTransport(Transport):
         self._server_ctx, self._client_ctx, self._binding = _tls_contexts(identity, now_unix)
 
     async def _open(self, address: str) -> tuple[trio.abc.Stream, bytes, bytes]:
-        host, port = parse_address(address)
+        host, port = parse_address(self.via(address))
         tcp = await trio.open_tcp_stream(host, port, local_address=self.local_address)
         tls = trio.SSLStream(tcp, self._client_ctx, server_hostname=None)
         try:

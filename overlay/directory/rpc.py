@@ -38,18 +38,21 @@ async def http_get(address: str, target: str, *, max_bytes: int = MAX_RESPONSE) 
     ``OSError`` for I/O."""
     host, port = parse_address(address)
     stream = await trio.open_tcp_stream(host, port)
-    async with stream:
-        await stream.send_all(f"GET {target} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n".encode())
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            chunk = await stream.receive_some(1 << 20)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > max_bytes:
-                raise RpcError(f"{address} answered over {max_bytes} bytes")
+    chunks: list[bytes] = []
+    try:
+        async with stream:
+            await stream.send_all(f"GET {target} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n".encode())
+            size = 0
+            while True:
+                chunk = await stream.receive_some(1 << 20)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > max_bytes:
+                    raise RpcError(f"{address} answered over {max_bytes} bytes")
+    except trio.BrokenResourceError as exc:  # a reset mid-answer is I/O like any other (the testbed's proxies showed it)
+        raise ConnectionError(f"{address}: the connection broke: {exc.__cause__ or exc}") from None
     head, sep, body = b"".join(chunks).partition(b"\r\n\r\n")
     if not sep:
         raise RpcError(f"{address} did not answer HTTP")

@@ -48,3 +48,34 @@ def test_broadcasts_read_their_codes_and_the_first_refusing_stage() -> None:
         trio.run(lambda: broadcast_tx_commit("a:1", b"\xff", rpc=fake({"check_tx": {"code": 0}})))
     with pytest.raises(RpcError, match="broadcast_tx_sync oddly"):
         trio.run(lambda: broadcast_tx_sync("a:1", b"\xff", rpc=fake([1])))
+
+
+def test_a_connection_reset_mid_answer_is_an_oserror_that_callers_already_handle() -> None:
+    """A verifier (or a proxy before it) that resets the connection after part of an answer: the
+    client's callers catch OSError; trio's BrokenResourceError escaped them and crashed a node."""
+    import socket
+    import struct
+
+    from overlay.directory.rpc import http_get
+
+    async def main() -> None:
+        listener = trio.socket.socket()
+        await listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        port = listener.getsockname()[1]
+
+        async def serve() -> None:
+            conn, _ = await listener.accept()
+            await conn.recv(4096)
+            await conn.send(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial")
+            await trio.sleep(0.05)
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = RST
+            conn.close()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(serve)
+            with pytest.raises(OSError, match="connection broke"):
+                await http_get(f"127.0.0.1:{port}", "/status")
+        listener.close()
+
+    trio.run(main)
