@@ -1,0 +1,239 @@
+"""Toxiproxy driven by overlay/tools/toxiproxy.py, with the real ``toxiproxy-server`` (``make
+setup`` installs it; these tests skip without it, as the CometBFT ones do without cometbft).
+
+Each test's echo listener and proxies sit on their own 127.x.y.z addresses, as the testbed's
+nodes do. Nothing here asserts on wall-clock time: the delays are checked as the toxics the
+server reports, not by timing bytes."""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from overlay.tools import regions
+from overlay.tools.toxiproxy import ProxySpec, Toxiproxy, ToxiproxyError, find_toxiproxy, free_port
+
+IO_TIMEOUT = 10.0  # seconds for any socket operation of a test
+
+
+def _binary() -> str:
+    try:
+        return find_toxiproxy()
+    except ToxiproxyError as exc:
+        pytest.skip(str(exc))
+
+
+def _loopback() -> str:
+    """A 127.x.y.z address unlikely to be used by anything else (the whole /8 is loopback)."""
+    return f"127.29.{random.randrange(1, 255)}.{random.randrange(1, 255)}"
+
+
+class Echo:
+    """A TCP echo listener on ``host`` (any port), served by a thread until closed."""
+
+    def __init__(self, host: str) -> None:
+        self.sock = socket.create_server((host, 0))
+        self.sock.settimeout(IO_TIMEOUT)
+        host, port = self.sock.getsockname()[:2]
+        self.address = f"{host}:{port}"
+        self.peers: list[str] = []
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, peer = self.sock.accept()
+            except OSError:
+                return
+            self.peers.append(peer[0])
+            threading.Thread(target=self._echo, args=(conn,), daemon=True).start()
+
+    @staticmethod
+    def _echo(conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(IO_TIMEOUT)
+            try:
+                while data := conn.recv(65536):
+                    conn.sendall(data)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.sock.shutdown(socket.SHUT_RDWR)  # wakes the accept() (close() alone would not)
+        self.sock.close()
+        self._thread.join(IO_TIMEOUT)
+
+
+def _round_trip(address: str, payload: bytes) -> bytes:
+    """Send ``payload`` through ``address`` to the echo listener and read as much back. (Not by
+    half-closing: Toxiproxy turns a half-close into a full close of the other side.)"""
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=IO_TIMEOUT) as s:
+        s.sendall(payload)
+        got = b""
+        while len(got) < len(payload) and (chunk := s.recv(65536)):
+            got += chunk
+    return got
+
+
+def _refused(address: str) -> bool:
+    host, port = address.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=IO_TIMEOUT).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+@pytest.fixture
+def echo() -> Iterator[Echo]:
+    e = Echo(_loopback())
+    yield e
+    e.close()
+
+
+@pytest.fixture
+def tp(tmp_path: Path) -> Iterator[Toxiproxy]:
+    t = Toxiproxy(_binary()).start(log_path=tmp_path / "toxiproxy.log", seed=1)
+    yield t
+    t.stop()
+
+
+def test_find_toxiproxy_names_make_setup_when_missing(tmp_path: Path) -> None:
+    with pytest.raises(ToxiproxyError, match="make setup"):
+        find_toxiproxy(python=str(tmp_path / "python"), path=str(tmp_path))
+    exe = tmp_path / "toxiproxy-server"
+    exe.write_text("#!/bin/sh\n")
+    exe.chmod(0o755)
+    assert find_toxiproxy(python=str(tmp_path / "python"), path="") == str(exe)
+
+
+@pytest.mark.slow
+def test_bytes_cross_a_proxy_with_a_link_on_both_streams(tp: Toxiproxy, echo: Echo) -> None:
+    listen = f"{_loopback()}:0"
+    [made] = tp.populate([ProxySpec("n1:7000@us-east", listen, echo.address)])
+    assert made["name"] == "n1:7000@us-east" and made["upstream"] == echo.address
+    address = made["listen"]
+    assert address.startswith(listen[:-1]) and not address.endswith(":0")  # the server picked a port
+
+    link = regions.link("us-east", "eu-west")  # 42 ms one way, 2.1 ms jitter, 6605 KB/s
+    tp.set_link("n1:7000@us-east", link)
+    payload = os.urandom(200_000)
+    assert _round_trip(address, payload) == payload
+    assert echo.peers == ["127.0.0.1"]  # a proxied connection comes from 127.0.0.1, not the dialler's address
+
+    toxics = {t["name"]: t for t in tp.proxies()["n1:7000@us-east"]["toxics"]}
+    assert set(toxics) == {"latency_upstream", "latency_downstream", "bandwidth_upstream", "bandwidth_downstream"}
+    for stream in ("upstream", "downstream"):
+        lat, bw = toxics[f"latency_{stream}"], toxics[f"bandwidth_{stream}"]
+        assert (lat["type"], lat["stream"], lat["toxicity"]) == ("latency", stream, 1.0)
+        assert lat["attributes"] == {"latency": 42, "jitter": 2}
+        assert (bw["type"], bw["stream"], bw["attributes"]) == ("bandwidth", stream, {"rate": 6605})
+    assert tp.toxics("n1:7000@us-east") == tp.proxies()["n1:7000@us-east"]["toxics"]
+
+    # Setting the link again updates it; without a rate the bandwidth toxics go.
+    tp.set_link("n1:7000@us-east", regions.link("us-east", "ap-southeast", rate_kbps=None))
+    toxics = {t["name"]: t for t in tp.toxics("n1:7000@us-east")}
+    assert set(toxics) == {"latency_upstream", "latency_downstream"}
+    assert toxics["latency_downstream"]["attributes"] == {"latency": 112, "jitter": 6}
+    assert _round_trip(address, b"still there") == b"still there"
+
+
+@pytest.mark.slow
+def test_populate_in_batches_then_delete_and_disable(tp: Toxiproxy, echo: Echo) -> None:
+    host = _loopback()
+    specs = [ProxySpec(f"n{i}@eu-west", f"{host}:{free_port(host)}", echo.address) for i in range(7)]
+    made = tp.populate(specs, batch=3)
+    assert [p["name"] for p in made] == [s.name for s in specs]
+    assert set(tp.proxies()) == {s.name for s in specs}
+    assert all(p["enabled"] and p["toxics"] == [] for p in tp.proxies().values())
+    for s in specs[:2]:
+        assert _round_trip(s.listen, b"hi") == b"hi"
+
+    tp.delete(specs[0].name)
+    assert specs[0].name not in tp.proxies()
+    assert _refused(specs[0].listen)
+
+    tp.set_enabled(specs[1].name, False)
+    assert tp.proxies()[specs[1].name]["enabled"] is False
+    assert _refused(specs[1].listen)
+    tp.set_enabled(specs[1].name, True)
+    assert _round_trip(specs[1].listen, b"back") == b"back"
+
+    tp.set_link(specs[2].name, regions.link("eu-west", "eu-west"))
+    tp.reset()
+    assert tp.toxics(specs[2].name) == []
+
+
+@pytest.mark.slow
+def test_errors_carry_the_servers_message(tp: Toxiproxy, echo: Echo) -> None:
+    host = _loopback()
+    spec = ProxySpec("a@eu-west", f"{host}:0", echo.address)
+    tp.create(spec)
+    with pytest.raises(ToxiproxyError, match="proxy already exists"):
+        tp.create(ProxySpec("a@eu-west", f"{host}:0", echo.address))
+    with pytest.raises(ToxiproxyError, match="already exist: a@eu-west"):
+        tp.populate([ProxySpec("a@eu-west", f"{host}:0", echo.address)])
+    with pytest.raises(ToxiproxyError, match="given twice"):
+        tp.populate([ProxySpec("b", f"{host}:0", echo.address), ProxySpec("b", f"{host}:0", echo.address)])
+    with pytest.raises(ToxiproxyError, match="400: missing required field: upstream"):
+        tp.create(ProxySpec("c", f"{host}:0", ""))
+    with pytest.raises(ToxiproxyError, match="'/' cannot be used"):
+        tp.populate([ProxySpec("a/b", f"{host}:0", echo.address)])
+    with pytest.raises(ToxiproxyError, match="must not be empty"):
+        tp.populate([ProxySpec("c", f"{host}:0", "")])
+    taken = tp.proxies()["a@eu-west"]["listen"]
+    with pytest.raises(ToxiproxyError, match="address already in use"):
+        tp.populate([ProxySpec("d", taken, echo.address)])
+    with pytest.raises(ToxiproxyError, match="404: proxy not found"):
+        tp.delete("nope")
+    with pytest.raises(ToxiproxyError, match="proxy not found"):
+        tp.set_link("nope", regions.link("eu-west", "us-east"))
+    assert set(tp.proxies()) == {"a@eu-west"}
+
+
+@pytest.mark.slow
+def test_stop_leaves_no_process_and_a_failed_start_quotes_the_log(tmp_path: Path) -> None:
+    tp = Toxiproxy(_binary())
+    with tp:
+        pid = tp.pid
+        assert pid is not None and tp.version()
+    assert tp.pid is None
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    tp.stop()  # stopping again is harmless
+    with pytest.raises(ToxiproxyError, match="not started|connection|failed"):
+        tp.proxies()
+
+    # The API's port in use: refused before a server starts (its readiness probe would reach the
+    # other server).
+    with Toxiproxy(_binary()).start(log_path=tmp_path / "first.log") as first:
+        second = Toxiproxy(_binary())
+        with pytest.raises(ToxiproxyError, match="is in use"):
+            second.start(port=first.port)
+        assert second.pid is None
+        assert first.version()
+
+    # A server that cannot listen exits at once; the error quotes its log.
+    third = Toxiproxy(_binary())
+    with pytest.raises(ToxiproxyError, match="(?s)exited with status 1 .*cannot assign requested address"):
+        third.start(host="192.0.2.1", port=free_port(), log_path=tmp_path / "third.log")  # TEST-NET-1: not ours
+    assert third.pid is None
+
+
+@pytest.mark.slow
+def test_a_server_that_never_answers_is_stopped_after_the_ready_timeout(tmp_path: Path) -> None:
+    fake = tmp_path / "toxiproxy-server"
+    fake.write_text("#!/bin/sh\necho 'pretending to start'\nexec sleep 60\n")
+    fake.chmod(0o755)
+    tp = Toxiproxy(str(fake))
+    with pytest.raises(ToxiproxyError, match="(?s)did not answer .* within 0.5 s.*pretending to start"):
+        tp.start(ready_timeout=0.5)
+    assert tp.pid is None
