@@ -218,17 +218,34 @@ class LocalNet:
         self.names.append(name)
         self.identities[name] = ident
         self.entries[name] = PeerEntry.of(
-            ident, format_address("127.0.0.1", port), role=role, models=(self.model,) if role == "model" else ()
+            ident, format_address(self.host(name), port), role=role, models=(self.model,) if role == "model" else ()
         )
+
+    # Hooks a network on several addresses overrides (overlay/tools/testbed.py).
+
+    def host(self, name: str) -> str:
+        """The IP ``name`` (a node or a verifier) listens on: loopback here."""
+        return "127.0.0.1"
+
+    def committee_for(self, name: str | None) -> str:
+        """The verifiers' RPC addresses as node ``name`` reaches them (``None``: from this process)."""
+        return self.committee_addresses
+
+    def env_for(self, name: str) -> dict[str, str] | None:
+        """The environment ``name``'s process runs with (``None``: this process's)."""
+        return None
+
+    def after_genesis(self) -> None:
+        """Called once the committee's genesis is installed in every verifier's home."""
 
     @property
     def committee_addresses(self) -> str:
         """The verifiers' CometBFT RPC addresses, as ``--committee`` takes them."""
-        return ",".join(f"127.0.0.1:{self.verifier_ports[v][1]}" for v in self.verifiers)
+        return ",".join(self.rpc_address(v) for v in self.verifiers)
 
-    def registry_args(self) -> list[str]:
+    def registry_args(self, name: str | None = None) -> list[str]:
         if self.verifiers:
-            return ["--committee", self.committee_addresses, "--committee-genesis", str(self.genesis_file)]
+            return ["--committee", self.committee_for(name), "--committee-genesis", str(self.genesis_file)]
         return ["--registry", str(self.registry_file), "--registry-keys", self.keys_hex]
 
     @property
@@ -241,7 +258,7 @@ class LocalNet:
         """Write a config file for the user ``name`` (e.g. a chat client; registered in the
         registry file, or registering itself with the committee). A committee without audits
         audits no model, so the file sets ``allow_unaudited = true`` (:attr:`unaudited`)."""
-        directory = (f'committee = "{self.committee_addresses}"\n'
+        directory = (f'committee = "{self.committee_for(name)}"\n'
                      f"committee_genesis = {json.dumps(str(self.genesis_file))}\n") if self.verifiers else (
                      f"registry = {json.dumps(str(self.registry_file))}\n"
                      f'registry_keys = "{self.keys_hex}"\n')
@@ -287,8 +304,8 @@ class LocalNet:
             shutil.rmtree(self.root / v, ignore_errors=True)
             p2p, rpc = self.verifier_ports[v]
             procs.append((v, subprocess.Popen(
-                cli("verifier", "init", "--data-dir", str(self.root / v), "--p2p", f"127.0.0.1:{p2p}", "--rpc",
-                    f"127.0.0.1:{rpc}", "--timeout-commit", self.timeout_commit, "--log-level", "warning"),
+                cli("verifier", "init", "--data-dir", str(self.root / v), "--p2p", f"{self.host(v)}:{p2p}", "--rpc",
+                    f"{self.host(v)}:{rpc}", "--timeout-commit", self.timeout_commit, "--log-level", "warning"),
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)))
         for v, proc in procs:
             _, err = proc.communicate()
@@ -300,10 +317,11 @@ class LocalNet:
                               capture_output=True)
         if done.returncode != 0:
             raise LocalNetError(f"verifier genesis failed: {done.stderr.decode(errors='replace').strip()[-500:]}")
+        self.after_genesis()
 
     def rpc_address(self, verifier: str) -> str:
         """``verifier``'s CometBFT RPC address (loopback)."""
-        return f"127.0.0.1:{self.verifier_ports[verifier][1]}"
+        return f"{self.host(verifier)}:{self.verifier_ports[verifier][1]}"
 
     def rpc(self, verifier: str, method: str, params: dict[str, str] | None = None, timeout: float = 2.0) -> Any:
         """One CometBFT RPC call to ``verifier`` (:func:`overlay.directory.rpc.call_sync`); the result."""
@@ -369,10 +387,10 @@ class LocalNet:
     def command(self, name: str) -> list[str]:
         if name in self.verifiers:
             audit = ["--audit", "--audit-model", self.model, "--audit-listen",
-                     f"127.0.0.1:{self.ports[name + '.audit']}"] if self.audits else []
+                     f"{self.host(name)}:{self.ports[name + '.audit']}"] if self.audits else []
             return cli("verifier", "--data-dir", str(self.root / name), *audit)
         e = self.entries[name]
-        common = ["--data-dir", str(self.root / name), "--listen", e.address, *self.registry_args()]
+        common = ["--data-dir", str(self.root / name), "--listen", e.address, *self.registry_args(name)]
         if name in self.models:
             bench = [*self.bench_args]
             if self.engine == "echo" and self.echo_delay:
@@ -383,7 +401,8 @@ class LocalNet:
 
     def spawn(self, name: str) -> None:
         log = open(self.root / f"{name}.log", "wb")
-        self.procs[name] = subprocess.Popen(self.command(name), stdout=log, stderr=log, start_new_session=True)
+        self.procs[name] = subprocess.Popen(self.command(name), stdout=log, stderr=log, start_new_session=True,
+                                            env=self.env_for(name))
         log.close()
 
     def start(self, names: list[str] | None = None, timeout: float = 60.0) -> None:
