@@ -9,7 +9,12 @@ state ``observe``s the prompt and a policy decides where it is served:
 
 - ``hrtree``: the product's Algorithm 2 (``GroupState.decide``);
 - ``load``: load only, :func:`model_node.bench.policies.least_loaded`;
-- ``no_hrtree``: neither cache nor load: :class:`model_node.bench.policies.RandomChoice`.
+- ``no_hrtree``: neither cache nor load: :class:`model_node.bench.policies.RandomChoice`;
+- ``oracle``: a central router that knows every engine's exact KV cache and queue at the
+  instant of each arrival (no sync, no delay) and sends the request where its predicted TTFT,
+  wait until it would start plus prefill of its uncached tokens under the cost model below, is
+  least (:func:`oracle_choice`): what a centralised radix-tree router (SGLang's, llm-d's) could
+  at best know. :func:`oracle_ratios` gives HR-tree's mean and p99 TTFT as ratios to it.
 
 Engines are a cost model: one request at a time per node, first come first served; a request
 costs ``prefill × uncached prompt tokens + decode × output tokens``, the constants measured on
@@ -51,7 +56,7 @@ SYNC_S = SYNC_INTERVAL
 SERVICES = 6.0  # each run lasts this many mean service times
 CACHE_TOKENS = 65_536
 RHO = (0.6, 0.9)
-POLICIES = ("hrtree", "load", "no_hrtree")
+POLICIES = ("hrtree", "load", "no_hrtree", "oracle")
 VOCAB = 49_152  # SmolLM2's vocabulary size
 REQUESTS_THRESHOLD = 8  # Algorithm 2's threshold: this many uncached requests of the workload's mean cost
 
@@ -182,6 +187,15 @@ class _Engine:
                     decode_tokens=round(decode), prefill_rate=1 / costs["prefill_s_per_token"],
                     decode_rate=1 / costs["decode_s_per_token"])
 
+    def predict_ttft(self, job: Job, now: float, costs: dict[str, Any]) -> float:
+        """The TTFT ``job`` would get if queued here at ``now``: the wait until this engine is
+        free plus the prefill of the prompt tokens its cache does not hold (what :meth:`serve`
+        would return; the cache holds a prefix from the moment its request is queued, since the
+        engine serves first come first served)."""
+        cached = job.prefix_len if job.key in self.cache else 0
+        prefill: float = (job.prefix_len + job.suffix_len - cached) * costs["prefill_s_per_token"]
+        return max(now, self.free_at) - now + prefill
+
     def serve(self, job: Job, now: float, costs: dict[str, Any]) -> tuple[float, float, int]:
         """Queue ``job``; returns (ttft, latency, cached prompt tokens)."""
         start = max(now, self.free_at)
@@ -211,6 +225,14 @@ class _Engine:
 Policy = Callable[[GroupState, Sequence[int]], Decision]
 
 
+def oracle_choice(engines: Sequence[_Engine], job: Job, now: float, costs: dict[str, Any]) -> int:
+    """The central oracle's choice for ``job`` arriving at ``now``: the engine with the least
+    predicted TTFT (:meth:`_Engine.predict_ttft`, from its exact cache and queue now). Ties go
+    to the engine free the longest (earliest ``free_at``), then to the lowest index."""
+    return min(range(len(engines)),
+               key=lambda i: (engines[i].predict_ttft(job, now, costs), engines[i].free_at, i))
+
+
 def play(jobs: Sequence[Job], policy: str, costs: dict[str, Any], *, nodes: int = MODEL_NODES, seed: int = 0,
          config: GroupConfig | None = None) -> dict[str, float]:
     """Play ``jobs`` on ``nodes`` model nodes forwarding by ``policy``; returns the figures."""
@@ -229,6 +251,8 @@ def play(jobs: Sequence[Job], policy: str, costs: dict[str, Any], *, nodes: int 
         decide = least_loaded
     elif policy == "no_hrtree":
         decide = RandomChoice(random.Random(seed))
+    elif policy == "oracle":
+        decide = least_loaded  # unused: the oracle reads the engines, not the group states
     else:
         raise ValueError(f"unknown policy {policy!r}; choose one of {POLICIES}")
     prefix_tokens: dict[tuple[str, int], list[int]] = {}
@@ -256,15 +280,19 @@ def play(jobs: Sequence[Job], policy: str, costs: dict[str, Any], *, nodes: int 
     hits = forwarded = 0
     next_sync = 0.0
     for job in jobs:
-        while next_sync <= job.at:
-            sync(next_sync)
-            next_sync += SYNC_S
-        st = states[job.entry]
-        tokens = prefix_of(job.key, job.prefix_len) + _suffix_tokens(job.suffix_seed, job.suffix_len)
-        deliver(st.self_id, st.observe(tokens, job.at), job.at)
-        d = decide(st, tokens)
-        server = job.entry if d.target is None else by_id[d.target]
-        forwarded += d.target is not None
+        if policy == "oracle":  # no group state, sync or HR-tree: the engines' exact state now
+            server = oracle_choice(engines, job, job.at, costs)
+            forwarded += server != job.entry
+        else:
+            while next_sync <= job.at:
+                sync(next_sync)
+                next_sync += SYNC_S
+            st = states[job.entry]
+            tokens = prefix_of(job.key, job.prefix_len) + _suffix_tokens(job.suffix_seed, job.suffix_len)
+            deliver(st.self_id, st.observe(tokens, job.at), job.at)
+            d = decide(st, tokens)
+            server = job.entry if d.target is None else by_id[d.target]
+            forwarded += d.target is not None
         t, lat, cached = engines[server].serve(job, job.at, costs)
         ttft.append(t)
         latency.append(lat)
@@ -279,7 +307,12 @@ def play(jobs: Sequence[Job], policy: str, costs: dict[str, Any], *, nodes: int 
 
 def simulate(seed: int, *, workloads: Sequence[str] = ("tooluse", "coding", "longdoc", "mixed"),
              rho: Sequence[float] = RHO, services: float = SERVICES, nodes: int = MODEL_NODES,
-             costs: dict[str, Any] | None = None, progress: Progress | None = None) -> Result:
+             costs: dict[str, Any] | None = None, progress: Progress | None = None,
+             policies: Sequence[str] = POLICIES) -> Result:
+    """Every workload at every load level ``rho`` under every policy, on the same jobs (same
+    seed, arrivals and entries) so that the policies compare pairwise. With ``hrtree`` and
+    ``oracle`` among the policies, also ``{w}_rho{r}_{p}_vs_oracle_ttft_{mean,p99}_ratio``: policy
+    ``p``'s TTFT over the oracle's."""
     costs = costs or load_costs()
     figures: dict[str, float] = {}
     series: dict[str, Any] = {"rho": list(rho)}
@@ -289,21 +322,86 @@ def simulate(seed: int, *, workloads: Sequence[str] = ("tooluse", "coding", "lon
         rates[w] = [r * nodes / service for r in rho]
         for r, rate in zip(rho, rates[w], strict=True):
             jobs = workload(w, rate, services * service, nodes, seed)
-            for p in POLICIES:
-                out = play(jobs, p, costs, nodes=nodes, seed=seed)
+            outs: dict[str, dict[str, float]] = {}
+            for p in policies:
+                out = outs[p] = play(jobs, p, costs, nodes=nodes, seed=seed)
                 for k, v in out.items():
                     figures[f"{w}_rho{r}_{p}_{k}"] = v
                     series.setdefault(w, {}).setdefault(p, {}).setdefault(k, []).append(v)
                 if progress is not None:
                     progress.step(f"{w} at {r:.0%} of capacity ({len(jobs)} requests), {p}: mean latency "
-                                  f"{out['latency_mean_s']:.1f} s, cache hits {out['cache_hit_rate']:.0%}")
+                                  f"{out['latency_mean_s']:.1f} s, mean TTFT {out['ttft_mean_s']:.1f} s, "
+                                  f"cache hits {out['cache_hit_rate']:.0%}")
+            if "oracle" in outs:
+                for p in outs:
+                    if p == "oracle":
+                        continue
+                    for stat in ("mean", "p99"):
+                        v = _ratio(outs[p][f"ttft_{stat}_s"], outs["oracle"][f"ttft_{stat}_s"])
+                        figures[f"{w}_rho{r}_{p}_vs_oracle_ttft_{stat}_ratio"] = v
+                        series[w][p].setdefault(f"vs_oracle_ttft_{stat}_ratio", []).append(v)
     params: dict[str, Any] = {
         "model_nodes": nodes, "sync_s": SYNC_S, "duration_mean_services": services, "cache_tokens": CACHE_TOKENS,
-        "rho": list(rho), "rates_per_s": rates, "seed": seed, "policies": list(POLICIES),
+        "rho": list(rho), "rates_per_s": rates, "seed": seed, "policies": list(policies),
         "costs": {k: costs[k] for k in ("prefill_s_per_token", "decode_s_per_token", "how") if k in costs},
         "workloads": {k: vars(v) for k, v in WORKLOADS.items()}, "mixed": dict(MIX),
     }
     return Result("forwarding", params, figures, series)
+
+
+def _ratio(a: float, b: float) -> float:
+    """``a / b``; 1 when both are 0 (no wait at all), inf when only ``b`` is."""
+    if b > 0:
+        return a / b
+    return 1.0 if a == 0 else float("inf")
+
+
+# oracle_ratios: quick is the scale of the full forwarding run (about 50 s on one slow core); the
+# full one runs 4 times longer, so more requests per run and less of it with cold caches
+ORACLE_QUICK = {"nodes": MODEL_NODES, "services": SERVICES}
+ORACLE_FULL = {"nodes": MODEL_NODES, "services": 4 * SERVICES}
+
+
+def oracle_ratios(seed: int = 0, quick: bool = True, *, workloads: Sequence[str] = ("tooluse", "coding", "longdoc",
+                                                                                   "mixed"),
+                  rho: Sequence[float] = RHO, nodes: int | None = None, services: float | None = None,
+                  costs: dict[str, Any] | None = None) -> dict[str, float]:
+    """HR-tree forwarding (and load-only, for context) against the central oracle, per workload
+    and load level, on the same jobs: flat figures
+    ``forwarding_{hrtree,load}_vs_oracle_{mean,p99}_ratio_{workload}_rho{r}`` (the policy's mean
+    or p99 TTFT over the oracle's), the worst of each over all cases
+    (``forwarding_hrtree_vs_oracle_mean_ratio_max`` ...), the absolute TTFTs
+    (``forwarding_oracle_ttft_mean_s_{workload}_rho{r}`` ...) and the parameters:
+    ``forwarding_oracle_nodes``, ``forwarding_oracle_services``, ``forwarding_oracle_seed`` and
+    ``forwarding_oracle_requests_{min,max}`` (requests per run). ``quick``: :data:`ORACLE_QUICK`
+    (fewer nodes, so fewer requests per run) instead of :data:`ORACLE_FULL`; ``nodes`` and
+    ``services`` override either."""
+    size = ORACLE_QUICK if quick else ORACLE_FULL
+    n = int(nodes if nodes is not None else size["nodes"])
+    svc = float(services if services is not None else size["services"])
+    res = simulate(seed, workloads=workloads, rho=rho, services=svc, nodes=n, costs=costs,
+                   policies=("hrtree", "load", "oracle"))
+    f = res.figures
+    out: dict[str, float] = {}
+    requests: list[float] = []
+    for w in workloads:
+        for r in rho:
+            case = f"{w}_rho{r}"
+            requests.append(f[f"{case}_oracle_requests"])
+            for p in ("hrtree", "load", "oracle"):
+                for stat in ("mean", "p99"):
+                    out[f"forwarding_{p}_ttft_{stat}_s_{case}"] = f[f"{case}_{p}_ttft_{stat}_s"]
+            for p in ("hrtree", "load"):
+                for stat in ("mean", "p99"):
+                    out[f"forwarding_{p}_vs_oracle_{stat}_ratio_{case}"] = f[f"{case}_{p}_vs_oracle_ttft_{stat}_ratio"]
+    for p in ("hrtree", "load"):
+        for stat in ("mean", "p99"):
+            ratios = [out[f"forwarding_{p}_vs_oracle_{stat}_ratio_{w}_rho{r}"] for w in workloads for r in rho]
+            out[f"forwarding_{p}_vs_oracle_{stat}_ratio_max"] = max(ratios)
+    out.update({"forwarding_oracle_nodes": float(n), "forwarding_oracle_services": svc,
+                "forwarding_oracle_seed": float(seed), "forwarding_oracle_requests_min": min(requests),
+                "forwarding_oracle_requests_max": max(requests)})
+    return out
 
 
 def plot(result: Result) -> Any:
@@ -311,10 +409,10 @@ def plot(result: Result) -> Any:
     fig, axes = new_figure(len(names), 4.0)
     rho = result.series["rho"]
     for ax, w in zip(axes, names, strict=True):
-        for p in POLICIES:
+        for i, p in enumerate(result.params.get("policies", POLICIES)):
             s = result.series[w][p]
-            ax.plot(rho, s["latency_mean_s"], marker=".", label=f"{p} mean")
-            ax.plot(rho, s["latency_p99_s"], marker=".", linestyle="--", label=f"{p} p99")
+            ax.plot(rho, s["latency_mean_s"], marker=".", color=f"C{i}", label=f"{p} mean")
+            ax.plot(rho, s["latency_p99_s"], marker=".", linestyle="--", color=f"C{i}", label=f"{p} p99")
         ax.set_title(w)
         ax.set_xlabel("load (fraction of uncached capacity)")
         ax.set_yscale("log")
