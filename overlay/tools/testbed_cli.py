@@ -53,9 +53,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def plan_from(args: argparse.Namespace) -> object:
+    from overlay.bench.testbed_run import Plan
     from overlay.cli import CliError
     from overlay.tools import regions
-    from overlay.tools.wide_area import Plan
 
     try:
         configs = tuple((int(a), int(b)) for a, b in (c.split(",") for c in args.configs.split(";") if c.strip()))
@@ -86,11 +86,11 @@ def plan_from(args: argparse.Namespace) -> object:
 
 def _run(args: argparse.Namespace) -> int:
     from overlay.bench.command import emit
+    from overlay.bench.testbed_run import Plan, run_plan
     from overlay.cli import CliError
     from overlay.tools.devnet import sigterm_as_interrupt
     from overlay.tools.localnet import LocalNetError
     from overlay.tools.toxiproxy import ToxiproxyError, find_toxiproxy
-    from overlay.tools.wide_area import Plan, run_plan
 
     plan = plan_from(args)
     assert isinstance(plan, Plan)

@@ -39,6 +39,7 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import quote
 
+from overlay.clock import SystemClock
 from overlay.tools.regions import Link
 
 BINARY = "toxiproxy-server"
@@ -53,6 +54,9 @@ POPULATE_BATCH = 200  # proxies per POST /populate
 # 10 s; we open a fresh one after this many idle seconds rather than find it closed mid-request.
 _IDLE_RECONNECT = 5.0
 _LOG_TAIL = 2000  # characters of the server's log quoted when it fails to start
+
+
+_CLOCK = SystemClock()  # overlay.clock: the one place clocks are read
 
 
 class ToxiproxyError(Exception):
@@ -183,7 +187,7 @@ class Toxiproxy:
             except OSError as e:
                 self.stop()
                 raise ToxiproxyError(f"cannot run {binary}: {e}; {INSTALL_HINT}") from e
-        api, deadline = self.api, time.monotonic() + ready_timeout
+        api, deadline = self.api, _CLOCK.monotonic() + ready_timeout
         while True:
             code = self._proc.poll()
             if code is not None:
@@ -196,7 +200,7 @@ class Toxiproxy:
                 return self
             except ToxiproxyError:
                 pass
-            if time.monotonic() > deadline:
+            if _CLOCK.monotonic() > deadline:
                 tail = _tail(self.log_path)
                 self.stop()
                 raise ToxiproxyError(f"{binary}'s API did not answer on {api} within {ready_timeout:g} s"
@@ -244,7 +248,7 @@ class Toxiproxy:
         timeout = self.timeout if timeout is None else timeout
         data = None if body is None else json.dumps(body).encode()
         headers = {"Content-Type": "application/json"} if data is not None else {}
-        now = time.monotonic()
+        now = _CLOCK.monotonic()
         if self._conn is not None and now - self._last_use > _IDLE_RECONNECT:
             self._close()
         # A GET is retried once on a fresh connection if the kept-alive one turns out closed; a
@@ -271,7 +275,7 @@ class Toxiproxy:
                 self._close()
                 raise ToxiproxyError(f"{method} {path} to Toxiproxy on {self.api} failed: {e!r}") from e
             break
-        self._last_use = time.monotonic()
+        self._last_use = _CLOCK.monotonic()
         text = raw.decode(errors="replace").strip()
         try:
             answer = json.loads(text) if text else None

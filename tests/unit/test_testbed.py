@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from overlay.bench.testbed_run import Sample, request_floor_ms, summarize_samples
 from overlay.tools import regions as geo
 from overlay.tools import testbed as tb
 from overlay.tools.testbed import (
@@ -18,7 +19,6 @@ from overlay.tools.testbed import (
     proxy_host,
     via_rule,
 )
-from overlay.tools.wide_area import Sample, request_floor_ms, summarize_samples
 from overlay.transport import Via
 
 

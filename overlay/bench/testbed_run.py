@@ -14,6 +14,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -108,7 +109,7 @@ async def timed_request(net: Testbed, c: Client, model: str, *, timeout: float, 
     hops = [[net.name_at(r.address) or "?" for r in p.relays] for p in ready[:client.n]]
     t0 = trio.current_time()
     try:
-        with trio.fail_after(timeout):
+        with trio.fail_after(3 * timeout):  # room for the client's own failover after a silent node
             async for chunk in client.request(model, [ChatMessage("user", PROMPT)], SamplingParams(max_tokens=16),
                                               node=node, timeout=timeout):
                 if math.isnan(sample.ttft_ms):
@@ -157,10 +158,12 @@ class ChurnLog:
 
 
 async def play_churn(net: Testbed, events: Sequence[ChurnEvent], log: ChurnLog,
-                     say: Callable[[str], None] = lambda _: None) -> None:
+                     say: Callable[[str], None] = lambda _: None, *, run_started: float | None = None) -> None:
     """Carry out ``events`` (times from now): crash = SIGKILL, leave = SIGTERM (the node leaves
-    the committee's lists), join = the same node started again (same key and address)."""
+    the committee's lists), join = the same node started again (same key and address). The log
+    records times since ``run_started`` (default: now), as the samples do."""
     start = trio.current_time()
+    offset = start - (start if run_started is None else run_started)
     for ev in events:
         await trio.sleep_until(start + ev.at_s)
         proc = net.procs.get(ev.name)
@@ -172,8 +175,8 @@ async def play_churn(net: Testbed, events: Sequence[ChurnEvent], log: ChurnLog,
             proc.send_signal(signal.SIGKILL if ev.kind == "crash" else signal.SIGTERM)
         else:
             continue
-        log.done.append((ev.at_s, ev.name, ev.kind))
-        say(f"churn: {ev.name} {ev.kind} at {ev.at_s:.0f} s")
+        log.done.append((offset + ev.at_s, ev.name, ev.kind))
+        say(f"testbed: churn: {ev.name} {ev.kind} at {offset + ev.at_s:.0f} s")
 
 
 # ------------------------------------------------------------------------------------ the cost
@@ -254,33 +257,39 @@ def write_report(run_dir: Path, params: dict[str, Any], figures: dict[str, float
     report.write_text(json.dumps({"params": params, "figures": figures, "samples": [asdict(s) for s in samples],
                                   **(extra or {})}, indent=1, default=str) + "\n")
     written = [report]
-    configs = sorted({s.config for s in samples})
-    if configs:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        for config in configs:
-            ttft = sorted(s.ttft_ms for s in samples if s.config == config and s.ok)
-            floors = sorted(s.floor_ms for s in samples if s.config == config and s.ok and not math.isnan(s.floor_ms))
-            if ttft:
-                ax.plot(ttft, [(i + 1) / len(ttft) for i in range(len(ttft))], label=f"(n,k)=({config}) TTFT")
-            if floors:
-                ax.plot(floors, [(i + 1) / len(floors) for i in range(len(floors))], linestyle=":",
-                        label=f"({config}) propagation floor")
-        ax.set_xlabel("time to first token (ms)")
-        ax.set_ylabel("fraction of requests")
-        ax.set_title("Wide-area testbed: TTFT through the overlay")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        png = run_dir / "ttft_cdf.png"
-        fig.savefig(png, dpi=110)
-        plt.close(fig)
-        written.append(png)
+    if any(s.ok for s in samples):
+        written.append(plot_cdf(samples, run_dir / "ttft_cdf.png"))
     return written
+
+
+def plot_cdf(samples: Sequence[Sample], png: Path) -> Path:
+    """One CDF of time to first token per configuration of ``samples`` (solid), each beside the
+    CDF of its requests' propagation floors (dotted, same colour); written to ``png``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, config in enumerate(sorted({s.config for s in samples})):
+        label = f"(n,k)=({config})" if config[:1].isdigit() else config
+        colour = f"C{i}"
+        ttft = sorted(s.ttft_ms for s in samples if s.config == config and s.ok)
+        floors = sorted(s.floor_ms for s in samples if s.config == config and s.ok and not math.isnan(s.floor_ms))
+        if ttft:
+            ax.plot(ttft, [(j + 1) / len(ttft) for j in range(len(ttft))], color=colour, label=f"{label} TTFT")
+        if floors:
+            ax.plot(floors, [(j + 1) / len(floors) for j in range(len(floors))], color=colour, linestyle=":",
+                    label=f"{label} floor")
+    ax.set_xlabel("time to first token (ms)")
+    ax.set_ylabel("fraction of requests")
+    ax.set_title("Wide-area testbed: TTFT through the overlay (dotted: propagation floor)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    return png
 
 
 def monotonic() -> float:
@@ -479,7 +488,7 @@ async def _measure_open(net: Testbed, plan: Plan, clients: dict[str, tuple[int, 
                     await trio.sleep_until(t0 + plan.churn_request_every_s)
 
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(play_churn, net, events, churn, say)
+                nursery.start_soon(partial(play_churn, run_started=started), net, events, churn, say)
                 for c in churners:
                     nursery.start_soon(ask, c)
             samples.extend(during)
