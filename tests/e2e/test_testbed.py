@@ -6,6 +6,8 @@ report must show chats answered, the churn carried out and delays in force."""
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -15,7 +17,7 @@ from tests.conftest import run_cli
 pytestmark = pytest.mark.slow
 
 
-def test_a_small_testbed_with_delays_and_churn_answers_chats_and_writes_its_report(tmp_path: Path) -> None:
+def test_a_small_testbed_with_delays_and_churn_answers_chats_and_writes_its_report() -> None:
     from overlay.tools.toxiproxy import ToxiproxyError, find_toxiproxy
     from verifier import cometbft
 
@@ -24,6 +26,14 @@ def test_a_small_testbed_with_delays_and_churn_answers_chats_and_writes_its_repo
         cometbft.find_cometbft()
     except (ToxiproxyError, cometbft.CometError) as exc:
         pytest.skip(str(exc))
+    tmp_path = Path(tempfile.mkdtemp(prefix="gt-tb-"))  # short: a verifier's ABCI unix socket lives under it
+    try:
+        _run_and_check(tmp_path)
+    finally:
+        shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def _run_and_check(tmp_path: Path) -> None:
     r = run_cli("testbed", "--data-dir", str(tmp_path), "--relays", "12", "--models", "2", "--verifiers", "4",
                 "--configs", "4,3", "--client-regions", "us-east", "--requests", "2", "--path-builds", "2",
                 "--churn", "16", "--relay-churn", "0", "--downtime", "6", "--quiet", timeout=300)
