@@ -80,7 +80,7 @@ from model_node.forwarding import DEFAULT_LOAD_THRESHOLD
 from model_node.llama import DEFAULT_MODEL_ID, LlamaCppEngine, resolve_model
 from model_node.messages import NodeStats, StatsRequest
 from overlay.anon import is_busy
-from overlay.bench.stats import cpu_model, percentile, summarize_ms
+from overlay.bench.stats import cpu_model, percentile, process_usage, summarize_ms
 from overlay.cli import run_async
 from overlay.clock import TrioClock
 from overlay.identity import Identity
@@ -162,9 +162,7 @@ def _machine_busy_seconds() -> float:
 
 
 def _cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+    return process_usage(pid)[1]  # utime + stime
 
 
 class RequestFailed(Exception):

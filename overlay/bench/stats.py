@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import os
 import platform
+from pathlib import Path
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -30,6 +32,15 @@ def summarize(prefix: str, seconds: list[float], unit: str = "ms") -> dict[str, 
 
 def summarize_ms(prefix: str, seconds: list[float]) -> dict[str, float]:
     return summarize(prefix, seconds, "ms")
+
+
+def process_usage(pid: int) -> tuple[float, float]:
+    """``(resident MiB, CPU seconds: user + system)`` of process ``pid``, from /proc (Linux);
+    ``OSError`` when it is gone."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    rss_kib = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0)
+    return rss_kib / 1024.0, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def cpu_model() -> str:

@@ -7,8 +7,10 @@ committee's pace, churn, per-process cost, and the run's report (JSON plus laten
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import random
 import signal
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -21,12 +23,13 @@ from typing import Any
 import trio
 
 from overlay.anon import AnonError
-from overlay.bench.stats import percentile
+from overlay.bench.stats import percentile, process_usage, summarize_ms
 from overlay.directory.lists import load_genesis
 from overlay.directory.membership import CommitteeSettings, Membership, node_entry
 from overlay.directory.registry import Registry
+from overlay.directory.rpc import block_time_unix
 from overlay.messages import ChatMessage, SamplingParams
-from overlay.tools.testbed import ChurnEvent, Testbed, proc_usage, via_rule
+from overlay.tools.testbed import ChurnEvent, Testbed, churn_schedule, via_rule
 from overlay.transport import TLSTransport, Via, parse_address
 from overlay.usernode import UserNode
 
@@ -163,7 +166,7 @@ async def play_churn(net: Testbed, events: Sequence[ChurnEvent], log: ChurnLog,
     the committee's lists), join = the same node started again (same key and address). The log
     records times since ``run_started`` (default: now), as the samples do."""
     start = trio.current_time()
-    offset = start - (start if run_started is None else run_started)
+    offset = start - run_started if run_started is not None else 0.0
     for ev in events:
         await trio.sleep_until(start + ev.at_s)
         proc = net.procs.get(ev.name)
@@ -190,10 +193,14 @@ def process_costs(net: Testbed, wall_s: float) -> dict[str, float]:
         rss, cpu = [], []
         for n in names:
             p = net.procs.get(n)
-            got = proc_usage(p.pid) if p is not None and p.poll() is None else None
-            if got is not None:
-                rss.append(got[0])
-                cpu.append(got[1])
+            if p is None or p.poll() is not None:
+                continue
+            try:
+                got = process_usage(p.pid)
+            except OSError:  # it exited just now
+                continue
+            rss.append(got[0])
+            cpu.append(got[1])
         if rss:
             figures[f"{role}_rss_mean_MiB"] = sum(rss) / len(rss)
             figures[f"{role}_rss_max_MiB"] = max(rss)
@@ -208,19 +215,12 @@ def committee_pace(net: Testbed, blocks: int = 20) -> dict[str, float]:
         return {}
     low = max(1, top - blocks)
     got: Any = net.rpc(net.verifiers[0], "blockchain", {"minHeight": str(low), "maxHeight": str(top)}, timeout=10)
-    times = sorted(_rfc3339(m["header"]["time"]) for m in got["block_metas"])
+    times = sorted(block_time_unix(m["header"]["time"]) for m in got["block_metas"])
     if len(times) < 2:
         return {}
     gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
     return {"committee_block_interval_mean_ms": 1e3 * sum(gaps) / len(gaps),
             "committee_block_interval_p50_ms": 1e3 * percentile(sorted(gaps), 50)}
-
-
-def _rfc3339(text: str) -> float:
-    from datetime import datetime
-
-    head, _, frac = text.rstrip("Z").partition(".")
-    return datetime.fromisoformat(head + "+00:00").timestamp() + float("0." + (frac or "0"))
 
 
 # ---------------------------------------------------------------------------------------- report
@@ -292,10 +292,6 @@ def plot_cdf(samples: Sequence[Sample], png: Path) -> Path:
     return png
 
 
-def monotonic() -> float:
-    return time.monotonic()
-
-
 # ------------------------------------------------------------------------------------- a whole run
 
 
@@ -337,7 +333,6 @@ def run_plan(root: Path, plan: Plan, *, say: Callable[[str], None], show: bool) 
     :class:`~overlay.tools.toxiproxy.ToxiproxyError` when the network cannot start."""
     from overlay.cli import run_async
     from overlay.tools.devnet import start_committee, start_nodes
-    from overlay.tools.testbed import churn_schedule
     from overlay.tools.toxiproxy import Toxiproxy
 
     clients = plan.clients()
@@ -350,7 +345,7 @@ def run_plan(root: Path, plan: Plan, *, say: Callable[[str], None], show: bool) 
     params: dict[str, Any] = {**{k: v for k, v in asdict(plan).items() if k != "configs"},
                               "configs": [f"{n},{k}" for n, k in plan.configs],
                               "processes": plan.relays + plan.models + plan.verifiers * 2 + 1}
-    began = monotonic()
+    began = time.perf_counter()
     root.mkdir(parents=True, exist_ok=True)
     proxy = Toxiproxy()
     proxy.start(log_path=root / "toxiproxy.log")
@@ -363,32 +358,29 @@ def run_plan(root: Path, plan: Plan, *, say: Callable[[str], None], show: bool) 
         params["toxics_per_link"] = len(proxy.toxics(first))  # latency and bandwidth, each way
         net.launch_committee()
         start_committee(net, plan.start_timeout, show=show, verbose=False)
-        t_nodes = monotonic()
+        t_nodes = time.perf_counter()
         start_nodes(net, plan.start_timeout, show=show, verbose=False)
-        figures["network_start_s"] = monotonic() - t_nodes
+        figures["network_start_s"] = time.perf_counter() - t_nodes
         say(f"testbed: {len(net.relays)} relays and {len(net.models)} model nodes up and listed "
             f"({figures['network_start_s']:.0f} s)")
         churn = ChurnLog()
-        run_async(_measure, net, plan, clients, figures, samples, churn, say, churn_schedule)
-        figures.update(process_costs(net, monotonic() - t_nodes))
+        run_async(_measure, net, plan, clients, figures, samples, churn, say)
+        figures.update(process_costs(net, time.perf_counter() - t_nodes))
         if proxy.pid is not None:
-            got = proc_usage(proxy.pid)
-            if got is not None:
-                figures["toxiproxy_rss_MiB"], figures["toxiproxy_cpu_s"] = got
+            with contextlib.suppress(OSError):
+                figures["toxiproxy_rss_MiB"], figures["toxiproxy_cpu_s"] = process_usage(proxy.pid)
         try:
             figures.update(committee_pace(net))
         except Exception as exc:  # noqa: BLE001 - a figure missing, said in the report
             say(f"testbed: no block interval ({exc})")
         extra["churn"] = churn.done
-    figures["run_s"] = monotonic() - began
+    figures["run_s"] = time.perf_counter() - began
     files = write_report(root, params, figures, samples, extra)
     return params, figures, samples, files
 
 
 async def _measure(net: Testbed, plan: Plan, clients: dict[str, tuple[int, int, str]], figures: dict[str, float],
-                   samples: list[Sample], churn: ChurnLog, say: Callable[[str], None], schedule: Any) -> None:
-    import random
-
+                   samples: list[Sample], churn: ChurnLog, say: Callable[[str], None]) -> None:
     rng = random.Random(plan.seed)
     started = trio.current_time()
     opened: dict[str, Client] = {}
@@ -408,100 +400,93 @@ async def _measure(net: Testbed, plan: Plan, clients: dict[str, tuple[int, int, 
             keeper.start_soon(keep, name)
         with trio.fail_after(plan.start_timeout):
             await all_open.wait()
-        await _measure_open(net, plan, clients, opened, figures, samples, churn, say, schedule, rng, started)
+        await _measure_open(net, plan, clients, opened, figures, samples, churn, say, rng, started)
         stop.set()
 
 
 async def _measure_open(net: Testbed, plan: Plan, clients: dict[str, tuple[int, int, str]], opened: dict[str, Client],
                         figures: dict[str, float], samples: list[Sample], churn: ChurnLog, say: Callable[[str], None],
-                        schedule: Any, rng: Any, started: float) -> None:
-    if True:
-        reg = sorted(c.registered_s for c in opened.values())
-        figures["registration_to_listed_p50_ms"] = 1e3 * percentile(reg, 50)
-        figures["registration_to_listed_max_ms"] = 1e3 * reg[-1]
-        say(f"testbed: {len(opened)} clients registered (p50 {figures['registration_to_listed_p50_ms']:.0f} ms "
-            "from registration to a verified signed list)")
+                        rng: random.Random, started: float) -> None:
+    reg = sorted(c.registered_s for c in opened.values())
+    figures["registration_to_listed_p50_ms"] = 1e3 * percentile(reg, 50)
+    figures["registration_to_listed_max_ms"] = 1e3 * reg[-1]
+    say(f"testbed: {len(opened)} clients registered (p50 {figures['registration_to_listed_p50_ms']:.0f} ms "
+        "from registration to a verified signed list)")
 
-        # path builds, from the first (4,3) client (or the first client)
-        builder = next((c for name, c in opened.items() if clients[name][:2] == (4, 3)), next(iter(opened.values())))
-        if plan.path_builds:
-            builds = await time_path_builds(net, builder, plan.path_builds, rng)
-            if builds:
-                figures.update(_ms("path_build", builds))
-            figures["path_builds_failed"] = float(plan.path_builds - len(builds))
-            say(f"testbed: {len(builds)} path builds timed")
+    # path builds, from the first (4,3) client (or the first client)
+    builder = next((c for name, c in opened.items() if clients[name][:2] == (4, 3)), next(iter(opened.values())))
+    if plan.path_builds:
+        builds = await time_path_builds(net, builder, plan.path_builds, rng)
+        if builds:
+            figures.update(summarize_ms("path_build", builds))
+        figures["path_builds_failed"] = float(plan.path_builds - len(builds))
+        say(f"testbed: {len(builds)} path builds timed")
 
-        # timed requests, interleaved over the clients so that each configuration sees the same load
-        order = list(opened.values())
+    # timed requests, interleaved over the clients so that each configuration sees the same load
+    order = list(opened.values())
+    for c in order:
+        for _ in range(plan.warmup):
+            await timed_request(net, c, plan.model, timeout=plan.timeout, started=started)
+    for i in range(plan.requests):
+        rng.shuffle(order)
         for c in order:
-            for _ in range(plan.warmup):
-                await timed_request(net, c, plan.model, timeout=plan.timeout, started=started)
-        for i in range(plan.requests):
-            rng.shuffle(order)
-            for c in order:
-                samples.append(await timed_request(net, c, plan.model, timeout=plan.timeout, started=started))
-            say(f"testbed: timed requests, round {i + 1} of {plan.requests}")
-        for n, k in plan.configs:
-            figures.update(summarize_samples(samples, f"{n},{k}"))
+            samples.append(await timed_request(net, c, plan.model, timeout=plan.timeout, started=started))
+        say(f"testbed: timed requests, round {i + 1} of {plan.requests}")
+    for n, k in plan.configs:
+        figures.update(summarize_samples(samples, f"{n},{k}"))
 
-        # failover: a model node crashes; requests sent to it right away are answered elsewhere
-        churners = [c for name, c in opened.items() if clients[name][:2] == (4, 3)] or order
-        if plan.failover_requests and len(net.models) > 1:
-            victim = net.models[-1]
-            net.procs[victim].send_signal(signal.SIGKILL)
-            churn.done.append((trio.current_time() - started, victim, "crash"))
-            fo: list[Sample] = []
+    # failover: a model node crashes; requests sent to it right away are answered elsewhere
+    churners = [c for name, c in opened.items() if clients[name][:2] == (4, 3)] or order
+    if plan.failover_requests and len(net.models) > 1:
+        victim = net.models[-1]
+        net.procs[victim].send_signal(signal.SIGKILL)
+        churn.done.append((trio.current_time() - started, victim, "crash"))
+        fo: list[Sample] = []
+        for c in churners:
+            for _ in range(plan.failover_requests):
+                s = await timed_request(net, c, plan.model, timeout=plan.timeout, started=started, target=victim)
+                s.config = "failover"
+                fo.append(s)
+        samples.extend(fo)
+        ok = sorted(s.ttft_ms for s in fo if s.ok)
+        figures["failover_requests"], figures["failover_answered"] = float(len(fo)), float(len(ok))
+        if ok:
+            figures["failover_ttft_p50_ms"] = percentile(ok, 50)
+            figures["failover_ttft_max_ms"] = ok[-1]
+        net.spawn(victim)
+        say(f"testbed: failover: {len(ok)} of {len(fo)} requests to a crashed model node answered elsewhere")
+
+    # churn: relays (and model nodes) leave and come back while the clients keep asking
+    if plan.churn_s > 0:
+        events = churn_schedule(net.relays, duration_s=plan.churn_s, leave_per_min=plan.relay_leave_per_min,
+                          crash_share=plan.crash_share, mean_downtime_s=plan.mean_downtime_s, seed=plan.seed)
+        for j in range(min(plan.model_leaves, len(net.models) - 1)):
+            at = plan.churn_s * (j + 1) / (plan.model_leaves + 1)
+            m = net.models[j]
+            events = sorted([*events, ChurnEvent(at, m, "crash" if j % 2 == 0 else "leave"),
+                             ChurnEvent(at + plan.mean_downtime_s, m, "join")], key=lambda e: e.at_s)
+        events = [e for e in events if e.at_s < plan.churn_s]
+        say(f"testbed: churn for {plan.churn_s:.0f} s: {sum(e.kind != 'join' for e in events)} departures")
+        during: list[Sample] = []
+
+        async def ask(c: Client) -> None:
+            end = trio.current_time() + plan.churn_s
+            while trio.current_time() < end:
+                t0 = trio.current_time()
+                s = await timed_request(net, c, plan.model, timeout=plan.timeout, started=started)
+                s.config = "churn"
+                during.append(s)
+                await trio.sleep_until(t0 + plan.churn_request_every_s)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(partial(play_churn, run_started=started), net, events, churn, say)
             for c in churners:
-                for _ in range(plan.failover_requests):
-                    s = await timed_request(net, c, plan.model, timeout=plan.timeout, started=started, target=victim)
-                    s.config = "failover"
-                    fo.append(s)
-            samples.extend(fo)
-            ok = sorted(s.ttft_ms for s in fo if s.ok)
-            figures["failover_requests"], figures["failover_answered"] = float(len(fo)), float(len(ok))
-            if ok:
-                figures["failover_ttft_p50_ms"] = percentile(ok, 50)
-                figures["failover_ttft_max_ms"] = ok[-1]
-            net.spawn(victim)
-            say(f"testbed: failover: {len(ok)} of {len(fo)} requests to a crashed model node answered elsewhere")
-
-        # churn: relays (and model nodes) leave and come back while the clients keep asking
-        if plan.churn_s > 0:
-            events = schedule(net.relays, duration_s=plan.churn_s, leave_per_min=plan.relay_leave_per_min,
-                              crash_share=plan.crash_share, mean_downtime_s=plan.mean_downtime_s, seed=plan.seed)
-            for j in range(min(plan.model_leaves, len(net.models) - 1)):
-                at = plan.churn_s * (j + 1) / (plan.model_leaves + 1)
-                m = net.models[j]
-                events = sorted([*events, ChurnEvent(at, m, "crash" if j % 2 == 0 else "leave"),
-                                 ChurnEvent(at + plan.mean_downtime_s, m, "join")], key=lambda e: e.at_s)
-            events = [e for e in events if e.at_s < plan.churn_s]
-            say(f"testbed: churn for {plan.churn_s:.0f} s: {sum(e.kind != 'join' for e in events)} departures")
-            during: list[Sample] = []
-
-            async def ask(c: Client) -> None:
-                end = trio.current_time() + plan.churn_s
-                while trio.current_time() < end:
-                    t0 = trio.current_time()
-                    s = await timed_request(net, c, plan.model, timeout=plan.timeout, started=started)
-                    s.config = "churn"
-                    during.append(s)
-                    await trio.sleep_until(t0 + plan.churn_request_every_s)
-
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(partial(play_churn, run_started=started), net, events, churn, say)
-                for c in churners:
-                    nursery.start_soon(ask, c)
-            samples.extend(during)
-            answered = sum(s.ok for s in during)
-            figures["churn_requests"], figures["churn_answered"] = float(len(during)), float(answered)
-            figures["churn_answered_fraction"] = answered / len(during) if during else math.nan
-            figures["churn_departures"] = float(churn.count("crash") + churn.count("leave"))
-            say(f"testbed: churn: {answered} of {len(during)} requests answered")
-        stats = [c.user.stats() for c in opened.values()]
-        figures["client_refused_builds"] = float(sum(s.get("paths_refused_builds", 0) for s in stats))
-
-
-def _ms(prefix: str, seconds: list[float]) -> dict[str, float]:
-    s = sorted(seconds)
-    return {f"{prefix}_p50_ms": 1e3 * percentile(s, 50), f"{prefix}_p99_ms": 1e3 * percentile(s, 99),
-            f"{prefix}_mean_ms": 1e3 * sum(s) / len(s)}
+                nursery.start_soon(ask, c)
+        samples.extend(during)
+        answered = sum(s.ok for s in during)
+        figures["churn_requests"], figures["churn_answered"] = float(len(during)), float(answered)
+        figures["churn_answered_fraction"] = answered / len(during) if during else math.nan
+        figures["churn_departures"] = float(churn.count("crash") + churn.count("leave"))
+        say(f"testbed: churn: {answered} of {len(during)} requests answered")
+    stats = [c.user.stats() for c in opened.values()]
+    figures["client_refused_builds"] = float(sum(s.get("paths_refused_builds", 0) for s in stats))

@@ -15,6 +15,7 @@ import json
 import urllib.parse
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import trio
@@ -25,6 +26,13 @@ MAX_RESPONSE = 64 * 1024 * 1024
 
 # An RPC call: (verifier RPC address, method, params) -> the JSON-RPC "result" object.
 Rpc = Callable[[str, str, dict[str, str]], Awaitable[Any]]
+
+
+def block_time_unix(stamp: str) -> float:
+    """A CometBFT header time (RFC 3339, UTC, up to nanoseconds: ``2026-11-25T23:00:50.123456789Z``)
+    as Unix seconds (microsecond precision)."""
+    head, _, frac = stamp.rstrip("Z").partition(".")
+    return datetime.fromisoformat(head + "+00:00").timestamp() + float("0." + (frac[:6] or "0"))
 
 
 class RpcError(Exception):

@@ -144,6 +144,7 @@ class Testbed(LocalNet):
         for i, name in enumerate(clients):
             self.region_of[name] = (client_regions or {}).get(name, self.regions[i % len(self.regions)])
         self.toxiproxy: Toxiproxy | None = None
+        self._by_address: dict[str, str] = {}
         super().__init__(root, relays, users=tuple(clients), models=models, model=model, engine=engine,
                          committee=verifiers, timeout_commit=timeout_commit, model_args=model_args)
 
@@ -216,10 +217,9 @@ class Testbed(LocalNet):
 
     def name_at(self, address: str) -> str | None:
         """The node listening at ``address`` (a registered ``host:port``), if it is one of ours."""
-        for name, entry in self.entries.items():
-            if entry.address == address:
-                return name
-        return None
+        if len(self._by_address) != len(self.entries):
+            self._by_address = {e.address: name for name, e in self.entries.items()}
+        return self._by_address.get(address)
 
     def floor_ms(self, hops: Iterable[str]) -> float:
         """The propagation floor of a route through nodes ``hops`` (one way)."""
@@ -227,7 +227,9 @@ class Testbed(LocalNet):
 
 
 def cometbft_node_id(home: Path) -> str:
-    """A CometBFT home's P2P node id: the first 20 bytes of SHA-256 of its Ed25519 node key, hex."""
+    """A CometBFT home's P2P node id: the first 20 bytes of SHA-256 of its Ed25519 node key, hex.
+    (What ``verifier.cometbft.read_home`` reads too; overlay may not import a role package, and
+    this and :func:`_set_line` are all the testbed needs of it.)"""
     doc = json.loads((home / "config" / "node_key.json").read_text())
     key = base64.b64decode(doc["priv_key"]["value"])
     if len(key) != 64:
@@ -248,16 +250,3 @@ def _set_line(text: str, key: str, value: str) -> str:
     if not done:
         raise ValueError(f"config.toml has no p2p.{key}")
     return "\n".join(out) + "\n"
-
-
-def proc_usage(pid: int) -> tuple[float, float] | None:
-    """``(resident MiB, CPU seconds)`` of process ``pid`` from /proc (Linux), ``None`` if gone."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    rss_kib = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0)
-    fields = stat.rpartition(")")[2].split()
-    ticks = os.sysconf("SC_CLK_TCK")
-    return rss_kib / 1024.0, (int(fields[11]) + int(fields[12])) / ticks

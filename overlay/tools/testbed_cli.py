@@ -14,8 +14,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
+from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from overlay.clock import SystemClock
+
+if TYPE_CHECKING:
+    from overlay.bench.testbed_run import Plan
 
 DEFAULT_DIR = ".testbed"
 
@@ -52,7 +58,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(run=_run)
 
 
-def plan_from(args: argparse.Namespace) -> object:
+def plan_from(args: argparse.Namespace) -> Plan:
     from overlay.bench.testbed_run import Plan
     from overlay.cli import CliError
     from overlay.tools import regions
@@ -86,19 +92,18 @@ def plan_from(args: argparse.Namespace) -> object:
 
 def _run(args: argparse.Namespace) -> int:
     from overlay.bench.command import emit
-    from overlay.bench.testbed_run import Plan, run_plan
+    from overlay.bench.testbed_run import run_plan
     from overlay.cli import CliError
     from overlay.tools.devnet import sigterm_as_interrupt
     from overlay.tools.localnet import LocalNetError
     from overlay.tools.toxiproxy import ToxiproxyError, find_toxiproxy
 
     plan = plan_from(args)
-    assert isinstance(plan, Plan)
     try:
         find_toxiproxy()
     except ToxiproxyError as exc:
         raise CliError(str(exc)) from None
-    root = Path(args.data_dir) / time.strftime("run-%Y%m%d-%H%M%S")
+    root = Path(args.data_dir) / datetime.fromtimestamp(SystemClock().unix()).strftime("run-%Y%m%d-%H%M%S")
 
     def say(text: str) -> None:
         if not args.quiet:

@@ -79,3 +79,11 @@ def test_a_connection_reset_mid_answer_is_an_oserror_that_callers_already_handle
         listener.close()
 
     trio.run(main)
+
+
+def test_block_times_read_as_unix_seconds_to_the_microsecond() -> None:
+    from overlay.directory.rpc import block_time_unix
+
+    assert block_time_unix("1970-01-01T00:00:01.5Z") == 1.5
+    assert block_time_unix("2026-11-25T23:00:50.123456789Z") == pytest.approx(1795647650.123456, abs=1e-6)
+    assert block_time_unix("2026-11-25T23:00:50Z") == 1795647650.0

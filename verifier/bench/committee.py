@@ -27,7 +27,6 @@ import tempfile
 import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +38,7 @@ from overlay.bench.stats import cpu_model, summarize_ms
 from overlay.directory import registration as tx
 from overlay.directory.constants import ROLE_USER
 from overlay.directory.lists import KIND_USERS, CommitteeClient, ValidatorKey, verify_document
-from overlay.directory.rpc import abci_value
+from overlay.directory.rpc import abci_value, block_time_unix
 from overlay.identity import node_id_of
 from overlay.tools.localnet import free_ports
 from verifier import cometbft
@@ -146,7 +145,7 @@ def _block_times(rpc: _Rpc, lo: int, hi: int) -> tuple[float, int]:
     for h in range(lo, hi + 1):
         meta = rpc.call("block", height=str(h))["block"]
         stamp = meta["header"]["time"]
-        times.append(datetime.fromisoformat(stamp[:26].rstrip("Z") + "+00:00").timestamp())
+        times.append(block_time_unix(stamp))
         most = max(most, len(meta["data"]["txs"] or []))
     gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
     return (sum(gaps) / len(gaps) if gaps else float("nan")), most
