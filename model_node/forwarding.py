@@ -22,13 +22,23 @@ own recent requests (:class:`Throughput`). A node holding one 2,000-token prompt
 one holding three short questions, and a fast node is less loaded than a slow one with the
 same queue. ``load_threshold`` is therefore in seconds (:data:`DEFAULT_LOAD_THRESHOLD`).
 
+**Least predicted TTFT (issue 29).** The product decides by :func:`least_ttft` instead: the
+node whose first token for this prompt would come soonest, its wait plus the prefill of the
+prompt tokens it lacks (a holder of the matched prefix lacks only the tokens past the matched
+chunks). Costs within :data:`TTFT_TIE` of the least are a tie, won by the node idle the longest
+(:attr:`Load.idle_ms`), else by ourselves (no hop). The simulation study behind it:
+docs/simulations.md, "Against an oracle"; the decision: docs/decisions/0005-hrtree.md,
+"Revision (issue 29)". :func:`algorithm2` stays for ``GroupConfig(rule="alg2")`` and the
+benchmarks' baselines.
+
 A :class:`ForwardingPolicy` is what the group driver calls for a user's request; the product
-ships Algorithm 2 only (:meth:`~model_node.group.GroupState.decide`). Benchmarks inject their
-baselines (:mod:`model_node.bench.policies`).
+ships the rule of its :class:`~model_node.group.GroupConfig` (:meth:`~model_node.group.GroupState.decide`).
+Benchmarks inject their baselines (:mod:`model_node.bench.policies`).
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -49,6 +59,9 @@ REF_PREFILL_RATE = 40.0  # prompt tokens per second per capacity point
 REF_DECODE_RATE = 25.0  # output tokens per second per capacity point
 MIN_SAMPLE_S = 1e-3  # shorter phases are not timed precisely enough to measure a rate
 MATCH_PROBE_TOKENS = 64  # what is left of a prompt whose prefix a node caches (the question), for match_wait
+TTFT_TIE = 0.01  # least_ttft: costs within 1 % (and TTFT_TIE_S) of the least are a tie
+TTFT_TIE_S = 1e-3
+IDLE_TIE_S = 0.1  # least_ttft: idle times this close are equal (a report's age is known only to about this)
 
 
 @dataclass(slots=True)
@@ -70,7 +83,9 @@ class Load:
     there since its last report; ``match_wait``: the seconds until the first token the node's
     admission would give a :data:`MATCH_PROBE_TOKENS`-token prompt, i.e. a request whose
     prefix it caches (an engine that orders prompts puts such a prompt ahead of cold ones as far
-    as their promises allow: :mod:`model_node.admission`; -1: not reported)."""
+    as their promises allow: :mod:`model_node.admission`; -1: not reported); ``idle_ms``: how
+    long the node has held no work (no request queued or generated), as of its report (-1: it
+    holds work, or does not report it), which breaks :func:`least_ttft`'s ties."""
 
     active: int = 0
     queued: int = 0
@@ -85,6 +100,7 @@ class Load:
     streams: int = 1
     pending_tokens: int = 0
     match_wait: float = -1.0
+    idle_ms: int = -1
 
     @property
     def prefill_wait(self) -> float:
@@ -259,6 +275,68 @@ def algorithm2(self_id: bytes, table: Mapping[bytes, Load], found: Match, *, tau
             return _to(min(under, key=rank_by(rel_match)), "match", depth, self_id)
         reason = "match-overloaded"
     return _to(min(table, key=rank_by(rel)), reason, depth, self_id)
+
+
+def predicted_ttft(load: Load, holder: bool, left: int, prompt_tokens: int) -> float:
+    """A node's predicted seconds to the first token of a ``prompt_tokens``-token prompt: a
+    ``holder`` of its matched prefix waits :attr:`Load.cached_wait` and evaluates the ``left``
+    tokens past the matched chunks (less the :data:`MATCH_PROBE_TOKENS` its reported
+    ``match_wait`` already counts); any other node waits :attr:`Load.relative` and evaluates the
+    whole prompt. (:func:`least_ttft`'s cost; the forwarding simulation's too.)"""
+    if holder:
+        if load.match_wait >= 0:  # match_wait already counts a probe's prompt
+            return load.cached_wait + load.prefill_seconds(max(0, left - MATCH_PROBE_TOKENS))
+        return load.cached_wait + load.prefill_seconds(left)
+    return load.relative + load.prefill_seconds(prompt_tokens)
+
+
+def least_ttft(self_id: bytes, table: Mapping[bytes, Load], found: Match, prompt_tokens: int, *, tau_c: int,
+               matched_tokens: int, load_threshold: float = math.inf, forwarded: bool = False,
+               idle: Mapping[bytes, float] | None = None) -> Decision:
+    """The node of ``table`` with the least predicted time to first token for a
+    ``prompt_tokens``-token prompt that matched ``found`` in the HR-tree (issue 29).
+
+    A holder of the prompt's prefix (a candidate of a match, ``depth ≥ tau_c``) waits
+    :attr:`Load.cached_wait`, then evaluates the ``prompt_tokens - matched_tokens`` tokens past
+    the matched chunks (less the :data:`MATCH_PROBE_TOKENS` its reported ``match_wait`` already
+    counts); any other node waits :attr:`Load.relative`, then evaluates the whole prompt. A node
+    whose wait is at or over ``load_threshold`` is a choice only if every node's is: it would
+    refuse the request as busy (its admission's limit, decision 0009; a node with every slot
+    taken reports a ``match_wait`` of at least that limit), whatever the prefill it saves.
+
+    Costs within :data:`TTFT_TIE` (and :data:`TTFT_TIE_S`) of the least are a tie: a node's
+    own rates (exact) and its peers' (rounded in the load report) differ in the last digits,
+    and without the margin every entry forwarded every request, all to the same peer (the
+    simulation: docs/simulations.md, "Against an oracle"). A tie goes to the node idle the
+    longest (``idle``: seconds each node has held no work, negative: it holds work; the
+    oracle's tie-break; idle times within :data:`IDLE_TIE_S` are equal), then to ourselves (no
+    hop), then the lower cost, the higher capacity, the lower id.
+
+    Reasons: ``forwarded`` (served here), ``alone``, ``match`` (a holder wins),
+    ``match-overloaded`` (a match, but a node without the prefix predicts an earlier first
+    token), ``miss``. Pure: the caller counts the decision and the forward."""
+    depth = found.depth
+    if forwarded:
+        return Decision(None, "forwarded", depth)
+    if len(table) <= 1:
+        return Decision(None, "alone", depth)
+    holders = found.candidates if depth >= tau_c else frozenset()
+    left = max(0, prompt_tokens - matched_tokens)
+
+    def wait(node: bytes) -> float:
+        return table[node].cached_wait if node in holders else table[node].relative
+
+    costs = {n: predicted_ttft(table[n], n in holders, left, prompt_tokens)
+             for n in [n for n in table if wait(n) < load_threshold] or table}
+    least = min(costs.values())
+    near = [n for n, c in costs.items() if c <= least * (1 + TTFT_TIE) + TTFT_TIE_S]
+    idle_s = {n: max(-1.0, (idle or {}).get(n, -1.0)) for n in near}
+    longest = max(idle_s.values())
+    if longest >= 0:  # the nodes idle the longest, within IDLE_TIE_S (rounding, a report's transit)
+        near = [n for n in near if idle_s[n] >= longest - IDLE_TIE_S]
+    best = min(near, key=lambda n: (n != self_id, costs[n], -table[n].capacity, n))
+    reason = "match" if best in holders else "match-overloaded" if holders else "miss"
+    return _to(best, reason, depth, self_id)
 
 
 def _work(load: Load) -> float:

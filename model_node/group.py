@@ -5,9 +5,10 @@ All model nodes serving one model form a group (split by region above
 core a driver pumps::
 
     sends = state.tick(now)                    # every SYNC_INTERVAL: this round's reports
+    sends = state.report_load(now)             # between rounds: our load changed (issue 29)
     sends = state.on_message(peer, msg, now)   # a sync message from an authenticated peer
     sends = state.observe(token_ids, now)      # a user's request arrived (the Sentry learns)
-    decision = state.decide(token_ids, forwarded=False)   # Algorithm 2: serve or forward
+    decision = state.decide(token_ids, forwarded=False, now=now)   # serve or forward
 
 Each returns what to send (:class:`Send`) or what to do (:class:`Decision`); the driver
 feeds ``set_local_load`` and ``set_local_prefixes`` (the engine's cached prefixes) before
@@ -18,7 +19,12 @@ a :class:`SubtreeUpdate`: a delta on the previous round, or the full subtree on 
 round, every ``full_every`` rounds, after adopting a new ``L``, and to peers that asked
 (:class:`SubtreeRequest`, sent when a delta does not apply — a lost or reordered update).
 Late updates (sequence numbers not newer than what we hold) are dropped; peers silent for
-``expiry_rounds`` rounds leave the node table and the tree.
+``expiry_rounds`` rounds leave the node table and the tree. Between rounds a node also pushes
+its load to every member whenever it changes (:meth:`GroupState.report_load`, rate-limited by
+the driver): a round's report may be 5 s old, and the simulation found stale peer loads the
+main reason HR-tree forwarding fell behind a central oracle (docs/simulations.md). Load reports
+have their own sequence numbers, never behind the round's: subtree deltas chain on the
+round's ``seq - 1``, so a pushed report must not advance it.
 
 **Bad input.** Everything a peer sends is validated before it touches the state: members
 only, value ranges, sizes, the ``L`` version and digest, path shapes, delta consistency. A
@@ -37,10 +43,11 @@ dropped from the node table and the tree, and everything it sends ignored, for
 refused, ``not-proposer``, since honest members pass ``L`` on). A node still at version 0
 (just started) takes the group's version from the designated proposer's report.
 
-**Forwarding.** :meth:`GroupState.decide` runs Algorithm 2
-(:func:`model_node.forwarding.algorithm2`) on this state's node table and HR-tree and keeps
-its bookkeeping: decisions counted by reason, a forward counted against its target until the
-target's next load report.
+**Forwarding.** :meth:`GroupState.decide` runs the configured rule (``GroupConfig.rule``:
+least predicted TTFT, :func:`model_node.forwarding.least_ttft`, by default; ``"alg2"``: the
+paper's Algorithm 2, :func:`model_node.forwarding.algorithm2`) on this state's node table and
+HR-tree and keeps its bookkeeping: decisions counted by reason, a forward counted against its
+target until the target's next load report.
 """
 
 from __future__ import annotations
@@ -53,7 +60,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from model_node.forwarding import DEFAULT_LOAD_THRESHOLD, Decision, Load, algorithm2
+from model_node.forwarding import DEFAULT_LOAD_THRESHOLD, Decision, Load, algorithm2, least_ttft
 from model_node.hrtree import (
     DEFAULT_BITS,
     MAX_L_VERSION,
@@ -77,6 +84,8 @@ EXPIRY_ROUNDS = 3  # a peer silent this many rounds leaves the table and the tre
 FULL_EVERY = 12  # rounds between full subtrees sent to everyone (1 min at 5 s)
 MAX_REQUESTS = 1_000_000  # active or queued requests a report may claim
 MAX_LATENCY_MS = 10_000_000
+MAX_IDLE_MS = 10**12  # how long a report may say its node has been idle (about 31 years): also "never held work"
+RULES = ("ttft", "alg2")  # GroupConfig.rule
 MAX_WORK_TOKENS = 10**9  # prefill or decode tokens a report may claim
 MAX_RATE_MTPS = 10**10  # a measured rate, in thousandths of a token per second (10 million tokens/s)
 MAX_STREAMS = 4096  # sequences a node may generate at once
@@ -96,6 +105,7 @@ class PeerState:
     last_heard: float
     load: Load | None = None
     load_seq: int = -1
+    load_at: float = -math.inf  # when its load report (hence its idle_ms) arrived
     requests: int | None = None
     subtree_seq: int | None = None  # round of the subtree we hold; None: need a full one
     l_version: int = 0
@@ -114,6 +124,9 @@ class GroupConfig:
     expiry_rounds: int = EXPIRY_ROUNDS
     full_every: int = FULL_EVERY
     max_paths_per_node: int = MAX_PATHS_PER_NODE
+    # "ttft": least predicted time to first token (issue 29); "alg2": the paper's Algorithm 2
+    # (load_threshold applies to it only)
+    rule: str = "ttft"
 
 
 def load_problem(msg: LoadReport) -> str | None:
@@ -138,6 +151,8 @@ def load_problem(msg: LoadReport) -> str | None:
         return f"streams {msg.streams} outside 1..{MAX_STREAMS}"
     if not -1 <= msg.match_wait_ms <= MAX_LATENCY_MS:
         return f"match_wait_ms outside -1..{MAX_LATENCY_MS}"
+    if not -1 <= msg.idle_ms <= MAX_IDLE_MS:
+        return f"idle_ms outside -1..{MAX_IDLE_MS}"
     return None
 
 
@@ -146,15 +161,16 @@ def load_of(msg: LoadReport) -> Load:
     return Load(msg.active, msg.queued, msg.capacity, msg.kv_usage_permille, msg.latency_ms,
                 prefill_tokens=msg.prefill_tokens, decode_tokens=msg.decode_tokens,
                 prefill_rate=msg.prefill_mtps / 1000, decode_rate=msg.decode_mtps / 1000, streams=msg.streams,
-                match_wait=msg.match_wait_ms / 1000 if msg.match_wait_ms >= 0 else -1.0)
+                match_wait=msg.match_wait_ms / 1000 if msg.match_wait_ms >= 0 else -1.0, idle_ms=msg.idle_ms)
 
 
 def report_of(load: Load, seq: int, l_version: int, requests: int) -> LoadReport:
-    """This node's load report for round ``seq``."""
+    """This node's load report number ``seq``."""
     return LoadReport(seq, l_version, load.active, load.queued, load.capacity, load.kv_usage_permille,
                       load.latency_ms, requests, load.prefill_tokens, load.decode_tokens,
                       round(load.prefill_rate * 1000), round(load.decode_rate * 1000), load.streams,
-                      min(MAX_LATENCY_MS, round(load.match_wait * 1000)) if load.match_wait >= 0 else -1)
+                      min(MAX_LATENCY_MS, round(load.match_wait * 1000)) if load.match_wait >= 0 else -1,
+                      min(MAX_IDLE_MS, load.idle_ms) if load.idle_ms >= 0 else -1)
 
 
 def proposal_of(lengths: ChunkLengths) -> LengthProposal:
@@ -175,6 +191,8 @@ class GroupState:
                  sentry: Sentry | None = None, initial_seq: int = 0) -> None:
         self.self_id = self_id
         self.config = config or GroupConfig()
+        if self.config.rule not in RULES:
+            raise ValueError(f"unknown forwarding rule {self.config.rule!r}; choose one of {RULES}")
         self.members: frozenset[bytes] = frozenset(members) | {self_id}
         self.agreement = LengthAgreement(lengths or ChunkLengths(bits=self.config.bits))
         self.sentry = sentry or Sentry()
@@ -186,6 +204,8 @@ class GroupState:
         self.expired = 0
         self.requests = 0  # user requests observed here, in total
         self.seq = initial_seq  # the round number of the last tick
+        self.load_seq = initial_seq  # the number of our last load report (round or pushed), >= seq
+        self.loads_pushed = 0  # load reports sent between rounds (report_load)
         self.highest_version_seen = self.lengths.version
         self.versions_exhausted = False
         self.quarantined: dict[bytes, float] = {}  # peer -> time until which it is ignored
@@ -270,7 +290,7 @@ class GroupState:
         self.expire(now)
         self.seq += 1
         cur = self.lengths
-        load = report_of(self.local, self.seq, cur.version, self.requests)
+        load = report_of(self.local, self._next_load_seq(), cur.version, self.requests)
         mark = self.tree.seq(self.self_id)
         full = SubtreeUpdate(self.seq, 0, True, cur.version, cur.digest, self.tree.paths(self.self_id), ())
         update = full
@@ -287,6 +307,21 @@ class GroupState:
         self._sent_mark = mark
         self._round += 1
         return out
+
+    def report_load(self, now: float) -> list[Send]:
+        """Our load changed between rounds (a request taken, a first token, a request done):
+        a :class:`LoadReport` of :attr:`local` for every other member now (issue 29). It takes
+        the next load sequence number, not a round's: the round number (:attr:`seq`) stays,
+        since subtree deltas chain on ``seq - 1``. The driver rate-limits the calls."""
+        del now  # (kept for the driver's symmetry with tick: nothing here depends on time)
+        load = report_of(self.local, self._next_load_seq(), self.lengths.version, self.requests)
+        self.loads_pushed += 1
+        return [Send(peer, load) for peer in sorted(self.members - {self.self_id})]
+
+    def _next_load_seq(self) -> int:
+        """A new load report number: above the last one and never behind the round's."""
+        self.load_seq = max(self.load_seq + 1, self.seq)
+        return self.load_seq
 
     def forget(self, peer: bytes) -> bool:
         """Drop ``peer`` from the node table and the tree now (the driver could not reach it,
@@ -347,6 +382,7 @@ class GroupState:
         st.last_heard = now
         st.load = load_of(msg)
         st.load_seq = msg.seq
+        st.load_at = now
         st.l_version = msg.l_version
         if st.requests is not None and msg.requests > st.requests:
             self.sentry.count(min(msg.requests - st.requests, MAX_REQUESTS_PER_REPORT))
@@ -510,16 +546,44 @@ class GroupState:
 
     # ------------------------------------------------------------------ Algorithm 2
 
-    def decide(self, token_ids: Sequence[int], *, forwarded: bool = False) -> Decision:
-        """Serve here or forward to one other node (appendix Algorithm 2, at most one hop:
-        :func:`~model_node.forwarding.algorithm2` on the node table and the HR-tree).
+    def decide(self, token_ids: Sequence[int], *, forwarded: bool = False, now: float | None = None) -> Decision:
+        """Serve here or forward to one other node, at most one hop: by default the node with
+        the least predicted time to first token (:func:`~model_node.forwarding.least_ttft`,
+        ties to the node idle the longest, as of ``now``: a peer's ``idle_ms`` plus the time
+        since its report; ``None``: as of the reports), or with ``GroupConfig(rule="alg2")``
+        appendix Algorithm 2 (:func:`~model_node.forwarding.algorithm2`), on the node table
+        and the HR-tree.
 
         A forward is counted against the target (``pending``) until its next load report,
         so requests arriving between two reports do not all go to the same node."""
         table = self.table()
-        decision = algorithm2(self.self_id, table, self.tree.search(token_ids), tau_c=self.tau_c,
-                              load_threshold=self.config.load_threshold, forwarded=forwarded)
+        found = self.tree.search(token_ids)
+        if self.config.rule == "alg2":
+            decision = algorithm2(self.self_id, table, found, tau_c=self.tau_c,
+                                  load_threshold=self.config.load_threshold, forwarded=forwarded)
+        else:
+            ends = self.lengths.chunk_ends(len(token_ids)) if found.depth > 0 else []
+            matched = ends[min(found.depth, len(ends)) - 1] if ends else 0
+            decision = least_ttft(self.self_id, table, found, len(token_ids), tau_c=self.tau_c,
+                                  matched_tokens=matched, load_threshold=self.config.load_threshold,
+                                  forwarded=forwarded, idle=self.idle_seconds(now))
         return self.count(decision, len(token_ids))
+
+    def idle_seconds(self, now: float | None = None) -> dict[bytes, float]:
+        """How long each node of the table has held no work, as of ``now`` (``None``: as of
+        each report): its ``idle_ms`` plus the time since its report; -1 for a node that
+        holds work, does not say, or was sent a forward since its report; at most
+        :data:`MAX_IDLE_MS` (a node that never held work reports that: fresh nodes tie)."""
+        cap = MAX_IDLE_MS / 1000
+        out = {self.self_id: min(cap, self.local.idle_ms / 1000) if self.local.idle_ms >= 0 else -1.0}
+        for peer, st in self.peers.items():
+            load = st.load
+            if load is None or load.idle_ms < 0 or load.pending:
+                out[peer] = -1.0
+            else:
+                age = max(0.0, now - st.load_at) if now is not None else 0.0
+                out[peer] = min(cap, load.idle_ms / 1000 + age)
+        return out
 
     def count(self, decision: Decision, prompt_tokens: int = 0) -> Decision:
         """Record ``decision``: by reason, and a forward (of a ``prompt_tokens``-token prompt)
@@ -628,6 +692,8 @@ class GroupState:
             raise ValueError("load figures must not be negative")
         if not 1 <= info.streams <= MAX_STREAMS:
             raise ValueError(f"streams must be within 1..{MAX_STREAMS}")
+        if info.idle_ms < -1:
+            raise ValueError("idle_ms must be -1 (not idle) or more")
 
 
 # --------------------------------------------------------------------------- group split

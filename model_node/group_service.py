@@ -12,8 +12,14 @@ node's :class:`~overlay.node.Node`:
   load (requests generated and queued, the capacity score 1–10, KV use if the engine reports
   it, median time to first token) and the engine's cached prefixes, runs ``tick`` and queues
   the resulting messages with ``Node.send_nowait``.
+- **Load pushes** (issue 29): the model node calls :meth:`load_changed` when its load changes
+  (a request admitted, its first token, its end); the service reports the load to every member
+  at once (:meth:`~model_node.group.GroupState.report_load`), at most once every
+  :data:`PUSH_INTERVAL`: a change within that time is counted (:attr:`pushes_skipped`) and
+  covered by one report when the interval is over, so the last change always goes out.
 - **Forwarding**: :meth:`decide` refreshes the local load and runs the forwarding policy
-  (Algorithm 2, :mod:`model_node.forwarding`, unless a benchmark injects a baseline);
+  (the group's rule, least predicted TTFT by default, :mod:`model_node.forwarding`, unless a
+  benchmark injects a baseline);
   :meth:`forward` sends the user's request, unchanged, to the chosen member over an
   authenticated connection. When that fails (the member is unreachable) the member is
   dropped from the table at once and the caller serves the request itself.
@@ -24,6 +30,7 @@ The service reads time only through its ``clock`` (:mod:`overlay.clock`).
 from __future__ import annotations
 
 import logging
+import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -32,6 +39,7 @@ import trio
 
 from model_node.forwarding import Decision, ForwardingPolicy, Load
 from model_node.group import (
+    MAX_IDLE_MS,
     MAX_LATENCY_MS,
     MAX_RATE_MTPS,
     MAX_REQUESTS,
@@ -63,6 +71,7 @@ log = logging.getLogger("gentorrent.model.group")
 
 SYNC_MESSAGES = (LoadReport, SubtreeUpdate, LengthProposal, SubtreeRequest)
 FORWARD_TIMEOUT = 5.0  # seconds to connect to the target and queue the request
+PUSH_INTERVAL = 0.1  # seconds between two load reports pushed between rounds (docs/simulations.md)
 
 
 class GroupService:
@@ -98,6 +107,11 @@ class GroupService:
         self.forward_failed = 0
         self.send_failed = 0  # sync messages Node.send_nowait could not queue
         self.rounds = 0
+        self.pushes = 0  # load reports pushed between rounds (each to every member)
+        self.pushes_skipped = 0  # load changes not pushed at once (rate limit; a later push covers them)
+        self._pushed_at = -math.inf  # when the last load report went out (push or round)
+        self._push_due = False  # a change is waiting for the rate limit
+        self._push_wakeup = trio.Event()
 
     # ------------------------------------------------------------------ membership
 
@@ -124,10 +138,12 @@ class GroupService:
         """A sync round now and every ``sync_interval`` seconds, until cancelled. Round numbers
         start at the wall clock in ms, so a restarted node's reports are newer than its last."""
         self.state.seq = max(self.state.seq, int(self.clock.unix() * 1000))
-        task_status.started()
-        while True:
-            self.round()
-            await trio.sleep(self.config.sync_interval)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._push_later)
+            task_status.started()
+            while True:
+                self.round()
+                await trio.sleep(self.config.sync_interval)
 
     def round(self) -> None:
         """One synchronisation round: local load and prefixes in, ``tick``'s messages out."""
@@ -138,8 +154,40 @@ class GroupService:
             log.debug("cached prefixes unavailable this round: %s", exc)
         else:
             self.state.set_local_prefixes(prefixes)
-        self._send(self.state.tick(self.clock.monotonic()))
+        now = self.clock.monotonic()
+        self._send(self.state.tick(now))
+        self._pushed_at = now
+        self._push_due = False  # the round's report carries the change
         self.rounds += 1
+
+    def load_changed(self) -> None:
+        """The model node's load changed (a request admitted, a first token, a request done):
+        report it to every member now, or, within :data:`PUSH_INTERVAL` of the last report,
+        once the interval is over (counted in :attr:`pushes_skipped`)."""
+        now = self.clock.monotonic()
+        if now - self._pushed_at < PUSH_INTERVAL:
+            self.pushes_skipped += 1
+            if not self._push_due:
+                self._push_due = True
+                self._push_wakeup.set()
+            return
+        self._push(now)
+
+    def _push(self, now: float) -> None:
+        self.refresh_load()
+        self._send(self.state.report_load(now))
+        self._pushed_at = now
+        self._push_due = False
+        self.pushes += 1
+
+    async def _push_later(self) -> None:
+        """Push the change :meth:`load_changed` held back, when the rate limit allows."""
+        while True:
+            await self._push_wakeup.wait()
+            self._push_wakeup = trio.Event()
+            await trio.sleep(max(0.0, self._pushed_at + PUSH_INTERVAL - self.clock.monotonic()))
+            if self._push_due:
+                self._push(self.clock.monotonic())
 
     def refresh_load(self) -> None:
         """The model node's load now, clamped to what a load report may carry."""
@@ -154,6 +202,7 @@ class GroupService:
             decode_rate=min(max(load.decode_rate, 0.0), MAX_RATE_MTPS / 1000),
             streams=min(max(load.streams, 1), MAX_STREAMS),
             match_wait=min(load.match_wait, MAX_LATENCY_MS / 1000) if load.match_wait >= 0 else -1.0,
+            idle_ms=min(load.idle_ms, MAX_IDLE_MS) if load.idle_ms >= 0 else -1,
         ))
 
     # ------------------------------------------------------------------ requests
@@ -163,12 +212,13 @@ class GroupService:
         self._send(self.state.observe(token_ids, self.clock.monotonic()))
 
     def decide(self, token_ids: Sequence[int], *, forwarded: bool) -> Decision:
-        """Serve here or forward: Algorithm 2, or the injected policy for a user's request (a
-        forwarded one is always served here). The local load is refreshed first, so this
-        node's own figures are never a round old."""
+        """Serve here or forward: the group's rule (least predicted TTFT unless configured
+        otherwise), or the injected policy for a user's request (a forwarded one is always
+        served here). The local load is refreshed first, so this node's own figures are never
+        a round old."""
         self.refresh_load()
         if forwarded or self.policy is None:
-            return self.state.decide(token_ids, forwarded=forwarded)
+            return self.state.decide(token_ids, forwarded=forwarded, now=self.clock.monotonic())
         return self.policy(self.state, token_ids)
 
     async def forward(self, target: bytes, request: Request) -> bool:

@@ -42,7 +42,12 @@ class LoadReport:
     ``prefill_mtps`` / ``decode_mtps`` its measured per-stream rates in thousandths of a
     token per second (0: not measured yet), ``streams`` the sequences it generates at once,
     ``match_wait_ms`` the wait for the first token of a request whose prefix it caches
-    (-1: not reported). Bounds: :func:`model_node.group.load_problem`.
+    (-1: not reported); ``idle_ms`` how long it has held no work (-1: it holds some, or does
+    not say), which breaks forwarding's ties (issue 29). Bounds:
+    :func:`model_node.group.load_problem`.
+
+    Besides each round's report, a node sends one whenever its load changes (at most about
+    every 0.1 s: :meth:`model_node.group.GroupState.report_load`); ``seq`` then grows too.
     """
 
     seq: int
@@ -59,6 +64,7 @@ class LoadReport:
     decode_mtps: int = field(default=0)
     streams: int = field(default=1)
     match_wait_ms: int = field(default=-1)
+    idle_ms: int = field(default=-1)
 
 
 @message(301)

@@ -16,6 +16,11 @@ state ``observe``s the prompt and a policy decides where it is served:
   least (:func:`oracle_choice`): what a centralised radix-tree router (SGLang's, llm-d's) could
   at best know. :func:`oracle_ratios` gives HR-tree's mean and p99 TTFT as ratios to it.
 
+HR-tree *variants* (:class:`Variant`, :data:`VARIANTS`; not in :data:`POLICIES`, so not in the
+full run) change one thing at a time about what the entry knows when it decides (its own load,
+its peers' loads, the prefixes peers announce) or the rule (Algorithm 2, or the least predicted
+TTFT, :func:`least_ttft`); :func:`variant_ratios` compares them with the oracle (issue 29).
+
 Engines are a cost model: one request at a time per node, first come first served; a request
 costs ``prefill × uncached prompt tokens + decode × output tokens``, the constants measured on
 the real llama.cpp engine with SmolLM2-135M (``simulations/data/costs.json``, written by
@@ -36,17 +41,21 @@ latency and TTFT (s) and cache hit rate (requests with at least half the prompt 
 
 from __future__ import annotations
 
+import bisect
+import dataclasses
 import json
+import math
 import random
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from model_node.bench.policies import RandomChoice, least_loaded
-from model_node.forwarding import Decision, Load
+from model_node.forwarding import Decision, Load, algorithm2, predicted_ttft
 from model_node.group import SYNC_INTERVAL, GroupConfig, GroupState
+from model_node.hrtree import Match
 from simulations.common import Progress, Result, new_figure
 from simulations.metrics import percentile
 
@@ -169,6 +178,12 @@ class _Engine:
     cache: OrderedDict[tuple[str, int], int] = field(default_factory=OrderedDict)  # prefix key -> tokens
     cached_at: dict[tuple[str, int], float] = field(default_factory=dict)
     tokens: int = 0
+    changes: list[float] = field(default_factory=list)  # when its load changed: arrivals, first tokens, ends
+
+    def last_change(self, now: float) -> float:
+        """When this engine's load last changed at or before ``now`` (-inf: never)."""
+        i = bisect.bisect_right(self.changes, now)
+        return self.changes[i - 1] if i else -math.inf
 
     def load(self, now: float, costs: dict[str, Any]) -> Load:
         """The work this engine holds at ``now`` (as a model node reports it: prompt tokens
@@ -205,6 +220,8 @@ class _Engine:
         end = start + prefill + job.output * costs["decode_s_per_token"]
         self.free_at = end
         self.jobs.append((start, start + prefill, end, prompt - cached, job.output))
+        for t in (now, start + prefill, end):
+            bisect.insort(self.changes, t)
         if job.key in self.cache:
             self.cache.move_to_end(job.key)
         else:
@@ -225,6 +242,105 @@ class _Engine:
 Policy = Callable[[GroupState, Sequence[int]], Decision]
 
 
+@dataclass(frozen=True)
+class Variant:
+    """What an HR-tree policy knows when it decides, and the rule it decides by (issue 29).
+    The defaults are ``hrtree``, today's product as this simulation models it; each field
+    changes one thing, so that experiments vary one at a time:
+
+    - ``local_load``: the entry's own load is read from its engine at each decision (the real
+      :meth:`model_node.group_service.GroupService.decide` calls ``refresh_load`` first; the
+      ``hrtree`` policy here reads its own load only at each sync round);
+    - ``load_s``: every peer's load in the entry's table is taken straight from the engines
+      every ``load_s`` seconds (``0``: at every decision, exact: the ideal); ``None``: only the sync round's
+      :class:`~model_node.messages.LoadReport` every :data:`SYNC_S` seconds;
+    - ``push``: every node reports its load whenever it changes (a request taken, a first token,
+      a request done), so a peer's load in the entry's table is as of its last change (network
+      delay aside): exact except that the work drained since is not subtracted;
+    - ``prefixes``: what the entry knows of the caches: ``"tree"`` the HR-tree synced every
+      round, from prefixes whose prefill finished (the product); ``"tree_queued"`` the same
+      with a prefix announced from the moment its request is queued; ``"exact"`` the engines'
+      caches at the decision, queued prefixes included (the oracle's knowledge);
+    - ``rule``: ``"alg2"`` Algorithm 2 (a holder under the threshold with the least wait, else
+      the least loaded node); ``"ttft"`` the node with the least predicted first-token time,
+      its wait plus the prefill of the prompt tokens it does not hold (:func:`least_ttft`);
+    - ``ties``: with the ``"ttft"`` rule, who wins a tie: ``"self"`` the entry (no hop), else
+      the lowest id; ``"idle"`` the node free the longest (read from the engines: a load report
+      would have to carry how long its node has been idle).
+    """
+
+    local_load: bool = False
+    load_s: float | None = None
+    push: bool = False
+    prefixes: str = "tree"
+    rule: str = "alg2"
+    ties: str = "self"
+
+
+# HR-tree variants ``play`` accepts as policies; ``hrtree`` is today's product, each other one
+# changes what it knows or how it decides (docs/simulations.md, "Against an oracle"):
+VARIANTS: dict[str, Variant] = {
+    "hrtree": Variant(),
+    # + its own load read at each decision, as GroupService.decide does
+    "hrtree_local": Variant(local_load=True),
+    # + the TTFT rule, on the round's loads
+    "hrtree_ttft": Variant(local_load=True, rule="ttft"),
+    # + every peer's load exact at each decision (the ideal)
+    "hrtree_fresh": Variant(local_load=True, load_s=0.0),
+    # + prefixes announced from the moment their request is queued
+    "hrtree_fresh_queued": Variant(local_load=True, load_s=0.0, prefixes="tree_queued"),
+    # + the TTFT rule
+    "hrtree_fresh_queued_ttft": Variant(local_load=True, load_s=0.0, prefixes="tree_queued", rule="ttft"),
+    # the same with loads pushed by each node on every change instead of exact: a deployable form
+    "hrtree_push_queued_ttft": Variant(local_load=True, push=True, prefixes="tree_queued", rule="ttft"),
+    # the same with ties going to the node idle the longest, as the oracle's do: the proposed change
+    "hrtree_push_queued_ttft_idle": Variant(local_load=True, push=True, prefixes="tree_queued", rule="ttft",
+                                            ties="idle"),
+    # the oracle's knowledge (exact caches and loads) with the TTFT rule: what is left is the tie-break
+    "hrtree_exact": Variant(local_load=True, load_s=0.0, prefixes="exact", rule="ttft"),
+}
+
+
+TTFT_TIE = 0.01  # least_ttft: costs within 1 % (and 1 ms) of the least are a tie, won by ourselves (no hop)
+
+
+def least_ttft(state: GroupState, token_ids: Sequence[int], found: Match | None = None,
+               matched_tokens: int | None = None, free_at: Mapping[bytes, float] | None = None) -> Decision:
+    """The node of ``state``'s table with the least predicted time to first token for
+    ``token_ids``: a holder of the prompt's prefix (an HR-tree match, ``d ≥ τ_c``) waits
+    :attr:`Load.cached_wait` and then evaluates the tokens past the matched chunks; any other
+    node waits :attr:`Load.relative` and then evaluates the whole prompt. Ties as Algorithm
+    2's: ourselves, then the higher capacity, then the lower id. ``found`` (and the tokens it
+    covers, ``matched_tokens``) replace the HR-tree search when given. Counted as Algorithm
+    2's decisions are (``match`` when a holder wins, else ``miss``).
+
+    Costs within :data:`TTFT_TIE` of the least are a tie: without it a node's own rates (exact)
+    and its peers' (rounded to a thousandth of a token per second in the load report) differ in
+    the last digits, every entry forwards every request, and all of them to the same peer.
+    ``free_at``: when each node's engine is (or was last) free; given, a tie goes to the node
+    free the longest (the oracle's tie-break) instead of to ourselves."""
+    table = state.table()
+    if found is None:
+        found = state.search(token_ids)
+    holders: frozenset[bytes] = frozenset()
+    if found.depth >= state.tau_c and found.candidates:
+        holders = found.candidates
+        if matched_tokens is None:
+            ends = state.lengths.chunk_ends(len(token_ids))
+            matched_tokens = ends[found.depth - 1] if ends else 0
+    left = len(token_ids) - (matched_tokens or 0)
+
+    costs = {n: predicted_ttft(table[n], n in holders, left, len(token_ids)) for n in table}
+    least = min(costs.values())
+    near = [n for n, c in costs.items() if c <= least * (1 + TTFT_TIE) + 1e-3]
+    if free_at is not None:  # the node free the longest, as the oracle breaks ties
+        best = min(near, key=lambda n: (free_at[n], n != state.self_id, costs[n], n))
+    else:
+        best = state.self_id if state.self_id in near else min(near, key=lambda n: (costs[n], -table[n].capacity, n))
+    reason = "alone" if len(table) <= 1 else "match" if best in holders else "miss"
+    return state.count(Decision(None if best == state.self_id else best, reason, found.depth), len(token_ids))
+
+
 def oracle_choice(engines: Sequence[_Engine], job: Job, now: float, costs: dict[str, Any]) -> int:
     """The central oracle's choice for ``job`` arriving at ``now``: the engine with the least
     predicted TTFT (:meth:`_Engine.predict_ttft`, from its exact cache and queue now). Ties go
@@ -234,19 +350,30 @@ def oracle_choice(engines: Sequence[_Engine], job: Job, now: float, costs: dict[
 
 
 def play(jobs: Sequence[Job], policy: str, costs: dict[str, Any], *, nodes: int = MODEL_NODES, seed: int = 0,
-         config: GroupConfig | None = None) -> dict[str, float]:
-    """Play ``jobs`` on ``nodes`` model nodes forwarding by ``policy``; returns the figures."""
+         config: GroupConfig | None = None, variant: Variant | None = None) -> dict[str, float]:
+    """Play ``jobs`` on ``nodes`` model nodes forwarding by ``policy`` (one of :data:`POLICIES`
+    or :data:`VARIANTS`); returns the figures. ``variant`` replaces the named HR-tree
+    variant's settings (for experiments: ``policy`` is then only a label)."""
     ids = [i.to_bytes(20, "big") for i in range(1, nodes + 1)]
     if config is None:  # the threshold in seconds of work: REQUESTS_THRESHOLD requests of this workload
         mean_cost = sum((j.prefix_len + j.suffix_len) * costs["prefill_s_per_token"]
                         + j.output * costs["decode_s_per_token"] for j in jobs) / max(1, len(jobs))
-        config = GroupConfig(load_threshold=REQUESTS_THRESHOLD * mean_cost)
+        config = GroupConfig(load_threshold=REQUESTS_THRESHOLD * mean_cost, rule="alg2")  # the paper's rule
     states = [GroupState(x, ids, config=config) for x in ids]
     by_id = {x: i for i, x in enumerate(ids)}
     engines = [_Engine() for _ in ids]
     decide: Policy
-    if policy == "hrtree":
-        decide = lambda st, tok: st.decide(tok)  # noqa: E731
+    var = variant if variant is not None else VARIANTS.get(policy)
+    if var is not None:
+        if (var.rule not in ("alg2", "ttft") or var.prefixes not in ("tree", "tree_queued", "exact")
+                or var.ties not in ("self", "idle")):
+            raise ValueError(f"unknown variant {var}")
+        if var.rule == "alg2":
+            decide = lambda st, tok: st.decide(tok)  # noqa: E731
+        elif var.ties == "idle":
+            decide = lambda st, tok: least_ttft(st, tok, free_at=free_times())  # noqa: E731
+        else:
+            decide = least_ttft
     elif policy == "load":
         decide = least_loaded
     elif policy == "no_hrtree":
@@ -254,8 +381,11 @@ def play(jobs: Sequence[Job], policy: str, costs: dict[str, Any], *, nodes: int 
     elif policy == "oracle":
         decide = least_loaded  # unused: the oracle reads the engines, not the group states
     else:
-        raise ValueError(f"unknown policy {policy!r}; choose one of {POLICIES}")
+        raise ValueError(f"unknown policy {policy!r}; choose one of {POLICIES} or {tuple(VARIANTS)}")
     prefix_tokens: dict[tuple[str, int], list[int]] = {}
+
+    def free_times() -> dict[bytes, float]:
+        return {x: e.free_at for x, e in zip(ids, engines, strict=True)}
 
     def prefix_of(key: tuple[str, int], n: int) -> list[int]:
         if key not in prefix_tokens:
@@ -265,15 +395,62 @@ def play(jobs: Sequence[Job], policy: str, costs: dict[str, Any], *, nodes: int 
     def sync(now: float) -> None:
         for st, eng in zip(states, engines, strict=True):
             st.set_local_load(eng.load(now, costs))
-            st.set_local_prefixes([prefix_of(k, eng.cache[k]) for k in eng.visible_prefixes(now)])
+            keys = list(eng.cache) if var is not None and var.prefixes == "tree_queued" else eng.visible_prefixes(now)
+            st.set_local_prefixes([prefix_of(k, eng.cache[k]) for k in keys])
         for st in states:
             deliver(st.self_id, st.tick(now), now)
+        for row in pushed:  # the round's reports are newer than any change before it
+            row[:] = [max(t, now) for t in row]
 
     def deliver(sender: bytes, sends: Sequence[Any], now: float) -> None:
         queue = [(sender, s) for s in sends]
         while queue:
             src, s = queue.pop(0)
             queue += [(s.peer, r) for r in states[by_id[s.peer]].on_message(src, s.msg, now)]
+
+    snapshot: list[Load] = []  # the engines' loads at the last load_s instant (a variant's fresh loads)
+    snap_at = -math.inf
+    applied = [-math.inf] * nodes  # the snapshot each entry's table last took
+    pushed = [[-math.inf] * nodes for _ in range(nodes)]  # per entry and peer: the last pushed report taken
+
+    def fresh_loads(entry: int, now: float) -> None:
+        """A variant's knowledge at a decision: its own load now, peers' loads as of the
+        last ``load_s`` instant (as if each had just reported: no forwards pending)."""
+        nonlocal snapshot, snap_at
+        assert var is not None
+        st = states[entry]
+        if var.local_load:
+            st.set_local_load(engines[entry].load(now, costs))
+        if var.push:
+            for peer, ps in st.peers.items():
+                i = by_id[peer]
+                changed = engines[i].last_change(now)
+                if ps.load is not None and changed > pushed[entry][i]:
+                    pushed[entry][i] = changed
+                    ps.load = engines[i].load(changed, costs)
+        if var.load_s is None:
+            return
+        due = now if var.load_s <= 0 else math.floor(now / var.load_s) * var.load_s
+        if due > snap_at:
+            snapshot = [e.load(due, costs) for e in engines]
+            snap_at = due
+        if applied[entry] < snap_at:
+            applied[entry] = snap_at
+            for peer, ps in st.peers.items():
+                if ps.load is not None:
+                    ps.load = dataclasses.replace(snapshot[by_id[peer]])
+
+    def exact_decide(entry: int, job: Job, tokens: Sequence[int]) -> Decision:
+        """A variant with ``prefixes="exact"``: the holders are the engines caching the prefix now."""
+        assert var is not None
+        st = states[entry]
+        table = st.table()
+        holders = frozenset(ids[i] for i, e in enumerate(engines) if job.key in e.cache and ids[i] in table)
+        found = Match(10**6 if holders else 0, holders)
+        if var.rule == "ttft":
+            return least_ttft(st, tokens, found, job.prefix_len, free_at=free_times() if var.ties == "idle" else None)
+        return st.count(algorithm2(st.self_id, table, found, tau_c=st.tau_c,
+                                   load_threshold=st.config.load_threshold), len(tokens))
 
     ttft: list[float] = []
     latency: list[float] = []
@@ -290,7 +467,12 @@ def play(jobs: Sequence[Job], policy: str, costs: dict[str, Any], *, nodes: int 
             st = states[job.entry]
             tokens = prefix_of(job.key, job.prefix_len) + _suffix_tokens(job.suffix_seed, job.suffix_len)
             deliver(st.self_id, st.observe(tokens, job.at), job.at)
-            d = decide(st, tokens)
+            if var is not None:
+                fresh_loads(job.entry, job.at)
+            if var is not None and var.prefixes == "exact":
+                d = exact_decide(job.entry, job, tokens)
+            else:
+                d = decide(st, tokens)
             server = job.entry if d.target is None else by_id[d.target]
             forwarded += d.target is not None
         t, lat, cached = engines[server].serve(job, job.at, costs)
@@ -362,16 +544,24 @@ ORACLE_QUICK = {"nodes": MODEL_NODES, "services": SERVICES}
 ORACLE_FULL = {"nodes": MODEL_NODES, "services": 4 * SERVICES}
 
 
+# oracle_ratios' labels: the model node's forwarding as ported in issue 29 (pushed loads, queued
+# prefixes, least predicted TTFT, idle ties: model_node/forwarding.py least_ttft), the paper's
+# Algorithm 2 on 5 s rounds (the model node's rule before it), and load only
+_ORACLE_LABELS = {"hrtree_push_queued_ttft_idle": "hrtree", "hrtree": "alg2", "load": "load"}
+
+
 def oracle_ratios(seed: int = 0, quick: bool = True, *, workloads: Sequence[str] = ("tooluse", "coding", "longdoc",
                                                                                    "mixed"),
                   rho: Sequence[float] = RHO, nodes: int | None = None, services: float | None = None,
                   costs: dict[str, Any] | None = None) -> dict[str, float]:
-    """HR-tree forwarding (and load-only, for context) against the central oracle, per workload
-    and load level, on the same jobs: flat figures
-    ``forwarding_{hrtree,load}_vs_oracle_{mean,p99}_ratio_{workload}_rho{r}`` (the policy's mean
-    or p99 TTFT over the oracle's), the worst of each over all cases
+    """The model nodes' forwarding against the central oracle, per workload and load level, on
+    the same jobs, under three labels (:data:`_ORACLE_LABELS`): ``hrtree``, the rule the model node
+    runs since issue 29 (policy ``hrtree_push_queued_ttft_idle``); ``alg2``, the paper's Algorithm 2
+    on 5 s load rounds that it ran before (policy ``hrtree``); ``load``, load only. Flat figures
+    ``forwarding_{label}_vs_oracle_{mean,p99}_ratio_{workload}_rho{r}`` (the policy's mean or p99
+    TTFT over the oracle's), the worst of each over all cases
     (``forwarding_hrtree_vs_oracle_mean_ratio_max`` ...), the absolute TTFTs
-    (``forwarding_oracle_ttft_mean_s_{workload}_rho{r}`` ...) and the parameters:
+    (``forwarding_{label,oracle}_ttft_{mean,p99}_s_{workload}_rho{r}``) and the parameters:
     ``forwarding_oracle_nodes``, ``forwarding_oracle_services``, ``forwarding_oracle_seed`` and
     ``forwarding_oracle_requests_{min,max}`` (requests per run). ``quick``: :data:`ORACLE_QUICK`
     (fewer nodes, so fewer requests per run) instead of :data:`ORACLE_FULL`; ``nodes`` and
@@ -380,7 +570,7 @@ def oracle_ratios(seed: int = 0, quick: bool = True, *, workloads: Sequence[str]
     n = int(nodes if nodes is not None else size["nodes"])
     svc = float(services if services is not None else size["services"])
     res = simulate(seed, workloads=workloads, rho=rho, services=svc, nodes=n, costs=costs,
-                   policies=("hrtree", "load", "oracle"))
+                   policies=(*_ORACLE_LABELS, "oracle"))
     f = res.figures
     out: dict[str, float] = {}
     requests: list[float] = []
@@ -388,19 +578,50 @@ def oracle_ratios(seed: int = 0, quick: bool = True, *, workloads: Sequence[str]
         for r in rho:
             case = f"{w}_rho{r}"
             requests.append(f[f"{case}_oracle_requests"])
-            for p in ("hrtree", "load", "oracle"):
+            for stat in ("mean", "p99"):
+                out[f"forwarding_oracle_ttft_{stat}_s_{case}"] = f[f"{case}_oracle_ttft_{stat}_s"]
+            for p, label in _ORACLE_LABELS.items():
                 for stat in ("mean", "p99"):
-                    out[f"forwarding_{p}_ttft_{stat}_s_{case}"] = f[f"{case}_{p}_ttft_{stat}_s"]
-            for p in ("hrtree", "load"):
-                for stat in ("mean", "p99"):
-                    out[f"forwarding_{p}_vs_oracle_{stat}_ratio_{case}"] = f[f"{case}_{p}_vs_oracle_ttft_{stat}_ratio"]
-    for p in ("hrtree", "load"):
+                    out[f"forwarding_{label}_ttft_{stat}_s_{case}"] = f[f"{case}_{p}_ttft_{stat}_s"]
+                    out[f"forwarding_{label}_vs_oracle_{stat}_ratio_{case}"] = f[f"{case}_{p}_vs_oracle_ttft_{stat}_ratio"]
+    for label in _ORACLE_LABELS.values():
         for stat in ("mean", "p99"):
-            ratios = [out[f"forwarding_{p}_vs_oracle_{stat}_ratio_{w}_rho{r}"] for w in workloads for r in rho]
-            out[f"forwarding_{p}_vs_oracle_{stat}_ratio_max"] = max(ratios)
+            ratios = [out[f"forwarding_{label}_vs_oracle_{stat}_ratio_{w}_rho{r}"] for w in workloads for r in rho]
+            out[f"forwarding_{label}_vs_oracle_{stat}_ratio_max"] = max(ratios)
     out.update({"forwarding_oracle_nodes": float(n), "forwarding_oracle_services": svc,
                 "forwarding_oracle_seed": float(seed), "forwarding_oracle_requests_min": min(requests),
                 "forwarding_oracle_requests_max": max(requests)})
+    return out
+
+
+def variant_ratios(seed: int = 0, *, variants: dict[str, Variant] | Sequence[str] = tuple(VARIANTS),
+                   workloads: Sequence[str] = ("tooluse", "coding", "longdoc", "mixed"), rho: Sequence[float] = RHO,
+                   nodes: int = MODEL_NODES, services: float = SERVICES,
+                   costs: dict[str, Any] | None = None) -> dict[str, float]:
+    """HR-tree variants against the central oracle on the same jobs (issue 29's experiments):
+    ``forwarding_{name}_vs_oracle_{mean,p99}_ratio_{workload}_rho{r}``, their worst over the
+    cases (``..._max``) and the oracle's TTFTs (``forwarding_oracle_ttft_{mean,p99}_s_...``).
+    ``variants``: names of :data:`VARIANTS`, or ``{name: Variant}`` (e.g. a ``load_s`` sweep)."""
+    costs = costs or load_costs()
+    chosen = dict(variants) if isinstance(variants, dict) else {n: VARIANTS[n] for n in variants}
+    out: dict[str, float] = {}
+    for w in workloads:
+        service = mean_service_s(w, costs)
+        for r in rho:
+            case = f"{w}_rho{r}"
+            jobs = workload(w, r * nodes / service, services * service, nodes, seed)
+            oracle = play(jobs, "oracle", costs, nodes=nodes, seed=seed)
+            for stat in ("mean", "p99"):
+                out[f"forwarding_oracle_ttft_{stat}_s_{case}"] = oracle[f"ttft_{stat}_s"]
+            for name, var in chosen.items():
+                got = play(jobs, name, costs, nodes=nodes, seed=seed, variant=var)
+                for stat in ("mean", "p99"):
+                    out[f"forwarding_{name}_vs_oracle_{stat}_ratio_{case}"] = _ratio(
+                        got[f"ttft_{stat}_s"], oracle[f"ttft_{stat}_s"])
+    for name in chosen:
+        for stat in ("mean", "p99"):
+            out[f"forwarding_{name}_vs_oracle_{stat}_ratio_max"] = max(
+                out[f"forwarding_{name}_vs_oracle_{stat}_ratio_{w}_rho{r}"] for w in workloads for r in rho)
     return out
 
 

@@ -170,7 +170,8 @@ async def test_a_forwarded_direct_request_comes_back_through_the_entry_node(auto
             chunks.append(await conn.receive())
         last = chunks[-1]
         assert last.node == nid(b) and not last.error and "".join(ch.text for ch in chunks) == req.messages[-1].content
-        checker = ReplyChecker(request_digest(req), "echo", nid(b), b.identity.ed25519_public)
+        # B signed a reply to the request the user addressed to A (decision 0015): not one to B
+        checker = ReplyChecker(request_digest(req, nid(a)), "echo", nid(b), b.identity.ed25519_public)
         for ch in chunks:  # every chunk is B's, chained and signed
             checker.check(ch.text, ch.token_ids, ch.done, ch.chain, ch.signature, ch.signed_at_ms)
         assert a.forwarded_out == 1 and b.forwarded_in == 1

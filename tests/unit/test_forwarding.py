@@ -99,8 +99,9 @@ CASES = [
 def build(case: Case) -> GroupState:
     me = IDS["self"]
     everyone = [IDS[n] for n in (*case.peers, *case.silent_holders)]
+    # the paper's rule, kept as GroupConfig(rule="alg2"); the product's TTFT rule (issue 29) is tested in test_forwarding_ttft.py
     gs = GroupState(me, everyone, capacity=case.me[2], lengths=L,
-                    config=GroupConfig(tau_c=case.tau_c, load_threshold=2.0))
+                    config=GroupConfig(tau_c=case.tau_c, load_threshold=2.0, rule="alg2"))
     gs.set_local_load(load(*case.me))
     if "self" in case.holders:
         gs.set_local_prefixes([SYSTEM + [7] * 10])
