@@ -19,7 +19,12 @@ that long for a slot, or that finds ``max_queue`` requests already queued, is re
 "busy" error chunk (:func:`overlay.anon.busy_error`); the user's client then tries another
 model node. Every request is answered or refused: none waits without bound. The load also
 reports ``match_wait``, the wait admission would give a mostly cached prompt now, which
-forwarding compares for a prefix's holders.
+forwarding compares for a prefix's holders, and ``idle_ms``, how long the node has held no
+work (forwarding's tie-break). With a group, the node reports its load to the members each
+time it changes (a request admitted, its first token, its end: :meth:`GroupService.load_changed`,
+rate-limited), and announces the prompts of the requests it took but has not prefilled yet
+with its cached prefixes (:meth:`ModelNode.announced_prefixes`), so that peers send requests
+sharing a prefix here from the moment it is queued (issue 29, docs/simulations.md).
 
 With a group (``group=GroupConfig(...)``, the default of ``gentorrent model-node``)
 the node forwards among the model nodes serving its model (paper §3.3,
@@ -43,7 +48,7 @@ import logging
 import math
 import statistics
 from collections import Counter, deque
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
@@ -53,7 +58,7 @@ import trio
 from model_node.admission import Admission, Queued, admit
 from model_node.engine import Engine, EngineError, GenStats, OrdersPrompts
 from model_node.forwarding import MATCH_PROBE_TOKENS, ForwardingPolicy, Load, Throughput
-from model_node.group import GroupConfig
+from model_node.group import MAX_IDLE_MS, GroupConfig
 from model_node.group_service import GroupService
 from model_node.hrtree import common_prefix
 from model_node.messages import Count, NodeStats, Served, StatsRequest
@@ -63,6 +68,7 @@ from overlay.directory.registry import Registry
 from overlay.identity import Identity, short_id
 from overlay.messages import Deliver, ReplyChunk, Request
 from overlay.node import Node, listed_in
+from overlay.replay import AnsweredIds
 from overlay.signing import ReplySigner, request_digest
 from overlay.transport import Connection, Transport, TransportError
 
@@ -146,6 +152,7 @@ class ModelNode:
         self.slots = slots
         self.accept_direct_requests = accept_direct_requests
         self.clock: Clock = clock or TrioClock()
+        self.answered = AnsweredIds()  # plain requests' ids, each answered once (overlay/replay.py)
         self.active = 0
         self.queued = 0
         self.served = 0
@@ -155,6 +162,7 @@ class ModelNode:
         self._ordered: OrdersPrompts | None = (
             engine if isinstance(engine, OrdersPrompts) and engine.orders_prompts else None)
         self._work: set[_Work] = set()
+        self._idle_since: float | None = None  # when the node last stopped holding work (None: it never held any)
         self._slots = trio.Semaphore(slots)
         self.node = Node(identity, transport, peers=registry.entries, ping_interval=0, clock=self.clock,
                          registered=listed_in(registry))
@@ -168,7 +176,7 @@ class ModelNode:
         self.group: GroupService | None = None
         if group is not None:
             self.group = GroupService(
-                self.node, registry, self.model, load=self.current_load, prefixes=engine.cached_prefixes,
+                self.node, registry, self.model, load=self.current_load, prefixes=self.announced_prefixes,
                 on_forwarded=self._take_forwarded, config=group, policy=policy, clock=self.clock)
             self.group.install()
         self.node.on(Deliver, self._on_deliver)
@@ -201,8 +209,11 @@ class ModelNode:
     def current_load(self) -> Load:
         """This node's load now: the work it holds (prompt tokens still to evaluate, output
         tokens still expected) and the engine's measured rates, requests generated and
-        queued, its capacity score and slots, KV use if the engine reports it, and the
-        median time to first token of recent replies."""
+        queued, its capacity score and slots, KV use if the engine reports it, the
+        median time to first token of recent replies, and how long it has held no work
+        (``idle_ms``; -1 while it holds some; :data:`~model_node.group.MAX_IDLE_MS` if it never
+        held any: every fresh node is idle equally long, as the simulation's engines that never
+        served are all free since time 0, so their ties go to the entry)."""
         kv = getattr(self.engine, "kv_usage", None)
         ttfts = [s.ttft_us for s in self.recent]
         load = Load(self.active, self.queued, self.capacity, int(1000 * kv()) if kv is not None else 0,
@@ -210,7 +221,7 @@ class ModelNode:
                     prefill_tokens=sum(w.left() for w in self._work),
                     decode_tokens=sum(w.remaining for w in self._work),
                     prefill_rate=self.throughput.prefill_rate, decode_rate=self.throughput.decode_rate,
-                    streams=self.slots)
+                    streams=self.slots, idle_ms=self._idle_ms())
         if self._slots.value == 0:
             load.match_wait = max(load.relative, self.max_queue_wait)
         elif load.prefill_tokens == 0:  # nothing waits for a first token (no clock needed: called at start-up)
@@ -219,6 +230,29 @@ class ModelNode:
             probe = self._admission(load, MATCH_PROBE_TOKENS)
             load.match_wait = probe.wait if probe is not None else max(load.relative, self.max_queue_wait)
         return load
+
+    def _idle_ms(self) -> int:
+        if self._work:
+            return -1
+        if self._idle_since is None:  # never held work (and the clock may not be readable yet)
+            return MAX_IDLE_MS
+        return max(0, int((self.clock.monotonic() - self._idle_since) * 1000))
+
+    def announced_prefixes(self) -> list[Sequence[int]]:
+        """What this node announces to its group (its HR-tree subtree): the prompts of the
+        requests it took whose prefill has not finished (the engine will cache them; peers
+        should send requests sharing their prefix here from now on, not once they are
+        prefilled: docs/simulations.md, "Against an oracle"), then the engine's cached
+        prefixes. Raises ``RuntimeError`` as ``Engine.cached_prefixes`` does."""
+        queued = [w.prompt for w in self._work if w.prefill > 0 and w.prompt]
+        return [*queued, *self.engine.cached_prefixes()]
+
+    def _load_changed(self) -> None:
+        """The work held changed: the group hears of it (rate-limited)."""
+        if not self._work:
+            self._idle_since = self.clock.monotonic()
+        if self.group is not None:
+            self.group.load_changed()
 
     def _admission(self, load: Load, tokens: int) -> Admission | None:
         """What :func:`~model_node.admission.admit` gives a request with ``tokens`` prompt
@@ -273,7 +307,7 @@ class ModelNode:
     def _take_forwarded(self, conn: Connection, req: Request) -> None:
         """A member forwarded ``req`` here: serve it (never forward it again)."""
         if req.return_paths:  # from a user through the overlay: reply straight to its proxies
-            self.responder.accept(req, lambda r: self.handle(r, forwarded=True))
+            self.responder.accept(req, lambda r: self.handle(r, forwarded=True, target=conn.peer_id))
             return
         assert self._nursery is not None
         self._nursery.start_soon(self._answer_forwarder, conn, req)
@@ -281,7 +315,7 @@ class ModelNode:
     async def _answer_forwarder(self, conn: Connection, req: Request) -> None:
         """A direct request the member received over TLS: the chunks go back to it."""
         try:
-            async with aclosing(self.handle(req, forwarded=True)) as chunks:
+            async with aclosing(self.handle(req, forwarded=True, target=conn.peer_id)) as chunks:
                 async for chunk in chunks:
                     await conn.send(chunk)
                     if chunk.done:
@@ -364,6 +398,10 @@ class ModelNode:
                      short_id(conn.peer_id))
             await conn.send(self._chunk(req, 0, "", (), done=True, error=DIRECT_REFUSED))
             return
+        if not self.answered.take(req.request_id, self.clock.monotonic()):
+            await conn.send(self._chunk(req, 0, "", (), done=True, error=invalid_error(
+                "this request id was answered already: a node answers each request id once (send a new request)")))
+            return
         async with aclosing(self.handle(req, direct=True)) as chunks:
             async for chunk in chunks:
                 await conn.send(chunk)
@@ -383,13 +421,14 @@ class ModelNode:
                           node=self.identity.node_id, chain=chain, signature=signature, signed_at_ms=signed_at_ms,
                           prompt_tokens=prompt_tokens)
 
-    async def handle(self, req: Request, *, forwarded: bool = False,
-                     direct: bool = False) -> AsyncGenerator[ReplyChunk, None]:
+    async def handle(self, req: Request, *, forwarded: bool = False, direct: bool = False,
+                     target: bytes | None = None) -> AsyncGenerator[ReplyChunk, None]:
         """Serve one request: admit (validate, tokenize), forward or queue, generate, stream, sign.
 
         ``forwarded``: a member forwarded it here (served here whatever the load);
         ``direct``: it came over TLS rather than the overlay (if forwarded, its chunks come
-        back through this node)."""
+        back through this node); ``target``: the node the client addressed, which the reply's
+        signature names (the forwarding member; default this node)."""
         prompt_ids, why = self._admit(req)
         if why is None and self.group is not None:
             relayed = await self._route(req, prompt_ids, forwarded=forwarded, direct=direct)
@@ -405,7 +444,7 @@ class ModelNode:
         if why is not None:
             yield self._chunk(req, 0, "", (), done=True, error=why)
             return
-        async with aclosing(self._serve_here(req, prompt_ids, forwarded)) as chunks:
+        async with aclosing(self._serve_here(req, prompt_ids, forwarded, target)) as chunks:
             async for chunk in chunks:
                 yield chunk
 
@@ -444,7 +483,8 @@ class ModelNode:
             return None
         return await self._forward(req, target, direct)
 
-    async def _serve_here(self, req: Request, prompt_ids: list[int], forwarded: bool) -> AsyncGenerator[ReplyChunk, None]:
+    async def _serve_here(self, req: Request, prompt_ids: list[int], forwarded: bool,
+                          target: bytes | None = None) -> AsyncGenerator[ReplyChunk, None]:
         """Admit (:mod:`model_node.admission`), wait in the queue for a slot (at most
         ``max_queue_wait`` seconds), then generate; "busy" at once when admission refuses it
         (free slots or not: prompts are evaluated one after another), or when every slot is
@@ -466,9 +506,11 @@ class ModelNode:
             return
         assert taken is not None
         limit = req.params.max_tokens
-        work = _Work(own, self.throughput.expected_output(limit), limit, key=taken.key, promise=taken.promise)
+        work = _Work(own, self.throughput.expected_output(limit), limit, key=taken.key, promise=taken.promise,
+                     prompt=prompt_ids)
         self._work.add(work)
         self.queued += 1
+        self._load_changed()
         got_slot = False
         try:
             with trio.move_on_after(self.max_queue_wait):
@@ -478,6 +520,7 @@ class ModelNode:
             self.queued -= 1
             if not got_slot:
                 self._work.discard(work)
+                self._load_changed()
         if not got_slot:
             self.busy += 1
             yield self._chunk(req, 0, "", (), done=True, error=busy_error(
@@ -486,22 +529,23 @@ class ModelNode:
             return
         self.active += 1
         try:
-            async with aclosing(self._generate(req, prompt_ids, forwarded, work)) as chunks:
+            async with aclosing(self._generate(req, prompt_ids, forwarded, work, target)) as chunks:
                 async for chunk in chunks:
                     yield chunk
         finally:
             self.active -= 1
             self._work.discard(work)
             self._slots.release()
+            self._load_changed()
 
     async def _generate(self, req: Request, prompt_ids: list[int], forwarded: bool,
-                        work: _Work) -> AsyncGenerator[ReplyChunk, None]:
+                        work: _Work, target: bytes | None = None) -> AsyncGenerator[ReplyChunk, None]:
         all_ids: list[int] = []
         seq, size, last = 0, 0, self.clock.monotonic()
         first_at: float | None = None
         buf: list[str] = []
         ids: list[int] = []
-        signer = ReplySigner(request_digest(req), self.model, self.identity.node_id)
+        signer = ReplySigner(request_digest(req, target or self.identity.node_id), self.model, self.identity.node_id)
         try:
             if self._ordered is not None:
                 gen = self._ordered.generate(prompt_ids, req.params, priority=work.key)
@@ -522,6 +566,7 @@ class ModelNode:
                     if first_at is None:
                         self.throughput.prefill_ended(now, work.prefill)
                         first_at, work.prefill = now, 0
+                        self._load_changed()
                     work.produced += len(piece.token_ids)
                     if seq == 0 or now - last >= CHUNK_INTERVAL or size >= CHUNK_MAX_CHARS:
                         all_ids.extend(ids)
@@ -564,7 +609,8 @@ class _Work:
     ``prefill`` prompt tokens still to evaluate (0 once its first token is out), ``expected``
     output tokens to expect (:meth:`Throughput.expected_output`), ``limit`` its
     ``max_tokens``, ``produced`` so far; its admission ``key`` (the engine's prompt order) and
-    ``promise``, the time its first token is promised by (:mod:`model_node.admission`)."""
+    ``promise``, the time its first token is promised by (:mod:`model_node.admission`);
+    ``prompt`` its prompt's token ids (announced to the group until its prefill is done)."""
 
     prefill: int
     expected: int
@@ -573,6 +619,7 @@ class _Work:
     key: float = 0.0
     promise: float = math.inf
     gen: Any = None  # the engine's generation, once started
+    prompt: list[int] = dataclasses.field(default_factory=list)
 
     def left(self) -> int:
         """``prefill``, or what the engine reports is left of the prompt (``prompt_left``)."""

@@ -43,6 +43,7 @@ from overlay.messages import (
 from overlay.paths import PATH_CLOSED, Path, PathError, PathManager
 from overlay.peers import PeerEntry, usable
 from overlay.relay import TokenBucket
+from overlay.replay import AnsweredIds
 from overlay.seal import ReturnKey, SealError, open_sealed, seal_to
 from overlay.signing import ReplyChecker, ReplyVerifyError, request_digest
 
@@ -262,6 +263,7 @@ class AnonClient:
         paths_timeout: float = 30.0,
         failover: bool = True,
         fresh_paths: bool = False,
+        request_id: bytes | None = None,
     ) -> AsyncIterator[ReplyChunk]:
         """Send one prompt anonymously; yield its reply chunks in order, **each one verified**.
 
@@ -294,7 +296,12 @@ class AnonClient:
         them when the try ends, instead of the kept paths that a user's requests share: the
         proxies of one such request link it to no other request of this client. Verifiers send
         every audit challenge so (decision 0013).
+
+        ``request_id`` (16 bytes) is the first try's request id, which the reply's signature binds
+        (:func:`overlay.signing.request_digest`); later tries get fresh random ones. Default: random.
         """
+        if request_id is not None and len(request_id) != REQUEST_ID_LEN:
+            raise ValueError(f"a request id is {REQUEST_ID_LEN} bytes, not {len(request_id)}")
         exact = not failover and node is not None  # a verifier's challenge to one node, whatever its standing
         target = self.choose_model_node(model, node, exact=exact)
         tried: set[bytes] = set()
@@ -302,7 +309,8 @@ class AnonClient:
         while True:
             try:
                 attempt = self._attempt(target, model, tuple(messages), params or SamplingParams(),
-                                        "".join(produced), timeout, paths_timeout, exact, fresh_paths)
+                                        "".join(produced), timeout, paths_timeout, exact, fresh_paths, request_id)
+                request_id = None  # a later try is another request
                 async with aclosing(attempt) as chunks:
                     async for chunk in chunks:
                         produced.append(chunk.text)
@@ -333,6 +341,7 @@ class AnonClient:
     async def _attempt(
         self, target: PeerEntry, model: str, messages: tuple[ChatMessage, ...], params: SamplingParams,
         continuation: str, timeout: float, paths_timeout: float, exact: bool = False, fresh_paths: bool = False,
+        request_id: bytes | None = None,
     ) -> AsyncGenerator[ReplyChunk, None]:
         """One try at ``target``: n cloves out over n of our paths (n built for this try alone
         with ``fresh_paths``, closed after it), the reply chunks back in order, each checked
@@ -346,7 +355,7 @@ class AnonClient:
             raise AnonError(str(exc)) from None
         try:
             async with aclosing(self._attempt_on(paths, target, model, messages, params, continuation, timeout,
-                                                 exact)) as chunks:
+                                                 exact, request_id)) as chunks:
                 async for c in chunks:
                     yield c
         finally:
@@ -355,12 +364,12 @@ class AnonClient:
 
     async def _attempt_on(
         self, paths: list[Path], target: PeerEntry, model: str, messages: tuple[ChatMessage, ...],
-        params: SamplingParams, continuation: str, timeout: float, exact: bool,
+        params: SamplingParams, continuation: str, timeout: float, exact: bool, request_id: bytes | None = None,
     ) -> AsyncGenerator[ReplyChunk, None]:
         """:meth:`_attempt` over the chosen ``paths``."""
         keys = [ReturnKey.generate() for _ in paths]
-        req = self._request(paths, keys, model, messages, params, continuation)
-        digest = request_digest(req)
+        req = self._request(paths, keys, model, messages, params, continuation, request_id)
+        digest = request_digest(req, target.node_id)
         try:
             cloves = sida.split(codec.encode(req), self.n, self.k)
         except (sida.SidaError, codec.LocalProtocolError) as exc:
@@ -424,11 +433,11 @@ class AnonClient:
 
     def _request(
         self, paths: list[Path], keys: list[ReturnKey], model: str, messages: tuple[ChatMessage, ...],
-        params: SamplingParams, continuation: str,
+        params: SamplingParams, continuation: str, request_id: bytes | None = None,
     ) -> Request:
-        """The request, answered through ``paths`` (one fresh return key each)."""
+        """The request, answered through ``paths`` (one fresh return key each); a random id by default."""
         return Request(
-            request_id=crypto.random_bytes(REQUEST_ID_LEN),
+            request_id=request_id or crypto.random_bytes(REQUEST_ID_LEN),
             model=model,
             messages=messages,
             params=params,
@@ -586,7 +595,7 @@ class Responder:
         self.active = 0
         self.served = 0
         self.dropped: dict[str, int] = {}
-        self._seen: dict[bytes, float] = {}
+        self.answered = AnsweredIds()  # each request id answered once (overlay/replay.py, decision 0015)
         self._nursery: trio.Nursery | None = None
         self.delivers_per_s = delivers_per_s
         self.deliver_burst = deliver_burst
@@ -604,8 +613,6 @@ class Responder:
                 await trio.sleep(10)
                 now = self.clock.monotonic()
                 self.reassembler.expire(now)
-                for rid in [r for r, t in self._seen.items() if now - t > 600]:
-                    del self._seen[rid]
 
     async def on_deliver(self, conn: Any, msg: Deliver) -> None:
         bucket = self._buckets.get(conn.peer)
@@ -646,12 +653,9 @@ class Responder:
         if not 1 <= req.k <= len(req.return_paths) <= 16:
             self._drop("request-malformed")
             return False
-        if req.request_id in self._seen:
+        if not self.answered.take(req.request_id, self.clock.monotonic()):
             self._drop("request-duplicate")
             return False
-        if len(self._seen) > 100_000:
-            self._seen.clear()
-        self._seen[req.request_id] = self.clock.monotonic()
         assert self._nursery is not None, "Responder.run() must be running"
         if self.active >= self.max_active:
             self._start(req, self._refuse(req, busy_error(

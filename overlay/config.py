@@ -78,6 +78,15 @@ SETTINGS: dict[str, Setting] = {
                 "verifier learns your node id, your IP address and the prompt (not the reply, nor which model "
                 "node served you). Needs --committee; donations still waiting when the command exits are dropped"),
         Setting("donate_rate", float, 0.25, "with --donate-prompts, the share of replies whose prompt is donated (0..1)"),
+        Setting("donate_transcripts", bool, False,
+                "donate, for a share --donate-transcripts-rate of requests drawn before they are sent, the request "
+                "and the signed reply to every verifier of the committee, which score model nodes on them "
+                "(decision 0015): the client commits to the request with every verifier first (the request waits "
+                "for their answers, up to 5 s, and 1 s more), then reveals the transcript sealed to each verifier's key. Privacy "
+                "cost: every verifier learns your node id, your IP address, the prompt, the reply and which model "
+                "node served it. Seeded requests are never donated. Needs --committee"),
+        Setting("donate_transcripts_rate", float, 0.1,
+                "with --donate-transcripts, the share of requests whose transcript is donated (0..1)"),
     ]
 }
 

@@ -50,9 +50,19 @@ class ReplyVerifyError(Exception):
     """A reply's hash chain or signature does not verify: the reply was forged or altered."""
 
 
-def request_digest(req: Request) -> bytes:
+def request_digest(req: Request, target: bytes) -> bytes:
+    """What a reply signs of its request: BLAKE2b-256 (person ``gentorrent-req``) of the msgpack of
+    ``[request_id, target, model, messages, params, continuation]``, ``target`` being the model
+    node the client addressed (the node that forwarded the request, for the member that serves
+    it). The request id (random per request and per try) makes a signed reply answer one request,
+    not every request with the same text, and the target makes it one node's answer: a node answers
+    each id once (:mod:`overlay.replay`) and an honest node signs only its own target or a
+    member's, so a client gets one sample per id and node, which is what makes a committed
+    transcript an unbiased draw (decision 0015)."""
     p = req.params
     content = [
+        req.request_id,
+        target,
         req.model,
         [[m.role, m.content] for m in req.messages],
         [p.temperature, p.top_p, p.top_k, p.max_tokens, p.seed],

@@ -66,11 +66,12 @@ class ModelNode:
 
     def reply(self, opening: at.Opening, score: int = 950_000,
               chunks: Sequence[tuple[str, Sequence[int]]] = (("The answer", (791, 4245)), (" is 7.", (318, 767, 13))),
-              signed_at_ms: int | None = None, tries: int = 1) -> at.ReplyOutcome:
+              signed_at_ms: int | None = None, tries: int = 1, target: bytes | None = None) -> at.ReplyOutcome:
         """This node's signed reply to ``opening`` (every chunk signed as it streams), signed at
-        ``signed_at_ms`` (default: the clock of :class:`Committee`, i.e. inside the epoch)."""
+        ``signed_at_ms`` (default: the clock of :class:`Committee`, i.e. inside the epoch), to the
+        challenge sent to ``target`` (default this node; the forwarding node when it forwarded)."""
         at_ms = CLOCK[0] * 1000 + 123 if signed_at_ms is None else signed_at_ms
-        signer = signing.ReplySigner(opening.digest(), opening.model, self.node_id)
+        signer = signing.ReplySigner(opening.reply_digest(target or self.node_id, tries), opening.model, self.node_id)
         sig = b""
         for i, (text, ids) in enumerate(chunks):
             _, sig = signer.add(text, ids, i == len(chunks) - 1, at_ms, self.node.key.sign)

@@ -21,6 +21,9 @@ Only trusted model nodes of models the committee audits are used (:func:`overlay
 ``--allow-unaudited`` also uses nodes of models no verifier with enough voting power holds (the
 committee's model list marks them). ``--donate-prompts`` donates some complete requests to the
 committee's audits (:mod:`user_client.donate`); pending donations are dropped when the chat exits.
+``--donate-transcripts`` donates some requests with their signed replies to every verifier
+(:mod:`user_client.transcripts`): committed before they are sent, revealed after; the chat waits
+a few seconds at exit for reveals still out.
 
 Non-interactive (scriptable) when ``--prompt TEXT`` is given (repeatable: one turn each) or
 standard input is not a terminal (all of it is one prompt): the replies go to standard output
@@ -49,6 +52,7 @@ from overlay.directory.constants import REPUTATION_SCALE
 from overlay.messages import ChatMessage, ReplyChunk, SamplingParams
 from overlay.paths import PathError
 from user_client.donate import Donor
+from user_client.transcripts import DonatingClient, TranscriptDonor
 
 EXIT_OK = 0
 EXIT_OTHER = 1
@@ -320,17 +324,35 @@ async def wait_paths(paths: Any, n: int, timeout: float, *, show: bool, clock: C
 
 
 def check_donation_settings(cfg: Any) -> None:
-    """:class:`~overlay.cli.CliError` for a ``--donate-rate`` outside 0..1."""
+    """:class:`~overlay.cli.CliError` for a ``--donate-rate`` or ``--donate-transcripts-rate`` outside 0..1."""
     from overlay.cli import CliError
 
     if not 0.0 <= cfg.donate_rate <= 1.0:
         raise CliError(f"--donate-rate must be within 0..1, got {cfg.donate_rate:g}")
+    if not 0.0 <= cfg.donate_transcripts_rate <= 1.0:
+        raise CliError(f"--donate-transcripts-rate must be within 0..1, got {cfg.donate_transcripts_rate:g}")
+
+
+def check_donation_committee(cfg: Any, committee: object | None) -> None:
+    """:class:`~overlay.cli.CliError` for a donation flag without a committee to donate to."""
+    from overlay.cli import CliError
+
+    for flag, on in (("--donate-prompts", cfg.donate_prompts), ("--donate-transcripts", cfg.donate_transcripts)):
+        if on and committee is None:
+            raise CliError(f"{flag} donates to the committee's verifiers: it needs --committee")
 
 
 def make_donor(cfg: Any, identity: Any, addresses: Sequence[str], validators: Callable[[], Sequence[bytes]]) -> Donor:
     """The donor of ``--donate-prompts`` (:mod:`user_client.donate`), to the committee at ``addresses``
     whose validator keys ``validators()`` returns (the set the node holds now)."""
     return Donor(identity, addresses, validators, rate=cfg.donate_rate)
+
+
+def make_transcript_donor(cfg: Any, identity: Any, addresses: Sequence[str],
+                          validators: Callable[[], Sequence[bytes]]) -> TranscriptDonor:
+    """The donor of ``--donate-transcripts`` (:mod:`user_client.transcripts`), to every verifier
+    of the committee at ``addresses`` whose validator keys ``validators()`` returns."""
+    return TranscriptDonor(identity, addresses, validators, rate=cfg.donate_transcripts_rate)
 
 
 def run_chat(args: argparse.Namespace) -> int:
@@ -362,8 +384,7 @@ def run_chat(args: argparse.Namespace) -> int:
     registry, committee, _ = directory(cfg)
     if committee is None and not registry.models(cfg.model):
         raise CliError(f"no model node in the registry serves {cfg.model!r}")
-    if committee is None and cfg.donate_prompts:
-        raise CliError("--donate-prompts donates to the committee's verifiers: it needs --committee")
+    check_donation_committee(cfg, committee)
     host, port = listen_address(cfg)
     user = UserNode(identity, TLSTransport(identity), registry, region=cfg.region, n=cfg.cloves,
                     k=cfg.threshold, paths=cfg.proxies, refresh=cfg.path_refresh, ping_interval=0,
@@ -373,17 +394,19 @@ def run_chat(args: argparse.Namespace) -> int:
     paths = user.paths
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens,
                             seed=args.seed)
-    session = ChatSession(user.client, cfg.model, params, args.system, context_tokens=args.context_tokens)
+    client = DonatingClient(user.client) if cfg.donate_transcripts else user.client  # its donor: once registered
+    session = ChatSession(client, cfg.model, params, args.system, context_tokens=args.context_tokens)
     quiet = not interactive and not args.verbose
     status = EXIT_OK
     donor: Donor | None = None
+    transcripts: TranscriptDonor | None = None
 
     def note(text: str) -> None:
         if not quiet:
             print(text, file=sys.stderr, flush=True)
 
     async def main() -> None:
-        nonlocal status, donor
+        nonlocal status, donor, transcripts
         async with trio.open_nursery() as nursery:
             address = await nursery.start(user.serve, host, port)
             if committee is not None:  # register, and take the lists from the committee (live)
@@ -396,6 +419,10 @@ def run_chat(args: argparse.Namespace) -> int:
                     donor = make_donor(cfg, identity, committee.addresses,
                                        lambda: [v.public_key for v in member.client.validators])
                     await nursery.start(donor.run)
+                if isinstance(client, DonatingClient):
+                    transcripts = client.donor = make_transcript_donor(
+                        cfg, identity, committee.addresses, lambda: [v.public_key for v in member.client.validators])
+                    await nursery.start(transcripts.run)
             problem = model_problem(registry.models(cfg.model), cfg.model, cfg.allow_unaudited)
             if problem is not None:
                 print(f"gentorrent: error: {problem}", file=sys.stderr, flush=True)
@@ -457,6 +484,9 @@ def run_chat(args: argparse.Namespace) -> int:
                     status = status or EXIT_UNVERIFIED
                 elif donor is not None:  # a complete reply: maybe donate its request, later (fire and forget)
                     donor.offer(session.model, turn.sent, session.params)
+            if transcripts is not None and transcripts.pending:  # reveals still out: a commitment left
+                note(f"[revealing {transcripts.pending} donated transcript(s)...]")  # unrevealed burns the donor
+                await transcripts.wait_idle()
             nursery.cancel_scope.cancel()
 
     try:

@@ -12,7 +12,7 @@ DEFAULT_MAX_CONCURRENT = 32
 DEFAULT_BODY_TIMEOUT = 10.0  # seconds for a request body to arrive whole
 API_KEY_ENV = "GENTORRENT_API_KEY"
 # settings of the commands that send prompts (overlay/config.py): which model nodes, and donations
-USER_SETTINGS = ("allow_unaudited", "donate_prompts", "donate_rate")
+USER_SETTINGS = ("allow_unaudited", "donate_prompts", "donate_rate", "donate_transcripts", "donate_transcripts_rate")
 USE_NOTE = ("Prompts go only to trusted model nodes (committee reputation 0.4 or more) of models the committee's "
             "verifiers audit; --allow-unaudited also uses models no verifier with enough voting power holds, never "
             "untrusted nodes. With a --registry or --peers file no committee says whether a model is audited "
@@ -20,7 +20,10 @@ USE_NOTE = ("Prompts go only to trusted model nodes (committee reputation 0.4 or
             "a complete reply and with probability --donate-rate (0.25), the request's messages and sampling "
             "parameters to one verifier chosen at random, 0-60 s later, for its audit challenges: the chosen "
             "verifier learns your node id, your IP address and the prompt (not the reply, nor which model node "
-            "served you).")
+            "served you). --donate-transcripts (off by default) donates, for a share --donate-transcripts-rate (0.1) "
+            "of requests drawn before they are sent, the request and its signed reply to every verifier of the "
+            "committee, committed to before the request leaves: every verifier learns your node id, your IP "
+            "address, the prompt, the reply and which model node served it.")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -119,7 +119,41 @@ async def abci_query(rpc: Rpc, address: str, path: str, data: bytes = b"") -> by
         raise DonationError(f"{path}: {exc}") from None
 
 
-class Donor:
+async def verifier_key(rpc: Rpc, address: str, held: Iterable[bytes]) -> bytes:
+    """The Ed25519 validator key the verifier at ``address`` answers on ``/audit/donate_key``,
+    which must be one of the committee's validator keys ``held`` (:class:`DonationError` otherwise):
+    the key a donation, or a transcript's reveal, is sealed to."""
+    key = await abci_query(rpc, address, KEY_PATH)
+    if len(key) != 32 or key not in set(held):
+        raise DonationError(f"{address} answered a donation key ({key.hex()[:16] or 'empty'}) that is not one of "
+                            "the committee's validator keys this node holds")
+    return key
+
+
+class Background:
+    """Fire-and-forget work (donations, reveals) held in a nursery of its own: :meth:`run` must be
+    running for :attr:`_nursery` to take tasks; when it is cancelled, what is still out
+    (:attr:`pending`) is dropped, and said (:attr:`DROPPED`, at :attr:`DROPPED_LEVEL`)."""
+
+    DROPPED = "donate: %d donation(s) still waiting for their delay dropped at exit"
+    DROPPED_LEVEL = logging.DEBUG
+    pending: int
+    _nursery: trio.Nursery | None
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Hold the tasks until cancelled (those still out are dropped then)."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            try:
+                await trio.sleep_forever()
+            finally:
+                self._nursery = None
+                if self.pending:
+                    log.log(self.DROPPED_LEVEL, self.DROPPED, self.pending)
+
+
+class Donor(Background):
     """Donates prompts after replies (see the module docstring).
 
     ``addresses``: the committee's RPC addresses (``--committee``); ``validators()``: the
@@ -149,18 +183,6 @@ class Donor:
         self.offered = self.scheduled = self.donated = self.failed = 0
         self.pending = 0
         self._nursery: trio.Nursery | None = None
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Hold the donations waiting for their delay until cancelled (they are dropped then)."""
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            task_status.started()
-            try:
-                await trio.sleep_forever()
-            finally:
-                self._nursery = None
-                if self.pending:
-                    log.debug("donate: %d donation(s) still waiting for their delay dropped at exit", self.pending)
 
     def offer(self, model: str, messages: Sequence[ChatMessage], params: SamplingParams) -> bool:
         """After a complete reply to ``messages``: with probability :attr:`rate`, donate them
@@ -199,10 +221,7 @@ class Donor:
         """Donate now to one verifier chosen uniformly at random; its address. Raises
         :class:`DonationError` (or the RPC's errors: ``OSError``, ``overlay.directory.rpc.RpcError``)."""
         address = self.rng.choice(self.addresses)
-        key = await abci_query(self.rpc, address, KEY_PATH)
-        if len(key) != 32 or key not in set(self.validators()):
-            raise DonationError(f"{address} answered a donation key ({key.hex()[:16] or 'empty'}) that is not one of "
-                                "the committee's validator keys this node holds")
+        key = await verifier_key(self.rpc, address, self.validators())
         sealed = seal(key, self.identity, model, messages, params)
         await abci_query(self.rpc, address, DONATE_PATH, sealed)
         log.debug("donate: %s (%s) accepted %d sealed bytes for %s", address, short_id(key), len(sealed), model)

@@ -29,7 +29,9 @@ reachable, fewer proxy paths ready than a request needs, or a model the committe
 not audit (``model_unaudited``; ``--allow-unaudited`` lifts it). ``GET /v1/models`` lists the
 models with a node a call may use: trusted, and audited unless ``--allow-unaudited``.
 With ``--donate-prompts``, a complete reply's request may be donated to the committee's audits
-(:mod:`user_client.donate`). An error after streaming began is
+(:mod:`user_client.donate`); with ``--donate-transcripts``, some calls are sent committed to and
+their transcripts revealed to every verifier (:mod:`user_client.transcripts`: the backend's client
+is then a :class:`~user_client.transcripts.DonatingClient`). An error after streaming began is
 sent as a last ``data: {"error": ...}`` event and the stream ends without ``[DONE]``. Only
 verified text is ever sent: the anonymous client yields nothing that failed its check.
 
@@ -522,8 +524,9 @@ def run_serve(args: argparse.Namespace) -> int:
     from overlay.identity import load_or_create
     from overlay.transport import TLSTransport
     from overlay.usernode import UserNode
-    from user_client.chat import check_donation_settings, make_donor
+    from user_client.chat import check_donation_committee, check_donation_settings, make_donor, make_transcript_donor
     from user_client.relay import listen_address
+    from user_client.transcripts import DonatingClient
 
     cfg = resolve_config(args)
     if not is_loopback(args.host) and not args.listen_public:
@@ -541,8 +544,7 @@ def run_serve(args: argparse.Namespace) -> int:
     check_donation_settings(cfg)
     identity = load_or_create(cfg.data_path)
     registry, committee, _ = directory(cfg)
-    if committee is None and cfg.donate_prompts:
-        raise CliError("--donate-prompts donates to the committee's verifiers: it needs --committee")
+    check_donation_committee(cfg, committee)
     host, port = listen_address(cfg)
     user = UserNode(identity, TLSTransport(identity), registry, region=cfg.region, n=cfg.cloves,
                     k=cfg.threshold, paths=cfg.proxies, refresh=cfg.path_refresh, ping_interval=0,
@@ -556,7 +558,8 @@ def run_serve(args: argparse.Namespace) -> int:
     def unaudited() -> list[str]:
         return model_ids(registry.models(), cfg.allow_unaudited)[1]
 
-    backend = AnonBackend(user.client, models, timeout=args.timeout, paths_timeout=args.paths_timeout,
+    client = DonatingClient(user.client) if cfg.donate_transcripts else user.client  # its donor: once registered
+    backend = AnonBackend(client, models, timeout=args.timeout, paths_timeout=args.paths_timeout,
                           unaudited=unaudited)
     gateway = Gateway(backend, max_body=args.max_body, max_concurrent=args.max_concurrent,
                       body_timeout=args.body_timeout, guard=guard)
@@ -580,6 +583,10 @@ def run_serve(args: argparse.Namespace) -> int:
                                        lambda: [v.public_key for v in member.client.validators])
                     await nursery.start(donor.run)
                     gateway.donor = donor
+                if isinstance(client, DonatingClient):
+                    client.donor = make_transcript_donor(cfg, identity, committee.addresses,
+                                                         lambda: [v.public_key for v in member.client.validators])
+                    await nursery.start(client.donor.run)
             binds = await nursery.start(serve, gateway.app, hc)
             print(f"READY {binds[0]}/v1", flush=True)
             held = unaudited()

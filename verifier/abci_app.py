@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from overlay import crypto
-from overlay.directory.constants import ROLE_USER
+from overlay import transcripts as wire
+from overlay.clock import Clock, SystemClock
+from overlay.directory.constants import ROLE_MODEL, ROLE_USER
 from overlay.directory.registration import Code
 from overlay.donation import DONATE_PATH, KEY_PATH
 from overlay.identity import write_private
@@ -22,8 +26,10 @@ from verifier.abci.proto.tendermint.types import validator_pb2
 from verifier.admission import OPEN
 from verifier.app import CommitteeApp, Validator
 from verifier.audit.pool import MAX_DONATION_BYTES, DonationError, DonationPool
+from verifier.audit.transcripts import KeyOf, TranscriptBook, transcript_of
 
 log = logging.getLogger("gentorrent.verifier")
+_M = TypeVar("_M", "wire.Commit", "wire.Reveal")
 
 APP_NAME = "gentorrent-committee"
 APP_VERSION = 1
@@ -55,15 +61,23 @@ class CommitteeAbciApp:
     """Implements :class:`verifier.abci.server.Application` over a :class:`CommitteeApp`."""
 
     def __init__(self, core: CommitteeApp, store: StateStore | None = None,
-                 signer: crypto.SigningKey | None = None, pool: DonationPool | None = None) -> None:
+                 signer: crypto.SigningKey | None = None, pool: DonationPool | None = None,
+                 transcripts: TranscriptBook | None = None, clock: Clock | None = None) -> None:
         """``signer``: this verifier's CometBFT validator key, which signs the lists in its vote
         extensions (:func:`verifier.cometbft.read_validator_key`); None sends empty extensions.
         ``pool``: the prompts users donate to this verifier (``gentorrent verifier --audit``;
-        :mod:`verifier.audit.pool`), taken through the ``/audit/donate`` query; None refuses them."""
+        :mod:`verifier.audit.pool`), taken through the ``/audit/donate`` query; None refuses them.
+        ``transcripts``: the book of users' committed transcripts (:mod:`verifier.audit.transcripts`,
+        shared with the audit loop, which closes its epochs), fed through the
+        ``/audit/transcript_commit`` and ``/audit/transcript_reveal`` queries; None refuses them.
+        ``clock`` (default :class:`~overlay.clock.SystemClock`: queries come from CometBFT, outside
+        any test's trio clock) stamps when a commitment arrived."""
         self.core = core
         self.store = store
         self.signer = signer
         self.pool = pool
+        self.transcripts = transcripts
+        self.clock: Clock = clock or SystemClock()
 
     # ----------------------------------------------------------------- info / genesis
 
@@ -101,6 +115,9 @@ class CommitteeAbciApp:
         if req.path in (KEY_PATH, DONATE_PATH):
             code, why, value = self.donation(req.path, req.data)
             return abci.ResponseQuery(code=int(code), log=why, value=value, height=self.core.height)
+        if req.path in (wire.COMMIT_PATH, wire.REVEAL_PATH):
+            code, why = self.transcript(req.path, bytes(req.data))
+            return abci.ResponseQuery(code=int(code), log=why, height=self.core.height)
         result, value = self.core.query(req.path, req.data)
         return abci.ResponseQuery(code=int(result.code), log=result.log, key=req.data, value=value,
                                   height=self.core.height)
@@ -138,6 +155,43 @@ class CommitteeAbciApp:
         """The registered Ed25519 key of ``node_id`` if it is a current user node (committed state)."""
         rec = self.core.committed.nodes.get(node_id)
         return rec.ed25519_public if rec is not None and rec.entry.role == ROLE_USER else None
+
+    def _model_key(self, node_id: bytes, model: str) -> bytes | None:
+        """The registered Ed25519 key of ``node_id`` if it is a current model node serving ``model``."""
+        rec = self.core.committed.nodes.get(node_id)
+        ok = rec is not None and rec.entry.role == ROLE_MODEL and rec.entry.model_id == model
+        return rec.ed25519_public if ok and rec is not None else None
+
+    def transcript(self, path: str, data: bytes) -> tuple[Code, str]:
+        """The transcript queries (decision 0015; :mod:`overlay.transcripts` is the format), answered
+        from this verifier's own book, key and clock:
+
+        - ``/audit/transcript_commit`` (data: a signed commit, in the clear): the commitment is
+          noted in the book for the audit epoch the committed state is in, at this verifier's
+          clock (:func:`take_commit`);
+        - ``/audit/transcript_reveal`` (data: a sealed reveal): the transcript, or "no reply", for
+          one of the donor's commitments (:func:`take_reveal`).
+
+        Code 0 when taken, else the code and the reason (a refused reveal may have voided the
+        donor's set: the reason says so). AUDITS_OFF when this verifier keeps no book (it does not
+        run ``--audit``) or the chain has no audits."""
+        limit = wire.MAX_COMMIT_BYTES if path == wire.COMMIT_PATH else wire.MAX_REVEAL_BYTES
+        if len(data) > limit:
+            return Code.OVERSIZE, f"{len(data)} bytes; at most {limit}"
+        if self.transcripts is None or self.signer is None:
+            return Code.AUDITS_OFF, "this verifier takes no transcripts (it does not run --audit)"
+        audit = self.core.committed.audit
+        if audit is None:
+            return Code.AUDITS_OFF, "this committee's genesis has no audit section"
+        if path == wire.COMMIT_PATH:
+            code, why = take_commit(self.transcripts, data, self.signer.public_bytes, self._user_key, audit.epoch,
+                                    int(self.clock.unix() * 1000))
+        else:
+            code, why = take_reveal(self.transcripts, data, self.signer.private_bytes(), self.signer.public_bytes,
+                                    self._user_key, self._model_key)
+        if code:
+            log.info("transcript %s refused: %s", "commit" if path == wire.COMMIT_PATH else "reveal", why)
+        return code, why
 
     # ----------------------------------------------------------------- mempool
 
@@ -205,3 +259,88 @@ class CommitteeAbciApp:
 
     def apply_snapshot_chunk(self, req: abci.RequestApplySnapshotChunk) -> abci.ResponseApplySnapshotChunk:
         return abci.ResponseApplySnapshotChunk(result=abci.ResponseApplySnapshotChunk.ABORT)
+
+
+# --------------------------------------------------------------------------- transcripts (I/O-free)
+
+_BOOK_CODES = {
+    "malformed": Code.INVALID_FIELD, "burnt": Code.CONFLICT, "full": Code.UNAVAILABLE, "duplicate": Code.DUPLICATE,
+    "too many": Code.UNAVAILABLE, "unknown": Code.INVALID_FIELD, "seeded": Code.INVALID_FIELD,
+    "unverifiable": Code.UNKNOWN_NODE, "forged": Code.BAD_SIGNATURE, "late": Code.LATE,
+}
+
+
+def _book_code(why: str) -> Code:
+    """The code of a :class:`~verifier.audit.transcripts.TranscriptBook` refusal (``kind: words``)."""
+    return _BOOK_CODES.get(why.split(":")[0], Code.INVALID_FIELD)
+
+
+def _opened(what: str, data: bytes, decode: Callable[[bytes], _M], verifier_pk: bytes,
+            user_key: Callable[[bytes], bytes | None]) -> tuple[_M, None] | tuple[None, tuple[Code, str]]:
+    """``decode(data)``, addressed to this verifier, from a registered user whose key signed it."""
+    try:
+        msg = decode(data)
+    except wire.TranscriptError as exc:
+        return None, (Code.UNSUPPORTED_VERSION if exc.unsupported_version else Code.MALFORMED, exc.reason)
+    if msg.verifier != verifier_pk:
+        return None, (Code.INVALID_FIELD, f"this {what} names another verifier's key; make one for each verifier "
+                                          "with the key its /audit/donate_key answers")
+    public = user_key(msg.donor)
+    if public is None:
+        return None, (Code.UNKNOWN_NODE, f"donor {msg.donor.hex()[:16]} is not a registered user node of this "
+                                         "committee")
+    try:
+        if isinstance(msg, wire.Commit):
+            wire.verify_commit(msg, public)
+        else:
+            wire.verify_reveal(msg, public)
+    except wire.TranscriptError as exc:
+        return None, (Code.BAD_SIGNATURE, exc.reason)
+    return msg, None
+
+
+def take_commit(book: TranscriptBook, data: bytes, verifier_pk: bytes, user_key: Callable[[bytes], bytes | None],
+                epoch: int, now_ms: int) -> tuple[Code, str]:
+    """A donor's commit (:func:`overlay.transcripts.decode_commit`) into ``book`` for ``epoch`` at
+    ``now_ms``: from a registered user (``user_key``), signed by it, to this verifier
+    (``verifier_pk``), sent within :data:`~overlay.transcripts.MAX_SKEW_MS` of ``now_ms`` (an old
+    commit replayed would stand unrevealed and burn its donor). ``(code, reason)``; never raises."""
+    c, refused = _opened("commit", data, wire.decode_commit, verifier_pk, user_key)
+    if c is None:
+        assert refused is not None
+        return refused
+    skew = now_ms - c.sent_ms
+    if abs(skew) > wire.MAX_SKEW_MS:
+        return Code.INVALID_FIELD, (f"the commit was made {abs(skew) // 1000} s {'before' if skew > 0 else 'after'} "
+                                    f"this verifier's time (at most {wire.MAX_SKEW_MS // 1000} s): check your clock")
+    why = book.commit(c.donor, c.value, epoch, now_ms)
+    if why is not None:
+        return _book_code(why), why
+    return Code.OK, "committed: reveal the transcript (or that no reply came) before the next epoch's report"
+
+
+def take_reveal(book: TranscriptBook, sealed: bytes, seed32: bytes, verifier_pk: bytes,
+                user_key: Callable[[bytes], bytes | None], key_of: KeyOf) -> tuple[Code, str]:
+    """A donor's sealed reveal (:func:`overlay.transcripts.unseal`, then
+    :func:`~overlay.transcripts.decode_reveal`) into ``book``: a transcript for
+    :meth:`~verifier.audit.transcripts.TranscriptBook.reveal` (``key_of``: a model node's
+    registered key, if it serves the model) or "no reply" for
+    :meth:`~verifier.audit.transcripts.TranscriptBook.no_reply`. ``(code, reason)``; never raises."""
+    try:
+        plain = wire.unseal(seed32, sealed)
+    except wire.TranscriptError as exc:
+        return Code.MALFORMED, exc.reason
+    r, refused = _opened("reveal", plain, wire.decode_reveal, verifier_pk, user_key)
+    if r is None:
+        assert refused is not None
+        return refused
+    b = r.body
+    if isinstance(b, wire.NoReply):
+        why = book.no_reply(r.donor, b.value)
+        if why is not None:
+            return _book_code(why), why
+        return Code.OK, "noted: a committed request got no reply, so this epoch's set of yours counts for nothing"
+    why = book.reveal(r.donor, transcript_of(b), key_of)
+    if why is not None:
+        return _book_code(why), why
+    return Code.OK, "taken: the transcript counts once every commitment of its epoch is revealed"

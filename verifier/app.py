@@ -67,7 +67,8 @@ from verifier.audit import tx as audit_tx
 from verifier.audit.reputation import R0
 from verifier.quorum import Change, ListCert
 
-STATE_VERSION = 5  # 3: the audit state (verifier/audit/chain.py); 4: its decision 0013 form; 5: admission
+STATE_VERSION = 6  # 3: the audit state (verifier/audit/chain.py); 4: its decision 0013 form; 5: admission;
+# 6: transcript scores (decision 0015)
 SNAPSHOT_VERSION = 2  # 2: the block time and the last list certificate
 # An entry lives ENTRY_TTL_S (block time) after its last register/update; nodes refresh every
 # REFRESH_INTERVAL_S (both defined with the codec, in overlay/directory/registration.py).

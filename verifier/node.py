@@ -22,6 +22,7 @@ from verifier.abci import server
 from verifier.abci_app import CommitteeAbciApp, StateStore
 from verifier.audit.auditor import AuditSettings, run_audits
 from verifier.audit.pool import load_pool
+from verifier.audit.transcripts import TranscriptBook
 from verifier.cometbft import LOG_FILE, SOCKET_FILE, CometError, find_cometbft, get_toml, home_of, read_validator_key
 from verifier.prober import run_prober
 
@@ -63,7 +64,9 @@ async def run_verifier(data_dir: str | os.PathLike[str], *, abci: str | None = N
     With ``audit``, the audit loop (:func:`verifier.audit.auditor.run_audits`) runs beside it once CometBFT
     has started; its failures are logged, never fatal. It shares the donation pool
     (``DATA_DIR/audit-pool.msgpack``, :mod:`verifier.audit.pool`) with the ABCI application, which
-    takes users' donated prompts through ``abci_query /audit/donate``."""
+    takes users' donated prompts through ``abci_query /audit/donate``, and the book of users'
+    transcripts (:mod:`verifier.audit.transcripts`, in memory), which it fills through
+    ``/audit/transcript_commit`` and ``/audit/transcript_reveal`` and the audit loop closes."""
     d = Path(data_dir)
     home = home_of(d)
     if not (home / "config" / "genesis.json").exists():
@@ -75,7 +78,8 @@ async def run_verifier(data_dir: str | os.PathLike[str], *, abci: str | None = N
     log.info("application state at height %d (app hash %s)", core.height, core.app_hash.hex()[:16] or "none")
     key = read_validator_key(d)
     pool = load_pool(d) if audit is not None else None  # prompts users donate (verifier/audit/pool.py)
-    app = CommitteeAbciApp(core, store, key, pool=pool)
+    book = TranscriptBook() if audit is not None else None  # users' transcripts (verifier/audit/transcripts.py)
+    app = CommitteeAbciApp(core, store, key, pool=pool, transcripts=book)
     stopping = False
     async with trio.open_nursery() as nursery:
         where: server.ListenAddress = await nursery.start(server.serve, app, abci or default_abci_address(d))
@@ -108,7 +112,7 @@ async def run_verifier(data_dir: str | os.PathLike[str], *, abci: str | None = N
         else:
             nursery.start_soon(run_prober, core, key, rpc)
         if audit is not None:
-            nursery.start_soon(run_audits, d, audit, key.private_bytes(), pool)
+            nursery.start_soon(run_audits, d, audit, key.private_bytes(), pool, book)
         task_status.started(where)
         try:
             code = await proc.wait()

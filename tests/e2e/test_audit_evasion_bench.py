@@ -2,7 +2,8 @@
 the figures docs/benchmarks.md "audit-evasion" documents, every figure is well-formed, and the
 properties the audit design promises hold in every quick run: a node that always serves the
 degraded model is untrusted within 5 epochs of cheating, honest nodes (with faults) stay
-trusted, and no node's outcome changes another's. Measured figures are not asserted beyond
+trusted, and no node's outcome changes another's; with users' transcripts (decision 0015) the same
+holds and the selective cheater is caught. Measured figures are not asserted beyond
 that (the bench reports where goals are missed); no timing is asserted."""
 
 from __future__ import annotations
@@ -66,10 +67,17 @@ def test_figures_are_well_formed(out: dict[str, Any]) -> None:
     assert {f"goal_{g}_met" for g in goals} == {k for k in f if k.startswith("goal_")}
     for g, v in goals.items():
         assert v["met"] is (f[f"goal_{g}_met"] == 1.0)
-    # the selective cheater's worst case is one of its swept points
-    for view in ("generator", "donated", "donated_colluder"):
-        swept = [f[f"selective_{view}_tpr{t}_untrusted_within_5_share"] for t in (50, 80, 90, 95)]
-        assert f[f"cheater_selective_{view}_untrusted_within_5_share"] in swept
+    # the selective cheater's worst case is one of its swept points, at every donation rate
+    for pre in ("", "transcripts_rho10_", "transcripts_rho25_"):
+        for view in ("generator", "donated", "donated_colluder"):
+            swept = [f[f"{pre}selective_{view}_tpr{t}_untrusted_within_5_share"] for t in (50, 80, 90, 95)]
+            assert f[f"{pre}cheater_selective_{view}_untrusted_within_5_share"] in swept
+    # framing: a grid value (or twice the grid's last: not found), and every identity counted or burnt
+    grid = out["params"]["transcripts"]["framing"]["grid"]
+    for rho in (0, 10, 25):
+        assert f[f"framing_rho{rho}_identities_per_epoch"] in [*grid, 2 * grid[-1]]
+        assert f[f"framing_rho{rho}_identities_burnt_per_epoch"] + f[
+            f"framing_rho{rho}_framer_transcripts_counted_per_epoch"] <= f[f"framing_rho{rho}_identities_per_epoch"] + 1e-9
     # main's protocol as documented: the leader sends 3, each of 4 verifiers scores 3
     assert f["main_challenges_sent_per_verifier_node_epoch"] == 0.75
     assert f["main_replies_scored_per_verifier_node_epoch"] == 3
@@ -87,6 +95,19 @@ def test_what_the_design_promises(out: dict[str, Any]) -> None:
         assert f[f"honest_{kind}_min_reputation"] >= 0.4
     assert f["cheater_run_honest_min_reputation"] >= 0.4
     assert f["honest_epochs_changed_by_another_node"] == 0
+    # with users' transcripts (decision 0015): the same, and the cheap model on users is caught too
+    for pre in ("transcripts_rho10_", "transcripts_rho25_"):
+        assert f[f"{pre}cheater_degraded_untrusted_within_5_share"] == 1.0
+        assert f[f"{pre}cheater_run_honest_min_reputation"] >= 0.4
+    for kind in ("plain", "restart", "busy", "flood"):
+        assert f[f"transcripts_rho25_honest_{kind}_untrusted_nodes"] == 0
+    assert f["transcripts_rho25_honest_epochs_changed_by_another_node"] == 0
+    # users' transcripts reach what challenges cannot: the selective cheater and the forwarder, far
+    # above the line on challenges alone, sink on them (within 5 epochs in most full runs; the
+    # quick run's one seed is not asked for that: the chain's minimum of 4 transcripts a vote delays it)
+    for cheat in ("selective_donated", "forwarder_donated"):
+        alone = f[f"cheater_{cheat}_reputation_after_5_mean"]
+        assert alone > 0.75 and f[f"transcripts_rho25_cheater_{cheat}_reputation_after_5_mean"] < alone - 0.3
     # the detectors work: the public generator is recognisable, a colluder's memory recognises donations
     assert f["auc_template_generator"] > 0.9
     assert f["auc_seen_before_all_donated"] > 0.9

@@ -13,7 +13,9 @@ of challenges (decision 0013); the chain takes each node's median over the verif
 Checks: epochs apply and every verifier reports the same app hash and reputation table; the
 dishonest node falls below the 0.4 trust line within 5 applied epochs and is marked untrusted on
 the signed model list (it stays listed so the audits reach it); the honest node stays trusted
-despite the framing. Every wait is bounded; nothing asserts on time.
+despite the framing. Then a user chats with ``--donate-transcripts`` (decision 0015): its
+committed requests are revealed to the verifiers, which score them and put transcript scores on
+the chain. Every wait is bounded; nothing asserts on time.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import pytest
 import trio
 
 from overlay.directory.lists import CommitteeClient, load_genesis
-from overlay.tools.localnet import LocalNet, LocalNetError, free_ports
+from overlay.tools.localnet import LocalNet, LocalNetError, cli, free_ports
 
 pytestmark = pytest.mark.slow
 
@@ -109,7 +111,7 @@ class AuditNet(LocalNet):
     ``model-1`` in its reports."""
 
     def __init__(self, root: Path, dishonest: Path) -> None:
-        super().__init__(root, 10, models=2, model=MODEL, engine="llama.cpp", committee=4,
+        super().__init__(root, 10, users=("donor",), models=2, model=MODEL, engine="llama.cpp", committee=4,
                          model_args=("--no-forwarding", "--threads", "1", "--slots", "2"))
         self.dishonest = dishonest
         self.audit_ports = dict(zip(self.verifiers, free_ports(len(self.verifiers)), strict=True))
@@ -254,3 +256,35 @@ def test_audits_demote_the_dishonest_node_and_keep_the_honest_one_despite_a_byza
         "reputation_history": [{k.hex()[:8]: v for k, v in h.items()} for h in history]}, indent=1))
     print(f"\naudit figures in {net.root / 'audit-figures.json'}: {len(applied)} epochs applied, dishonest node "
           f"untrusted after {fell_at}; history {[{k.hex()[:6]: v for k, v in h.items()} for h in history]}")
+
+
+def test_a_donors_transcripts_are_scored_on_the_chain(net: AuditNet) -> None:
+    """A user who donates every request (rate 1): each is committed to the four verifiers before it
+    is sent and revealed after; once a verifier's report of the next epoch is on the chain, it
+    closes the donor's set, scores it and submits transcript scores (kind 3), which the epoch's
+    outcome counts."""
+    config = net.config_toml("donor", net.root / "donor.toml")
+    start = net.decoded("verifier-0", "/audit")[0]["epoch"]
+    # a vote takes MIN_TRANSCRIPTS (4) transcripts of one node: two chats of 4 and 2 turns (a
+    # conversation of up to 4 turns fits an opening's 8 messages), all to the trusted node
+    chats = (("Name three rivers in Europe.", "Which is the longest?", "Where does it rise?", "Which seas does it reach?"),
+             ("Name two mountains in Asia.", "Which is the higher?"))
+    r = None
+    for prompts in chats:
+        r = subprocess.run(cli("user", "chat", "--config", str(config), "--donate-transcripts",
+                               "--donate-transcripts-rate", "1", "--max-tokens", "48", "--log-level", "info",
+                               *(x for p in prompts for x in ("--prompt", p))),
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert "donate: revealed" in r.stderr, r.stderr[-3000:]  # chat waits for its reveals at exit
+    assert r is not None
+    deadline = time.monotonic() + 4 * EPOCH_BLOCKS * 3.0
+    seen: list[Any] = []
+    while True:
+        view, _ = net.decoded("verifier-0", "/audit")
+        seen = [o for o in view["outcomes"] if o[0] >= start]
+        if view["transcribed"] or any("with transcript scores" in o[2] for o in seen):
+            break
+        assert time.monotonic() < deadline, (f"no transcript scores on the chain since epoch {start}: {seen}; "
+                                             f"chat log: {r.stderr[-2000:]}; verifier logs in {net.root}")
+        time.sleep(1.0)

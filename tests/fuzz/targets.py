@@ -26,6 +26,7 @@ from model_node.group import GroupState
 from model_node.messages import LengthProposal, LoadReport, SubtreeRequest, SubtreeUpdate
 from model_node.server import check_params
 from overlay import codec, crypto, onion, sida
+from overlay import transcripts as tw
 from overlay.actions import Send
 from overlay.directory import registration as vtx
 from overlay.directory.constants import ROLE_MODEL
@@ -1156,16 +1157,20 @@ class AuditTxTarget(Target):
                    for (n, op), e in zip(plans[0].items, c.answers(plans[0]), strict=True)]
         c.block([c.report_tx(plans[0], entries)])
         late = c.plan(c.pks()[3])
+        scores = [(plans[0].items[0][0], (900_000, 120_000)), (plans[0].items[-1][0], (1_000_000,))]
+        transcripts = [c.sign(at.TranscriptScores(c.audit.epoch, p.pk, tuple(sorted(scores))), p.pk)
+                       for p in plans[:2]]  # the first follows its validator's report; the second has none yet
         self.corpus = [c.commit_tx(late), c.report_tx(plans[0], entries), c.report_tx(plans[1], c.answers(plans[1])),
-                       c.report_tx(plans[2], plans[2].failed())]
-        self.kinds = [at.KIND_COMMIT, at.KIND_REPORT, at.KIND_REPORT, at.KIND_REPORT]
+                       c.report_tx(plans[2], plans[2].failed()), *transcripts]
+        self.kinds = [at.KIND_COMMIT, at.KIND_REPORT, at.KIND_REPORT, at.KIND_REPORT, at.KIND_TRANSCRIPTS,
+                      at.KIND_TRANSCRIPTS]
         for raw, kind in zip(self.corpus, self.kinds, strict=True):
             assert at.decode_audit_tx(raw, CHAIN).KIND == kind
         self.bodies = [raw[len(at.AUDIT_TAG):] for raw in self.corpus]
         self.app = c.app
         self.state = self.app.committed.canonical_bytes()
         self.accepted = {raw for raw in self.corpus if self.app.check_tx(raw).ok}
-        assert len(self.accepted) == 2, "the two fresh reports are valid in this state"
+        assert len(self.accepted) == 3, "the two fresh reports and the reported validator's transcripts are valid"
 
     def feed(self, src: Source) -> int:
         if chance(src, 10):  # the tag itself mutated too
@@ -1215,7 +1220,8 @@ class ReplyTarget(Target):
         self.other_key = crypto.SigningKey.generate()
         self.node_id = node_id_of(self.key.public_bytes)
         self.digest, self.other_digest = (
-            request_digest(Request(bytes(16), self.MODEL, (ChatMessage("user", q),), SamplingParams(), 1, (), ""))
+            request_digest(Request(bytes(16), self.MODEL, (ChatMessage("user", q),), SamplingParams(), 1, (), ""),
+                           self.node_id)
             for q in ("What is 3 plus 4?", "What is 3 plus 5?"))
 
     def _reply(self, src: Source, digest: bytes, key: crypto.SigningKey, n: int) -> list[tuple[Any, ...]]:
@@ -1306,8 +1312,53 @@ class ReplyTarget(Target):
         return len(seq)
 
 
+class TranscriptWireTarget(Target):
+    """A donor's transcript commit and reveal at a verifier (``overlay.transcripts.decode_commit``,
+    ``decode_reveal``, then ``verify_commit`` / ``verify_reveal``; decision 0015). Contract: only
+    :class:`TranscriptError` with a reason is raised; what decodes is canonical (it encodes back to
+    exactly the input); only the donor-signed corpus verifies with the donor's key."""
+
+    NAME = "transcript_wire"
+    STEPS = ("feed",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        donor, node = Identity.generate(), Identity.generate()
+        verifier = crypto.SigningKey.generate().public_bytes
+        self.key = donor.ed25519_public
+        body = tw.Revealed(node.node_id, b"\x01" * 16, "echo", (ChatMessage("system", "be brief"),
+                                                               ChatMessage("user", "why is the sky blue?")),
+                           SamplingParams(0.7, 1.0, 0, 64, None), b"\x02" * 16, node.node_id,
+                           (("Rayleigh", (5, 6)), (" scattering", (7,))), b"\x03" * 64, T0 * 1000)
+        self.corpus = [tw.encode_commit(donor, donor.node_id, verifier, T0 * 1000, b"\x09" * 32),
+                       tw.encode_reveal(donor, donor.node_id, verifier, body),
+                       tw.encode_reveal(donor, donor.node_id, verifier, tw.NoReply(b"\x07" * 32))]
+
+    def feed(self, src: Source) -> int:
+        _, data = mutate.payload(src, self.corpus)
+        for decode in (tw.decode_commit, tw.decode_reveal):
+            try:
+                m = decode(data)
+            except tw.TranscriptError as exc:
+                assert exc.reason, "a refusal says why"
+                self.rejected += 1
+                continue
+            assert msgpack.packb([tw.TRANSCRIPT_VERSION, *m.signed(), m.signature], use_bin_type=True) == data, (
+                "one encoding per message")
+            try:
+                if isinstance(m, tw.Commit):
+                    tw.verify_commit(m, self.key)
+                else:
+                    tw.verify_reveal(m, self.key)
+            except tw.TranscriptError:
+                self.rejected += 1
+            else:
+                assert data in self.corpus, "only what the donor signed verifies"
+        return 1
+
+
 STATELESS: tuple[type[Target], ...] = (CodecTarget, FramingTarget, HandshakeTarget, OnionTarget, SealTarget,
                                        CloveTarget, RequestTarget, TxTarget, AbciFramingTarget, ListTarget,
-                                       GatewayTarget, AuditTxTarget, ReplyTarget)
+                                       GatewayTarget, AuditTxTarget, ReplyTarget, TranscriptWireTarget)
 STATEFUL: tuple[type[Target], ...] = (RelayTarget, ReassemblerTarget, GroupTarget, CommitteeTarget)
 ALL: tuple[type[Target], ...] = STATELESS + STATEFUL

@@ -122,7 +122,7 @@ async def test_relays_learn_only_their_neighbours_and_nothing_of_the_traffic(aut
         state = {u.identity.node_id: relay_state(u) for u in net.users[1:]}
         model_state: list[bytes] = []
         responder, mnode = net.model.responder, net.model.node
-        harvest([responder.reassembler, responder._seen, responder.dropped, list(mnode._outboxes)], model_state)
+        harvest([responder.reassembler, responder.answered._new, responder.answered._old, responder.dropped, list(mnode._outboxes)], model_state)
         for peer, conn in mnode._conns.items():
             harvest([peer, conn.peer_id, conn.peer_ed25519, conn.peer_x25519, conn.address], model_state)
         state[net.model.identity.node_id] = b"\x00".join(model_state)

@@ -31,7 +31,7 @@ from verifier.audit.challenges import ChallengeGenerator
 
 
 def _chain_ok(reply: Reply, opening, key: bytes, node_id: bytes) -> bool:
-    digest = signing.request_digest(opening.request(request_id=bytes(16)))
+    digest = opening.reply_digest(node_id, 1)  # the first try's request id (Opening.request_id)
     chain = signing.chain_start(digest)
     for text, ids in reply.chunks:
         chain = signing.chain_next(chain, text, ids)
@@ -188,3 +188,26 @@ async def test_fresh_paths_that_never_come_up_are_rebuilt_elsewhere_then_given_u
     assert len(creates) == 4 * 5  # at 0, 5, 10, 15 and 20 s
     assert {d.link_id for d in destroys} == {c.link_id for c in creates}  # each one closed
     assert pm.one_off == [] and pm.paths == [] and pm.by_link == {}
+
+
+async def test_a_model_node_answers_a_request_id_once(autojump_clock):
+    """Decision 0015: a framer resending a committed request (same id, so the same signed digest)
+    to draw many honest samples gets one answer and then a final refusal."""
+    async with trio.open_nursery() as nursery:
+        net = await start_overlay(nursery, 15, models=[echo_node()])
+        (m,) = net.models
+        rid = b"\x07" * 16
+        msgs = [ChatMessage("user", "the same committed request")]
+
+        async def send() -> list:
+            return [c async for c in net.client.client.request("echo", msgs, node=m.identity.node_id,
+                                                               failover=False, request_id=rid)]
+
+        first = await send()
+        assert first[-1].done and not first[-1].error
+        with pytest.raises(AnonError):  # dropped unanswered: the client waits in vain
+            await send()
+        fresh = [c async for c in net.client.client.request("echo", msgs, node=m.identity.node_id, failover=False)]
+        assert fresh[-1].done and not fresh[-1].error  # another id: answered
+        assert m.responder.answered.refused == 1 and m.responder.dropped["request-duplicate"] == 1
+        nursery.cancel_scope.cancel()

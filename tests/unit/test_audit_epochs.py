@@ -126,7 +126,7 @@ def test_a_forwarded_challenge_is_scored_for_the_node_it_was_sent_to() -> None:
         out = []
         for n, op in p.items:  # type: ignore[attr-defined]
             signer = c.node(peer if n == cheat else n)
-            out.append(at.ReportEntry(n, op, signer.reply(op, score=DEGRADED if n == cheat else 950_000)))
+            out.append(at.ReportEntry(n, op, signer.reply(op, score=DEGRADED if n == cheat else 950_000, target=n)))
         return out
 
     c.epoch(entries=forwarded)
@@ -142,7 +142,7 @@ def test_a_reply_forwarded_to_a_node_that_left_is_void_not_a_refused_report() ->
     p = c.plan(c.pk(0))
     c.block([c.commit_tx(p)])
     c.to_height(c.audit.report_from() - 2)
-    entries = [at.ReportEntry(n, op, c.node(peer if n == a else n).reply(op)) for n, op in p.items]
+    entries = [at.ReportEntry(n, op, c.node(peer if n == a else n).reply(op, target=n)) for n, op in p.items]
     c.block([c.node(peer).node.leave()])
     c.block([c.report_tx(p, entries)])
     tallies = dict(dict(c.audit.reports)[c.pk(0)])

@@ -64,7 +64,7 @@ class Loop:
             return Failure("busy", "at capacity"), None
         signer = self.nodes["honest" if name == "forwarder" else name]  # the forwarder hands it to an honest peer
         opening = send.opening
-        s = signing.ReplySigner(opening.digest(), opening.model, signer.node_id)
+        s = signing.ReplySigner(opening.reply_digest(send.node_id, send.attempt), opening.model, signer.node_id)
         chunks = ((f"answer {self.height}", (11, 12, 13)), ("", (2,)))
         sig = b""
         when = (T0 + self.height) * 1000

@@ -26,7 +26,7 @@ def opening(question: str = "What is the capital of France?", salt: bytes = b"s"
 
 def signed_reply(node_key: crypto.SigningKey, op: at.Opening, chunks: list[tuple[str, list[int]]]) -> at.ReportEntry:
     node_id = node_id_of(node_key.public_bytes)
-    signer = signing.ReplySigner(op.digest(), op.model, node_id)
+    signer = signing.ReplySigner(op.reply_digest(node_id, 2), op.model, node_id)
     sig = b""
     for i, (text, ids) in enumerate(chunks):
         _, sig = signer.add(text, ids, i == len(chunks) - 1, 1234, node_key.sign)
@@ -64,7 +64,13 @@ def test_opening_round_trip_commitment_and_prompt_key() -> None:
     assert len(op.commitment()) == 32
     assert op.commitment() != opening(salt=b"t" * 16).commitment()
     assert op.commitment() != opening(temperature=0.0).commitment()
-    assert op.digest() == signing.request_digest(op.request(request_id=b"r" * 16))  # routing is not covered
+    assert op.digest() == signing.request_digest(op.request(), bytes(20))  # the content the commitment binds
+    # each try has its own request id, which the reply signs (a node answers an id once)
+    assert len({op.request_id(t) for t in (1, 2, 3)}) == 3 and len(op.request_id(1)) == 16
+    node = b"n" * 20
+    assert op.reply_digest(node, 2) == signing.request_digest(op.request(request_id=op.request_id(2)), node)
+    assert op.reply_digest(node, 1) != op.reply_digest(node, 2) != op.digest()
+    assert op.reply_digest(node) != op.reply_digest(b"m" * 20)  # a reply answers the node addressed
     same = opening("  what IS the   capital of\tfrance? ", salt=b"x" * 16)
     assert same.prompt_key() == op.prompt_key()
     assert opening("What is the capital of Spain?").prompt_key() != op.prompt_key()

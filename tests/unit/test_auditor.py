@@ -371,9 +371,10 @@ class FakeClient:
 
     async def request(self, model: str, messages: Any, params: Any = None, *, node: bytes | None = None,
                       timeout: float = 60.0, paths_timeout: float = 30.0, failover: bool = True,
-                      fresh_paths: bool = False) -> Any:
+                      fresh_paths: bool = False, request_id: bytes | None = None) -> Any:
         from overlay.messages import ReplyChunk
 
+        assert request_id is not None and len(request_id) == 16  # the try's id, which the reply signs
         self.calls.append((node, failover, fresh_paths))
         got = self.answers[node]
         if isinstance(got, Exception):

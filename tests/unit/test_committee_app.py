@@ -245,7 +245,7 @@ def test_canonical_bytes_are_plain_msgpack_of_the_state(count: int) -> None:
         block(a, [n.register(ROLE_MODEL if i % 2 else ROLE_USER) for i, n in enumerate(nodes)])
     st = a.committed
     plain = msgpack.packb([
-        5, CHAIN, [[v.key_type, v.public_key, v.power] for v in st.validators],
+        6, CHAIN, [[v.key_type, v.public_key, v.power] for v in st.validators],
         [st.nodes[n].to_wire() for n in sorted(st.nodes)], [[n, st.seqs[n]] for n in sorted(st.seqs)],
         st.change_seq, None,  # no audit section in this genesis
         [OPEN.to_wire(), [], [], []],  # nor an admission section: open admission, nothing paid, pending or left

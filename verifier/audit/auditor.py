@@ -23,6 +23,18 @@ verifiers' reports (:mod:`verifier.audit.chain`). Two layers, as everywhere in t
     node may take many blocks), then reported silent. Sends fall anywhere in the send window
     (:func:`last_send`): a narrower schedule would tell a node when challenges cannot come.
 
+  - from the report window on, once this verifier's report is on the chain: users' transcripts
+    (decision 0015; :mod:`verifier.audit.transcripts`). The book the ABCI application fills
+    (``/audit/transcript_commit`` and ``/audit/transcript_reveal``, :mod:`verifier.abci_app`) is
+    closed for every epoch before this one (commitments of epoch e-1 had all of epoch e to be
+    revealed); a :class:`ScoreTranscripts` asks the driver to score each counted transcript of a
+    model this verifier holds with its engine, and :meth:`Auditor.transcript_scores` turns the
+    scores into one signed :class:`~verifier.audit.tx.TranscriptScores` (kind 3) for the nodes
+    that signed the replies (none when nothing counted). The book is in memory only: a verifier
+    that restarts forgets the commitments it held, and the reveals of those are refused as
+    unknown, which voids nothing and burns nobody (:meth:`TranscriptBook.reveal` only refuses an
+    unknown commitment); the donor's other commitments still count.
+
   The plan is kept in memory and written (:meth:`Auditor.snapshot`, ``DATA_DIR/audit-plan.msgpack``,
   mode 0600) before its commit is sent, and after each outcome, so a restarted verifier reports
   the plan it committed (:meth:`Auditor.restore`).
@@ -68,6 +80,7 @@ from verifier.audit.challenges import ChallengeError, ChallengeGenerator
 if TYPE_CHECKING:
     from model_node.engine import Engine
     from verifier.audit.pool import DonationPool
+    from verifier.audit.transcripts import Counted, ScoreCarry, TranscriptBook
     from verifier.audit.tx import AuditReport, FailOutcome, Opening, ReplyOutcome
 
 log = logging.getLogger("gentorrent.audit")
@@ -209,7 +222,17 @@ class Send:
     attempt: int
 
 
-Action = Submit | Send
+@dataclass(frozen=True, slots=True)
+class ScoreTranscripts:
+    """Score each of ``counted`` (users' transcripts that count, of models this verifier holds) with
+    this verifier's engine, then hand the scores to :meth:`Auditor.transcript_scores` for ``epoch``
+    (the epoch whose report window it is) and submit what it returns."""
+
+    epoch: int
+    counted: tuple[Counted, ...]
+
+
+Action = Submit | Send | ScoreTranscripts
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,6 +313,12 @@ def grace_height(report_from: int, end_height: int) -> int:
 # --------------------------------------------------------------------------- the planner
 
 
+def _score_carry() -> ScoreCarry:
+    from verifier.audit.transcripts import ScoreCarry
+
+    return ScoreCarry()
+
+
 @dataclass
 class Auditor:
     """The I/O-free audit planner of one verifier (see the module docstring).
@@ -310,10 +339,13 @@ class Auditor:
     rng: random.Random = field(default_factory=random.SystemRandom)
     urandom: Callable[[int], bytes] = os.urandom
     tamper: Callable[[Any], Any] | None = None  # TESTS ONLY: alters each AuditReport before it is signed
+    transcripts: TranscriptBook | None = None  # users' committed transcripts (decision 0015), closed here
     current: Plan | None = None
     changed: bool = False  # the plan changed since the last snapshot(): the driver writes it
     _started: set[tuple[Any, ...]] = field(default_factory=set)
     _warned: set[tuple[Any, ...]] = field(default_factory=set)
+    _scores: Submit | None = None  # the latest transcript scores, handed out again after a network error
+    _carry: ScoreCarry = field(default_factory=_score_carry)  # scores held for the chain's minimum
 
     def __post_init__(self) -> None:
         from overlay.crypto import SigningKey
@@ -375,6 +407,8 @@ class Auditor:
             self.changed = True
         self._started = {k for k in self._started if k[1] >= view.epoch}
         out: list[Action] = []
+        if self.public_key in view.reported and height <= view.end_height:
+            out.extend(self._transcripts(view.epoch))
         committed = self.public_key in view.committed
         if p is None and not committed and height < view.commit_until:
             p = self.current = self._make_plan(view)
@@ -406,6 +440,54 @@ class Auditor:
         if height <= p.end_height and self._once(("report", p.epoch)):
             out.append(self._report(p))
         return out
+
+    def _transcripts(self, epoch: int) -> list[Action]:
+        """Once this verifier's report of ``epoch`` is on the chain: close the book's earlier epochs
+        and score what counts (module docstring); the scores again after a network error."""
+        s = self._scores
+        if s is not None and s.key[1] == epoch:
+            return [s] if self._once(s.key) else []
+        if self.transcripts is None or not self._once(("score", epoch)):
+            return []
+        counted = self.transcripts.close_before(epoch)
+        held = tuple(c for c in counted if c.transcript.opening.model in self.models)
+        if len(held) < len(counted):
+            log.info("audit: %d counted transcripts are of models this verifier does not hold; not scored",
+                     len(counted) - len(held))
+        if not held:
+            return []
+        log.info("audit: epoch %d: %d users' transcripts count; scoring them", epoch, len(held))
+        return [ScoreTranscripts(epoch, held)]
+
+    def transcript_scores(self, epoch: int, scored: Sequence[tuple[bytes, int]]) -> Submit | None:
+        """The signed :class:`~verifier.audit.tx.TranscriptScores` of ``epoch`` from ``scored``
+        (``(signing node, score)`` pairs, fixed point) and the scores held from earlier epochs: the
+        nodes with :data:`~verifier.audit.chain.MIN_TRANSCRIPTS` or more (a node with fewer waits,
+        :class:`~verifier.audit.transcripts.ScoreCarry`), within the chain's limits (at most
+        :data:`~verifier.audit.tx.MAX_TRANSCRIPTS_PER_NODE` scores per node and
+        :data:`~verifier.audit.tx.MAX_TRANSCRIPT_NODES` nodes, a random sample of them when there
+        are more: none favoured by the donors' ids); None when no node has enough. It is kept and
+        handed out again by :meth:`plan` while the report window lasts if it never reached the chain."""
+        from verifier.audit.tx import MAX_TRANSCRIPT_NODES, MAX_TRANSCRIPTS_PER_NODE, TranscriptScores
+
+        by_node = {node: list(scores) for node, scores in self._carry.add(epoch, scored)}
+        if not by_node:
+            return None
+        nodes = sorted(by_node)
+        if len(nodes) > MAX_TRANSCRIPT_NODES:
+            nodes = sorted(self.rng.sample(nodes, MAX_TRANSCRIPT_NODES))
+        rows = []
+        for n in nodes:
+            scores = by_node[n]
+            if len(scores) > MAX_TRANSCRIPTS_PER_NODE:
+                scores = self.rng.sample(scores, MAX_TRANSCRIPTS_PER_NODE)
+            rows.append((n, tuple(scores)))
+        tx = TranscriptScores(epoch, self.public_key, tuple(rows))
+        key = ("transcripts", epoch)
+        self._scores = Submit(self._sign(tx), f"transcript scores of epoch {epoch} ({sum(len(r) for _, r in rows)} "
+                                              f"scores of {len(rows)} nodes)", key)
+        self._started.add(key)
+        return self._scores
 
     def _once(self, key: tuple[Any, ...]) -> bool:
         if key in self._started:
@@ -493,7 +575,7 @@ class Auditor:
         if isinstance(outcome, Reply):
             assert score is not None
             e.outcome = ReplyOutcome(outcome.served_by, outcome.chunks, outcome.signature, outcome.signed_at_ms,
-                                     score, e.tries)
+                                     score, send.attempt)  # the try whose request id the reply signs
             return
         e.last = outcome.kind
         last = last_send(p.commit_until, p.report_from)
@@ -569,8 +651,8 @@ class Auditor:
 
 
 async def send_challenge(client: AnonClient, node_id: bytes, opening: Opening, *,
-                         timeout: float = CHALLENGE_TIMEOUT_S, paths_timeout: float = PATHS_TIMEOUT_S
-                         ) -> Reply | Failure:
+                         timeout: float = CHALLENGE_TIMEOUT_S, paths_timeout: float = PATHS_TIMEOUT_S,
+                         tries: int = 1) -> Reply | Failure:
     """Send ``opening`` through the anonymous request API to ``node_id`` only (no failover, no retry
     elsewhere), over proxy paths built for it alone and closed after it (``fresh_paths``): the
     complete verified reply, signed by that node or the member of its group it forwarded to, or
@@ -579,7 +661,8 @@ async def send_challenge(client: AnonClient, node_id: bytes, opening: Opening, *
     last = None
     try:
         stream = client.request(opening.model, opening.messages, opening.params, node=node_id, timeout=timeout,
-                                paths_timeout=paths_timeout, failover=False, fresh_paths=True)
+                                paths_timeout=paths_timeout, failover=False, fresh_paths=True,
+                                request_id=opening.request_id(tries))
         async with aclosing(stream) as replies:  # type: ignore[type-var]
             async for c in replies:
                 if last is not None and c.node != last.node:
@@ -717,19 +800,41 @@ class AuditDriver:
         try:
             if isinstance(action, Submit):
                 await self.broadcast(action)
+            elif isinstance(action, ScoreTranscripts):
+                await self._score_transcripts(action)
             else:
                 await self._send(action)
         except Exception:  # noqa: BLE001 - an audit step must never stop the verifier
             log.exception("audit: %s failed", action.what if isinstance(action, Submit) else
+                          f"scoring users' transcripts in epoch {action.epoch}"
+                          if isinstance(action, ScoreTranscripts) else
                           f"challenge {action.index} of epoch {action.epoch} to model node {short_id(action.node_id)}")
             if isinstance(action, Send):
                 self.auditor.result(action, Failure("other", "the verifier failed"), None, self.height)
+
+    async def _score_transcripts(self, action: ScoreTranscripts) -> None:
+        """Score each counted transcript with this verifier's engine (one that cannot be scored is
+        logged and left out), then submit the auditor's :meth:`Auditor.transcript_scores`."""
+        from verifier.audit.scoring import ScoringError
+
+        scored: list[tuple[bytes, int]] = []
+        for c in action.counted:
+            t = c.transcript
+            try:
+                score, _ = await score_tokens(self.engine, t.opening, t.reply.token_ids())
+            except (ScoringError, EngineError) as exc:
+                log.warning("audit: cannot score a transcript of model node %s: %s", short_id(c.node_id), exc)
+                continue
+            scored.append((c.node_id, score))
+        sub = self.auditor.transcript_scores(action.epoch, scored)
+        if sub is not None:
+            await self.broadcast(sub)
 
     async def _send(self, send: Send) -> None:
         from verifier.audit.scoring import ScoringError
 
         outcome = await send_challenge(self.client, send.node_id, send.opening, timeout=self.challenge_timeout,
-                                       paths_timeout=self.paths_timeout)
+                                       paths_timeout=self.paths_timeout, tries=send.attempt)
         score = None
         if isinstance(outcome, Reply):
             try:
@@ -768,11 +873,13 @@ class AuditSettings:
     tamper: Callable[[Any], Any] | None = None  # TESTS ONLY (in-process): see Auditor.tamper
 
 
-async def run_audits(data_dir: Path, settings: AuditSettings, seed: bytes, pool: DonationPool | None = None) -> None:
+async def run_audits(data_dir: Path, settings: AuditSettings, seed: bytes, pool: DonationPool | None = None,
+                     transcripts: TranscriptBook | None = None) -> None:
     """The audit loop of ``gentorrent verifier --audit`` (never returns; never raises: a failure is
     logged and the loop starts again after :data:`RESTART_S`; the model is loaded once). ``pool``:
     the donated prompts this verifier takes (:mod:`verifier.abci_app` adds to it); it learns the
-    audited model here, once the engine is loaded."""
+    audited model here, once the engine is loaded. ``transcripts``: users' committed transcripts
+    (:mod:`verifier.abci_app` fills the book; the auditor closes its epochs and scores them)."""
     engine: Any = None
     try:
         while True:
@@ -781,7 +888,7 @@ async def run_audits(data_dir: Path, settings: AuditSettings, seed: bytes, pool:
                     engine = await trio.to_thread.run_sync(_engine, settings)
                 if pool is not None:
                     pool.models = frozenset({engine.model})
-                await _run_audits_once(data_dir, settings, seed, engine, pool)
+                await _run_audits_once(data_dir, settings, seed, engine, pool, transcripts)
             except Exception as exc:  # noqa: BLE001 - never crash the verifier
                 log.error("audit: the audit loop failed (%s: %s); starting it again in %g s",
                           type(exc).__name__, exc, RESTART_S,
@@ -820,7 +927,7 @@ def load_auditor(data_dir: Path, auditor: Auditor) -> None:
 
 
 async def _run_audits_once(data_dir: Path, settings: AuditSettings, seed: bytes, engine: Any,
-                           pool: DonationPool | None) -> None:
+                           pool: DonationPool | None, transcripts: TranscriptBook | None = None) -> None:
     from overlay.directory.lists import load_genesis
     from overlay.directory.membership import CommitteeSettings, Membership, node_entry
     from overlay.directory.registry import Registry
@@ -838,7 +945,7 @@ async def _run_audits_once(data_dir: Path, settings: AuditSettings, seed: bytes,
     assert user.client is not None
     host, _, port = settings.listen.rpartition(":")
     auditor = Auditor(seed, chain_id, (engine.model,), ChallengeGenerator(rng=random.SystemRandom()), pool=pool,
-                      tamper=settings.tamper)
+                      tamper=settings.tamper, transcripts=transcripts)
     load_auditor(data_dir, auditor)
     driver = AuditDriver(auditor, rpc_address, user.client, engine, poll=settings.poll, data_dir=data_dir)
     async with trio.open_nursery() as nursery:

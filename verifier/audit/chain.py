@@ -25,13 +25,23 @@ the hash of block ``e*E`` (``seed(0)`` = SHA-256(chain id)) and orders the nodes
   longer a registered model node of that model, are void (not counted). A reply signed outside
   ``[commit time − SKEW_S, report time + SKEW_S]`` counts as no answer (the paper's timestamp
   check: a precomputed or replayed reply is not an answer to this epoch's challenge).
+- **Transcript scores** (the report window, after the validator's report): each validator may
+  take one :class:`~verifier.audit.tx.TranscriptScores`, its scores of users' transcripts that
+  count (decision 0015), per node that signed the replies; nodes that are not registered model
+  nodes are void. They are kept apart from the challenges' tallies: pooled, a few good
+  transcripts would hide bad answers to challenges (the bench measured it), and a node silent to
+  every challenge would be scored on its users' transcripts instead of missing the epoch.
 - **Epoch end** (its last block), per node with counted entries: the reporters are the
   validators with counted entries for it. Reporting power not above 2/3 of the total: the node
   was not audited this epoch. Otherwise, when the reporters that got at least one answer hold
   more than half of the reporting power, ``C(T)`` is the power-weighted median of their per-node
   means (:func:`_median`) and the reputation rule applies; else the node missed the epoch, and
   :data:`MISS_LIMIT` missed epochs in a row score 0. A node answers for what it returns: a
-  forwarded reply counts for the challenged node.
+  forwarded reply counts for the challenged node. Where validators holding more than 2/3 of the
+  power gave at least :data:`MIN_TRANSCRIPTS` transcript scores each for the node, the
+  power-weighted median of their transcript means
+  is a second ``C``, and the node's epoch scores the lower of the two (:func:`node_epoch`); with
+  no challenge outcome (not audited by challenges) the transcripts' ``C`` alone.
 
 With Byzantine validators below 1/3 of the power, honest ones hold more than half of any
 reporting power above 2/3, so the median lies within the honest verifiers' own measurements
@@ -62,6 +72,7 @@ DEFAULT_EPOCH_BLOCKS = 120
 DEFAULT_CHALLENGES_PER_NODE = 2  # per verifier: with 4 verifiers a node answers 8 challenges an epoch
 SKEW_S = 60  # clock skew allowed between a node's signing time and the block times
 MISS_LIMIT = 3
+MIN_TRANSCRIPTS = 4  # transcript scores a validator needs for a node before they vote (decision 0015)
 OUTCOMES = 16
 PROMPT_EPOCHS = 64
 MAX_REASON = 300
@@ -186,6 +197,7 @@ class AuditState:
     outcomes: tuple[Outcome, ...] = ()  # the last OUTCOMES, oldest first
     used_prompts: tuple[tuple[int, tuple[bytes, ...]], ...] = ()  # (epoch, sorted prompt keys), last PROMPT_EPOCHS
     reputation: ReputationTable = field(default_factory=ReputationTable)
+    transcripts: tuple[tuple[bytes, tuple[Tally, ...]], ...] = ()  # (validator, transcript scores by node), sorted
 
     # ------------------------------------------------------------- heights
 
@@ -215,6 +227,11 @@ class AuditState:
     def used(self) -> frozenset[bytes]:
         return frozenset(k for _, keys in self.used_prompts for k in keys)
 
+    @property
+    def transcribed(self) -> tuple[bytes, ...]:
+        """The validators whose transcript scores this epoch took."""
+        return tuple(v for v, _ in self.transcripts)
+
     # ------------------------------------------------------------- encoding
 
     def to_wire(self) -> list[Any]:
@@ -225,6 +242,7 @@ class AuditState:
             [[v, list(models)] for v, models in self.declared], [list(m) for m in self.misses],
             [o.to_wire() for o in self.outcomes], [[e, list(keys)] for e, keys in self.used_prompts],
             [[nid, r.value, list(r.window), r.epochs] for nid, r in sorted(self.reputation.nodes.items())],
+            [[v, [[n, list(sc)] for n, sc in tallies]] for v, tallies in self.transcripts],
         ]
 
     def canonical_bytes(self) -> bytes:
@@ -234,7 +252,7 @@ class AuditState:
     def from_wire(cls, w: Any) -> AuditState:
         """Inverse of :meth:`to_wire` (for persisted state, which the caller re-checks byte for byte);
         raises ValueError/TypeError/KeyError on a malformed one."""
-        params, epoch, seed, plans, reports, declared, misses, outcomes, used, rep = w
+        params, epoch, seed, plans, reports, declared, misses, outcomes, used, rep, transcripts = w
         table = ReputationTable(nodes={bytes(nid): NodeReputation(int(v), tuple(bool(a) for a in win), int(n))
                                        for nid, v, win, n in rep})
         return cls(
@@ -246,6 +264,8 @@ class AuditState:
             misses=tuple((bytes(n), int(c)) for n, c in misses),
             outcomes=tuple(Outcome(*o) for o in outcomes),
             used_prompts=tuple((int(e), tuple(bytes(k) for k in keys)) for e, keys in used), reputation=table,
+            transcripts=tuple((bytes(v), tuple((bytes(n), tuple(int(x) for x in sc)) for n, sc in tallies))
+                              for v, tallies in transcripts),
         )
 
 
@@ -315,6 +335,8 @@ def take(st: AuditState, tx: at.AuditTx, raw: bytes, *, height: int, time_s: int
         raise _err(Code.NOT_VALIDATOR, f"{_short(tx.validator_pk)} is not a current validator")
     if isinstance(tx, at.PlanCommit):
         return _take_commit(st, tx, height, time_s)
+    if isinstance(tx, at.TranscriptScores):
+        return _take_transcripts(st, tx, height, nodes)
     return _take_report(st, tx, height, time_s, nodes)
 
 
@@ -421,6 +443,23 @@ def _take_report(st: AuditState, tx: at.AuditReport, height: int, time_s: int,
     return replace(st, reports=tuple(sorted((*st.reports, report))), used_prompts=used_prompts)
 
 
+def _take_transcripts(st: AuditState, tx: at.TranscriptScores, height: int,
+                      nodes: Mapping[bytes, NodeRecord]) -> AuditState:
+    """A validator's transcript scores (decision 0015), by the node that signed the replies."""
+    if height < st.report_from():
+        raise _err(Code.TOO_EARLY, f"transcript scores for epoch {st.epoch} are taken from height "
+                                   f"{st.report_from()}, not at {height}")
+    if all(v != tx.validator_pk for v, _ in st.reports):
+        raise _err(Code.CONFLICT, f"validator {_short(tx.validator_pk)} takes transcript scores after its audit "
+                                  f"report of epoch {st.epoch}")
+    if tx.validator_pk in st.transcribed:
+        raise _err(Code.DUPLICATE, f"validator {_short(tx.validator_pk)} already gave transcript scores in epoch "
+                                   f"{st.epoch}")
+    kept = tuple((n, sc) for n, sc in tx.nodes  # ascending already (the codec's rule)
+                 if (rec := nodes.get(n)) is not None and rec.entry.role == ROLE_MODEL)  # else void
+    return replace(st, transcripts=tuple(sorted((*st.transcripts, (tx.validator_pk, kept)))))
+
+
 # =========================================================================== blocks
 
 
@@ -449,8 +488,36 @@ def _median(votes: Sequence[tuple[int, int]]) -> int:
 
 
 def node_epoch(st: AuditState, node_id: bytes, powers: Mapping[bytes, int]) -> int | None | str:
-    """One node's epoch from the reports: its ``C(T)`` (fixed point), ``"missed"``, or None (not
-    audited: reporting power not above 2/3 of the total)."""
+    """One node's epoch: ``"missed"`` when it missed the challenges; else the lower of its
+    challenges' ``C(T)`` (:func:`challenge_epoch`) and its transcripts' (:func:`transcript_epoch`),
+    whichever exist; None when neither does."""
+    challenges = challenge_epoch(st, node_id, powers)
+    if challenges == "missed":
+        return challenges
+    transcripts = transcript_epoch(st, node_id, powers)
+    if challenges is None or transcripts is None:
+        return transcripts if challenges is None else challenges
+    assert isinstance(challenges, int)
+    return min(challenges, transcripts)
+
+
+def transcript_epoch(st: AuditState, node_id: bytes, powers: Mapping[bytes, int]) -> int | None:
+    """The power-weighted median of the transcript means of the validators that gave at least
+    :data:`MIN_TRANSCRIPTS` transcript scores for ``node_id``, when they hold more than 2/3 of the
+    power (so honest ones hold more than half of theirs); else None. The minimum keeps one or two
+    unlucky transcripts, which a framer with a few identities can get counted, from being a node's
+    whole transcript score (the bench: without it, 2 framing identities an epoch sank an honest
+    node whose users donate nothing)."""
+    votes = [(_mean(sc), powers.get(v, 0)) for v, t in st.transcripts
+             if len(sc := dict(t).get(node_id, ())) >= MIN_TRANSCRIPTS]
+    if 3 * sum(p for _, p in votes) <= 2 * sum(powers.values()):
+        return None
+    return _median(votes)
+
+
+def challenge_epoch(st: AuditState, node_id: bytes, powers: Mapping[bytes, int]) -> int | None | str:
+    """One node's epoch from the challenge reports: its ``C(T)`` (fixed point), ``"missed"``, or
+    None (not audited: reporting power not above 2/3 of the total)."""
     total = sum(powers.values())
     tallies = [(powers.get(v, 0), dict(t).get(node_id)) for v, t in st.reports]
     reporting = [(p, sc) for p, sc in tallies if sc is not None]
@@ -465,7 +532,7 @@ def node_epoch(st: AuditState, node_id: bytes, powers: Mapping[bytes, int]) -> i
 
 def _settle(st: AuditState, powers: Mapping[bytes, int], height: int) -> AuditState:
     """The epoch's end: every reported node's outcome, the reputation update, the outcome record."""
-    reported = sorted({n for _, t in st.reports for n, _ in t})
+    reported = sorted({n for _, t in (*st.reports, *st.transcripts) for n, _ in t})
     misses = dict(st.misses)
     scores: dict[bytes, list[int]] = {}
     n_missed = n_zero = n_skipped = 0
@@ -488,7 +555,8 @@ def _settle(st: AuditState, powers: Mapping[bytes, int], height: int) -> AuditSt
     reason = (f"{len(scores) - n_zero} node(s) scored, {n_missed} missed"
               + (f" ({n_zero} scored 0 after {MISS_LIMIT} missed epochs in a row)" if n_zero else "")
               + (f", {n_skipped} not audited (reports from 2/3 of the power or less)" if n_skipped else "")
-              + f"; {len(st.reports)} of {len(powers)} validators reported")
+              + f"; {len(st.reports)} of {len(powers)} validators reported"
+              + (f", {len(st.transcribed)} with transcript scores" if st.transcribed else ""))
     status = APPLIED if scores or n_missed else EMPTY
     outcome = Outcome(st.epoch, status, reason[:MAX_REASON], height)
     return replace(st, reputation=table, misses=tuple(sorted(misses.items())),
@@ -507,7 +575,7 @@ def end_block(st: AuditState, height: int, block_hash: bytes, validators: Valida
     powers = _powers(validators)
     out = _settle(st, powers, height)
     nxt = max(out.epoch + 1, out.epoch_of(height + 1))  # a chain whose initial height skips epochs
-    return replace(out, epoch=nxt, seed=block_hash, plans=(), reports=(),
+    return replace(out, epoch=nxt, seed=block_hash, plans=(), reports=(), transcripts=(),
                    declared=tuple((v, ms) for v, ms in out.declared if v in powers),
                    used_prompts=tuple(u for u in out.used_prompts if u[0] > nxt - PROMPT_EPOCHS))
 
@@ -531,6 +599,7 @@ def query_audit(st: AuditState, validators: Validators, nodes: Mapping[bytes, No
         "total_power": sum(p for _, p in validators),
         "committed": [p.validator for p in st.plans],
         "reported": [v for v, _ in st.reports],
+        "transcribed": list(st.transcribed),
         "declared": [[v, list(ms)] for v, ms in st.declared],
         "audited_models": sorted(audited_models(st, validators)),
         "nodes": [[m, ids] for m, ids in nodes_by_model(st, nodes)],

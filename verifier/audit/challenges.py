@@ -49,6 +49,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from overlay.messages import ChatMessage, SamplingParams
+from overlay.transcripts import MAX_SEED  # the limit an opening checks
 
 if TYPE_CHECKING:  # tx imports overlay.crypto primitives; kept out of the prompt core's import
     from verifier.audit.tx import Opening
@@ -145,7 +146,6 @@ USER_TEMPERATURES = (0.0, 0.0, 0.2, 0.3, 0.5, 0.7, 0.8, 0.9, 1.0, 1.2)  # greedy
 USER_TOP_P = (0.8, 0.9, 0.9, 0.95, 0.95)
 USER_MAX_TOKENS = (64, 100, 128, 150, 200, 300, 500, 512, 1000, 1024)
 USER_SEEDS = (0, 1, 7, 42, 123, 1234, 2024, 12345)
-MAX_SEED = 2**32 - 1
 MAX_DRAWS = 1000  # attempts to find an unused prompt before giving up (the space is 10^9: never reached)
 
 

@@ -12,6 +12,10 @@ A raw audit transaction is :data:`AUDIT_TAG` followed by one msgpack array ``[ki
   with ``opening`` the array of :meth:`Opening.to_wire` and ``outcome`` either
   ``[0, served_by, [[text, [token ids]], ...], reply_signature, signed_at_ms, score, tries]``
   (:class:`ReplyOutcome`) or ``[1, kind, tries]`` (:class:`FailOutcome`).
+- kind 3 :class:`TranscriptScores` ``[3, epoch, validator_pk, [[node_id, [score, ...]], ...], signature]``:
+  the validator's scores of users' transcripts that count (decision 0015,
+  :mod:`verifier.audit.transcripts`), per node that signed them, node ids ascending, scores in
+  fixed point. Only the scores: the prompts and replies stay with the verifiers.
 
 Signatures are Ed25519 by the validator's CometBFT key over ``AUDIT_CONTEXT || len(chain_id) (u8)
 || chain_id || kind (u8) || msgpack([fields without the signature])``, so a signature binds one
@@ -33,13 +37,12 @@ report reveals it: the commit holds a hash of the whole plan, salted.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from overlay import codec, crypto, signing
+from overlay import codec, crypto, signing, transcripts
 from overlay.directory.constants import MAX_CHAIN_ID
 from overlay.directory.registration import DECODE_ERRORS, MAX_MODEL_ID, Code, TxError, pack
 from overlay.identity import NODE_ID_LEN
@@ -48,8 +51,8 @@ from verifier.audit.reputation import SCALE
 
 AUDIT_TAG = b"GTAUDIT2"
 AUDIT_CONTEXT = b"gentorrent/audit/v2\x00"
-KIND_COMMIT, KIND_REPORT = 1, 2
-KIND_NAMES = {KIND_COMMIT: "plan commit", KIND_REPORT: "audit report"}
+KIND_COMMIT, KIND_REPORT, KIND_TRANSCRIPTS = 1, 2, 3
+KIND_NAMES = {KIND_COMMIT: "plan commit", KIND_REPORT: "audit report", KIND_TRANSCRIPTS: "transcript scores"}
 OUTCOME_REPLY, OUTCOME_FAIL = 0, 1
 FAIL_KINDS = ("busy", "silent", "lost", "error", "unverified", "incomplete", "empty", "other")
 
@@ -60,29 +63,33 @@ MAX_MODELS_HELD = 8  # models one verifier declares
 MAX_TRIES = 3  # sends of one challenge (a busy or silent node is tried again later in the epoch)
 MAX_REPORT_BYTES = 1024 * 1024 - 4096  # under CometBFT's default mempool limit on one transaction (1 MiB)
 MAX_COMMIT_BYTES = 4096
+MAX_TRANSCRIPT_NODES = 256  # nodes in one TranscriptScores
+MAX_TRANSCRIPTS_PER_NODE = 64  # scores per node in one TranscriptScores
+MAX_TRANSCRIPTS_BYTES = 64 + MAX_TRANSCRIPT_NODES * (24 + 5 * MAX_TRANSCRIPTS_PER_NODE + 4) + 64
 
 # Challenge limits (an Opening): what users' clients may send
 SALT_LEN = 16
 COMMITMENT_LEN = 32
 PLAN_HASH_LEN = 32
 PROMPT_KEY_LEN = 16
-MIN_TOKENS, MAX_TOKENS = 1, 1024
-MAX_MESSAGES = 8
-MAX_CONTENT_BYTES = 8192
+MIN_TOKENS, MAX_TOKENS = transcripts.MIN_TOKENS, transcripts.MAX_TOKENS  # the limits: overlay/transcripts.py
+MAX_MESSAGES = transcripts.MAX_MESSAGES
+MAX_CONTENT_BYTES = transcripts.MAX_CONTENT_BYTES
 MAX_OPENING_BYTES = 64 + MAX_MODEL_ID + MAX_MESSAGES * (MAX_CONTENT_BYTES + 32) + 64
-ROLES = ("system", "user", "assistant")
-MAX_TEMPERATURE = 5.0
-MAX_TOP_K = 1000
-MAX_SEED = 2**32 - 1
+ROLES = transcripts.ROLES
+MAX_TEMPERATURE = transcripts.MAX_TEMPERATURE
+MAX_TOP_K = transcripts.MAX_TOP_K
+MAX_SEED = transcripts.MAX_SEED
 
 # Reply limits (a ReplyOutcome)
-MAX_CHUNKS = 2 * MAX_TOKENS + 4
-MAX_REPLY_TOKENS = 2 * MAX_TOKENS
-MAX_CHUNK_TEXT = 16 * 1024
+MAX_CHUNKS = transcripts.MAX_CHUNKS
+MAX_REPLY_TOKENS = transcripts.MAX_REPLY_TOKENS
+MAX_CHUNK_TEXT = transcripts.MAX_CHUNK_TEXT
 
 _CHALLENGE_PERSON = b"gt-challenge"
 _PROMPT_PERSON = b"gt-prompt"
 _PLAN_PERSON = b"gt-audit-plan"
+_TRY_PERSON = b"gt-challenge-id"
 _SPACES = re.compile(r"\s+")
 _T = TypeVar("_T")
 
@@ -159,20 +166,6 @@ def _read(raw: bytes | memoryview, max_bin: int, why: str, read: Callable[[codec
 # =========================================================================== the challenge
 
 
-def _check_params(p: SamplingParams) -> None:
-    if type(p.temperature) is not float or not math.isfinite(p.temperature) \
-            or not 0.0 <= p.temperature <= MAX_TEMPERATURE:
-        raise _invalid(f"challenge temperature must be a float within 0..{MAX_TEMPERATURE:g}")
-    if type(p.top_p) is not float or not math.isfinite(p.top_p) or not 0.0 < p.top_p <= 1.0:
-        raise _invalid("challenge top_p must be a float within (0, 1]")
-    if type(p.top_k) is not int or not 0 <= p.top_k <= MAX_TOP_K:
-        raise _invalid(f"challenge top_k must be within 0..{MAX_TOP_K}")
-    if type(p.max_tokens) is not int or not MIN_TOKENS <= p.max_tokens <= MAX_TOKENS:
-        raise _invalid(f"challenge max_tokens must be within {MIN_TOKENS}..{MAX_TOKENS}")
-    if p.seed is not None and (type(p.seed) is not int or not 0 <= p.seed <= MAX_SEED):
-        raise _invalid(f"challenge seed must be nil or within 0..{MAX_SEED}")
-
-
 def normalise_prompt(text: str) -> str:
     """The form a prompt is compared in for reuse: stripped, casefolded, whitespace runs as one space."""
     return _SPACES.sub(" ", text.strip().casefold())
@@ -196,18 +189,9 @@ class Opening:
     def check(self) -> None:
         if type(self.salt) is not bytes or len(self.salt) != SALT_LEN:
             raise _bad(f"challenge salt must be {SALT_LEN} bytes")
-        if type(self.model) is not str or not 0 < len(self.model.encode()) <= MAX_MODEL_ID:
-            raise _invalid(f"challenge model id must be 1-{MAX_MODEL_ID} bytes")
-        if not 1 <= len(self.messages) <= MAX_MESSAGES:
-            raise _invalid(f"a challenge has 1 to {MAX_MESSAGES} messages")
-        for m in self.messages:
-            if type(m.role) is not str or m.role not in ROLES or type(m.content) is not str:
-                raise _invalid(f"a challenge message's role is one of {', '.join(ROLES)}")
-            if len(m.content.encode("utf-8", errors="surrogatepass")) > MAX_CONTENT_BYTES:
-                raise _invalid(f"a challenge message holds at most {MAX_CONTENT_BYTES} bytes")
-        if self.messages[-1].role != "user" or not self.messages[-1].content.strip():
-            raise _invalid("a challenge's last message is the user's (non-empty) question")
-        _check_params(self.params)
+        why = transcripts.opening_problem(self.model, self.messages, self.params)
+        if why is not None:
+            raise _invalid(f"challenge: {why}")
 
     def to_wire(self) -> list[Any]:
         p = self.params
@@ -261,8 +245,21 @@ class Opening:
                        k=k, return_paths=(), continuation="")
 
     def digest(self) -> bytes:
-        """:func:`overlay.signing.request_digest` of :meth:`request`: what the node's reply signs."""
-        return signing.request_digest(self.request())
+        """:func:`overlay.signing.request_digest` of :meth:`request` with an all-zero request id and
+        target: the challenge's content, which :meth:`commitment` binds (the tries' ids are derived
+        from the salt, and the target is the entry's node)."""
+        return signing.request_digest(self.request(), bytes(NODE_ID_LEN))
+
+    def request_id(self, tries: int = 1) -> bytes:
+        """The request id of the challenge's ``tries``-th send: BLAKE2b-128(salt || tries (u8)),
+        personalised ``gt-challenge-id``. Random-looking to the node, fresh for every try (a node
+        answers each id once), and derived so the chain can check the reply of the try reported."""
+        return crypto.blake2b(self.salt + bytes([tries & 0xFF]), size=REQUEST_ID_LEN, person=_TRY_PERSON)
+
+    def reply_digest(self, node_id: bytes, tries: int = 1) -> bytes:
+        """What the reply to the ``tries``-th send to ``node_id`` signs: :func:`overlay.signing.request_digest`
+        of :meth:`request` with :meth:`request_id` of that try, addressed to ``node_id``."""
+        return signing.request_digest(self.request(self.request_id(tries)), node_id)
 
     def commitment(self) -> bytes:
         """BLAKE2b-256(salt || request digest), personalised ``gt-challenge``: what the commit holds."""
@@ -354,7 +351,7 @@ class ReportEntry:
         out = self.outcome
         if not isinstance(out, ReplyOutcome):
             raise ValueError("a failed challenge carries no reply")
-        digest = self.opening.digest()
+        digest = self.opening.reply_digest(self.node_id, out.tries)
         chain = signing.chain_start(digest)
         for text, ids in out.chunks:
             chain = signing.chain_next(chain, text, ids)
@@ -381,7 +378,24 @@ class AuditReport:
         return plan_hash(self.salt, [(e.node_id, e.opening.commitment()) for e in self.entries])
 
 
-AuditTx = PlanCommit | AuditReport
+@dataclass(frozen=True, slots=True)
+class TranscriptScores:
+    """Kind 3: ``validator_pk``'s scores, this epoch, of users' transcripts that count (decision
+    0015): ``nodes`` is ``((node_id, (score, ...)), ...)``, node ids ascending, each node the signer
+    of the replies scored."""
+
+    epoch: int
+    validator_pk: bytes
+    nodes: tuple[tuple[bytes, tuple[int, ...]], ...]
+    signature: bytes = b""
+
+    KIND = KIND_TRANSCRIPTS
+
+    def fields(self) -> list[Any]:
+        return [self.epoch, self.validator_pk, [[n, list(sc)] for n, sc in self.nodes]]
+
+
+AuditTx = PlanCommit | AuditReport | TranscriptScores
 
 
 def signing_bytes(chain_id: str, kind: int, fields: list[Any]) -> bytes:
@@ -514,14 +528,31 @@ def _read_report(r: codec.ShapeReader) -> AuditReport:
     return AuditReport(epoch, key, salt, tuple(_read_entry(r, i) for i in range(n)), _sig(r.value()))
 
 
-_ARITY = {KIND_COMMIT: 6, KIND_REPORT: 6}
-_LIMIT = {KIND_COMMIT: MAX_COMMIT_BYTES, KIND_REPORT: MAX_REPORT_BYTES}
-_READERS: dict[int, Callable[[codec.ShapeReader], AuditTx]] = {KIND_COMMIT: _read_commit, KIND_REPORT: _read_report}
+def _read_transcripts(r: codec.ShapeReader) -> TranscriptScores:
+    epoch, key = _epoch(r.value()), _bytes(r.value(), 32, "validator key")
+    nodes = []
+    for i in range(_array(r, MAX_TRANSCRIPT_NODES, "transcript nodes")):
+        _shaped(r, 2, f"transcript node {i} is [node_id, [score, ...]]")
+        node = _bytes(r.value(), NODE_ID_LEN, f"transcript node {i}'s id")
+        n = _array(r, MAX_TRANSCRIPTS_PER_NODE, f"transcript node {i}'s scores")
+        if n == 0:
+            raise _invalid(f"transcript node {i} has no scores")
+        nodes.append((node, tuple(_int(v, 0, SCALE, f"transcript node {i}'s score") for v in _values(r, n))))
+    ids = [n for n, _ in nodes]
+    if any(a >= b for a, b in zip(ids, ids[1:], strict=False)):
+        raise _invalid("transcript nodes come by node id, ascending, each once")
+    return TranscriptScores(epoch, key, tuple(nodes), _sig(r.value()))
+
+
+_ARITY = {KIND_COMMIT: 6, KIND_REPORT: 6, KIND_TRANSCRIPTS: 5}
+_LIMIT = {KIND_COMMIT: MAX_COMMIT_BYTES, KIND_REPORT: MAX_REPORT_BYTES, KIND_TRANSCRIPTS: MAX_TRANSCRIPTS_BYTES}
+_READERS: dict[int, Callable[[codec.ShapeReader], AuditTx]] = {
+    KIND_COMMIT: _read_commit, KIND_REPORT: _read_report, KIND_TRANSCRIPTS: _read_transcripts}
 
 
 def _read_tx(r: codec.ShapeReader) -> AuditTx:
     """``[kind, *fields]``: the kind first, then its byte limit and arity, then its fields by shape."""
-    why = "an audit transaction is [kind 1-2, ...fields]"
+    why = "an audit transaction is [kind 1-3, ...fields]"
     n = r.array()
     kind = r.value() if n else None
     if type(kind) is not int or kind not in _ARITY:

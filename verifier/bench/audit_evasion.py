@@ -42,6 +42,33 @@ two runs is an epoch one node's outcome changed another's.
 **D. Cost** per verifier per audited node per epoch: challenges sent (tries included) and
 replies scored, against main's protocol (the leader sends k = 3, every verifier rescores the
 3 replies), in CPU seconds at the measured one-pass scoring time (docs/benchmarks.md "verify").
+
+**Transcripts** (decision 0015; :class:`ChainRun`'s ``rho``). B and C are run again with users'
+transcripts at each donation rate of :data:`RHOS` (rate 0: the figures above, unprefixed; others
+under ``transcripts_rho{percent}_``): per node and epoch, USER_REQUESTS_PER_EPOCH requests of its
+users (drawn from its view's evaluation stream, with the detector's score), each committed with
+probability ``rho`` when a donor's client may choose it (:func:`overlay.transcripts.fits`), through
+the real :class:`verifier.audit.transcripts.TranscriptBook` (commit, signed reply, reveal or "no
+reply"; closed in the next epoch's report window, as the verifier's audit loop closes it: a
+transcript counts one epoch after its request), and every validator's
+:class:`verifier.audit.tx.TranscriptScores` taken by the chain after its report. What each node
+serves its users: as it answers a challenge (a detecting cheater acts on its detector's flag of
+the user's request: the selective one serves it honestly, the forwarder forwards it to the honest
+peer, whose signed transcript counts for the peer, the aborter stays silent, which voids a
+donor's set and, past the book's void budget, burns the donor), except the leaked cheater, whose
+colluding verifier tells it when commitments arrive: it serves committed requests honestly (F
+prices that).
+
+**E. Framing** (:func:`framing`): an honest node facing one-shot framers, each identity committing
+one request an epoch (at the setting where honest replies most often score low) and revealing it
+only when it scores under τ (a withheld one voids the identity's set; the book burns it past its
+void budget); a burnt identity is replaced by a fresh one. The figure is the smallest number of
+identities per epoch that makes the victim untrusted within FRAMING_EPOCHS epochs in at least
+FRAMING_SHARE of runs.
+
+**F. Detecting transcripts** (:func:`committed_auc`, :func:`timing_leak`): the best challenge
+detectors against users' committed requests, and a colluding verifier's timing leak (simulated,
+seeded; the assumptions are the constants NETWORK_NODES, COMMIT_LEAD_S, LEAK_WINDOWS_S).
 """
 
 from __future__ import annotations
@@ -100,6 +127,21 @@ BUSY_SHARE = 0.2
 FLOOD_BUSY_SHARE = 0.9
 SELECTIVE_TPRS = (0.5, 0.8, 0.9, 0.95)  # shares of challenges a selective cheater wants to answer honestly
 MAX_FPR = 0.5  # ... while serving at least half of its users' requests cheaply (else it is no cheater)
+# ----------------------------------------------------------------------------- transcripts (decision 0015)
+RHOS = (0.0, 0.1, 0.25)  # donation rates: the share of users' requests committed and revealed (0: challenges only)
+RHO_HONEST = 0.25  # part C and the committed-request AUC run at this rate
+USER_RETRY_BLOCKS = 30  # a donor retries a committed request that got no reply at most this many blocks later
+FRAMER_TAU = 750_000  # a one-shot framer reveals a reply only when it scores under this (reputation.TAU)
+FRAMER_PARAMS = SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_tokens=256, seed=None)  # the setting
+# where honest replies most often score under FRAMER_TAU (t1.0: 4 of 24 measured replies, mean 0.686)
+FRAMERS_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # framing identities per epoch, searched in order
+FRAMING_EPOCHS = 20  # ... the victim untrusted within this many epochs of framing ...
+FRAMING_SHARE = 0.5  # ... in at least this share of runs
+NETWORK_NODES = (10, 100)  # model nodes whose users' commitments a colluding verifier hears (timing leak)
+COMMIT_LEAD_S = (0.3, 1.5)  # a commitment reaches the verifiers this long (uniform) before its request reaches
+# the node: the client sends the request once its commitment is acknowledged (rule 1), over onion paths
+AUC_DRAWS = 20  # coin draws the committed-request AUC is averaged over
+LEAK_WINDOWS_S = (1.0, 2.0, 10.0)  # the node serves honestly what arrives within W s of any commitment
 MAIN_K = 3  # main's protocol: the leader sends k = 3 a node, every verifier rescores them
 SCORE_S = 0.877  # docs/benchmarks.md "verify": one-pass scoring, 877 ms a verification
 
@@ -547,6 +589,7 @@ class View:
     auc: float
     challenges: list[tuple[Req, float]]
     users: np.ndarray[Any, Any]
+    user_reqs: list[Req] = field(default_factory=list)  # the users' requests ``users`` scores, in order
 
 
 def detectors(train: tuple[list[Req], set[int]], test: tuple[list[Req], set[int]], timing: Timing,
@@ -581,7 +624,8 @@ def views(source: str, aucs: dict[str, float], scores: dict[str, np.ndarray[Any,
         best = max(allowed, key=lambda d: (aucs[d], d))
         s = scores[best]
         chs = [(r, float(v)) for r, v, lab in zip(obs.reqs, s, y, strict=True) if lab == 1]
-        out.append(View(name, best, aucs[best], chs, s[y == 0]))
+        out.append(View(name, best, aucs[best], chs, s[y == 0], [r for r, lab in zip(obs.reqs, y, strict=True)
+                                                                 if lab == 0]))
     return out
 
 
@@ -697,6 +741,11 @@ class RunResult:
     sends: int = 0  # tries, all verifiers and nodes
     replies: int = 0  # replies received (each scored once, by its sender)
     node_epochs: int = 0  # (node, epoch) pairs audited, per verifier
+    counted: dict[str, int] = field(default_factory=dict)  # node name -> transcripts counted for it (signer)
+    burnt: dict[str, int] = field(default_factory=dict)  # node name -> honest donors of its users burnt
+    framer_counted: int = 0  # framers' transcripts counted
+    framer_burnt: int = 0  # framing identities burnt
+    framer_withheld: int = 0  # framers' commitments left unrevealed (their replies scored at or above τ)
 
 
 def _seeded(*parts: object) -> random.Random:
@@ -708,11 +757,24 @@ class ChainRun:
     ``epochs`` epochs (module docstring, part B)."""
 
     def __init__(self, seed: int, specs: Sequence[NodeSpec], scores: ScoreTable, default_view: View,
-                 epoch_blocks: int, k: int) -> None:
+                 epoch_blocks: int, k: int, rho: float = 0.0, framers: int = 0, frame_from: int = 0,
+                 cache: dict[int, Any] | None = None) -> None:
+        """``rho``: the share of the nodes' users' requests donated as transcripts; ``framers``:
+        one-shot framing identities per epoch from ``frame_from`` against the first honest node;
+        ``cache``: the validators' plans and reports by epoch, shared by runs of the same seed and
+        specs (they do not depend on ``rho`` or the framers)."""
         from overlay import crypto
         from overlay.identity import node_id_of
+        from verifier.audit.transcripts import ScoreCarry, TranscriptBook
 
         self.seed, self.scores, self.default_view, self.k = seed, scores, default_view, k
+        self.rho, self.framers, self.frame_from, self.cache = rho, framers, frame_from, cache
+        self.book = TranscriptBook()  # every honest verifier's book: they all get the same commits and reveals
+        self.carry = ScoreCarry()  # and their scores held for the chain's minimum, as the audit loop holds them
+        self.donors: dict[tuple[str, int], bytes] = {}
+        self.framer_gen = [0] * framers
+        self.framer_ids: set[bytes] = set()
+        self.eligible: dict[int, bool] = {}
         self.params = chain.AuditParams(epoch_blocks=epoch_blocks, challenges_per_node=k)
         vkeys = [crypto.SigningKey.from_bytes(_seeded("validator", seed, i).randbytes(32)) for i in range(VERIFIERS)]
         self.vseeds = [v.private_bytes() for v in vkeys]
@@ -787,7 +849,7 @@ class ChainRun:
                         score = self.scores.draw(self.scores.setting(opening.params), kind, rng)
                         signed_at = (T0 + h) * 1000 + rng.randrange(1000)
                         chunks = (("The answer", (791, 4245)), (" is here.", (318, 767, 13)))
-                        signer = signing.ReplySigner(opening.digest(), MODEL, server.node_id)
+                        signer = signing.ReplySigner(opening.reply_digest(node.node_id, tries), MODEL, server.node_id)
                         sig = b""
                         for i, (text, ids) in enumerate(chunks):
                             _, sig = signer.add(text, ids, i == len(chunks) - 1, signed_at, server.key.sign)
@@ -799,6 +861,138 @@ class ChainRun:
                     h = rng.randint(h + 1, last)
                 entries.append(at.ReportEntry(node.node_id, opening, outcome))
         return _seeded("salt", self.seed, epoch, v).randbytes(16), entries
+
+    # ------------------------------------------------------------------ users' transcripts (decision 0015)
+
+    def _key_of(self, node_id: bytes, model: str) -> bytes | None:
+        rec = self.records.get(node_id)
+        return rec.ed25519_public if rec is not None and model == MODEL else None
+
+    def _serve_user(self, node: _Node, epoch: int, height: int, flagged: bool,
+                    rng: random.Random) -> tuple[str, str, _Node]:
+        """What ``node`` does with one try of a user's committed request: as with a challenge
+        (:meth:`_answer`: a detecting cheater acts on its detector's flag of the user's request),
+        except the leaked cheater: its colluding verifier tells it when commitments arrive, so it
+        serves every committed request honestly (the cost of that: part 4, "timing leak")."""
+        s = node.spec
+        if s.behaviour == "leaked" and epoch >= s.cheat_from:
+            return "reply", "honest", node
+        return self._answer(node, epoch, -1, height, flagged, rng)
+
+    def _transcript(self, node: _Node, donor: bytes, messages: tuple[ChatMessage, ...], params: SamplingParams,
+                    det: float, epoch: int, start: int, last: int, rng: random.Random,
+                    res: RunResult, reveal_under: int | None = None) -> bool:
+        """One committed request from ``donor`` to ``node``, as the rules have it: commit (every
+        verifier notes the time), send (a try that gets no reply is retried, same request id, up to
+        MAX_TRIES, within USER_RETRY_BLOCKS blocks), then reveal the signed reply, or say "no reply"
+        (which voids the donor's set; the book burns a donor past its void budget). A framer
+        (``reveal_under``) reveals only a reply that scores under it. False when the book refused
+        the commitment (a burnt donor)."""
+        from overlay import signing
+        from overlay.transcripts import commitment
+        from verifier.audit import transcripts as tr
+        from verifier.audit import tx as at
+
+        h = rng.randint(start, last)
+        commit_ms = (T0 + h) * 1000 + rng.randrange(1000)
+        opening = at.Opening(bytes(16), MODEL, messages, params)
+        rid, nonce = rng.randbytes(16), rng.randbytes(16)
+        digest = signing.request_digest(opening.request(rid), node.node_id)
+        value = commitment(nonce, node.node_id, digest)
+        if self.book.commit(donor, value, epoch, commit_ms) is not None:
+            return False
+        flagged = self._flagged(node, det, rng)
+        sent, tries = h, 0
+        while True:
+            tries += 1
+            what, kind, server = self._serve_user(node, epoch, sent, flagged, rng)
+            if what == "reply":
+                break
+            if tries >= at.MAX_TRIES:
+                self.book.no_reply(donor, value)
+                return True
+            sent += rng.randint(1, USER_RETRY_BLOCKS)
+        score = self.scores.draw(self.scores.setting(params), kind, rng)
+        if reveal_under is not None and score >= reveal_under:
+            res.framer_withheld += 1
+            return True  # withheld: the book voids the set at close (and burns the framer past its budget)
+        signed_at = commit_ms + (sent - h) * 1000 + rng.randint(300, 2000)
+        chunks = (("The answer is here.", (791, 4245, 318, 767, 13)),)  # one chunk: one signature to make
+        _, sig = signing.ReplySigner(digest, MODEL, server.node_id).add(*chunks[0], True, signed_at, server.key.sign)
+        reply = at.ReplyOutcome(server.node_id, chunks, sig, signed_at, score, tries)
+        why = self.book.reveal(donor, tr.Transcript(node.node_id, nonce, opening, rid, reply), self._key_of)
+        if why is not None:
+            raise AssertionError(f"bench audit-evasion: the transcript book refused a donor's reveal: {why}")
+        return True
+
+    def _eligible(self, r: Req) -> bool:
+        """Whether a donor's client may choose ``r`` (overlay.transcripts.fits: an opening's limits, no seed)."""
+        from overlay.transcripts import fits
+
+        if r.ident not in self.eligible:
+            self.eligible[r.ident] = fits(MODEL, r.messages, r.params) is None
+        return self.eligible[r.ident]
+
+    def _users(self, epoch: int, start: int, end: int, res: RunResult) -> None:
+        """The epoch's committed requests, at uniform heights of the epoch: per node,
+        USER_REQUESTS_PER_EPOCH requests of its users (drawn from its view's user requests, with
+        the view's detector score), each donated with probability ``rho`` when its client may
+        choose it; and the framers' commitments against the first honest node."""
+        if self.rho <= 0 and not (self.framers and epoch >= self.frame_from):
+            return
+        for node in self.nodes:
+            view = node.spec.view or self.default_view
+            reqs, dets = view.user_reqs, view.users
+            for i in range(USER_REQUESTS_PER_EPOCH):
+                rng = _seeded("user", self.seed, node.spec.name, epoch, i)  # the same draws at every rho
+                j = rng.randrange(len(reqs))
+                if rng.random() >= self.rho or not self._eligible(reqs[j]):
+                    continue
+                key = (node.spec.name, reqs[j].user)
+                if key not in self.donors:
+                    self.donors[key] = _seeded("donor", self.seed, *key).randbytes(20)
+                self._transcript(node, self.donors[key], reqs[j].messages, reqs[j].params, float(dets[j]), epoch,
+                                 start, end, rng, res)
+        victim = next((n for n in self.nodes if n.spec.behaviour == "honest"), None)
+        if self.framers and epoch >= self.frame_from and victim is not None:
+            prompts = victim.spec.view.user_reqs if victim.spec.view else self.default_view.user_reqs
+            for f in range(self.framers):
+                while True:  # a burnt identity is replaced by a fresh one (another registration)
+                    ident = _seeded("framer", self.seed, f, self.framer_gen[f]).randbytes(20)
+                    if ident not in self.book.burnt:
+                        break
+                    self.framer_gen[f] += 1
+                self.framer_ids.add(ident)
+                rng = _seeded("frame", self.seed, epoch, f)
+                last = next(m.content for m in reversed(prompts[rng.randrange(len(prompts))].messages)
+                            if m.role == "user")
+                self._transcript(victim, ident, (ChatMessage("user", last),), FRAMER_PARAMS, 0.0, epoch, start, end,
+                                 rng, res, reveal_under=FRAMER_TAU)
+
+    def _close(self, epoch: int, res: RunResult) -> tuple[tuple[bytes, tuple[int, ...]], ...]:
+        """What every validator submits in epoch ``epoch``'s report window, as the verifier's audit
+        loop does (verifier/audit/auditor.py): the book's epochs before this one closed (the
+        commitments of epoch ``epoch − 1`` had all of this epoch to be revealed), and per signing
+        node its counted transcripts' scores (the same at every honest verifier: a score is a
+        function of the reply) once it has the chain's minimum (held over epochs as the audit loop
+        holds them, :class:`verifier.audit.transcripts.ScoreCarry`), at most MAX_TRANSCRIPTS_PER_NODE
+        (a seeded sample when more count)."""
+        from verifier.audit import tx as at
+
+        counted = self.book.close_before(epoch)
+        res.framer_burnt = len(self.framer_ids & self.book.burnt)
+        for name in res.burnt:
+            res.burnt[name] = sum(d in self.book.burnt for k, d in self.donors.items() if k[0] == name)
+        names = {n.node_id: n.spec.name for n in self.nodes}
+        for c in counted:
+            res.counted[names[c.node_id]] += 1
+            res.framer_counted += c.donor in self.framer_ids
+        out = []
+        for nid, sc in self.carry.add(epoch, [(c.node_id, c.transcript.reply.score) for c in counted]):
+            if len(sc) > at.MAX_TRANSCRIPTS_PER_NODE:
+                sc = tuple(_seeded("cap", self.seed, epoch, nid).sample(sc, at.MAX_TRANSCRIPTS_PER_NODE))
+            out.append((nid, sc))
+        return tuple(out)
 
     def _faults(self, epoch: int, start: int) -> None:
         """A restarting node: one restart in each RESTART_EVERY epochs, in a random one of them,
@@ -814,10 +1008,35 @@ class ChainRun:
             e, a, b = node.restart
             node.silent = (start + a, start + b) if e == epoch else (0, -1)
 
+    def _txs(self, e: int, commit_until: int, report_from: int, res: RunResult) -> tuple[list[Any], list[Any]]:
+        """The validators' plan commits and audit reports of epoch ``e``, signed and decoded:
+        ``([(tx, raw)] commits, [(tx, raw)] reports)``; from the cache when a run of the same seed
+        and specs made them already (the sends and replies are counted once, by the first run)."""
+        from verifier.audit import tx as at
+
+        if self.cache is not None and e in self.cache:
+            return self.cache[e]  # type: ignore[no-any-return]
+        plans = [self._plan(v, e, commit_until + 1, report_from - 1, res) for v in range(VERIFIERS)]
+        commits, reports = [], []
+        for v, (salt, entries) in enumerate(plans):
+            pk = self.validators[v][0]
+            ph = at.plan_hash(salt, [(x.node_id, x.opening.commitment()) for x in entries])
+            raw = at.sign_tx(at.PlanCommit(e, pk, (MODEL,), ph), CHAIN_ID, self.vseeds[v])
+            commits.append((at.decode_audit_tx(raw, CHAIN_ID), raw))
+        for v, (salt, entries) in enumerate(plans):
+            pk = self.validators[v][0]
+            raw = at.sign_tx(at.AuditReport(e, pk, salt, tuple(entries)), CHAIN_ID, self.vseeds[v])
+            reports.append((at.decode_audit_tx(raw, CHAIN_ID), raw))
+        if self.cache is not None:
+            self.cache[e] = (commits, reports)
+        return commits, reports
+
     def run(self, epochs: int) -> RunResult:
         from verifier.audit import tx as at
 
-        res = RunResult({n.spec.name: [] for n in self.nodes}, {n.spec.name: 0 for n in self.nodes}, [])
+        names = [n.spec.name for n in self.nodes]
+        res = RunResult({n: [] for n in names}, {n: 0 for n in names}, [], counted={n: 0 for n in names},
+                        burnt={n: 0 for n in names})
         for n in self.nodes:
             if n.spec.behaviour == "flood":
                 n.flood_epoch = _seeded("flood", self.seed, n.spec.name).randrange(epochs)
@@ -826,22 +1045,23 @@ class ChainRun:
             assert st.epoch == e
             start, commit_until, report_from, end = st.start_height(), st.commit_until(), st.report_from(), st.end_height()
             self._faults(e, start)
-            plans = [self._plan(v, e, commit_until + 1, report_from - 1, res) for v in range(VERIFIERS)]
+            commits, reports = self._txs(e, commit_until, report_from, res)
+            transcripts = self._close(e, res)  # the commitments of earlier epochs
+            self._users(e, start, end, res)
             res.node_epochs += len(self.nodes)
             powers = dict(self.validators)
             for h in range(start, end + 1):
-                txs: list[bytes] = []
+                txs: list[tuple[Any, bytes]] = []
                 if h == start:
-                    for v, (salt, entries) in enumerate(plans):
-                        pk = self.validators[v][0]
-                        ph = at.plan_hash(salt, [(x.node_id, x.opening.commitment()) for x in entries])
-                        txs.append(at.sign_tx(at.PlanCommit(e, pk, (MODEL,), ph), CHAIN_ID, self.vseeds[v]))
+                    txs = commits
                 if h == report_from:
-                    for v, (salt, entries) in enumerate(plans):
-                        pk = self.validators[v][0]
-                        txs.append(at.sign_tx(at.AuditReport(e, pk, salt, tuple(entries)), CHAIN_ID, self.vseeds[v]))
-                for raw in txs:
-                    tx = at.decode_audit_tx(raw, CHAIN_ID)
+                    txs = list(reports)
+                    if transcripts:  # each validator's scores of the counted transcripts, after its report
+                        for v in range(VERIFIERS):
+                            ts = at.TranscriptScores(e, self.validators[v][0], transcripts)
+                            raw = at.sign_tx(ts, CHAIN_ID, self.vseeds[v])
+                            txs.append((at.decode_audit_tx(raw, CHAIN_ID), raw))
+                for tx, raw in txs:
                     st = chain.take(st, tx, raw, height=h, time_s=T0 + h, validators=self.validators,
                                     nodes=self.records)
                 if h == end:
@@ -896,96 +1116,257 @@ def _pct(values: Sequence[float], q: float) -> float:
     return percentile(sorted(values), q)
 
 
+def rho_prefix(rho: float) -> str:
+    """The figures' prefix at donation rate ``rho``: none at 0 (challenges only: the figures as
+    they were before transcripts), ``transcripts_rho{percent}_`` otherwise."""
+    return "" if rho <= 0 else f"transcripts_rho{round(100 * rho)}_"
+
+
 def run_cheaters(seeds: Sequence[int], epochs: int, scores: ScoreTable, views_: dict[str, View], epoch_blocks: int,
-                 k: int) -> tuple[dict[str, float], dict[str, Any]]:
+                 k: int, rhos: Sequence[float] = (0.0,),
+                 transcript_seeds: Sequence[int] | None = None) -> tuple[dict[str, float], dict[str, Any]]:
+    """Part B at every donation rate of ``rhos`` (rate 0 over ``seeds``, the others over
+    ``transcript_seeds``, a prefix of them: the same seeds give the same challenges, so each run
+    with transcripts differs from its challenges-only twin by the transcripts alone)."""
     from overlay.directory.constants import TRUST_LINE
 
     specs, chosen = cheater_specs(views_)
-    got: dict[str, list[int | None]] = {s.name: [] for s in specs}
-    r_after: dict[str, list[int]] = {s.name: [] for s in specs}
-    honest_min: list[int] = []
+    t_seeds = set(seeds if transcript_seeds is None else transcript_seeds)
+    got: dict[float, dict[str, list[int | None]]] = {r: {s.name: [] for s in specs} for r in rhos}
+    r_after: dict[float, dict[str, list[int]]] = {r: {s.name: [] for s in specs} for r in rhos}
+    honest_min: dict[float, list[int]] = {r: [] for r in rhos}
+    counted: dict[float, list[int]] = {r: [] for r in rhos}
+    burnt: dict[float, list[int]] = {r: [] for r in rhos}
     for seed in seeds:
-        res = ChainRun(seed, specs, scores, views_["donated"], epoch_blocks, k).run(epochs)
-        for s in specs:
-            rs = res.reputation[s.name]
-            if s.behaviour == "honest":
-                honest_min.append(min(rs))
+        cache: dict[int, Any] = {}
+        for rho in sorted(rhos):  # rate 0 first: it fills the cache
+            if rho > 0 and seed not in t_seeds:
                 continue
-            got[s.name].append(_epochs_to_untrusted(rs, s.cheat_from, TRUST_LINE))
-            r_after[s.name].append(rs[min(len(rs), s.cheat_from + UNTRUSTED_WITHIN) - 1])
+            res = ChainRun(seed, specs, scores, views_["donated"], epoch_blocks, k, rho=rho, cache=cache).run(epochs)
+            counted[rho].append(sum(res.counted.values()))
+            burnt[rho].append(sum(res.burnt.values()))
+            for s in specs:
+                rs = res.reputation[s.name]
+                if s.behaviour == "honest":
+                    honest_min[rho].append(min(rs))
+                    continue
+                got[rho][s.name].append(_epochs_to_untrusted(rs, s.cheat_from, TRUST_LINE))
+                r_after[rho][s.name].append(rs[min(len(rs), s.cheat_from + UNTRUSTED_WITHIN) - 1])
     never = epochs - WARMUP_EPOCHS + 1
     f: dict[str, float] = {}
-
-    def figures(label: str, name: str) -> None:
-        xs = got[name]
-        f[f"cheater_{label}_untrusted_within_5_share"] = sum(x is not None and x <= UNTRUSTED_WITHIN
-                                                              for x in xs) / len(xs)
-        ep = [float(never if x is None else x) for x in xs]
-        f[f"cheater_{label}_epochs_to_untrusted_p50"] = _pct(ep, 50)
-        f[f"cheater_{label}_epochs_to_untrusted_p95"] = _pct(ep, 95)
-        f[f"cheater_{label}_reputation_after_5_mean"] = sum(r_after[name]) / len(r_after[name]) / 1e6
-
-    for b in PLAIN_CHEATERS:
-        figures(b, b)
     sweep: dict[str, Any] = {}
-    for name in VIEWS:
-        worst = None
-        for t in SELECTIVE_TPRS:
-            sname = f"selective_{name}_tpr{round(100 * t)}"
-            xs = got[sname]
-            share = sum(x is not None and x <= UNTRUSTED_WITHIN for x in xs) / len(xs)
-            fpr = flag_rule(views_[name], t)[2]
-            f[f"{sname}_untrusted_within_5_share"] = share
-            f[f"{sname}_users_flagged_share"] = fpr
-            if fpr <= MAX_FPR and (worst is None or share < f[f"{worst}_untrusted_within_5_share"]):
-                worst = sname
-        worst = worst or f"selective_{name}_tpr{round(100 * min(SELECTIVE_TPRS))}"
-        figures(f"selective_{name}", worst)
-        sweep[name] = {"worst": worst, "forwarder_aborter_share_flagged": chosen[name]}
-        for b in ("forwarder", "aborter"):
-            figures(f"{b}_{name}", f"{b}_{name}")
-    f["cheater_run_honest_min_reputation"] = min(honest_min) / 1e6
+    for rho in rhos:
+        pre = rho_prefix(rho)
+
+        def figures(label: str, name: str, rho: float = rho, pre: str = pre) -> None:
+            xs = got[rho][name]
+            f[f"{pre}cheater_{label}_untrusted_within_5_share"] = sum(x is not None and x <= UNTRUSTED_WITHIN
+                                                                       for x in xs) / len(xs)
+            ep = [float(never if x is None else x) for x in xs]
+            f[f"{pre}cheater_{label}_epochs_to_untrusted_p50"] = _pct(ep, 50)
+            f[f"{pre}cheater_{label}_epochs_to_untrusted_p95"] = _pct(ep, 95)
+            f[f"{pre}cheater_{label}_reputation_after_5_mean"] = sum(r_after[rho][name]) / len(r_after[rho][name]) / 1e6
+
+        for b in PLAIN_CHEATERS:
+            figures(b, b)
+        for name in VIEWS:
+            worst = None
+            for t in SELECTIVE_TPRS:
+                sname = f"selective_{name}_tpr{round(100 * t)}"
+                xs = got[rho][sname]
+                share = sum(x is not None and x <= UNTRUSTED_WITHIN for x in xs) / len(xs)
+                fpr = flag_rule(views_[name], t)[2]
+                f[f"{pre}{sname}_untrusted_within_5_share"] = share
+                if rho <= 0:
+                    f[f"{sname}_users_flagged_share"] = fpr
+                if fpr <= MAX_FPR and (worst is None or share < f[f"{pre}{worst}_untrusted_within_5_share"]):
+                    worst = sname
+            worst = worst or f"selective_{name}_tpr{round(100 * min(SELECTIVE_TPRS))}"
+            figures(f"selective_{name}", worst)
+            sweep.setdefault(name, {"forwarder_aborter_share_flagged": chosen[name]})[f"worst_rho{rho}"] = worst
+            for b in ("forwarder", "aborter"):
+                figures(f"{b}_{name}", f"{b}_{name}")
+        f[f"{pre}cheater_run_honest_min_reputation"] = min(honest_min[rho]) / 1e6
+        if rho > 0:
+            node_epochs = len(counted[rho]) * len(specs) * epochs
+            f[f"{pre}counted_per_node_epoch"] = sum(counted[rho]) / node_epochs
+            f[f"{pre}donors_burnt_per_run"] = sum(burnt[rho]) / len(burnt[rho])
     return f, sweep
 
 
 def run_honest(seeds: Sequence[int], epochs: int, scores: ScoreTable, view: View, epoch_blocks: int,
-               k: int, per_kind: int) -> dict[str, float]:
+               k: int, per_kind: int, rho: float = RHO_HONEST,
+               transcript_seeds: Sequence[int] | None = None) -> dict[str, float]:
     """Part C, and D's counts: nodes with faults and fault-free ones, each run replayed with every
-    faulty node fault-free."""
+    faulty node fault-free; challenges only over ``seeds``, and with users' transcripts at rate
+    ``rho`` over ``transcript_seeds`` (a prefix of them; the same challenges)."""
     from overlay.directory.constants import TRUST_LINE
 
     specs = [NodeSpec(f"{b}{i}", "honest" if b == "plain" else b) for b in FAULTS for i in range(per_kind)]
     twin_specs = [NodeSpec(s.name, "honest") for s in specs]
     f: dict[str, float] = {}
-    low: dict[str, list[int]] = {b: [] for b in FAULTS}
-    untrusted: dict[str, int] = {b: 0 for b in FAULTS}
+    t_seeds = set(seeds if transcript_seeds is None else transcript_seeds)
+    rates = (0.0, rho)
+    low: dict[float, dict[str, list[int]]] = {r: {b: [] for b in FAULTS} for r in rates}
+    untrusted: dict[float, dict[str, int]] = {r: {b: 0 for b in FAULTS} for r in rates}
     missed: dict[str, int] = {b: 0 for b in FAULTS}
-    interfered = empty = sends = replies = node_epochs = 0
+    burnt: dict[str, int] = {b: 0 for b in FAULTS}
+    counted = 0
+    interfered = {r: 0 for r in rates}
+    empty = sends = replies = node_epochs = 0
+    runs = {r: 0 for r in rates}
     for seed in seeds:
-        res = ChainRun(seed, specs, scores, view, epoch_blocks, k).run(epochs)
-        twin = ChainRun(seed, twin_specs, scores, view, epoch_blocks, k).run(epochs)
-        sends, replies, node_epochs = sends + res.sends, replies + res.replies, node_epochs + res.node_epochs
-        empty += sum(s != "applied" for s in res.statuses)
-        for s in specs:
-            kind = s.name.rstrip("0123456789")
-            rs = res.reputation[s.name]
-            low[kind].append(min(rs))
-            untrusted[kind] += any(r < TRUST_LINE for r in rs)
-            missed[kind] += res.missed[s.name]
-        plain = [s.name for s in specs if s.behaviour == "honest"]
-        for e in range(epochs):
-            interfered += any(res.reputation[n][e] != twin.reputation[n][e] for n in plain)
+        cache: dict[int, Any] = {}
+        twin_cache: dict[int, Any] = {}
+        for r in rates:
+            if r > 0 and seed not in t_seeds:
+                continue
+            runs[r] += 1
+            res = ChainRun(seed, specs, scores, view, epoch_blocks, k, rho=r, cache=cache).run(epochs)
+            twin = ChainRun(seed, twin_specs, scores, view, epoch_blocks, k, rho=r, cache=twin_cache).run(epochs)
+            if r <= 0:
+                sends, replies, node_epochs = sends + res.sends, replies + res.replies, node_epochs + res.node_epochs
+                empty += sum(s != "applied" for s in res.statuses)
+            else:
+                counted += sum(res.counted.values())
+            for s in specs:
+                kind = s.name.rstrip("0123456789")
+                rs = res.reputation[s.name]
+                low[r][kind].append(min(rs))
+                untrusted[r][kind] += any(x < TRUST_LINE for x in rs)
+                if r <= 0:
+                    missed[kind] += res.missed[s.name]
+                else:
+                    burnt[kind] += res.burnt[s.name]
+            plain = [s.name for s in specs if s.behaviour == "honest"]
+            for e in range(epochs):
+                interfered[r] += any(res.reputation[n][e] != twin.reputation[n][e] for n in plain)
     n_nodes = len(seeds) * per_kind
+    pre = rho_prefix(rho)
     for b in FAULTS:
-        f[f"honest_{b}_untrusted_nodes"] = float(untrusted[b])
-        f[f"honest_{b}_min_reputation"] = min(low[b]) / 1e6
+        f[f"honest_{b}_untrusted_nodes"] = float(untrusted[0.0][b])
+        f[f"honest_{b}_min_reputation"] = min(low[0.0][b]) / 1e6
         f[f"honest_{b}_missed_epochs_per_100"] = 100.0 * missed[b] / (n_nodes * epochs)
+        f[f"{pre}honest_{b}_untrusted_nodes"] = float(untrusted[rho][b])
+        f[f"{pre}honest_{b}_min_reputation"] = min(low[rho][b]) / 1e6
+        f[f"{pre}honest_{b}_donors_burnt_per_100_node_epochs"] = 100.0 * burnt[b] / (runs[rho] * per_kind * epochs)
     f["honest_nodes_per_kind"] = float(n_nodes)
-    f["honest_epochs_changed_by_another_node"] = float(interfered)
+    f[f"{pre}honest_nodes_per_kind"] = float(runs[rho] * per_kind)
+    f["honest_epochs_changed_by_another_node"] = float(interfered[0.0])
+    f[f"{pre}honest_epochs_changed_by_another_node"] = float(interfered[rho])
     f["honest_epochs_not_applied"] = float(empty)
     per = VERIFIERS * node_epochs
     f["cost_challenges_sent_per_verifier_node_epoch"] = sends / per
     f["cost_replies_scored_per_verifier_node_epoch"] = replies / per
+    f[f"{pre}cost_transcripts_scored_per_verifier_node_epoch"] = counted / (runs[rho] * len(specs) * epochs)
+    return f
+
+
+def framing(seeds: Sequence[int], scores: ScoreTable, view: View, epoch_blocks: int, k: int,
+            rhos: Sequence[float], grid: Sequence[int] = FRAMERS_GRID) -> tuple[dict[str, float], dict[str, Any]]:
+    """Part E: an honest node (trusted after WARMUP_EPOCHS honest epochs) facing one-shot framers
+    for FRAMING_EPOCHS epochs, its own users donating at each rate of ``rhos``: per rate the
+    smallest number of framing identities per epoch (FRAMERS_GRID, searched in order) at which it
+    is untrusted within FRAMING_EPOCHS epochs in at least FRAMING_SHARE of the runs. A grid value
+    is decided as soon as the runs so far settle it (the rest cannot change which side it is on)."""
+    from overlay.directory.constants import TRUST_LINE
+
+    specs = [NodeSpec("victim", "honest")]
+    epochs = WARMUP_EPOCHS + FRAMING_EPOCHS
+    need = math.ceil(FRAMING_SHARE * len(seeds))
+    f: dict[str, float] = {}
+    detail: dict[str, Any] = {}
+    caches: dict[int, dict[int, Any]] = {s: {} for s in seeds}
+    for rho in rhos:
+        found: int | None = None
+        tried: dict[int, dict[str, float]] = {}
+        for n in grid:
+            hits = runs = framer_counted = framer_burnt = 0
+            for seed in seeds:
+                res = ChainRun(seed, specs, scores, view, epoch_blocks, k, rho=rho, framers=n,
+                               frame_from=WARMUP_EPOCHS, cache=caches[seed]).run(epochs)
+                runs += 1
+                hits += _epochs_to_untrusted(res.reputation["victim"], WARMUP_EPOCHS, TRUST_LINE) is not None
+                framer_counted += res.framer_counted
+                framer_burnt += res.framer_burnt
+                if hits >= need or runs - hits > len(seeds) - need:
+                    break
+            tried[n] = {"runs": runs, "untrusted": hits,
+                        "framer_counted_per_epoch": framer_counted / (runs * FRAMING_EPOCHS),
+                        "identities_burnt_per_epoch": framer_burnt / (runs * FRAMING_EPOCHS)}
+            if hits >= need:
+                found = n
+                break
+        key = f"framing_rho{round(100 * rho)}_"
+        last = tried[found if found is not None else grid[-1]]
+        f[key + "identities_per_epoch"] = float(found if found is not None else 2 * grid[-1])
+        f[key + "identities_burnt_per_epoch"] = last["identities_burnt_per_epoch"]
+        f[key + "framer_transcripts_counted_per_epoch"] = last["framer_counted_per_epoch"]
+        detail[f"rho{rho}"] = {str(n): v for n, v in tried.items()}
+    return f, detail
+
+
+def committed_auc(views_: dict[str, View], rho: float, seed: int) -> dict[str, float]:
+    """Part F (a): each view's best detector (its scores of the evaluation stream's users' requests)
+    as a detector of the requests their users commit (donate at rate ``rho``, a coin flipped before
+    sending, among the requests a donor's client may choose): AUC of committed against every other
+    user request, and against the other requests a client may choose; the mean over AUC_DRAWS
+    seeded coin draws. And the share of users' requests no client may choose (a seed, or over an
+    opening's limits): those a cheater may serve cheaply with no transcript risk."""
+    from overlay.transcripts import fits
+
+    f: dict[str, float] = {}
+    for name in VIEWS:
+        v = views_[name]
+        ok = np.array([fits(MODEL, r.messages, r.params) is None for r in v.user_reqs])
+        scores = np.asarray(v.users, dtype=np.float64)
+        every, eligible = [], []
+        for d in range(AUC_DRAWS):  # the mean over seeded coin draws (one draw's AUC is noisy)
+            rng = random.Random(f"committed/{seed}/{name}/{d}")
+            lab = np.array([1 if (rng.random() < rho and e) else 0 for e in ok])
+            every.append(auc(scores, lab))
+            eligible.append(auc(scores[ok], lab[ok]))
+        f[f"transcripts_auc_committed_{name}"] = float(np.mean(every))
+        f[f"transcripts_auc_committed_eligible_{name}"] = float(np.mean(eligible))
+        if name == "donated":
+            f["transcripts_users_ineligible_share"] = float(1.0 - ok.mean())
+    return f
+
+
+def timing_leak(rhos: Sequence[float], epochs: int, epoch_s: float, seed: int) -> dict[str, float]:
+    """Part F (b): a verifier colluding with the node tells it when every commitment arrives (not
+    its target, nor its content). Commitments arrive network-wide as a Poisson process at
+    ``rho × nodes × USER_REQUESTS_PER_EPOCH / epoch_s`` (each node's users' requests, donated at
+    ``rho``); the node's own users' requests are a Poisson stream at USER_REQUESTS_PER_EPOCH an
+    epoch, each committed with probability ``rho`` a uniform COMMIT_LEAD_S before it arrives. The
+    node's detector: the seconds since the last commitment it heard of (fewer: more likely
+    committed). Figures, per network size and rate: its AUC (committed against the rest), and per
+    window W the share of its users' committed requests inside W (the transcripts it dodges by
+    serving honestly within W of every commitment) and the share of ALL its users' requests
+    inside W (what it must serve honestly to dodge that way: the cost)."""
+    f: dict[str, float] = {}
+    duration = epochs * epoch_s
+    per_node = USER_REQUESTS_PER_EPOCH / epoch_s
+    for nodes in NETWORK_NODES:
+        for rho in rhos:
+            if rho <= 0:
+                continue
+            rng = np.random.default_rng([seed, nodes, round(1000 * rho)])
+            n_own = rng.poisson(per_node * duration)
+            own_t = np.sort(rng.uniform(0.0, duration, n_own))
+            committed = rng.random(n_own) < rho
+            lead = rng.uniform(*COMMIT_LEAD_S, n_own)
+            n_other = rng.poisson(rho * (nodes - 1) * per_node * duration)
+            commits = np.sort(np.concatenate([rng.uniform(0.0, duration, n_other), (own_t - lead)[committed]]))
+            idx = np.searchsorted(commits, own_t, side="right") - 1
+            since = np.where(idx >= 0, own_t - commits[np.maximum(idx, 0)], np.inf)
+            key = f"timing_nodes{nodes}_rho{round(100 * rho)}_"
+            f[key + "auc"] = auc(-np.minimum(since, 1e9), committed.astype(np.int64))
+            for w in LEAK_WINDOWS_S:
+                inside = since <= w
+                wk = f"w{w:g}s_"
+                f[key + wk + "committed_dodged_share"] = float(inside[committed].mean())
+                f[key + wk + "served_honestly_share"] = float(inside.mean())
     return f
 
 
@@ -1044,18 +1425,30 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
     timing = Timing(epoch_blocks, chain.COMMIT_BLOCKS)
     detector_epochs = 15 if quick else 120
     cheater_seeds = list(range(1, 4 if quick else 201))
+    cheater_t_seeds = cheater_seeds[:1 if quick else 50]
     cheat_epochs = WARMUP_EPOCHS + (6 if quick else 10)
     honest_seeds = list(range(1, 3 if quick else 21))
+    honest_t_seeds = honest_seeds[:1 if quick else 10]
     honest_epochs = 30 if quick else HONEST_EPOCHS
     per_kind = 2
+    framing_seeds = list(range(1, 2 if quick else 21))
+    timing_epochs = 50 if quick else 1000
 
     f, views_ = run_detectors(1, 2, detector_epochs, timing, k, prompts)
     t_a = time.perf_counter()
-    cf, sweep = run_cheaters(cheater_seeds, cheat_epochs, scores, views_, epoch_blocks, k)
+    cf, sweep = run_cheaters(cheater_seeds, cheat_epochs, scores, views_, epoch_blocks, k, RHOS, cheater_t_seeds)
     f.update(cf)
     t_b = time.perf_counter()
-    f.update(run_honest(honest_seeds, honest_epochs, scores, views_["donated"], epoch_blocks, k, per_kind))
+    f.update(run_honest(honest_seeds, honest_epochs, scores, views_["donated"], epoch_blocks, k, per_kind,
+                        RHO_HONEST, honest_t_seeds))
     t_c = time.perf_counter()
+    framing_grid = FRAMERS_GRID[3:8:2] if quick else FRAMERS_GRID  # quick: 8, 32, 128
+    ff, framing_detail = framing(framing_seeds, scores, views_["donated"], epoch_blocks, k, RHOS, framing_grid)
+    f.update(ff)
+    t_d = time.perf_counter()
+    f.update(committed_auc(views_, RHO_HONEST, 3))
+    f.update(timing_leak(RHOS, timing_epochs, timing.epoch_s, 4))
+    t_e = time.perf_counter()
 
     # D. cost, against main's protocol (the leader sends MAIN_K a node; every verifier scores them)
     f["cost_cpu_s_per_verifier_node_epoch"] = f["cost_replies_scored_per_verifier_node_epoch"] * SCORE_S
@@ -1081,6 +1474,34 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
     goals["no_interference"] = {"goal": "0 epochs in which one node's outcome changed another's",
                                 "value": f["honest_epochs_changed_by_another_node"],
                                 "met": f["honest_epochs_changed_by_another_node"] == 0}
+    # with users' transcripts (decision 0015)
+    for rho in RHOS:
+        if rho <= 0:
+            continue
+        pre = rho_prefix(rho)
+        worst_t = min(cheaters, key=lambda c: f[f"{pre}cheater_{c}_untrusted_within_5_share"])
+        goals[f"transcripts_rho{round(100 * rho)}_cheaters_untrusted"] = {
+            "goal": f"with users donating {rho:.0%} of their requests as transcripts: every cheater untrusted "
+                    f"within {UNTRUSTED_WITHIN} epochs in >= {UNTRUSTED_SHARE_GOAL:.0%} of runs",
+            "worst": worst_t, "value": f[f"{pre}cheater_{worst_t}_untrusted_within_5_share"],
+            "failing": [c for c in cheaters if f[f"{pre}cheater_{c}_untrusted_within_5_share"] < UNTRUSTED_SHARE_GOAL],
+            "met": f[f"{pre}cheater_{worst_t}_untrusted_within_5_share"] >= UNTRUSTED_SHARE_GOAL}
+    for v in VIEWS:
+        a = f[f"transcripts_auc_committed_{v}"]
+        goals[f"transcripts_detector_auc_{v}"] = {
+            "goal": f"the best challenge detector's AUC for users' committed requests <= {AUC_GOAL}",
+            "value": a, "detector": views_[v].detector, "met": a <= AUC_GOAL}
+    pre = rho_prefix(RHO_HONEST)
+    t_untrusted = sum(f[f"{pre}honest_{b}_untrusted_nodes"] for b in FAULTS)
+    goals["transcripts_honest_trusted"] = {
+        "goal": f"with transcripts at {RHO_HONEST:.0%}: 0 honest nodes (with faults) untrusted over {honest_epochs} epochs",
+        "value": t_untrusted, "met": t_untrusted == 0}
+    goals["transcripts_no_interference"] = {
+        "goal": f"with transcripts at {RHO_HONEST:.0%}: 0 epochs in which one node's outcome changed another's",
+        "value": f[f"{pre}honest_epochs_changed_by_another_node"],
+        "met": f[f"{pre}honest_epochs_changed_by_another_node"] == 0}
+    f[f"{pre}cost_transcripts_cpu_s_per_verifier_node_epoch"] = (
+        f[f"{pre}cost_transcripts_scored_per_verifier_node_epoch"] * SCORE_S)
     for name, g in goals.items():
         f[f"goal_{name}_met"] = 1.0 if g["met"] else 0.0
 
@@ -1119,8 +1540,33 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
         "cost": {"score_s": SCORE_S, "assumption": "every scored reply costs one one-pass verification of "
                  "docs/benchmarks.md 'verify' (877 ms, SmolLM2 Q4_1, one thread, 60-token replies)",
                  "main": f"leader sends k={MAIN_K} a node; every verifier scores the {MAIN_K} replies"},
+        "transcripts": {
+            "rhos": RHOS, "rho_honest": RHO_HONEST, "cheater_runs_with_transcripts": len(cheater_t_seeds),
+            "honest_runs_with_transcripts": len(honest_t_seeds),
+            "users": f"per node and epoch {USER_REQUESTS_PER_EPOCH} requests drawn from its view's evaluation "
+                     "stream of users' requests (with the detector's score); each donated with probability rho "
+                     "when overlay.transcripts.fits allows it (no seed, an opening's limits)",
+            "book": "verifier.audit.transcripts.TranscriptBook: commit at a uniform height of the epoch, signed "
+                    "reply, reveal (or no_reply); closed in the next epoch's report window (as verifier/audit/"
+                    "auditor.py closes it); one book stands for every honest verifier (same inputs)",
+            "scores": "a transcript's score is drawn from the ScoreTable by the reply's kind and the request's "
+                      "setting, once: every honest verifier scores the same reply alike",
+            "retries": f"a committed request that gets no reply is retried (same id) up to {at.MAX_TRIES} "
+                       f"tries within {USER_RETRY_BLOCKS} blocks; then 'no reply' voids the donor's set and burns it",
+            "leaked": "its colluding verifier tells it when commitments arrive: it serves committed requests honestly",
+            "aborter": "silent on the users' requests it flags (and their retries): a donated one voids its donor's set",
+            "forwarder": "forwards the users' requests it flags to the honest peer: those transcripts count for the peer",
+            "framing": {"runs": len(framing_seeds), "epochs": FRAMING_EPOCHS, "warmup_honest_epochs": WARMUP_EPOCHS,
+                        "share": FRAMING_SHARE, "grid": list(framing_grid), "tau": FRAMER_TAU / 1e6,
+                        "framer_params": {"temperature": FRAMER_PARAMS.temperature, "top_p": FRAMER_PARAMS.top_p},
+                        "not_found_value": 2 * framing_grid[-1], "search": framing_detail},
+            "timing": {"network_nodes": NETWORK_NODES, "commit_lead_s": COMMIT_LEAD_S,
+                       "windows_s": LEAK_WINDOWS_S, "epochs": timing_epochs,
+                       "commit_rate_per_s": {f"nodes{n}_rho{r}": r * n * USER_REQUESTS_PER_EPOCH / timing.epoch_s
+                                             for n in NETWORK_NODES for r in RHOS if r > 0}},
+        },
         "goals": goals,
         "seconds": {"detectors": round(t_a - t_start, 1), "cheaters": round(t_b - t_a, 1),
-                    "honest": round(t_c - t_b, 1)},
+                    "honest": round(t_c - t_b, 1), "framing": round(t_d - t_c, 1), "timing": round(t_e - t_d, 1)},
     }
     return params, f

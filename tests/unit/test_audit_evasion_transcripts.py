@@ -1,0 +1,84 @@
+"""The transcript dimension of ``gentorrent bench audit-evasion`` (verifier/bench/audit_evasion.py,
+decision 0015): users' transcripts go through the real book and chain, count for the node that
+signed the reply, a silent node burns its donors, every framer commitment is either counted or
+withheld (and withholding burns identities), and the timing-leak simulation agrees with its closed form."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from overlay.messages import ChatMessage, SamplingParams
+from verifier.audit import chain
+from verifier.audit import transcripts as tr
+from verifier.bench import audit_evasion as ae
+
+PARAMS = SamplingParams(temperature=0.7, top_p=1.0, top_k=0, max_tokens=256, seed=None)
+
+
+def req(i: int, source: str = "user") -> ae.Req:
+    return ae.Req(float(i), (ChatMessage("user", f"question number {i}?"),), PARAMS, (i,), (i,), i, 0, False, source,
+                  i % 5 if source == "user" else -1)
+
+
+def view(user_score: float) -> ae.View:
+    """A view whose detector scores every challenge 0 and every user request ``user_score``."""
+    users = [req(i) for i in range(40)]
+    return ae.View("test", "combined", 0.5, [(req(100 + i, "donated"), 0.0) for i in range(40)],
+                   np.full(len(users), user_score), users)
+
+
+@pytest.fixture(scope="module")
+def scores() -> ae.ScoreTable:
+    if not ae.SCORES_FILE.is_file():
+        pytest.skip(f"{ae.SCORES_FILE} is missing")
+    return ae.ScoreTable()
+
+
+def run(scores: ae.ScoreTable, specs: list[ae.NodeSpec], epochs: int, **kw: object) -> ae.RunResult:
+    return ae.ChainRun(7, specs, scores, view(-1.0), chain.DEFAULT_EPOCH_BLOCKS, chain.DEFAULT_CHALLENGES_PER_NODE,
+                       **kw).run(epochs)  # type: ignore[arg-type]
+
+
+def test_a_forwarders_flagged_transcripts_count_for_the_peer_that_signed_them(scores: ae.ScoreTable) -> None:
+    flags_all = view(1.0)  # every user request scores above every challenge: all flagged
+    specs = [ae.NodeSpec("honest", "honest"), ae.NodeSpec("fwd", "forwarder", flags_all, 1.0, 0)]
+    res = run(scores, specs, 3, rho=1.0)  # epochs 0 and 1 counted (in the next epoch's report window)
+    own_at_most = 2 * 5 * tr.MAX_PER_NODE  # 2 epochs, 5 donors, each at most MAX_PER_NODE a node and epoch
+    assert res.counted["fwd"] == 0 and res.counted["honest"] > own_at_most  # its own + the forwarded ones
+    no_flags = run(scores, [ae.NodeSpec("honest", "honest"), ae.NodeSpec("fwd", "forwarder", view(-1.0), 0.5, 0)], 3,
+                   rho=1.0)
+    assert no_flags.counted["fwd"] > 0
+
+
+def test_an_aborter_burns_the_donors_it_leaves_without_reply(scores: ae.ScoreTable) -> None:
+    res = run(scores, [ae.NodeSpec("abort", "aborter", view(1.0), 1.0, 0)], 8, rho=1.0)
+    assert res.counted["abort"] == 0 and res.burnt["abort"] == 5  # its users: 5 donors, every set void
+
+
+def test_without_donations_nothing_is_committed(scores: ae.ScoreTable) -> None:
+    res = run(scores, [ae.NodeSpec("honest", "honest")], 2, rho=0.0)
+    assert res.counted["honest"] == 0 and res.burnt["honest"] == 0
+
+
+def test_every_framer_commitment_is_counted_or_burns_its_identity(scores: ae.ScoreTable) -> None:
+    res = run(scores, [ae.NodeSpec("victim", "honest")], 12, framers=6, frame_from=1)
+    # each commitment is revealed (bad: counted once its epoch closes, the next one) or withheld
+    assert 6 * 10 <= res.framer_counted + res.framer_withheld <= 6 * 11
+    assert res.counted["victim"] == res.framer_counted > 0  # no donations: only the framers' reveals
+    assert res.framer_burnt > 0  # withholding burns identities (past the book's void budget)
+
+
+def test_the_timing_leak_matches_its_closed_form() -> None:
+    f = ae.timing_leak((0.25,), 2000, 120.0, 1)
+    for nodes in ae.NETWORK_NODES:
+        rate = 0.25 * nodes * ae.USER_REQUESTS_PER_EPOCH / 120.0  # commitments a second, network-wide
+        for w in ae.LEAK_WINDOWS_S:
+            if w < ae.COMMIT_LEAD_S[1]:
+                continue
+            # every committed request is inside W; any other is when a commitment came in the W before it
+            assert f[f"timing_nodes{nodes}_rho25_w{w:g}s_committed_dodged_share"] == 1.0
+            got = f[f"timing_nodes{nodes}_rho25_w{w:g}s_served_honestly_share"]
+            assert got == pytest.approx(0.25 + 0.75 * (1 - math.exp(-rate * w)), abs=0.03)

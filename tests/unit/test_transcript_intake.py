@@ -1,0 +1,319 @@
+"""Users' transcripts at a verifier (decision 0015): the ABCI queries /audit/transcript_commit and
+/audit/transcript_reveal feed the verifier's TranscriptBook (verifier/abci_app.py), and at its
+report time the audit loop closes the earlier epochs, scores what counts with its engine and
+submits one TranscriptScores (kind 3) (verifier/audit/auditor.py)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import random
+from typing import Any
+
+import pytest
+import trio
+
+from overlay import crypto, signing
+from overlay import transcripts as wire
+from overlay.clock import FakeClock
+from overlay.crypto import SigningKey
+from overlay.directory.constants import ROLE_MODEL, ROLE_USER
+from overlay.directory.registration import OP_REGISTER, Code, Entry, make_tx
+from overlay.identity import Identity
+from overlay.messages import ChatMessage, Request, SamplingParams
+from tests.unit.test_auditor import END, MODEL, PKS, REPORT_FROM, SEEDS, FakeEngine, auditor, view
+from tests.unit.test_auditor import wire as view_wire
+from verifier.abci.proto.tendermint.abci import types_pb2 as abci
+from verifier.abci_app import CommitteeAbciApp
+from verifier.app import CommitteeApp, Validator
+from verifier.audit import tx as at
+from verifier.audit.auditor import AuditDriver, ScoreTranscripts, Submit
+from verifier.audit.transcripts import Counted, Transcript, TranscriptBook
+
+VERIFIER = crypto.SigningKey.from_bytes(b"\x07" * 32)
+CHAIN = "transcripts"
+NOW_MS = 1_700_000_000_000 + 5_000  # the chain's block time is 1_700_000_000 s
+
+
+class World:
+    """A committee core with a registered user (the donor), a stranger (not registered) and a
+    model node serving MODEL, and this verifier's ABCI app over a book, on a hand-set clock."""
+
+    def __init__(self, *, book: TranscriptBook | None = None, audits: bool = True) -> None:
+        self.donor, self.stranger, self.node = Identity.generate(), Identity.generate(), Identity.generate()
+        core = CommitteeApp()
+        state = {"audit": {"epoch_blocks": 60, "challenges_per_node": 2}} if audits else {}
+        core.init_chain(CHAIN, [Validator("ed25519", VERIFIER.public_bytes, 10)], json.dumps(state).encode())
+        txs = [make_tx(self.donor.signing, CHAIN, OP_REGISTER, 1,
+                       Entry(ROLE_USER, self.donor.x25519.public_bytes, "127.0.0.1:7000", "default")),
+               make_tx(self.node.signing, CHAIN, OP_REGISTER, 1,
+                       Entry(ROLE_MODEL, self.node.x25519.public_bytes, "127.0.0.1:7999", "default", MODEL, 1))]
+        results, _ = core.finalize_block(1, 1_700_000_000, txs, b"\x01" * 32)
+        assert all(r.ok for r in results), results
+        core.commit()
+        self.book = TranscriptBook() if book is None else book
+        self.clock = FakeClock(unix=NOW_MS / 1000)
+        self.app = CommitteeAbciApp(core, None, VERIFIER, transcripts=self.book, clock=self.clock)
+
+    def query(self, path: str, data: bytes) -> tuple[int, str]:
+        res = self.app.query(abci.RequestQuery(path=path, data=data))
+        return res.code, res.log
+
+    def request(self, text: str = "how do tides work?") -> tuple[wire.Revealed, bytes]:
+        """A committed request to the model node, answered and signed by it 900 ms after NOW."""
+        msgs, params = (ChatMessage("user", text),), SamplingParams(0.7, 1.0, 0, 64, None)
+        rid, nonce = crypto.random_bytes(16), crypto.random_bytes(16)
+        req = Request(request_id=rid, model=MODEL, messages=msgs, params=params, k=3, return_paths=(),
+                      continuation="")
+        digest = signing.request_digest(req, self.node.node_id)
+        at_ms = NOW_MS + 900
+        _, sig = signing.ReplySigner(digest, MODEL, self.node.node_id).add("tides are...", (4, 5), True, at_ms,
+                                                                           self.node.signing.sign)
+        b = wire.Revealed(self.node.node_id, nonce, MODEL, msgs, params, rid, self.node.node_id,
+                          (("tides are...", (4, 5)),), sig, at_ms)
+        return b, wire.commitment(nonce, self.node.node_id, digest)
+
+    def commit(self, value: bytes, who: Identity | None = None, *, to: bytes | None = None,
+               sent_ms: int = NOW_MS) -> tuple[int, str]:
+        who = who or self.donor
+        return self.query(wire.COMMIT_PATH, wire.encode_commit(who, who.node_id, to or VERIFIER.public_bytes,
+                                                                sent_ms, value))
+
+    def reveal(self, body: wire.Body, who: Identity | None = None) -> tuple[int, str]:
+        who = who or self.donor
+        return self.query(wire.REVEAL_PATH, wire.seal_reveal(VERIFIER.public_bytes, who, who.node_id, body))
+
+
+def test_a_committed_transcript_is_taken_and_counts_for_the_signing_node() -> None:
+    w = World()
+    b, value = w.request()
+    assert w.commit(value) == (0, "committed: reveal the transcript (or that no reply came) before the next "
+                                  "epoch's report")
+    code, why = w.reveal(b)
+    assert code == 0 and "taken" in why
+    epoch = w.app.core.committed.audit.epoch  # type: ignore[union-attr]
+    (counted,) = w.book.close(epoch)
+    assert counted.donor == w.donor.node_id and counted.node_id == w.node.node_id
+    assert counted.transcript.reply.chunks == (("tides are...", (4, 5)),)
+
+
+def test_refused_commits_say_why_and_change_nothing() -> None:
+    w = World()
+    _, value = w.request()
+    assert w.commit(value, w.stranger)[0] == Code.UNKNOWN_NODE
+    assert w.commit(value, to=crypto.SigningKey.generate().public_bytes) == (
+        Code.INVALID_FIELD, "this commit names another verifier's key; make one for each verifier with the key its "
+                            "/audit/donate_key answers")
+    code, why = w.commit(value, sent_ms=NOW_MS - wire.MAX_SKEW_MS - 1)
+    assert code == Code.INVALID_FIELD and "check your clock" in why
+    forged = wire.encode_commit(w.stranger, w.donor.node_id, VERIFIER.public_bytes, NOW_MS, value)
+    assert w.query(wire.COMMIT_PATH, forged)[0] == Code.BAD_SIGNATURE
+    assert w.query(wire.COMMIT_PATH, b"rubbish")[0] == Code.MALFORMED
+    assert w.query(wire.COMMIT_PATH, b"\x00" * (wire.MAX_COMMIT_BYTES + 1))[0] == Code.OVERSIZE
+    assert w.book.open_epochs() == [] and not w.book.burnt
+    assert w.commit(value)[0] == 0
+    assert w.commit(value)[0] == Code.DUPLICATE
+
+
+def test_refused_reveals_say_why_and_a_bad_one_voids_the_set() -> None:
+    w = World()
+    b, value = w.request()
+    assert w.commit(value)[0] == 0
+    assert w.query(wire.REVEAL_PATH, b"rubbish")[0] == Code.MALFORMED
+    other_key = wire.seal_reveal(crypto.SigningKey.generate().public_bytes, w.donor, w.donor.node_id, b)
+    code, why = w.query(wire.REVEAL_PATH, other_key)
+    assert code == Code.MALFORMED and "/audit/donate_key" in why
+    assert w.reveal(b, w.stranger)[0] == Code.UNKNOWN_NODE
+    assert not w.book.burnt
+    code, why = w.reveal(wire.Revealed(*[*_fields(b)[:9], b.signed_at_ms + 1]))  # type: ignore[arg-type]
+    assert code == Code.BAD_SIGNATURE and why.startswith("forged")
+    assert w.book.history[w.donor.node_id] == (0, 1)  # a reveal that fails its checks voids the set (rule 3, 6)
+    w.book.burnt.add(w.donor.node_id)  # as past its void budget (rule 6)
+    assert w.commit(w.request()[1])[0] == Code.CONFLICT
+
+
+def _fields(b: wire.Revealed) -> list[Any]:
+    return [b.node_id, b.nonce, b.model, b.messages, b.params, b.request_id, b.served_by, b.chunks, b.signature,
+            b.signed_at_ms]
+
+
+def test_no_reply_voids_the_set_and_an_unknown_commitment_burns_nobody() -> None:
+    w = World()
+    b, value = w.request()
+    assert w.reveal(b)[0] == Code.INVALID_FIELD  # never committed: refused as unknown
+    assert w.reveal(wire.NoReply(value))[0] == Code.INVALID_FIELD
+    assert not w.book.burnt
+    assert w.commit(value)[0] == 0
+    code, why = w.reveal(wire.NoReply(value))
+    assert code == 0 and "counts for nothing" in why
+    assert w.book.history[w.donor.node_id] == (0, 1)  # one void set: within its budget (rule 6)
+
+
+def test_a_verifier_that_lost_its_book_burns_no_honest_donor() -> None:
+    """A restarted verifier (its book is in memory) refuses the reveals of commitments it never saw,
+    voiding nothing; the donor's commitments made after the restart count."""
+    w = World()
+    old, old_value = w.request("before the restart")
+    assert w.commit(old_value)[0] == 0
+    w.app.transcripts = w.book = TranscriptBook()  # the restart
+    new, new_value = w.request("after the restart")
+    assert w.commit(new_value)[0] == 0
+    code, why = w.reveal(old)
+    assert code == Code.INVALID_FIELD and why.startswith("unknown")
+    assert w.reveal(new)[0] == 0
+    assert not w.book.burnt
+    epoch = w.app.core.committed.audit.epoch  # type: ignore[union-attr]
+    assert [c.transcript.opening.messages[-1].content for c in w.book.close(epoch)] == ["after the restart"]
+
+
+def test_a_verifier_without_a_book_or_a_chain_without_audits_refuses_transcripts() -> None:
+    for w in (World(audits=False), World()):
+        if w.app.core.committed.audit is not None:
+            w.app.transcripts = None
+        _, value = w.request()
+        for path in (wire.COMMIT_PATH, wire.REVEAL_PATH):
+            assert w.query(path, b"x")[0] == Code.AUDITS_OFF
+
+
+# --------------------------------------------------------------------------- epoch close -> kind 3
+
+
+def counted(node: bytes, text: str, model: str = MODEL, donor: bytes = b"\x0d" * 20) -> Counted:
+    opening = at.Opening(bytes(16), model, (ChatMessage("user", text),), SamplingParams(0.7, 1.0, 0, 64, None))
+    return Counted(donor, node, Transcript(node, b"\x01" * 16, opening, b"\x02" * 16,
+                                           at.ReplyOutcome(node, (("x", (5, 6, 7)),), b"\x03" * 64, 1, 0)))
+
+
+class StubBook(TranscriptBook):
+    """A book whose closes hand out ``sets[epoch]`` (what counted), recording each close."""
+
+    def __init__(self, sets: dict[int, list[Counted]]) -> None:
+        super().__init__()
+        self.sets = sets
+        self.closed: list[int] = []
+
+    def open_epochs(self) -> list[int]:
+        return sorted(e for e in self.sets if e not in self.closed)
+
+    def close(self, epoch: int) -> list[Counted]:
+        self.closed.append(epoch)
+        return list(self.sets.get(epoch, []))
+
+
+def reported(a: Any) -> Any:
+    return view(committed=(a.public_key,), reported=(a.public_key,))
+
+
+def test_the_earlier_epochs_close_once_this_verifiers_report_is_on_the_chain() -> None:
+    n1, n2 = b"\x0a" * 20, b"\x0b" * 20
+    book = StubBook({0: [counted(n1, "a"), counted(n2, "b"), counted(n1, "c", model="other-model")],
+                     1: [counted(n1, "now")]})
+    a = auditor(0, transcripts=book)
+    assert [x for x in a.plan(view(committed=(a.public_key,)), REPORT_FROM) if isinstance(x, ScoreTranscripts)] == []
+    assert book.closed == []  # not before the report is on the chain
+    (act,) = a.plan(reported(a), REPORT_FROM + 1)
+    assert isinstance(act, ScoreTranscripts) and act.epoch == 1
+    assert [c.transcript.opening.messages[0].content for c in act.counted] == ["a", "b"]  # models held only
+    assert book.closed == [0]  # epoch 1's commitments still have an epoch to be revealed
+    assert a.plan(reported(a), REPORT_FROM + 2) == []  # once
+    sub = a.transcript_scores(1, [(n2, 300_000), (n1, 900_000), (n1, 800_000), (n1, 700_000), (n1, 600_000)])
+    assert sub is not None
+    tx = at.decode_audit_tx(sub.raw, "audit-test")
+    assert isinstance(tx, at.TranscriptScores) and tx.epoch == 1 and tx.validator_pk == PKS[0]
+    # n2 has one score: held until it has the chain's minimum (audits.MIN_TRANSCRIPTS), or dropped
+    assert tx.nodes == ((n1, (900_000, 800_000, 700_000, 600_000)),)
+    a.submitted(sub.key, retry=True)  # a network error: handed out again while the window lasts
+    assert a.plan(reported(a), REPORT_FROM + 3) == [sub]
+    a.submitted(sub.key, retry=False)
+    assert a.plan(reported(a), REPORT_FROM + 4) == [] and a.plan(reported(a), END + 1) == []
+    assert a.transcript_scores(2, []) is None
+    later = a.transcript_scores(3, [(n2, 310_000)] * 3)  # n2's held score and three more: a vote
+    assert later is not None
+    assert at.decode_audit_tx(later.raw, "audit-test").nodes == ((n2, (300_000, 310_000, 310_000, 310_000)),)
+
+
+def test_held_scores_are_dropped_after_carry_epochs() -> None:
+    from verifier.audit.transcripts import CARRY_EPOCHS
+
+    a = auditor(0)
+    n = b"\x0a" * 20
+    assert a.transcript_scores(1, [(n, 1)] * 3) is None
+    assert a.transcript_scores(1 + CARRY_EPOCHS, [(n, 2)]) is None  # the three are too old now
+    got = a.transcript_scores(2 + CARRY_EPOCHS, [(n, 3)] * 3)
+    assert got is not None and at.decode_audit_tx(got.raw, "audit-test").nodes == ((n, (2, 3, 3, 3)),)
+
+
+def test_scores_keep_to_the_chains_limits_by_a_random_sample() -> None:
+    a = auditor(0)
+    many = [(bytes([i % 7]) * 20, 1000 + i) for i in range(7 * (at.MAX_TRANSCRIPTS_PER_NODE + 3))]
+    sub = a.transcript_scores(1, many)
+    assert sub is not None
+    tx = at.decode_audit_tx(sub.raw, "audit-test")
+    assert isinstance(tx, at.TranscriptScores)
+    assert len(tx.nodes) == 7 and all(len(s) == at.MAX_TRANSCRIPTS_PER_NODE for _, s in tx.nodes)
+    assert any(s != tuple(sorted(s)) or s[0] != min(x for n, x in many if n == node) for node, s in tx.nodes)
+
+
+class FakeChain:
+    """The verifier's RPC: ``/audit`` at ``height``, and every broadcast transaction."""
+
+    def __init__(self, v: Any, height: int) -> None:
+        self.view, self.height = v, height
+        self.sent: list[bytes] = []
+
+    async def rpc(self, address: str, method: str, params: dict[str, str]) -> Any:
+        if method == "abci_query":
+            return {"response": {"code": 0, "value": base64.b64encode(view_wire(self.view)).decode(),
+                                 "height": str(self.height)}}
+        self.sent.append(bytes.fromhex(params["tx"][2:]))
+        return {"code": 0, "log": ""}
+
+
+class HalfBrokenEngine(FakeEngine):
+    async def score(self, prompt: list[int], ids: list[int], params: Any) -> Any:
+        from model_node.engine import EngineError
+
+        if ids == [9]:
+            raise EngineError("out of memory")
+        return await super().score(prompt, ids, params)
+
+
+async def test_the_driver_scores_counted_transcripts_with_its_engine_and_submits_kind_3() -> None:
+    n1, n2 = b"\x0a" * 20, b"\x0b" * 20
+    broken = counted(n2, "unscorable")
+    broken = Counted(broken.donor, n2, Transcript(n2, b"\x01" * 16, broken.transcript.opening, b"\x02" * 16,
+                                                  at.ReplyOutcome(n2, (("y", (9,)),), b"\x03" * 64, 1, 0)))
+    book = StubBook({0: [*(counted(n, f"{q} {i}") for n, q in ((n1, "a"), (n2, "b")) for i in range(4)), broken]})
+    a = auditor(0, transcripts=book)
+    chain = FakeChain(reported(a), REPORT_FROM + 1)
+    driver = AuditDriver(a, "127.0.0.1:1", client=None, engine=HalfBrokenEngine(), rpc=chain.rpc)  # type: ignore[arg-type]
+    async with trio.open_nursery() as nursery:
+        await driver.step(nursery)
+    (raw,) = chain.sent
+    tx = at.decode_audit_tx(raw, "audit-test")
+    assert isinstance(tx, at.TranscriptScores) and tx.epoch == 1
+    assert tx.nodes == ((n1, (500_000,) * 4), (n2, (500_000,) * 4))  # FakeEngine: every token half as likely
+    assert driver.submitted[-1][0].startswith("transcript scores of epoch 1")
+    async with trio.open_nursery() as nursery:
+        await driver.step(nursery)
+    assert len(chain.sent) == 1  # once an epoch
+
+
+async def test_nothing_is_submitted_when_no_transcript_counts() -> None:
+    a = auditor(0, transcripts=StubBook({0: [counted(b"\x0a" * 20, "x", model="other-model")]}))
+    chain = FakeChain(reported(a), REPORT_FROM + 1)
+    driver = AuditDriver(a, "x:1", client=None, engine=FakeEngine(), rpc=chain.rpc)  # type: ignore[arg-type]
+    async with trio.open_nursery() as nursery:
+        await driver.step(nursery)
+    assert chain.sent == []
+
+
+def test_kind_3_is_signed_by_this_verifiers_key() -> None:
+    from overlay.directory.registration import TxError
+
+    a = auditor(0, rng=random.Random(1))
+    sub = a.transcript_scores(2, [(b"\x0a" * 20, 5)] * 4)
+    assert isinstance(sub, Submit) and sub.key == ("transcripts", 2)
+    assert at.decode_audit_tx(sub.raw, "audit-test").validator_pk == PKS[0] == SigningKey.from_bytes(SEEDS[0]).public_bytes
+    with pytest.raises(TxError, match="signature"):
+        at.decode_audit_tx(sub.raw, "another-chain")

@@ -1,0 +1,293 @@
+"""Users' transcripts as audit evidence (verifier/audit/transcripts.py, decision 0015): each test
+plays a user who wants to frame an honest node, with everything the code and docs tell it, and
+fails if its transcripts count."""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Callable
+
+import pytest
+
+from overlay import crypto, signing
+from overlay.identity import node_id_of
+from overlay.messages import ChatMessage, SamplingParams
+from verifier.audit import transcripts as tr
+from verifier.audit.tx import Opening, ReplyOutcome
+
+MODEL = "smollm2-135m-instruct"
+T0_MS = 1_800_000_000_000
+
+
+class Node:
+    def __init__(self) -> None:
+        self.key = crypto.SigningKey.generate()
+        self.node_id = node_id_of(self.key.public_bytes)
+        self.answered: set[bytes] = set()
+
+    def answer(self, opening: Opening, request_id: bytes, text: str, at_ms: int,
+               forwarded_by: Node | None = None) -> ReplyOutcome:
+        """The honest node's signed reply, to the request addressed to it (or to the member that
+        forwarded it); like overlay/replay.py, each request id once."""
+        assert request_id not in self.answered, "an honest node answers a request id once"
+        self.answered.add(request_id)
+        target = (forwarded_by or self).node_id
+        signer = signing.ReplySigner(signing.request_digest(opening.request(request_id), target), MODEL, self.node_id)
+        _, sig = signer.add(text, (1, 2, 3), True, at_ms, self.key.sign)
+        return ReplyOutcome(self.node_id, ((text, (1, 2, 3)),), sig, at_ms, 0)
+
+
+HONEST, OTHER = Node(), Node()
+KEYS = {HONEST.node_id: HONEST.key.public_bytes, OTHER.node_id: OTHER.key.public_bytes}
+
+
+def key_of(node_id: bytes, model: str) -> bytes | None:
+    return KEYS.get(node_id) if model == MODEL else None
+
+
+def request(q: str = "how do tides work?", seed: int | None = None) -> tuple[Opening, bytes]:
+    return (Opening(bytes(16), MODEL, (ChatMessage("user", q),), SamplingParams(0.7, 1.0, 0, 256, seed)),
+            os.urandom(16))
+
+
+class Donor:
+    """A donor's client: commits, sends, reveals (what user_client will do)."""
+
+    def __init__(self, book: tr.TranscriptBook, epoch: int = 5) -> None:
+        self.book, self.epoch = book, epoch
+        self.id = os.urandom(20)
+        self.got: list[tr.Transcript] = []
+
+    def commit_and_send(self, node: Node, text: str, *, q: str = "how do tides work?", seed: int | None = None,
+                        commit_at: int = T0_MS, reply_at: int = T0_MS + 900,
+                        forwards_to: Node | None = None) -> tr.Transcript:
+        opening, rid = request(q, seed)
+        nonce = os.urandom(16)
+        digest = signing.request_digest(opening.request(rid), node.node_id)
+        assert self.book.commit(self.id, tr.commitment(nonce, node.node_id, digest), self.epoch, commit_at) is None
+        server = forwards_to or node
+        reply = server.answer(opening, rid, text, reply_at, forwarded_by=node if forwards_to else None)
+        t = tr.Transcript(node.node_id, nonce, opening, rid, reply)
+        self.got.append(t)
+        return t
+
+    def reveal(self, t: tr.Transcript) -> str | None:
+        return self.book.reveal(self.id, t, key_of)
+
+
+def test_an_honest_donor_who_reveals_everything_counts() -> None:
+    book = tr.TranscriptBook()
+    d = Donor(book)
+    for i in range(3):
+        assert d.reveal(d.commit_and_send(HONEST, f"reply {i}")) is None
+    got = book.close(d.epoch)
+    assert [c.transcript.reply.chunks[0][0] for c in got] == ["reply 0", "reply 1", "reply 2"]
+    assert {c.node_id for c in got} == {HONEST.node_id} and book.voided == 0
+    assert book.close(d.epoch) == []  # closed once
+
+
+def test_withholding_the_good_replies_voids_the_whole_set() -> None:
+    book = tr.TranscriptBook()
+    d = Donor(book)
+    sent = [d.commit_and_send(HONEST, text) for text in ("good", "bad", "good", "bad")]
+    for t in sent:
+        if "bad" in t.reply.chunks[0][0]:
+            assert d.reveal(t) is None
+    assert book.close(d.epoch) == [] and book.refused["unrevealed"] == 1
+
+
+def test_saying_no_reply_came_for_the_good_ones_voids_the_set() -> None:
+    book = tr.TranscriptBook()
+    d = Donor(book)
+    good, bad = d.commit_and_send(HONEST, "good"), d.commit_and_send(HONEST, "bad")
+    assert d.reveal(bad) is None
+    assert book.no_reply(d.id, good.commitment()) is None
+    assert book.close(d.epoch) == []
+
+
+def test_committing_after_seeing_the_reply_counts_for_nothing() -> None:
+    book = tr.TranscriptBook()
+    d = Donor(book)
+    t = d.commit_and_send(HONEST, "bad", commit_at=T0_MS + 1_000, reply_at=T0_MS + 900)
+    assert (d.reveal(t) or "").startswith("late")
+    assert book.close(d.epoch) == []
+
+
+def test_a_reply_signed_long_after_the_commitment_counts_for_nothing() -> None:
+    book = tr.TranscriptBook()
+    d = Donor(book)
+    t = d.commit_and_send(HONEST, "x", reply_at=T0_MS + tr.WINDOW_MS + 1)
+    assert (d.reveal(t) or "").startswith("late") and book.close(d.epoch) == []
+
+
+def test_a_committed_request_sent_to_several_nodes_opens_for_the_named_node_only() -> None:
+    book = tr.TranscriptBook()
+    d = Donor(book)
+    t = d.commit_and_send(HONEST, "honest's reply")
+    # the same request (same id) to another node: its reply cannot open the commitment for HONEST
+    other = OTHER.answer(t.opening, t.request_id, "other's unlucky reply", T0_MS + 950)
+    as_honest = tr.Transcript(HONEST.node_id, t.nonce, t.opening, t.request_id, other)
+    assert (d.reveal(as_honest) or "").startswith("forged")  # OTHER's reply names OTHER, not HONEST
+    assert book.close(d.epoch) == []
+    book2 = tr.TranscriptBook()
+    d2 = Donor(book2)
+    t2 = d2.commit_and_send(HONEST, "x")
+    named_other = tr.Transcript(OTHER.node_id, t2.nonce, t2.opening, t2.request_id, t2.reply)
+    assert (d2.reveal(named_other) or "").startswith("unknown")  # the commitment named HONEST
+
+
+def test_a_reply_from_the_member_the_node_forwarded_to_counts_for_that_member() -> None:
+    book = tr.TranscriptBook()
+    d = Donor(book)
+    assert d.reveal(d.commit_and_send(HONEST, "forwarded", forwards_to=OTHER)) is None
+    assert d.reveal(d.commit_and_send(HONEST, "served")) is None
+    assert sorted((c.node_id == OTHER.node_id, c.transcript.reply.chunks[0][0]) for c in book.close(d.epoch)) == \
+        [(False, "served"), (True, "forwarded")]
+
+
+def test_resending_the_committed_request_draws_no_second_sample() -> None:
+    d = Donor(tr.TranscriptBook())
+    t = d.commit_and_send(HONEST, "first")
+    with pytest.raises(AssertionError, match="once"):
+        HONEST.answer(t.opening, t.request_id, "second", T0_MS + 1000)
+    # and a fresh id is another request, whose reply does not open this commitment
+    rid = os.urandom(16)
+    again = tr.Transcript(HONEST.node_id, t.nonce, t.opening, rid, HONEST.answer(t.opening, rid, "b", T0_MS + 999))
+    assert (d.reveal(again) or "").startswith("unknown")
+
+
+def test_an_altered_reply_or_a_seeded_request_voids_the_set() -> None:
+    book = tr.TranscriptBook()
+    d = Donor(book)
+    t = d.commit_and_send(HONEST, "the real reply")
+    ok = d.commit_and_send(HONEST, "fine")
+    altered = tr.Transcript(t.node_id, t.nonce, t.opening, t.request_id,
+                            ReplyOutcome(t.reply.served_by, (("an altered reply", (1, 2, 3)),), t.reply.signature,
+                                         t.reply.signed_at_ms, 0))
+    assert (d.reveal(altered) or "").startswith("forged")
+    assert d.reveal(ok) is None
+    assert book.close(d.epoch) == []
+    book2 = tr.TranscriptBook()
+    d2 = Donor(book2)
+    assert (d2.reveal(d2.commit_and_send(HONEST, "x", seed=42)) or "").startswith("seeded")
+    assert book2.close(d2.epoch) == []
+
+
+def test_weight_is_bounded_per_donor() -> None:
+    book = tr.TranscriptBook()
+    d = Donor(book)
+    for i in range(tr.MAX_COMMITS):
+        assert d.reveal(d.commit_and_send(HONEST if i % 2 else OTHER, f"r{i}")) is None
+    opening, rid = request()
+    assert (book.commit(d.id, tr.commitment(os.urandom(16), HONEST.node_id,
+                                            signing.request_digest(opening.request(rid), HONEST.node_id)),
+                        d.epoch, T0_MS)
+            or "").startswith("too many")
+    got = book.close(d.epoch)
+    assert sum(c.node_id == HONEST.node_id for c in got) == tr.MAX_PER_NODE
+    assert sum(c.node_id == OTHER.node_id for c in got) == tr.MAX_PER_NODE
+
+
+def test_sets_are_per_donor_and_epoch_and_garbage_never_raises() -> None:
+    book = tr.TranscriptBook()
+    a, b = Donor(book), Donor(book, epoch=6)
+    ta = a.commit_and_send(HONEST, "a")
+    assert book.reveal(b.id, ta, key_of) is not None  # another donor cannot open it
+    assert a.reveal(ta) is None and a.reveal(ta) is not None  # once
+    assert book.commit(b"short", b"x", 5, T0_MS) is not None
+    assert book.commit(b.id, ta.commitment(), 6, T0_MS) is not None  # a commitment is one donor's, once
+    assert book.no_reply(b.id, b"\x00" * 32) is not None
+    assert [c.donor for c in book.close(5)] == [a.id]
+
+
+def test_framers_who_reveal_by_what_they_see_count_for_nothing_and_are_burnt() -> None:
+    """Framers who commit several requests and reveal by what they see: their sets are void, the
+    honest donors' sets count, and the counted replies of the honest node keep its true mean."""
+    rng = random.Random(3)
+    book = tr.TranscriptBook()
+    quality: dict[str, float] = {}  # reply text -> its score (the honest node's replies: uniform on [0, 1])
+    strategies = {
+        "honest": lambda ts: ts,
+        "worst half": lambda ts: sorted(ts, key=lambda t: quality[t.reply.chunks[0][0]])[: len(ts) // 2],
+        "under 0.3 only": lambda ts: [t for t in ts if quality[t.reply.chunks[0][0]] < 0.3],
+    }
+    framers, whole = [], 0  # whole: framers whose every reply happened to fall under their line
+    for name, pick in strategies.items():
+        for _ in range(30):
+            d = Donor(book)
+            sent = []
+            for _ in range(4):
+                text = f"{name} {rng.random()}"
+                quality[text] = rng.random()
+                sent.append(d.commit_and_send(HONEST, text))
+            revealed = pick(sent)
+            for t in revealed:
+                d.reveal(t)
+            if name != "honest":
+                framers.append(d)
+                whole += len(revealed) == len(sent)
+    counted = book.close(5)
+    honest = [c for c in counted if c.transcript.reply.chunks[0][0].startswith("honest ")]
+    assert len(honest) == 30 * tr.MAX_PER_NODE
+    assert len(counted) - len(honest) == whole * tr.MAX_PER_NODE  # only sets revealed whole count
+    assert whole <= 2  # under 0.3 four times in a row: 0.8 % of those framers
+    scores = [quality[c.transcript.reply.chunks[0][0]] for c in honest]
+    assert abs(sum(scores) / len(scores) - 0.5) < 0.1
+    assert all(f.id not in book.burnt for f in framers)  # one void set is within anyone's budget (rule 6)
+
+
+def test_a_donor_past_its_void_budget_is_burnt() -> None:
+    book = tr.TranscriptBook()
+    d = Donor(book, epoch=0)
+    for epoch in range(tr.VOID_ALLOWANCE + 1):
+        d.epoch = epoch
+        d.commit_and_send(HONEST, "withheld")
+        assert book.close(epoch) == []
+    assert d.id in book.burnt
+    opening, rid = request()
+    assert (book.commit(d.id, tr.commitment(os.urandom(16), HONEST.node_id,
+                                            signing.request_digest(opening.request(rid), HONEST.node_id)),
+                        9, T0_MS) or "").startswith("burnt")
+
+
+def _epochs(book: tr.TranscriptBook, d: Donor, rng: random.Random, epochs: int, q: float,
+            keep: Callable[[bool, tuple[int, int]], bool]) -> list[str]:
+    """``d`` commits one request an epoch to the honest node (bad with probability ``q``) and
+    reveals it when ``keep(bad, its history)``; the counted replies."""
+    counted = []
+    for epoch in range(epochs):
+        d.epoch = epoch
+        if d.id in book.burnt:
+            break
+        bad = rng.random() < q
+        t = d.commit_and_send(HONEST, "bad" if bad else "good", commit_at=T0_MS + epoch * 10**6,
+                              reply_at=T0_MS + epoch * 10**6 + 900)
+        if keep(bad, book.history.get(d.id, (0, 0))):
+            assert d.reveal(t) is None
+        counted += [c.transcript.reply.chunks[0][0] for c in book.close(epoch)]
+    return counted
+
+
+def test_a_cherry_picking_framer_gains_little_and_is_burnt_past_its_budget() -> None:
+    """Rule 6 pinned: a framer that reveals bad replies and voids good ones as long as its budget
+    allows moves the bad share of its counted replies from q to about q / (1 - VOID_SHARE); one that
+    voids every good reply is burnt within a few epochs; an honest donor whose requests fail 10 %
+    of the time is never burnt."""
+    q = 0.2
+    book = tr.TranscriptBook()
+
+    def within_budget(bad: bool, hist: tuple[int, int]) -> bool:
+        done, void = hist
+        return bad or void + 1 > tr.VOID_ALLOWANCE + tr.VOID_SHARE * (done + void + 1)
+
+    counted = _epochs(book, Donor(book), random.Random(11), 2000, q, within_budget)
+    share = counted.count("bad") / len(counted)
+    assert q < share <= q / (1 - tr.VOID_SHARE) + 0.03, share
+    greedy = Donor(book)
+    assert len(_epochs(book, greedy, random.Random(12), 2000, q, lambda bad, _: bad)) <= tr.VOID_ALLOWANCE + 2
+    assert greedy.id in book.burnt
+    honest = Donor(book)
+    fails = random.Random(13)
+    assert len(_epochs(book, honest, random.Random(14), 500, q, lambda *_: fails.random() >= 0.1)) > 400
+    assert honest.id not in book.burnt
