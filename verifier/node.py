@@ -9,11 +9,12 @@ mid-block. If CometBFT exits on its own, :class:`CometExited` carries its status
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import subprocess
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import trio
@@ -81,7 +82,12 @@ async def run_verifier(data_dir: str | os.PathLike[str], *, abci: str | None = N
     book = TranscriptBook() if audit is not None else None  # users' transcripts (verifier/audit/transcripts.py)
     app = CommitteeAbciApp(core, store, key, pool=pool, transcripts=book)
     stopping = False
-    async with trio.open_nursery() as nursery:
+    # The signal receiver opens before CometBFT starts: a SIGTERM in between would kill this
+    # process by default and leave CometBFT (in its own session) running.
+    async with contextlib.AsyncExitStack() as stack:
+        signals = (stack.enter_context(trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM))
+                   if handle_signals else None)
+        nursery = await stack.enter_async_context(trio.open_nursery())
         where: server.ListenAddress = await nursery.start(server.serve, app, abci or default_abci_address(d))
         cmd = [exe, "start", "--home", str(home), "--proxy_app", where.url(), *extra_args]
         logf = (d / LOG_FILE).open("ab")
@@ -93,17 +99,16 @@ async def run_verifier(data_dir: str | os.PathLike[str], *, abci: str | None = N
             raise CometError(f"could not start {exe}: {exc}") from None
         log.info("CometBFT started (pid %d), log in %s", proc.pid, d / LOG_FILE)
 
-        async def stop_on_signal() -> None:
+        async def stop_on_signal(signals: AsyncIterator[int]) -> None:
             nonlocal stopping
-            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                async for sig in signals:
-                    log.info("signal %d: stopping CometBFT", sig)
-                    stopping = True
-                    proc.terminate()
-                    return
+            async for sig in signals:
+                log.info("signal %d: stopping CometBFT", sig)
+                stopping = True
+                proc.terminate()
+                return
 
-        if handle_signals:
-            nursery.start_soon(stop_on_signal)
+        if signals is not None:
+            nursery.start_soon(stop_on_signal, signals)
         # address probes (decision 0014): idle on a chain whose genesis turns them off
         try:
             rpc = get_toml((home / "config" / "config.toml").read_text(), "rpc", "laddr").removeprefix("tcp://")
