@@ -8,6 +8,7 @@ nothing asserts on time.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import signal
@@ -520,3 +521,25 @@ def test_bench_committee_stopped_by_sigterm_leaves_no_verifier_behind() -> None:
         if proc.poll() is None:
             proc.kill()
         shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_a_verifier_stopped_as_its_cometbft_starts_leaves_no_cometbft_behind(
+        committee_factory: Callable[[int], list[Verifier]]) -> None:
+    """SIGTERM the moment the verifier's CometBFT (its own session) appears: the verifier used to
+    open its signal receiver only after starting CometBFT, so a signal in between killed it by
+    default and left CometBFT running (CI saw 3 such processes after a bench was stopped)."""
+    (v,) = committee_factory(1)
+    home = str(v.data_dir / "cometbft")
+    v.spawn()
+    assert v.proc is not None
+    deadline = time.monotonic() + 120
+    while not [p for p in _processes_mentioning(home) if p != v.proc.pid]:
+        assert v.proc.poll() is None and time.monotonic() < deadline, v.output()
+    v.proc.send_signal(signal.SIGTERM)
+    v.proc.wait(timeout=60)
+    v.proc = None
+    left = _processes_mentioning(str(v.data_dir))
+    for pid in left:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    assert left == [], "CometBFT outlived its verifier"
