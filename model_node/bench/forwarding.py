@@ -6,8 +6,11 @@ by :mod:`model_node.bench.node` so that the baseline policies can be injected
 (:mod:`model_node.bench.policies`), form one group on this machine. The same seeded workload is
 played three times, once per forwarding policy, each time on fresh processes (empty caches):
 
-- ``hrtree``: Algorithm 2 — a cached prefix's holder if under the load threshold, else the
-  least relatively loaded node (the default of ``gentorrent model-node``);
+- ``hrtree``: the default rule of ``gentorrent model-node`` (:meth:`model_node.group.GroupState.decide`).
+  It was Algorithm 2 (a cached prefix's holder if under the load threshold, else the least
+  relatively loaded node) when docs/benchmarks.md's "forwarding" figures were measured; since
+  issue 29 it is the least predicted time to first token (``alg2`` in
+  :mod:`model_node.bench.policies` keeps Algorithm 2; ``bench forwarding-wide-area`` compares them);
 - ``load``: the least relatively loaded node, caches ignored (the paper's "without HR-tree
   based KV cache reusing");
 - ``random``: a uniformly random node of the group.
@@ -177,8 +180,8 @@ class Client:
     """Direct TLS requests; one connection per request in flight (a model node answers a
     direct request on its connection before reading the next frame)."""
 
-    def __init__(self, ident: Identity) -> None:
-        self.transport = TLSTransport(ident)
+    def __init__(self, ident: Identity, transport: TLSTransport | None = None) -> None:
+        self.transport = transport or TLSTransport(ident)
         self.idle: dict[bytes, list[tuple[Connection, float]]] = {}
 
     async def connection(self, e: PeerEntry) -> Connection:
@@ -234,12 +237,13 @@ class Client:
                 await c.aclose()
 
 
-async def _play(net: LocalNet, jobs: list[Job], systems: list[str], warm_conns: int) -> dict[str, Any]:
-    client = Client(net.identities["client"])
+async def _play(net: LocalNet, jobs: list[Job], systems: list[str], warm_conns: int,
+                transport: TLSTransport | None = None, sync_interval: float = SYNC_INTERVAL) -> dict[str, Any]:
+    client = Client(net.identities["client"], transport)
     entries = [net.entries[m] for m in net.models]
     for e in entries:
         await client.warm(e, warm_conns)
-    with trio.fail_after(6 * SYNC_INTERVAL):  # every node has heard from both peers
+    with trio.fail_after(6 * sync_interval + 30):  # every node has heard from every peer
         while True:
             peers = [len((await client.stats(e)).peers) for e in entries]
             if all(n == len(entries) - 1 for n in peers):

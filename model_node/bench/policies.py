@@ -1,8 +1,13 @@
 """Forwarding baselines for the forwarding benchmarks, injected into a model node as its
-:class:`~model_node.forwarding.ForwardingPolicy` (the product ships Algorithm 2 only).
+:class:`~model_node.forwarding.ForwardingPolicy` (the product's rule, ``hrtree`` here, is
+:meth:`GroupState.decide <model_node.group.GroupState.decide>`: the least predicted time to first
+token since issue 29, decision 0005 "Revision (issue 29)").
 
-- :func:`least_loaded` ("load"): the least relatively loaded node, ignoring caches, i.e.
-  Algorithm 2's miss branch for every request (the paper's "load-based" baseline);
+- :func:`least_loaded` ("load"): the product's rule on an empty prompt, so caches are ignored:
+  the node with the least queued work (the paper's "load-based" baseline);
+- :func:`paper_algorithm2` ("alg2"): the paper's Algorithm 2 on the node table and the HR-tree
+  (a cached prefix's holder if under the load threshold, else the least relatively loaded
+  node): the product's rule until issue 29;
 - :class:`RandomChoice` ("random"): a uniformly random node with a known load, ourselves
   included;
 - :func:`request_count` ("requests"): Algorithm 2 with the load measured as requests per
@@ -27,6 +32,13 @@ REQUESTS_THRESHOLD = 8.0  # requests per capacity point: the request-count thres
 def least_loaded(state: GroupState, token_ids: Sequence[int]) -> Decision:
     """Algorithm 2 on an empty prompt: no match, so the least relatively loaded node."""
     return state.decide((), forwarded=False)
+
+
+def paper_algorithm2(state: GroupState, token_ids: Sequence[int]) -> Decision:
+    """Appendix Algorithm 2 with the product's work-aware load and threshold."""
+    decision = algorithm2(state.self_id, state.table(), state.search(token_ids), tau_c=state.tau_c,
+                          load_threshold=state.config.load_threshold)
+    return state.count(decision, len(token_ids))
 
 
 def request_count(state: GroupState, token_ids: Sequence[int]) -> Decision:
@@ -55,12 +67,14 @@ class RandomChoice:
 
 
 def baseline(name: str) -> ForwardingPolicy | None:
-    """The policy a benchmark names: ``hrtree`` (``None``: the product's Algorithm 2),
+    """The policy a benchmark names: ``hrtree`` (``None``: the product's rule), ``alg2``,
     ``load``, ``random`` or ``requests``."""
     if name == "hrtree":
         return None
     if name == "load":
         return least_loaded
+    if name == "alg2":
+        return paper_algorithm2
     if name == "random":
         return RandomChoice()
     if name == "requests":
@@ -68,4 +82,4 @@ def baseline(name: str) -> ForwardingPolicy | None:
     raise ValueError(f"unknown forwarding baseline {name!r}; choose one of {', '.join(BASELINES)}")
 
 
-BASELINES = ("hrtree", "load", "random", "requests")
+BASELINES = ("hrtree", "alg2", "load", "random", "requests")

@@ -119,12 +119,14 @@ class Testbed(LocalNet):
     clients); ``client_regions`` places them (default: round robin over the regions). Relays
     are placed by :func:`overlay.tools.regions.assign` (seeded); model nodes and verifiers
     round robin, so each model node and each verifier is in a different region where there are
-    enough regions."""
+    enough regions. ``bench_args`` start the model nodes through the bench launcher
+    (:class:`~overlay.tools.localnet.LocalNet`): ``bench forwarding-wide-area`` injects its
+    forwarding baselines so."""
 
     def __init__(self, root: Path, *, relays: int, models: int, verifiers: int = 4, clients: Sequence[str] = (),
                  client_regions: Mapping[str, str] | None = None, regions: Sequence[str] = geo.REGIONS,
                  engine: str = "echo", model: str = "echo", seed: int = 0, timeout_commit: str = "1s",
-                 model_args: tuple[str, ...] = ()) -> None:
+                 model_args: tuple[str, ...] = (), bench_args: tuple[str, ...] = ()) -> None:
         if not 1 <= len(regions) <= MAX_REGIONS:
             raise ValueError(f"need 1 to {MAX_REGIONS} regions")
         for r in regions:
@@ -146,7 +148,8 @@ class Testbed(LocalNet):
         self.toxiproxy: Toxiproxy | None = None
         self._by_address: dict[str, str] = {}
         super().__init__(root, relays, users=tuple(clients), models=models, model=model, engine=engine,
-                         committee=verifiers, timeout_commit=timeout_commit, model_args=model_args)
+                         committee=verifiers, timeout_commit=timeout_commit, model_args=model_args,
+                         bench_args=bench_args)
 
     # LocalNet's hooks
 

@@ -1,4 +1,4 @@
-"""``gentorrent bench forwarding`` and ``forwarding-threshold`` run with the real engine (their
+"""``gentorrent bench forwarding``, ``forwarding-threshold`` and ``forwarding-wide-area`` run with the real engine (their
 quick forms), report exactly the figures docs/benchmarks.md documents, and account for every
 request. No timing is asserted: benchmarks are not tests."""
 
@@ -77,3 +77,29 @@ def test_bench_forwarding_threshold_quick(helpers: Any) -> None:
     assert figures["ttft_mean_ratio_x2_t10_vs_t10"] == 1.0
     for key in params["decisions"]:
         assert figures[f"lost_{key}"] == 0 and 0 <= figures[f"refused_frac_{key}"] < 1
+
+
+def test_bench_forwarding_wide_area_quick(helpers: Any) -> None:
+    """Two llama.cpp model nodes in two regions behind Toxiproxy access links, two rules."""
+    from overlay.tools.toxiproxy import ToxiproxyError, find_toxiproxy
+
+    try:
+        find_toxiproxy()
+    except ToxiproxyError as exc:
+        pytest.skip(str(exc))
+    from model_node.bench.forwarding_wide_area import run
+
+    params, figures = run(quick=True)
+    keys = helpers.documented_figures("forwarding-wide-area")
+    assert set(figures) <= keys, set(figures) - keys  # the quick run plays two of the three rules
+    assert {k for k in keys if "alg2" not in k} == set(figures)
+    _check(figures)
+    assert len(set(params["regions"].values())) == params["model_nodes"] == 2  # one region each
+    assert all(ms > 0 for ms in params["model_one_way_ms"].values())
+    n = params["requests"]
+    for rule in params["rules"]:
+        d = params["decisions"][rule]
+        assert _requests_decided(d) == params["attempts"][rule] >= n, d
+        assert d.get("forwarded", 0) == round(figures[f"forwarded_frac_{rule}"] * n)
+        assert figures[f"failed_frac_{rule}"] + figures[f"refused_frac_{rule}"] < 1
+    assert set(params["decisions"]["load"]) <= {"miss", "forwarded"}
