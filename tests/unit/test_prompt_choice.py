@@ -25,3 +25,19 @@ def test_between_prompt_share_of_the_variance() -> None:
     assert between_share([[0.2, 0.2], [0.8, 0.8]]) == pytest.approx(1.0)  # all of it between prompts
     assert between_share([[0.2, 0.8], [0.8, 0.2]]) == pytest.approx(0.0)  # all of it within
     assert 0.0 < between_share([[0.2, 0.4], [0.7, 0.9]]) < 1.0
+
+
+def test_the_measured_figures_are_what_decision_0015_says() -> None:
+    """simulations/data/prompt_choice.json (the real engine, 24 prompts x 8 replies) gives the
+    figures docs/decisions/0015 quotes, recomputed from its stored scores."""
+    import json
+    from pathlib import Path
+
+    data = json.loads((Path(__file__).resolve().parents[2] / "simulations" / "data" / "prompt_choice.json").read_text())
+    scores = data["scores"]
+    assert len(scores) == 24 and all(len(s) == 8 for s in scores)
+    assert round(between_share(scores), 2) == 0.15
+    f = choice(scores, 4, tau=data["tau"])
+    assert (round(f["fresh_mean_chosen"], 3), round(f["fresh_mean_all"], 3)) == (0.935, 0.947)
+    assert (round(f["fresh_below_tau_chosen"], 3), round(f["fresh_below_tau_all"], 3)) == (0.062, 0.083)
+    assert f["fresh_mean_chosen"] > f["fresh_mean_all"] - 0.05  # the choice bought the framer nothing to speak of
