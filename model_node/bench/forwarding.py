@@ -238,12 +238,12 @@ class Client:
 
 
 async def _play(net: LocalNet, jobs: list[Job], systems: list[str], warm_conns: int,
-                transport: TLSTransport | None = None, sync_interval: float = SYNC_INTERVAL) -> dict[str, Any]:
+                transport: TLSTransport | None = None) -> dict[str, Any]:
     client = Client(net.identities["client"], transport)
     entries = [net.entries[m] for m in net.models]
     for e in entries:
         await client.warm(e, warm_conns)
-    with trio.fail_after(6 * sync_interval + 30):  # every node has heard from every peer
+    with trio.fail_after(6 * SYNC_INTERVAL):  # every node has heard from every peer
         while True:
             peers = [len((await client.stats(e)).peers) for e in entries]
             if all(n == len(entries) - 1 for n in peers):

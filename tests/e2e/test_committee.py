@@ -533,6 +533,7 @@ def test_a_verifier_stopped_as_its_cometbft_starts_leaves_no_cometbft_behind(
     v.spawn()
     assert v.proc is not None
     deadline = time.monotonic() + 120
+    # no sleep in this poll on purpose: the signal must land in the few milliseconds after CometBFT starts
     while not [p for p in _processes_mentioning(home) if p != v.proc.pid]:
         assert v.proc.poll() is None and time.monotonic() < deadline, v.output()
     v.proc.send_signal(signal.SIGTERM)
