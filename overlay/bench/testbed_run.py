@@ -29,6 +29,7 @@ from overlay.directory.membership import CommitteeSettings, Membership, node_ent
 from overlay.directory.registry import Registry
 from overlay.directory.rpc import block_time_unix
 from overlay.messages import ChatMessage, SamplingParams
+from overlay.tools.regions import LOSS
 from overlay.tools.testbed import ChurnEvent, Testbed, churn_schedule, via_rule
 from overlay.transport import TLSTransport, Via, parse_address
 from overlay.usernode import UserNode
@@ -320,6 +321,7 @@ class Plan:
     seed: int = 0
     timeout_commit: str = "1s"
     start_timeout: float = 600.0
+    loss: float = LOSS  # of TCP segments on every link (docs/testbed.md "Loss")
 
     def clients(self) -> dict[str, tuple[int, int, str]]:
         """Client name -> (n, k, region)."""
@@ -338,7 +340,7 @@ def run_plan(root: Path, plan: Plan, *, say: Callable[[str], None], show: bool) 
     clients = plan.clients()
     net = Testbed(root, relays=plan.relays, models=plan.models, verifiers=plan.verifiers, clients=list(clients),
                   client_regions={c: r for c, (_, _, r) in clients.items()}, engine=plan.engine, model=plan.model,
-                  seed=plan.seed, timeout_commit=plan.timeout_commit)
+                  seed=plan.seed, timeout_commit=plan.timeout_commit, loss=plan.loss)
     figures: dict[str, float] = {}
     samples: list[Sample] = []
     extra: dict[str, Any] = {"regions": net.region_of}
@@ -355,7 +357,8 @@ def run_plan(root: Path, plan: Plan, *, say: Callable[[str], None], show: bool) 
             f"in {len(net.regions)} regions")
         params["access_links"] = links
         first = net.proxy_specs()[0][0].name
-        params["toxics_per_link"] = len(proxy.toxics(first))  # latency and bandwidth, each way
+        params["toxics_per_link"] = len(proxy.toxics(first))  # latency, bandwidth and (with loss) loss, each way
+        params["toxiproxy_version"] = proxy.version()
         net.launch_committee()
         start_committee(net, plan.start_timeout, show=show, verbose=False)
         t_nodes = time.perf_counter()

@@ -31,12 +31,13 @@ https://www.neowin.net/news/ookla-speed-test-report-these-countries-have-the-fas
 download 97.61 Mbit/s). Upload is the narrower side of a home link and relays send as much as
 they receive. 52.84 Mbit/s = 6,605 KB/s (Toxiproxy's KB is 1,000 bytes).
 
-Loss (:data:`LOSS`, recorded, *not applied*): SLAC's PingER reports losses below 0.1% between
+Loss (:data:`LOSS`, a fraction of TCP segments): SLAC's PingER reports losses below 0.1% between
 North America and Europe, East Asia and Oceania, and above 0.1% (up to a few per cent) to
 South-East Asia, South Asia, Latin America and Africa
 (https://confluence.slac.stanford.edu/pages/diffpagesbyversion.action?pageId=32784&selectedPageVersions=10&selectedPageVersions=11,
-data 2002-2006); we record 0.1% for every pair. Toxiproxy sits on TCP streams and cannot drop a
-packet inside one, so the testbed does not model loss (docs/testbed.md "Regions and their delays").
+data 2002-2006); we use 0.1% for every pair. Toxiproxy sits on TCP streams and cannot drop a
+packet inside one; our build's ``loss`` toxic (tools/toxiproxy/loss.go) charges each lost
+segment the time TCP takes to repair it on the link's round trip (docs/testbed.md "Loss").
 """
 
 from __future__ import annotations
@@ -99,14 +100,14 @@ P50_RTT_MS: dict[tuple[str, str], int] = {
 INTRA_REGION_RTT_MS = 8.0  # our choice; see the module docstring
 JITTER_FRACTION = 0.05  # jitter = 5% of the one-way delay (our assumption)
 DEFAULT_RATE_KBPS = 6605  # 52.84 Mbit/s in Toxiproxy's KB/s (1 KB = 1,000 bytes)
-LOSS = 0.001  # recorded from PingER, not applied by the testbed
+LOSS = 0.001  # of TCP segments, from PingER (docs/testbed.md "Loss")
 
 
 @dataclass(frozen=True)
 class Link:
     """What a connection from one region to another goes through, per direction: ``latency_ms``
     one-way delay, ``jitter_ms`` (+/-, uniform), ``rate_kbps`` bandwidth cap in KB/s (``None``
-    or 0: none) and ``loss`` (a fraction; recorded, not applied by the testbed)."""
+    or 0: none) and ``loss`` (the fraction of TCP segments lost; 0: none)."""
 
     latency_ms: float
     jitter_ms: float

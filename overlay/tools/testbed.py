@@ -22,6 +22,7 @@ connection goes changes. What this does not model is listed in docs/testbed.md.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import json
 import math
@@ -126,7 +127,11 @@ class Testbed(LocalNet):
     def __init__(self, root: Path, *, relays: int, models: int, verifiers: int = 4, clients: Sequence[str] = (),
                  client_regions: Mapping[str, str] | None = None, regions: Sequence[str] = geo.REGIONS,
                  engine: str = "echo", model: str = "echo", seed: int = 0, timeout_commit: str = "1s",
-                 model_args: tuple[str, ...] = (), bench_args: tuple[str, ...] = ()) -> None:
+                 model_args: tuple[str, ...] = (), bench_args: tuple[str, ...] = (),
+                 loss: float = geo.LOSS) -> None:
+        if not 0.0 <= loss <= 1.0:  # also NaN
+            raise ValueError(f"loss {loss!r}: must be a fraction of segments in [0, 1]")
+        self.loss = loss
         if not 1 <= len(regions) <= MAX_REGIONS:
             raise ValueError(f"need 1 to {MAX_REGIONS} regions")
         for r in regions:
@@ -200,7 +205,7 @@ class Testbed(LocalNet):
                 for r, src in enumerate(self.regions):
                     spec = ProxySpec(f"{name}:{port}@{src}", f"{proxy_host(self.index[name], r)}:{port}",
                                      f"{self.host(name)}:{port}")
-                    specs.append((spec, geo.link(src, self.region_of[name])))
+                    specs.append((spec, dataclasses.replace(geo.link(src, self.region_of[name]), loss=self.loss)))
         return specs
 
     def start_links(self, proxy: Toxiproxy) -> int:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from overlay.clock import SystemClock
+from overlay.tools.regions import LOSS
 
 if TYPE_CHECKING:
     from overlay.bench.testbed_run import Plan
@@ -53,6 +54,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--model-leaves", type=int, default=1, help="model nodes leaving during the churn phase (default 1)")
     p.add_argument("--downtime", type=float, default=60.0, metavar="SECONDS",
                    help="mean time a departed node stays away (default 60)")
+    p.add_argument("--loss", type=float, default=LOSS, metavar="FRACTION",
+                   help=f"share of TCP segments lost on every link, each repaired in TCP's time for "
+                        f"that path (default {LOSS}, PingER's figure; 0: none; docs/testbed.md \"Loss\")")
     p.add_argument("--seed", type=int, default=0, help="seeds regions, churn and request order (default 0)")
     p.add_argument("--quiet", action="store_true", help="no progress display, only the figures")
     p.set_defaults(run=_run)
@@ -82,11 +86,13 @@ def plan_from(args: argparse.Namespace) -> Plan:
         raise CliError("need at least 5 relays, 1 model node and 1 verifier")
     if args.churn < 0 or not 0 <= args.relay_churn <= 1 or args.downtime <= 0:
         raise CliError("need --churn >= 0, 0 <= --relay-churn <= 1 and --downtime > 0")
+    if not 0 <= args.loss <= 1:  # also NaN
+        raise CliError(f"--loss {args.loss}: need a fraction of segments in [0, 1]")
     model = "smollm2-135m-instruct" if args.engine == "llama.cpp" else "echo"
     return Plan(relays=args.relays, models=args.models, verifiers=args.verifiers, engine=args.engine, model=model,
                 configs=configs, client_regions=client_regions, requests=args.requests,
                 path_builds=args.path_builds, churn_s=args.churn, relay_leave_per_min=args.relay_churn,
-                model_leaves=args.model_leaves, mean_downtime_s=args.downtime, seed=args.seed,
+                model_leaves=args.model_leaves, mean_downtime_s=args.downtime, seed=args.seed, loss=args.loss,
                 failover_requests=3 if args.models > 1 else 0)
 
 

@@ -1,12 +1,14 @@
 """Toxiproxy (Shopify, v2.5.0) driven from plain synchronous Python: the wide-area testbed's
-source of delay (docs/testbed.md "Toxiproxy").
+source of delay and loss (docs/testbed.md "Toxiproxy").
 
-:class:`Toxiproxy` starts ``toxiproxy-server`` (``make setup`` installs it next to the venv's
-python; :func:`find_toxiproxy`) in its own session, waits for its HTTP API, and speaks to it over
-one keep-alive ``http.client`` connection with a timeout on every call. A proxy
-(:class:`ProxySpec`) listens on ``listen`` and forwards each connection to ``upstream``;
-:meth:`Toxiproxy.set_link` gives it a :class:`~overlay.tools.regions.Link`: the one-way delay
-with jitter (``latency`` toxic) and a bandwidth cap (``bandwidth`` toxic) on *both* streams.
+:class:`Toxiproxy` starts ``toxiproxy-server`` (``make setup`` builds it from tools/toxiproxy,
+Toxiproxy's server with our ``loss`` toxic added, next to the venv's python;
+:func:`find_toxiproxy`) in its own session, waits for its HTTP API, and speaks to it over one
+keep-alive ``http.client`` connection with a timeout on every call. A proxy (:class:`ProxySpec`)
+listens on ``listen`` and forwards each connection to ``upstream``; :meth:`Toxiproxy.set_link`
+gives it a :class:`~overlay.tools.regions.Link`: the one-way delay with jitter (``latency``
+toxic), a bandwidth cap (``bandwidth`` toxic) and TCP's repair time for lost segments (``loss``
+toxic, tools/toxiproxy/loss.go) on *both* streams.
 Every error the server reports, and every failure to reach it, raises :class:`ToxiproxyError`
 with the server's message.
 
@@ -16,7 +18,8 @@ The API used (Toxiproxy README, "HTTP API"): ``GET /version``, ``GET /proxies``,
 ``POST /proxies/{proxy}/toxics`` (create), ``POST /proxies/{proxy}/toxics/{toxic}`` (update),
 ``DELETE /proxies/{proxy}/toxics/{toxic}``, ``POST /reset``. Toxic attributes: ``latency`` and
 ``jitter`` in ms (integers; the delay is latency +/- jitter, uniform, per chunk), ``rate`` in KB/s
-(integer, 1 KB = 1,000 bytes, per connection).
+(integer, 1 KB = 1,000 bytes, per connection); ``loss``: ``probability`` per TCP segment,
+``rtt`` the path's round trip in ms, ``mss`` in bytes (0: 1,448).
 """
 
 from __future__ import annotations
@@ -44,8 +47,9 @@ from overlay.tools.regions import Link
 
 BINARY = "toxiproxy-server"
 VERSION = "v2.5.0"
-INSTALL_HINT = (f"run `make setup` (it runs `go install github.com/Shopify/toxiproxy/v2/cmd/server@{VERSION}` "
-                f"and installs the binary as .venv/bin/{BINARY})")
+LOSS_SUFFIX = "+gentorrent-loss"  # GET /version of our build (tools/toxiproxy/main.go) ends so
+INSTALL_HINT = (f"run `make setup` (it builds tools/toxiproxy, Toxiproxy {VERSION}'s server with our `loss` toxic, "
+                f"as .venv/bin/{BINARY})")
 
 DEFAULT_TIMEOUT = 10.0  # seconds, every API call
 READY_TIMEOUT = 15.0  # seconds for a started server to answer GET /version
@@ -145,6 +149,7 @@ class Toxiproxy:
         self._proc: subprocess.Popen[bytes] | None = None
         self._conn: http.client.HTTPConnection | None = None
         self._last_use = 0.0
+        self._has_loss: bool | None = None  # whether the server has the loss toxic; asked once
 
     # -- process ---------------------------------------------------------------------------------
 
@@ -212,6 +217,7 @@ class Toxiproxy:
         proxy goes with it. Does nothing if it does not run."""
         self._close()
         self.port = 0
+        self._has_loss = None
         proc, self._proc = self._proc, None
         if proc is not None and proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -289,7 +295,8 @@ class Toxiproxy:
     # -- API -------------------------------------------------------------------------------------
 
     def version(self, *, timeout: float | None = None) -> str:
-        """The server's version string (``git`` for a ``go install`` build)."""
+        """The server's version string (``v2.5.0+gentorrent-loss`` for ours, ``git`` for a stock
+        ``go install`` build)."""
         # GET /version answers text/plain, which _request hands back as it is.
         return str(self._request("GET", "/version", timeout=timeout))
 
@@ -367,29 +374,49 @@ class Toxiproxy:
                       {"attributes": toxic["attributes"], "toxicity": toxic["toxicity"]})
         return False
 
+    def has_loss(self) -> bool:
+        """Whether the server has the ``loss`` toxic (our build's ``GET /version`` says so)."""
+        if self._has_loss is None:
+            self._has_loss = self.version().endswith(LOSS_SUFFIX)
+        return self._has_loss
+
     def set_link(self, name: str, link: Link) -> None:
         """Give the proxy ``name`` the link ``link`` on both streams: a ``latency`` toxic
-        (``latency_ms`` and ``jitter_ms`` rounded to whole ms) and, when ``rate_kbps`` is set
-        and not 0, a ``bandwidth`` toxic. Setting a link again updates it (and removes the
-        bandwidth toxics when the new link has no rate). ``link.loss`` is not applied: Toxiproxy
-        cannot drop packets inside TCP."""
+        (``latency_ms`` and ``jitter_ms`` rounded to whole ms), when ``rate_kbps`` is set and not
+        0 a ``bandwidth`` toxic, and when ``loss`` is above 0 a ``loss`` toxic (each TCP segment
+        lost with probability ``loss`` and repaired as on a path of round trip 2 x
+        ``latency_ms``). Setting a link again updates it and removes the toxics the new link has
+        no use for. A link with loss on a server without the loss toxic (a stock one) is a
+        ToxiproxyError that says how to build ours."""
         latency, jitter = round(link.latency_ms), round(link.jitter_ms)
         if latency < 0 or jitter < 0:
             raise ToxiproxyError(f"link {link!r}: latency and jitter must be >= 0")
+        rate = int(link.rate_kbps or 0)
+        if rate < 0:
+            raise ToxiproxyError(f"link {link!r}: rate must be >= 0")
+        if not 0.0 <= link.loss <= 1.0:  # also NaN
+            raise ToxiproxyError(f"link {link!r}: loss must be a fraction in [0, 1]")
+        if link.loss > 0 and not self.has_loss():
+            raise ToxiproxyError(f"the Toxiproxy server on {self.api} (version {self.version()!r}) has no `loss` "
+                                 f"toxic, so link {link!r} cannot be made; {INSTALL_HINT}")
         created = True
         for toxic_name, stream in zip(_toxic_names("latency"), ("upstream", "downstream"), strict=True):
             created &= self._put_toxic(name, {"name": toxic_name, "type": "latency", "stream": stream,
                                               "toxicity": 1.0, "attributes": {"latency": latency, "jitter": jitter}})
-        rate = int(link.rate_kbps or 0)
-        if rate < 0:
-            raise ToxiproxyError(f"link {link!r}: rate must be >= 0")
-        for toxic_name, stream in zip(_toxic_names("bandwidth"), ("upstream", "downstream"), strict=True):
-            if rate:
-                self._put_toxic(name, {"name": toxic_name, "type": "bandwidth", "stream": stream,
-                                       "toxicity": 1.0, "attributes": {"rate": rate}})
-            elif not created:
+        self._set_optional(name, "bandwidth", {"rate": rate} if rate else None, known=not created)
+        loss = {"probability": link.loss, "rtt": 2 * latency, "mss": 0} if link.loss > 0 else None
+        self._set_optional(name, "loss", loss, known=not created)
+
+    def _set_optional(self, proxy: str, kind: str, attributes: dict[str, Any] | None, *, known: bool) -> None:
+        """Put the toxics ``kind`` with ``attributes`` on both streams of ``proxy``, or, with
+        none, remove them if the proxy had a link before (``known``)."""
+        for toxic_name, stream in zip(_toxic_names(kind), ("upstream", "downstream"), strict=True):
+            if attributes is not None:
+                self._put_toxic(proxy, {"name": toxic_name, "type": kind, "stream": stream,
+                                        "toxicity": 1.0, "attributes": attributes})
+            elif known:
                 try:
-                    self._request("DELETE", f"/proxies/{quote(name, safe='')}/toxics/{toxic_name}")
+                    self._request("DELETE", f"/proxies/{quote(proxy, safe='')}/toxics/{toxic_name}")
                 except ToxiproxyError as e:
                     if "toxic not found" not in str(e):
                         raise

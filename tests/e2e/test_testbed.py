@@ -50,7 +50,8 @@ def _run_and_check(tmp_path: Path) -> None:
     timed = [s for s in samples if s["config"] == "4,3" and s["ok"]]
     assert timed and all(s["floor_ms"] > 0 for s in timed)
     assert report["params"]["access_links"] == (12 + 2 + 1 + 4 * 2) * 6
-    assert report["params"]["toxics_per_link"] == 4  # latency and bandwidth on both streams
+    assert report["params"]["toxics_per_link"] == 6  # latency, bandwidth and loss on both streams
+    assert report["params"]["loss"] == 0.001 and report["params"]["toxiproxy_version"].endswith("+gentorrent-loss")
     assert (run / "ttft_cdf.png").stat().st_size > 1000
     assert figures["registration_to_listed_p50_ms"] > 0
     assert "report:" in r.stdout

@@ -7,9 +7,12 @@ server reports, not by timing bytes."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
+import shutil
 import socket
+import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -130,20 +133,68 @@ def test_bytes_cross_a_proxy_with_a_link_on_both_streams(tp: Toxiproxy, echo: Ec
     assert echo.peers == ["127.0.0.1"]  # a proxied connection comes from 127.0.0.1, not the dialler's address
 
     toxics = {t["name"]: t for t in tp.proxies()["n1:7000@us-east"]["toxics"]}
-    assert set(toxics) == {"latency_upstream", "latency_downstream", "bandwidth_upstream", "bandwidth_downstream"}
+    assert set(toxics) == {f"{kind}_{stream}" for kind in ("latency", "bandwidth", "loss")
+                           for stream in ("upstream", "downstream")}
     for stream in ("upstream", "downstream"):
-        lat, bw = toxics[f"latency_{stream}"], toxics[f"bandwidth_{stream}"]
+        lat, bw, loss = toxics[f"latency_{stream}"], toxics[f"bandwidth_{stream}"], toxics[f"loss_{stream}"]
         assert (lat["type"], lat["stream"], lat["toxicity"]) == ("latency", stream, 1.0)
         assert lat["attributes"] == {"latency": 42, "jitter": 2}
         assert (bw["type"], bw["stream"], bw["attributes"]) == ("bandwidth", stream, {"rate": 6605})
+        # 0.1% of segments lost, repaired as on a path of twice the one-way delay
+        assert (loss["type"], loss["stream"]) == ("loss", stream)
+        assert loss["attributes"] == {"probability": regions.LOSS, "rtt": 84, "mss": 0}
     assert tp.toxics("n1:7000@us-east") == tp.proxies()["n1:7000@us-east"]["toxics"]
 
-    # Setting the link again updates it; without a rate the bandwidth toxics go.
+    # Setting the link again updates it; without a rate the bandwidth toxics go, without loss
+    # the loss toxics.
     tp.set_link("n1:7000@us-east", regions.link("us-east", "ap-southeast", rate_kbps=None))
     toxics = {t["name"]: t for t in tp.toxics("n1:7000@us-east")}
-    assert set(toxics) == {"latency_upstream", "latency_downstream"}
+    assert set(toxics) == {"latency_upstream", "latency_downstream", "loss_upstream", "loss_downstream"}
     assert toxics["latency_downstream"]["attributes"] == {"latency": 112, "jitter": 6}
+    assert toxics["loss_downstream"]["attributes"]["rtt"] == 224
+    tp.set_link("n1:7000@us-east", dataclasses.replace(regions.link("us-east", "ap-southeast", rate_kbps=None), loss=0.0))
+    assert {t["name"] for t in tp.toxics("n1:7000@us-east")} == {"latency_upstream", "latency_downstream"}
     assert _round_trip(address, b"still there") == b"still there"
+
+
+@pytest.mark.slow
+def test_a_link_that_loses_every_segment_still_delivers_every_byte_in_order(tp: Toxiproxy, echo: Echo) -> None:
+    """The loss toxic holds chunks for TCP's repair time; it must never drop or reorder bytes,
+    even when every segment of every chunk is drawn lost (the holds here are a few ms to 0.2 s:
+    1 ms one way)."""
+    [made] = tp.populate([ProxySpec("lossy", f"{_loopback()}:0", echo.address)])
+    tp.set_link("lossy", regions.Link(latency_ms=1, jitter_ms=0, rate_kbps=None, loss=1.0))
+    assert {t["type"] for t in tp.toxics("lossy")} == {"latency", "loss"}
+    payload = os.urandom(100_000)
+    assert _round_trip(made["listen"], payload) == payload
+
+
+def test_a_lossy_link_on_a_stock_server_says_how_to_get_the_loss_toxic(tp: Toxiproxy, echo: Echo,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stock ``go install`` Toxiproxy answers GET /version with "git" and has no loss toxic:
+    a link with loss is refused before any toxic is made; a link without loss still works."""
+    [made] = tp.populate([ProxySpec("stock", f"{_loopback()}:0", echo.address)])
+    monkeypatch.setattr(tp, "version", lambda **_: "git")
+    with pytest.raises(ToxiproxyError, match="no `loss` toxic.*make setup"):
+        tp.set_link("stock", regions.link("eu-west", "us-east"))
+    assert tp.toxics("stock") == []
+    tp.set_link("stock", dataclasses.replace(regions.link("eu-west", "us-east"), loss=0.0))
+    assert {t["type"] for t in tp.toxics("stock")} == {"latency", "bandwidth"}
+    for bad in (-0.1, 1.5, float("nan")):
+        with pytest.raises(ToxiproxyError, match="loss must be a fraction"):
+            tp.set_link("stock", dataclasses.replace(regions.link("eu-west", "us-east"), loss=bad))
+
+
+def test_the_loss_toxic_passes_its_go_tests() -> None:
+    """tools/toxiproxy's own tests (loss.go: segments, RACK and tail-loss-probe repair times,
+    holds, byte-exact order, an interrupt during a hold), run with the Go that built it."""
+    go = shutil.which("go")
+    if go is None:
+        pytest.skip("no `go` on PATH: tools/toxiproxy cannot be built or tested here")
+    root = Path(__file__).resolve().parents[2] / "tools" / "toxiproxy"
+    done = subprocess.run([go, "test", "-count=1", "."], cwd=root, capture_output=True, text=True, timeout=600,
+                          check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 @pytest.mark.slow

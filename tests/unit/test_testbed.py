@@ -95,6 +95,7 @@ def test_every_listener_gets_one_link_per_source_region_with_that_pairs_delay(be
         src = spec.name.rsplit("@", 1)[1]
         assert spec.upstream.startswith(bed.host(name) + ":")
         assert link.latency_ms == geo.one_way_ms(src, bed.region_of[name])
+        assert link.loss == geo.LOSS
         via = Via.parse(via_rule(bed.regions.index(src)))
         assert via(spec.upstream) == spec.listen  # the dialer's rewrite lands on this proxy
     assert bed.region_of["c"] == "ap-southeast"
@@ -106,6 +107,14 @@ def test_every_listener_gets_one_link_per_source_region_with_that_pairs_delay(be
     assert bed.committee_for("relay-3").split(",") == [
         f"{proxy_host(bed.index[v], r)}:{bed.verifier_ports[v][1]}" for v in bed.verifiers]
     assert bed.committee_for(None) == bed.committee_addresses
+
+
+def test_the_loss_of_every_link_is_the_testbeds_and_a_bad_one_is_refused(tmp_path: Path) -> None:
+    off = tb.Testbed(tmp_path, relays=6, models=1, verifiers=1, loss=0.0)
+    assert {link.loss for _, link in off.proxy_specs()} == {0.0}
+    for bad in (-0.01, 1.01, float("nan")):
+        with pytest.raises(ValueError, match="loss"):
+            tb.Testbed(tmp_path, relays=6, models=1, verifiers=1, loss=bad)
 
 
 def test_the_floor_of_a_request_is_the_kth_fastest_path_there_and_back(bed: tb.Testbed) -> None:
