@@ -248,7 +248,7 @@ def _run(args: argparse.Namespace) -> int:
     from verifier.abci.server import AbciAddressError
     from verifier.app import StateError
     from verifier.cometbft import CometError
-    from verifier.node import CometExited, run_verifier
+    from verifier.node import BookFileError, CometExited, run_verifier
 
     d = _data_dir(args)
     audit = None
@@ -263,7 +263,7 @@ def _run(args: argparse.Namespace) -> int:
         raise CliError("--audit-model needs --audit")
     try:
         run_async(lambda: run_verifier(d, abci=args.abci, audit=audit))
-    except (CometError, AbciAddressError, StateError) as exc:
+    except (CometError, AbciAddressError, StateError, BookFileError) as exc:
         raise CliError(str(exc)) from None
     except CometExited as exc:
         print(f"gentorrent: {exc}", file=sys.stderr)

@@ -5,6 +5,11 @@ Order: load the persisted state, listen on the ABCI address, then start ``cometb
 output goes to ``DATA_DIR/cometbft.log``. On SIGINT/SIGTERM CometBFT gets SIGTERM (SIGKILL after
 :data:`STOP_GRACE_S`) before the ABCI server closes, so it never sees its application vanish
 mid-block. If CometBFT exits on its own, :class:`CometExited` carries its status and log tail.
+
+With audits, the book of users' transcripts (:mod:`verifier.audit.transcripts`) is kept in
+``DATA_DIR/audit-transcripts.msgpack`` (:data:`BOOK_FILE`): taken back at start (a file that does
+not load stops the verifier, :class:`BookFileError`), written every :data:`BOOK_SAVE_S` while it
+changes (:func:`keep_book`) and once more when the verifier stops.
 """
 
 from __future__ import annotations
@@ -19,11 +24,12 @@ from pathlib import Path
 
 import trio
 
+from overlay.identity import write_private
 from verifier.abci import server
 from verifier.abci_app import CommitteeAbciApp, StateStore
 from verifier.audit.auditor import AuditSettings, run_audits
 from verifier.audit.pool import load_pool
-from verifier.audit.transcripts import TranscriptBook
+from verifier.audit.transcripts import MAX_BOOK_BYTES, BookError, TranscriptBook
 from verifier.cometbft import LOG_FILE, SOCKET_FILE, CometError, find_cometbft, get_toml, home_of, read_validator_key
 from verifier.prober import run_prober
 
@@ -32,6 +38,13 @@ log = logging.getLogger("gentorrent.verifier")
 STOP_GRACE_S = 15.0
 LOG_TAIL_LINES = 25
 MAX_UNIX_PATH = 100  # sun_path holds 108 bytes on Linux, 104 on macOS
+BOOK_FILE = "audit-transcripts.msgpack"
+# The book is written whole (every open commitment and revealed transcript, up to MAX_DONORS x
+# MAX_COMMITS of them) and fsynced, so not at every commitment or reveal: those come with users'
+# requests, and a write each would cost the whole book each time (and stall the ABCI queries,
+# which change the book in this thread). A crash loses at most this many seconds of changes, and
+# what that costs is bounded: decision 0015, "Done since".
+BOOK_SAVE_S = 5.0
 
 
 class CometExited(Exception):
@@ -47,6 +60,72 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     except OSError:
         return "(no log)"
     return "\n".join(text.splitlines()[-lines:])
+
+
+class BookFileError(BookError):
+    """The saved book of users' transcripts cannot be used; the message names the file and how to
+    recover. The verifier does not start on it."""
+
+
+def load_book(data_dir: Path) -> TranscriptBook:
+    """The book saved in ``data_dir`` (:data:`BOOK_FILE`), or an empty one where there is none.
+    :class:`BookFileError` for a file that cannot be read or does not load: starting with an empty
+    book instead would silently forget the commitments the verifier took (decision 0015)."""
+    path = data_dir / BOOK_FILE
+    try:
+        size = path.stat().st_size
+        if size > MAX_BOOK_BYTES:
+            raise BookFileError(_unusable(path, f"{size} bytes, over the {MAX_BOOK_BYTES} a saved book may take"))
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return TranscriptBook()
+    except OSError as exc:
+        raise BookFileError(_unusable(path, f"it cannot be read: {exc}")) from None
+    try:
+        return TranscriptBook.from_bytes(raw)
+    except BookError as exc:
+        raise BookFileError(_unusable(path, exc.reason)) from None
+
+
+def _unusable(path: Path, why: str) -> str:
+    return (f"{path}: the book of users' transcripts does not load ({why}). The verifier does not start on it: "
+            "an empty book in its place would forget the donors' commitments it took. Restore a good copy, or "
+            f"move it aside (mv {path} {path}.bad) to start with an empty book: the reveals of those "
+            "commitments are then refused as unknown, counting nothing and voiding nothing")
+
+
+def save_book(data_dir: Path, book: TranscriptBook) -> None:
+    """Write ``book`` to ``data_dir`` (:data:`BOOK_FILE`, mode 0600) atomically: a temporary file
+    fsynced, then renamed over the old one, so a failed or interrupted write leaves the old file
+    whole. Raises :class:`OSError` or :class:`~verifier.audit.transcripts.BookError` (too large)."""
+    write_private(data_dir / BOOK_FILE, book.to_bytes())
+
+
+async def keep_book(data_dir: Path, book: TranscriptBook, every: float = BOOK_SAVE_S) -> None:
+    """Write ``book`` every ``every`` seconds while it changes (never returns). It is turned into
+    bytes here, in the thread that changes it, then written in a worker thread; a failed write is
+    logged and tried again at the next turn."""
+    saved = book.revision()
+    while True:
+        await trio.sleep(every)
+        revision = book.revision()
+        if revision == saved:
+            continue
+        try:
+            raw = book.to_bytes()
+            await trio.to_thread.run_sync(write_private, data_dir / BOOK_FILE, raw)
+        except (OSError, BookError) as exc:
+            log.error("cannot write the book of users' transcripts to %s (trying again in %g s): %s",
+                      data_dir / BOOK_FILE, every, exc)
+            continue
+        saved = revision
+
+
+def _save_book_at_exit(data_dir: Path, book: TranscriptBook) -> None:
+    try:
+        save_book(data_dir, book)
+    except (OSError, BookError) as exc:
+        log.error("cannot write the book of users' transcripts to %s at exit: %s", data_dir / BOOK_FILE, exc)
 
 
 def default_abci_address(data_dir: Path) -> str:
@@ -66,8 +145,10 @@ async def run_verifier(data_dir: str | os.PathLike[str], *, abci: str | None = N
     has started; its failures are logged, never fatal. It shares the donation pool
     (``DATA_DIR/audit-pool.msgpack``, :mod:`verifier.audit.pool`) with the ABCI application, which
     takes users' donated prompts through ``abci_query /audit/donate``, and the book of users'
-    transcripts (:mod:`verifier.audit.transcripts`, in memory), which it fills through
-    ``/audit/transcript_commit`` and ``/audit/transcript_reveal`` and the audit loop closes."""
+    transcripts (:mod:`verifier.audit.transcripts`, ``DATA_DIR/audit-transcripts.msgpack``:
+    :func:`load_book`, :func:`keep_book`), which it fills through ``/audit/transcript_commit`` and
+    ``/audit/transcript_reveal`` and the audit loop closes. :class:`BookFileError` before anything
+    starts if that file does not load."""
     d = Path(data_dir)
     home = home_of(d)
     if not (home / "config" / "genesis.json").exists():
@@ -79,12 +160,14 @@ async def run_verifier(data_dir: str | os.PathLike[str], *, abci: str | None = N
     log.info("application state at height %d (app hash %s)", core.height, core.app_hash.hex()[:16] or "none")
     key = read_validator_key(d)
     pool = load_pool(d) if audit is not None else None  # prompts users donate (verifier/audit/pool.py)
-    book = TranscriptBook() if audit is not None else None  # users' transcripts (verifier/audit/transcripts.py)
+    book = load_book(d) if audit is not None else None  # users' transcripts (verifier/audit/transcripts.py)
     app = CommitteeAbciApp(core, store, key, pool=pool, transcripts=book)
     stopping = False
     # The signal receiver opens before CometBFT starts: a SIGTERM in between would kill this
     # process by default and leave CometBFT (in its own session) running.
     async with contextlib.AsyncExitStack() as stack:
+        if book is not None:  # registered first, so it runs last: after the ABCI server and the audit loop stop
+            stack.callback(_save_book_at_exit, d, book)
         signals = (stack.enter_context(trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM))
                    if handle_signals else None)
         nursery = await stack.enter_async_context(trio.open_nursery())
@@ -118,6 +201,8 @@ async def run_verifier(data_dir: str | os.PathLike[str], *, abci: str | None = N
             nursery.start_soon(run_prober, core, key, rpc)
         if audit is not None:
             nursery.start_soon(run_audits, d, audit, key.private_bytes(), pool, book)
+        if book is not None:
+            nursery.start_soon(keep_book, d, book)
         task_status.started(where)
         try:
             code = await proc.wait()

@@ -251,6 +251,24 @@ def test_a_donor_past_its_void_budget_is_burnt() -> None:
                         9, T0_MS) or "").startswith("burnt")
 
 
+def test_a_refused_duplicate_commitment_buys_no_complete_set_and_takes_no_slot() -> None:
+    """A framer that sends, each epoch, a commitment someone already made (its own of an earlier
+    epoch still open, or another donor's it saw) must not get an empty set that closes as
+    "complete": that would raise its void allowance for free and hold one of MAX_DONORS slots."""
+    book = tr.TranscriptBook()
+    honest, framer = Donor(book, epoch=0), Donor(book, epoch=0)
+    t = honest.commit_and_send(HONEST, "good")
+    value = t.commitment()
+    for epoch in range(3):
+        assert (book.commit(framer.id, value, epoch, T0_MS) or "").startswith("duplicate")
+    assert book.open_epochs() == [0] and len(book._sets) == 1
+    assert honest.reveal(t) is None
+    for epoch in range(3):
+        book.close(epoch)
+    assert framer.id not in book.history  # no set, complete or void, was ever counted for it
+    assert book.history[honest.id] == (1, 0)
+
+
 def _epochs(book: tr.TranscriptBook, d: Donor, rng: random.Random, epochs: int, q: float,
             keep: Callable[[bool, tuple[int, int]], bool]) -> list[str]:
     """``d`` commits one request an epoch to the honest node (bad with probability ``q``) and

@@ -30,10 +30,10 @@ verifiers' reports (:mod:`verifier.audit.chain`). Two layers, as everywhere in t
     revealed); a :class:`ScoreTranscripts` asks the driver to score each counted transcript of a
     model this verifier holds with its engine, and :meth:`Auditor.transcript_scores` turns the
     scores into one signed :class:`~verifier.audit.tx.TranscriptScores` (kind 3) for the nodes
-    that signed the replies (none when nothing counted). The book is in memory only: a verifier
-    that restarts forgets the commitments it held, and the reveals of those are refused as
-    unknown, which voids nothing and burns nobody (:meth:`TranscriptBook.reveal` only refuses an
-    unknown commitment); the donor's other commitments still count.
+    that signed the replies (none when nothing counted). Scores of nodes with too few are held in
+    the book's :class:`~verifier.audit.transcripts.ScoreCarry`, so the book, carry included, is
+    what ``gentorrent verifier`` keeps in ``DATA_DIR/audit-transcripts.msgpack``
+    (:func:`verifier.node.keep_book`) and takes back when it restarts.
 
   The plan is kept in memory and written (:meth:`Auditor.snapshot`, ``DATA_DIR/audit-plan.msgpack``,
   mode 0600) before its commit is sent, and after each outcome, so a restarted verifier reports
@@ -352,6 +352,8 @@ class Auditor:
 
         self.public_key = SigningKey.from_bytes(self.seed).public_bytes
         self.models = tuple(sorted(set(self.models)))
+        if self.transcripts is not None:  # the book's carry: saved with it, kept when the audit loop restarts
+            self._carry = self.transcripts.carry
 
     def _sign(self, tx: Any) -> bytes:
         from verifier.audit.tx import sign_tx

@@ -47,23 +47,44 @@ learns *when* a donor commits (not to which node, nor what): the node can be hon
 seconds after each commitment it hears of. Both are measured in docs/benchmarks.md
 "audit-evasion" where they are measured at all; see decision 0015.
 
-Built so far: this book and the ground it stands on (the reply signs its request id and target;
-one answer per id). Not yet built: the donor's client, the transport to the verifiers, the
-verifier's scoring of counted transcripts and their place in the chain's per-node median
-(decision 0015, "Not done").
+What is built around this book, and what is not: decision 0015, "Built, and not done".
+
+**Persistence.** :meth:`TranscriptBook.to_bytes` and :meth:`TranscriptBook.from_bytes` turn the
+whole book (its sets with their commitments, arrival times and revealed transcripts, ``burnt``,
+``history``, ``refused``, ``voided`` and the :class:`ScoreCarry` it holds for the audit loop) into
+bytes and back; the commitment index is rebuilt from the sets. A book loaded from its bytes
+answers every later call as the book that wrote them would. Loading is strict (version,
+checksum, shape, the book's own limits, canonical form) and all or nothing: :class:`BookError`,
+never a half-loaded book. The file around it is the verifier's (:mod:`verifier.node`). Format::
+
+    book       = [BOOK_VERSION, BLAKE2b-256(body) (person gt-book), body]
+    body       = [sets, burnt, history, refused, voided, carry]
+    sets       = [[epoch, donor(20), void reason ("" while it may count), [entry, ...]], ...]
+                 by (epoch, donor) ascending, at most MAX_DONORS; at most MAX_COMMITS entries
+                 each, in the order they were committed (rule 5 counts in that order)
+    entry      = [commitment(32), received_ms, transcript | nil]
+    transcript = [node id(20), nonce(16), Opening.encode() (bytes), request id(16),
+                  msgpack of ReplyOutcome.to_wire() (bytes)]
+    burnt      = [donor(20), ...] ascending
+    history    = [[donor(20), complete sets, void sets], ...] by donor ascending
+    refused    = [[kind, count], ...] by kind ascending
+    carry      = [dropped, [[node(20), [[epoch, score], ...]], ...]] by node ascending
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
-from overlay import signing
-from overlay.directory.registration import TxError
+import msgpack
+
+from overlay import codec, crypto, signing
+from overlay.directory.registration import DECODE_ERRORS, TxError, pack
 from overlay.identity import NODE_ID_LEN
 from overlay.messages import REQUEST_ID_LEN, Request
-from overlay.transcripts import COMMITMENT_LEN, NONCE_LEN, Revealed, commitment
-from verifier.audit.tx import Opening, ReplyOutcome
+from overlay.transcripts import COMMITMENT_LEN, MAX_REVEAL_BYTES, NONCE_LEN, Revealed, commitment
+from verifier.audit.tx import Opening, ReplyOutcome, decode_outcome
 
 WINDOW_MS = 600_000  # a committed request's reply must be signed within 10 minutes of the commitment
 MAX_COMMITS = 16  # per donor and epoch
@@ -72,9 +93,14 @@ MAX_DONORS = 4096  # donors with open commitments at once, per verifier
 CARRY_EPOCHS = 4  # a verifier holds a node's transcript scores this many epochs for the chain's minimum
 VOID_ALLOWANCE = 2  # void sets any donor may have (rule 6) ...
 VOID_SHARE = 0.2  # ... plus this share of its closed sets
+BOOK_VERSION = 1  # of to_bytes' format (module docstring)
+MAX_BOOK_BYTES = 1 << 30  # a saved book: loading it holds it in memory two or three times over
+MAX_VOID_REASON = 1024  # characters of a void set's reason kept (only whether a set is void matters)
+MAX_REFUSAL_KINDS = 64  # kinds of refusal counted (the book's own messages have about a dozen)
+MAX_REFUSAL_KIND = 64  # characters of one ("malformed", "no reply", ...)
 
-__all__ = ["COMMITMENT_LEN", "NONCE_LEN", "Counted", "KeyOf", "ScoreCarry", "Transcript", "TranscriptBook",
-           "commitment", "transcript_of"]
+__all__ = ["COMMITMENT_LEN", "NONCE_LEN", "BookError", "Counted", "KeyOf", "ScoreCarry", "Transcript",
+           "TranscriptBook", "commitment", "transcript_of"]
 
 KeyOf = Callable[[bytes, str], bytes | None]  # (node id, model) -> its registered Ed25519 key, if it serves model
 
@@ -132,9 +158,23 @@ class Counted:
     transcript: Transcript
 
 
+class BookError(ValueError):
+    """Bytes that are not a saved :class:`TranscriptBook` (:meth:`TranscriptBook.from_bytes`), or a
+    book that cannot be saved (:meth:`TranscriptBook.to_bytes`); ``reason`` says why."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+
 class TranscriptBook:
     """One verifier's transcripts, by epoch and donor (see the module docstring). Never raises on
-    what donors send: every method returns a refusal reason or ``None``, and counts."""
+    what donors send: every method returns a refusal reason or ``None``, and counts.
+
+    ``carry`` holds the scores of counted transcripts for the audit loop
+    (:class:`verifier.audit.auditor.Auditor` takes this one when it is given the book), so they are
+    saved with the book. :meth:`revision` changes whenever the book or its carry may have: what
+    tells the verifier's writer (:func:`verifier.node.keep_book`) that there is something to save."""
 
     def __init__(self) -> None:
         self._sets: dict[tuple[int, bytes], _Set] = {}
@@ -143,6 +183,12 @@ class TranscriptBook:
         self.history: dict[bytes, tuple[int, int]] = {}  # donor -> (complete sets, void sets); registered users
         self.refused: dict[str, int] = {}
         self.voided = 0
+        self.carry = ScoreCarry()
+        self.changes = 0  # calls that may have changed the book (refusals are counted too)
+
+    def revision(self) -> int:
+        """A number that grows whenever the book or its :attr:`carry` may have changed."""
+        return self.changes + self.carry.changes
 
     def _refuse(self, why: str) -> str:
         self.refused[why.split(":")[0]] = self.refused.get(why.split(":")[0], 0) + 1
@@ -150,23 +196,22 @@ class TranscriptBook:
 
     def commit(self, donor: bytes, value: bytes, epoch: int, now_ms: int) -> str | None:
         """Note ``donor``'s ``value`` (a :func:`commitment`) received at ``now_ms`` in ``epoch``."""
+        self.changes += 1
         if len(donor) != NODE_ID_LEN or len(value) != COMMITMENT_LEN:
             return self._refuse("malformed: a commitment is 32 bytes from a 20-byte donor id")
         if donor in self.burnt:
             return self._refuse("burnt: this donor left too many sets void or unrevealed; its transcripts no longer "
                                 "count")
+        if value in self._where:  # before a set is made: a refused commitment must leave no set behind
+            return self._refuse("duplicate: this commitment was made already")
         key = (epoch, donor)
         s = self._sets.get(key)
         if s is None:
             if len(self._sets) >= MAX_DONORS:
                 return self._refuse(f"full: this verifier holds {MAX_DONORS} donors' commitments; try next epoch")
             s = self._sets[key] = _Set()
-        if value in s.entries:
-            return self._refuse("duplicate: this commitment was made already")
         if len(s.entries) >= MAX_COMMITS:
             return self._refuse(f"too many: at most {MAX_COMMITS} commitments per donor and epoch")
-        if value in self._where:
-            return self._refuse("duplicate: this commitment was made already")
         s.entries[value] = _Entry(now_ms)
         self._where[value] = key
         return None
@@ -179,6 +224,7 @@ class TranscriptBook:
         """``donor``'s transcript for one of its open commitments. A transcript that fails any
         check voids the donor's set of that commitment's epoch (rule 3) and burns the donor
         (rule 6); the reason is returned."""
+        self.changes += 1
         try:
             value = t.commitment()
         except ValueError:
@@ -197,6 +243,7 @@ class TranscriptBook:
 
     def no_reply(self, donor: bytes, value: bytes) -> str | None:
         """The donor says a committed request got no reply: that set is void (rule 6 counts it)."""
+        self.changes += 1
         s = self._set_of(donor, value)
         if s is None:
             return self._refuse("unknown: no such open commitment from this donor")
@@ -205,7 +252,7 @@ class TranscriptBook:
 
     def _void(self, donor: bytes, s: _Set, why: str) -> str:
         if not s.void:
-            s.void = why
+            s.void = why[:MAX_VOID_REASON]
             self.voided += 1
             self._closed(donor, complete=False)
         return self._refuse(why)
@@ -249,6 +296,7 @@ class TranscriptBook:
         """Every donor's set of ``epoch`` whose commitments were all revealed with a reply that
         verifies, at most :data:`MAX_PER_NODE` per donor and node (in commitment order); the
         epoch's sets are dropped. Call it once no commitment of ``epoch`` can be revealed any more."""
+        self.changes += 1
         out: list[Counted] = []
         for key in sorted(k for k in self._sets if k[0] == epoch):
             s = self._sets.pop(key)
@@ -280,6 +328,22 @@ class TranscriptBook:
     def open_epochs(self) -> list[int]:
         return sorted({e for e, _ in self._sets})
 
+    # ------------------------------------------------------------------ persistence
+
+    def to_bytes(self) -> bytes:
+        """The whole book and its carry in the format of the module docstring (canonical: one book,
+        one encoding). :class:`BookError` for a book over :data:`MAX_BOOK_BYTES`, or holding a reply
+        over a reveal's size (the intake takes none): it could not be loaded, so it is not saved."""
+        return _encode_book(self)
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> TranscriptBook:
+        """The book :meth:`to_bytes` wrote, which answers every later call as that book would.
+        :class:`BookError` for anything else: another format version, a checksum that does not
+        match (damaged or cut short), a shape or a limit the book never has, a non-canonical
+        encoding. Never a half-loaded book."""
+        return _decode_book(raw)
+
 
 class ScoreCarry:
     """A verifier's scores of counted transcripts, per signing node, held until the node has
@@ -295,10 +359,12 @@ class ScoreCarry:
         self.minimum = MIN_TRANSCRIPTS if minimum is None else minimum
         self._held: dict[bytes, list[tuple[int, int]]] = {}
         self.dropped = 0
+        self.changes = 0  # calls to add (TranscriptBook.revision)
 
     def add(self, epoch: int, scored: Iterable[tuple[bytes, int]]) -> list[tuple[bytes, tuple[int, ...]]]:
         """Take ``epoch``'s ``(node, score)`` pairs; the nodes (ascending) whose held scores reach
         the minimum, with those scores (oldest first), which are no longer held."""
+        self.changes += 1
         for node, score in scored:
             self._held.setdefault(node, []).append((epoch, score))
         out = []
@@ -316,3 +382,178 @@ class ScoreCarry:
 
     def held(self) -> int:
         return sum(map(len, self._held.values()))
+
+
+# --------------------------------------------------------------------------- persistence
+
+_BOOK_PERSON = b"gt-book"
+_BOOK_HEAD = b"\x93"  # msgpack: an array of 3 items ([version, checksum, body]), each packed as it is alone
+_NIL = 0xC0  # msgpack's nil
+
+
+def _checksum(body: bytes | memoryview) -> bytes:
+    return crypto.blake2b(body, size=32, person=_BOOK_PERSON)
+
+
+def _transcript_wire(t: Transcript) -> list[Any]:
+    reply = pack(t.reply.to_wire())
+    if len(reply) > MAX_REVEAL_BYTES:
+        raise BookError(f"a transcript's reply takes {len(reply)} bytes, over a reveal's {MAX_REVEAL_BYTES}")
+    return [t.node_id, t.nonce, t.opening.encode(), t.request_id, reply]
+
+
+def _encode_book(b: TranscriptBook) -> bytes:
+    sets = [[epoch, donor, s.void,
+             [[v, e.received_ms, None if e.transcript is None else _transcript_wire(e.transcript)]
+              for v, e in s.entries.items()]]
+            for (epoch, donor), s in sorted(b._sets.items(), key=lambda kv: kv[0])]
+    carry = [b.carry.dropped, [[n, [[e, x] for e, x in held]] for n, held in sorted(b.carry._held.items())]]
+    body = pack([sets, sorted(b.burnt), [[d, c, v] for d, (c, v) in sorted(b.history.items())],
+                 [[k, n] for k, n in sorted(b.refused.items())], b.voided, carry])
+    raw = _BOOK_HEAD + pack(BOOK_VERSION) + pack(_checksum(body)) + body
+    if len(raw) > MAX_BOOK_BYTES:
+        raise BookError(f"the book takes {len(raw)} bytes, over the {MAX_BOOK_BYTES} a saved book may take")
+    return raw
+
+
+def _decode_book(raw: bytes) -> TranscriptBook:
+    if type(raw) is not bytes:
+        raise BookError("a saved book is bytes")
+    if len(raw) > MAX_BOOK_BYTES:
+        raise BookError(f"{len(raw)} bytes, over the {MAX_BOOK_BYTES} a saved book may take")
+    r = codec.ShapeReader(raw, MAX_REVEAL_BYTES)  # no string or bytes in a book is longer than a reveal
+    try:
+        b = _read_book(r)
+        if not r.done():
+            raise BookError("trailing bytes after the book")
+        canonical = _encode_book(b) == raw
+    except BookError:
+        raise
+    except codec.ShapeError as exc:
+        raise BookError(f"not a saved book ({exc})") from None
+    except TxError as exc:
+        raise BookError(f"a transcript in it does not decode ({exc.reason})") from None
+    except msgpack.OutOfData:
+        raise BookError("cut short") from None
+    except DECODE_ERRORS as exc:
+        raise BookError(f"not a saved book (malformed msgpack: {type(exc).__name__})") from None
+    if not canonical:
+        raise BookError("not in canonical form (items out of order or repeated, or encoded wider than needed)")
+    return b
+
+
+def _read_book(r: codec.ShapeReader) -> TranscriptBook:
+    """The book of ``r``, read by shape: every count checked before its items are read, the
+    checksum before the body."""
+    _shape(r, 3, "[version, checksum, body]")
+    version = r.value()
+    if type(version) is not int or version != BOOK_VERSION:
+        raise BookError(f"format version {version!r}; this verifier reads version {BOOK_VERSION} only")
+    if r.value() != _checksum(memoryview(r.raw)[r.u.tell():]):
+        raise BookError("its checksum does not match its content (damaged, or cut short)")
+    b = TranscriptBook()
+    _shape(r, 6, "[sets, burnt, history, refused, voided, carry]")
+    for _ in range(_most(r, MAX_DONORS, "sets (one per donor and epoch)")):
+        _read_set(r, b)
+    b.burnt = {_exact(r.value(), NODE_ID_LEN, "a burnt donor") for _ in range(r.array())}
+    for _ in range(r.array()):
+        _shape(r, 3, "[donor, complete sets, void sets]")
+        donor = _exact(r.value(), NODE_ID_LEN, "a donor of the history")
+        b.history[donor] = (_count(r.value(), "complete sets"), _count(r.value(), "void sets"))
+    if not b.burnt <= b.history.keys():
+        raise BookError("a burnt donor has no history")
+    for _ in range(_most(r, MAX_REFUSAL_KINDS, "kinds of refusal")):
+        _shape(r, 2, "[refusal kind, count]")
+        kind = _text(r.value(), MAX_REFUSAL_KIND, "a refusal kind")
+        b.refused[kind] = _count(r.value(), "refusals")
+    b.voided = _count(r.value(), "void sets")
+    _read_carry(r, b.carry)
+    return b
+
+
+def _read_set(r: codec.ShapeReader, b: TranscriptBook) -> None:
+    _shape(r, 4, "[epoch, donor, void reason, commitments]")
+    key = (_int(r.value(), "an epoch"), _exact(r.value(), NODE_ID_LEN, "a donor"))
+    if key in b._sets:
+        raise BookError("a donor's set of one epoch stands twice")
+    s = b._sets[key] = _Set(void=_text(r.value(), MAX_VOID_REASON, "a void reason"))
+    for _ in range(_most(r, MAX_COMMITS, "commitments of one donor and epoch")):
+        _shape(r, 3, "[commitment, received_ms, transcript or nil]")
+        value = _exact(r.value(), COMMITMENT_LEN, "a commitment")
+        if value in b._where:
+            raise BookError("a commitment stands in two sets")
+        received_ms = _int(r.value(), "a commitment's arrival time")
+        t = r.value() if r.head() == _NIL else _read_transcript(r)
+        if t is not None and t.commitment() != value:
+            raise BookError("a revealed transcript does not open its commitment")
+        s.entries[value] = _Entry(received_ms, t)
+        b._where[value] = key
+
+
+def _read_transcript(r: codec.ShapeReader) -> Transcript:
+    _shape(r, 5, "[node id, nonce, request, request id, reply]")
+    node_id = _exact(r.value(), NODE_ID_LEN, "a transcript's node id")
+    nonce = _exact(r.value(), NONCE_LEN, "a transcript's nonce")
+    opening = Opening.decode(_blob(r.value(), "a transcript's request"))
+    request_id = _exact(r.value(), REQUEST_ID_LEN, "a transcript's request id")
+    reply = decode_outcome(_blob(r.value(), "a transcript's reply"))
+    if not isinstance(reply, ReplyOutcome):
+        raise BookError("a transcript's reply is a failure")
+    return Transcript(node_id, nonce, opening, request_id, reply)
+
+
+def _read_carry(r: codec.ShapeReader, carry: ScoreCarry) -> None:
+    _shape(r, 2, "[dropped, held scores]")
+    carry.dropped = _count(r.value(), "dropped scores")
+    for _ in range(r.array()):
+        _shape(r, 2, "[node, [[epoch, score], ...]]")
+        node = _exact(r.value(), NODE_ID_LEN, "a node of the held scores")
+        held = []
+        for _ in range(r.array()):
+            _shape(r, 2, "[epoch, score]")
+            held.append((_int(r.value(), "a held score's epoch"), _int(r.value(), "a held score")))
+        if not held:
+            raise BookError("a node is held with no scores")
+        carry._held[node] = held
+
+
+def _shape(r: codec.ShapeReader, n: int, what: str) -> None:
+    if r.array() != n:
+        raise BookError(f"not a saved book: an item is not {what}")
+
+
+def _most(r: codec.ShapeReader, most: int, what: str) -> int:
+    n = r.array()
+    if n > most:
+        raise BookError(f"{n} {what}, over the book's limit of {most}")
+    return n
+
+
+def _int(v: Any, what: str) -> int:
+    if type(v) is not int:
+        raise BookError(f"{what} is not an integer")
+    return v
+
+
+def _count(v: Any, what: str) -> int:
+    if type(v) is not int or v < 0:
+        raise BookError(f"a count of {what} is not an integer of at least 0")
+    return v
+
+
+def _exact(v: Any, n: int, what: str) -> bytes:
+    if type(v) is not bytes or len(v) != n:
+        raise BookError(f"{what} is not {n} bytes")
+    return v
+
+
+def _blob(v: Any, what: str) -> bytes:
+    if type(v) is not bytes:
+        raise BookError(f"{what} is not bytes")
+    return v
+
+
+def _text(v: Any, most: int, what: str) -> str:
+    if type(v) is not str or len(v) > most:
+        raise BookError(f"{what} is not a string of at most {most} characters")
+    return v
