@@ -161,8 +161,10 @@ class Throughput:
     looked 8 times less loaded than it was, and let newcomers wait minutes). ``decode_rate``:
     output tokens after the first ÷ seconds from the first token to the last, per stream.
     Both include whatever else the node ran (contention). Samples come from the last
-    ``window`` requests; phases shorter than :data:`MIN_SAMPLE_S` or without tokens are not
-    sampled; 0: unknown."""
+    ``window`` requests; prompt phases shorter than :data:`MIN_SAMPLE_S` are pooled, tokens and
+    time, until together they are that long (a fast engine's prompts each take less; their
+    tokens used to be dropped while their time was kept, so its rate read several times too
+    low); decode phases that short, or without tokens, are not sampled; 0: unknown."""
 
     def __init__(self, window: int = 64) -> None:
         self._prefill: deque[tuple[int, float]] = deque(maxlen=window)
@@ -171,6 +173,7 @@ class Throughput:
         self._prefilling = 0  # requests started whose first token has not come yet
         self._mark = 0.0  # when the pending-prompt time was last counted
         self._busy = 0.0  # pending-prompt seconds not yet attributed to a sample
+        self._tokens = 0  # prompt tokens of short phases not yet in a sample (with their seconds in _busy)
 
     def prefill_started(self, now: float) -> None:
         """A request's prompt went to the engine at ``now``."""
@@ -185,9 +188,11 @@ class Throughput:
             return
         self._tick(now)
         self._prefilling -= 1
-        if tokens is not None and tokens > 0 and self._busy >= MIN_SAMPLE_S:
-            self._prefill.append((tokens, self._busy))
-            self._busy = 0.0
+        if tokens is not None and tokens > 0:
+            self._tokens += tokens
+            if self._busy >= MIN_SAMPLE_S:  # short phases are pooled until they are long enough to time
+                self._prefill.append((self._tokens, self._busy))
+                self._busy, self._tokens = 0.0, 0
 
     def _tick(self, now: float) -> None:
         if self._prefilling > 0:

@@ -264,6 +264,19 @@ def test_throughput_measures_prompts_at_the_engine_rate_not_per_stream() -> None
     assert t.prefill_rate == pytest.approx(300 / 4)
 
 
+def test_a_fast_engines_short_prompts_are_pooled_into_their_true_rate() -> None:
+    """An engine that evaluates each 50-token prompt in 0.2 ms (an echo engine; a GPU on a short
+    prompt) is measured at its rate: the phases are pooled, tokens and time, until a millisecond
+    has passed. Before, a short phase's tokens were dropped and its time kept for the next sample,
+    so this engine read 5 times too slow."""
+    t = Throughput()
+    for i in range(10):
+        t.prefill_started(i * 1.0)
+        t.prefill_ended(i * 1.0 + 2e-4, 50)
+    assert t.prefill_rate == pytest.approx(500 / 2e-3)
+    assert Load(capacity=1.0, prefill_rate=t.prefill_rate).prefill_seconds(50) < 1e-3
+
+
 def test_a_holder_busy_with_a_cold_prompt_still_takes_a_match_it_can_put_ahead() -> None:
     """A prefix's holder evaluating a cold 3,000-token prompt holds far more than the threshold
     of prompt work, but reports (``match_wait``) that a mostly cached prompt would get its first
