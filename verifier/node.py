@@ -19,7 +19,7 @@ import logging
 import os
 import signal
 import subprocess
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 
 import trio
@@ -101,10 +101,11 @@ def save_book(data_dir: Path, book: TranscriptBook) -> None:
     write_private(data_dir / BOOK_FILE, book.to_bytes())
 
 
-async def keep_book(data_dir: Path, book: TranscriptBook, every: float = BOOK_SAVE_S) -> None:
+async def keep_book(data_dir: Path, book: TranscriptBook, every: float = BOOK_SAVE_S, *,
+                    write: Callable[[Path, bytes], None] = write_private) -> None:
     """Write ``book`` every ``every`` seconds while it changes (never returns). It is turned into
-    bytes here, in the thread that changes it, then written in a worker thread; a failed write is
-    logged and tried again at the next turn."""
+    bytes here, in the thread that changes it, then written (``write``: atomically, mode 0600) in
+    a worker thread; a failed write is logged and tried again at the next turn."""
     saved = book.revision()
     while True:
         await trio.sleep(every)
@@ -113,7 +114,7 @@ async def keep_book(data_dir: Path, book: TranscriptBook, every: float = BOOK_SA
             continue
         try:
             raw = book.to_bytes()
-            await trio.to_thread.run_sync(write_private, data_dir / BOOK_FILE, raw)
+            await trio.to_thread.run_sync(write, data_dir / BOOK_FILE, raw)
         except (OSError, BookError) as exc:
             log.error("cannot write the book of users' transcripts to %s (trying again in %g s): %s",
                       data_dir / BOOK_FILE, every, exc)
@@ -139,6 +140,7 @@ def default_abci_address(data_dir: Path) -> str:
 async def run_verifier(data_dir: str | os.PathLike[str], *, abci: str | None = None, binary: str | None = None,
                        extra_args: Sequence[str] = (), handle_signals: bool = True,
                        audit: AuditSettings | None = None,
+                       audit_loop: Callable[..., Awaitable[None]] = run_audits,
                        task_status: trio.TaskStatus[server.ListenAddress] = trio.TASK_STATUS_IGNORED) -> None:
     """Run one verifier until a signal (returns) or CometBFT's own exit (raises :class:`CometExited`).
     With ``audit``, the audit loop (:func:`verifier.audit.auditor.run_audits`) runs beside it once CometBFT
@@ -148,19 +150,19 @@ async def run_verifier(data_dir: str | os.PathLike[str], *, abci: str | None = N
     transcripts (:mod:`verifier.audit.transcripts`, ``DATA_DIR/audit-transcripts.msgpack``:
     :func:`load_book`, :func:`keep_book`), which it fills through ``/audit/transcript_commit`` and
     ``/audit/transcript_reveal`` and the audit loop closes. :class:`BookFileError` before anything
-    starts if that file does not load."""
+    starts if that file does not load. ``audit_loop`` runs the audits (tests give their own)."""
     d = Path(data_dir)
     home = home_of(d)
     if not (home / "config" / "genesis.json").exists():
         raise CometError(f"{home} has no CometBFT home; run `gentorrent verifier init --data-dir {d}` and "
                          "`gentorrent verifier genesis ...` first")
-    exe = binary or find_cometbft()
     store = StateStore(d)
     core = store.load()
     log.info("application state at height %d (app hash %s)", core.height, core.app_hash.hex()[:16] or "none")
     key = read_validator_key(d)
     pool = load_pool(d) if audit is not None else None  # prompts users donate (verifier/audit/pool.py)
     book = load_book(d) if audit is not None else None  # users' transcripts (verifier/audit/transcripts.py)
+    exe = binary or find_cometbft()
     app = CommitteeAbciApp(core, store, key, pool=pool, transcripts=book)
     stopping = False
     # The signal receiver opens before CometBFT starts: a SIGTERM in between would kill this
@@ -200,7 +202,7 @@ async def run_verifier(data_dir: str | os.PathLike[str], *, abci: str | None = N
         else:
             nursery.start_soon(run_prober, core, key, rpc)
         if audit is not None:
-            nursery.start_soon(run_audits, d, audit, key.private_bytes(), pool, book)
+            nursery.start_soon(audit_loop, d, audit, key.private_bytes(), pool, book)
         if book is not None:
             nursery.start_soon(keep_book, d, book)
         task_status.started(where)

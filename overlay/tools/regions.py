@@ -138,10 +138,10 @@ def one_way_ms(a: str, b: str) -> float:
     return rtt_ms(a, b) / 2
 
 
-def link(a: str, b: str, *, rate_kbps: int | None = DEFAULT_RATE_KBPS) -> Link:
+def link(a: str, b: str, *, rate_kbps: int | None = DEFAULT_RATE_KBPS, loss: float = LOSS) -> Link:
     """The link from region ``a`` to region ``b`` (the same both ways)."""
     latency = one_way_ms(a, b)
-    return Link(latency_ms=latency, jitter_ms=latency * JITTER_FRACTION, rate_kbps=rate_kbps, loss=LOSS)
+    return Link(latency_ms=latency, jitter_ms=latency * JITTER_FRACTION, rate_kbps=rate_kbps, loss=loss)
 
 
 def path_floor_ms(regions: Sequence[str]) -> float:

@@ -22,7 +22,6 @@ connection goes changes. What this does not model is listed in docs/testbed.md.
 from __future__ import annotations
 
 import base64
-import dataclasses
 import hashlib
 import json
 import math
@@ -205,7 +204,7 @@ class Testbed(LocalNet):
                 for r, src in enumerate(self.regions):
                     spec = ProxySpec(f"{name}:{port}@{src}", f"{proxy_host(self.index[name], r)}:{port}",
                                      f"{self.host(name)}:{port}")
-                    specs.append((spec, dataclasses.replace(geo.link(src, self.region_of[name]), loss=self.loss)))
+                    specs.append((spec, geo.link(src, self.region_of[name], loss=self.loss)))
         return specs
 
     def start_links(self, proxy: Toxiproxy) -> int:

@@ -7,12 +7,12 @@ server reports, not by timing bytes."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import random
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -152,7 +152,7 @@ def test_bytes_cross_a_proxy_with_a_link_on_both_streams(tp: Toxiproxy, echo: Ec
     assert set(toxics) == {"latency_upstream", "latency_downstream", "loss_upstream", "loss_downstream"}
     assert toxics["latency_downstream"]["attributes"] == {"latency": 112, "jitter": 6}
     assert toxics["loss_downstream"]["attributes"]["rtt"] == 224
-    tp.set_link("n1:7000@us-east", dataclasses.replace(regions.link("us-east", "ap-southeast", rate_kbps=None), loss=0.0))
+    tp.set_link("n1:7000@us-east", regions.link("us-east", "ap-southeast", rate_kbps=None, loss=0.0))
     assert {t["name"] for t in tp.toxics("n1:7000@us-east")} == {"latency_upstream", "latency_downstream"}
     assert _round_trip(address, b"still there") == b"still there"
 
@@ -169,20 +169,65 @@ def test_a_link_that_loses_every_segment_still_delivers_every_byte_in_order(tp: 
     assert _round_trip(made["listen"], payload) == payload
 
 
-def test_a_lossy_link_on_a_stock_server_says_how_to_get_the_loss_toxic(tp: Toxiproxy, echo: Echo,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """A stock ``go install`` Toxiproxy answers GET /version with "git" and has no loss toxic:
-    a link with loss is refused before any toxic is made; a link without loss still works."""
-    [made] = tp.populate([ProxySpec("stock", f"{_loopback()}:0", echo.address)])
-    monkeypatch.setattr(tp, "version", lambda **_: "git")
-    with pytest.raises(ToxiproxyError, match="no `loss` toxic.*make setup"):
-        tp.set_link("stock", regions.link("eu-west", "us-east"))
-    assert tp.toxics("stock") == []
-    tp.set_link("stock", dataclasses.replace(regions.link("eu-west", "us-east"), loss=0.0))
-    assert {t["type"] for t in tp.toxics("stock")} == {"latency", "bandwidth"}
-    for bad in (-0.1, 1.5, float("nan")):
-        with pytest.raises(ToxiproxyError, match="loss must be a fraction"):
-            tp.set_link("stock", dataclasses.replace(regions.link("eu-west", "us-east"), loss=bad))
+STOCK_SERVER = """\
+import json, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+toxics = {}  # proxy -> toxics made, as a stock server would keep them
+
+
+class Stock(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def answer(self, status, body, kind="application/json"):
+        data = body.encode()
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        parts = self.path.strip("/").split("/")
+        if parts == ["version"]:
+            return self.answer(200, "git", "text/plain")  # what a `go install` build reports
+        if len(parts) == 3 and parts[0] == "proxies" and parts[2] == "toxics":
+            return self.answer(200, json.dumps(toxics.get(parts[1], [])))
+        self.answer(404, json.dumps({"error": "not found"}))
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        parts = self.path.strip("/").split("/")
+        if len(parts) == 3 and parts[0] == "proxies" and parts[2] == "toxics":
+            toxics.setdefault(parts[1], []).append(body)
+            return self.answer(200, json.dumps(body))
+        self.answer(404, json.dumps({"error": "not found"}))
+
+    def log_message(self, *args):
+        pass
+
+
+args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
+HTTPServer((args["-host"], int(args["-port"])), Stock).serve_forever()
+"""
+
+
+def test_a_lossy_link_on_a_stock_server_says_how_to_get_the_loss_toxic(tmp_path: Path) -> None:
+    """A stock ``go install`` Toxiproxy answers GET /version with "git" and has no loss toxic (a
+    stand-in for one, given as the binary, answers as it would): a link with loss is refused
+    before any toxic is made; a link without loss still gets its latency and bandwidth toxics."""
+    stock = tmp_path / "toxiproxy-server"
+    stock.write_text(f"#!{sys.executable}\n{STOCK_SERVER}")
+    stock.chmod(0o755)
+    with Toxiproxy(str(stock)).start(log_path=tmp_path / "stock.log") as tp:
+        with pytest.raises(ToxiproxyError, match="version 'git'.*no `loss` toxic.*make setup"):
+            tp.set_link("stock", regions.link("eu-west", "us-east"))
+        assert tp.toxics("stock") == []
+        tp.set_link("stock", regions.link("eu-west", "us-east", loss=0.0))
+        assert {t["type"] for t in tp.toxics("stock")} == {"latency", "bandwidth"}
+        for bad in (-0.1, 1.5, float("nan")):
+            with pytest.raises(ToxiproxyError, match="loss must be a fraction"):
+                tp.set_link("stock", regions.link("eu-west", "us-east", loss=bad))
 
 
 def test_the_loss_toxic_passes_its_go_tests() -> None:

@@ -14,6 +14,7 @@ import logging
 import os
 import random
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -377,14 +378,14 @@ def test_garbage_and_spliced_books_raise_only_book_errors(junk: bytes, at_: int,
             TranscriptBook.from_bytes(candidate)
 
 
-def test_a_book_over_the_size_limit_is_neither_written_nor_read(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_book_over_the_size_limit_is_neither_written_nor_read() -> None:
     book = book_with_a_reveal()
     raw = book.to_bytes()
-    monkeypatch.setattr(tr, "MAX_BOOK_BYTES", len(raw) - 1)
+    assert TranscriptBook.from_bytes(raw, limit=len(raw)).to_bytes(limit=len(raw)) == raw
     with pytest.raises(BookError, match=f"{len(raw)} bytes, over the {len(raw) - 1} a saved book may take"):
-        TranscriptBook.from_bytes(raw)
+        TranscriptBook.from_bytes(raw, limit=len(raw) - 1)
     with pytest.raises(BookError, match=f"the book takes {len(raw)} bytes, over the {len(raw) - 1}"):
-        book.to_bytes()
+        book.to_bytes(limit=len(raw) - 1)
 
 
 def book_with_a_reveal() -> TranscriptBook:
@@ -462,7 +463,7 @@ def test_a_write_that_fails_midway_leaves_the_old_file_whole(tmp_path: Path, mon
 
 
 async def test_the_book_is_written_while_it_changes_and_a_failed_write_is_tried_again(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     every = 0.005  # keep_book's turn here (BOOK_SAVE_S in the verifier)
     path = tmp_path / BOOK_FILE
     book = TranscriptBook()
@@ -476,10 +477,9 @@ async def test_the_book_is_written_while_it_changes_and_a_failed_write_is_tried_
         real(p, data)
         trio.from_thread.run_sync(send.send_nowait, data)
 
-    monkeypatch.setattr("verifier.node.write_private", flaky)
     with trio.fail_after(60):  # only so that a broken keep_book fails instead of hanging: each wait ends at a write
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(keep_book, tmp_path, book, every)
+            nursery.start_soon(partial(keep_book, tmp_path, book, every, write=flaky))
             await trio.sleep(20 * every)
             assert not path.exists()  # nothing changed: nothing written
             book.commit(DONORS[0], b"\x01" * 32, 3, T0_MS)
@@ -495,22 +495,17 @@ async def test_the_book_is_written_while_it_changes_and_a_failed_write_is_tried_
     assert written.statistics().current_buffer_used == 0  # no change, no write
 
 
-async def no_audits(*args: Any) -> None:
-    await trio.sleep_forever()
-
-
-async def test_the_verifier_refuses_to_start_on_a_damaged_book(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_the_verifier_refuses_to_start_on_a_damaged_book(tmp_path: Path) -> None:
     d = _home(tmp_path)
     (d / BOOK_FILE).write_bytes(b"\x93\x01")
     started = tmp_path / "started"
     exe = _script(tmp_path, f"touch {started}; exit 3")  # had it started, it would exit at once (CometExited)
-    monkeypatch.setattr("verifier.node.run_audits", no_audits)
     with pytest.raises(BookFileError, match=str(d / BOOK_FILE)):
         await run_verifier(d, binary=exe, handle_signals=False, audit=AuditSettings())
     assert not started.exists()  # refused before CometBFT was started
 
 
-async def test_the_verifier_writes_its_book_when_it_stops(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_the_verifier_writes_its_book_when_it_stops(tmp_path: Path) -> None:
     d = _home(tmp_path)
     before = book_with_a_reveal()
     save_book(d, before)
@@ -524,11 +519,11 @@ async def test_the_verifier_writes_its_book_when_it_stops(tmp_path: Path, monkey
         took.set()
         await trio.sleep_forever()
 
-    monkeypatch.setattr("verifier.node.run_audits", audits)
     with trio.fail_after(60):  # only so that a broken run_verifier fails instead of hanging
         async with trio.open_nursery() as nursery:
             await nursery.start(lambda task_status: run_verifier(d, binary=exe, handle_signals=False,
-                                                                  audit=AuditSettings(), task_status=task_status))
+                                                                  audit=AuditSettings(), audit_loop=audits,
+                                                                  task_status=task_status))
             await took.wait()
             nursery.cancel_scope.cancel()
     (book,) = seen
@@ -536,14 +531,12 @@ async def test_the_verifier_writes_its_book_when_it_stops(tmp_path: Path, monkey
     assert state(load_book(d)) == state(book)
 
 
-def test_the_command_says_which_file_and_how_to_recover(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_command_says_which_file_and_how_to_recover(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from overlay.cli import main
 
     d = _home(tmp_path)
     (d / BOOK_FILE).write_bytes(b"\x93\x01")
-    monkeypatch.setattr("verifier.node.find_cometbft", lambda: _script(tmp_path, "exit 3"))
-    monkeypatch.setattr("verifier.node.run_audits", no_audits)
+    # the book is read before CometBFT is looked for: this holds on a machine without cometbft too
     assert main(["verifier", "--data-dir", str(d), "--audit"]) == 2
     err = capsys.readouterr().err
     assert f"{d / BOOK_FILE}: the book of users' transcripts does not load (cut short)" in err

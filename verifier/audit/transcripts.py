@@ -75,7 +75,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import msgpack
 
@@ -330,19 +330,19 @@ class TranscriptBook:
 
     # ------------------------------------------------------------------ persistence
 
-    def to_bytes(self) -> bytes:
+    def to_bytes(self, *, limit: int = MAX_BOOK_BYTES) -> bytes:
         """The whole book and its carry in the format of the module docstring (canonical: one book,
-        one encoding). :class:`BookError` for a book over :data:`MAX_BOOK_BYTES`, or holding a reply
-        over a reveal's size (the intake takes none): it could not be loaded, so it is not saved."""
-        return _encode_book(self)
+        one encoding). :class:`BookError` for a book over ``limit`` bytes, or holding a reply over a
+        reveal's size (the intake takes none): it could not be loaded, so it is not saved."""
+        return _encode_book(self, limit)
 
     @classmethod
-    def from_bytes(cls, raw: bytes) -> TranscriptBook:
+    def from_bytes(cls, raw: bytes, *, limit: int = MAX_BOOK_BYTES) -> TranscriptBook:
         """The book :meth:`to_bytes` wrote, which answers every later call as that book would.
         :class:`BookError` for anything else: another format version, a checksum that does not
         match (damaged or cut short), a shape or a limit the book never has, a non-canonical
-        encoding. Never a half-loaded book."""
-        return _decode_book(raw)
+        encoding, more than ``limit`` bytes. Never a half-loaded book."""
+        return _decode_book(raw, limit)
 
 
 class ScoreCarry:
@@ -402,7 +402,7 @@ def _transcript_wire(t: Transcript) -> list[Any]:
     return [t.node_id, t.nonce, t.opening.encode(), t.request_id, reply]
 
 
-def _encode_book(b: TranscriptBook) -> bytes:
+def _encode_book(b: TranscriptBook, limit: int) -> bytes:
     sets = [[epoch, donor, s.void,
              [[v, e.received_ms, None if e.transcript is None else _transcript_wire(e.transcript)]
               for v, e in s.entries.items()]]
@@ -411,22 +411,22 @@ def _encode_book(b: TranscriptBook) -> bytes:
     body = pack([sets, sorted(b.burnt), [[d, c, v] for d, (c, v) in sorted(b.history.items())],
                  [[k, n] for k, n in sorted(b.refused.items())], b.voided, carry])
     raw = _BOOK_HEAD + pack(BOOK_VERSION) + pack(_checksum(body)) + body
-    if len(raw) > MAX_BOOK_BYTES:
-        raise BookError(f"the book takes {len(raw)} bytes, over the {MAX_BOOK_BYTES} a saved book may take")
+    if len(raw) > limit:
+        raise BookError(f"the book takes {len(raw)} bytes, over the {limit} a saved book may take")
     return raw
 
 
-def _decode_book(raw: bytes) -> TranscriptBook:
+def _decode_book(raw: bytes, limit: int) -> TranscriptBook:
     if type(raw) is not bytes:
         raise BookError("a saved book is bytes")
-    if len(raw) > MAX_BOOK_BYTES:
-        raise BookError(f"{len(raw)} bytes, over the {MAX_BOOK_BYTES} a saved book may take")
+    if len(raw) > limit:
+        raise BookError(f"{len(raw)} bytes, over the {limit} a saved book may take")
     r = codec.ShapeReader(raw, MAX_REVEAL_BYTES)  # no string or bytes in a book is longer than a reveal
     try:
         b = _read_book(r)
         if not r.done():
             raise BookError("trailing bytes after the book")
-        canonical = _encode_book(b) == raw
+        canonical = _encode_book(b, limit) == raw
     except BookError:
         raise
     except codec.ShapeError as exc:
@@ -473,7 +473,7 @@ def _read_book(r: codec.ShapeReader) -> TranscriptBook:
 
 def _read_set(r: codec.ShapeReader, b: TranscriptBook) -> None:
     _shape(r, 4, "[epoch, donor, void reason, commitments]")
-    key = (_int(r.value(), "an epoch"), _exact(r.value(), NODE_ID_LEN, "a donor"))
+    key = (_typed(r.value(), int, "an epoch"), _exact(r.value(), NODE_ID_LEN, "a donor"))
     if key in b._sets:
         raise BookError("a donor's set of one epoch stands twice")
     s = b._sets[key] = _Set(void=_text(r.value(), MAX_VOID_REASON, "a void reason"))
@@ -482,7 +482,7 @@ def _read_set(r: codec.ShapeReader, b: TranscriptBook) -> None:
         value = _exact(r.value(), COMMITMENT_LEN, "a commitment")
         if value in b._where:
             raise BookError("a commitment stands in two sets")
-        received_ms = _int(r.value(), "a commitment's arrival time")
+        received_ms = _typed(r.value(), int, "a commitment's arrival time")
         t = r.value() if r.head() == _NIL else _read_transcript(r)
         if t is not None and t.commitment() != value:
             raise BookError("a revealed transcript does not open its commitment")
@@ -494,9 +494,9 @@ def _read_transcript(r: codec.ShapeReader) -> Transcript:
     _shape(r, 5, "[node id, nonce, request, request id, reply]")
     node_id = _exact(r.value(), NODE_ID_LEN, "a transcript's node id")
     nonce = _exact(r.value(), NONCE_LEN, "a transcript's nonce")
-    opening = Opening.decode(_blob(r.value(), "a transcript's request"))
+    opening = Opening.decode(_typed(r.value(), bytes, "a transcript's request"))
     request_id = _exact(r.value(), REQUEST_ID_LEN, "a transcript's request id")
-    reply = decode_outcome(_blob(r.value(), "a transcript's reply"))
+    reply = decode_outcome(_typed(r.value(), bytes, "a transcript's reply"))
     if not isinstance(reply, ReplyOutcome):
         raise BookError("a transcript's reply is a failure")
     return Transcript(node_id, nonce, opening, request_id, reply)
@@ -511,7 +511,7 @@ def _read_carry(r: codec.ShapeReader, carry: ScoreCarry) -> None:
         held = []
         for _ in range(r.array()):
             _shape(r, 2, "[epoch, score]")
-            held.append((_int(r.value(), "a held score's epoch"), _int(r.value(), "a held score")))
+            held.append((_typed(r.value(), int, "a held score's epoch"), _typed(r.value(), int, "a held score")))
         if not held:
             raise BookError("a node is held with no scores")
         carry._held[node] = held
@@ -529,9 +529,13 @@ def _most(r: codec.ShapeReader, most: int, what: str) -> int:
     return n
 
 
-def _int(v: Any, what: str) -> int:
-    if type(v) is not int:
-        raise BookError(f"{what} is not an integer")
+T = TypeVar("T")
+_KINDS: dict[type, str] = {int: "an integer", bytes: "bytes"}
+
+
+def _typed(v: Any, tp: type[T], what: str) -> T:
+    if type(v) is not tp:
+        raise BookError(f"{what} is not {_KINDS[tp]}")
     return v
 
 
@@ -544,12 +548,6 @@ def _count(v: Any, what: str) -> int:
 def _exact(v: Any, n: int, what: str) -> bytes:
     if type(v) is not bytes or len(v) != n:
         raise BookError(f"{what} is not {n} bytes")
-    return v
-
-
-def _blob(v: Any, what: str) -> bytes:
-    if type(v) is not bytes:
-        raise BookError(f"{what} is not bytes")
     return v
 
 
