@@ -25,7 +25,7 @@ same queue. ``load_threshold`` is therefore in seconds (:data:`DEFAULT_LOAD_THRE
 **Least predicted TTFT (issue 29).** The product decides by :func:`least_ttft` instead: the
 node whose first token for this prompt would come soonest, its wait plus the prefill of the
 prompt tokens it lacks (a holder of the matched prefix lacks only the tokens past the matched
-chunks). Costs within :data:`TTFT_TIE` of the least are a tie, won by the node idle the longest
+chunks), plus, for a peer, the round trip to it that the forward adds (measured by the driver). Costs within :data:`TTFT_TIE` of the least are a tie, won by the node idle the longest
 (:attr:`Load.idle_ms`), else by ourselves (no hop). The simulation study behind it:
 docs/simulations.md, "Against an oracle"; the decision: docs/decisions/0005-hrtree.md,
 "Revision (issue 29)". :func:`algorithm2` stays for ``GroupConfig(rule="alg2")`` and the
@@ -38,6 +38,7 @@ Benchmarks inject their baselines (:mod:`model_node.bench.policies`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -297,7 +298,7 @@ def predicted_ttft(load: Load, holder: bool, left: int, prompt_tokens: int) -> f
 
 def least_ttft(self_id: bytes, table: Mapping[bytes, Load], found: Match, prompt_tokens: int, *, tau_c: int,
                matched_tokens: int, load_threshold: float = math.inf, forwarded: bool = False,
-               idle: Mapping[bytes, float] | None = None) -> Decision:
+               idle: Mapping[bytes, float] | None = None, hops: Mapping[bytes, float] | None = None) -> Decision:
     """The node of ``table`` with the least predicted time to first token for a
     ``prompt_tokens``-token prompt that matched ``found`` in the HR-tree (issue 29).
 
@@ -308,6 +309,9 @@ def least_ttft(self_id: bytes, table: Mapping[bytes, Load], found: Match, prompt
     whose wait is at or over ``load_threshold`` is a choice only if every node's is: it would
     refuse the request as busy (its admission's limit, decision 0009; a node with every slot
     taken reports a ``match_wait`` of at least that limit), whatever the prefill it saves.
+    ``hops``: the seconds a forward to each peer adds (the round trip to it: the request goes
+    there, the first reply chunk comes back through us), added to its cost; a peer not in it
+    costs no hop. Across regions the round trip can exceed the prefill a holder saves.
 
     Costs within :data:`TTFT_TIE` (and :data:`TTFT_TIE_S`) of the least are a tie: a node's
     own rates (exact) and its peers' (rounded in the load report) differ in the last digits,
@@ -331,7 +335,8 @@ def least_ttft(self_id: bytes, table: Mapping[bytes, Load], found: Match, prompt
     def wait(node: bytes) -> float:
         return table[node].cached_wait if node in holders else table[node].relative
 
-    costs = {n: predicted_ttft(table[n], n in holders, left, prompt_tokens)
+    hop = hops or {}
+    costs = {n: predicted_ttft(table[n], n in holders, left, prompt_tokens) + (0.0 if n == self_id else hop.get(n, 0.0))
              for n in [n for n in table if wait(n) < load_threshold] or table}
     least = min(costs.values())
     near = [n for n, c in costs.items() if c <= least * (1 + TTFT_TIE) + TTFT_TIE_S]
@@ -342,6 +347,34 @@ def least_ttft(self_id: bytes, table: Mapping[bytes, Load], found: Match, prompt
     best = min(near, key=lambda n: (n != self_id, costs[n], -table[n].capacity, n))
     reason = "match" if best in holders else "match-overloaded" if holders else "miss"
     return _to(best, reason, depth, self_id)
+
+
+def with_group_rates(table: Mapping[bytes, Load]) -> dict[bytes, Load]:
+    """``table`` with every rate a node has not measured yet (0) estimated from the nodes that
+    have: the median of their measured rates per capacity point, times the node's capacity.
+    Without it an unmeasured node counts :data:`REF_PREFILL_RATE` (slow on purpose), so an
+    entry that has not served yet sees any measured peer as far faster than itself and
+    forwards it every request, and so never measures its own rate (issue 29: on the testbed
+    one echo node served most requests, across oceans). Nobody measured: unchanged. The
+    median keeps one peer's false report from setting everyone's estimate once three nodes
+    have measured (a peer can overstate only its own speed, which it could do anyway)."""
+    prefill = [x.prefill_rate / x.capacity for x in table.values() if x.prefill_rate > 0]
+    decode = [x.decode_rate / x.capacity for x in table.values() if x.decode_rate > 0]
+    if not prefill and not decode:
+        return dict(table)
+    out = {}
+    for node, load in table.items():
+        p = load.prefill_rate or (_median(prefill) * load.capacity if prefill else 0.0)
+        d = load.decode_rate or (_median(decode) * load.capacity if decode else 0.0)
+        out[node] = load if (p, d) == (load.prefill_rate, load.decode_rate) else \
+            dataclasses.replace(load, prefill_rate=p, decode_rate=d)
+    return out
+
+
+def _median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 def _work(load: Load) -> float:

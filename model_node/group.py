@@ -55,12 +55,19 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from model_node.forwarding import DEFAULT_LOAD_THRESHOLD, Decision, Load, algorithm2, least_ttft
+from model_node.forwarding import (
+    DEFAULT_LOAD_THRESHOLD,
+    Decision,
+    Load,
+    algorithm2,
+    least_ttft,
+    with_group_rates,
+)
 from model_node.hrtree import (
     DEFAULT_BITS,
     MAX_L_VERSION,
@@ -93,6 +100,8 @@ MAX_REQUESTS_PER_REPORT = 100_000  # increments of a peer's request counter cred
 MAX_VERSION_STEP = 4  # an L (or a load report) may be at most this many versions ahead of ours
 MIN_PROPOSAL_ROUNDS = 6  # rounds between two version advances of the designated proposer (30 s)
 QUARANTINE_SECONDS = 300.0  # a member that breaks the L rules is ignored and out of the table this long
+RTT_SAMPLES = 5  # round trips kept per peer; the least is its hop cost (queueing only adds to a sample)
+MAX_RTT = 60.0  # seconds: a round trip longer than this is kept as this
 _U63 = 2**63
 
 # Drop reasons that mean "the peer misbehaves" (logged as warnings); others are routine.
@@ -216,6 +225,7 @@ class GroupState:
         self._full_for: set[bytes] = set()
         self._local_prefixes: list[Sequence[int]] = []
         self._path_memo: dict[tuple[int, ...], bytes] = {}
+        self._rtts: dict[bytes, deque[float]] = {}  # member -> its last RTT_SAMPLES round trips (the driver pings)
         self.tree = self._new_tree(self.lengths)
 
     # ------------------------------------------------------------------ accessors
@@ -253,7 +263,19 @@ class GroupState:
     def search(self, token_ids: Sequence[int]) -> Match:
         return self.tree.search(token_ids)
 
+    def hops(self) -> dict[bytes, float]:
+        """The seconds a forward to each member adds: the least of its last
+        :data:`RTT_SAMPLES` measured round trips (members never measured are absent)."""
+        return {p: min(samples) for p, samples in self._rtts.items() if samples}
+
     # ------------------------------------------------------------------ local inputs
+
+    def set_rtt(self, peer: bytes, seconds: float) -> None:
+        """A round trip to member ``peer`` was measured (the driver pings the members); other
+        ids and negative or non-finite values are ignored, values over :data:`MAX_RTT` capped."""
+        if peer == self.self_id or peer not in self.members or not 0 <= seconds < math.inf:
+            return
+        self._rtts.setdefault(peer, deque(maxlen=RTT_SAMPLES)).append(min(seconds, MAX_RTT))
 
     def set_members(self, members: Iterable[bytes]) -> None:
         """A new member list (registry update, group split): non-members are forgotten."""
@@ -261,6 +283,8 @@ class GroupState:
         for peer in [p for p in self.peers if p not in self.members]:
             self._forget(peer)
         self._full_for &= self.members
+        for peer in [p for p in self._rtts if p not in self.members]:
+            del self._rtts[peer]
 
     def set_local_load(self, load: Load) -> None:
         """This node's load now (its ``capacity`` is this node's score 1–10). Raises
@@ -549,14 +573,16 @@ class GroupState:
     def decide(self, token_ids: Sequence[int], *, forwarded: bool = False, now: float | None = None) -> Decision:
         """Serve here or forward to one other node, at most one hop: by default the node with
         the least predicted time to first token (:func:`~model_node.forwarding.least_ttft`,
-        ties to the node idle the longest, as of ``now``: a peer's ``idle_ms`` plus the time
-        since its report; ``None``: as of the reports), or with ``GroupConfig(rule="alg2")``
-        appendix Algorithm 2 (:func:`~model_node.forwarding.algorithm2`), on the node table
-        and the HR-tree.
+        a peer's measured round trip added to its cost, ties to the node idle the longest, as
+        of ``now``: a peer's ``idle_ms`` plus the time since its report; ``None``: as of the
+        reports), or with ``GroupConfig(rule="alg2")`` appendix Algorithm 2
+        (:func:`~model_node.forwarding.algorithm2`), on the node table (rates not measured yet
+        estimated from the group's, :func:`~model_node.forwarding.with_group_rates`) and the
+        HR-tree.
 
         A forward is counted against the target (``pending``) until its next load report,
         so requests arriving between two reports do not all go to the same node."""
-        table = self.table()
+        table = with_group_rates(self.table())  # a peer's reported load is kept as it came in self.peers
         found = self.tree.search(token_ids)
         if self.config.rule == "alg2":
             decision = algorithm2(self.self_id, table, found, tau_c=self.tau_c,
@@ -566,7 +592,7 @@ class GroupState:
             matched = ends[min(found.depth, len(ends)) - 1] if ends else 0
             decision = least_ttft(self.self_id, table, found, len(token_ids), tau_c=self.tau_c,
                                   matched_tokens=matched, load_threshold=self.config.load_threshold,
-                                  forwarded=forwarded, idle=self.idle_seconds(now))
+                                  forwarded=forwarded, idle=self.idle_seconds(now), hops=self.hops())
         return self.count(decision, len(token_ids))
 
     def idle_seconds(self, now: float | None = None) -> dict[bytes, float]:

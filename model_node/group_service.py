@@ -17,6 +17,9 @@ node's :class:`~overlay.node.Node`:
   at once (:meth:`~model_node.group.GroupState.report_load`), at most once every
   :data:`PUSH_INTERVAL`: a change within that time is counted (:attr:`pushes_skipped`) and
   covered by one report when the interval is over, so the last change always goes out.
+- **Round trips**: every ``sync_interval`` the driver pings each member; the least of a
+  member's last few round trips is what a forward to it adds to its predicted time to first
+  token (:meth:`~model_node.group.GroupState.hops`).
 - **Forwarding**: :meth:`decide` refreshes the local load and runs the forwarding policy
   (the group's rule, least predicted TTFT by default, :mod:`model_node.forwarding`, unless a
   benchmark injects a baseline);
@@ -65,6 +68,7 @@ from overlay.directory.registry import Registry
 from overlay.identity import short_id
 from overlay.messages import Request
 from overlay.node import Node
+from overlay.peers import PeerEntry
 from overlay.transport import Connection, TransportError
 
 log = logging.getLogger("gentorrent.model.group")
@@ -108,6 +112,8 @@ class GroupService:
         self.send_failed = 0  # sync messages Node.send_nowait could not queue
         self.rounds = 0
         self.pushes = 0  # load reports pushed between rounds (each to every member)
+        self.pings = 0  # round trips to members measured (the forwarding rule's hop costs)
+        self._pinging: set[bytes] = set()  # members whose ping is in flight
         self.pushes_skipped = 0  # load changes not pushed at once (rate limit; a later push covers them)
         self._pushed_at = -math.inf  # when the last load report went out (push or round)
         self._push_due = False  # a change is waiting for the rate limit
@@ -140,6 +146,7 @@ class GroupService:
         self.state.seq = max(self.state.seq, int(self.clock.unix() * 1000))
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._push_later)
+            nursery.start_soon(self._measure_round_trips)
             task_status.started()
             while True:
                 self.round()
@@ -159,6 +166,31 @@ class GroupService:
         self._pushed_at = now
         self._push_due = False  # the round's report carries the change
         self.rounds += 1
+
+    async def _measure_round_trips(self) -> None:
+        """Ping every member each ``sync_interval``: the round trips are the forwarding rule's
+        hop costs (:meth:`~model_node.group.GroupState.set_rtt`). Each ping runs on its own, so
+        a member slow to answer delays no other's measure; one still waiting is not pinged
+        again, and one that does not answer gives no sample (its forwards fail on their own)."""
+        async with trio.open_nursery() as nursery:
+            while True:
+                for peer in sorted(self.state.members - {self.node.node_id} - self._pinging):
+                    entry = self.node.peers.get(peer)
+                    if entry is not None:
+                        self._pinging.add(peer)
+                        nursery.start_soon(self._ping, entry)
+                await trio.sleep(self.config.sync_interval)
+
+    async def _ping(self, entry: PeerEntry) -> None:
+        try:
+            rtt = await self.node.ping(entry, timeout=FORWARD_TIMEOUT)
+        except TransportError as exc:
+            log.debug("no round trip to model node %s: %s", short_id(entry.node_id), exc)
+            return
+        finally:
+            self._pinging.discard(entry.node_id)
+        self.state.set_rtt(entry.node_id, rtt)
+        self.pings += 1
 
     def load_changed(self) -> None:
         """The model node's load changed (a request admitted, a first token, a request done):

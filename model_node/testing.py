@@ -94,14 +94,15 @@ async def start_echo_overlay(nursery: trio.Nursery, n_users: int = 15, *, models
 
 async def start_group(nursery: trio.Nursery, *, n_users: int = 16, delays: Sequence[float] = (0.0, 0.0, 0.0),
                       sync: float = GROUP_SYNC, threshold: float = GROUP_THRESHOLD, forwarding: bool = True,
-                      clients: int = 2, **model_kw: Any) -> Net:
+                      clients: int = 2, net: Net | None = None, **model_kw: Any) -> Net:
     """Model nodes ``model-0`` ... of "echo" forwarding as one group (paper §3.3), one per
     entry of ``delays`` (each a :class:`CachingEcho` with that delay), with ``n_users``
     users (``clients`` of them send requests). Two registered identities run no node:
     ``rogue-member`` (a model node of "echo": a group member to impersonate) and
     ``other-model`` (a model node of another model). ``forwarding=False`` runs the
-    nodes without a group; ``model_kw`` go to every :class:`ModelNode`."""
-    net = Net()
+    nodes without a group; ``net``: a fresh :class:`Net` to use (set up beforehand, e.g. its
+    network's delays); ``model_kw`` go to every :class:`ModelNode`."""
+    net = net or Net()
     net.add("rogue-member", role="model", models=("echo",))
     net.add("other-model", role="model", models=("other",))
     group = GroupConfig(sync_interval=sync, load_threshold=threshold) if forwarding else None

@@ -34,6 +34,7 @@ import abc
 import ipaddress
 import itertools
 import logging
+import math
 import os
 import ssl
 import tempfile
@@ -911,11 +912,60 @@ class TLSTransport(Transport):
 # --------------------------------------------------------------------------- memory
 
 
+class _DelayLine(trio.abc.Stream):
+    """One end of an in-memory connection whose writes arrive ``delay()`` seconds after they
+    are written (the delay as it is at the time of the write), in order, without holding the
+    writer: a link that far. There is no back-pressure: for tests of distance, not of flow."""
+
+    def __init__(self, out: trio.MemorySendChannel[tuple[float, bytes]],
+                 into: trio.MemoryReceiveChannel[tuple[float, bytes]], delay: Callable[[], float],
+                 clock: Clock) -> None:
+        self._out, self._in, self._delay, self._clock = out, into, delay, clock
+        self._rest = b""
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        try:
+            self._out.send_nowait((self._clock.monotonic() + max(0.0, self._delay()), bytes(data)))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            raise trio.BrokenResourceError("the other end is closed") from None
+        await trio.lowlevel.checkpoint()
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        if not self._rest:
+            try:
+                due, self._rest = await self._in.receive()
+            except (trio.EndOfChannel, trio.ClosedResourceError):
+                return b""
+            await trio.sleep(max(0.0, due - self._clock.monotonic()))
+        n = len(self._rest) if max_bytes is None else max_bytes
+        out, self._rest = self._rest[:n], self._rest[n:]
+        return out
+
+    async def aclose(self) -> None:
+        self._out.close()
+        self._in.close()
+        await trio.lowlevel.checkpoint()
+
+
+def _delay_line_pair(delay: Callable[[], float], clock: Clock) -> tuple[_DelayLine, _DelayLine]:
+    there, arrive = trio.open_memory_channel[tuple[float, bytes]](math.inf)
+    back, returns = trio.open_memory_channel[tuple[float, bytes]](math.inf)
+    return _DelayLine(there, returns, delay, clock), _DelayLine(back, arrive, delay, clock)
+
+
 class MemoryNetwork:
-    """A fake network of in-memory listeners, for integration tests."""
+    """A fake network of in-memory listeners, for integration tests. ``delay``: if set, the
+    connections opened from then on are delay lines (no back-pressure) whose writes, both ways,
+    take ``delay(address)`` seconds, ``address`` being the listener's, read at each write (a
+    node's access link across a distance, which a test may change); ``None``: plain memory
+    streams."""
 
     def __init__(self) -> None:
         self.listeners: dict[str, tuple[bytes, trio.MemorySendChannel[Any]]] = {}
+        self.delay: Callable[[str], float] | None = None
         self._serial = itertools.count()
 
     def address(self, name: str) -> str:
@@ -938,7 +988,13 @@ class MemoryTransport(Transport):
         if entry is None:
             raise TransportError(f"cannot connect to {address}: connection refused")
         server_pk, inbox = entry
-        client, server = trio.testing.memory_stream_pair()
+        delay = self.network.delay
+        client: trio.abc.Stream
+        server: trio.abc.Stream
+        if delay is None:
+            client, server = trio.testing.memory_stream_pair()
+        else:
+            client, server = _delay_line_pair(lambda: delay(address), TrioClock())
         binding = crypto.sha256(b"mem" + server_pk + next(self.network._serial).to_bytes(8, "big"))
         # the source "address" is the dialer's own (one per node), as a host would be, unless given
         source = self.local_address or "mem-from-" + self.identity.node_id.hex()[:12]

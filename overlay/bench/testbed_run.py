@@ -82,18 +82,23 @@ class Sample:
     ttft_ms: float = math.nan  # request sent -> first verified reply chunk
     floor_ms: float = math.nan  # the propagation floor of the same paths (see :func:`request_floor_ms`)
     served_by: str = ""
+    entry: str = ""  # the model node the request was addressed to (it may forward to ``served_by``)
     error: str = ""
     at_s: float = 0.0  # when it was sent, seconds into the run
 
 
-def request_floor_ms(net: Testbed, client: str, paths: Sequence[Sequence[str]], target: str, k: int) -> float:
+def request_floor_ms(net: Testbed, client: str, paths: Sequence[Sequence[str]], target: str, k: int,
+                     served_by: str | None = None) -> float:
     """The least time a request and its first reply chunk must spend on the wire: the k-th
-    fastest of the paths' one-way floors (client -> 3 relays -> ``target``), there and back
-    again (reply cloves return along the same paths; any k rebuild the chunk)."""
+    fastest of the paths' one-way floors (client -> 3 relays -> ``target``, the model node the
+    request was addressed to), there and back again (reply cloves return along the same paths;
+    any k rebuild the chunk); when ``target`` forwarded it to ``served_by``, plus that hop there
+    and back (the first chunk returns through ``target``)."""
     one_way = sorted(net.floor_ms([client, *hops, target]) for hops in paths)
     if len(one_way) < k:
         return math.nan
-    return 2 * one_way[k - 1]
+    hop = net.one_way_ms(target, served_by) if served_by and served_by != target else 0.0
+    return 2 * (one_way[k - 1] + hop)
 
 
 async def timed_request(net: Testbed, c: Client, model: str, *, timeout: float, started: float,
@@ -103,9 +108,11 @@ async def timed_request(net: Testbed, c: Client, model: str, *, timeout: float, 
     client = c.user.client
     assert client is not None and c.user.paths is not None
     config = f"{client.n},{client.k}"
-    node = net.entries[target].node_id if target else None
     sample = Sample(config, c.name, False, at_s=trio.current_time() - started)
     try:
+        # the entry is chosen here as the client would (at random among the usable nodes), to know it
+        node = net.entries[target].node_id if target else client.choose_model_node(model).node_id
+        sample.entry = next((n for n in net.models if net.entries[n].node_id == node), "?")
         ready = await c.user.paths.wait_ready(client.n, timeout)
     except Exception as exc:  # noqa: BLE001 - PathError and the like: a failed request, counted
         sample.error = f"paths: {exc}"
@@ -126,8 +133,8 @@ async def timed_request(net: Testbed, c: Client, model: str, *, timeout: float, 
         sample.error = f"{type(exc).__name__}: {exc}"
         return sample
     sample.ok = not math.isnan(sample.ttft_ms)
-    if sample.ok and "?" not in {h for p in hops for h in p}:
-        sample.floor_ms = request_floor_ms(net, c.name, hops, sample.served_by, client.k)
+    if sample.ok and "?" not in {sample.entry, sample.served_by, *(h for p in hops for h in p)}:
+        sample.floor_ms = request_floor_ms(net, c.name, hops, sample.entry, client.k, sample.served_by)
     return sample
 
 
@@ -232,7 +239,8 @@ def summarize_samples(samples: Sequence[Sample], config: str) -> dict[str, float
     mine = [s for s in samples if s.config == config]
     key = "ttft_" + config.replace(",", "_")
     ok = [s for s in mine if s.ok]
-    out: dict[str, float] = {f"{key}_requests": float(len(mine)), f"{key}_answered": float(len(ok))}
+    out: dict[str, float] = {f"{key}_requests": float(len(mine)), f"{key}_answered": float(len(ok)),
+                             f"{key}_forwarded": float(sum(s.served_by != s.entry for s in ok))}
     ttft = sorted(s.ttft_ms for s in ok)
     floors = sorted(s.floor_ms for s in ok if not math.isnan(s.floor_ms))
     if ttft:

@@ -130,9 +130,11 @@ async def test_a_forwarded_request_refused_as_busy_completes_on_a_third_node(aut
     """A forwards to B (B holds the prompt's prefix and A's threshold lets it through); B is
     busy and says so; the client skips both A (the entry) and B, and C answers. (C runs
     without forwarding: a group member would forward the retry to B again until B's next
-    load report shows its work: docs/forwarding.md "Known limits".)"""
+    load report shows its work: docs/forwarding.md "Known limits".) A runs Algorithm 2, which
+    sends a match to a holder under the threshold whatever its own cost: the default rule would
+    see B busy and A idle (at B's measured rate) and serve the request itself."""
     async with trio.open_nursery() as nursery:
-        group = GroupConfig(sync_interval=GROUP_SYNC, load_threshold=1000.0)
+        group = GroupConfig(sync_interval=GROUP_SYNC, load_threshold=1000.0, rule="alg2")
         a_f = echo_node(engine=CachingEcho(0.0), group=group, max_queue_wait=3.0)
         b_f = echo_node(engine=CachingEcho(1.0), group=group, max_queue_wait=3.0)
         c_f = echo_node(engine=CachingEcho(0.0), max_queue_wait=3.0)

@@ -23,7 +23,7 @@ from model_node.testing import GROUP_SYNC, start_group
 from overlay.identity import Identity
 from overlay.messages import ChatMessage, ReplyChunk, Request, SamplingParams
 from overlay.signing import ReplyChecker, request_digest
-from overlay.testing import Net
+from overlay.testing import Net, wait_until
 
 SYNC = GROUP_SYNC  # seconds between sync rounds (expiry after 3 silent rounds)
 PARAMS = SamplingParams(max_tokens=64)
@@ -78,6 +78,39 @@ async def test_a_request_cached_on_b_arriving_at_a_is_served_by_b(autojump_clock
         # A prompt nobody holds is served where it lands (all idle: ties go to the entry node).
         miss = await ask(client, "a wave", a, OTHER_SYSTEM)
         assert miss[-1].node == nid(a) and a.decisions["miss"] == 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_holder_farther_away_than_the_prefill_it_saves_is_not_forwarded_to(autojump_clock):
+    """A forward costs the round trip to the peer (issue 29: at wide-area delays every entry sent
+    the testbed's requests to the one holder, across oceans, to save an echo engine's nothing).
+    B holds the prompt; at capacity 10 (400 prompt tokens a second, no rate measured yet) the
+    ~500 tokens B need not evaluate take ~1.3 s here. Once every model node is behind a 1 s
+    link each way (a 2 s round trip between two of them, which the driver measures by pinging
+    its members) A serves the request itself; once the links are fast again, the next pings say
+    so and A forwards to B."""
+    net = Net()
+    far = {"delay": 0.0}
+    models = {f"model-{i}" for i in range(3)}
+    net.network.delay = lambda address: far["delay"] if address in {
+        net.address_of(ident) for name, ident in net.identities.items() if name in models} else 0.0
+    async with trio.open_nursery() as nursery:
+        await start_group(nursery, capacity=10, net=net)
+        a, b, _ = net.models
+        assert a.group is not None
+        client = net.users[0].client
+        await cache_on(net, b)
+        assert a.group.state.hops()[nid(b)] < 0.1 and a.group.pings > 0
+        far["delay"] = 1.0
+        # the round trips from before the change leave the window (one ping in flight per member)
+        await wait_until(lambda: a.group.state.hops()[nid(b)] >= 2.0, timeout=60, what="the slow round trip")
+        chunks = await ask(client, "where are the letters of 1907?", a)
+        assert chunks[-1].node == nid(a) and not chunks[-1].error
+        assert a.forwarded_out == 0 and a.decisions["match-overloaded"] == 1
+        far["delay"] = 0.0
+        await wait_until(lambda: a.group.state.hops()[nid(b)] < 0.1, timeout=60, what="a fast round trip")
+        chunks = await ask(client, "and those of 1908?", a)
+        assert chunks[-1].node == nid(b) and a.forwarded_out == 1 and a.decisions["match"] == 1
         nursery.cancel_scope.cancel()
 
 

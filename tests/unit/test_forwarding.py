@@ -182,7 +182,7 @@ def test_a_work_heavy_node_is_avoided_where_a_request_count_would_pick_it() -> N
     request-count measure (requests per capacity point) would have picked the other."""
     heavy, light = IDS["p1"], IDS["p2"]
     gs = GroupState(IDS["self"], [heavy, light], lengths=L, config=GroupConfig(load_threshold=2.0))
-    gs.set_local_load(load(20))
+    gs.set_local_load(load(60))  # 2,400 prompt tokens: at the group's 140 tokens/s, never the choice
     rates = {"prefill_mtps": 140_000, "decode_mtps": 20_000}
     gs.on_message(heavy, LoadReport(1, 0, 0, 1, 1, 0, 0, 0, prefill_tokens=3000, decode_tokens=64, **rates), 0.0)
     gs.on_message(light, LoadReport(1, 0, 1, 2, 1, 0, 0, 0, prefill_tokens=3 * 40, decode_tokens=3 * 64,

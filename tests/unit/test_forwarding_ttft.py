@@ -14,8 +14,24 @@ import pytest
 import trio
 import trio.testing
 
-from model_node.forwarding import MATCH_PROBE_TOKENS, REF_PREFILL_RATE, TTFT_TIE, Load, least_ttft
-from model_node.group import MAX_IDLE_MS, GroupConfig, GroupState, load_of, load_problem, report_of
+from model_node.forwarding import (
+    MATCH_PROBE_TOKENS,
+    REF_PREFILL_RATE,
+    TTFT_TIE,
+    Load,
+    least_ttft,
+    with_group_rates,
+)
+from model_node.group import (
+    MAX_IDLE_MS,
+    MAX_RTT,
+    RTT_SAMPLES,
+    GroupConfig,
+    GroupState,
+    load_of,
+    load_problem,
+    report_of,
+)
 from model_node.group_service import PUSH_INTERVAL, GroupService
 from model_node.hrtree import ChunkLengths, Match
 from model_node.messages import LoadReport, SubtreeUpdate
@@ -147,6 +163,78 @@ def test_a_tie_goes_to_the_node_idle_the_longest() -> None:
     # nobody idle (or nobody saying): the entry keeps its tie
     gs = group(Load(), p1=report(1), p2=report(1))
     assert gs.decide(MISS, now=9.0).serve_locally
+
+
+def test_a_peer_s_round_trip_is_part_of_its_cost() -> None:
+    """An idle holder of the prompt across an ocean (150 ms away) against serving here, idle,
+    without the prefix: a fast engine (the prompt's prefill here is 10 ms) keeps the request,
+    since the hop costs more than the prefill it saves; a slow one (1,324 tokens at 40 tokens
+    a second, 33 s) forwards it all the same. Before issue 29's fix the hop was free and every
+    entry sent such requests to the one holder."""
+    fast = 1324 / 0.010  # prompt tokens per second: 10 ms for the whole prompt
+    gs = group(Load(prefill_rate=fast), (P1,), p1=report(1, mtps=round(fast * 1000)))
+    assert gs.decide(HIT).target == P1  # no round trip measured yet: the hop is free
+    gs.set_rtt(P1, 0.150)
+    assert gs.hops() == {P1: 0.150}
+    d = gs.decide(HIT)
+    assert (d.target, d.reason) == (None, "match-overloaded")
+    gs = group(Load(), (P1,), p1=report(1))  # unmeasured rates: 40 tokens/s, 33 s to save
+    gs.set_rtt(P1, 0.150)
+    assert gs.decide(HIT).target == P1
+    # a near peer's hop keeps it within the tie when everything else is equal, a far one's does not
+    table = {ME: Load(idle_ms=0), P1: Load(idle_ms=5000)}
+    assert least_ttft(ME, table, Match(0, frozenset()), 100, tau_c=2, matched_tokens=0,
+                      idle={ME: 0.0, P1: 5.0}, hops={P1: 0.0002}).target == P1
+    assert least_ttft(ME, table, Match(0, frozenset()), 100, tau_c=2, matched_tokens=0,
+                      idle={ME: 0.0, P1: 5.0}, hops={P1: 0.150}).serve_locally
+
+
+def test_round_trips_are_kept_per_member_and_the_least_recent_one_counts() -> None:
+    gs = group()
+    for rtt in (0.30, 0.12, 0.20):  # queueing only ever adds: the least is the link's
+        gs.set_rtt(P1, rtt)
+    assert gs.hops() == {P1: 0.12}
+    for _ in range(RTT_SAMPLES):  # older samples fall out of the window
+        gs.set_rtt(P1, 0.25)
+    assert gs.hops() == {P1: 0.25}
+    # not a member, ourselves, nonsense: ignored; absurdly long: capped
+    outsider = b"\x99" * 20
+    for peer, value in ((outsider, 0.1), (ME, 0.1), (P2, -1.0), (P2, float("nan")), (P2, float("inf"))):
+        gs.set_rtt(peer, value)
+    assert set(gs.hops()) == {P1}
+    gs.set_rtt(P3, 10 * MAX_RTT)
+    assert gs.hops()[P3] == MAX_RTT
+    gs.set_members([ME, P1, P2])  # P3 left the group: its round trips go with it
+    assert set(gs.hops()) == {P1}
+
+
+def test_unmeasured_rates_are_the_group_s_per_capacity_median() -> None:
+    table = {ME: Load(capacity=2), P1: Load(prefill_rate=1000.0, decode_rate=50.0),
+             P2: Load(capacity=2, prefill_rate=4000.0), P3: Load(prefill_rate=3000.0, decode_rate=70.0)}
+    est = with_group_rates(table)
+    # per capacity point: prefill 1000, 2000, 3000 -> 2000; decode 50, 70 -> 60
+    assert (est[ME].prefill_rate, est[ME].decode_rate) == (4000.0, 120.0)
+    assert (est[P2].prefill_rate, est[P2].decode_rate) == (4000.0, 120.0)  # its measured rate stays
+    assert est[P1] is table[P1] and est[P3] is table[P3]
+    assert table[ME].prefill_rate == 0  # the table given is not changed
+    unmeasured = {ME: Load(), P1: Load(capacity=3)}
+    assert with_group_rates(unmeasured) == unmeasured
+
+
+def test_an_entry_that_has_not_measured_its_rate_does_not_send_everything_to_one_that_has() -> None:
+    """The testbed's funnel (issue 29): echo model nodes evaluate a prompt in well under a
+    millisecond, so a node measures its rate only after serving several. An entry that had not
+    counted the reference 40 tokens a second for itself (2.2 s for the testbed's 87-token prompt)
+    against a measured peer's microseconds, forwarded every request to it, and so never
+    measured. With the group's rate it counts what its peers measured: the prompt costs it
+    about what it costs them, and it keeps it (a tie, or the hop, decides)."""
+    prompt = list(range(87))
+    fast = 87 / 0.0005  # 87 tokens in half a millisecond
+    gs = group(Load(), p1=report(1, mtps=round(fast * 1000), idle_ms=5000), p2=report(1, mtps=round(fast * 1000)))
+    gs.set_rtt(P1, 0.150)
+    gs.set_rtt(P2, 0.080)
+    assert gs.decide(prompt).serve_locally
+    assert gs.table()[ME].prefill_rate == 0  # the reported table is as it was
 
 
 def test_algorithm_2_is_still_there_on_request() -> None:

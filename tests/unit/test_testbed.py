@@ -124,13 +124,19 @@ def test_the_floor_of_a_request_is_the_kth_fastest_path_there_and_back(bed: tb.T
     assert request_floor_ms(bed, "c", paths, "model-0", 3) == 2 * one_way[2]
     assert request_floor_ms(bed, "c", paths, "model-0", 1) == 2 * one_way[0]
     assert math.isnan(request_floor_ms(bed, "c", paths[:2], "model-0", 3))
+    # served where it was addressed: no hop; forwarded: the entry's hop to the server, there and back
+    assert request_floor_ms(bed, "c", paths, "model-0", 3, "model-0") == 2 * one_way[2]
+    assert bed.region_of["model-0"] != bed.region_of["model-1"]
+    hop = bed.one_way_ms("model-0", "model-1")
+    assert hop > 0 and request_floor_ms(bed, "c", paths, "model-0", 3, "model-1") == 2 * (one_way[2] + hop)
 
 
 def test_summaries_count_failures_and_compare_with_the_floor() -> None:
-    s = [Sample("4,3", "c", True, 120.0, 100.0), Sample("4,3", "c", True, 240.0, 200.0),
+    s = [Sample("4,3", "c", True, 120.0, 100.0, served_by="m0", entry="m0"),
+         Sample("4,3", "c", True, 240.0, 200.0, served_by="m1", entry="m0"),
          Sample("4,3", "c", False, error="AnonError: gone"), Sample("1,1", "c", True, 50.0, 40.0)]
     f = summarize_samples(s, "4,3")
-    assert (f["ttft_4_3_requests"], f["ttft_4_3_answered"]) == (3, 2)
+    assert (f["ttft_4_3_requests"], f["ttft_4_3_answered"], f["ttft_4_3_forwarded"]) == (3, 2, 1)
     assert f["ttft_4_3_p50_ms"] == 120.0 and f["ttft_4_3_excess_p50_ms"] == 20.0
     assert f["ttft_4_3_ratio_to_floor_p50"] == pytest.approx(1.2)
 
