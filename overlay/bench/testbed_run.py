@@ -90,15 +90,19 @@ class Sample:
 def request_floor_ms(net: Testbed, client: str, paths: Sequence[Sequence[str]], target: str, k: int,
                      served_by: str | None = None) -> float:
     """The least time a request and its first reply chunk must spend on the wire: the k-th
-    fastest of the paths' one-way floors (client -> 3 relays -> ``target``, the model node the
-    request was addressed to), there and back again (reply cloves return along the same paths;
-    any k rebuild the chunk); when ``target`` forwarded it to ``served_by``, plus that hop there
-    and back (the first chunk returns through ``target``)."""
-    one_way = sorted(net.floor_ms([client, *hops, target]) for hops in paths)
-    if len(one_way) < k:
+    fastest of the paths' one-way floors from the client through its 3 relays to ``target``
+    (the model node the request was addressed to: it rebuilds the request from any k cloves),
+    then, when ``target`` forwarded it to ``served_by``, the hop between the two, and the k-th
+    fastest of the paths' floors from the server back to the client (the server sends its reply
+    cloves straight to the paths' last relays; any k rebuild the chunk). Served where it was
+    addressed, that is the k-th fastest path there and back."""
+    if len(paths) < k:
         return math.nan
-    hop = net.one_way_ms(target, served_by) if served_by and served_by != target else 0.0
-    return 2 * (one_way[k - 1] + hop)
+    server = served_by or target
+    there = sorted(net.floor_ms([client, *hops, target]) for hops in paths)[k - 1]
+    back = sorted(net.floor_ms([client, *hops, server]) for hops in paths)[k - 1]  # delays are symmetric
+    hop = net.one_way_ms(target, server) if server != target else 0.0
+    return there + hop + back
 
 
 async def timed_request(net: Testbed, c: Client, model: str, *, timeout: float, started: float,

@@ -124,11 +124,14 @@ def test_the_floor_of_a_request_is_the_kth_fastest_path_there_and_back(bed: tb.T
     assert request_floor_ms(bed, "c", paths, "model-0", 3) == 2 * one_way[2]
     assert request_floor_ms(bed, "c", paths, "model-0", 1) == 2 * one_way[0]
     assert math.isnan(request_floor_ms(bed, "c", paths[:2], "model-0", 3))
-    # served where it was addressed: no hop; forwarded: the entry's hop to the server, there and back
+    # served where it was addressed: no hop; forwarded: there to the entry, its hop to the server,
+    # and back from the server (it replies straight to the paths' last relays)
     assert request_floor_ms(bed, "c", paths, "model-0", 3, "model-0") == 2 * one_way[2]
     assert bed.region_of["model-0"] != bed.region_of["model-1"]
     hop = bed.one_way_ms("model-0", "model-1")
-    assert hop > 0 and request_floor_ms(bed, "c", paths, "model-0", 3, "model-1") == 2 * (one_way[2] + hop)
+    back = sorted(geo.path_floor_ms([bed.region_of[h] for h in ["c", *p, "model-1"]]) for p in paths)
+    assert hop > 0 and back != one_way
+    assert request_floor_ms(bed, "c", paths, "model-0", 3, "model-1") == pytest.approx(one_way[2] + hop + back[2])
 
 
 def test_summaries_count_failures_and_compare_with_the_floor() -> None:
