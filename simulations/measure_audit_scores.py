@@ -32,7 +32,8 @@ The file (``simulations/data/audit_scores.json``) is a JSON object:
 - ``mixed[kind]``: the same epoch share when each challenge draws its setting uniformly among
   the clients' two defaults ``t0.7`` and ``t1.0`` (``users``), the three sampled settings
   (``sampled``) or all four (``all``).
-- ``settings``, ``kinds``, ``prompts`` (``{"line": index in the JSONL, "text": ...}``),
+- ``settings``, ``kinds``, ``prompts`` (``{"line": index in the JSONL, "sha256": of its text}``:
+  the texts stay in ``../shared/data``, whose README forbids copies of them in the project),
   ``z_high``, ``tau``, ``how``, ``cpu``, ``measured`` (date, UTC), ``seconds``.
 
 Progress on stderr.
@@ -41,6 +42,7 @@ Progress on stderr.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.metadata
 import json
 import math
@@ -77,6 +79,12 @@ KIND_TEXT = {
     "greedy": "Q2_K, always greedy whatever temperature is asked",
     "greedy_honest_weights": "Q4_1, always greedy whatever temperature is asked",
 }
+
+
+def prompt_record(prompt: dict[str, Any]) -> dict[str, Any]:
+    """What the results keep of a prompt of :func:`user_prompts`: its line and its text's SHA-256
+    (to tell whether the file changed since), never the text (the data's README forbids copies)."""
+    return {"line": prompt["line"], "sha256": hashlib.sha256(prompt["text"].encode()).hexdigest()}
 
 
 def user_prompts(n: int, path: Path = USER_PROMPTS) -> list[dict[str, Any]]:
@@ -201,7 +209,7 @@ async def _measure(n_prompts: int, max_tokens: int, tokens_out: Path | None = No
         "settings": {s: {"temperature": t, "top_p": p, "top_k": 0, "max_tokens": max_tokens}
                      for s, (t, p) in SETTINGS.items()},
         "kinds": KIND_TEXT,
-        "prompts": prompts,
+        "prompts": [prompt_record(p) for p in prompts],
         "how": (f"python -m simulations.measure_audit_scores --prompts {n_prompts} --max-tokens {max_tokens}: "
                 f"llama.cpp (llama-cpp-python {importlib.metadata.version('llama_cpp_python')}), verifier {model_id} ({path.name}) with score_fresh, 1 thread, "
                 "score_batch per (prompt, setting); nodes Q4_1 and Q2_K (llama_model_quantize, requantized), "
