@@ -65,6 +65,7 @@ from model_node.messages import Count, NodeStats, Served, StatsRequest
 from overlay.anon import Responder, busy_error, invalid_error
 from overlay.clock import Clock, TrioClock
 from overlay.directory.registry import Registry
+from overlay.failures import Failure
 from overlay.identity import Identity, short_id
 from overlay.messages import Deliver, ReplyChunk, Request
 from overlay.node import Node, listed_in
@@ -400,7 +401,8 @@ class ModelNode:
             return
         if not self.answered.take(req.request_id, self.clock.monotonic()):
             await conn.send(self._chunk(req, 0, "", (), done=True, error=invalid_error(
-                "this request id was answered already: a node answers each request id once (send a new request)")))
+                "this request id was answered already: a node answers each request id once (send a new request)"),
+                failure=Failure.INVALID))
             return
         async with aclosing(self.handle(req, direct=True)) as chunks:
             async for chunk in chunks:
@@ -409,17 +411,19 @@ class ModelNode:
                     break
 
     def _chunk(self, req: Request, seq: int, text: str, ids: tuple[int, ...], *, done: bool = False,
-               error: str = "", signer: ReplySigner | None = None, prompt_tokens: int = 0) -> ReplyChunk:
+               error: str = "", failure: Failure = Failure.NODE_ERROR, signer: ReplySigner | None = None,
+               prompt_tokens: int = 0) -> ReplyChunk:
         """A reply chunk; with ``signer`` (every output chunk) it carries the reply's hash chain
         after it and this node's signature over it (:mod:`overlay.signing`), and the prompt's
-        token count."""
+        token count. An error chunk (``error``: the words) carries ``failure``, the code the
+        client acts on (:mod:`overlay.failures`)."""
         chain, signature, signed_at_ms = b"", b"", 0
         if signer is not None:
             signed_at_ms = int(self.clock.unix() * 1000)
             chain, signature = signer.add(text, ids, done, signed_at_ms, self.identity.sign)
         return ReplyChunk(request_id=req.request_id, seq=seq, text=text, token_ids=ids, done=done, error=error,
                           node=self.identity.node_id, chain=chain, signature=signature, signed_at_ms=signed_at_ms,
-                          prompt_tokens=prompt_tokens)
+                          prompt_tokens=prompt_tokens, failure=failure if error else Failure.NONE)
 
     async def handle(self, req: Request, *, forwarded: bool = False, direct: bool = False,
                      target: bytes | None = None) -> AsyncGenerator[ReplyChunk, None]:
@@ -429,42 +433,45 @@ class ModelNode:
         ``direct``: it came over TLS rather than the overlay (if forwarded, its chunks come
         back through this node); ``target``: the node the client addressed, which the reply's
         signature names (the forwarding member; default this node)."""
-        prompt_ids, why = self._admit(req)
-        if why is None and self.group is not None:
+        prompt_ids, refusal = self._admit(req)
+        if refusal is None and self.group is not None:
             relayed = await self._route(req, prompt_ids, forwarded=forwarded, direct=direct)
             if relayed is not None:
                 async with aclosing(relayed) as chunks:
                     async for chunk in chunks:
                         yield chunk
                 return
-        if why is None and self.queued >= self.max_queue:
+        if refusal is None and self.queued >= self.max_queue:
             self.busy += 1
-            why = busy_error(f"model node is at capacity ({self.queued} requests queued); try another model "
-                             "node serving the model, or again in a minute")
-        if why is not None:
-            yield self._chunk(req, 0, "", (), done=True, error=why)
+            refusal = Failure.BUSY, busy_error(f"model node is at capacity ({self.queued} requests queued); try "
+                                               "another model node serving the model, or again in a minute")
+        if refusal is not None:
+            failure, why = refusal
+            yield self._chunk(req, 0, "", (), done=True, error=why, failure=failure)
             return
         async with aclosing(self._serve_here(req, prompt_ids, forwarded, target)) as chunks:
             async for chunk in chunks:
                 yield chunk
 
-    def _admit(self, req: Request) -> tuple[list[int], str | None]:
-        """``(prompt token ids, None)``, or ``([], why)`` when this node cannot serve ``req``:
-        another model, bad sampling parameters, a prompt the engine refuses, or a prompt plus
-        ``max_tokens`` beyond the context window."""
+    def _admit(self, req: Request) -> tuple[list[int], tuple[Failure, str] | None]:
+        """``(prompt token ids, None)``, or ``([], (failure, why))`` when this node cannot serve
+        ``req``: another model (a node error: another node may serve it), bad sampling
+        parameters, a prompt the engine refuses, or a prompt plus ``max_tokens`` beyond the
+        context window (invalid: any node would refuse it)."""
         if req.model != self.model:
-            return [], f"this node serves {self.model!r}, not {req.model!r}"
+            return [], (Failure.NODE_ERROR, f"this node serves {self.model!r}, not {req.model!r}")
         why = check_params(req, self.max_tokens_limit)
         if why is not None:
-            return [], invalid_error(why)
+            return [], (Failure.INVALID, invalid_error(why))
         try:
             prompt_ids = self.engine.chat_prompt(req.messages, req.continuation)
         except EngineError as exc:
-            return [], invalid_error(str(exc))
+            return [], (Failure.INVALID, invalid_error(str(exc)))
         ctx = self.engine.context_window
         if len(prompt_ids) + req.params.max_tokens > ctx:
-            return [], invalid_error(f"the prompt ({len(prompt_ids)} tokens) plus max_tokens "
-                                     f"({req.params.max_tokens}) exceeds the model's context window of {ctx} tokens")
+            return [], (Failure.INVALID, invalid_error(
+                f"the prompt ({len(prompt_ids)} tokens) plus max_tokens ({req.params.max_tokens}) exceeds the "
+                f"model's context window of {ctx} tokens"))
         return prompt_ids, None
 
     async def _route(self, req: Request, prompt_ids: list[int], *, forwarded: bool,
@@ -501,7 +508,7 @@ class ModelNode:
             why = f"every slot is taken and about {load.relative:.0f} s of work queued"
         if why:
             self.busy += 1
-            yield self._chunk(req, 0, "", (), done=True, error=busy_error(
+            yield self._chunk(req, 0, "", (), done=True, failure=Failure.BUSY, error=busy_error(
                 f"model node cannot take this request now: {why}; try another model node serving the model, or again in a minute"))
             return
         assert taken is not None
@@ -523,7 +530,7 @@ class ModelNode:
                 self._load_changed()
         if not got_slot:
             self.busy += 1
-            yield self._chunk(req, 0, "", (), done=True, error=busy_error(
+            yield self._chunk(req, 0, "", (), done=True, failure=Failure.BUSY, error=busy_error(
                 f"no free slot on this model node within {self.max_queue_wait:g} s; try another model node "
                 "serving the model, or again in a minute"))
             return

@@ -26,6 +26,7 @@ import trio
 
 from overlay import codec, crypto, sida
 from overlay.clock import Clock, TrioClock
+from overlay.failures import Failure, from_wire
 from overlay.identity import Identity, short_id
 from overlay.messages import (
     REQUEST_ID_LEN,
@@ -50,15 +51,11 @@ from overlay.signing import ReplyChecker, ReplyVerifyError, request_digest
 log = logging.getLogger("gentorrent.anon")
 
 MAX_CHUNKS_QUEUED = 1024
-# A model node past its capacity refuses a request with an error chunk whose text starts with
-# "busy:" (before any output); the client then tries another model node serving the model.
-BUSY = "busy"
-# An error that another model node would answer the same way (bad sampling parameters, a prompt
-# the model's tokenizer refuses, a prompt too long for the model's context window) starts with
-# "invalid request:"; the client reports it without failing over. Every other error reply
-# (the engine failed, the node does not serve the model after all, a forwarding fault) makes
-# the client fail over to another node.
-INVALID = "invalid request"
+# What an error chunk's code (ReplyChunk.failure, overlay.failures) makes the client do: BUSY
+# (a node past its capacity, before any output): another model node serving the model at once;
+# INVALID (bad sampling parameters, a prompt the tokenizer refuses or too long for the context:
+# any node would answer the same): reported, no failover; anything else (the engine failed, the
+# node does not serve the model after all, a forwarding fault): failover to another node.
 # Failover on silence: before the first chunk the caller's ``timeout`` applies (it covers
 # queueing and prefill); after it, a silence longer than SILENCE_GAPS times the reply's mean
 # gap between chunks (the node's own decode rate as seen here; FIRST_GAP until two chunks have
@@ -71,33 +68,35 @@ MODEL_GONE = frozenset({"model-unreachable", "model-lost"})
 
 
 def busy_error(detail: str) -> str:
-    """The error text of a "busy" refusal: ``busy: <detail>``."""
-    return f"{BUSY}: {detail}"
-
-
-def is_busy(error: str) -> bool:
-    """Whether a reply chunk's error is a "busy" refusal (:func:`busy_error`)."""
-    return error.startswith(f"{BUSY}:")
+    """The words of a "busy" refusal (sent with :attr:`Failure.BUSY`): ``busy: <detail>``."""
+    return f"busy: {detail}"
 
 
 def invalid_error(detail: str) -> str:
-    """The error text of a refusal that no other model node would answer differently."""
-    return f"{INVALID}: {detail}"
-
-
-def is_final_error(error: str) -> bool:
-    """Whether a reply chunk's error is final by nature (:func:`invalid_error`): no failover."""
-    return error.startswith(f"{INVALID}:")
+    """The words of a refusal no other model node would answer differently (sent with
+    :attr:`Failure.INVALID`): ``invalid request: <detail>``."""
+    return f"invalid request: {detail}"
 
 
 class AnonError(Exception):
-    """An anonymous request failed; the message says why and what to do."""
+    """An anonymous request failed; the message says why and what to do, ``kind`` (a
+    :class:`~overlay.failures.Failure`) what failed, for whoever shows it (chat's exit status,
+    the gateway's HTTP error, the auditor's verdict): never the message."""
+
+    kind: Failure = Failure.OTHER
+
+    def __init__(self, message: str = "", kind: Failure | None = None) -> None:
+        super().__init__(message)
+        if kind is not None:
+            self.kind = kind
 
 
 class ModelUnaudited(AnonError):
     """Every trusted model node serving the model is of a model no verifier with enough voting
     power audits (the committee's model list marks it unaudited, decision 0013), and the user did
     not opt in (``--allow-unaudited``). Nothing was sent."""
+
+    kind = Failure.UNAUDITED
 
     def __init__(self, model: str) -> None:
         super().__init__(unaudited_message(model))
@@ -116,11 +115,11 @@ def usable_nodes(nodes: Sequence[PeerEntry], model: str, allow_unaudited: bool =
     none is listed or none is trusted, :class:`ModelUnaudited` when the trusted ones serve an
     unaudited model and ``allow_unaudited`` is off."""
     if not nodes:
-        raise AnonError(f"no model node in the registry serves {model!r}")
+        raise AnonError(f"no model node in the registry serves {model!r}", Failure.NO_MODEL_NODE)
     trusted = [e for e in nodes if e.trusted]
     if not trusted:
         raise AnonError(f"no model node serving {model!r} is trusted: the committee's audits put all "
-                        f"{len(nodes)} listed under its trust line")
+                        f"{len(nodes)} listed under its trust line", Failure.NO_MODEL_NODE)
     ok = [e for e in trusted if usable(e, allow_unaudited)]
     if not ok:
         raise ModelUnaudited(model)
@@ -131,15 +130,21 @@ class AllBusy(AnonError):
     """Every model node tried for the request refused it as busy (past capacity): nothing was
     generated; the same request may succeed in a minute (a gateway answers 503)."""
 
+    kind = Failure.ALL_BUSY
+
 
 class ReplyUnverified(AnonError):
     """A reply chunk failed its check (:mod:`overlay.signing`): its text or token ids do not
     match the hash chain, its signature does not verify, or its node is not registered for
     the model. Nothing of that chunk was yielded; the text yielded before it was verified."""
 
+    kind = Failure.UNVERIFIED
+
 
 class _NodeFailed(AnonError):
     """The serving model node failed (a failover candidate): ``nodes`` are the ones to avoid."""
+
+    kind = Failure.NODE_ERROR
 
     def __init__(self, message: str, *nodes: bytes) -> None:
         super().__init__(message)
@@ -149,36 +154,24 @@ class _NodeFailed(AnonError):
 class _NodeSilent(_NodeFailed):
     """The serving model node went silent."""
 
+    kind = Failure.SILENT
+
 
 class _NodeLost(_NodeFailed):
     """The proxies report the serving model node gone (or the paths to it died)."""
+
+    kind = Failure.LOST
 
 
 class _NodeBusy(AnonError):
     """A model node refused the request as busy before any output (try another at once).
     ``node``: the node that refused (the one we sent to, or the member it forwarded to)."""
 
+    kind = Failure.BUSY
+
     def __init__(self, message: str, node: bytes) -> None:
         super().__init__(message)
         self.node = node
-
-
-def failure_kind(exc: AnonError) -> str:
-    """What went wrong with a request sent with ``failover=False``: ``"busy"`` (refused at
-    capacity), ``"silent"`` (no reply in time), ``"lost"`` (the node is gone), ``"error"`` (an
-    error reply), ``"unverified"`` (a chunk failed its check), ``"other"`` (no paths, a final
-    error, a node not listed)."""
-    if isinstance(exc, AllBusy):
-        return "busy"
-    if isinstance(exc, ReplyUnverified):
-        return "unverified"
-    if isinstance(exc, _NodeSilent):
-        return "silent"
-    if isinstance(exc, _NodeLost):
-        return "lost"
-    if isinstance(exc, _NodeFailed):
-        return "error"
-    return "other"
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,7 +237,8 @@ class AnonClient:
             for e in nodes:
                 if e.node_id == prefer:
                     return e
-            raise AnonError(f"model node {short_id(prefer)} is not listed as serving {model!r}")
+            raise AnonError(f"model node {short_id(prefer)} is not listed as serving {model!r}",
+                            Failure.NO_MODEL_NODE)
         ok = usable_nodes(nodes, model, self.allow_unaudited)
         if prefer is not None:
             for e in ok:
@@ -277,18 +271,18 @@ class AnonClient:
         first chunk. The request fails over — the prompt and the verified text so far are
         resent to another node serving the model, which continues without repeating it
         (``continuation``, from Petals) — when the serving node (1) answers with an error that
-        is not final by nature (:func:`is_final_error`), (2) is reported gone by the proxies
+        is not final by nature (:attr:`Failure.INVALID`), (2) is reported gone by the proxies
         (or its paths die) so that fewer than k paths can still carry its reply, or (3) stays
         silent for longer than :data:`SILENCE_GAPS` times its gap between chunks (at least
         :data:`SILENCE_FLOOR` s). After a failover ``chunk.node`` changes: each part is
-        signed by the node that wrote it. A node that answers "busy" (:func:`is_busy`) is left
+        signed by the node that wrote it. A node that answers "busy" (:attr:`Failure.BUSY`) is left
         at once for another. Raises :class:`AnonError` on failure (a final error, or no node
         left), :class:`AllBusy` when every candidate refused as busy, :class:`ReplyUnverified`
         as above. Only usable nodes are chosen (:meth:`choose_model_node`: trusted, of an audited
         model unless :attr:`allow_unaudited`; :class:`ModelUnaudited` otherwise). ``failover=False``
         tries ``node`` only, whatever its reputation or audit (one usable node when ``node`` is None):
         :class:`AnonError` if the registry does not list ``node`` for ``model``, and a failure
-        is raised as it happened (:func:`failure_kind` names it), never retried elsewhere.
+        is raised as it happened (its ``kind`` names it), never retried elsewhere.
         Verifiers send audit challenges this way (``verifier/audit/auditor.py``).
 
         ``fresh_paths=True`` sends each try over n proxy paths built for it alone
@@ -331,8 +325,8 @@ class AnonClient:
                 if not failover:
                     raise
                 if not others:
-                    raise AnonError(str(exc)) from None
-                why = "silent" if isinstance(exc, _NodeSilent) else "lost" if isinstance(exc, _NodeLost) else "error"
+                    raise AnonError(str(exc), exc.kind) from None
+                why = {Failure.SILENT: "silent", Failure.LOST: "lost"}.get(exc.kind, "error")
                 self.failovers[why] = self.failovers.get(why, 0) + 1
                 target = self.rng.choice(others)
                 log.warning("%s; failing over to model node %s with %d characters already received",
@@ -352,7 +346,7 @@ class AnonClient:
             else:
                 paths = self.rng.sample(await self.paths.wait_ready(self.n, paths_timeout), self.n)
         except PathError as exc:
-            raise AnonError(str(exc)) from None
+            raise AnonError(str(exc), Failure.NO_PATHS) from None
         try:
             async with aclosing(self._attempt_on(paths, target, model, messages, params, continuation, timeout,
                                                  exact, request_id)) as chunks:
@@ -494,11 +488,12 @@ class AnonClient:
             while next_seq in pending:
                 c = pending.pop(next_seq)
                 next_seq += 1
-                if c.error and c.seq == 0 and is_busy(c.error):
-                    raise _NodeBusy(f"model node {short_id(c.node)}: {c.error}", c.node)
-                if c.error and is_final_error(c.error):
-                    raise AnonError(f"model node {short_id(c.node)}: {c.error}")
-                if c.error:
+                if c.error or c.failure:
+                    failure = from_wire(c.failure)
+                    if failure is Failure.BUSY and c.seq == 0:
+                        raise _NodeBusy(f"model node {short_id(c.node)}: {c.error}", c.node)
+                    if failure is Failure.INVALID:
+                        raise AnonError(f"model node {short_id(c.node)}: {c.error}", Failure.INVALID)
                     raise _NodeFailed(f"model node {short_id(c.node)} failed: {c.error}", c.node, node)
                 now = self.clock.monotonic()
                 if first_at is None:
@@ -660,7 +655,7 @@ class Responder:
         if self.active >= self.max_active:
             self._start(req, self._refuse(req, busy_error(
                 f"model node is at capacity ({self.active} requests in progress); try another model node "
-                "serving the model, or again in a minute")))
+                "serving the model, or again in a minute"), Failure.BUSY))
             return True
         self._start(req, (handler or self.handler)(req))
         return True
@@ -669,12 +664,13 @@ class Responder:
         assert self._nursery is not None
         self._nursery.start_soon(self._answer, req, chunks)
 
-    def _error_chunk(self, req: Request, seq: int, why: str) -> ReplyChunk:
+    def _error_chunk(self, req: Request, seq: int, why: str,
+                     failure: Failure = Failure.NODE_ERROR) -> ReplyChunk:
         return ReplyChunk(request_id=req.request_id, seq=seq, text="", token_ids=(), done=True, error=why,
-                          node=self.identity.node_id, chain=b"", signature=b"", signed_at_ms=0)
+                          node=self.identity.node_id, chain=b"", signature=b"", signed_at_ms=0, failure=failure)
 
-    async def _refuse(self, req: Request, why: str) -> AsyncIterator[ReplyChunk]:
-        yield self._error_chunk(req, 0, why)
+    async def _refuse(self, req: Request, why: str, failure: Failure) -> AsyncIterator[ReplyChunk]:
+        yield self._error_chunk(req, 0, why, failure)
 
     async def _answer(self, req: Request, chunks: AsyncIterator[ReplyChunk]) -> None:
         self.active += 1

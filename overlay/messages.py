@@ -284,7 +284,9 @@ class ReplyChunk:
     model, node id, ``signed_at_ms``). Error chunks carry an empty chain and signature: they
     are never an answer. ``prompt_tokens`` (output chunks; 0 on error chunks) is how many
     tokens the serving node's prompt held, for the ``usage`` a client reports. It is not
-    signed: an accounting figure, not part of the answer."""
+    signed: an accounting figure, not part of the answer. ``failure`` (error chunks) is why,
+    as a code (:class:`overlay.failures.Failure`: node error, busy or invalid; the client reads
+    any other value as a node error); 0 on answer chunks."""
 
     request_id: bytes = field(exact=REQUEST_ID_LEN)
     seq: int = field()
@@ -297,3 +299,4 @@ class ReplyChunk:
     signature: bytes = field(max=64)
     signed_at_ms: int = field()
     prompt_tokens: int = field(default=0)
+    failure: int = field(default=0)

@@ -46,9 +46,10 @@ from typing import Any, Protocol, TextIO
 
 import trio
 
-from overlay.anon import AnonError, ModelUnaudited, ReplyUnverified, usable_nodes
+from overlay.anon import AnonError, ReplyUnverified, usable_nodes
 from overlay.clock import Clock, TrioClock
 from overlay.directory.constants import REPUTATION_SCALE
+from overlay.failures import Failure
 from overlay.messages import ChatMessage, ReplyChunk, SamplingParams
 from overlay.paths import PathError
 from user_client.donate import Donor
@@ -82,24 +83,28 @@ HELP = """commands:
 anything else is sent as your next turn."""
 
 
+#: The exit status of each kind of failed request (:class:`~overlay.failures.Failure`).
+EXIT_FOR = {
+    Failure.NO_PATHS: EXIT_PATHS,
+    Failure.SILENT: EXIT_NO_MODEL_NODE,
+    Failure.LOST: EXIT_NO_MODEL_NODE,
+    Failure.NO_MODEL_NODE: EXIT_NO_MODEL_NODE,
+    Failure.NODE_ERROR: EXIT_MODEL_ERROR,
+    Failure.BUSY: EXIT_MODEL_ERROR,
+    Failure.ALL_BUSY: EXIT_MODEL_ERROR,
+    Failure.INVALID: EXIT_MODEL_ERROR,
+    Failure.UNVERIFIED: EXIT_UNVERIFIED,
+    Failure.UNAUDITED: EXIT_UNAUDITED,
+}
+
+
 def exit_status(exc: BaseException) -> int:
-    """The exit status that says what failed (see :data:`EXIT_CODES`)."""
+    """The exit status that says what failed (see :data:`EXIT_CODES`): by the failure's kind
+    (:data:`EXIT_FOR`), never by its message."""
     if isinstance(exc, PathError):
         return EXIT_PATHS
-    if isinstance(exc, ReplyUnverified):
-        return EXIT_UNVERIFIED
-    if isinstance(exc, ModelUnaudited):
-        return EXIT_UNAUDITED
     if isinstance(exc, AnonError):
-        msg = str(exc)
-        if msg.startswith("no reply") or msg.startswith("no model node"):
-            return EXIT_NO_MODEL_NODE
-        if "proxy paths" in msg:
-            return EXIT_PATHS
-        if msg.endswith("discarded"):
-            return EXIT_UNVERIFIED
-        if msg.startswith("model node "):
-            return EXIT_MODEL_ERROR
+        return EXIT_FOR.get(exc.kind, EXIT_OTHER)
     return EXIT_OTHER
 
 

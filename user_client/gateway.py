@@ -61,8 +61,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from overlay.anon import AllBusy, AnonError, ModelUnaudited, ReplyUnverified, unaudited_message
+from overlay.anon import AnonError, ModelUnaudited, unaudited_message
 from overlay.clock import Clock, TrioClock
+from overlay.failures import Failure
 from overlay.messages import ChatMessage, ReplyChunk, SamplingParams
 from overlay.paths import PathError
 from overlay.peers import PeerEntry, usable
@@ -134,17 +135,18 @@ def unaudited_error(model: str) -> api.ApiError:
 
 def error_for(exc: AnonError) -> api.ApiError:
     """503 when no model node answered, every one was busy or the model is not audited, 502 when
-    one answered with an error or its reply failed verification."""
+    one answered with an error or its reply failed verification: by the failure's kind, never by
+    its message."""
     msg = str(exc)
     if isinstance(exc, ModelUnaudited):
         return unaudited_error(exc.model)
-    if isinstance(exc, ReplyUnverified):
+    if exc.kind is Failure.UNVERIFIED:
         return api.ApiError(502, f"the reply failed verification and was refused: {msg}", type="model_node_error",
                             code="reply_unverified")
-    if isinstance(exc, AllBusy):
+    if exc.kind in (Failure.ALL_BUSY, Failure.BUSY):
         return api.ApiError(503, f"every model node is busy: {msg}; retry later", type="service_unavailable",
                             code="model_nodes_busy")
-    if msg.startswith("no reply") or msg.startswith("no model node"):
+    if exc.kind in (Failure.SILENT, Failure.LOST, Failure.NO_MODEL_NODE):
         return api.ApiError(503, f"no model node reachable: {msg}", type="service_unavailable",
                             code="no_model_node_reachable")
     return api.ApiError(502, msg, type="model_node_error", code="model_node_error")

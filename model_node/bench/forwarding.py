@@ -82,10 +82,10 @@ from model_node.bench.policies import REQUESTS_THRESHOLD
 from model_node.forwarding import DEFAULT_LOAD_THRESHOLD
 from model_node.llama import DEFAULT_MODEL_ID, LlamaCppEngine, resolve_model
 from model_node.messages import NodeStats, StatsRequest
-from overlay.anon import is_busy
 from overlay.bench.stats import cpu_model, percentile, process_usage, summarize_ms
 from overlay.cli import run_async
 from overlay.clock import TrioClock
+from overlay.failures import Failure, from_wire
 from overlay.identity import Identity
 from overlay.messages import ChatMessage, ReplyChunk, Request, SamplingParams
 from overlay.peers import PeerEntry
@@ -169,11 +169,13 @@ def _cpu_seconds(pid: int) -> float:
 
 
 class RequestFailed(Exception):
-    """The model node answered with an error chunk (``node``: the node that says so)."""
+    """The model node answered with an error chunk (``node``: the node that says so, ``failure``:
+    its code, :func:`overlay.failures.from_wire`)."""
 
-    def __init__(self, error: str, node: bytes) -> None:
+    def __init__(self, error: str, node: bytes, failure: Failure = Failure.NODE_ERROR) -> None:
         super().__init__(error)
         self.node = node
+        self.failure = failure
 
 
 class Client:
@@ -217,7 +219,7 @@ class Client:
                 ttft = time.perf_counter() - t0
             if c.error:
                 self.release(e, conn)
-                raise RequestFailed(c.error, c.node)
+                raise RequestFailed(c.error, c.node, from_wire(c.failure))
             if c.done:
                 self.release(e, conn)
                 return ttft, time.perf_counter() - t0, c.node
@@ -276,7 +278,7 @@ async def _play(net: LocalNet, jobs: list[Job], systems: list[str], warm_conns: 
                 t, lat, node = await client.request(entry, msgs, t0)
                 break
             except RequestFailed as exc:
-                if not is_busy(str(exc)):  # e.g. a forward timed out in an overloaded group: counted
+                if exc.failure is not Failure.BUSY:  # e.g. a forward timed out in an overloaded group: counted
                     failed.append(str(exc))
                     return
                 refusals += 1

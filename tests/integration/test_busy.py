@@ -11,7 +11,8 @@ from model_node.echo import EchoEngine
 from model_node.group import GroupConfig
 from model_node.server import ModelNode
 from model_node.testing import GROUP_SYNC, CachingEcho, echo_node
-from overlay.anon import AllBusy, AnonError, is_busy
+from overlay.anon import AllBusy, AnonError
+from overlay.failures import Failure, from_wire
 from overlay.messages import ChatMessage, ReplyChunk, SamplingParams
 from overlay.testing import Net, start_overlay
 
@@ -119,11 +120,14 @@ async def test_every_request_is_answered_or_refused_as_busy(autojump_clock):
         nursery.cancel_scope.cancel()
 
 
-def test_busy_text_is_recognised() -> None:
-    from overlay.anon import busy_error
-
-    assert is_busy(busy_error("full"))
-    assert not is_busy("model node is busy") and not is_busy("")
+def test_an_error_chunk_s_code_is_read_and_never_its_words() -> None:
+    """What a client does with an error chunk comes from its code: a node may send only node
+    error, busy or invalid; anything else (none, a client-side kind, an unknown number) counts
+    as a node error, so the client fails over rather than trusting it."""
+    assert [from_wire(c) for c in (Failure.NODE_ERROR, Failure.BUSY, Failure.INVALID)] == [
+        Failure.NODE_ERROR, Failure.BUSY, Failure.INVALID]
+    for code in (0, Failure.ALL_BUSY, Failure.UNVERIFIED, Failure.OTHER, 99, -1, 2**40):
+        assert from_wire(code) is Failure.NODE_ERROR
 
 
 async def test_a_forwarded_request_refused_as_busy_completes_on_a_third_node(autojump_clock):

@@ -6,7 +6,8 @@ import io
 
 import pytest
 
-from overlay.anon import AnonError, ModelUnaudited, ReplyUnverified
+from overlay.anon import AllBusy, AnonError, ModelUnaudited, ReplyUnverified
+from overlay.failures import Failure
 from overlay.messages import ChatMessage, ReplyChunk, SamplingParams
 from overlay.paths import PathError
 from user_client import chat
@@ -120,24 +121,30 @@ def test_commands():
 
 @pytest.mark.parametrize("exc,status", [
     (PathError("only 1 of the 4 proxy paths needed are ready after 60s"), chat.EXIT_PATHS),
-    (AnonError("only 1 of the 4 proxy paths needed are ready after 30s (...)"), chat.EXIT_PATHS),
-    (AnonError("no reply from model node 0a0b0c0d within 5s (...)"), chat.EXIT_NO_MODEL_NODE),
-    (AnonError("no model node in the registry serves 'x'"), chat.EXIT_NO_MODEL_NODE),
-    (AnonError("model node 0a0b0c0d: max_tokens must be within 1..4096, got 5000"), chat.EXIT_MODEL_ERROR),
-    (AnonError("bad signature; the reply was discarded"), chat.EXIT_UNVERIFIED),
-    (AnonError("the reply came from node 0a0b0c0d, which the registry does not list as serving 'm'; discarded"),
-     chat.EXIT_UNVERIFIED),
+    (AnonError("only 1 of the 4 proxy paths needed are ready after 30s (...)", Failure.NO_PATHS), chat.EXIT_PATHS),
+    (AnonError("no reply from model node 0a0b0c0d within 5s (...)", Failure.SILENT), chat.EXIT_NO_MODEL_NODE),
+    (AnonError("no model node in the registry serves 'x'", Failure.NO_MODEL_NODE), chat.EXIT_NO_MODEL_NODE),
+    (AnonError("model node 0a0b0c0d: max_tokens must be within 1..4096, got 5000", Failure.INVALID),
+     chat.EXIT_MODEL_ERROR),
+    (AnonError("model node 0a0b0c0d failed: engine error", Failure.NODE_ERROR), chat.EXIT_MODEL_ERROR),
+    (AllBusy("every model node tried for 'm' (3) is busy"), chat.EXIT_MODEL_ERROR),
     (ReplyUnverified("reply chunk 3 from node 0a0b0c0d does not match its hash chain"), chat.EXIT_UNVERIFIED),
-    (AnonError("no reply from model node 0a0b0c0d: it is gone (model-lost: ...)"), chat.EXIT_NO_MODEL_NODE),
+    (AnonError("no reply from model node 0a0b0c0d: it is gone (model-lost: ...)", Failure.LOST), chat.EXIT_NO_MODEL_NODE),
     (AnonError("reply chunks arrived too far out of order"), chat.EXIT_OTHER),
     (ModelUnaudited("m"), chat.EXIT_UNAUDITED),
-    (AnonError("no model node serving 'm' is trusted: the committee's audits put all 2 listed under its trust line"),
-     chat.EXIT_NO_MODEL_NODE),
+    # the words are never read: only the kind says what failed
+    (AnonError("no reply from model node 0a0b0c0d within 5s; the reply was discarded"), chat.EXIT_OTHER),
+    (AnonError("a message in no known form", Failure.UNVERIFIED), chat.EXIT_UNVERIFIED),
     (RuntimeError("x"), chat.EXIT_OTHER),
 ])
 def test_exit_status_says_what_failed(exc, status):
     assert chat.exit_status(exc) == status
     assert status in chat.EXIT_CODES
+
+
+def test_every_kind_of_failure_has_its_exit_status():
+    assert set(chat.EXIT_FOR) == set(Failure) - {Failure.NONE, Failure.OTHER}
+    assert set(chat.EXIT_FOR.values()) <= set(chat.EXIT_CODES) - {chat.EXIT_OK, chat.EXIT_USAGE}
 
 
 OTHER = b"O" * 32

@@ -39,7 +39,7 @@ def items(*objs: Any) -> bytes:
 
 def reply_fields(token_ids: Any) -> list[Any]:
     """The fields of a :class:`ReplyChunk`, with ``token_ids`` as given."""
-    return [b"r" * 16, 0, "", token_ids, True, "", b"n" * 20, b"", b"", 0, 0]
+    return [b"r" * 16, 0, "", token_ids, True, "", b"n" * 20, b"", b"", 0, 0, 0]
 
 
 def refuse(payload: bytes) -> tuple[RemoteProtocolError, int]:
@@ -96,7 +96,8 @@ def test_frame_header_claiming_4g_items_is_refused_by_its_field_count() -> None:
 def test_tuple_header_over_its_bound_is_refused_before_its_items(count: int) -> None:
     fields = reply_fields(None)
     token_ids = b"\xdd" + count.to_bytes(4, "big")  # an array 32 header announcing ``count``
-    err, peak = refuse(b"\x9d" + items(V, CODE[ReplyChunk], *fields[:3]) + token_ids + items(*fields[4:]))
+    header = bytes([0x90 + 2 + len(fields)])  # a fixarray of the version, the code and the fields
+    err, peak = refuse(header + items(V, CODE[ReplyChunk], *fields[:3]) + token_ids + items(*fields[4:]))
     assert err.reason == f"ReplyChunk.token_ids: array of {count} items over the limit 65536"
     assert peak < 100_000
 

@@ -14,6 +14,7 @@ from hypercorn.config import Config
 from hypercorn.trio import serve
 
 from overlay.anon import AllBusy, AnonError, ModelUnaudited, ReplyUnverified
+from overlay.failures import Failure
 from overlay.messages import ReplyChunk
 from user_client import openai_api as api
 from user_client.gateway import Gateway, is_loopback
@@ -43,11 +44,11 @@ class FakeBackend:
         self.calls.append((messages[-1].content, node))
         words = messages[-1].content.split(" ")
         if words[0] == "silent":
-            raise AnonError("no reply from model node 0a0b0c0d within 1s")
+            raise AnonError("no reply from model node 0a0b0c0d within 1s", Failure.SILENT)
         if words[0] == "nopaths":
             raise api.ApiError(503, "not enough proxy paths", type="service_unavailable", code="not_enough_paths")
         if words[0] == "refused":
-            raise AnonError("model node 0a0b0c0d: model node is at capacity; try again later")
+            raise AnonError("model node 0a0b0c0d: model node is at capacity; try again later", Failure.NODE_ERROR)
         if words[0] == "allbusy":
             raise AllBusy("every model node serving 'echo' refused the request as busy")
         if words[0] == "unaudited":  # the committee stopped auditing the model since the call was admitted
@@ -57,7 +58,7 @@ class FakeBackend:
             if w == "hold":
                 await self.release.wait()
             if w == "break":
-                raise AnonError("model node 0a0b0c0d: engine failed")
+                raise AnonError("model node 0a0b0c0d: engine failed", Failure.NODE_ERROR)
             if w == "forged":
                 raise ReplyUnverified("reply chunk 2 from node 0a0b0c0d does not match its hash chain")
             if w == "failover":

@@ -70,7 +70,8 @@ import msgpack
 import trio
 
 from model_node.engine import EngineError
-from overlay.anon import AnonClient, AnonError, failure_kind
+from overlay import failures
+from overlay.anon import AnonClient, AnonError
 from overlay.clock import Clock, TrioClock
 from overlay.directory.constants import REPUTATION_SCALE
 from overlay.directory.rpc import Rpc, RpcError, abci_query, broadcast_tx_sync, rpc_call
@@ -261,6 +262,17 @@ class Failure:
     @property
     def reason(self) -> str:
         return f"{self.kind}: {self.detail}"[:200]
+
+
+#: The verdict on a challenge by the kind of its failed request (:class:`overlay.failures.Failure`;
+#: a challenge goes without failover, so a busy node raises ``ALL_BUSY``); any other kind: "other".
+VERDICT = {
+    failures.Failure.ALL_BUSY: "busy",
+    failures.Failure.UNVERIFIED: "unverified",
+    failures.Failure.SILENT: "silent",
+    failures.Failure.LOST: "lost",
+    failures.Failure.NODE_ERROR: "error",
+}
 
 
 # --------------------------------------------------------------------------- the plan
@@ -675,7 +687,7 @@ async def send_challenge(client: AnonClient, node_id: bytes, opening: Opening, *
                 if c.done:
                     break
     except AnonError as exc:
-        return Failure(failure_kind(exc), str(exc))
+        return Failure(VERDICT.get(exc.kind, "other"), str(exc))
     if last is None or not last.done:
         return Failure("incomplete", "the reply ended before its last chunk")
     if not any(ids for _, ids in chunks):
