@@ -25,7 +25,8 @@ same queue. ``load_threshold`` is therefore in seconds (:data:`DEFAULT_LOAD_THRE
 **Least predicted TTFT (issue 29).** The product decides by :func:`least_ttft` instead: the
 node whose first token for this prompt would come soonest, its wait plus the prefill of the
 prompt tokens it lacks (a holder of the matched prefix lacks only the tokens past the matched
-chunks), plus, for a peer, the round trip to it that the forward adds (measured by the driver). Costs within :data:`TTFT_TIE` of the least are a tie, won by the node idle the longest
+chunks), plus, for a peer, the round trip to it that the forward adds (measured by the
+driver). Costs within :data:`TTFT_TIE` of the least are a tie, won by the node idle the longest
 (:attr:`Load.idle_ms`), else by ourselves (no hop). The simulation study behind it:
 docs/simulations.md, "Against an oracle"; the decision: docs/decisions/0005-hrtree.md,
 "Revision (issue 29)". :func:`algorithm2` stays for ``GroupConfig(rule="alg2")`` and the
@@ -40,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -309,9 +311,9 @@ def least_ttft(self_id: bytes, table: Mapping[bytes, Load], found: Match, prompt
     whose wait is at or over ``load_threshold`` is a choice only if every node's is: it would
     refuse the request as busy (its admission's limit, decision 0009; a node with every slot
     taken reports a ``match_wait`` of at least that limit), whatever the prefill it saves.
-    ``hops``: the seconds a forward to each peer adds (the round trip to it: the request goes
-    there, the first reply chunk comes back through us), added to its cost; a peer not in it
-    costs no hop. Across regions the round trip can exceed the prefill a holder saves.
+    ``hops``: the seconds a forward to each peer adds (about the round trip to it: the request
+    crosses to the peer, whose reply cloves leave from there), added to its cost; a peer not in
+    it costs no hop. Across regions the round trip can exceed the prefill a holder saves.
 
     Costs within :data:`TTFT_TIE` (and :data:`TTFT_TIE_S`) of the least are a tie: a node's
     own rates (exact) and its peers' (rounded in the load report) differ in the last digits,
@@ -364,17 +366,11 @@ def with_group_rates(table: Mapping[bytes, Load]) -> dict[bytes, Load]:
         return dict(table)
     out = {}
     for node, load in table.items():
-        p = load.prefill_rate or (_median(prefill) * load.capacity if prefill else 0.0)
-        d = load.decode_rate or (_median(decode) * load.capacity if decode else 0.0)
+        p = load.prefill_rate or (statistics.median(prefill) * load.capacity if prefill else 0.0)
+        d = load.decode_rate or (statistics.median(decode) * load.capacity if decode else 0.0)
         out[node] = load if (p, d) == (load.prefill_rate, load.decode_rate) else \
             dataclasses.replace(load, prefill_rate=p, decode_rate=d)
     return out
-
-
-def _median(values: Sequence[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 def _work(load: Load) -> float:

@@ -118,8 +118,8 @@ async def timed_request(net: Testbed, c: Client, model: str, *, timeout: float, 
         node = net.entries[target].node_id if target else client.choose_model_node(model).node_id
         sample.entry = next((n for n in net.models if net.entries[n].node_id == node), "?")
         ready = await c.user.paths.wait_ready(client.n, timeout)
-    except Exception as exc:  # noqa: BLE001 - PathError and the like: a failed request, counted
-        sample.error = f"paths: {exc}"
+    except Exception as exc:  # noqa: BLE001 - no usable model node, PathError and the like: a failed request, counted
+        sample.error = f"before sending: {type(exc).__name__}: {exc}"
         return sample
     hops = [[net.name_at(r.address) or "?" for r in p.relays] for p in ready[:client.n]]
     t0 = trio.current_time()
