@@ -244,6 +244,26 @@ def test_held_scores_are_dropped_after_carry_epochs() -> None:
     assert got is not None and at.decode_audit_tx(got.raw, "audit-test").nodes == ((n, (2, 3, 3, 3)),)
 
 
+def test_scores_that_come_after_their_epoch_go_out_with_the_next_epochs() -> None:
+    """Scoring outlasted the epoch (a loaded machine): the chain refuses the scores as of an ended
+    epoch, and they go out in the next epoch, after this verifier's report there, even when that
+    epoch has no transcripts of its own. Refusals for any other reason are final."""
+    n = b"\x0a" * 20
+    a = auditor(0, transcripts=StubBook({}))
+    late = a.transcript_scores(1, [(n, 700_000)] * 4)
+    assert late is not None
+    a.submitted(late.key, retry=False)
+    a.refused(late.key, "a transcript scores for epoch 1; the chain is in epoch 2", Code.WRONG_EPOCH)
+    next_epoch = view(epoch=2, committed=(a.public_key,), reported=(a.public_key,))
+    (again,) = a.plan(next_epoch, REPORT_FROM + 1)
+    assert isinstance(again, Submit) and again.key == ("transcripts", 2)
+    tx = at.decode_audit_tx(again.raw, "audit-test")
+    assert isinstance(tx, at.TranscriptScores) and tx.epoch == 2 and tx.nodes == ((n, (700_000,) * 4),)
+    a.submitted(again.key, retry=False)
+    a.refused(again.key, f"validator {a.public_key.hex()[:8]} already gave transcript scores", Code.DUPLICATE)
+    assert a.plan(view(epoch=3, committed=(a.public_key,), reported=(a.public_key,)), REPORT_FROM + 1) == []
+
+
 def test_scores_keep_to_the_chains_limits_by_a_random_sample() -> None:
     a = auditor(0)
     many = [(bytes([i % 7]) * 20, 1000 + i) for i in range(7 * (at.MAX_TRANSCRIPTS_PER_NODE + 3))]

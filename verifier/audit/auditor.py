@@ -357,6 +357,7 @@ class Auditor:
     _started: set[tuple[Any, ...]] = field(default_factory=set)
     _warned: set[tuple[Any, ...]] = field(default_factory=set)
     _scores: Submit | None = None  # the latest transcript scores, handed out again after a network error
+    _score_rows: tuple[tuple[bytes, tuple[int, ...]], ...] = ()  # what _scores holds, put back if it came late
     _carry: ScoreCarry = field(default_factory=_score_carry)  # scores held for the chain's minimum
 
     def __post_init__(self) -> None:
@@ -385,13 +386,24 @@ class Auditor:
         if retry:
             self._started.discard(key)
 
-    def refused(self, key: tuple[Any, ...], why: str) -> None:
-        """The chain refused submission ``key`` (CheckTx said ``why``). A report refused for one
-        entry (``entry N: ...``: a reply the chain cannot verify, say its serving node left the
-        registry) is mended, that entry reported as failed ("unverified"), and sent again at the
-        next :meth:`plan` (at most :data:`MAX_REPORT_FIXES` times). Anything else is final."""
+    def refused(self, key: tuple[Any, ...], why: str, code: int = 0) -> None:
+        """The chain refused submission ``key`` (CheckTx said ``code``, ``why``). A report refused
+        for one entry (``entry N: ...``: a reply the chain cannot verify, say its serving node left
+        the registry) is mended, that entry reported as failed ("unverified"), and sent again at the
+        next :meth:`plan` (at most :data:`MAX_REPORT_FIXES` times). Transcript scores that came
+        after their epoch ended (:attr:`Code.WRONG_EPOCH`: scoring outlasted its last blocks) go
+        back to the carry, to be handed out with the next epoch's
+        (:meth:`~verifier.audit.transcripts.ScoreCarry.put_back`). Anything else is final."""
+        from overlay.directory.registration import Code
         from verifier.audit.tx import FailOutcome
 
+        if key[0] == "transcripts" and code == Code.WRONG_EPOCH and self._scores is not None \
+                and self._scores.key == key:
+            self._carry.put_back(key[1], self._score_rows)
+            self._score_rows = ()
+            log.info("audit: the transcript scores of epoch %d came after its last block; held for the next "
+                     "epoch's", key[1])
+            return
         p = self.current
         m = _ENTRY_RE.search(why)
         if key[0] != "report" or p is None or key[1] != p.epoch or m is None or p.fixes >= MAX_REPORT_FIXES:
@@ -468,10 +480,11 @@ class Auditor:
         if len(held) < len(counted):
             log.info("audit: %d counted transcripts are of models this verifier does not hold; not scored",
                      len(counted) - len(held))
-        if not held:
-            return []
-        log.info("audit: epoch %d: %d users' transcripts count; scoring them", epoch, len(held))
-        return [ScoreTranscripts(epoch, held)]
+        if held:
+            log.info("audit: epoch %d: %d users' transcripts count; scoring them", epoch, len(held))
+            return [ScoreTranscripts(epoch, held)]
+        sub = self.transcript_scores(epoch, ())  # scores held back (put_back) that reach the minimum alone
+        return [] if sub is None else [sub]
 
     def transcript_scores(self, epoch: int, scored: Sequence[tuple[bytes, int]]) -> Submit | None:
         """The signed :class:`~verifier.audit.tx.TranscriptScores` of ``epoch`` from ``scored``
@@ -497,6 +510,7 @@ class Auditor:
                 scores = self.rng.sample(scores, MAX_TRANSCRIPTS_PER_NODE)
             rows.append((n, tuple(scores)))
         tx = TranscriptScores(epoch, self.public_key, tuple(rows))
+        self._score_rows = tuple(rows)
         key = ("transcripts", epoch)
         self._scores = Submit(self._sign(tx), f"transcript scores of epoch {epoch} ({sum(len(r) for _, r in rows)} "
                                               f"scores of {len(rows)} nodes)", key)
@@ -778,7 +792,7 @@ class AuditDriver:
         self.auditor.submitted(sub.key, retry=False)
         if code:
             log.warning("audit: the committee refused the %s: code %d: %s", sub.what, code, why)
-            self.auditor.refused(sub.key, why)
+            self.auditor.refused(sub.key, why, code)
             self.persist()
         else:
             log.info("audit: submitted the %s", sub.what)

@@ -73,7 +73,7 @@ never a half-loaded book. The file around it is the verifier's (:mod:`verifier.n
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -379,6 +379,15 @@ class ScoreCarry:
             else:
                 del self._held[node]
         return out
+
+    def put_back(self, epoch: int, rows: Iterable[tuple[bytes, Sequence[int]]]) -> None:
+        """Hold again ``rows`` (``(node, scores)`` as :meth:`add` handed them out for ``epoch``)
+        that never reached the chain: it refused them because its epoch had ended before they came
+        (scoring outlasted the epoch's last blocks). They are held as scores of ``epoch`` and go
+        out with the next epoch's, within :data:`CARRY_EPOCHS` of it."""
+        self.changes += 1
+        for node, scores in rows:
+            self._held[node] = [*((epoch, s) for s in scores), *self._held.get(node, ())]
 
     def held(self) -> int:
         return sum(map(len, self._held.values()))
