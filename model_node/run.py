@@ -14,8 +14,8 @@ import trio
 from model_node.engine import Engine, EngineError
 from model_node.forwarding import ForwardingPolicy
 from overlay.cli import CliError, resolve_config, run_async
-from overlay.directory.membership import Membership, cancel_on_sigterm, directory, node_entry
-from overlay.directory.registry import Registry, RegistryError
+from overlay.directory.membership import cancel_on_sigterm, directory, node_entry, serve_member
+from overlay.directory.registry import RegistryError
 from overlay.identity import load_or_create
 from overlay.transport import TLSTransport, parse_address
 
@@ -107,21 +107,13 @@ def run_model_node(args: argparse.Namespace, *, policy: ForwardingPolicy | None 
                          accept_direct_requests=args.accept_direct_requests,
                          registered_only=committee is not None)
 
-        def changed(reg: Registry) -> None:
-            """A committee list update: dial new nodes, forget removed ones, regroup."""
-            node.node.peers = {e.node_id: e for e in reg.entries if e.node_id != identity.node_id}
-            if node.group is not None:
-                node.group.state.set_members(node.group.members_of(reg))
-
         async def main() -> None:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(cancel_on_sigterm, nursery.cancel_scope)
-                address = await nursery.start(node.serve, host, port)
-                if committee is not None:
-                    member = Membership(committee, identity, registry, on_update=changed)
-                    node.on_unlisted = member.poke
-                    entry = node_entry(identity, cfg.advertise or address, cfg.region, model=model, capacity=args.capacity)
-                    await nursery.start(member.run, entry)
+                address, _ = await nursery.start(
+                    serve_member, node, host, port, committee, registry,
+                    lambda address: node_entry(identity, cfg.advertise or address, cfg.region, model=model,
+                                               capacity=args.capacity))
                 log.info("model node %s on %s; directory from %s", identity.node_id.hex()[:8], address, source)
                 print(f"READY {identity.node_id.hex()} {address}", flush=True)
 

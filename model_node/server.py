@@ -598,6 +598,13 @@ class ModelNode:
                      gen.stats.ttft_s)
         yield self._chunk(req, seq, "".join(buf), tuple(ids), done=True, signer=signer, prompt_tokens=len(prompt_ids))
 
+    def directory_changed(self) -> None:
+        """The registry was updated in place (a committee list update): dial new nodes, forget
+        removed ones, regroup."""
+        self.node.peers = {e.node_id: e for e in self._registry.entries if e.node_id != self.identity.node_id}
+        if self.group is not None:
+            self.group.state.set_members(self.group.members_of(self._registry))
+
     async def serve(
         self, host: str = "127.0.0.1", port: int = 0, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED
     ) -> None:

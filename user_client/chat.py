@@ -362,7 +362,7 @@ def make_transcript_donor(cfg: Any, identity: Any, addresses: Sequence[str],
 
 def run_chat(args: argparse.Namespace) -> int:
     from overlay.cli import CliError, resolve_config, run_async
-    from overlay.directory.membership import Membership, directory, node_entry
+    from overlay.directory.membership import directory, node_entry, serve_member
     from overlay.identity import load_or_create
     from overlay.transport import TLSTransport
     from overlay.usernode import UserNode
@@ -413,20 +413,19 @@ def run_chat(args: argparse.Namespace) -> int:
     async def main() -> None:
         nonlocal status, donor, transcripts
         async with trio.open_nursery() as nursery:
-            address = await nursery.start(user.serve, host, port)
-            if committee is not None:  # register, and take the lists from the committee (live)
-                member = Membership(committee, identity, registry, on_update=lambda _: user.directory_changed())
-                user.on_unlisted = member.poke
-                await nursery.start(member.run, node_entry(identity, cfg.advertise or address, cfg.region))
+            _, member = await nursery.start(  # registered, its lists from the committee (live)
+                serve_member, user, host, port, committee, registry,
+                lambda address: node_entry(identity, cfg.advertise or address, cfg.region))
+            if member is not None:
                 if not registry.models(cfg.model):
                     raise CliError(f"no model node in the committee's lists serves {cfg.model!r}")
                 if cfg.donate_prompts:
-                    donor = make_donor(cfg, identity, committee.addresses,
+                    donor = make_donor(cfg, identity, member.settings.addresses,
                                        lambda: [v.public_key for v in member.client.validators])
                     await nursery.start(donor.run)
                 if isinstance(client, DonatingClient):
                     transcripts = client.donor = make_transcript_donor(
-                        cfg, identity, committee.addresses, lambda: [v.public_key for v in member.client.validators])
+                        cfg, identity, member.settings.addresses, lambda: [v.public_key for v in member.client.validators])
                     await nursery.start(transcripts.run)
             problem = model_problem(registry.models(cfg.model), cfg.model, cfg.allow_unaudited)
             if problem is not None:

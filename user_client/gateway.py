@@ -522,7 +522,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from hypercorn.trio import serve
 
     from overlay.cli import CliError, resolve_config, run_async
-    from overlay.directory.membership import Membership, directory, node_entry
+    from overlay.directory.membership import directory, node_entry, serve_member
     from overlay.identity import load_or_create
     from overlay.transport import TLSTransport
     from overlay.usernode import UserNode
@@ -575,18 +575,17 @@ def run_serve(args: argparse.Namespace) -> int:
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            address = await nursery.start(user.serve, host, port)
-            if committee is not None:  # register, and take the lists from the committee (live)
-                member = Membership(committee, identity, registry, on_update=lambda _: user.directory_changed())
-                user.on_unlisted = member.poke
-                await nursery.start(member.run, node_entry(identity, cfg.advertise or address, cfg.region))
+            _, member = await nursery.start(  # registered, its lists from the committee (live)
+                serve_member, user, host, port, committee, registry,
+                lambda address: node_entry(identity, cfg.advertise or address, cfg.region))
+            if member is not None:
                 if cfg.donate_prompts:
-                    donor = make_donor(cfg, identity, committee.addresses,
+                    donor = make_donor(cfg, identity, member.settings.addresses,
                                        lambda: [v.public_key for v in member.client.validators])
                     await nursery.start(donor.run)
                     gateway.donor = donor
                 if isinstance(client, DonatingClient):
-                    client.donor = make_transcript_donor(cfg, identity, committee.addresses,
+                    client.donor = make_transcript_donor(cfg, identity, member.settings.addresses,
                                                          lambda: [v.public_key for v in member.client.validators])
                     await nursery.start(client.donor.run)
             binds = await nursery.start(serve, gateway.app, hc)

@@ -10,7 +10,7 @@ import trio
 
 from overlay.cli import CliError, resolve_config, run_async
 from overlay.config import Config
-from overlay.directory.membership import Membership, cancel_on_sigterm, directory, node_entry
+from overlay.directory.membership import cancel_on_sigterm, directory, node_entry, serve_member
 from overlay.directory.registry import RegistryError
 from overlay.identity import load_or_create
 from overlay.transport import TLSTransport, parse_address
@@ -41,11 +41,9 @@ def run_relay(args: argparse.Namespace) -> int:
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(cancel_on_sigterm, nursery.cancel_scope)
-            address = await nursery.start(user.serve, host, port)
-            if committee is not None:
-                member = Membership(committee, identity, registry, on_update=lambda _: user.directory_changed())
-                user.on_unlisted = member.poke
-                await nursery.start(member.run, node_entry(identity, cfg.advertise or address, cfg.region))
+            address, _ = await nursery.start(
+                serve_member, user, host, port, committee, registry,
+                lambda address: node_entry(identity, cfg.advertise or address, cfg.region))
             # One machine-readable line so scripts (devnet, tests) learn the address.
             print(f"READY {identity.node_id.hex()} {address}", flush=True)
             log.info("relay %s serving on %s; directory of %d nodes from %s", identity.node_id.hex()[:8], address,

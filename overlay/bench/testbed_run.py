@@ -25,7 +25,7 @@ import trio
 from overlay.anon import AnonError
 from overlay.bench.stats import percentile, process_usage, summarize_ms
 from overlay.directory.lists import load_genesis
-from overlay.directory.membership import CommitteeSettings, Membership, node_entry
+from overlay.directory.membership import CommitteeSettings, node_entry, serve_member
 from overlay.directory.registry import Registry
 from overlay.directory.rpc import block_time_unix
 from overlay.messages import ChatMessage, SamplingParams
@@ -63,11 +63,9 @@ async def open_client(net: Testbed, name: str, *, n: int, k: int, paths: int,
     user.client.allow_unaudited = True  # the testbed's committee runs no audits
     host, port = parse_address(net.entries[name].address)
     async with trio.open_nursery() as nursery:
-        address = await nursery.start(user.serve, host, port)
-        member = Membership(settings, ident, registry, on_update=lambda _: user.directory_changed())
-        user.on_unlisted = member.poke
-        t0 = trio.current_time()
-        await nursery.start(member.run, node_entry(ident, address, region))
+        t0 = trio.current_time()  # the listener's start (~1 ms) counts too
+        await nursery.start(serve_member, user, host, port, settings, registry,
+                            lambda address: node_entry(ident, address, region))
         yield Client(name, user, trio.current_time() - t0)
         nursery.cancel_scope.cancel()
 

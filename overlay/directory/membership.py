@@ -23,7 +23,7 @@ import logging
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import msgpack
 import trio
@@ -109,6 +109,43 @@ def node_entry(identity: Identity, address: str, region: str, *, model: str = ""
         raise RegistrationError(f"this node cannot register {address!r}: {exc.reason} (pass --advertise IP:PORT, "
                                 "the address others reach this node at)", exc.code) from None
     return entry
+
+
+class ListedNode(Protocol):
+    """What :func:`serve_member` starts: a user node (:class:`overlay.usernode.UserNode`) or a model
+    node (:class:`model_node.server.ModelNode`)."""
+
+    identity: Identity
+    on_unlisted: Any  # Callable[[], None] | None: told when a peer is not in this node's lists
+
+    async def serve(self, host: str = ..., port: int = ..., *, task_status: Any = ...) -> None: ...
+
+    def directory_changed(self) -> None:
+        """Its registry was updated in place: dial new peers, forget removed ones."""
+
+
+async def serve_member(node: ListedNode, host: str, port: int, committee: CommitteeSettings | None,
+                       registry: Registry, entry: Callable[[str], Entry], *, rpc: Rpc | None = None,
+                       fetch: Fetch | None = None,
+                       task_status: trio.TaskStatus[tuple[str, Membership | None]] = trio.TASK_STATUS_IGNORED
+                       ) -> None:
+    """Serve ``node`` on ``host:port`` and, with a ``committee``, make it a member: register
+    ``entry(address)`` (the address it listens on), refresh its lists into ``registry`` (the
+    node's own: it is updated in place) and tell the node after each change
+    (``directory_changed``), and refresh early when the node meets a peer its lists lack.
+    Started (``nursery.start``) once the node serves and, with a committee, once a verified list
+    holds it: ``(address, membership)``, the membership None without a committee. Runs until
+    cancelled (the registration then leaves). Every node role starts this way. ``rpc``/``fetch``:
+    as :class:`Membership`'s (tests)."""
+    async with trio.open_nursery() as nursery:
+        address: str = await nursery.start(node.serve, host, port)
+        member = None
+        if committee is not None:
+            member = Membership(committee, node.identity, registry, on_update=lambda _: node.directory_changed(),
+                                rpc=rpc, fetch=fetch)
+            node.on_unlisted = member.poke
+            await nursery.start(member.run, entry(address))
+        task_status.started((address, member))
 
 
 class Membership:

@@ -4,6 +4,7 @@ relay/model-node rule that only registered nodes use the network, against an in-
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import msgpack
@@ -12,7 +13,14 @@ import trio
 import trio.testing
 
 from overlay import crypto, onion
-from overlay.directory.membership import Membership, committee_settings, node_entry
+from overlay.directory.membership import (
+    MIN_GAP_S,
+    WARMUP_S,
+    Membership,
+    committee_settings,
+    node_entry,
+    serve_member,
+)
 from overlay.directory.registration import (
     OP_LEAVE,
     OP_REGISTER,
@@ -146,6 +154,56 @@ def test_membership_registers_refreshes_before_expiry_sees_updates_live_and_leav
     assert [op for op, _ in mine] == [OP_REGISTER, OP_UPDATE, OP_LEAVE]  # clean shutdown: leave
     assert [seq for _, seq in mine] == sorted({seq for _, seq in mine})  # seqs only grow
     assert not _listed(c, me.node_id)
+
+
+class ListedStub:
+    """A node as serve_member sees it: serves on a port, counts list changes."""
+
+    def __init__(self, identity: Identity) -> None:
+        self.identity = identity
+        self.on_unlisted: Any = None
+        self.changes = 0
+
+    async def serve(self, host: str = "127.0.0.1", port: int = 0, *,
+                    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started(f"{host}:{port or 7100}")
+        await trio.sleep_forever()
+
+    def directory_changed(self) -> None:
+        self.changes += 1
+
+
+@pytest.mark.parametrize("with_committee", [True, False])
+def test_serve_member_starts_a_node_ready_registered_at_the_address_it_serves(with_committee: bool) -> None:
+    """The one way every role starts (chat, gateway, relay, auditor, model node): started once the
+    node serves and a verified list holds it at the address it listens on; list changes reach the
+    node, and a peer it does not know refreshes the lists early. Without a committee: served only."""
+    c = InProcessCommittee()
+    me, other = Identity.generate(), Identity.generate()
+    node, registry = ListedStub(me), Registry(0, [])
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            address, member = await nursery.start(functools.partial(
+                serve_member, node, "127.0.0.1", 0, c.settings() if with_committee else None, registry,
+                lambda address: node_entry(me, address, "r"), rpc=c.rpc, fetch=c.fetch))
+            assert address == "127.0.0.1:7100"
+            if not with_committee:
+                assert member is None and node.on_unlisted is None and not c.sent
+                nursery.cancel_scope.cancel()
+                return
+            assert registry.by_id[me.node_id].address == "127.0.0.1:7100"
+            assert node.on_unlisted == member.poke and node.changes == 1
+            await trio.sleep(WARMUP_S)  # past the start-up's frequent refreshes
+            await CommitteeRegistration(["v0:1"], Registrar(other.signing, CHAIN, node_entry(
+                other, "127.0.0.1:9001", "r")), rpc=c.rpc).register()
+            node.on_unlisted()  # the node met ``other`` before its lists did
+            await trio.sleep(MIN_GAP_S + 0.5)  # well before the next regular refresh
+            assert other.node_id in registry.by_id and node.changes == 2
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert _listed(c, me.node_id) is False  # cancelled: it left (or never registered)
 
 
 def test_membership_fails_clearly_when_no_signed_list_holds_the_node() -> None:

@@ -957,7 +957,7 @@ def load_auditor(data_dir: Path, auditor: Auditor) -> None:
 async def _run_audits_once(data_dir: Path, settings: AuditSettings, seed: bytes, engine: Any,
                            pool: DonationPool | None, transcripts: TranscriptBook | None = None) -> None:
     from overlay.directory.lists import load_genesis
-    from overlay.directory.membership import CommitteeSettings, Membership, node_entry
+    from overlay.directory.membership import CommitteeSettings, node_entry, serve_member
     from overlay.directory.registry import Registry
     from overlay.identity import load_or_create
     from overlay.transport import TLSTransport
@@ -977,11 +977,9 @@ async def _run_audits_once(data_dir: Path, settings: AuditSettings, seed: bytes,
     load_auditor(data_dir, auditor)
     driver = AuditDriver(auditor, rpc_address, user.client, engine, poll=settings.poll, data_dir=data_dir)
     async with trio.open_nursery() as nursery:
-        address = await nursery.start(user.serve, host.strip("[]"), int(port))
-        member = Membership(CommitteeSettings((rpc_address,), chain_id, validators), identity, registry,
-                            on_update=lambda _: user.directory_changed())
-        user.on_unlisted = member.poke
-        await nursery.start(member.run, node_entry(identity, address, settings.region))
+        address, _ = await nursery.start(
+            serve_member, user, host.strip("[]"), int(port), CommitteeSettings((rpc_address,), chain_id, validators),
+            registry, lambda address: node_entry(identity, address, settings.region))
         log.info("audit: user node %s registered at %s with the committee at %s; auditing model %s",
                  short_id(identity.node_id), address, rpc_address, engine.model)
         await driver.run()
