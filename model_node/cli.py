@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from overlay.cli import common_flags
+from gentorrent.cli import common_flags
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

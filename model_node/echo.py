@@ -15,7 +15,7 @@ from collections.abc import AsyncGenerator, Sequence
 import trio
 
 from model_node.engine import EngineError, GenStats, Piece, TokenScore
-from overlay.messages import ChatMessage, SamplingParams
+from overlay.wire.messages import ChatMessage, SamplingParams
 
 _ASSISTANT = "<|assistant|>"
 _PIECES = re.compile(r"\s*\S+|\s+")  # words with their leading whitespace; joins back exactly

@@ -80,8 +80,8 @@ from model_node.hrtree import (
 )
 from model_node.messages import LengthProposal, LoadReport, SubtreeRequest, SubtreeUpdate
 from model_node.sentry import LengthAgreement, Sentry, proposer
-from overlay.actions import Send
-from overlay.directory.constants import MAX_CAPACITY, MIN_CAPACITY
+from overlay.anon.actions import Send
+from overlay.wire.constants import MAX_CAPACITY, MIN_CAPACITY
 
 log = logging.getLogger("gentorrent.model.group")
 

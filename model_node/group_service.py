@@ -1,7 +1,7 @@
 """The trio driver of a model node's group (paper §3.3): sync rounds and forwarded requests.
 
 :class:`GroupService` runs the I/O-free :class:`~model_node.group.GroupState` on the model
-node's :class:`~overlay.node.Node`:
+node's :class:`~overlay.net.node.Node`:
 
 - **Membership** comes from the signed registry: the model nodes serving the same model,
   split by region above 50 nodes (:func:`~model_node.group.split_groups`). Only members may
@@ -27,7 +27,7 @@ node's :class:`~overlay.node.Node`:
   authenticated connection. When that fails (the member is unreachable) the member is
   dropped from the table at once and the caller serves the request itself.
 
-The service reads time only through its ``clock`` (:mod:`overlay.clock`).
+The service reads time only through its ``clock`` (:mod:`overlay.wire.clock`).
 """
 
 from __future__ import annotations
@@ -61,15 +61,15 @@ from model_node.messages import (
     SubtreeRequest,
     SubtreeUpdate,
 )
-from overlay.actions import Send
-from overlay.clock import Clock, TrioClock
-from overlay.codec import LocalProtocolError
+from overlay.anon.actions import Send
 from overlay.directory.registry import Registry
-from overlay.identity import short_id
-from overlay.messages import Request
-from overlay.node import Node
-from overlay.peers import PeerEntry
-from overlay.transport import Connection, TransportError
+from overlay.net.node import Node
+from overlay.net.peers import PeerEntry
+from overlay.net.transport import Connection, TransportError
+from overlay.wire.clock import Clock, TrioClock
+from overlay.wire.codec import LocalProtocolError
+from overlay.wire.identity import short_id
+from overlay.wire.messages import Request
 
 log = logging.getLogger("gentorrent.model.group")
 

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import NamedTuple
 
-from overlay import crypto
+from overlay.wire import crypto
 
 DEFAULT_BITS = 8  # b: bits per chunk hash (paper §5: "8-bit hash values")
 DEFAULT_TAIL = 256  # tokens per chunk once L is used up (and the unit the Sentry splits long gaps by)

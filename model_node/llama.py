@@ -70,7 +70,7 @@ import trio
 
 from model_node.engine import EngineError, GenStats, Piece, TokenScore, logprob_moments
 from model_node.hrtree import common_prefix
-from overlay.messages import ChatMessage, SamplingParams
+from overlay.wire.messages import ChatMessage, SamplingParams
 
 log = logging.getLogger("gentorrent.llama")
 

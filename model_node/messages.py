@@ -17,9 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from model_node.hrtree import DIGEST_LEN, MAX_DEPTH, MAX_LENGTHS, MAX_PATHS_PER_NODE
-from overlay.codec import field, message
-from overlay.identity import NODE_ID_LEN
-from overlay.messages import Request
+from overlay.wire.codec import field, message
+from overlay.wire.identity import NODE_ID_LEN
+from overlay.wire.messages import Request
 
 MAX_PATH_BYTES = 2 * MAX_DEPTH  # a path of MAX_DEPTH hashes of up to 16 bits
 
@@ -116,13 +116,13 @@ class SubtreeRequest:
 class ForwardedRequest:
     """A user's request handed to another member of the group (paper §3.3, Algorithm 2).
 
-    ``request`` is the user's :class:`~overlay.messages.Request` unchanged: the target
+    ``request`` is the user's :class:`~overlay.wire.messages.Request` unchanged: the target
     replies straight to its return proxies and names itself in every chunk, so the user
     verifies the reply against the target's registry key and sends follow-ups there. A
     forwarded request is always served where it arrives (at most one hop). Accepted only
     from members of the receiver's group. A request without return paths is a direct
     (non-anonymous, diagnostic) one that the sender received over TLS: the target sends
-    the :class:`~overlay.messages.ReplyChunk`\\ s back to the sender on the same connection.
+    the :class:`~overlay.wire.messages.ReplyChunk`\\ s back to the sender on the same connection.
     """
 
     request: Request

@@ -11,13 +11,13 @@ from typing import Any
 
 import trio
 
+from gentorrent.cli import CliError, resolve_config, run_async
 from model_node.engine import Engine, EngineError
 from model_node.forwarding import ForwardingPolicy
-from overlay.cli import CliError, resolve_config, run_async
 from overlay.directory.membership import cancel_on_sigterm, directory, node_entry, serve_member
 from overlay.directory.registry import RegistryError
-from overlay.identity import load_or_create
-from overlay.transport import TLSTransport, parse_address
+from overlay.net.transport import TLSTransport, parse_address
+from overlay.wire.identity import load_or_create
 
 log = logging.getLogger("gentorrent.model")
 

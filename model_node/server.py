@@ -2,7 +2,7 @@
 
 Requests wait in a queue for one of the node's ``slots``; each runs on the engine, streams
 back as reply chunks, and the last chunk carries the node's Ed25519 signature over the
-request digest and every output token id (:mod:`overlay.signing`), so the user can verify
+request digest and every output token id (:mod:`overlay.anon.signing`), so the user can verify
 who answered and send follow-ups there (session affinity).
 
 **Load and overload.** The load the node advertises (:meth:`ModelNode.current_load`) is the
@@ -16,7 +16,7 @@ gets each request's place in the order (a mostly cached prompt ahead of cold one
 their promises allow); other engines serve prompts first come first served. A request that
 cannot be taken so, that finds every slot taken and more work than that wait queued, that waits
 that long for a slot, or that finds ``max_queue`` requests already queued, is refused with a
-"busy" error chunk (:func:`overlay.anon.busy_error`); the user's client then tries another
+"busy" error chunk (:func:`overlay.anon.responder.busy_error`); the user's client then tries another
 model node. Every request is answered or refused: none waits without bound. The load also
 reports ``match_wait``, the wait admission would give a mostly cached prompt now, which
 forwarding compares for a prefix's holders, and ``idle_ms``, how long the node has held no
@@ -34,7 +34,7 @@ replies straight to the user's proxies and names itself, so follow-ups go to it.
 request that arrives forwarded is always served where it arrives (one hop at most).
 ``group=None`` serves everything locally.
 
-A plain :class:`~overlay.messages.Request` over an authenticated connection (not a clove)
+A plain :class:`~overlay.wire.messages.Request` over an authenticated connection (not a clove)
 is not anonymous: the node learns who asked. It is answered only from members of the
 node's own group (a forwarded request's chunks come back through the member that took it)
 or, for diagnostics and benchmarks, when the node runs with ``accept_direct_requests``
@@ -62,16 +62,16 @@ from model_node.group import MAX_IDLE_MS, GroupConfig
 from model_node.group_service import GroupService
 from model_node.hrtree import common_prefix
 from model_node.messages import Count, NodeStats, Served, StatsRequest
-from overlay.anon import Responder, busy_error, invalid_error
-from overlay.clock import Clock, TrioClock
+from overlay.anon.replay import AnsweredIds
+from overlay.anon.responder import Responder, busy_error, invalid_error
+from overlay.anon.signing import ReplySigner, request_digest
 from overlay.directory.registry import Registry
-from overlay.failures import Failure
-from overlay.identity import Identity, short_id
-from overlay.messages import Deliver, ReplyChunk, Request
-from overlay.node import Node, listed_in
-from overlay.replay import AnsweredIds
-from overlay.signing import ReplySigner, request_digest
-from overlay.transport import Connection, Transport, TransportError
+from overlay.net.node import Node, listed_in
+from overlay.net.transport import Connection, Transport, TransportError
+from overlay.wire.clock import Clock, TrioClock
+from overlay.wire.failures import Failure
+from overlay.wire.identity import Identity, short_id
+from overlay.wire.messages import Deliver, ReplyChunk, Request
 
 log = logging.getLogger("gentorrent.model")
 
@@ -153,7 +153,7 @@ class ModelNode:
         self.slots = slots
         self.accept_direct_requests = accept_direct_requests
         self.clock: Clock = clock or TrioClock()
-        self.answered = AnsweredIds()  # plain requests' ids, each answered once (overlay/replay.py)
+        self.answered = AnsweredIds()  # plain requests' ids, each answered once (overlay/anon/replay.py)
         self.active = 0
         self.queued = 0
         self.served = 0
@@ -414,9 +414,9 @@ class ModelNode:
                error: str = "", failure: Failure = Failure.NODE_ERROR, signer: ReplySigner | None = None,
                prompt_tokens: int = 0) -> ReplyChunk:
         """A reply chunk; with ``signer`` (every output chunk) it carries the reply's hash chain
-        after it and this node's signature over it (:mod:`overlay.signing`), and the prompt's
+        after it and this node's signature over it (:mod:`overlay.anon.signing`), and the prompt's
         token count. An error chunk (``error``: the words) carries ``failure``, the code the
-        client acts on (:mod:`overlay.failures`)."""
+        client acts on (:mod:`overlay.wire.failures`)."""
         chain, signature, signed_at_ms = b"", b"", 0
         if signer is not None:
             signed_at_ms = int(self.clock.unix() * 1000)

@@ -27,10 +27,10 @@ from model_node.group import GroupConfig
 from model_node.hrtree import common_prefix
 from model_node.server import ModelNode
 from overlay.directory.registry import Registry
-from overlay.identity import Identity
-from overlay.messages import SamplingParams
+from overlay.net.transport import Transport
 from overlay.testing import Net, NodeFactory, start_overlay
-from overlay.transport import Transport
+from overlay.wire.identity import Identity
+from overlay.wire.messages import SamplingParams
 
 GROUP_SYNC = 1.0  # seconds between a test group's sync rounds (expiry after 3 silent rounds)
 GROUP_THRESHOLD = 2.0  # a test group's load threshold: seconds of work (at the rates a node measured)

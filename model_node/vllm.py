@@ -77,7 +77,7 @@ from typing import Any
 import trio
 
 from model_node.engine import EngineError, GenStats, Piece, TokenScore, logprob_moments
-from overlay.messages import ChatMessage, SamplingParams
+from overlay.wire.messages import ChatMessage, SamplingParams
 
 log = logging.getLogger("gentorrent.vllm")
 

@@ -1,9 +1,9 @@
 """An in-memory GenTorrent network for tests, as :mod:`trio.testing` is for trio.
 
-Everything runs over :class:`~overlay.transport.MemoryTransport` in one trio run; under
+Everything runs over :class:`~overlay.net.transport.MemoryTransport` in one trio run; under
 trio's ``MockClock`` (pytest-trio's ``autojump_clock`` fixture) every timeout, TTL and
 refresh is instant, and nothing needs time patched: the nodes read trio's clock
-(:class:`~overlay.clock.TrioClock`) unless a test hands them its own ``clock=``.
+(:class:`~overlay.wire.clock.TrioClock`) unless a test hands them its own ``clock=``.
 
 A test declares who exists, then builds and starts nodes::
 
@@ -37,16 +37,17 @@ from typing import Any, Protocol
 import trio
 import trio.testing
 
-from overlay import codec, crypto, onion
-from overlay.anon import ReplyStream, Responder
-from overlay.clock import Clock, TrioClock
+from overlay.anon import onion
+from overlay.anon.responder import ReplyStream, Responder
 from overlay.directory.registry import Registry
-from overlay.identity import Identity, node_id_of
-from overlay.messages import CellBack, CellFwd, Create, Deliver, Destroy, PathReady, Request, ReturnClove
-from overlay.node import Node
-from overlay.peers import PeerEntry
-from overlay.transport import Connection, MemoryNetwork, MemoryTransport, Transport
+from overlay.net.node import Node
+from overlay.net.peers import PeerEntry
+from overlay.net.transport import Connection, MemoryNetwork, MemoryTransport, Transport
 from overlay.usernode import UserNode
+from overlay.wire import codec, crypto
+from overlay.wire.clock import Clock, TrioClock
+from overlay.wire.identity import Identity, node_id_of
+from overlay.wire.messages import CellBack, CellFwd, Create, Deliver, Destroy, PathReady, Request, ReturnClove
 
 SETTLE = 1.0  # seconds (of the test's clock) that let every queued frame be delivered and handled
 
@@ -252,7 +253,7 @@ class _Responding(Protocol):
 
 def record_requests(node: _Responding) -> list[Request]:
     """Every request ``node``'s responder accepts from now on, in order (what the model node sees):
-    a spy wrapped around :meth:`overlay.anon.Responder.accept`; the list fills as requests come."""
+    a spy wrapped around :meth:`overlay.anon.responder.Responder.accept`; the list fills as requests come."""
     seen: list[Request] = []
     responder = node.responder
     accept = responder.accept

@@ -1,7 +1,7 @@
 """A user node: relays for others and, optionally, sends its own anonymous requests.
 
-Composition only (the logic lives in :mod:`overlay.relay`, :mod:`overlay.paths`
-and :mod:`overlay.anon`). Verifiers use the same class with ``client=True`` so
+Composition only (the logic lives in :mod:`overlay.anon.relay`, :mod:`overlay.anon.paths`
+and :mod:`overlay.anon.client`). Verifiers use the same class with ``client=True`` so
 their challenges are ordinary user traffic.
 """
 
@@ -11,16 +11,16 @@ from typing import Any
 
 import trio
 
-from overlay.anon import AnonClient
-from overlay.clock import Clock, TrioClock
+from overlay.anon.client import AnonClient
+from overlay.anon.paths import REGION_MIN_USERS, PathManager
+from overlay.anon.relay import RelayCore
+from overlay.anon.relay_service import RelayService
 from overlay.directory.registry import Registry
-from overlay.identity import Identity
-from overlay.messages import CellBack, Destroy
-from overlay.node import Node, listed_in
-from overlay.paths import REGION_MIN_USERS, PathManager
-from overlay.relay import RelayCore
-from overlay.relay_service import RelayService
-from overlay.transport import Connection, Transport
+from overlay.net.node import Node, listed_in
+from overlay.net.transport import Connection, Transport
+from overlay.wire.clock import Clock, TrioClock
+from overlay.wire.identity import Identity
+from overlay.wire.messages import CellBack, Destroy
 
 
 class UserNode:
@@ -42,11 +42,11 @@ class UserNode:
         registered_only: bool = False,
         region_min_users: int = REGION_MIN_USERS,
     ) -> None:
-        """``clock`` (default :class:`~overlay.clock.TrioClock`) is handed to every part:
+        """``clock`` (default :class:`~overlay.wire.clock.TrioClock`) is handed to every part:
         node, relay, path manager and client, so a test moves them all at once.
         ``registered_only`` (set when lists come from the committee): this relay opens paths only
         for users in the current user list. Paths go through the user's ``region`` while it lists
-        at least ``region_min_users`` users, else through a wider one (:func:`overlay.paths.region_scope`). ``registry`` may be updated in place
+        at least ``region_min_users`` users, else through a wider one (:func:`overlay.anon.paths.region_scope`). ``registry`` may be updated in place
         (:meth:`Registry.replace`); call :meth:`directory_changed` after each update."""
         clock = clock or TrioClock()
         self.identity = identity

@@ -1,7 +1,7 @@
 """Item 2 — sender anonymity against colluding relays (paper §4.1, appendix A4, Fig. 11).
 
 ``N_NODES`` = 10,000 users; a fraction f of them (0 … 0.3) collude. For each of ``TRIALS``
-requests a random user's paths are chosen — ours with :func:`overlay.paths.choose_relays`
+requests a random user's paths are chosen — ours with :func:`overlay.anon.paths.choose_relays`
 (``onion.HOPS`` = 3 distinct relays per path, no relay shared between a user's paths), Garlic
 Cast's as ``GC_HOPS``-relay random walks — and the colluders' view is scored with the A4
 metric (:func:`simulations.metrics.a4_entropy`): L, the relays on the paths they can tie to the
@@ -20,7 +20,7 @@ What a chain is depends on which identifiers the colluders share:
 - ``ours_path_id`` (the paper's protocol, "different IDs for different paths"): one id per
   path — runs on a path are linked (Γ: the predecessor of each path's earliest run), paths
   are not; the A4 text's L is "the nodes on the paths", so L = all n·3 relays;
-- ``ours_link_id`` (as built: relays rewrite the link id at every hop, overlay/relay.py):
+- ``ours_link_id`` (as built: relays rewrite the link id at every hop, overlay/anon/relay.py):
   colluders link only adjacent relays, so every run is a chain (Γ: every run's predecessor);
   L = n·3.
 
@@ -35,8 +35,8 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from overlay import onion
-from overlay.paths import choose_relays
+from overlay.anon import onion
+from overlay.anon.paths import choose_relays
 from simulations.common import Population, Progress, Result, SimRelay, new_figure
 from simulations.metrics import a4_entropy
 

@@ -14,7 +14,7 @@ Four designs, all built from the same relay choice at t = 0:
   ``GC_HOPS`` = 4 relays (walks may revisit nodes; drawn uniformly — an assumption, the paper
   does not give Garlic Cast's walk length);
 - ``ours``: (n, k) = (4, 3) and 3-hop paths, no repair (the paper's "without new proxies");
-- ``ours_repair``: the real :class:`~overlay.paths.PathManager` of each tracked user, driven by
+- ``ours_repair``: the real :class:`~overlay.anon.paths.PathManager` of each tracked user, driven by
   the events it gets in the product: a relay that leaves is noticed ``DETECT_S`` later (the
   first hop: ``on_peer_lost``; a later hop: the ``Destroy`` its predecessor sends), and the
   manager rebuilds at once (``start_build``, the relays from its own choice, suspects avoided).
@@ -22,7 +22,7 @@ Four designs, all built from the same relay choice at t = 0:
   directory snapshot refreshed every ``DIRECTORY_REFRESH_S`` (the registry lags the churn),
   so stale entries cost failed builds as they do in the product.
 
-Relay choice for ``onion`` and ``ours`` is :func:`overlay.paths.choose_relays` (what
+Relay choice for ``onion`` and ``ours`` is :func:`overlay.anon.paths.choose_relays` (what
 ``PathManager`` calls). Figures: survival of each design at 5, 10 and 15 minutes, and the
 repairing users' path builds and failed builds per user.
 """
@@ -35,12 +35,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from overlay import crypto, onion
-from overlay.clock import FakeClock
-from overlay.identity import NODE_ID_LEN
-from overlay.messages import Destroy
-from overlay.paths import Path, PathManager, choose_relays
-from overlay.peers import PeerEntry
+from overlay.anon import onion
+from overlay.anon.paths import Path, PathManager, choose_relays
+from overlay.net.peers import PeerEntry
+from overlay.wire import crypto
+from overlay.wire.clock import FakeClock
+from overlay.wire.identity import NODE_ID_LEN
+from overlay.wire.messages import Destroy
 from simulations.common import Progress, Result, new_figure
 
 N_USERS = 3119

@@ -82,7 +82,7 @@ class SimRelay:
 
 class Population:
     """``n_nodes`` user nodes known by index, and a user's paths drawn with ``choose`` — the
-    product's :func:`overlay.paths.choose_relays` unless a test injects another."""
+    product's :func:`overlay.anon.paths.choose_relays` unless a test injects another."""
 
     def __init__(self, n_nodes: int, rng: random.Random, choose: Callable[..., Sequence[Any]]) -> None:
         self.rng = rng

@@ -1,10 +1,10 @@
 """Item 3 — message confidentiality against colluding relays (paper §4.2, Fig. 11).
 
 The paper's model: a colluding relay on a path sees the clove that path carries. For each of
-``TRIALS`` requests a random user's paths are chosen (:func:`overlay.paths.choose_relays`, n = 4
+``TRIALS`` requests a random user's paths are chosen (:func:`overlay.anon.paths.choose_relays`, n = 4
 paths of ``onion.HOPS`` = 3 relays; Garlic Cast: n random walks of ``GC_HOPS`` relays) and a
-message is split with the real :func:`overlay.sida.split` (n, k) = (4, 3). The colluders
-collect the cloves of the paths they sit on and try the real :func:`overlay.sida.recover`:
+message is split with the real :func:`overlay.anon.sida.split` (n, k) = (4, 3). The colluders
+collect the cloves of the paths they sit on and try the real :func:`overlay.anon.sida.recover`:
 
 - *with brute force*: on every clove of the message they saw (as if they had tried every
   combination of the cloves passing through them and kept the one that decodes);
@@ -28,8 +28,8 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from overlay import onion, sida
-from overlay.paths import choose_relays
+from overlay.anon import onion, sida
+from overlay.anon.paths import choose_relays
 from simulations.common import Population, Progress, Result, SimRelay, new_figure
 from simulations.metrics import binomial_tail
 

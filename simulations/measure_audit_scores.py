@@ -54,10 +54,10 @@ from typing import Any
 
 import trio
 
+from gentorrent.bench.stats import cpu_model
 from model_node.engine import TokenScore
 from model_node.llama import LlamaCppEngine, resolve_model
-from overlay.bench.stats import cpu_model
-from overlay.messages import ChatMessage, SamplingParams
+from overlay.wire.messages import ChatMessage, SamplingParams
 from simulations.measure_scores import _generate, requantize_q2k
 from verifier.audit import reputation as rep
 from verifier.audit import scoring

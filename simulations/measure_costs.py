@@ -23,9 +23,9 @@ from pathlib import Path
 
 import trio
 
+from gentorrent.bench.stats import cpu_model
 from model_node.llama import LlamaCppEngine, resolve_model
-from overlay.bench.stats import cpu_model
-from overlay.messages import ChatMessage, SamplingParams
+from overlay.wire.messages import ChatMessage, SamplingParams
 
 COSTS_FILE = Path(__file__).parent / "data" / "costs.json"
 TRIALS = 5

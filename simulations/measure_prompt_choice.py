@@ -35,9 +35,9 @@ from typing import Any
 
 import trio
 
+from gentorrent.bench.stats import cpu_model
 from model_node.llama import LlamaCppEngine, resolve_model
-from overlay.bench.stats import cpu_model
-from overlay.messages import ChatMessage, SamplingParams
+from overlay.wire.messages import ChatMessage, SamplingParams
 from simulations.measure_audit_scores import MAX_TOKENS, user_prompts
 from simulations.measure_scores import _generate
 from verifier.audit import reputation as rep

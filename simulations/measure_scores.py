@@ -34,9 +34,9 @@ from typing import Any
 
 import trio
 
+from gentorrent.bench.stats import cpu_model
 from model_node.llama import LlamaCppEngine, resolve_model
-from overlay.bench.stats import cpu_model
-from overlay.messages import ChatMessage, SamplingParams
+from overlay.wire.messages import ChatMessage, SamplingParams
 from verifier.audit.scoring import score_reply
 
 SCORES_FILE = Path(__file__).parent / "data" / "scores.json"

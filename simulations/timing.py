@@ -1,7 +1,7 @@
 """Item 6 (beyond the paper) — linking users to destinations by timing.
 
 ``N_NODES`` users, each holding ``N_PATHS`` = 4 paths of ``onion.HOPS`` relays chosen with
-:func:`overlay.paths.choose_relays`, send requests (Poisson, ``RATE_PER_USER`` each) to one of
+:func:`overlay.anon.paths.choose_relays`, send requests (Poisson, ``RATE_PER_USER`` each) to one of
 ``MODELS`` model nodes; a request's n cloves leave at once, one per path. A fraction f of the
 users collude. They see a clove *enter* when they are the first hop of its path (they know
 the sending user and the time) and *leave* when they are its proxy (they know the time and the
@@ -26,8 +26,8 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from overlay import onion
-from overlay.paths import choose_relays
+from overlay.anon import onion
+from overlay.anon.paths import choose_relays
 from simulations.common import Population, Progress, Result, SimRelay, new_figure
 
 N_NODES = 3000

@@ -9,9 +9,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from overlay import crypto, signing
-from overlay.directory.constants import ROLE_MODEL
-from overlay.messages import ChatMessage, SamplingParams
+from overlay.anon import signing
+from overlay.wire import crypto
+from overlay.wire.constants import ROLE_MODEL
+from overlay.wire.messages import ChatMessage, SamplingParams
 from tests.committee_helpers import CHAIN, Node
 from verifier.app import CommitteeApp, ListsAt, Result, Validator
 from verifier.audit import chain as audits
@@ -56,7 +57,7 @@ def fresh_opening(model: str = MODEL, question: str | None = None) -> at.Opening
 
 @dataclass
 class ModelNode:
-    """A registered model node that answers challenges with signed replies (overlay/signing.py)."""
+    """A registered model node that answers challenges with signed replies (overlay/anon/signing.py)."""
 
     node: Node = field(default_factory=Node)
 

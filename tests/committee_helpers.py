@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from overlay import crypto
 from overlay.directory import registration as tx
-from overlay.directory.constants import ROLE_MODEL, ROLE_USER
-from overlay.identity import node_id_of
+from overlay.wire import crypto
+from overlay.wire.constants import ROLE_MODEL, ROLE_USER
+from overlay.wire.identity import node_id_of
 
 CHAIN = "gt-test-chain"
 
@@ -59,8 +59,8 @@ class InProcessCommittee:
         """``admission``: the genesis's :class:`verifier.admission.AdmissionParams` (None: none, open
         admission); ``probe_all``: every validator reports every pending registration reached, as
         soon as it is committed (its address answered with its key). ``clock``: an
-        :class:`overlay.clock.Clock` the block time follows (:meth:`tick`), as a running chain's
-        empty blocks do; inside trio without one, :class:`overlay.clock.TrioClock`'s."""
+        :class:`overlay.wire.clock.Clock` the block time follows (:meth:`tick`), as a running chain's
+        empty blocks do; inside trio without one, :class:`overlay.wire.clock.TrioClock`'s."""
         import json
 
         from overlay.directory.lists import ValidatorKey
@@ -114,7 +114,7 @@ class InProcessCommittee:
         if clock is None:
             import trio
 
-            from overlay.clock import TrioClock
+            from overlay.wire.clock import TrioClock
 
             try:
                 trio.lowlevel.current_task()

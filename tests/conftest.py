@@ -40,7 +40,7 @@ PROCESS_STOP_TIMEOUT = 10.0
 
 def gentorrent_cmd(*args: str) -> list[str]:
     """The ``gentorrent`` command line run by this interpreter (no PATH lookup)."""
-    return [sys.executable, "-m", "overlay.cli", *args]
+    return [sys.executable, "-m", "gentorrent.cli", *args]
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120.0,

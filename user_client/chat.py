@@ -4,7 +4,7 @@ The chat runs a full user node (it relays for others too), keeps N proxy paths, 
 each turn — with the conversation so far — as n S-IDA cloves. Reply text is printed as each
 chunk arrives, and only once the chunk has passed its check: the anonymous client yields
 nothing that does not match the reply's hash chain and its model node's signature
-(:meth:`~overlay.anon.AnonClient.request`). After each reply a status line (standard error)
+(:meth:`~overlay.anon.client.AnonClient.request`). After each reply a status line (standard error)
 names the model node that served it — after a failover, each node and the part it wrote,
 each part signed by its own node — whether the complete reply verified, the time to first
 token and the token count. A chunk that fails its check ends the reply with "REPLY REFUSED"
@@ -17,7 +17,7 @@ Interactive when standard input is a terminal: ``/help``, ``/new`` (forget the c
 turns count the tokens the model node sent, other text counts one token per 3 characters
 (a conservative estimate: the user node has no tokenizer).
 
-Only trusted model nodes of models the committee audits are used (:func:`overlay.peers.usable`);
+Only trusted model nodes of models the committee audits are used (:func:`overlay.net.peers.usable`);
 ``--allow-unaudited`` also uses nodes of models no verifier with enough voting power holds (the
 committee's model list marks them). ``--donate-prompts`` donates some complete requests to the
 committee's audits (:mod:`user_client.donate`); pending donations are dropped when the chat exits.
@@ -46,12 +46,12 @@ from typing import Any, Protocol, TextIO
 
 import trio
 
-from overlay.anon import AnonError, ReplyUnverified, usable_nodes
-from overlay.clock import Clock, TrioClock
-from overlay.directory.constants import REPUTATION_SCALE
-from overlay.failures import Failure
-from overlay.messages import ChatMessage, ReplyChunk, SamplingParams
-from overlay.paths import PathError
+from overlay.anon.client import AnonError, ReplyUnverified, usable_nodes
+from overlay.anon.paths import PathError
+from overlay.wire.clock import Clock, TrioClock
+from overlay.wire.constants import REPUTATION_SCALE
+from overlay.wire.failures import Failure
+from overlay.wire.messages import ChatMessage, ReplyChunk, SamplingParams
 from user_client.donate import Donor
 from user_client.transcripts import DonatingClient, TranscriptDonor
 
@@ -83,7 +83,7 @@ HELP = """commands:
 anything else is sent as your next turn."""
 
 
-#: The exit status of each kind of failed request (:class:`~overlay.failures.Failure`).
+#: The exit status of each kind of failed request (:class:`~overlay.wire.failures.Failure`).
 EXIT_FOR = {
     Failure.NO_PATHS: EXIT_PATHS,
     Failure.SILENT: EXIT_NO_MODEL_NODE,
@@ -109,7 +109,7 @@ def exit_status(exc: BaseException) -> int:
 
 
 class Client(Protocol):
-    """What a chat needs of :class:`~overlay.anon.AnonClient` (tests pass a fake)."""
+    """What a chat needs of :class:`~overlay.anon.client.AnonClient` (tests pass a fake)."""
 
     def request(self, model: str, messages: list[ChatMessage] | tuple[ChatMessage, ...],
                 params: SamplingParams | None = None, *, node: bytes | None = None,
@@ -182,7 +182,7 @@ class ChatSession:
 
     async def turn(self, text: str, out: TextIO, timeout: float) -> Turn:
         """Send ``text`` with the history that fits; write the reply to ``out`` as it decodes.
-        On failure the turn is forgotten and :class:`~overlay.anon.AnonError` raised."""
+        On failure the turn is forgotten and :class:`~overlay.anon.client.AnonError` raised."""
         self.history.append(ChatMessage("user", text))
         self._tokens.append(self.estimate(text))
         window = self.window()
@@ -272,7 +272,7 @@ def reputation_of(models: Sequence[Any], node: bytes) -> int | None:
 
 def model_problem(models: Sequence[Any], model: str, allow_unaudited: bool) -> AnonError | None:
     """Why a prompt for ``model`` cannot be sent to any of ``models`` (the nodes listed for it):
-    none listed, none trusted, or (:class:`~overlay.anon.ModelUnaudited`) an unaudited model
+    none listed, none trusted, or (:class:`~overlay.anon.client.ModelUnaudited`) an unaudited model
     without ``allow_unaudited``; ``None`` when one can be used."""
     try:
         usable_nodes(models, model, allow_unaudited)
@@ -329,8 +329,8 @@ async def wait_paths(paths: Any, n: int, timeout: float, *, show: bool, clock: C
 
 
 def check_donation_settings(cfg: Any) -> None:
-    """:class:`~overlay.cli.CliError` for a ``--donate-rate`` or ``--donate-transcripts-rate`` outside 0..1."""
-    from overlay.cli import CliError
+    """:class:`~gentorrent.cli.CliError` for a ``--donate-rate`` or ``--donate-transcripts-rate`` outside 0..1."""
+    from gentorrent.cli import CliError
 
     if not 0.0 <= cfg.donate_rate <= 1.0:
         raise CliError(f"--donate-rate must be within 0..1, got {cfg.donate_rate:g}")
@@ -339,8 +339,8 @@ def check_donation_settings(cfg: Any) -> None:
 
 
 def check_donation_committee(cfg: Any, committee: object | None) -> None:
-    """:class:`~overlay.cli.CliError` for a donation flag without a committee to donate to."""
-    from overlay.cli import CliError
+    """:class:`~gentorrent.cli.CliError` for a donation flag without a committee to donate to."""
+    from gentorrent.cli import CliError
 
     for flag, on in (("--donate-prompts", cfg.donate_prompts), ("--donate-transcripts", cfg.donate_transcripts)):
         if on and committee is None:
@@ -361,11 +361,11 @@ def make_transcript_donor(cfg: Any, identity: Any, addresses: Sequence[str],
 
 
 def run_chat(args: argparse.Namespace) -> int:
-    from overlay.cli import CliError, resolve_config, run_async
+    from gentorrent.cli import CliError, resolve_config, run_async
     from overlay.directory.membership import directory, node_entry, serve_member
-    from overlay.identity import load_or_create
-    from overlay.transport import TLSTransport
+    from overlay.net.transport import TLSTransport
     from overlay.usernode import UserNode
+    from overlay.wire.identity import load_or_create
     from user_client.relay import listen_address
 
     cfg = resolve_config(args)

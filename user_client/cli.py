@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import argparse
 
-from overlay.cli import common_flags
+from gentorrent.cli import common_flags
 
 DEFAULT_PORT = 8741  # `gentorrent user serve`
 DEFAULT_MAX_BODY = 1 << 20  # 1 MiB: more than MAX_PROMPT_CHARS of JSON-escaped ASCII fits
 DEFAULT_MAX_CONCURRENT = 32
 DEFAULT_BODY_TIMEOUT = 10.0  # seconds for a request body to arrive whole
 API_KEY_ENV = "GENTORRENT_API_KEY"
-# settings of the commands that send prompts (overlay/config.py): which model nodes, and donations
+# settings of the commands that send prompts (gentorrent/config.py): which model nodes, and donations
 USER_SETTINGS = ("allow_unaudited", "donate_prompts", "donate_rate", "donate_transcripts", "donate_transcripts_rate")
 USE_NOTE = ("Prompts go only to trusted model nodes (committee reputation 0.4 or more) of models the committee's "
             "verifiers audit; --allow-unaudited also uses models no verifier with enough voting power holds, never "

@@ -16,13 +16,13 @@ The exchange, over the verifier's CometBFT RPC (``abci_query``, :func:`overlay.d
 1. ``/audit/donate_key`` answers the verifier's Ed25519 validator key (32 bytes); the donor
    goes on only if that key is one of the committee's validator keys it holds (the genesis set,
    or the set the signed lists moved it to).
-2. ``/audit/donate`` with ``data`` = the sealed donation (:func:`overlay.donation.seal_donation`
-   to that key, at most :data:`~overlay.donation.MAX_DONATION_BYTES`); code 0 means accepted.
+2. ``/audit/donate`` with ``data`` = the sealed donation (:func:`overlay.directory.donation.seal_donation`
+   to that key, at most :data:`~overlay.directory.donation.MAX_DONATION_BYTES`); code 0 means accepted.
 
 The format (the plaintext, its signature by the donor's identity key, the sealing) is
-:mod:`overlay.donation`'s, the codec the verifier decodes with; :func:`encode` makes it from this
+:mod:`overlay.directory.donation`'s, the codec the verifier decodes with; :func:`encode` makes it from this
 node's identity, with the parameters as floats where the format has floats. Every refusal here
-is that module's :class:`~overlay.donation.DonationError` too (a donation that could not be made
+is that module's :class:`~overlay.directory.donation.DonationError` too (a donation that could not be made
 or was refused, with the reason).
 
 Fire and forget: nothing here is ever shown as a chat error, blocks or slows a reply; failures
@@ -40,10 +40,10 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from overlay import donation
-from overlay.donation import DONATE_PATH, KEY_PATH, MAX_DONATION_BYTES, DonationError
-from overlay.identity import Identity, short_id
-from overlay.messages import ChatMessage, SamplingParams
+from overlay.directory import donation
+from overlay.directory.donation import DONATE_PATH, KEY_PATH, MAX_DONATION_BYTES, DonationError
+from overlay.wire.identity import Identity, short_id
+from overlay.wire.messages import ChatMessage, SamplingParams
 
 if TYPE_CHECKING:
     from overlay.directory.rpc import Rpc
@@ -66,7 +66,7 @@ def _as_floats(p: SamplingParams) -> SamplingParams:
 
 
 def encode(identity: Identity, model: str, messages: Sequence[ChatMessage], params: SamplingParams) -> bytes:
-    """The donation's plaintext (:func:`overlay.donation.encode`) from and signed by ``identity``."""
+    """The donation's plaintext (:func:`overlay.directory.donation.encode`) from and signed by ``identity``."""
     return donation.encode(identity, identity.node_id, model, messages, _as_floats(params))
 
 

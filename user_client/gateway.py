@@ -5,7 +5,7 @@ node that carries the calls: ``GET /v1/models``, ``POST /v1/chat/completions`` a
 ``POST /v1/completions`` (streamed as server-sent events or not). Validation and response
 shapes are the plain functions of :mod:`user_client.openai_api`; this module only moves
 bytes between HTTP and a :class:`Backend` (the real one, :class:`AnonBackend`, is the
-:class:`~overlay.anon.AnonClient` users run, with session affinity per conversation).
+:class:`~overlay.anon.client.AnonClient` users run, with session affinity per conversation).
 
 Who may call (:class:`~user_client.openai_api.Guard`, on the headers alone, before the body is
 read and before anything is sent to the network; a refusal leaves no state): a ``Host`` that
@@ -61,12 +61,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from overlay.anon import AnonError, ModelUnaudited, unaudited_message
-from overlay.clock import Clock, TrioClock
-from overlay.failures import Failure
-from overlay.messages import ChatMessage, ReplyChunk, SamplingParams
-from overlay.paths import PathError
-from overlay.peers import PeerEntry, usable
+from overlay.anon.client import AnonError, ModelUnaudited, unaudited_message
+from overlay.anon.paths import PathError
+from overlay.net.peers import PeerEntry, usable
+from overlay.wire.clock import Clock, TrioClock
+from overlay.wire.failures import Failure
+from overlay.wire.messages import ChatMessage, ReplyChunk, SamplingParams
 from user_client import openai_api as api
 from user_client.cli import API_KEY_ENV, DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY, DEFAULT_MAX_CONCURRENT
 from user_client.donate import Donor
@@ -88,13 +88,13 @@ class Backend(Protocol):
 
     def request(self, model: str, messages: Sequence[ChatMessage], params: SamplingParams,
                 node: bytes | None) -> AsyncGenerator[ReplyChunk, None]:
-        """The reply chunks in order; :class:`~overlay.anon.AnonError` or :class:`api.ApiError`
+        """The reply chunks in order; :class:`~overlay.anon.client.AnonError` or :class:`api.ApiError`
         on failure. ``node`` prefers a model node (session affinity)."""
         ...
 
 
 class AnonBackend:
-    """Calls through an :class:`~overlay.anon.AnonClient` (the user's own anonymous client).
+    """Calls through an :class:`~overlay.anon.client.AnonClient` (the user's own anonymous client).
 
     Before each call it waits up to ``paths_timeout`` seconds for the n proxy paths a request
     needs (503 ``not_enough_paths`` otherwise); ``timeout`` bounds the wait for each chunk."""
@@ -154,7 +154,7 @@ def error_for(exc: AnonError) -> api.ApiError:
 
 def model_ids(entries: Sequence[PeerEntry], allow_unaudited: bool) -> tuple[list[str], list[str]]:
     """``(usable, unaudited)`` model ids of the model nodes ``entries``: those served by a node a
-    call may use (:func:`overlay.peers.usable`), and those served by trusted nodes only of a model
+    call may use (:func:`overlay.net.peers.usable`), and those served by trusted nodes only of a model
     the committee does not audit (so left out unless ``allow_unaudited``). Models served by
     untrusted nodes only are in neither."""
     ok: set[str] = set()
@@ -507,8 +507,8 @@ def flag_values(values: Sequence[str] | None) -> list[str]:
 def guard_from_args(args: argparse.Namespace, environ: Any = os.environ) -> api.Guard:
     """The :class:`~user_client.openai_api.Guard` of ``--host``, ``--allow-host``,
     ``--allow-origin`` and ``--api-key`` (else the ``GENTORRENT_API_KEY`` environment variable;
-    empty means none); :class:`~overlay.cli.CliError` for a bad value (never showing the key)."""
-    from overlay.cli import CliError
+    empty means none); :class:`~gentorrent.cli.CliError` for a bad value (never showing the key)."""
+    from gentorrent.cli import CliError
 
     key = args.api_key if args.api_key is not None else environ.get(API_KEY_ENV) or None
     try:
@@ -521,11 +521,11 @@ def run_serve(args: argparse.Namespace) -> int:
     """Start the user node and the HTTP gateway; print ``READY <base url>`` once both listen."""
     from hypercorn.trio import serve
 
-    from overlay.cli import CliError, resolve_config, run_async
+    from gentorrent.cli import CliError, resolve_config, run_async
     from overlay.directory.membership import directory, node_entry, serve_member
-    from overlay.identity import load_or_create
-    from overlay.transport import TLSTransport
+    from overlay.net.transport import TLSTransport
     from overlay.usernode import UserNode
+    from overlay.wire.identity import load_or_create
     from user_client.chat import check_donation_committee, check_donation_settings, make_donor, make_transcript_donor
     from user_client.relay import listen_address
     from user_client.transcripts import DonatingClient

@@ -8,8 +8,8 @@ any of that, :class:`Guard` decides from a request's headers alone whether it ma
 (``Host``, ``Origin``, ``Sec-Fetch-Site``, the API key) and :func:`check_json_body` that a POST
 body is declared JSON.
 
-What maps to what (the overlay's :class:`~overlay.messages.Request` carries chat messages
-and :class:`~overlay.messages.SamplingParams`, nothing else):
+What maps to what (the overlay's :class:`~overlay.wire.messages.Request` carries chat messages
+and :class:`~overlay.wire.messages.SamplingParams`, nothing else):
 
 - ``/v1/completions``: the prompt is sent as one user message; the model node applies its
   chat template (the protocol has no raw-prompt mode).
@@ -47,7 +47,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from overlay.messages import MAX_PROMPT_CHARS, ChatMessage, SamplingParams
+from overlay.wire.messages import MAX_PROMPT_CHARS, ChatMessage, SamplingParams
 
 MAX_MESSAGES = 256  # what one overlay Request carries
 MAX_TOKENS_LIMIT = 4096  # model nodes' default ceiling (model_node.server.check_params)

@@ -8,13 +8,13 @@ import sys
 
 import trio
 
-from overlay.cli import CliError, resolve_config, run_async
-from overlay.config import Config
+from gentorrent.cli import CliError, resolve_config, run_async
+from gentorrent.config import Config
 from overlay.directory.membership import cancel_on_sigterm, directory, node_entry, serve_member
 from overlay.directory.registry import RegistryError
-from overlay.identity import load_or_create
-from overlay.transport import TLSTransport, parse_address
+from overlay.net.transport import TLSTransport, parse_address
 from overlay.usernode import UserNode
+from overlay.wire.identity import load_or_create
 
 log = logging.getLogger("gentorrent.user")
 

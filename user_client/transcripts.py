@@ -9,13 +9,13 @@ seeds), which this client keeps:
 
 1. Whether a request is donated is drawn *before* it is sent (with probability
    :attr:`TranscriptDonor.rate`); a request with a seed, or outside an audit challenge's limits
-   (:func:`overlay.transcripts.fits`), is never chosen.
+   (:func:`overlay.directory.transcripts.fits`), is never chosen.
 2. For a chosen request the client picks the model node itself
-   (:meth:`~overlay.anon.AnonClient.choose_model_node`, the node a normal request would go to),
+   (:meth:`~overlay.anon.client.AnonClient.choose_model_node`, the node a normal request would go to),
    a random request id and nonce, and computes the commitment
-   (:func:`overlay.transcripts.commitment` of :func:`overlay.signing.request_digest` of the
+   (:func:`overlay.directory.transcripts.commitment` of :func:`overlay.anon.signing.request_digest` of the
    request with that id, addressed to that node).
-3. It sends the signed commit (:func:`overlay.transcripts.encode_commit`, naming each verifier's
+3. It sends the signed commit (:func:`overlay.directory.transcripts.encode_commit`, naming each verifier's
    key) to EVERY verifier of ``--committee`` at once, over the verifier's RPC
    (``abci_query /audit/transcript_commit``), and waits for their answers, at most
    :data:`COMMIT_TIMEOUT_S`. Only then, and :data:`SETTLE_S` later, is the request sent: a
@@ -39,7 +39,7 @@ seeds), which this client keeps:
    stops reading early (a stop string) does not get the rest, but the client reads the committed
    reply to its end (at most :data:`DRAIN_S`) so it can be revealed.
 5. After the reply, the transcript (or "no reply") is sealed to each verifier's key
-   (:func:`overlay.transcripts.seal_reveal`, the key from ``/audit/donate_key``, checked against
+   (:func:`overlay.directory.transcripts.seal_reveal`, the key from ``/audit/donate_key``, checked against
    the committee's validator keys) and sent (``abci_query /audit/transcript_reveal``), in the
    background, tried :data:`REVEAL_TRIES` times on network errors. ``gentorrent user chat``
    waits up to :data:`EXIT_WAIT_S` for reveals still out when it exits; ``user serve`` drops them
@@ -66,13 +66,13 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from overlay import crypto
-from overlay import transcripts as wire
-from overlay.anon import AnonError
-from overlay.clock import Clock, TrioClock
-from overlay.donation import DonationError
-from overlay.identity import Identity, short_id
-from overlay.messages import REQUEST_ID_LEN, ChatMessage, ReplyChunk, SamplingParams
+from overlay.anon.client import AnonError
+from overlay.directory import transcripts as wire
+from overlay.directory.donation import DonationError
+from overlay.wire import crypto
+from overlay.wire.clock import Clock, TrioClock
+from overlay.wire.identity import Identity, short_id
+from overlay.wire.messages import REQUEST_ID_LEN, ChatMessage, ReplyChunk, SamplingParams
 from user_client.donate import Background, _as_floats, verifier_key
 
 if TYPE_CHECKING:
@@ -127,7 +127,7 @@ class TranscriptDonor(Background):
     ``addresses``: the committee's RPC addresses (``--committee``); ``validators()``: the validator
     keys the node holds now. ``rpc`` (default :func:`overlay.directory.rpc.rpc_call`), ``rng``
     (default :class:`random.SystemRandom`), ``urandom`` (request ids and nonces) and ``clock``
-    (default :class:`~overlay.clock.TrioClock`: the commit's ``sent_ms``) are injectable for tests.
+    (default :class:`~overlay.wire.clock.TrioClock`: the commit's ``sent_ms``) are injectable for tests.
     :meth:`run` must be running (in a nursery) for anything to be donated."""
 
     DROPPED = "donate: %d transcript reveal(s) still out dropped at exit (their commitments stand unrevealed)"
@@ -317,7 +317,7 @@ class TranscriptDonor(Background):
 
 
 class DonatingClient:
-    """An :class:`~overlay.anon.AnonClient` whose requests are sometimes donated as transcripts
+    """An :class:`~overlay.anon.client.AnonClient` whose requests are sometimes donated as transcripts
     (``donor``; None: every request is a normal one). It is what ``user chat`` and ``user serve``
     send through with ``--donate-transcripts``; the rest is the wrapped client's."""
 
@@ -337,7 +337,7 @@ class DonatingClient:
     async def request(self, model: str, messages: list[ChatMessage] | tuple[ChatMessage, ...],
                       params: SamplingParams | None = None, *, node: bytes | None = None, timeout: float = 60.0,
                       paths_timeout: float = 30.0) -> AsyncGenerator[ReplyChunk, None]:
-        """:meth:`~overlay.anon.AnonClient.request`'s chunks; for a request chosen for donation, sent
+        """:meth:`~overlay.anon.client.AnonClient.request`'s chunks; for a request chosen for donation, sent
         only once the verifiers answered its commit (module docstring), then revealed."""
         donor = self.donor
         c = None if donor is None else await donor.commit(self.client, model, messages, params, node)

@@ -14,13 +14,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from overlay import crypto
-from overlay import transcripts as wire
-from overlay.clock import Clock, SystemClock
-from overlay.directory.constants import ROLE_MODEL, ROLE_USER
+from overlay.directory import transcripts as wire
+from overlay.directory.donation import DONATE_PATH, KEY_PATH
 from overlay.directory.registration import Code
-from overlay.donation import DONATE_PATH, KEY_PATH
-from overlay.identity import write_private
+from overlay.wire import crypto
+from overlay.wire.clock import Clock, SystemClock
+from overlay.wire.constants import ROLE_MODEL, ROLE_USER
+from overlay.wire.identity import write_private
 from verifier.abci.proto.tendermint.abci import types_pb2 as abci
 from verifier.abci.proto.tendermint.types import validator_pb2
 from verifier.admission import OPEN
@@ -70,7 +70,7 @@ class CommitteeAbciApp:
         ``transcripts``: the book of users' committed transcripts (:mod:`verifier.audit.transcripts`,
         shared with the audit loop, which closes its epochs), fed through the
         ``/audit/transcript_commit`` and ``/audit/transcript_reveal`` queries; None refuses them.
-        ``clock`` (default :class:`~overlay.clock.SystemClock`: queries come from CometBFT, outside
+        ``clock`` (default :class:`~overlay.wire.clock.SystemClock`: queries come from CometBFT, outside
         any test's trio clock) stamps when a commitment arrived."""
         self.core = core
         self.store = store
@@ -163,7 +163,7 @@ class CommitteeAbciApp:
         return rec.ed25519_public if ok and rec is not None else None
 
     def transcript(self, path: str, data: bytes) -> tuple[Code, str]:
-        """The transcript queries (decision 0015; :mod:`overlay.transcripts` is the format), answered
+        """The transcript queries (decision 0015; :mod:`overlay.directory.transcripts` is the format), answered
         from this verifier's own book, key and clock:
 
         - ``/audit/transcript_commit`` (data: a signed commit, in the clear): the commitment is
@@ -301,9 +301,9 @@ def _opened(what: str, data: bytes, decode: Callable[[bytes], _M], verifier_pk: 
 
 def take_commit(book: TranscriptBook, data: bytes, verifier_pk: bytes, user_key: Callable[[bytes], bytes | None],
                 epoch: int, now_ms: int) -> tuple[Code, str]:
-    """A donor's commit (:func:`overlay.transcripts.decode_commit`) into ``book`` for ``epoch`` at
+    """A donor's commit (:func:`overlay.directory.transcripts.decode_commit`) into ``book`` for ``epoch`` at
     ``now_ms``: from a registered user (``user_key``), signed by it, to this verifier
-    (``verifier_pk``), sent within :data:`~overlay.transcripts.MAX_SKEW_MS` of ``now_ms`` (an old
+    (``verifier_pk``), sent within :data:`~overlay.directory.transcripts.MAX_SKEW_MS` of ``now_ms`` (an old
     commit replayed would stand unrevealed and burn its donor). ``(code, reason)``; never raises."""
     c, refused = _opened("commit", data, wire.decode_commit, verifier_pk, user_key)
     if c is None:
@@ -321,8 +321,8 @@ def take_commit(book: TranscriptBook, data: bytes, verifier_pk: bytes, user_key:
 
 def take_reveal(book: TranscriptBook, sealed: bytes, seed32: bytes, verifier_pk: bytes,
                 user_key: Callable[[bytes], bytes | None], key_of: KeyOf) -> tuple[Code, str]:
-    """A donor's sealed reveal (:func:`overlay.transcripts.unseal`, then
-    :func:`~overlay.transcripts.decode_reveal`) into ``book``: a transcript for
+    """A donor's sealed reveal (:func:`overlay.directory.transcripts.unseal`, then
+    :func:`~overlay.directory.transcripts.decode_reveal`) into ``book``: a transcript for
     :meth:`~verifier.audit.transcripts.TranscriptBook.reveal` (``key_of``: a model node's
     registered key, if it serves the model) or "no reply" for
     :meth:`~verifier.audit.transcripts.TranscriptBook.no_reply`. ``(code, reason)``; never raises."""

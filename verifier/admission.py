@@ -40,10 +40,10 @@ from typing import Any
 
 import msgpack
 
-from overlay import crypto
 from overlay.directory import work
-from overlay.directory.constants import MAX_CHAIN_ID
 from overlay.directory.registration import DECODE_ERRORS, Code, TxError, canonical_ip, pack
+from overlay.wire import crypto
+from overlay.wire.constants import MAX_CHAIN_ID
 
 PENDING_TTL_S = 300  # a registration not probed within this much block time is dropped
 RESERVE_S = 30 * 60  # a node that left keeps its address and seq this long

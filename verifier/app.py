@@ -44,9 +44,7 @@ from dataclasses import dataclass, field, replace
 
 import msgpack
 
-from overlay import crypto
 from overlay.directory import lists
-from overlay.directory.constants import MAX_VALIDATORS, ROLE_MODEL, ROLE_NAMES, ROLE_USER
 from overlay.directory.registration import (  # noqa: F401 - REFRESH_INTERVAL_S re-exported
     DECODE_ERRORS,
     ENTRY_TTL_S,
@@ -60,6 +58,8 @@ from overlay.directory.registration import (  # noqa: F401 - REFRESH_INTERVAL_S 
     decode_tx,
     pack,
 )
+from overlay.wire import crypto
+from overlay.wire.constants import MAX_VALIDATORS, ROLE_MODEL, ROLE_NAMES, ROLE_USER
 from verifier import admission, quorum
 from verifier.admission import AdmissionParams
 from verifier.audit import chain as audits

@@ -16,7 +16,7 @@ import argparse
 import sys
 from typing import Any
 
-from overlay.cli import CliError, common_flags, resolve_config, run_async
+from gentorrent.cli import CliError, common_flags, resolve_config, run_async
 
 # verifier/audit/chain.py's defaults, repeated here so that the CLI stays light to import (a test checks them)
 _DEFAULT_AUDIT_MODEL = "smollm2-135m-instruct"

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from overlay import crypto
-from overlay.clock import Clock, SystemClock
+from overlay.wire import crypto
+from overlay.wire.clock import Clock, SystemClock
 
 HOME_DIR = "cometbft"
 LOG_FILE = "cometbft.log"

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import trio
 
-from overlay.identity import write_private
+from overlay.wire.identity import write_private
 from verifier.abci import server
 from verifier.abci_app import CommitteeAbciApp, StateStore
 from verifier.audit.auditor import AuditSettings, run_audits

@@ -21,10 +21,10 @@ from typing import Any
 
 import trio
 
-from overlay import crypto
-from overlay.clock import Clock, TrioClock
 from overlay.directory.rpc import Rpc, RpcError, broadcast_tx_sync
-from overlay.transport import TransportError
+from overlay.net.transport import TransportError
+from overlay.wire import crypto
+from overlay.wire.clock import Clock, TrioClock
 from verifier.admission import MAX_PROBE_ENTRIES, make_probe_tx
 from verifier.app import CommitteeApp, Pending
 
@@ -93,8 +93,8 @@ async def run_prober(app: CommitteeApp, key: crypto.SigningKey, rpc_address: str
     """Probe pending registrations every :data:`PROBE_EVERY_S` until cancelled; failures are logged."""
     clock = clock or TrioClock()
     if dial is None:
-        from overlay.identity import Identity
-        from overlay.transport import TLSTransport
+        from overlay.net.transport import TLSTransport
+        from overlay.wire.identity import Identity
 
         transport = TLSTransport(Identity.generate())  # a throwaway key: the dial proves the other side
         dial = transport.dial

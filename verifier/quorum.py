@@ -27,9 +27,9 @@ from typing import Any
 
 import msgpack
 
-from overlay import crypto
-from overlay.directory.constants import MAX_CHAIN_ID
 from overlay.directory.registration import DECODE_ERRORS, Code, TxError, pack
+from overlay.wire import crypto
+from overlay.wire.constants import MAX_CHAIN_ID
 
 PREFIX = b"\xc1"
 CERT_TAG = b"\xc1\x01"

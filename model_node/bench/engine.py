@@ -43,7 +43,7 @@ one warm-up request, two rounds of new prompts:
 - ``vllm_tokens_per_s_16_vs_1`` (target ≥ 3.5) and ``vllm_vs_llama_tokens_per_s_16`` (vLLM's
   16-stream rate ÷ llama.cpp's, same run; vLLM uses both cores, the llama engines one thread).
 
-Through real processes (``overlay.tools.localnet.LocalNet``: 12 relays, one model node running
+Through real processes (``gentorrent.tools.localnet.LocalNet``: 12 relays, one model node running
 ``--engine llama.cpp``), a short chat turn whose prompt the node has cached, asked alternately
 through the overlay (``UserNode``, (4,3) cloves over 3-hop paths) and directly (a ``Request`` over
 an authenticated TLS connection to the model node): ``e2e_ttft_{overlay,direct}_{...}_ms``
@@ -62,15 +62,15 @@ from typing import Any
 
 import trio
 
+from gentorrent.bench.stats import cpu_model, overlay_vs_direct, summarize_ms
+from gentorrent.cli import run_async
+from gentorrent.tools.localnet import LocalNet
 from model_node.engine import Engine, EngineError, GenStats
 from model_node.llama import DEFAULT_MODEL_ID, LlamaCppEngine, resolve_model
 from model_node.vllm import is_cpu_build
-from overlay.bench.stats import cpu_model, overlay_vs_direct, summarize_ms
-from overlay.cli import run_async
-from overlay.messages import ChatMessage, ReplyChunk, Request, SamplingParams
-from overlay.tools.localnet import LocalNet
-from overlay.transport import TLSTransport
+from overlay.net.transport import TLSTransport
 from overlay.usernode import UserNode
+from overlay.wire.messages import ChatMessage, ReplyChunk, Request, SamplingParams
 
 RULES = 45  # about 1,200 tokens of system prompt
 QUESTIONS = ["Which shelf holds section 12?", "Where can I find maps?", "Is the library open on Sunday?",

@@ -78,19 +78,19 @@ from typing import Any
 
 import trio
 
+from gentorrent.bench.stats import cpu_model, percentile, process_usage, summarize_ms
+from gentorrent.cli import run_async
+from gentorrent.tools.localnet import LocalNet
 from model_node.bench.policies import REQUESTS_THRESHOLD
 from model_node.forwarding import DEFAULT_LOAD_THRESHOLD
 from model_node.llama import DEFAULT_MODEL_ID, LlamaCppEngine, resolve_model
 from model_node.messages import NodeStats, StatsRequest
-from overlay.bench.stats import cpu_model, percentile, process_usage, summarize_ms
-from overlay.cli import run_async
-from overlay.clock import TrioClock
-from overlay.failures import Failure, from_wire
-from overlay.identity import Identity
-from overlay.messages import ChatMessage, ReplyChunk, Request, SamplingParams
-from overlay.peers import PeerEntry
-from overlay.tools.localnet import LocalNet
-from overlay.transport import Connection, TLSTransport, TransportError
+from overlay.net.peers import PeerEntry
+from overlay.net.transport import Connection, TLSTransport, TransportError
+from overlay.wire.clock import TrioClock
+from overlay.wire.failures import Failure, from_wire
+from overlay.wire.identity import Identity
+from overlay.wire.messages import ChatMessage, ReplyChunk, Request, SamplingParams
 
 POLICIES = ("hrtree", "load", "random")  # at the base rate
 RATE_FACTORS = (2, 4)
@@ -170,7 +170,7 @@ def _cpu_seconds(pid: int) -> float:
 
 class RequestFailed(Exception):
     """The model node answered with an error chunk (``node``: the node that says so, ``failure``:
-    its code, :func:`overlay.failures.from_wire`)."""
+    its code, :func:`overlay.wire.failures.from_wire`)."""
 
     def __init__(self, error: str, node: bytes, failure: Failure = Failure.NODE_ERROR) -> None:
         super().__init__(error)

@@ -32,6 +32,7 @@ import math
 import os
 from typing import Any
 
+from gentorrent.bench.stats import cpu_model, summarize_ms
 from model_node.bench.forwarding import (
     RATE,
     SEED,
@@ -47,7 +48,6 @@ from model_node.bench.forwarding import (
 )
 from model_node.forwarding import DEFAULT_LOAD_THRESHOLD
 from model_node.llama import resolve_model
-from overlay.bench.stats import cpu_model, summarize_ms
 
 THRESHOLDS = (2.5, 5.0, 10.0, 20.0)  # seconds of work: a quarter of the default to twice it
 QUICK_THRESHOLDS = (5.0, 10.0)

@@ -4,8 +4,8 @@ placed in the wide-area testbed's regions (issue 29; docs/testbed.md; docs/bench
 
 ``bench forwarding`` compares the rules on loopback, where a forward costs a fraction of a
 millisecond. Here each of :data:`MODELS` ``gentorrent model-node --engine llama.cpp`` processes
-(the default model) sits in its own region (:mod:`overlay.tools.regions`) behind Toxiproxy
-access links (:class:`overlay.tools.testbed.Testbed`, no relays, no committee: a signed registry
+(the default model) sits in its own region (:mod:`gentorrent.tools.regions`) behind Toxiproxy
+access links (:class:`gentorrent.tools.testbed.Testbed`, no relays, no committee: a signed registry
 file), so a forward from one node to another, its group sync and its reply pay the published
 one-way delays between their regions, and the client (in :data:`CLIENT_REGION`) pays its own to
 the entry node. The workload is ``bench forwarding``'s (:func:`model_node.bench.forwarding.workload`:
@@ -40,9 +40,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gentorrent.bench.stats import cpu_model, summarize_ms
 from model_node.bench import forwarding as fw
 from model_node.llama import DEFAULT_MODEL_ID, resolve_model
-from overlay.bench.stats import cpu_model, summarize_ms
 
 MODELS = 6
 RULES = ("hrtree", "alg2", "load")
@@ -54,11 +54,11 @@ REQUESTS = 100
 def play(rule: str, jobs: list[fw.Job], systems: list[str], models: int, warm: int) -> dict[str, Any]:
     """Play ``jobs`` on ``models`` fresh llama.cpp model nodes in the testbed's regions, forwarding
     by ``rule``; the result of :func:`model_node.bench.forwarding._play` plus the regions."""
-    from overlay.cli import run_async
-    from overlay.tools import regions as geo
-    from overlay.tools.testbed import Testbed, via_rule
-    from overlay.tools.toxiproxy import Toxiproxy
-    from overlay.transport import TLSTransport, Via
+    from gentorrent.cli import run_async
+    from gentorrent.tools import regions as geo
+    from gentorrent.tools.testbed import Testbed, via_rule
+    from gentorrent.tools.toxiproxy import Toxiproxy
+    from overlay.net.transport import TLSTransport, Via
 
     args = ("--threads", "1", "--prefix-snapshots", str(fw.SNAPSHOTS), "--sync-interval", str(fw.SYNC_INTERVAL),
             "--accept-direct-requests")
@@ -125,7 +125,7 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
         "sampling": "greedy", "seed": fw.SEED, "rules": list(rules),
         "regions": first["regions"], "client_region": CLIENT_REGION,
         "model_one_way_ms": first["one_way_ms"], "client_one_way_ms": first["client_one_way_ms"],
-        "links": "Toxiproxy access links (overlay.tools.testbed), latency +/- 5 % jitter and 52.84 Mbit/s each way",
+        "links": "Toxiproxy access links (gentorrent.tools.testbed), latency +/- 5 % jitter and 52.84 Mbit/s each way",
         "transport": "direct authenticated TLS Requests to an entry node chosen uniformly at random, through the "
                      "client's region's links; forwarded replies come back through the entry node",
         "fresh_processes_per_rule": True,

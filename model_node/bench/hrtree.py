@@ -39,12 +39,12 @@ from typing import Any
 
 import msgpack
 
+from gentorrent.bench.stats import summarize
 from model_node.group import FULL_EVERY
 from model_node.hrtree import ChunkLengths, HRTree, common_prefix_units, default_tau_c, token_bytes
 from model_node.messages import LoadReport, SubtreeUpdate
 from model_node.sentry import Sentry
-from overlay import codec
-from overlay.bench.stats import summarize
+from overlay.wire import codec
 
 VOCAB = 128_000
 HEADER = array.array("I", [128000, 128006, 9125, 128007, 271])  # a llama-3-like chat header

@@ -3,7 +3,7 @@
 ``python -m model_node.bench.node [--baseline hrtree|load|random|requests] [--echo-delay SECONDS]
 MODEL-NODE-FLAGS...`` runs ``gentorrent model-node MODEL-NODE-FLAGS...`` with the forwarding
 baseline (:mod:`model_node.bench.policies`) and the echo engine's per-piece delay injected:
-neither is a flag of the product's node. :class:`overlay.tools.localnet.LocalNet` starts
+neither is a flag of the product's node. :class:`gentorrent.tools.localnet.LocalNet` starts
 model nodes this way when given ``bench_args`` or an ``echo_delay``.
 """
 
@@ -17,12 +17,12 @@ from model_node.bench.policies import BASELINES, baseline
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from gentorrent import config
+    from gentorrent.cli import CliError
     from model_node.cli import register
     from model_node.run import run_model_node
-    from overlay import config
-    from overlay.cli import CliError
-    from overlay.identity import IdentityError
-    from overlay.peers import PeerListError
+    from overlay.net.peers import PeerListError
+    from overlay.wire.identity import IdentityError
 
     pre = argparse.ArgumentParser(prog="python -m model_node.bench.node", add_help=False)
     pre.add_argument("--baseline", choices=BASELINES, default="hrtree")

@@ -1,7 +1,5 @@
 """The directory: who is on the network, as the verifier committee says (docs/committee.md).
 
-- :mod:`~overlay.directory.constants`: the numbers and names the directory's modules share (roles,
-  the chain id's bound, the reputation scale and trust line, ...), each defined once.
 - :mod:`~overlay.directory.rpc`: the one client of a verifier's CometBFT RPC (HTTP transport,
   ``abci_query``, ``broadcast_tx_sync``/``broadcast_tx_commit``).
 - :mod:`~overlay.directory.registration`: the registration transaction codec (nodes sign with it,
@@ -12,4 +10,9 @@
 - :mod:`~overlay.directory.registry`: the registry object nodes route with (a static file's, or
   the signed lists').
 - :mod:`~overlay.directory.membership`: a node's membership, live: registers, follows the lists.
+- :mod:`~overlay.directory.donation`, :mod:`~overlay.directory.transcripts`: what users hand the
+  committee by consent (prompts, committed transcripts).
+
+The numbers and names it shares with every layer (roles, the reputation scale and trust line,
+...) are in :mod:`overlay.wire.constants`.
 """

@@ -19,9 +19,9 @@ A served document (a full list) is the msgpack array::
   point (10^6 = 1.0, verifier/audit/reputation.py), and ``audited`` (11th, a bool), whether the
   node's model is audited (validators with more than 2/3 of the power hold it; decision 0013).
   The model list holds every registered model node, untrusted ones too (reputation under
-  :data:`overlay.peers.TRUST_LINE`), so audits can reach them; both fields reach users as
-  :attr:`overlay.peers.PeerEntry.reputation` and :attr:`~overlay.peers.PeerEntry.audited`, and
-  clients send prompts only to trusted nodes of audited models (:func:`overlay.peers.usable`).
+  :data:`overlay.net.peers.TRUST_LINE`), so audits can reach them; both fields reach users as
+  :attr:`overlay.net.peers.PeerEntry.reputation` and :attr:`~overlay.net.peers.PeerEntry.audited`, and
+  clients send prompts only to trusted nodes of audited models (:func:`overlay.net.peers.usable`).
 - ``validators``: the committee as of ``height``, ``[[ed25519_public, power], ...]`` sorted by key;
   its digest is SHA-256 of that array's msgpack encoding.
 - ``signatures``: ``[[ed25519_public, signature], ...]``, each over :func:`signing_message` of
@@ -63,9 +63,12 @@ from typing import Any
 import msgpack
 import trio
 
-from overlay import crypto
-from overlay.clock import Clock, TrioClock
-from overlay.directory.constants import (
+from overlay.directory.registry import Registry
+from overlay.directory.rpc import RpcError, abci_value
+from overlay.net.peers import PeerEntry
+from overlay.wire import crypto
+from overlay.wire.clock import Clock, TrioClock
+from overlay.wire.constants import (
     MAX_CHAIN_ID,
     MAX_VALIDATORS,
     REPUTATION_SCALE,
@@ -73,10 +76,7 @@ from overlay.directory.constants import (
     ROLE_NAMES,
     ROLE_USER,
 )
-from overlay.directory.registry import Registry
-from overlay.directory.rpc import RpcError, abci_value
-from overlay.identity import ID_PERSON, NODE_ID_LEN
-from overlay.peers import PeerEntry
+from overlay.wire.identity import ID_PERSON, NODE_ID_LEN
 
 log = logging.getLogger("gentorrent.committee")
 
@@ -231,7 +231,7 @@ def _entries(records: Iterable[Any], kind: int) -> tuple[tuple[PeerEntry, ...], 
     """Every record as a :class:`PeerEntry` with its ``expires_at``, each field typed and bounded,
     the list of one role and strictly sorted by node id. The hot loop of a refresh (10,000 records
     a list): one pass, locals only, the node id hashed with :mod:`hashlib` directly; the checks are
-    those of :func:`overlay.identity.node_id_of` and :func:`overlay.transport.parse_address`."""
+    those of :func:`overlay.wire.identity.node_id_of` and :func:`overlay.net.transport.parse_address`."""
     want_role = ROLE_USER if kind == KIND_USERS else ROLE_MODEL
     role_name = ROLE_NAMES[want_role]
     model = want_role == ROLE_MODEL

@@ -28,14 +28,14 @@ from typing import Any, Protocol
 import msgpack
 import trio
 
-from overlay.clock import Clock, TrioClock
-from overlay.directory.constants import REPUTATION_SCALE, ROLE_MODEL, TRUST_LINE
 from overlay.directory.lists import REFRESH_S, CommitteeClient, Fetch, ListError, ValidatorKey, load_genesis
 from overlay.directory.registration import CommitteeRegistration, Entry, Registrar, RegistrationError
 from overlay.directory.registry import Registry, RegistryError, from_config
 from overlay.directory.rpc import Rpc
-from overlay.identity import Identity
-from overlay.transport import parse_address
+from overlay.net.transport import parse_address
+from overlay.wire.clock import Clock, TrioClock
+from overlay.wire.constants import REPUTATION_SCALE, ROLE_MODEL, TRUST_LINE
+from overlay.wire.identity import Identity
 
 log = logging.getLogger("gentorrent.membership")
 
@@ -99,8 +99,8 @@ def node_entry(identity: Identity, address: str, region: str, *, model: str = ""
     if host in ("0.0.0.0", "::", ""):
         raise RegistrationError(f"listening on {address}, which other nodes cannot dial: pass --listen with the "
                                 "address others reach this node at")
-    from overlay.directory.constants import ROLE_USER
     from overlay.directory.registration import TxError, check_entry
+    from overlay.wire.constants import ROLE_USER
 
     entry = Entry(ROLE_MODEL if model else ROLE_USER, identity.x25519.public_bytes, address, region, model, capacity)
     try:

@@ -26,7 +26,7 @@ A transaction is one msgpack array of exactly two binaries, ``[body, signature]`
   ``TX_CONTEXT || len(chain_id) (u8) || chain_id || body``; the chain id binds a transaction to
   one committee, so it cannot be replayed on another.
 
-The node id is derived from the Ed25519 key (:func:`overlay.identity.node_id_of`), never sent.
+The node id is derived from the Ed25519 key (:func:`overlay.wire.identity.node_id_of`), never sent.
 Every field is bounded; anything off raises :class:`TxError` with a numeric code from
 :class:`Code` and a reason. The codec reads no state and no clock: stateful rules (replay,
 conflicts) live in :mod:`verifier.app`.
@@ -45,13 +45,13 @@ from typing import Any
 import msgpack
 import trio
 
-from overlay import crypto
-from overlay.clock import Clock, TrioClock
 from overlay.directory import work
-from overlay.directory.constants import MAX_CAPACITY, MAX_CHAIN_ID, MIN_CAPACITY, ROLE_NAMES, ROLE_USER
 from overlay.directory.rpc import Rpc, RpcError, parse_commit, parse_query, query_params, rpc_call, tx_params
 from overlay.directory.work import NONCE_LEN
-from overlay.identity import node_id_of
+from overlay.wire import crypto
+from overlay.wire.clock import Clock, TrioClock
+from overlay.wire.constants import MAX_CAPACITY, MAX_CHAIN_ID, MIN_CAPACITY, ROLE_NAMES, ROLE_USER
+from overlay.wire.identity import node_id_of
 
 log = logging.getLogger("gentorrent.registration")
 

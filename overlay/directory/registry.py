@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from overlay import crypto
-from overlay.crypto import SigningKey
-from overlay.peers import MAX_PEERS, PeerEntry, PeerListError, parse_entry, read_json
+from overlay.net.peers import MAX_PEERS, PeerEntry, PeerListError, parse_entry, read_json
+from overlay.wire import crypto
+from overlay.wire.crypto import SigningKey
 
 REGISTRY_CONTEXT = b"gentorrent/registry/v1\x00"
 
@@ -144,7 +144,7 @@ def load(path: str | os.PathLike[str], pinned: list[bytes]) -> Registry:
 def from_config(cfg: Any) -> Registry:
     """The node directory a command should use: the signed registry (``registry`` +
     ``registry_keys``), or for local testing an unsigned ``peers`` list."""
-    from overlay import peers as peerlist
+    from overlay.net import peers as peerlist
 
     if cfg.registry:
         if not cfg.registry_keys:

@@ -20,7 +20,7 @@ from typing import Any
 
 import trio
 
-from overlay.transport import parse_address
+from overlay.net.transport import parse_address
 
 MAX_RESPONSE = 64 * 1024 * 1024
 

@@ -36,7 +36,7 @@ def out() -> dict[str, Any]:
         done = run_cli("bench", NAME, "--quick", "--json", timeout=600)
         assert done.returncode == 0, done.stderr[-2000:]
         return dict(json.loads(done.stdout))
-    from overlay.bench.command import emit
+    from gentorrent.bench.command import emit
 
     params, figures = audit_evasion.run(True)
     buf = io.StringIO()

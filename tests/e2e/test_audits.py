@@ -34,8 +34,8 @@ import msgpack
 import pytest
 import trio
 
+from gentorrent.tools.localnet import LocalNet, LocalNetError, cli, free_ports
 from overlay.directory.lists import CommitteeClient, load_genesis
-from overlay.tools.localnet import LocalNet, LocalNetError, cli, free_ports
 
 pytestmark = pytest.mark.slow
 

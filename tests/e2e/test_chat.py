@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from overlay.tools.localnet import LocalNet, cli
+from gentorrent.tools.localnet import LocalNet, cli
 from user_client import chat
 
 pytestmark = pytest.mark.slow

@@ -26,9 +26,8 @@ import msgpack
 import pytest
 import trio
 
-from overlay.clock import SystemClock
+from gentorrent.tools.localnet import free_ports
 from overlay.directory import registration as tx
-from overlay.directory.constants import ROLE_MODEL, ROLE_USER
 from overlay.directory.lists import (
     KIND_MODELS,
     KIND_USERS,
@@ -39,7 +38,8 @@ from overlay.directory.lists import (
 )
 from overlay.directory.registration import Code
 from overlay.directory.rpc import abci_value
-from overlay.tools.localnet import free_ports
+from overlay.wire.clock import SystemClock
+from overlay.wire.constants import ROLE_MODEL, ROLE_USER
 from tests.committee_helpers import Node
 from tests.conftest import REPO, gentorrent_cmd, run_cli
 from verifier import cometbft

@@ -15,12 +15,13 @@ from pathlib import Path
 import pytest
 import trio
 
-from overlay import crypto, onion
+from gentorrent.tools.localnet import LocalNet, cli
+from overlay.anon import onion
 from overlay.directory.lists import CommitteeClient, ListError, load_genesis
-from overlay.identity import Identity
-from overlay.messages import Create, Destroy
-from overlay.tools.localnet import LocalNet, cli
-from overlay.transport import TLSTransport, TransportError
+from overlay.net.transport import TLSTransport, TransportError
+from overlay.wire import crypto
+from overlay.wire.identity import Identity
+from overlay.wire.messages import Create, Destroy
 
 pytestmark = pytest.mark.slow
 

@@ -17,10 +17,10 @@ import ssl
 import pytest
 import trio
 
-from overlay.messages import ChatMessage, SamplingParams
-from overlay.tools.localnet import LocalNet
-from overlay.transport import TLSTransport, parse_address
+from gentorrent.tools.localnet import LocalNet
+from overlay.net.transport import TLSTransport, parse_address
 from overlay.usernode import UserNode
+from overlay.wire.messages import ChatMessage, SamplingParams
 
 pytestmark = pytest.mark.slow
 

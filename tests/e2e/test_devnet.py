@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from overlay.messages import PeerSeen, PeerStatus
-from overlay.tools.devnet import health
+from gentorrent.tools.devnet import health
+from overlay.wire.messages import PeerSeen, PeerStatus
 
 
 def status(*rtts: int) -> PeerStatus:
@@ -59,7 +59,7 @@ def alive(pid: int) -> bool:
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_stopping_devnet_leaves_no_process_behind(tmp_path, sig):
-    proc = subprocess.Popen([sys.executable, "-m", "overlay.cli", "devnet", "--engine", "echo", "--relays", "5",
+    proc = subprocess.Popen([sys.executable, "-m", "gentorrent.cli", "devnet", "--engine", "echo", "--relays", "5",
                              "--models", "1", "--no-demo", "--data-dir", str(tmp_path)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -91,7 +91,7 @@ def test_stopping_devnet_leaves_no_process_behind(tmp_path, sig):
 def devnet_until_up(tmp_path: Path, started: list[subprocess.Popen[str]], *extra: str) -> str:
     """Start devnet (echo, 12 relays, 1 model node) on ``tmp_path`` (appended to ``started``);
     its output up to 'press Ctrl-C'."""
-    proc = subprocess.Popen([sys.executable, "-m", "overlay.cli", "devnet", "--engine", "echo", "--relays", "12",
+    proc = subprocess.Popen([sys.executable, "-m", "gentorrent.cli", "devnet", "--engine", "echo", "--relays", "12",
                              "--models", "1", "--data-dir", str(tmp_path), *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     started.append(proc)

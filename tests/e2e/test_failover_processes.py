@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 import trio
 
-from overlay.messages import ChatMessage, SamplingParams
-from overlay.tools.localnet import LocalNet
-from overlay.transport import TLSTransport
+from gentorrent.tools.localnet import LocalNet
+from overlay.net.transport import TLSTransport
 from overlay.usernode import UserNode
+from overlay.wire.messages import ChatMessage, SamplingParams
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.slow

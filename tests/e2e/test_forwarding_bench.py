@@ -81,7 +81,7 @@ def test_bench_forwarding_threshold_quick(helpers: Any) -> None:
 
 def test_bench_forwarding_wide_area_quick(helpers: Any) -> None:
     """Two llama.cpp model nodes in two regions behind Toxiproxy access links, two rules."""
-    from overlay.tools.toxiproxy import ToxiproxyError, find_toxiproxy
+    from gentorrent.tools.toxiproxy import ToxiproxyError, find_toxiproxy
 
     try:
         find_toxiproxy()

@@ -17,13 +17,13 @@ from typing import Any
 import pytest
 import trio
 
+from gentorrent.tools.localnet import LocalNet
 from model_node.messages import NodeStats, StatsRequest
-from overlay.identity import Identity
-from overlay.messages import ChatMessage, ReplyChunk, Request, SamplingParams
-from overlay.peers import PeerEntry
-from overlay.tools.localnet import LocalNet
-from overlay.transport import Connection, TLSTransport
+from overlay.net.peers import PeerEntry
+from overlay.net.transport import Connection, TLSTransport
 from overlay.usernode import UserNode
+from overlay.wire.identity import Identity
+from overlay.wire.messages import ChatMessage, ReplyChunk, Request, SamplingParams
 
 pytestmark = pytest.mark.slow
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import openai
 import pytest
 
+from gentorrent.tools.localnet import LocalNet, cli, free_ports
 from model_node.echo import EchoEngine
-from overlay.messages import ChatMessage
-from overlay.tools.localnet import LocalNet, cli, free_ports
+from overlay.wire.messages import ChatMessage
 
 pytestmark = pytest.mark.slow
 

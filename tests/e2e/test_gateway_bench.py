@@ -19,7 +19,7 @@ KEYS = {f"{who}_{what}_{stat}_ms" for who in ("direct", "gateway") for what in (
 
 
 def test_quick_gateway_bench_reports_its_figures():
-    r = subprocess.run([sys.executable, "-m", "overlay.cli", "bench", "gateway", "--json", "--quick"],
+    r = subprocess.run([sys.executable, "-m", "gentorrent.cli", "bench", "gateway", "--json", "--quick"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)

@@ -15,7 +15,7 @@ import trio
 
 from model_node.engine import EngineError, GenStats
 from model_node.hrtree import common_prefix
-from overlay.messages import ChatMessage, SamplingParams
+from overlay.wire.messages import ChatMessage, SamplingParams
 
 pytestmark = pytest.mark.slow
 

@@ -15,15 +15,15 @@ from typing import Any
 import pytest
 import trio
 
+from gentorrent.tools.localnet import LocalNet
 from model_node.engine import Engine, EngineError, GenStats
 from model_node.hrtree import common_prefix
 from model_node.server import ModelNode
 from overlay.directory.registry import Registry
-from overlay.identity import Identity
-from overlay.messages import ChatMessage, Request, SamplingParams
-from overlay.tools.localnet import LocalNet
-from overlay.transport import MemoryNetwork, MemoryTransport, TLSTransport
+from overlay.net.transport import MemoryNetwork, MemoryTransport, TLSTransport
 from overlay.usernode import UserNode
+from overlay.wire.identity import Identity
+from overlay.wire.messages import ChatMessage, Request, SamplingParams
 
 pytestmark = pytest.mark.slow
 
@@ -204,7 +204,7 @@ async def test_a_long_prompt_plus_max_tokens_is_refused_by_the_node(engine: Any)
 
 
 def test_cli_errors_are_clear(tmp_path, capsys, monkeypatch) -> None:
-    from overlay.cli import main
+    from gentorrent.cli import main
 
     assert main(["model-node", "--data-dir", str(tmp_path), "--model", str(tmp_path / "gone.gguf")]) == 2
     assert "model file not found" in capsys.readouterr().err

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from model_node.engine import EngineError
-from overlay.messages import ChatMessage, SamplingParams
+from overlay.wire.messages import ChatMessage, SamplingParams
 
 pytestmark = pytest.mark.slow
 

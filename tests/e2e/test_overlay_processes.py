@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 import trio
 
-from overlay.anon import AnonError
-from overlay.messages import ChatMessage, SamplingParams
-from overlay.tools.localnet import LocalNet
-from overlay.transport import TLSTransport
+from gentorrent.tools.localnet import LocalNet
+from overlay.anon.client import AnonError
+from overlay.net.transport import TLSTransport
 from overlay.usernode import UserNode
+from overlay.wire.messages import ChatMessage, SamplingParams
 
 pytestmark = pytest.mark.slow
 

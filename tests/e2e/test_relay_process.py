@@ -12,9 +12,12 @@ from typing import Any
 import pytest
 import trio
 
-from overlay import handshake
-from overlay.identity import Identity, load_or_create, short_id
-from overlay.messages import (
+from gentorrent.tools.localnet import free_ports
+from overlay.net import handshake
+from overlay.net.peers import PeerEntry, save
+from overlay.net.transport import PeerAuthError, TLSTransport, TransportError, parse_address
+from overlay.wire.identity import Identity, load_or_create, short_id
+from overlay.wire.messages import (
     AuthChallenge,
     AuthProof,
     Echo,
@@ -25,9 +28,6 @@ from overlay.messages import (
     Ping,
     Pong,
 )
-from overlay.peers import PeerEntry, save
-from overlay.tools.localnet import free_ports
-from overlay.transport import PeerAuthError, TLSTransport, TransportError, parse_address
 
 pytestmark = pytest.mark.slow
 

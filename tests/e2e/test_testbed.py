@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_a_small_testbed_with_delays_and_churn_answers_chats_and_writes_its_report() -> None:
-    from overlay.tools.toxiproxy import ToxiproxyError, find_toxiproxy
+    from gentorrent.tools.toxiproxy import ToxiproxyError, find_toxiproxy
     from verifier import cometbft
 
     try:

@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from overlay.messages import ChatMessage, SamplingParams
+from overlay.wire.messages import ChatMessage, SamplingParams
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install 'gentorrent[llama]')")

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import trio
 
-from overlay.messages import ChatMessage, SamplingParams
-from overlay.tools.localnet import LocalNet
-from overlay.transport import TLSTransport
+from gentorrent.tools.localnet import LocalNet
+from overlay.net.transport import TLSTransport
 from overlay.usernode import UserNode
+from overlay.wire.messages import ChatMessage, SamplingParams
 
 if importlib.util.find_spec("vllm") is None and not os.environ.get("GENTORRENT_REQUIRE_VLLM"):
     pytest.skip("vLLM is not installed (make setup-vllm)", allow_module_level=True)
@@ -58,7 +58,7 @@ async def test_a_vllm_model_node_answers_through_the_overlay(tmp_path: Path) -> 
 
 def test_models_vllm_cannot_serve_fail_before_the_node_starts(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    from overlay.cli import main
+    from gentorrent.cli import main
 
     base = ["model-node", "--data-dir", str(tmp_path / "node"), "--engine", "vllm"]
     gguf = resolve_model(None)[1]

@@ -14,7 +14,7 @@ import pytest
 import trio
 
 from model_node.engine import EngineError, GenStats, Piece
-from overlay.messages import ChatMessage, SamplingParams
+from overlay.wire.messages import ChatMessage, SamplingParams
 
 if importlib.util.find_spec("vllm") is None and not os.environ.get("GENTORRENT_REQUIRE_VLLM"):
     pytest.skip("vLLM is not installed (make setup-vllm)", allow_module_level=True)

@@ -28,7 +28,7 @@ import traceback
 import tracemalloc
 from typing import Any
 
-from overlay.bench.command import emit
+from gentorrent.bench.command import emit
 from tests.fuzz import targets
 from tests.fuzz.mutate import RandomSource
 

@@ -31,7 +31,7 @@ from typing import Any, Protocol, TypeVar
 import msgpack
 from hypothesis import strategies as st
 
-from overlay import codec
+from overlay.wire import codec
 
 T = TypeVar("T")
 

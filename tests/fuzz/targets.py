@@ -25,11 +25,21 @@ from model_node.forwarding import Load
 from model_node.group import GroupState
 from model_node.messages import LengthProposal, LoadReport, SubtreeRequest, SubtreeUpdate
 from model_node.server import check_params
-from overlay import codec, crypto, onion, sida
-from overlay import transcripts as tw
-from overlay.actions import Send
+from overlay.anon import onion, sida
+from overlay.anon.actions import Send
+from overlay.anon.relay import RelayCore, RelayLimits
+from overlay.anon.seal import ReturnKey, SealError, open_sealed, seal_to
+from overlay.anon.signing import (
+    ReplyChecker,
+    ReplySigner,
+    ReplyVerifyError,
+    chain_next,
+    chain_start,
+    reply_signing_bytes,
+    request_digest,
+)
 from overlay.directory import registration as vtx
-from overlay.directory.constants import ROLE_MODEL
+from overlay.directory import transcripts as tw
 from overlay.directory.lists import (
     KIND_MODELS,
     KIND_USERS,
@@ -40,9 +50,11 @@ from overlay.directory.lists import (
     validators_digest,
     verify_document,
 )
-from overlay.handshake import AuthError, check_proof, make_proof
-from overlay.identity import Identity, node_id_of
-from overlay.messages import (
+from overlay.net.handshake import AuthError, check_proof, make_proof
+from overlay.wire import codec, crypto
+from overlay.wire.constants import ROLE_MODEL
+from overlay.wire.identity import Identity, node_id_of
+from overlay.wire.messages import (
     MAX_PROMPT_CHARS,
     AuthProof,
     CellBack,
@@ -59,17 +71,6 @@ from overlay.messages import (
     ReturnPath,
     SamplingParams,
     ToModel,
-)
-from overlay.relay import RelayCore, RelayLimits
-from overlay.seal import ReturnKey, SealError, open_sealed, seal_to
-from overlay.signing import (
-    ReplyChecker,
-    ReplySigner,
-    ReplyVerifyError,
-    chain_next,
-    chain_start,
-    reply_signing_bytes,
-    request_digest,
 )
 from tests.audit_helpers import Committee
 from tests.committee_helpers import CHAIN, Node
@@ -1202,7 +1203,7 @@ def _flip(src: Source, data: bytes) -> bytes:
 
 
 class ReplyTarget(Target):
-    """Signed replies (``overlay.signing.ReplyChecker.check``): an honest multi-chunk reply passes;
+    """Signed replies (``overlay.anon.signing.ReplyChecker.check``): an honest multi-chunk reply passes;
     a sequence that is not a prefix of it (text, token ids, chain, signature, signing time or final
     flag altered; chunks reordered, dropped, duplicated, merged, or foreign ones inserted: random,
     with a right chain but a wrong key, or from the same node's reply to another request) raises
@@ -1313,7 +1314,7 @@ class ReplyTarget(Target):
 
 
 class TranscriptWireTarget(Target):
-    """A donor's transcript commit and reveal at a verifier (``overlay.transcripts.decode_commit``,
+    """A donor's transcript commit and reveal at a verifier (``overlay.directory.transcripts.decode_commit``,
     ``decode_reveal``, then ``verify_commit`` / ``verify_reveal``; decision 0015). Contract: only
     :class:`TranscriptError` with a reason is raised; what decodes is canonical (it encodes back to
     exactly the input); only the donor-signed corpus verifies with the donor's key."""

@@ -14,9 +14,9 @@ from typing import Any
 
 import trio
 
-from overlay import codec
-from overlay.messages import AuthChallenge, PathReady
 from overlay.testing import framed
+from overlay.wire import codec
+from overlay.wire.messages import AuthChallenge, PathReady
 from tests.fuzz import mutate
 from tests.fuzz.mutate import RandomSource, chance
 from tests.fuzz.targets import CodecTarget

@@ -20,15 +20,16 @@ from typing import Any
 import trio
 
 from model_node.testing import echo_node
-from overlay import crypto, sida
-from overlay.actions import Send
-from overlay.clock import TrioClock
-from overlay.messages import CellBack, CellFwd, ChatMessage, Deliver, ReplyChunk, ReturnClove, SamplingParams
-from overlay.paths import Path
-from overlay.relay import RelayCore, RelayLimits
-from overlay.seal import seal_to
+from overlay.anon import sida
+from overlay.anon.actions import Send
+from overlay.anon.paths import Path
+from overlay.anon.relay import RelayCore, RelayLimits
+from overlay.anon.seal import seal_to
 from overlay.testing import Net, flip, start_overlay
 from overlay.usernode import UserNode
+from overlay.wire import crypto
+from overlay.wire.clock import TrioClock
+from overlay.wire.messages import CellBack, CellFwd, ChatMessage, Deliver, ReplyChunk, ReturnClove, SamplingParams
 
 PARAMS = SamplingParams(max_tokens=4096)
 

@@ -8,12 +8,12 @@ import json
 
 import trio
 
-from overlay import crypto
-from overlay.directory.constants import ROLE_USER
 from overlay.directory.registration import OP_REGISTER, Entry, make_tx
-from overlay.identity import Identity
-from overlay.node import Node as OverlayNode
-from overlay.transport import TLSTransport
+from overlay.net.node import Node as OverlayNode
+from overlay.net.transport import TLSTransport
+from overlay.wire import crypto
+from overlay.wire.constants import ROLE_USER
+from overlay.wire.identity import Identity
 from verifier.admission import AdmissionParams
 from verifier.app import CommitteeApp, Validator
 from verifier.prober import ProbePlan, probe_once

@@ -12,10 +12,12 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from overlay import codec, crypto, onion
-from overlay.actions import Send
-from overlay.clock import TrioClock
-from overlay.messages import (
+from overlay.anon import onion
+from overlay.anon.actions import Send
+from overlay.anon.relay import RelayCore
+from overlay.wire import codec, crypto
+from overlay.wire.clock import TrioClock
+from overlay.wire.messages import (
     CellBack,
     CellFwd,
     Create,
@@ -23,7 +25,6 @@ from overlay.messages import (
     Destroy,
     ReturnClove,
 )
-from overlay.relay import RelayCore
 
 from .attacks import (
     ask,

@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import trio
 
-from overlay import onion
-from overlay.codec import encode
-from overlay.messages import CellBack, FromModel
-from overlay.paths import LATE_CLOVE, MISSING_GRACE, Path
+from overlay.anon import onion
+from overlay.anon.paths import LATE_CLOVE, MISSING_GRACE, Path
+from overlay.wire.codec import encode
+from overlay.wire.messages import CellBack, FromModel
 
 from .attacks import ask, make_evil, ready_paths, start_secnet
 

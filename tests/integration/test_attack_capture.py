@@ -13,17 +13,18 @@ from typing import Any
 
 import trio
 
-from overlay import codec, sida
-from overlay.messages import (
+from overlay.anon import sida
+from overlay.anon.relay import RelayCore
+from overlay.testing import Net, settle
+from overlay.usernode import UserNode
+from overlay.wire import codec
+from overlay.wire.messages import (
     LINK_ID_LEN,
     CellBack,
     CellFwd,
     ReplyChunk,
     Request,
 )
-from overlay.relay import RelayCore
-from overlay.testing import Net, settle
-from overlay.usernode import UserNode
 
 from .attacks import (
     EvilCore,

@@ -8,16 +8,17 @@ import os
 import pytest
 import trio
 
-from overlay import crypto, onion
-from overlay.actions import Send
-from overlay.anon import AnonError
-from overlay.messages import (
+from overlay.anon import onion
+from overlay.anon.actions import Send
+from overlay.anon.client import AnonError
+from overlay.anon.relay import RelayCore
+from overlay.wire import crypto
+from overlay.wire.messages import (
     CellBack,
     Create,
     Destroy,
     ReturnClove,
 )
-from overlay.relay import RelayCore
 
 from .attacks import (
     SkewClock,

@@ -8,13 +8,13 @@ from typing import Any
 
 import trio
 
-from overlay import onion
-from overlay.messages import (
+from overlay.anon import onion
+from overlay.anon.relay import RelayLimits
+from overlay.net.peers import PeerEntry
+from overlay.wire.messages import (
     CellFwd,
     Create,
 )
-from overlay.peers import PeerEntry
-from overlay.relay import RelayLimits
 
 from .attacks import (
     ask,

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import trio
 
+from overlay.anon.relay import RelayLimits
 from overlay.directory.registry import Registry
-from overlay.relay import RelayLimits
 from overlay.testing import Net
 from overlay.usernode import UserNode
 

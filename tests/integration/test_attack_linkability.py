@@ -22,10 +22,10 @@ from typing import Any
 
 import trio
 
-from overlay import onion
-from overlay.messages import Create
-from overlay.paths import Path
+from overlay.anon import onion
+from overlay.anon.paths import Path
 from overlay.testing import Net
+from overlay.wire.messages import Create
 
 from .attacks import ask, link_ids, ready_paths, relay_core, start_secnet
 

@@ -11,15 +11,15 @@ from typing import Any
 import pytest
 import trio
 
-from overlay import sida
-from overlay.anon import AnonError
-from overlay.identity import Identity
-from overlay.messages import (
+from overlay.anon import sida
+from overlay.anon.client import AnonError
+from overlay.anon.seal import seal_to
+from overlay.testing import flip
+from overlay.wire.identity import Identity
+from overlay.wire.messages import (
     Deliver,
     Request,
 )
-from overlay.seal import seal_to
-from overlay.testing import flip
 
 from .attacks import (
     ask,

@@ -16,8 +16,8 @@ import trio
 import trio.testing
 
 from model_node.testing import start_group
-from overlay.messages import CellBack, ChatMessage, ReplyChunk, ReturnClove, SamplingParams
 from overlay.testing import Net
+from overlay.wire.messages import CellBack, ChatMessage, ReplyChunk, ReturnClove, SamplingParams
 
 from .attacks import ask, link_ids, ready_paths, relay_core, start_secnet
 

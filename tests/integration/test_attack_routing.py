@@ -9,14 +9,14 @@ from collections import Counter
 
 import trio
 
-from overlay import codec
-from overlay.messages import (
+from overlay.testing import settle
+from overlay.wire import codec
+from overlay.wire.messages import (
     CellFwd,
     Destroy,
     PathNotice,
     ToModel,
 )
-from overlay.testing import settle
 
 from .attacks import (
     ask,

@@ -9,11 +9,11 @@ from collections.abc import Awaitable, Callable
 import trio
 import trio.testing
 
-from overlay.identity import Identity
-from overlay.node import Node
+from overlay.net.node import Node
+from overlay.net.transport import Connection, PeerAuthError, TLSTransport, TransportError
 from overlay.testing import Net, wait_until
-from overlay.transport import Connection, PeerAuthError, TLSTransport, TransportError
 from overlay.usernode import UserNode
+from overlay.wire.identity import Identity
 
 ATTACKER = "198.51.100.7"
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import trio
 
-from overlay.anon import AnonError
-from overlay.messages import (
+from overlay.anon.client import AnonError
+from overlay.wire.messages import (
     ReplyChunk,
 )
 

@@ -11,10 +11,10 @@ from model_node.echo import EchoEngine
 from model_node.group import GroupConfig
 from model_node.server import ModelNode
 from model_node.testing import GROUP_SYNC, CachingEcho, echo_node
-from overlay.anon import AllBusy, AnonError
-from overlay.failures import Failure, from_wire
-from overlay.messages import ChatMessage, ReplyChunk, SamplingParams
+from overlay.anon.client import AllBusy, AnonError
 from overlay.testing import Net, start_overlay
+from overlay.wire.failures import Failure, from_wire
+from overlay.wire.messages import ChatMessage, ReplyChunk, SamplingParams
 
 LONG = " ".join(f"w{i}" for i in range(60))  # 60 pieces: a minute at one piece a second
 

@@ -1,9 +1,9 @@
 """Audit challenges through the overlay's anonymous request API (verifier/audit/auditor.py
-``send_challenge``; overlay/anon.py ``failover=False``, ``fresh_paths=True``), in memory on trio's
+``send_challenge``; overlay/anon/client.py ``failover=False``, ``fresh_paths=True``), in memory on trio's
 mock clock.
 
 A challenge goes to ONE model node with no failover, over proxy paths built for it alone
-(overlay/paths.py ``PathManager.build_fresh``) and closed after it, and comes back as the record a
+(overlay/anon/paths.py ``PathManager.build_fresh``) and closed after it, and comes back as the record a
 report needs (every chunk's text and token ids, the final signature and signing time, the signer),
 or as the reason there is none; and the model node receives nothing that tells it from a user's
 chat turn, nor a proxy path that links two challenges.
@@ -19,12 +19,12 @@ import pytest
 import trio
 
 from model_node.testing import echo_node
-from overlay import signing
-from overlay.anon import AnonError
-from overlay.identity import short_id
-from overlay.messages import ChatMessage, Create, Destroy, Request, SamplingParams
-from overlay.paths import PathError, PathManager
+from overlay.anon import signing
+from overlay.anon.client import AnonError
+from overlay.anon.paths import PathError, PathManager
 from overlay.testing import Net, record_requests, settle, start_overlay
+from overlay.wire.identity import short_id
+from overlay.wire.messages import ChatMessage, Create, Destroy, Request, SamplingParams
 from user_client.chat import ChatSession
 from verifier.audit.auditor import Failure, Reply, send_challenge
 from verifier.audit.challenges import ChallengeGenerator

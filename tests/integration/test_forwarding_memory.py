@@ -20,10 +20,10 @@ from model_node.hrtree import ChunkLengths
 from model_node.messages import ForwardedRequest, LoadReport, NodeStats, StatsRequest, SubtreeUpdate
 from model_node.server import DIRECT_REFUSED, ModelNode
 from model_node.testing import GROUP_SYNC, start_group
-from overlay.identity import Identity
-from overlay.messages import ChatMessage, ReplyChunk, Request, SamplingParams
-from overlay.signing import ReplyChecker, request_digest
+from overlay.anon.signing import ReplyChecker, request_digest
 from overlay.testing import Net, wait_until
+from overlay.wire.identity import Identity
+from overlay.wire.messages import ChatMessage, ReplyChunk, Request, SamplingParams
 
 SYNC = GROUP_SYNC  # seconds between sync rounds (expiry after 3 silent rounds)
 PARAMS = SamplingParams(max_tokens=64)

@@ -11,7 +11,7 @@ import trio
 from model_node.group import MAX_IDLE_MS
 from model_node.server import ModelNode, _Work
 from model_node.testing import start_group
-from overlay.messages import ChatMessage, ReplyChunk, SamplingParams
+from overlay.wire.messages import ChatMessage, ReplyChunk, SamplingParams
 
 SYNC = 5.0  # long rounds: what a peer learns between two of them came pushed
 SYSTEM = "You answer questions about the city archive. " + " ".join(

@@ -9,8 +9,8 @@ import random
 
 import trio
 
+from overlay.anon.relay import HOLD_S
 from overlay.directory.registry import Registry
-from overlay.relay import HOLD_S
 from overlay.testing import Net
 from overlay.usernode import UserNode
 

@@ -12,9 +12,19 @@ import trio
 import trio.testing
 from trio.testing import MockClock
 
-from overlay import codec, crypto, handshake
-from overlay.identity import Identity, short_id
-from overlay.messages import (
+from overlay.net import handshake
+from overlay.net.node import Node
+from overlay.net.peers import PeerEntry
+from overlay.net.transport import (
+    MemoryTransport,
+    PeerAuthError,
+    Timeouts,
+    TransportError,
+)
+from overlay.testing import Net, wait_until, warnings_logged
+from overlay.wire import codec, crypto
+from overlay.wire.identity import Identity, short_id
+from overlay.wire.messages import (
     AuthChallenge,
     AuthOk,
     AuthProof,
@@ -25,15 +35,6 @@ from overlay.messages import (
     PeerStatusRequest,
     Ping,
     Pong,
-)
-from overlay.node import Node
-from overlay.peers import PeerEntry
-from overlay.testing import Net, wait_until, warnings_logged
-from overlay.transport import (
-    MemoryTransport,
-    PeerAuthError,
-    Timeouts,
-    TransportError,
 )
 
 # Every test takes ``autojump_clock``: pytest-trio runs a test under the clock among its arguments.

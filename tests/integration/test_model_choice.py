@@ -11,11 +11,11 @@ import pytest
 import trio
 
 from model_node.testing import echo_node
-from overlay.anon import ModelUnaudited
-from overlay.directory.constants import TRUST_LINE
+from overlay.anon.client import ModelUnaudited
 from overlay.directory.registry import Registry
-from overlay.messages import ChatMessage
 from overlay.testing import Net, record_requests, start_overlay
+from overlay.wire.constants import TRUST_LINE
+from overlay.wire.messages import ChatMessage
 
 
 def _mark(net: Net, marks: dict[bytes, tuple[int, bool]]) -> None:

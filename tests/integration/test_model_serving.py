@@ -9,8 +9,8 @@ import pytest
 import trio
 
 from model_node.testing import start_echo_overlay
-from overlay.anon import SILENCE_FLOOR, AnonError, ReplyUnverified
-from overlay.messages import ChatMessage, PathNotice, ReplyChunk, SamplingParams
+from overlay.anon.client import SILENCE_FLOOR, AnonError, ReplyUnverified
+from overlay.wire.messages import ChatMessage, PathNotice, ReplyChunk, SamplingParams
 
 PARAMS = SamplingParams(max_tokens=4096)
 

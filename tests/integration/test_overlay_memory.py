@@ -5,7 +5,7 @@ from __future__ import annotations
 import trio
 
 from model_node.testing import start_echo_overlay
-from overlay.messages import ChatMessage, SamplingParams
+from overlay.wire.messages import ChatMessage, SamplingParams
 
 
 async def ask(client, text: str, **kw) -> str:

@@ -8,11 +8,11 @@ import os
 
 import trio
 
-from overlay import sida
-from overlay.anon import AnonError
+from overlay.anon import sida
+from overlay.anon.client import AnonError
+from overlay.anon.seal import seal_to
 from overlay.directory.registry import Registry
-from overlay.messages import Deliver
-from overlay.seal import seal_to
+from overlay.wire.messages import Deliver
 
 from .attacks import ask, start_secnet
 

@@ -10,9 +10,9 @@ import pytest
 import trio
 
 from model_node.testing import start_echo_overlay
-from overlay.messages import ChatMessage, Echo, EchoReply, SamplingParams
+from overlay.net.transport import TransportError
 from overlay.testing import Net, frames_of
-from overlay.transport import TransportError
+from overlay.wire.messages import ChatMessage, Echo, EchoReply, SamplingParams
 
 
 async def test_captures_record_both_directions_of_every_connection(autojump_clock, nursery, net: Net):

@@ -17,11 +17,12 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from overlay import crypto, handshake
-from overlay.identity import Identity, short_id
-from overlay.messages import AuthChallenge, AuthProof, Echo, EchoReply, Error, Ping, Pong
-from overlay.node import Node
-from overlay.transport import PeerAuthError, Timeouts, TLSTransport, TransportError, parse_address
+from overlay.net import handshake
+from overlay.net.node import Node
+from overlay.net.transport import PeerAuthError, Timeouts, TLSTransport, TransportError, parse_address
+from overlay.wire import crypto
+from overlay.wire.identity import Identity, short_id
+from overlay.wire.messages import AuthChallenge, AuthProof, Echo, EchoReply, Error, Ping, Pong
 
 
 async def start_node(nursery: trio.Nursery, **transport_kw: Any) -> Node:
@@ -85,7 +86,7 @@ async def test_tls_is_1_3_and_the_certificate_carries_the_identity_key(nursery: 
 
 
 async def test_two_nodes_ping_each_other(nursery: trio.Nursery) -> None:
-    from overlay.peers import PeerEntry
+    from overlay.net.peers import PeerEntry
 
     a = await start_node(nursery)
     b = await start_node(nursery)

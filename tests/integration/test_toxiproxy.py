@@ -1,4 +1,4 @@
-"""Toxiproxy driven by overlay/tools/toxiproxy.py, with the real ``toxiproxy-server`` (``make
+"""Toxiproxy driven by gentorrent/tools/toxiproxy.py, with the real ``toxiproxy-server`` (``make
 setup`` installs it; these tests skip without it, as the CometBFT ones do without cometbft).
 
 Each test's echo listener and proxies sit on their own 127.x.y.z addresses, as the testbed's
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from overlay.tools import regions
-from overlay.tools.toxiproxy import ProxySpec, Toxiproxy, ToxiproxyError, find_toxiproxy, free_port
+from gentorrent.tools import regions
+from gentorrent.tools.toxiproxy import ProxySpec, Toxiproxy, ToxiproxyError, find_toxiproxy, free_port
 
 IO_TIMEOUT = 10.0  # seconds for any socket operation of a test
 

@@ -14,12 +14,12 @@ from typing import Any
 import trio
 
 from model_node.testing import echo_node
-from overlay import crypto
-from overlay import transcripts as wire
-from overlay.clock import TrioClock
-from overlay.identity import node_id_of
-from overlay.messages import SamplingParams
+from overlay.directory import transcripts as wire
 from overlay.testing import Net, record_requests, start_overlay
+from overlay.wire import crypto
+from overlay.wire.clock import TrioClock
+from overlay.wire.identity import node_id_of
+from overlay.wire.messages import SamplingParams
 from user_client.chat import ChatSession
 from user_client.transcripts import DonatingClient, TranscriptDonor
 from verifier.abci_app import take_commit, take_reveal

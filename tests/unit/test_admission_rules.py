@@ -8,11 +8,11 @@ import json
 
 import pytest
 
-from overlay import crypto
 from overlay.directory import registration as tx
 from overlay.directory import work
-from overlay.directory.constants import ROLE_USER
 from overlay.directory.registration import Code
+from overlay.wire import crypto
+from overlay.wire.constants import ROLE_USER
 from tests.committee_helpers import CHAIN, Node
 from verifier import admission
 from verifier.admission import AdmissionParams, make_probe_tx
@@ -258,7 +258,7 @@ def test_a_node_pays_the_work_the_committee_asks_for_and_comes_back_without_payi
 
     from overlay.directory.membership import node_entry
     from overlay.directory.registration import CommitteeRegistration, Registrar
-    from overlay.identity import Identity
+    from overlay.wire.identity import Identity
     from tests.committee_helpers import InProcessCommittee
 
     c = InProcessCommittee(admission=CHEAP, probe_all=True)

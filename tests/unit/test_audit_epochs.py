@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from overlay.directory import registration as tx
-from overlay.directory.constants import TRUST_LINE
+from overlay.wire.constants import TRUST_LINE
 from tests.audit_helpers import MODEL, Committee, fresh_opening
 from verifier.audit import chain as audits
 from verifier.audit import tx as at

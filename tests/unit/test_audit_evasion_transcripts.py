@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from overlay.messages import ChatMessage, SamplingParams
+from overlay.wire.messages import ChatMessage, SamplingParams
 from verifier.audit import chain
 from verifier.audit import transcripts as tr
 from verifier.bench import audit_evasion as ae

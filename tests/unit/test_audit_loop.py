@@ -16,10 +16,11 @@ import random
 from dataclasses import replace
 from typing import Any
 
-from overlay import crypto, signing
-from overlay.directory.constants import ROLE_MODEL, TRUST_LINE
+from overlay.anon import signing
 from overlay.directory.registration import OP_REGISTER, Entry, make_tx
-from overlay.identity import Identity
+from overlay.wire import crypto
+from overlay.wire.constants import ROLE_MODEL, TRUST_LINE
+from overlay.wire.identity import Identity
 from verifier.app import CommitteeApp, Validator
 from verifier.audit import tx as at
 from verifier.audit.auditor import Auditor, Failure, Reply, Send, Submit, parse_view

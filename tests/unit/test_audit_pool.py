@@ -18,11 +18,11 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from overlay import crypto
+from overlay.directory.donation import seal_donation
 from overlay.directory.registration import Code
-from overlay.donation import seal_donation
-from overlay.identity import Identity
-from overlay.messages import ChatMessage, SamplingParams
+from overlay.wire import crypto
+from overlay.wire.identity import Identity
+from overlay.wire.messages import ChatMessage, SamplingParams
 from verifier.audit import pool as pl
 
 MODEL = "smollm2-135m-instruct"
@@ -203,8 +203,8 @@ def test_the_pool_survives_a_restart_in_a_private_file(tmp_path: Path) -> None:
 
 
 def _abci_app(pool: pl.DonationPool | None, users: Users, *, audits: bool = True) -> object:
-    from overlay.directory.constants import ROLE_MODEL, ROLE_USER
     from overlay.directory.registration import OP_REGISTER, Entry, make_tx
+    from overlay.wire.constants import ROLE_MODEL, ROLE_USER
     from verifier.abci_app import CommitteeAbciApp
     from verifier.app import CommitteeApp, Validator
 

@@ -1,11 +1,11 @@
-"""``gentorrent status --committee`` shows the audits and each model node's trust (overlay/tools/status.py)."""
+"""``gentorrent status --committee`` shows the audits and each model node's trust (gentorrent/tools/status.py)."""
 
 from __future__ import annotations
 
 import msgpack
 
-from overlay.peers import PeerEntry
-from overlay.tools.status import audit_rows, format_rows
+from gentorrent.tools.status import audit_rows, format_rows
+from overlay.net.peers import PeerEntry
 from tests.audit_helpers import Committee
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from overlay.directory.constants import TRUST_LINE
+from overlay.wire.constants import TRUST_LINE
 from tests.audit_helpers import Committee
 from verifier.audit import tx as at
 from verifier.audit.reputation import to_fixed

@@ -1,4 +1,4 @@
-"""Audit transactions (verifier/audit/tx.py, decision 0013) and the sealed-box primitives (overlay/crypto.py)."""
+"""Audit transactions (verifier/audit/tx.py, decision 0013) and the sealed-box primitives (overlay/wire/crypto.py)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ import dataclasses
 import msgpack
 import pytest
 
-from overlay import crypto, signing
+from overlay.anon import signing
 from overlay.directory.registration import Code, TxError
-from overlay.identity import node_id_of
-from overlay.messages import ChatMessage, SamplingParams
+from overlay.wire import crypto
+from overlay.wire.identity import node_id_of
+from overlay.wire.messages import ChatMessage, SamplingParams
 from verifier.audit import tx as at
 
 CHAIN = "audit-test"

@@ -16,8 +16,8 @@ import pytest
 import trio
 
 from model_node.engine import TokenScore
-from overlay.crypto import SigningKey
-from overlay.messages import ChatMessage, SamplingParams
+from overlay.wire.crypto import SigningKey
+from overlay.wire.messages import ChatMessage, SamplingParams
 from verifier.audit import pool as pl
 from verifier.audit import tx as at
 from verifier.audit.auditor import (
@@ -372,7 +372,7 @@ class FakeClient:
     async def request(self, model: str, messages: Any, params: Any = None, *, node: bytes | None = None,
                       timeout: float = 60.0, paths_timeout: float = 30.0, failover: bool = True,
                       fresh_paths: bool = False, request_id: bytes | None = None) -> Any:
-        from overlay.messages import ReplyChunk
+        from overlay.wire.messages import ReplyChunk
 
         assert request_id is not None and len(request_id) == 16  # the try's id, which the reply signs
         self.calls.append((node, failover, fresh_paths))
@@ -404,7 +404,7 @@ class FakeChain:
 
 
 async def test_the_driver_runs_an_epoch_over_fresh_paths_to_one_node_each(tmp_path: Path) -> None:
-    from overlay.anon import AllBusy
+    from overlay.anon.client import AllBusy
 
     chain = FakeChain(view(), START)
     client = FakeClient({NODES[0]: [("hello", (5, 6)), ("", (2,))], NODES[1]: AllBusy("busy: full"),
@@ -449,7 +449,7 @@ class BrokenEngine(FakeEngine):
 
 async def test_a_failure_on_the_verifiers_side_is_logged_with_the_node_and_stops_nothing(
         caplog: pytest.LogCaptureFixture) -> None:
-    from overlay.identity import short_id
+    from overlay.wire.identity import short_id
 
     a = auditor(0)
     a.plan(view(), START)
@@ -473,7 +473,7 @@ async def test_a_failure_on_the_verifiers_side_is_logged_with_the_node_and_stops
 
 
 def test_the_verifier_command_takes_audit_flags(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
-    from overlay.cli import main
+    from gentorrent.cli import main
 
     with pytest.raises(SystemExit):
         main(["verifier", "--help"])
@@ -489,7 +489,7 @@ def test_the_verifier_command_takes_audit_flags(tmp_path: Any, capsys: pytest.Ca
 def test_a_reply_too_likely_for_its_sampling_scores_low() -> None:
     """The auditor scores with the two-sided score (decision 0013 §5): a greedy reply to a T = 0.7
     challenge (every token the argmax, each far above what sampling would give) is not a 1.0."""
-    from overlay.messages import SamplingParams
+    from overlay.wire.messages import SamplingParams
     from verifier.audit.auditor import score_tokens
     from verifier.audit.challenges import ChallengeGenerator
 

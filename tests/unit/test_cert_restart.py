@@ -7,8 +7,8 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from overlay import crypto
 from overlay.directory.registration import Code
+from overlay.wire import crypto
 from tests.committee_helpers import InProcessCommittee, Node
 from verifier import quorum
 from verifier.app import CommitteeApp, StateError

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from overlay.messages import ChatMessage, SamplingParams
+from overlay.wire.messages import ChatMessage, SamplingParams
 from user_client.openai_api import DEFAULT_MAX_TOKENS
 from verifier.audit import challenges as ch
 from verifier.audit import tx as at
@@ -88,7 +88,7 @@ def test_parameters_follow_what_the_clients_send_defaults_included() -> None:
 
 def test_user_chat_and_the_gateway_send_the_defaults_the_generator_copies() -> None:
     """The shares above copy these clients: if their defaults change, so must challenges.py."""
-    from overlay.cli import build_parser
+    from gentorrent.cli import build_parser
     from user_client.openai_api import parse_chat
 
     assert parse_chat({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).params == ch.GATEWAY_DEFAULTS

@@ -6,10 +6,10 @@ import io
 
 import pytest
 
-from overlay.anon import AllBusy, AnonError, ModelUnaudited, ReplyUnverified
-from overlay.failures import Failure
-from overlay.messages import ChatMessage, ReplyChunk, SamplingParams
-from overlay.paths import PathError
+from overlay.anon.client import AllBusy, AnonError, ModelUnaudited, ReplyUnverified
+from overlay.anon.paths import PathError
+from overlay.wire.failures import Failure
+from overlay.wire.messages import ChatMessage, ReplyChunk, SamplingParams
 from user_client import chat
 
 NODE = b"N" * 32
@@ -54,7 +54,7 @@ async def test_a_turn_streams_records_and_goes_back_to_the_same_node():
     assert "verified" in chat.describe(t) and NODE.hex()[:8] in chat.describe(t)
     assert "trust unknown (no committee)" in chat.describe(t)
     # With a committee's model list, the serving node's reputation shows as its trust.
-    from overlay.peers import PeerEntry
+    from overlay.net.peers import PeerEntry
 
     listed = [PeerEntry(NODE, "h:1", b"e" * 32, b"x" * 32, role="model", models=("m",), reputation=912_000)]
     line = chat.describe(t, lambda n: chat.reputation_of(listed, n))
@@ -86,7 +86,7 @@ async def test_history_is_trimmed_to_the_context_window_keeping_the_system_promp
 
 
 def _model_node(model: str, reputation: int | None = 900_000, audited: bool | None = True):
-    from overlay.peers import PeerEntry
+    from overlay.net.peers import PeerEntry
 
     return PeerEntry(NODE[:20], "h:1", b"e" * 32, b"x" * 32, role="model", models=(model,), reputation=reputation,
                      audited=audited)
@@ -198,10 +198,10 @@ def test_a_turn_records_the_messages_it_sent():
 
 def _chat(tmp_path, capsys, *extra: str) -> tuple[int, str]:
     """``gentorrent user chat`` on a peers file whose only model node serves ``m`` (no committee)."""
-    from overlay import peers
-    from overlay.cli import main
-    from overlay.identity import Identity
-    from overlay.peers import PeerEntry
+    from gentorrent.cli import main
+    from overlay.net import peers
+    from overlay.net.peers import PeerEntry
+    from overlay.wire.identity import Identity
 
     peers.save(tmp_path / "peers.json", [PeerEntry.of(Identity.generate(), "127.0.0.1:9", role="model",
                                                       models=("m",))])
@@ -214,8 +214,8 @@ def test_chat_refuses_an_unaudited_model_naming_the_flag() -> None:
     """A committee's list marks the model unaudited (trusted node, audited False): the chat's check
     refuses it naming the flag, exits 7, and lets it through with the opt-in. A node no committee
     vouches for (audited None: peer and registry files) is allowed."""
-    from overlay.anon import ModelUnaudited
-    from overlay.peers import PeerEntry
+    from overlay.anon.client import ModelUnaudited
+    from overlay.net.peers import PeerEntry
 
     def node(audited: bool | None) -> PeerEntry:
         return PeerEntry(b"\x01" * 20, "127.0.0.1:9", b"e" * 32, b"x" * 32, role="model", models=("m",),

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from gentorrent import cli
+from gentorrent.cli import build_parser, main
 from model_node.forwarding import DEFAULT_LOAD_THRESHOLD
 from model_node.hrtree import DEFAULT_BITS
 from model_node.server import MAX_QUEUE_WAIT
-from overlay import cli
-from overlay.cli import build_parser, main
 
 
 def command_paths(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:

@@ -15,16 +15,16 @@ import pytest
 import trio
 import trio.testing
 
-from overlay import onion, sida
-from overlay.anon import Responder
-from overlay.clock import FakeClock, TrioClock
-from overlay.identity import Identity
-from overlay.messages import PROXY_PATH_ID_LEN, Create, Deliver, PeerStatus, PeerStatusRequest, ReplyChunk, Request
-from overlay.node import Node
-from overlay.paths import SUSPECT_SECONDS, PathManager
-from overlay.peers import PeerEntry
-from overlay.seal import seal_to
-from overlay.transport import MemoryNetwork, MemoryTransport
+from overlay.anon import onion, sida
+from overlay.anon.paths import SUSPECT_SECONDS, PathManager
+from overlay.anon.responder import Responder
+from overlay.anon.seal import seal_to
+from overlay.net.node import Node
+from overlay.net.peers import PeerEntry
+from overlay.net.transport import MemoryNetwork, MemoryTransport
+from overlay.wire.clock import FakeClock, TrioClock
+from overlay.wire.identity import Identity
+from overlay.wire.messages import PROXY_PATH_ID_LEN, Create, Deliver, PeerStatus, PeerStatusRequest, ReplyChunk, Request
 
 # --------------------------------------------------------------------------- the clocks themselves
 
@@ -201,7 +201,7 @@ def test_tls_certificate_is_dated_by_the_clock_it_is_given() -> None:
 
     from cryptography import x509
 
-    from overlay import crypto
+    from overlay.wire import crypto
 
     cert_pem, _ = crypto.self_signed_cert(Identity.generate().signing, "x", 2_000_000_000.0)
     cert = x509.load_pem_x509_certificate(cert_pem)

@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from overlay import codec
-from overlay.codec import RemoteProtocolError
-from overlay.messages import AuthChallenge, AuthProof, Echo, Error, PeerSeen, PeerStatus, Ping, Pong
+from overlay.wire import codec
+from overlay.wire.codec import RemoteProtocolError
+from overlay.wire.messages import AuthChallenge, AuthProof, Echo, Error, PeerSeen, PeerStatus, Ping, Pong
 
 PEER = "badc0ffe"
 V = codec.WIRE_VERSION

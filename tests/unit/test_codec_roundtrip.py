@@ -23,8 +23,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import overlay
-from overlay import codec
-from overlay.codec import RemoteProtocolError
+from overlay.wire import codec
+from overlay.wire.codec import RemoteProtocolError
 
 REPO = Path(__file__).resolve().parents[2]
 ROLE_PACKAGES = ("user_client", "model_node", "verifier")
@@ -171,7 +171,7 @@ def test_foundation_messages_are_registered() -> None:
     names = {cls.__name__ for cls in REGISTERED.values()}
     assert {"AuthChallenge", "AuthProof", "AuthOk", "Error", "Ping", "Pong",
             "PeerStatusRequest", "PeerStatus", "Echo", "EchoReply"} <= names
-    assert "overlay.messages" in IMPORTED
+    assert "overlay.wire.messages" in IMPORTED
 
 
 def test_codes_are_unique_and_16_bit() -> None:
@@ -322,7 +322,7 @@ def test_unregistered_message_cannot_be_sent() -> None:
 
 
 def test_oversize_message_cannot_be_sent() -> None:
-    from overlay.messages import Echo
+    from overlay.wire.messages import Echo
 
     with pytest.raises(codec.LocalProtocolError, match="encodes to"):
         codec.encode(Echo(nonce=1, data=bytes(codec.MAX_FRAME)))

@@ -16,9 +16,9 @@ from typing import Any
 import msgpack
 import pytest
 
-from overlay import codec
-from overlay.codec import RemoteProtocolError
-from overlay.messages import Echo, PeerStatus, Ping, ReplyChunk
+from overlay.wire import codec
+from overlay.wire.codec import RemoteProtocolError
+from overlay.wire.messages import Echo, PeerStatus, Ping, ReplyChunk
 
 PEER = "badc0ffe"
 V = codec.WIRE_VERSION

@@ -8,8 +8,8 @@ import pytest
 import trio
 import trio.testing
 
-from overlay.directory.constants import ROLE_MODEL
 from overlay.directory.registration import Code
+from overlay.wire.constants import ROLE_MODEL
 from tests.committee_helpers import CHAIN, Node
 from verifier.abci import server, wire
 from verifier.abci.proto.tendermint.abci import types_pb2 as abci

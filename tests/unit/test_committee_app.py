@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from overlay.directory import registration as tx
-from overlay.directory.constants import ROLE_MODEL, ROLE_USER
 from overlay.directory.registration import Code
+from overlay.wire.constants import ROLE_MODEL, ROLE_USER
 from tests.committee_helpers import CHAIN, Node
 from verifier.admission import OPEN, RESERVE_S
 from verifier.app import ENTRY_TTL_S, CommitteeApp, StateError, Validator

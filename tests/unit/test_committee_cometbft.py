@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from overlay.cli import main
+from gentorrent.cli import main
 from verifier import cometbft
 from verifier.cometbft import CometError
 

@@ -10,10 +10,7 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from overlay import crypto
-from overlay.clock import FakeClock
 from overlay.directory import registration as tx
-from overlay.directory.constants import ROLE_MODEL, ROLE_USER
 from overlay.directory.lists import (
     KIND_MODELS,
     KIND_USERS,
@@ -26,7 +23,10 @@ from overlay.directory.lists import (
     verify_document,
 )
 from overlay.directory.registration import Code
-from overlay.identity import node_id_of
+from overlay.wire import crypto
+from overlay.wire.clock import FakeClock
+from overlay.wire.constants import ROLE_MODEL, ROLE_USER
+from overlay.wire.identity import node_id_of
 from tests.committee_helpers import CHAIN, Node
 from verifier import quorum
 from verifier.app import CommitteeApp, Validator
@@ -78,9 +78,9 @@ def test_a_good_list_is_accepted_and_becomes_peer_entries() -> None:
 def test_model_records_carry_the_audited_flag_and_untrusted_nodes_are_listed() -> None:
     """Lists format 3: a model record's 11th field says whether its model is audited (a bool,
     strictly), and nodes under the trust line stay on the list, marked by their reputation."""
-    from overlay.directory.constants import TRUST_LINE
     from overlay.directory.lists import LISTS_VERSION
-    from overlay.peers import usable
+    from overlay.net.peers import usable
+    from overlay.wire.constants import TRUST_LINE
 
     assert LISTS_VERSION == 4
     c = Committee()
@@ -274,7 +274,7 @@ def test_the_model_list_holds_every_model_node_with_its_reputation_and_audited_f
     (verifier.audit.chain.audited_models: empty when audits are off)."""
     from dataclasses import replace
 
-    from overlay.directory.constants import TRUST_LINE
+    from overlay.wire.constants import TRUST_LINE
     from verifier import app as core
     from verifier.audit import chain as audits
     from verifier.audit.reputation import R0, NodeReputation, ReputationTable
@@ -537,7 +537,7 @@ def test_running_a_block_once_per_hash_gives_what_running_it_each_time_gives() -
 def test_signed_records_that_break_a_field_rule_are_refused() -> None:
     """The one-pass record decoder keeps every check: types, sizes, role, region/model id, order,
     address; and its entries equal those the plain PeerEntry constructor makes."""
-    from overlay.peers import PeerEntry
+    from overlay.net.peers import PeerEntry
 
     c = Committee()
 
@@ -604,10 +604,10 @@ def test_an_unchanged_list_reuses_the_held_entries_and_still_checks_everything_e
 
 
 def test_the_clients_trust_line_is_the_committees() -> None:
-    """One definition (overlay/directory/constants.py): the clients' trust line and reputation scale
+    """One definition (overlay/wire/constants.py): the clients' trust line and reputation scale
     are the ones verifier/audit/reputation.py computes with."""
-    from overlay import peers
-    from overlay.directory.constants import REPUTATION_SCALE, TRUST_LINE
+    from overlay.net import peers
+    from overlay.wire.constants import REPUTATION_SCALE, TRUST_LINE
     from verifier.audit import reputation
 
     assert (TRUST_LINE, REPUTATION_SCALE) == (400_000, 1_000_000)

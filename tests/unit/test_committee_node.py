@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from overlay import crypto
+from overlay.wire import crypto
 from verifier.abci import wire
 from verifier.abci.proto.tendermint.abci import types_pb2 as abci
 from verifier.node import CometExited, run_verifier

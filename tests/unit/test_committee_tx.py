@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from overlay import crypto
 from overlay.directory import registration as tx
-from overlay.directory.constants import ROLE_MODEL, ROLE_USER
 from overlay.directory.registration import Code
+from overlay.wire import crypto
+from overlay.wire.constants import ROLE_MODEL, ROLE_USER
 from tests.committee_helpers import CHAIN, Node
 
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from overlay import config
-from overlay.cli import build_parser, resolve_config
-from overlay.config import ConfigError, resolve
+from gentorrent import config
+from gentorrent.cli import build_parser, resolve_config
+from gentorrent.config import ConfigError, resolve
 
 
 @pytest.fixture(autouse=True)

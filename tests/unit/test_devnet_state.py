@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from overlay.cli import CliError
-from overlay.tools.devnet import STATE_FILE, load_state, open_net, save_state
-from overlay.tools.localnet import LocalNet, ports_taken
+from gentorrent.cli import CliError
+from gentorrent.tools.devnet import STATE_FILE, load_state, open_net, save_state
+from gentorrent.tools.localnet import LocalNet, ports_taken
 
 
 def args(**kw) -> argparse.Namespace:
@@ -126,7 +126,7 @@ def test_the_chat_config_allows_unaudited_models_only_where_the_committee_audits
     """A committee without --audits audits no model (its list marks every model unaudited), so the
     devnet's chat.toml opts in (allow_unaudited = true); with --audits, or with no committee (a
     registry file: audited unknown, allowed anyway), it does not."""
-    from overlay.config import load_toml
+    from gentorrent.config import load_toml
 
     for name, kw, allowed in (("plain", {}, True), ("audited", {"audits": True}, None),
                               ("registry", {"verifiers": 0}, None)):

@@ -12,10 +12,10 @@ import msgpack
 import pytest
 import trio
 
-from overlay import crypto
-from overlay.donation import decode, verify
-from overlay.identity import Identity
-from overlay.messages import ChatMessage, SamplingParams
+from overlay.directory.donation import decode, verify
+from overlay.wire import crypto
+from overlay.wire.identity import Identity
+from overlay.wire.messages import ChatMessage, SamplingParams
 from user_client import donate
 from user_client.donate import DonationError, Donor
 
@@ -199,7 +199,7 @@ async def test_donations_still_waiting_are_dropped_when_the_donor_stops(autojump
 
 
 def test_the_flags_help_states_the_privacy_cost_exactly() -> None:
-    from overlay.config import SETTINGS
+    from gentorrent.config import SETTINGS
     from user_client.cli import USE_NOTE
 
     said = "the chosen verifier learns your node id, your IP address and the prompt (not the reply, nor which model " \

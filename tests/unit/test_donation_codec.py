@@ -1,4 +1,4 @@
-"""The donation codec (overlay/donation.py; decision 0013 §4): the one format the user's client
+"""The donation codec (overlay/directory/donation.py; decision 0013 §4): the one format the user's client
 writes and the verifier's pool reads. The bytes are pinned here; decoding is strict, and every
 refusal is a DonationError with a reason."""
 
@@ -7,10 +7,10 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from overlay import crypto
-from overlay import donation as dn
-from overlay.identity import Identity
-from overlay.messages import ChatMessage, SamplingParams
+from overlay.directory import donation as dn
+from overlay.wire import crypto
+from overlay.wire.identity import Identity
+from overlay.wire.messages import ChatMessage, SamplingParams
 
 KEY = crypto.SigningKey.from_bytes(b"\x07" * 32)
 DONOR = b"\x01" * 20

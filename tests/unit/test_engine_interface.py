@@ -63,7 +63,7 @@ def test_expected_logprob_matches_a_hand_computation() -> None:
     import math
 
     from model_node.engine import expected_logprob
-    from overlay.messages import SamplingParams
+    from overlay.wire.messages import SamplingParams
 
     lse = math.log(sum(math.exp(x) for x in (2.0, 1.0, 0.0, -1.0)))
     logp = [x - lse for x in (2.0, 1.0, 0.0, -1.0)]
@@ -89,7 +89,7 @@ def test_llama_scoring_math() -> None:
     import math
 
     from model_node.llama import score_rows
-    from overlay.messages import SamplingParams
+    from overlay.wire.messages import SamplingParams
 
     logits = np.array([[2.0, 1.0, 0.0, -1.0]])
     lse = math.log(sum(math.exp(x) for x in logits[0]))

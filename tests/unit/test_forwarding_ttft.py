@@ -35,8 +35,8 @@ from model_node.group import (
 from model_node.group_service import PUSH_INTERVAL, GroupService
 from model_node.hrtree import ChunkLengths, Match
 from model_node.messages import LoadReport, SubtreeUpdate
-from overlay.clock import FakeClock
-from overlay.codec import decode, encode
+from overlay.wire.clock import FakeClock
+from overlay.wire.codec import decode, encode
 
 L = ChunkLengths(bits=16)  # 256-token chunks, 16-bit hashes: no collisions in these cases
 ME, P1, P2, P3 = b"\x10" * 20, b"\x01" * 20, b"\x02" * 20, b"\x03" * 20

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from overlay.messages import ChatMessage
+from overlay.wire.messages import ChatMessage
 from user_client import openai_api as api
 
 MSG = [{"role": "user", "content": "hi"}]

@@ -13,9 +13,9 @@ import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
 
-from overlay.anon import AllBusy, AnonError, ModelUnaudited, ReplyUnverified
-from overlay.failures import Failure
-from overlay.messages import ReplyChunk
+from overlay.anon.client import AllBusy, AnonError, ModelUnaudited, ReplyUnverified
+from overlay.wire.failures import Failure
+from overlay.wire.messages import ReplyChunk
 from user_client import openai_api as api
 from user_client.gateway import Gateway, is_loopback
 
@@ -206,8 +206,8 @@ async def test_an_unaudited_model_is_left_out_of_the_list_and_answered_503_model
 def test_the_listed_models_are_those_with_a_usable_node():
     """user serve's /v1/models: trusted nodes of audited models (or unknown: no committee); an
     unaudited model only with --allow-unaudited; a model of untrusted nodes never."""
-    from overlay.directory.constants import TRUST_LINE
-    from overlay.peers import PeerEntry
+    from overlay.net.peers import PeerEntry
+    from overlay.wire.constants import TRUST_LINE
     from user_client.gateway import model_ids
 
     def node(i, model, reputation, audited):

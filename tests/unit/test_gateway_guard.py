@@ -14,8 +14,8 @@ import pytest
 import trio
 from hypercorn.trio import serve
 
-from overlay.cli import CliError, build_parser
-from overlay.messages import ReplyChunk
+from gentorrent.cli import CliError, build_parser
+from overlay.wire.messages import ReplyChunk
 from user_client import openai_api as api
 from user_client.gateway import Gateway, guard_from_args, server_config
 

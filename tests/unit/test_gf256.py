@@ -1,4 +1,4 @@
-"""GF(2^8) tables, field axioms and byte-wise Shamir sharing (overlay.gf256, paper §3.2)."""
+"""GF(2^8) tables, field axioms and byte-wise Shamir sharing (overlay.anon.gf256, paper §3.2)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from overlay import gf256
+from overlay.anon import gf256
 
 byte = st.integers(0, 255)
 nonzero = st.integers(1, 255)

@@ -17,9 +17,9 @@ from model_node.forwarding import Load
 from model_node.group import GroupConfig, GroupState, group_of, split_groups
 from model_node.hrtree import MAX_DEPTH, ChunkLengths
 from model_node.messages import MAX_PATH_BYTES, LengthProposal, LoadReport, SubtreeRequest, SubtreeUpdate
-from overlay.actions import Send
-from overlay.codec import RemoteProtocolError, decode, encode
-from overlay.messages import Ping
+from overlay.anon.actions import Send
+from overlay.wire.codec import RemoteProtocolError, decode, encode
+from overlay.wire.messages import Ping
 
 ME, P1, P2, OUT = b"\x10" * 20, b"\x01" * 20, b"\x02" * 20, b"\xee" * 20
 L = ChunkLengths()

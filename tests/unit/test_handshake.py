@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from overlay import codec, crypto, handshake
-from overlay.handshake import AUTH_CONTEXT, AuthError, check_pinned, check_proof, make_proof
-from overlay.identity import Identity, short_id
-from overlay.messages import AuthProof
+from overlay.net import handshake
+from overlay.net.handshake import AUTH_CONTEXT, AuthError, check_pinned, check_proof, make_proof
+from overlay.wire import codec, crypto
+from overlay.wire.identity import Identity, short_id
+from overlay.wire.messages import AuthProof
 
 BINDING = crypto.sha256(b"server certificate DER")
 NONCE = bytes(range(32))

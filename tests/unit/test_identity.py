@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from overlay import crypto
-from overlay.identity import NODE_ID_LEN, Identity, IdentityError, load_or_create, node_id_of, short_id
+from overlay.wire import crypto
+from overlay.wire.identity import NODE_ID_LEN, Identity, IdentityError, load_or_create, node_id_of, short_id
 
 
 def test_identity_survives_a_restart(tmp_path: Path) -> None:

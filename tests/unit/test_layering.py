@@ -1,6 +1,8 @@
-"""The layering rule, checked on the source: overlay imports no role package; role
-packages import overlay, never each other (except verifier → model_node's engine
-package); light CLI modules never load an inference engine."""
+"""The layering rule, checked on the source: overlay's layers (wire < net < anon < directory <
+the user-node runtime and test kit) import only layers below them; overlay imports no role
+package and nothing of gentorrent; role packages import overlay, never each other (except
+verifier → model_node's engine package), and take from gentorrent only the command kit (cli,
+config); light CLI modules never load an inference engine."""
 
 from __future__ import annotations
 
@@ -49,6 +51,67 @@ def test_overlay_imports_no_role_package() -> None:
     assert not bad, "overlay must not import role packages:\n" + "\n".join(sorted(bad))
 
 
+# overlay's layers, lowest first; a module imports only from its own layer and those below it
+LAYERS = ("overlay.wire", "overlay.net", "overlay.anon", "overlay.directory")
+
+
+def layer_of(module: str) -> int:
+    """The rank of an overlay module (one above the last named layer: overlay's root modules,
+    the user-node runtime and the test kit, which use every layer)."""
+    for rank, name in enumerate(LAYERS):
+        if module == name or module.startswith(name + "."):
+            return rank
+    return len(LAYERS)
+
+
+def module_of(p: Path) -> str:
+    parts = p.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_overlay_layers_import_only_layers_below() -> None:
+    files = sources("overlay")
+    assert {layer_of(module_of(p)) for p in files} == set(range(len(LAYERS) + 1))  # every layer holds code
+    bad = set()
+    for p in files:
+        mine = layer_of(module_of(p))
+        for m in imported_modules(p):
+            if top(m) == "overlay" and m != "overlay" and layer_of(m) > mine:
+                bad.add(f"{p.relative_to(REPO)} ({LAYERS[mine] if mine < len(LAYERS) else 'overlay'}): {m}")
+    assert not bad, "a layer of overlay imports one above it:\n" + "\n".join(sorted(bad))
+
+
+def test_layering_rule_sees_an_upward_import() -> None:
+    """The check above, on a made-up module: wire importing anon is caught."""
+    assert layer_of("overlay.anon.onion") > layer_of("overlay.wire.messages")
+    assert layer_of("overlay.directory.lists") > layer_of("overlay.net.peers") > layer_of("overlay.wire.codec")
+    assert layer_of("overlay.usernode") == layer_of("overlay.testing") == len(LAYERS)
+
+
+def test_overlay_imports_nothing_of_gentorrent() -> None:
+    bad = {f"{p.relative_to(REPO)}: {m}" for p in sources("overlay") for m in imported_modules(p)
+           if top(m) == "gentorrent"}
+    assert not bad, "overlay must not import the application package:\n" + "\n".join(sorted(bad))
+
+
+def test_roles_take_only_the_command_kit_from_gentorrent() -> None:
+    """A node's code uses gentorrent's cli helpers and configuration; the whole-network tools
+    and benches sit above every role. The command kit itself imports no role (the root CLI loads
+    the roles' commands through entry points)."""
+    kit = ("gentorrent", "gentorrent.cli", "gentorrent.config")
+    bad = set()
+    for role in ROLES:
+        for p in sources(role):
+            if _is_tooling(module_of(p)):
+                continue
+            bad.update(f"{p.relative_to(REPO)}: {m}" for m in imported_modules(p)
+                       if top(m) == "gentorrent" and not any(m == k or m.startswith(k + ".") for k in kit[1:]))
+    for name in ("cli", "config"):
+        path = REPO / "gentorrent" / f"{name}.py"
+        bad.update(f"{path.relative_to(REPO)}: {m}" for m in imported_modules(path) if top(m) in ROLES)
+    assert not bad, "\n".join(sorted(bad))
+
+
 @pytest.mark.parametrize("role", ROLES)
 def test_roles_do_not_import_each_other(role: str) -> None:
     bad = set()
@@ -74,15 +137,15 @@ def test_roles_do_not_import_each_other(role: str) -> None:
 
 
 def _is_tooling(module: str) -> bool:
-    """``*.bench`` (benchmarks) and ``overlay.tools`` (devnet, status, local networks)."""
+    """``*.bench`` (benchmarks) and ``gentorrent.tools`` (devnet, status, local networks)."""
     parts = module.split(".")
-    return "bench" in parts[1:2] or module.startswith("overlay.tools")
+    return "bench" in parts[1:2] or module.startswith("gentorrent.tools")
 
 
 def test_no_product_module_imports_benches_or_tools() -> None:
     """A running node needs no benchmark or tooling module: benches inject what they need."""
     bad = set()
-    for package in ("overlay", *ROLES):
+    for package in ("overlay", "gentorrent", *ROLES):
         for p in sources(package):
             module = ".".join(p.relative_to(REPO).with_suffix("").parts)
             if _is_tooling(module):
@@ -106,7 +169,7 @@ def test_user_cli_loads_no_engine() -> None:
 
 def test_building_the_whole_cli_loads_no_engine() -> None:
     """Every role's ``register`` runs to build the parser: none may import an engine."""
-    assert _loaded_after("from overlay.cli import build_parser; build_parser()") == []
+    assert _loaded_after("from gentorrent.cli import build_parser; build_parser()") == []
 
 
 def test_overlay_loads_no_role_package() -> None:
@@ -128,17 +191,17 @@ CLOCK_READS = {("time", "time"), ("time", "monotonic"), ("time", "time_ns"), ("t
 
 
 def test_clocks_are_read_only_in_overlay_clock() -> None:
-    """Drivers take ``clock=`` (overlay/clock.py); nothing else reads a clock, so MockClock and
+    """Drivers take ``clock=`` (overlay/wire/clock.py); nothing else reads a clock, so MockClock and
     FakeClock drive every timeout in tests. Benchmarks measure with ``time.perf_counter``."""
     bad = set()
     for package in ("overlay", *ROLES):
         for p in sources(package):
             rel = p.relative_to(REPO)
-            if rel.as_posix() == "overlay/clock.py" or "bench" in rel.parts or "proto" in rel.parts:
+            if rel.as_posix() == "overlay/wire/clock.py" or "bench" in rel.parts or "proto" in rel.parts:
                 continue
             for node in ast.walk(ast.parse(p.read_text(), filename=str(p))):
                 if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name | ast.Attribute):
                     owner = node.value.id if isinstance(node.value, ast.Name) else node.value.attr
                     if (owner, node.attr) in CLOCK_READS:
                         bad.add(f"{rel}:{node.lineno}: {owner}.{node.attr}")
-    assert not bad, "read the clock through overlay.clock instead:\n" + "\n".join(sorted(bad))
+    assert not bad, "read the clock through overlay.wire.clock instead:\n" + "\n".join(sorted(bad))

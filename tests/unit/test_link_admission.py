@@ -1,5 +1,5 @@
-"""Connection admission (overlay.transport.Admission, I/O-free) and byte-bounded outboxes
-(overlay.node): one host cannot take a node's connection slots, registered peers are preferred,
+"""Connection admission (overlay.net.transport.Admission, I/O-free) and byte-bounded outboxes
+(overlay.net.node): one host cannot take a node's connection slots, registered peers are preferred,
 and queued frames are bounded in bytes (issue 28, items 4 and 7)."""
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ from collections.abc import Callable
 import trio
 import trio.testing
 
-from overlay import codec
 from overlay.directory.registry import Registry
-from overlay.identity import Identity
-from overlay.messages import Deliver
-from overlay.node import OUTBOX_FRAMES, Node, listed_in
-from overlay.peers import PeerEntry
+from overlay.net.node import OUTBOX_FRAMES, Node, listed_in
+from overlay.net.peers import PeerEntry
+from overlay.net.transport import Admission, MemoryNetwork, MemoryTransport, source_of
 from overlay.testing import wait_until
-from overlay.transport import Admission, MemoryNetwork, MemoryTransport, source_of
+from overlay.wire import codec
+from overlay.wire.identity import Identity
+from overlay.wire.messages import Deliver
 
 MiB = 1024 * 1024
 

@@ -10,10 +10,10 @@ import msgpack
 import pytest
 import trio
 
-from overlay.clock import FakeClock
-from overlay.directory.constants import ROLE_MODEL
 from overlay.directory.lists import KIND_MODELS, KIND_USERS, CommitteeClient, ListError, apply_delta, verify_document
 from overlay.directory.registration import Code
+from overlay.wire.clock import FakeClock
+from overlay.wire.constants import ROLE_MODEL
 from tests.committee_helpers import CHAIN, InProcessCommittee, Node
 from verifier import app as core
 

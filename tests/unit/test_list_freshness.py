@@ -11,12 +11,12 @@ import pytest
 import trio
 import trio.testing
 
-from overlay.clock import FakeClock
 from overlay.directory.lists import CLOCK_AHEAD_S, MAX_LIST_AGE_S, CommitteeClient, ListError
 from overlay.directory.membership import Membership, node_entry
 from overlay.directory.registration import ENTRY_TTL_S, CommitteeRegistration, Registrar
 from overlay.directory.registry import Registry
-from overlay.identity import Identity
+from overlay.wire.clock import FakeClock
+from overlay.wire.identity import Identity
 from tests.committee_helpers import CHAIN, InProcessCommittee, Node
 
 BOUND = MAX_LIST_AGE_S + CLOCK_AHEAD_S

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from gentorrent.cli import build_parser
 from model_node.run import SLOTS, plan_engine
-from overlay.cli import build_parser
 
 
 def test_slots_flag_defaults_to_the_engine_default() -> None:

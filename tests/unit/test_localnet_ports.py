@@ -1,4 +1,4 @@
-"""``overlay.tools.localnet.free_ports`` and its :class:`PortPool`: listener ports for local
+"""``gentorrent.tools.localnet.free_ports`` and its :class:`PortPool`: listener ports for local
 networks come from below the kernel's ephemeral range (no outgoing connection can take one before
 its listener binds) and are never handed out twice in one process."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import socket
 
-from overlay.tools import localnet
-from overlay.tools.localnet import PortPool
+from gentorrent.tools import localnet
+from gentorrent.tools.localnet import PortPool
 
 
 def test_free_ports_are_distinct_bindable_and_below_the_ephemeral_range() -> None:

@@ -1,4 +1,4 @@
-"""Which model nodes a user's anonymous client may send a prompt to (overlay/anon.py, decision
+"""Which model nodes a user's anonymous client may send a prompt to (overlay/anon/client.py, decision
 0013 item 6): trusted nodes of audited models; unaudited models only with ``--allow-unaudited``;
 untrusted nodes never, except as a verifier's explicit ``failover=False`` target."""
 
@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from overlay.anon import AnonClient, AnonError, ModelUnaudited, ReplyUnverified, usable_nodes
-from overlay.directory.constants import TRUST_LINE
-from overlay.peers import PeerEntry, usable
+from overlay.anon.client import AnonClient, AnonError, ModelUnaudited, ReplyUnverified, usable_nodes
+from overlay.net.peers import PeerEntry, usable
+from overlay.wire.constants import TRUST_LINE
 
 MODEL = "m"
 
@@ -88,7 +88,7 @@ def test_a_verifiers_explicit_target_is_reached_whatever_its_standing() -> None:
 def test_a_users_reply_signed_by_an_untrusted_node_is_not_read() -> None:
     """A trusted node cannot hand a user's prompt on to an untrusted one: the reply's signer must be
     trusted, else the request fails over (for a verifier's challenge any listed node counts)."""
-    from overlay.anon import _NodeFailed
+    from overlay.anon.client import _NodeFailed
 
     good, low = node(1), node(2, reputation=TRUST_LINE - 1)
     c = client([good, low])

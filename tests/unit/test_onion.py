@@ -1,4 +1,4 @@
-"""Onion layer properties (overlay.onion): each hop opens only its own layer; tampering fails."""
+"""Onion layer properties (overlay.anon.onion): each hop opens only its own layer; tampering fails."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from overlay import crypto, onion, paths
+from overlay.anon import onion, paths
+from overlay.wire import crypto
 
 
 def make_path():

@@ -2,8 +2,8 @@
 yet makes a bounded number of build attempts, gets its paths once they do, and starts afresh
 after a success; the pauses are jittered.
 
-The relays here are real :class:`~overlay.relay.RelayCore` instances joined to one
-:class:`~overlay.paths.PathManager` by links of ``LATENCY`` seconds, all on trio's MockClock."""
+The relays here are real :class:`~overlay.anon.relay.RelayCore` instances joined to one
+:class:`~overlay.anon.paths.PathManager` by links of ``LATENCY`` seconds, all on trio's MockClock."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 import trio
 
-from overlay.clock import TrioClock
-from overlay.identity import Identity
-from overlay.messages import CellBack, Create, Destroy
-from overlay.paths import BACKOFF_BASE_S, Backoff, PathManager
-from overlay.peers import PeerEntry
-from overlay.relay import RelayCore, RelayLimits
+from overlay.anon.paths import BACKOFF_BASE_S, Backoff, PathManager
+from overlay.anon.relay import RelayCore, RelayLimits
+from overlay.net.peers import PeerEntry
+from overlay.wire.clock import TrioClock
+from overlay.wire.identity import Identity
+from overlay.wire.messages import CellBack, Create, Destroy
 
 LATENCY = 0.005  # seconds per hop
 LAG = 3.0  # seconds before the relays' lists hold the new user

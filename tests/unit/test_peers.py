@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from overlay import peers
-from overlay.identity import Identity
-from overlay.peers import PeerEntry, PeerListError
+from overlay.net import peers
+from overlay.net.peers import PeerEntry, PeerListError
+from overlay.wire.identity import Identity
 
 
 def entry(i: int = 0, **kw: Any) -> PeerEntry:

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from overlay.clock import FakeClock
-from overlay.identity import Identity
-from overlay.paths import REGION_MIN_USERS, PathManager, in_region, region_scope, wider_region
-from overlay.peers import PeerEntry
+from overlay.anon.paths import REGION_MIN_USERS, PathManager, in_region, region_scope, wider_region
+from overlay.net.peers import PeerEntry
+from overlay.wire.clock import FakeClock
+from overlay.wire.identity import Identity
 
 
 def _users(**regions: int) -> list[PeerEntry]:

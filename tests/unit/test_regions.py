@@ -1,4 +1,4 @@
-"""The testbed's regions and links (overlay/tools/regions.py)."""
+"""The testbed's regions and links (gentorrent/tools/regions.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from collections.abc import Callable
 
 import pytest
 
-from overlay.paths import wider_region
-from overlay.tools import regions as R
+from gentorrent.tools import regions as R
+from overlay.anon.paths import wider_region
 
 
 def test_regions_are_valid_region_names_each_with_an_azure_source() -> None:

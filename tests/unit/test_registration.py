@@ -12,7 +12,8 @@ import pytest
 import trio
 import trio.testing
 
-from overlay import crypto, onion
+from overlay.anon import onion
+from overlay.anon.relay import RelayCore
 from overlay.directory.membership import (
     MIN_GAP_S,
     WARMUP_S,
@@ -33,9 +34,9 @@ from overlay.directory.registration import (
     decode_tx,
 )
 from overlay.directory.registry import Registry, RegistryError
-from overlay.identity import Identity
-from overlay.messages import Create, Destroy
-from overlay.relay import RelayCore
+from overlay.wire import crypto
+from overlay.wire.identity import Identity
+from overlay.wire.messages import Create, Destroy
 from tests.committee_helpers import CHAIN, InProcessCommittee
 
 

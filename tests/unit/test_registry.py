@@ -7,10 +7,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from overlay.crypto import SigningKey
 from overlay.directory import registry as reg
-from overlay.identity import Identity
-from overlay.peers import PeerEntry
+from overlay.net.peers import PeerEntry
+from overlay.wire.crypto import SigningKey
+from overlay.wire.identity import Identity
 
 
 def entries(n=3):
@@ -107,7 +107,7 @@ def test_load_and_pinned_keys_parsing(tmp_path):
 def test_valid_signers_counts_distinct_trusted_keys_with_good_signatures() -> None:
     """``crypto.valid_signers``, the count behind both quorum checks (this file's registry and the
     committee's signed lists): untrusted keys, repeated keys and bad signatures do not count."""
-    from overlay import crypto
+    from overlay.wire import crypto
 
     a, b, c, stranger = (crypto.SigningKey.generate() for _ in range(4))
     msg = b"the list"

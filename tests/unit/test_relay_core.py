@@ -6,9 +6,11 @@ import os
 
 import pytest
 
-from overlay import codec, crypto, onion
-from overlay.actions import Send
-from overlay.messages import (
+from overlay.anon import onion
+from overlay.anon.actions import Send
+from overlay.anon.relay import RelayCore, RelayLimits
+from overlay.wire import codec, crypto
+from overlay.wire.messages import (
     CellBack,
     CellFwd,
     Create,
@@ -20,7 +22,6 @@ from overlay.messages import (
     ReturnClove,
     ToModel,
 )
-from overlay.relay import RelayCore, RelayLimits
 
 USER = b"U" * 20
 MODEL = b"M" * 20

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import os
 
-from overlay import crypto, onion
-from overlay.messages import Create, Destroy
-from overlay.relay import HOLD_S, RelayCore, RelayLimits
+from overlay.anon import onion
+from overlay.anon.relay import HOLD_S, RelayCore, RelayLimits
+from overlay.wire import crypto
+from overlay.wire.messages import Create, Destroy
 
 UNIX = 1_800_000_000.0
 USER = b"U" * 20

@@ -1,11 +1,11 @@
-"""A model node answers each request id once (overlay/replay.py, decision 0015): the framer
+"""A model node answers each request id once (overlay/anon/replay.py, decision 0015): the framer
 who resends a committed request to draw the unluckiest of many honest samples gets one."""
 
 from __future__ import annotations
 
 import pytest
 
-from overlay.replay import AnsweredIds
+from overlay.anon.replay import AnsweredIds
 
 
 def test_an_id_is_taken_once_and_others_pass() -> None:

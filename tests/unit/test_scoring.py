@@ -7,7 +7,7 @@ import math
 import pytest
 
 from model_node.engine import TokenScore
-from overlay.messages import SamplingParams
+from overlay.wire.messages import SamplingParams
 from verifier.audit.scoring import (
     MIN_VARIANCE,
     Z_HIGH,

@@ -19,8 +19,8 @@ from model_node.sentry import (
     shared_prefix_lengths,
     supersedes,
 )
-from overlay.actions import Send
-from overlay.codec import decode, encode
+from overlay.anon.actions import Send
+from overlay.wire.codec import decode, encode
 
 HEADER = [1, 2, 3, 4, 5]  # chat-template tokens every prompt starts with
 SYSTEM_LENGTHS = (150, 600, 1200)

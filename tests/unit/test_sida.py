@@ -1,4 +1,4 @@
-"""S-IDA cloves (overlay.sida, paper §3.2): recovery, robustness, wire strictness, reassembly."""
+"""S-IDA cloves (overlay.anon.sida, paper §3.2): recovery, robustness, wire strictness, reassembly."""
 
 from __future__ import annotations
 
@@ -11,10 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from overlay import codec, sida
-from overlay.crypto import blake2b
-from overlay.messages import Ping
-from overlay.sida import (
+from overlay.anon import sida
+from overlay.anon.sida import (
     FP_LEN,
     MAX_MESSAGE,
     MAX_N,
@@ -27,6 +25,9 @@ from overlay.sida import (
     recover,
     split,
 )
+from overlay.wire import codec
+from overlay.wire.crypto import blake2b
+from overlay.wire.messages import Ping
 
 rng = random.Random(1234)
 

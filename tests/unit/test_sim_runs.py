@@ -10,8 +10,8 @@ import pytest
 
 from model_node.forwarding import DEFAULT_LOAD_THRESHOLD
 from model_node.group import GroupConfig
-from overlay import sida
-from overlay.paths import choose_relays
+from overlay.anon import sida
+from overlay.anon.paths import choose_relays
 from simulations import __main__ as cli
 from simulations import anonymity, churn, confidentiality, forwarding, timing
 from simulations.metrics import binomial_tail

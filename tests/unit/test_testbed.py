@@ -1,4 +1,4 @@
-"""The wide-area testbed's pure parts: the dial rewrite (overlay.transport.Via), the address plan,
+"""The wide-area testbed's pure parts: the dial rewrite (overlay.net.transport.Via), the address plan,
 the churn schedule, the links each listener gets, and the propagation floor of a request."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from overlay.bench.testbed_run import Sample, request_floor_ms, summarize_samples
-from overlay.tools import regions as geo
-from overlay.tools import testbed as tb
-from overlay.tools.testbed import (
+from gentorrent.bench.testbed_run import Sample, request_floor_ms, summarize_samples
+from gentorrent.tools import regions as geo
+from gentorrent.tools import testbed as tb
+from gentorrent.tools.testbed import (
     ChurnEvent,
     _set_line,
     churn_schedule,
@@ -19,7 +19,7 @@ from overlay.tools.testbed import (
     proxy_host,
     via_rule,
 )
-from overlay.transport import Via
+from overlay.net.transport import Via
 
 
 def test_via_rewrites_only_addresses_its_rules_name_and_keeps_the_port() -> None:

@@ -10,7 +10,7 @@ import os
 import pytest
 
 from model_node.llama import score_rows
-from overlay.messages import SamplingParams
+from overlay.wire.messages import SamplingParams
 
 if not os.environ.get("GENTORRENT_REQUIRE_VLLM"):
     pytest.importorskip("torch", reason="torch is not installed (make setup-vllm)")

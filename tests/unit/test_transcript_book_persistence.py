@@ -24,10 +24,11 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from overlay import crypto, identity, signing
-from overlay import transcripts as wire
-from overlay.identity import node_id_of
-from overlay.messages import ChatMessage, SamplingParams
+from overlay.anon import signing
+from overlay.directory import transcripts as wire
+from overlay.wire import crypto, identity
+from overlay.wire.identity import node_id_of
+from overlay.wire.messages import ChatMessage, SamplingParams
 from tests.unit.test_auditor import auditor
 from tests.unit.test_committee_node import _home, _script
 from tests.unit.test_transcript_intake import World
@@ -532,7 +533,7 @@ async def test_the_verifier_writes_its_book_when_it_stops(tmp_path: Path) -> Non
 
 
 def test_the_command_says_which_file_and_how_to_recover(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from overlay.cli import main
+    from gentorrent.cli import main
 
     d = _home(tmp_path)
     (d / BOOK_FILE).write_bytes(b"\x93\x01")

@@ -17,12 +17,13 @@ from typing import Any
 import pytest
 import trio
 
-from overlay import crypto, signing
-from overlay import transcripts as wire
-from overlay.anon import AllBusy, AnonError
-from overlay.clock import TrioClock
-from overlay.identity import Identity
-from overlay.messages import ChatMessage, ReplyChunk, Request, SamplingParams
+from overlay.anon import signing
+from overlay.anon.client import AllBusy, AnonError
+from overlay.directory import transcripts as wire
+from overlay.wire import crypto
+from overlay.wire.clock import TrioClock
+from overlay.wire.identity import Identity
+from overlay.wire.messages import ChatMessage, ReplyChunk, Request, SamplingParams
 from user_client.chat import ChatSession
 from user_client.transcripts import DonatingClient, TranscriptDonor
 from verifier.abci_app import take_commit, take_reveal

@@ -13,14 +13,15 @@ from typing import Any
 import pytest
 import trio
 
-from overlay import crypto, signing
-from overlay import transcripts as wire
-from overlay.clock import FakeClock
-from overlay.crypto import SigningKey
-from overlay.directory.constants import ROLE_MODEL, ROLE_USER
+from overlay.anon import signing
+from overlay.directory import transcripts as wire
 from overlay.directory.registration import OP_REGISTER, Code, Entry, make_tx
-from overlay.identity import Identity
-from overlay.messages import ChatMessage, Request, SamplingParams
+from overlay.wire import crypto
+from overlay.wire.clock import FakeClock
+from overlay.wire.constants import ROLE_MODEL, ROLE_USER
+from overlay.wire.crypto import SigningKey
+from overlay.wire.identity import Identity
+from overlay.wire.messages import ChatMessage, Request, SamplingParams
 from tests.unit.test_auditor import END, MODEL, PKS, REPORT_FROM, SEEDS, FakeEngine, auditor, view
 from tests.unit.test_auditor import wire as view_wire
 from verifier.abci.proto.tendermint.abci import types_pb2 as abci

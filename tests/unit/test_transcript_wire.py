@@ -1,4 +1,4 @@
-"""The transcript wire format (overlay/transcripts.py, decision 0015): a donor's signed commit and
+"""The transcript wire format (overlay/directory/transcripts.py, decision 0015): a donor's signed commit and
 its sealed, signed reveal round-trip; every malformed input is refused with a TranscriptError
 naming why, and nothing else is ever raised; the limits are an audit challenge's."""
 
@@ -9,11 +9,12 @@ import random
 import msgpack
 import pytest
 
-from overlay import crypto, signing
-from overlay import transcripts as wire
+from overlay.anon import signing
+from overlay.directory import transcripts as wire
 from overlay.directory.registration import TxError
-from overlay.identity import Identity
-from overlay.messages import ChatMessage, SamplingParams
+from overlay.wire import crypto
+from overlay.wire.identity import Identity
+from overlay.wire.messages import ChatMessage, SamplingParams
 from verifier.audit import tx as at
 
 VERIFIER = crypto.SigningKey.generate()

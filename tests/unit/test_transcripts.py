@@ -10,9 +10,10 @@ from collections.abc import Callable
 
 import pytest
 
-from overlay import crypto, signing
-from overlay.identity import node_id_of
-from overlay.messages import ChatMessage, SamplingParams
+from overlay.anon import signing
+from overlay.wire import crypto
+from overlay.wire.identity import node_id_of
+from overlay.wire.messages import ChatMessage, SamplingParams
 from verifier.audit import transcripts as tr
 from verifier.audit.tx import Opening, ReplyOutcome
 
@@ -29,7 +30,7 @@ class Node:
     def answer(self, opening: Opening, request_id: bytes, text: str, at_ms: int,
                forwarded_by: Node | None = None) -> ReplyOutcome:
         """The honest node's signed reply, to the request addressed to it (or to the member that
-        forwarded it); like overlay/replay.py, each request id once."""
+        forwarded it); like overlay/anon/replay.py, each request id once."""
         assert request_id not in self.answered, "an honest node answers a request id once"
         self.answered.add(request_id)
         target = (forwarded_by or self).node_id

@@ -14,7 +14,7 @@ import trio
 
 from model_node.engine import Engine, EngineError, expected_logprob
 from model_node.vllm import SCORE_TOP_LOGPROBS, VllmEngine
-from overlay.messages import ChatMessage, SamplingParams
+from overlay.wire.messages import ChatMessage, SamplingParams
 
 from . import fake_vllm
 

@@ -3,7 +3,7 @@ fast a path through a bad relay is given up (issue 15, items 3 and 4).
 
 Relays and three echo model nodes (slowed to one piece every ``ECHO_DELAY`` s, so a reply is
 in flight) run as processes on loopback (LocalNet, TLS); the bench process runs the user node
-and its :class:`~overlay.anon.AnonClient`, plus one more registered relay whose relay core it
+and its :class:`~overlay.anon.client.AnonClient`, plus one more registered relay whose relay core it
 can turn bad (the "bad relay").
 
 Crash trials: a long reply is requested from one model node; after ``CHUNKS_BEFORE_KILL``
@@ -37,16 +37,16 @@ from typing import Any
 
 import trio
 
-from overlay import codec
-from overlay.actions import Send
-from overlay.bench.stats import cpu_model, summarize_ms
-from overlay.cli import run_async
-from overlay.messages import CellBack, CellFwd, ChatMessage, Deliver, SamplingParams
-from overlay.paths import MISSING_GRACE
-from overlay.relay import RelayCore
-from overlay.tools.localnet import LocalNet
-from overlay.transport import TLSTransport
+from gentorrent.bench.stats import cpu_model, summarize_ms
+from gentorrent.cli import run_async
+from gentorrent.tools.localnet import LocalNet
+from overlay.anon.actions import Send
+from overlay.anon.paths import MISSING_GRACE
+from overlay.anon.relay import RelayCore
+from overlay.net.transport import TLSTransport
 from overlay.usernode import UserNode
+from overlay.wire import codec
+from overlay.wire.messages import CellBack, CellFwd, ChatMessage, Deliver, SamplingParams
 
 ECHO_DELAY = 0.02  # seconds per echoed word: ~50 words a second, a small model on a CPU
 REPLY_WORDS = 400  # ~8 s of streaming, long enough to be killed mid-reply

@@ -1,7 +1,7 @@
 """``gentorrent bench gateway``: what ``gentorrent user serve`` adds on top of the anonymous client.
 
 Relays and one echo model node run as processes on loopback (LocalNet); the bench process
-runs one user node, its :class:`~overlay.anon.AnonClient`, and the gateway (Starlette on
+runs one user node, its :class:`~overlay.anon.client.AnonClient`, and the gateway (Starlette on
 Hypercorn's trio worker) on 127.0.0.1 in front of that same client. Each trial sends the
 same streamed chat request twice, alternating: once straight through the AnonClient
 (``direct``), once as ``POST /v1/chat/completions`` with ``stream: true`` over a kept-alive
@@ -31,12 +31,12 @@ from typing import Any
 import h11
 import trio
 
-from overlay.bench.stats import cpu_model, summarize_ms
-from overlay.cli import run_async
-from overlay.messages import ChatMessage, SamplingParams
-from overlay.tools.localnet import LocalNet
-from overlay.transport import TLSTransport
+from gentorrent.bench.stats import cpu_model, summarize_ms
+from gentorrent.cli import run_async
+from gentorrent.tools.localnet import LocalNet
+from overlay.net.transport import TLSTransport
 from overlay.usernode import UserNode
+from overlay.wire.messages import ChatMessage, SamplingParams
 from user_client.gateway import AnonBackend, Gateway, server_config
 
 PROMPT = " ".join(f"word{i}" for i in range(32))  # 32 echo pieces back

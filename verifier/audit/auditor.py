@@ -70,12 +70,12 @@ import msgpack
 import trio
 
 from model_node.engine import EngineError
-from overlay import failures
-from overlay.anon import AnonClient, AnonError
-from overlay.clock import Clock, TrioClock
-from overlay.directory.constants import REPUTATION_SCALE
+from overlay.anon.client import AnonClient, AnonError
 from overlay.directory.rpc import Rpc, RpcError, abci_query, broadcast_tx_sync, rpc_call
-from overlay.identity import short_id
+from overlay.wire import failures
+from overlay.wire.clock import Clock, TrioClock
+from overlay.wire.constants import REPUTATION_SCALE
+from overlay.wire.identity import short_id
 from verifier.audit.challenges import ChallengeError, ChallengeGenerator
 
 if TYPE_CHECKING:
@@ -264,7 +264,7 @@ class Failure:
         return f"{self.kind}: {self.detail}"[:200]
 
 
-#: The verdict on a challenge by the kind of its failed request (:class:`overlay.failures.Failure`;
+#: The verdict on a challenge by the kind of its failed request (:class:`overlay.wire.failures.Failure`;
 #: a challenge goes without failover, so a busy node raises ``ALL_BUSY``); any other kind: "other".
 VERDICT = {
     failures.Failure.ALL_BUSY: "busy",
@@ -361,7 +361,7 @@ class Auditor:
     _carry: ScoreCarry = field(default_factory=_score_carry)  # scores held for the chain's minimum
 
     def __post_init__(self) -> None:
-        from overlay.crypto import SigningKey
+        from overlay.wire.crypto import SigningKey
 
         self.public_key = SigningKey.from_bytes(self.seed).public_bytes
         self.models = tuple(sorted(set(self.models)))
@@ -732,7 +732,7 @@ class AuditDriver:
 
     ``data_dir``: where the plan (:data:`PLAN_FILE`) and the donation pool are kept (None: not
     kept, for tests). ``rpc`` (default :func:`overlay.directory.rpc.rpc_call`) is injectable for tests;
-    ``clock`` (default :class:`~overlay.clock.TrioClock`) times the pool's writes."""
+    ``clock`` (default :class:`~overlay.wire.clock.TrioClock`) times the pool's writes."""
 
     def __init__(self, auditor: Auditor, rpc_address: str, client: AnonClient, engine: Engine, *,
                  rpc: Rpc | None = None, poll: float = POLL_S, challenge_timeout: float = CHALLENGE_TIMEOUT_S,
@@ -763,7 +763,7 @@ class AuditDriver:
         """Write the plan (if it changed) and the donation pool (if it changed, at most every
         :data:`POOL_SAVE_S`: it may be large) to :attr:`data_dir`. A write that fails is logged;
         the plan stays in memory."""
-        from overlay.identity import write_private
+        from overlay.wire.identity import write_private
         from verifier.audit.pool import save_pool
 
         if self.data_dir is None:
@@ -959,9 +959,9 @@ async def _run_audits_once(data_dir: Path, settings: AuditSettings, seed: bytes,
     from overlay.directory.lists import load_genesis
     from overlay.directory.membership import CommitteeSettings, node_entry, serve_member
     from overlay.directory.registry import Registry
-    from overlay.identity import load_or_create
-    from overlay.transport import TLSTransport
+    from overlay.net.transport import TLSTransport
     from overlay.usernode import UserNode
+    from overlay.wire.identity import load_or_create
     from verifier.cometbft import get_toml, home_of
 
     home = home_of(data_dir)

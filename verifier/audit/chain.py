@@ -57,10 +57,10 @@ from typing import Any, Protocol
 
 import msgpack
 
-from overlay import crypto
-from overlay.directory.constants import ROLE_MODEL
+from overlay.anon.signing import ReplyVerifyError
 from overlay.directory.registration import MAX_MODEL_ID, Code, TxError, pack
-from overlay.signing import ReplyVerifyError
+from overlay.wire import crypto
+from overlay.wire.constants import ROLE_MODEL
 from verifier.audit import tx as at
 from verifier.audit.reputation import NodeReputation, ReputationTable
 

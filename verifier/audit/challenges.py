@@ -48,10 +48,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from overlay.messages import ChatMessage, SamplingParams
-from overlay.transcripts import MAX_SEED  # the limit an opening checks
+from overlay.directory.transcripts import MAX_SEED  # the limit an opening checks
+from overlay.wire.messages import ChatMessage, SamplingParams
 
-if TYPE_CHECKING:  # tx imports overlay.crypto primitives; kept out of the prompt core's import
+if TYPE_CHECKING:  # tx imports overlay.wire.crypto primitives; kept out of the prompt core's import
     from verifier.audit.tx import Opening
 
 OPENERS = (

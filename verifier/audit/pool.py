@@ -3,14 +3,14 @@ client's side).
 
 A user who turns on ``--donate-prompts`` hands, now and then, a request's messages and sampling
 parameters to one verifier, sealed to that verifier's validator key
-(:func:`overlay.donation.seal_donation`) and signed by the user's node key, through the verifier's
+(:func:`overlay.directory.donation.seal_donation`) and signed by the user's node key, through the verifier's
 RPC (``abci_query /audit/donate``, answered by :mod:`verifier.abci_app`). The verifier keeps them
 here, in a private pool (never on the chain), and challenges model nodes with them: a challenge is
 then a user's own prompt, which a node cannot tell from users' traffic by its text.
 
-The wire format is :mod:`overlay.donation`'s, the one codec both sides use (at most
+The wire format is :mod:`overlay.directory.donation`'s, the one codec both sides use (at most
 ``MAX_DONATION_BYTES`` = 16 KiB sealed). :func:`open_donation` takes a donation only if it opens
-with this verifier's key, decodes strictly (:func:`overlay.donation.decode`: exact types, no
+with this verifier's key, decodes strictly (:func:`overlay.directory.donation.decode`: exact types, no
 trailing bytes), its signature verifies with the key the committee registered for the donor's
 node id, the donor is a currently registered **user** node, the model is one this verifier
 audits, and the messages and parameters pass a challenge's limits
@@ -40,12 +40,12 @@ from pathlib import Path
 
 import msgpack
 
-from overlay import donation
+from overlay.directory import donation
+from overlay.directory.donation import MAX_DONATION_BYTES as MAX_DONATION_BYTES
+from overlay.directory.donation import Donation as Donation
 from overlay.directory.registration import Code, pack
-from overlay.donation import MAX_DONATION_BYTES as MAX_DONATION_BYTES
-from overlay.donation import Donation as Donation
-from overlay.identity import write_private
-from overlay.messages import ChatMessage, SamplingParams
+from overlay.wire.identity import write_private
+from overlay.wire.messages import ChatMessage, SamplingParams
 
 log = logging.getLogger("gentorrent.audit")
 

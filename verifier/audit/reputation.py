@@ -36,9 +36,9 @@ from fractions import Fraction
 
 import msgpack
 
-from overlay.directory.constants import REPUTATION_SCALE, TRUST_LINE
+from overlay.wire.constants import REPUTATION_SCALE, TRUST_LINE
 
-SCALE = REPUTATION_SCALE  # fixed point: SCALE means 1.0 (overlay/directory/constants.py)
+SCALE = REPUTATION_SCALE  # fixed point: SCALE means 1.0 (overlay/wire/constants.py)
 ALPHA = 400_000  # paper §4.3
 BETA = 600_000
 WINDOW = 5

@@ -11,13 +11,13 @@ The rules, and the framer each one stops:
 
 1. **Commit before the reply.** Before sending a request it will donate, the donor's client sends
    each verifier ``commitment = BLAKE2b-256(nonce ‖ node id ‖ reply digest)`` (person
-   ``gt-transcript``), where the reply digest is :func:`overlay.signing.request_digest` of the
+   ``gt-transcript``), where the reply digest is :func:`overlay.anon.signing.request_digest` of the
    request *with its request id*. The verifier notes when it got it (:meth:`TranscriptBook.commit`).
    A reply signed before that time, or more than :data:`WINDOW_MS` after it, counts for nothing:
    the framer who commits after seeing a bad reply is refused.
 2. **One sample per commitment.** The reply signs the request id and the node the client
-   addressed (:func:`overlay.signing.request_digest`), and a model node answers each id once
-   (:mod:`overlay.replay`): resending the committed request draws no second sample, and the same
+   addressed (:func:`overlay.anon.signing.request_digest`), and a model node answers each id once
+   (:mod:`overlay.anon.replay`): resending the committed request draws no second sample, and the same
    request sent to ten other nodes draws replies that name those nodes, which do not open a
    commitment naming the first. A reply signed by a member the addressed node forwarded to counts
    for its signer: the member was chosen by the addressed node's routing, not by the donor.
@@ -79,11 +79,12 @@ from typing import Any, TypeVar
 
 import msgpack
 
-from overlay import codec, crypto, signing
+from overlay.anon import signing
 from overlay.directory.registration import DECODE_ERRORS, TxError, pack
-from overlay.identity import NODE_ID_LEN
-from overlay.messages import REQUEST_ID_LEN, Request
-from overlay.transcripts import COMMITMENT_LEN, MAX_REVEAL_BYTES, NONCE_LEN, Revealed, commitment
+from overlay.directory.transcripts import COMMITMENT_LEN, MAX_REVEAL_BYTES, NONCE_LEN, Revealed, commitment
+from overlay.wire import codec, crypto
+from overlay.wire.identity import NODE_ID_LEN
+from overlay.wire.messages import REQUEST_ID_LEN, Request
 from verifier.audit.tx import Opening, ReplyOutcome, decode_outcome
 
 WINDOW_MS = 600_000  # a committed request's reply must be signed within 10 minutes of the commitment
@@ -129,7 +130,7 @@ class Transcript:
 
 
 def transcript_of(b: Revealed) -> Transcript:
-    """The book's transcript of a donor's revealed one (:class:`overlay.transcripts.Revealed`)."""
+    """The book's transcript of a donor's revealed one (:class:`overlay.directory.transcripts.Revealed`)."""
     return Transcript(b.node_id, b.nonce, Opening(bytes(16), b.model, b.messages, b.params), b.request_id,
                       ReplyOutcome(b.served_by, b.chunks, b.signature, b.signed_at_ms, 0, 1))
 

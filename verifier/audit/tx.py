@@ -24,7 +24,7 @@ chain and one kind.
 Decoding is strict: exact types (bool is not int, a float is a 64-bit float), every length and
 count bounded, integers in range, no trailing bytes, and the canonical re-encoding must equal the
 input (a transaction has exactly one byte form). The body is read by shape with the wire codec's
-:class:`overlay.codec.ShapeReader`: the kind first (its byte limit applies before the rest is
+:class:`overlay.wire.codec.ShapeReader`: the kind first (its byte limit applies before the rest is
 read), then each field as the kind's schema has it, each array bounded before its items, so no
 transaction builds more objects than its schema allows (docs/fuzzing.md). Errors are
 :class:`overlay.directory.registration.TxError` with MALFORMED (shape, types, encoding), INVALID_FIELD (a value out of
@@ -42,11 +42,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from overlay import codec, crypto, signing, transcripts
-from overlay.directory.constants import MAX_CHAIN_ID
+from overlay.anon import signing
+from overlay.directory import transcripts
 from overlay.directory.registration import DECODE_ERRORS, MAX_MODEL_ID, Code, TxError, pack
-from overlay.identity import NODE_ID_LEN
-from overlay.messages import REQUEST_ID_LEN, ChatMessage, Request, SamplingParams
+from overlay.wire import codec, crypto
+from overlay.wire.constants import MAX_CHAIN_ID
+from overlay.wire.identity import NODE_ID_LEN
+from overlay.wire.messages import REQUEST_ID_LEN, ChatMessage, Request, SamplingParams
 from verifier.audit.reputation import SCALE
 
 AUDIT_TAG = b"GTAUDIT2"
@@ -72,7 +74,7 @@ SALT_LEN = 16
 COMMITMENT_LEN = 32
 PLAN_HASH_LEN = 32
 PROMPT_KEY_LEN = 16
-MIN_TOKENS, MAX_TOKENS = transcripts.MIN_TOKENS, transcripts.MAX_TOKENS  # the limits: overlay/transcripts.py
+MIN_TOKENS, MAX_TOKENS = transcripts.MIN_TOKENS, transcripts.MAX_TOKENS  # the limits: overlay/directory/transcripts.py
 MAX_MESSAGES = transcripts.MAX_MESSAGES
 MAX_CONTENT_BYTES = transcripts.MAX_CONTENT_BYTES
 MAX_OPENING_BYTES = 64 + MAX_MODEL_ID + MAX_MESSAGES * (MAX_CONTENT_BYTES + 32) + 64
@@ -149,7 +151,7 @@ def _values(r: codec.ShapeReader, n: int) -> list[Any]:
 
 
 def _read(raw: bytes | memoryview, max_bin: int, why: str, read: Callable[[codec.ShapeReader], _T]) -> _T:
-    """``read`` of a :class:`overlay.codec.ShapeReader` of ``raw``, which must take every byte;
+    """``read`` of a :class:`overlay.wire.codec.ShapeReader` of ``raw``, which must take every byte;
     a shape the reader refuses, msgpack's errors and trailing bytes are MALFORMED ``why (error)``."""
     r = codec.ShapeReader(raw, max_bin)
     try:
@@ -245,7 +247,7 @@ class Opening:
                        k=k, return_paths=(), continuation="")
 
     def digest(self) -> bytes:
-        """:func:`overlay.signing.request_digest` of :meth:`request` with an all-zero request id and
+        """:func:`overlay.anon.signing.request_digest` of :meth:`request` with an all-zero request id and
         target: the challenge's content, which :meth:`commitment` binds (the tries' ids are derived
         from the salt, and the target is the entry's node)."""
         return signing.request_digest(self.request(), bytes(NODE_ID_LEN))
@@ -257,7 +259,7 @@ class Opening:
         return crypto.blake2b(self.salt + bytes([tries & 0xFF]), size=REQUEST_ID_LEN, person=_TRY_PERSON)
 
     def reply_digest(self, node_id: bytes, tries: int = 1) -> bytes:
-        """What the reply to the ``tries``-th send to ``node_id`` signs: :func:`overlay.signing.request_digest`
+        """What the reply to the ``tries``-th send to ``node_id`` signs: :func:`overlay.anon.signing.request_digest`
         of :meth:`request` with :meth:`request_id` of that try, addressed to ``node_id``."""
         return signing.request_digest(self.request(self.request_id(tries)), node_id)
 
@@ -345,7 +347,7 @@ class ReportEntry:
         return [self.node_id, self.opening.to_wire(), self.outcome.to_wire()]
 
     def verify(self, ed25519_public: bytes) -> None:
-        """:class:`overlay.signing.ReplyVerifyError` unless the reply's chunks, chained from the
+        """:class:`overlay.anon.signing.ReplyVerifyError` unless the reply's chunks, chained from the
         opening's request digest, carry the final signature of its serving node (key
         ``ed25519_public``). A failure outcome has nothing to verify (ValueError)."""
         out = self.outcome

@@ -17,9 +17,9 @@ through the core the same way.
 **Lists, slots, builds.** The figures of :func:`verifier.bench.admission_lists.measure_list_refresh`
 (a refresh by signed delta with 10,000 users and 1 % churn against a full fetch),
 :func:`~verifier.bench.admission_lists.measure_replay_stale` (how long a replayed old list keeps a
-client stale), :func:`overlay.bench.admission_slots.measure_slot_flood` (honest handshakes while
+client stale), :func:`gentorrent.bench.admission_slots.measure_slot_flood` (honest handshakes while
 one address holds every connection it can open, real TLS on loopback) and
-:func:`overlay.bench.admission_builds.measure_refused_builds` (refused path builds of a joining
+:func:`gentorrent.bench.admission_builds.measure_refused_builds` (refused path builds of a joining
 user), each documented in its module.
 """
 
@@ -30,10 +30,10 @@ import statistics
 import time
 from typing import Any
 
-from overlay import crypto
 from overlay.directory import registration as tx
 from overlay.directory import work
-from overlay.directory.constants import ROLE_USER
+from overlay.wire import crypto
+from overlay.wire.constants import ROLE_USER
 from verifier import admission
 from verifier.admission import AdmissionParams
 
@@ -122,8 +122,8 @@ def prefix_cap(params: AdmissionParams) -> int:
 
 
 def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
-    from overlay.bench.admission_builds import measure_refused_builds
-    from overlay.bench.admission_slots import measure_slot_flood
+    from gentorrent.bench.admission_builds import measure_refused_builds
+    from gentorrent.bench.admission_slots import measure_slot_flood
     from verifier.bench.admission_lists import measure_list_refresh, measure_replay_stale
 
     params = AdmissionParams()

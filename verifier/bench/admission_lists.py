@@ -4,7 +4,7 @@ Both run the real code in process: a :class:`verifier.app.CommitteeApp` with fou
 blocks run as CometBFT runs them (PrepareProposal with the last height's vote extensions, so a
 certificate rides first; ProcessProposal, ExtendVote, FinalizeBlock, Commit), and a real
 :class:`overlay.directory.lists.CommitteeClient` whose fetch answers from the app's ``query`` (no network,
-so the figures are bytes and CPU, not latency). Time is a :class:`overlay.clock.FakeClock` the
+so the figures are bytes and CPU, not latency). Time is a :class:`overlay.wire.clock.FakeClock` the
 block time follows.
 
 :func:`measure_list_refresh`: 10,000 registered users (2,000 with ``quick``), then churn of 1 % of
@@ -47,10 +47,7 @@ from collections.abc import Callable
 
 import trio
 
-from overlay import crypto
-from overlay.clock import FakeClock
 from overlay.directory import registration as tx
-from overlay.directory.constants import ROLE_USER
 from overlay.directory.lists import (
     KIND_USERS,
     REFRESH_S,
@@ -60,7 +57,10 @@ from overlay.directory.lists import (
     apply_delta,
     verify_document,
 )
-from overlay.identity import node_id_of
+from overlay.wire import crypto
+from overlay.wire.clock import FakeClock
+from overlay.wire.constants import ROLE_USER
+from overlay.wire.identity import node_id_of
 from verifier.app import CommitteeApp, Validator
 
 CHAIN = "gt-bench-lists"

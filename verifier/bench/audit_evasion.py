@@ -7,7 +7,7 @@ Four parts, every one seeded (the same seeds give the same figures):
 **A. Detectors.** One model node's view of a stream of requests, epoch after epoch: users'
 requests (prompts from ``../shared/data/user-prompts.jsonl``, read at run time; sessions of
 several requests per user over the user's own proxy paths, which live :data:`PATH_REFRESH_S`
-seconds as :class:`overlay.paths.PathManager` keeps them; the chat client's and the gateway's
+seconds as :class:`overlay.anon.paths.PathManager` keeps them; the chat client's and the gateway's
 parameters, defaults and user-set values) mixed with challenges, from the built-in generator
 (:class:`verifier.audit.challenges.ChallengeGenerator`) or from donated prompts (users' own
 requests, drawn from a donation pool as :mod:`verifier.audit.pool` draws: donor first), each
@@ -28,7 +28,7 @@ epoch per verifier, and donated conversations replayed turn by turn.
 **B. Cheaters** against the real chain core (:mod:`verifier.audit.chain`: ``take`` of
 :mod:`verifier.audit.tx` transactions signed by four equal-power validators with real Ed25519
 keys, ``end_block`` every block; reply entries signed as a node signs replies,
-:class:`overlay.signing.ReplySigner`). Each reply's score is drawn from the engine's measured
+:class:`overlay.anon.signing.ReplySigner`). Each reply's score is drawn from the engine's measured
 per-reply scores (``simulations/data/audit_scores.json``) by the challenge's setting and the
 kind of reply the cheater returns. A cheater is honest for :data:`WARMUP_EPOCHS` epochs (so it
 starts trusted, the harder case), then cheats; the figure is the epochs from then until its
@@ -47,7 +47,7 @@ replies scored, against main's protocol (the leader sends k = 3, every verifier 
 transcripts at each donation rate of :data:`RHOS` (rate 0: the figures above, unprefixed; others
 under ``transcripts_rho{percent}_``): per node and epoch, USER_REQUESTS_PER_EPOCH requests of its
 users (drawn from its view's evaluation stream, with the detector's score), each committed with
-probability ``rho`` when a donor's client may choose it (:func:`overlay.transcripts.fits`), through
+probability ``rho`` when a donor's client may choose it (:func:`overlay.directory.transcripts.fits`), through
 the real :class:`verifier.audit.transcripts.TranscriptBook` (commit, signed reply, reveal or "no
 reply"; closed in the next epoch's report window, as the verifier's audit loop closes it: a
 transcript counts one epoch after its request), and every validator's
@@ -84,7 +84,7 @@ from typing import Any
 
 import numpy as np
 
-from overlay.messages import ChatMessage, SamplingParams
+from overlay.wire.messages import ChatMessage, SamplingParams
 from verifier.audit import chain
 
 REPO = Path(__file__).resolve().parents[2]
@@ -94,8 +94,8 @@ SCORES_FILE = REPO / "simulations" / "data" / "audit_scores.json"
 # ----------------------------------------------------------------------------- the network's shape
 VERIFIERS = 4  # equal power
 BLOCK_S = 1.0  # seconds a block (CometBFT timeout_commit 1 s, docs/benchmarks.md "committee")
-PATH_REFRESH_S = 15 * 60.0  # overlay.paths.PathManager(refresh=...): a user's paths live this long
-PATHS_PER_REQUEST = 4  # overlay.anon.AnonClient n = 4 of target 4 ready paths: every path, every request
+PATH_REFRESH_S = 15 * 60.0  # overlay.anon.paths.PathManager(refresh=...): a user's paths live this long
+PATHS_PER_REQUEST = 4  # overlay.anon.client.AnonClient n = 4 of target 4 ready paths: every path, every request
 RELAYS = 200  # proxies a path can end at (the region's user nodes)
 # ----------------------------------------------------------------------------- users (assumptions)
 USER_REQUESTS_PER_EPOCH = 24  # this node's users' requests per epoch (challenges: 4 verifiers x k = 2 = 8)
@@ -763,8 +763,8 @@ class ChainRun:
         one-shot framing identities per epoch from ``frame_from`` against the first honest node;
         ``cache``: the validators' plans and reports by epoch, shared by runs of the same seed and
         specs (they do not depend on ``rho`` or the framers)."""
-        from overlay import crypto
-        from overlay.identity import node_id_of
+        from overlay.wire import crypto
+        from overlay.wire.identity import node_id_of
         from verifier.audit.transcripts import ScoreCarry, TranscriptBook
 
         self.seed, self.scores, self.default_view, self.k = seed, scores, default_view, k
@@ -826,7 +826,7 @@ class ChainRun:
 
     def _plan(self, v: int, epoch: int, first: int, last: int, result: RunResult) -> tuple[bytes, list[Any]]:
         """Validator ``v``'s challenges this epoch, sent and answered: (salt, report entries)."""
-        from overlay import signing
+        from overlay.anon import signing
         from verifier.audit import tx as at
 
         entries = []
@@ -888,8 +888,8 @@ class ChainRun:
         (which voids the donor's set; the book burns a donor past its void budget). A framer
         (``reveal_under``) reveals only a reply that scores under it. False when the book refused
         the commitment (a burnt donor)."""
-        from overlay import signing
-        from overlay.transcripts import commitment
+        from overlay.anon import signing
+        from overlay.directory.transcripts import commitment
         from verifier.audit import transcripts as tr
         from verifier.audit import tx as at
 
@@ -926,8 +926,8 @@ class ChainRun:
         return True
 
     def _eligible(self, r: Req) -> bool:
-        """Whether a donor's client may choose ``r`` (overlay.transcripts.fits: an opening's limits, no seed)."""
-        from overlay.transcripts import fits
+        """Whether a donor's client may choose ``r`` (overlay.directory.transcripts.fits: an opening's limits, no seed)."""
+        from overlay.directory.transcripts import fits
 
         if r.ident not in self.eligible:
             self.eligible[r.ident] = fits(MODEL, r.messages, r.params) is None
@@ -1111,7 +1111,7 @@ def _epochs_to_untrusted(rs: Sequence[int], cheat_from: int, trust_line: int) ->
 
 
 def _pct(values: Sequence[float], q: float) -> float:
-    from overlay.bench.stats import percentile
+    from gentorrent.bench.stats import percentile
 
     return percentile(sorted(values), q)
 
@@ -1128,7 +1128,7 @@ def run_cheaters(seeds: Sequence[int], epochs: int, scores: ScoreTable, views_: 
     """Part B at every donation rate of ``rhos`` (rate 0 over ``seeds``, the others over
     ``transcript_seeds``, a prefix of them: the same seeds give the same challenges, so each run
     with transcripts differs from its challenges-only twin by the transcripts alone)."""
-    from overlay.directory.constants import TRUST_LINE
+    from overlay.wire.constants import TRUST_LINE
 
     specs, chosen = cheater_specs(views_)
     t_seeds = set(seeds if transcript_seeds is None else transcript_seeds)
@@ -1200,7 +1200,7 @@ def run_honest(seeds: Sequence[int], epochs: int, scores: ScoreTable, view: View
     """Part C, and D's counts: nodes with faults and fault-free ones, each run replayed with every
     faulty node fault-free; challenges only over ``seeds``, and with users' transcripts at rate
     ``rho`` over ``transcript_seeds`` (a prefix of them; the same challenges)."""
-    from overlay.directory.constants import TRUST_LINE
+    from overlay.wire.constants import TRUST_LINE
 
     specs = [NodeSpec(f"{b}{i}", "honest" if b == "plain" else b) for b in FAULTS for i in range(per_kind)]
     twin_specs = [NodeSpec(s.name, "honest") for s in specs]
@@ -1269,7 +1269,7 @@ def framing(seeds: Sequence[int], scores: ScoreTable, view: View, epoch_blocks: 
     smallest number of framing identities per epoch (FRAMERS_GRID, searched in order) at which it
     is untrusted within FRAMING_EPOCHS epochs in at least FRAMING_SHARE of the runs. A grid value
     is decided as soon as the runs so far settle it (the rest cannot change which side it is on)."""
-    from overlay.directory.constants import TRUST_LINE
+    from overlay.wire.constants import TRUST_LINE
 
     specs = [NodeSpec("victim", "honest")]
     epochs = WARMUP_EPOCHS + FRAMING_EPOCHS
@@ -1313,7 +1313,7 @@ def committed_auc(views_: dict[str, View], rho: float, seed: int) -> dict[str, f
     user request, and against the other requests a client may choose; the mean over AUC_DRAWS
     seeded coin draws. And the share of users' requests no client may choose (a seed, or over an
     opening's limits): those a cheater may serve cheaply with no transcript risk."""
-    from overlay.transcripts import fits
+    from overlay.directory.transcripts import fits
 
     f: dict[str, float] = {}
     for name in VIEWS:
@@ -1408,8 +1408,8 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
     """The ``gentorrent.benches`` entry point: ``(params, figures)``."""
     import time
 
-    from overlay.bench.stats import cpu_model
-    from overlay.directory.constants import TRUST_LINE
+    from gentorrent.bench.stats import cpu_model
+    from overlay.wire.constants import TRUST_LINE
     from verifier.audit import tx as at
 
     t_start = time.perf_counter()
@@ -1545,7 +1545,7 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
             "honest_runs_with_transcripts": len(honest_t_seeds),
             "users": f"per node and epoch {USER_REQUESTS_PER_EPOCH} requests drawn from its view's evaluation "
                      "stream of users' requests (with the detector's score); each donated with probability rho "
-                     "when overlay.transcripts.fits allows it (no seed, an opening's limits)",
+                     "when overlay.directory.transcripts.fits allows it (no seed, an opening's limits)",
             "book": "verifier.audit.transcripts.TranscriptBook: commit at a uniform height of the epoch, signed "
                     "reply, reveal (or no_reply); closed in the next epoch's report window (as verifier/audit/"
                     "auditor.py closes it); one book stands for every honest verifier (same inputs)",

@@ -33,14 +33,14 @@ from typing import Any
 import msgpack
 import trio
 
-from overlay import crypto
-from overlay.bench.stats import cpu_model, summarize_ms
+from gentorrent.bench.stats import cpu_model, summarize_ms
+from gentorrent.tools.localnet import free_ports
 from overlay.directory import registration as tx
-from overlay.directory.constants import ROLE_USER
 from overlay.directory.lists import KIND_USERS, CommitteeClient, ValidatorKey, verify_document
 from overlay.directory.rpc import abci_value, block_time_unix
-from overlay.identity import node_id_of
-from overlay.tools.localnet import free_ports
+from overlay.wire import crypto
+from overlay.wire.constants import ROLE_USER
+from overlay.wire.identity import node_id_of
 from verifier import cometbft
 
 CHAIN = "gt-bench"
@@ -115,7 +115,7 @@ class _Committee:
     def start(self) -> None:
         for d in self.dirs:
             out = (d / "verifier.out").open("ab")
-            self.procs.append(subprocess.Popen([sys.executable, "-m", "overlay.cli", "verifier", "--data-dir", str(d)],
+            self.procs.append(subprocess.Popen([sys.executable, "-m", "gentorrent.cli", "verifier", "--data-dir", str(d)],
                                                stdout=out, stderr=subprocess.STDOUT))
             out.close()
         for port in self.rpcs:

@@ -71,11 +71,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from gentorrent.bench.stats import cpu_model, summarize_ms
+from gentorrent.cli import run_async
 from model_node.engine import TokenScore, logprob_moments
 from model_node.llama import INVARIANT_UBATCH, N_BATCH, LlamaCppEngine, resolve_model
-from overlay.bench.stats import cpu_model, summarize_ms
-from overlay.cli import run_async
-from overlay.messages import ChatMessage, SamplingParams
+from overlay.wire.messages import ChatMessage, SamplingParams
 from verifier.audit.scoring import score_reply
 
 QUESTIONS = (
@@ -92,7 +92,7 @@ QUESTIONS = (
     "How would you describe the printing press to someone who has never heard of it?",
     "What is a common misconception about learning a second language?",
 )
-TEMPERATURE = 0.7  # the users' default (overlay.messages.SamplingParams)
+TEMPERATURE = 0.7  # the users' default (overlay.wire.messages.SamplingParams)
 FLUSH_TEXT = "Unrelated text that shares no prefix with a chat prompt."
 # One llama.cpp thread for every call, batches included: the dev machine's 2 cores are shared,
 # and with 2 threads a batched pass spends most of its time in ggml's barrier spin-waits whenever

@@ -57,10 +57,10 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from gentorrent.bench.stats import summarize_ms
+from gentorrent.cli import CliError
 from model_node.engine import TokenScore
-from overlay.bench.stats import summarize_ms
-from overlay.cli import CliError
-from overlay.messages import SamplingParams
+from overlay.wire.messages import SamplingParams
 from verifier.audit.scoring import score_reply
 from verifier.bench.verify import EPSILON, TEMPERATURE, TOP_LOGPROBS, normalized_ppl
 
