@@ -140,7 +140,7 @@ def _instrument() -> dict[int, tuple[TokenScore, list[float]]]:
     with :func:`_position_extras` (diagnostics for ``--tokens-out`` only)."""
     import numpy as np
 
-    import model_node.llama as llama
+    import model_node.llama.scoring as llama
 
     filed: dict[int, tuple[TokenScore, list[float]]] = {}
     inner = llama.score_rows
@@ -203,7 +203,7 @@ async def _measure(n_prompts: int, max_tokens: int, tokens_out: Path | None = No
         for e in (verifier, *nodes.values()):
             e.close()
     if tokens_out is not None:
-        tokens_out.write_text(json.dumps(per_token))
+        await trio.Path(tokens_out).write_text(json.dumps(per_token))
     data: dict[str, Any] = {
         "samples": samples,
         "settings": {s: {"temperature": t, "top_p": p, "top_k": 0, "max_tokens": max_tokens}
