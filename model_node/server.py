@@ -39,11 +39,21 @@ is not anonymous: the node learns who asked. It is answered only from members of
 node's own group (a forwarded request's chunks come back through the member that took it)
 or, for diagnostics and benchmarks, when the node runs with ``accept_direct_requests``
 (``--accept-direct-requests``); anyone else gets an error reply naming the flag.
+
+**One way in.** Every request, whatever its origin, enters through :meth:`ModelNode.answer`
+with an :class:`Origin` saying how it came (:class:`Via`: ``ANONYMOUS``, rebuilt from a user's
+cloves; ``FORWARDED`` by a member; ``DIRECT``, plain over a connection) and where its reply
+chunks go (the request's return paths, or the connection it came over). The node calls its
+:class:`~overlay.anon.responder.Responder` one way: the responder hands back the requests it
+rebuilds from cloves (:meth:`~overlay.anon.responder.Responder.on_deliver`) and answers a request
+to its return paths with the reply stream it is given
+(:meth:`~overlay.anon.responder.Responder.accept`); it never calls into the node otherwise.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import logging
 import math
 import statistics
@@ -107,6 +117,53 @@ def check_params(req: Request, max_tokens_limit: int) -> str | None:
     return None
 
 
+class Via(enum.Enum):
+    """How a request reached this model node."""
+
+    ANONYMOUS = "anonymous"  # a user's request, rebuilt from the cloves its proxies delivered
+    FORWARDED = "forwarded"  # handed over by a member of the group: served here, never forwarded again
+    DIRECT = "direct"  # a plain, non-anonymous request over an authenticated connection
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Where a request came from and where its reply chunks go (:meth:`ModelNode.answer`).
+
+    ``via``: how it arrived. ``conn``: the authenticated connection it came over (the
+    requester, or the member that forwarded it; ``None`` for an anonymous request).
+    ``reply``: the connection its reply chunks go back on; ``None``: the request's return
+    paths, as cloves through the node's responder."""
+
+    via: Via
+    conn: Connection | None = None
+    reply: Connection | None = None
+
+    @classmethod
+    def direct(cls, conn: Connection) -> Origin:
+        """A plain request ``conn``'s peer sent: answered on ``conn``."""
+        return cls(Via.DIRECT, conn, conn)
+
+    @classmethod
+    def forwarded_by(cls, conn: Connection, req: Request) -> Origin:
+        """``req`` forwarded by the member at ``conn``: a user's request (it has return
+        paths) is answered straight to the user's proxies, a plain one back to the member."""
+        return cls(Via.FORWARDED, conn, None if req.return_paths else conn)
+
+    @property
+    def forwarded(self) -> bool:
+        """A member forwarded it here: it is served here, whatever the load."""
+        return self.via is Via.FORWARDED
+
+    @property
+    def target(self) -> bytes | None:
+        """The node the client addressed, which the reply's signature names: the member that
+        forwarded the request (``None``: this node)."""
+        return self.conn.peer_id if self.forwarded and self.conn is not None else None
+
+
+ANONYMOUS = Origin(Via.ANONYMOUS)
+
+
 class ModelNode:
     """Serves one engine's model to the network (see the module docstring)."""
 
@@ -167,7 +224,7 @@ class ModelNode:
         self._slots = trio.Semaphore(slots)
         self.node = Node(identity, transport, peers=registry.entries, ping_interval=0, clock=self.clock,
                          registered=listed_in(registry))
-        self.responder = Responder(identity, self.handle, self.node.send_nowait, self._proxy,
+        self.responder = Responder(identity, self.node.send_nowait, self._proxy, admits=self._opens_cloves_from,
                                    max_active=max_queue + slots, clock=self.clock)
         self._registry = registry
         self._nursery: trio.Nursery | None = None
@@ -306,21 +363,15 @@ class ModelNode:
     # ------------------------------------------------------------------ forwarded requests
 
     def _take_forwarded(self, conn: Connection, req: Request) -> None:
-        """A member forwarded ``req`` here: serve it (never forward it again)."""
-        if req.return_paths:  # from a user through the overlay: reply straight to its proxies
-            self.responder.accept(req, lambda r: self.handle(r, forwarded=True, target=conn.peer_id))
-            return
+        """A member forwarded ``req`` here (the group service checked it is one): answered in
+        the background (:meth:`answer`), never forwarded again."""
         assert self._nursery is not None
-        self._nursery.start_soon(self._answer_forwarder, conn, req)
+        self._nursery.start_soon(self._answer_forwarded, req, Origin.forwarded_by(conn, req))
 
-    async def _answer_forwarder(self, conn: Connection, req: Request) -> None:
-        """A direct request the member received over TLS: the chunks go back to it."""
+    async def _answer_forwarded(self, req: Request, origin: Origin) -> None:
+        """:meth:`answer` as a task of its own (the member's connection reads on meanwhile)."""
         try:
-            async with aclosing(self.handle(req, forwarded=True, target=conn.peer_id)) as chunks:
-                async for chunk in chunks:
-                    await conn.send(chunk)
-                    if chunk.done:
-                        break
+            await self.answer(req, origin)
         except TransportError as exc:
             log.info("the member that forwarded a direct request is gone: %s", exc)
 
@@ -337,12 +388,12 @@ class ModelNode:
             if self.group is not None:
                 self.group.refuse(conn.peer_id, "reply-overflow", "a reply chunk")
 
-    async def _forward(self, req: Request, target: bytes, direct: bool) -> AsyncGenerator[ReplyChunk, None] | None:
+    async def _forward(self, req: Request, target: bytes, origin: Origin) -> AsyncGenerator[ReplyChunk, None] | None:
         """Send ``req`` to ``target``. ``None``: it could not be sent (serve it here). For a
-        direct request, the chunks the target sends back; otherwise nothing (the target answers
-        the user's proxies itself)."""
+        request answered over a connection, the chunks the target sends back; otherwise nothing
+        (the target answers the user's proxies itself)."""
         assert self.group is not None
-        if not direct:
+        if origin.reply is None:
             return _empty() if await self.group.forward(target, req) else None
         key = (target, req.request_id)
         if key in self._relays:
@@ -370,15 +421,28 @@ class ModelNode:
         finally:
             self._relays.pop(key, None)
 
+    # ------------------------------------------------------------------ requests in
+
     async def _on_deliver(self, conn: Connection, msg: Deliver) -> None:
-        """With ``registered_only``, cloves are accepted only from proxies in the current user list
-        (updated in place from the committee's lists: a node that left loses access at once)."""
-        if self.registered_only and self._proxy(conn.peer_id) is None:
-            if self.on_unlisted is not None:
-                self.on_unlisted()
-            self.responder.dropped["deliver-not-registered"] = self.responder.dropped.get("deliver-not-registered", 0) + 1
-            return
-        await self.responder.on_deliver(conn, msg)
+        """A clove from a proxy: once the responder has rebuilt a request from it, answer it."""
+        req = await self.responder.on_deliver(conn, msg)
+        if req is not None:
+            await self.answer(req, ANONYMOUS)
+
+    async def _on_direct(self, conn: Connection, req: Request) -> None:
+        """A plain, NON-anonymous request over an authenticated connection: answered on the same
+        connection (also when forwarded: through this node) before the next message is read."""
+        await self.answer(req, Origin.direct(conn))
+
+    def _opens_cloves_from(self, proxy: bytes) -> bool:
+        """Whether the responder opens ``proxy``'s cloves: with ``registered_only``, only a
+        proxy in the current user list (updated in place from the committee's lists: a node
+        that left loses access at once); :attr:`on_unlisted` hears of any other."""
+        if not self.registered_only or self._proxy(proxy) is not None:
+            return True
+        if self.on_unlisted is not None:
+            self.on_unlisted()
+        return False
 
     def _proxy(self, node_id: bytes) -> Any:
         """Reply cloves go only to registered user nodes (proxies), never to other model nodes."""
@@ -390,25 +454,40 @@ class ModelNode:
         this node's group, or from anyone with ``accept_direct_requests``."""
         return self.accept_direct_requests or (self.group is not None and self.group.is_member(peer))
 
-    async def _on_direct(self, conn: Connection, req: Request) -> None:
-        """A plain, NON-anonymous request over an authenticated connection: the reply chunks
-        come back on the same connection (also when forwarded: through this node). Refused
-        with an error reply unless :meth:`accepts_direct_from` the peer."""
-        if not self.accepts_direct_from(conn.peer_id):
-            log.info("plain request from %s refused (not a group member; --accept-direct-requests is off)",
-                     short_id(conn.peer_id))
-            await conn.send(self._chunk(req, 0, "", (), done=True, error=DIRECT_REFUSED))
+    async def answer(self, req: Request, origin: Origin) -> None:
+        """The one way in: every request, whatever its ``origin``, is answered here. A plain
+        request its origin may not send is refused (:meth:`_refusal`); any other is served by
+        :meth:`handle` (admission, forwarding, the engine, the reply chunks), whose chunks go
+        where ``origin`` says: to the request's return paths, as cloves (the responder runs the
+        reply in the background and refuses duplicates, malformed return paths and requests
+        beyond its capacity), or back on the connection the request came over (this returns
+        once the reply is sent; raises ``TransportError`` if that connection fails)."""
+        if origin.reply is None:
+            self.responder.accept(req, lambda r: self.handle(r, origin))
             return
-        if not self.answered.take(req.request_id, self.clock.monotonic()):
-            await conn.send(self._chunk(req, 0, "", (), done=True, error=invalid_error(
-                "this request id was answered already: a node answers each request id once (send a new request)"),
-                failure=Failure.INVALID))
-            return
-        async with aclosing(self.handle(req, direct=True)) as chunks:
-            async for chunk in chunks:
-                await conn.send(chunk)
+        refusal = self._refusal(req, origin)
+        chunks = _only(refusal) if refusal is not None else self.handle(req, origin)
+        async with aclosing(chunks) as stream:
+            async for chunk in stream:
+                await origin.reply.send(chunk)
                 if chunk.done:
                     break
+
+    def _refusal(self, req: Request, origin: Origin) -> ReplyChunk | None:
+        """The error reply to a plain request from a peer this node does not answer
+        (:meth:`accepts_direct_from`), or with a request id answered already; ``None``: serve it.
+        A forwarded request was checked by the group service, an anonymous one by the responder."""
+        if origin.via is not Via.DIRECT or origin.conn is None:
+            return None
+        if not self.accepts_direct_from(origin.conn.peer_id):
+            log.info("plain request from %s refused (not a group member; --accept-direct-requests is off)",
+                     short_id(origin.conn.peer_id))
+            return self._chunk(req, 0, "", (), done=True, error=DIRECT_REFUSED)
+        if not self.answered.take(req.request_id, self.clock.monotonic()):
+            return self._chunk(req, 0, "", (), done=True, error=invalid_error(
+                "this request id was answered already: a node answers each request id once (send a new request)"),
+                failure=Failure.INVALID)
+        return None
 
     def _chunk(self, req: Request, seq: int, text: str, ids: tuple[int, ...], *, done: bool = False,
                error: str = "", failure: Failure = Failure.NODE_ERROR, signer: ReplySigner | None = None,
@@ -425,17 +504,16 @@ class ModelNode:
                           node=self.identity.node_id, chain=chain, signature=signature, signed_at_ms=signed_at_ms,
                           prompt_tokens=prompt_tokens, failure=failure if error else Failure.NONE)
 
-    async def handle(self, req: Request, *, forwarded: bool = False, direct: bool = False,
-                     target: bytes | None = None) -> AsyncGenerator[ReplyChunk, None]:
-        """Serve one request: admit (validate, tokenize), forward or queue, generate, stream, sign.
-
-        ``forwarded``: a member forwarded it here (served here whatever the load);
-        ``direct``: it came over TLS rather than the overlay (if forwarded, its chunks come
-        back through this node); ``target``: the node the client addressed, which the reply's
-        signature names (the forwarding member; default this node)."""
+    async def handle(self, req: Request, origin: Origin = ANONYMOUS) -> AsyncGenerator[ReplyChunk, None]:
+        """Serve one request and yield its reply chunks (:meth:`answer` sends them where they
+        go): admit (validate, tokenize), forward or queue, generate, stream, sign. ``origin``
+        (:class:`Origin`) decides what differs: a forwarded request is served here whatever the
+        load, and its reply's signature names the member the client addressed; a request this
+        node forwards has the member's chunks relayed through here if its reply goes over a
+        connection (a user's request is answered straight to its proxies)."""
         prompt_ids, refusal = self._admit(req)
         if refusal is None and self.group is not None:
-            relayed = await self._route(req, prompt_ids, forwarded=forwarded, direct=direct)
+            relayed = await self._route(req, prompt_ids, origin)
             if relayed is not None:
                 async with aclosing(relayed) as chunks:
                     async for chunk in chunks:
@@ -449,7 +527,7 @@ class ModelNode:
             failure, why = refusal
             yield self._chunk(req, 0, "", (), done=True, error=why, failure=failure)
             return
-        async with aclosing(self._serve_here(req, prompt_ids, forwarded, target)) as chunks:
+        async with aclosing(self._serve_here(req, prompt_ids, origin)) as chunks:
             async for chunk in chunks:
                 yield chunk
 
@@ -474,24 +552,24 @@ class ModelNode:
                 f"model's context window of {ctx} tokens"))
         return prompt_ids, None
 
-    async def _route(self, req: Request, prompt_ids: list[int], *, forwarded: bool,
-                     direct: bool) -> AsyncGenerator[ReplyChunk, None] | None:
+    async def _route(self, req: Request, prompt_ids: list[int],
+                     origin: Origin) -> AsyncGenerator[ReplyChunk, None] | None:
         """Ask the group where ``req`` is served. ``None``: here. Otherwise it was forwarded,
-        and the chunks to pass on (none unless ``direct``)."""
+        and the chunks to pass on (none unless its reply goes over a connection)."""
         assert self.group is not None
         try:
-            if not forwarded:
+            if not origin.forwarded:
                 self.group.observe(prompt_ids)
-            target = self.group.decide(prompt_ids, forwarded=forwarded).target
-        except Exception:  # noqa: BLE001 - a fault in the group's state must not cost the user the reply
+            target = self.group.decide(prompt_ids, forwarded=origin.forwarded).target
+        except Exception:
             log.exception("forwarding decision failed; serving the request here")
             return None
         if target is None:
             return None
-        return await self._forward(req, target, direct)
+        return await self._forward(req, target, origin)
 
-    async def _serve_here(self, req: Request, prompt_ids: list[int], forwarded: bool,
-                          target: bytes | None = None) -> AsyncGenerator[ReplyChunk, None]:
+    async def _serve_here(self, req: Request, prompt_ids: list[int],
+                          origin: Origin) -> AsyncGenerator[ReplyChunk, None]:
         """Admit (:mod:`model_node.admission`), wait in the queue for a slot (at most
         ``max_queue_wait`` seconds), then generate; "busy" at once when admission refuses it
         (free slots or not: prompts are evaluated one after another), or when every slot is
@@ -536,7 +614,7 @@ class ModelNode:
             return
         self.active += 1
         try:
-            async with aclosing(self._generate(req, prompt_ids, forwarded, work, target)) as chunks:
+            async with aclosing(self._generate(req, prompt_ids, work, origin)) as chunks:
                 async for chunk in chunks:
                     yield chunk
         finally:
@@ -545,14 +623,15 @@ class ModelNode:
             self._slots.release()
             self._load_changed()
 
-    async def _generate(self, req: Request, prompt_ids: list[int], forwarded: bool,
-                        work: _Work, target: bytes | None = None) -> AsyncGenerator[ReplyChunk, None]:
+    async def _generate(self, req: Request, prompt_ids: list[int], work: _Work,
+                        origin: Origin) -> AsyncGenerator[ReplyChunk, None]:
         all_ids: list[int] = []
         seq, size, last = 0, 0, self.clock.monotonic()
         first_at: float | None = None
         buf: list[str] = []
         ids: list[int] = []
-        signer = ReplySigner(request_digest(req, target or self.identity.node_id), self.model, self.identity.node_id)
+        signer = ReplySigner(request_digest(req, origin.target or self.identity.node_id), self.model,
+                             self.identity.node_id)
         try:
             if self._ordered is not None:
                 gen = self._ordered.generate(prompt_ids, req.params, priority=work.key)
@@ -592,7 +671,7 @@ class ModelNode:
             self.throughput.record(len(all_ids), self.clock.monotonic() - first_at)
         self.served += 1
         if gen.stats is not None:
-            self._record(gen.stats, forwarded)
+            self._record(gen.stats, origin.forwarded)
             log.info("served %d prompt tokens (%d evaluated), %d output tokens, ttft %.3fs",
                      gen.stats.prompt_tokens, gen.stats.evaluated_prompt_tokens, gen.stats.output_tokens,
                      gen.stats.ttft_s)
@@ -651,3 +730,7 @@ class _Work:
 async def _empty() -> AsyncGenerator[ReplyChunk, None]:
     return
     yield  # an async generator that yields nothing
+
+
+async def _only(chunk: ReplyChunk) -> AsyncGenerator[ReplyChunk, None]:
+    yield chunk

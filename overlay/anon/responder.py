@@ -1,9 +1,11 @@
 """The model node's end of the anonymous request API (paper §3.2 step 4).
 
-:class:`Responder` opens sealed cloves delivered by proxies, reassembles requests from any k
-of them (forged or tampered cloves are discarded, never fatal), runs a handler, and
-S-IDA-splits every reply chunk to the request's n return paths, each clove sealed with that
-path's return key. The user's end is :mod:`overlay.anon.client`.
+:class:`Responder` opens sealed cloves delivered by proxies and reassembles requests from any k
+of them (forged or tampered cloves are discarded, never fatal), which it hands back to its
+caller; given a request and the stream of its reply chunks, it S-IDA-splits every chunk to the
+request's n return paths, each clove sealed with that path's return key. It is called, and calls
+only what it was given (the reply stream, the proxy directory, the sender): it knows nothing of
+what serves a request. The user's end is :mod:`overlay.anon.client`.
 """
 
 from __future__ import annotations
@@ -60,11 +62,17 @@ async def _closing(chunks: AsyncIterator[ReplyChunk]) -> AsyncGenerator[AsyncIte
 
 
 class Responder:
-    """A model node's end of the overlay: cloves in, reply cloves out.
+    """A model node's end of the overlay: cloves in, requests out; requests and their reply
+    streams in, reply cloves out.
 
-    ``handler(request)`` yields the reply chunks (with increasing ``seq``).
+    :meth:`on_deliver` opens a proxy's clove and returns the request once any k of its cloves
+    are in; :meth:`accept` answers a request to its return paths with the reply stream
+    ``reply(request)`` its caller gives (chunks with increasing ``seq``).
     ``directory(node_id)`` resolves proxies (registry users only: a request
-    cannot steer the model node to arbitrary addresses). Each proxy may deliver at most
+    cannot steer the model node to arbitrary addresses). ``admits(node_id)``, if given, says
+    which proxies' cloves are opened at all (a model node whose lists come from the committee:
+    only its listed users); the others' are dropped unopened and counted
+    (``deliver-not-registered``). Each proxy may deliver at most
     ``delivers_per_s`` cloves a second (bursts of ``deliver_burst``): opening one costs an
     X25519, so a flooding proxy is cut off before it can take the node's CPU; cloves over the
     limit are dropped and counted (``deliver-rate-limited``), and the user's other cloves
@@ -77,10 +85,10 @@ class Responder:
     def __init__(
         self,
         identity: Identity,
-        handler: ReplyStream,
         send: Callable[[bytes, Any], bool],
         directory: Callable[[bytes], PeerEntry | None],
         *,
+        admits: Callable[[bytes], bool] | None = None,
         max_active: int = 64,
         delivers_per_s: float = 500.0,
         deliver_burst: float = 1_000.0,
@@ -88,9 +96,9 @@ class Responder:
     ) -> None:
         self.identity = identity
         self.clock: Clock = clock or TrioClock()
-        self.handler = handler
         self.send = send
         self.directory = directory
+        self.admits = admits
         self.reassembler = sida.Reassembler()
         self.max_active = max_active
         self.active = 0
@@ -115,7 +123,12 @@ class Responder:
                 now = self.clock.monotonic()
                 self.reassembler.expire(now)
 
-    async def on_deliver(self, conn: Any, msg: Deliver) -> None:
+    async def on_deliver(self, conn: Any, msg: Deliver) -> Request | None:
+        """A clove a proxy delivered: the request, once this clove completes one (any k of its
+        cloves); ``None`` while it does not, or if the clove was dropped (counted)."""
+        if self.admits is not None and not self.admits(conn.peer_id):
+            self._drop("deliver-not-registered")
+            return None
         bucket = self._buckets.get(conn.peer)
         if bucket is None:
             if len(self._buckets) >= self.MAX_BUCKETS:
@@ -124,33 +137,35 @@ class Responder:
         now = self.clock.monotonic()
         if not bucket.take(now):
             self._drop("deliver-rate-limited")
-            return
+            return None
         try:
             clove = sida.decode_clove(open_sealed(self.identity.x25519, msg.sealed), peer=conn.peer)
         except (SealError, codec.RemoteProtocolError):
             self._drop("clove-unsealable")  # forged or tampered: discarded, never fatal
-            return
+            return None
         try:
             message = self.reassembler.add(clove, now)
         except sida.SidaError:
             self._drop("clove-rejected")
-            return
+            return None
         if message is None:
-            return
+            return None
         try:
             req = codec.decode(message)
         except codec.RemoteProtocolError:
             self._drop("request-malformed")
-            return
+            return None
         if not isinstance(req, Request):
             self._drop("request-malformed")
-            return
-        self.accept(req)
+            return None
+        return req
 
-    def accept(self, req: Request, handler: ReplyStream | None = None) -> bool:
-        """Answer ``req`` to its return paths: one reassembled here, or one another model
-        node handed over (forwarding, with its own ``handler``; default: ours). ``False``
-        (counted) if it is malformed or a duplicate."""
+    def accept(self, req: Request, reply: ReplyStream) -> bool:
+        """Answer ``req`` to its return paths with the chunks of ``reply(req)``, run in the
+        background: a request rebuilt by :meth:`on_deliver`, or one another model node handed
+        over (forwarding). Over ``max_active`` requests in progress ``reply`` is not called: the
+        request is refused with a "busy" error chunk. ``False`` (counted) if it is malformed or
+        a duplicate."""
         if not 1 <= req.k <= len(req.return_paths) <= 16:
             self._drop("request-malformed")
             return False
@@ -163,7 +178,7 @@ class Responder:
                 f"model node is at capacity ({self.active} requests in progress); try another model node "
                 "serving the model, or again in a minute"), Failure.BUSY))
             return True
-        self._start(req, (handler or self.handler)(req))
+        self._start(req, reply(req))
         return True
 
     def _start(self, req: Request, chunks: AsyncIterator[ReplyChunk]) -> None:
@@ -189,7 +204,7 @@ class Responder:
                         seq = chunk.seq + 1
                         if chunk.done:
                             break
-            except Exception as exc:  # noqa: BLE001 - the engine failed: tell the user, keep serving
+            except Exception as exc:
                 log.exception("request failed in the engine")
                 self._send_chunk(req, self._error_chunk(req, seq, f"model node error: {type(exc).__name__}"))
             self.served += 1

@@ -35,25 +35,26 @@ async def test_tampered_reply_is_rejected_by_the_client(autojump_clock):
     async with trio.open_nursery() as nursery:
         net = await start_echo_overlay(nursery, 15)
         model = net.model
-        real = model.responder.handler
+        real = model.handle
 
-        async def forge(req):  # the node's last chunk altered after signing
-            async with aclosing(real(req)) as chunks:
+        async def forge(req, *origin):  # the node's last chunk altered after signing
+            async with aclosing(real(req, *origin)) as chunks:
                 async for c in chunks:
                     if c.done and c.signature:
-                        c = dataclasses.replace(c, token_ids=c.token_ids + (1,))
+                        c = dataclasses.replace(c, token_ids=(*c.token_ids, 1))
                     yield c
 
-        model.responder.handler = forge
+        model.handle = forge
         with pytest.raises(ReplyUnverified, match="hash chain"):
             await collect(net.users[0].client, "a reply that will be altered")
         nursery.cancel_scope.cancel()
 
 
 def altered(real, change):
-    """A handler that yields ``real``'s signed chunks with ``change(chunk)`` applied after signing."""
-    async def handler(req):
-        async with aclosing(real(req)) as chunks:
+    """A reply stream (``ModelNode.handle``) that yields ``real``'s signed chunks with ``change(chunk)``
+    applied after signing."""
+    async def handler(req, *origin):
+        async with aclosing(real(req, *origin)) as chunks:
             async for c in chunks:
                 yield change(c)
     return handler
@@ -65,8 +66,8 @@ async def test_tampered_text_with_untouched_ids_is_refused_and_never_shown(autoj
     async with trio.open_nursery() as nursery:
         net = await start_echo_overlay(nursery, 15, echo_delay=0.05)
         model = net.model
-        model.responder.handler = altered(
-            model.responder.handler, lambda c: dataclasses.replace(c, text=c.text.replace("safe", "harm"))
+        model.handle = altered(
+            model.handle, lambda c: dataclasses.replace(c, text=c.text.replace("safe", "harm"))
         )
         shown: list[str] = []
         with pytest.raises(ReplyUnverified, match="hash chain") as info:
@@ -81,8 +82,8 @@ async def test_a_truncated_reply_passed_off_as_complete_is_refused(autojump_cloc
     async with trio.open_nursery() as nursery:
         net = await start_echo_overlay(nursery, 15, echo_delay=0.05)
         model = net.model
-        model.responder.handler = altered(model.responder.handler,
-                                          lambda c: dataclasses.replace(c, done=True) if c.seq == 1 else c)
+        model.handle = altered(model.handle,
+                               lambda c: dataclasses.replace(c, done=True) if c.seq == 1 else c)
         with pytest.raises(ReplyUnverified, match="signature"):
             await collect(net.users[0].client, "a b c d e f g h")
         nursery.cancel_scope.cancel()
@@ -92,11 +93,11 @@ async def test_chunks_spliced_from_another_reply_are_refused(autojump_clock):
     async with trio.open_nursery() as nursery:
         net = await start_echo_overlay(nursery, 15)
         model = net.model
-        real = model.responder.handler
+        real = model.handle
         donor: list[ReplyChunk] = []
 
-        async def splice(req):  # the first reply is recorded; the second gets its signed chunk 1
-            async with aclosing(real(req)) as chunks:
+        async def splice(req, *origin):  # the first reply is recorded; the second gets its signed chunk 1
+            async with aclosing(real(req, *origin)) as chunks:
                 async for c in chunks:
                     if len(donor) < 2:
                         donor.append(c)
@@ -104,7 +105,7 @@ async def test_chunks_spliced_from_another_reply_are_refused(autojump_clock):
                         c = dataclasses.replace(donor[0], request_id=c.request_id)
                     yield c
 
-        model.responder.handler = splice
+        model.handle = splice
         await collect(net.users[0].client, "first reply words here")
         with pytest.raises(ReplyUnverified, match="hash chain"):  # signed, but chained to another request
             await collect(net.users[0].client, "first reply words here, asked again")
@@ -140,14 +141,14 @@ async def test_failover_when_the_serving_node_dies_mid_reply(autojump_clock):
 
         nursery.start_soon(kill_soon)
         arrived: list[float] = []
-        async for c in client.request("echo", [ChatMessage("user", text)], PARAMS, node=first_node, timeout=60):
+        async for c in client.request("echo", [ChatMessage("user", text)], PARAMS, node=first_node, chunk_timeout=60):
             got.append(c)
             arrived.append(trio.current_time())
         assert "".join(c.text for c in got) == text  # complete, no repeated words
         second = net.models[1].identity.node_id
         assert got[0].node == first_node and got[-1].node == second
         # the proxies' model-lost signals, not a silence timeout, moved the reply: the next
-        # chunk came well within the 3 s target (virtual time), far below ``timeout``
+        # chunk came well within the 3 s target (virtual time), far below ``chunk_timeout``
         assert client.failovers == {"lost": 1}
         switch = next(i for i, c in enumerate(got) if c.node == second)
         assert arrived[switch] - arrived[switch - 1] < 3.0
@@ -157,9 +158,10 @@ async def test_failover_when_the_serving_node_dies_mid_reply(autojump_clock):
 
 
 def failing_after(real, n_chunks, error):
-    """A handler that passes ``n_chunks`` chunks of ``real`` on, then answers ``error``."""
-    async def handler(req):
-        async with aclosing(real(req)) as chunks:
+    """A reply stream (``ModelNode.handle``) that passes ``n_chunks`` chunks of ``real`` on, then
+    answers ``error``."""
+    async def handler(req, *origin):
+        async with aclosing(real(req, *origin)) as chunks:
             async for c in chunks:
                 if c.seq == n_chunks:
                     yield dataclasses.replace(c, text="", token_ids=(), done=True, error=error, chain=b"",
@@ -173,11 +175,11 @@ async def test_an_error_reply_mid_reply_fails_over_at_once(autojump_clock):
     async with trio.open_nursery() as nursery:
         net = await start_echo_overlay(nursery, 15, models=2, echo_delay=0.05)
         bad, good = net.models
-        bad.responder.handler = failing_after(bad.responder.handler, 3, "model node error: RuntimeError")
+        bad.handle = failing_after(bad.handle, 3, "model node error: RuntimeError")
         client = net.users[0].client
         text = " ".join(f"w{j}" for j in range(40))
         t0 = trio.current_time()
-        got = await collect(client, text, node=bad.identity.node_id, timeout=60)
+        got = await collect(client, text, node=bad.identity.node_id, chunk_timeout=60)
         assert "".join(c.text for c in got) == text
         assert [c.node for c in got][:3] == [bad.identity.node_id] * 3 and got[-1].node == good.identity.node_id
         assert client.failovers == {"error": 1}
@@ -189,22 +191,22 @@ async def test_a_silent_node_is_left_after_a_few_of_its_chunk_gaps(autojump_cloc
     async with trio.open_nursery() as nursery:
         net = await start_echo_overlay(nursery, 15, models=2, echo_delay=0.05)
         stuck, good = net.models
-        real = stuck.responder.handler
+        real = stuck.handle
 
-        async def hang(req):  # a node that stops sending but keeps its connections (no proxy signal)
-            async with aclosing(real(req)) as chunks:
+        async def hang(req, *origin):  # a node that stops sending but keeps its connections (no proxy signal)
+            async with aclosing(real(req, *origin)) as chunks:
                 async for c in chunks:
                     if c.seq == 5:
                         await trio.sleep_forever()
                     yield c
 
-        stuck.responder.handler = hang
+        stuck.handle = hang
         client = net.users[0].client
         text = " ".join(f"w{j}" for j in range(40))
         arrived: list[float] = []
         got = []
         async for c in client.request("echo", [ChatMessage("user", text)], PARAMS, node=stuck.identity.node_id,
-                                      timeout=60):
+                                      chunk_timeout=60):
             got.append(c)
             arrived.append(trio.current_time())
         assert "".join(c.text for c in got) == text and client.failovers == {"silent": 1}
@@ -222,7 +224,7 @@ async def test_a_single_proxy_claiming_the_node_gone_does_not_move_the_reply(aut
         client = user.client
         text = " ".join(f"w{j}" for j in range(40))
         got = []
-        async for c in client.request("echo", [ChatMessage("user", text)], PARAMS, node=first, timeout=60):
+        async for c in client.request("echo", [ChatMessage("user", text)], PARAMS, node=first, chunk_timeout=60):
             got.append(c)
             if len(got) == 3:  # one (lying) proxy: its own path counts as lost, k=3 of n=4 remain
                 lying = next(p for p in user.paths.paths if p.watchers)
@@ -254,7 +256,7 @@ async def test_no_failover_candidate_gives_a_clear_error(autojump_clock):
 
         nursery.start_soon(kill_soon)
         with pytest.raises(AnonError, match="no reply from model node"):
-            await collect(client, " ".join(["word"] * 50), timeout=5)
+            await collect(client, " ".join(["word"] * 50), chunk_timeout=5)
         nursery.cancel_scope.cancel()
 
 

@@ -8,7 +8,6 @@ clock again would see no time pass (or wall-clock time) and fail these tests.
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -24,7 +23,7 @@ from overlay.net.peers import PeerEntry
 from overlay.net.transport import MemoryNetwork, MemoryTransport
 from overlay.wire.clock import FakeClock, TrioClock
 from overlay.wire.identity import Identity
-from overlay.wire.messages import PROXY_PATH_ID_LEN, Create, Deliver, PeerStatus, PeerStatusRequest, ReplyChunk, Request
+from overlay.wire.messages import PROXY_PATH_ID_LEN, Create, Deliver, PeerStatus, PeerStatusRequest
 
 # --------------------------------------------------------------------------- the clocks themselves
 
@@ -118,11 +117,6 @@ def test_path_manager_avoids_a_failed_paths_relays_for_the_suspect_period_of_its
 # --------------------------------------------------------------------------- Responder
 
 
-async def _never(req: Request) -> AsyncIterator[ReplyChunk]:
-    raise AssertionError("an incomplete request must never reach the handler")
-    yield  # pragma: no cover
-
-
 class _Conn:
     def __init__(self, peer: bytes) -> None:
         self.peer = peer
@@ -132,13 +126,13 @@ async def test_responder_reassembler_ttl_follows_trio_mock_clock(autojump_clock:
     """k−1 cloves of a request wait in the reassembler; once trio's (mock) clock passes the
     TTL, the responder's sweep drops them. On the system clock no time would have passed."""
     ident = Identity.generate()
-    responder = Responder(ident, _never, lambda peer, msg: True, lambda node_id: None)
+    responder = Responder(ident, lambda peer, msg: True, lambda node_id: None)
     cloves = sida.split(b"a request that never completes", 4, 3)
     async with trio.open_nursery() as nursery:
         await nursery.start(responder.run)
         for c in cloves[:2]:
             sealed = seal_to(ident.x25519_public, sida.encode_clove(c))
-            await responder.on_deliver(_Conn(os.urandom(20)), Deliver(os.urandom(PROXY_PATH_ID_LEN), sealed))
+            assert await responder.on_deliver(_Conn(os.urandom(20)), Deliver(os.urandom(PROXY_PATH_ID_LEN), sealed)) is None
         assert len(responder.reassembler) == 1
         await trio.sleep(responder.reassembler.ttl - 1)
         assert len(responder.reassembler) == 1  # swept every 10 s, but not yet expired
@@ -152,7 +146,7 @@ async def test_responder_rate_limit_refills_on_its_clock() -> None:
     """Each proxy's token bucket refills with the injected clock, not the system's."""
     ident = Identity.generate()
     clock = FakeClock()
-    responder = Responder(ident, _never, lambda peer, msg: True, lambda node_id: None,
+    responder = Responder(ident, lambda peer, msg: True, lambda node_id: None,
                           delivers_per_s=1.0, deliver_burst=2.0, clock=clock)
     proxy = _Conn(os.urandom(20))
     junk = Deliver(os.urandom(PROXY_PATH_ID_LEN), b"not sealed")
