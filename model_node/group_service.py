@@ -183,7 +183,7 @@ class GroupService:
 
     async def _ping(self, entry: PeerEntry) -> None:
         try:
-            rtt = await self.node.ping(entry, timeout=FORWARD_TIMEOUT)
+            rtt = await self.node.ping(entry, pong_timeout=FORWARD_TIMEOUT)
         except TransportError as exc:
             log.debug("no round trip to model node %s: %s", short_id(entry.node_id), exc)
             return

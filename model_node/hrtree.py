@@ -243,7 +243,7 @@ class _TNode:
     """A tree node: ``edge`` = the hash units from the parent, ``mask`` = slots holding this
     prefix (constant along the edge), ``children`` keyed by the first unit of their edge."""
 
-    __slots__ = ("edge", "children", "mask")
+    __slots__ = ("children", "edge", "mask")
 
     def __init__(self, edge: bytes, children: dict[int, _TNode] | None, mask: int) -> None:
         self.edge = edge

@@ -564,7 +564,7 @@ class VllmEngine:
             fut.cancel()
         try:
             return fut.result()
-        except Exception as exc:  # noqa: BLE001 - reported to the caller as an engine error
+        except Exception as exc:
             raise EngineError(f"vLLM failed: {exc}") from exc
 
     # ----------------------------------------------------------------- Engine

@@ -50,6 +50,8 @@ from overlay.wire.identity import Identity, node_id_of
 from overlay.wire.messages import CellBack, CellFwd, Create, Deliver, Destroy, PathReady, Request, ReturnClove
 
 SETTLE = 1.0  # seconds (of the test's clock) that let every queued frame be delivered and handled
+RAW_RECEIVE_S = 15.0  # seconds (of the test's clock) a RawPeer waits for a message: a test fails, never hangs
+POLL_S = 0.01  # seconds (of the test's clock) between two looks of wait_until
 
 
 class Servable(Protocol):
@@ -183,9 +185,10 @@ class RawPeer:
     async def send_raw(self, data: bytes) -> None:
         await self.stream.send_all(data)
 
-    async def receive(self, timeout: float = 15.0) -> Any | None:
-        """The next message, or ``None`` once the other side has closed."""
-        with trio.fail_after(timeout):
+    async def receive(self) -> Any | None:
+        """The next message, or ``None`` once the other side has closed; :class:`trio.TooSlowError`
+        after :data:`RAW_RECEIVE_S` without either (a caller's cancel scope may bound it tighter)."""
+        with trio.fail_after(RAW_RECEIVE_S):
             while True:
                 msg = self.decoder.next_message()
                 if msg is not None:
@@ -198,10 +201,10 @@ class RawPeer:
                     return None
                 self.decoder.feed(data)
 
-    async def drain(self, timeout: float = 15.0) -> list[Any]:
-        """Every message until the other side closes."""
+    async def drain(self) -> list[Any]:
+        """Every message until the other side closes (each within :data:`RAW_RECEIVE_S`)."""
         out = []
-        while (msg := await self.receive(timeout)) is not None:
+        while (msg := await self.receive()) is not None:
             out.append(msg)
         return out
 
@@ -230,13 +233,18 @@ async def settle(seconds: float = SETTLE) -> None:
     await trio.sleep(seconds)
 
 
-async def wait_until(predicate: Callable[[], object], timeout: float = 15.0, what: str = "condition") -> None:
-    """Poll ``predicate()`` until true; fail after ``timeout`` seconds of the test's clock."""
-    with trio.move_on_after(timeout):
-        while not predicate():
-            await trio.sleep(0.01)
-        return
-    raise AssertionError(f"timed out waiting for {what}")
+async def wait_until(predicate: Callable[[], object]) -> None:
+    """Return once ``predicate()`` is true. The caller bounds the wait on the test's clock::
+
+        with trio.fail_after(15):
+            await wait_until(lambda: node.queued_bytes == 0)
+    """
+    # Polled: the predicate reads whatever state a test names, and that state has no event to
+    # wait on (a trio.Event belongs to the code that owns the state, not to a test's helper).
+    while True:
+        if predicate():
+            return
+        await trio.sleep(POLL_S)
 
 
 def warnings_logged(records: Iterable[logging.LogRecord]) -> list[str]:
@@ -258,9 +266,9 @@ def record_requests(node: _Responding) -> list[Request]:
     responder = node.responder
     accept = responder.accept
 
-    def spy(req: Request, handler: ReplyStream | None = None) -> bool:
+    def spy(req: Request, reply: ReplyStream) -> bool:
         seen.append(req)
-        return accept(req, handler)
+        return accept(req, reply)
 
     responder.accept = spy  # type: ignore[method-assign]
     return seen

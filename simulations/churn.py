@@ -32,7 +32,7 @@ from __future__ import annotations
 import random
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from overlay.anon import onion
@@ -75,6 +75,7 @@ class _World:
     entries: dict[bytes, PeerEntry]
     online: set[bytes]
     next_id: int = 0
+    listed: list[PeerEntry] = field(default_factory=list)  # the directory's snapshot (:meth:`refresh`)
 
     def join(self) -> bytes:
         self.next_id += 1
@@ -83,6 +84,137 @@ class _World:
         self.entries[nid] = PeerEntry(nid, "sim", bytes(32), key.public_bytes)
         self.online.add(nid)
         return nid
+
+    def refresh(self) -> None:
+        """A new directory snapshot: the nodes online now."""
+        self.listed = [self.entries[x] for x in sorted(self.online)]
+
+    def churn(self, rate: float, keep: int, staying: set[bytes]) -> list[bytes]:
+        """One second's departures: a Poisson number (mean ``rate``) of online nodes, none of
+        ``staying`` and never fewer than ``keep`` left online, each replaced by a new node; the
+        nodes that left."""
+        leaving = min(_poisson(self.rng, rate), len(self.online) - keep)
+        gone = self.rng.sample(sorted(self.online - staying), leaving) if leaving else []
+        for nid in gone:
+            self.online.discard(nid)
+            self.join()
+        return gone
+
+
+@dataclass
+class _Repairs:
+    """The tracked users' real path managers (``ours_repair``), fed the events they get in the
+    product: builds that finish (or fail) ``BUILD_S`` after they start, and relays' departures."""
+
+    clock: FakeClock
+    managers: list[PathManager] = field(default_factory=list)
+    watch: dict[bytes, set[tuple[int, Path]]] = field(
+        default_factory=lambda: defaultdict(set))  # relay -> (manager index, path)
+    building: list[tuple[float, int, Path]] = field(default_factory=list)  # (due, manager index, path)
+    started: int = 0
+    failed: int = 0
+
+    def start(self, i: int) -> None:
+        """Manager ``i`` starts builds up to its target."""
+        pm = self.managers[i]
+        while len(pm.paths) < pm.target:
+            path = pm.start_build()
+            self.started += 1
+            if path.dead:  # first relay unreachable: the manager dropped it and marked suspects
+                self.failed += 1
+                continue
+            for r in path.relays:
+                self.watch[r.node_id].add((i, path))
+            self.building.append((self.clock.monotonic() + BUILD_S, i, path))
+
+    def finish_builds(self, now: float, online: set[bytes]) -> None:
+        """Builds that finish now: ready if every relay is still online, else destroyed (and their
+        manager builds again; those new builds are due later)."""
+        still = []
+        for due, i, path in self.building:  # start() appends to it as it goes
+            if path.dead:
+                continue
+            if due > now:
+                still.append((due, i, path))
+            elif all(r.node_id in online for r in path.relays):
+                path.ready.set()
+            else:
+                self.failed += 1
+                self.managers[i].on_destroy(path, Destroy(path.link_id, "relay left"))
+                self.start(i)
+        self.building[:] = still
+
+    def notice(self, nid: bytes) -> None:
+        """Relay ``nid`` left, and the users whose ready paths go through it notice (the first
+        hop's user: a lost peer; a later hop's: the Destroy its predecessor sends); they rebuild."""
+        for i, path in sorted(self.watch.pop(nid, set()), key=lambda x: (x[0], x[1].link_id)):
+            if path.dead or not path.ready.is_set():
+                continue
+            pm = self.managers[i]
+            if path.first == nid:
+                pm.on_peer_lost(nid)
+            else:
+                pm.on_destroy(path, Destroy(path.link_id, "next hop lost"))
+            self.start(i)
+
+    def surviving(self, online: set[bytes], k: int) -> int:
+        """Users with at least ``k`` ready paths whose relays are all online."""
+        return sum(sum(all(r.node_id in online for r in p.relays) for p in pm.ready_paths()) >= k
+                   for pm in self.managers)
+
+
+def _paths_at_start(world: _World, users: list[bytes], repairs: _Repairs, n: int, seed: int,
+                    choose: Callable[..., list[PeerEntry]], rng: random.Random) -> dict[str, list[list[list[bytes]]]]:
+    """Every tracked user's paths at t = 0 in the static designs (relays by node id), and its path
+    manager in ``repairs``, its paths built and ready (they exist before the clock starts, as in
+    the paper)."""
+    directory = world.listed
+    static: dict[str, list[list[list[bytes]]]] = {d: [] for d in ("onion", "garlic_cast", "ours")}
+    for i, u in enumerate(users):
+        in_use: set[bytes] = set()
+        ours = []
+        for _ in range(n):
+            relays = choose(directory, u, in_use, lambda _r: False, rng)
+            in_use.update(r.node_id for r in relays)
+            ours.append([r.node_id for r in relays])
+        static["ours"].append(ours)
+        static["onion"].append(ours[:1])
+        others = [e.node_id for e in directory if e.node_id != u]
+        static["garlic_cast"].append([[rng.choice(others) for _ in range(GC_HOPS)] for _ in range(n)])
+        pm = PathManager(_Node(u, world.online), lambda: world.listed, target=n,
+                         rng=random.Random(seed * 7919 + i), clock=repairs.clock)
+        repairs.managers.append(pm)
+        repairs.start(i)
+    for _, _, path in repairs.building:
+        path.ready.set()
+    repairs.building.clear()
+    return static
+
+
+def _survival(static: dict[str, list[list[list[bytes]]]], repairs: _Repairs, online: set[bytes], k: int,
+              tracked: int) -> dict[str, float]:
+    """Each design's share of the tracked users that can still communicate."""
+    out: dict[str, float] = {}
+    for d in ("onion", "garlic_cast", "ours"):
+        need = 1 if d == "onion" else k
+        alive = sum(sum(all(r in online for r in p) for p in paths) >= need for paths in static[d])
+        out[d] = alive / tracked
+    out["ours_repair"] = repairs.surviving(online, k) / tracked
+    return out
+
+
+def _figures(times: list[int], series: dict[str, list[float]], repairs: _Repairs, tracked: int) -> dict[str, float]:
+    """Survival of each design at the end and at 5, 10 and 15 minutes; the repairing users' builds."""
+    figures: dict[str, float] = {}
+    for d in DESIGNS:
+        figures[f"survival_{d}_end"] = series[d][-1]
+        for minute in (5, 10, 15):
+            idx = min(range(len(times)), key=lambda j: abs(times[j] - minute * 60))
+            if abs(times[idx] - minute * 60) < SAMPLE_EVERY_S:
+                figures[f"survival_{d}_{minute}min"] = series[d][idx]
+    figures["repair_builds_per_user"] = repairs.started / tracked
+    figures["repair_failed_builds_per_user"] = repairs.failed / tracked
+    return figures
 
 
 def simulate(seed: int, *, n_users: int = N_USERS, churn_per_min: float = CHURN_PER_MIN,
@@ -96,121 +228,40 @@ def simulate(seed: int, *, n_users: int = N_USERS, churn_per_min: float = CHURN_
         world.join()
     users = rng.sample(sorted(world.online), tracked)
     user_set = set(users)
-    clock = FakeClock()
-    directory: list[PeerEntry] = [world.entries[x] for x in sorted(world.online)]
-
-    static: dict[str, list[list[list[bytes]]]] = {d: [] for d in ("onion", "garlic_cast", "ours")}
-    managers: list[PathManager] = []
-    watch: dict[bytes, set[tuple[int, Path]]] = defaultdict(set)  # relay -> (manager index, path)
-    building: list[tuple[float, int, Path]] = []
-    builds = [0, 0]  # started, failed
-
-    def start(i: int) -> None:
-        pm = managers[i]
-        while len(pm.paths) < pm.target:
-            path = pm.start_build()
-            builds[0] += 1
-            if path.dead:  # first relay unreachable: the manager dropped it and marked suspects
-                builds[1] += 1
-                continue
-            for r in path.relays:
-                watch[r.node_id].add((i, path))
-            building.append((clock.monotonic() + BUILD_S, i, path))
-
-    for i, u in enumerate(users):
-        in_use: set[bytes] = set()
-        ours = []
-        for _ in range(n):
-            relays = choose(directory, u, in_use, lambda _r: False, rng)
-            in_use.update(r.node_id for r in relays)
-            ours.append([r.node_id for r in relays])
-        static["ours"].append(ours)
-        static["onion"].append(ours[:1])
-        others = [e.node_id for e in directory if e.node_id != u]
-        static["garlic_cast"].append([[rng.choice(others) for _ in range(GC_HOPS)] for _ in range(n)])
-        pm = PathManager(_Node(u, world.online), lambda: directory, target=n, rng=random.Random(seed * 7919 + i),
-                         clock=clock)
-        managers.append(pm)
-        start(i)
-    for _, _, path in building:  # the paths exist before the clock starts (as in the paper)
-        path.ready.set()
-    building.clear()
+    world.refresh()
+    repairs = _Repairs(FakeClock())
+    static = _paths_at_start(world, users, repairs, n, seed, choose, rng)
 
     pending_detect: list[tuple[float, bytes]] = []
     times: list[int] = []
     series: dict[str, list[float]] = {d: [] for d in DESIGNS}
     rate = churn_per_min / 60.0
     for t in range(duration_s + 1):
-        clock.advance(1.0 if t else 0.0)
-        now = clock.monotonic()
-        if t:
-            # departures and joins this second (tracked users stay)
-            leaving = min(_poisson(rng, rate), len(world.online) - tracked - onion.HOPS * n)
-            candidates = rng.sample(sorted(world.online - user_set), leaving) if leaving else []
-            for nid in candidates:
-                world.online.discard(nid)
-                pending_detect.append((now + DETECT_S, nid))
-                world.join()
+        repairs.clock.advance(1.0 if t else 0.0)
+        now = repairs.clock.monotonic()
+        if t:  # departures and joins this second (tracked users stay)
+            gone = world.churn(rate, tracked + onion.HOPS * n, user_set)
+            pending_detect.extend((now + DETECT_S, nid) for nid in gone)
             if t % int(DIRECTORY_REFRESH_S) == 0:
-                directory = [world.entries[x] for x in sorted(world.online)]
-        # builds that finish now: ready if every relay is still online, else destroyed
-        still = []
-        for due, i, path in building:
-            if path.dead:
-                continue
-            if due > now:
-                still.append((due, i, path))
-            elif all(r.node_id in world.online for r in path.relays):
-                path.ready.set()
-            else:
-                builds[1] += 1
-                managers[i].on_destroy(path, Destroy(path.link_id, "relay left"))
-                start(i)
-        building[:] = still
-        # relay departures noticed now
-        later = []
-        for due, nid in pending_detect:
-            if due > now:
-                later.append((due, nid))
-                continue
-            for i, path in sorted(watch.pop(nid, set()), key=lambda x: (x[0], x[1].link_id)):
-                if path.dead or not path.ready.is_set():
-                    continue
-                pm = managers[i]
-                if path.first == nid:
-                    pm.on_peer_lost(nid)
-                else:
-                    pm.on_destroy(path, Destroy(path.link_id, "next hop lost"))
-                start(i)
-        pending_detect[:] = later
+                world.refresh()
+        repairs.finish_builds(now, world.online)
+        for _, nid in [(due, nid) for due, nid in pending_detect if due <= now]:  # departures noticed now
+            repairs.notice(nid)
+        pending_detect[:] = [(due, nid) for due, nid in pending_detect if due > now]
         if t % SAMPLE_EVERY_S == 0:
             times.append(t)
-            on = world.online
-            for d in ("onion", "garlic_cast", "ours"):
-                need = 1 if d == "onion" else k
-                alive = sum(sum(all(r in on for r in p) for p in paths) >= need for paths in static[d])
-                series[d].append(alive / tracked)
-            ok = sum(sum(all(r.node_id in on for r in p.relays) for p in pm.ready_paths()) >= k for pm in managers)
-            series["ours_repair"].append(ok / tracked)
+            for d, share in _survival(static, repairs, world.online, k, tracked).items():
+                series[d].append(share)
             if progress is not None:
                 progress.step(f"t = {t} s, ours {series['ours'][-1]:.2f}, with repair {series['ours_repair'][-1]:.2f}")
 
-    figures: dict[str, float] = {}
-    for d in DESIGNS:
-        figures[f"survival_{d}_end"] = series[d][-1]
-        for minute in (5, 10, 15):
-            idx = min(range(len(times)), key=lambda j: abs(times[j] - minute * 60))
-            if abs(times[idx] - minute * 60) < SAMPLE_EVERY_S:
-                figures[f"survival_{d}_{minute}min"] = series[d][idx]
-    figures["repair_builds_per_user"] = builds[0] / tracked
-    figures["repair_failed_builds_per_user"] = builds[1] / tracked
     params: dict[str, Any] = {
         "users": n_users, "churn_per_min": churn_per_min, "duration_s": duration_s, "tracked_users": tracked,
         "n": n, "k": k, "hops": onion.HOPS, "garlic_cast_hops": GC_HOPS, "detect_s": DETECT_S, "build_s": BUILD_S,
         "directory_refresh_s": DIRECTORY_REFRESH_S, "seed": seed,
         "per_node_survival_15min": _node_survival(churn_per_min, n_users, 15),
     }
-    return Result("churn", params, figures, {"t_s": times, **series})
+    return Result("churn", params, _figures(times, series, repairs, tracked), {"t_s": times, **series})
 
 
 def _node_survival(churn_per_min: float, n_users: int, minutes: float) -> float:

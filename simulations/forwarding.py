@@ -349,133 +349,159 @@ def oracle_choice(engines: Sequence[_Engine], job: Job, now: float, costs: dict[
                key=lambda i: (engines[i].predict_ttft(job, now, costs), engines[i].free_at, i))
 
 
-def play(jobs: Sequence[Job], policy: str, costs: dict[str, Any], *, nodes: int = MODEL_NODES, seed: int = 0,
-         config: GroupConfig | None = None, variant: Variant | None = None) -> dict[str, float]:
-    """Play ``jobs`` on ``nodes`` model nodes forwarding by ``policy`` (one of :data:`POLICIES`
-    or :data:`VARIANTS`); returns the figures. ``variant`` replaces the named HR-tree
-    variant's settings (for experiments: ``policy`` is then only a label)."""
-    ids = [i.to_bytes(20, "big") for i in range(1, nodes + 1)]
-    if config is None:  # the threshold in seconds of work: REQUESTS_THRESHOLD requests of this workload
-        mean_cost = sum((j.prefix_len + j.suffix_len) * costs["prefill_s_per_token"]
-                        + j.output * costs["decode_s_per_token"] for j in jobs) / max(1, len(jobs))
-        config = GroupConfig(load_threshold=REQUESTS_THRESHOLD * mean_cost, rule="alg2")  # the paper's rule
-    states = [GroupState(x, ids, config=config) for x in ids]
-    by_id = {x: i for i, x in enumerate(ids)}
-    engines = [_Engine() for _ in ids]
-    decide: Policy
-    var = variant if variant is not None else VARIANTS.get(policy)
+def _default_config(jobs: Sequence[Job], costs: dict[str, Any]) -> GroupConfig:
+    """The paper's rule (Algorithm 2), its load threshold in seconds of work: REQUESTS_THRESHOLD
+    requests of this workload."""
+    mean_cost = sum((j.prefix_len + j.suffix_len) * costs["prefill_s_per_token"]
+                    + j.output * costs["decode_s_per_token"] for j in jobs) / max(1, len(jobs))
+    return GroupConfig(load_threshold=REQUESTS_THRESHOLD * mean_cost, rule="alg2")
+
+
+class _Group:
+    """The model-node group :func:`play` drives: each node's :class:`GroupState` (what it knows)
+    and :class:`_Engine` (what it does), the sync rounds between the states, and what an HR-tree
+    variant ``var`` knows besides."""
+
+    def __init__(self, nodes: int, config: GroupConfig, costs: dict[str, Any], var: Variant | None) -> None:
+        self.ids = [i.to_bytes(20, "big") for i in range(1, nodes + 1)]
+        self.states = [GroupState(x, self.ids, config=config) for x in self.ids]
+        self.by_id = {x: i for i, x in enumerate(self.ids)}
+        self.engines = [_Engine() for _ in self.ids]
+        self.costs = costs
+        self.var = var
+        self.prefix_tokens: dict[tuple[str, int], list[int]] = {}
+        self.snapshot: list[Load] = []  # the engines' loads at the last load_s instant (a variant's fresh loads)
+        self.snap_at = -math.inf
+        self.applied = [-math.inf] * nodes  # the snapshot each entry's table last took
+        self.pushed = [[-math.inf] * nodes for _ in range(nodes)]  # per entry and peer: the last pushed report taken
+        self.next_sync = 0.0
+
+    def free_times(self) -> dict[bytes, float]:
+        return {x: e.free_at for x, e in zip(self.ids, self.engines, strict=True)}
+
+    def prefix_of(self, key: tuple[str, int], n: int) -> list[int]:
+        if key not in self.prefix_tokens:
+            self.prefix_tokens[key] = _prefix_tokens(key, n)
+        return self.prefix_tokens[key]
+
+    def sync(self, now: float) -> None:
+        """One sync round: every node's load and prefixes into its state, then the states' messages."""
+        var = self.var
+        for st, eng in zip(self.states, self.engines, strict=True):
+            st.set_local_load(eng.load(now, self.costs))
+            keys = list(eng.cache) if var is not None and var.prefixes == "tree_queued" else eng.visible_prefixes(now)
+            st.set_local_prefixes([self.prefix_of(k, eng.cache[k]) for k in keys])
+        for st in self.states:
+            self.deliver(st.self_id, st.tick(now), now)
+        for row in self.pushed:  # the round's reports are newer than any change before it
+            row[:] = [max(t, now) for t in row]
+
+    def deliver(self, sender: bytes, sends: Sequence[Any], now: float) -> None:
+        queue = [(sender, s) for s in sends]
+        while queue:
+            src, s = queue.pop(0)
+            queue += [(s.peer, r) for r in self.states[self.by_id[s.peer]].on_message(src, s.msg, now)]
+
+    def fresh_loads(self, entry: int, now: float) -> None:
+        """A variant's knowledge at a decision: its own load now, peers' loads as of the
+        last ``load_s`` instant (as if each had just reported: no forwards pending)."""
+        var = self.var
+        assert var is not None
+        st = self.states[entry]
+        if var.local_load:
+            st.set_local_load(self.engines[entry].load(now, self.costs))
+        if var.push:
+            for peer, ps in st.peers.items():
+                i = self.by_id[peer]
+                changed = self.engines[i].last_change(now)
+                if ps.load is not None and changed > self.pushed[entry][i]:
+                    self.pushed[entry][i] = changed
+                    ps.load = self.engines[i].load(changed, self.costs)
+        if var.load_s is None:
+            return
+        due = now if var.load_s <= 0 else math.floor(now / var.load_s) * var.load_s
+        if due > self.snap_at:
+            self.snapshot = [e.load(due, self.costs) for e in self.engines]
+            self.snap_at = due
+        if self.applied[entry] < self.snap_at:
+            self.applied[entry] = self.snap_at
+            for peer, ps in st.peers.items():
+                if ps.load is not None:
+                    ps.load = dataclasses.replace(self.snapshot[self.by_id[peer]])
+
+    def exact_decide(self, entry: int, job: Job, tokens: Sequence[int]) -> Decision:
+        """A variant with ``prefixes="exact"``: the holders are the engines caching the prefix now."""
+        var = self.var
+        assert var is not None
+        st = self.states[entry]
+        table = st.table()
+        holders = frozenset(self.ids[i] for i, e in enumerate(self.engines)
+                            if job.key in e.cache and self.ids[i] in table)
+        found = Match(10**6 if holders else 0, holders)
+        if var.rule == "ttft":
+            return least_ttft(st, tokens, found, job.prefix_len,
+                              free_at=self.free_times() if var.ties == "idle" else None)
+        return st.count(algorithm2(st.self_id, table, found, tau_c=st.tau_c,
+                                   load_threshold=st.config.load_threshold), len(tokens))
+
+    def route(self, job: Job, decide: Policy) -> tuple[int, bool]:
+        """``(the engine that serves job, forwarded?)``: its entry decides (``decide``, or the
+        variant's exact rule) after the sync rounds due by its arrival and what the variant knows."""
+        while self.next_sync <= job.at:
+            self.sync(self.next_sync)
+            self.next_sync += SYNC_S
+        st = self.states[job.entry]
+        tokens = self.prefix_of(job.key, job.prefix_len) + _suffix_tokens(job.suffix_seed, job.suffix_len)
+        self.deliver(st.self_id, st.observe(tokens, job.at), job.at)
+        var = self.var
+        if var is not None:
+            self.fresh_loads(job.entry, job.at)
+        if var is not None and var.prefixes == "exact":
+            d = self.exact_decide(job.entry, job, tokens)
+        else:
+            d = decide(st, tokens)
+        return (job.entry if d.target is None else self.by_id[d.target]), d.target is not None
+
+
+def _policy(policy: str, var: Variant | None, seed: int, group: _Group) -> Policy:
+    """How an entry of ``group`` decides under ``policy`` (``var``: its HR-tree variant, if it is one)."""
     if var is not None:
         if (var.rule not in ("alg2", "ttft") or var.prefixes not in ("tree", "tree_queued", "exact")
                 or var.ties not in ("self", "idle")):
             raise ValueError(f"unknown variant {var}")
         if var.rule == "alg2":
-            decide = lambda st, tok: st.decide(tok)  # noqa: E731
-        elif var.ties == "idle":
-            decide = lambda st, tok: least_ttft(st, tok, free_at=free_times())  # noqa: E731
-        else:
-            decide = least_ttft
-    elif policy == "load":
-        decide = least_loaded
-    elif policy == "no_hrtree":
-        decide = RandomChoice(random.Random(seed))
-    elif policy == "oracle":
-        decide = least_loaded  # unused: the oracle reads the engines, not the group states
-    else:
-        raise ValueError(f"unknown policy {policy!r}; choose one of {POLICIES} or {tuple(VARIANTS)}")
-    prefix_tokens: dict[tuple[str, int], list[int]] = {}
+            return lambda st, tok: st.decide(tok)
+        if var.ties == "idle":
+            return lambda st, tok: least_ttft(st, tok, free_at=group.free_times())
+        return least_ttft
+    if policy == "load":
+        return least_loaded
+    if policy == "no_hrtree":
+        return RandomChoice(random.Random(seed))
+    if policy == "oracle":
+        return least_loaded  # unused: the oracle reads the engines, not the group states
+    raise ValueError(f"unknown policy {policy!r}; choose one of {POLICIES} or {tuple(VARIANTS)}")
 
-    def free_times() -> dict[bytes, float]:
-        return {x: e.free_at for x, e in zip(ids, engines, strict=True)}
 
-    def prefix_of(key: tuple[str, int], n: int) -> list[int]:
-        if key not in prefix_tokens:
-            prefix_tokens[key] = _prefix_tokens(key, n)
-        return prefix_tokens[key]
-
-    def sync(now: float) -> None:
-        for st, eng in zip(states, engines, strict=True):
-            st.set_local_load(eng.load(now, costs))
-            keys = list(eng.cache) if var is not None and var.prefixes == "tree_queued" else eng.visible_prefixes(now)
-            st.set_local_prefixes([prefix_of(k, eng.cache[k]) for k in keys])
-        for st in states:
-            deliver(st.self_id, st.tick(now), now)
-        for row in pushed:  # the round's reports are newer than any change before it
-            row[:] = [max(t, now) for t in row]
-
-    def deliver(sender: bytes, sends: Sequence[Any], now: float) -> None:
-        queue = [(sender, s) for s in sends]
-        while queue:
-            src, s = queue.pop(0)
-            queue += [(s.peer, r) for r in states[by_id[s.peer]].on_message(src, s.msg, now)]
-
-    snapshot: list[Load] = []  # the engines' loads at the last load_s instant (a variant's fresh loads)
-    snap_at = -math.inf
-    applied = [-math.inf] * nodes  # the snapshot each entry's table last took
-    pushed = [[-math.inf] * nodes for _ in range(nodes)]  # per entry and peer: the last pushed report taken
-
-    def fresh_loads(entry: int, now: float) -> None:
-        """A variant's knowledge at a decision: its own load now, peers' loads as of the
-        last ``load_s`` instant (as if each had just reported: no forwards pending)."""
-        nonlocal snapshot, snap_at
-        assert var is not None
-        st = states[entry]
-        if var.local_load:
-            st.set_local_load(engines[entry].load(now, costs))
-        if var.push:
-            for peer, ps in st.peers.items():
-                i = by_id[peer]
-                changed = engines[i].last_change(now)
-                if ps.load is not None and changed > pushed[entry][i]:
-                    pushed[entry][i] = changed
-                    ps.load = engines[i].load(changed, costs)
-        if var.load_s is None:
-            return
-        due = now if var.load_s <= 0 else math.floor(now / var.load_s) * var.load_s
-        if due > snap_at:
-            snapshot = [e.load(due, costs) for e in engines]
-            snap_at = due
-        if applied[entry] < snap_at:
-            applied[entry] = snap_at
-            for peer, ps in st.peers.items():
-                if ps.load is not None:
-                    ps.load = dataclasses.replace(snapshot[by_id[peer]])
-
-    def exact_decide(entry: int, job: Job, tokens: Sequence[int]) -> Decision:
-        """A variant with ``prefixes="exact"``: the holders are the engines caching the prefix now."""
-        assert var is not None
-        st = states[entry]
-        table = st.table()
-        holders = frozenset(ids[i] for i, e in enumerate(engines) if job.key in e.cache and ids[i] in table)
-        found = Match(10**6 if holders else 0, holders)
-        if var.rule == "ttft":
-            return least_ttft(st, tokens, found, job.prefix_len, free_at=free_times() if var.ties == "idle" else None)
-        return st.count(algorithm2(st.self_id, table, found, tau_c=st.tau_c,
-                                   load_threshold=st.config.load_threshold), len(tokens))
-
+def play(jobs: Sequence[Job], policy: str, costs: dict[str, Any], *, nodes: int = MODEL_NODES, seed: int = 0,
+         config: GroupConfig | None = None, variant: Variant | None = None) -> dict[str, float]:
+    """Play ``jobs`` on ``nodes`` model nodes forwarding by ``policy`` (one of :data:`POLICIES`
+    or :data:`VARIANTS`); returns the figures. ``variant`` replaces the named HR-tree
+    variant's settings (for experiments: ``policy`` is then only a label)."""
+    var = variant if variant is not None else VARIANTS.get(policy)
+    group = _Group(nodes, config if config is not None else _default_config(jobs, costs), costs, var)
+    decide = _policy(policy, var, seed, group)
     ttft: list[float] = []
     latency: list[float] = []
     hits = forwarded = 0
-    next_sync = 0.0
     for job in jobs:
         if policy == "oracle":  # no group state, sync or HR-tree: the engines' exact state now
-            server = oracle_choice(engines, job, job.at, costs)
-            forwarded += server != job.entry
+            server = oracle_choice(group.engines, job, job.at, costs)
+            moved = server != job.entry
         else:
-            while next_sync <= job.at:
-                sync(next_sync)
-                next_sync += SYNC_S
-            st = states[job.entry]
-            tokens = prefix_of(job.key, job.prefix_len) + _suffix_tokens(job.suffix_seed, job.suffix_len)
-            deliver(st.self_id, st.observe(tokens, job.at), job.at)
-            if var is not None:
-                fresh_loads(job.entry, job.at)
-            if var is not None and var.prefixes == "exact":
-                d = exact_decide(job.entry, job, tokens)
-            else:
-                d = decide(st, tokens)
-            server = job.entry if d.target is None else by_id[d.target]
-            forwarded += d.target is not None
-        t, lat, cached = engines[server].serve(job, job.at, costs)
+            server, moved = group.route(job, decide)
+        forwarded += moved
+        t, lat, cached = group.engines[server].serve(job, job.at, costs)
         ttft.append(t)
         latency.append(lat)
         hits += 2 * cached >= job.prefix_len + job.suffix_len

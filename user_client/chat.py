@@ -48,12 +48,11 @@ import trio
 
 from overlay.anon.client import AnonError, ReplyUnverified, usable_nodes
 from overlay.anon.paths import PathError
-from overlay.wire.clock import Clock, TrioClock
 from overlay.wire.constants import REPUTATION_SCALE
 from overlay.wire.failures import Failure
 from overlay.wire.messages import ChatMessage, ReplyChunk, SamplingParams
 from user_client.donate import Donor
-from user_client.transcripts import DonatingClient, TranscriptDonor
+from user_client.transcripts import EXIT_WAIT_S, DonatingClient, TranscriptDonor
 
 EXIT_OK = 0
 EXIT_OTHER = 1
@@ -113,7 +112,7 @@ class Client(Protocol):
 
     def request(self, model: str, messages: list[ChatMessage] | tuple[ChatMessage, ...],
                 params: SamplingParams | None = None, *, node: bytes | None = None,
-                timeout: float = 60.0) -> AsyncIterator[ReplyChunk]: ...
+                chunk_timeout: float = 60.0) -> AsyncIterator[ReplyChunk]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,8 +179,9 @@ class ChatSession:
             start += 1
         return self.history[:first] + self.history[start:]
 
-    async def turn(self, text: str, out: TextIO, timeout: float) -> Turn:
-        """Send ``text`` with the history that fits; write the reply to ``out`` as it decodes.
+    async def turn(self, text: str, out: TextIO, chunk_timeout: float) -> Turn:
+        """Send ``text`` with the history that fits; write the reply to ``out`` as it decodes; the
+        client waits up to ``chunk_timeout`` seconds for each reply chunk (it fails over after).
         On failure the turn is forgotten and :class:`~overlay.anon.client.AnonError` raised."""
         self.history.append(ChatMessage("user", text))
         self._tokens.append(self.estimate(text))
@@ -201,7 +201,7 @@ class ChatSession:
         first: float | None = None
         try:
             async with aclosing(_generator(self.client.request(self.model, window, self.params, node=self.node,
-                                                               timeout=timeout))) as chunks:
+                                                               chunk_timeout=chunk_timeout))) as chunks:
                 async for chunk in chunks:
                     if first is None and chunk.text:
                         first = self.now() - t0
@@ -307,25 +307,23 @@ def command(session: ChatSession, line: str, models: Callable[[str], Sequence[An
     return True, f"[unknown command {name}; /help lists them]"
 
 
-async def wait_paths(paths: Any, n: int, timeout: float, *, show: bool, clock: Clock | None = None) -> None:
-    """Wait up to ``timeout`` seconds for ``n`` ready proxy paths (:class:`PathError` if they
-    are not), showing how many are ready on stderr when ``show``."""
+SPINNER_S = 0.25  # seconds between two updates of the count of ready paths on the terminal
+
+
+async def wait_paths(paths: Any, n: int, *, show: bool) -> None:
+    """Wait for ``n`` ready proxy paths, showing how many are ready on stderr when ``show``. The
+    caller bounds the wait (a cancel scope)."""
     if not show:
-        await paths.wait_ready(n, timeout)
+        await paths.wait_ready(n)
         return
     from rich.console import Console
 
-    clock = clock or TrioClock()
-    deadline = clock.monotonic() + timeout
     with Console(stderr=True).status("building proxy paths") as spinner:
         while True:
             spinner.update(f"building proxy paths of 3 relays each: {len(paths.ready_paths())}/{n} ready")
-            try:
-                await paths.wait_ready(n, min(0.25, max(0.0, deadline - clock.monotonic())))
+            with trio.move_on_after(SPINNER_S):
+                await paths.wait_ready(n)
                 return
-            except PathError:
-                if clock.monotonic() >= deadline:
-                    raise
 
 
 def check_donation_settings(cfg: Any) -> None:
@@ -360,15 +358,10 @@ def make_transcript_donor(cfg: Any, identity: Any, addresses: Sequence[str],
     return TranscriptDonor(identity, addresses, validators, rate=cfg.donate_transcripts_rate)
 
 
-def run_chat(args: argparse.Namespace) -> int:
-    from gentorrent.cli import CliError, resolve_config, run_async
-    from overlay.directory.membership import directory, node_entry, serve_member
-    from overlay.net.transport import TLSTransport
-    from overlay.usernode import UserNode
-    from overlay.wire.identity import load_or_create
-    from user_client.relay import listen_address
+def check_chat_settings(cfg: Any, args: argparse.Namespace) -> None:
+    """:class:`~gentorrent.cli.CliError` for a chat that cannot run as configured."""
+    from gentorrent.cli import CliError
 
-    cfg = resolve_config(args)
     if not cfg.model:
         raise CliError("which model? pass --model ID (the registry lists which model nodes serve what)")
     if not 1 <= cfg.threshold <= cfg.cloves <= 16 or cfg.proxies < cfg.cloves:
@@ -378,6 +371,13 @@ def run_chat(args: argparse.Namespace) -> int:
     if not 0.0 < args.top_p <= 1.0:
         raise CliError("--top-p must be within (0, 1]")
     check_donation_settings(cfg)
+
+
+def prompts(args: argparse.Namespace) -> tuple[bool, list[str]]:
+    """``(interactive?, the prompts to send)``: interactive when no ``--prompt`` is given and standard
+    input is a terminal; otherwise the ``--prompt`` turns, or all of standard input as one."""
+    from gentorrent.cli import CliError
+
     interactive = args.prompt is None and sys.stdin.isatty()
     turns: list[str] = list(args.prompt or [])
     if args.prompt is None and not interactive:
@@ -385,119 +385,186 @@ def run_chat(args: argparse.Namespace) -> int:
         if not text:
             raise CliError("no prompt: standard input was empty (pass --prompt TEXT or pipe a prompt)")
         turns = [text]
+    return interactive, turns
+
+
+class ChatRun:
+    """One ``user chat`` once its user node is set up: it serves the node (registered with the
+    committee, if any), starts the donors, waits for the proxy paths, then holds the turns.
+    ``status`` is the exit status (:data:`EXIT_CODES`)."""
+
+    def __init__(self, args: argparse.Namespace, cfg: Any, user: Any, session: ChatSession, *, registry: Any,
+                 committee: Any, listen: tuple[str, int], interactive: bool, turns: list[str]) -> None:
+        self.args, self.cfg, self.user, self.session = args, cfg, user, session
+        self.registry, self.committee, self.listen = registry, committee, listen
+        self.interactive, self.turns = interactive, turns
+        self.quiet = not interactive and not args.verbose
+        self.status = EXIT_OK
+        self.donor: Donor | None = None
+        self.transcripts: TranscriptDonor | None = None
+
+    def note(self, text: str) -> None:
+        """Progress on standard error (none when the chat is scripted and not ``--verbose``)."""
+        if not self.quiet:
+            print(text, file=sys.stderr, flush=True)
+
+    async def main(self) -> None:
+        async with trio.open_nursery() as nursery:
+            if await self.start(nursery) and await self.paths_ready():
+                await self.converse()
+                if self.transcripts is not None and self.transcripts.pending:  # reveals still out: a
+                    self.note(f"[revealing {self.transcripts.pending} donated transcript(s)...]")  # commitment
+                    with trio.move_on_after(EXIT_WAIT_S):  # left unrevealed burns the donor
+                        await self.transcripts.wait_idle()
+            nursery.cancel_scope.cancel()
+
+    async def start(self, nursery: trio.Nursery) -> bool:
+        """Serve the user node and start the donors; whether the model may be used (the error said
+        and ``status`` set if not)."""
+        from overlay.directory.membership import node_entry, serve_member
+
+        cfg = self.cfg
+        _, member = await nursery.start(  # registered, its lists from the committee (live)
+            serve_member, self.user, *self.listen, self.committee, self.registry,
+            lambda address: node_entry(self.user.identity, cfg.advertise or address, cfg.region))
+        if member is not None:
+            await self.start_donors(nursery, member)
+        problem = model_problem(self.registry.models(cfg.model), cfg.model, cfg.allow_unaudited)
+        if problem is not None:
+            print(f"gentorrent: error: {problem}", file=sys.stderr, flush=True)
+            self.status = exit_status(problem)
+            return False
+        return True
+
+    async def start_donors(self, nursery: trio.Nursery, member: Any) -> None:
+        """With a committee: the donors of ``--donate-prompts`` and ``--donate-transcripts``."""
+        from gentorrent.cli import CliError
+
+        cfg = self.cfg
+        if not self.registry.models(cfg.model):
+            raise CliError(f"no model node in the committee's lists serves {cfg.model!r}")
+        identity = self.user.identity
+
+        def validators() -> list[bytes]:
+            return [v.public_key for v in member.client.validators]
+
+        if cfg.donate_prompts:
+            self.donor = make_donor(cfg, identity, member.settings.addresses, validators)
+            await nursery.start(self.donor.run)
+        client = self.session.client
+        if isinstance(client, DonatingClient):
+            self.transcripts = client.donor = make_transcript_donor(cfg, identity, member.settings.addresses,
+                                                                    validators)
+            await nursery.start(self.transcripts.run)
+
+    async def paths_ready(self) -> bool:
+        """Wait up to ``--paths-timeout`` for the proxy paths a prompt needs; whether they came
+        (the error said and ``status`` set if not)."""
+        cfg, paths = self.cfg, self.user.paths
+        if not self.interactive:
+            self.note(f"[building {cfg.proxies} proxy paths of 3 relays each...]")
+        with trio.move_on_after(self.args.paths_timeout) as waited:
+            await wait_paths(paths, cfg.cloves, show=self.interactive)
+        if waited.cancelled_caught:
+            print(f"gentorrent: error: {paths.too_few(cfg.cloves, self.args.paths_timeout)}", file=sys.stderr)
+            self.status = EXIT_PATHS
+            return False
+        self.note(f"[{len(paths.ready_paths())} paths ready; prompts go as {cfg.cloves} cloves, any "
+                  f"{cfg.threshold} rebuild them; model {self.session.model}; /help for commands]")
+        return True
+
+    async def converse(self) -> None:
+        """Every turn, until the prompts run out (or the user leaves); a scripted chat stops at the
+        first failed one."""
+        while (text := await self.next_prompt()) is not None:
+            if not await self.ask(text) and not self.interactive:
+                break
+
+    async def next_prompt(self) -> str | None:
+        """The next prompt to send (``None``: no more): the next ``--prompt``, or the user's next line
+        (running ``/commands`` on the way)."""
+        if not self.interactive:
+            if not self.turns:
+                return None
+            text = self.turns.pop(0)
+            self.note(f"you> {text}")
+            return text
+        while True:
+            line = await trio.to_thread.run_sync(_read_line, abandon_on_cancel=True)
+            if line is None:
+                return None
+            text = line.strip()
+            if not text:
+                continue
+            if text.startswith("/"):
+                go_on, said = command(self.session, text, self.registry.models, self.cfg.allow_unaudited)
+                if said:
+                    print(said, flush=True)
+                if not go_on:
+                    return None
+                continue
+            sys.stdout.write("model> ")
+            return text
+
+    async def ask(self, text: str) -> bool:
+        """One turn, its status line, and maybe its donation; whether it succeeded (the failure
+        said and ``status`` set if not)."""
+        session = self.session
+        try:
+            turn = await session.turn(text, sys.stdout, self.args.timeout)
+        except ReplyUnverified as exc:
+            print(f"\n[REPLY REFUSED: it failed verification: {exc}. The text above was verified; "
+                  "nothing after it is shown]" if self.interactive
+                  else f"gentorrent: error: REPLY REFUSED, it failed verification: {exc}",
+                  file=sys.stderr, flush=True)
+            self.status = self.status or EXIT_UNVERIFIED
+            return False
+        except AnonError as exc:
+            print(f"\n[request failed: {exc}]" if self.interactive else f"gentorrent: error: {exc}",
+                  file=sys.stderr, flush=True)
+            self.status = self.status or exit_status(exc)
+            return False
+        self.note(describe(turn, lambda n: reputation_of(self.registry.models(session.model), n)))
+        if not turn.verified:
+            self.status = self.status or EXIT_UNVERIFIED
+        elif self.donor is not None:  # a complete reply: maybe donate its request, later (fire and forget)
+            self.donor.offer(session.model, turn.sent, session.params)
+        return True
+
+
+def run_chat(args: argparse.Namespace) -> int:
+    from gentorrent.cli import CliError, resolve_config, run_async
+    from overlay.directory.membership import directory
+    from overlay.net.transport import TLSTransport
+    from overlay.usernode import UserNode
+    from overlay.wire.identity import load_or_create
+    from user_client.relay import listen_address
+
+    cfg = resolve_config(args)
+    check_chat_settings(cfg, args)
+    interactive, turns = prompts(args)
     identity = load_or_create(cfg.data_path)
     registry, committee, _ = directory(cfg)
     if committee is None and not registry.models(cfg.model):
         raise CliError(f"no model node in the registry serves {cfg.model!r}")
     check_donation_committee(cfg, committee)
-    host, port = listen_address(cfg)
+    listen = listen_address(cfg)
     user = UserNode(identity, TLSTransport(identity), registry, region=cfg.region, n=cfg.cloves,
                     k=cfg.threshold, paths=cfg.proxies, refresh=cfg.path_refresh, ping_interval=0,
                     registered_only=committee is not None)
     assert user.client is not None and user.paths is not None
     user.client.allow_unaudited = cfg.allow_unaudited
-    paths = user.paths
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens,
                             seed=args.seed)
     client = DonatingClient(user.client) if cfg.donate_transcripts else user.client  # its donor: once registered
     session = ChatSession(client, cfg.model, params, args.system, context_tokens=args.context_tokens)
-    quiet = not interactive and not args.verbose
-    status = EXIT_OK
-    donor: Donor | None = None
-    transcripts: TranscriptDonor | None = None
-
-    def note(text: str) -> None:
-        if not quiet:
-            print(text, file=sys.stderr, flush=True)
-
-    async def main() -> None:
-        nonlocal status, donor, transcripts
-        async with trio.open_nursery() as nursery:
-            _, member = await nursery.start(  # registered, its lists from the committee (live)
-                serve_member, user, host, port, committee, registry,
-                lambda address: node_entry(identity, cfg.advertise or address, cfg.region))
-            if member is not None:
-                if not registry.models(cfg.model):
-                    raise CliError(f"no model node in the committee's lists serves {cfg.model!r}")
-                if cfg.donate_prompts:
-                    donor = make_donor(cfg, identity, member.settings.addresses,
-                                       lambda: [v.public_key for v in member.client.validators])
-                    await nursery.start(donor.run)
-                if isinstance(client, DonatingClient):
-                    transcripts = client.donor = make_transcript_donor(
-                        cfg, identity, member.settings.addresses, lambda: [v.public_key for v in member.client.validators])
-                    await nursery.start(transcripts.run)
-            problem = model_problem(registry.models(cfg.model), cfg.model, cfg.allow_unaudited)
-            if problem is not None:
-                print(f"gentorrent: error: {problem}", file=sys.stderr, flush=True)
-                status = exit_status(problem)
-                nursery.cancel_scope.cancel()
-                return
-            if not interactive:
-                note(f"[building {cfg.proxies} proxy paths of 3 relays each...]")
-            try:
-                await wait_paths(paths, cfg.cloves, args.paths_timeout, show=interactive)
-            except PathError as exc:
-                print(f"gentorrent: error: {exc}", file=sys.stderr)
-                status = EXIT_PATHS
-                nursery.cancel_scope.cancel()
-                return
-            note(f"[{len(paths.ready_paths())} paths ready; prompts go as {cfg.cloves} cloves, any "
-                 f"{cfg.threshold} rebuild them; model {session.model}; /help for commands]")
-            while True:
-                if interactive:
-                    line = await trio.to_thread.run_sync(_read_line, abandon_on_cancel=True)
-                    if line is None:
-                        break
-                    text = line.strip()
-                    if not text:
-                        continue
-                    if text.startswith("/"):
-                        go_on, said = command(session, text, registry.models, cfg.allow_unaudited)
-                        if said:
-                            print(said, flush=True)
-                        if not go_on:
-                            break
-                        continue
-                    sys.stdout.write("model> ")
-                elif not turns:
-                    break
-                else:
-                    text = turns.pop(0)
-                    note(f"you> {text}")
-                try:
-                    turn = await session.turn(text, sys.stdout, args.timeout)
-                except ReplyUnverified as exc:
-                    print(f"\n[REPLY REFUSED: it failed verification: {exc}. The text above was verified; "
-                          "nothing after it is shown]" if interactive
-                          else f"gentorrent: error: REPLY REFUSED, it failed verification: {exc}",
-                          file=sys.stderr, flush=True)
-                    status = status or EXIT_UNVERIFIED
-                    if not interactive:
-                        break
-                    continue
-                except AnonError as exc:
-                    print(f"\n[request failed: {exc}]" if interactive else f"gentorrent: error: {exc}",
-                          file=sys.stderr, flush=True)
-                    status = status or exit_status(exc)
-                    if not interactive:
-                        break
-                    continue
-                note(describe(turn, lambda n: reputation_of(registry.models(session.model), n)))
-                if not turn.verified:
-                    status = status or EXIT_UNVERIFIED
-                elif donor is not None:  # a complete reply: maybe donate its request, later (fire and forget)
-                    donor.offer(session.model, turn.sent, session.params)
-            if transcripts is not None and transcripts.pending:  # reveals still out: a commitment left
-                note(f"[revealing {transcripts.pending} donated transcript(s)...]")  # unrevealed burns the donor
-                await transcripts.wait_idle()
-            nursery.cancel_scope.cancel()
-
+    chat = ChatRun(args, cfg, user, session, registry=registry, committee=committee, listen=listen,
+                   interactive=interactive, turns=turns)
     try:
-        run_async(main)
+        run_async(chat.main)
     except KeyboardInterrupt:
         return 130
-    return status
+    return chat.status
 
 
 def _read_line() -> str | None:

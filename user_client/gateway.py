@@ -62,7 +62,6 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from overlay.anon.client import AnonError, ModelUnaudited, unaudited_message
-from overlay.anon.paths import PathError
 from overlay.net.peers import PeerEntry, usable
 from overlay.wire.clock import Clock, TrioClock
 from overlay.wire.failures import Failure
@@ -97,7 +96,8 @@ class AnonBackend:
     """Calls through an :class:`~overlay.anon.client.AnonClient` (the user's own anonymous client).
 
     Before each call it waits up to ``paths_timeout`` seconds for the n proxy paths a request
-    needs (503 ``not_enough_paths`` otherwise); ``timeout`` bounds the wait for each chunk."""
+    needs (503 ``not_enough_paths`` otherwise); ``timeout`` bounds the wait for each chunk (the
+    client's ``chunk_timeout``)."""
 
     def __init__(self, client: Any, models: Callable[[], list[str]], *, timeout: float = 60.0,
                  paths_timeout: float = 10.0, unaudited: Callable[[], list[str]] = list) -> None:
@@ -115,13 +115,16 @@ class AnonBackend:
 
     async def request(self, model: str, messages: Sequence[ChatMessage], params: SamplingParams,
                       node: bytes | None) -> AsyncGenerator[ReplyChunk, None]:
-        try:
-            if len(self.client.paths.ready_paths()) < self.client.n:  # the usual case skips the wait's set-up
-                await self.client.paths.wait_ready(self.client.n, self.paths_timeout)
-        except PathError as exc:
-            raise api.ApiError(503, f"not enough proxy paths to send a request anonymously: {exc}",
-                               type="service_unavailable", code="not_enough_paths") from None
-        async with aclosing(self.client.request(model, list(messages), params, node=node, timeout=self.timeout,
+        paths, n = self.client.paths, self.client.n
+        if len(paths.ready_paths()) < n:  # the usual case skips the wait's set-up
+            with trio.move_on_after(self.paths_timeout) as waited:
+                await paths.wait_ready(n)
+            if waited.cancelled_caught:
+                raise api.ApiError(503, f"not enough proxy paths to send a request anonymously: "
+                                   f"{paths.too_few(n, self.paths_timeout)}",
+                                   type="service_unavailable", code="not_enough_paths")
+        async with aclosing(self.client.request(model, list(messages), params, node=node,
+                                                chunk_timeout=self.timeout,
                                                 paths_timeout=self.paths_timeout)) as chunks:
             async for c in chunks:
                 yield c

@@ -166,11 +166,12 @@ class TranscriptDonor(Background):
 
     # ------------------------------------------------------------------ lifetime
 
-    async def wait_idle(self, timeout: float = EXIT_WAIT_S) -> bool:
-        """Wait up to ``timeout`` seconds for every reveal out to end; whether they all did."""
-        with trio.move_on_after(timeout):
-            while self.pending and self._idle is not None:
-                await self._idle.wait()
+    async def wait_idle(self) -> bool:
+        """Wait for every reveal out to end; whether they all did (False at once when the donor is
+        not running: nothing will end them). The caller bounds the wait (``user chat``:
+        :data:`EXIT_WAIT_S`)."""
+        while self.pending and self._idle is not None:
+            await self._idle.wait()
         return not self.pending
 
     # ------------------------------------------------------------------ before the request
@@ -335,22 +336,23 @@ class DonatingClient:
         return n
 
     async def request(self, model: str, messages: list[ChatMessage] | tuple[ChatMessage, ...],
-                      params: SamplingParams | None = None, *, node: bytes | None = None, timeout: float = 60.0,
-                      paths_timeout: float = 30.0) -> AsyncGenerator[ReplyChunk, None]:
+                      params: SamplingParams | None = None, *, node: bytes | None = None,
+                      chunk_timeout: float = 60.0, paths_timeout: float = 30.0) -> AsyncGenerator[ReplyChunk, None]:
         """:meth:`~overlay.anon.client.AnonClient.request`'s chunks; for a request chosen for donation, sent
         only once the verifiers answered its commit (module docstring), then revealed."""
         donor = self.donor
         c = None if donor is None else await donor.commit(self.client, model, messages, params, node)
         if c is None or donor is None:
-            async with aclosing(self.client.request(model, messages, params, node=node, timeout=timeout,
+            async with aclosing(self.client.request(model, messages, params, node=node, chunk_timeout=chunk_timeout,
                                                     paths_timeout=paths_timeout)) as chunks:
                 async for x in chunks:
                     yield x
             return
         got: list[ReplyChunk] = []
         try:
-            async with aclosing(self.client.request(c.model, c.messages, c.params, node=c.target, timeout=timeout,
-                                                    paths_timeout=paths_timeout, request_id=c.request_id)) as chunks:
+            async with aclosing(self.client.request(c.model, c.messages, c.params, node=c.target,
+                                                    chunk_timeout=chunk_timeout, paths_timeout=paths_timeout,
+                                                    request_id=c.request_id)) as chunks:
                 try:
                     async for x in chunks:
                         got.append(x)

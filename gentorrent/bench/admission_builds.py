@@ -67,7 +67,8 @@ async def _join(relays: int, lag_s: float, backoff: bool, seed: int, hold: bool)
         lagging.replace(Registry(full.version + 1, list(full.entries)))  # the relays' next list holds the user
         for r in nodes:
             r.directory_changed()
-        await pm.wait_ready(pm.target, timeout=600)
+        with trio.fail_after(600):
+            await pm.wait_ready(pm.target)
         ready_after = trio.current_time() - t0
         limited = sum(r.relay.core.dropped["create-rate-limited"] for r in nodes)
         held = sum(r.relay.core.holds["held"] for r in nodes)

@@ -142,11 +142,12 @@ async def _e2e(cluster: LocalNet, client: Identity, trials: int) -> dict[str, fl
         user = UserNode(client, TLSTransport(client), cluster.registry, client=True)
         await nursery.start(user.serve, "127.0.0.1", 0)
         assert user.client is not None and user.paths is not None
-        await user.paths.wait_ready(4, 30)
+        with trio.fail_after(30):
+            await user.paths.wait_ready(4)
         conn = await TLSTransport(client).dial(model.address, model.node_id)
         for i in range(trials + 3):
             t0 = time.perf_counter()
-            text = "".join([c.text async for c in user.client.request("echo", msgs, params, timeout=20)])
+            text = "".join([c.text async for c in user.client.request("echo", msgs, params, chunk_timeout=20)])
             if i >= 3:
                 overlay_t.append(time.perf_counter() - t0)
             assert text == PROMPT_4K

@@ -8,6 +8,7 @@ committee's pace, churn, per-process cost, and the run's report (JSON plus laten
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import math
 import random
@@ -103,10 +104,13 @@ def request_floor_ms(net: Testbed, client: str, paths: Sequence[Sequence[str]], 
     return there + hop + back
 
 
-async def timed_request(net: Testbed, c: Client, model: str, *, timeout: float, started: float,
+async def timed_request(net: Testbed, c: Client, model: str, *, wait_timeout: float, started: float,
                         target: str | None = None) -> Sample:
     """Send one prompt from client ``c`` and time its first verified chunk against the floor of
-    the paths it goes over (the client keeps exactly n paths, so those are the ones)."""
+    the paths it goes over (the client keeps exactly n paths, so those are the ones).
+    ``wait_timeout`` bounds each of its waits, for ready paths and the client's for each reply
+    chunk; the whole request gets three times that (room for the client's failover). A request
+    that fails or runs out of time is a failed sample, not an error."""
     client = c.user.client
     assert client is not None and c.user.paths is not None
     config = f"{client.n},{client.k}"
@@ -115,16 +119,19 @@ async def timed_request(net: Testbed, c: Client, model: str, *, timeout: float, 
         # the entry is chosen here as the client would (at random among the usable nodes), to know it
         node = net.entries[target].node_id if target else client.choose_model_node(model).node_id
         sample.entry = next((n for n in net.models if net.entries[n].node_id == node), "?")
-        ready = await c.user.paths.wait_ready(client.n, timeout)
+        with trio.move_on_after(wait_timeout) as waited:
+            ready = await c.user.paths.wait_ready(client.n)
+        if waited.cancelled_caught:
+            raise c.user.paths.too_few(client.n, wait_timeout)
     except Exception as exc:  # noqa: BLE001 - no usable model node, PathError and the like: a failed request, counted
         sample.error = f"before sending: {type(exc).__name__}: {exc}"
         return sample
     hops = [[net.name_at(r.address) or "?" for r in p.relays] for p in ready[:client.n]]
     t0 = trio.current_time()
     try:
-        with trio.fail_after(3 * timeout):  # room for the client's own failover after a silent node
+        with trio.fail_after(3 * wait_timeout):  # room for the client's own failover after a silent node
             async for chunk in client.request(model, [ChatMessage("user", PROMPT)], SamplingParams(max_tokens=16),
-                                              node=node, timeout=timeout):
+                                              node=node, chunk_timeout=wait_timeout):
                 if math.isnan(sample.ttft_ms):
                     sample.ttft_ms = 1e3 * (trio.current_time() - t0)
                     served = next((n for n in net.models if net.entries[n].node_id == chunk.node), "?")
@@ -140,10 +147,11 @@ async def timed_request(net: Testbed, c: Client, model: str, *, timeout: float, 
     return sample
 
 
-async def time_path_builds(net: Testbed, c: Client, count: int, rng: Any, timeout: float = 30.0) -> list[float]:
+async def time_path_builds(net: Testbed, c: Client, count: int, rng: Any, build_timeout: float = 30.0,
+                           ) -> list[float]:
     """Build ``count`` 3-hop paths from ``c`` one after another, each through 3 running relays
-    drawn at random, from Create sent to PathReady back; seconds each. Failed builds are left out
-    (the caller counts them)."""
+    drawn at random, from Create sent to PathReady back; seconds each. A build not ready within
+    ``build_timeout`` seconds fails; failed builds are left out (the caller counts them)."""
     pm = c.user.paths
     assert pm is not None
     times: list[float] = []
@@ -152,7 +160,7 @@ async def time_path_builds(net: Testbed, c: Client, count: int, rng: Any, timeou
         relays = [net.entries[r] for r in rng.sample(running, 3)]
         t0 = trio.current_time()
         path = pm.start_build(relays, one_off=True)
-        with trio.move_on_after(timeout):
+        with trio.move_on_after(build_timeout):
             await path.ready.wait()
             times.append(trio.current_time() - t0)
         pm.retire([path])
@@ -228,7 +236,7 @@ def committee_pace(net: Testbed, blocks: int = 20) -> dict[str, float]:
     times = sorted(block_time_unix(m["header"]["time"]) for m in got["block_metas"])
     if len(times) < 2:
         return {}
-    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
     return {"committee_block_interval_mean_ms": 1e3 * sum(gaps) / len(gaps),
             "committee_block_interval_p50_ms": 1e3 * percentile(sorted(gaps), 50)}
 
@@ -392,6 +400,31 @@ def run_plan(root: Path, plan: Plan, *, say: Callable[[str], None], show: bool) 
     return params, figures, samples, files
 
 
+@dataclass
+class Measuring:
+    """One run's measurement with every client open: what it measures with, and where it puts it."""
+
+    net: Testbed
+    plan: Plan
+    clients: dict[str, tuple[int, int, str]]
+    opened: dict[str, Client]
+    figures: dict[str, float]
+    samples: list[Sample]
+    churn: ChurnLog
+    say: Callable[[str], None]
+    rng: random.Random
+    started: float
+
+    async def request(self, c: Client, target: str | None = None) -> Sample:
+        """One :func:`timed_request` from ``c`` under the plan's bound."""
+        return await timed_request(self.net, c, self.plan.model, wait_timeout=self.plan.timeout,
+                                   started=self.started, target=target)
+
+    def of_config(self, n: int, k: int) -> list[Client]:
+        """The open clients that send as (n, k)."""
+        return [c for name, c in self.opened.items() if self.clients[name][:2] == (n, k)]
+
+
 async def _measure(net: Testbed, plan: Plan, clients: dict[str, tuple[int, int, str]], figures: dict[str, float],
                    samples: list[Sample], churn: ChurnLog, say: Callable[[str], None]) -> None:
     rng = random.Random(plan.seed)
@@ -413,93 +446,121 @@ async def _measure(net: Testbed, plan: Plan, clients: dict[str, tuple[int, int, 
             keeper.start_soon(keep, name)
         with trio.fail_after(plan.start_timeout):
             await all_open.wait()
-        await _measure_open(net, plan, clients, opened, figures, samples, churn, say, rng, started)
+        await _measure_open(Measuring(net, plan, clients, opened, figures, samples, churn, say, rng, started))
         stop.set()
 
 
-async def _measure_open(net: Testbed, plan: Plan, clients: dict[str, tuple[int, int, str]], opened: dict[str, Client],
-                        figures: dict[str, float], samples: list[Sample], churn: ChurnLog, say: Callable[[str], None],
-                        rng: random.Random, started: float) -> None:
-    reg = sorted(c.registered_s for c in opened.values())
-    figures["registration_to_listed_p50_ms"] = 1e3 * percentile(reg, 50)
-    figures["registration_to_listed_max_ms"] = 1e3 * reg[-1]
-    say(f"testbed: {len(opened)} clients registered (p50 {figures['registration_to_listed_p50_ms']:.0f} ms "
-        "from registration to a verified signed list)")
-
-    # path builds, from the first (4,3) client (or the first client)
-    builder = next((c for name, c in opened.items() if clients[name][:2] == (4, 3)), next(iter(opened.values())))
-    if plan.path_builds:
-        builds = await time_path_builds(net, builder, plan.path_builds, rng)
-        if builds:
-            figures.update(summarize_ms("path_build", builds))
-        figures["path_builds_failed"] = float(plan.path_builds - len(builds))
-        say(f"testbed: {len(builds)} path builds timed")
-
-    # timed requests, interleaved over the clients so that each configuration sees the same load
-    order = list(opened.values())
-    for c in order:
-        for _ in range(plan.warmup):
-            await timed_request(net, c, plan.model, timeout=plan.timeout, started=started)
-    for i in range(plan.requests):
-        rng.shuffle(order)
-        for c in order:
-            samples.append(await timed_request(net, c, plan.model, timeout=plan.timeout, started=started))
-        say(f"testbed: timed requests, round {i + 1} of {plan.requests}")
-    for n, k in plan.configs:
-        figures.update(summarize_samples(samples, f"{n},{k}"))
-
-    # failover: a model node crashes; requests sent to it right away are answered elsewhere
-    churners = [c for name, c in opened.items() if clients[name][:2] == (4, 3)] or order
-    if plan.failover_requests and len(net.models) > 1:
-        victim = net.models[-1]
-        net.procs[victim].send_signal(signal.SIGKILL)
-        churn.done.append((trio.current_time() - started, victim, "crash"))
-        fo: list[Sample] = []
-        for c in churners:
-            for _ in range(plan.failover_requests):
-                s = await timed_request(net, c, plan.model, timeout=plan.timeout, started=started, target=victim)
-                s.config = "failover"
-                fo.append(s)
-        samples.extend(fo)
-        ok = sorted(s.ttft_ms for s in fo if s.ok)
-        figures["failover_requests"], figures["failover_answered"] = float(len(fo)), float(len(ok))
-        if ok:
-            figures["failover_ttft_p50_ms"] = percentile(ok, 50)
-            figures["failover_ttft_max_ms"] = ok[-1]
-        net.spawn(victim)
-        say(f"testbed: failover: {len(ok)} of {len(fo)} requests to a crashed model node answered elsewhere")
-
-    # churn: relays (and model nodes) leave and come back while the clients keep asking
-    if plan.churn_s > 0:
-        events = churn_schedule(net.relays, duration_s=plan.churn_s, leave_per_min=plan.relay_leave_per_min,
-                          crash_share=plan.crash_share, mean_downtime_s=plan.mean_downtime_s, seed=plan.seed)
-        for j in range(min(plan.model_leaves, len(net.models) - 1)):
-            at = plan.churn_s * (j + 1) / (plan.model_leaves + 1)
-            m = net.models[j]
-            events = sorted([*events, ChurnEvent(at, m, "crash" if j % 2 == 0 else "leave"),
-                             ChurnEvent(at + plan.mean_downtime_s, m, "join")], key=lambda e: e.at_s)
-        events = [e for e in events if e.at_s < plan.churn_s]
-        say(f"testbed: churn for {plan.churn_s:.0f} s: {sum(e.kind != 'join' for e in events)} departures")
-        during: list[Sample] = []
-
-        async def ask(c: Client) -> None:
-            end = trio.current_time() + plan.churn_s
-            while trio.current_time() < end:
-                t0 = trio.current_time()
-                s = await timed_request(net, c, plan.model, timeout=plan.timeout, started=started)
-                s.config = "churn"
-                during.append(s)
-                await trio.sleep_until(t0 + plan.churn_request_every_s)
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(partial(play_churn, run_started=started), net, events, churn, say)
-            for c in churners:
-                nursery.start_soon(ask, c)
-        samples.extend(during)
-        answered = sum(s.ok for s in during)
-        figures["churn_requests"], figures["churn_answered"] = float(len(during)), float(answered)
-        figures["churn_answered_fraction"] = answered / len(during) if during else math.nan
-        figures["churn_departures"] = float(churn.count("crash") + churn.count("leave"))
-        say(f"testbed: churn: {answered} of {len(during)} requests answered")
-    stats = [c.user.stats() for c in opened.values()]
+async def _measure_open(m: Measuring) -> None:
+    _registrations(m)
+    await _path_builds(m)
+    order = await _requests(m)
+    churners = m.of_config(4, 3) or order  # failover and churn: from the (4,3) clients
+    await _failover(m, churners)
+    await _churn(m, churners)
+    stats = [c.user.stats() for c in m.opened.values()]
+    figures = m.figures
     figures["client_refused_builds"] = float(sum(s.get("paths_refused_builds", 0) for s in stats))
+
+
+def _registrations(m: Measuring) -> None:
+    """How long the clients took from registration to a verified signed list."""
+    reg = sorted(c.registered_s for c in m.opened.values())
+    m.figures["registration_to_listed_p50_ms"] = 1e3 * percentile(reg, 50)
+    m.figures["registration_to_listed_max_ms"] = 1e3 * reg[-1]
+    m.say(f"testbed: {len(m.opened)} clients registered (p50 {m.figures['registration_to_listed_p50_ms']:.0f} ms "
+          "from registration to a verified signed list)")
+
+
+async def _path_builds(m: Measuring) -> None:
+    """Time the plan's path builds, from the first (4,3) client (or the first client)."""
+    if not m.plan.path_builds:
+        return
+    builder = (m.of_config(4, 3) or list(m.opened.values()))[0]
+    builds = await time_path_builds(m.net, builder, m.plan.path_builds, m.rng)
+    if builds:
+        m.figures.update(summarize_ms("path_build", builds))
+    m.figures["path_builds_failed"] = float(m.plan.path_builds - len(builds))
+    m.say(f"testbed: {len(builds)} path builds timed")
+
+
+async def _requests(m: Measuring) -> list[Client]:
+    """The timed requests, interleaved over the clients so that each configuration sees the same
+    load (after the warm-up's, not counted); the clients in the last round's order."""
+    order = list(m.opened.values())
+    for c in order:
+        for _ in range(m.plan.warmup):
+            await m.request(c)
+    for i in range(m.plan.requests):
+        m.rng.shuffle(order)
+        for c in order:
+            m.samples.append(await m.request(c))
+        m.say(f"testbed: timed requests, round {i + 1} of {m.plan.requests}")
+    for n, k in m.plan.configs:
+        m.figures.update(summarize_samples(m.samples, f"{n},{k}"))
+    return order
+
+
+async def _failover(m: Measuring, churners: list[Client]) -> None:
+    """A model node crashes; requests sent to it right away are answered elsewhere."""
+    net, plan = m.net, m.plan
+    if not plan.failover_requests or len(net.models) <= 1:
+        return
+    victim = net.models[-1]
+    net.procs[victim].send_signal(signal.SIGKILL)
+    m.churn.done.append((trio.current_time() - m.started, victim, "crash"))
+    fo: list[Sample] = []
+    for c in churners:
+        for _ in range(plan.failover_requests):
+            s = await m.request(c, target=victim)
+            s.config = "failover"
+            fo.append(s)
+    m.samples.extend(fo)
+    ok = sorted(s.ttft_ms for s in fo if s.ok)
+    m.figures["failover_requests"], m.figures["failover_answered"] = float(len(fo)), float(len(ok))
+    if ok:
+        m.figures["failover_ttft_p50_ms"] = percentile(ok, 50)
+        m.figures["failover_ttft_max_ms"] = ok[-1]
+    net.spawn(victim)
+    m.say(f"testbed: failover: {len(ok)} of {len(fo)} requests to a crashed model node answered elsewhere")
+
+
+def _churn_events(net: Testbed, plan: Plan) -> list[ChurnEvent]:
+    """The plan's churn: relays leaving and coming back, and model nodes crashing or leaving in turn."""
+    events = churn_schedule(net.relays, duration_s=plan.churn_s, leave_per_min=plan.relay_leave_per_min,
+                            crash_share=plan.crash_share, mean_downtime_s=plan.mean_downtime_s, seed=plan.seed)
+    for j in range(min(plan.model_leaves, len(net.models) - 1)):
+        at = plan.churn_s * (j + 1) / (plan.model_leaves + 1)
+        mn = net.models[j]
+        events = sorted([*events, ChurnEvent(at, mn, "crash" if j % 2 == 0 else "leave"),
+                         ChurnEvent(at + plan.mean_downtime_s, mn, "join")], key=lambda e: e.at_s)
+    return [e for e in events if e.at_s < plan.churn_s]
+
+
+async def _churn(m: Measuring, churners: list[Client]) -> None:
+    """Relays (and model nodes) leave and come back while the clients keep asking."""
+    net, plan = m.net, m.plan
+    if plan.churn_s <= 0:
+        return
+    events = _churn_events(net, plan)
+    m.say(f"testbed: churn for {plan.churn_s:.0f} s: {sum(e.kind != 'join' for e in events)} departures")
+    during: list[Sample] = []
+
+    async def ask(c: Client) -> None:
+        end = trio.current_time() + plan.churn_s
+        while trio.current_time() < end:
+            t0 = trio.current_time()
+            s = await m.request(c)
+            s.config = "churn"
+            during.append(s)
+            await trio.sleep_until(t0 + plan.churn_request_every_s)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(partial(play_churn, run_started=m.started), net, events, m.churn, m.say)
+        for c in churners:
+            nursery.start_soon(ask, c)
+    m.samples.extend(during)
+    answered = sum(s.ok for s in during)
+    m.figures["churn_requests"], m.figures["churn_answered"] = float(len(during)), float(answered)
+    m.figures["churn_answered_fraction"] = answered / len(during) if during else math.nan
+    m.figures["churn_departures"] = float(m.churn.count("crash") + m.churn.count("leave"))
+    m.say(f"testbed: churn: {answered} of {len(during)} requests answered")

@@ -49,14 +49,15 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gentorrent.cli import CliError, common_flags, resolve_config, run_async
 from gentorrent.tools.localnet import DEVNET_CHAIN_ID, LocalNet, LocalNetError, cli, ports_taken
 from gentorrent.tools.status import query_all
+from overlay.net.peers import PeerEntry
 from overlay.net.transport import TLSTransport
-from overlay.wire.clock import Clock, TrioClock
 from overlay.wire.identity import load_or_create, short_id
 from overlay.wire.messages import PeerStatus
 
@@ -119,21 +120,46 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(run=_run)
 
 
-async def wait_up(net: LocalNet, timeout: float, *, clock: Clock | None = None) -> dict[str, Any]:
-    """Poll every started node's status over authenticated TLS until all answer (or ``timeout``
-    seconds on ``clock``, default :class:`~overlay.wire.clock.TrioClock`)."""
+QUERY_S = 5.0  # seconds for one node to answer a status request, in each round of wait_up
+ROUND_PAUSE_S = 0.5  # seconds between two rounds of wait_up
+
+
+async def wait_up(net: LocalNet, results: dict[bytes, tuple[float, PeerStatus] | str]) -> None:
+    """Poll every started node's status over authenticated TLS, a round at a time, until all
+    answer. ``results`` holds the last complete round's answers (or why none came), for a caller
+    that bounds the wait with a cancel scope (:func:`check_up`)."""
     import trio
 
-    clock = clock or TrioClock()
     transport = TLSTransport(load_or_create(net.root / "observer"))
-    started = [net.entries[n] for n in net.relays + net.models]
-    deadline = clock.monotonic() + timeout
+    started = started_entries(net)
     while True:
-        results = await query_all(transport, started, 5.0)
-        done = all(not isinstance(r, str) for r in results.values())
-        if done or clock.monotonic() > deadline:
-            return {"ok": done, "results": results, "entries": started}
-        await trio.sleep(0.5)
+        got = await query_all(transport, started, QUERY_S)
+        results.clear()
+        results.update(got)
+        if all(not isinstance(r, str) for r in got.values()):
+            return
+        await trio.sleep(ROUND_PAUSE_S)
+
+
+def started_entries(net: LocalNet) -> list[PeerEntry]:
+    """The directory entries of the nodes devnet starts (relays, then model nodes)."""
+    return [net.entries[n] for n in net.relays + net.models]
+
+
+def check_up(net: LocalNet, ready_timeout: float) -> tuple[bool, dict[bytes, tuple[float, PeerStatus] | str]]:
+    """``(every node answered?, the last round's answers)``: :func:`wait_up` for at most
+    ``ready_timeout`` seconds."""
+    import trio
+
+    results: dict[bytes, tuple[float, PeerStatus] | str] = {}
+
+    async def poll() -> bool:
+        with trio.move_on_after(ready_timeout):
+            await wait_up(net, results)
+            return True
+        return False
+
+    return bool(run_async(poll)), results
 
 
 PING_INTERVAL = 5.0  # seconds between a devnet node's pings of its peers
@@ -373,14 +399,13 @@ def open_net(root: Path, args: argparse.Namespace, model: str) -> tuple[LocalNet
     return net, recorded
 
 
-def _run(args: argparse.Namespace) -> int:
-    cfg = resolve_config(args)
+def check_args(args: argparse.Namespace) -> None:
+    """:class:`CliError` for a network devnet cannot start as asked."""
     if not 4 <= args.relays <= 200:
         raise CliError("--relays must be between 4 and 200 (paths need 3 distinct relays each)")
     if (not args.no_demo or args.chat) and args.relays < 12:
         raise CliError("chats keep 4 proxy paths of 3 distinct relays: they need --relays 12 or more "
                        "(or pass --no-demo without --chat)")
-    root = cfg.data_path / "devnet"
     if not 1 <= args.models <= 8:
         raise CliError("--models must be between 1 and 8")
     if not (args.verifiers == 0 or 1 <= args.verifiers <= 7):
@@ -388,95 +413,158 @@ def _run(args: argparse.Namespace) -> int:
     if args.audits and (args.engine != "llama.cpp" or args.verifiers == 0):
         raise CliError("--audits needs the real model (--engine llama.cpp, the default) and a committee "
                        "(--verifiers 1 or more): the verifiers score replies under their own copy of the model")
-    model = DEFAULT_MODEL if args.engine == "llama.cpp" else "echo"
-    root.mkdir(parents=True, exist_ok=True)
-    net, recorded = open_net(root, args, model)
-    resume = recorded is not None and bool(net.verifiers)
-    chat_config = net.config_toml("you", root / "chat.toml")
-    show = not args.quiet
 
-    def say(text: str) -> None:
-        if show:
+
+@dataclass
+class Run:
+    """One run of devnet: its arguments, the network, the model, where its state and chat config
+    live, and the state it resumes (``recorded``; ``resume``: a committee's chain)."""
+
+    args: argparse.Namespace
+    net: LocalNet
+    root: Path
+    model: str
+    chat_config: Path
+    recorded: dict[str, Any] | None
+    resume: bool
+    t0: float = 0.0
+
+    def say(self, text: str) -> None:
+        """Progress for the user (nothing with ``--quiet``)."""
+        if not self.args.quiet:
             print(text, flush=True)
 
+
+def starting_line(run: Run) -> str:
+    """What devnet says as it starts: the committee, the nodes, and the chain it starts or resumes."""
+    args, net = run.args, run.net
     committee = f"a committee of {args.verifiers} verifiers, then " if args.verifiers else ""
     chain = ""
     if net.verifiers:
-        chain = (f"; resuming chain {net.chain_id} recorded in {root / STATE_FILE} (--fresh starts a new one)" if resume
-                 else f"; new chain {net.chain_id}")
-    say(f"devnet: starting {committee}{args.relays} relays and {args.models} model node(s) ({args.engine}, {model}) "
-        f"on 127.0.0.1 (state in {root}{chain})")
-    t0 = net.clock.monotonic()
+        chain = (f"; resuming chain {net.chain_id} recorded in {run.root / STATE_FILE} (--fresh starts a new one)"
+                 if run.resume else f"; new chain {net.chain_id}")
+    return (f"devnet: starting {committee}{args.relays} relays and {args.models} model node(s) ({args.engine}, "
+            f"{run.model}) on 127.0.0.1 (state in {run.root}{chain})")
+
+
+def start_all(run: Run) -> None:
+    """Launch the committee (if any), record the state, then start the nodes and wait for each to
+    be ready (they start with the committee: they wait for it to answer)."""
+    args, net = run.args, run.net
+    show = not args.quiet
+    if net.verifiers:
+        net.launch_committee(resume=run.resume)
+        save_state(run.root / STATE_FILE, net, run.recorded)
+        spawn_nodes(net, verbose=args.verbose)
+        try:
+            start_committee(net, args.ready_timeout, show=show, verbose=args.verbose)
+        except LocalNetError as exc:
+            if run.resume:
+                raise LocalNetError(f"{exc}. The chain {net.chain_id} was resumed from {run.root}: if that state "
+                                    "is from another version of gentorrent, pass --fresh to start a new "
+                                    "chain") from None
+            raise
+        height = net.height()
+        run.say(f"devnet: committee up: chain {net.chain_id} at height {height}" + (" (resumed)" if run.resume else ""))
+    else:
+        save_state(run.root / STATE_FILE, net, run.recorded)
+    start_nodes(net, args.ready_timeout, show=show, verbose=args.verbose, spawn=not net.verifiers)
+
+
+def report_health(run: Run) -> bool:
+    """Check that every node answers (:func:`check_up`), show the health table and say so; whether they all did."""
+    net = run.net
+    ok, results = check_up(net, run.args.ready_timeout)
+    for row in health_table(net, results):
+        run.say(row)
+    if not ok:
+        print(f"devnet: not every node answered within {run.args.ready_timeout}s (rows marked !!); see the "
+              f"logs in {run.root}", file=sys.stderr)
+        return False
+    count = len(started_entries(net))
+    if net.verifiers:
+        run.say(f"devnet: all {count} nodes healthy, registered with the committee "
+                f"(RPC {net.committee_addresses}; genesis {net.genesis_file})")
+    else:
+        run.say(f"devnet: all {count} nodes healthy. Registry: {net.registry_file} "
+                f"(signed by {REGISTRY_KEYS} registry keys)")
+    return True
+
+
+def settle_audits(run: Run) -> None:
+    """Say whether chats may use the model: unaudited (no --audits: the chat config allows it), or,
+    with --audits and a chat to hold, once the committee audits it (:func:`wait_audited`)."""
+    args, net = run.args, run.net
+    if net.unaudited:
+        run.say(f"devnet: this committee runs no audits (--audits turns them on), so no model is audited: the "
+                f"chat config {run.chat_config} sets allow_unaudited = true (a user's own config would need "
+                f"--allow-unaudited)")
+    elif net.audits and (args.chat or not (args.no_demo or args.quiet)):
+        wait_audited(net, show=not args.quiet)
+        run.say(f"devnet: the committee audits {run.model}: chats use it without --allow-unaudited")
+
+
+def how_to_chat(net: LocalNet, chat_config: Path) -> str:
+    """The commands to see the committee's state and to chat with the network from another terminal."""
+    exe = Path(sys.executable).parent / "gentorrent"
+    cmd = exe if exe.exists() else "gentorrent"
+    lines = []
+    if net.verifiers:
+        lines.append(f"devnet: the committee's state: {cmd} status --committee "
+                     f"{net.committee_addresses} --committee-genesis {net.genesis_file}")
+    lines.append(f"devnet: chat yourself, from another terminal:\n"
+                 f"    {cmd} user chat --config {chat_config}\n"
+                 f"or serve an OpenAI-compatible API on http://127.0.0.1:8741/v1:\n"
+                 f"    {cmd} user serve --config {chat_config}"
+                 + ("\n(that config sets allow_unaudited = true: this committee runs no audits, so no model is "
+                    "audited)" if net.unaudited else ""))
+    return "\n".join(lines)
+
+
+def run_up(run: Run) -> int:
+    """Once the nodes are ready: the health check, the demo chat, ``--chat``, or how to chat and
+    running until Ctrl-C or ``--duration``. The exit status."""
+    args, net = run.args, run.net
+    if not report_health(run):
+        return 1
+    how = ("resumed chain " if run.resume else "new chain ") + net.chain_id if net.verifiers else "no committee"
+    print(f"devnet: up in {net.clock.monotonic() - run.t0:.1f} s ({how})", flush=True)
+    settle_audits(run)
+    if not args.no_demo and not args.quiet:
+        run.say("devnet: demo chat through the anonymous overlay (3-hop proxy paths, (4,3) S-IDA cloves):")
+        if demo_chat(net, run.chat_config, args.engine) != 0:
+            print(f"devnet: the demo chat FAILED; see the messages above and the logs in {run.root}",
+                  file=sys.stderr)
+            return 1
+        run.say(f"devnet: the chat answered {net.clock.monotonic() - run.t0:.1f} s after devnet started")
+    if args.chat:
+        run.say("devnet: your chat; /help for commands, /quit or Ctrl-D to leave (the network stops then)")
+        interactive_chat(run.chat_config)
+        return 0
+    print(how_to_chat(net, run.chat_config), flush=True)
+    if args.duration is None:
+        print("devnet: running; press Ctrl-C to stop.", flush=True)
+        while True:
+            time.sleep(3600)
+    time.sleep(args.duration)
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    cfg = resolve_config(args)
+    check_args(args)
+    root = cfg.data_path / "devnet"
+    model = DEFAULT_MODEL if args.engine == "llama.cpp" else "echo"
+    root.mkdir(parents=True, exist_ok=True)
+    net, recorded = open_net(root, args, model)
+    run = Run(args, net, root, model, net.config_toml("you", root / "chat.toml"), recorded,
+              resume=recorded is not None and bool(net.verifiers))
+    run.say(starting_line(run))
+    run.t0 = net.clock.monotonic()
     try:
         with sigterm_as_interrupt():
-            if net.verifiers:  # the nodes start with the committee: they wait for it to answer
-                net.launch_committee(resume=resume)
-                save_state(root / STATE_FILE, net, recorded)
-                spawn_nodes(net, verbose=args.verbose)
-                try:
-                    start_committee(net, args.ready_timeout, show=show, verbose=args.verbose)
-                except LocalNetError as exc:
-                    if resume:
-                        raise LocalNetError(f"{exc}. The chain {net.chain_id} was resumed from {root}: if that state "
-                                            "is from another version of gentorrent, pass --fresh to start a new "
-                                            "chain") from None
-                    raise
-                height = net.height()
-                say(f"devnet: committee up: chain {net.chain_id} at height {height}" +
-                    (" (resumed)" if resume else ""))
-            else:
-                save_state(root / STATE_FILE, net, recorded)
-            start_nodes(net, args.ready_timeout, show=show, verbose=args.verbose, spawn=not net.verifiers)
-            state = run_async(wait_up, net, args.ready_timeout)
-            for row in health_table(net, state["results"]):
-                say(row)
-            if not state["ok"]:
-                print(f"devnet: not every node answered within {args.ready_timeout}s (rows marked !!); see the "
-                      f"logs in {root}", file=sys.stderr)
-                return 1
-            if net.verifiers:
-                say(f"devnet: all {len(state['entries'])} nodes healthy, registered with the committee "
-                    f"(RPC {net.committee_addresses}; genesis {net.genesis_file})")
-            else:
-                say(f"devnet: all {len(state['entries'])} nodes healthy. Registry: {net.registry_file} "
-                    f"(signed by {REGISTRY_KEYS} registry keys)")
-            how = ("resumed chain " if resume else "new chain ") + net.chain_id if net.verifiers else "no committee"
-            print(f"devnet: up in {net.clock.monotonic() - t0:.1f} s ({how})", flush=True)
-            if net.unaudited:
-                say(f"devnet: this committee runs no audits (--audits turns them on), so no model is audited: the "
-                    f"chat config {chat_config} sets allow_unaudited = true (a user's own config would need "
-                    f"--allow-unaudited)")
-            elif net.audits and (args.chat or not (args.no_demo or args.quiet)):
-                wait_audited(net, show=show)
-                say(f"devnet: the committee audits {model}: chats use it without --allow-unaudited")
-            if not args.no_demo and not args.quiet:
-                say("devnet: demo chat through the anonymous overlay (3-hop proxy paths, (4,3) S-IDA cloves):")
-                if demo_chat(net, chat_config, args.engine) != 0:
-                    print(f"devnet: the demo chat FAILED; see the messages above and the logs in {root}",
-                          file=sys.stderr)
-                    return 1
-                say(f"devnet: the chat answered {net.clock.monotonic() - t0:.1f} s after devnet started")
-            if args.chat:
-                say("devnet: your chat; /help for commands, /quit or Ctrl-D to leave (the network stops then)")
-                interactive_chat(chat_config)
-                return 0
-            exe = Path(sys.executable).parent / "gentorrent"
-            if net.verifiers:
-                print(f"devnet: the committee's state: {exe if exe.exists() else 'gentorrent'} status --committee "
-                      f"{net.committee_addresses} --committee-genesis {net.genesis_file}", flush=True)
-            print(f"devnet: chat yourself, from another terminal:\n"
-                  f"    {exe if exe.exists() else 'gentorrent'} user chat --config {chat_config}\n"
-                  f"or serve an OpenAI-compatible API on http://127.0.0.1:8741/v1:\n"
-                  f"    {exe if exe.exists() else 'gentorrent'} user serve --config {chat_config}"
-                  + ("\n(that config sets allow_unaudited = true: this committee runs no audits, so no model is "
-                     "audited)" if net.unaudited else ""), flush=True)
-            if args.duration is None:
-                print("devnet: running; press Ctrl-C to stop.", flush=True)
-                while True:
-                    time.sleep(3600)
-            else:
-                time.sleep(args.duration)
-            return 0
+            start_all(run)
+            return run_up(run)
     except KeyboardInterrupt:
         return 0
     except LocalNetError as exc:

@@ -33,19 +33,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(run=_run)
 
 
-async def query(transport: Transport, peer: PeerEntry, timeout: float) -> tuple[float, PeerStatus]:
-    """Dial ``peer`` (pinned to its id) and fetch its :class:`PeerStatus`."""
+async def query(transport: Transport, peer: PeerEntry) -> tuple[float, PeerStatus]:
+    """Dial ``peer`` (pinned to its id) and fetch its :class:`PeerStatus` (the caller bounds it)."""
     t0 = time.perf_counter()
-    with trio.fail_after(timeout):
-        conn = await transport.dial(peer.address, peer.node_id)
-        try:
-            await conn.send(PeerStatusRequest())
-            while True:
-                msg = await conn.receive()
-                if isinstance(msg, PeerStatus):
-                    return time.perf_counter() - t0, msg
-        finally:
-            await conn.aclose()
+    conn = await transport.dial(peer.address, peer.node_id)
+    try:
+        await conn.send(PeerStatusRequest())
+        while True:
+            msg = await conn.receive()
+            if isinstance(msg, PeerStatus):
+                return time.perf_counter() - t0, msg
+    finally:
+        await conn.aclose()
 
 
 def _trust(e: PeerEntry) -> str:
@@ -101,14 +100,19 @@ def audit_rows(audit: Any, reputation: Any, listed: set[bytes]) -> list[str]:
     return rows
 
 
-async def query_all(transport: Transport, entries: list[PeerEntry], timeout: float) -> dict[bytes, tuple[float, PeerStatus] | str]:
+async def query_all(transport: Transport, entries: list[PeerEntry], per_node_timeout: float,
+                    ) -> dict[bytes, tuple[float, PeerStatus] | str]:
+    """Every node's :func:`query` at once: ``(rtt, status)``, or why none came (the transport's
+    error, or no answer within ``per_node_timeout`` seconds: each node is bounded on its own, so a
+    slow one is reported and the others' answers are kept)."""
     results: dict[bytes, tuple[float, PeerStatus] | str] = {}
 
     async def one(e: PeerEntry) -> None:
         try:
-            results[e.node_id] = await query(transport, e, timeout)
+            with trio.fail_after(per_node_timeout):
+                results[e.node_id] = await query(transport, e)
         except trio.TooSlowError:
-            results[e.node_id] = f"no answer within {timeout}s"
+            results[e.node_id] = f"no answer within {per_node_timeout}s"
         except TransportError as exc:
             results[e.node_id] = str(exc)
 
@@ -121,9 +125,13 @@ async def query_all(transport: Transport, entries: list[PeerEntry], timeout: flo
 LIVENESS_BLOCKS = 5  # a validator is live if it signed any of the last this many commits
 
 
-async def committee_view(addresses: tuple[str, ...], chain_id: str, validators: Any, timeout: float,
+async def committee_view(addresses: tuple[str, ...], chain_id: str, validators: Any, rpc_timeout: float,
                          ) -> tuple[list[str], list[PeerEntry], bool]:
-    """(rows describing the committee, the registered nodes from its verified lists, all verifiers up?)."""
+    """(rows describing the committee, the registered nodes from its verified lists, all verifiers up?).
+
+    ``rpc_timeout`` bounds each exchange with the verifiers on its own (one verifier's status; the
+    validators and recent commits; the signed lists; the audit state): one that runs out is
+    reported in its row, and the view goes on."""
     import base64
 
     from overlay.directory.lists import CommitteeClient, ListError
@@ -133,7 +141,7 @@ async def committee_view(addresses: tuple[str, ...], chain_id: str, validators: 
     rows.append(f"  {'verifier RPC':<22} {'height':>8}  state")
     for addr in addresses:
         try:
-            with trio.fail_after(timeout):
+            with trio.fail_after(rpc_timeout):
                 st = await rpc_call(addr, "status", {})
             info = st["sync_info"]
             state = "catching up" if info.get("catching_up") else "up"
@@ -147,7 +155,7 @@ async def committee_view(addresses: tuple[str, ...], chain_id: str, validators: 
         rows.append("  no verifier answered: the committee's state and registered nodes are unknown")
         return rows, entries, False
     try:
-        with trio.fail_after(timeout):
+        with trio.fail_after(rpc_timeout):
             vals = (await rpc_call(answered, "validators", {}))["validators"]
             latest = await rpc_call(answered, "commit", {})
             height = int(latest["signed_header"]["header"]["height"])
@@ -167,7 +175,7 @@ async def committee_view(addresses: tuple[str, ...], chain_id: str, validators: 
                         f" ({n}/{len(commits)})")
     except (OSError, RpcError, trio.TooSlowError, KeyError, TypeError, ValueError) as exc:
         rows.append(f"  validators unknown: {answered} did not answer ({exc})")
-    client = CommitteeClient(addresses, chain_id, validators, fetch_timeout=timeout)
+    client = CommitteeClient(addresses, chain_id, validators, fetch_timeout=rpc_timeout)
     try:
         reg = await client.refresh()
         entries = list(reg.entries)
@@ -177,27 +185,31 @@ async def committee_view(addresses: tuple[str, ...], chain_id: str, validators: 
     except ListError as exc:
         up = False
         rows.append(f"  no signed list verifies: {exc}")
-    rows.extend(await _audit_view(answered, entries, timeout))
+    try:
+        with trio.fail_after(rpc_timeout):
+            rows.extend(await _audit_view(answered, entries))
+    except trio.TooSlowError:
+        rows.append(f"  audits unknown: {answered} did not answer /audit within {rpc_timeout:g} s")
     return rows, entries, up
 
 
-async def _audit_view(address: str, entries: list[PeerEntry], timeout: float) -> list[str]:
-    """Rows for the committee's audits, read from one verifier (unsigned: that verifier's view)."""
+async def _audit_view(address: str, entries: list[PeerEntry]) -> list[str]:
+    """Rows for the committee's audits, read from one verifier (unsigned: that verifier's view);
+    the caller bounds it."""
     import msgpack
 
     from overlay.directory.rpc import RpcError, abci_value
 
     try:
-        with trio.fail_after(timeout):
-            audit = msgpack.unpackb(await abci_value(address, "/audit"), raw=False, strict_map_key=False)
-            reputation = msgpack.unpackb(await abci_value(address, "/reputation"), raw=False)
+        audit = msgpack.unpackb(await abci_value(address, "/audit"), raw=False, strict_map_key=False)
+        reputation = msgpack.unpackb(await abci_value(address, "/reputation"), raw=False)
         listed = {e.node_id for e in entries if e.role == "model"}
         return audit_rows(audit, reputation, listed)
     except RpcError as exc:
         if "code 17" in str(exc):  # AUDITS_OFF
             return ["  audits: off (the committee's genesis has no audit section)"]
         return [f"  audits unknown: {exc}"]
-    except (OSError, trio.TooSlowError, ValueError, TypeError, KeyError, msgpack.UnpackException) as exc:
+    except (OSError, ValueError, TypeError, KeyError, msgpack.UnpackException) as exc:
         return [f"  audits unknown: {address} did not answer /audit ({type(exc).__name__}: {exc})"]
 
 

@@ -308,12 +308,13 @@ async def _e2e(net: LocalNet, trials: int) -> dict[str, float]:
         user = UserNode(ident, TLSTransport(ident), net.registry, client=True)
         await nursery.start(user.serve, host, int(port))
         assert user.client is not None and user.paths is not None
-        await user.paths.wait_ready(4, 30)
+        with trio.fail_after(30):
+            await user.paths.wait_ready(4)
         conn = await TLSTransport(ident).dial(model.address, model.node_id)
         for i in range(trials + 2):  # the first of each warms connections and the node's cache
             t0 = time.perf_counter()
             first = None
-            async for chunk in user.client.request(DEFAULT_MODEL_ID, msgs, params, timeout=60):
+            async for chunk in user.client.request(DEFAULT_MODEL_ID, msgs, params, chunk_timeout=60):
                 if first is None:
                     first = time.perf_counter() - t0
                 if chunk.error:

@@ -212,7 +212,7 @@ class Client:
                                 params=PARAMS, k=1, return_paths=(), continuation=""))
         ttft = None
         while True:
-            c = await conn.receive(timeout=600)
+            c = await conn.receive(idle_timeout=600)
             if not isinstance(c, ReplyChunk):
                 continue
             if ttft is None:
@@ -228,7 +228,7 @@ class Client:
         conn = await self.connection(e)
         await conn.send(StatsRequest(1))
         while True:
-            msg = await conn.receive(timeout=30)
+            msg = await conn.receive(idle_timeout=30)
             if isinstance(msg, NodeStats):
                 self.release(e, conn)
                 return msg

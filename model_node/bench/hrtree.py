@@ -219,6 +219,75 @@ def _match_quality(tree: HRTree, truth: TokenRadix, queries: list[array.array[in
         figures["reuse_available_rate"] = available / n
 
 
+def _search_latency(tree: HRTree, caches: list[list[array.array[int]]], wl: Workload, rng: random.Random,
+                    trials: int) -> dict[str, float]:
+    """Search latency: prompts of exactly 1k / 8k / 32k tokens that share a cached prefix."""
+    figures: dict[str, float] = {}
+    for label, n in (("1k", 1024), ("8k", 8192), ("32k", 32768)):
+        if n <= 2048:
+            pool = [p for c in caches for p in c if len(p) >= n // 2]
+        else:
+            pool = [p for c in caches for p in c if len(p) >= n - 64]
+            if not pool:  # make sure a long document is cached somewhere
+                doc = wl.docs[0]
+                tree.insert(_node_id(0), doc)
+                pool = [doc]
+        queries: list[list[int]] = []
+        for _ in range(trials):
+            base = rng.choice(pool)
+            keep = min(len(base), n - 16)
+            q = base[:keep] + _tokens(rng, n - keep)
+            queries.append(q.tolist())  # a tokenizer's output: a list of ints
+        times = []
+        for query in queries:
+            t0 = time.perf_counter()
+            depth, _ = tree.search(query)
+            times.append(time.perf_counter() - t0)
+            assert depth >= 1
+        figures.update(summarize(f"search_{label}_tokens", times, unit="us"))
+    return figures
+
+
+def _sync_bytes(learned: ChunkLengths, caches: list[list[array.array[int]]], wl: Workload) -> dict[str, float]:
+    """Sync bytes, one node (node 0) to one peer: a full update, a round's delta and the load
+    report, against a radix tree's."""
+    own = HRTree(learned)
+    own.track(b"me")
+    for p in caches[0]:
+        own.insert(b"me", p)
+    d = learned.digest
+    full = SubtreeUpdate(2, 0, True, learned.version, d, own.paths(b"me"), ())
+    full_bytes = len(codec.encode(full))
+    solo = TokenRadix()
+    for p in caches[0]:
+        solo.insert(0, token_bytes(p))
+    radix_full = len(solo.encode())
+    mark = own.seq(b"me")
+    new = [wl.next() for _ in range(10)]
+    for p in caches[0][:10]:
+        own.remove_path(b"me", learned.path(p))
+    for p in new:
+        own.insert(b"me", p)
+    delta = own.delta_since(b"me", mark)
+    assert delta is not None
+    delta_bytes = len(codec.encode(SubtreeUpdate(3, 2, False, learned.version, d, delta.added, delta.removed)))
+    radix_delta = len(msgpack.packb([[p.tolist() for p in new], [bytes(8)] * 10], use_bin_type=True))
+    load_bytes = len(codec.encode(LoadReport(1_760_000_000_000, 1, 3, 1, 4, 512, 180, 123_456)))
+    per_round = load_bytes + (full_bytes + (FULL_EVERY - 1) * delta_bytes) / FULL_EVERY
+    radix_per_round = load_bytes + (radix_full + (FULL_EVERY - 1) * radix_delta) / FULL_EVERY
+    return {
+        "sync_full_bytes_per_node": float(full_bytes),
+        "radix_sync_full_bytes_per_node": float(radix_full),
+        "sync_full_ratio_hrtree_vs_radix": full_bytes / radix_full,
+        "sync_delta_bytes_per_round": float(delta_bytes),
+        "radix_sync_delta_bytes_per_round": float(radix_delta),
+        "load_report_bytes": float(load_bytes),
+        "sync_bytes_per_node_per_round": per_round,
+        "radix_sync_bytes_per_node_per_round": radix_per_round,
+        "sync_round_ratio_hrtree_vs_radix": per_round / radix_per_round,
+    }
+
+
 def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
     nodes, cache, warm, n_queries, trials = (10, 50, 600, 300, 50) if quick else (50, 100, 6000, 2000, 1000)
     wl = Workload(seed=2025, n_docs=5 if quick else 20)
@@ -259,66 +328,8 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
         "memory_ratio_hrtree_vs_radix": tree_bytes / radix_bytes,
     }
 
-    # Search latency: prompts of exactly 1k / 8k / 32k tokens that share a cached prefix.
-    for label, n in (("1k", 1024), ("8k", 8192), ("32k", 32768)):
-        if n <= 2048:
-            pool = [p for c in caches for p in c if len(p) >= n // 2]
-        else:
-            pool = [p for c in caches for p in c if len(p) >= n - 64]
-            if not pool:  # make sure a long document is cached somewhere
-                doc = wl.docs[0]
-                tree.insert(_node_id(0), doc)
-                pool = [doc]
-        queries: list[list[int]] = []
-        for _ in range(trials):
-            base = rng.choice(pool)
-            keep = min(len(base), n - 16)
-            q = base[:keep] + _tokens(rng, n - keep)
-            queries.append(q.tolist())  # a tokenizer's output: a list of ints
-        times = []
-        for query in queries:
-            t0 = time.perf_counter()
-            depth, _ = tree.search(query)
-            times.append(time.perf_counter() - t0)
-            assert depth >= 1
-        figures.update(summarize(f"search_{label}_tokens", times, unit="us"))
-
-    # Sync bytes, one node (node 0) to one peer.
-    own = HRTree(learned)
-    own.track(b"me")
-    for p in caches[0]:
-        own.insert(b"me", p)
-    d = learned.digest
-    full = SubtreeUpdate(2, 0, True, learned.version, d, own.paths(b"me"), ())
-    full_bytes = len(codec.encode(full))
-    solo = TokenRadix()
-    for p in caches[0]:
-        solo.insert(0, token_bytes(p))
-    radix_full = len(solo.encode())
-    mark = own.seq(b"me")
-    new = [wl.next() for _ in range(10)]
-    for p in caches[0][:10]:
-        own.remove_path(b"me", learned.path(p))
-    for p in new:
-        own.insert(b"me", p)
-    delta = own.delta_since(b"me", mark)
-    assert delta is not None
-    delta_bytes = len(codec.encode(SubtreeUpdate(3, 2, False, learned.version, d, delta.added, delta.removed)))
-    radix_delta = len(msgpack.packb([[p.tolist() for p in new], [bytes(8)] * 10], use_bin_type=True))
-    load_bytes = len(codec.encode(LoadReport(1_760_000_000_000, 1, 3, 1, 4, 512, 180, 123_456)))
-    per_round = load_bytes + (full_bytes + (FULL_EVERY - 1) * delta_bytes) / FULL_EVERY
-    radix_per_round = load_bytes + (radix_full + (FULL_EVERY - 1) * radix_delta) / FULL_EVERY
-    figures.update({
-        "sync_full_bytes_per_node": float(full_bytes),
-        "radix_sync_full_bytes_per_node": float(radix_full),
-        "sync_full_ratio_hrtree_vs_radix": full_bytes / radix_full,
-        "sync_delta_bytes_per_round": float(delta_bytes),
-        "radix_sync_delta_bytes_per_round": float(radix_delta),
-        "load_report_bytes": float(load_bytes),
-        "sync_bytes_per_node_per_round": per_round,
-        "radix_sync_bytes_per_node_per_round": radix_per_round,
-        "sync_round_ratio_hrtree_vs_radix": per_round / radix_per_round,
-    })
+    figures.update(_search_latency(tree, caches, wl, rng, trials))
+    figures.update(_sync_bytes(learned, caches, wl))
 
     # τ_c: how often a match is false, how often true reuse is missed, per threshold.
     sample = [wl.next() for _ in range(n_queries)]

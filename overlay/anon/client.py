@@ -49,10 +49,10 @@ MAX_CHUNKS_QUEUED = 1024
 # INVALID (bad sampling parameters, a prompt the tokenizer refuses or too long for the context:
 # any node would answer the same): reported, no failover; anything else (the engine failed, the
 # node does not serve the model after all, a forwarding fault): failover to another node.
-# Failover on silence: before the first chunk the caller's ``timeout`` applies (it covers
+# Failover on silence: before the first chunk the caller's ``chunk_timeout`` applies (it covers
 # queueing and prefill); after it, a silence longer than SILENCE_GAPS times the reply's mean
 # gap between chunks (the node's own decode rate as seen here; FIRST_GAP until two chunks have
-# come), but never shorter than SILENCE_FLOOR nor longer than ``timeout``.
+# come), but never shorter than SILENCE_FLOOR nor longer than ``chunk_timeout``.
 SILENCE_FLOOR = 2.0
 SILENCE_GAPS = 8.0
 FIRST_GAP = 1.0
@@ -235,7 +235,7 @@ class AnonClient:
         params: SamplingParams | None = None,
         *,
         node: bytes | None = None,
-        timeout: float = 60.0,
+        chunk_timeout: float = 60.0,
         paths_timeout: float = 30.0,
         failover: bool = True,
         fresh_paths: bool = False,
@@ -249,10 +249,12 @@ class AnonClient:
         that fails is never yielded: :class:`ReplyUnverified` is raised instead, so callers
         cannot show unverified text by accident. ``chunk.done`` marks the complete reply.
 
-        ``node`` prefers a model node (session affinity); ``timeout`` bounds the wait for the
-        first chunk. The request fails over — the prompt and the verified text so far are
-        resent to another node serving the model, which continues without repeating it
-        (``continuation``, from Petals) — when the serving node (1) answers with an error that
+        ``node`` prefers a model node (session affinity); ``chunk_timeout`` bounds the wait for
+        each reply chunk: the first one's in full (queueing and prefill), and it caps the silence
+        allowed after it; ``paths_timeout`` bounds the wait for the proxy paths a try goes over
+        (:class:`AnonError` of kind :attr:`Failure.NO_PATHS` after it). The request fails over —
+        the prompt and the verified text so far are resent to another node serving the model,
+        which continues without repeating it (``continuation``, from Petals) — when the serving node (1) answers with an error that
         is not final by nature (:attr:`Failure.INVALID`), (2) is reported gone by the proxies
         (or its paths die) so that fewer than k paths can still carry its reply, or (3) stays
         silent for longer than :data:`SILENCE_GAPS` times its gap between chunks (at least
@@ -285,7 +287,8 @@ class AnonClient:
         while True:
             try:
                 attempt = self._attempt(target, model, tuple(messages), params or SamplingParams(),
-                                        "".join(produced), timeout, paths_timeout, exact, fresh_paths, request_id)
+                                        "".join(produced), chunk_timeout, paths_timeout, exact, fresh_paths,
+                                        request_id)
                 request_id = None  # a later try is another request
                 async with aclosing(attempt) as chunks:
                     async for chunk in chunks:
@@ -316,21 +319,25 @@ class AnonClient:
 
     async def _attempt(
         self, target: PeerEntry, model: str, messages: tuple[ChatMessage, ...], params: SamplingParams,
-        continuation: str, timeout: float, paths_timeout: float, exact: bool = False, fresh_paths: bool = False,
-        request_id: bytes | None = None,
+        continuation: str, chunk_timeout: float, paths_timeout: float, exact: bool = False,
+        fresh_paths: bool = False, request_id: bytes | None = None,
     ) -> AsyncGenerator[ReplyChunk, None]:
         """One try at ``target``: n cloves out over n of our paths (n built for this try alone
-        with ``fresh_paths``, closed after it), the reply chunks back in order, each checked
-        before it is yielded. :class:`_NodeFailed` if the node fails."""
+        with ``fresh_paths``, closed after it), the paths within ``paths_timeout``, the reply chunks
+        back in order, each checked before it is yielded. :class:`_NodeFailed` if the node fails."""
+        paths: list[Path] | None = None
         try:
-            if fresh_paths:
-                paths = await self.paths.build_fresh(self.n, paths_timeout)
-            else:
-                paths = self.rng.sample(await self.paths.wait_ready(self.n, paths_timeout), self.n)
+            with trio.move_on_after(paths_timeout):
+                if fresh_paths:
+                    paths = await self.paths.build_fresh(self.n)
+                else:
+                    paths = self.rng.sample(await self.paths.wait_ready(self.n), self.n)
+            if paths is None:
+                raise self.paths.too_few(self.n, paths_timeout, fresh=fresh_paths)
         except PathError as exc:
             raise AnonError(str(exc), Failure.NO_PATHS) from None
         try:
-            async with aclosing(self._attempt_on(paths, target, model, messages, params, continuation, timeout,
+            async with aclosing(self._attempt_on(paths, target, model, messages, params, continuation, chunk_timeout,
                                                  exact, request_id)) as chunks:
                 async for c in chunks:
                     yield c
@@ -340,7 +347,8 @@ class AnonClient:
 
     async def _attempt_on(
         self, paths: list[Path], target: PeerEntry, model: str, messages: tuple[ChatMessage, ...],
-        params: SamplingParams, continuation: str, timeout: float, exact: bool, request_id: bytes | None = None,
+        params: SamplingParams, continuation: str, chunk_timeout: float, exact: bool,
+        request_id: bytes | None = None,
     ) -> AsyncGenerator[ReplyChunk, None]:
         """:meth:`_attempt` over the chosen ``paths``."""
         keys = [ReturnKey.generate() for _ in paths]
@@ -371,7 +379,7 @@ class AnonClient:
         try:
             self._send_cloves(target, paths, cloves)
             checker: ReplyChecker | None = None
-            async with aclosing(self._in_order(recv_ch, target, paths, timeout)) as chunks:
+            async with aclosing(self._in_order(recv_ch, target, paths, chunk_timeout)) as chunks:
                 async for c in chunks:
                     if checker is None:
                         checker = self._checker(c.node, digest, model, any_standing=exact)
@@ -435,7 +443,7 @@ class AnonClient:
 
     async def _in_order(
         self, chunks: trio.MemoryReceiveChannel[ReplyChunk | _Gone], target: PeerEntry, paths: list[Path],
-        timeout: float,
+        chunk_timeout: float,
     ) -> AsyncGenerator[ReplyChunk, None]:
         """Reply chunks in ``seq`` order as each becomes next. :class:`AnonError` for a final
         error chunk or chunks too far out of order; :class:`_NodeBusy` for a "busy" refusal
@@ -448,10 +456,10 @@ class AnonClient:
         last_at = 0.0
         node = target.node_id
         while True:
-            limit = timeout
+            limit = chunk_timeout
             if first_at is not None:
                 gap = (last_at - first_at) / (next_seq - 1) if next_seq > 1 else FIRST_GAP
-                limit = min(timeout, max(SILENCE_FLOOR, SILENCE_GAPS * gap))
+                limit = min(chunk_timeout, max(SILENCE_FLOOR, SILENCE_GAPS * gap))
             with trio.move_on_after(limit) as scope:
                 item = await chunks.receive()
             if scope.cancelled_caught:

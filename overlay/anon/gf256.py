@@ -26,19 +26,19 @@ from overlay.wire.crypto import random_bytes
 
 __all__ = [
     "EXP",
+    "GENERATOR",
     "LOG",
     "MUL",
     "POLY",
-    "GENERATOR",
     "add",
-    "mul",
-    "inv",
-    "div",
-    "pow_",
-    "lagrange_at_zero",
-    "eval_shares",
-    "split",
     "combine",
+    "div",
+    "eval_shares",
+    "inv",
+    "lagrange_at_zero",
+    "mul",
+    "pow_",
+    "split",
 ]
 
 POLY = 0x11B

@@ -178,7 +178,7 @@ def peel_onion(static: crypto.X25519Key, onion: bytes) -> Routing:
 class HopCrypt:
     """One hop's cell transform, for both directions. Reused for every cell."""
 
-    __slots__ = ("keys", "fwd", "back", "_fwd_iv", "_back_iv")
+    __slots__ = ("_back_iv", "_fwd_iv", "back", "fwd", "keys")
 
     def __init__(self, keys: HopKeys) -> None:
         self.keys = keys
@@ -244,7 +244,7 @@ class PathCrypt:
 class ProxyCrypt:
     """The proxy's end of a path: opens forward payloads, seals backward ones."""
 
-    __slots__ = ("hop", "_end")
+    __slots__ = ("_end", "hop")
 
     def __init__(self, keys: HopKeys) -> None:
         self.hop = HopCrypt(keys)

@@ -248,7 +248,7 @@ class Path:
     created: float
     ready: trio.Event = field(default_factory=trio.Event)
     proxy_path_id: bytes | None = None
-    dead: bool = False
+    closed: trio.Event = field(default_factory=trio.Event)  # set when the path dies (:attr:`dead`)
     # reply routing: return tag -> callback(data); the manager watches what is delivered per tag
     returns: dict[bytes, Callable[[bytes], bool | None]] = field(default_factory=dict)
     notices: int = 0
@@ -256,6 +256,11 @@ class Path:
     watchers: dict[bytes, Callable[[PathNotice], None]] = field(default_factory=dict)
     doubted: bool = False  # brought no reply clove for its last request: not used, being replaced
     build_round: int = 0  # the Backoff round the build started in
+
+    @property
+    def dead(self) -> bool:
+        """Closed, here or by a relay: no longer used (``await path.closed.wait()`` waits for it)."""
+        return self.closed.is_set()
 
     @property
     def first(self) -> bytes:
@@ -350,19 +355,24 @@ class PathManager:
         """Builds a relay refused with a ``Destroy`` before their ``PathReady`` (any reason)."""
         return sum(self.refused.values())
 
-    async def wait_ready(self, n: int, timeout: float) -> list[Path]:
-        """At least ``n`` ready paths, waiting up to ``timeout`` for builds to finish."""
-        with trio.move_on_after(timeout):
-            while len(self.ready_paths()) < n:
-                await self._changed.wait()
-        ready = self.ready_paths()
-        if len(ready) < n:
-            raise PathError(
-                f"only {len(ready)} of the {n} proxy paths needed are ready after {timeout:.0f}s "
-                f"({len(self.paths)} known, {self.failed} builds failed: {self.paths!r}); check that enough "
-                "relays are up"
-            )
+    async def wait_ready(self, n: int) -> list[Path]:
+        """At least ``n`` ready paths, once builds have made them. The caller bounds the wait (a
+        cancel scope) and may report :meth:`too_few` when it runs out."""
+        while len(ready := self.ready_paths()) < n:
+            await self._changed.wait()
         return ready
+
+    def too_few(self, n: int, waited: float, *, fresh: bool = False) -> PathError:
+        """The error for a caller that waited ``waited`` seconds in vain for ``n`` ready paths
+        (:meth:`wait_ready`) or, ``fresh``, for ``n`` paths built for one request (:meth:`build_fresh`)."""
+        if fresh:
+            return PathError(f"could not build {n} fresh proxy paths within {waited:.0f}s; check that enough "
+                             "relays are up")
+        return PathError(
+            f"only {len(self.ready_paths())} of the {n} proxy paths needed are ready after {waited:.0f}s "
+            f"({len(self.paths)} known, {self.failed} builds failed: {self.paths!r}); check that enough "
+            "relays are up"
+        )
 
     def _notify(self) -> None:
         self._changed.set()
@@ -539,7 +549,7 @@ class PathManager:
     def _kill(self, path: Path, *, send_destroy: bool) -> None:
         if path.dead:
             return
-        path.dead = True
+        path.closed.set()
         for watch in list(path.watchers.values()):  # requests on it lose this path's cloves
             watch(PathNotice(code=PATH_CLOSED, detail="the path was closed", model_node=b""))
         if send_destroy:
@@ -607,54 +617,52 @@ class PathManager:
         if not path.ready.is_set() and not path.dead:
             self._build_failed(path, f"no PathReady within {self.build_timeout}s", backoff=False)
 
-    async def build_fresh(self, n: int, timeout: float) -> list[Path]:
+    async def build_fresh(self, n: int) -> list[Path]:
         """``n`` new ready paths for ONE request, built now and used by nothing else: relays drawn
         as for the pool (distinct within these ``n`` paths, avoiding suspects), a build that fails
-        or takes longer than ``build_timeout`` replaced on other relays, all within ``timeout``.
+        or takes longer than ``build_timeout`` replaced on other relays, until they are all ready.
         Builds respect the back-off the pool shares (:class:`Backoff`: no build before its pause
-        is over, one at a time while builds keep failing). The caller retires them
-        (:meth:`retire`) when its request is over. :class:`PathError` if they cannot be built in
-        time (what was built is retired)."""
+        is over, one at a time while builds keep failing). The caller bounds the wait (a cancel
+        scope; :meth:`too_few` with ``fresh`` says why) and retires the paths (:meth:`retire`) when
+        its request is over. Cancelled, or with :class:`PathError` from drawing relays, it retires
+        what it built."""
         me = self.node.node_id
         mine: list[Path] = []
         ok = False
         try:
-            with trio.move_on_after(timeout):
-                while True:
-                    now = self.clock.monotonic()
-                    for p in [p for p in mine if not p.dead and not p.ready.is_set()
-                              and now >= p.created + self.build_timeout]:  # as the wake-up time below
-                        self._build_failed(p, f"no PathReady within {self.build_timeout}s", backoff=False)
-                    mine = [p for p in mine if not p.dead]
-                    if sum(p.ready.is_set() for p in mine) >= n:
-                        ok = True
-                        return [p for p in mine if p.ready.is_set()][:n]
-                    suspect = functools.partial(self._is_suspect, now=now)
-                    failed_at_once = False
-                    for _ in range(2 * n):  # a first relay we cannot reach fails at once: try others
-                        if len(mine) >= n or self.backoff.wait(now) > 0:
-                            break
-                        if self.backoff.probing and any(not p.ready.is_set() for p in mine):
-                            break  # builds keep failing: one probe at a time
-                        in_use = {r.node_id for p in mine for r in p.relays}
-                        relays = choose_relays(self.relay_pool(), me, in_use, suspect, self.rng)
-                        path = self.start_build(relays, one_off=True)
-                        if path.dead:
-                            failed_at_once = True
-                        else:
-                            mine.append(path)
-                    building = [p.created + self.build_timeout for p in mine if not p.ready.is_set()]
-                    pause = self.backoff.wait(now)
-                    if pause > 0:  # backing off: wake for a build's outcome or the pause's end
-                        building.append(now + pause)
-                    elif failed_at_once or not building:  # first relays unreachable: pause before more builds
-                        await trio.sleep(FRESH_RETRY_S)
-                        continue
-                    changed = self._changed
-                    with trio.move_on_after(max(0.0, min(building) - now)):
-                        await changed.wait()
-            raise PathError(f"could not build {n} fresh proxy paths within {timeout:.0f}s "
-                            f"({sum(p.ready.is_set() for p in mine)} ready); check that enough relays are up")
+            while True:
+                now = self.clock.monotonic()
+                for p in [p for p in mine if not p.dead and not p.ready.is_set()
+                          and now >= p.created + self.build_timeout]:  # as the wake-up time below
+                    self._build_failed(p, f"no PathReady within {self.build_timeout}s", backoff=False)
+                mine = [p for p in mine if not p.dead]
+                if sum(p.ready.is_set() for p in mine) >= n:
+                    ok = True
+                    return [p for p in mine if p.ready.is_set()][:n]
+                suspect = functools.partial(self._is_suspect, now=now)
+                failed_at_once = False
+                for _ in range(2 * n):  # a first relay we cannot reach fails at once: try others
+                    if len(mine) >= n or self.backoff.wait(now) > 0:
+                        break
+                    if self.backoff.probing and any(not p.ready.is_set() for p in mine):
+                        break  # builds keep failing: one probe at a time
+                    in_use = {r.node_id for p in mine for r in p.relays}
+                    relays = choose_relays(self.relay_pool(), me, in_use, suspect, self.rng)
+                    path = self.start_build(relays, one_off=True)
+                    if path.dead:
+                        failed_at_once = True
+                    else:
+                        mine.append(path)
+                building = [p.created + self.build_timeout for p in mine if not p.ready.is_set()]
+                pause = self.backoff.wait(now)
+                if pause > 0:  # backing off: wake for a build's outcome or the pause's end
+                    building.append(now + pause)
+                elif failed_at_once or not building:  # first relays unreachable: pause before more builds
+                    await trio.sleep(FRESH_RETRY_S)
+                    continue
+                changed = self._changed
+                with trio.move_on_after(max(0.0, min(building) - now)):
+                    await changed.wait()
         finally:
             if not ok:
                 self.retire(mine)

@@ -197,17 +197,17 @@ class RelayCore:
                 held = self._hold(peer, msg, now)
                 if held is not None:
                     return held
-            return [Send(peer, Destroy(msg.link_id, "not-registered"))] + self._drop("not-registered")
+            return [Send(peer, Destroy(msg.link_id, "not-registered")), *self._drop("not-registered")]
         if (peer, msg.link_id) in self.by_pred:
             return self._drop("link-in-use")
         if len(self.by_pred) >= self.limits.max_paths or self.per_peer[peer] >= self.limits.max_paths_per_peer:
-            return [Send(peer, Destroy(msg.link_id, "table-full"))] + self._drop("table-full")
+            return [Send(peer, Destroy(msg.link_id, "table-full")), *self._drop("table-full")]
         try:
             r = onion.peel_onion(self.static_key, msg.onion)
         except onion.OnionError as exc:
-            return [Send(peer, Destroy(msg.link_id, exc.reason))] + self._drop("onion-" + exc.reason)
+            return [Send(peer, Destroy(msg.link_id, exc.reason)), *self._drop("onion-" + exc.reason)]
         if r.expires < unix or r.expires > unix + onion.MAX_ONION_TTL:
-            return [Send(peer, Destroy(msg.link_id, "expired"))] + self._drop("onion-expired")
+            return [Send(peer, Destroy(msg.link_id, "expired")), *self._drop("onion-expired")]
         if r.ephemeral in self.replay:
             return self._drop("onion-replayed")
         self._remember(r.ephemeral, r.expires, unix)
@@ -222,7 +222,7 @@ class RelayCore:
             return [Send(peer, CellBack(msg.link_id, iv, body))]
         nxt = r.next_node
         if nxt == self.node_id or nxt == peer or (self.knows is not None and not self.knows(nxt)):
-            return [Send(peer, Destroy(msg.link_id, "bad-next-hop"))] + self._drop("bad-next-hop")
+            return [Send(peer, Destroy(msg.link_id, "bad-next-hop")), *self._drop("bad-next-hop")]
         succ_link = crypto.random_bytes(LINK_ID_LEN)
         path = _Path(peer, msg.link_id, nxt, succ_link, onion.HopCrypt(r.keys), None, None, expires, now)
         self._add(path)

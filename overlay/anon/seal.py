@@ -61,7 +61,7 @@ def open_sealed(key: crypto.X25519Key, sealed: bytes) -> bytes:
 class ReturnKey:
     """Seals reply cloves for one request on one path: ``tag || nonce || AEAD``."""
 
-    __slots__ = ("key", "tag", "_aead")
+    __slots__ = ("_aead", "key", "tag")
 
     def __init__(self, key: bytes, tag: bytes) -> None:
         if len(tag) != TAG_LEN:

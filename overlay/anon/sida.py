@@ -55,12 +55,12 @@ from overlay.wire.codec import field, message
 from overlay.wire.crypto import AEAD_KEY_LEN, AEAD_TAG_LEN, Aead, CryptoError, blake2b, random_bytes
 
 __all__ = [
-    "Clove",
     "FP_LEN",
     "KEY_LEN",
     "MAX_MESSAGE",
     "MAX_N",
     "MSG_ID_LEN",
+    "Clove",
     "Reassembler",
     "SidaError",
     "clove_problem",
@@ -165,8 +165,8 @@ def clove_problem(c: Clove) -> str | None:
 
 
 _XS = tuple(tuple(range(1, n + 1)) for n in range(MAX_N + 1))  # Shamir x-coordinates
-_FRAG_MIN = (0,) + tuple(fragment_len(0, k) for k in range(1, MAX_N + 1))
-_FRAG_MAX = (0,) + tuple(fragment_len(MAX_MESSAGE, k) for k in range(1, MAX_N + 1))
+_FRAG_MIN = (0, *(fragment_len(0, k) for k in range(1, MAX_N + 1)))
+_FRAG_MAX = (0, *(fragment_len(MAX_MESSAGE, k) for k in range(1, MAX_N + 1)))
 
 
 # --------------------------------------------------------------------------- caches
@@ -384,7 +384,7 @@ def _message_cap(n: int, k: int) -> int:
 
 
 class _Pending:
-    __slots__ = ("created", "cap", "used", "slots", "groups", "dead")
+    __slots__ = ("cap", "created", "dead", "groups", "slots", "used")
 
     def __init__(self, created: float) -> None:
         self.created = created

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import logging
 import random
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
@@ -455,7 +456,7 @@ def apply_delta(raw: bytes, chain_id: str, held_validators: Sequence[ValidatorKe
     validators, signers = _certificate(chain_id, held_validators, height, time_s, users_d, models_d, vals, sigs,
                                        min_height=base.height, now=now, max_age=max_age)
     gone = [removed[i:i + NODE_ID_LEN] for i in range(0, len(removed), NODE_ID_LEN)]
-    if any(b <= a for a, b in zip(gone, gone[1:], strict=False)):
+    if any(b <= a for a, b in itertools.pairwise(gone)):
         raise ListError("the removed node ids are not sorted and distinct")
     records, raw_list = _split_records(added, "the delta's added records", by_shape=True)
     new_entries, new_expires = _entries(records, kind)

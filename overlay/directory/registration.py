@@ -253,12 +253,9 @@ def _strict(raw: bytes, max_array: int, why: str) -> Any:
         raise TxError(Code.MALFORMED, f"{why} ({type(exc).__name__})") from None
 
 
-def decode_tx(raw: bytes, chain_id: str) -> Tx:
-    """Strictly decode ``raw`` and check its signature for ``chain_id``; :class:`TxError` on anything off.
-
-    Checks, in order: size, outer shape, signature presence, canonical body encoding, version,
-    field types and bounds, entry rules, then the Ed25519 signature. Never raises anything else.
-    """
+def _signed(raw: bytes) -> tuple[bytes, bytes]:
+    """``(body, signature)`` of a transaction: its size, outer shape, canonical encoding and a
+    signature of the right length checked (the first of :func:`decode_tx`'s checks)."""
     if len(raw) > MAX_TX_BYTES:
         raise TxError(Code.OVERSIZE, f"{len(raw)} bytes over the limit of {MAX_TX_BYTES}")
     outer = _strict(raw, 2, "not a msgpack [body, signature] array")
@@ -272,6 +269,12 @@ def decode_tx(raw: bytes, chain_id: str) -> Tx:
         raise TxError(Code.UNSIGNED, "the transaction carries no signature")
     if len(sig) != crypto.ED25519_SIG_LEN:
         raise TxError(Code.BAD_SIGNATURE, f"signature of {len(sig)} bytes, expected {crypto.ED25519_SIG_LEN}")
+    return body, sig
+
+
+def _body_fields(body: bytes) -> list[Any]:
+    """The body's six fields, its version checked (a version this verifier does not speak is
+    UNSUPPORTED_VERSION even when the rest of the body is of another shape)."""
     fields = _strict(body, 6, "body is not msgpack")
     version = fields[0] if type(fields) is list and fields else None
     if type(version) is int and version != TX_VERSION:
@@ -281,6 +284,34 @@ def decode_tx(raw: bytes, chain_id: str) -> Tx:
     version = _typed(fields[0], int, "version")
     if version != TX_VERSION:
         raise TxError(Code.UNSUPPORTED_VERSION, f"transaction version {version}; this verifier speaks {TX_VERSION}")
+    return fields
+
+
+def _entry(op: int, e: Any) -> Entry | None:
+    """The body's entry: none for a leave, a checked :class:`Entry` otherwise."""
+    if op == OP_LEAVE:
+        if e is not None:
+            raise TxError(Code.MALFORMED, "a leave carries no entry")
+        return None
+    if type(e) is not list or len(e) != 6:
+        raise TxError(Code.MALFORMED, "entry is not [role, x25519, address, region, model_id, capacity]")
+    entry = Entry(
+        role=_typed(e[0], int, "role"), x25519_public=_typed(e[1], bytes, "x25519 key"),
+        address=_typed(e[2], str, "address"), region=_typed(e[3], str, "region"),
+        model_id=_typed(e[4], str, "model id"), capacity=_typed(e[5], int, "capacity"),
+    )
+    check_entry(entry)
+    return entry
+
+
+def decode_tx(raw: bytes, chain_id: str) -> Tx:
+    """Strictly decode ``raw`` and check its signature for ``chain_id``; :class:`TxError` on anything off.
+
+    Checks, in order: size, outer shape, signature presence, canonical body encoding, version,
+    field types and bounds, entry rules, then the Ed25519 signature. Never raises anything else.
+    """
+    body, sig = _signed(raw)
+    fields = _body_fields(body)
     op = _typed(fields[1], int, "op")
     if op not in OP_NAMES:
         raise TxError(Code.MALFORMED, f"unknown op {op}")
@@ -290,20 +321,7 @@ def decode_tx(raw: bytes, chain_id: str) -> Tx:
     pub = _typed(fields[3], bytes, "ed25519 key")
     if len(pub) != crypto.ED25519_PK_LEN:
         raise TxError(Code.MALFORMED, "ed25519 key must be 32 bytes")
-    entry: Entry | None = None
-    if op == OP_LEAVE:
-        if fields[4] is not None:
-            raise TxError(Code.MALFORMED, "a leave carries no entry")
-    else:
-        e = fields[4]
-        if type(e) is not list or len(e) != 6:
-            raise TxError(Code.MALFORMED, "entry is not [role, x25519, address, region, model_id, capacity]")
-        entry = Entry(
-            role=_typed(e[0], int, "role"), x25519_public=_typed(e[1], bytes, "x25519 key"),
-            address=_typed(e[2], str, "address"), region=_typed(e[3], str, "region"),
-            model_id=_typed(e[4], str, "model id"), capacity=_typed(e[5], int, "capacity"),
-        )
-        check_entry(entry)
+    entry = _entry(op, fields[4])
     work = _typed(fields[5], bytes, "work")
     if len(work) > NONCE_LEN or (work and op != OP_REGISTER):
         raise TxError(Code.MALFORMED, f"work is a register's nonce of at most {NONCE_LEN} bytes")

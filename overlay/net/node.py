@@ -70,7 +70,7 @@ def listed_in(directory: Directory) -> Callable[[bytes], bool]:
 class _Outbox:
     """One peer's queue of frames and the bytes it holds (queued or being written)."""
 
-    __slots__ = ("send", "bytes")
+    __slots__ = ("bytes", "send")
 
     def __init__(self, send: trio.MemorySendChannel[bytes]) -> None:
         self.send = send
@@ -172,7 +172,7 @@ class Node:
     async def _receive_loop(self, conn: Connection) -> None:
         while not conn.closed:
             try:
-                msg = await conn.receive(timeout=self.idle_timeout)
+                msg = await conn.receive(idle_timeout=self.idle_timeout)
             except RemoteProtocolError as exc:
                 self._reject(conn, "bad-frame", str(exc))
                 await conn.reject("bad-frame", exc.reason)
@@ -307,8 +307,10 @@ class Node:
                     break
             inbox.close()
 
-    async def ping(self, peer: PeerEntry, timeout: float = 5.0) -> float:
-        """Round-trip time to ``peer`` in seconds; :class:`TransportError` if none."""
+    async def ping(self, peer: PeerEntry, pong_timeout: float = 5.0) -> float:
+        """Round-trip time to ``peer`` in seconds; :class:`TransportError` if none: the connection
+        fails (within the transport's own limits) or no pong comes within ``pong_timeout`` seconds
+        of the ping going out."""
         if len(self._pings) >= MAX_PENDING_PINGS:
             raise TransportError("too many pings in flight")
         conn = await self.connection_to(peer)
@@ -322,10 +324,10 @@ class Node:
         self._pings[nonce] = done
         try:
             await conn.send(Ping(nonce=nonce))
-            with trio.move_on_after(timeout):
+            with trio.move_on_after(pong_timeout):
                 await done.wait()
             if not done.is_set():
-                raise TransportError(f"no pong from {short_id(peer.node_id)} within {timeout}s")
+                raise TransportError(f"no pong from {short_id(peer.node_id)} within {pong_timeout}s")
             return self.clock.monotonic() - t0
         finally:
             self._pings.pop(nonce, None)

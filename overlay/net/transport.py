@@ -498,15 +498,20 @@ class Connection:
             raise TransportError(f"connection to {self.peer} lost while sending: {exc!r}") from None
         self.bytes_out += len(data)
 
-    async def receive(self, timeout: float | None = None) -> Any:
-        payload = await self.receive_payload(timeout)
+    async def receive(self, idle_timeout: float | None = None) -> Any:
+        """The next message; see :meth:`receive_payload`."""
+        payload = await self.receive_payload(idle_timeout)
         return codec.decode(payload, peer=self.peer)
 
-    async def receive_payload(self, timeout: float | None = None) -> bytes:
+    async def receive_payload(self, idle_timeout: float | None = None) -> bytes:
+        """The next frame's payload. :class:`TransportError` if the connection fails, or if the
+        peer leaves it idle, with no whole frame, for ``idle_timeout`` seconds (default: the
+        connection's ``timeouts.receive``; a node's receive loop allows longer, which a caller's
+        cancel scope could not)."""
         payload = self._decoder.next_payload()
         if payload is not None:  # fast path: a frame is already buffered (no timer needed)
             return payload
-        limit = self.timeouts.receive if timeout is None else timeout
+        limit = self.timeouts.receive if idle_timeout is None else idle_timeout
         try:
             with trio.fail_after(limit):
                 while True:

@@ -114,7 +114,7 @@ class ShapeReader:
     docs/fuzzing.md). msgpack's own errors propagate: :func:`decode` maps them to "malformed
     msgpack"."""
 
-    __slots__ = ("raw", "end", "u")
+    __slots__ = ("end", "raw", "u")
 
     def __init__(self, raw: bytes | memoryview, max_bin: int = MAX_FRAME) -> None:
         self.raw = raw
@@ -316,7 +316,7 @@ def _compile_tuple(tp: Any, meta: dict[str, Any], owner: str) -> _Field:
 
 
 class _Spec:
-    __slots__ = ("cls", "names", "fields", "encs", "any_enc")
+    __slots__ = ("any_enc", "cls", "encs", "fields", "names")
 
     def __init__(self, cls: type[Any]) -> None:
         if not cls.__dataclass_params__.frozen:

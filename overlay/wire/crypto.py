@@ -42,30 +42,30 @@ from cryptography.x509.oid import NameOID
 
 __all__ = [
     "AEAD_KEY_LEN",
-    "BlockPermutation",
-    "StreamCipher",
-    "mac16",
-    "stream_xor",
     "AEAD_NONCE_LEN",
     "AEAD_TAG_LEN",
-    "Aead",
-    "CryptoError",
     "ED25519_PK_LEN",
     "ED25519_SIG_LEN",
     "SEALED_OVERHEAD",
-    "SigningKey",
     "X25519_PK_LEN",
+    "Aead",
+    "BlockPermutation",
+    "CryptoError",
+    "SigningKey",
+    "StreamCipher",
     "X25519Key",
     "blake2b",
+    "cert_ed25519_public_key",
     "ct_equal",
     "ed25519_verify",
     "hkdf",
+    "mac16",
     "open_sealed_ed25519",
     "random_bytes",
-    "self_signed_cert",
-    "cert_ed25519_public_key",
     "seal_to_ed25519",
+    "self_signed_cert",
     "sha256",
+    "stream_xor",
     "x25519_exchange",
 ]
 
@@ -326,7 +326,7 @@ class BlockPermutation:
 
     ECB has no state between blocks, so one encryptor and one decryptor serve every call."""
 
-    __slots__ = ("_enc", "_dec")
+    __slots__ = ("_dec", "_enc")
 
     def __init__(self, key: bytes) -> None:
         if len(key) != 32:

@@ -80,7 +80,7 @@ class InProcessVerifier:
         try:
             trio.run(main)
             self.returncode = 0
-        except BaseException:  # noqa: BLE001 - reported as an exit status, like a process
+        except BaseException:
             logger.exception("the in-process verifier failed")
             self.returncode = 1
         finally:

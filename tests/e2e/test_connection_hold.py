@@ -16,6 +16,7 @@ import ssl
 
 import pytest
 import trio
+import trio.lowlevel
 
 from gentorrent.tools.localnet import LocalNet
 from overlay.net.transport import TLSTransport, parse_address
@@ -55,7 +56,7 @@ class Holder:
         async with trio.open_nursery() as nursery:
             for _ in range(self.count):
                 nursery.start_soon(self._one)
-                await trio.sleep(0)
+                await trio.lowlevel.checkpoint()
             while self.opened < self.count:  # every connection opened once before we report
                 await trio.sleep(0.05)
             task_status.started()
@@ -112,11 +113,12 @@ async def test_two_thousand_silent_connections_do_not_lock_out_honest_peers(tmp_
             user = UserNode(ident, TLSTransport(ident), net.registry, build_timeout=10.0)
             await nursery.start(user.serve, host, port)
             assert user.paths is not None
-            await user.paths.wait_ready(4, 60)
+            with trio.fail_after(60):
+                await user.paths.wait_ready(4)
             for i in range(5):
                 parts = []
                 async for chunk in user.client.request("echo", [ChatMessage("user", f"held {i}")],
-                                                       SamplingParams(max_tokens=64), timeout=30):
+                                                       SamplingParams(max_tokens=64), chunk_timeout=30):
                     parts.append(chunk.text)
                 assert "".join(parts) == f"held {i}"
             # The listeners closed the silent connections (evicted, or past the accept deadline).

@@ -32,10 +32,11 @@ async def test_a_model_node_killed_mid_reply_is_replaced_by_another(tmp_path):
             user = UserNode(ident, TLSTransport(ident), net.registry, build_timeout=5.0)
             await nursery.start(user.serve, host, int(port))
             assert user.paths is not None and user.client is not None
-            await user.paths.wait_ready(4, 30)
+            with trio.fail_after(30):
+                await user.paths.wait_ready(4)
             got = []
             async for c in user.client.request("echo", [ChatMessage("user", text)], SamplingParams(max_tokens=4096),
-                                               node=victim, timeout=30):
+                                               node=victim, chunk_timeout=30):
                 got.append(c)
                 if len(got) == 5:
                     net.kill(net.models[0])

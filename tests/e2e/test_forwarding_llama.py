@@ -84,7 +84,7 @@ def peer(s: NodeStats, node_id: bytes) -> Any:
 async def ask(user: UserNode, question: str, node: PeerEntry) -> list[ReplyChunk]:
     assert user.client is not None
     return [c async for c in user.client.request(llama.DEFAULT_MODEL_ID, chat(question), GREEDY,
-                                                 node=node.node_id, timeout=90)]
+                                                 node=node.node_id, chunk_timeout=90)]
 
 
 async def busy_direct(cluster: Cluster, e: PeerEntry, filler: str, done: trio.Event) -> None:
@@ -121,7 +121,8 @@ async def test_forwarding_between_llama_model_nodes(tmp_path) -> None:
                 user = UserNode(ident, TLSTransport(ident), net.registry, build_timeout=5.0)
                 await nursery.start(user.serve, host, int(port))
                 assert user.paths is not None
-                await user.paths.wait_ready(4, 60)
+                with trio.fail_after(60):
+                    await user.paths.wait_ready(4)
 
                 # 1. B serves (and caches) the long system prompt; A learns it from B's subtree.
                 first = await ask(user, "Where are the books about section 3?", b)

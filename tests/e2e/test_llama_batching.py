@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.lowlevel
 
 from model_node.engine import EngineError, GenStats
 from model_node.hrtree import common_prefix
@@ -179,7 +180,7 @@ async def test_cancelling_one_of_several_leaves_the_others_alone(engine: Any) ->
                     cancelled_after.append(len(piece.token_ids))
                     if len(cancelled_after) == 2:
                         scope.cancel()
-                        await trio.sleep(0)  # the cancellation is delivered here
+                        await trio.lowlevel.checkpoint()  # the cancellation is delivered here
         assert scope.cancelled_caught
 
     async with trio.open_nursery() as nursery:

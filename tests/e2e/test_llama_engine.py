@@ -227,10 +227,11 @@ async def test_a_model_node_process_answers_through_the_overlay(tmp_path) -> Non
             user = UserNode(ident, TLSTransport(ident), net.registry, build_timeout=5.0)
             await nursery.start(user.serve, host, int(port))
             assert user.paths is not None and user.client is not None
-            await user.paths.wait_ready(4, 30)
+            with trio.fail_after(30):
+                await user.paths.wait_ready(4)
             msgs = [ChatMessage("system", "You are a helpful assistant."),
                     ChatMessage("user", "What is the capital of France?")]
-            chunks = [c async for c in user.client.request(llama.DEFAULT_MODEL_ID, msgs, GREEDY, timeout=60)]
+            chunks = [c async for c in user.client.request(llama.DEFAULT_MODEL_ID, msgs, GREEDY, chunk_timeout=60)]
             nursery.cancel_scope.cancel()
         assert "Paris" in "".join(c.text for c in chunks)
         assert chunks[-1].done and len(chunks[-1].signature) == 64 and not chunks[-1].error

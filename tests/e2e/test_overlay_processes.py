@@ -23,7 +23,7 @@ PARAMS = SamplingParams(max_tokens=4096)
 
 async def ask(client, text: str, timeout: float = 20.0) -> tuple[str, int]:
     parts = []
-    async for chunk in client.request("echo", [ChatMessage("user", text)], PARAMS, timeout=timeout):
+    async for chunk in client.request("echo", [ChatMessage("user", text)], PARAMS, chunk_timeout=timeout):
         parts.append(chunk.text)
     return "".join(parts), len(parts)
 
@@ -41,7 +41,8 @@ async def start_user(nursery, net: LocalNet, **kw) -> UserNode:
     user = UserNode(ident, TLSTransport(ident), net.registry, build_timeout=5.0, **kw)
     await nursery.start(user.serve, host, int(port))
     assert user.paths is not None
-    await user.paths.wait_ready(4, 30)
+    with trio.fail_after(30):
+        await user.paths.wait_ready(4)
     return user
 
 
@@ -81,7 +82,8 @@ async def test_killing_paths_mid_run(tmp_path):
             assert reply == long_text
 
             # Let the manager replace the dead path, then kill 2 of the 4 in use mid-reply.
-            await user.paths.wait_ready(4, 30)
+            with trio.fail_after(30):
+                await user.paths.wait_ready(4)
             ready = user.paths.ready_paths()
 
             async def kill_two_paths_soon():
@@ -97,7 +99,8 @@ async def test_killing_paths_mid_run(tmp_path):
             assert "fewer than k=3" in str(err.value)
 
             # The paths are rebuilt on the surviving relays and requests succeed again.
-            await user.paths.wait_ready(4, 30)
+            with trio.fail_after(30):
+                await user.paths.wait_ready(4)
             alive = {net.entries[n].node_id for n in net.procs}
             for p in user.paths.ready_paths():
                 assert all(r.node_id in alive for r in p.relays)

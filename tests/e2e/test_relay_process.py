@@ -71,7 +71,7 @@ async def test_two_relay_processes_ping_each_other(relay_factory: Any, tmp_path:
         conn = await TLSTransport(Identity.generate()).dial(r.address, r.node_id)
         try:
             await conn.send(PeerStatusRequest())
-            while not isinstance(msg := await conn.receive(timeout=10), PeerStatus):
+            while not isinstance(msg := await conn.receive(idle_timeout=10), PeerStatus):
                 pass
             return any(p.rtt_us >= 0 for p in msg.peers)
         finally:

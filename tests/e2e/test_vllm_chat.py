@@ -21,10 +21,10 @@ from overlay.wire.messages import ChatMessage, SamplingParams
 if importlib.util.find_spec("vllm") is None and not os.environ.get("GENTORRENT_REQUIRE_VLLM"):
     pytest.skip("vLLM is not installed (make setup-vllm)", allow_module_level=True)
 
-from model_node import convert  # noqa: E402
-from model_node.engine import EngineError  # noqa: E402
-from model_node.llama import DEFAULT_MODEL_ID, resolve_model  # noqa: E402
-from model_node.vllm import VllmEngine  # noqa: E402
+from model_node import convert
+from model_node.engine import EngineError
+from model_node.llama import DEFAULT_MODEL_ID, resolve_model
+from model_node.vllm import VllmEngine
 
 # vLLM, torch and transformers warn about their own internals at import (not ours to fix)
 THIRD_PARTY = r"(torch|vllm|transformers)(\.|$)"
@@ -45,11 +45,12 @@ async def test_a_vllm_model_node_answers_through_the_overlay(tmp_path: Path) -> 
             user = UserNode(ident, TLSTransport(ident), net.registry, build_timeout=5.0)
             await nursery.start(user.serve, host, int(port))
             assert user.paths is not None and user.client is not None
-            await user.paths.wait_ready(4, 30)
+            with trio.fail_after(30):
+                await user.paths.wait_ready(4)
             msgs = [ChatMessage("system", "You are a helpful assistant."),
                     ChatMessage("user", "What is the capital of France?")]
             params = SamplingParams(temperature=0.0, max_tokens=32)
-            chunks = [c async for c in user.client.request(DEFAULT_MODEL_ID, msgs, params, timeout=120)]
+            chunks = [c async for c in user.client.request(DEFAULT_MODEL_ID, msgs, params, chunk_timeout=120)]
             nursery.cancel_scope.cancel()
         assert "Paris" in "".join(c.text for c in chunks)
         assert chunks[-1].done and len(chunks[-1].signature) == 64 and not chunks[-1].error

@@ -19,8 +19,8 @@ from overlay.wire.messages import ChatMessage, SamplingParams
 if importlib.util.find_spec("vllm") is None and not os.environ.get("GENTORRENT_REQUIRE_VLLM"):
     pytest.skip("vLLM is not installed (make setup-vllm)", allow_module_level=True)
 
-from model_node import convert  # noqa: E402
-from model_node.vllm import VllmEngine, resolve_vllm_model  # noqa: E402
+from model_node import convert
+from model_node.vllm import VllmEngine, resolve_vllm_model
 
 # vLLM, torch and transformers warn about their own internals at import (not ours to fix)
 THIRD_PARTY = r"(torch|vllm|transformers)(\.|$)"

@@ -164,14 +164,15 @@ async def ask(client: Any, text: str, *, system: str | None = None, timeout: flo
     """Send ``text`` (after an optional system prompt) to the echo model; the reply's text."""
     messages = ([ChatMessage("system", system)] if system else []) + [ChatMessage("user", text)]
     chunks = [] if into is None else into
-    async for chunk in client.request("echo", messages, PARAMS, timeout=timeout):
+    async for chunk in client.request("echo", messages, PARAMS, chunk_timeout=timeout):
         chunks.append(chunk)
     return "".join(c.text for c in chunks)
 
 
 async def ready_paths(user: UserNode, n: int = 4) -> list[Path]:
     assert user.paths is not None
-    return await user.paths.wait_ready(n, 60)
+    with trio.fail_after(60):
+        return await user.paths.wait_ready(n)
 
 
 def link_ids(net: Net, user_id: bytes, path: Path) -> list[bytes]:

@@ -46,7 +46,8 @@ async def test_a_joining_user_backs_off_while_the_relays_do_not_list_it(autojump
     for r in relays:
         r.directory_changed()
     listed = trio.current_time()
-    ready = await user.paths.wait_ready(4, timeout=30)
+    with trio.fail_after(30):
+        ready = await user.paths.wait_ready(4)
     # The next probe comes within the current pause (at most 2 * LAG + 0.5 s after the last one).
     assert len(ready) == 4 and trio.current_time() - listed <= 2 * LAG + 0.5
     assert refused() <= 7 and user.paths.backoff.failures == 0

@@ -33,7 +33,7 @@ async def hold(dial: Dial, n: int) -> tuple[list[Connection], list[str]]:
 
 async def closed_by_peer(conn: Connection) -> bool:
     try:
-        await conn.receive(timeout=10)
+        await conn.receive(idle_timeout=10)
     except TransportError:
         return True
     return False
@@ -70,7 +70,8 @@ async def test_one_host_with_fresh_keys_cannot_lock_registered_peers_out(
     assert len(honest) == 16 and adm.established == 16 and adm.unregistered == 0
     assert adm.evicted_unregistered == 4
     assert all([await closed_by_peer(c) for c in attacker + botnet])
-    await wait_until(lambda: transport.rejected["evicted-unregistered"] == 4)
+    with trio.fail_after(15):
+        await wait_until(lambda: transport.rejected["evicted-unregistered"] == 4)
     # every slot holds a registered peer: a newcomer is refused, registered or not
     for ident in (users[17], Identity.generate()):
         try:
@@ -81,11 +82,13 @@ async def test_one_host_with_fresh_keys_cannot_lock_registered_peers_out(
     assert transport.rejected["unregistered-over-cap"] == 39 + 17
     assert transport.rejected["too-many-connections"] == 2  # (before the handshake: none to evict)
     # the registered connections were never touched and still work
-    await wait_until(lambda: all(not c.closed for c in honest))
+    with trio.fail_after(15):
+        await wait_until(lambda: all(not c.closed for c in honest))
     for c in honest + attacker:
         await c.aclose()
     # with slots free again, an unregistered newcomer from elsewhere gets in
-    await wait_until(lambda: adm.established == 0)
+    with trio.fail_after(15):
+        await wait_until(lambda: adm.established == 0)
     assert await net.transport(Identity.generate()).dial(address, me.node_id)
 
 
@@ -119,6 +122,7 @@ async def test_over_tls_one_address_cannot_take_the_slots(nursery: trio.Nursery)
         listed.add(ident.node_id)
         honest.append(await dial(ident, "127.0.0.1"))
     assert await closed_by_peer(attacker[0])
-    await wait_until(lambda: node.transport.rejected == {"unregistered-over-cap": 11, "evicted-unregistered": 1})
+    with trio.fail_after(15):
+        await wait_until(lambda: node.transport.rejected == {"unregistered-over-cap": 11, "evicted-unregistered": 1})
     for c in honest + attacker:
         await c.aclose()

@@ -29,7 +29,7 @@ async def network(nursery: trio.Nursery, models: int = 2, *, wait: float = 3.0) 
 async def ask(client, text: str, node: ModelNode, max_tokens: int = 4096, **kw) -> list[ReplyChunk]:
     params = SamplingParams(max_tokens=max_tokens)
     return [c async for c in client.request("echo", [ChatMessage("user", text)], params,
-                                            node=node.identity.node_id, timeout=120, **kw)]
+                                            node=node.identity.node_id, chunk_timeout=120, **kw)]
 
 
 async def test_a_node_at_capacity_answers_busy_and_the_request_completes_on_another(autojump_clock):
@@ -150,7 +150,7 @@ async def test_a_forwarded_request_refused_as_busy_completes_on_a_third_node(aut
         async def ask_group(client, question: str, node: ModelNode) -> list[ReplyChunk]:
             msgs = [ChatMessage("system", system), ChatMessage("user", question)]
             return [ch async for ch in client.request("echo", msgs, SamplingParams(max_tokens=64),
-                                                      node=node.identity.node_id, timeout=30)]
+                                                      node=node.identity.node_id, chunk_timeout=30)]
 
         first = await ask_group(net.users[0].client, "first question", b)  # B caches the system prompt
         assert first[-1].node == b.identity.node_id

@@ -103,12 +103,14 @@ async def test_a_holder_farther_away_than_the_prefill_it_saves_is_not_forwarded_
         assert a.group.state.hops()[nid(b)] < 0.1 and a.group.pings > 0
         far["delay"] = 1.0
         # the round trips from before the change leave the window (one ping in flight per member)
-        await wait_until(lambda: a.group.state.hops()[nid(b)] >= 2.0, timeout=60, what="the slow round trip")
+        with trio.fail_after(60):  # the slow round trip
+            await wait_until(lambda: a.group.state.hops()[nid(b)] >= 2.0)
         chunks = await ask(client, "where are the letters of 1907?", a)
         assert chunks[-1].node == nid(a) and not chunks[-1].error
         assert a.forwarded_out == 0 and a.decisions["match-overloaded"] == 1
         far["delay"] = 0.0
-        await wait_until(lambda: a.group.state.hops()[nid(b)] < 0.1, timeout=60, what="a fast round trip")
+        with trio.fail_after(60):  # a fast round trip
+            await wait_until(lambda: a.group.state.hops()[nid(b)] < 0.1)
         chunks = await ask(client, "and those of 1908?", a)
         assert chunks[-1].node == nid(b) and a.forwarded_out == 1 and a.decisions["match"] == 1
         nursery.cancel_scope.cancel()

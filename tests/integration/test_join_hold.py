@@ -40,7 +40,8 @@ async def test_relays_that_learn_of_a_joining_user_within_the_hold_refuse_none_o
         lists[k].replace(Registry(full.version + 1, list(full.entries)))
         relays[k].directory_changed()
 
-    ready = await user.paths.wait_ready(4, timeout=30)
+    with trio.fail_after(30):
+        ready = await user.paths.wait_ready(4)
     assert len(ready) == 4 and trio.current_time() - t0 <= lags[-1][0] + 0.5
     assert user.paths.refused_builds == 0 and user.paths.failed == 0
     assert sum(r.relay.core.dropped["not-registered"] for r in relays) == 0

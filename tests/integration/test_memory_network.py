@@ -210,7 +210,8 @@ async def test_silent_peer_times_out_while_others_are_served(
     # While the silent peer holds its connection, others are answered.
     assert await b.ping(entry(a)) >= 0
     await assert_serving(net, a)
-    rest = await silent.drain(timeout=60)  # 5 s accept deadline (Timeouts.accept), on the mock clock
+    with trio.fail_after(60):  # 5 s accept deadline (Timeouts.accept), on the mock clock
+        rest = await silent.drain()
     assert [(type(m), m.code) for m in rest] == [(Error, "timeout")]
     assert a.transport.rejected == {"timeout": 1}
     assert a.rejected == {}
@@ -322,8 +323,9 @@ async def test_idle_authenticated_peer_is_dropped(
     a = await net.start_node(nursery)
     conn = await net.dial(a)
     with pytest.raises(TransportError, match="closed"):
-        await conn.receive(timeout=a.idle_timeout * 2)
-    await wait_until(lambda: a._conns == {}, what="the idle connection to be forgotten")
+        await conn.receive(idle_timeout=a.idle_timeout * 2)
+    with trio.fail_after(15):  # the idle connection is forgotten
+        await wait_until(lambda: a._conns == {})
     assert a.rejected == {} and a.transport.rejected == {}
 
 
@@ -334,5 +336,5 @@ async def test_peer_error_frame_closes_quietly(
     conn = await net.dial(a)
     await conn.send(Error(code="going-away", detail="bye"))
     with pytest.raises(TransportError):
-        await conn.receive(timeout=5)
+        await conn.receive(idle_timeout=5)
     assert a.rejected == {}

@@ -28,7 +28,7 @@ def _mark(net: Net, marks: dict[bytes, tuple[int, bool]]) -> None:
 
 async def _ask(client, text: str, **kw) -> bytes:
     node = b""
-    async for c in client.request("echo", [ChatMessage("user", text)], node=kw.pop("node", None), timeout=30, **kw):
+    async for c in client.request("echo", [ChatMessage("user", text)], node=kw.pop("node", None), chunk_timeout=30, **kw):
         node = c.node
     return node
 

@@ -75,11 +75,13 @@ async def test_a_committed_request_is_answered_and_its_transcript_counts(autojum
         donor = TranscriptDonor(user.identity, list(verifiers), lambda: [v.key.public_bytes for v in verifiers.values()],
                                 rate=1.0, rpc=rpc)
         await nursery.start(donor.run)
-        await user.paths.wait_ready(user.client.n, 30)
+        with trio.fail_after(30):
+            await user.paths.wait_ready(user.client.n)
         session = ChatSession(DonatingClient(user.client, donor), "echo", SamplingParams(max_tokens=32), None)
         turn = await session.turn("What makes the tides?", io.StringIO(), 30)
         assert turn.verified and turn.text == "What makes the tides?"  # the echo engine
-        assert await donor.wait_idle(30)
+        with trio.fail_after(30):
+            assert await donor.wait_idle()
         (got,) = [r for reqs in seen.values() for r in reqs]
         assert turn.node in seen and seen[turn.node] == [got]  # the committed node, and only it
         for v in verifiers.values():

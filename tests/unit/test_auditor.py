@@ -370,7 +370,7 @@ class FakeClient:
         self.calls: list[tuple[bytes | None, bool, bool]] = []
 
     async def request(self, model: str, messages: Any, params: Any = None, *, node: bytes | None = None,
-                      timeout: float = 60.0, paths_timeout: float = 30.0, failover: bool = True,
+                      chunk_timeout: float = 60.0, paths_timeout: float = 30.0, failover: bool = True,
                       fresh_paths: bool = False, request_id: bytes | None = None) -> Any:
         from overlay.wire.messages import ReplyChunk
 

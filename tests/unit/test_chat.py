@@ -22,7 +22,7 @@ class FakeClient:
         self.sent: list[tuple[str, tuple[ChatMessage, ...], bytes | None]] = []
         self.fail = fail
 
-    async def request(self, model, messages, params=None, *, node=None, timeout=60.0):
+    async def request(self, model, messages, params=None, *, node=None, chunk_timeout=60.0):
         self.sent.append((model, tuple(messages), node))
         if self.fail:
             raise AnonError(self.fail)
@@ -153,7 +153,7 @@ OTHER = b"O" * 32
 class FailoverClient:
     """Two chunks from NODE, then (after a failover) two from OTHER."""
 
-    async def request(self, model, messages, params=None, *, node=None, timeout=60.0):
+    async def request(self, model, messages, params=None, *, node=None, chunk_timeout=60.0):
         for i, (who, text) in enumerate([(NODE, "one "), (NODE, "two "), (OTHER, "three "), (OTHER, "four")]):
             yield ReplyChunk(b"r" * 16, i, text, (i,), i == 3, "", who, b"c" * 32, b"s" * 64, 1)
 
@@ -173,7 +173,7 @@ async def test_a_failed_over_reply_says_which_node_wrote_which_part():
 
 
 class RefusingClient:
-    async def request(self, model, messages, params=None, *, node=None, timeout=60.0):
+    async def request(self, model, messages, params=None, *, node=None, chunk_timeout=60.0):
         yield ReplyChunk(b"r" * 16, 0, "checked ", (1,), False, "", NODE, b"c" * 32, b"s" * 64, 1)
         raise ReplyUnverified("reply chunk 1 from node 4e4e4e4e does not match its hash chain")
 

@@ -233,7 +233,8 @@ async def test_outboxes_are_bounded_in_bytes(autojump_clock: trio.testing.MockCl
     assert [node.send_nowait(sink.node_id, clove) for _ in range(12)] == [True] * 7 + [False] * 5
     assert node.rejected["outbox-bytes"] == 5
     assert node.queued_bytes == node._outboxes[sink.node_id].bytes > 7 * MiB
-    await wait_until(lambda: len(got) == 7)
+    with trio.fail_after(15):
+        await wait_until(lambda: len(got) == 7)
     assert got == [MiB] * 7 and node.queued_bytes == 0  # written: no longer counted
     # all outboxes together: 12 MiB here, whose last quarter takes frames only for queues
     # holding less than OUTBOX_SHORT (1 MiB)
@@ -244,7 +245,8 @@ async def test_outboxes_are_bounded_in_bytes(autojump_clock: trio.testing.MockCl
     assert node.send_nowait(far[4].node_id, clove)  # 11 frames
     assert not node.send_nowait(far[5].node_id, clove)  # a 12th would pass 12 MiB, short queue or not
     assert node.rejected["outboxes-bytes"] == 3 and node.queued_bytes == 11 * len(codec.frame(clove))
-    await wait_until(lambda: node.queued_bytes == 0)  # the far writers fail: their frames no longer count
+    with trio.fail_after(15):  # the far writers fail: their frames no longer count
+        await wait_until(lambda: node.queued_bytes == 0)
     assert node.rejected["send-failed"] == 11 and set(node._outboxes) <= {sink.node_id}  # (idle, lingering)
 
 

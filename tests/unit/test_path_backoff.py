@@ -92,7 +92,8 @@ async def test_a_user_the_relays_do_not_list_yet_makes_few_builds_and_gets_its_p
         assert pm.backoff.failures >= 3
         assert not pm.ready_paths()
         wire.listed = True  # the relays' lists now hold the user
-        ready = await pm.wait_ready(4, timeout=30)
+        with trio.fail_after(30):
+            ready = await pm.wait_ready(4)
         took = trio.current_time() - t0
         # Worst case: the last failed probe at t < LAG came after pauses summing to at least half
         # the current pause, so the next probe starts within 2 * LAG + base of it, then one round
@@ -128,7 +129,8 @@ async def test_the_back_off_starts_afresh_after_a_success(autojump_clock):
         await trio.sleep(20)  # refused for 20 s: five failed rounds, pauses up to 8 s
         assert pm.backoff.failures >= 5
         wire.listed = True
-        await pm.wait_ready(4, timeout=30)
+        with trio.fail_after(30):
+            await pm.wait_ready(4)
         assert pm.backoff.failures == 0 and pm.backoff.wait(trio.current_time()) == 0
         # The relays forget the user again and one path dies: its rebuild is refused, and the
         # pause is the first one again (at most BACKOFF_BASE_S), not the sixth.

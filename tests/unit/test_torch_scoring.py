@@ -14,10 +14,10 @@ from overlay.wire.messages import SamplingParams
 
 if not os.environ.get("GENTORRENT_REQUIRE_VLLM"):
     pytest.importorskip("torch", reason="torch is not installed (make setup-vllm)")
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import torch
 
-from verifier.bench.verify_gpu import expected_logprob_torch, score_rows_torch  # noqa: E402
+from verifier.bench.verify_gpu import expected_logprob_torch, score_rows_torch
 
 PARAMS = [
     SamplingParams(temperature=0.0),

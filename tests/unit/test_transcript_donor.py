@@ -25,7 +25,7 @@ from overlay.wire.clock import TrioClock
 from overlay.wire.identity import Identity
 from overlay.wire.messages import ChatMessage, ReplyChunk, Request, SamplingParams
 from user_client.chat import ChatSession
-from user_client.transcripts import DonatingClient, TranscriptDonor
+from user_client.transcripts import EXIT_WAIT_S, DonatingClient, TranscriptDonor
 from verifier.abci_app import take_commit, take_reveal
 from verifier.audit.transcripts import MAX_COMMITS, TranscriptBook
 
@@ -75,7 +75,7 @@ class FakeClient:
         return Entry(prefer or self.nodes[0].node_id)
 
     async def request(self, model: str, messages: Any, params: Any = None, *, node: bytes | None = None,
-                      timeout: float = 60.0, paths_timeout: float = 30.0,
+                      chunk_timeout: float = 60.0, paths_timeout: float = 30.0,
                       request_id: bytes | None = None) -> AsyncGenerator[ReplyChunk, None]:
         order = [n for n in self.nodes if n.node_id == (node or self.nodes[0].node_id)] + \
             [n for n in self.nodes if n.node_id != (node or self.nodes[0].node_id)]
@@ -165,7 +165,7 @@ class World:
 
     async def ask(self, messages: list[ChatMessage] = MSGS, params: SamplingParams = PARAMS) -> str:
         text = ""
-        async for c in self.wrapped.request(MODEL, messages, params, node=None, timeout=30):
+        async for c in self.wrapped.request(MODEL, messages, params, node=None, chunk_timeout=30):
             text += c.text
         return text
 
@@ -178,7 +178,8 @@ async def test_the_request_leaves_only_after_every_verifier_answered_its_commit(
     async with trio.open_nursery() as nursery:
         await nursery.start(w.donor.run)
         assert await w.ask() == "a quine prints itself"
-        assert await w.donor.wait_idle()
+        with trio.fail_after(EXIT_WAIT_S):
+            assert await w.donor.wait_idle()
         nursery.cancel_scope.cancel()
     (send_at,) = [i for i, e in enumerate(w.log) if e[0] == "send"]
     commits = [i for i, e in enumerate(w.log) if e[0] == "commit"]
@@ -199,7 +200,8 @@ async def test_a_failed_committed_try_still_answers_the_user_and_reveals_no_repl
         async with trio.open_nursery() as nursery:
             await nursery.start(w.donor.run)
             assert (await w.ask()).endswith("prints itself"), how  # the other node answered
-            assert await w.donor.wait_idle()
+            with trio.fail_after(EXIT_WAIT_S):
+                assert await w.donor.wait_idle()
             nursery.cancel_scope.cancel()
         assert [e[2] for e in w.log if e[0] == "send"] == [w.nodes[0].node_id, w.nodes[1].node_id]
         assert w.client.sent[1].request_id != w.client.sent[0].request_id  # the committed id went out once
@@ -224,7 +226,8 @@ async def test_verifiers_that_took_the_commitment_get_the_transcript_when_others
     async with trio.open_nursery() as nursery:
         await nursery.start(w.donor.run)
         assert await w.ask() == "a quine prints itself"
-        assert await w.donor.wait_idle(60)
+        with trio.fail_after(60):
+            assert await w.donor.wait_idle()
         nursery.cancel_scope.cancel()
     v0, v1, v2 = w.verifiers.values()
     assert v0.reveals == []  # it refused: it holds nothing to reveal
@@ -260,7 +263,8 @@ async def test_a_caller_that_stops_early_still_gets_the_reply_revealed(autojump_
         first = await stream.__anext__()
         await stream.aclose()  # a stop string matched in the first chunk
         assert first.text == "a quine "
-        assert await w.donor.wait_idle()
+        with trio.fail_after(EXIT_WAIT_S):
+            assert await w.donor.wait_idle()
         nursery.cancel_scope.cancel()
     (v,) = w.verifiers.values()
     assert v.reveals[0][0] == 0 and len(w.counted(v)) == 1

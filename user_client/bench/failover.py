@@ -92,7 +92,8 @@ async def _user(nursery: trio.Nursery, net: LocalNet) -> UserNode:
     user = UserNode(ident, TLSTransport(ident), net.registry, build_timeout=5.0)
     await nursery.start(user.serve, *_address(net, "client"))
     assert user.paths is not None
-    await user.paths.wait_ready(4, 60)
+    with trio.fail_after(60):
+        await user.paths.wait_ready(4)
     return user
 
 
@@ -107,7 +108,7 @@ async def _crash_trial(net: LocalNet, user: UserNode, victim: str) -> tuple[floa
     parts: list[str] = []
     killed_at: float | None = None
     next_at: float | None = None
-    async for c in client.request("echo", [ChatMessage("user", text)], PARAMS, node=victim_id, timeout=30):
+    async for c in client.request("echo", [ChatMessage("user", text)], PARAMS, node=victim_id, chunk_timeout=30):
         parts.append(c.text)
         if killed_at is None and len(parts) == CHUNKS_BEFORE_KILL:
             killed_at = time.perf_counter()
@@ -159,13 +160,12 @@ async def _bad_relay_trial(net: LocalNet, bad: BadRelay, bad_id: bytes, attack: 
                     raise RuntimeError(f"the path through the {attack} relay survived 10 requests")
                 text = f"request {requests}: " + " ".join(f"w{j}" for j in range(10))
                 got = "".join([c.text async for c in user.client.request("echo", [ChatMessage("user", text)],
-                                                                         PARAMS, timeout=30)])
+                                                                         PARAMS, chunk_timeout=30)])
                 if got != text:
                     raise RuntimeError("a reply came back altered")
                 requests += 1
                 with trio.move_on_after(MISSING_GRACE + 2.0):
-                    while not path.dead:
-                        await trio.sleep(0.05)
+                    await path.closed.wait()
         finally:
             bad.attack = None
         nursery.cancel_scope.cancel()

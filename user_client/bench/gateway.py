@@ -86,7 +86,7 @@ async def _direct(user: UserNode, model: str) -> tuple[float, float]:
     assert user.client is not None
     t0 = time.perf_counter()
     first: float | None = None
-    async for c in user.client.request(model, [ChatMessage("user", PROMPT)], PARAMS, timeout=30):
+    async for c in user.client.request(model, [ChatMessage("user", PROMPT)], PARAMS, chunk_timeout=30):
         if first is None and c.text:
             first = time.perf_counter() - t0
     total = time.perf_counter() - t0
@@ -108,7 +108,8 @@ async def _measure(net: LocalNet, trials: int, seconds: float) -> dict[str, floa
         await nursery.start(user.serve, host, int(port))
         binds = await nursery.start(serve, gateway.app, hc)
         http_host, http_port = binds[0].removeprefix("http://").rsplit(":", 1)
-        await user.paths.wait_ready(user.client.n, 30)
+        with trio.fail_after(30):
+            await user.paths.wait_ready(user.client.n)
 
         async def client() -> HttpClient:
             return HttpClient(await trio.open_tcp_stream(http_host, int(http_port)), f"{http_host}:{http_port}")

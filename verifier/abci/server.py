@@ -22,7 +22,6 @@ import os
 import socket as _stdsocket
 import stat
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
 import trio
@@ -160,9 +159,9 @@ async def serve_connection(app: Application, stream: trio.abc.Stream, *, name: s
 
 
 async def _unix_listener(path: str) -> trio.SocketListener:
-    p = Path(path)
-    if p.exists() or p.is_symlink():
-        if not stat.S_ISSOCK(p.lstat().st_mode):
+    p = trio.Path(path)
+    if await p.exists() or await p.is_symlink():
+        if not stat.S_ISSOCK((await p.lstat()).st_mode):
             raise AbciAddressError(f"{path} exists and is not a socket; remove it or pick another ABCI path")
         probe = trio.socket.socket(_stdsocket.AF_UNIX, _stdsocket.SOCK_STREAM)
         try:
@@ -170,7 +169,7 @@ async def _unix_listener(path: str) -> trio.SocketListener:
         except OSError as exc:
             if exc.errno not in (errno.ECONNREFUSED, errno.ENOENT):
                 raise
-            p.unlink(missing_ok=True)  # a stale socket from a process that died
+            await p.unlink(missing_ok=True)  # a stale socket from a process that died
         else:
             raise AbciAddressError(f"{path} is in use by a running ABCI server; stop it or pick another path")
         finally:
@@ -215,4 +214,5 @@ async def serve(app: Application, address: str, *,
             task_status.started(where)
     finally:
         if where.kind == "unix":
-            Path(where.path).unlink(missing_ok=True)
+            with trio.CancelScope(shield=True):  # the server ends by being cancelled
+                await trio.Path(where.path).unlink(missing_ok=True)

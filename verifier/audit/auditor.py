@@ -679,18 +679,19 @@ class Auditor:
 
 
 async def send_challenge(client: AnonClient, node_id: bytes, opening: Opening, *,
-                         timeout: float = CHALLENGE_TIMEOUT_S, paths_timeout: float = PATHS_TIMEOUT_S,
+                         chunk_timeout: float = CHALLENGE_TIMEOUT_S, paths_timeout: float = PATHS_TIMEOUT_S,
                          tries: int = 1) -> Reply | Failure:
     """Send ``opening`` through the anonymous request API to ``node_id`` only (no failover, no retry
     elsewhere), over proxy paths built for it alone and closed after it (``fresh_paths``): the
     complete verified reply, signed by that node or the member of its group it forwarded to, or
-    why there is none."""
+    why there is none. ``chunk_timeout`` and ``paths_timeout`` are the client's
+    (:meth:`~overlay.anon.client.AnonClient.request`): the wait for each reply chunk, and for the paths."""
     chunks: list[tuple[str, tuple[int, ...]]] = []
     last = None
     try:
-        stream = client.request(opening.model, opening.messages, opening.params, node=node_id, timeout=timeout,
-                                paths_timeout=paths_timeout, failover=False, fresh_paths=True,
-                                request_id=opening.request_id(tries))
+        stream = client.request(opening.model, opening.messages, opening.params, node=node_id,
+                                chunk_timeout=chunk_timeout, paths_timeout=paths_timeout, failover=False,
+                                fresh_paths=True, request_id=opening.request_id(tries))
         async with aclosing(stream) as replies:  # type: ignore[type-var]
             async for c in replies:
                 if last is not None and c.node != last.node:
@@ -832,7 +833,7 @@ class AuditDriver:
                 await self._score_transcripts(action)
             else:
                 await self._send(action)
-        except Exception:  # noqa: BLE001 - an audit step must never stop the verifier
+        except Exception:
             log.exception("audit: %s failed", action.what if isinstance(action, Submit) else
                           f"scoring users' transcripts in epoch {action.epoch}"
                           if isinstance(action, ScoreTranscripts) else
@@ -861,8 +862,9 @@ class AuditDriver:
     async def _send(self, send: Send) -> None:
         from verifier.audit.scoring import ScoringError
 
-        outcome = await send_challenge(self.client, send.node_id, send.opening, timeout=self.challenge_timeout,
-                                       paths_timeout=self.paths_timeout, tries=send.attempt)
+        outcome = await send_challenge(self.client, send.node_id, send.opening,
+                                       chunk_timeout=self.challenge_timeout, paths_timeout=self.paths_timeout,
+                                       tries=send.attempt)
         score = None
         if isinstance(outcome, Reply):
             try:
@@ -917,7 +919,7 @@ async def run_audits(data_dir: Path, settings: AuditSettings, seed: bytes, pool:
                 if pool is not None:
                     pool.models = frozenset({engine.model})
                 await _run_audits_once(data_dir, settings, seed, engine, pool, transcripts)
-            except Exception as exc:  # noqa: BLE001 - never crash the verifier
+            except Exception as exc:
                 log.error("audit: the audit loop failed (%s: %s); starting it again in %g s",
                           type(exc).__name__, exc, RESTART_S,
                           exc_info=not isinstance(exc, (OSError, ValueError, EngineError)))

@@ -487,7 +487,7 @@ def _median(votes: Sequence[tuple[int, int]]) -> int:
     raise ValueError("no votes")
 
 
-def node_epoch(st: AuditState, node_id: bytes, powers: Mapping[bytes, int]) -> int | None | str:
+def node_epoch(st: AuditState, node_id: bytes, powers: Mapping[bytes, int]) -> int | str | None:
     """One node's epoch: ``"missed"`` when it missed the challenges; else the lower of its
     challenges' ``C(T)`` (:func:`challenge_epoch`) and its transcripts' (:func:`transcript_epoch`),
     whichever exist; None when neither does."""
@@ -515,7 +515,7 @@ def transcript_epoch(st: AuditState, node_id: bytes, powers: Mapping[bytes, int]
     return _median(votes)
 
 
-def challenge_epoch(st: AuditState, node_id: bytes, powers: Mapping[bytes, int]) -> int | None | str:
+def challenge_epoch(st: AuditState, node_id: bytes, powers: Mapping[bytes, int]) -> int | str | None:
     """One node's epoch from the challenge reports: its ``C(T)`` (fixed point), ``"missed"``, or
     None (not audited: reporting power not above 2/3 of the total)."""
     total = sum(powers.values())

@@ -37,6 +37,7 @@ report reveals it: the commit holds a hash of the whole plan, salted.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -541,7 +542,7 @@ def _read_transcripts(r: codec.ShapeReader) -> TranscriptScores:
             raise _invalid(f"transcript node {i} has no scores")
         nodes.append((node, tuple(_int(v, 0, SCALE, f"transcript node {i}'s score") for v in _values(r, n))))
     ids = [n for n, _ in nodes]
-    if any(a >= b for a, b in zip(ids, ids[1:], strict=False)):
+    if any(a >= b for a, b in itertools.pairwise(ids)):
         raise _invalid("transcript nodes come by node id, ascending, each once")
     return TranscriptScores(epoch, key, tuple(nodes), _sig(r.value()))
 

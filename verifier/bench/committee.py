@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import http.client
+import itertools
 import json
 import shutil
 import subprocess
@@ -147,7 +148,7 @@ def _block_times(rpc: _Rpc, lo: int, hi: int) -> tuple[float, int]:
         stamp = meta["header"]["time"]
         times.append(block_time_unix(stamp))
         most = max(most, len(meta["data"]["txs"] or []))
-    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
     return (sum(gaps) / len(gaps) if gaps else float("nan")), most
 
 
