@@ -129,11 +129,11 @@ class Responder:
         if self.admits is not None and not self.admits(conn.peer_id):
             self._drop("deliver-not-registered")
             return None
-        bucket = self._buckets.get(conn.peer)
+        bucket = self._buckets.get(conn.peer_id)  # by the whole id: a short id is 32 bits, cheap to collide with
         if bucket is None:
             if len(self._buckets) >= self.MAX_BUCKETS:
                 self._buckets.clear()  # bounded; forgotten proxies start again from a full burst
-            bucket = self._buckets[conn.peer] = TokenBucket(self.delivers_per_s, self.deliver_burst)
+            bucket = self._buckets[conn.peer_id] = TokenBucket(self.delivers_per_s, self.deliver_burst)
         now = self.clock.monotonic()
         if not bucket.take(now):
             self._drop("deliver-rate-limited")

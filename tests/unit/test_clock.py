@@ -120,6 +120,7 @@ def test_path_manager_avoids_a_failed_paths_relays_for_the_suspect_period_of_its
 class _Conn:
     def __init__(self, peer: bytes) -> None:
         self.peer = peer
+        self.peer_id = peer
 
 
 async def test_responder_reassembler_ttl_follows_trio_mock_clock(autojump_clock: trio.testing.MockClock) -> None:
