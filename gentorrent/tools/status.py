@@ -198,16 +198,19 @@ async def _audit_view(address: str, entries: list[PeerEntry]) -> list[str]:
     the caller bounds it."""
     import msgpack
 
-    from overlay.directory.rpc import RpcError, abci_value
+    from overlay.directory.registration import Code
+    from overlay.directory.rpc import QueryRefused, RpcError, abci_value
 
     try:
         audit = msgpack.unpackb(await abci_value(address, "/audit"), raw=False, strict_map_key=False)
         reputation = msgpack.unpackb(await abci_value(address, "/reputation"), raw=False)
         listed = {e.node_id for e in entries if e.role == "model"}
         return audit_rows(audit, reputation, listed)
-    except RpcError as exc:
-        if "code 17" in str(exc):  # AUDITS_OFF
+    except QueryRefused as exc:
+        if exc.code == Code.AUDITS_OFF:
             return ["  audits: off (the committee's genesis has no audit section)"]
+        return [f"  audits unknown: {exc}"]
+    except RpcError as exc:
         return [f"  audits unknown: {exc}"]
     except (OSError, ValueError, TypeError, KeyError, msgpack.UnpackException) as exc:
         return [f"  audits unknown: {address} did not answer /audit ({type(exc).__name__}: {exc})"]

@@ -40,6 +40,15 @@ class RpcError(Exception):
     error, no result, an odd result, a refused query); says why."""
 
 
+class QueryRefused(RpcError):
+    """The application refused an ``abci_query``: ``code`` (a
+    :class:`~overlay.directory.registration.Code`) says what, the message why."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 async def http_get(address: str, target: str, *, max_bytes: int = MAX_RESPONSE) -> bytes:
     """``GET target`` on ``host:port`` (plain HTTP/1.1 over trio); the response body, at most
     ``max_bytes``. Raises :class:`RpcError` for a response that is not HTTP or too large, and
@@ -206,11 +215,11 @@ async def abci_query(address: str, path: str, data: bytes = b"", *, rpc: Rpc | N
 
 
 async def abci_value(address: str, path: str, data: bytes = b"", *, rpc: Rpc | None = None) -> bytes:
-    """:func:`abci_query`'s value bytes; :class:`RpcError` for a non-zero code (with the verifier's
-    log). The response is bounded by :data:`MAX_RESPONSE`; ``OSError`` for I/O."""
+    """:func:`abci_query`'s value bytes; :class:`QueryRefused` for a non-zero code (with the
+    verifier's log). The response is bounded by :data:`MAX_RESPONSE`; ``OSError`` for I/O."""
     answer = await abci_query(address, path, data, rpc=rpc)
     if answer.code:
-        raise RpcError(f"{address} answered code {answer.code}: {answer.log[:200]}")
+        raise QueryRefused(f"{address} answered code {answer.code}: {answer.log[:200]}", answer.code)
     return answer.value
 
 

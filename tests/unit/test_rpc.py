@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import trio
 
-from overlay.directory.rpc import RpcError, abci_query, abci_value, broadcast_tx_commit, broadcast_tx_sync
+from overlay.directory.rpc import QueryRefused, RpcError, abci_query, abci_value, broadcast_tx_commit, broadcast_tx_sync
 
 
 def fake(result: Any) -> Any:
@@ -27,8 +27,9 @@ def test_abci_query_sends_the_quoted_path_and_hex_data_and_reads_every_field() -
     answer = trio.run(lambda: abci_query("a:1", "/node", b"\x01\x02", rpc=rpc))
     assert (answer.code, answer.log, answer.value, answer.height) == (7, "why", b"v", 12)
     assert rpc.calls == [("a:1", "abci_query", {"path": '"/node"', "data": "0x0102"})]
-    with pytest.raises(RpcError, match="a:1 answered code 7: why"):
+    with pytest.raises(QueryRefused, match="a:1 answered code 7: why") as refused:
         trio.run(lambda: abci_value("a:1", "/node", rpc=rpc))
+    assert refused.value.code == 7
     with pytest.raises(RpcError, match="did not answer an abci_query"):
         trio.run(lambda: abci_query("a:1", "/node", rpc=fake({"no": "response"})))
 
