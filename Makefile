@@ -66,9 +66,10 @@ lint: setup
 	$(BIN)/ruff check --output-format concise .
 	$(BIN)/mypy
 
-# Lint, then everything except GPU tests (those skip cleanly without a GPU anyway).
+# Lint, then everything except GPU tests (those skip cleanly without a GPU anyway). The 30
+# slowest tests are listed at the end: where the suite's time goes (issue 30).
 test: lint
-	$(BIN)/python -m pytest -m 'not gpu' $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m 'not gpu' --durations=30 $(PYTEST_ARGS)
 
 # Every benchmark; verify-gpu only where a CUDA GPU is (it measures one; needs torch + transformers).
 bench: setup
