@@ -124,7 +124,8 @@ class Committee:
         included = a.prepare_proposal(list(txs), 1 << 22, self.now, h)
         assert len(included) == len(txs), [a.check_tx(t) for t in txs]
         block_hash = crypto.sha256(b"".join(included) + h.to_bytes(8, "big"))
-        hashes, results = set(), []
+        hashes: set[bytes] = set()
+        results: list[Result] = []
         for app in self.apps:
             assert app.process_proposal(included, self.now, h, block_hash)
             results, app_hash = app.finalize_block(h, self.now, included, block_hash)

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from overlay.directory import registration as tx
 from overlay.wire import crypto
 from overlay.wire.constants import ROLE_MODEL, ROLE_USER
 from overlay.wire.identity import node_id_of
+
+if TYPE_CHECKING:
+    from overlay.directory.membership import CommitteeSettings
+    from overlay.wire.clock import Clock
+    from verifier.admission import AdmissionParams
+    from verifier.app import Result
 
 CHAIN = "gt-test-chain"
 
@@ -37,11 +44,11 @@ class Node:
             seq = self.seq
         return tx.make_tx(self.key, chain, op, seq, entry)
 
-    def register(self, role: int = ROLE_USER, **kw: object) -> bytes:
-        return self.sign_tx(tx.OP_REGISTER, self.entry(role, **kw))  # type: ignore[arg-type]
+    def register(self, role: int = ROLE_USER, **kw: Any) -> bytes:
+        return self.sign_tx(tx.OP_REGISTER, self.entry(role, **kw))
 
-    def update(self, role: int = ROLE_USER, **kw: object) -> bytes:
-        return self.sign_tx(tx.OP_UPDATE, self.entry(role, **kw))  # type: ignore[arg-type]
+    def update(self, role: int = ROLE_USER, **kw: Any) -> bytes:
+        return self.sign_tx(tx.OP_UPDATE, self.entry(role, **kw))
 
     def leave(self) -> bytes:
         return self.sign_tx(tx.OP_LEAVE)
@@ -54,8 +61,8 @@ class InProcessCommittee:
     ``now`` is the block time in seconds; every committed transaction is followed by empty heights
     so the signed lists cover it."""
 
-    def __init__(self, n: int = 4, chain: str = CHAIN, admission: object = None, *, probe_all: bool = False,
-                 clock: object = None) -> None:
+    def __init__(self, n: int = 4, chain: str = CHAIN, admission: AdmissionParams | None = None, *,
+                 probe_all: bool = False, clock: Clock | None = None) -> None:
         """``admission``: the genesis's :class:`verifier.admission.AdmissionParams` (None: none, open
         admission); ``probe_all``: every validator reports every pending registration reached, as
         soon as it is committed (its address answered with its key). ``clock``: an
@@ -64,26 +71,23 @@ class InProcessCommittee:
         import json
 
         from overlay.directory.lists import ValidatorKey
-        from verifier.admission import AdmissionParams
         from verifier.app import CommitteeApp, Validator
 
         self.chain = chain
         self.keys = [crypto.SigningKey.generate() for _ in range(n)]
         self.pinned = [ValidatorKey(k.public_bytes, 10) for k in self.keys]
         self.app = CommitteeApp()
-        state = b"" if admission is None else json.dumps(
-            {"admission": admission.to_json()}).encode()  # type: ignore[attr-defined]
-        assert admission is None or isinstance(admission, AdmissionParams)
+        state = b"" if admission is None else json.dumps({"admission": admission.to_json()}).encode()
         self.probe_all = probe_all
         self.app.init_chain(chain, [Validator("ed25519", k.public_bytes, 10) for k in self.keys], state)
         self.clock = clock
-        self.now = int(clock.unix()) if clock is not None else 1_700_000_000  # type: ignore[attr-defined]
+        self.now = int(clock.unix()) if clock is not None else 1_700_000_000
         self._votes: list[tuple[bytes, bytes]] = []
         self.sent: list[bytes] = []  # every transaction broadcast, accepted or not
         self.down = False  # True: every call raises OSError, as an unreachable verifier
         self.height()
 
-    def height(self, txs: list[bytes] | None = None) -> tuple[int, list[object]]:
+    def height(self, txs: list[bytes] | None = None) -> tuple[int, list[Result]]:
         a, h = self.app, self.app.height + 1
         block = a.prepare_proposal(txs or [], 1 << 20, self.now, h, self._votes)
         block_hash = crypto.sha256(b"".join(block) + h.to_bytes(8, "big"))
@@ -121,7 +125,7 @@ class InProcessCommittee:
             except RuntimeError:
                 return
             clock = self.clock = TrioClock()
-        unix = int(clock.unix())  # type: ignore[attr-defined]
+        unix = int(clock.unix())
         if unix > self.now:
             self.now = unix
             self.settle()
@@ -151,7 +155,7 @@ class InProcessCommittee:
             if self.probe_all:
                 self.probe()
             self.settle()
-            return {"check_tx": {"code": 0}, "tx_result": {"code": int(outcome.code), "log": outcome.log},  # type: ignore[attr-defined]
+            return {"check_tx": {"code": 0}, "tx_result": {"code": int(outcome.code), "log": outcome.log},
                     "height": str(h)}
         raise OSError(f"no such method {method}")
 
@@ -166,7 +170,7 @@ class InProcessCommittee:
             raise ListError(f"{address} answered code {int(res.code)}: {res.log}")
         return value
 
-    def settings(self, addresses: tuple[str, ...] = ("v0:26657", "v1:26657")) -> object:
+    def settings(self, addresses: tuple[str, ...] = ("v0:26657", "v1:26657")) -> CommitteeSettings:
         from overlay.directory.membership import CommitteeSettings
 
         return CommitteeSettings(addresses, self.chain, tuple(self.pinned))

@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -135,7 +135,7 @@ def start_relay(data_dir: Path, *extra: str, listen: str | None = "127.0.0.1:0",
 
 
 @pytest.fixture
-def relay_factory(tmp_path: Path) -> Iterator[Any]:
+def relay_factory(tmp_path: Path) -> Iterator[Callable[..., RelayProcess]]:
     """``relay_factory(name="relay", *extra_flags, listen=..., env=...)`` starts relays
     (see :func:`start_relay`); all are stopped at teardown."""
     started: list[RelayProcess] = []
@@ -151,7 +151,7 @@ def relay_factory(tmp_path: Path) -> Iterator[Any]:
 
 
 @pytest.fixture
-def relay(relay_factory: Any) -> RelayProcess:
+def relay(relay_factory: Callable[..., RelayProcess]) -> RelayProcess:
     """One running relay process on loopback."""
     return relay_factory()
 

@@ -5,6 +5,7 @@ plan commit sent through the RPC in the commit window is taken by every verifier
 from __future__ import annotations
 
 import base64
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,7 @@ def test_four_validators_with_audits_agree_on_epochs_seeds_and_commits(tmp_path:
         for v in vs:
             v.spawn()
         for v in vs:
-            wait_for(f"{v.data_dir.name}'s RPC", lambda v=v: v.height() >= 1, 60)
+            wait_for(f"{v.data_dir.name}'s RPC", functools.partial(lambda v: v.height() >= 1, v), 60)
         key = cometbft.read_validator_key(vs[0].data_dir)
         # Send a plan commit at the start of an epoch; under load a try may miss the 3-block window (LATE).
         for _ in range(6):
@@ -57,10 +58,13 @@ def test_four_validators_with_audits_agree_on_epochs_seeds_and_commits(tmp_path:
         else:
             raise AssertionError(f"no plan commit landed in its window: {res}")
         epoch = st["epoch"]
+
+        def with_the_commit(v: Verifier) -> dict[str, Any] | None:
+            a = _audit(v)
+            return a if a["committed"] or a["epoch"] > epoch else None
+
         for v in vs:  # every verifier took the same commit
-            got = wait_for(f"{v.data_dir.name} with the commit", lambda v=v: (lambda a: a if a["committed"]
-                                                                              or a["epoch"] > epoch else None)(
-                _audit(v)), COMMIT_TIMEOUT)
+            got = wait_for(f"{v.data_dir.name} with the commit", functools.partial(with_the_commit, v), COMMIT_TIMEOUT)
             if got["epoch"] == epoch:
                 assert got["committed"] == [key.public_bytes]
             assert got["declared"] == [[key.public_bytes, ["a-model"]]]
@@ -68,11 +72,17 @@ def test_four_validators_with_audits_agree_on_epochs_seeds_and_commits(tmp_path:
         # Two more epoch boundaries: the same state everywhere, seeds = CometBFT's block hashes.
         target = (epoch + 2) * E + 1
         for v in vs:
-            wait_for(f"{v.data_dir.name} at height {target}", lambda v=v: v.height() >= target, 3 * COMMIT_TIMEOUT)
+            wait_for(f"{v.data_dir.name} at height {target}", functools.partial(lambda v: v.height() >= target, v),
+                     3 * COMMIT_TIMEOUT)
         views = [_audit(v) for v in vs]
         last = min(a["epoch"] for a in views)
-        views = [wait_for("the same epoch", lambda v=v: (lambda a: a if a["epoch"] == last else None)(_audit(v)), 5)
-                 for v in vs] if len({a["epoch"] for a in views}) > 1 else views
+
+        def in_the_last_epoch(v: Verifier) -> dict[str, Any] | None:
+            a = _audit(v)
+            return a if a["epoch"] == last else None
+
+        if len({a["epoch"] for a in views}) > 1:
+            views = [wait_for("the same epoch", functools.partial(in_the_last_epoch, v), 5) for v in vs]
         assert len({(a["epoch"], a["seed"], tuple(map(tuple, a["outcomes"]))) for a in views}) == 1
         a = views[0]
         block = vs[0].rpc_call("block", height=str(a["start_height"] - 1))

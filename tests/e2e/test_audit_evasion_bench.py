@@ -116,5 +116,5 @@ def test_what_the_design_promises(out: dict[str, Any]) -> None:
 def test_missing_prompts_file_says_where(tmp_path: Path) -> None:
     from verifier.bench.audit_evasion import BenchError, load_user_prompts
 
-    with pytest.raises(BenchError, match="user-prompts.jsonl"):
+    with pytest.raises(BenchError, match=r"user-prompts\.jsonl"):
         load_user_prompts(tmp_path / "user-prompts.jsonl")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -188,7 +189,7 @@ def committee_factory(tmp_path: Path) -> Iterator[Callable[[int], list[Verifier]
     # A verifier killed with SIGKILL leaves its cometbft to notice the lost ABCI connection and exit.
     for v in made:
         try:
-            wait_for(f"{v.data_dir.name}'s cometbft to exit", lambda v=v: _port_closed(v.rpc), 30)
+            wait_for(f"{v.data_dir.name}'s cometbft to exit", functools.partial(_port_closed, v.rpc), 30)
         except TimeoutError:
             pass
 
@@ -250,14 +251,15 @@ def _wait_committed(vs: list[Verifier], nodes: list[Node]) -> None:
     for v in vs:
         for n in nodes:
             wait_for(f"{n.node_id.hex()[:8]}'s seq {n.seq} on {v.data_dir.name}",
-                     lambda v=v, n=n: v.seq_of(n.node_id) == n.seq, COMMIT_TIMEOUT)
+                     functools.partial(lambda v, n: v.seq_of(n.node_id) == n.seq, v, n), COMMIT_TIMEOUT)
 
 
 def _same_app_hash(vs: list[Verifier]) -> bytes:
     """Once every verifier is two blocks past the highest one now, their app hashes must agree."""
     target = max(v.height() for v in vs) + 2
     for v in vs:
-        wait_for(f"{v.data_dir.name} at height {target}", lambda v=v: v.app_info()[0] >= target, COMMIT_TIMEOUT)
+        wait_for(f"{v.data_dir.name} at height {target}", functools.partial(lambda v: v.app_info()[0] >= target, v),
+                 COMMIT_TIMEOUT)
     hashes = {v.data_dir.name: v.app_info()[1] for v in vs}
     assert len(set(hashes.values())) == 1, hashes
     return next(iter(hashes.values()))
@@ -358,8 +360,9 @@ def test_registrations_appear_in_signed_lists_that_verify_on_the_client(
     # Every verifier serves a list that verifies, with signatures from more than 2/3 of the power
     # (one a block behind the others serves the list it holds, so wait for each).
     for v in vs:
-        wait_for(f"{v.data_dir.name}'s signed model list", lambda v=v: [e.node_id for e in verify_document(
-            _fetch_list(v, "/lists/models"), CHAIN, pinned, kind=KIND_MODELS).entries] == [model.node_id],
+        wait_for(f"{v.data_dir.name}'s signed model list", functools.partial(
+            lambda v: [e.node_id for e in verify_document(_fetch_list(v, "/lists/models"), CHAIN, pinned,
+                                                          kind=KIND_MODELS).entries] == [model.node_id], v),
             COMMIT_TIMEOUT)
 
     # A document cut down to two of four signatures is refused.
@@ -428,7 +431,8 @@ def _join_and_count(tmp_path: Path, vs: list[Verifier], new: Verifier) -> None:
     r = run_cli("verifier", "change", "--rpc", f"127.0.0.1:{vs[1].rpc}", *flags, *approvals)
     assert r.returncode == 0, r.stderr
     for v in [*vs, new]:
-        wait_for(f"the change on {v.data_dir.name}", lambda v=v: v.query("/validators")[1][0] == 1, COMMIT_TIMEOUT)
+        wait_for(f"the change on {v.data_dir.name}", functools.partial(lambda v: v.query("/validators")[1][0] == 1, v),
+                 COMMIT_TIMEOUT)
     assert len(vs[0].query("/validators")[1][1]) == 5
     wait_for("CometBFT to make the fifth a validator",
              lambda: len(vs[2].rpc_call("validators")["validators"]) == 5, COMMIT_TIMEOUT)

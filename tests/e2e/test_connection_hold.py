@@ -48,6 +48,7 @@ class Holder:
         self.open = 0
         self.opened = 0
         self.closed_by_listener = 0
+        self.all_opened = trio.Event()  # every connection opened once
         self.ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         self.ctx.check_hostname = False
         self.ctx.verify_mode = ssl.CERT_NONE
@@ -57,8 +58,7 @@ class Holder:
             for _ in range(self.count):
                 nursery.start_soon(self._one)
                 await trio.lowlevel.checkpoint()
-            while self.opened < self.count:  # every connection opened once before we report
-                await trio.sleep(0.05)
+            await self.all_opened.wait()  # every connection opened once before we report
             task_status.started()
 
     async def _one(self) -> None:
@@ -71,6 +71,8 @@ class Holder:
             if stream is not None:
                 self.opened += 1
                 self.open += 1
+                if self.opened >= self.count:
+                    self.all_opened.set()
                 try:
                     if self.tls:
                         stream = trio.SSLStream(stream, self.ctx, server_hostname=None)
@@ -112,7 +114,7 @@ async def test_two_thousand_silent_connections_do_not_lock_out_honest_peers(tmp_
             host, port = parse_address(net.entries["client"].address)
             user = UserNode(ident, TLSTransport(ident), net.registry, build_timeout=10.0)
             await nursery.start(user.serve, host, port)
-            assert user.paths is not None
+            assert user.paths is not None and user.client is not None
             with trio.fail_after(60):
                 await user.paths.wait_ready(4)
             for i in range(5):

@@ -71,6 +71,7 @@ def test_stopping_devnet_leaves_no_process_behind(tmp_path, sig):
             if "press Ctrl-C" in line or time.monotonic() > deadline:
                 break
         text = "".join(lines)
+        assert proc.stderr is not None
         assert "press Ctrl-C" in text, text + proc.stderr.read()
         assert "all 6 nodes healthy, registered with the committee" in text and text.count("healthy: relays for users") == 5
         nodes = children_of(proc.pid)

@@ -31,6 +31,7 @@ llama = pytest.importorskip("model_node.llama")
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install 'gentorrent[llama]')")
 
 SYNC = 0.5
+WAIT_S = 30  # the longest Cluster.wait_for waits for a node's stats to show a change
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8)
 # A long system prompt (about 650 tokens): 2 whole 256-token chunks, τ_c at b = 8.
 SYSTEM = "You are the help desk of a small public library. " + " ".join(
@@ -65,12 +66,17 @@ class Cluster:
                 if isinstance(msg, NodeStats) and msg.nonce == nonce:
                     return msg
 
-    async def wait_for(self, e: PeerEntry, ok: Callable[[NodeStats], bool], what: str, timeout: float = 30) -> NodeStats:
-        with trio.move_on_after(timeout):
-            while not ok(s := await self.stats(e)):
+    async def wait_for(self, e: PeerEntry, ok: Callable[[NodeStats], bool], what: str) -> NodeStats:
+        """``e``'s stats once ``ok``: asked again every 0.1 s (the node is another process), for at
+        most ``WAIT_S`` seconds; past them, an AssertionError with the last stats seen."""
+        last: NodeStats | None = None
+        with trio.move_on_after(WAIT_S):
+            while True:
+                last = await self.stats(e)
+                if ok(last):
+                    return last
                 await trio.sleep(0.1)
-            return s
-        raise AssertionError(f"timed out waiting for {what}; last stats: {s}")
+        raise AssertionError(f"timed out waiting for {what}; last stats: {last}")
 
     async def aclose(self) -> None:
         for c in self._conns.values():

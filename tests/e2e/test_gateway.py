@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from gentorrent.tools.localnet import LocalNet, cli, free_ports
 from model_node.echo import EchoEngine
@@ -48,6 +50,19 @@ class Gateway:
             self.proc.wait()
 
 
+def error_body(e: openai.APIError) -> dict[str, Any]:
+    """The error object the gateway answered with (the SDK types ``body`` as ``object``)."""
+    assert isinstance(e.body, dict), e.body
+    return e.body
+
+
+def text_of(m: ChatCompletionMessageParam) -> str:
+    """A message's content, where it is plain text."""
+    content = m.get("content")
+    assert isinstance(content, str), content
+    return content
+
+
 def make_net(root: Path, relays: int, **kw) -> LocalNet:
     return LocalNet(root, relays, users=("you",), **kw)
 
@@ -60,21 +75,24 @@ def test_openai_client_through_the_anonymous_overlay(tmp_path):
             gw.wait_ready()
             c = gw.client
             assert [m.id for m in c.models.list().data] == ["echo"]
-            first = [{"role": "user", "content": "hello through nine relays"}]
+            first: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello through nine relays"}]
             r = c.chat.completions.create(model="echo", messages=first, temperature=0, seed=7)
             assert r.choices[0].message.content == "hello through nine relays"
+            assert r.usage is not None
             assert r.choices[0].finish_reason == "stop" and r.usage.completion_tokens == len("hello through nine relays")
             prompt_tokens = len(EchoEngine().chat_prompt([ChatMessage("user", "hello through nine relays")]))
             assert r.usage.prompt_tokens == prompt_tokens  # counted by the model node, carried back in its reply
             assert r.usage.total_tokens == prompt_tokens + r.usage.completion_tokens
-            follow = [*first, {"role": "assistant", "content": r.choices[0].message.content},
-                      {"role": "user", "content": "second turn streamed word by word STOP not shown"}]
+            follow: list[ChatCompletionMessageParam] = [
+                *first, {"role": "assistant", "content": r.choices[0].message.content},
+                {"role": "user", "content": "second turn streamed word by word STOP not shown"}]
             parts = list(c.chat.completions.create(model="echo", messages=follow, stream=True, stop=[" STOP"],
                                                    stream_options={"include_usage": True}))
             text = "".join(p.choices[0].delta.content or "" for p in parts if p.choices)
             assert text == "second turn streamed word by word"
-            assert parts[-1].usage.prompt_tokens == len(EchoEngine().chat_prompt(
-                [ChatMessage(m["role"], m["content"]) for m in follow]))
+            usage = parts[-1].usage
+            assert usage is not None and usage.prompt_tokens == len(EchoEngine().chat_prompt(
+                [ChatMessage(m["role"], text_of(m)) for m in follow]))
             assert sum(1 for p in parts if p.choices and p.choices[0].delta.content) >= 2  # streamed
             comp = c.completions.create(model="echo", prompt="one two three four", max_tokens=2)
             assert comp.choices[0].text == "one two" and comp.choices[0].finish_reason == "length"
@@ -83,7 +101,7 @@ def test_openai_client_through_the_anonymous_overlay(tmp_path):
                 c.chat.completions.create(model="gpt-4o", messages=first)
             with pytest.raises(openai.BadRequestError) as bad:
                 c.chat.completions.create(model="echo", messages=first, temperature=3)
-            assert bad.value.body["param"] == "temperature"
+            assert error_body(bad.value)["param"] == "temperature"
         finally:
             gw.stop()
 
@@ -96,7 +114,7 @@ def test_503_when_no_model_node_answers_or_too_few_paths(tmp_path):
             gw.wait_ready()
             with pytest.raises(openai.APIStatusError) as e:
                 gw.client.chat.completions.create(model="echo", messages=[{"role": "user", "content": "anyone?"}])
-            assert e.value.status_code == 503 and e.value.body["code"] == "no_model_node_reachable"
+            assert e.value.status_code == 503 and error_body(e.value)["code"] == "no_model_node_reachable"
         finally:
             gw.stop()
     with make_net(tmp_path / "few", 4) as net:
@@ -107,7 +125,7 @@ def test_503_when_no_model_node_answers_or_too_few_paths(tmp_path):
             with pytest.raises(openai.APIStatusError) as e:
                 gw.client.chat.completions.create(model="echo", messages=[{"role": "user", "content": "anyone?"}],
                                                   stream=True)
-            assert e.value.status_code == 503 and e.value.body["code"] == "not_enough_paths"
+            assert e.value.status_code == 503 and error_body(e.value)["code"] == "not_enough_paths"
         finally:
             gw.stop()
 
@@ -128,10 +146,12 @@ def test_openai_client_with_the_real_smollm2_model(tmp_path):
         gw = Gateway(net)
         try:
             gw.wait_ready()
-            messages = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
+            messages: list[ChatCompletionMessageParam] = [
+                {"role": "user", "content": "What is the capital of France? Answer in one word."}]
             r = gw.client.chat.completions.create(model=llama.DEFAULT_MODEL_ID, messages=messages, max_tokens=16,
                                                   temperature=0, seed=1)
-            assert "Paris" in r.choices[0].message.content
+            assert "Paris" in (r.choices[0].message.content or "")
+            assert r.usage is not None
             assert 1 <= r.usage.completion_tokens <= 16
             assert 10 <= r.usage.prompt_tokens <= 200  # the question in SmolLM2's chat template
             streamed = "".join(p.choices[0].delta.content or "" for p in gw.client.chat.completions.create(

@@ -189,7 +189,7 @@ async def test_cancelling_one_of_several_leaves_the_others_alone(engine: Any) ->
         nursery.start_soon(run, 2)
     assert got[0][1] == alone[0][1] and got[2][1] == alone[2][1]
     assert len(cancelled_after) == 2
-    ids, text, _ = await generate(engine, prompts[1], params)  # served again, from a free sequence
+    _ids, text, _ = await generate(engine, prompts[1], params)  # served again, from a free sequence
     assert text == alone[1][1]
     assert all(s.user is None for s in engine._slots) and not engine._active and not engine._waiting
 
@@ -226,8 +226,9 @@ async def test_an_evicted_prefix_disappears_from_cached_prefixes() -> None:
     eng = llama.LlamaCppEngine(path, model_id=model_id, n_ctx=512, slots=2, max_snapshots=0)
     try:
         def ask(topic: str) -> list[int]:
-            return eng.chat_prompt([ChatMessage("system", f"You only talk about {topic}. " * 20),
-                                    ChatMessage("user", "Hello!")])
+            ids: list[int] = eng.chat_prompt([ChatMessage("system", f"You only talk about {topic}. " * 20),
+                                              ChatMessage("user", "Hello!")])
+            return ids
 
         def holds(prompt: list[int]) -> bool:
             return any(common_prefix(list(p), prompt) >= len(prompt) - 1 for p in eng.cached_prefixes())

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import aclosing
 from typing import Any
 
@@ -16,7 +16,7 @@ import pytest
 import trio
 
 from gentorrent.tools.localnet import LocalNet
-from model_node.engine import Engine, EngineError, GenStats
+from model_node.engine import Engine, EngineError, Generation, GenStats, TokenScore
 from model_node.hrtree import common_prefix
 from model_node.server import ModelNode
 from overlay.directory.registry import Registry
@@ -61,7 +61,7 @@ async def generate(engine: Any, prompt: list[int], params: SamplingParams = GREE
     return ids, text, gen.stats
 
 
-def ask(engine: Any, question: str, system: str = SYSTEM) -> list[int]:
+def ask(engine: Engine, question: str, system: str = SYSTEM) -> list[int]:
     return engine.chat_prompt([ChatMessage("system", system), ChatMessage("user", question)])
 
 
@@ -165,17 +165,28 @@ async def test_a_prompt_beyond_the_context_window_is_refused(engine: Any) -> Non
 class SpyEngine:
     """Forwards to the real engine and counts what reached it."""
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Engine) -> None:
         self.inner, self.calls = inner, 0
         self.name, self.model, self.context_window = inner.name, inner.model, inner.context_window
 
-    def chat_prompt(self, *a: Any) -> list[int]:
+    def chat_prompt(self, messages: Sequence[ChatMessage], continuation: str = "") -> list[int]:
         self.calls += 1
-        return self.inner.chat_prompt(*a)
+        return self.inner.chat_prompt(messages, continuation)
 
-    def generate(self, *a: Any) -> Any:
+    def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
         self.calls += 1
-        return self.inner.generate(*a)
+        return self.inner.generate(prompt_ids, params)
+
+    async def score(self, prompt_ids: list[int], continuation_ids: list[int],
+                    params: SamplingParams) -> list[TokenScore]:
+        self.calls += 1
+        return await self.inner.score(prompt_ids, continuation_ids, params)
+
+    def cached_prefixes(self) -> list[tuple[int, ...]]:
+        return self.inner.cached_prefixes()
+
+    def detokenize(self, token_ids: Sequence[int]) -> str:
+        return self.inner.detokenize(token_ids)
 
 
 @pytest.mark.parametrize("params", [

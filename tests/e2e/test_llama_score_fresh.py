@@ -25,7 +25,7 @@ pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip 
 def test_scores_do_not_depend_on_the_engines_history(fresh: bool) -> None:
     model_id, path = llama.resolve_model(None)
 
-    def engine(**kw):  # type: ignore[no-untyped-def]
+    def engine(**kw):
         return llama.LlamaCppEngine(path, model_id=model_id, n_threads=1, slots=4, n_ctx=2048, **kw)
 
     async def main() -> None:

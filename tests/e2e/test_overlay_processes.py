@@ -21,9 +21,9 @@ pytestmark = pytest.mark.slow
 PARAMS = SamplingParams(max_tokens=4096)
 
 
-async def ask(client, text: str, timeout: float = 20.0) -> tuple[str, int]:
+async def ask(client, text: str, chunk_timeout: float = 20.0) -> tuple[str, int]:
     parts = []
-    async for chunk in client.request("echo", [ChatMessage("user", text)], PARAMS, chunk_timeout=timeout):
+    async for chunk in client.request("echo", [ChatMessage("user", text)], PARAMS, chunk_timeout=chunk_timeout):
         parts.append(chunk.text)
     return "".join(parts), len(parts)
 
@@ -49,6 +49,7 @@ async def start_user(nursery, net: LocalNet, **kw) -> UserNode:
 async def test_hundred_requests_stream_through_15_relay_processes(net15):
     async with trio.open_nursery() as nursery:
         user = await start_user(nursery, net15)
+        assert user.client is not None and user.paths is not None
         for i in range(100):
             text = f"request {i}: " + " ".join(f"w{j}" for j in range(40))
             reply, chunks = await ask(user.client, text)
@@ -67,7 +68,9 @@ async def test_killing_paths_mid_run(tmp_path):
         by_id = {e.node_id: name for name, e in net.entries.items()}
         async with trio.open_nursery() as nursery:
             user = await start_user(nursery, net)
+            assert user.paths is not None
             client = user.client
+            assert client is not None
             long_text = " ".join(f"w{j}" for j in range(60))  # ~3 s of streaming at 50 ms/word
 
             # 1 of the 4 paths loses all its relays mid-reply: k = 3 paths still carry it.
@@ -95,7 +98,7 @@ async def test_killing_paths_mid_run(tmp_path):
 
             nursery.start_soon(kill_two_paths_soon)
             with pytest.raises(AnonError) as err:
-                await ask(client, long_text, timeout=5.0)
+                await ask(client, long_text, chunk_timeout=5.0)
             assert "fewer than k=3" in str(err.value)
 
             # The paths are rebuilt on the surviving relays and requests succeed again.

@@ -14,6 +14,7 @@ import pytest
 import trio
 
 from model_node.engine import EngineError, GenStats, Piece
+from overlay.testing import wait_until
 from overlay.wire.messages import ChatMessage, SamplingParams
 
 if importlib.util.find_spec("vllm") is None and not os.environ.get("GENTORRENT_REQUIRE_VLLM"):
@@ -112,8 +113,7 @@ async def test_leaving_a_stream_aborts_the_request(engine: VllmEngine) -> None:
                 break
     assert engine._engine.get_num_unfinished_requests() <= 1
     with trio.fail_after(30):
-        while engine._engine.get_num_unfinished_requests():
-            await trio.sleep(0.05)
+        await wait_until(lambda: not engine._engine.get_num_unfinished_requests())
     _, stats = await collect(engine, engine.chat_prompt(FRANCE))  # the engine carries on
     assert stats.output_tokens > 0
 
@@ -141,8 +141,7 @@ async def test_score_of_a_greedy_reply_finds_the_argmax(engine: VllmEngine) -> N
 async def wait_for_prefix(engine: VllmEngine, tokens: list[int], present: bool) -> None:
     """Until a cached prefix starts with ``tokens`` (or none does): events arrive asynchronously."""
     with trio.fail_after(20):
-        while any(p[:len(tokens)] == tuple(tokens) for p in engine.cached_prefixes()) != present:
-            await trio.sleep(0.05)
+        await wait_until(lambda: any(p[:len(tokens)] == tuple(tokens) for p in engine.cached_prefixes()) == present)
 
 
 async def test_cached_prefixes_follow_the_kv_cache(engine: VllmEngine) -> None:

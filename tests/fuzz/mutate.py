@@ -21,6 +21,7 @@ Plus purely random bytes and deeply nested arrays.
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import random
 import types
@@ -42,7 +43,7 @@ class Source(Protocol):
     def int(self, lo: int, hi: int) -> int:
         """An integer in ``lo..hi`` (inclusive)."""
 
-    def bytes(self, n: int) -> bytes:
+    def bytes(self, n: builtins.int) -> builtins.bytes:
         """``n`` arbitrary bytes."""
 
 
@@ -55,7 +56,7 @@ class RandomSource:
     def int(self, lo: int, hi: int) -> int:
         return self.rng.randint(lo, hi)
 
-    def bytes(self, n: int) -> bytes:
+    def bytes(self, n: builtins.int) -> builtins.bytes:
         return self.rng.randbytes(n)
 
 
@@ -68,7 +69,7 @@ class DrawSource:
     def int(self, lo: int, hi: int) -> int:
         return self.data.draw(st.integers(lo, hi))
 
-    def bytes(self, n: int) -> bytes:
+    def bytes(self, n: builtins.int) -> builtins.bytes:
         return self.data.draw(st.binary(min_size=n, max_size=n))
 
 
@@ -205,6 +206,14 @@ def mutate_bytes(src: Source, data: bytes, corpus: Sequence[bytes] = ()) -> byte
 def weird_value(src: Source) -> Any:
     """A msgpack value of any type, often an extreme one."""
     k = src.int(0, 17)
+    if 8 <= k <= 13:
+        return _weird_container(src, k)
+    return _weird_atom(src, k)
+
+
+def _weird_atom(src: Source, k: int) -> Any:
+    """:func:`weird_value`'s ``k``-th kind of atom (nil, bool, numbers, strings, bytes, ext): ``k``
+    within 0..7 or 14..17."""
     if k == 0:
         return None
     if k == 1:
@@ -221,6 +230,18 @@ def weird_value(src: Source) -> Any:
         return src.bytes(choice(src, (0, 1, 7, 8, 15, 16, 17, 19, 20, 21, 31, 32, 33, 63, 64, 65, 267)))
     if k == 7:
         return bytes(choice(src, (1025, 4097, 70_000, codec.DEFAULT_MAX_STR + 1)))
+    if k == 14:
+        return "".join(chr(src.int(0, 0x10FFFF)) for _ in range(src.int(1, 8))
+                       ).encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    if k == 15:
+        return msgpack.ExtType(src.int(0, 127), src.bytes(src.int(0, 8)))
+    if k == 16:
+        return src.int(-40, 300)
+    return src.bytes(src.int(0, 40))
+
+
+def _weird_container(src: Source, k: int) -> Any:
+    """:func:`weird_value`'s ``k``-th kind of array or map: ``k`` within 8..13."""
     if k == 8:
         return []
     if k == 9:
@@ -234,16 +255,8 @@ def weird_value(src: Source) -> Any:
         for _ in range(src.int(2, 200)):
             v = [v]
         return v
-    if k == 13:  # a big array of small ints (token ids, lengths...)
-        return [src.int(0, 300)] * choice(src, (17, 65, 257, 1025, 4097, 65_537))
-    if k == 14:
-        return "".join(chr(src.int(0, 0x10FFFF)) for _ in range(src.int(1, 8))
-                       ).encode("utf-8", "surrogatepass").decode("utf-8", "replace")
-    if k == 15:
-        return msgpack.ExtType(src.int(0, 127), src.bytes(src.int(0, 8)))
-    if k == 16:
-        return src.int(-40, 300)
-    return src.bytes(src.int(0, 40))
+    # a big array of small ints (token ids, lengths...)
+    return [src.int(0, 300)] * choice(src, (17, 65, 257, 1025, 4097, 65_537))
 
 
 def _nodes(obj: Any, path: tuple[int, ...] = (), out: list[tuple[int, ...]] | None = None,

@@ -14,6 +14,7 @@ The same classes run under hypothesis (``tests/fuzz/test_fuzz.py``: stateless ta
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Sequence
@@ -55,6 +56,7 @@ from overlay.wire import codec, crypto
 from overlay.wire.constants import ROLE_MODEL
 from overlay.wire.identity import Identity, node_id_of
 from overlay.wire.messages import (
+    IV_LEN,
     MAX_PROMPT_CHARS,
     AuthProof,
     CellBack,
@@ -99,7 +101,7 @@ def _pieces(src: Source, stream: bytes) -> list[bytes]:
     """``stream`` cut at up to 6 points (a network delivers bytes in arbitrary pieces)."""
     cuts = sorted(src.int(0, len(stream)) for _ in range(src.int(0, 6)))
     bounds = [0, *cuts, len(stream)]
-    return [stream[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    return [stream[a:b] for a, b in itertools.pairwise(bounds)]
 
 
 class Target:
@@ -171,8 +173,8 @@ class FramingTarget(Target):
         try:
             for piece in _pieces(src, bytes(stream)):
                 dec.feed(piece)
-                while (p := dec.next_payload()) is not None:
-                    got.append(p)
+                while (payload := dec.next_payload()) is not None:
+                    got.append(payload)
                 assert dec.buffered <= self.MAX + codec.HEADER_LEN
         except codec.RemoteProtocolError:
             self.rejected += 1
@@ -222,8 +224,8 @@ class OnionTarget(Target):
 
     NAME = "onion"
     STEPS = ("peel", "forward_cell", "backward_cell")
-    STATIC = [crypto.X25519Key.generate() for _ in range(3)]
-    IDS = [bytes([i]) * 20 for i in range(1, 4)]
+    STATIC: ClassVar[list[crypto.X25519Key]] = [crypto.X25519Key.generate() for _ in range(3)]
+    IDS: ClassVar[list[bytes]] = [bytes([i]) * 20 for i in range(1, 4)]
 
     def __init__(self) -> None:
         super().__init__()
@@ -246,7 +248,7 @@ class OnionTarget(Target):
 
     def _mutated_cell(self, src: Source, iv: bytes, body: bytes) -> tuple[bytes, bytes]:
         if chance(src, 50):
-            iv = mutate.mutate_bytes(src, iv)[:onion.IV_LEN].ljust(onion.IV_LEN, b"\0")
+            iv = mutate.mutate_bytes(src, iv)[:IV_LEN].ljust(IV_LEN, b"\0")
         if chance(src, 70):
             body = mutate.mutate_bytes(src, body)
         return iv, body
@@ -321,8 +323,9 @@ class CloveTarget(Target):
 
     NAME = "clove"
     STEPS = ("feed",)
-    CORPUS = [sida.encode_clove(c) for size, n, k in ((0, 1, 1), (50, 4, 3), (300, 5, 2), (700, 16, 16))
-              for c in sida.split(bytes(range(256)) * (size // 256) + bytes(size % 256), n, k)]
+    CORPUS: ClassVar[list[bytes]] = [
+        sida.encode_clove(c) for size, n, k in ((0, 1, 1), (50, 4, 3), (300, 5, 2), (700, 16, 16))
+        for c in sida.split(bytes(range(256)) * (size // 256) + bytes(size % 256), n, k)]
 
     def feed(self, src: Source) -> int:
         _, data = mutate.payload(src, self.CORPUS)
@@ -449,7 +452,7 @@ class ListTarget(Target):
                         for d, k in zip(self.docs, (KIND_USERS, KIND_MODELS), strict=True)]
 
     @staticmethod
-    def _record(i: int, role: int) -> list[object]:
+    def _record(i: int, role: int) -> list[Any]:
         key = crypto.SigningKey.generate()
         return [node_id_of(key.public_bytes), key.public_bytes, role, bytes(32), f"10.0.{role}.{i}:9000",
                 "eu-west", "smollm2" if role == 2 else "", 5 if role == 2 else 0, T0,
@@ -493,8 +496,9 @@ class RequestTarget(Target):
 
     NAME = "request"
     STEPS = ("feed",)
-    CORPUS = [codec.encode(Request(bytes(16), "echo", (ChatMessage("user", "hi"),), SamplingParams(), 3,
-                                   (ReturnPath(bytes(20), bytes(16), bytes(32), bytes(8)),) * 4, ""))]
+    CORPUS: ClassVar[list[bytes]] = [codec.encode(Request(
+        bytes(16), "echo", (ChatMessage("user", "hi"),), SamplingParams(), 3,
+        (ReturnPath(bytes(20), bytes(16), bytes(32), bytes(8)),) * 4, ""))]
     CORPUS += _encoded_corpus([Request], 4)
 
     def feed(self, src: Source) -> int:
@@ -524,14 +528,16 @@ class GatewayTarget(Target):
 
     NAME = "gateway"
     STEPS = ("chat", "completion")
-    CHAT = [json.dumps({"model": "echo", "messages": [{"role": "user", "content": "hi"}]}).encode(),
-            json.dumps({"model": "m", "stream": True, "max_tokens": 5, "temperature": 0.5, "top_p": 0.9,
-                        "stop": ["a", "b"], "seed": 3, "messages": [
-                            {"role": "system", "content": "s"},
-                            {"role": "user", "content": [{"type": "text", "text": "x"}]}]}).encode()]
-    COMPLETION = [json.dumps({"model": "echo", "prompt": "hi", "max_tokens": 3}).encode(),
-                  json.dumps({"model": "echo", "prompt": "x", "stream": True, "stop": "z",
-                              "stream_options": {"include_usage": True}}).encode()]
+    CHAT: ClassVar[list[bytes]] = [
+        json.dumps({"model": "echo", "messages": [{"role": "user", "content": "hi"}]}).encode(),
+        json.dumps({"model": "m", "stream": True, "max_tokens": 5, "temperature": 0.5, "top_p": 0.9,
+                    "stop": ["a", "b"], "seed": 3, "messages": [
+                        {"role": "system", "content": "s"},
+                        {"role": "user", "content": [{"type": "text", "text": "x"}]}]}).encode()]
+    COMPLETION: ClassVar[list[bytes]] = [
+        json.dumps({"model": "echo", "prompt": "hi", "max_tokens": 3}).encode(),
+        json.dumps({"model": "echo", "prompt": "x", "stream": True, "stop": "z",
+                    "stream_options": {"include_usage": True}}).encode()]
 
     def _json(self, src: Source, corpus: list[bytes]) -> object:
         base = choice(src, corpus)
@@ -590,7 +596,7 @@ def _mutate_json(src: Source, tree: object) -> object:
             out = out * choice(src, (2, 300, 2000))
         return out
     d = dict(tree)
-    keys = list(d) + ["n", "logprobs", "tools", "echo", "unknown", "stream_options", "seed", "top_k"]
+    keys = [*list(d), "n", "logprobs", "tools", "echo", "unknown", "stream_options", "seed", "top_k"]
     key = choice(src, keys)
     if chance(src, 20):
         d.pop(key, None)
@@ -718,8 +724,9 @@ class RelayTarget(Target):
     def valid_cell(self, src: Source) -> int:
         if self.relays and chance(src, 50):
             (peer, link), (succ, hop) = choice(src, sorted(self.relays.items()))
-            iv, body = src.bytes(onion.IV_LEN), src.bytes(src.int(0, 300))
+            iv, body = src.bytes(IV_LEN), src.bytes(src.int(0, 300))
             succ_link = self.core.by_pred[(peer, link)].succ_link
+            assert succ_link is not None  # a relay path's hop links on
             out = self._feed(peer, CellFwd(link, iv, body))
             exp_iv, exp_body = hop.relay_forward(iv, body)
             assert out == [Send(succ, CellFwd(succ_link, exp_iv, exp_body))], "a live relay path must forward"
@@ -731,6 +738,7 @@ class RelayTarget(Target):
             for h in before:
                 iv, body = h.relay_forward(iv, body)
             ppid = self.core.by_pred[(peer, link)].proxy_path_id
+            assert ppid is not None  # a proxy path's last hop has one
             out = self._feed(peer, CellFwd(link, iv, body))
             assert out == [Send(self.model, Deliver(ppid, sealed))], "a live proxy path must deliver"
         return 1
@@ -739,7 +747,7 @@ class RelayTarget(Target):
         if not self.proxies:
             return 0
         key = choice(src, sorted(self.proxies))
-        before, crypt = self.proxies[key]
+        _before, crypt = self.proxies[key]
         path = self.core.by_pred[key]
         ppid = path.proxy_path_id
         assert ppid is not None
@@ -956,7 +964,7 @@ class ReassemblerTarget(Target):
         """A clove with fields replaced by other cloves' or odd values (ill-formed ones too)."""
         c = self._victim(src)
         other = self._victim(src)
-        fields = [c.msg_id, c.index, c.n, c.k, c.fragment, c.share, c.fingerprints]
+        fields: list[Any] = [c.msg_id, c.index, c.n, c.k, c.fragment, c.share, c.fingerprints]  # then any value
         for _ in range(src.int(1, 3)):
             i = src.int(0, 6)
             pick = src.int(0, 2)
@@ -1246,7 +1254,7 @@ class ReplyTarget(Target):
             text = choice(src, (text + "!", text[:-1], "", choice(src, self.TEXTS), text.upper()))
         elif what == 1:
             bad = choice(src, (0, 1, -1, 2**32, 2**64 - 1, -(2**63)))
-            ids = choice(src, (ids + (bad,), ids[:-1], (bad,) + ids[1:], tuple(reversed(ids))))
+            ids = choice(src, ((*ids, bad), ids[:-1], (bad, *ids[1:]), tuple(reversed(ids))))
         elif what == 2:
             chain = choice(src, (src.bytes(32), chain[:-1], b"", chain + b"\x00", prev_chain, _flip(src, chain)))
         elif what == 3:

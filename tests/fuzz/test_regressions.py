@@ -41,7 +41,7 @@ def test_signed_list_of_nested_arrays_costs_no_more_than_its_bytes(slot: int) ->
 
     from overlay.directory.lists import ListError, verify_document
 
-    junk = [[[]] * 15] * 200_000
+    junk: list[list[list[object]]] = [[[]] * 15] * 200_000
     doc: list[object] = [1, "chain", 1, 1, b"", b"\0" * 32, b"\0" * 32, [], []]
     doc[slot] = junk
     raw = msgpack.packb(doc)
@@ -63,7 +63,7 @@ def _hostile_audit_tx(case: str) -> bytes:
 
     from verifier.audit import tx as at
 
-    nest = [[[]] * 15] * 268  # 4,291 bytes, 4,289 arrays
+    nest: list[list[list[object]]] = [[[]] * 15] * 268  # 4,291 bytes, 4,289 arrays
     key, sig, node, salt = b"k" * 32, b"s" * 64, b"n" * 20, b"t" * 16
     opening = [b"s" * 16, "m", [["user", "q"]], [0.7, 1.0, 0, 32, 7]]
 
@@ -78,7 +78,8 @@ def _hostile_audit_tx(case: str) -> bytes:
             mid = (lo + hi) // 2
             size = len(msgpack.packb(make(mid), use_bin_type=True))
             lo, hi = (mid, hi) if size <= at.MAX_REPORT_BYTES else (lo, mid)
-        return at.AUDIT_TAG + msgpack.packb(make(lo), use_bin_type=True)
+        body: bytes = msgpack.packb(make(lo), use_bin_type=True)
+        return at.AUDIT_TAG + body
 
     makers: dict[str, Callable[[int], list[object]]] = {
         "report-of-one-field": lambda n: [2, [nest] * n],

@@ -159,12 +159,13 @@ def relay_core(net: Net, node_id: bytes) -> EvilCore:
     return c
 
 
-async def ask(client: Any, text: str, *, system: str | None = None, timeout: float = 60.0,
+async def ask(client: Any, text: str, *, system: str | None = None, chunk_timeout: float = 60.0,
               into: list[ReplyChunk] | None = None) -> str:
-    """Send ``text`` (after an optional system prompt) to the echo model; the reply's text."""
+    """Send ``text`` (after an optional system prompt) to the echo model; the reply's text
+    (``chunk_timeout``: the longest wait for each piece of it)."""
     messages = ([ChatMessage("system", system)] if system else []) + [ChatMessage("user", text)]
     chunks = [] if into is None else into
-    async for chunk in client.request("echo", messages, PARAMS, chunk_timeout=timeout):
+    async for chunk in client.request("echo", messages, PARAMS, chunk_timeout=chunk_timeout):
         chunks.append(chunk)
     return "".join(c.text for c in chunks)
 

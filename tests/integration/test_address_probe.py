@@ -45,12 +45,12 @@ async def test_only_the_key_that_answers_at_the_address_is_listed(nursery: trio.
     app, keys = committee()
     owner = Identity.generate()
     node = OverlayNode(owner, TLSTransport(owner), ping_interval=0)
-    await nursery.start(node.serve, "127.0.0.1", 0)
+    address: str = await nursery.start(node.serve, "127.0.0.1", 0)
     squatter = Identity.generate()
-    register(app, owner, node.address)
+    register(app, owner, address)
     register(app, squatter, "127.0.0.1:1")  # nothing listens there
     other = Identity.generate()  # claims the owner's running address under its own key
-    register(app, other, node.address)  # pending entries reserve nothing: both await their probe
+    register(app, other, address)  # pending entries reserve nothing: both await their probe
 
     sent: list[bytes] = []
 

@@ -112,6 +112,7 @@ async def test_relays_learn_only_their_neighbours_and_nothing_of_the_traffic(aut
     async with trio.open_nursery() as nursery:
         net = await start_secnet(nursery, 15)
         user = net.client
+        assert user.paths is not None
         me = user.identity
         prompts = [" ".join(f"secret{i}word{j:02d}{os.urandom(3).hex()}" for j in range(30)) for i in range(5)]
         system = "system-prompt-" + os.urandom(6).hex()
@@ -148,6 +149,16 @@ def check_capture(net: Net, paths: list[Any], links: dict[int, list[bytes]], sta
     replies = [codec.decode(m) for m, _ in splits if isinstance(codec.decode(m), ReplyChunk)]
     assert len(requests) == 5 and len(replies) >= 10  # streamed: several chunks per reply
 
+    secret = _secrets(splits, prompts, system, requests, replies)
+    user_ids = [me.node_id, me.ed25519_public, me.x25519_public, net.registry.by_id[me.node_id].address.encode()]
+    allowed, limited = _who_may_know(paths, links, requests, user_ids)
+    _check_relays_learn_nothing_else(net, paths, state, secret, allowed, limited)
+    _check_hops_know_only_their_neighbours(net, paths, state)
+
+
+def _secrets(splits: list[tuple[bytes, list[sida.Clove]]], prompts: list[str], system: str,
+             requests: list[Request], replies: list[ReplyChunk]) -> list[bytes]:
+    """What no relay may see: the prompts and replies, their words, ids, keys and cloves."""
     secret: list[bytes] = [system.encode()]
     for p in prompts:
         secret += [p.encode()] + [w.encode() for w in p.split()]
@@ -158,10 +169,14 @@ def check_capture(net: Net, paths: list[Any], links: dict[int, list[bytes]], sta
         for c in cloves:
             secret += [c.msg_id, c.share, c.fragment[:16], c.fragment[-16:]]
             secret += [c.fingerprints[i:i + 16] for i in range(0, len(c.fingerprints), 16)]
-    user_ids = [me.node_id, me.ed25519_public, me.x25519_public, net.registry.by_id[me.node_id].address.encode()]
+    return secret
 
-    # Who may know what: position i of path p knows links i and i+1, its own hop keys,
-    # and (the proxy) the path's proxy path id and return tags.
+
+def _who_may_know(paths: list[Any], links: dict[int, list[bytes]], requests: list[Request],
+                  user_ids: list[bytes]) -> tuple[dict[bytes, set[bytes]], set[bytes]]:
+    """``(allowed, limited)``: the values of paths and links (``limited``), and which of them
+    each relay may know (``allowed``). Position i of path p knows links i and i+1, its own hop
+    keys, and (the proxy) the path's proxy path id and return tags; the first hop knows the user."""
     allowed: dict[bytes, set[bytes]] = defaultdict(set)
     limited: set[bytes] = set()
     for p in paths:
@@ -180,7 +195,13 @@ def check_capture(net: Net, paths: list[Any], links: dict[int, list[bytes]], sta
         allowed[p.proxy.node_id].update([p.proxy_path_id, *tags])
         allowed[p.first].update(user_ids)
     limited.update(user_ids)
+    return allowed, limited
 
+
+def _check_relays_learn_nothing_else(net: Net, paths: list[Any], state: dict[bytes, bytes], secret: list[bytes],
+                                     allowed: dict[bytes, set[bytes]], limited: set[bytes]) -> None:
+    """No relay's capture (what it received, and its state) holds a secret, or a value of a
+    path or link it is not on; those on the paths did hear their cells."""
     on_paths = {r.node_id for p in paths for r in p.relays}
     assert len(on_paths) == 12
     for u in net.users[1:]:
@@ -198,8 +219,11 @@ def check_capture(net: Net, paths: list[Any], links: dict[int, list[bytes]], sta
         else:
             assert msgs == []  # a relay on none of the user's paths hears nothing at all
 
-    # Each relay's tables and connections name only its predecessor and successor (and, at
-    # the proxy, the model node it delivers to); no other node's id or keys reach it.
+
+def _check_hops_know_only_their_neighbours(net: Net, paths: list[Any], state: dict[bytes, bytes]) -> None:
+    """Each relay's tables and connections name only its predecessor and successor (and, at
+    the proxy, the model node it delivers to); no other node's id or keys reach it."""
+    me = net.client.identity
     model_id = net.model.identity.node_id
     for p in paths:
         for i, r in enumerate(p.relays):

@@ -50,7 +50,7 @@ async def test_cloves_on_expired_paths_are_dropped_and_paths_rebuilt(autojump_cl
         # every expiry.
         clock.skew += user.paths.path_ttl + user.paths.expiry_jitter + 60
         with pytest.raises(AnonError):
-            await ask(user.client, "too late", timeout=5)
+            await ask(user.client, "too late", chunk_timeout=5)
         assert sum(relay_core(net, p.first).dropped["path-expired"] for p in old) == 4
         assert all(p.dead for p in old)  # each first relay told the user (Destroy)
         # a return clove for an expired path is dropped at the proxy, not relayed to the user

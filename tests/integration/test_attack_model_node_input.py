@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from overlay.testing import flip
 from overlay.wire.identity import Identity
 from overlay.wire.messages import (
     Deliver,
+    ReplyChunk,
     Request,
 )
 
@@ -93,16 +95,18 @@ async def test_a_model_node_at_capacity_or_failing_answers_with_an_error(autojum
         responder = net.model.responder
         responder.max_active = 0
         with pytest.raises(AnonError, match="at capacity"):
-            await ask(net.client.client, "too busy", timeout=5)
+            await ask(net.client.client, "too busy", chunk_timeout=5)
         responder.max_active = 64
 
-        async def broken(req: Request, *origin: Any) -> Any:
+        async def broken(req: Request, *origin: Any) -> AsyncGenerator[ReplyChunk, None]:
+            no_chunks: tuple[ReplyChunk, ...] = ()
+            for chunk in no_chunks:  # an async generator, as handle is, that fails before its first chunk
+                yield chunk
             raise RuntimeError("the engine fell over")
-            yield  # an async generator
 
-        net.model.handle = broken  # type: ignore[method-assign]
+        net.model.handle = broken
         with pytest.raises(AnonError, match="model node error: RuntimeError"):
-            await ask(net.client.client, "crash", timeout=5)
+            await ask(net.client.client, "crash", chunk_timeout=5)
         del net.model.handle  # the class's again
         assert await ask(net.client.client, "still serving") == "still serving"
         nursery.cancel_scope.cancel()

@@ -27,6 +27,7 @@ async def test_one_malicious_path_of_four_is_tolerated_and_replaced(autojump_clo
     async with trio.open_nursery() as nursery:
         net = await start_secnet(nursery, 18)  # enough relays to avoid the suspects
         client = net.client.client
+        assert client is not None
         paths = await ready_paths(net.client)
         (evil,) = make_evil(net, paths, [(attack, pos)])
         bad = paths[0]
@@ -47,7 +48,7 @@ async def test_one_malicious_path_of_four_is_tolerated_and_replaced(autojump_clo
             # forward cells fail the user<->proxy AEAD at the (honest) proxy; backward cells
             # fail it at the user
             assert proxy.dropped["cell-unauthentic"] >= 1
-            assert net.client.paths.dropped["cell-unauthentic"] >= 1
+            assert net.client.paths is not None and net.client.paths.dropped["cell-unauthentic"] >= 1
         else:
             # (a) tampered seals and (b) ill-formed forged cloves (one counter for both)
             assert responder.dropped["clove-unsealable"] >= 2
@@ -71,11 +72,12 @@ async def test_two_malicious_paths_fail_cleanly(autojump_clock, attacks):
     async with trio.open_nursery() as nursery:
         net = await start_secnet(nursery, 15)
         client = net.client.client
+        assert client is not None
         paths = await ready_paths(net.client)
         make_evil(net, paths, attacks)
         chunks: list[ReplyChunk] = []
         with pytest.raises(AnonError, match="fewer than k=3"):
-            await ask(client, "this must not come back altered " * 5, timeout=10, into=chunks)
+            await ask(client, "this must not come back altered " * 5, chunk_timeout=10, into=chunks)
         assert chunks == []  # never garbage, never a partial reply
         if attacks[0][0] == "bad-returns":
             assert net.model.responder.served == 1

@@ -37,9 +37,11 @@ async def test_a_node_at_capacity_answers_busy_and_the_request_completes_on_anot
         net = await network(nursery)
         a, b = net.models
         long_reply: list[ReplyChunk] = []
+        long_done = trio.Event()
 
         async def occupy() -> None:
             long_reply.extend(await ask(net.users[1].client, LONG, a))
+            long_done.set()
 
         nursery.start_soon(occupy)
         await trio.sleep(2.0)  # A is generating the long reply: its only slot is taken
@@ -54,8 +56,8 @@ async def test_a_node_at_capacity_answers_busy_and_the_request_completes_on_anot
         assert "".join(c.text for c in chunks) == "a short question"
         assert chunks[-1].node == b.identity.node_id and chunks[-1].signature  # served and signed by B
         assert (a.busy, a.served, b.served) == (1, 0, 1)
-        while not long_reply or not long_reply[-1].done:
-            await trio.sleep(1.0)
+        with trio.fail_after(120):
+            await long_done.wait()
         assert "".join(c.text for c in long_reply) == LONG  # the request A kept is answered in full
         assert long_reply[-1].node == a.identity.node_id
         assert a.throughput.decode_rate > 0 and a.current_load().decode_tokens == 0  # measured; idle
@@ -200,7 +202,7 @@ class _OrderedEcho(EchoEngine):
         super().__init__(delay=delay)
         self.priorities: dict[str, float] = {}
 
-    def generate(self, prompt_ids: list[int], params: SamplingParams, priority: float = 0.0):  # type: ignore[override]
+    def generate(self, prompt_ids: list[int], params: SamplingParams, priority: float = 0.0):
         text = bytes(prompt_ids).decode(errors="replace")
         self.priorities[text[text.index("<|user|>") + 8:text.index("\n")]] = priority
         return super().generate(prompt_ids, params)
@@ -221,9 +223,11 @@ async def test_on_an_engine_that_orders_prompts_a_short_one_goes_ahead_of_long_o
         nursery.start_soon(ask, net.users[1].client, words + " again", a, 1)
         await trio.sleep(0.5)
         short: list[ReplyChunk] = []
+        short_done = trio.Event()
 
         async def hi() -> None:
             short.extend(await ask(net.users[0].client, "hi", a, 1, failover=False))
+            short_done.set()
 
         nursery.start_soon(hi)
         await trio.sleep(0.5)
@@ -236,7 +240,7 @@ async def test_on_an_engine_that_orders_prompts_a_short_one_goes_ahead_of_long_o
         with pytest.raises(AllBusy, match="first token would come after more than 6 s"):
             await ask(net.users[0].client, words + " and one more time, please", a, failover=False)
         assert a.busy == 1
-        while not short or not short[-1].done:
-            await trio.sleep(1.0)
+        with trio.fail_after(60):
+            await short_done.wait()
         assert "".join(c.text for c in short) == "hi"
         nursery.cancel_scope.cancel()

@@ -20,14 +20,21 @@ import trio
 
 from model_node.testing import echo_node
 from overlay.anon import signing
-from overlay.anon.client import AnonError
+from overlay.anon.client import AnonClient, AnonError
 from overlay.anon.paths import PathManager
 from overlay.testing import Net, record_requests, settle, start_overlay
+from overlay.usernode import UserNode
 from overlay.wire.identity import short_id
-from overlay.wire.messages import ChatMessage, Create, Destroy, Request, SamplingParams
+from overlay.wire.messages import ChatMessage, Create, Destroy, ReplyChunk, Request, SamplingParams
 from user_client.chat import ChatSession
 from verifier.audit.auditor import Failure, Reply, send_challenge
 from verifier.audit.challenges import ChallengeGenerator
+
+
+def anon(user: UserNode) -> AnonClient:
+    """``user``'s anonymous client (a user node started by the test kit has one)."""
+    assert user.client is not None
+    return user.client
 
 
 def _chain_ok(reply: Reply, opening, key: bytes, node_id: bytes) -> bool:
@@ -47,7 +54,7 @@ async def test_a_challenge_reaches_only_the_given_node_and_returns_the_signed_re
         gen = ChallengeGenerator(rng=random.Random(5))
         for target, seen in ((a, seen_a), (b, seen_b)):
             opening = gen.opening("echo")
-            reply = await send_challenge(net.client.client, target.identity.node_id, opening, chunk_timeout=30)
+            reply = await send_challenge(anon(net.client), target.identity.node_id, opening, chunk_timeout=30)
             assert isinstance(reply, Reply), reply
             assert "".join(t for t, _ in reply.chunks) == opening.messages[-1].content  # the echo engine
             assert reply.token_ids and reply.signature and reply.signed_at_ms > 0
@@ -67,10 +74,10 @@ async def test_no_failover_a_dead_node_is_reported_silent_and_never_replaced(aut
         net.kill(a)
         await trio.sleep(0.5)
         opening = ChallengeGenerator(rng=random.Random(6)).opening("echo")
-        got = await send_challenge(net.client.client, a.identity.node_id, opening, chunk_timeout=10)
+        got = await send_challenge(anon(net.client), a.identity.node_id, opening, chunk_timeout=10)
         assert isinstance(got, Failure) and got.kind in ("silent", "lost"), got
         assert seen_b == []  # nothing went to the other node serving the model
-        assert net.client.client.failovers == {}
+        assert anon(net.client).failovers == {}
         nursery.cancel_scope.cancel()
 
 
@@ -78,10 +85,10 @@ async def test_no_failover_to_a_node_not_listed_fails_at_once(autojump_clock):
     async with trio.open_nursery() as nursery:
         net = await start_overlay(nursery, 15, models=[echo_node()])
         with pytest.raises(AnonError, match="not listed as serving"):
-            async for _ in net.client.client.request("echo", [], node=b"\x01" * 20, failover=False):
+            async for _ in anon(net.client).request("echo", [], node=b"\x01" * 20, failover=False):
                 pass
         opening = ChallengeGenerator(rng=random.Random(7)).opening("echo")
-        got = await send_challenge(net.client.client, b"\x02" * 20, opening, chunk_timeout=10)
+        got = await send_challenge(anon(net.client), b"\x02" * 20, opening, chunk_timeout=10)
         assert isinstance(got, Failure) and got.kind == "other" and "not listed" in got.detail
         nursery.cancel_scope.cancel()
 
@@ -96,7 +103,7 @@ async def test_the_model_node_cannot_tell_a_challenge_from_a_users_chat_turn(aut
         (m,) = net.models
         seen = record_requests(m)
         received = net.capture(m.identity.node_id)
-        user, verifier = net.users[0].client, net.users[1].client
+        user, verifier = anon(net.users[0]), anon(net.users[1])
         session = ChatSession(user, "echo", SamplingParams(temperature=0.7, max_tokens=64), "You are a helpful assistant.")
         before = len(received.received_messages())
         await session.turn("What is a common misconception about honey bees?", io.StringIO(), 30)
@@ -117,7 +124,7 @@ async def test_the_model_node_cannot_tell_a_challenge_from_a_users_chat_turn(aut
         # the same frames, in kind and number, reached the model node for both (n cloves via proxies)
         kinds = sorted(type(x).__name__ for x in user_frames if type(x).__name__ == "Deliver")
         assert kinds == sorted(type(x).__name__ for x in challenge_frames if type(x).__name__ == "Deliver")
-        assert len(kinds) == net.users[0].client.n
+        assert len(kinds) == anon(net.users[0]).n
         nursery.cancel_scope.cancel()
 
 
@@ -129,7 +136,7 @@ async def test_every_challenge_goes_over_paths_no_other_request_used_and_they_ar
         net = await start_overlay(nursery, 15, models=[echo_node()])
         (m,) = net.models
         seen = record_requests(m)
-        client = net.client.client
+        client = anon(net.client)
         paths = net.client.paths
         assert paths is not None
         with trio.fail_after(30):
@@ -160,7 +167,7 @@ async def test_a_challenge_whose_paths_cannot_be_built_fails_as_other(autojump_c
         net = await start_overlay(nursery, 10, models=[echo_node()])  # 9 relays: 4 paths of 3 need 12
         (m,) = net.models
         opening = ChallengeGenerator(rng=random.Random(10)).opening("echo")
-        got = await send_challenge(net.client.client, m.identity.node_id, opening, chunk_timeout=10, paths_timeout=20)
+        got = await send_challenge(anon(net.client), m.identity.node_id, opening, chunk_timeout=10, paths_timeout=20)
         assert isinstance(got, Failure) and got.kind == "other" and "relays" in got.detail, got
         assert net.client.paths is not None and net.client.paths.one_off == []  # what was built is closed
         nursery.cancel_scope.cancel()
@@ -201,15 +208,15 @@ async def test_a_model_node_answers_a_request_id_once(autojump_clock):
         rid = b"\x07" * 16
         msgs = [ChatMessage("user", "the same committed request")]
 
-        async def send() -> list:
-            return [c async for c in net.client.client.request("echo", msgs, node=m.identity.node_id,
+        async def send() -> list[ReplyChunk]:
+            return [c async for c in anon(net.client).request("echo", msgs, node=m.identity.node_id,
                                                                failover=False, request_id=rid)]
 
         first = await send()
         assert first[-1].done and not first[-1].error
         with pytest.raises(AnonError):  # dropped unanswered: the client waits in vain
             await send()
-        fresh = [c async for c in net.client.client.request("echo", msgs, node=m.identity.node_id, failover=False)]
+        fresh = [c async for c in anon(net.client).request("echo", msgs, node=m.identity.node_id, failover=False)]
         assert fresh[-1].done and not fresh[-1].error  # another id: answered
         assert m.responder.answered.refused == 1 and m.responder.dropped["request-duplicate"] == 1
         nursery.cancel_scope.cancel()

@@ -122,7 +122,7 @@ async def test_match_wait_reaches_the_node_table_and_the_peers(autojump_clock):
     revision): Algorithm 2 compares it for a prefix's holders."""
     async with trio.open_nursery() as nursery:
         net = await start_group(nursery)
-        a, b, c = net.models
+        a, b, _c = net.models
         await cache_on(net, b)
         assert a.group is not None and b.group is not None
         b.group.refresh_load()
@@ -137,7 +137,7 @@ async def test_match_wait_reaches_the_node_table_and_the_peers(autojump_clock):
 async def test_an_overloaded_b_is_bypassed(autojump_clock):
     async with trio.open_nursery() as nursery:
         net = await start_group(nursery, delays=(0.0, 1.0, 0.0), threshold=0.5)
-        a, b, c = net.models
+        a, b, _c = net.models
         await cache_on(net, b)
         # A slow request under the same system prompt keeps B busy for 30 s: at the rates B
         # measured on its first request (a 14-token reply, one word a second), about a
@@ -175,7 +175,7 @@ async def test_a_killed_b_expires_and_requests_go_elsewhere(autojump_clock):
 async def test_a_forward_that_cannot_be_sent_is_served_locally(autojump_clock):
     async with trio.open_nursery() as nursery:
         net = await start_group(nursery)
-        a, b, c = net.models
+        a, b, _c = net.models
         await cache_on(net, b)
         net.kill(b)
         await trio.sleep(0.1)  # well before expiry: A still believes B holds the prefix
@@ -200,7 +200,7 @@ async def test_a_forwarded_direct_request_comes_back_through_the_entry_node(auto
         conn = await net.dial(a, net.identities["user-5"])
         req = direct_request("is box 3 open?")
         await conn.send(req)
-        chunks = []
+        chunks: list[ReplyChunk] = []
         while not chunks or not chunks[-1].done:
             chunks.append(await conn.receive())
         last = chunks[-1]
@@ -361,7 +361,7 @@ async def test_a_fault_in_the_forwarding_decision_still_serves_the_request(autoj
         def broken(*args: Any, **kw: Any) -> Any:
             raise RuntimeError("a bug in the group state")
 
-        a.group.decide = broken  # type: ignore[method-assign]
+        a.group.decide = broken
         chunks = await ask(net.users[0].client, "still answered", a)
         assert chunks[-1].node == nid(a) and not chunks[-1].error
         assert a.forwarded_out == 0 and "forwarding decision failed" in caplog.text

@@ -36,9 +36,11 @@ async def test_a_request_taken_is_pushed_to_the_group_before_the_next_round(auto
         seen = a.group.state.table()[nid(b)]
         assert (seen.active, seen.queued, seen.idle_ms) == (0, 0, MAX_IDLE_MS)  # never held work
         done: list[list[ReplyChunk]] = []
+        answered = trio.Event()
 
         async def slow() -> None:  # ten pieces, a second each, served at B (all idle: the entry keeps it)
             done.append(await ask(net.users[1].client, " ".join(f"w{i}" for i in range(10)), b))
+            answered.set()
 
         rounds = b.group.rounds
         nursery.start_soon(slow)
@@ -46,8 +48,8 @@ async def test_a_request_taken_is_pushed_to_the_group_before_the_next_round(auto
         assert b.group.rounds == rounds  # no round since: A learned it from a pushed report
         seen = a.group.state.table()[nid(b)]
         assert seen.active + seen.queued == 1 and seen.idle_ms == -1 and b.group.pushes >= 1
-        while not done:
-            await trio.sleep(0.05)
+        with trio.fail_after(60):
+            await answered.wait()
         assert done[0][-1].node == nid(b) and not done[0][-1].error
         rounds, pushes = b.group.rounds, b.group.pushes
         await trio.sleep(0.3)  # the end pushed (rate limit included)

@@ -41,9 +41,14 @@ from overlay.wire.messages import (
 # ``net`` and ``nursery`` come from conftest.py: an empty in-memory network (overlay.testing.Net).
 
 
-def entry(node: Node) -> PeerEntry:
+def addr(node: Node) -> str:
+    """The address ``node`` listens on (it has one once started)."""
     assert node.address is not None
-    return PeerEntry.of(node.identity, node.address)
+    return node.address
+
+
+def entry(node: Node) -> PeerEntry:
+    return PeerEntry.of(node.identity, addr(node))
 
 
 def assert_logged(caplog: pytest.LogCaptureFixture, *parts: str) -> None:
@@ -102,8 +107,8 @@ async def test_ping_loop_records_reachable_and_unreachable_peers(
     b = await net.start_node(nursery)
     ghost = PeerEntry.of(Identity.generate(), "mem-ghost:1")
     a = await net.start_node(nursery, peers=[entry(b), ghost], ping_interval=30)
-    while len(a.seen) < 2:
-        await trio.sleep(1)
+    with trio.fail_after(120):  # the first ping round: b answers, the ghost's ping fails
+        await wait_until(lambda: len(a.seen) >= 2)
     assert a.seen[b.node_id].rtt_us >= 0 and a.seen[b.node_id].last_ok_unix > 0
     assert a.seen[ghost.node_id].rtt_us == -1
     conn = await net.dial(a)
@@ -121,7 +126,7 @@ async def test_wrong_expected_id_is_refused(
     a = await net.start_node(nursery)
     other = Identity.generate()
     with pytest.raises(PeerAuthError) as ei:
-        await net.transport(Identity.generate()).dial(a.address, other.node_id)
+        await net.transport(Identity.generate()).dial(addr(a), other.node_id)
     msg = str(ei.value)
     assert short_id(other.node_id) in msg and short_id(a.node_id) in msg
 
@@ -148,7 +153,7 @@ async def test_proof_over_the_wrong_channel_is_refused(
     a = await net.start_node(nursery)
     mitm = Identity.generate()
     with pytest.raises(PeerAuthError, match="auth-failed") as ei:
-        await ManInTheMiddle(mitm, net.network).dial(a.address, a.node_id)
+        await ManInTheMiddle(mitm, net.network).dial(addr(a), a.node_id)
     assert short_id(mitm.node_id) in str(ei.value)
     assert a.transport.rejected == {"auth-failed": 1}
     assert_logged(caplog, "auth-failed", short_id(mitm.node_id))
@@ -171,7 +176,7 @@ async def test_dialer_that_cannot_prove_its_id_is_refused(
     Any
 ) -> None:
     a = await net.start_node(nursery)
-    raw = net.raw_dial(a.address)
+    raw = net.raw_dial(addr(a))
     challenge = await raw.receive()
     assert isinstance(challenge, AuthChallenge)
     await raw.send(forge(Identity.generate(), raw.binding, challenge.nonce))
@@ -187,8 +192,9 @@ async def test_correct_raw_proof_is_accepted(
 ) -> None:
     """The raw client above is faithful: with an honest proof it gets AuthOk."""
     a = await net.start_node(nursery)
-    raw = net.raw_dial(a.address)
+    raw = net.raw_dial(addr(a))
     challenge = await raw.receive()
+    assert isinstance(challenge, AuthChallenge)
     await raw.send(handshake.make_proof(Identity.generate(), raw.binding, challenge.nonce))
     assert await raw.receive() == AuthOk(x25519_public=a.identity.x25519_public)
     await raw.send(Ping(nonce=3))
@@ -205,7 +211,7 @@ async def test_silent_peer_times_out_while_others_are_served(
 ) -> None:
     a = await net.start_node(nursery)
     b = await net.start_node(nursery)
-    silent = net.raw_dial(a.address)
+    silent = net.raw_dial(addr(a))
     assert isinstance(await silent.receive(), AuthChallenge)
     # While the silent peer holds its connection, others are answered.
     assert await b.ping(entry(a)) >= 0
@@ -244,7 +250,7 @@ async def test_bad_handshake_frames(
     caplog: pytest.LogCaptureFixture, label: str, data: bytes, detail: str
 ) -> None:
     a = await net.start_node(nursery)
-    raw = net.raw_dial(a.address)
+    raw = net.raw_dial(addr(a))
     assert isinstance(await raw.receive(), AuthChallenge)
     await raw.send_raw(data)
     rest = await raw.drain()
@@ -261,16 +267,16 @@ async def test_connection_cap(
     """With one slot: a newcomer evicts a connection still in its handshake (issue 15, item
     5), never an authenticated one; when the slot is authenticated, newcomers are refused."""
     a = await net.start_node(nursery, max_connections=1)
-    first = net.raw_dial(a.address)
+    first = net.raw_dial(addr(a))
     assert isinstance(await first.receive(), AuthChallenge)
-    second = net.raw_dial(a.address)
+    second = net.raw_dial(addr(a))
     assert isinstance(await second.receive(), AuthChallenge)  # admitted: the first one made room
     assert await first.drain() == []  # evicted, closed
     b = await net.start_node(nursery)
     assert await b.ping(entry(a)) >= 0  # an honest peer gets in past the silent one
     assert await second.drain() == []
     assert a.transport.rejected == {"evicted": 2}
-    third = net.raw_dial(a.address)
+    third = net.raw_dial(addr(a))
     assert await third.drain() == []  # the only slot is authenticated: refused at once
     assert a.transport.rejected == {"evicted": 2, "too-many-connections": 1}
 

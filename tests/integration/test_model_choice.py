@@ -40,6 +40,7 @@ async def test_users_reach_only_trusted_audited_nodes_and_audits_reach_every_nod
         seen_good, seen_low = record_requests(good), record_requests(low)
         _mark(net, {good.identity.node_id: (900_000, True), low.identity.node_id: (TRUST_LINE - 1, True)})
         client = net.client.client
+        assert client is not None
         served = {await _ask(client, f"question {i}") for i in range(6)}
         assert served == {good.identity.node_id} and seen_low == [] and len(seen_good) == 6
         # A user's affinity to the untrusted node is not followed either.
@@ -57,6 +58,7 @@ async def test_an_unaudited_model_needs_the_opt_in_and_audits_reach_it_without(a
         seen = record_requests(m)
         _mark(net, {m.identity.node_id: (600_000, False)})
         client = net.client.client
+        assert client is not None
         with pytest.raises(ModelUnaudited, match="pass --allow-unaudited to use it anyway"):
             await _ask(client, "hello")
         assert seen == []  # nothing was sent

@@ -70,8 +70,10 @@ async def test_tampered_text_with_untouched_ids_is_refused_and_never_shown(autoj
             model.handle, lambda c: dataclasses.replace(c, text=c.text.replace("safe", "harm"))
         )
         shown: list[str] = []
+        client = net.users[0].client
+        assert client is not None
         with pytest.raises(ReplyUnverified, match="hash chain") as info:
-            async for c in net.users[0].client.request("echo", [ChatMessage("user", "one two safe three")], PARAMS):
+            async for c in client.request("echo", [ChatMessage("user", "one two safe three")], PARAMS):
                 shown.append(c.text)
         assert "harm" not in "".join(shown) and "safe" not in "".join(shown)
         assert isinstance(info.value, AnonError)  # callers that catch AnonError still see it
@@ -116,6 +118,7 @@ async def test_follow_ups_reach_the_same_node_through_new_cloves(autojump_clock)
     async with trio.open_nursery() as nursery:
         net = await start_echo_overlay(nursery, 15, models=3)
         client = net.users[0].client
+        assert client is not None
         first = await collect(client, "turn one")
         node = first[-1].node
         served_before = {m.identity.node_id: m.served for m in net.models}
@@ -131,6 +134,7 @@ async def test_failover_when_the_serving_node_dies_mid_reply(autojump_clock):
     async with trio.open_nursery() as nursery:
         net = await start_echo_overlay(nursery, 15, models=2, echo_delay=0.05)
         client = net.users[0].client
+        assert client is not None
         text = " ".join(f"w{j}" for j in range(80))
         first_node = net.models[0].identity.node_id
         got: list[ReplyChunk] = []
@@ -177,6 +181,7 @@ async def test_an_error_reply_mid_reply_fails_over_at_once(autojump_clock):
         bad, good = net.models
         bad.handle = failing_after(bad.handle, 3, "model node error: RuntimeError")
         client = net.users[0].client
+        assert client is not None
         text = " ".join(f"w{j}" for j in range(40))
         t0 = trio.current_time()
         got = await collect(client, text, node=bad.identity.node_id, chunk_timeout=60)
@@ -202,6 +207,7 @@ async def test_a_silent_node_is_left_after_a_few_of_its_chunk_gaps(autojump_cloc
 
         stuck.handle = hang
         client = net.users[0].client
+        assert client is not None
         text = " ".join(f"w{j}" for j in range(40))
         arrived: list[float] = []
         got = []
@@ -222,6 +228,7 @@ async def test_a_single_proxy_claiming_the_node_gone_does_not_move_the_reply(aut
         first = net.models[0].identity.node_id
         user = net.users[0]
         client = user.client
+        assert client is not None and user.paths is not None
         text = " ".join(f"w{j}" for j in range(40))
         got = []
         async for c in client.request("echo", [ChatMessage("user", text)], PARAMS, node=first, chunk_timeout=60):
@@ -239,6 +246,7 @@ async def test_a_final_error_is_reported_without_trying_another_node(autojump_cl
     async with trio.open_nursery() as nursery:
         net = await start_echo_overlay(nursery, 15, models=2)
         client = net.users[0].client
+        assert client is not None
         with pytest.raises(AnonError, match="invalid request: temperature must be within"):
             [c async for c in client.request("echo", [ChatMessage("user", "x")], SamplingParams(temperature=9.0))]
         assert client.failovers == {}
@@ -249,6 +257,7 @@ async def test_no_failover_candidate_gives_a_clear_error(autojump_clock):
     async with trio.open_nursery() as nursery:
         net = await start_echo_overlay(nursery, 15, echo_delay=0.05)
         client = net.users[0].client
+        assert client is not None
 
         async def kill_soon():
             await trio.sleep(0.5)
@@ -270,6 +279,7 @@ async def test_bad_requests_get_a_clear_error_through_the_paths(autojump_clock, 
     async with trio.open_nursery() as nursery:
         net = await start_echo_overlay(nursery, 15)
         client = net.users[0].client
+        assert client is not None
         with pytest.raises(AnonError, match=match):
             [c async for c in client.request("echo", [ChatMessage("user", "x")], params)]
         # the node keeps serving
@@ -282,6 +292,7 @@ async def test_a_model_the_node_does_not_serve_is_refused(autojump_clock):
     async with trio.open_nursery() as nursery:
         net = await start_echo_overlay(nursery, 15)
         client = net.users[0].client
+        assert client is not None
         client.models = lambda model: net.registry.models("echo")  # a stale or lying directory
         with pytest.raises(AnonError, match="serves 'echo', not 'gpt-x'"):
             [c async for c in client.request("gpt-x", [ChatMessage("user", "x")], PARAMS)]

@@ -36,7 +36,7 @@ async def test_a_model_node_refuses_cloves_from_unregistered_proxies(autojump_cl
         kept = list(registry.entries)
         registry.replace(Registry(registry.version + 1, [e for e in kept if e.role == "model"]))
         try:
-            await ask(net.client.client, "refused", timeout=15)
+            await ask(net.client.client, "refused", chunk_timeout=15)
         except AnonError:
             pass
         else:

@@ -27,7 +27,7 @@ async def test_captures_record_both_directions_of_every_connection(autojump_cloc
     ca, cb = net.capture(a_id.node_id), net.capture(b_id.node_id)
     # What one end sent is what the other received (the handshakes included; two connections,
     # so compare the messages, not their interleaving), and all of it decodes.
-    def same(x: list, y: list) -> bool:
+    def same(x: list[object], y: list[object]) -> bool:
         return Counter(map(repr, x)) == Counter(map(repr, y))
 
     assert len(cb.received_bytes()) == len(ca.sent_bytes()) and len(ca.received_bytes()) == len(cb.sent_bytes())

@@ -32,8 +32,14 @@ async def start_node(nursery: trio.Nursery, **transport_kw: Any) -> Node:
     return node
 
 
+def addr(node: Node) -> str:
+    """The address ``node`` listens on (it has one once started)."""
+    assert node.address is not None
+    return node.address
+
+
 async def echo_ok(node: Node) -> None:
-    conn = await TLSTransport(Identity.generate()).dial(node.address, node.node_id)
+    conn = await TLSTransport(Identity.generate()).dial(addr(node), node.node_id)
     try:
         await conn.send(Echo(nonce=9, data=b"ok?"))
         assert await conn.receive(idle_timeout=10) == EchoReply(nonce=9, data=b"ok?")
@@ -56,7 +62,7 @@ async def test_mutual_authentication(nursery: trio.Nursery) -> None:
 
     server.on(Echo, record)
     dialer = Identity.generate()
-    conn = await TLSTransport(dialer).dial(server.address, server.node_id)
+    conn = await TLSTransport(dialer).dial(addr(server), server.node_id)
     try:
         assert conn.peer_id == server.node_id
         assert conn.peer_x25519 == server.identity.x25519_public
@@ -71,7 +77,7 @@ async def test_mutual_authentication(nursery: trio.Nursery) -> None:
 
 async def test_tls_is_1_3_and_the_certificate_carries_the_identity_key(nursery: trio.Nursery) -> None:
     server = await start_node(nursery)
-    tcp = await open_tcp(server.address)
+    tcp = await open_tcp(addr(server))
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
     tls = trio.SSLStream(tcp, ctx)
@@ -91,15 +97,15 @@ async def test_two_nodes_ping_each_other(nursery: trio.Nursery) -> None:
     a = await start_node(nursery)
     b = await start_node(nursery)
     with trio.fail_after(15):
-        assert await a.ping(PeerEntry.of(b.identity, b.address)) >= 0
-        assert await b.ping(PeerEntry.of(a.identity, a.address)) >= 0
+        assert await a.ping(PeerEntry.of(b.identity, addr(b))) >= 0
+        assert await b.ping(PeerEntry.of(a.identity, addr(a))) >= 0
 
 
 async def test_certificate_for_another_id_is_refused(nursery: trio.Nursery) -> None:
     server = await start_node(nursery)
     expected = Identity.generate().node_id
     with pytest.raises(PeerAuthError) as ei:
-        await TLSTransport(Identity.generate()).dial(server.address, expected)
+        await TLSTransport(Identity.generate()).dial(addr(server), expected)
     msg = str(ei.value)
     assert short_id(expected) in msg and short_id(server.node_id) in msg
     assert "certificate" in msg
@@ -118,7 +124,7 @@ class RelayingMitm(TLSTransport):
 async def test_proof_over_another_certificate_is_refused(nursery: trio.Nursery) -> None:
     server = await start_node(nursery)
     with pytest.raises(PeerAuthError, match="auth-failed"):
-        await RelayingMitm(Identity.generate()).dial(server.address, server.node_id)
+        await RelayingMitm(Identity.generate()).dial(addr(server), server.node_id)
     assert server.transport.rejected == {"auth-failed": 1}
     await echo_ok(server)
 
@@ -126,7 +132,7 @@ async def test_proof_over_another_certificate_is_refused(nursery: trio.Nursery) 
 async def test_bad_signature_gets_an_error_frame(nursery: trio.Nursery, helpers: Any) -> None:
     server = await start_node(nursery)
     t = TLSTransport(Identity.generate())
-    stream, server_pk, binding = await t._open(server.address)
+    stream, _server_pk, binding = await t._open(addr(server))
     raw = helpers.RawPeer(stream)
     try:
         challenge = await raw.receive()
@@ -144,7 +150,7 @@ async def test_bad_signature_gets_an_error_frame(nursery: trio.Nursery, helpers:
 
 async def test_plain_tcp_garbage_is_refused(nursery: trio.Nursery) -> None:
     server = await start_node(nursery)
-    tcp = await open_tcp(server.address)
+    tcp = await open_tcp(addr(server))
     try:
         await tcp.send_all(b"GET / HTTP/1.0\r\n\r\n" + bytes(range(256)))
         with trio.fail_after(15):
@@ -161,7 +167,7 @@ async def test_plain_tcp_garbage_is_refused(nursery: trio.Nursery) -> None:
 async def test_silent_tcp_peer_times_out(nursery: trio.Nursery, helpers: Any) -> None:
     """Short handshake timeout, real clock: only the outcome is checked, never the time."""
     server = await start_node(nursery, timeouts=Timeouts(handshake=0.5))
-    tcp = await open_tcp(server.address)
+    tcp = await open_tcp(addr(server))
     try:
         await echo_ok(server)  # served while the silent peer holds its connection
         with trio.fail_after(15):  # the silent peer times out
@@ -199,7 +205,7 @@ async def test_server_without_an_ed25519_certificate_is_refused(nursery: trio.Nu
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(tmp_path / "c.pem", tmp_path / "k.pem")
 
-    async def handler(stream: trio.SSLStream) -> None:
+    async def handler(stream: trio.SSLStream[trio.SocketStream]) -> None:
         with trio.move_on_after(10):
             try:
                 await stream.do_handshake()

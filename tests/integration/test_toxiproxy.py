@@ -220,7 +220,7 @@ def test_a_lossy_link_on_a_stock_server_says_how_to_get_the_loss_toxic(tmp_path:
     stock.write_text(f"#!{sys.executable}\n{STOCK_SERVER}")
     stock.chmod(0o755)
     with Toxiproxy(str(stock)).start(log_path=tmp_path / "stock.log") as tp:
-        with pytest.raises(ToxiproxyError, match="version 'git'.*no `loss` toxic.*make setup"):
+        with pytest.raises(ToxiproxyError, match=r"version 'git'.*no `loss` toxic.*make setup"):
             tp.set_link("stock", regions.link("eu-west", "us-east"))
         assert tp.toxics("stock") == []
         tp.set_link("stock", regions.link("eu-west", "us-east", loss=0.0))
@@ -305,7 +305,7 @@ def test_stop_leaves_no_process_and_a_failed_start_quotes_the_log(tmp_path: Path
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
     tp.stop()  # stopping again is harmless
-    with pytest.raises(ToxiproxyError, match="not started|connection|failed"):
+    with pytest.raises(ToxiproxyError, match=r"not started|connection|failed"):
         tp.proxies()
 
     # The API's port in use: refused before a server starts (its readiness probe would reach the
@@ -319,7 +319,7 @@ def test_stop_leaves_no_process_and_a_failed_start_quotes_the_log(tmp_path: Path
 
     # A server that cannot listen exits at once; the error quotes its log.
     third = Toxiproxy(_binary())
-    with pytest.raises(ToxiproxyError, match="(?s)exited with status 1 .*cannot assign requested address"):
+    with pytest.raises(ToxiproxyError, match=r"(?s)exited with status 1 .*cannot assign requested address"):
         third.start(host="192.0.2.1", port=free_port(), log_path=tmp_path / "third.log")  # TEST-NET-1: not ours
     assert third.pid is None
 
@@ -330,6 +330,6 @@ def test_a_server_that_never_answers_is_stopped_after_the_ready_timeout(tmp_path
     fake.write_text("#!/bin/sh\necho 'pretending to start'\nexec sleep 60\n")
     fake.chmod(0o755)
     tp = Toxiproxy(str(fake))
-    with pytest.raises(ToxiproxyError, match="(?s)did not answer .* within 0.5 s.*pretending to start"):
+    with pytest.raises(ToxiproxyError, match=r"(?s)did not answer .* within 0\.5 s.*pretending to start"):
         tp.start(ready_timeout=0.5)
     assert tp.pid is None

@@ -109,7 +109,7 @@ async def test_serves_four_connections_on_a_unix_socket(tmp_path: Path) -> None:
     async with trio.open_nursery() as nursery:
         where = await nursery.start(server.serve, app, f"unix://{path}")
         assert where.url() == f"unix://{path}"
-        assert (Path(path).stat().st_mode & 0o077) == 0
+        assert ((await trio.Path(path).stat()).st_mode & 0o077) == 0
 
         async def one_client() -> None:
             stream = await trio.open_unix_socket(path)
@@ -122,7 +122,7 @@ async def test_serves_four_connections_on_a_unix_socket(tmp_path: Path) -> None:
             for _ in range(4):
                 clients.start_soon(one_client)
         nursery.cancel_scope.cancel()
-    assert not Path(path).exists()
+    assert not await trio.Path(path).exists()
 
 
 async def test_serves_loopback_tcp() -> None:

@@ -63,7 +63,7 @@ def test_decoder_round_trip_under_any_chunking(cuts: list[int]) -> None:
 def test_decoder_refuses_oversize_before_buffering_it() -> None:
     dec = wire.RequestDecoder(max_message=1000)
     dec.feed(wire.encode_uvarint(1001))
-    with pytest.raises(wire.AbciWireError, match="outside 1..1000"):
+    with pytest.raises(wire.AbciWireError, match=r"outside 1\.\.1000"):
         dec.next_request()
 
 

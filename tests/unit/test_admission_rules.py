@@ -79,7 +79,7 @@ def test_a_local_network_lists_loopback_and_one_host_counts_once() -> None:
 
 
 def test_registration_costs_work_that_grows_with_the_rate() -> None:
-    app, keys = committee(CHEAP)
+    app, _keys = committee(CHEAP)
     free_rider = Node()
     res = app.check_tx(free_rider.register(address="8.8.4.4:9000"))
     assert res.code == Code.LOW_WORK and "requires 4" in res.log
@@ -199,7 +199,7 @@ def test_squatting_an_address_while_its_owner_is_down_fails_and_the_owner_comes_
 
 
 def tx_ttl() -> int:
-    from verifier.app import ENTRY_TTL_S
+    from overlay.directory.registration import ENTRY_TTL_S
 
     return ENTRY_TTL_S
 
@@ -246,6 +246,7 @@ def test_the_admission_state_survives_a_restart_byte_for_byte() -> None:
 
 
 def test_admission_section_is_checked() -> None:
+    bad: object
     for bad in ({"network": "lan"}, {"work_bits": 99}, {"per_ip": -1}, {"probe": 1}, {"other": 1}, []):
         with pytest.raises(admission.AdmissionParamsError):
             admission.params_from_app_state(json.dumps({"admission": bad}).encode())

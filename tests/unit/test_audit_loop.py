@@ -90,6 +90,7 @@ class Loop:
                     self.pending.append(action.raw)
                     a.submitted(action.key, retry=False)
                 else:
+                    assert isinstance(action, Send), action  # no user donates transcripts here: nothing to score
                     out, score = self.answer(action)
                     a.result(action, out, score, self.height)
 

@@ -97,7 +97,8 @@ def test_scores_join_the_tally_of_the_signing_node_and_unregistered_nodes_are_vo
     tallies = dict(dict(c.audit.reports)[plans[0].pk])
     assert tallies[a] == tallies[b] == (950_000, 950_000)  # the challenges' tallies are the challenges'
     assert dict(c.audit.transcripts)[plans[0].pk] == ((a, (100_000, 200_000)),)  # unregistered: void
-    assert c.audit.transcribed == (plans[0].pk,)
+    during = c.audit  # this epoch's state (c.audit is the state of the last block)
+    assert during.transcribed == (plans[0].pk,)
     # one validator of four holds 1/4 of the power: its transcripts alone score nothing
     assert audits.transcript_epoch(c.audit, a, dict(c.app.committed.validator_powers())) is None
     r = c.rejected(transcripts_tx(c, plans[0].pk, {a: [0]}))  # once an epoch
@@ -127,7 +128,7 @@ def test_transcript_scores_come_in_the_report_window_after_the_report() -> None:
     ([[b"\x01" * 19, [1]]], "20 bytes"),
     ([[b"\x01" * 20, [1] * (at.MAX_TRANSCRIPTS_PER_NODE + 1)]], "at most"),
 ])
-def test_malformed_transcript_scores_are_refused_with_a_reason(nodes: list, why: str) -> None:
+def test_malformed_transcript_scores_are_refused_with_a_reason(nodes: list[object], why: str) -> None:
     c = started()
     pk = c.pks()[0]
     raw = at.AUDIT_TAG + tx.pack([at.KIND_TRANSCRIPTS, 1, pk, nodes, b"\x00" * 64])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import msgpack
 import pytest
@@ -19,10 +20,10 @@ SEED = bytes(range(32))
 PK = crypto.SigningKey.from_bytes(SEED).public_bytes
 
 
-def opening(question: str = "What is the capital of France?", salt: bytes = b"s" * 16, **params: object) -> at.Opening:
-    p = dict(temperature=0.7, top_p=1.0, top_k=0, max_tokens=32, seed=7)
+def opening(question: str = "What is the capital of France?", salt: bytes = b"s" * 16, **params: Any) -> at.Opening:
+    p: dict[str, Any] = dict(temperature=0.7, top_p=1.0, top_k=0, max_tokens=32, seed=7)
     p.update(params)
-    return at.Opening(salt, "smollm2-135m-instruct", (ChatMessage("user", question),), SamplingParams(**p))  # type: ignore[arg-type]
+    return at.Opening(salt, "smollm2-135m-instruct", (ChatMessage("user", question),), SamplingParams(**p))
 
 
 def signed_reply(node_key: crypto.SigningKey, op: at.Opening, chunks: list[tuple[str, list[int]]]) -> at.ReportEntry:
@@ -82,7 +83,7 @@ def test_opening_round_trip_commitment_and_prompt_key() -> None:
     dict(max_tokens=0), dict(max_tokens=1025), dict(temperature=float("nan")), dict(temperature=6.0),
     dict(top_p=0.0), dict(top_k=1001), dict(seed=2**32), dict(seed=-1),
 ])
-def test_opening_limits(bad: dict[str, object]) -> None:
+def test_opening_limits(bad: dict[str, Any]) -> None:
     with pytest.raises(TxError) as e:
         opening(**bad).encode()
     assert e.value.code == Code.INVALID_FIELD
@@ -216,7 +217,8 @@ def test_strict_rejects() -> None:
     body = msgpack.unpackb(raw_ok[len(at.AUDIT_TAG):])
 
     def enc(fields: list[object]) -> bytes:
-        return at.AUDIT_TAG + msgpack.packb(fields, use_bin_type=True)
+        body: bytes = msgpack.packb(fields, use_bin_type=True)
+        return at.AUDIT_TAG + body
 
     cases = [
         b"GTAUDIT1" + raw_ok[8:],  # the old tag
@@ -247,7 +249,8 @@ def test_decoded_by_shape() -> None:
     """The body is read by shape with the wire codec's ShapeReader: the kind's byte limit before
     the rest, a value where the schema has one, each array bounded before its items."""
     def enc(fields: list[object]) -> bytes:
-        return at.AUDIT_TAG + msgpack.packb(fields, use_bin_type=True)
+        body: bytes = msgpack.packb(fields, use_bin_type=True)
+        return at.AUDIT_TAG + body
 
     sig = b"s" * 64
     salt = b"s" * 16

@@ -9,13 +9,13 @@ import logging
 import random
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import msgpack
 import pytest
 import trio
 
-from model_node.engine import TokenScore
+from model_node.engine import Engine, TokenScore
 from overlay.wire.crypto import SigningKey
 from overlay.wire.messages import ChatMessage, SamplingParams
 from verifier.audit import pool as pl
@@ -23,6 +23,7 @@ from verifier.audit import tx as at
 from verifier.audit.auditor import (
     GENERATOR_WARNING,
     PLAN_FILE,
+    Action,
     AuditDriver,
     Auditor,
     AuditView,
@@ -58,7 +59,7 @@ def view(**kw: Any) -> AuditView:
 
 def wire(v: AuditView) -> bytes:
     """``v`` as the chain's ``/audit`` map (verifier/audit/chain.py ``query_audit``)."""
-    return msgpack.packb({
+    data: bytes = msgpack.packb({
         "epoch": v.epoch, "epoch_blocks": v.epoch_blocks, "start_height": v.start_height,
         "commit_until": v.commit_until, "report_from": v.report_from, "end_height": v.end_height, "seed": v.seed,
         "challenges_per_node": v.challenges_per_node, "validators": [list(x) for x in v.validators],
@@ -66,6 +67,21 @@ def wire(v: AuditView) -> bytes:
         "declared": [[k, list(ms)] for k, ms in v.declared], "audited_models": list(v.audited_models),
         "nodes": [[m, list(ids)] for m, ids in v.nodes], "outcomes": [list(o) for o in v.outcomes],
         "misses": [list(m) for m in v.misses]}, use_bin_type=True)
+    return data
+
+
+def submission(actions: list[Action]) -> Submit:
+    """The one action of ``actions``, a transaction to submit."""
+    (action,) = actions
+    assert isinstance(action, Submit), action
+    return action
+
+
+def plan_commit(s: Submit) -> at.PlanCommit:
+    """The plan commit ``s`` submits."""
+    commit = at.decode_audit_tx(s.raw, CHAIN)
+    assert isinstance(commit, at.PlanCommit), commit
+    return commit
 
 
 def auditor(i: int = 0, **kw: Any) -> Auditor:
@@ -148,12 +164,10 @@ def test_the_plan_commits_only_a_salted_hash_and_reveals_no_prompt() -> None:
     # once, and again only after a network failure; never a new plan for the same epoch
     assert a.plan(view(), START) == []
     a.submitted(sub.key, retry=True)
-    (again,) = a.plan(view(), START)
-    assert isinstance(again, Submit) and at.decode_audit_tx(again.raw, CHAIN).plan_hash == tx.plan_hash  # type: ignore[union-attr]
+    assert plan_commit(submission(a.plan(view(), START))).plan_hash == tx.plan_hash
     # two verifiers plan apart: different prompts, different hashes
     b = auditor(1)
-    (sub_b,) = b.plan(view(), START)
-    assert at.decode_audit_tx(sub_b.raw, CHAIN).plan_hash != tx.plan_hash  # type: ignore[union-attr]
+    assert plan_commit(submission(b.plan(view(), START))).plan_hash != tx.plan_hash
     assert b.current is not None
     assert not {e.opening.prompt_key() for e in p.entries} & {e.opening.prompt_key() for e in b.current.entries}
 
@@ -234,7 +248,7 @@ def test_a_retry_that_no_longer_fits_the_window_is_final() -> None:
 
 def test_the_report_reveals_the_committed_plan_a_forwarded_reply_for_the_node_asked() -> None:
     a = auditor(1)
-    (commit_sub,) = a.plan(view(), START)
+    commit_sub = submission(a.plan(view(), START))
     commit = at.decode_audit_tx(commit_sub.raw, CHAIN)
     forwarded_to = b"\x0e" * 20
 
@@ -272,10 +286,10 @@ def test_a_report_refused_for_one_entry_is_sent_again_with_that_entry_failed() -
     a = auditor(0)
     a.plan(view(), START)
     run_sends(a, committed(), range(START, REPORT_FROM), lambda s, h: reply(s.node_id, s.index))
-    (sub,) = a.plan(committed(), REPORT_FROM)
+    sub = submission(a.plan(committed(), REPORT_FROM))
     a.submitted(sub.key, retry=False)
     a.refused(sub.key, "INVALID_FIELD (8): entry 3: the reply's serving node 0b0b0b0b is not a registered model node")
-    (again,) = a.plan(committed(), REPORT_FROM + 1)
+    again = submission(a.plan(committed(), REPORT_FROM + 1))
     report = at.decode_audit_tx(again.raw, CHAIN)
     assert isinstance(report, at.AuditReport)
     assert [i for i, e in enumerate(report.entries) if isinstance(e.outcome, at.FailOutcome)] == [3]
@@ -285,7 +299,7 @@ def test_a_report_refused_for_one_entry_is_sent_again_with_that_entry_failed() -
 
 def test_an_auditor_restarted_mid_epoch_reports_the_plan_it_committed() -> None:
     a = auditor(3)
-    (sub,) = a.plan(view(), START)
+    sub = submission(a.plan(view(), START))
     commit = at.decode_audit_tx(sub.raw, CHAIN)
     half = (REPORT_FROM + START) // 2
     run_sends(a, committed(3), range(START, half), lambda s, h: reply(s.node_id, s.index))
@@ -296,7 +310,7 @@ def test_an_auditor_restarted_mid_epoch_reports_the_plan_it_committed() -> None:
     assert b.restore(saved) and b.current is not None
     sends = run_sends(b, committed(3), range(half, REPORT_FROM), lambda s, h: reply(s.node_id, s.index))
     assert {s.index for s in out} <= {s.index for s in sends}  # what was out is sent again
-    (rep,) = b.plan(committed(3), REPORT_FROM)
+    rep = submission(b.plan(committed(3), REPORT_FROM))
     report = at.decode_audit_tx(rep.raw, CHAIN)
     assert isinstance(report, at.AuditReport) and isinstance(commit, at.PlanCommit)
     assert report.plan_hash() == commit.plan_hash
@@ -308,11 +322,11 @@ def test_an_auditor_restarted_mid_epoch_reports_the_plan_it_committed() -> None:
 
 def test_a_restart_before_the_commit_lands_sends_the_same_plan() -> None:
     a = auditor(0)
-    (sub,) = a.plan(view(), START)
+    sub = submission(a.plan(view(), START))
     b = auditor(0, generator=ChallengeGenerator(rng=random.Random(5)))
     b.restore(a.snapshot())
-    (again,) = b.plan(view(), START + 1)
-    assert at.decode_audit_tx(again.raw, CHAIN).plan_hash == at.decode_audit_tx(sub.raw, CHAIN).plan_hash  # type: ignore[union-attr]
+    again = submission(b.plan(view(), START + 1))
+    assert plan_commit(again).plan_hash == plan_commit(sub).plan_hash
 
 
 def test_a_verifier_that_lost_its_plan_says_so(caplog: pytest.LogCaptureFixture) -> None:
@@ -351,6 +365,8 @@ def test_donated_prompts_come_first_and_the_generator_is_logged(caplog: pytest.L
 
 
 class FakeEngine:
+    """Stands in for the verifier's engine as far as scoring goes (chat_prompt, score)."""
+
     model = MODEL
 
     def chat_prompt(self, messages: Any, continuation: str = "") -> list[int]:
@@ -376,10 +392,10 @@ class FakeClient:
 
         assert request_id is not None and len(request_id) == 16  # the try's id, which the reply signs
         self.calls.append((node, failover, fresh_paths))
+        assert node is not None  # a challenge goes to one node
         got = self.answers[node]
         if isinstance(got, Exception):
             raise got
-        assert node is not None
         for i, (text, ids) in enumerate(got):
             yield ReplyChunk(request_id=bytes(16), seq=i, text=text, token_ids=tuple(ids), done=i == len(got) - 1,
                              error="", node=self.signer.get(node, node), chain=b"c" * 32, signature=b"s" * 64,
@@ -500,9 +516,9 @@ def test_a_reply_too_likely_for_its_sampling_scores_low() -> None:
 
     opening = ChallengeGenerator().opening(MODEL)
     sampled = dataclasses.replace(opening, params=SamplingParams(0.7, 1.0, 0, 64, None))
-    score, _ = trio.run(score_tokens, GreedyReplyEngine(), sampled, list(range(40)))
+    score, _ = trio.run(score_tokens, cast(Engine, GreedyReplyEngine()), sampled, list(range(40)))
     assert score < 500_000
-    honest, _ = trio.run(score_tokens, FakeEngine(), sampled, list(range(40)))  # too unlikely: C = 0.5
+    honest, _ = trio.run(score_tokens, cast(Engine, FakeEngine()), sampled, list(range(40)))  # too unlikely: C = 0.5
     assert honest == 500_000
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from model_node.bench.forwarding import workload, zipf_weights
@@ -10,14 +12,14 @@ from model_node.bench.forwarding import workload, zipf_weights
 def test_zipf_weights_are_a_decreasing_distribution() -> None:
     w = zipf_weights(8, 1.1)
     assert sum(w) == pytest.approx(1.0)
-    assert all(a > b for a, b in zip(w, w[1:], strict=False))
+    assert all(a > b for a, b in itertools.pairwise(w))
     assert w[0] / w[1] == pytest.approx(2 ** 1.1)
 
 
 def test_workload_is_seeded_and_sorted() -> None:
     a, b = workload(100, 8, 0.36, 3, 7), workload(100, 8, 0.36, 3, 7)
     assert a == b and a != workload(100, 8, 0.36, 3, 8)
-    assert all(x.at < y.at for x, y in zip(a, a[1:], strict=False))
+    assert all(x.at < y.at for x, y in itertools.pairwise(a))
     assert {j.entry for j in a} == {0, 1, 2} and {j.system for j in a} <= set(range(8))
 
 

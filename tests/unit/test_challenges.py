@@ -34,7 +34,7 @@ def test_different_choices_give_different_normalised_prompts() -> None:
     # and every value of each part, with the others fixed, changes the text
     base = [0] * len(ch.PARTS)
     for i, part in enumerate(ch.PARTS):
-        texts = {ch.normalise(ch.compose(base[:i] + [j] + base[i + 1:])) for j in range(len(part))}
+        texts = {ch.normalise(ch.compose([*base[:i], j, *base[i + 1:]])) for j in range(len(part))}
         assert len(texts) == len(part)
 
 

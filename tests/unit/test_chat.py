@@ -92,6 +92,12 @@ def _model_node(model: str, reputation: int | None = 900_000, audited: bool | No
                      audited=audited)
 
 
+def node_of(s: chat.ChatSession) -> bytes | None:
+    """The model node ``s`` sticks to, read afresh: after ``s.node = NODE`` mypy would hold
+    ``s.node`` to NODE's type across the commands that reset it."""
+    return s.node
+
+
 def test_commands():
     s = chat.ChatSession(FakeClient(), "m", SamplingParams(), "sys")
     s.history.append(ChatMessage("user", "x"))
@@ -105,7 +111,7 @@ def test_commands():
         return [_model_node(name)] if name in ("m", "other") else []
 
     assert chat.command(s, "/help", models) == (True, chat.HELP)
-    assert chat.command(s, "/new", models)[0] and s.history == [ChatMessage("system", "sys")] and s.node is None
+    assert chat.command(s, "/new", models)[0] and s.history == [ChatMessage("system", "sys")] and node_of(s) is None
     s.node = NODE
     assert "no model node" in chat.command(s, "/model nope", models)[1] and s.model == "m" and s.node == NODE
     said = chat.command(s, "/model plain", models)[1]
@@ -113,7 +119,7 @@ def test_commands():
     assert "no model node serving 'sunk' is trusted" in chat.command(s, "/model sunk", models, True)[1]
     assert s.model == "m"
     assert chat.command(s, "/model plain", models, True)[1] == "[model: plain]" and s.model == "plain"
-    assert chat.command(s, "/model other", models)[0] and s.model == "other" and s.node is None
+    assert chat.command(s, "/model other", models)[0] and s.model == "other" and node_of(s) is None
     assert "other" in chat.command(s, "/model", models)[1]
     assert chat.command(s, "/quit", models)[0] is False
     assert "unknown command" in chat.command(s, "/frobnicate", models)[1]

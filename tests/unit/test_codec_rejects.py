@@ -22,7 +22,8 @@ V = codec.WIRE_VERSION
 
 
 def pack(obj: Any) -> bytes:
-    return msgpack.packb(obj, use_bin_type=True)
+    data: bytes = msgpack.packb(obj, use_bin_type=True)
+    return data
 
 
 def _status_fields(peers: Any) -> list[Any]:
@@ -66,7 +67,7 @@ BAD_PAYLOADS: list[tuple[str, bytes]] = [
     ("nil for int", pack([V, 10, None])),
     ("str for bytes", pack([V, 14, 1, "data"])),
     ("bytes for str", pack([V, 4, b"bad-frame", "detail"])),
-    ("int for float", pack(_status_fields([])[:3] + [1, []])),
+    ("int for float", pack([*_status_fields([])[:3], 1, []])),
     ("bytes for tuple", pack(_status_fields(b""))),
     ("wrong nested row type", pack(_status_fields([[b"\0" * 20, "a:1", True, 0.0]]))),
     ("nested row too short", pack(_status_fields([[b"\0" * 20, "a:1", 0]]))),
@@ -166,7 +167,7 @@ def test_length_prefix_at_the_limit_waits_for_the_body() -> None:
 def test_smaller_limit_for_the_handshake() -> None:
     dec = codec.FrameDecoder(max_frame=4096, peer=PEER)
     dec.feed((4097).to_bytes(4, "big"))
-    with pytest.raises(RemoteProtocolError, match="outside 1..4096"):
+    with pytest.raises(RemoteProtocolError, match=r"outside 1\.\.4096"):
         dec.next_payload()
 
 

@@ -94,7 +94,7 @@ def strategy_for(tp: Any, meta: dict[str, Any]) -> st.SearchStrategy[Any]:
         if exact is not None:
             return st.lists(item, min_size=exact, max_size=exact).map(tuple)
         return st.lists(item, max_size=min(meta.get("max", codec.DEFAULT_MAX_ITEMS), 4)).map(tuple)
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return message_strategy(tp)
     raise TypeError(f"no strategy for wire field type {tp!r}")
 
@@ -137,7 +137,7 @@ def wire_minimal(tp: Any, meta: dict[str, Any]) -> Any:
     if typing.get_origin(tp) is tuple:
         item = wire_minimal(typing.get_args(tp)[0], _item_meta(meta))
         return [item] * (exact or 0)
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return wire_fields(tp)
     raise TypeError(tp)
 
@@ -219,7 +219,7 @@ def test_wire_layout_is_version_type_fields(code: int, cls: type) -> None:
 @pytest.mark.parametrize(("code", "cls"), sorted(REGISTERED.items()), ids=_ids)
 def test_wrong_field_count_is_rejected(code: int, cls: type) -> None:
     fields = wire_fields(cls)
-    bad = [fields + [0]]
+    bad = [[*fields, 0]]
     if fields:
         bad.append(fields[:-1])
     for values in bad:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -25,13 +26,13 @@ class Client:
         self.stream = stream
         self.buf = bytearray()
 
-    async def call(self, **kw: object) -> abci.Response:
-        await self.stream.send_all(wire.encode_request(abci.Request(**kw)))  # type: ignore[arg-type]
+    async def call(self, **kw: Any) -> abci.Response:
+        await self.stream.send_all(wire.encode_request(abci.Request(**kw)))
         while True:
             got = wire.decode_uvarint(self.buf)
             if got is not None and len(self.buf) >= got[0] + got[1]:
                 n, start = got
-                resp = abci.Response.FromString(bytes(self.buf[start : start + n]))
+                resp: abci.Response = abci.Response.FromString(bytes(self.buf[start : start + n]))
                 del self.buf[: start + n]
                 return resp
             data = await self.stream.receive_some(65536)

@@ -8,11 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from overlay.directory import registration as tx
-from overlay.directory.registration import Code
+from overlay.directory.registration import ENTRY_TTL_S, Code
 from overlay.wire.constants import ROLE_MODEL, ROLE_USER
 from tests.committee_helpers import CHAIN, Node
 from verifier.admission import OPEN, RESERVE_S
-from verifier.app import ENTRY_TTL_S, CommitteeApp, StateError, Validator
+from verifier.app import CommitteeApp, StateError, Validator
 
 T0 = 1_700_000_000
 VALIDATORS = [Validator("ed25519", bytes([i]) * 32, 10) for i in range(4)]
@@ -86,7 +86,7 @@ def test_rejections_carry_their_codes_and_change_nothing() -> None:
     assert a.prepare_proposal(all_bad, 1 << 20, T0 + 1) == []
     for raw in all_bad:
         assert not a.process_proposal([raw], T0 + 1)
-    results, app_hash = a.finalize_block(a.height + 1, T0 + 1, all_bad)
+    results, _app_hash = a.finalize_block(a.height + 1, T0 + 1, all_bad)
     assert all(not r.ok for r in results)
     a.commit()
     assert (a.app_hash, a.committed.canonical_bytes()) == before
@@ -158,7 +158,7 @@ def test_info_restart_and_corrupt_snapshots() -> None:
         CommitteeApp.restore(msgpack.packb([version, height, b"\x00" * 32, state, time_s, cert], use_bin_type=True))
     with pytest.raises(StateError, match="format"):
         CommitteeApp.restore(msgpack.packb([99, height, app_hash, state, time_s, cert], use_bin_type=True))
-    with pytest.raises(StateError, match="format 1, this verifier reads 2 .*Resync"):  # before the certificate
+    with pytest.raises(StateError, match=r"format 1, this verifier reads 2 .*Resync"):  # before the certificate
         CommitteeApp.restore(msgpack.packb([1, height, app_hash, state], use_bin_type=True))
 
 

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgpack
 import pytest
 import trio
@@ -34,7 +36,7 @@ from verifier.app import CommitteeApp, Validator
 T0 = 1_700_000_000
 
 
-def _record(i: int, role: int = 1, reputation: int = 900_000, audited: bool = True) -> list[object]:
+def _record(i: int, role: int = 1, reputation: int = 900_000, audited: bool = True) -> list[Any]:
     """A list record; a model record carries the committee's reputation of the node as its 10th field
     and whether its model is audited as its 11th (lists format 3)."""
     key = crypto.SigningKey.generate()
@@ -88,7 +90,7 @@ def test_model_records_carry_the_audited_flag_and_untrusted_nodes_are_listed() -
               _record(2, 2, reputation=500_000, audited=False)]
     got = verify_document(c.document(7, [], models, kind=KIND_MODELS), CHAIN, c.pinned, kind=KIND_MODELS)
     by_id = {e.node_id: e for e in got.entries}
-    ok, low, unaudited = (by_id[r[0]] for r in models)  # type: ignore[index]
+    ok, low, unaudited = (by_id[r[0]] for r in models)
     assert (ok.audited, low.audited, unaudited.audited) == (True, True, False)
     assert low.reputation == 10_000 < TRUST_LINE and not low.trusted and ok.trusted and unaudited.trusted
     assert [usable(e) for e in (ok, low, unaudited)] == [True, False, False]
@@ -463,7 +465,7 @@ def test_abci_value_reads_cometbft_answers_and_refuses_errors() -> None:
                     + raw + b"\r\n0\r\n\r\n")
         return b"HTTP/1.1 200 OK\r\nContent-Length: " + str(len(raw)).encode() + b"\r\n\r\n" + raw
 
-    ok = {"result": {"response": {"code": 0, "value": base64.b64encode(b"doc").decode()}}}
+    ok: dict[str, object] = {"result": {"response": {"code": 0, "value": base64.b64encode(b"doc").decode()}}}
     answers = [http(ok), http(ok, chunked=True),
                http({"result": {"response": {"code": 10, "log": "no signed list held yet"}}}),
                http({"error": {"code": -32603}}), b"garbage"]
@@ -554,7 +556,8 @@ def test_signed_records_that_break_a_field_rule_are_refused() -> None:
     good = [_record(i) for i in range(3)]
     got = verify_document(signed(good), CHAIN, c.pinned, kind=KIND_USERS)
     assert [type(e) for e in got.entries] == [PeerEntry] * 3
-    assert got.entries[0] == PeerEntry(*[sorted(good, key=lambda r: r[0])[0][k] for k in (0, 4, 1, 3, 5)], "user", ())
+    first = sorted(good, key=lambda r: r[0])[0]  # node id, key, role, x25519 key, address, region, ...
+    assert got.entries[0] == PeerEntry(first[0], first[4], first[1], first[3], first[5], "user", ())
     cases: list[tuple[str, object, str]] = [
         ("role", 2, "another role"), ("region", "", "region"), ("region", "r" * 65, "region"),
         ("model", "m", "model id"), ("address", "no-port", "host:port"), ("address", "h:99999", "host:port"),
@@ -606,9 +609,13 @@ def test_an_unchanged_list_reuses_the_held_entries_and_still_checks_everything_e
 def test_the_clients_trust_line_is_the_committees() -> None:
     """One definition (overlay/wire/constants.py): the clients' trust line and reputation scale
     are the ones verifier/audit/reputation.py computes with."""
-    from overlay.net import peers
+    from dataclasses import replace
+
+    from overlay.net.peers import PeerEntry
     from overlay.wire.constants import REPUTATION_SCALE, TRUST_LINE
     from verifier.audit import reputation
 
     assert (TRUST_LINE, REPUTATION_SCALE) == (400_000, 1_000_000)
-    assert (peers.TRUST_LINE, reputation.TRUST_LINE, reputation.SCALE) == (TRUST_LINE, TRUST_LINE, REPUTATION_SCALE)
+    assert (reputation.Params().trust_line, reputation.SCALE) == (TRUST_LINE, REPUTATION_SCALE)
+    node = PeerEntry(b"\x01" * 20, "h:1", b"e" * 32, b"x" * 32, role="model", models=("m",))
+    assert [replace(node, reputation=r).trusted for r in (TRUST_LINE - 1, TRUST_LINE)] == [False, True]

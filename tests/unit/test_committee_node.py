@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from overlay.testing import wait_until
 from overlay.wire import crypto
 from verifier.abci import wire
 from verifier.abci.proto.tendermint.abci import types_pb2 as abci
@@ -60,11 +61,10 @@ async def test_cancel_stops_cometbft_and_the_server(tmp_path: Path) -> None:
             data = await stream.receive_some(100)
             n, start = wire.decode_uvarint(data) or (0, 0)
             assert abci.Response.FromString(data[start : start + n]).echo.message == "x"
-        with trio.fail_after(30):
-            while not pidfile.exists() or not pidfile.read_text().strip():
-                await trio.sleep(0.05)
-        pid = int(pidfile.read_text())
+        with trio.fail_after(30):  # the shell standing in for CometBFT writes it
+            await wait_until(lambda: pidfile.exists() and pidfile.read_text().strip())
+        pid = int(await trio.Path(pidfile).read_text())
         nursery.cancel_scope.cancel()
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
-    assert not Path(where.path).exists()
+    assert not await trio.Path(where.path).exists()

@@ -60,7 +60,8 @@ def test_more_relays_keep_the_recorded_ports_and_the_state_keeps_ports_of_nodes_
     save_state(tmp_path / STATE_FILE, more, recorded)
     fewer, recorded = open_net(tmp_path, args(relays=4), "echo")
     save_state(tmp_path / STATE_FILE, fewer, recorded)
-    assert load_state(tmp_path / STATE_FILE)["ports"] == more.ports
+    state = load_state(tmp_path / STATE_FILE)
+    assert state is not None and state["ports"] == more.ports
 
 
 def test_fresh_starts_a_new_chain_on_new_ports(tmp_path):
@@ -84,18 +85,18 @@ def test_a_taken_port_is_a_clear_error_naming_fresh(tmp_path):
 
 def test_state_that_cannot_be_resumed_is_a_clear_error_naming_fresh(tmp_path):
     first = started(tmp_path)
-    with pytest.raises(CliError, match="committee of 2 verifiers, not 4.*--fresh"):
+    with pytest.raises(CliError, match=r"committee of 2 verifiers, not 4.*--fresh"):
         open_net(tmp_path, args(verifiers=4), "echo")
     (tmp_path / "verifier-1" / "cometbft" / "config" / "genesis.json").write_text(json.dumps({"chain_id": "other"}))
-    with pytest.raises(CliError, match="verifier-1's CometBFT home .* belongs to another chain.*--fresh"):
+    with pytest.raises(CliError, match=r"verifier-1's CometBFT home .* belongs to another chain.*--fresh"):
         open_net(tmp_path, args(), "echo")
     first.genesis_file.unlink()
-    with pytest.raises(CliError, match="genesis .* is unreadable.*--fresh"):
+    with pytest.raises(CliError, match=r"genesis .* is unreadable.*--fresh"):
         open_net(tmp_path, args(), "echo")
     for bad in ("{not json", json.dumps({"version": 99}), json.dumps({"version": 1, "chain_id": "c", "verifiers": 2,
                                                                       "ports": {"relay-0": 70000}})):
         (tmp_path / STATE_FILE).write_text(bad)
-        with pytest.raises(CliError, match="not a devnet state .*--fresh"):
+        with pytest.raises(CliError, match=r"not a devnet state .*--fresh"):
             open_net(tmp_path, args(), "echo")
 
 
@@ -114,7 +115,7 @@ def test_audits_add_an_audit_port_per_verifier_and_a_devnet_keeps_its_choice(tmp
     assert json.loads((tmp_path / STATE_FILE).read_text())["audits"] is True
     net, recorded = open_net(tmp_path, args(audits=True), "echo")
     assert recorded is not None and net.ports == first.ports
-    with pytest.raises(CliError, match="created with --audits.*--fresh"):
+    with pytest.raises(CliError, match=r"created with --audits.*--fresh"):
         open_net(tmp_path, args(), "echo")
     plain = started(tmp_path / "plain")
     assert "--audit" not in plain.command("verifier-0")

@@ -12,12 +12,12 @@ import msgpack
 import pytest
 import trio
 
-from overlay.directory.donation import decode, verify
+from overlay.directory.donation import MAX_DONATION_BYTES, DonationError, decode, verify
 from overlay.wire import crypto
 from overlay.wire.identity import Identity
 from overlay.wire.messages import ChatMessage, SamplingParams
 from user_client import donate
-from user_client.donate import DonationError, Donor
+from user_client.donate import Donor
 
 MESSAGES = (ChatMessage("system", "be brief"), ChatMessage("user", "What is a quine?"),
             ChatMessage("assistant", "A program that prints itself."), ChatMessage("user", "Show one in Python."))
@@ -105,7 +105,7 @@ def test_the_donation_is_sealed_to_the_verifiers_key_and_fits_the_limit() -> Non
     # Too large for one donation: older turns go first; a last message alone too large is not donated.
     big = [ChatMessage("user", "a" * 9000), ChatMessage("assistant", "b" * 3000), ChatMessage("user", "c" * 9000)]
     sealed = donate.seal(verifier.public_bytes, me, "m", big, SamplingParams())
-    assert len(sealed) <= donate.MAX_DONATION_BYTES
+    assert len(sealed) <= MAX_DONATION_BYTES
     assert [m.content[0] for m in decode(crypto.open_sealed_ed25519(verifier.private_bytes(),
                                                                     sealed))[0].messages] == ["c"]
     with pytest.raises(DonationError, match="longer than a donation holds"):
@@ -182,7 +182,7 @@ async def test_rates_zero_and_one_and_failures_never_reach_the_caller(autojump_c
         nursery.cancel_scope.cancel()
     assert (always.scheduled, always.donated, always.failed, always.pending) == (6, 0, 6, 0)
     assert never.scheduled == 0
-    with pytest.raises(ValueError, match="within 0..1"):
+    with pytest.raises(ValueError, match=r"within 0\.\.1"):
         Donor(me, c.addresses, c.keys, rate=1.5)
     with pytest.raises(ValueError, match="--committee"):
         Donor(me, [], c.keys)

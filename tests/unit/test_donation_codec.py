@@ -28,7 +28,8 @@ def _plain(*fields: object) -> bytes:
 
 
 def _fields() -> list[object]:
-    return msgpack.unpackb(dn.encode(KEY, DONOR, "m", MESSAGES, PARAMS), raw=False)
+    fields: list[object] = msgpack.unpackb(dn.encode(KEY, DONOR, "m", MESSAGES, PARAMS), raw=False)
+    return fields
 
 
 def test_the_signing_bytes_and_the_plaintext_are_pinned() -> None:

@@ -9,6 +9,7 @@ so a node's relative load reads as requests per capacity point, in seconds.
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass, field
 
@@ -221,10 +222,11 @@ def test_while_a_stream_is_free_decode_work_delays_no_newcomer() -> None:
     """A node interleaving a long prompt with running replies: their per-stream decode rate falls
     to about a token a second, but a newcomer's prompt is fed between decode steps, so only the
     prompts count while a stream is free (the base-rate regression of issue 19's first build)."""
-    slow_decode = dict(prefill_tokens=300, decode_tokens=3 * 16, prefill_rate=100.0, decode_rate=1.0, streams=8)
-    free = Load(active=3, **slow_decode)
+    slow_decode = functools.partial(Load, prefill_tokens=300, decode_tokens=3 * 16, prefill_rate=100.0,
+                                    decode_rate=1.0, streams=8)
+    free = slow_decode(active=3)
     assert free.relative == pytest.approx(3.0) == free.prefill_wait
-    full = Load(active=6, queued=1, pending=1, **slow_decode)
+    full = slow_decode(active=6, queued=1, pending=1)
     assert full.relative == pytest.approx(3.0 + 48 / 1.0 / 8)
 
 
@@ -274,7 +276,7 @@ def test_a_fast_engines_short_prompts_are_pooled_into_their_true_rate() -> None:
         t.prefill_started(i * 1.0)
         t.prefill_ended(i * 1.0 + 2e-4, 50)
     assert t.prefill_rate == pytest.approx(500 / 2e-3)
-    assert Load(capacity=1.0, prefill_rate=t.prefill_rate).prefill_seconds(50) < 1e-3
+    assert Load(capacity=1, prefill_rate=t.prefill_rate).prefill_seconds(50) < 1e-3
 
 
 def test_a_holder_busy_with_a_cold_prompt_still_takes_a_match_it_can_put_ahead() -> None:

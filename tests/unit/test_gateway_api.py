@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from overlay.wire.messages import ChatMessage
+from overlay.wire.messages import MAX_PROMPT_CHARS, ChatMessage
 from user_client import openai_api as api
 
 MSG = [{"role": "user", "content": "hi"}]
@@ -51,7 +51,7 @@ def test_bad_parameters_are_400_naming_the_field(field, value):
     {"model": "m", "messages": [{"role": "user", "content": 3}]},
     {"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}]},
     {"model": "m", "messages": MSG * (api.MAX_MESSAGES + 1)},
-    {"model": "m", "messages": [{"role": "user", "content": "x" * (api.MAX_PROMPT_CHARS + 1)}]},
+    {"model": "m", "messages": [{"role": "user", "content": "x" * (MAX_PROMPT_CHARS + 1)}]},
 ])
 def test_malformed_chat_bodies_are_400(body):
     with pytest.raises(api.ApiError) as e:

@@ -6,16 +6,19 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
+from typing import Any
 
 import openai
 import pytest
 import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
+from openai.types.chat import ChatCompletionMessageParam
 
 from overlay.anon.client import AllBusy, AnonError, ModelUnaudited, ReplyUnverified
+from overlay.testing import wait_until
 from overlay.wire.failures import Failure
-from overlay.wire.messages import ReplyChunk
+from overlay.wire.messages import ChatMessage, ReplyChunk, SamplingParams
 from user_client import openai_api as api
 from user_client.gateway import Gateway, is_loopback
 
@@ -92,7 +95,13 @@ def client(base: str) -> openai.OpenAI:
     return c
 
 
-def post(url: str, data: bytes, headers: dict[str, str] | None = None) -> tuple[int, dict]:
+def error_body(e: openai.APIError) -> dict[str, Any]:
+    """The error object the gateway answered with (the SDK types ``body`` as ``object``)."""
+    assert isinstance(e.body, dict), e.body
+    return e.body
+
+
+def post(url: str, data: bytes, headers: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
     req = urllib.request.Request(url, data=data, headers={"content-type": "application/json", **(headers or {})})
     try:
         with urllib.request.urlopen(req, timeout=10) as r:
@@ -102,7 +111,7 @@ def post(url: str, data: bytes, headers: dict[str, str] | None = None) -> tuple[
 
 
 async def test_chat_stream_completion_and_models(gateway):
-    gw, backend, base = gateway
+    gw, _backend, base = gateway
 
     def run():
         c = client(base)
@@ -110,7 +119,7 @@ async def test_chat_stream_completion_and_models(gateway):
         r = c.chat.completions.create(model="echo", messages=[{"role": "user", "content": "one two three"}],
                                       max_tokens=2)
         assert r.choices[0].message.content == "one two" and r.choices[0].finish_reason == "length"
-        assert r.usage.completion_tokens == 2
+        assert r.usage is not None and r.usage.completion_tokens == 2
         parts = list(c.chat.completions.create(model="echo", messages=[{"role": "user", "content": "a b END c"}],
                                                stop=["END"], stream=True,
                                                stream_options={"include_usage": True}))
@@ -129,14 +138,15 @@ async def test_chat_stream_completion_and_models(gateway):
 
 
 async def test_follow_ups_go_back_to_the_node_that_served(gateway):
-    gw, backend, base = gateway
+    _gw, backend, base = gateway
 
     def run():
         c = client(base)
-        first = [{"role": "user", "content": "hello there"}]
+        first: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello there"}]
         r = c.chat.completions.create(model="echo", messages=first)
-        follow = [*first, {"role": "assistant", "content": r.choices[0].message.content},
-                  {"role": "user", "content": "again"}]
+        follow: list[ChatCompletionMessageParam] = [
+            *first, {"role": "assistant", "content": r.choices[0].message.content},
+            {"role": "user", "content": "again"}]
         c.chat.completions.create(model="echo", messages=follow)
         c.chat.completions.create(model="echo", messages=[*first, {"role": "assistant", "content": "edited"},
                                                           {"role": "user", "content": "other"}])
@@ -162,7 +172,7 @@ async def test_overlay_failures_are_openai_errors(gateway, content, status, code
                 r = client(base).chat.completions.create(model="echo", messages=[{"role": "user", "content": content}],
                                                          stream=stream)
                 list(r) if stream else None
-            assert e.value.status_code == status and e.value.body["code"] == code
+            assert e.value.status_code == status and error_body(e.value)["code"] == code
 
     await trio.to_thread.run_sync(run)
 
@@ -173,10 +183,10 @@ async def test_unknown_model_404_bad_parameter_400(gateway):
     def run():
         with pytest.raises(openai.NotFoundError) as e:
             client(base).chat.completions.create(model="gpt-4", messages=[{"role": "user", "content": "x"}])
-        assert e.value.body["code"] == "model_not_found"
+        assert error_body(e.value)["code"] == "model_not_found"
         with pytest.raises(openai.BadRequestError) as e2:
             client(base).chat.completions.create(model="echo", messages=[{"role": "user", "content": "x"}], top_p=2)
-        assert e2.value.body["param"] == "top_p"
+        assert error_body(e2.value)["param"] == "top_p"
         assert post(base + "/v1/chat/completions", b"{not json")[0] == 400
 
     await trio.to_thread.run_sync(run)
@@ -192,9 +202,9 @@ async def test_an_unaudited_model_is_left_out_of_the_list_and_answered_503_model
             with pytest.raises(openai.APIStatusError) as e:
                 r = c.chat.completions.create(model="held", messages=[{"role": "user", "content": "x"}], stream=stream)
                 list(r) if stream else None
-            assert e.value.status_code == 503 and e.value.body["code"] == "model_unaudited"
-            assert e.value.body["type"] == "service_unavailable" and e.value.body["param"] == "model"
-            assert e.value.body["message"] == (
+            assert e.value.status_code == 503 and error_body(e.value)["code"] == "model_unaudited"
+            assert error_body(e.value)["type"] == "service_unavailable" and error_body(e.value)["param"] == "model"
+            assert error_body(e.value)["message"] == (
                 "model held is not audited by the committee's verifiers (no verifier with enough voting power "
                 "holds it); pass --allow-unaudited to use it anyway")
         status, body = post(base + "/v1/completions", json.dumps({"model": "held", "prompt": "x"}).encode())
@@ -224,7 +234,7 @@ def test_the_listed_models_are_those_with_a_usable_node():
 
 class FakeDonor:
     def __init__(self) -> None:
-        self.offers: list[tuple[str, tuple, object]] = []
+        self.offers: list[tuple[str, tuple[ChatMessage, ...], SamplingParams]] = []
 
     def offer(self, model, messages, params) -> bool:
         self.offers.append((model, tuple(messages), params))
@@ -237,7 +247,8 @@ async def test_complete_replies_are_offered_to_the_donor_and_failures_are_not(ga
 
     def run():
         c = client(base)
-        msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "one two"}]
+        msgs: list[ChatCompletionMessageParam] = [{"role": "system", "content": "be brief"},
+                                                  {"role": "user", "content": "one two"}]
         c.chat.completions.create(model="echo", messages=msgs, temperature=0.5, top_p=0.9)
         "".join(p.choices[0].delta.content or "" for p in c.chat.completions.create(
             model="echo", messages=[{"role": "user", "content": "streamed reply"}], stream=True) if p.choices)
@@ -277,11 +288,11 @@ async def test_a_reply_failing_verification_mid_stream_ends_with_an_error_event(
             for p in client(base).chat.completions.create(
                     model="echo", messages=[{"role": "user", "content": "a b forged c"}], stream=True):
                 got.append(p.choices[0].delta.content)
-        assert e.value.body["code"] == "reply_unverified"
+        assert error_body(e.value)["code"] == "reply_unverified"
         assert got == ["a", " b"]  # only what passed its check was sent
         with pytest.raises(openai.APIStatusError) as e2:  # not streamed: an error, no partial text as success
             client(base).chat.completions.create(model="echo", messages=[{"role": "user", "content": "a b forged c"}])
-        assert e2.value.status_code == 502 and e2.value.body["code"] == "reply_unverified"
+        assert e2.value.status_code == 502 and error_body(e2.value)["code"] == "reply_unverified"
 
     await trio.to_thread.run_sync(run)
 
@@ -303,20 +314,18 @@ async def test_concurrency_bound_429(gateway, nursery):
                                                       stream=True)
         held.append("".join(p.choices[0].delta.content or "" for p in stream))
 
-    nursery.start_soon(trio.to_thread.run_sync, hold)
-    nursery.start_soon(trio.to_thread.run_sync, hold)
-    while gw.active < 2:
-        await trio.sleep(0.01)
-
     def third():
         with pytest.raises(openai.RateLimitError) as e:
             client(base).chat.completions.create(model="echo", messages=[{"role": "user", "content": "x"}])
         assert e.value.status_code == 429
 
-    await trio.to_thread.run_sync(third)
-    backend.release.set()
-    while len(held) < 2:
-        await trio.sleep(0.01)
+    with trio.fail_after(30):
+        async with trio.open_nursery() as holders:  # waits for both holds to be answered
+            holders.start_soon(trio.to_thread.run_sync, hold)
+            holders.start_soon(trio.to_thread.run_sync, hold)
+            await wait_until(lambda: gw.active >= 2)
+            await trio.to_thread.run_sync(third)
+            backend.release.set()
     assert held == ["a hold", "a hold"] and gw.active == 0
 
 
@@ -326,7 +335,7 @@ def test_loopback_detection():
 
 
 async def test_a_client_that_hangs_up_mid_stream_frees_its_slot(gateway):
-    gw, backend, base = gateway
+    gw, _backend, base = gateway
     host, port = base.removeprefix("http://").rsplit(":", 1)
     body = json.dumps({"model": "echo", "messages": [{"role": "user", "content": "a hold"}], "stream": True}).encode()
     stream = await trio.open_tcp_stream(host, int(port))
@@ -340,8 +349,7 @@ async def test_a_client_that_hangs_up_mid_stream_frees_its_slot(gateway):
     assert gw.active == 1
     await stream.aclose()
     with trio.fail_after(10):
-        while gw.active:
-            await trio.sleep(0.01)
+        await wait_until(lambda: gw.active == 0)
     assert gw.served == 0  # the reply was abandoned, not counted as served
 
 
@@ -351,31 +359,36 @@ async def test_usage_counts_the_prompt_tokens_the_model_node_reports(gateway):
     def run():
         c = client(base)
         r = c.chat.completions.create(model="echo", messages=[{"role": "user", "content": "one two three"}])
+        assert r.usage is not None
         assert (r.usage.prompt_tokens, r.usage.completion_tokens, r.usage.total_tokens) == (
             PROMPT_TOKENS, 3, PROMPT_TOKENS + 3)
         parts = list(c.chat.completions.create(model="echo", messages=[{"role": "user", "content": "a b"}],
                                                stream=True, stream_options={"include_usage": True}))
-        assert parts[-1].usage.prompt_tokens == PROMPT_TOKENS and parts[-1].usage.total_tokens == PROMPT_TOKENS + 2
+        usage = parts[-1].usage
+        assert usage is not None and usage.prompt_tokens == PROMPT_TOKENS and usage.total_tokens == PROMPT_TOKENS + 2
         comp = c.completions.create(model="echo", prompt="x y STOP z", stop=["STOP"])
-        assert comp.choices[0].text == "x y " and comp.usage.prompt_tokens == PROMPT_TOKENS  # known before the end
+        assert comp.choices[0].text == "x y " and comp.usage is not None
+        assert comp.usage.prompt_tokens == PROMPT_TOKENS  # known before the end
 
     await trio.to_thread.run_sync(run)
 
 
 async def test_after_a_failover_the_headers_name_every_node_that_served(gateway):
-    gw, backend, base = gateway
+    _gw, backend, base = gateway
 
     def run():
         c = client(base)
-        first = [{"role": "user", "content": "a b failover c d"}]
+        first: list[ChatCompletionMessageParam] = [{"role": "user", "content": "a b failover c d"}]
         raw = c.chat.completions.with_raw_response.create(model="echo", messages=first)
         assert raw.headers["x-gentorrent-node"] == f"{NODE_A.hex()},{NODE_B.hex()}"
         assert raw.headers["x-gentorrent-verified"] == "true"
         r = raw.parse()
         assert r.choices[0].message.content == "a b failover c d"
+        assert r.usage is not None
         assert r.usage.prompt_tokens == PROMPT_TOKENS  # the first node's: the next one's prompt holds more
-        follow = [*first, {"role": "assistant", "content": r.choices[0].message.content},
-                  {"role": "user", "content": "again"}]
+        follow: list[ChatCompletionMessageParam] = [
+            *first, {"role": "assistant", "content": r.choices[0].message.content},
+            {"role": "user", "content": "again"}]
         again = c.chat.completions.with_raw_response.create(model="echo", messages=follow)
         assert again.headers["x-gentorrent-node"] == NODE_B.hex()  # the follow-up went to the last node
         stream = c.chat.completions.with_raw_response.create(model="echo", messages=first, stream=True)

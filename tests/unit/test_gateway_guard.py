@@ -51,18 +51,30 @@ class Watch:
     def __init__(self, app) -> None:
         self.app = app
         self.seen: set[int] = set()
+        self._grew = trio.Event()  # set when ``seen`` grows, then replaced
+
+    async def wait_seen(self, n: int) -> None:
+        """Until the app has seen ``n`` requests."""
+        while len(self.seen) < n:
+            await self._grew.wait()
+
+    def _see(self, scope) -> None:
+        if id(scope) not in self.seen:
+            self.seen.add(id(scope))
+            self._grew.set()
+            self._grew = trio.Event()
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
 
         async def rx():
-            self.seen.add(id(scope))
+            self._see(scope)
             return await receive()
 
         async def tx(message):
             if message["type"] == "http.response.start":
-                self.seen.add(id(scope))
+                self._see(scope)
             await send(message)
 
         await self.app(scope, rx, tx)
@@ -204,13 +216,16 @@ async def test_with_an_api_key_every_endpoint_needs_it(nursery):
                 assert KEY not in r.text
         assert backend.calls == [] and gw.active == 0
 
-    def official(key: str) -> str:
+    def official(key: str) -> str | None:
         with openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0) as o:
             try:
                 [m.id for m in o.models.list().data]
             except openai.AuthenticationError as e:
-                return e.body["code"]
-            return o.chat.completions.create(**CHAT).choices[0].message.content
+                assert isinstance(e.body, dict), e.body
+                code: str = e.body["code"]
+                return code
+            return o.chat.completions.create(  # CHAT
+                model="echo", messages=[{"role": "user", "content": "hello there"}]).choices[0].message.content
 
     assert await trio.to_thread.run_sync(official, "unused") == "invalid_api_key"
     assert await trio.to_thread.run_sync(official, KEY) == "hello there"
@@ -232,8 +247,7 @@ async def test_slow_bodies_hold_no_slot_and_are_answered_408(nursery):
                          % (port, len(body), body[: len(body) // 2]))
         stalled.append(s)
     with trio.fail_after(30):  # a bound on the wait, not a measurement
-        while len(watch.seen) < 40:  # every stalled request is in the app: reading its body, or answered
-            await trio.sleep(0.01)
+        await watch.wait_seen(40)  # every stalled request is in the app: reading its body, or answered
     async with httpx.AsyncClient(base_url=base) as c:
         r = await c.post("/v1/chat/completions", json=CHAT)
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "hello there"
@@ -256,8 +270,7 @@ async def test_a_client_that_hangs_up_mid_body_leaves_nothing_behind(nursery, ca
     await s.send_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n"
                      b"content-length: 100\r\n\r\n{\"model\"")
     with trio.fail_after(30):
-        while not watch.seen:
-            await trio.sleep(0.01)
+        await watch.wait_seen(1)
     await s.aclose()
     async with httpx.AsyncClient(base_url=base) as c:
         assert (await c.post("/v1/chat/completions", json=CHAT)).status_code == 200

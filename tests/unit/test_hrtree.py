@@ -88,7 +88,7 @@ def test_bad_lengths_and_token_ids_are_refused() -> None:
     for kwargs in ({"bits": 0}, {"bits": 17}, {"tail": 0}, {"lengths": (0,)}, {"lengths": (5, -1)},
                    {"version": -1}, {"lengths": (1,) * 257}):
         with pytest.raises(ValueError):
-            ChunkLengths(**kwargs)  # type: ignore[arg-type]  # mixed-type kwargs on purpose
+            ChunkLengths(**kwargs)  # mixed-type kwargs on purpose
     with pytest.raises(ValueError):
         token_bytes([1, -1])
     with pytest.raises(ValueError):

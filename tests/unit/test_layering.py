@@ -99,7 +99,7 @@ def test_roles_take_only_the_command_kit_from_gentorrent() -> None:
     and benches sit above every role. The command kit itself imports no role (the root CLI loads
     the roles' commands through entry points)."""
     kit = ("gentorrent", "gentorrent.cli", "gentorrent.config")
-    bad = set()
+    bad: set[str] = set()
     for role in ROLES:
         for p in sources(role):
             if _is_tooling(module_of(p)):
@@ -144,7 +144,7 @@ def _is_tooling(module: str) -> bool:
 
 def test_no_product_module_imports_benches_or_tools() -> None:
     """A running node needs no benchmark or tooling module: benches inject what they need."""
-    bad = set()
+    bad: set[str] = set()
     for package in ("overlay", "gentorrent", *ROLES):
         for p in sources(package):
             module = ".".join(p.relative_to(REPO).with_suffix("").parts)
@@ -160,7 +160,8 @@ def _loaded_after(code: str) -> list[str]:
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                          timeout=60, cwd=REPO, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    loaded: list[str] = json.loads(out.stdout.strip().splitlines()[-1])
+    return loaded
 
 
 def test_user_cli_loads_no_engine() -> None:

@@ -56,7 +56,7 @@ class Replayer:
 
 def _new_node(c: InProcessCommittee) -> Node:
     n = Node(port=8000 + c.app.height)
-    assert c.height([n.register()])[1][-1].ok  # type: ignore[attr-defined]
+    assert c.height([n.register()])[1][-1].ok
     c.settle()
     return n
 
@@ -165,7 +165,7 @@ def test_membership_warns_when_no_fresh_list_can_be_had_and_drops_expired_record
     r = Replayer(c, bad="v0:26657")
 
     async def main() -> None:
-        member = Membership(c.settings(("v0:26657",)), me, registry, rpc=c.rpc, fetch=r.fetch)  # type: ignore[arg-type]
+        member = Membership(c.settings(("v0:26657",)), me, registry, rpc=c.rpc, fetch=r.fetch)
         async with trio.open_nursery() as nursery:
             await CommitteeRegistration(["v0:1"], Registrar(other.signing, CHAIN, node_entry(
                 other, "127.0.0.1:9001", "r")), rpc=c.rpc).register()

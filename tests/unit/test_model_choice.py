@@ -64,11 +64,11 @@ def test_a_model_with_only_unaudited_nodes_fails_naming_the_flag_unless_allowed(
 
 
 def test_no_trusted_node_and_no_node_at_all_are_plain_errors() -> None:
-    with pytest.raises(AnonError, match="^no model node serving 'm' is trusted") as e:
+    with pytest.raises(AnonError, match=r"^no model node serving 'm' is trusted") as e:
         client([node(1, reputation=0), node(2, reputation=TRUST_LINE - 1, audited=False)],
                allow_unaudited=True).choose_model_node(MODEL)
     assert not isinstance(e.value, ModelUnaudited)
-    with pytest.raises(AnonError, match="^no model node in the registry serves 'x'"):
+    with pytest.raises(AnonError, match=r"^no model node in the registry serves 'x'"):
         client([node(1)]).choose_model_node("x")
     assert usable_nodes([node(1, None, None)], MODEL) == [node(1, None, None)]
 

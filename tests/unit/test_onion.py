@@ -43,7 +43,7 @@ def test_each_hop_learns_only_its_successor_and_keys():
 
 
 def test_a_hop_cannot_open_another_hops_layer():
-    hops, ids, pkt, keys = make_path()
+    hops, _ids, pkt, _keys = make_path()
     with pytest.raises(onion.OnionError) as e:
         onion.peel_onion(hops[1], pkt)  # hop 1's key on hop 0's layer
     assert e.value.reason == "bad-mac"
@@ -56,7 +56,7 @@ def test_a_hop_cannot_open_another_hops_layer():
 @settings(max_examples=60, deadline=None)
 @given(pos=st.integers(min_value=0, max_value=onion.ONION_LEN - 1), bit=st.integers(min_value=0, max_value=7))
 def test_any_modified_bit_is_rejected(pos, bit):
-    hops, ids, pkt, keys = make_path()
+    hops, _ids, pkt, _keys = make_path()
     bad = bytearray(pkt)
     bad[pos] ^= 1 << bit
     with pytest.raises(onion.OnionError):
@@ -71,7 +71,7 @@ def test_wrong_size_is_rejected(size):
 
 
 def test_positions_are_indistinguishable_by_length_and_layers_differ():
-    hops, ids, pkt, keys = make_path()
+    hops, _ids, pkt, _keys = make_path()
     seen = [pkt]
     for r in peel_all(hops, pkt)[:-1]:
         seen.append(r.next_onion)
@@ -82,7 +82,7 @@ def test_positions_are_indistinguishable_by_length_and_layers_differ():
 @settings(max_examples=30, deadline=None)
 @given(payload=st.binary(max_size=3000))
 def test_cells_roundtrip_and_change_on_every_link(payload):
-    hops, ids, pkt, keys = make_path()
+    hops, _ids, pkt, keys = make_path()
     routes = peel_all(hops, pkt)
     user = onion.PathCrypt(keys)
     iv, body = user.wrap_forward(payload)
@@ -102,7 +102,7 @@ def test_cells_roundtrip_and_change_on_every_link(payload):
 
 
 def test_tampered_cells_fail_at_the_end():
-    hops, ids, pkt, keys = make_path()
+    hops, _ids, pkt, keys = make_path()
     routes = peel_all(hops, pkt)
     user = onion.PathCrypt(keys)
     iv, body = user.wrap_forward(b"x" * 100)

@@ -169,7 +169,7 @@ def test_one_round_fails_once_and_a_success_resets() -> None:
     b.failed(b.round, 11.0)
     assert b.failures == 2 and b.probing
     b.succeeded()
-    assert b.failures == 0 and b.wait(11.0) == 0 and not b.probing
+    assert (b.failures, b.wait(11.0), b.probing) == (0, 0, False)  # reset (a tuple: no narrowing held over)
     pause = b.failed(b.round, 12.0)
     assert pause is not None and pause <= BACKOFF_BASE_S
 

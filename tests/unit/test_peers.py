@@ -30,7 +30,7 @@ def write(tmp_path: Path, doc: Any) -> Path:
     return p
 
 
-def good() -> dict[str, str]:
+def good() -> dict[str, object]:
     return entry().to_json()
 
 

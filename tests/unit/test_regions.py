@@ -89,7 +89,7 @@ def test_assign_follows_weights() -> None:
     lambda: R.assign(3, seed=0, weights={"atlantis": 1}),
 ])
 def test_unknown_region_is_a_clear_error(call: Callable[[], object]) -> None:
-    with pytest.raises(ValueError, match="unknown region .* the testbed's regions are eu-west"):
+    with pytest.raises(ValueError, match=r"unknown region .* the testbed's regions are eu-west"):
         call()
 
 

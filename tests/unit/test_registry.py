@@ -83,7 +83,7 @@ def test_malformed_documents_are_rejected(mutate):  # a clear RegistryError, nev
 def test_duplicate_nodes_are_rejected():
     keys = [SigningKey.generate()]
     e = entries()
-    doc = reg.sign(e + [e[0]], keys, 1, 1)
+    doc = reg.sign([*e, e[0]], keys, 1, 1)
     with pytest.raises(reg.RegistryError, match="twice"):
         reg.verify(doc, [keys[0].public_bytes])
 

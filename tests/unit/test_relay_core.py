@@ -63,7 +63,7 @@ def build(cores, expires=UNIX + 600):
 
 def test_build_then_cells_both_ways():
     cores = make_relays()
-    link, pkt, keys, out = build(cores)
+    link, _pkt, keys, out = build(cores)
     (src, a), = out
     assert a.peer == USER and isinstance(a.msg, CellBack) and a.msg.link_id == link
     user = onion.PathCrypt(keys)
@@ -84,7 +84,7 @@ def test_build_then_cells_both_ways():
 
 def test_replayed_onion_is_dropped():
     cores = make_relays()
-    link, pkt, keys, _ = build(cores)
+    _link, pkt, _keys, _ = build(cores)
     assert cores[0].on_message(USER, Create(os.urandom(16), pkt), now=0, unix=UNIX) == []
     assert cores[0].dropped["onion-replayed"] == 1
 
@@ -121,7 +121,7 @@ def test_a_return_clove_from_a_stranger_is_dropped_and_counted():
     dropped, counted, and leaves the path as it was."""
     cores = make_relays()
     proxy = cores[2]
-    link, pkt, keys, out = build(cores)
+    link, _pkt, keys, _out = build(cores)
     (ppid,) = proxy.by_proxy_path
     p = proxy.by_proxy_path[ppid]
     # before any delivery even the model node is a stranger to the path
@@ -135,7 +135,7 @@ def test_a_return_clove_from_a_stranger_is_dropped_and_counted():
     assert proxy.dropped["return-clove-stranger"] == 5
     assert (p.last_used, p.cells, dict(p.models), dict(p.delivered), proxy.forwarded) == state
     # the model node delivered to is answered
-    (src, a), = route(cores, proxy.node_id, proxy.on_message(MODEL, ReturnClove(ppid, b"reply"), now=6.0, unix=UNIX))
+    (_src, a), = route(cores, proxy.node_id, proxy.on_message(MODEL, ReturnClove(ppid, b"reply"), now=6.0, unix=UNIX))
     assert a.peer == USER and user.unwrap_backward(a.msg.iv, a.msg.body) == codec.encode(FromModel(data=b"reply"))
     # a member of its group, as may_answer says (B, not X)
     proxy.may_answer = lambda delivered_to, node: delivered_to == MODEL and node == b"B" * 20
@@ -146,7 +146,7 @@ def test_a_return_clove_from_a_stranger_is_dropped_and_counted():
 
 def test_link_ids_are_per_peer_and_differ_per_link():
     cores = make_relays()
-    link, pkt, keys, out = build(cores)
+    link, _pkt, _keys, _out = build(cores)
     links = {link}
     for c in cores[:-1]:
         (p,) = c.by_pred.values()
@@ -159,7 +159,7 @@ def test_link_ids_are_per_peer_and_differ_per_link():
 
 def test_tampered_forward_cell_is_dropped_at_the_proxy():
     cores = make_relays()
-    link, pkt, keys, out = build(cores)
+    link, _pkt, keys, _out = build(cores)
     iv, body = onion.PathCrypt(keys).wrap_forward(codec.encode(ToModel(dest=MODEL, sealed=b"s")))
     bad = bytes([body[0] ^ 0x80]) + body[1:]
     # dropped at the proxy, which tells the user once (issue 15: the user replaces the path)
@@ -172,10 +172,10 @@ def test_tampered_forward_cell_is_dropped_at_the_proxy():
 
 def test_unknown_destination_gets_a_notice_back():
     cores = make_relays()
-    link, pkt, keys, out = build(cores)
+    link, _pkt, keys, _out = build(cores)
     user = onion.PathCrypt(keys)
     iv, body = user.wrap_forward(codec.encode(ToModel(dest=b"Z" * 20, sealed=b"s")))
-    (src, a), = route(cores, USER, [Send(cores[0].node_id, CellFwd(link, iv, body))])
+    (_src, a), = route(cores, USER, [Send(cores[0].node_id, CellFwd(link, iv, body))])
     notice = codec.decode(user.unwrap_backward(a.msg.iv, a.msg.body))
     assert isinstance(notice, PathNotice) and notice.code == "unknown-model-node"
 
@@ -188,8 +188,8 @@ def notices_at_user(cores, keys, actions):
 def test_losing_the_model_node_signals_the_paths_that_used_it():
     cores = make_relays()
     proxy = cores[2]
-    link, pkt, keys, out = build(cores)
-    link2, pkt2, keys2, out2 = build(cores)  # a second path through the same proxy, unused
+    link, _pkt, keys, _out = build(cores)
+    _link2, _pkt2, _keys2, _out2 = build(cores)  # a second path through the same proxy, unused
     iv, body = onion.PathCrypt(keys).wrap_forward(codec.encode(ToModel(dest=MODEL, sealed=b"s")))
     route(cores, USER, [Send(cores[0].node_id, CellFwd(link, iv, body))])
     # another node (a group member it forwarded to) sends reply cloves on the path too
@@ -209,7 +209,7 @@ def test_losing_the_model_node_signals_the_paths_that_used_it():
 
 def test_a_failed_delivery_names_the_model_node():
     cores = make_relays()
-    link, pkt, keys, out = build(cores)
+    _link, _pkt, keys, _out = build(cores)
     ppid = next(iter(cores[2].by_proxy_path))
     (notice,) = notices_at_user(cores, keys, cores[2].deliver_failed(ppid, "unreachable", MODEL))
     assert notice.code == "model-unreachable" and notice.model_node == MODEL
@@ -217,7 +217,7 @@ def test_a_failed_delivery_names_the_model_node():
 
 def test_the_models_remembered_per_path_are_bounded():
     cores = make_relays()
-    link, pkt, keys, out = build(cores)
+    link, _pkt, keys, _out = build(cores)
     cores[2].knows = lambda node: True
     ppid = next(iter(cores[2].by_proxy_path))
     user = onion.PathCrypt(keys)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 
 from overlay.anon import onion
+from overlay.anon.actions import Send
 from overlay.anon.relay import HOLD_S, RelayCore, RelayLimits
 from overlay.wire import crypto
 from overlay.wire.messages import Create, Destroy
@@ -33,11 +34,11 @@ class Hops:
     def create(self, pkt: bytes | None = None) -> Create:
         return Create(os.urandom(16), pkt if pkt is not None else self.onion())
 
-    def send(self, peer: bytes, msg: object, now: float = 0.0) -> list:
+    def send(self, peer: bytes, msg: object, now: float = 0.0) -> list[Send]:
         return self.core.on_message(peer, msg, now=now, unix=UNIX + now)
 
 
-def _refusals(out: list) -> list[bytes]:
+def _refusals(out: list[Send]) -> list[bytes]:
     return [s.msg.link_id for s in out if isinstance(s.msg, Destroy) and s.msg.reason == "not-registered"]
 
 

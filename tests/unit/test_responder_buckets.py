@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import os
 
-from overlay.anon.relay import PROXY_PATH_ID_LEN
 from overlay.anon.responder import Responder
 from overlay.wire.clock import FakeClock
 from overlay.wire.identity import Identity, short_id
-from overlay.wire.messages import Deliver
+from overlay.wire.messages import PROXY_PATH_ID_LEN, Deliver
 
 
 class Conn:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import random
+from typing import Any
 
 import msgpack
 import pytest
@@ -146,7 +147,7 @@ def test_accepts_bytes_like() -> None:
         (("text",), {}),
     ],
 )
-def test_split_rejects_bad_parameters(args: tuple, kwargs: dict) -> None:
+def test_split_rejects_bad_parameters(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     with pytest.raises(SidaError):
         split(*args, **kwargs)
 
@@ -277,9 +278,9 @@ def test_groups_with_another_k_do_not_hide_a_complete_one() -> None:
     m = b"k is one"
     real = split(m, 6, 1)
     forged = split(b"fake", 7, 5, msg_id=real[0].msg_id)
-    assert recover(forged[:4] + [real[3]]) == m
+    assert recover([*forged[:4], real[3]]) == m
     ra = Reassembler()
-    assert [ra.add(c, 0.0) for c in forged[:4] + [real[3]]][-1] == m
+    assert [ra.add(c, 0.0) for c in [*forged[:4], real[3]]][-1] == m
 
 
 def test_cloves_of_other_messages_never_mix() -> None:
@@ -322,12 +323,13 @@ def test_time_is_linear_no_subset_search() -> None:
 # --------------------------------------------------------------------------- wire
 
 
-def raw_fields(c: Clove) -> list:
+def raw_fields(c: Clove) -> list[object]:
     return [c.msg_id, c.index, c.n, c.k, c.fragment, c.share, c.fingerprints]
 
 
-def pack(fields: list, code: int = 200) -> bytes:
-    return msgpack.packb([codec.WIRE_VERSION, code, *fields], use_bin_type=True)
+def pack(fields: list[object], code: int = 200) -> bytes:
+    data: bytes = msgpack.packb([codec.WIRE_VERSION, code, *fields], use_bin_type=True)
+    return data
 
 
 def test_encode_decode_roundtrip_and_wire_type() -> None:
@@ -353,11 +355,11 @@ def test_decode_rejects_truncation() -> None:
         decode_clove(data + b"\x00")
 
 
-def _mutations(c: Clove) -> list[tuple[str, list]]:
+def _mutations(c: Clove) -> list[tuple[str, list[object]]]:
     f = raw_fields(c)
     n = c.n
 
-    def with_(i: int, v: object) -> list:
+    def with_(i: int, v: object) -> list[object]:
         g = list(f)
         g[i] = v
         return g
@@ -383,7 +385,7 @@ def _mutations(c: Clove) -> list[tuple[str, list]]:
         ("fingerprints short", with_(6, c.fingerprints[:-1])),
         ("fingerprints for other n", with_(6, bytes(2 * (n + 1) * FP_LEN))),
         ("missing field", f[:-1]),
-        ("extra field", f + [b""]),
+        ("extra field", [*f, b""]),
     ]
 
 

@@ -7,16 +7,18 @@ import json
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from simulations import __main__ as cli
 from simulations import reputation as sim
+from simulations.common import Result
 from verifier.audit import reputation as rep
 
 
-def _run(seed: int, **kw: object) -> sim.Result:
-    return sim.simulate(seed, n_honest=5, n_dishonest=5, **kw)  # type: ignore[arg-type]
+def _run(seed: int, **kw: Any) -> Result:
+    return sim.simulate(seed, n_honest=5, n_dishonest=5, **kw)
 
 
 def test_deterministic_under_a_seed() -> None:

@@ -52,7 +52,7 @@ def test_honest_and_degraded_scores_are_what_decision_0010_reports() -> None:
     samples = json.loads(SCORES.read_text())["samples"]
 
     def mean(setting: str, role: str) -> float:
-        rows = samples[setting][role]
+        rows: list[dict[str, float]] = samples[setting][role]
         return round(sum(r["calibrated"] for r in rows) / len(rows), 3)
 
     assert (mean("greedy", "honest"), mean("t0.7", "honest"), mean("t1.0", "honest")) == (1.000, 0.955, 0.899)

@@ -239,7 +239,7 @@ def test_a_restarted_verifier_voids_what_it_took_before_the_restart_through_its_
     before the restart is taken, a "no reply" for another voids the set."""
     w = World()
     b1, v1 = w.request("first")
-    b2, v2 = w.request("second")
+    _b2, v2 = w.request("second")
     assert w.commit(v1)[0] == 0 and w.commit(v2)[0] == 0
     w.app.transcripts = w.book = restarted(w.book)
     assert w.reveal(b1)[0] == 0
@@ -256,7 +256,8 @@ def test_scores_held_for_the_chains_minimum_survive_the_restart() -> None:
     b = auditor(0, transcripts=restarted(book))
     sub = b.transcript_scores(2, [(node, 700_000)])
     assert sub is not None
-    assert at.decode_audit_tx(sub.raw, "audit-test").nodes == ((node, (600_000,) * 3 + (700_000,)),)
+    scores = at.decode_audit_tx(sub.raw, "audit-test")
+    assert isinstance(scores, at.TranscriptScores) and scores.nodes == ((node, (600_000,) * 3 + (700_000,)),)
 
 
 # --------------------------------------------------------------------------- limits
@@ -454,7 +455,7 @@ def test_a_write_that_fails_midway_leaves_the_old_file_whole(tmp_path: Path, mon
 
     for name, fail in (("write", half_then_full), ("replace", no_rename)):  # the disk fills; the machine dies
         with monkeypatch.context() as m:
-            m.setattr(identity.os, name, fail)
+            m.setattr(os, name, fail)  # the os module identity.write_private writes through
             with pytest.raises(OSError):
                 save_book(tmp_path, new)
         assert (tmp_path / BOOK_FILE).read_bytes() == before

@@ -290,7 +290,7 @@ def test_the_donor_needs_the_committee_and_a_rate_within_0_1() -> None:
     me = Identity.generate()
     with pytest.raises(ValueError, match="--committee"):
         TranscriptDonor(me, [], list)
-    with pytest.raises(ValueError, match="within 0..1"):
+    with pytest.raises(ValueError, match=r"within 0\.\.1"):
         TranscriptDonor(me, ["v:1"], list, rate=1.5)
 
 

@@ -126,7 +126,7 @@ def test_refused_reveals_say_why_and_a_bad_one_voids_the_set() -> None:
     assert code == Code.MALFORMED and "/audit/donate_key" in why
     assert w.reveal(b, w.stranger)[0] == Code.UNKNOWN_NODE
     assert not w.book.burnt
-    code, why = w.reveal(wire.Revealed(*[*_fields(b)[:9], b.signed_at_ms + 1]))  # type: ignore[arg-type]
+    code, why = w.reveal(wire.Revealed(*[*_fields(b)[:9], b.signed_at_ms + 1]))
     assert code == Code.BAD_SIGNATURE and why.startswith("forged")
     assert w.book.history[w.donor.node_id] == (0, 1)  # a reveal that fails its checks voids the set (rule 3, 6)
     w.book.burnt.add(w.donor.node_id)  # as past its void budget (rule 6)
@@ -172,7 +172,7 @@ def test_a_verifier_without_a_book_or_a_chain_without_audits_refuses_transcripts
     for w in (World(audits=False), World()):
         if w.app.core.committed.audit is not None:
             w.app.transcripts = None
-        _, value = w.request()
+        _, _value = w.request()
         for path in (wire.COMMIT_PATH, wire.REVEAL_PATH):
             assert w.query(path, b"x")[0] == Code.AUDITS_OFF
 
@@ -231,7 +231,8 @@ def test_the_earlier_epochs_close_once_this_verifiers_report_is_on_the_chain() -
     assert a.transcript_scores(2, []) is None
     later = a.transcript_scores(3, [(n2, 310_000)] * 3)  # n2's held score and three more: a vote
     assert later is not None
-    assert at.decode_audit_tx(later.raw, "audit-test").nodes == ((n2, (300_000, 310_000, 310_000, 310_000)),)
+    scores = at.decode_audit_tx(later.raw, "audit-test")
+    assert isinstance(scores, at.TranscriptScores) and scores.nodes == ((n2, (300_000, 310_000, 310_000, 310_000)),)
 
 
 def test_held_scores_are_dropped_after_carry_epochs() -> None:
@@ -242,7 +243,9 @@ def test_held_scores_are_dropped_after_carry_epochs() -> None:
     assert a.transcript_scores(1, [(n, 1)] * 3) is None
     assert a.transcript_scores(1 + CARRY_EPOCHS, [(n, 2)]) is None  # the three are too old now
     got = a.transcript_scores(2 + CARRY_EPOCHS, [(n, 3)] * 3)
-    assert got is not None and at.decode_audit_tx(got.raw, "audit-test").nodes == ((n, (2, 3, 3, 3)),)
+    assert got is not None
+    scores = at.decode_audit_tx(got.raw, "audit-test")
+    assert isinstance(scores, at.TranscriptScores) and scores.nodes == ((n, (2, 3, 3, 3)),)
 
 
 def test_scores_that_come_after_their_epoch_go_out_with_the_next_epochs() -> None:

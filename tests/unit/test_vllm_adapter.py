@@ -14,6 +14,7 @@ import trio
 
 from model_node.engine import Engine, EngineError, expected_logprob
 from model_node.vllm import SCORE_TOP_LOGPROBS, VllmEngine
+from overlay.testing import wait_until
 from overlay.wire.messages import ChatMessage, SamplingParams
 
 from . import fake_vllm
@@ -40,7 +41,8 @@ async def run(engine: VllmEngine, prompt: list[int], params: SamplingParams = GR
 
 
 def greedy_reference(prompt: list[int], max_tokens: int) -> list[int]:
-    ctx, out = list(prompt), []
+    ctx = list(prompt)
+    out: list[int] = []
     while len(out) < max_tokens:
         lps = fake_vllm.logprobs_after(ctx)
         tok = max(range(fake_vllm.VOCAB), key=lambda i: (lps[i], -i))
@@ -91,7 +93,7 @@ async def test_generate_streams_deltas_and_reports_stats(engine: VllmEngine) -> 
     assert "".join(p.text for p in pieces) == engine.detokenize(ids)
     assert stats is not None and stats.finish_reason == "stop" and stats.output_tokens == len(ids)
     assert stats.prompt_tokens == len(prompt) and stats.evaluated_prompt_tokens == len(prompt)
-    rid, vprompt, sp, thread = fake().requests[-1]
+    _rid, vprompt, sp, thread = fake().requests[-1]
     assert vprompt == {"prompt_token_ids": prompt}
     assert sp.output_kind is fake_vllm.RequestOutputKind.DELTA and sp.temperature == 0.0 and sp.max_tokens == 64
     assert thread == "gentorrent-vllm-asyncio" and thread != threading.current_thread().name
@@ -181,8 +183,7 @@ async def test_closing_a_generation_early_aborts_the_vllm_request(engine: VllmEn
             break
     rid = fake().requests[-1][0]
     with trio.fail_after(5):
-        while rid not in fake().aborted:
-            await trio.sleep(0.01)
+        await wait_until(lambda: rid in fake().aborted)
 
 
 async def test_cancelled_scoring_aborts_too(engine: VllmEngine) -> None:
@@ -191,8 +192,7 @@ async def test_cancelled_scoring_aborts_too(engine: VllmEngine) -> None:
     with trio.move_on_after(0.1):
         await engine.score(prompt, [5, 6], SamplingParams())
     with trio.fail_after(5):
-        while not fake().aborted:
-            await trio.sleep(0.01)
+        await wait_until(lambda: fake().aborted)
 
 
 def test_prompt_beyond_the_context_window(engine: VllmEngine) -> None:
