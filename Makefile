@@ -60,7 +60,8 @@ abci-proto: setup
 demo: setup
 	$(BIN)/gentorrent devnet --data-dir .devnet
 
-# ruff (pyflakes, bugbear, isort, pyupgrade) and mypy (strict on the product packages); any
+# ruff (pyflakes, bugbear, blind except, isort, pyupgrade, flake8-async, ruff's own, McCabe complexity)
+# and mypy (strict on the product packages, bodies and ignores checked in tests); any
 # finding fails.
 lint: setup
 	$(BIN)/ruff check --output-format concise .

@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import trio
 
@@ -485,7 +485,7 @@ class LocalNet:
                     p.wait()
         self.procs.clear()
 
-    def __enter__(self) -> LocalNet:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

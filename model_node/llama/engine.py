@@ -14,20 +14,17 @@ from __future__ import annotations
 
 import logging
 import os
-from collections import OrderedDict, deque
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from model_node.engine import EngineError, TokenScore
-from model_node.llama.kv_cache import DEFAULT_CACHE_BYTES, N_BATCH, KvCache, Slot
+from model_node.llama.kv_cache import DEFAULT_CACHE_BYTES, N_BATCH, KvCache
 from model_node.llama.loading import import_llama_cpp, model_params
 from model_node.llama.scoring import ScorePass, Scorer
 from model_node.llama.template import ChatTokens
 from model_node.llama.worker import (
     PREFILL_CHUNK,
     LlamaGeneration,
-    Request,
     ScoreBatchRequest,
     ScoreRequest,
     Worker,
@@ -220,24 +217,3 @@ class LlamaCppEngine:
             return []
         results: list[list[TokenScore]] = await self._worker.run(ScoreBatchRequest(jobs))
         return results
-
-    # ----------------------------------------------------------------- what the real-engine tests inspect
-
-    @property
-    def _slots(self) -> list[Slot]:
-        return self._kv_cache.slots
-
-    @property
-    def _snapshots(self) -> OrderedDict[tuple[int, ...], Any]:
-        return self._kv_cache.snapshots
-
-    @property
-    def _active(self) -> list[Request]:
-        return self._worker.active
-
-    @property
-    def _waiting(self) -> deque[Request]:
-        return self._worker.waiting
-
-    def _is_eog(self, tok: int) -> bool:
-        return self._tokens.is_eog(tok)

@@ -178,8 +178,7 @@ def net(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuditNet]:
     from simulations.degraded import dishonest_model
 
     root = tmp_path_factory.mktemp("audit-net")
-    n = AuditNet(root, dishonest_model())
-    with n:  # (LocalNet.__enter__ is typed to return a LocalNet)
+    with AuditNet(root, dishonest_model()) as n:
         n.start_committee(timeout=180)
         n.start(timeout=300)
         yield n

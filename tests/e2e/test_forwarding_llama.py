@@ -205,11 +205,11 @@ async def test_a_bounded_snapshot_cache_moves_what_it_restores_into_the_context(
 
         await run(SYSTEM, "Where is section 3?")
         await run(other, "What is for dinner?")  # SYSTEM's state goes to the one snapshot
-        assert len(eng._snapshots) == 1 and held() == [0, 1]
+        assert len(eng._kv_cache.snapshots) == 1 and held() == [0, 1]
         third = await run(SYSTEM, "Where is section 4?")  # restored: it moves, `other` takes its place
-        assert third.evaluated_prompt_tokens < 30 and len(eng._snapshots) == 1 and held() == [0, 1]
+        assert third.evaluated_prompt_tokens < 30 and len(eng._kv_cache.snapshots) == 1 and held() == [0, 1]
         fourth = await run(other, "And for lunch?")
-        assert fourth.evaluated_prompt_tokens < 30 and len(eng._snapshots) == 1 and held() == [0, 1]
+        assert fourth.evaluated_prompt_tokens < 30 and len(eng._kv_cache.snapshots) == 1 and held() == [0, 1]
         again = await run(other, "And for breakfast?")  # in place: nothing saved, nothing moved
         assert again.evaluated_prompt_tokens < 30 and held() == [0, 1]
     finally:

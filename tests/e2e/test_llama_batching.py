@@ -191,7 +191,7 @@ async def test_cancelling_one_of_several_leaves_the_others_alone(engine: Any) ->
     assert len(cancelled_after) == 2
     _ids, text, _ = await generate(engine, prompts[1], params)  # served again, from a free sequence
     assert text == alone[1][1]
-    assert all(s.user is None for s in engine._slots) and not engine._active and not engine._waiting
+    assert all(s.user is None for s in engine._kv_cache.slots) and not engine._worker.active and not engine._worker.waiting
 
 
 async def test_a_cached_system_prompt_is_reused_by_another_sequence(engine: Any) -> None:

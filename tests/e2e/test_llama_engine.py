@@ -77,7 +77,7 @@ async def test_streams_a_coherent_answer(engine: Any) -> None:
     assert engine.detokenize(prompt).endswith("assistant\n")
     ids, text, stats = await generate(engine, prompt)
     assert "Paris" in text
-    assert stats.finish_reason == "stop" and engine._is_eog(ids[-1])  # stopped at end of turn
+    assert stats.finish_reason == "stop" and engine._tokens.is_eog(ids[-1])  # stopped at end of turn
     assert engine.detokenize(ids) == text
     assert stats.prompt_tokens == len(prompt) and stats.output_tokens == len(ids)
     assert 0 < stats.ttft_s

@@ -2,11 +2,12 @@
 before, with ``score_fresh`` (what ``gentorrent verifier --audit`` uses) and without it. Reused
 cached prefixes used to change scores: a placement in a batch restored a snapshot into a sequence
 another placement was still copying from (llama.cpp applies stream copies at the next decode), so
-that placement got wrong KV (model_node/llama.py ``_place``)."""
+that placement got wrong KV (model_node/llama/kv_cache.py ``KvCache.place``)."""
 
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 import trio
@@ -21,15 +22,19 @@ llama = pytest.importorskip("model_node.llama")
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install 'gentorrent[llama]')")
 
 
-@pytest.mark.parametrize("fresh", [True, False])
-def test_scores_do_not_depend_on_the_engines_history(fresh: bool) -> None:
+def _engine(**kw: Any) -> Any:
     model_id, path = llama.resolve_model(None)
+    return llama.LlamaCppEngine(path, model_id=model_id, n_threads=1, slots=4, n_ctx=2048, **kw)
 
-    def engine(**kw):
-        return llama.LlamaCppEngine(path, model_id=model_id, n_threads=1, slots=4, n_ctx=2048, **kw)
 
-    async def main() -> None:
-        gen = engine()
+@pytest.fixture(scope="module")
+def replies() -> tuple[list[Any], list[int]]:
+    """12 challenge replies and each one's score alone on a fresh engine (the reference), made once
+    for both variants of the test."""
+
+    async def main() -> tuple[list[Any], list[int]]:
+        gen = _engine()
+        model_id = gen.model
         g = ChallengeGenerator(rng=random.Random(11))
         items = []
         for _ in range(12):
@@ -42,10 +47,20 @@ def test_scores_do_not_depend_on_the_engines_history(fresh: bool) -> None:
         gen.close()
         ref = []
         for it in items:  # each reply alone on a fresh engine
-            e = engine()
+            e = _engine()
             ref.append(to_fixed(score_reply(await e.score(*it)).calibrated))
             e.close()
-        eng = engine(score_fresh=fresh)
+        return items, ref
+
+    return trio.run(main)
+
+
+@pytest.mark.parametrize("fresh", [True, False])
+def test_scores_do_not_depend_on_the_engines_history(fresh: bool, replies: tuple[list[Any], list[int]]) -> None:
+    items, ref = replies
+
+    async def main() -> None:
+        eng = _engine(score_fresh=fresh)
         rng = random.Random(3)
         for _ in range(8):  # random mixes of single and batched calls over overlapping replies
             ks = rng.sample(range(len(items)), rng.choice([1, 3, 4, 6]))

@@ -936,7 +936,7 @@ def _engine(settings: AuditSettings) -> Any:
     # 4 sequences: replies to several challenges are scored side by side; 2,048 tokens each
     # (the model nodes' default window; ~190 MB of KV cache for SmolLM2).
     # score_fresh: every reply is evaluated from scratch, so every verifier computes the same scores
-    # whatever its engine scored before (reused cached prefixes changed them: model_node/llama.py).
+    # whatever its engine scored before (reused cached prefixes changed them: model_node/llama/kv_cache.py).
     return LlamaCppEngine(path, model_id=model_id, n_threads=settings.threads, slots=4, n_ctx=2048,
                           score_fresh=True)
 
