@@ -538,7 +538,7 @@ def run_chat(args: argparse.Namespace) -> int:
     from overlay.net.transport import TLSTransport
     from overlay.usernode import UserNode
     from overlay.wire.identity import load_or_create
-    from user_client.relay import listen_address
+    from user_client.relay_node import listen_address
 
     cfg = resolve_config(args)
     check_chat_settings(cfg, args)

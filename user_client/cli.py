@@ -105,7 +105,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _run_relay(args: argparse.Namespace) -> int:
-    from user_client.relay import run_relay
+    from user_client.relay_node import run_relay
 
     return run_relay(args)
 

@@ -530,7 +530,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from overlay.usernode import UserNode
     from overlay.wire.identity import load_or_create
     from user_client.chat import check_donation_committee, check_donation_settings, make_donor, make_transcript_donor
-    from user_client.relay import listen_address
+    from user_client.relay_node import listen_address
     from user_client.transcripts import DonatingClient
 
     cfg = resolve_config(args)

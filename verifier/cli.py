@@ -248,7 +248,7 @@ def _run(args: argparse.Namespace) -> int:
     from verifier.abci.server import AbciAddressError
     from verifier.app import StateError
     from verifier.cometbft import CometError
-    from verifier.node import BookFileError, CometExited, run_verifier
+    from verifier.run import BookFileError, CometExited, run_verifier
 
     d = _data_dir(args)
     audit = None

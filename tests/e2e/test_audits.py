@@ -62,7 +62,7 @@ class InProcessVerifier:
         self._ready.wait(60)
 
     def _main(self) -> None:
-        from verifier.node import run_verifier
+        from verifier.run import run_verifier
 
         handler = logging.FileHandler(self.log_path)
         handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))

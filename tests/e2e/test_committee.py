@@ -45,7 +45,7 @@ from tests.committee_helpers import Node
 from tests.conftest import REPO, gentorrent_cmd, run_cli
 from verifier import cometbft
 from verifier.cometbft import LOG_FILE
-from verifier.node import log_tail
+from verifier.run import log_tail
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""Supervision (verifier/node.py) with stand-in cometbft executables: exit reporting and clean stops."""
+"""Supervision (verifier/run.py) with stand-in cometbft executables: exit reporting and clean stops."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from overlay.testing import wait_until
 from overlay.wire import crypto
 from verifier.abci import wire
 from verifier.abci.proto.tendermint.abci import types_pb2 as abci
-from verifier.node import CometExited, run_verifier
+from verifier.run import CometExited, run_verifier
 
 
 def _home(tmp_path: Path) -> Path:

@@ -1,6 +1,6 @@
 """A verifier's book of users' transcripts survives its restarts (decision 0015, "Done since"):
 ``TranscriptBook.to_bytes``/``from_bytes`` (verifier/audit/transcripts.py) and the verifier's file
-(verifier/node.py: ``load_book``, ``save_book``, ``keep_book``, and ``run_verifier``'s use of them).
+(verifier/run.py: ``load_book``, ``save_book``, ``keep_book``, and ``run_verifier``'s use of them).
 
 A restarted verifier that forgot its book counted nothing of the sets open at the restart and
 voided nothing: a donor who committed before it could withhold the good replies after it for
@@ -37,7 +37,7 @@ from verifier.audit import tx as at
 from verifier.audit.auditor import AuditSettings
 from verifier.audit.transcripts import BookError, Transcript, TranscriptBook
 from verifier.audit.tx import Opening, ReplyOutcome
-from verifier.node import BOOK_FILE, BookFileError, keep_book, load_book, run_verifier, save_book
+from verifier.run import BOOK_FILE, BookFileError, keep_book, load_book, run_verifier, save_book
 
 MODEL = "smollm2-135m-instruct"
 T0_MS = 1_800_000_000_000

@@ -152,7 +152,7 @@ def test_no_reply_voids_the_set_and_an_unknown_commitment_burns_nobody() -> None
 
 def test_a_verifier_that_lost_its_book_burns_no_honest_donor() -> None:
     """A verifier that starts with an empty book (its book file was lost, or moved aside because it
-    did not load: verifier/node.py) refuses the reveals of commitments it never saw, voiding
+    did not load: verifier/run.py) refuses the reveals of commitments it never saw, voiding
     nothing; the donor's commitments made after the restart count."""
     w = World()
     old, old_value = w.request("before the restart")

@@ -55,7 +55,7 @@ whole book (its sets with their commitments, arrival times and revealed transcri
 bytes and back; the commitment index is rebuilt from the sets. A book loaded from its bytes
 answers every later call as the book that wrote them would. Loading is strict (version,
 checksum, shape, the book's own limits, canonical form) and all or nothing: :class:`BookError`,
-never a half-loaded book. The file around it is the verifier's (:mod:`verifier.node`). Format::
+never a half-loaded book. The file around it is the verifier's (:mod:`verifier.run`). Format::
 
     book       = [BOOK_VERSION, BLAKE2b-256(body) (person gt-book), body]
     body       = [sets, burnt, history, refused, voided, carry]
@@ -175,7 +175,7 @@ class TranscriptBook:
     ``carry`` holds the scores of counted transcripts for the audit loop
     (:class:`verifier.audit.auditor.Auditor` takes this one when it is given the book), so they are
     saved with the book. :meth:`revision` changes whenever the book or its carry may have: what
-    tells the verifier's writer (:func:`verifier.node.keep_book`) that there is something to save."""
+    tells the verifier's writer (:func:`verifier.run.keep_book`) that there is something to save."""
 
     def __init__(self) -> None:
         self._sets: dict[tuple[int, bytes], _Set] = {}
