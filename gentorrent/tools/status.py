@@ -9,6 +9,7 @@ from typing import Any
 import trio
 
 from gentorrent.cli import CliError, common_flags, resolve_config, run_async
+from overlay.directory.rpc import Rpc
 from overlay.net.peers import PeerEntry
 from overlay.net.transport import Transport, TransportError
 from overlay.wire.constants import REPUTATION_SCALE
@@ -193,17 +194,17 @@ async def committee_view(addresses: tuple[str, ...], chain_id: str, validators: 
     return rows, entries, up
 
 
-async def _audit_view(address: str, entries: list[PeerEntry]) -> list[str]:
+async def _audit_view(address: str, entries: list[PeerEntry], *, rpc: Rpc | None = None) -> list[str]:
     """Rows for the committee's audits, read from one verifier (unsigned: that verifier's view);
-    the caller bounds it."""
+    the caller bounds it. ``rpc``: as :func:`~overlay.directory.rpc.abci_value`'s (tests)."""
     import msgpack
 
     from overlay.directory.registration import Code
     from overlay.directory.rpc import QueryRefused, RpcError, abci_value
 
     try:
-        audit = msgpack.unpackb(await abci_value(address, "/audit"), raw=False, strict_map_key=False)
-        reputation = msgpack.unpackb(await abci_value(address, "/reputation"), raw=False)
+        audit = msgpack.unpackb(await abci_value(address, "/audit", rpc=rpc), raw=False, strict_map_key=False)
+        reputation = msgpack.unpackb(await abci_value(address, "/reputation", rpc=rpc), raw=False)
         listed = {e.node_id for e in entries if e.role == "model"}
         return audit_rows(audit, reputation, listed)
     except QueryRefused as exc:

@@ -3,21 +3,21 @@ from the refusal's code (overlay.directory.rpc.QueryRefused), not from its text.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import trio
 
 from gentorrent.tools import status
-from overlay.directory import rpc
 from overlay.directory.registration import Code
 
 
 @pytest.mark.parametrize(("code", "line"), [
     (Code.AUDITS_OFF, "  audits: off (the committee's genesis has no audit section)"),
-    (Code.UNAVAILABLE, "  audits unknown: v:1 answered code 17: whatever the log says"),
+    (Code.UNAVAILABLE, "  audits unknown: v:1 answered code 10: code 17 says the log"),
 ])
-def test_the_audit_rows_follow_the_refusals_code(monkeypatch: pytest.MonkeyPatch, code: int, line: str) -> None:
-    async def refuse(address: str, path: str, data: bytes = b"", **_: object) -> bytes:
-        raise rpc.QueryRefused(f"{address} answered code 17: whatever the log says", int(code))
+def test_the_audit_rows_follow_the_refusals_code(code: int, line: str) -> None:
+    async def refusing(address: str, method: str, params: dict[str, str]) -> Any:
+        return {"response": {"code": int(code), "log": "code 17 says the log"}}
 
-    monkeypatch.setattr(rpc, "abci_value", refuse)
-    assert trio.run(status._audit_view, "v:1", []) == [line]
+    assert trio.run(lambda: status._audit_view("v:1", [], rpc=refusing)) == [line]

@@ -357,7 +357,6 @@ class Auditor:
     _started: set[tuple[Any, ...]] = field(default_factory=set)
     _warned: set[tuple[Any, ...]] = field(default_factory=set)
     _scores: Submit | None = None  # the latest transcript scores, handed out again after a network error
-    _score_rows: tuple[tuple[bytes, tuple[int, ...]], ...] = ()  # what _scores holds, put back if it came late
     _carry: ScoreCarry = field(default_factory=_score_carry)  # scores held for the chain's minimum
 
     def __post_init__(self) -> None:
@@ -395,12 +394,14 @@ class Auditor:
         back to the carry, to be handed out with the next epoch's
         (:meth:`~verifier.audit.transcripts.ScoreCarry.put_back`). Anything else is final."""
         from overlay.directory.registration import Code
-        from verifier.audit.tx import FailOutcome
+        from verifier.audit.tx import FailOutcome, TranscriptScores, decode_audit_tx
 
         if key[0] == "transcripts" and code == Code.WRONG_EPOCH and self._scores is not None \
                 and self._scores.key == key:
-            self._carry.put_back(key[1], self._score_rows)
-            self._score_rows = ()
+            tx = decode_audit_tx(self._scores.raw, self.chain_id)  # what it signed, as add() handed it out
+            assert isinstance(tx, TranscriptScores)
+            self._carry.put_back(key[1], tx.nodes)
+            self._scores = None  # put back once
             log.info("audit: the transcript scores of epoch %d came after its last block; held for the next "
                      "epoch's", key[1])
             return
@@ -483,6 +484,8 @@ class Auditor:
         if held:
             log.info("audit: epoch %d: %d users' transcripts count; scoring them", epoch, len(held))
             return [ScoreTranscripts(epoch, held)]
+        if not self._carry.held():  # nothing held: no carry change, so no book write
+            return []
         sub = self.transcript_scores(epoch, ())  # scores held back (put_back) that reach the minimum alone
         return [] if sub is None else [sub]
 
@@ -510,7 +513,6 @@ class Auditor:
                 scores = self.rng.sample(scores, MAX_TRANSCRIPTS_PER_NODE)
             rows.append((n, tuple(scores)))
         tx = TranscriptScores(epoch, self.public_key, tuple(rows))
-        self._score_rows = tuple(rows)
         key = ("transcripts", epoch)
         self._scores = Submit(self._sign(tx), f"transcript scores of epoch {epoch} ({sum(len(r) for _, r in rows)} "
                                               f"scores of {len(rows)} nodes)", key)
