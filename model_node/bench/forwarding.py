@@ -40,8 +40,8 @@ that has not refused it (nor has the node that refused it), as the user's ``Anon
 and counts the request refused only when every node refused. TTFT and latency run from the
 first send.
 
-``--quick``: 8 requests, 3 system prompts of 800–900 tokens, 0.6 requests/s (checks the bench
-runs; its figures mean little). Full run ≈ 30 minutes; a line per run goes to stderr as it
+``--quick``: 8 requests, 3 system prompts of 400–500 tokens, 0.6 requests/s, syncs every second
+(checks the bench runs; its figures mean little). Full run ≈ 30 minutes; a line per run goes to stderr as it
 finishes.
 
 Figures, per policy ``P`` in ``hrtree``, ``load``, ``random``: ``ttft_P_{mean,p50,p99}_ms``
@@ -103,6 +103,10 @@ RATE = 0.36  # requests per second: about 70 % CPU utilisation under load-only o
 MAX_TOKENS = 16
 SNAPSHOTS = 3  # + the context's prefix = at most 4 cached prefixes per node
 SYNC_INTERVAL = 5.0
+# --quick (checks the benches run; its figures mean little): syncs every second and shorter system
+# prompts, so that the three forwarding benches' quick runs take a minute or two instead of five (issue 30)
+QUICK_SYNC_INTERVAL = 1.0
+QUICK_SYSTEM_TOKENS = (400, 500)
 PARAMS = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
 IDLE_REUSE = 120.0  # seconds a pooled connection is reused (model nodes close idle ones after 300 s)
 
@@ -240,12 +244,12 @@ class Client:
 
 
 async def _play(net: LocalNet, jobs: list[Job], systems: list[str], warm_conns: int,
-                transport: TLSTransport | None = None) -> dict[str, Any]:
+                transport: TLSTransport | None = None, sync_interval: float = SYNC_INTERVAL) -> dict[str, Any]:
     client = Client(net.identities["client"], transport)
     entries = [net.entries[m] for m in net.models]
     for e in entries:
         await client.warm(e, warm_conns)
-    with trio.fail_after(6 * SYNC_INTERVAL):  # every node has heard from every peer
+    with trio.fail_after(6 * sync_interval):  # every node has heard from every peer
         while True:
             peers = [len((await client.stats(e)).peers) for e in entries]
             if all(n == len(entries) - 1 for n in peers):
@@ -351,9 +355,9 @@ def prompts(n_system: int, lo: int, hi: int) -> tuple[list[str], list[int], int]
 
 
 def play(policy: str, jobs: list[Job], systems: list[str], warm_conns: int,
-         load_threshold: float | None = None) -> dict[str, Any]:
+         load_threshold: float | None = None, sync_interval: float = SYNC_INTERVAL) -> dict[str, Any]:
     """Play ``jobs`` on three fresh llama.cpp model-node processes forwarding by ``policy``."""
-    args = ["--threads", "1", "--prefix-snapshots", str(SNAPSHOTS), "--sync-interval", str(SYNC_INTERVAL),
+    args = ["--threads", "1", "--prefix-snapshots", str(SNAPSHOTS), "--sync-interval", str(sync_interval),
             "--accept-direct-requests"]  # the client sends plain requests (see the module docstring)
     if load_threshold is not None:
         args += ["--load-threshold", str(load_threshold)]
@@ -361,7 +365,7 @@ def play(policy: str, jobs: list[Job], systems: list[str], warm_conns: int,
         with LocalNet(Path(d), 0, users=("client",), models=3, registry_keys=1, engine="llama.cpp",
                       model=DEFAULT_MODEL_ID, model_args=tuple(args), bench_args=("--baseline", policy)) as net:
             net.start(timeout=120)
-            result: dict[str, Any] = run_async(_play, net, jobs, systems, warm_conns)
+            result: dict[str, Any] = run_async(_play, net, jobs, systems, warm_conns, None, sync_interval)
     ttft = result["ttft"]
     print(f"bench forwarding: policy {policy}, threshold {load_threshold or 'default'}, {len(jobs)} requests "
           f"over {jobs[-1].at:.0f} s: {len(ttft)} answered, {result['refused_frac']:.0%} refused as busy, "
@@ -375,14 +379,16 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
     n_requests = 8 if quick else REQUESTS
     n_system = 3 if quick else SYSTEM_PROMPTS
     rate = 0.6 if quick else RATE
-    lo, hi = (800, 900) if quick else SYSTEM_TOKENS
+    lo, hi = QUICK_SYSTEM_TOKENS if quick else SYSTEM_TOKENS
+    sync = QUICK_SYNC_INTERVAL if quick else SYNC_INTERVAL
+    warm = 4 if quick else 16
     model_id, path = resolve_model(None)
     systems, system_tokens, question_tokens = prompts(n_system, lo, hi)
     jobs = workload(n_requests, n_system, rate, 3, SEED)
-    results = {policy: play(policy, jobs, systems, 4 if quick else 16) for policy in POLICIES}
+    results = {policy: play(policy, jobs, systems, warm, sync_interval=sync) for policy in POLICIES}
     faster = {f: workload(n_requests, n_system, rate * f, 3, SEED) for f in RATE_FACTORS}
-    at2 = {policy: play(policy, faster[2], systems, 4 if quick else 16) for policy in ("hrtree", "requests")}
-    at4 = play("hrtree", faster[4], systems, 4 if quick else 16)
+    at2 = {policy: play(policy, faster[2], systems, warm, sync_interval=sync) for policy in ("hrtree", "requests")}
+    at4 = play("hrtree", faster[4], systems, warm, sync_interval=sync)
     figures: dict[str, float] = {}
     for p, r in results.items():
         figures.update(summarize_ms(f"ttft_{p}", r["ttft"]))
@@ -405,7 +411,7 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
     params = {
         "model": f"{model_id} ({path.name})", "engine": "llama.cpp (llama-cpp-python 0.3.36), batch-invariant",
         "model_nodes": 3, "threads_per_node": 1, "cores": len(os.sched_getaffinity(0)), "cpu": cpu_model(),
-        "cached_prefixes_per_node": SNAPSHOTS + 1, "sync_interval_s": SYNC_INTERVAL, "capacity_score": 1,
+        "cached_prefixes_per_node": SNAPSHOTS + 1, "sync_interval_s": sync, "capacity_score": 1,
         "load_threshold": DEFAULT_LOAD_THRESHOLD, "requests": n_requests, "arrivals": f"Poisson, {rate} requests/s",
         "system_prompts": n_system, "system_prompt_tokens": system_tokens,
         "question_tokens_max": question_tokens, "popularity": f"Zipf({ZIPF_S})",

@@ -11,7 +11,8 @@ Zipf(1.1) popularity, questions and entry nodes, HR-tree forwarding, three singl
 model-node processes, at most 4 cached prefixes each) at ``RATE_FACTORS`` times its arrival rate,
 with 150 requests, once per threshold in ``THRESHOLDS``, each on fresh processes.
 
-``--quick``: 8 requests, 3 short system prompts, thresholds 5 and 10, one rate.
+``--quick``: 8 requests, 3 system prompts of 400–500 tokens, syncs every second, thresholds 5 and
+10, one rate.
 Full run ≈ 22 minutes on the 2-core dev machine.
 
 Figures, for rate factor ``xF`` and threshold ``T``: ``ttft_xF_tT_{mean,p50,p99}_ms``,
@@ -34,6 +35,8 @@ from typing import Any
 
 from gentorrent.bench.stats import cpu_model, summarize_ms
 from model_node.bench.forwarding import (
+    QUICK_SYNC_INTERVAL,
+    QUICK_SYSTEM_TOKENS,
     RATE,
     SEED,
     SNAPSHOTS,
@@ -65,7 +68,8 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
     factors = (2,) if quick else RATE_FACTORS
     n_requests = 8 if quick else REQUESTS
     n_system = 3 if quick else SYSTEM_PROMPTS
-    lo, hi = (800, 900) if quick else SYSTEM_TOKENS
+    lo, hi = QUICK_SYSTEM_TOKENS if quick else SYSTEM_TOKENS
+    sync = QUICK_SYNC_INTERVAL if quick else SYNC_INTERVAL
     model_id, path = resolve_model(None)
     systems, system_tokens, _ = prompts(n_system, lo, hi)
     figures: dict[str, float] = {}
@@ -76,7 +80,7 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
         jobs = workload(n_requests, n_system, RATE * f, 3, SEED)
         for t in thresholds:
             key = f"x{f}_t{_label(t)}"
-            r = play("hrtree", jobs, systems, 4 if quick else 16, load_threshold=t)
+            r = play("hrtree", jobs, systems, 4 if quick else 16, load_threshold=t, sync_interval=sync)
             figures.update(summarize_ms(f"ttft_{key}", r["ttft"]))
             figures[f"latency_{key}_mean_ms"] = 1000 * sum(r["latency"]) / len(r["latency"]) if r["latency"] else math.nan
             d = _decisions(r["stats"])
@@ -97,7 +101,7 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
     params = {
         "model": f"{model_id} ({path.name})", "engine": "llama.cpp (llama-cpp-python 0.3.36), batch-invariant",
         "policy": "hrtree", "model_nodes": 3, "threads_per_node": 1, "cores": len(os.sched_getaffinity(0)),
-        "cpu": cpu_model(), "cached_prefixes_per_node": SNAPSHOTS + 1, "sync_interval_s": SYNC_INTERVAL,
+        "cpu": cpu_model(), "cached_prefixes_per_node": SNAPSHOTS + 1, "sync_interval_s": sync,
         "capacity_score": 1, "thresholds": list(thresholds), "default_threshold": DEFAULT_LOAD_THRESHOLD,
         "arrival_rates_per_s": {f"x{f}": round(RATE * f, 3) for f in factors}, "requests": n_requests,
         "system_prompts": n_system, "system_prompt_tokens": system_tokens, "popularity": f"Zipf({ZIPF_S})",

@@ -26,7 +26,7 @@ client's delay to its entry node included), ``latency_P_...``, ``cache_hit_rate_
 ``ttft_{mean,p99}_ratio_alg2_vs_load``, ``ttft_mean_ratio_hrtree_vs_alg2``. Params carry each
 model node's region, the one-way delays between them and the decisions each rule took.
 
-``--quick``: 2 model nodes, 8 requests, 3 system prompts of 800-900 tokens, rules ``hrtree`` and
+``--quick``: 2 model nodes, 8 requests, 3 system prompts of 400-500 tokens, syncs every second, rules ``hrtree`` and
 ``load`` only (checks the bench runs; its figures mean little). Full run: about 25 minutes.
 """
 
@@ -51,7 +51,8 @@ RATE = 0.3  # requests/s: six single-thread engines share the same 2 cores as be
 REQUESTS = 100
 
 
-def play(rule: str, jobs: list[fw.Job], systems: list[str], models: int, warm: int) -> dict[str, Any]:
+def play(rule: str, jobs: list[fw.Job], systems: list[str], models: int, warm: int,
+         sync_interval: float = fw.SYNC_INTERVAL) -> dict[str, Any]:
     """Play ``jobs`` on ``models`` fresh llama.cpp model nodes in the testbed's regions, forwarding
     by ``rule``; the result of :func:`model_node.bench.forwarding._play` plus the regions."""
     from gentorrent.cli import run_async
@@ -60,7 +61,7 @@ def play(rule: str, jobs: list[fw.Job], systems: list[str], models: int, warm: i
     from gentorrent.tools.toxiproxy import Toxiproxy
     from overlay.net.transport import TLSTransport, Via
 
-    args = ("--threads", "1", "--prefix-snapshots", str(fw.SNAPSHOTS), "--sync-interval", str(fw.SYNC_INTERVAL),
+    args = ("--threads", "1", "--prefix-snapshots", str(fw.SNAPSHOTS), "--sync-interval", str(sync_interval),
             "--accept-direct-requests")
     with tempfile.TemporaryDirectory(prefix=f"gentorrent-bench-fwa-{rule}-") as d:
         root = Path(d)
@@ -74,7 +75,7 @@ def play(rule: str, jobs: list[fw.Job], systems: list[str], models: int, warm: i
             net.start(timeout=300)
             transport = TLSTransport(net.identities["client"],
                                      via=Via.parse(via_rule(net.region_number("client"))))
-            result: dict[str, Any] = run_async(fw._play, net, jobs, systems, warm, transport)
+            result: dict[str, Any] = run_async(fw._play, net, jobs, systems, warm, transport, sync_interval)
             result["regions"] = {m: net.region_of[m] for m in net.models}
             result["one_way_ms"] = {f"{a}-{b}": round(net.one_way_ms(a, b), 1)
                                     for i, a in enumerate(net.models) for b in net.models[i + 1:]}
@@ -94,12 +95,13 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
     n_requests = 8 if quick else REQUESTS
     n_system = 3 if quick else fw.SYSTEM_PROMPTS
     rate = 0.6 if quick else RATE
-    lo, hi = (800, 900) if quick else fw.SYSTEM_TOKENS
+    lo, hi = fw.QUICK_SYSTEM_TOKENS if quick else fw.SYSTEM_TOKENS
+    sync = fw.QUICK_SYNC_INTERVAL if quick else fw.SYNC_INTERVAL
     model_id, path = resolve_model(None)
     systems, system_tokens, _ = fw.prompts(n_system, lo, hi)
     jobs = fw.workload(n_requests, n_system, rate, models, fw.SEED)
     began = time.perf_counter()
-    results = {rule: play(rule, jobs, systems, models, 2 if quick else 8) for rule in rules}
+    results = {rule: play(rule, jobs, systems, models, 2 if quick else 8, sync) for rule in rules}
     figures: dict[str, float] = {}
     for p, r in results.items():
         figures.update(summarize_ms(f"ttft_{p}", r["ttft"]))
@@ -119,7 +121,7 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
     params: dict[str, Any] = {
         "model": f"{model_id} ({path.name})", "engine": "llama.cpp (llama-cpp-python 0.3.36)",
         "model_nodes": models, "threads_per_node": 1, "cores": len(os.sched_getaffinity(0)), "cpu": cpu_model(),
-        "cached_prefixes_per_node": fw.SNAPSHOTS + 1, "sync_interval_s": fw.SYNC_INTERVAL,
+        "cached_prefixes_per_node": fw.SNAPSHOTS + 1, "sync_interval_s": sync,
         "requests": n_requests, "arrivals": f"Poisson, {rate} requests/s", "system_prompts": n_system,
         "system_prompt_tokens": system_tokens, "popularity": f"Zipf({fw.ZIPF_S})", "max_tokens": fw.MAX_TOKENS,
         "sampling": "greedy", "seed": fw.SEED, "rules": list(rules),
