@@ -100,6 +100,11 @@ class Code(enum.IntEnum):
     ADDRESS_NOT_ALLOWED = 20  # a loopback, private, link-local or reserved address on a public network
     ADDRESS_CAP = 21  # the address's IP or network prefix already holds as many nodes as allowed
     PENDING_FULL = 22  # too many registrations await their address probe; retry later
+    # anonymous usage quotas (overlay/directory/quota.py, verifier/quota.py, decision 0017)
+    QUOTA_OFF = 23  # this verifier issues no tokens (its chain's genesis has no quota section)
+    QUOTA_USED = 24  # the user already had this epoch's tokens of this model from this issuer
+    SPENT = 25  # a token already redeemed
+    BAD_TOKEN = 26  # a token whose output does not verify, or of an epoch not redeemable now
 
 
 class TxError(Exception):

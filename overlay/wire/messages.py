@@ -226,6 +226,7 @@ class PathNotice:
 # proxies never see them in the clear.
 
 MAX_PROMPT_CHARS = 512 * 1024
+MAX_QUOTA_TOKEN = 1024  # a Request's quota token (overlay.directory.quota.MAX_TOKEN_BYTES fits)
 REQUEST_ID_LEN = 16
 
 
@@ -270,6 +271,10 @@ class Request:
     # Failover (from Petals): the part of the assistant's reply another node already
     # produced; the serving node continues it without repeating it. Empty normally.
     continuation: str = field(max=MAX_PROMPT_CHARS)
+    # An anonymous usage-quota token (overlay/directory/quota.py, decision 0017): the serving
+    # node redeems it with its issuers and serves the request ahead of requests without one.
+    # Empty: none (quotas off, or a client without tokens). Inside the sealed clove: relays never see it.
+    quota: bytes = field(max=MAX_QUOTA_TOKEN, default=b"")
 
 
 @message(121)
