@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from overlay.directory import quota
 from overlay.directory import transcripts as wire
 from overlay.directory.donation import DONATE_PATH, KEY_PATH
 from overlay.directory.registration import Code
@@ -27,6 +28,7 @@ from verifier.admission import OPEN
 from verifier.app import CommitteeApp, Validator
 from verifier.audit.pool import MAX_DONATION_BYTES, DonationError, DonationPool
 from verifier.audit.transcripts import KeyOf, TranscriptBook, transcript_of
+from verifier.quota import MAX_KEY_QUERY_BYTES, Issuer
 
 log = logging.getLogger("gentorrent.verifier")
 _M = TypeVar("_M", "wire.Commit", "wire.Reveal")
@@ -34,6 +36,8 @@ _M = TypeVar("_M", "wire.Commit", "wire.Reveal")
 APP_NAME = "gentorrent-committee"
 APP_VERSION = 1
 STATE_FILE = "app_state.bin"
+_QUOTA_LIMITS = {quota.KEY_PATH: MAX_KEY_QUERY_BYTES, quota.ISSUE_PATH: quota.MAX_ISSUE_BYTES,
+                 quota.REDEEM_PATH: quota.MAX_REDEEM_BYTES}
 
 
 class StateStore:
@@ -62,7 +66,8 @@ class CommitteeAbciApp:
 
     def __init__(self, core: CommitteeApp, store: StateStore | None = None,
                  signer: crypto.SigningKey | None = None, pool: DonationPool | None = None,
-                 transcripts: TranscriptBook | None = None, clock: Clock | None = None) -> None:
+                 transcripts: TranscriptBook | None = None, clock: Clock | None = None,
+                 issuer: Issuer | None = None) -> None:
         """``signer``: this verifier's CometBFT validator key, which signs the lists in its vote
         extensions (:func:`verifier.cometbft.read_validator_key`); None sends empty extensions.
         ``pool``: the prompts users donate to this verifier (``gentorrent verifier --audit``;
@@ -71,13 +76,17 @@ class CommitteeAbciApp:
         shared with the audit loop, which closes its epochs), fed through the
         ``/audit/transcript_commit`` and ``/audit/transcript_reveal`` queries; None refuses them.
         ``clock`` (default :class:`~overlay.wire.clock.SystemClock`: queries come from CometBFT, outside
-        any test's trio clock) stamps when a commitment arrived."""
+        any test's trio clock) stamps when a commitment arrived and tells the quota epoch.
+        ``issuer``: this verifier's quota issuer (:mod:`verifier.quota`; the genesis has an
+        ``app_state.quota`` section), which answers the ``/quota/*`` queries; None refuses them."""
         self.core = core
         self.store = store
         self.signer = signer
         self.pool = pool
         self.transcripts = transcripts
         self.clock: Clock = clock or SystemClock()
+        self.issuer = issuer
+        self._models: tuple[tuple[int, int], frozenset[str]] = ((-1, 0), frozenset())  # (state seen, its models)
 
     # ----------------------------------------------------------------- info / genesis
 
@@ -118,6 +127,9 @@ class CommitteeAbciApp:
         if req.path in (wire.COMMIT_PATH, wire.REVEAL_PATH):
             code, why = self.transcript(req.path, bytes(req.data))
             return abci.ResponseQuery(code=int(code), log=why, height=self.core.height)
+        if req.path in _QUOTA_LIMITS:
+            code, why, value = self.quota_query(req.path, bytes(req.data))
+            return abci.ResponseQuery(code=int(code), log=why, value=value, height=self.core.height)
         result, value = self.core.query(req.path, req.data)
         return abci.ResponseQuery(code=int(result.code), log=result.log, key=req.data, value=value,
                                   height=self.core.height)
@@ -161,6 +173,42 @@ class CommitteeAbciApp:
         rec = self.core.committed.nodes.get(node_id)
         ok = rec is not None and rec.entry.role == ROLE_MODEL and rec.entry.model_id == model
         return rec.ed25519_public if ok and rec is not None else None
+
+    def quota_query(self, path: str, data: bytes) -> tuple[Code, str, bytes]:
+        """The quota queries (issue 31; :mod:`overlay.directory.quota` is the format), answered by
+        this verifier's issuer (:mod:`verifier.quota`) from its own keys, counts and clock:
+
+        - ``/quota/key`` (data: ``encode_key_query(model, epoch)``): the issuer's signed key record;
+        - ``/quota/issue`` (data: a registered user's signed issue request): the ``Issued`` answer;
+        - ``/quota/redeem`` (data: a token's redeem for this issuer): code 0 when spent now.
+
+        Sizes are checked first (OVERSIZE); QUOTA_OFF when this verifier has no issuer (its genesis
+        has no quota section); else the issuer's code and reason, never an exception."""
+        limit = _QUOTA_LIMITS[path]
+        if len(data) > limit:
+            return Code.OVERSIZE, f"{len(data)} bytes; at most {limit}", b""
+        if self.issuer is None:
+            return Code.QUOTA_OFF, "this committee's genesis has no quota section", b""
+        now = self.clock.unix()
+        if path == quota.KEY_PATH:
+            return self.issuer.key_query(data, now)
+        if path == quota.ISSUE_PATH:
+            code, why, value = self.issuer.issue(data, now, self._user_key, self._model_listed)
+        else:
+            code, why = self.issuer.redeem(data, now)
+            value = b""
+        if code:
+            log.info("quota %s refused: %s (%d): %s", path.rsplit("/", 1)[-1], code.name, int(code), why)
+        return code, why, value
+
+    def _model_listed(self, model: str) -> bool:
+        """Whether a current model node serves ``model`` (committed state; the set of models is made
+        once per committed state, not per query)."""
+        st = self.core.committed
+        seen = (self.core.height, id(st))  # a commit moves the height; the id tells InitChain's state from none
+        if self._models[0] != seen:
+            self._models = (seen, frozenset(r.entry.model_id for r in st.nodes.values() if r.entry.role == ROLE_MODEL))
+        return model in self._models[1]
 
     def transcript(self, path: str, data: bytes) -> tuple[Code, str]:
         """The transcript queries (decision 0015; :mod:`overlay.directory.transcripts` is the format), answered

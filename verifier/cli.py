@@ -22,6 +22,11 @@ from gentorrent.cli import CliError, common_flags, resolve_config, run_async
 _DEFAULT_AUDIT_MODEL = "smollm2-135m-instruct"
 _DEFAULT_EPOCH_BLOCKS = 120
 _DEFAULT_CHALLENGES = 2
+# overlay/directory/quota.py's QuotaParams defaults, likewise (tests/unit/test_quota_issuer.py checks them)
+_DEFAULT_QUOTA_TOKENS = 60
+_DEFAULT_QUOTA_EPOCH_S = 600
+_DEFAULT_QUOTA_ISSUERS = 2
+_DEFAULT_QUOTA_GRACE_S = 60
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -49,6 +54,12 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
                    help="where the audit user node listens; it registers this address with the committee, so "
                         "relays must reach it (default 127.0.0.1:0: any free loopback port)")
     p.add_argument("--audit-region", default="default", help="the audit user node's region (default: default)")
+    p.add_argument("--audit-committee", metavar="HOST:PORT,...", default="",
+                   help="the CometBFT RPC addresses of the committee's verifiers (this one's included): the audit user "
+                        "registers and takes its usage-quota tokens through them like any user, so that challenges "
+                        "carry tokens as users' requests do (a token needs the evaluations of the genesis's "
+                        "quota issuers, 2 by default: with this verifier's RPC alone it cannot get any, and its "
+                        "challenges go without; default: this verifier's RPC only)")
     p.add_argument("--audit-threads", type=int, default=1, metavar="N",
                    help="llama.cpp threads for scoring (default 1: a verifier shares its host with CometBFT)")
     p.set_defaults(run=_run)
@@ -96,6 +107,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     g.add_argument("--work-bits", type=int, default=None, metavar="N",
                    help="proof of work a new key pays at a normal registration rate, in bits (public default 6: "
                         "about 2 s of one core; each bit doubles it)")
+    _quota_flags(g)
     g.set_defaults(run=_genesis)
 
     a = verbs.add_parser("approve", help="sign this verifier's approval of a committee change",
@@ -113,6 +125,47 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     c.add_argument("--rpc", required=True, metavar="HOST:PORT", help="a verifier's CometBFT RPC address")
     c.add_argument("approvals", nargs="+", metavar="APPROVAL", help="PUBKEY_HEX:SIGNATURE_HEX, one per approver")
     c.set_defaults(run=_change)
+
+
+def _quota_flags(g: argparse.ArgumentParser) -> None:
+    g.add_argument("--no-quota", action="store_true",
+                   help="leave the app_state.quota section out: no verifier issues anonymous usage tokens "
+                        "(/quota queries answer QUOTA_OFF), so model nodes cannot ask for them. Default: quotas "
+                        "on, with the settings below (docs/committee.md \"Quotas\")")
+    g.add_argument("--quota-tokens", type=int, default=_DEFAULT_QUOTA_TOKENS, metavar="N",
+                   help=f"evaluations every verifier gives one registered user per model and quota epoch, "
+                        f"1-100000 (default {_DEFAULT_QUOTA_TOKENS}); a token (one request) takes one from each of "
+                        "K verifiers (--quota-issuers), so a user makes at most N x DATA_DIRs / K requests of a "
+                        "model per epoch")
+    g.add_argument("--quota-epoch-s", type=int, default=_DEFAULT_QUOTA_EPOCH_S, metavar="S",
+                   help=f"seconds per quota epoch, 10-86400 (default {_DEFAULT_QUOTA_EPOCH_S}): budgets refill "
+                        "at each epoch's start, and tokens are good for their epoch only")
+    g.add_argument("--quota-issuers", type=int, default=None, metavar="K",
+                   help=f"distinct verifiers whose evaluations one token carries, 1-8 and at most the number of "
+                        f"DATA_DIRs (default {_DEFAULT_QUOTA_ISSUERS}, or 1 for a committee of one): no fewer "
+                        "than K verifiers together can mint a token")
+    g.add_argument("--quota-grace-s", type=int, default=None, metavar="S",
+                   help=f"seconds after its epoch's end a token still redeems (clock skew, a request sent just "
+                        f"before the end), under --quota-epoch-s (default {_DEFAULT_QUOTA_GRACE_S}, or half "
+                        "the epoch if that is less)")
+
+
+def _quota_section(args: argparse.Namespace) -> dict[str, int] | None:
+    """The genesis's ``app_state.quota`` from the flags (None with --no-quota)."""
+    from overlay.directory.quota import QuotaError, QuotaParams
+
+    if args.no_quota:
+        return None
+    validators = len(args.data_dirs)
+    issuers = min(_DEFAULT_QUOTA_ISSUERS, validators) if args.quota_issuers is None else args.quota_issuers
+    if issuers > validators:
+        raise CliError(f"--quota-issuers {issuers}: a token needs that many verifiers, and the committee has "
+                       f"{validators}")
+    grace = min(_DEFAULT_QUOTA_GRACE_S, args.quota_epoch_s // 2) if args.quota_grace_s is None else args.quota_grace_s
+    try:
+        return QuotaParams(args.quota_epoch_s, args.quota_tokens, issuers, grace).to_json()
+    except QuotaError as exc:
+        raise CliError(f"--quota-*: {exc.reason}") from None
 
 
 def _change_flags(p: argparse.ArgumentParser) -> None:
@@ -221,11 +274,14 @@ def _genesis(args: argparse.Namespace) -> int:
             audit = AuditParams(args.epoch_blocks, args.challenges_per_node)
         except AuditParamsError as exc:
             raise CliError(f"--epoch-blocks/--challenges-per-node: {exc}") from None
+    quota = _quota_section(args)
     try:
         genesis = make_genesis(args.data_dirs, chain_id=args.chain_id, power=args.power)
         app_state: dict[str, object] = {"admission": rules.to_json()}
         if audit is not None:
             app_state["audit"] = audit.to_json()
+        if quota is not None:
+            app_state["quota"] = quota
         genesis["app_state"] = app_state
         with open(args.out, "w") as f:
             json.dump(genesis, f, indent=2)
@@ -240,7 +296,10 @@ def _genesis(args: argparse.Namespace) -> int:
              f"{rules.per_prefix} per prefix, 0 = none; address probes {'on' if rules.probe else 'off'})")
           + ("; audits off" if audit is None else
              f"; audits every {audit.epoch_blocks} blocks, {audit.challenges_per_node} challenges per node from "
-             "each verifier"))
+             "each verifier")
+          + ("; quotas off" if quota is None else
+             f"; quotas of {quota['tokens']} tokens per user, model and {quota['epoch_s']} s epoch from each "
+             f"verifier, {quota['issuers']} issuers per token"))
     return 0
 
 
@@ -248,7 +307,7 @@ def _run(args: argparse.Namespace) -> int:
     from verifier.abci.server import AbciAddressError
     from verifier.app import StateError
     from verifier.cometbft import CometError
-    from verifier.run import BookFileError, CometExited, run_verifier
+    from verifier.run import BookFileError, CometExited, QuotaFileError, run_verifier
 
     d = _data_dir(args)
     audit = None
@@ -257,13 +316,14 @@ def _run(args: argparse.Namespace) -> int:
 
         if args.audit_threads < 1:
             raise CliError("--audit-threads must be at least 1")
+        committee = tuple(a.strip() for a in args.audit_committee.split(",") if a.strip())
         audit = AuditSettings(model=args.audit_model, listen=args.audit_listen, region=args.audit_region,
-                              threads=args.audit_threads)
+                              threads=args.audit_threads, committee=committee)
     elif args.audit_model:
         raise CliError("--audit-model needs --audit")
     try:
         run_async(lambda: run_verifier(d, abci=args.abci, audit=audit))
-    except (CometError, AbciAddressError, StateError, BookFileError) as exc:
+    except (CometError, AbciAddressError, StateError, BookFileError, QuotaFileError) as exc:
         raise CliError(str(exc)) from None
     except CometExited as exc:
         print(f"gentorrent: {exc}", file=sys.stderr)

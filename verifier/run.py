@@ -10,11 +10,18 @@ With audits, the book of users' transcripts (:mod:`verifier.audit.transcripts`) 
 ``DATA_DIR/audit-transcripts.msgpack`` (:data:`BOOK_FILE`): taken back at start (a file that does
 not load stops the verifier, :class:`BookFileError`), written every :data:`BOOK_SAVE_S` while it
 changes (:func:`keep_book`) and once more when the verifier stops.
+
+With quotas (the genesis has ``app_state.quota``: :mod:`verifier.quota`), the issuer's counts and
+spent tokens are kept in ``DATA_DIR/quota_state.bin`` (:data:`QUOTA_FILE`) the same way: taken
+back at start (:func:`load_issuer`; a file that does not load stops the verifier,
+:class:`QuotaFileError`), written every :data:`QUOTA_SAVE_S` while they change
+(:func:`keep_issuer`) and once more when the verifier stops.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -24,6 +31,8 @@ from pathlib import Path
 
 import trio
 
+from overlay.directory.quota import QuotaError, QuotaParams
+from overlay.wire.crypto import SigningKey
 from overlay.wire.identity import write_private
 from verifier.abci import server
 from verifier.abci_app import CommitteeAbciApp, StateStore
@@ -32,6 +41,7 @@ from verifier.audit.pool import load_pool
 from verifier.audit.transcripts import MAX_BOOK_BYTES, BookError, TranscriptBook
 from verifier.cometbft import LOG_FILE, SOCKET_FILE, CometError, find_cometbft, get_toml, home_of, read_validator_key
 from verifier.prober import run_prober
+from verifier.quota import MAX_STATE_BYTES, Issuer, QuotaStateError, quota_seed
 
 log = logging.getLogger("gentorrent.verifier")
 
@@ -45,6 +55,12 @@ BOOK_FILE = "audit-transcripts.msgpack"
 # which change the book in this thread). A crash loses at most this many seconds of changes, and
 # what that costs is bounded: decision 0015, "Done since".
 BOOK_SAVE_S = 5.0
+QUOTA_FILE = "quota_state.bin"
+# The issuer's state is written whole, so not at every issue or redeem. A crash loses at most the
+# last QUOTA_SAVE_S seconds of changes: the users who got tokens in them may get that many again
+# from this issuer in the same epoch, and the tokens spent in them may be spent once more here (each
+# at most once more per crash, and only while it still redeems: its epoch and the grace after).
+QUOTA_SAVE_S = 5.0
 
 
 class CometExited(Exception):
@@ -129,6 +145,122 @@ def _save_book_at_exit(data_dir: Path, book: TranscriptBook) -> None:
         log.error("cannot write the book of users' transcripts to %s at exit: %s", data_dir / BOOK_FILE, exc)
 
 
+class QuotaFileError(Exception):
+    """The genesis's quota section or the issuer's saved state cannot be used; the message names the
+    file and how to recover. The verifier does not start on it."""
+
+
+def genesis_quota(home: Path) -> tuple[str, QuotaParams | None, int]:
+    """The genesis's chain id, its ``app_state.quota`` (None: no section, quotas off) and how many
+    validators it names. :class:`QuotaFileError` for a genesis that does not read or a section
+    that does not parse."""
+    path = home / "config" / "genesis.json"
+    try:
+        genesis = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise QuotaFileError(f"{path}: cannot read the genesis ({exc})") from None
+    genesis = genesis if isinstance(genesis, dict) else {}
+    app_state, chain_id, validators = genesis.get("app_state"), genesis.get("chain_id"), genesis.get("validators")
+    section = app_state.get("quota") if isinstance(app_state, dict) else None
+    n = len(validators) if isinstance(validators, list) else 0
+    if section is None:
+        return str(chain_id or ""), None, n
+    if not isinstance(chain_id, str) or not chain_id:
+        raise QuotaFileError(f"{path}: a genesis with a quota section needs a chain_id")
+    try:
+        return chain_id, QuotaParams.from_json(section), n
+    except (QuotaError, TypeError) as exc:
+        raise QuotaFileError(f"{path}: app_state.quota: {exc}") from None
+
+
+def load_issuer(data_dir: Path, key: SigningKey, chain_id: str, params: QuotaParams) -> Issuer:
+    """The issuer of validator ``key`` with the counts and spent tokens saved in ``data_dir``
+    (:data:`QUOTA_FILE`), or with none where there is no file. :class:`QuotaFileError` for a file
+    that cannot be read or does not load: starting without it would give every user a second
+    budget this epoch and take spent tokens again."""
+    path = data_dir / QUOTA_FILE
+    seed = quota_seed(key.private_bytes())
+    try:
+        if path.stat().st_size > MAX_STATE_BYTES:
+            raise QuotaFileError(_quota_unusable(path, f"over the {MAX_STATE_BYTES} bytes a saved state may take"))
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return Issuer(seed, key, chain_id, params)
+    except OSError as exc:
+        raise QuotaFileError(_quota_unusable(path, f"it cannot be read: {exc}")) from None
+    try:
+        return Issuer.restore(raw, seed, key, chain_id, params)
+    except QuotaStateError as exc:
+        raise QuotaFileError(_quota_unusable(path, exc.reason)) from None
+
+
+def _quota_unusable(path: Path, why: str) -> str:
+    return (f"{path}: the quota issuer's saved state does not load ({why}). The verifier does not start on it: "
+            "starting empty would give users a second budget and take spent tokens again in the current epoch. "
+            f"Restore a good copy, or move it aside (mv {path} {path}.bad) and start the verifier once the current "
+            "quota epoch has ended and its grace_s passed: then nothing of the lost state counts any more")
+
+
+async def keep_issuer(data_dir: Path, issuer: Issuer, every: float = QUOTA_SAVE_S, *,
+                      write: Callable[[Path, bytes], None] = write_private) -> None:
+    """Write ``issuer``'s snapshot to ``data_dir`` (:data:`QUOTA_FILE`) every ``every`` seconds while
+    it changes (never returns), as :func:`keep_book` does the book."""
+    saved = issuer.revision()
+    while True:
+        await trio.sleep(every)
+        revision = issuer.revision()
+        if revision == saved:
+            continue
+        try:
+            await trio.to_thread.run_sync(write, data_dir / QUOTA_FILE, issuer.snapshot())
+        except OSError as exc:
+            log.error("cannot write the quota issuer's state to %s (trying again in %g s): %s",
+                      data_dir / QUOTA_FILE, every, exc)
+            continue
+        saved = revision
+
+
+def _save_issuer_at_exit(data_dir: Path, issuer: Issuer) -> None:
+    try:
+        write_private(data_dir / QUOTA_FILE, issuer.snapshot())
+    except OSError as exc:
+        log.error("cannot write the quota issuer's state to %s at exit: %s", data_dir / QUOTA_FILE, exc)
+
+
+async def _keep_local(data_dir: Path, book: TranscriptBook | None, issuer: Issuer | None) -> None:
+    """Write this verifier's own state (the book, the issuer's) while it changes; never returns."""
+    async with trio.open_nursery() as nursery:
+        if book is not None:
+            nursery.start_soon(keep_book, data_dir, book)
+        if issuer is not None:
+            nursery.start_soon(keep_issuer, data_dir, issuer)
+        await trio.sleep_forever()
+
+
+def _save_local_at_exit(data_dir: Path, book: TranscriptBook | None, issuer: Issuer | None) -> None:
+    if issuer is not None:
+        _save_issuer_at_exit(data_dir, issuer)
+    if book is not None:
+        _save_book_at_exit(data_dir, book)
+
+
+def make_issuer(data_dir: Path, home: Path, key: SigningKey) -> Issuer | None:
+    """This verifier's quota issuer per the genesis (None: no quota section), its state loaded;
+    logs the quota settings either way."""
+    chain_id, params, validators = genesis_quota(home)
+    if params is None:
+        log.info("quotas off: the genesis has no app_state.quota section; /quota queries answer QUOTA_OFF")
+        return None
+    issuer = load_issuer(data_dir, key, chain_id, params)
+    log.info("quotas on: epochs of %d s, %d tokens per user, model and epoch from each issuer, %d issuers per "
+             "token, %d s of grace; this verifier issues as %s (state in %s)", params.epoch_s, params.tokens,
+             params.issuers, params.grace_s, key.public_bytes.hex()[:16], data_dir / QUOTA_FILE)
+    if params.issuers > validators:
+        log.warning("the genesis asks for %d issuers per token but names %d validators: no token can be made",
+                    params.issuers, validators)
+    return issuer
+
+
 def default_abci_address(data_dir: Path) -> str:
     path = data_dir.resolve() / SOCKET_FILE
     if len(str(path).encode()) > MAX_UNIX_PATH:
@@ -150,7 +282,10 @@ async def run_verifier(data_dir: str | os.PathLike[str], *, abci: str | None = N
     transcripts (:mod:`verifier.audit.transcripts`, ``DATA_DIR/audit-transcripts.msgpack``:
     :func:`load_book`, :func:`keep_book`), which it fills through ``/audit/transcript_commit`` and
     ``/audit/transcript_reveal`` and the audit loop closes. :class:`BookFileError` before anything
-    starts if that file does not load. ``audit_loop`` runs the audits (tests give their own)."""
+    starts if that file does not load. ``audit_loop`` runs the audits (tests give their own).
+    With a quota section in the genesis, the quota issuer (:func:`make_issuer`; its state in
+    ``DATA_DIR/quota_state.bin``) answers the ``/quota/*`` queries; :class:`QuotaFileError` before
+    anything starts if that section or file cannot be used."""
     d = Path(data_dir)
     home = home_of(d)
     if not (home / "config" / "genesis.json").exists():
@@ -162,14 +297,15 @@ async def run_verifier(data_dir: str | os.PathLike[str], *, abci: str | None = N
     key = read_validator_key(d)
     pool = load_pool(d) if audit is not None else None  # prompts users donate (verifier/audit/pool.py)
     book = load_book(d) if audit is not None else None  # users' transcripts (verifier/audit/transcripts.py)
+    issuer = make_issuer(d, home, key)  # anonymous usage quotas (verifier/quota.py)
     exe = binary or find_cometbft()
-    app = CommitteeAbciApp(core, store, key, pool=pool, transcripts=book)
+    app = CommitteeAbciApp(core, store, key, pool=pool, transcripts=book, issuer=issuer)
     stopping = False
     # The signal receiver opens before CometBFT starts: a SIGTERM in between would kill this
     # process by default and leave CometBFT (in its own session) running.
     async with contextlib.AsyncExitStack() as stack:
-        if book is not None:  # registered first, so it runs last: after the ABCI server and the audit loop stop
-            stack.callback(_save_book_at_exit, d, book)
+        # registered first, so it runs last: after the ABCI server and the audit loop, which change them, stop
+        stack.callback(_save_local_at_exit, d, book, issuer)
         signals = (stack.enter_context(trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM))
                    if handle_signals else None)
         nursery = await stack.enter_async_context(trio.open_nursery())
@@ -203,8 +339,7 @@ async def run_verifier(data_dir: str | os.PathLike[str], *, abci: str | None = N
             nursery.start_soon(run_prober, core, key, rpc)
         if audit is not None:
             nursery.start_soon(audit_loop, d, audit, key.private_bytes(), pool, book)
-        if book is not None:
-            nursery.start_soon(keep_book, d, book)
+        nursery.start_soon(_keep_local, d, book, issuer)
         task_status.started(where)
         try:
             code = await proc.wait()

@@ -39,6 +39,7 @@ from overlay.anon.signing import (
     reply_signing_bytes,
     request_digest,
 )
+from overlay.directory import quota as qw
 from overlay.directory import registration as vtx
 from overlay.directory import transcripts as tw
 from overlay.directory.lists import (
@@ -84,6 +85,7 @@ from verifier.abci import wire as abci_wire
 from verifier.abci.proto.tendermint.abci import types_pb2 as abci
 from verifier.app import CommitteeApp, Result, Validator
 from verifier.audit import tx as at
+from verifier.quota import Issuer
 
 T0 = 1_700_000_000
 
@@ -1366,8 +1368,93 @@ class TranscriptWireTarget(Target):
         return 1
 
 
+class QuotaWireTarget(Target):
+    """Anonymous usage quotas at a verifier (issue 31): ``overlay.directory.quota``'s ``decode_*``
+    and ``verify_*``, and ``verifier.quota.Issuer``'s ``/quota/key``, ``/quota/issue`` and
+    ``/quota/redeem``. Contract: the decoders raise only :class:`QuotaError` with a reason; what
+    decodes is canonical (it encodes back to exactly the input); only what the user or the issuer
+    signed verifies; the issuer answers every input with a code and a reason and never raises,
+    issues only for the user's signed request, and spends only the outputs it evaluated, once."""
+
+    NAME = "quota_wire"
+    STEPS = ("feed", "query")
+    MODEL = "echo"
+
+    def __init__(self) -> None:
+        super().__init__()
+        signer, self.user = crypto.SigningKey.generate(), Identity.generate()
+        self.issuer = Issuer.of_validator(signer, CHAIN, qw.QuotaParams(tokens=100_000))
+        self.now = float(T0)
+        epoch = self.issuer.params.epoch_at(self.now)
+        b = qw.Blinding(qw.new_nonces(2))
+        self.issue = qw.encode_issue(self.user.signing, CHAIN, qw.IssueRequest(
+            self.user.node_id, signer.public_bytes, self.MODEL, epoch, b.blinded))
+        code, why, answer = self.issuer.issue(self.issue, self.now, self.user_key, self.listed)
+        assert code == vtx.Code.OK, why
+        record = self.issuer.key_record(self.MODEL, epoch)
+        outputs = b.finalize(qw.decode_issued(answer), qw.decode_key_record(record).key)
+        tokens = [qw.Token(self.MODEL, epoch, n, ((signer.public_bytes, o),)) for n, o in zip(b.nonces, outputs,
+                                                                                            strict=True)]
+        self.redeems = {t.redeem(signer.public_bytes) for t in tokens}
+        self.spent: set[bytes] = set()
+        self.corpus = [record, self.issue, answer, qw.encode_token(tokens[0]), *sorted(self.redeems),
+                       qw.encode_key_query(self.MODEL, epoch)]
+
+    def user_key(self, node_id: bytes) -> bytes | None:
+        return self.user.ed25519_public if node_id == self.user.node_id else None
+
+    def listed(self, model: str) -> bool:
+        return model == self.MODEL
+
+    def feed(self, src: Source) -> int:
+        _, data = mutate.payload(src, self.corpus)
+        for decode in (qw.decode_key_record, qw.decode_issue, qw.decode_issued, qw.decode_token, qw.decode_redeem,
+                       qw.decode_key_query):
+            try:
+                m = decode(data)
+            except qw.QuotaError as exc:
+                assert exc.reason, "a refusal says why"
+                self.rejected += 1
+                continue
+            wire = list(m) if isinstance(m, tuple) else m.wire()
+            assert msgpack.packb(wire, use_bin_type=True) == data, "one encoding per message"
+            self._verify(m, data)
+        return 1
+
+    def _verify(self, m: object, data: bytes) -> None:
+        try:
+            if isinstance(m, qw.KeyRecord):
+                qw.verify_key_record(m, CHAIN)
+            elif isinstance(m, qw.IssueRequest):
+                qw.verify_issue(m, CHAIN, self.user.ed25519_public)
+            else:
+                return
+        except qw.QuotaError:
+            self.rejected += 1
+        else:
+            assert data in self.corpus, "only what the user or the issuer signed verifies"
+
+    def query(self, src: Source) -> int:
+        _, data = mutate.payload(src, self.corpus)
+        code, why, value = self.issuer.key_query(data, self.now)
+        # a record for OK, and for WRONG_EPOCH (the current epoch's); nothing else has a value
+        assert (code in (vtx.Code.OK, vtx.Code.WRONG_EPOCH)) == bool(value) and (code == vtx.Code.OK or why)
+        code, why, value = self.issuer.issue(data, self.now, self.user_key, self.listed)
+        assert code != vtx.Code.OK or data == self.issue, "only the user's signed request is answered"
+        assert code == vtx.Code.OK or (why and value == b"")
+        code, why = self.issuer.redeem(data, self.now)
+        if code == vtx.Code.OK:
+            assert data in self.redeems and data not in self.spent, "only an issued output spends, once"
+            self.spent.add(data)
+        else:
+            assert why
+            self.rejected += 1
+        return 3
+
+
 STATELESS: tuple[type[Target], ...] = (CodecTarget, FramingTarget, HandshakeTarget, OnionTarget, SealTarget,
                                        CloveTarget, RequestTarget, TxTarget, AbciFramingTarget, ListTarget,
-                                       GatewayTarget, AuditTxTarget, ReplyTarget, TranscriptWireTarget)
+                                       GatewayTarget, AuditTxTarget, ReplyTarget, TranscriptWireTarget,
+                                       QuotaWireTarget)
 STATEFUL: tuple[type[Target], ...] = (RelayTarget, ReassemblerTarget, GroupTarget, CommitteeTarget)
 ALL: tuple[type[Target], ...] = STATELESS + STATEFUL

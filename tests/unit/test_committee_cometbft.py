@@ -84,7 +84,10 @@ def test_init_and_genesis_with_real_cometbft(tmp_path: Path, capsys: pytest.Capt
     from verifier.admission import params_from_app_state as admission_rules
     from verifier.audit.chain import AuditParams, params_from_app_state
 
-    assert set(g["app_state"]) == {"admission"}  # audits off unless asked for; admission rules always written
+    assert set(g["app_state"]) == {"admission", "quota"}  # audits off unless asked for; admission, quotas written
+    from overlay.directory.quota import QuotaParams
+
+    assert QuotaParams.from_json(g["app_state"]["quota"]) == QuotaParams()  # the documented defaults
     assert admission_rules(json.dumps(g["app_state"]).encode()) == AdmissionParams()  # a public network's
     other = tmp_path / "other.json"
     assert main(["verifier", "genesis", "--out", str(other), "--audits", "--local-network", *dirs]) == 0
@@ -93,6 +96,16 @@ def test_init_and_genesis_with_real_cometbft(tmp_path: Path, capsys: pytest.Capt
     assert main(["verifier", "genesis", "--out", str(other), "--audits", "--epoch-blocks", "60",
                  "--challenges-per-node", "4", *dirs]) == 0
     assert json.loads(other.read_text())["app_state"]["audit"] == {"epoch_blocks": 60, "challenges_per_node": 4}
+    assert main(["verifier", "genesis", "--out", str(other), "--no-quota", *dirs]) == 0
+    assert "quota" not in json.loads(other.read_text())["app_state"]
+    assert main(["verifier", "genesis", "--out", str(other), "--quota-tokens", "5", "--quota-epoch-s", "30",
+                 "--quota-issuers", "3", *dirs]) == 0
+    assert json.loads(other.read_text())["app_state"]["quota"] == {"epoch_s": 30, "tokens": 5, "issuers": 3,
+                                                                  "grace_s": 15}
+    assert main(["verifier", "genesis", "--out", str(other), "--quota-issuers", "4", *dirs]) == 2  # 3 validators
+    assert main(["verifier", "genesis", "--out", str(other), "--quota-tokens", "0", *dirs]) == 2
+    assert main(["verifier", "genesis", "--out", str(other), dirs[0]]) == 0
+    assert json.loads(other.read_text())["app_state"]["quota"]["issuers"] == 1  # a committee of one
     assert main(["verifier", "genesis", "--out", str(other), "--work-bits", "99", *dirs]) == 2
     assert main(["verifier", "genesis", "--out", str(other), "--audits", "--epoch-blocks", "3", *dirs]) == 2
     assert "epoch_blocks" in capsys.readouterr().err
