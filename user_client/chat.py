@@ -31,7 +31,11 @@ and nothing else does. Exit status (:data:`EXIT_CODES`): 0 every reply arrived a
 2 bad usage or configuration; 3 too few proxy paths (are enough relays up?); 4 no model node
 answered in time; 5 the model node answered with an error; 6 a reply failed verification
 (discarded); 7 the model is not audited by the committee's verifiers (pass --allow-unaudited);
-1 anything else; 130 interrupted.
+8 your usage quota of the model is used up for now (the message says when it refills; decision
+0017); 1 anything else; 130 interrupted.
+
+With a committee that issues usage-quota tokens, every request carries one, fetched blind from
+the verifiers (:mod:`overlay.directory.wallet`): model nodes serve requests with a token first.
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ EXIT_NO_MODEL_NODE = 4
 EXIT_MODEL_ERROR = 5
 EXIT_UNVERIFIED = 6
 EXIT_UNAUDITED = 7
+EXIT_QUOTA = 8
 EXIT_CODES = {
     EXIT_OK: "every reply arrived and its signature verified",
     EXIT_OTHER: "another failure (see the message)",
@@ -71,6 +76,7 @@ EXIT_CODES = {
     EXIT_MODEL_ERROR: "the model node answered with an error",
     EXIT_UNVERIFIED: "a reply failed verification and was discarded",
     EXIT_UNAUDITED: "the model is not audited by the committee's verifiers (pass --allow-unaudited to use it anyway)",
+    EXIT_QUOTA: "your usage quota of the model is used up for now (the message says when it refills)",
 }
 CHARS_PER_TOKEN = 3  # conservative: real tokenizers average 3.5-4.5 characters per token on English
 
@@ -94,6 +100,7 @@ EXIT_FOR = {
     Failure.INVALID: EXIT_MODEL_ERROR,
     Failure.UNVERIFIED: EXIT_UNVERIFIED,
     Failure.UNAUDITED: EXIT_UNAUDITED,
+    Failure.QUOTA: EXIT_QUOTA,
 }
 
 
@@ -428,6 +435,9 @@ class ChatRun:
             serve_member, self.user, *self.listen, self.committee, self.registry,
             lambda address: node_entry(self.user.identity, cfg.advertise or address, cfg.region))
         if member is not None:
+            from overlay.directory.wallet import member_wallet
+
+            self.user.client.quota = member_wallet(self.user.identity, member, data_dir=cfg.data_path)
             await self.start_donors(nursery, member)
         problem = model_problem(self.registry.models(cfg.model), cfg.model, cfg.allow_unaudited)
         if problem is not None:

@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import logging
+import math
 import os
 import sys
 import time
@@ -61,7 +62,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from overlay.anon.client import AnonError, ModelUnaudited, unaudited_message
+from overlay.anon.client import AnonError, ModelUnaudited, QuotaExhausted, unaudited_message
 from overlay.net.peers import PeerEntry, usable
 from overlay.wire.clock import Clock, TrioClock
 from overlay.wire.failures import Failure
@@ -143,6 +144,9 @@ def error_for(exc: AnonError) -> api.ApiError:
     msg = str(exc)
     if isinstance(exc, ModelUnaudited):
         return unaudited_error(exc.model)
+    if isinstance(exc, QuotaExhausted):
+        return api.ApiError(429, msg, type="rate_limit_exceeded", code="quota_exceeded",
+                            retry_after=max(1, math.ceil(exc.wait_s)))
     if exc.kind is Failure.UNVERIFIED:
         return api.ApiError(502, f"the reply failed verification and was refused: {msg}", type="model_node_error",
                             code="reply_unverified")
@@ -456,9 +460,12 @@ def _served_headers(out: Outcome) -> dict[str, str]:
 
 def _error(exc: api.ApiError) -> JSONResponse:
     """The OpenAI-shaped answer to ``exc``; a 408 closes the connection (the rest of the body may
-    still be on its way), a 401 names the scheme the key goes in."""
+    still be on its way), a 401 names the scheme the key goes in, a used-up quota says in
+    Retry-After when it refills."""
     headers = {"connection": "close"} if exc.status == 408 else {"www-authenticate": "Bearer"} \
         if exc.status == 401 else None
+    if exc.retry_after is not None:
+        headers = {**(headers or {}), "retry-after": str(exc.retry_after)}
     return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
 
@@ -582,6 +589,10 @@ def run_serve(args: argparse.Namespace) -> int:
                 serve_member, user, host, port, committee, registry,
                 lambda address: node_entry(identity, cfg.advertise or address, cfg.region))
             if member is not None:
+                from overlay.directory.wallet import member_wallet
+
+                assert user.client is not None
+                user.client.quota = member_wallet(identity, member, data_dir=cfg.data_path)  # quota tokens, if issued
                 if cfg.donate_prompts:
                     donor = make_donor(cfg, identity, member.settings.addresses,
                                        lambda: [v.public_key for v in member.client.validators])

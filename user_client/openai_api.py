@@ -63,8 +63,9 @@ class ApiError(Exception):
     """An OpenAI-shaped error: HTTP ``status`` and the ``{"error": {...}}`` body."""
 
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> None:
+                 param: str | None = None, code: str | None = None, retry_after: int | None = None) -> None:
         super().__init__(message)
+        self.retry_after = retry_after  # seconds, sent as Retry-After (a 429 for a used-up quota)
         self.status = status
         self.message = message
         self.type = type

@@ -387,7 +387,8 @@ class LocalNet:
     def command(self, name: str) -> list[str]:
         if name in self.verifiers:
             audit = ["--audit", "--audit-model", self.model, "--audit-listen",
-                     f"{self.host(name)}:{self.ports[name + '.audit']}"] if self.audits else []
+                     f"{self.host(name)}:{self.ports[name + '.audit']}",
+                     "--audit-committee", self.committee_addresses] if self.audits else []
             return cli("verifier", "--data-dir", str(self.root / name), *audit)
         e = self.entries[name]
         common = ["--data-dir", str(self.root / name), "--listen", e.address, *self.registry_args(name)]

@@ -16,7 +16,7 @@ import random
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import aclosing, suppress
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
@@ -106,6 +106,28 @@ def usable_nodes(nodes: Sequence[PeerEntry], model: str, allow_unaudited: bool =
     if not ok:
         raise ModelUnaudited(model)
     return ok
+
+
+class QuotaExhausted(AnonError):
+    """This user's usage quota of the model is used up until ``refills_at`` (Unix seconds), which
+    is ``wait_s`` seconds from when it was found: the committee's issuers give no more tokens this
+    quota epoch (decision 0017). Nothing was sent (a gateway answers 429 with Retry-After)."""
+
+    kind = Failure.QUOTA
+
+    def __init__(self, message: str, refills_at: float, wait_s: float) -> None:
+        super().__init__(message)
+        self.refills_at = refills_at
+        self.wait_s = wait_s
+
+
+class TokenSource(Protocol):
+    """Where a request's usage-quota token comes from (:class:`overlay.directory.wallet.Wallet`)."""
+
+    async def token(self, model: str) -> bytes:
+        """A token for one request to ``model``; empty for none (the request goes without);
+        :class:`QuotaExhausted` when the quota is used up."""
+        ...
 
 
 class AllBusy(AnonError):
@@ -198,6 +220,9 @@ class AnonClient:
         self._requests: dict[bytes, trio.MemorySendChannel[ReplyChunk | _Gone]] = {}
         self.dropped: dict[str, int] = {}
         self.failovers: dict[str, int] = {}  # why -> count ("silent", "lost", "error", "busy")
+        # usage-quota tokens (decision 0017), set by whoever runs this client with a committee
+        # that issues them; None: requests carry none
+        self.quota: TokenSource | None = None
 
     def _drop(self, reason: str) -> None:
         self.dropped[reason] = self.dropped.get(reason, 0) + 1
@@ -282,13 +307,14 @@ class AnonClient:
             raise ValueError(f"a request id is {REQUEST_ID_LEN} bytes, not {len(request_id)}")
         exact = not failover and node is not None  # a verifier's challenge to one node, whatever its standing
         target = self.choose_model_node(model, node, exact=exact)
+        token = await self.quota.token(model) if self.quota is not None else b""
         tried: set[bytes] = set()
         produced: list[str] = []
         while True:
             try:
                 attempt = self._attempt(target, model, tuple(messages), params or SamplingParams(),
                                         "".join(produced), chunk_timeout, paths_timeout, exact, fresh_paths,
-                                        request_id)
+                                        request_id, token)
                 request_id = None  # a later try is another request
                 async with aclosing(attempt) as chunks:
                     async for chunk in chunks:
@@ -314,13 +340,25 @@ class AnonClient:
                 why = {Failure.SILENT: "silent", Failure.LOST: "lost"}.get(exc.kind, "error")
                 self.failovers[why] = self.failovers.get(why, 0) + 1
                 target = self.rng.choice(others)
+                token = await self._next_token(model, token)
                 log.warning("%s; failing over to model node %s with %d characters already received",
                             exc, short_id(target.node_id), sum(map(len, produced)))
+
+    async def _next_token(self, model: str, token: bytes) -> bytes:
+        """The token for a try after a failed one (not a "busy" one: a node that refused as busy
+        did not redeem its token, which then goes to the next node): the failed node may have
+        spent it, so a fresh one; none when the quota is used up meanwhile (the failover goes on)."""
+        if not token or self.quota is None:
+            return token
+        try:
+            return await self.quota.token(model)
+        except QuotaExhausted:
+            return b""
 
     async def _attempt(
         self, target: PeerEntry, model: str, messages: tuple[ChatMessage, ...], params: SamplingParams,
         continuation: str, chunk_timeout: float, paths_timeout: float, exact: bool = False,
-        fresh_paths: bool = False, request_id: bytes | None = None,
+        fresh_paths: bool = False, request_id: bytes | None = None, token: bytes = b"",
     ) -> AsyncGenerator[ReplyChunk, None]:
         """One try at ``target``: n cloves out over n of our paths (n built for this try alone
         with ``fresh_paths``, closed after it), the paths within ``paths_timeout``, the reply chunks
@@ -338,7 +376,7 @@ class AnonClient:
             raise AnonError(str(exc), Failure.NO_PATHS) from None
         try:
             async with aclosing(self._attempt_on(paths, target, model, messages, params, continuation, chunk_timeout,
-                                                 exact, request_id)) as chunks:
+                                                 exact, request_id, token)) as chunks:
                 async for c in chunks:
                     yield c
         finally:
@@ -348,11 +386,11 @@ class AnonClient:
     async def _attempt_on(
         self, paths: list[Path], target: PeerEntry, model: str, messages: tuple[ChatMessage, ...],
         params: SamplingParams, continuation: str, chunk_timeout: float, exact: bool,
-        request_id: bytes | None = None,
+        request_id: bytes | None = None, token: bytes = b"",
     ) -> AsyncGenerator[ReplyChunk, None]:
         """:meth:`_attempt` over the chosen ``paths``."""
         keys = [ReturnKey.generate() for _ in paths]
-        req = self._request(paths, keys, model, messages, params, continuation, request_id)
+        req = self._request(paths, keys, model, messages, params, continuation, request_id, token)
         digest = request_digest(req, target.node_id)
         try:
             cloves = sida.split(codec.encode(req), self.n, self.k)
@@ -417,9 +455,10 @@ class AnonClient:
 
     def _request(
         self, paths: list[Path], keys: list[ReturnKey], model: str, messages: tuple[ChatMessage, ...],
-        params: SamplingParams, continuation: str, request_id: bytes | None = None,
+        params: SamplingParams, continuation: str, request_id: bytes | None = None, token: bytes = b"",
     ) -> Request:
-        """The request, answered through ``paths`` (one fresh return key each); a random id by default."""
+        """The request, answered through ``paths`` (one fresh return key each), with the quota
+        ``token`` if any; a random id by default."""
         return Request(
             request_id=request_id or crypto.random_bytes(REQUEST_ID_LEN),
             model=model,
@@ -432,6 +471,7 @@ class AnonClient:
                 if p.proxy_path_id is not None
             ),
             continuation=continuation,
+            quota=token,
         )
 
     def _send_cloves(self, target: PeerEntry, paths: list[Path], cloves: list[sida.Clove]) -> None:

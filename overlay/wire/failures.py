@@ -30,6 +30,7 @@ class Failure(enum.IntEnum):
     UNAUDITED = 9  # the model is not audited and the user did not opt in
     NO_PATHS = 10  # too few proxy paths
     OTHER = 11  # anything else (the message says what)
+    QUOTA = 12  # the user's usage quota of the model is used up for now (nothing was sent; decision 0017)
 
 
 #: The codes a model node may put in an error chunk.

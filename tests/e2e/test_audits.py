@@ -135,7 +135,8 @@ class AuditNet(LocalNet):
             return super().spawn(name)
         from verifier.audit.auditor import AuditSettings
 
-        settings = AuditSettings(model=MODEL, listen=f"127.0.0.1:{self.audit_ports[name]}", tamper=self.tamper)
+        settings = AuditSettings(model=MODEL, listen=f"127.0.0.1:{self.audit_ports[name]}", tamper=self.tamper,
+                                 committee=tuple(self.committee_addresses.split(",")))
         self.procs[name] = InProcessVerifier(self.root / name, settings, self.root / f"{name}.log")  # type: ignore[assignment]
         return None
 
@@ -158,7 +159,7 @@ class AuditNet(LocalNet):
         cmd = super().command(name)
         if name in self.verifiers:
             return [*cmd, "--audit", "--audit-model", MODEL, "--audit-listen", f"127.0.0.1:{self.audit_ports[name]}",
-                    "--log-level", "info"]
+                    "--audit-committee", self.committee_addresses, "--log-level", "info"]
         if name == "model-1":
             i = cmd.index("--model")
             cmd[i + 1] = str(self.dishonest)

@@ -903,6 +903,10 @@ class AuditSettings:
     threads: int = 1
     poll: float = POLL_S
     tamper: Callable[[Any], Any] | None = None  # TESTS ONLY (in-process): see Auditor.tamper
+    # The committee's verifiers' RPC addresses (``--audit-committee``): the audit user takes its
+    # usage-quota tokens from them like any user (decision 0017), so that challenges carry tokens as
+    # users' requests do. Empty: this verifier's own RPC only (enough when a token needs one issuer).
+    committee: tuple[str, ...] = ()
 
 
 async def run_audits(data_dir: Path, settings: AuditSettings, seed: bytes, pool: DonationPool | None = None,
@@ -981,9 +985,14 @@ async def _run_audits_once(data_dir: Path, settings: AuditSettings, seed: bytes,
     load_auditor(data_dir, auditor)
     driver = AuditDriver(auditor, rpc_address, user.client, engine, poll=settings.poll, data_dir=data_dir)
     async with trio.open_nursery() as nursery:
-        address, _ = await nursery.start(
-            serve_member, user, host.strip("[]"), int(port), CommitteeSettings((rpc_address,), chain_id, validators),
+        address, member = await nursery.start(
+            serve_member, user, host.strip("[]"), int(port),
+            CommitteeSettings(settings.committee or (rpc_address,), chain_id, validators),
             registry, lambda address: node_entry(identity, address, settings.region))
+        from overlay.directory.wallet import member_wallet
+
+        # challenges carry tokens as users' requests do; past the quota they go without (never unsent)
+        user.client.quota = member_wallet(identity, member, send_when_used_up=True, data_dir=data_dir / "audit-user")
         log.info("audit: user node %s registered at %s with the committee at %s; auditing model %s",
                  short_id(identity.node_id), address, rpc_address, engine.model)
         await driver.run()
