@@ -83,6 +83,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
              "requester is NOT anonymous to this model node (it sees who asks what); users' requests "
              "through the overlay are unaffected",
     )
+    p.add_argument(
+        "--quota-timeout", type=_quota_timeout, default=2.0, metavar="SECONDS",
+        help="with a committee whose genesis turns usage quotas on: seconds the verifiers that issued a "
+             "request's quota token have to confirm and spend it (default: 2). A token they confirm puts the "
+             "request ahead of requests without one; a bad or spent one is refused; with no answer in time "
+             "the request is served best-effort, without priority (docs/forwarding.md 'Usage quotas')",
+    )
     p.set_defaults(run=_run)
 
 
@@ -114,6 +121,16 @@ def _queue_wait(text: str) -> float:
         value = -1.0
     if not 0 < value <= 3600:
         raise argparse.ArgumentTypeError(f"max queue wait must be within 0..3600 seconds (above 0), got {text!r}")
+    return value
+
+
+def _quota_timeout(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 60:
+        raise argparse.ArgumentTypeError(f"quota timeout must be within 0..60 seconds (above 0), got {text!r}")
     return value
 
 

@@ -177,8 +177,9 @@ class NodeStats:
     from one; ``forward_failed``: forwards that could not be sent (served here instead);
     ``decisions``: Algorithm 2's outcomes by reason; ``dropped``: messages from peers
     dropped by the group (sync and forwarded requests) by reason; ``recent``: the last
-    requests served, oldest first. ``forwarding`` is False on a node run with
-    ``--no-forwarding`` (the group fields are then empty)."""
+    requests served, oldest first; ``quota``: the usage-quota tokens this node judged, by
+    verdict (``tokened``, ``refused``, ``unchecked``; empty without a committee). ``forwarding``
+    is False on a node run with ``--no-forwarding`` (the group fields are then empty)."""
 
     nonce: int
     node_id: bytes = field(exact=NODE_ID_LEN)
@@ -202,3 +203,4 @@ class NodeStats:
     own_paths: int = field()
     peers: tuple[PeerRow, ...] = field(max=64)
     recent: tuple[Served, ...] = field(max=64)
+    quota: tuple[Count, ...] = field(max=8, default=())  # usage-quota verdicts acted on (model_node/quota.py)

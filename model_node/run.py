@@ -14,7 +14,8 @@ import trio
 from gentorrent.cli import CliError, resolve_config, run_async
 from model_node.engine import Engine, EngineError
 from model_node.forwarding import ForwardingPolicy
-from overlay.directory.membership import cancel_on_sigterm, directory, node_entry, serve_member
+from model_node.quota import TIMEOUT_S, Redeemer
+from overlay.directory.membership import CommitteeSettings, cancel_on_sigterm, directory, node_entry, serve_member
 from overlay.directory.registry import RegistryError
 from overlay.net.transport import TLSTransport, parse_address
 from overlay.wire.identity import load_or_create
@@ -63,6 +64,17 @@ def plan_engine(engine: str, model: str | None, echo_delay: float = 0.0, *, thre
     raise CliError(f"unknown engine {engine!r}; choose llama.cpp, vllm or echo")
 
 
+def redeemer(committee: CommitteeSettings | None, model: str, args: argparse.Namespace) -> Redeemer | None:
+    """The node's usage-quota redeemer (issue 31): with a committee, at the verifiers its
+    membership uses (the committee's genesis decides whether quotas are on: verifiers with
+    none answer ``QUOTA_OFF`` and every request is served alike); none without."""
+    if committee is None:
+        return None
+    validators = frozenset(v.public_key for v in committee.validators)
+    return Redeemer(model, lambda: committee.addresses, committee.chain_id, validators=lambda: validators,
+                    timeout=getattr(args, "quota_timeout", TIMEOUT_S))
+
+
 def run_model_node(args: argparse.Namespace, *, policy: ForwardingPolicy | None = None,
                    echo_delay: float = 0.0) -> int:
     """Run the model node ``args`` (``gentorrent model-node``'s flags) describe until
@@ -105,7 +117,7 @@ def run_model_node(args: argparse.Namespace, *, policy: ForwardingPolicy | None 
         node = ModelNode(identity, TLSTransport(identity), registry, engine, slots=slots,
                          capacity=args.capacity, max_queue_wait=args.max_queue_wait, group=group, policy=policy,
                          accept_direct_requests=args.accept_direct_requests,
-                         registered_only=committee is not None)
+                         registered_only=committee is not None, redeemer=redeemer(committee, model, args))
 
         async def main() -> None:
             async with trio.open_nursery() as nursery:

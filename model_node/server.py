@@ -26,6 +26,20 @@ rate-limited), and announces the prompts of the requests it took but has not pre
 with its cached prefixes (:meth:`ModelNode.announced_prefixes`), so that peers send requests
 sharing a prefix here from the moment it is queued (issue 29, docs/simulations.md).
 
+**Usage quotas** (issue 31: :mod:`model_node.quota`, :mod:`model_node.priority`). With a
+committee (``redeemer``), a request may carry a usage-quota token. Checks that need no issuer
+come first: a bad token (garbage, another model's, an epoch not redeemable now, too few or
+unknown issuers) is refused with an invalid error chunk, ``quota token refused: <why>``, before
+any other work. A request whose token passes is taken or refused as above, as *tokened*: it is
+admitted against tokened work only, and when the queue is full it takes the newest untokened
+waiter's place (that one is answered "busy"). Only once taken is its token redeemed at its
+issuers, so a request refused "busy" keeps its token for the next node: spent or invalid there,
+it is refused as above; issuers unreachable or quotas off, it waits as a request without a token
+(best-effort). A freed slot goes to the oldest tokened waiter first. A request forwarded in the
+group carries its token unchanged and the member that serves it redeems it, once it has taken it;
+the entry node that forwards it never does (a token spends once). Without a redeemer, a token is
+ignored and every request is served alike.
+
 With a group (``group=GroupConfig(...)``, the default of ``gentorrent model-node``)
 the node forwards among the model nodes serving its model (paper §3.3,
 :mod:`model_node.forwarding`, run by :mod:`model_node.group_service`): after tokenizing
@@ -58,23 +72,26 @@ import logging
 import math
 import statistics
 from collections import Counter, deque
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Collection, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
 import trio
 
-from model_node.admission import Admission, Queued, admit
+from model_node.admission import Admission
 from model_node.engine import Engine, EngineError, GenStats, OrdersPrompts
 from model_node.forwarding import MATCH_PROBE_TOKENS, ForwardingPolicy, Load, Throughput
 from model_node.group import MAX_IDLE_MS, GroupConfig
 from model_node.group_service import GroupService
 from model_node.hrtree import common_prefix
 from model_node.messages import Count, NodeStats, Served, StatsRequest
+from model_node.priority import Held, SlotGate, admit_held
+from model_node.quota import Redeemer
 from overlay.anon.replay import AnsweredIds
 from overlay.anon.responder import Responder, busy_error, invalid_error
 from overlay.anon.signing import ReplySigner, request_digest
+from overlay.directory.quota import Token
 from overlay.directory.registry import Registry
 from overlay.net.node import Node, listed_in
 from overlay.net.transport import Connection, Transport, TransportError
@@ -184,6 +201,7 @@ class ModelNode:
         accept_direct_requests: bool = False,
         clock: Clock | None = None,
         registered_only: bool = False,
+        redeemer: Redeemer | None = None,
     ) -> None:
         """``slots``: requests generated at once (the rest wait in a queue of ``max_queue``,
         each at most ``max_queue_wait`` seconds, else "busy": see the module docstring);
@@ -195,7 +213,9 @@ class ModelNode:
         from group members (a diagnostic: the requester is not anonymous to this node).
         ``clock``: reply chunking, signing times and the group's rounds read it (default:
         trio's). ``registered_only`` (set when lists come from the committee): accept cloves only
-        from proxies in the current user list."""
+        from proxies in the current user list. ``redeemer``: checks and redeems the usage-quota
+        tokens requests carry (the committee's issuers, :mod:`model_node.quota`); ``None`` (no
+        committee): a token is ignored and every request is served alike."""
         self.identity = identity
         self.registered_only = registered_only
         self.on_unlisted: Any = None  # Callable[[], None]: told when a proxy is not in the lists
@@ -221,11 +241,14 @@ class ModelNode:
             engine if isinstance(engine, OrdersPrompts) and engine.orders_prompts else None)
         self._work: set[_Work] = set()
         self._idle_since: float | None = None  # when the node last stopped holding work (None: it never held any)
-        self._slots = trio.Semaphore(slots)
+        self._gate = SlotGate(slots)  # tokened waiters first (model_node/priority.py)
+        self.redeemer = redeemer
         self.node = Node(identity, transport, peers=registry.entries, ping_interval=0, clock=self.clock,
                          registered=listed_in(registry))
+        # with quotas, room beyond a full queue for the tokened requests that take untokened ones' places
+        active = max_queue + slots if redeemer is None else 2 * max_queue + slots
         self.responder = Responder(identity, self.node.send_nowait, self._proxy, admits=self._opens_cloves_from,
-                                   max_active=max_queue + slots, clock=self.clock)
+                                   max_active=active, clock=self.clock)
         self._registry = registry
         self._nursery: trio.Nursery | None = None
         self.recent: deque[Served] = deque(maxlen=RECENT)
@@ -272,15 +295,8 @@ class ModelNode:
         (``idle_ms``; -1 while it holds some; :data:`~model_node.group.MAX_IDLE_MS` if it never
         held any: every fresh node is idle equally long, as the simulation's engines that never
         served are all free since time 0, so their ties go to the entry)."""
-        kv = getattr(self.engine, "kv_usage", None)
-        ttfts = [s.ttft_us for s in self.recent]
-        load = Load(self.active, self.queued, self.capacity, int(1000 * kv()) if kv is not None else 0,
-                    int(statistics.median(ttfts) // 1000) if ttfts else 0,
-                    prefill_tokens=sum(w.left() for w in self._work),
-                    decode_tokens=sum(w.remaining for w in self._work),
-                    prefill_rate=self.throughput.prefill_rate, decode_rate=self.throughput.decode_rate,
-                    streams=self.slots, idle_ms=self._idle_ms())
-        if self._slots.value == 0:
+        load = self._load(self._work, self.queued)
+        if self._gate.free == 0:
             load.match_wait = max(load.relative, self.max_queue_wait)
         elif load.prefill_tokens == 0:  # nothing waits for a first token (no clock needed: called at start-up)
             load.match_wait = load.prefill_seconds(MATCH_PROBE_TOKENS)
@@ -288,6 +304,24 @@ class ModelNode:
             probe = self._admission(load, MATCH_PROBE_TOKENS)
             load.match_wait = probe.wait if probe is not None else max(load.relative, self.max_queue_wait)
         return load
+
+    def _load(self, work: Collection[_Work], queued: int) -> Load:
+        """:meth:`current_load` of ``work`` (``queued`` of it waiting for a slot), without ``match_wait``."""
+        kv = getattr(self.engine, "kv_usage", None)
+        ttfts = [s.ttft_us for s in self.recent]
+        return Load(self.active, queued, self.capacity, int(1000 * kv()) if kv is not None else 0,
+                    int(statistics.median(ttfts) // 1000) if ttfts else 0,
+                    prefill_tokens=sum(w.left() for w in work), decode_tokens=sum(w.remaining for w in work),
+                    prefill_rate=self.throughput.prefill_rate, decode_rate=self.throughput.decode_rate,
+                    streams=self.slots, idle_ms=self._idle_ms())
+
+    def _load_ahead(self, tokened: bool) -> Load:
+        """The load a new request waits behind: all the work held, or for a tokened request the work
+        it cannot pass (requests generating, and other tokened ones: :mod:`model_node.priority`)."""
+        if not tokened:
+            return self.current_load()
+        ahead = [w for w in self._work if w.tokened or w.running]
+        return self._load(ahead, sum(not w.running for w in ahead))
 
     def _idle_ms(self) -> int:
         if self._work:
@@ -312,12 +346,14 @@ class ModelNode:
         if self.group is not None:
             self.group.load_changed()
 
-    def _admission(self, load: Load, tokens: int) -> Admission | None:
-        """What :func:`~model_node.admission.admit` gives a request with ``tokens`` prompt
-        tokens to evaluate, now (``None``: refused)."""
-        queue = [Queued(w.key, load.prefill_seconds(w.left()), w.promise) for w in self._work if w.prefill > 0]
-        return admit(queue, load.prefill_seconds(tokens), self.clock.monotonic(), self.max_queue_wait,
-                     reorders=self._ordered is not None)
+    def _admission(self, load: Load, tokens: int, tokened: bool = False) -> Admission | None:
+        """What :func:`~model_node.priority.admit_held` (:func:`~model_node.admission.admit` by
+        class) gives a request with ``tokens`` prompt tokens to evaluate, ``tokened`` or not, now
+        (``None``: refused)."""
+        held = [Held(w.key, load.prefill_seconds(w.left()), w.promise, w.tokened, w.running)
+                for w in self._work if w.prefill > 0]
+        return admit_held(held, load.prefill_seconds(tokens), self.clock.monotonic(), self.max_queue_wait,
+                          tokened=tokened, reorders=self._ordered is not None)
 
     def _prefill_estimate(self, prompt_ids: list[int]) -> int:
         """Prompt tokens the engine will evaluate for ``prompt_ids``: those past the longest
@@ -343,6 +379,7 @@ class ModelNode:
             l_version=g.state.lengths.version if g else 0,
             own_paths=g.state.tree.path_count(self.identity.node_id) if g else 0,
             peers=tuple(g.peer_rows()[:64]) if g else (), recent=tuple(self.recent),
+            quota=tuple(Count(k, v) for k, v in sorted(self.redeemer.counts.items())) if self.redeemer else (),
         )
 
     async def _on_stats(self, conn: Connection, msg: StatsRequest) -> NodeStats | None:
@@ -510,8 +547,12 @@ class ModelNode:
         (:class:`Origin`) decides what differs: a forwarded request is served here whatever the
         load, and its reply's signature names the member the client addressed; a request this
         node forwards has the member's chunks relayed through here if its reply goes over a
-        connection (a user's request is answered straight to its proxies)."""
+        connection (a user's request is answered straight to its proxies). A request with a bad
+        usage-quota token is refused before anything else is done for it (:meth:`_screen`)."""
         prompt_ids, refusal = self._admit(req)
+        token: Token | None = None
+        if refusal is None:
+            token, refusal = await self._screen(req)
         if refusal is None and self.group is not None:
             relayed = await self._route(req, prompt_ids, origin)
             if relayed is not None:
@@ -519,17 +560,28 @@ class ModelNode:
                     async for chunk in chunks:
                         yield chunk
                 return
-        if refusal is None and self.queued >= self.max_queue:
-            self.busy += 1
-            refusal = Failure.BUSY, busy_error(f"model node is at capacity ({self.queued} requests queued); try "
-                                               "another model node serving the model, or again in a minute")
         if refusal is not None:
             failure, why = refusal
             yield self._chunk(req, 0, "", (), done=True, error=why, failure=failure)
             return
-        async with aclosing(self._serve_here(req, prompt_ids, origin)) as chunks:
+        async with aclosing(self._serve_here(req, prompt_ids, origin, token)) as chunks:
             async for chunk in chunks:
                 yield chunk
+
+    async def _screen(self, req: Request) -> tuple[Token | None, tuple[Failure, str] | None]:
+        """``req``'s usage-quota token after the checks that need no issuer
+        (:meth:`~model_node.quota.Redeemer.screen`): ``(token, None)``, redeemed by the node that
+        serves the request once it has taken it (:meth:`_queue`); ``(None, None)``: none, or one
+        that cannot be checked (no redeemer here, quotas off, the committee unreachable: the
+        request is served best-effort, as one without); or the refusal of a bad one
+        (invalid: ``quota token refused: ...``)."""
+        if not req.quota or self.redeemer is None:
+            return None, None
+        got = await self.redeemer.screen(req.quota)
+        if isinstance(got, Token):
+            return got, None
+        self.redeemer.count(got)
+        return None, ((Failure.INVALID, got.error()) if got.refused else None)
 
     def _admit(self, req: Request) -> tuple[list[int], tuple[Failure, str] | None]:
         """``(prompt token ids, None)``, or ``([], (failure, why))`` when this node cannot serve
@@ -568,49 +620,32 @@ class ModelNode:
             return None
         return await self._forward(req, target, origin)
 
-    async def _serve_here(self, req: Request, prompt_ids: list[int],
-                          origin: Origin) -> AsyncGenerator[ReplyChunk, None]:
-        """Admit (:mod:`model_node.admission`), wait in the queue for a slot (at most
-        ``max_queue_wait`` seconds), then generate; "busy" at once when admission refuses it
-        (free slots or not: prompts are evaluated one after another), or when every slot is
-        taken and the work ahead exceeds that wait."""
+    async def _serve_here(self, req: Request, prompt_ids: list[int], origin: Origin,
+                          token: Token | None = None) -> AsyncGenerator[ReplyChunk, None]:
+        """Take the request or answer "busy" at once (:meth:`_take`), wait in the queue
+        (:meth:`_queue`: its quota ``token`` redeemed, then a slot), then generate."""
         own = self._prefill_estimate(prompt_ids)
-        load = self.current_load()
-        taken = self._admission(load, own)
-        why = ""
+        taken, why = self._take(own, tokened=token is not None)
         if taken is None:
-            wait = load.prefill_seconds(own + load.prefill_tokens)
-            why = (f"its first token would come after more than {self.max_queue_wait:g} s (about {wait:.0f} s "
-                   "of prompts to evaluate, or earlier requests' promised first tokens would be late)")
-        elif self._slots.value == 0 and load.relative > self.max_queue_wait:
-            why = f"every slot is taken and about {load.relative:.0f} s of work queued"
-        if why:
             self.busy += 1
-            yield self._chunk(req, 0, "", (), done=True, failure=Failure.BUSY, error=busy_error(
-                f"model node cannot take this request now: {why}; try another model node serving the model, or again in a minute"))
+            yield self._busy(req, why)
             return
-        assert taken is not None
         limit = req.params.max_tokens
         work = _Work(own, self.throughput.expected_output(limit), limit, key=taken.key, promise=taken.promise,
-                     prompt=prompt_ids)
+                     prompt=prompt_ids, tokened=token is not None)
         self._work.add(work)
         self.queued += 1
         self._load_changed()
-        got_slot = False
+        refusal: ReplyChunk | None = None
         try:
-            with trio.move_on_after(self.max_queue_wait):
-                await self._slots.acquire()
-                got_slot = True
+            refusal = await self._queue(req, work, token)
         finally:
             self.queued -= 1
-            if not got_slot:
+            if not work.running:
                 self._work.discard(work)
                 self._load_changed()
-        if not got_slot:
-            self.busy += 1
-            yield self._chunk(req, 0, "", (), done=True, failure=Failure.BUSY, error=busy_error(
-                f"no free slot on this model node within {self.max_queue_wait:g} s; try another model node "
-                "serving the model, or again in a minute"))
+        if refusal is not None:
+            yield refusal
             return
         self.active += 1
         try:
@@ -620,8 +655,77 @@ class ModelNode:
         finally:
             self.active -= 1
             self._work.discard(work)
-            self._slots.release()
+            self._gate.release()
             self._load_changed()
+
+    def _take(self, own: int, tokened: bool) -> tuple[Admission | None, str]:
+        """Whether to take a request of ``own`` prompt tokens to evaluate, ``tokened`` (it claims
+        priority with a token that passed the local checks) or not: its admission
+        (:mod:`model_node.admission`, by class: :mod:`model_node.priority`), or ``None`` and why it is
+        "busy": the queue is full (a tokened request then takes an untokened waiter's place instead,
+        once its token is redeemed), its first token would come too late, or every slot is taken
+        and the work ahead exceeds ``max_queue_wait``. Prompts are evaluated one after another, so
+        free slots alone do not make room."""
+        if self.queued >= self.max_queue and not (tokened and self._gate.evictable()):
+            return None, f"model node is at capacity ({self.queued} requests queued)"
+        load = self._load_ahead(tokened)
+        taken = self._admission(load, own, tokened)
+        if taken is None:
+            wait = load.prefill_seconds(own + load.prefill_tokens)
+            return None, (f"model node cannot take this request now: its first token would come after more than "
+                          f"{self.max_queue_wait:g} s (about {wait:.0f} s of prompts to evaluate, or earlier requests' "
+                          "promised first tokens would be late)")
+        if self._gate.free == 0 and load.relative > self.max_queue_wait:
+            return None, (f"model node cannot take this request now: every slot is taken and about "
+                          f"{load.relative:.0f} s of work queued")
+        return taken, ""
+
+    async def _queue(self, req: Request, work: _Work, token: Token | None) -> ReplyChunk | None:
+        """The wait of a request taken (``work``): its quota ``token``, if any, is redeemed now,
+        once taken, so that a request refused "busy" keeps it for the next node (refused: the
+        error chunk to answer; unchecked: it waits as a request without, :meth:`_demote`; tokened:
+        it takes the newest untokened waiter's place if the queue is over ``max_queue``); then it
+        waits for a slot until ``max_queue_wait`` seconds after it was taken (tokened waiters
+        first). ``None``: it holds a slot (``work.running``); else the error chunk to answer."""
+        start = self.clock.monotonic()
+        if token is not None:
+            assert self.redeemer is not None
+            verdict = await self.redeemer.redeem(token)
+            self.redeemer.count(verdict)
+            if verdict.refused:
+                return self._chunk(req, 0, "", (), done=True, error=verdict.error(), failure=Failure.INVALID)
+            if not verdict.tokened:
+                self._demote(work)
+            elif self.queued > self.max_queue:
+                self._gate.evict()
+        with trio.move_on_after(max(0.0, start + self.max_queue_wait - self.clock.monotonic())):
+            if await self._gate.acquire(work.tokened):
+                work.running = True
+                return None
+            self.busy += 1
+            return self._busy(req, "a request with a usage-quota token took this request's place in the model "
+                                   "node's full queue")
+        self.busy += 1
+        return self._busy(req, f"no free slot on this model node within {self.max_queue_wait:g} s")
+
+    def _demote(self, work: _Work) -> None:
+        """``work`` was taken as tokened but its token could not be checked: it waits as an
+        untokened request, at the place admission gives one now (else behind every one), on a
+        best-effort promise. Never refused here: its token may be spent at some issuer already."""
+        self._work.discard(work)
+        taken = self._admission(self.current_load(), work.prefill)
+        self._work.add(work)
+        work.tokened = False
+        if taken is not None:
+            work.key, work.promise = taken.key, taken.promise
+        else:
+            work.key = max((w.key for w in self._work), default=0.0) + 1.0
+            work.promise = self.clock.monotonic() + self.max_queue_wait
+
+    def _busy(self, req: Request, why: str) -> ReplyChunk:
+        """A "busy" error chunk saying ``why`` (the user's client tries another model node)."""
+        return self._chunk(req, 0, "", (), done=True, failure=Failure.BUSY, error=busy_error(
+            f"{why}; try another model node serving the model, or again in a minute"))
 
     async def _generate(self, req: Request, prompt_ids: list[int], work: _Work,
                         origin: Origin) -> AsyncGenerator[ReplyChunk, None]:
@@ -693,6 +797,8 @@ class ModelNode:
             address = await nursery.start(self.node.serve, host, port)
             if self.group is not None:
                 await nursery.start(self.group.run)
+            if self.redeemer is not None:
+                nursery.start_soon(self.redeemer.prefetch)
             task_status.started(address)
 
 
@@ -703,7 +809,9 @@ class _Work:
     output tokens to expect (:meth:`Throughput.expected_output`), ``limit`` its
     ``max_tokens``, ``produced`` so far; its admission ``key`` (the engine's prompt order) and
     ``promise``, the time its first token is promised by (:mod:`model_node.admission`);
-    ``prompt`` its prompt's token ids (announced to the group until its prefill is done)."""
+    ``prompt`` its prompt's token ids (announced to the group until its prefill is done);
+    ``tokened``: its quota token claims priority (redeemed, or being redeemed); ``running``: it
+    holds a slot."""
 
     prefill: int
     expected: int
@@ -713,6 +821,8 @@ class _Work:
     promise: float = math.inf
     gen: Any = None  # the engine's generation, once started
     prompt: list[int] = dataclasses.field(default_factory=list)
+    tokened: bool = False  # it is served ahead of untokened requests (model_node/priority.py)
+    running: bool = False  # it holds a slot
 
     def left(self) -> int:
         """``prefill``, or what the engine reports is left of the prompt (``prompt_left``)."""

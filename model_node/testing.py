@@ -4,7 +4,8 @@
 :meth:`overlay.testing.Net.model_node`) take for a :class:`~model_node.server.ModelNode`
 running the echo engine; :class:`CachingEcho` is an echo engine that remembers the
 prompts it served, so it reports cached prefixes as llama.cpp does (the forwarding
-tests need it); :func:`start_echo_overlay` and :func:`start_group` build whole networks::
+tests need it); :class:`FakeIssuers` answers a node's usage-quota RPCs (issue 31) and mints
+tokens; :func:`start_echo_overlay` and :func:`start_group` build whole networks::
 
     net = await start_echo_overlay(nursery, 15, models=2)   # 15 users, 2 echo model nodes
     async for chunk in net.client.client.request("echo", messages, params): ...
@@ -14,21 +15,29 @@ Every node runs on trio's clock: run tests under ``autojump_clock``.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
-from collections import OrderedDict
+import os
+from collections import Counter, OrderedDict
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
 import trio
+from voprf import ristretto
 
 from model_node.echo import EchoEngine, EchoGeneration
 from model_node.engine import Engine, Piece
 from model_node.group import GroupConfig
 from model_node.hrtree import common_prefix
 from model_node.server import ModelNode
+from overlay.directory import quota
+from overlay.directory.quota import QuotaParams
+from overlay.directory.registration import Code
 from overlay.directory.registry import Registry
 from overlay.net.transport import Transport
 from overlay.testing import Net, NodeFactory, start_overlay
+from overlay.wire import crypto
+from overlay.wire.clock import Clock, TrioClock
 from overlay.wire.identity import Identity
 from overlay.wire.messages import SamplingParams
 
@@ -108,3 +117,92 @@ async def start_group(nursery: trio.Nursery, *, n_users: int = 16, delays: Seque
     group = GroupConfig(sync_interval=sync, load_threshold=threshold) if forwarding else None
     factories = [echo_node(engine=CachingEcho(delay), group=group, **model_kw) for delay in delays]
     return await start_overlay(nursery, n_users, clients=clients, models=factories, net=net)
+
+
+class FakeIssuers:
+    """``n`` verifiers issuing usage-quota tokens (issue 31), as a model node's
+    :class:`~model_node.quota.Redeemer` meets them: :meth:`rpc` answers its ``abci_query`` calls
+    (key records and redemptions) at :attr:`addresses`, with one spent set per issuer shared by
+    every node that asks, as the real issuers keep it. :meth:`token` mints a token directly with
+    the issuers' VOPRF keys (no blinding: a test needs the token, not the issuance). As
+    ``verifier/quota.py``, key records are given for the epochs around the current one only
+    (``WRONG_EPOCH`` otherwise). Knobs:
+    ``down`` (addresses that raise ``OSError``), ``off`` (addresses answering ``QUOTA_OFF``),
+    ``delay`` (seconds each answer takes). :attr:`calls` counts the queries by (address, path)."""
+
+    def __init__(self, n: int = 3, *, chain_id: str = "quota-test", params: QuotaParams | None = None,
+                 clock: Clock | None = None) -> None:
+        self.chain_id = chain_id
+        self.params = params or QuotaParams()
+        self.clock: Clock = clock or TrioClock()
+        self.keys = [crypto.SigningKey.generate() for _ in range(n)]
+        self.seeds = [os.urandom(32) for _ in range(n)]
+        self.addresses = [f"10.0.0.{i + 1}:26657" for i in range(n)]
+        self.spent: list[set[tuple[str, int, bytes]]] = [set() for _ in range(n)]
+        self.calls: Counter[tuple[str, str]] = Counter()
+        self.down: set[str] = set()
+        self.off: set[str] = set()
+        self.delay = 0.0
+
+    @property
+    def issuers(self) -> list[bytes]:
+        """The issuers' keys (their validator keys), in the order of :attr:`addresses`."""
+        return [k.public_bytes for k in self.keys]
+
+    def epoch(self) -> int:
+        return self.params.epoch_at(self.clock.unix())
+
+    def token(self, model: str = "echo", *, epoch: int | None = None, issuers: Sequence[int] | None = None,
+              nonce: bytes | None = None) -> bytes:
+        """A good token of ``model`` for ``epoch`` (default: now) from the ``issuers`` (indices;
+        default: the first ``params.issuers``)."""
+        epoch = self.epoch() if epoch is None else epoch
+        nonce = nonce or os.urandom(quota.NONCE_LEN)
+        which = range(self.params.issuers) if issuers is None else issuers
+        evaluations = tuple((self.keys[i].public_bytes, self._evaluator(i, model, epoch).evaluate_known_input(
+            quota.token_input(nonce))) for i in which)
+        return quota.encode_token(quota.Token(model, epoch, nonce, evaluations))
+
+    def spent_by_all(self, raw: bytes) -> bool:
+        """Whether every issuer of the token ``raw`` holds it as spent."""
+        t = quota.decode_token(raw)
+        return all((t.model, t.epoch, t.nonce) in self.spent[self.issuers.index(i)] for i, _ in t.evaluations)
+
+    def _evaluator(self, i: int, model: str, epoch: int) -> ristretto.Evaluator:
+        return quota.evaluator(self.seeds[i], self.chain_id, model, epoch)
+
+    async def rpc(self, address: str, method: str, params: dict[str, str]) -> Any:
+        """An :data:`overlay.directory.rpc.Rpc`: the ``abci_query`` answers of the verifier at ``address``."""
+        path = params["path"].strip('"')
+        self.calls[address, path] += 1
+        if self.delay:
+            await trio.sleep(self.delay)
+        if address in self.down or address not in self.addresses:
+            raise ConnectionRefusedError(f"{address} is down")
+        data = bytes.fromhex(params["data"][2:]) if "data" in params else b""
+        code, value = self._answer(self.addresses.index(address), path, data)
+        return {"response": {"code": int(code), "log": code.name.lower(), "value": base64.b64encode(value).decode()}}
+
+    def _answer(self, i: int, path: str, data: bytes) -> tuple[Code, bytes]:
+        if self.addresses[i] in self.off:
+            return Code.QUOTA_OFF, b""
+        if path == quota.KEY_PATH:
+            model, epoch = quota.decode_key_query(data)
+            if abs(epoch - self.epoch()) > 1:  # as verifier/quota.py: the epochs around the current one only
+                return Code.WRONG_EPOCH, b""
+            key = self._evaluator(i, model, epoch).public_key.serialize()
+            rec = quota.KeyRecord(self.keys[i].public_bytes, model, epoch, key, self.params)
+            return Code.OK, quota.encode_key_record(self.keys[i], self.chain_id, rec)
+        if path != quota.REDEEM_PATH:
+            return Code.MALFORMED, b""
+        try:
+            r = quota.decode_redeem(data)
+        except quota.QuotaError:
+            return Code.MALFORMED, b""
+        good = self._evaluator(i, r.model, r.epoch).evaluate_known_input(quota.token_input(r.nonce)) == r.output
+        if not good or not self.params.redeemable(r.epoch, self.clock.unix()):
+            return Code.BAD_TOKEN, b""
+        if (r.model, r.epoch, r.nonce) in self.spent[i]:
+            return Code.SPENT, b""
+        self.spent[i].add((r.model, r.epoch, r.nonce))
+        return Code.OK, b""
