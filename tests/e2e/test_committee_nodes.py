@@ -84,6 +84,46 @@ def test_chat_through_nodes_that_joined_through_the_committee(net: LocalNet) -> 
         time.sleep(0.5)
 
 
+async def _model_stats(net: LocalNet, asker: str) -> object:
+    """The model node's ``NodeStats``, asked over TLS by the registered node ``asker``."""
+    import os
+
+    from model_node.messages import NodeStats, StatsRequest
+
+    e = net.entries[net.models[0]]
+    conn = await TLSTransport(net.identities[asker]).dial(e.address, e.node_id)
+    try:
+        nonce = int.from_bytes(os.urandom(4), "big")
+        await conn.send(StatsRequest(nonce))
+        with trio.fail_after(10):
+            while True:
+                msg = await conn.receive()
+                if isinstance(msg, NodeStats) and msg.nonce == nonce:
+                    return msg
+    finally:
+        await conn.aclose()
+
+
+def test_chats_spend_quota_tokens_redeemed_at_the_verifiers(net: LocalNet) -> None:
+    """The committee's genesis has a quota section (the default): the chat fetched its tokens blind
+    from the real verifiers, its request carried one, and the model node redeemed it at them
+    (decision 0017); the unspent tokens stay in the chat's data dir for its next run."""
+    config = net.config_toml("you", net.root / "chat-quota.toml")
+    for i in range(2):
+        out = subprocess.run(cli("user", "chat", "--config", str(config), "--timeout", "60", "--log-level", "warning"),
+                             input=f"quota prompt {i}", capture_output=True, text=True, timeout=240)
+        assert out.returncode == 0, out.stdout + out.stderr
+    stats = trio.run(_model_stats, net, "relay-3")
+    counts = {c.name: c.n for c in stats.quota}  # type: ignore[attr-defined]
+    assert counts.get("tokened", 0) >= 2 and not counts.get("refused"), counts
+    stored = net.root / "you" / "quota_tokens.bin"
+    assert stored.exists() and stored.stat().st_mode & 0o777 == 0o600
+    deadline = time.monotonic() + 30  # gone from the lists again before the next test counts the nodes
+    while net.identities["you"].node_id in _registered(net):
+        assert time.monotonic() < deadline, "the chat client's leave never reached the signed lists"
+        time.sleep(0.5)
+
+
 def test_status_shows_the_committee_and_the_registered_nodes(net: LocalNet) -> None:
     out = subprocess.run(cli("status", "--committee", net.committee_addresses, "--committee-genesis",
                              str(net.genesis_file), "--timeout", "10"), capture_output=True, text=True, timeout=120)
