@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from overlay.anon.client import AllBusy, AnonError, ModelUnaudited, ReplyUnverified
+from overlay.anon.client import AllBusy, AnonError, ModelUnaudited, QuotaExhausted, ReplyUnverified
 from overlay.anon.paths import PathError
 from overlay.wire.failures import Failure
 from overlay.wire.messages import ChatMessage, ReplyChunk, SamplingParams
@@ -138,6 +138,7 @@ def test_commands():
     (AnonError("no reply from model node 0a0b0c0d: it is gone (model-lost: ...)", Failure.LOST), chat.EXIT_NO_MODEL_NODE),
     (AnonError("reply chunks arrived too far out of order"), chat.EXIT_OTHER),
     (ModelUnaudited("m"), chat.EXIT_UNAUDITED),
+    (QuotaExhausted("your quota of 'm' for this period is used up; it refills in 42 s", 1e9, 42.0), chat.EXIT_QUOTA),
     # the words are never read: only the kind says what failed
     (AnonError("no reply from model node 0a0b0c0d within 5s; the reply was discarded"), chat.EXIT_OTHER),
     (AnonError("a message in no known form", Failure.UNVERIFIED), chat.EXIT_UNVERIFIED),

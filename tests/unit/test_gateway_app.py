@@ -15,7 +15,7 @@ from hypercorn.config import Config
 from hypercorn.trio import serve
 from openai.types.chat import ChatCompletionMessageParam
 
-from overlay.anon.client import AllBusy, AnonError, ModelUnaudited, ReplyUnverified
+from overlay.anon.client import AllBusy, AnonError, ModelUnaudited, QuotaExhausted, ReplyUnverified
 from overlay.testing import wait_until
 from overlay.wire.failures import Failure
 from overlay.wire.messages import ChatMessage, ReplyChunk, SamplingParams
@@ -56,6 +56,8 @@ class FakeBackend:
             raise AllBusy("every model node serving 'echo' refused the request as busy")
         if words[0] == "unaudited":  # the committee stopped auditing the model since the call was admitted
             raise ModelUnaudited(model)
+        if words[0] == "quota":  # the user's usage quota is used up (nothing was sent)
+            raise QuotaExhausted("your quota of 'echo' for this period is used up; it refills in 41.2 s", 1e9, 41.2)
         served, prompt_tokens = node or NODE_A, PROMPT_TOKENS
         for i, w in enumerate(words[: params.max_tokens]):
             if w == "hold":
@@ -162,6 +164,7 @@ async def test_follow_ups_go_back_to_the_node_that_served(gateway):
     ("allbusy x", 503, "model_nodes_busy"),
     ("forged x", 502, "reply_unverified"),
     ("unaudited x", 503, "model_unaudited"),
+    ("quota x", 429, "quota_exceeded"),
 ])
 async def test_overlay_failures_are_openai_errors(gateway, content, status, code):
     _, _, base = gateway
@@ -175,6 +178,24 @@ async def test_overlay_failures_are_openai_errors(gateway, content, status, code
             assert e.value.status_code == status and error_body(e.value)["code"] == code
 
     await trio.to_thread.run_sync(run)
+
+
+async def test_a_used_up_quota_is_a_429_that_says_when_it_refills(gateway):
+    _, _, base = gateway
+    req = urllib.request.Request(base + "/v1/chat/completions", data=json.dumps(
+        {"model": "echo", "messages": [{"role": "user", "content": "quota x"}]}).encode(),
+        headers={"content-type": "application/json"})
+
+    def run() -> tuple[int, str | None, dict[str, Any]]:
+        try:
+            urllib.request.urlopen(req, timeout=10)
+        except urllib.error.HTTPError as e:
+            return e.code, e.headers.get("retry-after"), json.loads(e.read())
+        raise AssertionError("no error")
+
+    status, retry_after, body = await trio.to_thread.run_sync(run)
+    assert (status, retry_after) == (429, "42")  # whole seconds, rounded up
+    assert body["error"]["type"] == "rate_limit_exceeded" and "refills in" in body["error"]["message"]
 
 
 async def test_unknown_model_404_bad_parameter_400(gateway):
