@@ -1,0 +1,343 @@
+"""``gentorrent bench quotas``: what anonymous usage quotas cost and what they buy (issue 31,
+decision 0017).
+
+1. **Cost per token** (CPU time, this process, ``time.process_time``): the user's blinding and
+   unblinding with proof check (for one issuer), the issuer's evaluation of a batch of
+   :data:`BATCH` (with the request's signature check and budget), the issuer's redemption check,
+   the model node's local screen of a token; against a plain Ed25519 signature and verification
+   in the same run. Real code: :class:`overlay.directory.quota.Blinding`,
+   :class:`verifier.quota.Issuer`, :func:`model_node.quota.parse`.
+2. **Added time to first token** (real clock): the same requests, one at a time, to an echo model
+   node over the in-memory overlay, with tokens (a real :class:`~overlay.directory.wallet.Wallet`
+   fetching blind from real issuers, a real :class:`~model_node.quota.Redeemer` redeeming at them)
+   and without (no wallet, no redeemer). The verifiers' RPC is a function call here
+   (:data:`RPC_NOTE`): the figure is the protocol's CPU and scheduling cost, not a network's round
+   trip, which adds one round trip to the slowest of ``issuers`` verifiers: measured apart, as
+   ``abci_query`` round trips to one real ``gentorrent verifier`` on loopback (:func:`rpc_round_trip`).
+3. **A flood** (trio's mock clock: times are the schedule's, not this machine's speed): honest
+   users send at a steady rate to one echo model node whose capacity is the honest load plus
+   headroom, while one user floods at 10× its fair share. Three runs: ``noflood`` (quotas on, no
+   flooder), ``tokens`` (quotas on: the flooder spends its own tokens, then keeps sending without
+   any, as a modified client would) and ``notokens`` (quotas off: everyone sends without). Figures:
+   the honest users' TTFT p50/p99 and the share of their requests refused as busy; the goal is an
+   honest p99 with the flood within 1.5× of the one without.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import trio
+import trio.testing
+
+from gentorrent.bench.stats import cpu_model, percentile
+
+MODEL = "echo"
+CHAIN = "bench-quotas"
+BATCH = 16
+RPC_NOTE = "in-process function call (no HTTP, no CometBFT): the verifiers' RPC round trip is not included"
+# the flood: one echo model node, 2 slots, 20 pieces of 0.05 s a reply (1 s a request: 2 requests/s)
+SLOTS = 2
+PIECES = 20
+PIECE_S = 0.05
+HONEST = 4
+HONEST_RATE = 0.25  # requests/s each: 1 request/s in all, half the node's capacity
+FAIR = SLOTS / (PIECES * PIECE_S) / (HONEST + 1)  # each user's fair share of the node, requests/s
+FLOOD_FACTOR = 10
+EPOCH_S = 60  # the flood's quota epoch: its tokens are each user's fair share of it
+
+
+def _cpu_ms(fn: Callable[[], object], n: int) -> float:
+    t = time.process_time()
+    for _ in range(n):
+        fn()
+    return 1000 * (time.process_time() - t) / n
+
+
+# --------------------------------------------------------------------------- 1. cost per token
+
+def costs(n: int) -> dict[str, float]:
+    from model_node.quota import parse
+    from overlay.directory import quota
+    from overlay.wire import crypto
+    from overlay.wire.identity import Identity
+    from verifier.quota import Issuer
+
+    params = quota.QuotaParams(epoch_s=600, tokens=10**5, issuers=1)
+    signer = crypto.SigningKey.generate()
+    issuer = Issuer(os.urandom(32), signer, CHAIN, params)
+    user = Identity.generate()
+    now = 1_800_000_000.0
+    epoch = params.epoch_at(now)
+    record = quota.decode_key_record(issuer.key_record(MODEL, epoch))
+    batches = max(1, n // BATCH)
+    nonces = [quota.new_nonces(BATCH) for _ in range(batches)]
+    t = time.process_time()
+    blindings = [quota.Blinding(ns) for ns in nonces]
+    blind_ms = 1000 * (time.process_time() - t) / (batches * BATCH)
+    requests = [quota.encode_issue(user, CHAIN, quota.IssueRequest(user.node_id, signer.public_bytes, MODEL, epoch,
+                                                                   b.blinded)) for b in blindings]
+    t = time.process_time()
+    answers = [issuer.issue(r, now, lambda _: user.ed25519_public, lambda _: True) for r in requests]
+    issue_ms = 1000 * (time.process_time() - t) / (batches * BATCH)
+    assert all(code == 0 for code, _, _ in answers), answers[0]
+    t = time.process_time()
+    outputs = [b.finalize(quota.decode_issued(value), record.key) for b, (_, _, value) in zip(blindings, answers,
+                                                                                               strict=True)]
+    finalize_ms = 1000 * (time.process_time() - t) / (batches * BATCH)
+    tokens = [quota.Token(MODEL, epoch, nonce, ((signer.public_bytes, out),))
+              for ns, outs in zip(nonces, outputs, strict=True) for nonce, out in zip(ns, outs, strict=True)]
+    raws = [quota.encode_token(tok) for tok in tokens]
+    redeems = [tok.redeem(signer.public_bytes) for tok in tokens]
+    t = time.process_time()
+    codes = [issuer.redeem(r, now)[0] for r in redeems]
+    redeem_ms = 1000 * (time.process_time() - t) / len(redeems)
+    assert all(c == 0 for c in codes)
+    t = time.process_time()
+    for raw in raws:
+        parse(raw, MODEL)
+    screen_ms = 1000 * (time.process_time() - t) / len(raws)
+    message = os.urandom(64)
+    sig = signer.sign(message)
+    sign_ms = _cpu_ms(lambda: signer.sign(message), 4 * n)
+    verify_ms = _cpu_ms(lambda: crypto.ed25519_verify(signer.public_bytes, sig, message), 4 * n)
+    return {
+        "user_blind_ms_per_token": blind_ms, "user_finalize_ms_per_token": finalize_ms,
+        "issuer_issue_ms_per_token": issue_ms, "issuer_redeem_ms_per_token": redeem_ms,
+        "node_screen_ms_per_token": screen_ms, "ed25519_sign_ms": sign_ms, "ed25519_verify_ms": verify_ms,
+        "issuer_issue_ratio_vs_ed25519_sign": issue_ms / sign_ms,
+        "issuer_redeem_ratio_vs_ed25519_verify": redeem_ms / verify_ms,
+    }
+
+
+# --------------------------------------------------------------------------- shared: issuers behind an RPC
+
+class Issuers:
+    """``n`` real issuers (:class:`verifier.quota.Issuer`) answering the quota queries as
+    :meth:`verifier.abci_app.CommitteeAbciApp.quota_query` routes them, every user registered,
+    every model listed; times from trio's clock (the mock clock in the flood)."""
+
+    def __init__(self, n: int, params: Any) -> None:
+        from overlay.wire import crypto
+        from verifier.quota import Issuer
+
+        self.keys = [crypto.SigningKey.generate() for _ in range(n)]
+        self.issuers = [Issuer(os.urandom(32), k, CHAIN, params) for k in self.keys]
+        self.addresses = [f"10.9.0.{i + 1}:26657" for i in range(n)]
+        self.users: dict[bytes, bytes] = {}
+
+    async def rpc(self, address: str, method: str, params: dict[str, str]) -> Any:
+        import base64
+
+        from overlay.directory import quota
+        from overlay.wire.clock import TrioClock
+
+        await trio.lowlevel.checkpoint()
+        issuer = self.issuers[self.addresses.index(address)]
+        path = params["path"].strip('"')
+        data = bytes.fromhex(params["data"][2:]) if "data" in params else b""
+        now = TrioClock().unix()
+        value = b""
+        if path == quota.KEY_PATH:
+            code, why, value = issuer.key_query(data, now)
+        elif path == quota.ISSUE_PATH:
+            code, why, value = issuer.issue(data, now, self.users.get, lambda _: True)
+        else:
+            code, why = issuer.redeem(data, now)
+        return {"response": {"code": int(code), "log": why, "value": base64.b64encode(value).decode()}}
+
+    def wallet(self, user: Any) -> Any:
+        from overlay.directory.wallet import Wallet
+
+        self.users[user.identity.node_id] = user.identity.ed25519_public
+        return Wallet(user.identity, lambda: self.addresses, CHAIN, lambda: [k.public_bytes for k in self.keys],
+                      rpc=self.rpc)
+
+    def redeemer(self) -> Any:
+        from model_node.quota import Redeemer
+
+        return Redeemer(MODEL, lambda: self.addresses, CHAIN, rpc=self.rpc)
+
+
+async def _first_token(client: Any, text: str, max_tokens: int) -> float:
+    """Seconds (trio's clock) from the request's start to its first chunk."""
+    from overlay.wire.messages import ChatMessage, SamplingParams
+
+    t0 = trio.current_time()
+    first = None
+    async for _ in client.request(MODEL, [ChatMessage("user", text)], SamplingParams(max_tokens=max_tokens),
+                                  chunk_timeout=120):
+        if first is None:
+            first = trio.current_time() - t0
+    assert first is not None
+    return first
+
+
+# --------------------------------------------------------------------------- 2. added TTFT
+
+def added_ttft(n: int) -> dict[str, float]:
+    from model_node.testing import echo_node
+    from overlay.directory.quota import QuotaParams
+    from overlay.testing import start_overlay
+
+    async def play(tokens: bool) -> list[float]:
+        issuers = Issuers(4, QuotaParams(epoch_s=600, tokens=1000, issuers=2))
+        async with trio.open_nursery() as nursery:
+            factory = echo_node(redeemer=issuers.redeemer() if tokens else None)
+            net = await start_overlay(nursery, 15, models=[factory])
+            user = net.client
+            assert user.client is not None and user.paths is not None
+            with trio.fail_after(60):
+                await user.paths.wait_ready(user.client.n)
+            if tokens:
+                user.client.quota = issuers.wallet(user)
+            for _ in range(3):  # warm-up (the first batch of tokens is fetched here)
+                await _first_token(user.client, "warm up the paths", 2)
+            out = [await _first_token(user.client, f"question {i} here", 2) for i in range(n)]
+            nursery.cancel_scope.cancel()
+        return out
+
+    with_tokens: list[float] = []
+    without: list[float] = []
+    for _ in range(2):  # alternating, twice
+        without += trio.run(play, False)
+        with_tokens += trio.run(play, True)
+    a, b = statistics.median(with_tokens), statistics.median(without)
+    return {"ttft_p50_with_tokens_ms": 1000 * a, "ttft_p50_without_tokens_ms": 1000 * b,
+            "ttft_added_p50_ms": 1000 * (a - b),
+            "ttft_mean_with_tokens_ms": 1000 * statistics.fmean(with_tokens),
+            "ttft_mean_without_tokens_ms": 1000 * statistics.fmean(without)}
+
+
+def rpc_round_trip(n: int) -> dict[str, float]:
+    """What the in-process RPC above leaves out: ``abci_query`` round trips of ``/quota/key`` (the
+    cheapest quota query) to a real ``gentorrent verifier`` (CometBFT RPC over loopback HTTP), one
+    verifier started for this. A redemption asks its issuers at once: it adds about one of these
+    (the slowest issuer's)."""
+    import tempfile
+    from pathlib import Path
+
+    from gentorrent.tools.localnet import LocalNet
+    from overlay.directory import quota
+    from overlay.directory.rpc import abci_query
+
+    async def ask(address: str) -> list[float]:
+        data = quota.encode_key_query(MODEL, quota.QuotaParams().epoch_at(time.time()))  # the genesis default
+        out = []
+        for _ in range(n + 3):
+            t = time.perf_counter()
+            answer = await abci_query(address, quota.KEY_PATH, data)
+            out.append(time.perf_counter() - t)
+            assert answer.code == 0, answer.log
+        return out[3:]  # warm-up
+
+    with tempfile.TemporaryDirectory(prefix="gentorrent-bench-quotas-") as d:
+        with LocalNet(Path(d), 0, models=0, committee=1) as net:
+            net.start_committee(timeout=120)
+            times = sorted(trio.run(ask, net.rpc_address(net.verifiers[0])))
+    return {"rpc_round_trip_p50_ms": 1000 * percentile(times, 50), "rpc_round_trip_p99_ms": 1000 * percentile(times, 99)}
+
+
+# --------------------------------------------------------------------------- 3. the flood
+
+def flood(mode: str, duration: float, seed: int, epoch_s: int = EPOCH_S) -> dict[str, float]:
+    """One flood run (module docstring, part 3) on trio's mock clock: the honest users' TTFTs and
+    busy refusals, and what the flooder got."""
+    from model_node.testing import echo_node
+    from overlay.anon.client import AnonError, QuotaExhausted
+    from overlay.directory.quota import QuotaParams
+    from overlay.testing import start_overlay
+
+    params = QuotaParams(epoch_s=epoch_s, tokens=math.ceil(FAIR * epoch_s), issuers=1, grace_s=10)
+    out: dict[str, Any] = {"honest_ttft": [], "honest_busy": 0, "honest_sent": 0, "flood_sent": 0,
+                           "flood_answered": 0, "flood_tokened": 0}
+
+    async def main() -> None:
+        issuers = Issuers(1, params)
+        quotas = mode != "notokens"
+        async with trio.open_nursery() as nursery:
+            factory = echo_node(delay=PIECE_S, slots=SLOTS, max_queue=8, max_queue_wait=10.0,
+                                redeemer=issuers.redeemer() if quotas else None)
+            flooder = mode != "noflood"
+            net = await start_overlay(nursery, 15, clients=HONEST + 1, models=[factory])
+            for u in net.users[:HONEST + 1]:
+                assert u.client is not None and u.paths is not None
+                with trio.fail_after(120):
+                    await u.paths.wait_ready(u.client.n)
+                if quotas:
+                    u.client.quota = issuers.wallet(u)
+            end = trio.current_time() + duration
+            text = " ".join(f"w{i}" for i in range(PIECES))
+
+            async def honest(client: Any) -> None:
+                try:
+                    ttft = await _first_token(client, text, PIECES)
+                    out["honest_ttft"].append(ttft)
+                except AnonError:
+                    out["honest_busy"] += 1
+
+            async def flood_one(client: Any) -> None:
+                try:
+                    await _first_token(client, text, PIECES)
+                    out["flood_answered"] += 1
+                except QuotaExhausted:
+                    client.quota = None  # a modified client: it goes on without tokens
+                except AnonError:
+                    pass
+
+            async def sender(client: Any, rate: float, one: Callable[[Any], Any], key: str, i: int) -> None:
+                rng = random.Random(seed * 1000 + i)  # each sender its own arrivals: the honest ones alike in every mode
+                async with trio.open_nursery() as inner:
+                    while trio.current_time() < end:
+                        await trio.sleep(rng.expovariate(rate))
+                        out[key] += 1
+                        inner.start_soon(one, client)
+
+            async with trio.open_nursery() as senders:
+                for i, u in enumerate(net.users[1:HONEST + 1], start=1):
+                    senders.start_soon(sender, u.client, HONEST_RATE, honest, "honest_sent", i)
+                if flooder:
+                    senders.start_soon(sender, net.users[0].client, FLOOD_FACTOR * FAIR, flood_one, "flood_sent", 0)
+            if quotas:
+                redeemer = net.models[0].redeemer
+                out["flood_tokened"] = redeemer.tokened if redeemer is not None else 0
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    ttft = sorted(out["honest_ttft"])
+    return {
+        f"honest_ttft_p50_ms_{mode}": 1000 * percentile(ttft, 50),
+        f"honest_ttft_p99_ms_{mode}": 1000 * percentile(ttft, 99),
+        f"honest_busy_frac_{mode}": out["honest_busy"] / max(1, out["honest_sent"]),
+        f"flood_answered_frac_{mode}": out["flood_answered"] / max(1, out["flood_sent"]),
+        f"honest_requests_{mode}": float(out["honest_sent"]),
+    }
+
+
+def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
+    figures = costs(64 if quick else 2048)
+    figures.update(added_ttft(3 if quick else 40))
+    figures.update(rpc_round_trip(10 if quick else 200))
+    duration = 30.0 if quick else 240.0
+    for mode in ("noflood", "tokens", "notokens"):
+        figures.update(flood(mode, duration, seed=5))
+    base = figures["honest_ttft_p99_ms_noflood"]
+    figures["honest_ttft_p99_ratio_tokens_vs_noflood"] = figures["honest_ttft_p99_ms_tokens"] / base
+    figures["honest_ttft_p99_ratio_notokens_vs_noflood"] = figures["honest_ttft_p99_ms_notokens"] / base
+    params = {
+        "cpu": cpu_model(), "cores": len(os.sched_getaffinity(0)), "voprf": "voprf 0.2.0 (RFC 9497, ristretto255-SHA512)",
+        "batch": BATCH, "rpc": RPC_NOTE, "added_ttft": "echo node, in-memory overlay (15 users), n=4 k=3 cloves, "
+        "4 issuers, 2 a token; medians of 2 alternating runs each way",
+        "flood": {"clock": "trio MockClock (times are the schedule's)", "node": f"echo, {SLOTS} slots, "
+                  f"{PIECES} pieces of {PIECE_S} s a reply, max queue 8, max wait 10 s",
+                  "honest_users": HONEST, "honest_rate_per_s": HONEST_RATE, "fair_share_per_s": round(FAIR, 3),
+                  "flood_rate_per_s": round(FLOOD_FACTOR * FAIR, 3), "duration_s": duration,
+                  "quota": "epoch 60 s, tokens = fair share x epoch, 1 issuer a token"},
+    }
+    return params, figures
