@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 from gentorrent.cli import common_flags
 
@@ -114,24 +115,23 @@ def _threshold(text: str) -> float:
     return value
 
 
-def _queue_wait(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 < value <= 3600:
-        raise argparse.ArgumentTypeError(f"max queue wait must be within 0..3600 seconds (above 0), got {text!r}")
-    return value
+def _seconds(what: str, most: float) -> Callable[[str], float]:
+    """An argparse type: seconds above 0 and at most ``most`` (``what`` names the flag's value)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = -1.0
+        if not 0 < value <= most:
+            raise argparse.ArgumentTypeError(f"{what} must be within 0..{most:g} seconds (above 0), got {text!r}")
+        return value
+
+    return parse
 
 
-def _quota_timeout(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 < value <= 60:
-        raise argparse.ArgumentTypeError(f"quota timeout must be within 0..60 seconds (above 0), got {text!r}")
-    return value
+_queue_wait = _seconds("max queue wait", 3600)
+_quota_timeout = _seconds("quota timeout", 60)
 
 
 def _bits(text: str) -> int:

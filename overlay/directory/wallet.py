@@ -39,7 +39,7 @@ import trio
 from overlay.anon.client import QuotaExhausted
 from overlay.directory import quota
 from overlay.directory.registration import Code
-from overlay.directory.rpc import Rpc, RpcError, abci_query
+from overlay.directory.rpc import Answer, Rpc, RpcError, abci_query
 from overlay.wire.clock import Clock, TrioClock
 from overlay.wire.identity import Identity, write_private
 
@@ -162,10 +162,8 @@ class Wallet:
 
         async def ask(address: str) -> None:
             with trio.move_on_after(self.rpc_timeout):
-                try:
-                    answer = await abci_query(address, quota.KEY_PATH, data, rpc=self.rpc)
-                except (RpcError, OSError) as exc:
-                    log.info("quota key from %s: %s", address, exc)
+                answer = await self._query(address, quota.KEY_PATH, data, "quota key")
+                if answer is None:
                     return
                 if answer.code == Code.QUOTA_OFF:
                     off.append(address)
@@ -192,6 +190,14 @@ class Wallet:
             for a in addresses:
                 nursery.start_soon(ask, a)
         return found, bool(addresses) and len(off) == len(addresses)
+
+    async def _query(self, address: str, path: str, data: bytes, what: str) -> Answer | None:
+        """``abci_query``'s answer, whatever its code; None (logged) when the verifier cannot be asked."""
+        try:
+            return await abci_query(address, path, data, rpc=self.rpc)
+        except (RpcError, OSError) as exc:
+            log.info("%s from %s: %s", what, address, exc)
+            return None
 
     # ------------------------------------------------------------------ issuance
 
@@ -274,10 +280,8 @@ class Wallet:
             self.identity.node_id, rec.issuer, model, stock.epoch, blinding.blinded))
         results[address] = None
         with trio.move_on_after(self.rpc_timeout):
-            try:
-                answer = await abci_query(address, quota.ISSUE_PATH, raw, rpc=self.rpc)
-            except (RpcError, OSError) as exc:
-                log.info("quota tokens from %s: %s", address, exc)
+            answer = await self._query(address, quota.ISSUE_PATH, raw, "quota tokens")
+            if answer is None:
                 return
             if answer.code == Code.QUOTA_USED:
                 stock.used_up.add(address)
