@@ -337,14 +337,9 @@ class Redeemer:
             log.info("quota key record of %s refused: code %d (%s)", address, answer.code, answer.log[:200])
             return
         try:
-            rec = quota.decode_key_record(answer.value)
-            quota.verify_key_record(rec, self.chain_id)
+            rec = quota.checked_key_record(answer.value, self.chain_id, self.model,
+                                           None if self.validators is None else self.validators())
         except QuotaError as exc:
             log.warning("the quota key record %s answered is not usable: %s", address, exc.reason)
-            return
-        if rec.model != self.model or (self.validators is not None and rec.issuer not in self.validators()):
-            log.warning("the quota key record %s answered is not its own for %r (model %r, issuer %s, validator: %s)",
-                        address, self.model, rec.model, _short(rec.issuer),
-                        self.validators is None or rec.issuer in self.validators())
             return
         state.issuer, state.params = rec.issuer, rec.params

@@ -29,6 +29,7 @@ from model_node.echo import EchoEngine, EchoGeneration
 from model_node.engine import Engine, Piece
 from model_node.group import GroupConfig
 from model_node.hrtree import common_prefix
+from model_node.messages import NodeStats, StatsRequest
 from model_node.server import ModelNode
 from overlay.directory import quota
 from overlay.directory.quota import QuotaParams
@@ -206,3 +207,15 @@ class FakeIssuers:
             return Code.SPENT, b""
         self.spent[i].add((r.model, r.epoch, r.nonce))
         return Code.OK, b""
+
+
+async def node_stats(conn: Any) -> NodeStats:
+    """A model node's :class:`~model_node.messages.NodeStats` over ``conn`` (an authenticated
+    connection from a node its registry lists): asks with a fresh nonce and reads until that
+    answer comes (bound the wait with a cancel scope)."""
+    nonce = int.from_bytes(os.urandom(4), "big")
+    await conn.send(StatsRequest(nonce))
+    while True:
+        msg = await conn.receive()
+        if isinstance(msg, NodeStats) and msg.nonce == nonce:
+            return msg

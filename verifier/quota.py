@@ -91,18 +91,31 @@ class _Epoch:
     spent_count: int = 0
     answers: OrderedDict[bytes, bytes] = field(default_factory=OrderedDict)  # request digest -> answer
 
-    def remember(self, digest: bytes, answer: bytes) -> None:
+    def remember(self, digest: bytes, answer: bytes, most: int) -> None:
         self.answers[digest] = answer
-        if len(self.answers) > MAX_ANSWERS:
+        if len(self.answers) > most:
             self.answers.popitem(last=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Caps:
+    """What one epoch may hold: ``accounts`` (user, model) counts, ``spent`` nonces, ``answers``
+    kept for replays (defaults :data:`MAX_ACCOUNTS`, :data:`MAX_SPENT`, :data:`MAX_ANSWERS`;
+    tests pass smaller ones)."""
+
+    accounts: int = MAX_ACCOUNTS
+    spent: int = MAX_SPENT
+    answers: int = MAX_ANSWERS
 
 
 class Issuer:
     """One verifier's issuer: see the module docstring."""
 
-    def __init__(self, seed: bytes, signer: crypto.SigningKey, chain_id: str, params: QuotaParams) -> None:
+    def __init__(self, seed: bytes, signer: crypto.SigningKey, chain_id: str, params: QuotaParams,
+                 caps: Caps = Caps()) -> None:
         """``seed``: :func:`quota_seed` of ``signer``'s private bytes; ``signer``: the validator key,
-        which signs the key records (its public key names this issuer on the wire)."""
+        which signs the key records (its public key names this issuer on the wire); ``caps``: what
+        one epoch may hold."""
         if len(seed) != 32:
             raise ValueError("the issuer's seed is 32 bytes")
         self._seed = seed
@@ -110,6 +123,7 @@ class Issuer:
         self.public = signer.public_bytes
         self.chain_id = chain_id
         self.params = params
+        self.caps = caps
         self.floor = 0  # epochs below it are forgotten, and refused
         self.changes = 0  # grows with every change a snapshot would show
         self._epochs: dict[int, _Epoch] = {}
@@ -247,8 +261,8 @@ class Issuer:
                                      f"you at this issuer and you asked for {n}; the epoch ends at Unix time "
                                      f"{ends:.0f} (in {max(0.0, ends - now_unix):.0f} s), and the next one brings "
                                      f"{tokens} more"), b""
-        if used == 0 and len(ep.used) >= MAX_ACCOUNTS:
-            return Code.UNAVAILABLE, (f"this issuer holds {MAX_ACCOUNTS} users' counts this epoch, its most: "
+        if used == 0 and len(ep.used) >= self.caps.accounts:
+            return Code.UNAVAILABLE, (f"this issuer holds {self.caps.accounts} users' counts this epoch, its most: "
                                       "ask the other issuers, or again next epoch"), b""
         try:
             inputs = [ristretto.BlindedInput.deserialize(b) for b in req.blinded]
@@ -257,7 +271,7 @@ class Issuer:
         batch = self._key(req.model, req.epoch).evaluator.evaluate_batch(inputs)
         ep.used[account] = used + n
         answer = quota.encode_issued(quota.Issued(batch.serialize(), tokens - used - n))
-        ep.remember(digest, answer)
+        ep.remember(digest, answer, self.caps.answers)
         self.changes += 1
         return Code.OK, f"{n} tokens issued; {tokens - used - n} left to you this epoch", answer
 
@@ -285,8 +299,8 @@ class Issuer:
         spent = ep.spent.get(model)
         if spent is not None and nonce in spent:
             return Code.SPENT, "this token was already spent"
-        if ep.spent_count >= MAX_SPENT:
-            return Code.UNAVAILABLE, (f"this issuer holds {MAX_SPENT} spent tokens this epoch, its most: it takes "
+        if ep.spent_count >= self.caps.spent:
+            return Code.UNAVAILABLE, (f"this issuer holds {self.caps.spent} spent tokens this epoch, its most: it takes "
                                       "no more until the next epoch")
         ep.spent.setdefault(model, set()).add(nonce)
         ep.spent_count += 1

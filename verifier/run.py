@@ -88,19 +88,27 @@ def load_book(data_dir: Path) -> TranscriptBook:
     :class:`BookFileError` for a file that cannot be read or does not load: starting with an empty
     book instead would silently forget the commitments the verifier took (decision 0015)."""
     path = data_dir / BOOK_FILE
-    try:
-        size = path.stat().st_size
-        if size > MAX_BOOK_BYTES:
-            raise BookFileError(_unusable(path, f"{size} bytes, over the {MAX_BOOK_BYTES} a saved book may take"))
-        raw = path.read_bytes()
-    except FileNotFoundError:
+    raw = _read_saved(path, MAX_BOOK_BYTES, lambda why: BookFileError(_unusable(path, why)))
+    if raw is None:
         return TranscriptBook()
-    except OSError as exc:
-        raise BookFileError(_unusable(path, f"it cannot be read: {exc}")) from None
     try:
         return TranscriptBook.from_bytes(raw)
     except BookError as exc:
         raise BookFileError(_unusable(path, exc.reason)) from None
+
+
+def _read_saved(path: Path, most: int, unusable: Callable[[str], Exception]) -> bytes | None:
+    """A saved state's bytes; None where there is no file; ``unusable(why)`` raised for a file over
+    ``most`` bytes or one that cannot be read."""
+    try:
+        size = path.stat().st_size
+        if size > most:
+            raise unusable(f"{size} bytes, over the {most} a saved state may take")
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise unusable(f"it cannot be read: {exc}") from None
 
 
 def _unusable(path: Path, why: str) -> str:
@@ -117,32 +125,42 @@ def save_book(data_dir: Path, book: TranscriptBook) -> None:
     write_private(data_dir / BOOK_FILE, book.to_bytes())
 
 
-async def keep_book(data_dir: Path, book: TranscriptBook, every: float = BOOK_SAVE_S, *,
-                    write: Callable[[Path, bytes], None] = write_private) -> None:
-    """Write ``book`` every ``every`` seconds while it changes (never returns). It is turned into
-    bytes here, in the thread that changes it, then written (``write``: atomically, mode 0600) in
-    a worker thread; a failed write is logged and tried again at the next turn."""
-    saved = book.revision()
+async def keep_saved(path: Path, revision: Callable[[], int], to_bytes: Callable[[], bytes], what: str,
+                     every: float, *, write: Callable[[Path, bytes], None] = write_private) -> None:
+    """Write ``to_bytes()`` to ``path`` every ``every`` seconds while ``revision()`` changes (never
+    returns). The bytes are made here, in the thread that changes the state, then written
+    (``write``: atomically, mode 0600) in a worker thread; a failed write is logged and tried again
+    at the next turn. ``what`` names the state in the log."""
+    saved = revision()
     while True:
         await trio.sleep(every)
-        revision = book.revision()
-        if revision == saved:
+        now = revision()
+        if now == saved:
             continue
         try:
-            raw = book.to_bytes()
-            await trio.to_thread.run_sync(write, data_dir / BOOK_FILE, raw)
+            raw = to_bytes()
+            await trio.to_thread.run_sync(write, path, raw)
         except (OSError, BookError) as exc:
-            log.error("cannot write the book of users' transcripts to %s (trying again in %g s): %s",
-                      data_dir / BOOK_FILE, every, exc)
+            log.error("cannot write %s to %s (trying again in %g s): %s", what, path, every, exc)
             continue
-        saved = revision
+        saved = now
 
 
-def _save_book_at_exit(data_dir: Path, book: TranscriptBook) -> None:
+def _save_at_exit(path: Path, to_bytes: Callable[[], bytes], what: str) -> None:
     try:
-        save_book(data_dir, book)
+        write_private(path, to_bytes())
     except (OSError, BookError) as exc:
-        log.error("cannot write the book of users' transcripts to %s at exit: %s", data_dir / BOOK_FILE, exc)
+        log.error("cannot write %s to %s at exit: %s", what, path, exc)
+
+
+BOOK_WHAT = "the book of users' transcripts"
+QUOTA_WHAT = "the quota issuer's state"
+
+
+async def keep_book(data_dir: Path, book: TranscriptBook, every: float = BOOK_SAVE_S, *,
+                    write: Callable[[Path, bytes], None] = write_private) -> None:
+    """Write ``book`` every ``every`` seconds while it changes (:func:`keep_saved`; never returns)."""
+    await keep_saved(data_dir / BOOK_FILE, book.revision, book.to_bytes, BOOK_WHAT, every, write=write)
 
 
 class QuotaFileError(Exception):
@@ -180,14 +198,9 @@ def load_issuer(data_dir: Path, key: SigningKey, chain_id: str, params: QuotaPar
     budget this epoch and take spent tokens again."""
     path = data_dir / QUOTA_FILE
     seed = quota_seed(key.private_bytes())
-    try:
-        if path.stat().st_size > MAX_STATE_BYTES:
-            raise QuotaFileError(_quota_unusable(path, f"over the {MAX_STATE_BYTES} bytes a saved state may take"))
-        raw = path.read_bytes()
-    except FileNotFoundError:
+    raw = _read_saved(path, MAX_STATE_BYTES, lambda why: QuotaFileError(_quota_unusable(path, why)))
+    if raw is None:
         return Issuer(seed, key, chain_id, params)
-    except OSError as exc:
-        raise QuotaFileError(_quota_unusable(path, f"it cannot be read: {exc}")) from None
     try:
         return Issuer.restore(raw, seed, key, chain_id, params)
     except QuotaStateError as exc:
@@ -203,28 +216,8 @@ def _quota_unusable(path: Path, why: str) -> str:
 
 async def keep_issuer(data_dir: Path, issuer: Issuer, every: float = QUOTA_SAVE_S, *,
                       write: Callable[[Path, bytes], None] = write_private) -> None:
-    """Write ``issuer``'s snapshot to ``data_dir`` (:data:`QUOTA_FILE`) every ``every`` seconds while
-    it changes (never returns), as :func:`keep_book` does the book."""
-    saved = issuer.revision()
-    while True:
-        await trio.sleep(every)
-        revision = issuer.revision()
-        if revision == saved:
-            continue
-        try:
-            await trio.to_thread.run_sync(write, data_dir / QUOTA_FILE, issuer.snapshot())
-        except OSError as exc:
-            log.error("cannot write the quota issuer's state to %s (trying again in %g s): %s",
-                      data_dir / QUOTA_FILE, every, exc)
-            continue
-        saved = revision
-
-
-def _save_issuer_at_exit(data_dir: Path, issuer: Issuer) -> None:
-    try:
-        write_private(data_dir / QUOTA_FILE, issuer.snapshot())
-    except OSError as exc:
-        log.error("cannot write the quota issuer's state to %s at exit: %s", data_dir / QUOTA_FILE, exc)
+    """Write ``issuer``'s snapshot every ``every`` seconds while it changes (:func:`keep_saved`)."""
+    await keep_saved(data_dir / QUOTA_FILE, issuer.revision, issuer.snapshot, QUOTA_WHAT, every, write=write)
 
 
 async def _keep_local(data_dir: Path, book: TranscriptBook | None, issuer: Issuer | None) -> None:
@@ -239,9 +232,9 @@ async def _keep_local(data_dir: Path, book: TranscriptBook | None, issuer: Issue
 
 def _save_local_at_exit(data_dir: Path, book: TranscriptBook | None, issuer: Issuer | None) -> None:
     if issuer is not None:
-        _save_issuer_at_exit(data_dir, issuer)
+        _save_at_exit(data_dir / QUOTA_FILE, issuer.snapshot, QUOTA_WHAT)
     if book is not None:
-        _save_book_at_exit(data_dir, book)
+        _save_at_exit(data_dir / BOOK_FILE, book.to_bytes, BOOK_WHAT)
 
 
 def make_issuer(data_dir: Path, home: Path, key: SigningKey) -> Issuer | None:

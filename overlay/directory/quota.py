@@ -31,7 +31,7 @@ Every refusal of a ``decode_*``/``verify_*`` function and of :class:`Blinding` i
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -459,6 +459,19 @@ def _verify(public: bytes, signature: bytes, message: bytes, what: str) -> None:
 def verify_key_record(rec: KeyRecord, chain_id: str) -> None:
     """:class:`QuotaError` unless the issuer signed ``rec`` for ``chain_id``."""
     _verify(rec.issuer, rec.signature, rec.signed(chain_id), "quota key record")
+
+
+def checked_key_record(raw: bytes, chain_id: str, model: str, validators: Collection[bytes] | None) -> KeyRecord:
+    """A key record a verifier answered, decoded and checked: signed for ``chain_id`` by its issuer,
+    for ``model``, and (unless ``validators`` is None) by one of the committee's validator keys;
+    :class:`QuotaError` saying which check failed."""
+    rec = decode_key_record(raw)
+    verify_key_record(rec, chain_id)
+    if rec.model != model:
+        raise QuotaError(f"the key record is for model {rec.model!r}, not {model!r}")
+    if validators is not None and rec.issuer not in validators:
+        raise QuotaError("the key record's issuer is not one of the committee's validators")
+    return rec
 
 
 def verify_issue(req: IssueRequest, chain_id: str, user_public: bytes) -> None:

@@ -86,6 +86,7 @@ class Wallet:
         self.send_when_used_up = send_when_used_up
         self._stock: dict[str, _Stock] = {}
         self._locks: dict[str, trio.Lock] = {}
+        self._writing = trio.Lock()  # one write of the store at a time
         self._params = quota.QuotaParams()  # the last the committee published (epoch length for the first ask)
         self._off_until = -1.0
         self.fetched = 0  # tokens obtained
@@ -112,7 +113,7 @@ class Wallet:
             if stock.tokens:
                 self.spent += 1
                 token = stock.tokens.pop()
-                self._save()
+                await self._save()
                 return token
             if len(stock.candidates()) < stock.params.issuers and not self.send_when_used_up:
                 refills = stock.params.refills_at(stock.epoch)
@@ -174,13 +175,9 @@ class Wallet:
                     log.info("quota key from %s refused: code %d %s", address, answer.code, answer.log[:200])
                     return
                 try:
-                    rec = quota.decode_key_record(answer.value)
-                    quota.verify_key_record(rec, self.chain_id)
+                    rec = quota.checked_key_record(answer.value, self.chain_id, model, keys)
                 except quota.QuotaError as exc:
                     log.warning("quota key from %s refused: %s", address, exc.reason)
-                    return
-                if rec.issuer not in keys or rec.model != model:
-                    log.warning("quota key from %s is not a validator's for %r; ignored", address, model)
                     return
                 if any(r.issuer == rec.issuer for r in found.values()):
                     return  # the same verifier under two addresses counts once
@@ -228,7 +225,7 @@ class Wallet:
         stock.tokens.extend(quota.encode_token(quota.Token(model, stock.epoch, nonce, tuple(
             (i, outputs[i][j]) for i in issuers))) for j, nonce in enumerate(nonces))
         self.fetched += len(nonces)
-        self._save()
+        await self._save()
 
     # ------------------------------------------------------------------ the store
 
@@ -261,16 +258,20 @@ class Wallet:
             log.warning("the quota tokens in %s are not readable (%s); starting without them", self.store, exc)
             return {}
 
-    def _save(self) -> None:
+    async def _save(self) -> None:
+        """Write the store (its bytes made here; the fsynced write in a worker thread, one at a time:
+        ``write_private`` writes through one temporary file)."""
         if self.store is None:
             return
         models: dict[str, list[Any]] = {m: [e, t, left] for m, (e, t, left) in self._saved.items()}  # not asked yet
         models.update({m: [s.epoch, s.tokens, {r.issuer: s.left[a] for a, r in s.records.items() if a in s.left}]
                        for m, s in self._stock.items()})
-        try:
-            write_private(self.store, msgpack.packb([STORE_VERSION, models], use_bin_type=True))
-        except OSError as exc:
-            log.warning("cannot save the quota tokens in %s: %s", self.store, exc)
+        raw = msgpack.packb([STORE_VERSION, models], use_bin_type=True)
+        async with self._writing:
+            try:
+                await trio.to_thread.run_sync(write_private, self.store, raw)
+            except OSError as exc:
+                log.warning("cannot save the quota tokens in %s: %s", self.store, exc)
 
     async def _issue(self, address: str, stock: _Stock, model: str, nonces: list[bytes],
                      results: dict[str, list[bytes] | None]) -> None:

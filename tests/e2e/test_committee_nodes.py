@@ -16,6 +16,8 @@ import pytest
 import trio
 
 from gentorrent.tools.localnet import LocalNet, cli
+from model_node.messages import NodeStats
+from model_node.testing import node_stats
 from overlay.anon import onion
 from overlay.directory.lists import CommitteeClient, ListError, load_genesis
 from overlay.net.transport import TLSTransport, TransportError
@@ -84,22 +86,13 @@ def test_chat_through_nodes_that_joined_through_the_committee(net: LocalNet) -> 
         time.sleep(0.5)
 
 
-async def _model_stats(net: LocalNet, asker: str) -> object:
+async def _model_stats(net: LocalNet, asker: str) -> NodeStats:
     """The model node's ``NodeStats``, asked over TLS by the registered node ``asker``."""
-    import os
-
-    from model_node.messages import NodeStats, StatsRequest
-
     e = net.entries[net.models[0]]
     conn = await TLSTransport(net.identities[asker]).dial(e.address, e.node_id)
     try:
-        nonce = int.from_bytes(os.urandom(4), "big")
-        await conn.send(StatsRequest(nonce))
         with trio.fail_after(10):
-            while True:
-                msg = await conn.receive()
-                if isinstance(msg, NodeStats) and msg.nonce == nonce:
-                    return msg
+            return await node_stats(conn)
     finally:
         await conn.aclose()
 
@@ -114,7 +107,7 @@ def test_chats_spend_quota_tokens_redeemed_at_the_verifiers(net: LocalNet) -> No
                              input=f"quota prompt {i}", capture_output=True, text=True, timeout=240)
         assert out.returncode == 0, out.stdout + out.stderr
     stats = trio.run(_model_stats, net, "relay-3")
-    counts = {c.name: c.n for c in stats.quota}  # type: ignore[attr-defined]
+    counts = {c.name: c.n for c in stats.quota}
     assert counts.get("tokened", 0) >= 2 and not counts.get("refused"), counts
     stored = net.root / "you" / "quota_tokens.bin"
     assert stored.exists() and stored.stat().st_mode & 0o777 == 0o600

@@ -18,7 +18,8 @@ import pytest
 import trio
 
 from gentorrent.tools.localnet import LocalNet
-from model_node.messages import NodeStats, StatsRequest
+from model_node.messages import NodeStats
+from model_node.testing import node_stats
 from overlay.net.peers import PeerEntry
 from overlay.net.transport import Connection, TLSTransport
 from overlay.usernode import UserNode
@@ -58,13 +59,8 @@ class Cluster:
 
     async def stats(self, e: PeerEntry) -> NodeStats:
         conn = await self.conn(e)
-        nonce = int.from_bytes(os.urandom(4), "big")
-        await conn.send(StatsRequest(nonce))
         with trio.fail_after(10):
-            while True:
-                msg = await conn.receive()
-                if isinstance(msg, NodeStats) and msg.nonce == nonce:
-                    return msg
+            return await node_stats(conn)
 
     async def wait_for(self, e: PeerEntry, ok: Callable[[NodeStats], bool], what: str) -> NodeStats:
         """``e``'s stats once ``ok``: asked again every 0.1 s (the node is another process), for at

@@ -39,8 +39,8 @@ def listed(model: str) -> bool:
     return model in MODELS
 
 
-def issuer(key: crypto.SigningKey = A, params: QuotaParams = PARAMS) -> Issuer:
-    return Issuer.of_validator(key, CHAIN, params)
+def issuer(key: crypto.SigningKey = A, params: QuotaParams = PARAMS, caps: quota.Caps | None = None) -> Issuer:
+    return Issuer(quota_seed(key.private_bytes()), key, CHAIN, params, caps or quota.Caps())
 
 
 def request(blinding: q.Blinding, *, user: Identity = U1, to: crypto.SigningKey = A, model: str = "m1",
@@ -244,10 +244,8 @@ def test_the_evaluator_cache_is_bounded() -> None:
 
 # --------------------------------------------------------------------------- bounds
 
-def test_past_its_caps_the_issuer_refuses_rather_than_forgets(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(quota, "MAX_ACCOUNTS", 2)
-    monkeypatch.setattr(quota, "MAX_SPENT", 3)
-    iss = issuer()
+def test_past_its_caps_the_issuer_refuses_rather_than_forgets() -> None:
+    iss = issuer(caps=quota.Caps(accounts=2, spent=3))
     got = tokens(iss, 2) + tokens(iss, 2, model="m2")
     code, why, _ = iss.issue(request(q.Blinding(q.new_nonces(1)), user=U2), NOW, user_key, listed)
     assert code == Code.UNAVAILABLE and "users' counts" in why
@@ -259,9 +257,8 @@ def test_past_its_caps_the_issuer_refuses_rather_than_forgets(monkeypatch: pytes
     assert redeem(iss, got[0])[0] == Code.SPENT  # spent stays spent
 
 
-def test_answers_kept_for_replays_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(quota, "MAX_ANSWERS", 2)
-    iss = issuer(params=QuotaParams(tokens=10))
+def test_answers_kept_for_replays_are_bounded() -> None:
+    iss = issuer(params=QuotaParams(tokens=10), caps=quota.Caps(answers=2))
     raws = [request(q.Blinding(q.new_nonces(1))) for _ in range(3)]
     answers = [iss.issue(raw, NOW, user_key, listed)[2] for raw in raws]
     assert [iss.issue(raw, NOW, user_key, listed)[2] for raw in raws[1:]] == answers[1:]
