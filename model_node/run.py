@@ -130,7 +130,7 @@ def run_model_node(args: argparse.Namespace, *, policy: ForwardingPolicy | None 
                 print(f"READY {identity.node_id.hex()} {address}", flush=True)
 
         try:
-            run_async(main)
+            run_async(main, long_lived=True)
         except KeyboardInterrupt:
             print("model node stopped", file=sys.stderr)
     finally:

@@ -611,7 +611,7 @@ def run_serve(args: argparse.Namespace) -> int:
                   + f"; building {cfg.proxies} proxy paths]", file=sys.stderr, flush=True)
 
     try:
-        run_async(main)
+        run_async(main, long_lived=True)
     except KeyboardInterrupt:
         print("gateway stopped", file=sys.stderr)
     except OSError as exc:

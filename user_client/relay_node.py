@@ -50,7 +50,7 @@ def run_relay(args: argparse.Namespace) -> int:
                      len(registry.entries), source)
 
     try:
-        run_async(main)
+        run_async(main, long_lived=True)
     except KeyboardInterrupt:
         print("relay stopped", file=sys.stderr)
 

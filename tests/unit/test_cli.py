@@ -116,6 +116,19 @@ def test_run_async_unwraps_a_single_error() -> None:
         cli.run_async(boom)
 
 
+def test_run_async_long_lived_freezes_what_start_up_left() -> None:
+    import gc
+
+    async def frozen() -> int:
+        return gc.get_freeze_count()
+
+    assert cli.run_async(frozen) == gc.get_freeze_count()  # by default the collector is left alone
+    try:
+        assert cli.run_async(frozen, long_lived=True) > 0
+    finally:
+        gc.unfreeze()
+
+
 def test_model_node_forwarding_flags() -> None:
     args = build_parser().parse_args(["model-node", "--no-forwarding", "--sync-interval", "0.5", "--threads", "1",
                                       "--prefix-snapshots", "3", "--load-threshold", "4.5", "--hash-bits", "16"])
