@@ -16,6 +16,10 @@ by users without:
   oldest untokened one (each class first come first served).
 - **A full queue** (:func:`victim`): a tokened request that finds the queue full takes the place
   of the newest untokened waiter, which is answered "busy" (its user's client tries another node).
+- **Every slot taken** (:func:`preempt`): a tokened request that would wait for a slot while
+  untokened generations hold them stops the one that has produced least; it answers "busy" after
+  what it sent (its user's client goes on at another node with the text so far), and the slot
+  goes to the tokened request (decision 0018).
 """
 
 from __future__ import annotations
@@ -71,6 +75,17 @@ def victim(waiting: Sequence[bool]) -> int | None:
     return next((i for i in range(len(waiting) - 1, -1, -1) if not waiting[i]), None)
 
 
+def preempt(running: Sequence[tuple[bool, int]], wanted: int) -> int | None:
+    """Which generation to stop for a tokened request that would wait: of the ``running``
+    generations (``(tokened, produced)`` each), the untokened one that has produced least, when
+    ``wanted`` (tokened waiters not yet given a stopping generation) is positive; ``None`` when
+    none is wanted or every generation is tokened."""
+    if wanted <= 0:
+        return None
+    untokened = [(produced, i) for i, (tokened, produced) in enumerate(running) if not tokened]
+    return min(untokened)[1] if untokened else None
+
+
 class _Waiter:
     __slots__ = ("event", "granted", "tokened")
 
@@ -90,6 +105,10 @@ class SlotGate:
             raise ValueError(f"slots must be at least 1, got {slots}")
         self.free = slots
         self._waiting: list[_Waiter] = []
+
+    def tokened_waiting(self) -> int:
+        """How many tokened requests wait for a slot."""
+        return sum(1 for w in self._waiting if w.tokened)
 
     def evictable(self) -> bool:
         """Whether an untokened request waits (a tokened one could take its place)."""

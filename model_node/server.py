@@ -86,7 +86,7 @@ from model_node.group import MAX_IDLE_MS, GroupConfig
 from model_node.group_service import GroupService
 from model_node.hrtree import common_prefix
 from model_node.messages import Count, NodeStats, Served, StatsRequest
-from model_node.priority import Held, SlotGate, admit_held
+from model_node.priority import Held, SlotGate, admit_held, preempt
 from model_node.quota import Redeemer
 from overlay.anon.replay import AnsweredIds
 from overlay.anon.responder import Responder, busy_error, invalid_error
@@ -235,6 +235,7 @@ class ModelNode:
         self.queued = 0
         self.served = 0
         self.busy = 0  # requests refused as busy
+        self.preempted = 0  # untokened generations stopped for a tokened request (model_node/priority.py)
         self.throughput = Throughput(RECENT)
         # the engine, if it evaluates prompts in the order admission gives (else first come first served)
         self._ordered: OrdersPrompts | None = (
@@ -648,14 +649,19 @@ class ModelNode:
             yield refusal
             return
         self.active += 1
+        released = False
         try:
             async with aclosing(self._generate(req, prompt_ids, work, origin)) as chunks:
                 async for chunk in chunks:
+                    if work.preempted and chunk.done and not released:  # stopped: the slot goes on before the
+                        released = True  # "busy" chunk travels back (the tokened waiter starts at once)
+                        self._gate.release()
                     yield chunk
         finally:
             self.active -= 1
             self._work.discard(work)
-            self._gate.release()
+            if not released:
+                self._gate.release()
             self._load_changed()
 
     def _take(self, own: int, tokened: bool) -> tuple[Admission | None, str]:
@@ -696,8 +702,10 @@ class ModelNode:
                 return self._chunk(req, 0, "", (), done=True, error=verdict.error(), failure=Failure.INVALID)
             if not verdict.tokened:
                 self._demote(work)
-            elif self.queued > self.max_queue:
-                self._gate.evict()
+            else:
+                if self.queued > self.max_queue:
+                    self._gate.evict()
+                self._preempt()
         with trio.move_on_after(max(0.0, start + self.max_queue_wait - self.clock.monotonic())):
             if await self._gate.acquire(work.tokened):
                 work.running = True
@@ -707,6 +715,19 @@ class ModelNode:
                                    "node's full queue")
         self.busy += 1
         return self._busy(req, f"no free slot on this model node within {self.max_queue_wait:g} s")
+
+    def _preempt(self) -> None:
+        """A tokened request is about to wait for a slot: when every slot is taken and fewer
+        untokened generations are being stopped than tokened requests wait, stop the untokened
+        generation that has produced least (:func:`model_node.priority.preempt`): it answers "busy"
+        after what it sent, and its slot goes to the oldest tokened waiter."""
+        if self._gate.free > 0:
+            return
+        running = sorted((w for w in self._work if w.running and not w.preempted), key=lambda w: w.key)  # a set: ordered
+        stopping = sum(1 for w in self._work if w.running and w.preempted)
+        i = preempt([(w.tokened, w.produced) for w in running], self._gate.tokened_waiting() + 1 - stopping)
+        if i is not None:
+            running[i].preempted = True
 
     def _demote(self, work: _Work) -> None:
         """``work`` was taken as tokened but its token could not be checked: it waits as an
@@ -749,6 +770,8 @@ class ModelNode:
         try:
             async with aclosing(gen.__aiter__()) as pieces:
                 async for piece in pieces:
+                    if work.preempted:
+                        break
                     buf.append(piece.text)
                     ids.extend(piece.token_ids)
                     size += len(piece.text)
@@ -770,6 +793,12 @@ class ModelNode:
         finally:
             if first_at is None:  # ended before its first token: its time counts with the next sample
                 self.throughput.prefill_ended(self.clock.monotonic(), None)
+        if work.preempted:  # a tokened request took its slot: "busy" after what was sent (the client fails over)
+            self.preempted += 1
+            yield self._chunk(req, seq, "", (), done=True, failure=Failure.BUSY, error=busy_error(
+                "a request with a usage-quota token took this request's slot on the model node (requests without "
+                "a token are served when no request with one waits); try another model node"))
+            return
         all_ids.extend(ids)
         if first_at is not None:
             self.throughput.record(len(all_ids), self.clock.monotonic() - first_at)
@@ -823,6 +852,7 @@ class _Work:
     prompt: list[int] = dataclasses.field(default_factory=list)
     tokened: bool = False  # it is served ahead of untokened requests (model_node/priority.py)
     running: bool = False  # it holds a slot
+    preempted: bool = False  # a tokened request waits for its slot: its generation stops at its next piece
 
     def left(self) -> int:
         """``prefill``, or what the engine reports is left of the prompt (``prompt_left``)."""

@@ -8,7 +8,7 @@ import pytest
 import trio
 
 from model_node.admission import Queued, admit
-from model_node.priority import BAND, Held, SlotGate, admit_held, next_up, victim
+from model_node.priority import BAND, Held, SlotGate, admit_held, next_up, preempt, victim
 
 LIMIT = 10.0
 NOW = 100.0
@@ -64,6 +64,14 @@ def test_without_tokened_work_admission_is_as_without_quotas() -> None:
         for reorders in (True, False):
             assert admit_held(held, seconds, NOW, LIMIT, tokened=False, reorders=reorders) == admit(
                 queue, seconds, NOW, LIMIT, reorders=reorders)
+
+
+def test_a_tokened_request_that_would_wait_stops_the_untokened_generation_that_produced_least() -> None:
+    running = [(False, 40), (True, 3), (False, 7), (False, 90)]  # (tokened, tokens produced)
+    assert preempt(running, wanted=1) == 2
+    assert preempt(running, wanted=0) is None  # as many being stopped as tokened waiters: no more
+    assert preempt([(True, 1), (True, 2)], wanted=1) is None  # tokened generations are never stopped
+    assert preempt([], wanted=3) is None
 
 
 def test_which_waiter_gets_a_slot_and_which_is_sent_away() -> None:
