@@ -333,7 +333,7 @@ class Redeemer:
         if state.off:
             state.issuer = state.params = None
             return
-        if answer.code:  # what it said before stands
+        if answer.code and not (answer.code == Code.WRONG_EPOCH and answer.value):  # what it said before stands
             log.info("quota key record of %s refused: code %d (%s)", address, answer.code, answer.log[:200])
             return
         try:
@@ -342,4 +342,5 @@ class Redeemer:
         except QuotaError as exc:
             log.warning("the quota key record %s answered is not usable: %s", address, exc.reason)
             return
+        # a WRONG_EPOCH answer carries the issuer's current record (its params say the epoch length): as good here
         state.issuer, state.params = rec.issuer, rec.params

@@ -189,11 +189,12 @@ class FakeIssuers:
             return Code.QUOTA_OFF, b""
         if path == quota.KEY_PATH:
             model, epoch = quota.decode_key_query(data)
-            if abs(epoch - self.epoch()) > 1:  # as verifier/quota.py: the epochs around the current one only
-                return Code.WRONG_EPOCH, b""
+            code = Code.OK
+            if abs(epoch - self.epoch()) > 1:  # as verifier/quota.py: the epochs around the current one only,
+                code, epoch = Code.WRONG_EPOCH, self.epoch()  # else the current one's record
             key = self._evaluator(i, model, epoch).public_key.serialize()
             rec = quota.KeyRecord(self.keys[i].public_bytes, model, epoch, key, self.params)
-            return Code.OK, quota.encode_key_record(self.keys[i], self.chain_id, rec)
+            return code, quota.encode_key_record(self.keys[i], self.chain_id, rec)
         if path != quota.REDEEM_PATH:
             return Code.MALFORMED, b""
         try:
