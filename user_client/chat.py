@@ -31,8 +31,8 @@ and nothing else does. Exit status (:data:`EXIT_CODES`): 0 every reply arrived a
 2 bad usage or configuration; 3 too few proxy paths (are enough relays up?); 4 no model node
 answered in time; 5 the model node answered with an error; 6 a reply failed verification
 (discarded); 7 the model is not audited by the committee's verifiers (pass --allow-unaudited);
-8 your usage quota of the model is used up for now (the message says when it refills; decision
-0017); 1 anything else; 130 interrupted.
+8 your usage quota of the model is used up for now (the message says when the next token comes;
+decisions 0017, 0018); 1 anything else; 130 interrupted.
 
 With a committee that issues usage-quota tokens, every request carries one, fetched blind from
 the verifiers (:mod:`overlay.directory.wallet`): model nodes serve requests with a token first.
@@ -76,7 +76,7 @@ EXIT_CODES = {
     EXIT_MODEL_ERROR: "the model node answered with an error",
     EXIT_UNVERIFIED: "a reply failed verification and was discarded",
     EXIT_UNAUDITED: "the model is not audited by the committee's verifiers (pass --allow-unaudited to use it anyway)",
-    EXIT_QUOTA: "your usage quota of the model is used up for now (the message says when it refills)",
+    EXIT_QUOTA: "your usage quota of the model is used up for now (the message says when the next token comes)",
 }
 CHARS_PER_TOKEN = 3  # conservative: real tokenizers average 3.5-4.5 characters per token on English
 

@@ -23,10 +23,11 @@ _DEFAULT_AUDIT_MODEL = "smollm2-135m-instruct"
 _DEFAULT_EPOCH_BLOCKS = 120
 _DEFAULT_CHALLENGES = 2
 # overlay/directory/quota.py's QuotaParams defaults, likewise (tests/unit/test_quota_issuer.py checks them)
-_DEFAULT_QUOTA_TOKENS = 60
-_DEFAULT_QUOTA_EPOCH_S = 600
+_DEFAULT_QUOTA_TOKENS = 6
+_DEFAULT_QUOTA_EPOCH_S = 60
 _DEFAULT_QUOTA_ISSUERS = 2
-_DEFAULT_QUOTA_GRACE_S = 60
+_DEFAULT_QUOTA_GRACE_S = 15
+_DEFAULT_QUOTA_BURST = 16
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -133,13 +134,18 @@ def _quota_flags(g: argparse.ArgumentParser) -> None:
                         "(/quota queries answer QUOTA_OFF), so model nodes cannot ask for them. Default: quotas "
                         "on, with the settings below (docs/committee.md \"Quotas\")")
     g.add_argument("--quota-tokens", type=int, default=_DEFAULT_QUOTA_TOKENS, metavar="N",
-                   help=f"evaluations every verifier gives one registered user per model and quota epoch, "
-                        f"1-100000 (default {_DEFAULT_QUOTA_TOKENS}); a token (one request) takes one from each of "
-                        "K verifiers (--quota-issuers), so a user makes at most N x DATA_DIRs / K requests of a "
-                        "model per epoch")
+                   help=f"evaluations by which every verifier's allowance for one registered user and model grows "
+                        f"per quota epoch, 1-100000 (default {_DEFAULT_QUOTA_TOKENS}); a token (one request) takes "
+                        "one from each of K verifiers (--quota-issuers), so a user makes at most about N x "
+                        "DATA_DIRs / K requests of a model per epoch, after a first burst (--quota-burst)")
+    g.add_argument("--quota-burst", type=int, default=_DEFAULT_QUOTA_BURST, metavar="B",
+                   help=f"the most a user's allowance at one verifier holds, 1-100000 (default "
+                        f"{_DEFAULT_QUOTA_BURST}): what a user who was idle may take at once; the allowance fills "
+                        "again at --quota-tokens per epoch (a token bucket, decision 0018)")
     g.add_argument("--quota-epoch-s", type=int, default=_DEFAULT_QUOTA_EPOCH_S, metavar="S",
-                   help=f"seconds per quota epoch, 10-86400 (default {_DEFAULT_QUOTA_EPOCH_S}): budgets refill "
-                        "at each epoch's start, and tokens are good for their epoch only")
+                   help=f"seconds per quota epoch, 10-86400 (default {_DEFAULT_QUOTA_EPOCH_S}): each epoch has its "
+                        "own keys and a token is good in its epoch only (plus --quota-grace-s), so short epochs "
+                        "keep users from saving tokens up for one large burst")
     g.add_argument("--quota-issuers", type=int, default=None, metavar="K",
                    help=f"distinct verifiers whose evaluations one token carries, 1-8 and at most the number of "
                         f"DATA_DIRs (default {_DEFAULT_QUOTA_ISSUERS}, or 1 for a committee of one): no fewer "
@@ -163,7 +169,7 @@ def _quota_section(args: argparse.Namespace) -> dict[str, int] | None:
                        f"{validators}")
     grace = min(_DEFAULT_QUOTA_GRACE_S, args.quota_epoch_s // 2) if args.quota_grace_s is None else args.quota_grace_s
     try:
-        return QuotaParams(args.quota_epoch_s, args.quota_tokens, issuers, grace).to_json()
+        return QuotaParams(args.quota_epoch_s, args.quota_tokens, issuers, grace, args.quota_burst).to_json()
     except QuotaError as exc:
         raise CliError(f"--quota-*: {exc.reason}") from None
 
@@ -299,7 +305,7 @@ def _genesis(args: argparse.Namespace) -> int:
              "each verifier")
           + ("; quotas off" if quota is None else
              f"; quotas of {quota['tokens']} tokens per user, model and {quota['epoch_s']} s epoch from each "
-             f"verifier, {quota['issuers']} issuers per token"))
+             f"verifier ({quota['burst']} at most at once), {quota['issuers']} issuers per token"))
     return 0
 
 

@@ -7,8 +7,10 @@ token works. Three queries reach the issuer (:meth:`verifier.abci_app.CommitteeA
 - ``/quota/key`` (``[model, epoch]``): its signed key record for that model and epoch
   (:meth:`Issuer.key_query`), for the epochs around the current one;
 - ``/quota/issue`` (a registered user's signed request, :meth:`Issuer.issue`): the blinded inputs
-  evaluated under that key with a DLEQ proof, at most ``tokens`` inputs per user, model and epoch
-  at this issuer; the same signed request again gets the same answer and counts once;
+  evaluated under that key with a DLEQ proof, within the user's allowance of the model at this
+  issuer (:class:`~overlay.directory.quota.Allowance`: a bucket of ``burst`` tokens filled by
+  ``tokens`` an epoch; more than it holds now: QUOTA_LATER, more than it can ever hold: QUOTA_USED);
+  the same signed request again gets the same answer and counts once;
 - ``/quota/redeem`` (a token's part for this issuer, :meth:`Issuer.redeem`): code 0 when the
   output is this issuer's for the nonce, model and epoch and the nonce was not spent before; it is
   spent from then on, whichever model node asks.
@@ -22,11 +24,12 @@ I/O-free and clockless (``now_unix`` is passed in). The VOPRF keys derive from `
 (:func:`quota_seed` of the validator key: a restarted verifier has the same keys). State is kept
 per epoch, only for the epochs still issued or redeemed (the current one and the one before:
 older ones are forgotten at the first call with a later time, and stay refused even if the clock
-goes back): each user's count per model and the spent nonces per model, within
-:data:`MAX_ACCOUNTS` and :data:`MAX_SPENT` per epoch (past them the issuer refuses, code
-UNAVAILABLE, rather than forget a count or a spent nonce), plus the last :data:`MAX_ANSWERS`
-answers for replays. :meth:`Issuer.snapshot` and :meth:`Issuer.restore` carry the counts and spent
-nonces (not the answers) across a restart; ``verifier/run.py`` writes the snapshot atomically every
+goes back): the spent nonces per model, within :data:`MAX_SPENT` per epoch, and the last
+:data:`MAX_ANSWERS` answers for replays. Allowances are kept across epochs while they are not
+full (a full one is what a user never seen has), within :data:`MAX_ACCOUNTS` (past either cap the
+issuer refuses, code UNAVAILABLE, rather than forget an allowance or a spent nonce).
+:meth:`Issuer.snapshot` and :meth:`Issuer.restore` carry the allowances and spent nonces (not the
+answers) across a restart; ``verifier/run.py`` writes the snapshot atomically every
 few seconds while it changes, and at shutdown.
 """
 
@@ -48,12 +51,13 @@ from overlay.wire.identity import NODE_ID_LEN
 
 SEED_PERSON = b"gt-quota-seed"  # BLAKE2b personalization of quota_seed
 EVALUATORS = 64  # (model, epoch) keys kept derived, with their signed records
-MAX_ACCOUNTS = 100_000  # (user, model) counts one epoch holds: past them, new ones are refused
+MAX_ACCOUNTS = 100_000  # (user, model) allowances not full held at once: past them, new users are refused
 MAX_SPENT = 500_000  # spent nonces one epoch holds (all models): past them, redeems are refused
 MAX_ANSWERS = 4_096  # answers one epoch keeps for replayed requests (about 10 MB at most)
 KEY_EPOCHS = (-1, 0, 1)  # key records answered: the epochs around the current one
 MAX_KEY_QUERY_BYTES = 32 + MAX_MODEL_ID  # overlay.directory.quota.decode_key_query's limit
-STATE_VERSION = 1
+STATE_VERSION = 2
+MAX_FULL_AT = float(quota.MAX_EPOCH * 86_400)  # past any epoch: a saved allowance's time is below it
 MAX_STATE_BYTES = 80 * 1024 * 1024  # two epochs at the caps above take about 70 MB
 
 UserKey = Callable[[bytes], bytes | None]
@@ -86,7 +90,6 @@ class _Key:
 class _Epoch:
     """What one epoch's issuance and redemption hold."""
 
-    used: dict[tuple[bytes, str], int] = field(default_factory=dict)  # (user, model) -> inputs evaluated
     spent: dict[str, set[bytes]] = field(default_factory=dict)  # model -> spent nonces
     spent_count: int = 0
     answers: OrderedDict[bytes, bytes] = field(default_factory=OrderedDict)  # request digest -> answer
@@ -99,8 +102,8 @@ class _Epoch:
 
 @dataclass(frozen=True, slots=True)
 class Caps:
-    """What one epoch may hold: ``accounts`` (user, model) counts, ``spent`` nonces, ``answers``
-    kept for replays (defaults :data:`MAX_ACCOUNTS`, :data:`MAX_SPENT`, :data:`MAX_ANSWERS`;
+    """What an issuer may hold: ``accounts`` (user, model) allowances not full, and per epoch
+    ``spent`` nonces and ``answers`` kept for replays (defaults :data:`MAX_ACCOUNTS`, :data:`MAX_SPENT`, :data:`MAX_ANSWERS`;
     tests pass smaller ones)."""
 
     accounts: int = MAX_ACCOUNTS
@@ -127,6 +130,7 @@ class Issuer:
         self.floor = 0  # epochs below it are forgotten, and refused
         self.changes = 0  # grows with every change a snapshot would show
         self._epochs: dict[int, _Epoch] = {}
+        self._allowances: dict[tuple[bytes, str], float] = {}  # (user, model) -> full_at (Allowance), not full
         self._keys: OrderedDict[tuple[str, int], _Key] = OrderedDict()
 
     @classmethod
@@ -185,6 +189,8 @@ class Issuer:
         self.floor = floor
         for e in [e for e in self._epochs if e < floor]:
             del self._epochs[e]
+        for k in [k for k, full_at in self._allowances.items() if full_at <= now_unix]:
+            del self._allowances[k]  # full again: the same as never seen
         self.changes += 1
 
     def _epoch(self, epoch: int) -> _Epoch:
@@ -193,10 +199,13 @@ class Issuer:
             got = self._epochs[epoch] = _Epoch()
         return got
 
-    def left(self, user: bytes, model: str, epoch: int) -> int:
-        """How many tokens ``user`` may still have of ``model`` in ``epoch`` at this issuer."""
-        held = self._epochs.get(epoch)
-        return self.params.tokens - (0 if held is None else held.used.get((user, model), 0))
+    def allowance(self, user: bytes, model: str) -> quota.Allowance:
+        """``user``'s allowance of ``model`` at this issuer (a copy: changing it changes nothing here)."""
+        return quota.Allowance(self.params, self._allowances.get((user, model), 0.0))
+
+    def left(self, user: bytes, model: str, now_unix: float) -> int:
+        """How many tokens ``user`` may take of ``model`` at this issuer at ``now_unix``."""
+        return self.allowance(user, model).level(now_unix)
 
     def spent(self, model: str, epoch: int) -> int:
         """How many tokens of ``model`` and ``epoch`` were spent here."""
@@ -252,28 +261,31 @@ class Issuer:
         return None
 
     def _grant(self, ep: _Epoch, req: quota.IssueRequest, digest: bytes, now_unix: float) -> tuple[Code, str, bytes]:
-        """Evaluate ``req``'s inputs if its user has that many left (and the epoch has room)."""
+        """Evaluate ``req``'s inputs if its user's allowance holds that many now (and there is room)."""
         account = (req.user, req.model)
-        tokens, used, n = self.params.tokens, ep.used.get(account, 0), len(req.blinded)
-        if used + n > tokens:
-            ends = self.params.refills_at(req.epoch)
-            return Code.QUOTA_USED, (f"{tokens - used} of this epoch's {tokens} tokens of {req.model!r} are left to "
-                                     f"you at this issuer and you asked for {n}; the epoch ends at Unix time "
-                                     f"{ends:.0f} (in {max(0.0, ends - now_unix):.0f} s), and the next one brings "
-                                     f"{tokens} more"), b""
-        if used == 0 and len(ep.used) >= self.caps.accounts:
-            return Code.UNAVAILABLE, (f"this issuer holds {self.caps.accounts} users' counts this epoch, its most: "
-                                      "ask the other issuers, or again next epoch"), b""
+        allowance, n, p = self.allowance(req.user, req.model), len(req.blinded), self.params
+        if n > p.burst:
+            return Code.QUOTA_USED, (f"{n} tokens asked at once; a user's allowance of a model at an issuer holds "
+                                     f"{p.burst} at most: ask for fewer"), b""
+        if not allowance.take(n, now_unix):
+            have, ready = allowance.level(now_unix), allowance.ready_at(n, now_unix)
+            return Code.QUOTA_LATER, (f"{have} tokens of {req.model!r} can be had from this issuer now and you asked "
+                                      f"for {n}; {n} can be had at Unix time {ready:.1f} (in {ready - now_unix:.1f} s): "
+                                      f"your allowance grows by {p.tokens} every {p.epoch_s} s, to {p.burst} at most"), b""
+        if account not in self._allowances and len(self._allowances) >= self.caps.accounts:
+            return Code.UNAVAILABLE, (f"this issuer holds {self.caps.accounts} users' allowances now, its most: "
+                                      "ask the other issuers, or again later"), b""
         try:
             inputs = [ristretto.BlindedInput.deserialize(b) for b in req.blinded]
         except ValueError:
             return Code.MALFORMED, "a blinded input is not a valid element", b""
         batch = self._key(req.model, req.epoch).evaluator.evaluate_batch(inputs)
-        ep.used[account] = used + n
-        answer = quota.encode_issued(quota.Issued(batch.serialize(), tokens - used - n))
+        self._allowances[account] = allowance.full_at
+        left = allowance.level(now_unix)
+        answer = quota.encode_issued(quota.Issued(batch.serialize(), left))
         ep.remember(digest, answer, self.caps.answers)
         self.changes += 1
-        return Code.OK, f"{n} tokens issued; {tokens - used - n} left to you this epoch", answer
+        return Code.OK, f"{n} tokens issued; {left} more can be had now", answer
 
     # ----------------------------------------------------------------- redeem
 
@@ -310,16 +322,16 @@ class Issuer:
     # ----------------------------------------------------------------- persistence
 
     def snapshot(self) -> bytes:
-        """The counts and spent nonces of the epochs held (not the answers kept for replays), for
-        :meth:`restore`: ``[version, chain_id, issuer, params, floor, [[epoch, [[user, model,
-        used], ...], [[model, [nonce, ...]], ...]], ...]]``, msgpack, every list sorted."""
+        """The allowances not full and the spent nonces of the epochs held (not the answers kept
+        for replays), for :meth:`restore`: ``[version, chain_id, issuer, params, floor, [[user,
+        model, full_at(float)], ...], [[epoch, [[model, [nonce, ...]], ...]], ...]]``, msgpack,
+        every list sorted."""
         return _pack(self._wire())
 
     def _wire(self) -> list[Any]:
-        epochs = [[e, [[u, m, n] for (u, m), n in sorted(ep.used.items())],
-                   [[m, sorted(s)] for m, s in sorted(ep.spent.items())]]
-                  for e, ep in sorted(self._epochs.items())]
-        return [STATE_VERSION, self.chain_id, self.public, self.params.wire(), self.floor, epochs]
+        allowances = [[u, m, float(t)] for (u, m), t in sorted(self._allowances.items())]
+        epochs = [[e, [[m, sorted(s)] for m, s in sorted(ep.spent.items())]] for e, ep in sorted(self._epochs.items())]
+        return [STATE_VERSION, self.chain_id, self.public, self.params.wire(), self.floor, allowances, epochs]
 
     @classmethod
     def restore(cls, raw: bytes, seed: bytes, signer: crypto.SigningKey, chain_id: str,
@@ -382,7 +394,7 @@ def _model(v: Any) -> str:
 
 
 def _read_state(r: codec.ShapeReader, out: Issuer) -> None:
-    _count(r, 6, 6, "the state")
+    _count(r, 7, 7, "the state")
     version = r.value()
     if type(version) is not int or version != STATE_VERSION:
         raise QuotaStateError(f"format version {version!r}; this verifier reads version {STATE_VERSION} only")
@@ -390,24 +402,27 @@ def _read_state(r: codec.ShapeReader, out: Issuer) -> None:
         raise QuotaStateError(f"the state of another chain than {out.chain_id!r}")
     if _typed(r.value(), bytes, "the issuer", quota.KEY_LEN) != out.public:
         raise QuotaStateError("the state of another issuer (another validator key)")
-    _count(r, 4, 4, "the params")
-    if [r.value() for _ in range(4)] != out.params.wire():
+    _count(r, 5, 5, "the params")
+    if [r.value() for _ in range(5)] != out.params.wire():
         raise QuotaStateError(f"the state of other quota params than the genesis's {out.params.to_json()}")
     out.floor = _int(r.value(), 0, quota.MAX_EPOCH, "the floor")
+    _read_allowances(r, out._allowances)
     for _ in range(_count(r, 0, 2, "the epochs")):
-        _count(r, 3, 3, "an epoch")
+        _count(r, 2, 2, "an epoch")
         epoch = _int(r.value(), out.floor, quota.MAX_EPOCH, "an epoch")
         out._epochs[epoch] = ep = _Epoch()
-        _read_used(r, ep, out.params.tokens)
         _read_spent(r, ep)
 
 
-def _read_used(r: codec.ShapeReader, ep: _Epoch, tokens: int) -> None:
-    for _ in range(_count(r, 0, MAX_ACCOUNTS, "the counts")):
-        _count(r, 3, 3, "a count")
+def _read_allowances(r: codec.ShapeReader, into: dict[tuple[bytes, str], float]) -> None:
+    for _ in range(_count(r, 0, MAX_ACCOUNTS, "the allowances")):
+        _count(r, 3, 3, "an allowance")
         user = _typed(r.value(), bytes, "a user", NODE_ID_LEN)
         model = _model(r.value())
-        ep.used[(user, model)] = _int(r.value(), 1, tokens, "a count")
+        full_at = r.value()
+        if type(full_at) is not float or not 0.0 < full_at < MAX_FULL_AT:
+            raise QuotaStateError(f"an allowance's time is not a float within 0..{MAX_FULL_AT:g}")
+        into[(user, model)] = full_at
 
 
 def _read_spent(r: codec.ShapeReader, ep: _Epoch) -> None:

@@ -245,9 +245,10 @@ def make_issuer(data_dir: Path, home: Path, key: SigningKey) -> Issuer | None:
         log.info("quotas off: the genesis has no app_state.quota section; /quota queries answer QUOTA_OFF")
         return None
     issuer = load_issuer(data_dir, key, chain_id, params)
-    log.info("quotas on: epochs of %d s, %d tokens per user, model and epoch from each issuer, %d issuers per "
-             "token, %d s of grace; this verifier issues as %s (state in %s)", params.epoch_s, params.tokens,
-             params.issuers, params.grace_s, key.public_bytes.hex()[:16], data_dir / QUOTA_FILE)
+    log.info("quotas on: epochs of %d s, %d tokens per user, model and epoch from each issuer (%d at most at once), "
+             "%d issuers per token, %d s of grace; this verifier issues as %s (state in %s)", params.epoch_s,
+             params.tokens, params.burst, params.issuers, params.grace_s, key.public_bytes.hex()[:16],
+             data_dir / QUOTA_FILE)
     if params.issuers > validators:
         log.warning("the genesis asks for %d issuers per token but names %d validators: no token can be made",
                     params.issuers, validators)

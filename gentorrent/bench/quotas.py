@@ -1,5 +1,5 @@
 """``gentorrent bench quotas``: what anonymous usage quotas cost and what they buy (issue 31,
-decision 0017).
+decisions 0017 and 0018).
 
 1. **Cost per token** (CPU time, this process, ``time.process_time``): the user's blinding and
    unblinding with proof check (for one issuer), the issuer's evaluation of a batch of
@@ -16,11 +16,14 @@ decision 0017).
    ``abci_query`` round trips to one real ``gentorrent verifier`` on loopback (:func:`rpc_round_trip`).
 3. **A flood** (trio's mock clock: times are the schedule's, not this machine's speed): honest
    users send at a steady rate to one echo model node whose capacity is the honest load plus
-   headroom, while one user floods at 10× its fair share. Three runs: ``noflood`` (quotas on, no
-   flooder), ``tokens`` (quotas on: the flooder spends its own tokens, then keeps sending without
-   any, as a modified client would) and ``notokens`` (quotas off: everyone sends without). Figures:
-   the honest users' TTFT p50/p99 and the share of their requests refused as busy; the goal is an
-   honest p99 with the flood within 1.5× of the one without.
+   headroom, while a fifth user does what the mode says (:data:`MODES`): nothing (``noflood``),
+   send as an honest user at exactly its fair share (``fairshare``: the floor any quota that grants
+   fair shares leaves), flood at 10× its fair share spending every token its allowance gives and
+   sending without one otherwise, as a modified client would (``tokens``), the same flood with its
+   tokens saved up until its allowance is full and then spent at once (``hoard``), or the flood
+   with quotas off (``notokens``). Figures: the honest users' TTFT p50/p99 and the share of their
+   requests refused as busy, pooled over :data:`FLOOD_SEEDS`; the goal is an honest p99 with the
+   flood within 1.5× of the one without.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import os
 import random
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import trio
@@ -51,6 +54,9 @@ HONEST_RATE = 0.25  # requests/s each: 1 request/s in all, half the node's capac
 FAIR = SLOTS / (PIECES * PIECE_S) / (HONEST + 1)  # each user's fair share of the node, requests/s
 FLOOD_FACTOR = 10
 EPOCH_S = 60  # the flood's quota epoch: its tokens are each user's fair share of it
+GRACE_S = 10
+BURST = 8  # the allowance's depth: a third of a minute's fair share
+FLOOD_SEEDS = (5, 6, 7)  # the honest users' arrivals of each run (the quick run takes the first)
 
 
 def _cpu_ms(fn: Callable[[], object], n: int) -> float:
@@ -69,7 +75,7 @@ def costs(n: int) -> dict[str, float]:
     from overlay.wire.identity import Identity
     from verifier.quota import Issuer
 
-    params = quota.QuotaParams(epoch_s=600, tokens=10**5, issuers=1)
+    params = quota.QuotaParams(epoch_s=600, tokens=10**5, issuers=1, burst=10**5)
     signer = crypto.SigningKey.generate()
     issuer = Issuer(os.urandom(32), signer, CHAIN, params)
     user = Identity.generate()
@@ -152,12 +158,12 @@ class Issuers:
             code, why = issuer.redeem(data, now)
         return {"response": {"code": int(code), "log": why, "value": base64.b64encode(value).decode()}}
 
-    def wallet(self, user: Any) -> Any:
+    def wallet(self, user: Any, **kwargs: Any) -> Any:
         from overlay.directory.wallet import Wallet
 
         self.users[user.identity.node_id] = user.identity.ed25519_public
         return Wallet(user.identity, lambda: self.addresses, CHAIN, lambda: [k.public_bytes for k in self.keys],
-                      rpc=self.rpc)
+                      rpc=self.rpc, **kwargs)
 
     def redeemer(self) -> Any:
         from model_node.quota import Redeemer
@@ -187,7 +193,7 @@ def added_ttft(n: int) -> dict[str, float]:
     from overlay.testing import start_overlay
 
     async def play(tokens: bool) -> list[float]:
-        issuers = Issuers(4, QuotaParams(epoch_s=600, tokens=1000, issuers=2))
+        issuers = Issuers(4, QuotaParams(epoch_s=600, tokens=1000, issuers=2, burst=1000))
         async with trio.open_nursery() as nursery:
             factory = echo_node(redeemer=issuers.redeemer() if tokens else None)
             net = await start_overlay(nursery, 15, models=[factory])
@@ -246,70 +252,44 @@ def rpc_round_trip(n: int) -> dict[str, float]:
 
 # --------------------------------------------------------------------------- 3. the flood
 
-def flood(mode: str, duration: float, seed: int, epoch_s: int = EPOCH_S) -> dict[str, float]:
-    """One flood run (module docstring, part 3) on trio's mock clock: the honest users' TTFTs and
-    busy refusals, and what the flooder got."""
-    from model_node.testing import echo_node
-    from overlay.anon.client import AnonError, QuotaExhausted
+MODES = {  # mode -> (quotas on, what the fifth user does)
+    "noflood": (True, "idle"),  # quotas on, the fifth user sends nothing
+    "fairshare": (True, "fair"),  # quotas on, the fifth user an honest one at exactly its fair share
+    "tokens": (True, "flood"),  # quotas on, the fifth user floods at 10x (every token it can get, then none)
+    "hoard": (True, "hoard"),  # quotas on, the flood, its tokens saved up and spent at once (the bucket's worst)
+    "notokens": (False, "flood"),  # quotas off, the same flood
+}
+
+
+class _Hoard:
+    """The hoarding flooder's token source: its wallet's tokens only when a burst is released
+    (``allow``), so that its allowance fills up between bursts; without a token otherwise."""
+
+    def __init__(self, wallet: Any) -> None:
+        self.wallet, self.allow = wallet, 0
+
+    async def token(self, model: str) -> bytes:
+        if self.allow <= 0:
+            return b""
+        self.allow -= 1
+        got: bytes = await self.wallet.token(model)
+        return got
+
+
+def flood(mode: str, duration: float, seeds: Sequence[int], epoch_s: int = EPOCH_S,
+          burst: int = BURST) -> dict[str, float]:
+    """Flood runs (module docstring, part 3) on trio's mock clock, one per seed (the honest users'
+    arrivals), pooled: the honest users' TTFTs and busy refusals, and what the fifth user got.
+    ``mode``: a key of :data:`MODES`."""
     from overlay.directory.quota import QuotaParams
-    from overlay.testing import start_overlay
 
-    params = QuotaParams(epoch_s=epoch_s, tokens=math.ceil(FAIR * epoch_s), issuers=1, grace_s=10)
+    quotas, fifth = MODES[mode]
+    params = QuotaParams(epoch_s=epoch_s, tokens=math.ceil(FAIR * epoch_s), issuers=1, grace_s=GRACE_S, burst=burst)
     out: dict[str, Any] = {"honest_ttft": [], "honest_busy": 0, "honest_sent": 0, "flood_sent": 0,
-                           "flood_answered": 0, "flood_tokened": 0}
-
-    async def main() -> None:
-        issuers = Issuers(1, params)
-        quotas = mode != "notokens"
-        async with trio.open_nursery() as nursery:
-            factory = echo_node(delay=PIECE_S, slots=SLOTS, max_queue=8, max_queue_wait=10.0,
-                                redeemer=issuers.redeemer() if quotas else None)
-            flooder = mode != "noflood"
-            net = await start_overlay(nursery, 15, clients=HONEST + 1, models=[factory])
-            for u in net.users[:HONEST + 1]:
-                assert u.client is not None and u.paths is not None
-                with trio.fail_after(120):
-                    await u.paths.wait_ready(u.client.n)
-                if quotas:
-                    u.client.quota = issuers.wallet(u)
-            end = trio.current_time() + duration
-            text = " ".join(f"w{i}" for i in range(PIECES))
-
-            async def honest(client: Any) -> None:
-                try:
-                    ttft = await _first_token(client, text, PIECES)
-                    out["honest_ttft"].append(ttft)
-                except AnonError:
-                    out["honest_busy"] += 1
-
-            async def flood_one(client: Any) -> None:
-                try:
-                    await _first_token(client, text, PIECES)
-                    out["flood_answered"] += 1
-                except QuotaExhausted:
-                    client.quota = None  # a modified client: it goes on without tokens
-                except AnonError:
-                    pass
-
-            async def sender(client: Any, rate: float, one: Callable[[Any], Any], key: str, i: int) -> None:
-                rng = random.Random(seed * 1000 + i)  # each sender its own arrivals: the honest ones alike in every mode
-                async with trio.open_nursery() as inner:
-                    while trio.current_time() < end:
-                        await trio.sleep(rng.expovariate(rate))
-                        out[key] += 1
-                        inner.start_soon(one, client)
-
-            async with trio.open_nursery() as senders:
-                for i, u in enumerate(net.users[1:HONEST + 1], start=1):
-                    senders.start_soon(sender, u.client, HONEST_RATE, honest, "honest_sent", i)
-                if flooder:
-                    senders.start_soon(sender, net.users[0].client, FLOOD_FACTOR * FAIR, flood_one, "flood_sent", 0)
-            if quotas:
-                redeemer = net.models[0].redeemer
-                out["flood_tokened"] = redeemer.tokened if redeemer is not None else 0
-            nursery.cancel_scope.cancel()
-
-    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+                           "flood_answered": 0}
+    for seed in seeds:
+        trio.run(_flood_run, params, quotas, fifth, duration, seed, out,
+                 clock=trio.testing.MockClock(autojump_threshold=0))
     ttft = sorted(out["honest_ttft"])
     return {
         f"honest_ttft_p50_ms_{mode}": 1000 * percentile(ttft, 50),
@@ -320,16 +300,80 @@ def flood(mode: str, duration: float, seed: int, epoch_s: int = EPOCH_S) -> dict
     }
 
 
+async def _flood_run(params: Any, quotas: bool, fifth: str, duration: float, seed: int, out: dict[str, Any]) -> None:
+    from model_node.testing import echo_node
+    from overlay.anon.client import AnonError
+    from overlay.testing import start_overlay
+
+    issuers = Issuers(1, params)
+    async with trio.open_nursery() as nursery:
+        factory = echo_node(delay=PIECE_S, slots=SLOTS, max_queue=8, max_queue_wait=10.0,
+                            redeemer=issuers.redeemer() if quotas else None)
+        net = await start_overlay(nursery, 15, clients=HONEST + 1, models=[factory])
+        for u in net.users[:HONEST + 1]:
+            assert u.client is not None and u.paths is not None
+            with trio.fail_after(120):
+                await u.paths.wait_ready(u.client.n)
+            if quotas:  # a flooder's wallet, as a modified client's, sends without a token when it has none
+                u.client.quota = issuers.wallet(u, send_when_used_up=u is net.users[0] and fifth != "fair")
+        end = trio.current_time() + duration
+        text = " ".join(f"w{i}" for i in range(PIECES))
+
+        async def one(client: Any, kind: str) -> None:
+            try:
+                ttft = await _first_token(client, text, PIECES)
+                if kind == "honest":
+                    out["honest_ttft"].append(ttft)
+                else:
+                    out["flood_answered"] += 1
+            except AnonError:
+                if kind == "honest":
+                    out["honest_busy"] += 1
+
+        async def sender(client: Any, rate: float, kind: str, i: int) -> None:
+            rng = random.Random(seed * 1000 + i)  # each sender its own arrivals: the honest ones alike in every mode
+            async with trio.open_nursery() as inner:
+                while trio.current_time() < end:
+                    await trio.sleep(rng.expovariate(rate))
+                    out[f"{kind}_sent"] += 1
+                    inner.start_soon(one, client, kind)
+
+        async with trio.open_nursery() as senders:
+            for i, u in enumerate(net.users[1:HONEST + 1], start=1):
+                senders.start_soon(sender, u.client, HONEST_RATE, "honest", i)
+            client = net.users[0].client
+            if fifth == "fair":
+                senders.start_soon(sender, client, FAIR, "flood", 0)
+            elif fifth in ("flood", "hoard"):
+                senders.start_soon(sender, client, FLOOD_FACTOR * FAIR, "flood", 0)
+            if fifth == "hoard" and quotas:
+                senders.start_soon(_hoard, client, params, end)
+        nursery.cancel_scope.cancel()
+
+
+async def _hoard(client: Any, params: Any, end: float) -> None:
+    """The hoarder: its flood goes without tokens while its allowance fills; once full (every
+    ``burst`` x ``per_token_s`` s), the next ``burst`` flood requests take its tokens at once."""
+    hoard = _Hoard(client.quota)
+    client.quota = hoard
+    while trio.current_time() + params.burst * params.per_token_s < end:
+        await trio.sleep(params.burst * params.per_token_s)
+        hoard.allow = params.burst
+
+
 def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
     figures = costs(64 if quick else 2048)
     figures.update(added_ttft(3 if quick else 40))
     figures.update(rpc_round_trip(10 if quick else 200))
     duration = 30.0 if quick else 240.0
-    for mode in ("noflood", "tokens", "notokens"):
-        figures.update(flood(mode, duration, seed=5))
+    seeds = FLOOD_SEEDS[:1] if quick else FLOOD_SEEDS
+    for mode in MODES:
+        figures.update(flood(mode, duration, seeds))
     base = figures["honest_ttft_p99_ms_noflood"]
-    figures["honest_ttft_p99_ratio_tokens_vs_noflood"] = figures["honest_ttft_p99_ms_tokens"] / base
-    figures["honest_ttft_p99_ratio_notokens_vs_noflood"] = figures["honest_ttft_p99_ms_notokens"] / base
+    for mode in ("fairshare", "tokens", "hoard", "notokens"):
+        figures[f"honest_ttft_p99_ratio_{mode}_vs_noflood"] = figures[f"honest_ttft_p99_ms_{mode}"] / base
+    figures["honest_ttft_p99_ratio_tokens_vs_fairshare"] = (figures["honest_ttft_p99_ms_tokens"]
+                                                            / figures["honest_ttft_p99_ms_fairshare"])
     params = {
         "cpu": cpu_model(), "cores": len(os.sched_getaffinity(0)), "voprf": "voprf 0.2.0 (RFC 9497, ristretto255-SHA512)",
         "batch": BATCH, "rpc": RPC_NOTE, "added_ttft": "echo node, in-memory overlay (15 users), n=4 k=3 cloves, "
@@ -338,6 +382,9 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
                   f"{PIECES} pieces of {PIECE_S} s a reply, max queue 8, max wait 10 s",
                   "honest_users": HONEST, "honest_rate_per_s": HONEST_RATE, "fair_share_per_s": round(FAIR, 3),
                   "flood_rate_per_s": round(FLOOD_FACTOR * FAIR, 3), "duration_s": duration,
-                  "quota": "epoch 60 s, tokens = fair share x epoch, 1 issuer a token"},
+                  "seeds": list(seeds), "pooled": "each mode's runs (one per seed) pooled before percentiles",
+                  "quota": f"epoch {EPOCH_S} s, tokens = fair share x epoch (a token every {1 / FAIR:g} s), "
+                           f"burst {BURST}, grace {GRACE_S} s, 1 issuer a token",
+                  "modes": {m: f"quotas {'on' if q else 'off'}, fifth user: {f}" for m, (q, f) in MODES.items()}},
     }
     return params, figures

@@ -1,8 +1,10 @@
 """Anonymous usage quotas (issue 31, decision 0017): the wire formats every side shares, and the
 user's half of the blind issuance.
 
-A registered user gets, per quota epoch and model, at most ``tokens`` tokens from each verifier
-(an *issuer*). A token is an RFC 9497 VOPRF output (ristretto255-SHA512, the ``voprf`` package: no
+A registered user gets tokens of a model from each verifier (an *issuer*) at a bounded rate: its
+allowance there is a token bucket of ``burst`` tokens that fills by ``tokens`` per quota epoch
+(:class:`Allowance`, decision 0018), and a token is good in the epoch it was issued for only (plus a
+short grace), so tokens cannot be saved up for a burst larger than that. A token is an RFC 9497 VOPRF output (ristretto255-SHA512, the ``voprf`` package: no
 curve arithmetic here) of a random nonce under the issuer's key for that model and epoch, obtained
 *blind*: the issuer evaluates ``r·H(nonce)`` and proves (DLEQ) it used the key it published, never
 seeing the nonce. A token carries the evaluations of ``issuers`` distinct verifiers for one nonce
@@ -15,7 +17,7 @@ Pure: no I/O, no clock (times are passed in). Wire format (msgpack with bin type
 every ``decode_*`` refuses any other encoding of the same values, and trailing bytes)::
 
     key record = [1, issuer(32), model(str), epoch(int), key(32), params, signature(64)]
-                 params: [epoch_s, tokens, issuers, grace_s];  signature: Ed25519(issuer's validator
+                 params: [epoch_s, tokens, issuers, grace_s, burst];  signature: Ed25519(issuer's validator
                  key, KEY_CONTEXT + msgpack([chain_id, issuer, model, epoch, key, params]))
     issue      = [1, user(20), issuer(32), model(str), epoch(int), [blinded(32), ...], signature(64)]
                  signature: Ed25519(user's node key, ISSUE_CONTEXT + msgpack([chain_id, user, issuer,
@@ -84,18 +86,22 @@ class QuotaError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class QuotaParams:
-    """The committee's quota settings (genesis ``app_state.quota``; documented defaults):
-    ``epoch_s`` seconds per quota epoch (epochs count from the Unix epoch), ``tokens`` each
-    issuer gives one registered user per model and epoch, ``issuers`` distinct issuers' evaluations
-    a token needs, ``grace_s`` seconds after its epoch's end a token still redeems (clock skew, a
-    request sent just before the end)."""
+    """The committee's quota settings (genesis ``app_state.quota``; documented defaults, decision
+    0018): ``epoch_s`` seconds per quota epoch (epochs count from the Unix epoch; each has its own
+    keys, and a token is good in its epoch only), ``tokens`` by which a user's allowance at one
+    issuer grows per epoch (its rate: ``tokens / epoch_s`` a second), ``issuers`` distinct issuers'
+    evaluations a token needs, ``grace_s`` seconds after its epoch's end a token still redeems
+    (clock skew, a request sent just before the end), ``burst`` the most a user's allowance at one
+    issuer holds (what a user who was idle may take at once: a token bucket of depth ``burst``
+    filled at that rate, across epochs)."""
 
-    epoch_s: int = 600
-    tokens: int = 60
+    epoch_s: int = 60
+    tokens: int = 6
     issuers: int = 2
-    grace_s: int = 60
+    grace_s: int = 15
+    burst: int = 16
 
-    BOUNDS: ClassVar[dict[str, tuple[int, int]]] = {"epoch_s": (10, 86_400), "tokens": (1, 100_000), "issuers": (1, MAX_ISSUERS), "grace_s": (0, 3_600)}
+    BOUNDS: ClassVar[dict[str, tuple[int, int]]] = {"epoch_s": (10, 86_400), "tokens": (1, 100_000), "issuers": (1, MAX_ISSUERS), "grace_s": (0, 3_600), "burst": (1, 100_000)}
 
     def __post_init__(self) -> None:
         for name, (lo, hi) in self.BOUNDS.items():
@@ -106,7 +112,7 @@ class QuotaParams:
             raise QuotaError(f"quota grace_s ({self.grace_s}) must be under epoch_s ({self.epoch_s})")
 
     def wire(self) -> list[int]:
-        return [self.epoch_s, self.tokens, self.issuers, self.grace_s]
+        return [self.epoch_s, self.tokens, self.issuers, self.grace_s, self.burst]
 
     def to_json(self) -> dict[str, int]:
         return dict(zip(self.BOUNDS, self.wire(), strict=True))
@@ -127,7 +133,7 @@ class QuotaParams:
         return int(unix_s // self.epoch_s)
 
     def refills_at(self, epoch: int) -> float:
-        """When ``epoch`` ends and the next one's tokens can be had (Unix seconds)."""
+        """When ``epoch`` ends and the next one's keys are used (Unix seconds)."""
         return float((epoch + 1) * self.epoch_s)
 
     def redeemable(self, epoch: int, unix_s: float) -> bool:
@@ -138,6 +144,46 @@ class QuotaParams:
         """Whether an issuer gives tokens of ``epoch`` at ``unix_s``: the current epoch only (a
         client a little ahead of the issuer's clock asks for the next one: refused, it retries)."""
         return epoch == self.epoch_at(unix_s)
+
+    @property
+    def per_token_s(self) -> float:
+        """Seconds in which a user's allowance at one issuer grows by one token."""
+        return self.epoch_s / self.tokens
+
+
+class Allowance:
+    """A user's allowance of one model at one issuer: a token bucket of ``params.burst`` tokens
+    filled at ``params.tokens`` per ``params.epoch_s``, kept as the one number ``full_at``, the Unix
+    time at which it is full again (GCRA's theoretical arrival time; 0: full since ever). Pure and
+    exact to the float: the issuer grants with it, the wallet estimates with it."""
+
+    __slots__ = ("full_at", "params")
+
+    def __init__(self, params: QuotaParams, full_at: float = 0.0) -> None:
+        self.params = params
+        self.full_at = full_at
+
+    def level(self, now: float) -> int:
+        """Whole tokens that can be taken at ``now``."""
+        p = self.params
+        return max(0, min(p.burst, int((p.burst * p.per_token_s - max(0.0, self.full_at - now)) / p.per_token_s
+                                       + 1e-9)))
+
+    def take(self, n: int, now: float) -> bool:
+        """Take ``n`` tokens at ``now`` if the bucket holds that many (``True``), else change nothing."""
+        if n > self.level(now):
+            return False
+        self.full_at = max(self.full_at, now) + n * self.params.per_token_s
+        return True
+
+    def ready_at(self, n: int, now: float) -> float:
+        """When ``n`` tokens (at most ``burst``) can be taken: ``now`` or later."""
+        p = self.params
+        return max(now, self.full_at - (p.burst - min(n, p.burst)) * p.per_token_s)
+
+    def full(self, now: float) -> bool:
+        """Whether the bucket is full at ``now`` (such an allowance need not be kept)."""
+        return self.full_at <= now
 
 
 def key_info(chain_id: str, model: str, epoch: int) -> bytes:
@@ -199,7 +245,8 @@ class IssueRequest:
 @dataclass(frozen=True, slots=True)
 class Issued:
     """An issuer's answer: the ``evaluated`` batch (a VOPRF batch output with its proof) and how
-    many tokens the user has ``left`` at that issuer this epoch."""
+    many tokens the user could take ``left`` at that issuer right after it (its allowance's level:
+    :class:`Allowance`)."""
 
     evaluated: bytes
     left: int
@@ -335,8 +382,8 @@ def _read(raw: Any, limit: int, what: str, read: Any) -> Any:
 
 
 def _read_params(r: codec.ShapeReader, what: str) -> QuotaParams:
-    _array(r, 4, 4, what, "the params")
-    values = [r.value() for _ in range(4)]
+    _array(r, 5, 5, what, "the params")
+    values = [r.value() for _ in range(5)]
     if any(type(v) is not int for v in values):
         raise _bad(what, "well formed: the params are not ints")
     try:

@@ -102,9 +102,10 @@ class Code(enum.IntEnum):
     PENDING_FULL = 22  # too many registrations await their address probe; retry later
     # anonymous usage quotas (overlay/directory/quota.py, verifier/quota.py, decision 0017)
     QUOTA_OFF = 23  # this verifier issues no tokens (its chain's genesis has no quota section)
-    QUOTA_USED = 24  # the user already had this epoch's tokens of this model from this issuer
+    QUOTA_USED = 24  # more tokens asked at once than a user's allowance at an issuer can hold (decision 0018)
     SPENT = 25  # a token already redeemed
     BAD_TOKEN = 26  # a token whose output does not verify, or of an epoch not redeemable now
+    QUOTA_LATER = 27  # the user's allowance at this issuer holds fewer tokens than asked now (decision 0018)
 
 
 class TxError(Exception):

@@ -1,16 +1,21 @@
 """A user's usage-quota tokens (issue 31, decision 0017): fetched blind from the committee's
 issuers and handed to each request (:attr:`overlay.anon.client.AnonClient.quota`).
 
-The wallet keeps, per model, the tokens of the current quota epoch. When it holds none it asks
-``issuers`` verifiers (the committee's :class:`~overlay.directory.quota.QuotaParams`) for a batch:
+The wallet keeps, per model, the tokens of the current quota epoch (and spends those left of the
+epoch before first, while they still redeem in its grace). When it holds none it asks
+``issuers`` verifiers (the committee's :class:`~overlay.directory.quota.QuotaParams`) for a batch
+of at most what their allowances hold now (:class:`~overlay.directory.quota.Allowance`, which the
+wallet follows from what each issuer said, decision 0018):
 the same fresh nonces, blinded anew for each issuer (:class:`~overlay.directory.quota.Blinding`),
 in a request signed by this node's key, so each issuer counts the batch against this user's
 budget and none sees a nonce. Each issuer's answer is checked against the key it signed and
 published for the model and epoch (its key record, fetched from every verifier once an epoch);
 a token carries the outputs of all of them. A failed or refusing issuer is replaced by another
-for the same nonces. When fewer than ``issuers`` issuers have budget left the model's quota is
-used up: :meth:`Wallet.token` raises :class:`~overlay.anon.client.QuotaExhausted` with the time
-the next epoch begins. When no issuer can be reached, or the committee issues no tokens (its
+for the same nonces. When fewer than ``issuers`` issuers have a token to give now, the wallet
+waits for them up to ``max_wait`` seconds (the allowances fill by the second); past that the
+model's quota is used up for now: :meth:`Wallet.token` raises
+:class:`~overlay.anon.client.QuotaExhausted` with the time the next token can be had. When no
+issuer can be reached, or the committee issues no tokens (its
 genesis has no quota section: every verifier answers ``QUOTA_OFF``), a request goes without a
 token: model nodes then serve it after requests that carry one.
 
@@ -18,10 +23,10 @@ What the issuers learn: that this registered user took a batch of this size for 
 this time; not the nonces, so not which requests later spend them.
 
 With a ``store`` (``DATA_DIR/quota_tokens.bin``, mode 0600: tokens are bearer values) the unspent
-tokens of the current epoch and what each issuer said was left outlive the process, so that a
-``user chat --prompt`` run once a minute spends its batch over many runs instead of fetching a
-new one each time (and using the budget up in a few runs). A token handed to a request is
-removed from the store before the request is sent.
+tokens of the current epoch and each issuer's allowance as the wallet follows it outlive the
+process, so that ``user chat --prompt`` runs close together spend one batch instead of fetching a
+new one each time. A token handed to a request is removed from the store before the request is
+sent.
 """
 
 from __future__ import annotations
@@ -48,7 +53,9 @@ log = logging.getLogger("gentorrent.quota")
 BATCH = 16  # tokens fetched at once
 RPC_TIMEOUT = 5.0  # seconds for one verifier's answer
 OFF_RECHECK_S = 300.0  # a committee that issues no tokens is asked again after this long
-STORE_VERSION = 1
+MAX_WAIT_S = 15.0  # the longest a request waits for the issuers' allowances to fill before QuotaExhausted
+CARRY_MARGIN_S = 5.0  # the epoch before's tokens are spent until this long before its grace ends
+STORE_VERSION = 2
 MAX_STORE_BYTES = 4 * 1024 * 1024
 
 
@@ -60,11 +67,9 @@ class _Stock:
     params: quota.QuotaParams
     records: dict[str, quota.KeyRecord]  # address -> the issuer's verified key record
     tokens: list[bytes] = field(default_factory=list)
-    left: dict[str, int] = field(default_factory=dict)  # address -> tokens left there (as it said)
-    used_up: set[str] = field(default_factory=set)  # addresses that refused: budget spent
-
-    def candidates(self) -> list[str]:
-        return [a for a in self.records if a not in self.used_up and self.left.get(a, self.params.tokens) > 0]
+    failed: set[str] = field(default_factory=set)  # addresses that failed or refused this epoch: not asked again
+    carried: list[bytes] = field(default_factory=list)  # the epoch before's tokens, spent first within its grace
+    later: dict[str, float] = field(default_factory=dict)  # address -> not asked before (it answered QUOTA_LATER)
 
 
 class Wallet:
@@ -75,7 +80,7 @@ class Wallet:
     def __init__(self, identity: Identity, addresses: Callable[[], Sequence[str]], chain_id: str,
                  validators: Callable[[], Sequence[bytes]], *, rpc: Rpc | None = None, clock: Clock | None = None,
                  batch: int = BATCH, rpc_timeout: float = RPC_TIMEOUT, rng: random.Random | None = None,
-                 send_when_used_up: bool = False, store: Path | None = None) -> None:
+                 send_when_used_up: bool = False, store: Path | None = None, max_wait: float = MAX_WAIT_S) -> None:
         if not 1 <= batch <= quota.MAX_BATCH:
             raise ValueError(f"batch must be within 1..{quota.MAX_BATCH}")
         self.identity, self.addresses, self.chain_id, self.validators = identity, addresses, chain_id, validators
@@ -84,6 +89,8 @@ class Wallet:
         # a verifier's audit user: a used-up quota sends challenges without a token rather than not at
         # all (an unsent challenge would count against the node, not against the verifier)
         self.send_when_used_up = send_when_used_up
+        self.max_wait = max_wait
+        self._full_at: dict[tuple[str, bytes], float] = {}  # (model, issuer) -> its Allowance's full_at, as followed
         self._stock: dict[str, _Stock] = {}
         self._locks: dict[str, trio.Lock] = {}
         self._writing = trio.Lock()  # one write of the store at a time
@@ -92,36 +99,72 @@ class Wallet:
         self.fetched = 0  # tokens obtained
         self.spent = 0  # tokens handed out
         self.store = store
-        self._saved = self._load()  # model -> (epoch, tokens, left by issuer key) from an earlier run
+        self._saved = self._load()  # model -> (epoch, tokens, full_at by issuer key) from an earlier run
 
     async def token(self, model: str) -> bytes:
-        """A token for one request to ``model`` (empty: none to be had, send without);
-        :class:`QuotaExhausted` when this epoch's quota of ``model`` is used up."""
+        """A token for one request to ``model`` (empty: none to be had, send without), waiting up
+        to ``max_wait`` s for the issuers' allowances to fill; :class:`QuotaExhausted` when no token
+        can be had within that (it says when one can)."""
         lock = self._locks.setdefault(model, trio.Lock())
         async with lock:
-            now = self.clock.unix()
-            if now < self._off_until:
-                return b""
-            stock = self._stock.get(model)
-            if stock is None or stock.epoch != stock.params.epoch_at(now):
-                stock = await self._new_stock(model, now)
+            for _ in range(3):  # a wait may cross into the next epoch: its stock is fetched then
+                stock = await self._current(model)
                 if stock is None:
                     return b""
-                self._stock[model] = stock
-            if not stock.tokens:
-                await self._fill(model, stock)
-            if stock.tokens:
-                self.spent += 1
-                token = stock.tokens.pop()
-                await self._save()
-                return token
-            if len(stock.candidates()) < stock.params.issuers and not self.send_when_used_up:
-                refills = stock.params.refills_at(stock.epoch)
-                raise QuotaExhausted(
-                    f"your quota of {model!r} for this period is used up ({stock.params.tokens} tokens from each of "
-                    f"{len(stock.records)} issuers, {stock.params.issuers} a request); it refills in "
-                    f"{max(0.0, refills - now):.0f} s", refills, max(0.0, refills - now))
-            return b""  # issuers failed: best effort without a token
+                if stock.carried and not stock.params.redeemable(stock.epoch - 1, self.clock.unix() + CARRY_MARGIN_S):
+                    stock.carried.clear()  # too close to the grace's end to reach a model node in time
+                if not stock.tokens and not stock.carried:
+                    await self._fill(model, stock)
+                if stock.tokens or stock.carried:
+                    self.spent += 1
+                    token = (stock.carried or stock.tokens).pop()
+                    await self._save()
+                    return token
+                now = self.clock.unix()
+                ready = self._ready_at(model, stock, now)
+                if ready is None or self.send_when_used_up:
+                    return b""  # issuers failed (best effort without a token), or an audit user: send without
+                if ready - now > self.max_wait:
+                    raise QuotaExhausted(
+                        f"your quota of {model!r} is spent for now: the next token can be had in {ready - now:.0f} s "
+                        f"(each of {len(stock.records)} issuers gives you {stock.params.tokens} every "
+                        f"{stock.params.epoch_s} s, {stock.params.burst} at most at once, and a request takes "
+                        f"{stock.params.issuers})", ready, ready - now)
+                await trio.sleep(ready - now)
+            return b""
+
+    async def _current(self, model: str) -> _Stock | None:
+        """The stock of ``model`` for the epoch now (its key records fetched when new); None when
+        quotas are off or no issuer answered."""
+        now = self.clock.unix()
+        if now < self._off_until:
+            return None
+        stock = self._stock.get(model)
+        if stock is None or stock.epoch != stock.params.epoch_at(now):
+            old = stock
+            stock = await self._new_stock(model, now)
+            if stock is None:
+                return None
+            if old is not None and old.epoch == stock.epoch - 1:  # unspent tokens still redeem in the grace
+                stock.carried = old.tokens
+            self._stock[model] = stock
+        return stock
+
+    def _allowance(self, model: str, issuer: bytes, params: quota.QuotaParams) -> quota.Allowance:
+        """This user's allowance of ``model`` at ``issuer`` as the wallet follows it."""
+        return quota.Allowance(params, self._full_at.get((model, issuer), 0.0))
+
+    def _candidates(self, model: str, stock: _Stock, now: float) -> list[str]:
+        """The addresses that may be asked now for at least one token."""
+        return [a for a, r in stock.records.items() if a not in stock.failed and stock.later.get(a, 0.0) <= now
+                and self._allowance(model, r.issuer, stock.params).level(now) > 0]
+
+    def _ready_at(self, model: str, stock: _Stock, now: float) -> float | None:
+        """When ``params.issuers`` issuers can give a token (None: fewer than that still answer)."""
+        times = sorted(max(stock.later.get(a, now), self._allowance(model, r.issuer, stock.params).ready_at(1, now))
+                       for a, r in stock.records.items() if a not in stock.failed)
+        need = stock.params.issuers
+        return times[need - 1] if len(times) >= need else None
 
     # ------------------------------------------------------------------ key records
 
@@ -146,9 +189,11 @@ class Wallet:
                 stock = _Stock(epoch, params, {a: r for a, r in records.items()
                                                if r.params == params and r.epoch == epoch})
                 saved = self._saved.pop(model, None)
-                if saved is not None and saved[0] == epoch:  # an earlier run's tokens of this epoch
-                    stock.tokens = list(saved[1])
-                    stock.left = {a: saved[2][r.issuer] for a, r in stock.records.items() if r.issuer in saved[2]}
+                if saved is not None:  # an earlier run's allowances, and its tokens if of this epoch
+                    for issuer, full_at in saved[2].items():
+                        self._full_at.setdefault((model, issuer), full_at)
+                    if saved[0] == epoch:
+                        stock.tokens = list(saved[1])
                 return stock
             self._params = params
         return None
@@ -199,13 +244,15 @@ class Wallet:
     # ------------------------------------------------------------------ issuance
 
     async def _fill(self, model: str, stock: _Stock) -> None:
-        """One batch from ``params.issuers`` issuers with budget left, replacing any that fails."""
-        need = stock.params.issuers
-        candidates = stock.candidates()
+        """One batch from ``params.issuers`` issuers whose allowances hold a token now, of as many
+        tokens as the least of them holds (at most ``batch``), replacing any issuer that fails."""
+        need, now = stock.params.issuers, self.clock.unix()
+        candidates = self._candidates(model, stock, now)
         self.rng.shuffle(candidates)
         if len(candidates) < need:
             return
-        n = min(self.batch, *(stock.left.get(a, stock.params.tokens) for a in candidates[:need]))
+        n = min(self.batch, *(self._allowance(model, stock.records[a].issuer, stock.params).level(now)
+                              for a in candidates[:need]))
         nonces = quota.new_nonces(n)
         outputs: dict[bytes, list[bytes]] = {}
         while len(outputs) < need and candidates:
@@ -220,7 +267,7 @@ class Wallet:
                 if got is not None:
                     outputs[stock.records[a].issuer] = got
         if len(outputs) < need:
-            return  # the budget spent at the issuers that answered is lost with this batch
+            return  # what the issuers that answered took from their allowances is lost with this batch
         issuers = sorted(outputs)
         stock.tokens.extend(quota.encode_token(quota.Token(model, stock.epoch, nonce, tuple(
             (i, outputs[i][j]) for i in issuers))) for j, nonce in enumerate(nonces))
@@ -229,7 +276,7 @@ class Wallet:
 
     # ------------------------------------------------------------------ the store
 
-    def _load(self) -> dict[str, tuple[int, list[bytes], dict[bytes, int]]]:
+    def _load(self) -> dict[str, tuple[int, list[bytes], dict[bytes, float]]]:
         """The store's content; nothing (and a warning) when it is missing, unreadable or not in
         this format (the tokens in it are then lost, nothing else)."""
         if self.store is None:
@@ -248,11 +295,11 @@ class Wallet:
             if version != STORE_VERSION:
                 raise ValueError(f"version {version!r}")
             out = {}
-            for model, (epoch, tokens, left) in models.items():
+            for model, (epoch, tokens, full_at) in models.items():
                 if not (isinstance(model, str) and type(epoch) is int and all(type(t) is bytes for t in tokens)
-                        and all(type(k) is bytes and type(v) is int for k, v in left.items())):
+                        and all(type(k) is bytes and type(v) is float for k, v in full_at.items())):
                     raise ValueError("odd values")
-                out[model] = (epoch, list(tokens), dict(left))
+                out[model] = (epoch, list(tokens), dict(full_at))
             return out
         except (ValueError, TypeError, AttributeError, msgpack.UnpackException) as exc:
             log.warning("the quota tokens in %s are not readable (%s); starting without them", self.store, exc)
@@ -263,8 +310,8 @@ class Wallet:
         ``write_private`` writes through one temporary file)."""
         if self.store is None:
             return
-        models: dict[str, list[Any]] = {m: [e, t, left] for m, (e, t, left) in self._saved.items()}  # not asked yet
-        models.update({m: [s.epoch, s.tokens, {r.issuer: s.left[a] for a, r in s.records.items() if a in s.left}]
+        models: dict[str, list[Any]] = {m: [e, t, f] for m, (e, t, f) in self._saved.items()}  # not asked yet
+        models.update({m: [s.epoch, s.tokens, {i: t for (mm, i), t in self._full_at.items() if mm == m}]
                        for m, s in self._stock.items()})
         raw = msgpack.packb([STORE_VERSION, models], use_bin_type=True)
         async with self._writing:
@@ -284,21 +331,23 @@ class Wallet:
             answer = await self._query(address, quota.ISSUE_PATH, raw, "quota tokens")
             if answer is None:
                 return
-            if answer.code == Code.QUOTA_USED:
-                stock.used_up.add(address)
+            if answer.code == Code.QUOTA_LATER:  # its clock or its count is ahead of this wallet's: ask it later
+                stock.later[address] = self.clock.unix() + stock.params.per_token_s
                 return
             if answer.code:
                 log.warning("quota tokens from %s refused: code %d %s", address, answer.code, answer.log[:200])
-                stock.used_up.add(address)  # not asked again this epoch
+                stock.failed.add(address)  # not asked again this epoch
                 return
             try:
                 issued = quota.decode_issued(answer.value)
                 results[address] = blinding.finalize(issued, rec.key)
             except quota.QuotaError as exc:
                 log.warning("quota tokens from %s refused: %s", address, exc.reason)
-                stock.used_up.add(address)
+                stock.failed.add(address)
                 return
-            stock.left[address] = issued.left
+            # follow the issuer's count: after this batch its allowance holds issued.left
+            now = self.clock.unix()
+            self._full_at[(model, rec.issuer)] = now + (stock.params.burst - issued.left) * stock.params.per_token_s
 
 
 STORE_FILE = "quota_tokens.bin"

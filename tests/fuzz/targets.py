@@ -1383,7 +1383,7 @@ class QuotaWireTarget(Target):
     def __init__(self) -> None:
         super().__init__()
         signer, self.user = crypto.SigningKey.generate(), Identity.generate()
-        self.issuer = Issuer.of_validator(signer, CHAIN, qw.QuotaParams(tokens=100_000))
+        self.issuer = Issuer.of_validator(signer, CHAIN, qw.QuotaParams(tokens=100_000, burst=100_000))
         self.now = float(T0)
         epoch = self.issuer.params.epoch_at(self.now)
         b = qw.Blinding(qw.new_nonces(2))

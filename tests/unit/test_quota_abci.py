@@ -37,7 +37,7 @@ from verifier.run import (
 VERIFIER = crypto.SigningKey.from_bytes(b"\x07" * 32)
 CHAIN = "quotas"
 MODEL = "smollm2-135m-instruct"
-PARAMS = QuotaParams(tokens=3)
+PARAMS = QuotaParams(tokens=3, burst=3)
 NOW = 1_700_000_000.0
 
 
@@ -90,7 +90,7 @@ def test_a_user_gets_a_token_through_the_queries_and_a_node_spends_it_once() -> 
     assert (res.code, res.value) == (0, b"")
     res = w.query(q.REDEEM_PATH, redeem)
     assert res.code == Code.SPENT and res.log
-    assert w.query(q.ISSUE_PATH, w.request(2)[1]).code == Code.QUOTA_USED
+    assert w.query(q.ISSUE_PATH, w.request(2)[1]).code == Code.QUOTA_LATER
 
 
 def test_refusals_are_codes_with_reasons() -> None:
@@ -166,7 +166,7 @@ def test_the_genesis_section_turns_quotas_on(tmp_path: Path, caplog: pytest.LogC
     with caplog.at_level(logging.INFO, "gentorrent.verifier"):
         iss = make_issuer(d, d / "cometbft", VERIFIER)
     assert iss is not None and iss.params == PARAMS and iss.chain_id == CHAIN
-    assert "quotas on: epochs of 600 s, 3 tokens" in caplog.text
+    assert "quotas on: epochs of 60 s, 3 tokens" in caplog.text
     off = _home(tmp_path / "off", {"admission": {}})
     with caplog.at_level(logging.INFO, "gentorrent.verifier"):
         assert make_issuer(off, off / "cometbft", VERIFIER) is None
@@ -190,8 +190,8 @@ def test_the_saved_state_comes_back_and_a_damaged_one_stops_the_verifier(tmp_pat
     assert w.issuer is not None
     (tmp_path / QUOTA_FILE).write_bytes(w.issuer.snapshot())
     again = load_issuer(tmp_path, VERIFIER, CHAIN, PARAMS)
-    assert again.left(w.user.node_id, MODEL, w.epoch) == 1
-    assert load_issuer(tmp_path / "empty", VERIFIER, CHAIN, PARAMS).left(w.user.node_id, MODEL, w.epoch) == 3
+    assert again.left(w.user.node_id, MODEL, NOW) == 1
+    assert load_issuer(tmp_path / "empty", VERIFIER, CHAIN, PARAMS).left(w.user.node_id, MODEL, NOW) == 3
     (tmp_path / QUOTA_FILE).write_bytes(w.issuer.snapshot()[:-1])
     with pytest.raises(QuotaFileError, match=f"{QUOTA_FILE}.*mv "):
         load_issuer(tmp_path, VERIFIER, CHAIN, PARAMS)
@@ -221,7 +221,7 @@ async def test_the_state_is_written_while_it_changes(tmp_path: Path) -> None:
             nursery.cancel_scope.cancel()
     assert written.statistics().current_buffer_used == 0  # no change, no write
     restored = load_issuer(tmp_path, VERIFIER, CHAIN, PARAMS)
-    assert restored.left(w.user.node_id, MODEL, w.epoch) == 2
+    assert restored.left(w.user.node_id, MODEL, NOW) == 2
 
 
 def _script(tmp_path: Path, body: str) -> str:

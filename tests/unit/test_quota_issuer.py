@@ -1,5 +1,5 @@
-"""The verifier's quota issuer (verifier/quota.py, issue 31): tokens issued blind to registered users
-within their budget redeem exactly once, whichever model node asks; everything else is refused with
+"""The verifier's quota issuer (verifier/quota.py, issue 31, decision 0018): tokens issued blind to
+registered users within their allowance (a token bucket per user and model) redeem exactly once, whichever model node asks; everything else is refused with
 a code and a reason; the state survives a restart; old epochs are forgotten; and the issuer cannot
 tell which issuance a redemption comes from."""
 
@@ -22,7 +22,7 @@ from verifier.quota import Issuer, QuotaStateError, quota_seed
 CHAIN = "gt-quota"
 A = crypto.SigningKey.from_bytes(b"\x0a" * 32)
 B = crypto.SigningKey.from_bytes(b"\x0b" * 32)
-PARAMS = QuotaParams(epoch_s=600, tokens=5, issuers=2, grace_s=60)
+PARAMS = QuotaParams(epoch_s=600, tokens=5, issuers=2, grace_s=60, burst=5)  # a token every 120 s, 5 at most
 NOW = 1_700_000_000.0  # 200 s into its epoch
 EPOCH = PARAMS.epoch_at(NOW)
 START = EPOCH * 600.0
@@ -77,7 +77,7 @@ def redeem(iss: Issuer, token: tuple[bytes, bytes], *, model: str = "m1", epoch:
 def test_tokens_issued_blind_redeem_once() -> None:
     iss = issuer()
     got = tokens(iss, 3)
-    assert iss.left(U1.node_id, "m1", EPOCH) == 2
+    assert iss.left(U1.node_id, "m1", NOW) == 2
     for t in got:
         assert redeem(iss, t) == (Code.OK, "spent")
     for t in got:
@@ -104,22 +104,38 @@ def test_a_token_spends_once_across_nodes_and_at_each_of_its_issuers() -> None:
     assert a.redeem(token.redeem(B.public_bytes), NOW)[0] == Code.BAD_TOKEN  # B's output is not A's
 
 
-def test_the_budget_is_per_user_model_and_epoch_and_says_what_is_left() -> None:
+def test_the_allowance_is_a_bucket_per_user_and_model_and_says_when_more_comes() -> None:
     iss = issuer()
     tokens(iss, 3)
     code, why, value = iss.issue(request(q.Blinding(q.new_nonces(3))), NOW, user_key, listed)
-    assert (code, value) == (Code.QUOTA_USED, b"")
-    assert "2 of this epoch's 5 tokens of 'm1' are left" in why and f"{PARAMS.refills_at(EPOCH):.0f}" in why
-    assert "in 400 s" in why
+    assert (code, value) == (Code.QUOTA_LATER, b"")
+    assert "2 tokens of 'm1' can be had from this issuer now and you asked for 3" in why
+    assert f"at Unix time {NOW + 120:.1f} (in 120.0 s)" in why
     tokens(iss, 2)
-    assert iss.left(U1.node_id, "m1", EPOCH) == 0
+    assert iss.left(U1.node_id, "m1", NOW) == 0
     code, why, _ = iss.issue(request(q.Blinding(q.new_nonces(1))), NOW, user_key, listed)
-    assert code == Code.QUOTA_USED and "0 of" in why
-    tokens(iss, 5, model="m2")  # another model: its own budget
-    tokens(iss, 5, user=U2)  # another user: its own budget
-    tokens(iss, 5, now=START + 600)  # the next epoch refills
-    assert iss.issue(request(q.Blinding(q.new_nonces(1)), epoch=EPOCH + 1), START + 601, user_key, listed)[0] == (
-        Code.QUOTA_USED)
+    assert code == Code.QUOTA_LATER and "0 tokens" in why and "(in 120.0 s)" in why
+    code, why, _ = iss.issue(request(q.Blinding(q.new_nonces(6))), NOW, user_key, listed)
+    assert code == Code.QUOTA_USED and "5 at most" in why  # more than the bucket ever holds
+    tokens(iss, 5, model="m2")  # another model: its own allowance
+    tokens(iss, 5, user=U2)  # another user: its own allowance
+    assert iss.left(U1.node_id, "m1", NOW + 119) == 0
+    tokens(iss, 1, now=NOW + 120)  # one token comes back every 120 s
+    assert iss.left(U1.node_id, "m1", NOW + 120 + 4 * 120) == 4
+    assert iss.left(U1.node_id, "m1", NOW + 10_000) == 5  # never more than the burst
+
+
+def test_a_new_epoch_does_not_refill_the_allowance_so_tokens_cannot_be_saved_up() -> None:
+    """The hoarder's plan under per-epoch budgets: take the whole budget at the end of an epoch,
+    the next one's at the start of the next, and spend both at once in the grace. Under the bucket
+    the second take gets only what accrued in between."""
+    iss = issuer()
+    end = START + 600 - 1
+    tokens(iss, 5, now=end)
+    nxt = end + 2  # the next epoch
+    assert PARAMS.epoch_at(nxt) == EPOCH + 1 and iss.left(U1.node_id, "m1", nxt) == 0
+    code, _, _ = iss.issue(request(q.Blinding(q.new_nonces(5)), epoch=EPOCH + 1), nxt, user_key, listed)
+    assert code == Code.QUOTA_LATER
 
 
 def test_a_replayed_request_gets_the_same_answer_and_counts_once() -> None:
@@ -130,8 +146,8 @@ def test_a_replayed_request_gets_the_same_answer_and_counts_once() -> None:
     again = iss.issue(raw, NOW + 5, user_key, listed)
     assert first[0] == again[0] == Code.OK and first[2] == again[2]
     assert "counted once" in again[1]
-    assert iss.left(U1.node_id, "m1", EPOCH) == 3
-    tokens(iss, 3)  # the whole rest of the budget is still there
+    assert iss.left(U1.node_id, "m1", NOW) == 3
+    tokens(iss, 3)  # the whole rest of the allowance is still there
     assert iss.issue(raw, NOW + 9, user_key, listed)[2] == first[2]  # still answered, even with nothing left
     key = q.decode_key_record(iss.key_record("m1", EPOCH)).key
     assert b.finalize(q.decode_issued(again[2]), key)  # the replayed answer is a good one
@@ -248,7 +264,7 @@ def test_past_its_caps_the_issuer_refuses_rather_than_forgets() -> None:
     iss = issuer(caps=quota.Caps(accounts=2, spent=3))
     got = tokens(iss, 2) + tokens(iss, 2, model="m2")
     code, why, _ = iss.issue(request(q.Blinding(q.new_nonces(1)), user=U2), NOW, user_key, listed)
-    assert code == Code.UNAVAILABLE and "users' counts" in why
+    assert code == Code.UNAVAILABLE and "users' allowances" in why
     tokens(iss, 1)  # an account it holds still gets its tokens
     for t, model in zip(got[:3], ("m1", "m1", "m2"), strict=True):
         assert redeem(iss, t, model=model)[0] == Code.OK
@@ -258,12 +274,12 @@ def test_past_its_caps_the_issuer_refuses_rather_than_forgets() -> None:
 
 
 def test_answers_kept_for_replays_are_bounded() -> None:
-    iss = issuer(params=QuotaParams(tokens=10), caps=quota.Caps(answers=2))
+    iss = issuer(params=QuotaParams(epoch_s=600, tokens=10, burst=10), caps=quota.Caps(answers=2))
     raws = [request(q.Blinding(q.new_nonces(1))) for _ in range(3)]
     answers = [iss.issue(raw, NOW, user_key, listed)[2] for raw in raws]
     assert [iss.issue(raw, NOW, user_key, listed)[2] for raw in raws[1:]] == answers[1:]
-    assert iss.left(U1.node_id, "m1", QuotaParams().epoch_at(NOW)) == 7
-    assert len(iss._epochs[QuotaParams().epoch_at(NOW)].answers) == 2
+    assert iss.left(U1.node_id, "m1", NOW) == 7
+    assert len(iss._epochs[EPOCH].answers) == 2
 
 
 # --------------------------------------------------------------------------- epochs and restarts
@@ -277,7 +293,8 @@ def test_old_epochs_are_forgotten_and_stay_refused() -> None:
     assert iss.spent("m1", EPOCH) == 1
     two_later = START + 1200
     assert iss.redeem(b"", two_later)[0] == Code.MALFORMED
-    assert iss.spent("m1", EPOCH) == 0 and iss.left(U1.node_id, "m1", EPOCH) == PARAMS.tokens  # forgotten
+    assert iss.spent("m1", EPOCH) == 0 and iss.left(U1.node_id, "m1", two_later) == PARAMS.burst
+    assert not iss._allowances  # full again: forgotten
     assert iss.floor == EPOCH + 1 and not iss._epochs
     assert redeem(iss, t[0], now=NOW)[0] == Code.BAD_TOKEN  # the clock set back: the forgotten epoch stays closed
     assert iss.issue(request(q.Blinding(q.new_nonces(1))), NOW, user_key, listed)[0] == Code.WRONG_EPOCH
@@ -285,7 +302,7 @@ def test_old_epochs_are_forgotten_and_stay_refused() -> None:
     assert len(snap) < 80 and Issuer.restore(snap, quota_seed(A.private_bytes()), A, CHAIN, PARAMS).floor == EPOCH + 1
 
 
-def test_a_restart_keeps_budgets_and_spent_tokens() -> None:
+def test_a_restart_keeps_allowances_and_spent_tokens() -> None:
     iss = issuer()
     mine = tokens(iss, 3)
     theirs = tokens(iss, 5, user=U2, model="m2")
@@ -293,8 +310,8 @@ def test_a_restart_keeps_budgets_and_spent_tokens() -> None:
     raw = iss.snapshot()
     again = Issuer.restore(raw, quota_seed(A.private_bytes()), A, CHAIN, PARAMS)
     assert again.snapshot() == raw
-    assert again.left(U1.node_id, "m1", EPOCH) == 2 and again.left(U2.node_id, "m2", EPOCH) == 0
-    assert again.issue(request(q.Blinding(q.new_nonces(3))), NOW, user_key, listed)[0] == Code.QUOTA_USED
+    assert again.left(U1.node_id, "m1", NOW) == 2 and again.left(U2.node_id, "m2", NOW) == 0
+    assert again.issue(request(q.Blinding(q.new_nonces(3))), NOW, user_key, listed)[0] == Code.QUOTA_LATER
     assert redeem(again, mine[0])[0] == Code.SPENT and redeem(again, theirs[4], model="m2")[0] == Code.SPENT
     assert redeem(again, mine[1])[0] == Code.OK  # issued before the restart, good after it
     assert again.key_record("m1", EPOCH) == iss.key_record("m1", EPOCH)
@@ -314,7 +331,7 @@ def test_a_snapshot_restores_only_as_itself() -> None:
         (lambda: Issuer.restore(raw, seed, A, CHAIN, QuotaParams()), "other quota params"),
         (lambda: Issuer.restore(raw + b"\x00", seed, A, CHAIN, PARAMS), "trailing"),
         (lambda: Issuer.restore(raw[:-3], seed, A, CHAIN, PARAMS), ""),
-        (lambda: Issuer.restore(b"\x96\x02" + raw[2:], seed, A, CHAIN, PARAMS), "version 2"),
+        (lambda: Issuer.restore(b"\x97\x01" + raw[2:], seed, A, CHAIN, PARAMS), "version 1"),
         (lambda: Issuer.restore(b"\xc1", seed, A, CHAIN, PARAMS), ""),
         (lambda: Issuer.restore(b"\x90" * (quota.MAX_STATE_BYTES + 1), seed, A, CHAIN, PARAMS), "at most"),
     ]
@@ -322,15 +339,16 @@ def test_a_snapshot_restores_only_as_itself() -> None:
         with pytest.raises(QuotaStateError) as info:
             restore()
         assert words in info.value.reason
-    # the counts out of order: the same content, another encoding
+    # the allowances out of order: the same content, another encoding
     wire = iss._wire()
-    wire[5][0][1].reverse()
+    wire[5].reverse()
     with pytest.raises(QuotaStateError, match="canonical"):
         Issuer.restore(quota._pack(wire), seed, A, CHAIN, PARAMS)
-    wire[5][0][1].reverse()
-    wire[5][0][1][0][2] = PARAMS.tokens + 1  # a count over the budget
-    with pytest.raises(QuotaStateError, match="count"):
-        Issuer.restore(quota._pack(wire), seed, A, CHAIN, PARAMS)
+    wire[5].reverse()
+    for bad in (1, -1.0, float("inf"), float("nan"), quota.MAX_FULL_AT):  # an allowance's time out of bounds
+        wire[5][0][2] = bad
+        with pytest.raises(QuotaStateError, match="allowance"):
+            Issuer.restore(quota._pack(wire), seed, A, CHAIN, PARAMS)
     for cut in range(len(raw)):  # every prefix is refused, never half restored
         with pytest.raises(QuotaStateError):
             Issuer.restore(raw[:cut], seed, A, CHAIN, PARAMS)
@@ -370,7 +388,7 @@ def test_a_redemption_carries_nothing_of_its_issuance_and_fits_every_user_alike(
         ev = q.evaluator(quota_seed(A.private_bytes()), CHAIN, "m1", EPOCH)
         evaluated = ev.evaluate_batch([ristretto.BlindedInput.deserialize(blinded)]).serialize()
         assert not _windows(output) & _windows(evaluated)
-    # What the issuer keeps holds no blinded or evaluated element: counts by user, nonces by model.
+    # What the issuer keeps holds no blinded or evaluated element: allowances by user, nonces by model.
     elements = [*q.decode_issue(seen[1]).blinded, *q.decode_issue(seen[4]).blinded,
                 q.decode_issued(seen[2]).evaluated, q.decode_issued(seen[5]).evaluated]
     kept = _windows(iss.snapshot())
@@ -382,4 +400,4 @@ def test_a_redemption_carries_nothing_of_its_issuance_and_fits_every_user_alike(
 def test_the_genesis_commands_defaults_are_the_params_defaults() -> None:
     d = QuotaParams()
     assert (cli._DEFAULT_QUOTA_EPOCH_S, cli._DEFAULT_QUOTA_TOKENS, cli._DEFAULT_QUOTA_ISSUERS,
-            cli._DEFAULT_QUOTA_GRACE_S) == (d.epoch_s, d.tokens, d.issuers, d.grace_s)
+            cli._DEFAULT_QUOTA_GRACE_S, cli._DEFAULT_QUOTA_BURST) == (d.epoch_s, d.tokens, d.issuers, d.grace_s, d.burst)

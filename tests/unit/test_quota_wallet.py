@@ -1,7 +1,8 @@
-"""The user's wallet of usage-quota tokens (overlay/directory/wallet.py, decision 0017) against
-issuers made of the real VOPRF (``voprf``) and the wire of overlay/directory/quota.py, behind a
-fake RPC: batches from ``issuers`` issuers, a refusing or lying issuer replaced, the quota used
-up with the time it refills, quotas off, and tokens every issuer's output verifies."""
+"""The user's wallet of usage-quota tokens (overlay/directory/wallet.py, decisions 0017 and 0018)
+against issuers made of the real VOPRF (``voprf``), the real allowance (a token bucket) and the
+wire of overlay/directory/quota.py, behind a fake RPC: batches from ``issuers`` issuers, a refusing
+or lying issuer replaced, a short wait for the allowances to fill, the quota spent for now with
+the time the next token comes, quotas off, and tokens every issuer's output verifies."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from overlay.wire.identity import Identity
 
 CHAIN = "quota-test"
 MODEL = "smollm2-135m-instruct"
-PARAMS = quota.QuotaParams(epoch_s=600, tokens=20, issuers=2, grace_s=60)
+PARAMS = quota.QuotaParams(epoch_s=600, tokens=20, issuers=2, grace_s=60, burst=20)  # a token every 30 s
 NOW = 1_800_000_000.0
 EPOCH = PARAMS.epoch_at(NOW)
 
@@ -38,9 +39,17 @@ class FakeClock:
         return self.now
 
 
+class TrioTime(FakeClock):
+    """Unix time that moves with trio's clock (the mock clock in the tests that wait)."""
+
+    def unix(self) -> float:
+        return self.now + trio.current_time()
+
+
 class Issuer:
-    """An issuer as the wire has it: key records, budgets per user, blind evaluation. ``lie``
-    evaluates under another key than the one it publishes; ``off`` answers QUOTA_OFF."""
+    """An issuer as the wire has it: key records, an allowance per user (the real bucket), blind
+    evaluation. ``lie`` evaluates under another key than the one it publishes; ``off`` answers
+    QUOTA_OFF."""
 
     def __init__(self, *, lie: bool = False, off: bool = False, down: bool = False, clock: FakeClock | None = None,
                  ) -> None:
@@ -48,7 +57,7 @@ class Issuer:
         self.key = crypto.SigningKey.generate()
         self.seed = random.randbytes(32)
         self.lie, self.off, self.down = lie, off, down
-        self.counts: dict[bytes, int] = {}  # user + epoch -> tokens given
+        self.allowances: dict[bytes, quota.Allowance] = {}  # user -> its allowance
         self.asked = 0
 
     def evaluator(self, model: str, epoch: int) -> Any:
@@ -69,17 +78,18 @@ class Issuer:
         self.asked += 1
         req = quota.decode_issue(data)
         assert req.issuer == self.key.public_bytes
-        used = self.counts.get(req.user + req.epoch.to_bytes(8, "big"), 0)
-        if used + len(req.blinded) > PARAMS.tokens:
-            return int(Code.QUOTA_USED), f"{PARAMS.tokens - used} left", b""
-        self.counts[req.user + req.epoch.to_bytes(8, "big")] = used + len(req.blinded)
+        allowance = self.allowances.setdefault(req.user, quota.Allowance(PARAMS))
+        now = self.clock.unix()
+        if not allowance.take(len(req.blinded), now):
+            return int(Code.QUOTA_LATER), f"{allowance.level(now)} now", b""
         ev = quota.evaluator(random.randbytes(32), CHAIN, req.model, req.epoch) if self.lie else \
             self.evaluator(req.model, req.epoch)
         batch = ev.evaluate_batch([ristretto.BlindedInput.deserialize(b) for b in req.blinded])
-        return 0, "", quota.encode_issued(quota.Issued(batch.serialize(), PARAMS.tokens - used - len(req.blinded)))
+        return 0, "", quota.encode_issued(quota.Issued(batch.serialize(), allowance.level(now)))
 
 
-def wallet_over(issuers: dict[str, Issuer], clock: FakeClock | None = None, **kw: Any) -> Wallet:
+def wallet_over(issuers: dict[str, Issuer], clock: FakeClock | None = None, max_wait: float = 0.0,
+                **kw: Any) -> Wallet:
     async def rpc(address: str, method: str, params: dict[str, str]) -> Any:
         await trio.lowlevel.checkpoint()
         issuer = issuers[address]
@@ -91,7 +101,7 @@ def wallet_over(issuers: dict[str, Issuer], clock: FakeClock | None = None, **kw
 
     return Wallet(Identity.generate(), lambda: list(issuers), CHAIN,
                   lambda: [i.key.public_bytes for i in issuers.values()], rpc=rpc, clock=clock or FakeClock(),
-                  rng=random.Random(3), **kw)
+                  rng=random.Random(3), max_wait=max_wait, **kw)
 
 
 def verifies(raw: bytes, issuers: dict[str, Issuer]) -> set[bytes]:
@@ -116,7 +126,7 @@ async def test_tokens_carry_outputs_of_two_issuers_that_verify_and_come_in_batch
     assert sum(i.asked for i in issuers.values()) == 4  # the ninth takes a second batch
 
 
-async def test_the_quota_is_used_up_when_too_few_issuers_have_budget_and_it_says_when_it_refills() -> None:
+async def test_the_quota_is_spent_for_now_when_too_few_issuers_have_a_token_and_it_says_when_one_comes() -> None:
     issuers = {f"v{i}:26657": Issuer() for i in range(3)}
     wallet = wallet_over(issuers, batch=16)
     got = []
@@ -125,18 +135,37 @@ async def test_the_quota_is_used_up_when_too_few_issuers_have_budget_and_it_says
             got.append(await wallet.token(MODEL))
     # 3 issuers x 20 tokens, 2 evaluations a token: at most 30, fewer when batches do not divide
     assert 16 <= len(got) <= 30
-    assert info.value.refills_at == PARAMS.refills_at(EPOCH)
-    assert "refills in" in str(info.value)
+    assert NOW < info.value.refills_at <= NOW + PARAMS.per_token_s and info.value.wait_s == info.value.refills_at - NOW
+    assert "the next token can be had in 30 s" in str(info.value)
 
 
-async def test_a_new_epoch_brings_new_tokens() -> None:
-    issuers = {f"v{i}:26657": Issuer() for i in range(2)}
-    clock = FakeClock()
+async def test_a_request_waits_for_the_allowances_to_fill_up_to_max_wait(autojump_clock: Any) -> None:
+    clock = TrioTime()
+    issuers = {f"v{i}:26657": Issuer(clock=clock) for i in range(2)}
+    wallet = wallet_over(issuers, clock, batch=20, max_wait=40)
+    for _ in range(20):  # the two buckets' 20 tokens at once, without waiting
+        await wallet.token(MODEL)
+    assert trio.current_time() == 0
+    raw = await wallet.token(MODEL)  # the 21st waits for one token to come back at both issuers
+    assert trio.current_time() == pytest.approx(PARAMS.per_token_s) and len(verifies(raw, issuers)) == 2
+    impatient = wallet_over({"v0:1": Issuer(clock=clock), "v1:1": Issuer(clock=clock)}, clock, batch=20, max_wait=10)
+    for _ in range(20):
+        await impatient.token(MODEL)
+    with pytest.raises(QuotaExhausted):
+        await impatient.token(MODEL)  # 30 s to wait, more than 10
+
+
+async def test_a_new_epoch_does_not_refill_the_allowance() -> None:
+    clock = FakeClock(NOW + PARAMS.epoch_s - 10)  # the end of an epoch
+    issuers = {f"v{i}:26657": Issuer(clock=clock) for i in range(2)}
     wallet = wallet_over(issuers, clock, batch=16)
     with pytest.raises(QuotaExhausted):
         for _ in range(100):
             await wallet.token(MODEL)
-    clock.now = PARAMS.refills_at(EPOCH) + 1
+    clock.now = PARAMS.refills_at(EPOCH) + 1  # the next epoch, 11 s on: new keys, but the allowances grew by nothing
+    with pytest.raises(QuotaExhausted):
+        await wallet.token(MODEL)
+    clock.now += 10 * PARAMS.per_token_s
     raw = await wallet.token(MODEL)
     assert quota.decode_token(raw).epoch == EPOCH + 1 and len(verifies(raw, issuers)) == 2
 
@@ -155,8 +184,7 @@ async def test_no_token_when_quotas_are_off_or_no_issuer_answers() -> None:
     down = wallet_over({f"v{i}:1": Issuer(down=True) for i in range(3)})
     assert await down.token(MODEL) == b""
     one = wallet_over({"v0:1": Issuer(), "v1:1": Issuer(down=True)})  # 2 issuers a token, 1 reachable
-    with pytest.raises(QuotaExhausted):
-        await one.token(MODEL)
+    assert await one.token(MODEL) == b""  # no token can be made: best effort without one (not "used up")
 
 
 async def test_a_key_record_not_signed_by_a_validator_is_ignored() -> None:
@@ -202,3 +230,22 @@ async def test_a_committee_with_another_epoch_length_is_learnt_from_its_answer()
     wallet._params = quota.QuotaParams(epoch_s=70)  # the wallet assumes another length than the committee's
     raw = await wallet.token(MODEL)
     assert quota.decode_token(raw).epoch == EPOCH and len(verifies(raw, issuers)) == 2
+
+
+async def test_tokens_left_at_an_epochs_end_are_spent_first_in_its_grace() -> None:
+    clock = FakeClock(NOW + PARAMS.epoch_s - 10)  # the end of an epoch
+    issuers = {f"v{i}:26657": Issuer(clock=clock) for i in range(2)}
+    wallet = wallet_over(issuers, clock, batch=8)
+    first = await wallet.token(MODEL)  # a batch of 8: 7 left
+    asked = sum(i.asked for i in issuers.values())
+    clock.now = PARAMS.refills_at(EPOCH) + 5  # the next epoch, within the grace (60 s) less the margin
+    carried = [await wallet.token(MODEL) for _ in range(7)]
+    assert {quota.decode_token(t).epoch for t in [first, *carried]} == {EPOCH}
+    assert sum(i.asked for i in issuers.values()) == asked  # no new batch while the old tokens still redeem
+    fresh = await wallet.token(MODEL)
+    assert quota.decode_token(fresh).epoch == EPOCH + 1
+    late_clock = FakeClock(NOW + PARAMS.epoch_s - 10)
+    late = wallet_over(issuers, late_clock, batch=8)
+    await late.token(MODEL)
+    late_clock.now = PARAMS.refills_at(EPOCH) + PARAMS.grace_s - 1  # too close to the grace's end: not used
+    assert quota.decode_token(await late.token(MODEL)).epoch == EPOCH + 1

@@ -300,7 +300,7 @@ def test_blinding_the_same_nonce_twice_gives_unrelated_elements() -> None:
 def test_params_from_json_keep_to_bounds_and_known_keys() -> None:
     assert QuotaParams.from_json({}) == QuotaParams()
     assert QuotaParams.from_json(QuotaParams().to_json()) == QuotaParams()
-    assert QuotaParams().to_json() == {"epoch_s": 600, "tokens": 60, "issuers": 2, "grace_s": 60}
+    assert QuotaParams().to_json() == {"epoch_s": 60, "tokens": 6, "issuers": 2, "grace_s": 15, "burst": 16}
     assert QuotaParams.from_json({"tokens": 5}) == QuotaParams(tokens=5)
     for name, (lo, hi) in QuotaParams.BOUNDS.items():
         for bad in (lo - 1, hi + 1, str(lo), float(lo), None):
@@ -326,3 +326,32 @@ def test_epochs_issue_now_and_redeem_within_grace() -> None:
     assert p.redeemable(EPOCH, start) and p.redeemable(EPOCH, start + 659.9) and not p.redeemable(EPOCH, start + 660)
     assert not p.redeemable(EPOCH, start - 1)  # not before its epoch
     assert p.refills_at(EPOCH) == start + 600
+
+
+# --------------------------------------------------------------------------- the allowance (decision 0018)
+
+def test_an_allowance_is_a_token_bucket_that_fills_at_the_rate_and_holds_at_most_the_burst() -> None:
+    p = QuotaParams(epoch_s=60, tokens=6, burst=4)  # a token every 10 s, 4 at most
+    a = q.Allowance(p)
+    assert a.level(1000.0) == 4 and a.full(1000.0)
+    assert a.take(3, 1000.0) and a.level(1000.0) == 1
+    assert not a.take(2, 1000.0) and a.level(1000.0) == 1  # refused: nothing changes
+    assert a.ready_at(2, 1000.0) == 1010.0 and a.ready_at(1, 1000.0) == 1000.0
+    assert a.level(1009.9) == 1 and a.level(1010.0) == 2 and a.level(1030.0) == 4 and a.full(1030.0)
+    assert a.level(5000.0) == 4  # never more than the burst, however long idle
+    assert a.take(4, 5000.0) and a.level(5000.0) == 0 and a.ready_at(4, 5000.0) == 5040.0
+    assert a.ready_at(9, 5000.0) == 5040.0  # more than the burst: when the bucket is full
+
+
+def test_an_allowance_gives_at_most_the_rate_over_time_whoever_asks_how() -> None:
+    """Whatever a user's asks (sizes, times), what it gets over T seconds is at most burst + rate x T."""
+    rng = random.Random(7)
+    p = QuotaParams(epoch_s=60, tokens=6, burst=16)
+    for _ in range(50):
+        a, t, got = q.Allowance(p), 0.0, 0
+        while t < 600:
+            n = rng.randint(1, 16)
+            if a.take(n, t):
+                got += n
+            t += rng.expovariate(1.0)
+        assert got <= p.burst + p.tokens * 600 / p.epoch_s
