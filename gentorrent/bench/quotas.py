@@ -56,7 +56,8 @@ FLOOD_FACTOR = 10
 EPOCH_S = 60  # the flood's quota epoch: its tokens are each user's fair share of it
 GRACE_S = 10
 BURST = 8  # the allowance's depth: a third of a minute's fair share
-FLOOD_SEEDS = (5, 6, 7)  # the honest users' arrivals of each run (the quick run takes the first)
+FLOOD_SEEDS = (5, 6, 7)  # the honest users' arrivals and the epochs' phase of each run (the quick run: the first)
+UNIX_ANCHOR = 1_800_000_000.0  # the flood runs' Unix time at trio time 0 less the phase (an epoch start)
 
 
 def _cpu_ms(fn: Callable[[], object], n: int) -> float:
@@ -304,7 +305,12 @@ async def _flood_run(params: Any, quotas: bool, fifth: str, duration: float, see
     from model_node.testing import echo_node
     from overlay.anon.client import AnonError
     from overlay.testing import start_overlay
+    from overlay.wire import clock
 
+    # Unix time is anchored per run (not to this machine's clock): quota epochs start at a phase of
+    # the run that the seed sets, so a run is the same wherever and whenever it is played
+    phase = random.Random(seed).uniform(0, params.epoch_s)
+    clock._UNIX_OFFSET.set(UNIX_ANCHOR + phase - trio.current_time())
     issuers = Issuers(1, params)
     async with trio.open_nursery() as nursery:
         factory = echo_node(delay=PIECE_S, slots=SLOTS, max_queue=8, max_queue_wait=10.0,

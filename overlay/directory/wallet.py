@@ -5,7 +5,8 @@ The wallet keeps, per model, the tokens of the current quota epoch (and spends t
 epoch before first, while they still redeem in its grace). When it holds none it asks
 ``issuers`` verifiers (the committee's :class:`~overlay.directory.quota.QuotaParams`) for a batch
 of at most what their allowances hold now (:class:`~overlay.directory.quota.Allowance`, which the
-wallet follows from what each issuer said, decision 0018):
+wallet follows from what each issuer said, decision 0018), and at most what they would grow back
+by before the batch's tokens stop redeeming (a token lost unspent is a token the bucket lacks):
 the same fresh nonces, blinded anew for each issuer (:class:`~overlay.directory.quota.Blinding`),
 in a request signed by this node's key, so each issuer counts the batch against this user's
 budget and none sees a nonce. Each issuer's answer is checked against the key it signed and
@@ -32,6 +33,7 @@ sent.
 from __future__ import annotations
 
 import logging
+import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -251,8 +253,12 @@ class Wallet:
         self.rng.shuffle(candidates)
         if len(candidates) < need:
             return
-        n = min(self.batch, *(self._allowance(model, stock.records[a].issuer, stock.params).level(now)
-                              for a in candidates[:need]))
+        # no more than the allowances hold, nor than they would grow back by before these tokens stop
+        # redeeming: a token not spent by then is lost, and taking it emptied the bucket for nothing
+        p = stock.params
+        usable_s = p.refills_at(stock.epoch) + p.grace_s - CARRY_MARGIN_S - now
+        n = min(self.batch, max(1, math.ceil(usable_s / p.per_token_s)),
+                *(self._allowance(model, stock.records[a].issuer, p).level(now) for a in candidates[:need]))
         nonces = quota.new_nonces(n)
         outputs: dict[bytes, list[bytes]] = {}
         while len(outputs) < need and candidates:
