@@ -328,7 +328,7 @@ def _run(args: argparse.Namespace) -> int:
     elif args.audit_model:
         raise CliError("--audit-model needs --audit")
     try:
-        run_async(lambda: run_verifier(d, abci=args.abci, audit=audit))
+        run_async(lambda: run_verifier(d, abci=args.abci, audit=audit), long_lived=True)
     except (CometError, AbciAddressError, StateError, BookFileError, QuotaFileError) as exc:
         raise CliError(str(exc)) from None
     except CometExited as exc:
