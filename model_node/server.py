@@ -649,19 +649,14 @@ class ModelNode:
             yield refusal
             return
         self.active += 1
-        released = False
         try:
             async with aclosing(self._generate(req, prompt_ids, work, origin)) as chunks:
                 async for chunk in chunks:
-                    if work.preempted and chunk.done and not released:  # stopped: the slot goes on before the
-                        released = True  # "busy" chunk travels back (the tokened waiter starts at once)
-                        self._gate.release()
                     yield chunk
         finally:
             self.active -= 1
             self._work.discard(work)
-            if not released:
-                self._gate.release()
+            self._gate.release()
             self._load_changed()
 
     def _take(self, own: int, tokened: bool) -> tuple[Admission | None, str]:
@@ -755,6 +750,7 @@ class ModelNode:
         first_at: float | None = None
         buf: list[str] = []
         ids: list[int] = []
+        stopped = False  # pre-empted (work.preempted seen before the engine's last piece)
         signer = ReplySigner(request_digest(req, origin.target or self.identity.node_id), self.model,
                              self.identity.node_id)
         try:
@@ -771,6 +767,7 @@ class ModelNode:
             async with aclosing(gen.__aiter__()) as pieces:
                 async for piece in pieces:
                     if work.preempted:
+                        stopped = True
                         break
                     buf.append(piece.text)
                     ids.extend(piece.token_ids)
@@ -793,7 +790,7 @@ class ModelNode:
         finally:
             if first_at is None:  # ended before its first token: its time counts with the next sample
                 self.throughput.prefill_ended(self.clock.monotonic(), None)
-        if work.preempted:  # a tokened request took its slot: "busy" after what was sent (the client fails over)
+        if stopped:  # a tokened request took its slot: "busy" after what was sent (the client fails over)
             self.preempted += 1
             yield self._chunk(req, seq, "", (), done=True, failure=Failure.BUSY, error=busy_error(
                 "a request with a usage-quota token took this request's slot on the model node (requests without "

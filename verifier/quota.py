@@ -189,9 +189,13 @@ class Issuer:
         self.floor = floor
         for e in [e for e in self._epochs if e < floor]:
             del self._epochs[e]
-        for k in [k for k, full_at in self._allowances.items() if full_at <= now_unix]:
-            del self._allowances[k]  # full again: the same as never seen
+        self._prune(now_unix)
         self.changes += 1
+
+    def _prune(self, now_unix: float) -> None:
+        """Forget the allowances full again at ``now_unix`` (the same as a user never seen)."""
+        for k in [k for k, full_at in self._allowances.items() if quota.Allowance(self.params, full_at).full(now_unix)]:
+            del self._allowances[k]
 
     def _epoch(self, epoch: int) -> _Epoch:
         got = self._epochs.get(epoch)
@@ -272,6 +276,8 @@ class Issuer:
             return Code.QUOTA_LATER, (f"{have} tokens of {req.model!r} can be had from this issuer now and you asked "
                                       f"for {n}; {n} can be had at Unix time {ready:.1f} (in {ready - now_unix:.1f} s): "
                                       f"your allowance grows by {p.tokens} every {p.epoch_s} s, to {p.burst} at most"), b""
+        if account not in self._allowances and len(self._allowances) >= self.caps.accounts:
+            self._prune(now_unix)  # full ones take no room; pruned here too, not only once an epoch
         if account not in self._allowances and len(self._allowances) >= self.caps.accounts:
             return Code.UNAVAILABLE, (f"this issuer holds {self.caps.accounts} users' allowances now, its most: "
                                       "ask the other issuers, or again later"), b""

@@ -4,7 +4,8 @@ user's half of the blind issuance.
 A registered user gets tokens of a model from each verifier (an *issuer*) at a bounded rate: its
 allowance there is a token bucket of ``burst`` tokens that fills by ``tokens`` per quota epoch
 (:class:`Allowance`, decision 0018), and a token is good in the epoch it was issued for only (plus a
-short grace), so tokens cannot be saved up for a burst larger than that. A token is an RFC 9497 VOPRF output (ristretto255-SHA512, the ``voprf`` package: no
+short grace), so tokens cannot be saved up for a burst larger than that. A token is an RFC 9497
+VOPRF output (ristretto255-SHA512, the ``voprf`` package: no
 curve arithmetic here) of a random nonce under the issuer's key for that model and epoch, obtained
 *blind*: the issuer evaluates ``r·H(nonce)`` and proves (DLEQ) it used the key it published, never
 seeing the nonce. A token carries the evaluations of ``issuers`` distinct verifiers for one nonce

@@ -271,6 +271,9 @@ def test_past_its_caps_the_issuer_refuses_rather_than_forgets() -> None:
     code, why = redeem(iss, got[3], model="m2")
     assert code == Code.UNAVAILABLE and "spent tokens" in why
     assert redeem(iss, got[0])[0] == Code.SPENT  # spent stays spent
+    later = NOW + 300  # the same epoch; both allowances full again (a token back every 120 s): they take no room
+    assert PARAMS.epoch_at(later) == EPOCH and iss.left(U1.node_id, "m2", later) == PARAMS.burst
+    tokens(iss, 1, user=U2, now=later)
 
 
 def test_answers_kept_for_replays_are_bounded() -> None:
