@@ -386,7 +386,7 @@ def test_registrations_appear_in_signed_lists_that_verify_on_the_client(
 
     def newer() -> bool:
         trio.run(client.refresh)
-        return client.lists[KIND_USERS].height > max(held, h)
+        return bool(client.lists[KIND_USERS].height > max(held, h))
 
     wait_for("a newer signed list on the client", newer, COMMIT_TIMEOUT)
     with pytest.raises(ListError, match="older than"):
