@@ -90,7 +90,7 @@ def test_greedy_cheaters_fall_below_tau_where_they_can_be_seen(data: dict[str, A
     # Over epochs of two challenges with the clients' default settings, every cheater is abnormal
     # far more often than an honest node; the one-sided score let the greedy ones through.
     assert _mixed_below(samples, "degraded", USERS) > 0.9
-    assert _mixed_below(samples, "greedy", USERS) > 0.4
+    assert _mixed_below(samples, "greedy", USERS) > 0.55  # 0.51 before the significance cap (decision 0019)
     assert _mixed_below(samples, "greedy_honest_weights", USERS) > 0.8
     assert _mixed_below(samples, "greedy", USERS, "calibrated") < 0.05
     assert _mixed_below(samples, "greedy_honest_weights", USERS, "calibrated") < 0.05
@@ -99,3 +99,26 @@ def test_greedy_cheaters_fall_below_tau_where_they_can_be_seen(data: dict[str, A
 def test_epoch_share_is_exact_over_pairs() -> None:
     assert epoch2_below([1.0, 0.5], 0.75) == pytest.approx(0.25)  # only (0.5, 0.5) averages below
     assert epoch2_below([0.8, 0.7], 0.75) == pytest.approx(0.25)
+
+
+HONEST_Z = DATA.parent / "honest_z.json"
+
+
+def test_honest_replies_at_the_clients_defaults_lie_within_the_cap() -> None:
+    """Decision 0019's check (``python -m simulations.measure_honest_z``): honest replies at the
+    clients' default settings and length, from the real engine, scored under the rule in force.
+    z is ~N(0, 1) and the significance cap moves (almost) no honest reply under τ."""
+    from simulations.measure_honest_z import resummarize
+
+    data = json.loads(HONEST_Z.read_text())
+    assert data["z_high"] == scoring.Z_HIGH, "rerun python -m simulations.measure_honest_z --rescore"
+    assert data["tau"] == TAU and data["cpu"] and data["measured"] and data["how"]
+    for rows in data["samples"].values():
+        for r in rows:
+            assert r["score"] == scoring.two_sided(r["mean_logprob"], r["mean_expected_logprob"], r["z"])
+    assert data["summary"] == resummarize(json.loads(HONEST_Z.read_text()))["summary"]
+    everything = data["summary"]["all"]
+    assert everything["n"] >= 250 and everything["tokens_mean"] > 128
+    assert abs(everything["z_mean"]) < 0.3 and everything["z_sd"] < 1.3
+    assert everything["beyond_z_high"] <= 0.01 * everything["n"]
+    assert everything["below_tau_score"] - everything["below_tau_calibrated"] <= 0.01 * everything["n"]

@@ -113,7 +113,8 @@ def test_greedy_reply_to_a_sampled_request_scores_low() -> None:
     r = score_reply(scores)
     assert r.calibrated == 1.0
     assert r.z == pytest.approx(64 * 0.8 / math.sqrt(64 * 0.9)) and r.z > Z_HIGH
-    assert r.score == pytest.approx(math.exp(-0.8))
+    # As far below as it is above (exp(−0.8)), and capped by how sure that is (z ≈ 6.7).
+    assert r.score == pytest.approx(min(math.exp(-0.8), math.exp(Z_HIGH - r.z)))
     assert r.score < 0.75  # τ: one such reply makes an abnormal epoch on its own
     assert two_sided(-0.3, -1.1, r.z) == r.score
 
@@ -142,7 +143,23 @@ def test_greedy_requests_keep_the_one_sided_score() -> None:
 def test_too_likely_scores_as_far_below() -> None:
     assert two_sided(-0.5, -1.5, Z_HIGH + 0.01) == pytest.approx(math.exp(-1.0))
     assert two_sided(-0.5, -1.5, Z_HIGH) == 1.0
-    assert two_sided(-2.5, -1.5, Z_HIGH + 5) == pytest.approx(math.exp(-1.0))  # never above C
+    assert two_sided(-2.5, -1.5, Z_HIGH + 5) <= math.exp(-1.0)  # never above C
+
+
+def test_a_reply_sure_to_be_off_is_capped_on_either_side() -> None:
+    """The significance cap (decision 0019): a reply whose mean is close to its expectation (C near
+    1) but whose total lies more than Z_HIGH standard deviations away, on either side, scores at
+    most exp(−(|z| − Z_HIGH)); within Z_HIGH nothing changes (no cliff at the threshold)."""
+    below = score_reply([ts(-1.05, -1.0, var=0.02) for _ in range(128)])  # 0.05 nats under, 128 tokens
+    assert below.calibrated == pytest.approx(math.exp(-0.05)) and below.calibrated > 0.9
+    assert below.z == pytest.approx(-128 * 0.05 / math.sqrt(128 * 0.02)) and below.z < -Z_HIGH
+    assert below.score == pytest.approx(math.exp(Z_HIGH + below.z)) and below.score < 0.75
+    assert two_sided(-1.05, -1.0, -Z_HIGH) == pytest.approx(math.exp(-0.05))  # at the threshold: C
+    assert two_sided(-1.05, -1.0, -Z_HIGH - 0.01) == pytest.approx(math.exp(-0.05))  # C is lower still
+    assert two_sided(-1.05, -1.0, -Z_HIGH - 1) == pytest.approx(math.exp(-1.0))
+    assert two_sided(-0.9, -1.0, Z_HIGH + 2) == pytest.approx(math.exp(-2.0))  # above: the cap is lower
+    for z in (-Z_HIGH, -2.0, 0.0, 2.0, Z_HIGH):
+        assert two_sided(-1.05, -1.0, z) == pytest.approx(math.exp(-0.05))
 
 
 def test_logprob_moments_hand_computation() -> None:

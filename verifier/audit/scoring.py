@@ -26,6 +26,13 @@ log-probability the model *expects* of a token drawn with the challenge's sampli
   reply is as much evidence as one that far *below* its expectation: ``exp(−(mean(logprob) −
   mean(expected_logprob)))``. ``Z_HIGH`` and the rule come from measurements on the real
   engine (``python -m simulations.measure_audit_scores``, ``simulations/data/audit_scores.json``).
+- **the significance cap** (decision 0019): C and its mirror measure how *far* a reply's mean
+  lies from what sampling gives, not how *sure* that distance is. A Q2_K node decoding greedily at
+  T = 0.7 produces replies whose mean is close to the expectation (C ≈ 0.95) but whose total lies
+  3 to 5 standard deviations away, on either side; an honest reply's ``|z|`` stays under
+  ``Z_HIGH`` (measured: sd 0.90, |z| at most 2.51 over 72 sampled replies). So a reply with
+  ``|z| > Z_HIGH`` scores at most ``exp(−(|z| − Z_HIGH))``: 1 at the threshold (no cliff), 0.37
+  one standard deviation past it, 0.14 two past it.
 
 All are pure functions of the scores: I/O-free and deterministic for the same input (but the
 scores themselves are floats from an engine: verifiers agree on them within a tolerance, not
@@ -110,11 +117,14 @@ def z_score(total_difference: float, total_variance: float) -> float:
 
 def two_sided(mean_logprob: float, mean_expected_logprob: float, z: float, z_high: float = Z_HIGH) -> float:
     """The two-sided score: C while ``z ≤ z_high``; a reply too likely for its sampling
-    (``z > z_high``) scores exp(−(observed − expected)), as one that far below would."""
+    (``z > z_high``) scores exp(−(observed − expected)), as one that far below would; and a reply
+    whose total lies more than ``z_high`` standard deviations from its expectation, on either
+    side, scores at most exp(−(|z| − z_high)) (the significance cap, decision 0019)."""
     d = mean_logprob - mean_expected_logprob
-    if z > z_high:
-        return math.exp(-abs(d))
-    return math.exp(min(0.0, d))
+    score = math.exp(-abs(d)) if z > z_high else math.exp(min(0.0, d))
+    if abs(z) > z_high:
+        score = min(score, math.exp(z_high - abs(z)))
+    return score
 
 
 def raw_inv_ppl(scores: Sequence[TokenScore]) -> float:
