@@ -23,7 +23,9 @@ decisions 0017 and 0018).
    tokens saved up until its allowance is full and then spent at once (``hoard``), or the flood
    with quotas off (``notokens``). Figures: the honest users' TTFT p50/p99 and the share of their
    requests refused as busy, pooled over :data:`FLOOD_SEEDS`; the goal is an honest p99 with the
-   flood within 1.5× of the one without.
+   flood within 1.5× of the one without. The modes of :data:`MANY_MODES` are played again with the
+   same honest load from :data:`MANY` users (figures ``..._users21``): a fair share is then a
+   smaller part of the node.
 """
 
 from __future__ import annotations
@@ -49,9 +51,15 @@ RPC_NOTE = "in-process function call (no HTTP, no CometBFT): the verifiers' RPC 
 SLOTS = 2
 PIECES = 20
 PIECE_S = 0.05
+CAPACITY = SLOTS / (PIECES * PIECE_S)  # the node's requests/s
+HONEST_LOAD = 1.0  # the honest users' requests/s in all: half the node's capacity
 HONEST = 4
-HONEST_RATE = 0.25  # requests/s each: 1 request/s in all, half the node's capacity
-FAIR = SLOTS / (PIECES * PIECE_S) / (HONEST + 1)  # each user's fair share of the node, requests/s
+HONEST_RATE = HONEST_LOAD / HONEST  # requests/s each
+FAIR = CAPACITY / (HONEST + 1)  # each user's fair share of the node, requests/s
+#: the many-users runs: the same honest load spread over this many users (a fifth user's fair
+#: share is then 1/21 of the node, not 1/5)
+MANY = 20
+MANY_MODES = ("noflood", "fairshare", "tokens")
 FLOOD_FACTOR = 10
 EPOCH_S = 60  # the flood's quota epoch: its tokens are each user's fair share of it
 GRACE_S = 10
@@ -278,30 +286,35 @@ class _Hoard:
 
 
 def flood(mode: str, duration: float, seeds: Sequence[int], epoch_s: int = EPOCH_S,
-          burst: int = BURST) -> dict[str, float]:
+          burst: int = BURST, honest: int = HONEST) -> dict[str, float]:
     """Flood runs (module docstring, part 3) on trio's mock clock, one per seed (the honest users'
     arrivals), pooled: the honest users' TTFTs and busy refusals, and what the fifth user got.
-    ``mode``: a key of :data:`MODES`."""
+    ``mode``: a key of :data:`MODES`; ``honest``: how many honest users share
+    :data:`HONEST_LOAD` (the fair share is the node's capacity over them and the other user;
+    figures of a count other than :data:`HONEST` are named ``..._users{honest + 1}``)."""
     from overlay.directory.quota import QuotaParams
 
     quotas, fifth = MODES[mode]
-    params = QuotaParams(epoch_s=epoch_s, tokens=math.ceil(FAIR * epoch_s), issuers=1, grace_s=GRACE_S, burst=burst)
+    fair = CAPACITY / (honest + 1)
+    params = QuotaParams(epoch_s=epoch_s, tokens=math.ceil(fair * epoch_s), issuers=1, grace_s=GRACE_S, burst=burst)
     out: dict[str, Any] = {"honest_ttft": [], "honest_busy": 0, "honest_sent": 0, "flood_sent": 0,
                            "flood_answered": 0}
     for seed in seeds:
-        trio.run(_flood_run, params, quotas, fifth, duration, seed, out,
+        trio.run(_flood_run, params, quotas, fifth, duration, seed, out, honest,
                  clock=trio.testing.MockClock(autojump_threshold=0))
     ttft = sorted(out["honest_ttft"])
+    name = mode if honest == HONEST else f"{mode}_users{honest + 1}"
     return {
-        f"honest_ttft_p50_ms_{mode}": 1000 * percentile(ttft, 50),
-        f"honest_ttft_p99_ms_{mode}": 1000 * percentile(ttft, 99),
-        f"honest_busy_frac_{mode}": out["honest_busy"] / max(1, out["honest_sent"]),
-        f"flood_answered_frac_{mode}": out["flood_answered"] / max(1, out["flood_sent"]),
-        f"honest_requests_{mode}": float(out["honest_sent"]),
+        f"honest_ttft_p50_ms_{name}": 1000 * percentile(ttft, 50),
+        f"honest_ttft_p99_ms_{name}": 1000 * percentile(ttft, 99),
+        f"honest_busy_frac_{name}": out["honest_busy"] / max(1, out["honest_sent"]),
+        f"flood_answered_frac_{name}": out["flood_answered"] / max(1, out["flood_sent"]),
+        f"honest_requests_{name}": float(out["honest_sent"]),
     }
 
 
-async def _flood_run(params: Any, quotas: bool, fifth: str, duration: float, seed: int, out: dict[str, Any]) -> None:
+async def _flood_run(params: Any, quotas: bool, fifth: str, duration: float, seed: int, out: dict[str, Any],
+                     honest: int) -> None:
     from model_node.testing import echo_node
     from overlay.anon.client import AnonError
     from overlay.testing import start_overlay
@@ -315,8 +328,8 @@ async def _flood_run(params: Any, quotas: bool, fifth: str, duration: float, see
     async with trio.open_nursery() as nursery:
         factory = echo_node(delay=PIECE_S, slots=SLOTS, max_queue=8, max_queue_wait=10.0,
                             redeemer=issuers.redeemer() if quotas else None)
-        net = await start_overlay(nursery, 15, clients=HONEST + 1, models=[factory])
-        for u in net.users[:HONEST + 1]:
+        net = await start_overlay(nursery, max(15, honest + 1), clients=honest + 1, models=[factory])
+        for u in net.users[:honest + 1]:
             assert u.client is not None and u.paths is not None
             with trio.fail_after(120):
                 await u.paths.wait_ready(u.client.n)
@@ -345,13 +358,14 @@ async def _flood_run(params: Any, quotas: bool, fifth: str, duration: float, see
                     inner.start_soon(one, client, kind)
 
         async with trio.open_nursery() as senders:
-            for i, u in enumerate(net.users[1:HONEST + 1], start=1):
-                senders.start_soon(sender, u.client, HONEST_RATE, "honest", i)
+            for i, u in enumerate(net.users[1:honest + 1], start=1):
+                senders.start_soon(sender, u.client, HONEST_LOAD / honest, "honest", i)
             client = net.users[0].client
+            fair = CAPACITY / (honest + 1)
             if fifth == "fair":
-                senders.start_soon(sender, client, FAIR, "flood", 0)
+                senders.start_soon(sender, client, fair, "flood", 0)
             elif fifth in ("flood", "hoard"):
-                senders.start_soon(sender, client, FLOOD_FACTOR * FAIR, "flood", 0)
+                senders.start_soon(sender, client, FLOOD_FACTOR * fair, "flood", 0)
             if fifth == "hoard" and quotas:
                 senders.start_soon(_hoard, client, params, end)
         nursery.cancel_scope.cancel()
@@ -380,6 +394,12 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
         figures[f"honest_ttft_p99_ratio_{mode}_vs_noflood"] = figures[f"honest_ttft_p99_ms_{mode}"] / base
     figures["honest_ttft_p99_ratio_tokens_vs_fairshare"] = (figures["honest_ttft_p99_ms_tokens"]
                                                             / figures["honest_ttft_p99_ms_fairshare"])
+    many = f"users{MANY + 1}"
+    for mode in MANY_MODES:
+        figures.update(flood(mode, duration, seeds, honest=MANY))
+    for mode in MANY_MODES[1:]:
+        figures[f"honest_ttft_p99_ratio_{mode}_vs_noflood_{many}"] = (figures[f"honest_ttft_p99_ms_{mode}_{many}"]
+                                                                     / figures[f"honest_ttft_p99_ms_noflood_{many}"])
     params = {
         "cpu": cpu_model(), "cores": len(os.sched_getaffinity(0)), "voprf": "voprf 0.2.0 (RFC 9497, ristretto255-SHA512)",
         "batch": BATCH, "rpc": RPC_NOTE, "added_ttft": "echo node, in-memory overlay (15 users), n=4 k=3 cloves, "
@@ -387,6 +407,9 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
         "flood": {"clock": "trio MockClock (times are the schedule's)", "node": f"echo, {SLOTS} slots, "
                   f"{PIECES} pieces of {PIECE_S} s a reply, max queue 8, max wait 10 s",
                   "honest_users": HONEST, "honest_rate_per_s": HONEST_RATE, "fair_share_per_s": round(FAIR, 3),
+                  "many_users": {"honest_users": MANY, "honest_rate_per_s": HONEST_LOAD / MANY,
+                                 "fair_share_per_s": round(CAPACITY / (MANY + 1), 4), "modes": list(MANY_MODES),
+                                 "figures": f"named ..._users{MANY + 1}"},
                   "flood_rate_per_s": round(FLOOD_FACTOR * FAIR, 3), "duration_s": duration,
                   "seeds": list(seeds), "pooled": "each mode's runs (one per seed) pooled before percentiles",
                   "quota": f"epoch {EPOCH_S} s, tokens = fair share x epoch (a token every {1 / FAIR:g} s), "
