@@ -191,7 +191,42 @@ async def committee_view(addresses: tuple[str, ...], chain_id: str, validators: 
             rows.extend(await _audit_view(answered, entries))
     except trio.TooSlowError:
         rows.append(f"  audits unknown: {answered} did not answer /audit within {rpc_timeout:g} s")
+    models = sorted({m for e in entries if e.role == "model" for m in e.models})
+    try:
+        with trio.fail_after(rpc_timeout):
+            rows.extend(await _quota_view(answered, chain_id, {v.public_key for v in validators}, models))
+    except trio.TooSlowError:
+        rows.append(f"  quotas unknown: {answered} did not answer /quota/key within {rpc_timeout:g} s")
     return rows, entries, up
+
+
+async def _quota_view(address: str, chain_id: str, keys: set[bytes], models: list[str], *,
+                      rpc: Rpc | None = None) -> list[str]:
+    """The committee's usage-quota settings (decision 0018) as one verifier's issuer states them in
+    its signed key record for the first of ``models`` (verified against the pinned validator
+    ``keys``); the caller bounds it. ``rpc``: as :func:`~overlay.directory.rpc.abci_query`'s (tests)."""
+    from overlay.directory import quota
+    from overlay.directory.registration import Code
+    from overlay.directory.rpc import RpcError, abci_query
+
+    if not models:
+        return ["  quotas unknown: no model node is registered, so there is no model to ask the issuers about"]
+    try:  # epoch 0 is never current: the issuer answers WRONG_EPOCH with its current record, params included
+        answer = await abci_query(address, quota.KEY_PATH, quota.encode_key_query(models[0], 0), rpc=rpc)
+    except (OSError, RpcError) as exc:
+        return [f"  quotas unknown: {address} did not answer {quota.KEY_PATH} ({exc})"]
+    if answer.code == Code.QUOTA_OFF:
+        return ["  quotas: off (the committee's genesis has no quota section: requests carry no tokens)"]
+    if answer.code not in (Code.OK, Code.WRONG_EPOCH) or not answer.value:
+        return [f"  quotas unknown: {address} answered code {answer.code}: {answer.log[:200]}"]
+    try:
+        rec = quota.checked_key_record(answer.value, chain_id, models[0], keys)
+    except quota.QuotaError as exc:
+        return [f"  quotas unknown: the key record {address} answered does not verify: {exc.reason}"]
+    p = rec.params
+    return [f"  quotas: a user's allowance at each issuer grows by {p.tokens} token(s) per {p.epoch_s} s epoch "
+            f"(one every {p.epoch_s / p.tokens:g} s) and holds at most {p.burst}; a token needs {p.issuers} "
+            f"issuer(s) and redeems until {p.grace_s} s after its epoch (signed key record of {address})"]
 
 
 async def _audit_view(address: str, entries: list[PeerEntry], *, rpc: Rpc | None = None) -> list[str]:

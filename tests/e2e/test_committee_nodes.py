@@ -123,6 +123,7 @@ def test_status_shows_the_committee_and_the_registered_nodes(net: LocalNet) -> N
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.count("  up") >= 4 and out.stdout.count("  live (") == 4, out.stdout
     assert "signed lists at height" in out.stdout and "registered nodes (13)" in out.stdout, out.stdout
+    assert "  quotas: a user's allowance at each issuer grows by" in out.stdout, out.stdout  # the genesis's settings
 
 
 def test_an_unregistered_node_is_refused_and_a_node_that_leaves_loses_access(net: LocalNet) -> None:
