@@ -21,9 +21,13 @@ the number of turns, a system prompt, and whether the prompt was seen before (by
 and, separately, by a node that remembers every prompt it or a colluder served: every donor's
 original request). Detectors are scoring functions of those; the combined one is a logistic
 regression (numpy) trained on one seed's stream (labels: what the reports reveal) and evaluated
-on another's. AUC by Mann–Whitney (ties count half). Two what-ifs that are not decision 0013's
+on another's. AUC by Mann–Whitney (ties count half). What-ifs that are not decision 0013's
 protocol are measured beside it (:func:`stream`'s ``paths``): challenge paths built once an
-epoch per verifier, and donated conversations replayed turn by turn.
+epoch per verifier; donated conversations replayed turn by turn; and verifiers' *personas*
+(decision 0020, not built): challenge traffic made exactly as users' traffic is, from donors'
+conversations, with the node's path age as one more feature, either with every persona path
+retired at its epoch's end (``persona``) or kept as users keep theirs and the challenges revealed
+:data:`REVEAL_DELAY_EPOCHS` epochs later (``persona_kept``).
 
 **B. Cheaters** against the real chain core (:mod:`verifier.audit.chain`: ``take`` of
 :mod:`verifier.audit.tx` transactions signed by four equal-power validators with real Ed25519
@@ -77,6 +81,7 @@ import json
 import math
 import random
 import re
+import statistics
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -247,11 +252,14 @@ class _Ids:
 
 
 def _sessions(rng: random.Random, prompts: Sequence[str], ids: _Ids, duration_s: float, requests_per_s: float,
-              n_users: int, served_here: bool) -> Iterator[Req]:
+              n_users: int, served_here: bool, retire_s: float | None = None,
+              source: str = "user") -> Iterator[Req]:
     """Users' requests over ``duration_s``: each user's sessions arrive as a Poisson process,
     each a conversation (history kept: chat always, the gateway's chat apps) or one-shot calls,
     over the user's paths (rebuilt every PATH_REFRESH_S; `user chat` builds fresh ones at start).
-    ``served_here``: this node answers the sessions (else another node: donors' traffic)."""
+    ``served_here``: this node answers the sessions (else another node: donors' traffic).
+    ``retire_s`` (the persona what-if): every path is also retired at each multiple of it (an
+    epoch's end), so no path outlives the epoch it was built in; ``source``: the requests' label."""
     users = []
     for _ in range(n_users):
         kind = "chat" if rng.random() < SHARE_CHAT else "gateway"
@@ -281,13 +289,15 @@ def _sessions(rng: random.Random, prompts: Sequence[str], ids: _Ids, duration_s:
             gen_base = ids() if user.kind == "chat" else 0  # `user chat` starts with fresh paths
             for _ in range(n):
                 gen = int((t - (start if user.kind == "chat" else -user.path_offset)) // PATH_REFRESH_S)
-                p, x = paths_of(u, gen_base * 1_000_000 + gen)
+                if retire_s is not None:
+                    gen = gen * 1_000_000 + int(t // retire_s)
+                p, x = paths_of(u, gen_base * 1_000_000_000_000 + gen)
                 text = rng.choice(prompts)
                 if not history:
                     msgs = [ChatMessage("system", user.system)] if user.system else []
                     prev, served_prev = 0, False
                 msgs.append(ChatMessage("user", text))
-                out.append(Req(t, tuple(msgs), user.params, p, x, ids(), prev, served_prev, "user", u))
+                out.append(Req(t, tuple(msgs), user.params, p, x, ids(), prev, served_prev, source, u))
                 reply = ids()
                 msgs.append(ChatMessage("assistant", f"(reply {reply})"))
                 prev = reply
@@ -379,8 +389,19 @@ def stream(seed: int, source: str, epochs: int, timing: Timing, k: int, user_pro
     pool = DonationPool(random.Random(f"donors/{seed}"), donor_prompts, ids, n_challenges) \
         if source == "donated" else None
     gen = ChallengeGenerator(rng=random.Random(f"gen/{seed}"), urandom=random.Random(f"salt/{seed}").randbytes)
-    if paths not in ("fresh", "epoch", "replay"):
-        raise ValueError(f"paths must be 'fresh', 'epoch' or 'replay', not {paths!r}")
+    if paths not in ("fresh", "epoch", "replay", "persona", "persona_kept"):
+        raise ValueError(f"paths must be 'fresh', 'epoch', 'replay', 'persona' or 'persona_kept', not {paths!r}")
+    if paths.startswith("persona") and source == "donated":
+        # Verifiers' personas: challenge traffic made as users' is (donors' conversations sent turn
+        # by turn as sessions of user-like clients, their timing, parameters and paths, spread over
+        # the whole epoch); "persona": every persona path retired at its epoch's end, before the
+        # reports; "persona_kept": paths kept as users keep theirs (the reports must then wait).
+        assert pool is not None
+        chs = list(_sessions(random.Random(f"personas/{seed}"), donor_prompts, ids, duration,
+                             VERIFIERS * k / timing.epoch_s, PERSONAS, served_here=True,
+                             retire_s=timing.epoch_s if paths == "persona" else None, source=source))
+        pool.served.update(r.ident for r in chs)  # donors' prompts: a colluder may have served every one
+        return sorted(users + chs, key=lambda r: r.t), pool.served
     chs = []
     for e in range(epochs):
         kept = [(tuple(ids() for _ in range(PATHS_PER_REQUEST)),
@@ -442,6 +463,7 @@ class TemplateMatcher:
 
 FEATURES = ("template", "params", "path_novelty", "proxy_novelty", "revealed_paths", "time", "orphan_history",
             "turns", "system_prompt", "seen_before", "seen_before_all")
+PATH_AGE = "path_age"  # the persona what-if's extra feature (after FEATURES)
 
 
 def _params_key(p: SamplingParams) -> tuple[float, float, int, int, bool]:
@@ -460,9 +482,14 @@ class Observed:
     reqs: list[Req] = field(default_factory=list)
 
 
-def observe(reqs: Sequence[Req], donor_served: set[int], timing: Timing, match: TemplateMatcher) -> Observed:
-    """What the node derives from each request, given everything it saw before it."""
+def observe(reqs: Sequence[Req], donor_served: set[int], timing: Timing, match: TemplateMatcher,
+            path_age: bool = False, reveal_delay: int = 0) -> Observed:
+    """What the node derives from each request, given everything it saw before it; ``path_age``:
+    one more column (:data:`PATH_AGE`), the log of how long this node has seen the request's
+    paths (the persona what-if's extra detector); ``reveal_delay``: the epochs after its own
+    that an epoch's challenges are revealed (0: at its end, decision 0013)."""
     out = Observed()
+    first_seen: dict[int, float] = {}
     seen_paths: set[int] = set()
     proxy_last: dict[int, float] = {}
     seen: set[int] = set()
@@ -470,7 +497,7 @@ def observe(reqs: Sequence[Req], donor_served: set[int], timing: Timing, match: 
     pending: dict[int, list[int]] = {}  # epoch -> paths of its challenges (revealed at its end)
     for r in reqs:
         epoch = int(r.t // timing.epoch_s)
-        for e in [e for e in pending if e < epoch]:
+        for e in [e for e in pending if e + reveal_delay < epoch]:
             revealed.update(pending.pop(e))
         last_user = next(m.content for m in reversed(r.messages) if m.role == "user")
         path_new = sum(p not in seen_paths for p in r.paths) / len(r.paths)
@@ -483,6 +510,10 @@ def observe(reqs: Sequence[Req], donor_served: set[int], timing: Timing, match: 
         shown = sum(p in revealed for p in r.paths) / len(r.paths)
         out.rows.append([match(last_user), 0.0, path_new, proxy_new, shown, 0.0, orphan, turns, system, s_before,
                          s_all])
+        if path_age:
+            out.rows[-1].append(math.log1p(statistics.fmean(r.t - first_seen.get(p, r.t) for p in r.paths)))
+            for p in r.paths:
+                first_seen.setdefault(p, r.t)
         out.keys.append(_params_key(r.params))
         out.offsets.append(int(r.t / BLOCK_S) % timing.epoch_blocks)
         out.label.append(0 if r.source == "user" else 1)
@@ -576,7 +607,11 @@ SINGLE = ("template", "params", "seen_before", "seen_before_all", "path_novelty"
 COMBINED = {"combined": [f for f in FEATURES if f != "seen_before_all"], "combined_all": list(FEATURES)}
 MEMORY = ("seen_before_all", "combined_all")
 WHATIF = ("path_novelty", "revealed_paths", "combined")  # detectors reported for the per-epoch paths what-if
-WHATIF_REPLAY = ("path_novelty", "orphan_history", "turns", "combined")  # ... and for the replay what-if  # detectors that use a colluder's memory of donors' requests
+WHATIF_REPLAY = ("path_novelty", "orphan_history", "turns", "combined")
+WHATIF_PERSONA = ("path_novelty", "path_age", "proxy_novelty", "revealed_paths", "time", "turns", "params",
+                  "combined", "combined_all")  # the personas what-ifs' detectors reported
+PERSONAS = 60  # user-like clients the verifiers run between them in the persona what-ifs (as many as the users)
+REVEAL_DELAY_EPOCHS = 8  # "persona_kept": epochs before a challenge is revealed (8 x 120 s >= PATH_REFRESH_S)  # ... and for the replay what-if  # detectors that use a colluder's memory of donors' requests
 
 
 @dataclass
@@ -593,19 +628,25 @@ class View:
 
 
 def detectors(train: tuple[list[Req], set[int]], test: tuple[list[Req], set[int]], timing: Timing,
-              match: TemplateMatcher) -> tuple[dict[str, float], dict[str, np.ndarray[Any, Any]], Observed]:
-    """Every detector's AUC on ``test``, fitted on ``train``; and each detector's test scores."""
-    o_tr, o_te = observe(*train, timing, match), observe(*test, timing, match)
+              match: TemplateMatcher, path_age: bool = False, reveal_delay: int = 0,
+              ) -> tuple[dict[str, float], dict[str, np.ndarray[Any, Any]], Observed]:
+    """Every detector's AUC on ``test``, fitted on ``train``; and each detector's test scores.
+    ``path_age``: with :data:`PATH_AGE` as one more feature, alone and in the combinations;
+    ``reveal_delay``: as :func:`observe`'s."""
+    o_tr = observe(*train, timing, match, path_age, reveal_delay)
+    o_te = observe(*test, timing, match, path_age, reveal_delay)
     y_tr, y_te = np.array(o_tr.label), np.array(o_te.label)
     p_lr = LikelihoodRatio(o_tr.keys, o_tr.label)
     x_tr, x_te = matrix(o_tr, p_lr, timing), matrix(o_te, p_lr, timing)
+    names = (*FEATURES, PATH_AGE) if path_age else FEATURES
+    combined = {k: [*v, PATH_AGE] if path_age else v for k, v in COMBINED.items()}
     scores: dict[str, np.ndarray[Any, Any]] = {}
-    for name in SINGLE:  # the attacker orients each feature as the training stream shows it
-        col = FEATURES.index(name)
+    for name in (*SINGLE, PATH_AGE) if path_age else SINGLE:  # the attacker orients each feature as training shows
+        col = names.index(name)
         sign = -1.0 if auc(x_tr[:, col], y_tr) < 0.5 else 1.0
         scores[name] = sign * x_te[:, col]
-    for name, cols in COMBINED.items():
-        idx = [FEATURES.index(c) for c in cols]
+    for name, cols in combined.items():
+        idx = [names.index(c) for c in cols]
         model = Logistic(x_tr[:, idx], y_tr)
         scores[name] = model(x_te[:, idx])
     return {n: auc(s, y_te) for n, s in scores.items()}, scores, o_te
@@ -1401,6 +1442,15 @@ def run_detectors(seed_train: int, seed_test: int, epochs: int, timing: Timing, 
     for name in WHATIF_REPLAY:
         f[f"whatif_replay_auc_{name}_donated"] = aucs[name]
     f["whatif_replay_auc_best_donated"] = max(a for d, a in aucs.items() if d not in MEMORY)
+    # what-ifs: verifiers' personas send challenges as users' sessions, their paths retired every
+    # epoch ("persona"), or kept as users keep theirs with the reveal REVEAL_DELAY_EPOCHS later
+    for mode, delay in (("persona", 0), ("persona_kept", REVEAL_DELAY_EPOCHS)):
+        train = stream(seed_train, "donated", epochs, timing, k, users_half, donors_half, paths=mode)
+        test = stream(seed_test, "donated", epochs, timing, k, users_half, donors_half, paths=mode)
+        aucs, _, _ = detectors(train, test, timing, match, path_age=True, reveal_delay=delay)
+        for name in WHATIF_PERSONA:
+            f[f"whatif_{mode}_auc_{name}_donated"] = aucs[name]
+        f[f"whatif_{mode}_auc_best_donated"] = max(a for d, a in aucs.items() if d not in MEMORY)
     return f, out
 
 

@@ -1,0 +1,59 @@
+"""The persona what-ifs of ``gentorrent bench audit-evasion`` (decision 0020, proposed): persona
+challenges are made by the users' own traffic model from donors' prompts, their paths retired at
+each epoch's end ("persona") or kept ("persona_kept"); the node's path age is an extra feature;
+a revealed challenge labels its paths only once the reveal delay has passed."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from verifier.audit import chain
+from verifier.bench import audit_evasion as ae
+
+TIMING = ae.Timing(120, chain.COMMIT_BLOCKS)
+USERS = [f"user prompt {i}" for i in range(40)]
+DONORS = [f"donor prompt {i}" for i in range(40)]
+
+
+def _persona_paths(mode: str) -> dict[int, set[int]]:
+    """Each persona path id -> the epochs it carried challenges in."""
+    reqs, served = ae.stream(3, "donated", 30, TIMING, 2, USERS, DONORS, paths=mode)
+    chs = [r for r in reqs if r.source == "donated"]
+    assert chs and all(r.ident in served for r in chs)  # donors' conversations: a colluder knows them all
+    assert {r.messages[-1].content for r in chs} <= set(DONORS)
+    epochs: dict[int, set[int]] = {}
+    for r in chs:
+        for p in r.paths:
+            epochs.setdefault(p, set()).add(int(r.t // TIMING.epoch_s))
+    return epochs
+
+
+def test_persona_paths_never_outlive_their_epoch_unless_kept() -> None:
+    assert all(len(e) == 1 for e in _persona_paths("persona").values())
+    assert any(len(e) > 1 for e in _persona_paths("persona_kept").values())
+
+
+def test_persona_challenges_spread_over_the_whole_epoch() -> None:
+    reqs, _ = ae.stream(4, "donated", 40, TIMING, 2, USERS, DONORS, paths="persona_kept")
+    offsets = {int(r.t / ae.BLOCK_S) % TIMING.epoch_blocks for r in reqs if r.source == "donated"}
+    assert offsets & set(range(TIMING.send_first)) and offsets & set(range(TIMING.send_last + 1, TIMING.epoch_blocks))
+
+
+def _req(t: float, paths: tuple[int, ...], source: str) -> ae.Req:
+    from overlay.wire.messages import ChatMessage, SamplingParams
+
+    params = SamplingParams(temperature=0.7, top_p=1.0, top_k=0, max_tokens=256, seed=None)
+    return ae.Req(t, (ChatMessage("user", "hello there"),), params, paths, paths, int(t), 0, False, source)
+
+
+@pytest.mark.parametrize(("delay", "labelled"), [(0, 1.0), (1, 0.0)])
+def test_a_challenge_labels_its_paths_once_its_reveal_delay_has_passed(delay: int, labelled: float) -> None:
+    e = TIMING.epoch_s
+    reqs = [_req(10.0, (1, 2), "donated"), _req(e + 10.0, (1, 2), "user"), _req(e + 20.0, (3, 4), "user")]
+    obs = ae.observe(reqs, set(), TIMING, ae.TemplateMatcher(), path_age=True, reveal_delay=delay)
+    revealed, age = ae.FEATURES.index("revealed_paths"), len(ae.FEATURES)
+    assert obs.rows[1][revealed] == labelled and obs.rows[2][revealed] == 0.0
+    assert obs.rows[0][age] == 0.0 and obs.rows[1][age] == pytest.approx(math.log1p(e)) and obs.rows[2][age] == 0.0
+    assert len(obs.rows[0]) == len(ae.FEATURES) + 1
