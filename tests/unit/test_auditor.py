@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
 import logging
 import random
 import stat
@@ -520,6 +521,25 @@ def test_a_reply_too_likely_for_its_sampling_scores_low() -> None:
     assert score < 500_000
     honest, _ = trio.run(score_tokens, cast(Engine, FakeEngine()), sampled, list(range(40)))  # too unlikely: C = 0.5
     assert honest == 500_000
+
+
+def test_a_short_transcript_is_weighted_by_its_length_and_a_challenge_reply_is_not() -> None:
+    """Decision 0021: the same 4-token reply scores 0.5 as a challenge reply (the verifier chose the
+    request) and 0.5 ** (4 / FULL_TOKENS) as a user's transcript (the donor chose it)."""
+    from overlay.wire.messages import SamplingParams
+    from verifier.audit.auditor import score_tokens
+    from verifier.audit.challenges import ChallengeGenerator
+    from verifier.audit.scoring import FULL_TOKENS
+
+    opening = dataclasses.replace(ChallengeGenerator().opening(MODEL), params=SamplingParams(1.0, 1.0, 0, 4, None))
+    as_challenge, _ = trio.run(score_tokens, cast(Engine, FakeEngine()), opening, [1, 2, 3, 4])
+    as_transcript, _ = trio.run(functools.partial(score_tokens, transcript=True), cast(Engine, FakeEngine()),
+                                opening, [1, 2, 3, 4])
+    assert as_challenge == 500_000
+    assert as_transcript == round(0.5 ** (4 / FULL_TOKENS) * 1_000_000)
+    long_reply = list(range(FULL_TOKENS))
+    assert trio.run(functools.partial(score_tokens, transcript=True), cast(Engine, FakeEngine()), opening,
+                    long_reply) == trio.run(score_tokens, cast(Engine, FakeEngine()), opening, long_reply)
 
 
 def test_sends_fall_anywhere_in_the_send_window_and_the_report_waits_for_late_replies() -> None:

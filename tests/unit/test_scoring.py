@@ -9,10 +9,12 @@ import pytest
 from model_node.engine import TokenScore
 from overlay.wire.messages import SamplingParams
 from verifier.audit.scoring import (
+    FULL_TOKENS,
     MIN_VARIANCE,
     Z_HIGH,
     ScoringError,
     calibrated,
+    length_weighted,
     raw_inv_ppl,
     score_reply,
     two_sided,
@@ -191,3 +193,19 @@ def test_logprob_moments_hand_computation() -> None:
         assert row.expected_logprob == pytest.approx(m) and row.var_logprob == pytest.approx(v)
     assert logprob_moments(shuffled, SamplingParams(temperature=1.0, top_p=0.5)) == pytest.approx((logp[0], 0.0))
     assert all(math.isnan(x) for x in logprob_moments([], SamplingParams()))
+
+
+def test_a_short_transcript_weighs_as_its_share_of_a_full_one() -> None:
+    """Decision 0021: a transcript's log-score is scaled by tokens / FULL_TOKENS below FULL_TOKENS,
+    so a framer's short replies (1 to a few tokens, noisy) cannot sink a vote on their own."""
+    assert length_weighted(0.6, FULL_TOKENS) == 0.6 and length_weighted(0.6, 10 * FULL_TOKENS) == 0.6
+    assert length_weighted(0.03, 4) == pytest.approx(0.03 ** (4 / FULL_TOKENS))
+    assert length_weighted(0.03, 4) > 0.75  # a 4-token reply at 0.03 no longer pulls a vote under τ
+    assert length_weighted(1.0, 1) == 1.0
+    ws = [length_weighted(0.5, n) for n in range(1, FULL_TOKENS + 1)]
+    assert ws == sorted(ws, reverse=True) and ws[-1] == 0.5  # longer: nearer the reply's own score
+    # spread: a short reply's log-score is never wider than a full one's of the same per-token deficit
+    assert math.log(length_weighted(math.exp(-0.5), 16)) == pytest.approx(-0.5 * 16 / FULL_TOKENS)
+    for bad in ((0.0, 4), (1.5, 4), (0.5, 0)):
+        with pytest.raises(ScoringError):
+            length_weighted(*bad)

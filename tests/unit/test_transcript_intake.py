@@ -317,7 +317,13 @@ async def test_the_driver_scores_counted_transcripts_with_its_engine_and_submits
     (raw,) = chain.sent
     tx = at.decode_audit_tx(raw, "audit-test")
     assert isinstance(tx, at.TranscriptScores) and tx.epoch == 1
-    assert tx.nodes == ((n1, (500_000,) * 4), (n2, (500_000,) * 4))  # FakeEngine: every token half as likely
+    # FakeEngine: every token half as likely (0.5); a transcript weighs by its 3-token reply (decision 0021)
+    from verifier.audit.reputation import to_fixed
+    from verifier.audit.scoring import length_weighted
+
+    weighted = to_fixed(length_weighted(0.5, 3))
+    assert 500_000 < weighted < 1_000_000
+    assert tx.nodes == ((n1, (weighted,) * 4), (n2, (weighted,) * 4))
     assert driver.submitted[-1][0].startswith("transcript scores of epoch 1")
     async with trio.open_nursery() as nursery:
         await driver.step(nursery)

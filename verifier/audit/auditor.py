@@ -712,18 +712,21 @@ async def send_challenge(client: AnonClient, node_id: bytes, opening: Opening, *
     return Reply(tuple(chunks), last.signature, last.signed_at_ms, last.node)
 
 
-async def score_tokens(engine: Engine, opening: Opening, token_ids: Sequence[int]) -> tuple[int, int]:
+async def score_tokens(engine: Engine, opening: Opening, token_ids: Sequence[int], *,
+                       transcript: bool = False) -> tuple[int, int]:
     """``(score, raw 1/PPL)`` in fixed point for a reply's token ids to ``opening``: one
     teacher-forced pass of this verifier's engine (``Engine.score``) after the prompt the model node
-    saw (the chat template of the opening's messages), then :func:`verifier.audit.scoring.score_reply`.
+    saw (the chat template of the opening's messages), then :func:`verifier.audit.scoring.score_reply`;
+    a user's ``transcript`` weighted by its length (:func:`~verifier.audit.scoring.length_weighted`).
     Raises :class:`~verifier.audit.scoring.ScoringError` or :class:`~model_node.engine.EngineError`."""
     from verifier.audit.reputation import to_fixed
-    from verifier.audit.scoring import score_reply
+    from verifier.audit.scoring import length_weighted, score_reply
 
     prompt = engine.chat_prompt(opening.messages)
     scores = await engine.score(prompt, list(token_ids), opening.params)
     r = score_reply(scores)
-    return to_fixed(r.score), to_fixed(r.raw_inv_ppl)  # the two-sided score (decision 0013 §5)
+    score = length_weighted(r.score, r.tokens) if transcript else r.score  # the two-sided score (decision 0013 §5)
+    return to_fixed(score), to_fixed(r.raw_inv_ppl)
 
 
 # --------------------------------------------------------------------------- the driver
@@ -852,7 +855,7 @@ class AuditDriver:
         for c in action.counted:
             t = c.transcript
             try:
-                score, _ = await score_tokens(self.engine, t.opening, t.reply.token_ids())
+                score, _ = await score_tokens(self.engine, t.opening, t.reply.token_ids(), transcript=True)
             except (ScoringError, EngineError) as exc:
                 log.warning("audit: cannot score a transcript of model node %s: %s", short_id(c.node_id), exc)
                 continue

@@ -127,6 +127,24 @@ def two_sided(mean_logprob: float, mean_expected_logprob: float, z: float, z_hig
     return score
 
 
+#: A user's transcript (decision 0015) weighs as a reply of at least this many tokens: a shorter
+#: reply's log-score is scaled by ``tokens / FULL_TOKENS`` (decision 0021).
+FULL_TOKENS = 128
+
+
+def length_weighted(score: float, tokens: int, full: int = FULL_TOKENS) -> float:
+    """A transcript's score, weighted by its reply's length (decision 0021): ``score`` itself for a
+    reply of ``full`` tokens or more; for a shorter one ``score ** (tokens / full)``, as if its
+    log-likelihood deficit were spread over ``full`` tokens. The donor chooses the request, and so
+    how short the reply may be; a short honest reply's score is far noisier (measured: 30 % of
+    4-token honest replies at T = 1 score under τ, against about 6 % of 256-token ones), so without
+    the weight a framer who asks for short replies and reveals the bad ones has cheap evidence.
+    With it, no reply's log-score spreads more than a ``full``-token reply's."""
+    if not 0.0 < score <= 1.0 or tokens < 1 or full < 1:
+        raise ScoringError(f"a score in (0, 1] and at least one token are needed, not {score!r} and {tokens}")
+    return score if tokens >= full else score ** (tokens / full)
+
+
 def raw_inv_ppl(scores: Sequence[TokenScore]) -> float:
     """The paper's raw score, 1/PPL = exp(mean log-probability), for reports."""
     return score_reply(scores).raw_inv_ppl

@@ -95,6 +95,7 @@ from verifier.audit import chain
 REPO = Path(__file__).resolve().parents[2]
 USER_PROMPTS = REPO.parent / "shared" / "data" / "user-prompts.jsonl"
 SCORES_FILE = REPO / "simulations" / "data" / "audit_scores.json"
+SHORT_FILE = REPO / "simulations" / "data" / "honest_z_tokens4.json"  # honest 4-token replies (decision 0021)
 
 # ----------------------------------------------------------------------------- the network's shape
 VERIFIERS = 4  # equal power
@@ -704,8 +705,10 @@ class ScoreTable:
                              "`python -m simulations.measure_audit_scores`")
         doc = json.loads(path.read_text())
         self.samples: dict[str, dict[str, list[int]]] = {}
+        self.transcript_samples: dict[str, dict[str, list[int]]] = {}  # the same replies as transcripts
         self.settings: dict[str, tuple[float, float]] = {}
         from verifier.audit.reputation import to_fixed
+        from verifier.audit.scoring import length_weighted
 
         named = doc.get("settings")
         for setting, kinds in doc["samples"].items():
@@ -714,6 +717,9 @@ class ScoreTable:
             else:
                 self.settings[setting] = self._parse(setting)
             self.samples[setting] = {k: [to_fixed(float(r["score"])) for r in rows] for k, rows in kinds.items()}
+            self.transcript_samples[setting] = {  # weighted by length as the verifier weighs a transcript
+                k: [to_fixed(length_weighted(float(r["score"]), int(r["tokens"]))) for r in rows]
+                for k, rows in kinds.items()}
         self.kinds = sorted({k for kinds in self.samples.values() for k in kinds})
         self.measured = str(doc.get("measured", "?"))
         self.how = str(doc.get("how", ""))
@@ -734,9 +740,35 @@ class ScoreTable:
             return abs(t - p.temperature) + abs(tp - p.top_p)
         return min(sorted(self.settings), key=dist)
 
-    def draw(self, setting: str, kind: str, rng: random.Random) -> int:
-        rows = self.samples[setting][kind]
+    def draw(self, setting: str, kind: str, rng: random.Random, transcript: bool = False) -> int:
+        """A measured reply's score; a ``transcript``'s weighted by its length (decision 0021)."""
+        rows = (self.transcript_samples if transcript else self.samples)[setting][kind]
         return rows[rng.randrange(len(rows))]
+
+
+class ShortReplies:
+    """Honest replies a framer gets when it asks for ``max_tokens`` = 4 (decision 0021): measured by
+    ``python -m simulations.measure_honest_z --max-tokens 4`` (:data:`SHORT_FILE`), drawn at T = 1.0;
+    ``weighted``: scored as the verifier scores a transcript (by length), else as before it did."""
+
+    def __init__(self, weighted: bool, path: Path | None = None) -> None:
+        from verifier.audit.reputation import to_fixed
+        from verifier.audit.scoring import length_weighted
+
+        path = path or SHORT_FILE
+        if not path.is_file():
+            raise BenchError(f"bench audit-evasion: {path} is missing: measure it with "
+                             "`python -m simulations.measure_honest_z --prompts 24 --replies 4 --max-tokens 4 "
+                             f"--out {path}`")
+        rows = json.loads(path.read_text())["samples"]["t1.0"]
+        self.rows = [to_fixed(length_weighted(r["score"], r["tokens"]) if weighted else r["score"]) for r in rows]
+
+    def setting(self, params: SamplingParams) -> str:
+        return "t1.0"
+
+    def draw(self, setting: str, kind: str, rng: random.Random, transcript: bool = False) -> int:
+        assert kind == "honest", kind  # framers frame honest nodes
+        return self.rows[rng.randrange(len(self.rows))]
 
 
 @dataclass(slots=True)
@@ -799,7 +831,7 @@ class ChainRun:
 
     def __init__(self, seed: int, specs: Sequence[NodeSpec], scores: ScoreTable, default_view: View,
                  epoch_blocks: int, k: int, rho: float = 0.0, framers: int = 0, frame_from: int = 0,
-                 cache: dict[int, Any] | None = None) -> None:
+                 cache: dict[int, Any] | None = None, framer_scores: ShortReplies | None = None) -> None:
         """``rho``: the share of the nodes' users' requests donated as transcripts; ``framers``:
         one-shot framing identities per epoch from ``frame_from`` against the first honest node;
         ``cache``: the validators' plans and reports by epoch, shared by runs of the same seed and
@@ -810,6 +842,7 @@ class ChainRun:
 
         self.seed, self.scores, self.default_view, self.k = seed, scores, default_view, k
         self.rho, self.framers, self.frame_from, self.cache = rho, framers, frame_from, cache
+        self.framer_scores = framer_scores  # where the framers' replies are drawn from (None: ``scores``)
         self.book = TranscriptBook()  # every honest verifier's book: they all get the same commits and reveals
         self.carry = ScoreCarry()  # and their scores held for the chain's minimum, as the audit loop holds them
         self.donors: dict[tuple[str, int], bytes] = {}
@@ -953,7 +986,8 @@ class ChainRun:
                 self.book.no_reply(donor, value)
                 return True
             sent += rng.randint(1, USER_RETRY_BLOCKS)
-        score = self.scores.draw(self.scores.setting(params), kind, rng)
+        table = self.framer_scores if reveal_under is not None and self.framer_scores is not None else self.scores
+        score = table.draw(table.setting(params), kind, rng, transcript=True)
         if reveal_under is not None and score >= reveal_under:
             res.framer_withheld += 1
             return True  # withheld: the book voids the set at close (and burns the framer past its budget)
@@ -1304,7 +1338,8 @@ def run_honest(seeds: Sequence[int], epochs: int, scores: ScoreTable, view: View
 
 
 def framing(seeds: Sequence[int], scores: ScoreTable, view: View, epoch_blocks: int, k: int,
-            rhos: Sequence[float], grid: Sequence[int] = FRAMERS_GRID) -> tuple[dict[str, float], dict[str, Any]]:
+            rhos: Sequence[float], grid: Sequence[int] = FRAMERS_GRID, framer_scores: ShortReplies | None = None,
+            name: str = "framing") -> tuple[dict[str, float], dict[str, Any]]:
     """Part E: an honest node (trusted after WARMUP_EPOCHS honest epochs) facing one-shot framers
     for FRAMING_EPOCHS epochs, its own users donating at each rate of ``rhos``: per rate the
     smallest number of framing identities per epoch (FRAMERS_GRID, searched in order) at which it
@@ -1325,7 +1360,7 @@ def framing(seeds: Sequence[int], scores: ScoreTable, view: View, epoch_blocks: 
             hits = runs = framer_counted = framer_burnt = 0
             for seed in seeds:
                 res = ChainRun(seed, specs, scores, view, epoch_blocks, k, rho=rho, framers=n,
-                               frame_from=WARMUP_EPOCHS, cache=caches[seed]).run(epochs)
+                               frame_from=WARMUP_EPOCHS, cache=caches[seed], framer_scores=framer_scores).run(epochs)
                 runs += 1
                 hits += _epochs_to_untrusted(res.reputation["victim"], WARMUP_EPOCHS, TRUST_LINE) is not None
                 framer_counted += res.framer_counted
@@ -1338,7 +1373,7 @@ def framing(seeds: Sequence[int], scores: ScoreTable, view: View, epoch_blocks: 
             if hits >= need:
                 found = n
                 break
-        key = f"framing_rho{round(100 * rho)}_"
+        key = f"{name}_rho{round(100 * rho)}_"
         last = tried[found if found is not None else grid[-1]]
         f[key + "identities_per_epoch"] = float(found if found is not None else 2 * grid[-1])
         f[key + "identities_burnt_per_epoch"] = last["identities_burnt_per_epoch"]
@@ -1495,6 +1530,11 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
     framing_grid = FRAMERS_GRID[3:8:2] if quick else FRAMERS_GRID  # quick: 8, 32, 128
     ff, framing_detail = framing(framing_seeds, scores, views_["donated"], epoch_blocks, k, RHOS, framing_grid)
     f.update(ff)
+    for weighted in (True, False):  # framers asking for 4-token replies, with decision 0021's weight and without
+        name = "framing_short" if weighted else "framing_short_unweighted"
+        ff, framing_detail[name] = framing(framing_seeds, scores, views_["donated"], epoch_blocks, k, (0.0,),
+                                           framing_grid, framer_scores=ShortReplies(weighted), name=name)
+        f.update(ff)
     t_d = time.perf_counter()
     f.update(committed_auc(views_, RHO_HONEST, 3))
     f.update(timing_leak(RHOS, timing_epochs, timing.epoch_s, 4))
