@@ -206,6 +206,15 @@ def test_a_short_transcript_weighs_as_its_share_of_a_full_one() -> None:
     assert ws == sorted(ws, reverse=True) and ws[-1] == 0.5  # longer: nearer the reply's own score
     # spread: a short reply's log-score is never wider than a full one's of the same per-token deficit
     assert math.log(length_weighted(math.exp(-0.5), 16)) == pytest.approx(-0.5 * 16 / FULL_TOKENS)
-    for bad in ((0.0, 4), (1.5, 4), (0.5, 0)):
+    for bad in ((-0.1, 4), (1.5, 4), (0.5, 0)):
         with pytest.raises(ScoringError):
             length_weighted(*bad)
+
+
+def test_a_reply_far_off_at_a_low_temperature_scores_zero_and_stays_scorable() -> None:
+    """A reply of random tokens at a low temperature (tiny variance) lies thousands of standard
+    deviations off: the cap underflows to 0.0, and as a transcript it still counts as 0 (a
+    ScoringError would leave it out, and the cheater's worst reply with it)."""
+    r = score_reply([ts(-18.0, -0.2, var=0.01) for _ in range(512)])
+    assert r.z < -745 and r.score == 0.0
+    assert length_weighted(r.score, r.tokens) == 0.0 and length_weighted(0.0, 4) == 0.0

@@ -32,7 +32,7 @@ log-probability the model *expects* of a token drawn with the challenge's sampli
   3 to 5 standard deviations away, on either side; an honest reply's ``|z|`` stays under
   ``Z_HIGH`` (measured: sd 0.90, |z| at most 2.51 over 72 sampled replies). So a reply with
   ``|z| > Z_HIGH`` scores at most ``exp(−(|z| − Z_HIGH))``: 1 at the threshold (no cliff), 0.37
-  one standard deviation past it, 0.14 two past it.
+  one standard deviation past it, 0.14 two past it, and 0.0 (a float's underflow) some 745 past it.
 
 All are pure functions of the scores: I/O-free and deterministic for the same input (but the
 scores themselves are floats from an engine: verifiers agree on them within a tolerance, not
@@ -66,8 +66,8 @@ MIN_VARIANCE = 1e-9
 
 @dataclass(frozen=True, slots=True)
 class ReplyScore:
-    """The audit figures of one reply: ``score`` (the two-sided calibrated score, in (0, 1]: the
-    one audits use), ``calibrated`` (the one-sided C, in (0, 1], for reports), ``z`` (standard
+    """The audit figures of one reply: ``score`` (the two-sided calibrated score, in [0, 1]: the
+    one audits use; 0 only for a reply hundreds of standard deviations off), ``calibrated`` (the one-sided C, in (0, 1], for reports), ``z`` (standard
     deviations above the sampling expectation), ``raw_inv_ppl`` (1/PPL, in (0, 1]), the mean
     observed and expected log-probabilities, the share of positions where the reply's token is
     the model's argmax, and the number of scored tokens."""
@@ -140,8 +140,8 @@ def length_weighted(score: float, tokens: int, full: int = FULL_TOKENS) -> float
     4-token honest replies at T = 1 score under τ, against about 6 % of 256-token ones), so without
     the weight a framer who asks for short replies and reveals the bad ones has cheap evidence.
     With it, no reply's log-score spreads more than a ``full``-token reply's."""
-    if not 0.0 < score <= 1.0 or tokens < 1 or full < 1:
-        raise ScoringError(f"a score in (0, 1] and at least one token are needed, not {score!r} and {tokens}")
+    if not 0.0 <= score <= 1.0 or tokens < 1 or full < 1:
+        raise ScoringError(f"a score in [0, 1] and at least one token are needed, not {score!r} and {tokens}")
     return score if tokens >= full else score ** (tokens / full)
 
 

@@ -387,22 +387,22 @@ def stream(seed: int, source: str, epochs: int, timing: Timing, k: int, user_pro
     users = list(_sessions(random.Random(f"users/{seed}"), user_prompts, ids, duration,
                            USER_REQUESTS_PER_EPOCH / timing.epoch_s, 60, served_here=True))
     n_challenges = epochs * VERIFIERS * k
+    personas = paths.startswith("persona") and source == "donated"
     pool = DonationPool(random.Random(f"donors/{seed}"), donor_prompts, ids, n_challenges) \
-        if source == "donated" else None
+        if source == "donated" and not personas else None
     gen = ChallengeGenerator(rng=random.Random(f"gen/{seed}"), urandom=random.Random(f"salt/{seed}").randbytes)
     if paths not in ("fresh", "epoch", "replay", "persona", "persona_kept"):
         raise ValueError(f"paths must be 'fresh', 'epoch', 'replay', 'persona' or 'persona_kept', not {paths!r}")
-    if paths.startswith("persona") and source == "donated":
+    if personas:
         # Verifiers' personas: challenge traffic made as users' is (donors' conversations sent turn
         # by turn as sessions of user-like clients, their timing, parameters and paths, spread over
         # the whole epoch); "persona": every persona path retired at its epoch's end, before the
         # reports; "persona_kept": paths kept as users keep theirs (the reports must then wait).
-        assert pool is not None
         chs = list(_sessions(random.Random(f"personas/{seed}"), donor_prompts, ids, duration,
                              VERIFIERS * k / timing.epoch_s, PERSONAS, served_here=True,
                              retire_s=timing.epoch_s if paths == "persona" else None, source=source))
-        pool.served.update(r.ident for r in chs)  # donors' prompts: a colluder may have served every one
-        return sorted(users + chs, key=lambda r: r.t), pool.served
+        # donors' conversations: a colluder that served the originals knows every one
+        return sorted(users + chs, key=lambda r: r.t), {r.ident for r in chs}
     chs = []
     for e in range(epochs):
         kept = [(tuple(ids() for _ in range(PATHS_PER_REQUEST)),
@@ -606,13 +606,13 @@ class Logistic:
 SINGLE = ("template", "params", "seen_before", "seen_before_all", "path_novelty", "proxy_novelty",
           "revealed_paths", "time", "orphan_history", "turns", "system_prompt")
 COMBINED = {"combined": [f for f in FEATURES if f != "seen_before_all"], "combined_all": list(FEATURES)}
-MEMORY = ("seen_before_all", "combined_all")
+MEMORY = ("seen_before_all", "combined_all")  # detectors that use a colluder's memory of donors' requests
 WHATIF = ("path_novelty", "revealed_paths", "combined")  # detectors reported for the per-epoch paths what-if
-WHATIF_REPLAY = ("path_novelty", "orphan_history", "turns", "combined")
+WHATIF_REPLAY = ("path_novelty", "orphan_history", "turns", "combined")  # ... and for the replay what-if
 WHATIF_PERSONA = ("path_novelty", "path_age", "proxy_novelty", "revealed_paths", "time", "turns", "params",
                   "combined", "combined_all")  # the personas what-ifs' detectors reported
 PERSONAS = 60  # user-like clients the verifiers run between them in the persona what-ifs (as many as the users)
-REVEAL_DELAY_EPOCHS = 8  # "persona_kept": epochs before a challenge is revealed (8 x 120 s >= PATH_REFRESH_S)  # ... and for the replay what-if  # detectors that use a colluder's memory of donors' requests
+REVEAL_DELAY_EPOCHS = 8  # "persona_kept": epochs before a challenge is revealed (8 x 120 s >= PATH_REFRESH_S)
 
 
 @dataclass
