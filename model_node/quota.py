@@ -1,5 +1,5 @@
-"""A model node's side of anonymous usage quotas (issue 31, decision 0017): is a request's token
-good, and spend it.
+"""A model node's side of anonymous usage quotas (issue 31, decisions 0017 and 0022): is a request's
+token good, and spend it.
 
 A request may carry a token (``Request.quota``, inside its sealed clove: :mod:`overlay.directory.quota`
 has the format): a nonce and the VOPRF outputs of ``issuers`` distinct verifiers for it. The node
@@ -9,8 +9,11 @@ compares, and records the nonce as spent. The spent sets live at the issuers: ev
 group redeems at the same issuers, so a token spends once across all of them. The outcome is a
 :class:`Verdict`:
 
-- ``TOKENED``: every issuer said yes (and spent it now): the request is served ahead of requests
-  without one (:mod:`model_node.priority`).
+- ``TOKENED``: every issuer said yes (and spent it now): the request is served by its token's
+  class (:func:`token_rank`, :mod:`model_node.priority`): a priority token's ahead of a standard
+  one's, and both ahead of requests without one. The class is proved, not claimed: each issuer
+  recomputes the output under the key of the class the token names (decision 0022), so a standard
+  token relabelled priority is not valid there (``REFUSED``).
 - ``REFUSED``: the token is bad (garbage, another model's, an epoch not redeemable now, too few
   distinct issuers, an issuer that is not a verifier of the committee) or an issuer says it is
   spent or not valid: the node answers an error (``quota token refused: <why>``) before any engine
@@ -39,6 +42,7 @@ from dataclasses import dataclass
 
 import trio
 
+from model_node.priority import PRIORITY, STANDARD
 from overlay.directory import quota
 from overlay.directory.quota import QuotaError, QuotaParams, Token
 from overlay.directory.registration import Code
@@ -80,6 +84,11 @@ class Verdict:
 
 
 TOKENED = Verdict(Kind.TOKENED)
+
+
+def token_rank(token: Token) -> int:
+    """The rank (:mod:`model_node.priority`) a request has once ``token`` is redeemed: its class's."""
+    return PRIORITY if token.priority else STANDARD
 
 
 def _refused(reason: str) -> Verdict:

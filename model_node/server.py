@@ -30,12 +30,15 @@ sharing a prefix here from the moment it is queued (issue 29, docs/simulations.m
 committee (``redeemer``), a request may carry a usage-quota token. Checks that need no issuer
 come first: a bad token (garbage, another model's, an epoch not redeemable now, too few or
 unknown issuers) is refused with an invalid error chunk, ``quota token refused: <why>``, before
-any other work. A request whose token passes is taken or refused as above, as *tokened*: it is
-admitted against tokened work only, and when the queue is full it takes the newest untokened
-waiter's place (that one is answered "busy"). Only once taken is its token redeemed at its
-issuers, so a request refused "busy" keeps its token for the next node: spent or invalid there,
-it is refused as above; issuers unreachable or quotas off, it waits as a request without a token
-(best-effort). A freed slot goes to the oldest tokened waiter first. A request forwarded in the
+any other work. A request whose token passes is taken or refused as above, with its token's
+*rank* (decision 0022): 2 for a priority token, 1 for a standard one, 0 without a token. It is
+admitted against work of its rank or above only, and when the queue is full it takes the place of
+the newest waiter of the lowest rank below its own (that one is answered "busy"). Only once taken
+is its token redeemed at its issuers, so a request refused "busy" keeps its token for the next
+node: spent or invalid there (a standard token relabelled priority included), it is refused as
+above; issuers unreachable or quotas off, it waits as a request without a token (rank 0,
+best-effort). A freed slot goes to the oldest waiter of the highest rank, and a request that would
+wait while a lower-rank generation holds a slot stops one (decision 0018). A request forwarded in the
 group carries its token unchanged and the member that serves it redeems it, once it has taken it;
 the entry node that forwards it never does (a token spends once). Without a redeemer, a token is
 ignored and every request is served alike.
@@ -86,8 +89,8 @@ from model_node.group import MAX_IDLE_MS, GroupConfig
 from model_node.group_service import GroupService
 from model_node.hrtree import common_prefix
 from model_node.messages import Count, NodeStats, Served, StatsRequest
-from model_node.priority import Held, SlotGate, admit_held, preempt
-from model_node.quota import Redeemer
+from model_node.priority import UNTOKENED, Held, SlotGate, admit_held, preempt
+from model_node.quota import Redeemer, token_rank
 from overlay.anon.replay import AnsweredIds
 from overlay.anon.responder import Responder, busy_error, invalid_error
 from overlay.anon.signing import ReplySigner, request_digest
@@ -235,18 +238,18 @@ class ModelNode:
         self.queued = 0
         self.served = 0
         self.busy = 0  # requests refused as busy
-        self.preempted = 0  # untokened generations stopped for a tokened request (model_node/priority.py)
+        self.preempted = 0  # generations stopped for a request of a higher rank (model_node/priority.py)
         self.throughput = Throughput(RECENT)
         # the engine, if it evaluates prompts in the order admission gives (else first come first served)
         self._ordered: OrdersPrompts | None = (
             engine if isinstance(engine, OrdersPrompts) and engine.orders_prompts else None)
         self._work: set[_Work] = set()
         self._idle_since: float | None = None  # when the node last stopped holding work (None: it never held any)
-        self._gate = SlotGate(slots)  # tokened waiters first (model_node/priority.py)
+        self._gate = SlotGate(slots)  # the highest rank's waiters first (model_node/priority.py)
         self.redeemer = redeemer
         self.node = Node(identity, transport, peers=registry.entries, ping_interval=0, clock=self.clock,
                          registered=listed_in(registry))
-        # with quotas, room beyond a full queue for the tokened requests that take untokened ones' places
+        # with quotas, room beyond a full queue for the requests that take lower-rank ones' places
         active = max_queue + slots if redeemer is None else 2 * max_queue + slots
         self.responder = Responder(identity, self.node.send_nowait, self._proxy, admits=self._opens_cloves_from,
                                    max_active=active, clock=self.clock)
@@ -316,12 +319,13 @@ class ModelNode:
                     prefill_rate=self.throughput.prefill_rate, decode_rate=self.throughput.decode_rate,
                     streams=self.slots, idle_ms=self._idle_ms())
 
-    def _load_ahead(self, tokened: bool) -> Load:
-        """The load a new request waits behind: all the work held, or for a tokened request the work
-        it cannot pass (requests generating, and other tokened ones: :mod:`model_node.priority`)."""
-        if not tokened:
+    def _load_ahead(self, rank: int) -> Load:
+        """The load a new request of ``rank`` waits behind: all the work held, or for a tokened
+        request the work it cannot pass (requests generating, and those of its rank or above:
+        :mod:`model_node.priority`)."""
+        if rank == UNTOKENED:
             return self.current_load()
-        ahead = [w for w in self._work if w.tokened or w.running]
+        ahead = [w for w in self._work if w.rank >= rank or w.running]
         return self._load(ahead, sum(not w.running for w in ahead))
 
     def _idle_ms(self) -> int:
@@ -347,14 +351,14 @@ class ModelNode:
         if self.group is not None:
             self.group.load_changed()
 
-    def _admission(self, load: Load, tokens: int, tokened: bool = False) -> Admission | None:
+    def _admission(self, load: Load, tokens: int, rank: int = UNTOKENED) -> Admission | None:
         """What :func:`~model_node.priority.admit_held` (:func:`~model_node.admission.admit` by
-        class) gives a request with ``tokens`` prompt tokens to evaluate, ``tokened`` or not, now
+        rank) gives a request with ``tokens`` prompt tokens to evaluate and ``rank`` now
         (``None``: refused)."""
-        held = [Held(w.key, load.prefill_seconds(w.left()), w.promise, w.tokened, w.running)
+        held = [Held(w.key, load.prefill_seconds(w.left()), w.promise, w.rank, w.running)
                 for w in self._work if w.prefill > 0]
         return admit_held(held, load.prefill_seconds(tokens), self.clock.monotonic(), self.max_queue_wait,
-                          tokened=tokened, reorders=self._ordered is not None)
+                          rank=rank, reorders=self._ordered is not None)
 
     def _prefill_estimate(self, prompt_ids: list[int]) -> int:
         """Prompt tokens the engine will evaluate for ``prompt_ids``: those past the longest
@@ -626,14 +630,15 @@ class ModelNode:
         """Take the request or answer "busy" at once (:meth:`_take`), wait in the queue
         (:meth:`_queue`: its quota ``token`` redeemed, then a slot), then generate."""
         own = self._prefill_estimate(prompt_ids)
-        taken, why = self._take(own, tokened=token is not None)
+        rank = UNTOKENED if token is None else token_rank(token)  # as its token claims: redeemed in _queue
+        taken, why = self._take(own, rank)
         if taken is None:
             self.busy += 1
             yield self._busy(req, why)
             return
         limit = req.params.max_tokens
         work = _Work(own, self.throughput.expected_output(limit), limit, key=taken.key, promise=taken.promise,
-                     prompt=prompt_ids, tokened=token is not None)
+                     prompt=prompt_ids, rank=rank)
         self._work.add(work)
         self.queued += 1
         self._load_changed()
@@ -659,18 +664,18 @@ class ModelNode:
             self._gate.release()
             self._load_changed()
 
-    def _take(self, own: int, tokened: bool) -> tuple[Admission | None, str]:
-        """Whether to take a request of ``own`` prompt tokens to evaluate, ``tokened`` (it claims
-        priority with a token that passed the local checks) or not: its admission
-        (:mod:`model_node.admission`, by class: :mod:`model_node.priority`), or ``None`` and why it is
-        "busy": the queue is full (a tokened request then takes an untokened waiter's place instead,
+    def _take(self, own: int, rank: int) -> tuple[Admission | None, str]:
+        """Whether to take a request of ``own`` prompt tokens to evaluate and ``rank`` (the class
+        its token claims once it passed the local checks; 0 without one): its admission
+        (:mod:`model_node.admission`, by rank: :mod:`model_node.priority`), or ``None`` and why it is
+        "busy": the queue is full (a request then takes the place of a waiter below its rank instead,
         once its token is redeemed), its first token would come too late, or every slot is taken
         and the work ahead exceeds ``max_queue_wait``. Prompts are evaluated one after another, so
         free slots alone do not make room."""
-        if self.queued >= self.max_queue and not (tokened and self._gate.evictable()):
+        if self.queued >= self.max_queue and not self._gate.evictable(rank):
             return None, f"model node is at capacity ({self.queued} requests queued)"
-        load = self._load_ahead(tokened)
-        taken = self._admission(load, own, tokened)
+        load = self._load_ahead(rank)
+        taken = self._admission(load, own, rank)
         if taken is None:
             wait = load.prefill_seconds(own + load.prefill_tokens)
             return None, (f"model node cannot take this request now: its first token would come after more than "
@@ -685,9 +690,10 @@ class ModelNode:
         """The wait of a request taken (``work``): its quota ``token``, if any, is redeemed now,
         once taken, so that a request refused "busy" keeps it for the next node (refused: the
         error chunk to answer; unchecked: it waits as a request without, :meth:`_demote`; tokened:
-        it takes the newest untokened waiter's place if the queue is over ``max_queue``); then it
-        waits for a slot until ``max_queue_wait`` seconds after it was taken (tokened waiters
-        first). ``None``: it holds a slot (``work.running``); else the error chunk to answer."""
+        it takes the place of a waiter below its rank if the queue is over ``max_queue``, and may
+        stop a lower-rank generation, :meth:`_preempt`); then it waits for a slot until
+        ``max_queue_wait`` seconds after it was taken (the highest rank's waiters first). ``None``:
+        it holds a slot (``work.running``); else the error chunk to answer."""
         start = self.clock.monotonic()
         if token is not None:
             assert self.redeemer is not None
@@ -699,39 +705,38 @@ class ModelNode:
                 self._demote(work)
             else:
                 if self.queued > self.max_queue:
-                    self._gate.evict()
-                self._preempt()
+                    self._gate.evict(work.rank)
+                self._preempt(work.rank)
         with trio.move_on_after(max(0.0, start + self.max_queue_wait - self.clock.monotonic())):
-            if await self._gate.acquire(work.tokened):
+            if await self._gate.acquire(work.rank):
                 work.running = True
                 return None
             self.busy += 1
-            return self._busy(req, "a request with a usage-quota token took this request's place in the model "
-                                   "node's full queue")
+            return self._busy(req, f"{_outranking(work.rank)} took this request's place in the model node's full queue")
         self.busy += 1
         return self._busy(req, f"no free slot on this model node within {self.max_queue_wait:g} s")
 
-    def _preempt(self) -> None:
-        """A tokened request is about to wait for a slot: when every slot is taken and fewer
-        untokened generations are being stopped than tokened requests wait, stop the untokened
-        generation that has produced least (:func:`model_node.priority.preempt`): it answers "busy"
-        after what it sent, and its slot goes to the oldest tokened waiter."""
+    def _preempt(self, rank: int) -> None:
+        """A request of ``rank`` is about to wait for a slot: when every slot is taken, stop the
+        generation :func:`model_node.priority.preempt` names for the waiters (a lower-rank one,
+        for the highest waiter the generations already stopping leave without a slot): it answers
+        "busy" after what it sent, and its slot goes to the oldest waiter of the highest rank."""
         if self._gate.free > 0:
             return
         running = sorted((w for w in self._work if w.running and not w.preempted), key=lambda w: w.key)  # a set: ordered
         stopping = sum(1 for w in self._work if w.running and w.preempted)
-        i = preempt([(w.tokened, w.produced) for w in running], self._gate.tokened_waiting() + 1 - stopping)
+        i = preempt([(w.rank, w.produced) for w in running], [*self._gate.waiting(), rank], stopping)
         if i is not None:
             running[i].preempted = True
 
     def _demote(self, work: _Work) -> None:
-        """``work`` was taken as tokened but its token could not be checked: it waits as an
-        untokened request, at the place admission gives one now (else behind every one), on a
-        best-effort promise. Never refused here: its token may be spent at some issuer already."""
+        """``work`` was taken with its token's rank but its token could not be checked: it waits
+        as an untokened request, at the place admission gives one now (else behind every one), on
+        a best-effort promise. Never refused here: its token may be spent at some issuer already."""
         self._work.discard(work)
         taken = self._admission(self.current_load(), work.prefill)
         self._work.add(work)
-        work.tokened = False
+        work.rank = UNTOKENED
         if taken is not None:
             work.key, work.promise = taken.key, taken.promise
         else:
@@ -790,11 +795,11 @@ class ModelNode:
         finally:
             if first_at is None:  # ended before its first token: its time counts with the next sample
                 self.throughput.prefill_ended(self.clock.monotonic(), None)
-        if stopped:  # a tokened request took its slot: "busy" after what was sent (the client fails over)
+        if stopped:  # a higher-rank request took its slot: "busy" after what was sent (the client fails over)
             self.preempted += 1
             yield self._chunk(req, seq, "", (), done=True, failure=Failure.BUSY, error=busy_error(
-                "a request with a usage-quota token took this request's slot on the model node (requests without "
-                "a token are served when no request with one waits); try another model node"))
+                f"{_outranking(work.rank)} took this request's slot on the model node (requests are served by "
+                "their usage-quota token's class: priority, standard, then none); try another model node"))
             return
         all_ids.extend(ids)
         if first_at is not None:
@@ -836,8 +841,8 @@ class _Work:
     ``max_tokens``, ``produced`` so far; its admission ``key`` (the engine's prompt order) and
     ``promise``, the time its first token is promised by (:mod:`model_node.admission`);
     ``prompt`` its prompt's token ids (announced to the group until its prefill is done);
-    ``tokened``: its quota token claims priority (redeemed, or being redeemed); ``running``: it
-    holds a slot."""
+    ``rank``: its quota token's class (:mod:`model_node.priority`; as the token claims while it is
+    being redeemed, 0 without one or once demoted); ``running``: it holds a slot."""
 
     prefill: int
     expected: int
@@ -847,9 +852,9 @@ class _Work:
     promise: float = math.inf
     gen: Any = None  # the engine's generation, once started
     prompt: list[int] = dataclasses.field(default_factory=list)
-    tokened: bool = False  # it is served ahead of untokened requests (model_node/priority.py)
+    rank: int = UNTOKENED  # it is served ahead of lower ranks (model_node/priority.py)
     running: bool = False  # it holds a slot
-    preempted: bool = False  # a tokened request waits for its slot: its generation stops at its next piece
+    preempted: bool = False  # a higher-rank request waits for its slot: its generation stops at its next piece
 
     def left(self) -> int:
         """``prefill``, or what the engine reports is left of the prompt (``prompt_left``)."""
@@ -862,6 +867,11 @@ class _Work:
         than expected is assumed to run as long again; never beyond ``limit``."""
         left = self.expected - self.produced if self.produced < self.expected else self.expected
         return max(0, min(self.limit - self.produced, left))
+
+
+def _outranking(rank: int) -> str:
+    """Who takes the place or slot of a request of ``rank``: one of a higher rank."""
+    return "a request with a usage-quota token" if rank == UNTOKENED else "a request with a priority usage-quota token"
 
 
 async def _empty() -> AsyncGenerator[ReplyChunk, None]:

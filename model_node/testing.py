@@ -124,8 +124,9 @@ class FakeIssuers:
     """``n`` verifiers issuing usage-quota tokens (issue 31), as a model node's
     :class:`~model_node.quota.Redeemer` meets them: :meth:`rpc` answers its ``abci_query`` calls
     (key records and redemptions) at :attr:`addresses`, with one spent set per issuer shared by
-    every node that asks, as the real issuers keep it. :meth:`token` mints a token directly with
-    the issuers' VOPRF keys (no blinding: a test needs the token, not the issuance). As
+    every node that asks, as the real issuers keep it. :meth:`token` mints a token of either class
+    directly with the issuers' VOPRF keys (one per class, as the real issuers' key records carry
+    them; no blinding: a test needs the token, not the issuance). As
     ``verifier/quota.py``, key records are given for the epochs around the current one only
     (``WRONG_EPOCH`` otherwise). Knobs:
     ``down`` (addresses that raise ``OSError``), ``off`` (addresses answering ``QUOTA_OFF``),
@@ -154,23 +155,23 @@ class FakeIssuers:
         return self.params.epoch_at(self.clock.unix())
 
     def token(self, model: str = "echo", *, epoch: int | None = None, issuers: Sequence[int] | None = None,
-              nonce: bytes | None = None) -> bytes:
+              nonce: bytes | None = None, priority: bool = False) -> bytes:
         """A good token of ``model`` for ``epoch`` (default: now) from the ``issuers`` (indices;
-        default: the first ``params.issuers``)."""
+        default: the first ``params.issuers``), of the priority class or (default) standard."""
         epoch = self.epoch() if epoch is None else epoch
         nonce = nonce or os.urandom(quota.NONCE_LEN)
         which = range(self.params.issuers) if issuers is None else issuers
-        evaluations = tuple((self.keys[i].public_bytes, self._evaluator(i, model, epoch).evaluate_known_input(
+        evaluations = tuple((self.keys[i].public_bytes, self._evaluator(i, model, epoch, priority).evaluate_known_input(
             quota.token_input(nonce))) for i in which)
-        return quota.encode_token(quota.Token(model, epoch, nonce, evaluations))
+        return quota.encode_token(quota.Token(model, epoch, nonce, evaluations, priority))
 
     def spent_by_all(self, raw: bytes) -> bool:
         """Whether every issuer of the token ``raw`` holds it as spent."""
         t = quota.decode_token(raw)
         return all((t.model, t.epoch, t.nonce) in self.spent[self.issuers.index(i)] for i, _ in t.evaluations)
 
-    def _evaluator(self, i: int, model: str, epoch: int) -> ristretto.Evaluator:
-        return quota.evaluator(self.seeds[i], self.chain_id, model, epoch)
+    def _evaluator(self, i: int, model: str, epoch: int, priority: bool = False) -> ristretto.Evaluator:
+        return quota.evaluator(self.seeds[i], self.chain_id, model, epoch, priority)
 
     async def rpc(self, address: str, method: str, params: dict[str, str]) -> Any:
         """An :data:`overlay.directory.rpc.Rpc`: the ``abci_query`` answers of the verifier at ``address``."""
@@ -192,8 +193,8 @@ class FakeIssuers:
             code = Code.OK
             if abs(epoch - self.epoch()) > 1:  # as verifier/quota.py: the epochs around the current one only,
                 code, epoch = Code.WRONG_EPOCH, self.epoch()  # else the current one's record
-            key = self._evaluator(i, model, epoch).public_key.serialize()
-            rec = quota.KeyRecord(self.keys[i].public_bytes, model, epoch, key, self.params)
+            key, top = (self._evaluator(i, model, epoch, p).public_key.serialize() for p in (False, True))
+            rec = quota.KeyRecord(self.keys[i].public_bytes, model, epoch, key, top, self.params)
             return code, quota.encode_key_record(self.keys[i], self.chain_id, rec)
         if path != quota.REDEEM_PATH:
             return Code.MALFORMED, b""
@@ -201,7 +202,7 @@ class FakeIssuers:
             r = quota.decode_redeem(data)
         except quota.QuotaError:
             return Code.MALFORMED, b""
-        good = self._evaluator(i, r.model, r.epoch).evaluate_known_input(quota.token_input(r.nonce)) == r.output
+        good = self._evaluator(i, r.model, r.epoch, r.priority).evaluate_known_input(quota.token_input(r.nonce)) == r.output
         if not good or not self.params.redeemable(r.epoch, self.clock.unix()):
             return Code.BAD_TOKEN, b""
         if (r.model, r.epoch, r.nonce) in self.spent[i]:

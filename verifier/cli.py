@@ -28,6 +28,7 @@ _DEFAULT_QUOTA_EPOCH_S = 60
 _DEFAULT_QUOTA_ISSUERS = 2
 _DEFAULT_QUOTA_GRACE_S = 15
 _DEFAULT_QUOTA_BURST = 16
+_DEFAULT_QUOTA_PRIORITY = 4
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -142,6 +143,11 @@ def _quota_flags(g: argparse.ArgumentParser) -> None:
                    help=f"the most a user's allowance at one verifier holds, 1-100000 (default "
                         f"{_DEFAULT_QUOTA_BURST}): what a user who was idle may take at once; the allowance fills "
                         "again at --quota-tokens per epoch (a token bucket, decision 0018)")
+    g.add_argument("--quota-priority", type=int, default=_DEFAULT_QUOTA_PRIORITY, metavar="P",
+                   help=f"how many of a full allowance's tokens are priority ones, 1-100000 (default "
+                        f"{_DEFAULT_QUOTA_PRIORITY}; --quota-burst or more: all): a user keeping to its rate gets "
+                        "priority tokens; what a burst takes beyond the top P is standard, served after priority "
+                        "tokens and before requests without (decision 0022)")
     g.add_argument("--quota-epoch-s", type=int, default=_DEFAULT_QUOTA_EPOCH_S, metavar="S",
                    help=f"seconds per quota epoch, 10-86400 (default {_DEFAULT_QUOTA_EPOCH_S}): each epoch has its "
                         "own keys and a token is good in its epoch only (plus --quota-grace-s), so short epochs "
@@ -169,7 +175,8 @@ def _quota_section(args: argparse.Namespace) -> dict[str, int] | None:
                        f"{validators}")
     grace = min(_DEFAULT_QUOTA_GRACE_S, args.quota_epoch_s // 2) if args.quota_grace_s is None else args.quota_grace_s
     try:
-        return QuotaParams(args.quota_epoch_s, args.quota_tokens, issuers, grace, args.quota_burst).to_json()
+        return QuotaParams(args.quota_epoch_s, args.quota_tokens, issuers, grace, args.quota_burst,
+                           args.quota_priority).to_json()
     except QuotaError as exc:
         raise CliError(f"--quota-*: {exc.reason}") from None
 

@@ -9,7 +9,9 @@ token works. Three queries reach the issuer (:meth:`verifier.abci_app.CommitteeA
 - ``/quota/issue`` (a registered user's signed request, :meth:`Issuer.issue`): the blinded inputs
   evaluated under that key with a DLEQ proof, within the user's allowance of the model at this
   issuer (:class:`~overlay.directory.quota.Allowance`: a bucket of ``burst`` tokens filled by
-  ``tokens`` an epoch; more than it holds now: QUOTA_LATER, more than it can ever hold: QUOTA_USED);
+  ``tokens`` an epoch; more than it holds now: QUOTA_LATER, more than it can ever hold: QUOTA_USED),
+  under the key of the class asked for: priority tokens only from the top ``priority`` of the
+  bucket (decision 0022; more than that now: QUOTA_LATER);
   the same signed request again gets the same answer and counts once;
 - ``/quota/redeem`` (a token's part for this issuer, :meth:`Issuer.redeem`): code 0 when the
   output is this issuer's for the nonce, model and epoch and the nonce was not spent before; it is
@@ -56,7 +58,7 @@ MAX_SPENT = 500_000  # spent nonces one epoch holds (all models): past them, red
 MAX_ANSWERS = 4_096  # answers one epoch keeps for replayed requests (about 10 MB at most)
 KEY_EPOCHS = (-1, 0, 1)  # key records answered: the epochs around the current one
 MAX_KEY_QUERY_BYTES = 32 + MAX_MODEL_ID  # overlay.directory.quota.decode_key_query's limit
-STATE_VERSION = 2
+STATE_VERSION = 3
 MAX_FULL_AT = float(quota.MAX_EPOCH * 86_400)  # past any epoch: a saved allowance's time is below it
 MAX_STATE_BYTES = 80 * 1024 * 1024  # two epochs at the caps above take about 70 MB
 
@@ -82,8 +84,12 @@ def quota_seed(validator_private: bytes) -> bytes:
 
 @dataclass(frozen=True, slots=True)
 class _Key:
-    evaluator: ristretto.Evaluator
+    evaluator: ristretto.Evaluator  # standard tokens
+    priority: ristretto.Evaluator  # priority tokens (decision 0022)
     record: bytes  # the signed key record
+
+    def of(self, priority: bool) -> ristretto.Evaluator:
+        return self.priority if priority else self.evaluator
 
 
 @dataclass(slots=True)
@@ -145,15 +151,17 @@ class Issuer:
     # ----------------------------------------------------------------- keys
 
     def _key(self, model: str, epoch: int) -> _Key:
-        """The VOPRF key of ``model`` and ``epoch`` with its signed record, derived once and cached."""
+        """The VOPRF keys of ``model`` and ``epoch`` with their signed record, derived once and cached."""
         k = (model, epoch)
         got = self._keys.get(k)
         if got is not None:
             self._keys.move_to_end(k)
             return got
         ev = quota.evaluator(self._seed, self.chain_id, model, epoch)
-        rec = quota.KeyRecord(self.public, model, epoch, ev.public_key.serialize(), self.params)
-        got = self._keys[k] = _Key(ev, quota.encode_key_record(self._signer, self.chain_id, rec))
+        top = quota.evaluator(self._seed, self.chain_id, model, epoch, priority=True)
+        rec = quota.KeyRecord(self.public, model, epoch, ev.public_key.serialize(), top.public_key.serialize(),
+                              self.params)
+        got = self._keys[k] = _Key(ev, top, quota.encode_key_record(self._signer, self.chain_id, rec))
         if len(self._keys) > EVALUATORS:
             self._keys.popitem(last=False)
         return got
@@ -265,17 +273,18 @@ class Issuer:
         return None
 
     def _grant(self, ep: _Epoch, req: quota.IssueRequest, digest: bytes, now_unix: float) -> tuple[Code, str, bytes]:
-        """Evaluate ``req``'s inputs if its user's allowance holds that many now (and there is room)."""
+        """Evaluate ``req``'s inputs under its class's key if its user's allowance holds that many of
+        the class now (and there is room)."""
         account = (req.user, req.model)
         allowance, n, p = self.allowance(req.user, req.model), len(req.blinded), self.params
         if n > p.burst:
             return Code.QUOTA_USED, (f"{n} tokens asked at once; a user's allowance of a model at an issuer holds "
                                      f"{p.burst} at most: ask for fewer"), b""
-        if not allowance.take(n, now_unix):
-            have, ready = allowance.level(now_unix), allowance.ready_at(n, now_unix)
-            return Code.QUOTA_LATER, (f"{have} tokens of {req.model!r} can be had from this issuer now and you asked "
-                                      f"for {n}; {n} can be had at Unix time {ready:.1f} (in {ready - now_unix:.1f} s): "
-                                      f"your allowance grows by {p.tokens} every {p.epoch_s} s, to {p.burst} at most"), b""
+        if req.priority and n > min(p.burst, p.priority):
+            return Code.QUOTA_USED, (f"{n} priority tokens asked at once; priority tokens come from the top "
+                                     f"{min(p.burst, p.priority)} of a user's allowance: ask for fewer"), b""
+        if not allowance.take_class(n, req.priority, now_unix):
+            return Code.QUOTA_LATER, _later(allowance, req, n, now_unix), b""
         if account not in self._allowances and len(self._allowances) >= self.caps.accounts:
             self._prune(now_unix)  # full ones take no room; pruned here too, not only once an epoch
         if account not in self._allowances and len(self._allowances) >= self.caps.accounts:
@@ -285,13 +294,14 @@ class Issuer:
             inputs = [ristretto.BlindedInput.deserialize(b) for b in req.blinded]
         except ValueError:
             return Code.MALFORMED, "a blinded input is not a valid element", b""
-        batch = self._key(req.model, req.epoch).evaluator.evaluate_batch(inputs)
+        batch = self._key(req.model, req.epoch).of(req.priority).evaluate_batch(inputs)
         self._allowances[account] = allowance.full_at
         left = allowance.level(now_unix)
         answer = quota.encode_issued(quota.Issued(batch.serialize(), left))
         ep.remember(digest, answer, self.caps.answers)
         self.changes += 1
-        return Code.OK, f"{n} tokens issued; {left} more can be had now", answer
+        kind = "priority" if req.priority else "standard"
+        return Code.OK, f"{n} {kind} tokens issued; {left} more can be had now", answer
 
     # ----------------------------------------------------------------- redeem
 
@@ -308,9 +318,11 @@ class Issuer:
             current = self.params.epoch_at(now_unix)
             return Code.BAD_TOKEN, (f"the token is another epoch's ({r.epoch}; the current one is {current}): a token "
                                     f"redeems within its epoch and {self.params.grace_s} s after")
-        expected = self._key(r.model, r.epoch).evaluator.evaluate_known_input(quota.token_input(r.nonce))
+        expected = self._key(r.model, r.epoch).of(r.priority).evaluate_known_input(quota.token_input(r.nonce))
         if not crypto.ct_equal(expected, r.output):
-            return Code.BAD_TOKEN, "the token does not verify: not issued by this issuer for this model and epoch"
+            kind = "priority" if r.priority else "standard"
+            return Code.BAD_TOKEN, (f"the token does not verify: not issued by this issuer as a {kind} token for this "
+                                    "model and epoch")
         return self._spend(self._epoch(r.epoch), r.model, r.nonce)
 
     def _spend(self, ep: _Epoch, model: str, nonce: bytes) -> tuple[Code, str]:
@@ -367,6 +379,20 @@ class Issuer:
         return out
 
 
+def _later(allowance: quota.Allowance, req: quota.IssueRequest, n: int, now: float) -> str:
+    """Why ``req`` for ``n`` tokens is refused now, and when it would not be."""
+    p = allowance.params
+    if req.priority and allowance.level(now) >= n:
+        top, ready = allowance.top(now), allowance.top_at(n, now)
+        return (f"{top} priority tokens of {req.model!r} can be had from this issuer now and you asked for {n}; "
+                f"{n} can be had at Unix time {ready:.1f} (in {ready - now:.1f} s), or standard ones now: priority "
+                f"tokens come from the top {p.priority} of your allowance of {p.burst}")
+    have, ready = allowance.level(now), allowance.ready_at(n, now)
+    return (f"{have} tokens of {req.model!r} can be had from this issuer now and you asked for {n}; {n} can be had "
+            f"at Unix time {ready:.1f} (in {ready - now:.1f} s): your allowance grows by {p.tokens} every "
+            f"{p.epoch_s} s, to {p.burst} at most")
+
+
 # --------------------------------------------------------------------------- snapshot reading
 
 def _pack(obj: object) -> bytes:
@@ -408,8 +434,8 @@ def _read_state(r: codec.ShapeReader, out: Issuer) -> None:
         raise QuotaStateError(f"the state of another chain than {out.chain_id!r}")
     if _typed(r.value(), bytes, "the issuer", quota.KEY_LEN) != out.public:
         raise QuotaStateError("the state of another issuer (another validator key)")
-    _count(r, 5, 5, "the params")
-    if [r.value() for _ in range(5)] != out.params.wire():
+    _count(r, 6, 6, "the params")
+    if [r.value() for _ in range(6)] != out.params.wire():
         raise QuotaStateError(f"the state of other quota params than the genesis's {out.params.to_json()}")
     out.floor = _int(r.value(), 0, quota.MAX_EPOCH, "the floor")
     _read_allowances(r, out._allowances)

@@ -59,11 +59,12 @@ FAIR = CAPACITY / (HONEST + 1)  # each user's fair share of the node, requests/s
 #: the many-users runs: the same honest load spread over this many users (a fifth user's fair
 #: share is then 1/21 of the node, not 1/5)
 MANY = 20
-MANY_MODES = ("noflood", "fairshare", "tokens")
+MANY_MODES = ("noflood", "fairshare", "tokens", "priority")
 FLOOD_FACTOR = 10
 EPOCH_S = 60  # the flood's quota epoch: its tokens are each user's fair share of it
 GRACE_S = 10
 BURST = 8  # the allowance's depth: a third of a minute's fair share
+PRIORITY = 4  # of which priority tokens: the top half (decision 0022)
 FLOOD_SEEDS = (5, 6, 7)  # the honest users' arrivals and the epochs' phase of each run (the quick run: the first)
 UNIX_ANCHOR = 1_800_000_000.0  # the flood runs' Unix time at trio time 0 less the phase (an epoch start)
 
@@ -167,17 +168,37 @@ class Issuers:
             code, why = issuer.redeem(data, now)
         return {"response": {"code": int(code), "log": why, "value": base64.b64encode(value).decode()}}
 
-    def wallet(self, user: Any, **kwargs: Any) -> Any:
+    def wallet(self, user: Any, top_only: bool = False, **kwargs: Any) -> Any:
+        """A real wallet for ``user`` (registered here); ``top_only``: one that never takes standard
+        tokens (:func:`_top_only_wallet`)."""
         from overlay.directory.wallet import Wallet
 
         self.users[user.identity.node_id] = user.identity.ed25519_public
-        return Wallet(user.identity, lambda: self.addresses, CHAIN, lambda: [k.public_bytes for k in self.keys],
-                      rpc=self.rpc, **kwargs)
+        cls = _top_only_wallet() if top_only else Wallet
+        return cls(user.identity, lambda: self.addresses, CHAIN, lambda: [k.public_bytes for k in self.keys],
+                   rpc=self.rpc, **kwargs)
 
     def redeemer(self) -> Any:
         from model_node.quota import Redeemer
 
         return Redeemer(MODEL, lambda: self.addresses, CHAIN, rpc=self.rpc)
+
+
+def _top_only_wallet() -> Any:
+    """A modified client's wallet that takes priority tokens only (decision 0022): what the top of its
+    allowances holds, never a standard token; with none to be had, its flood goes without (the
+    flooder's best play: every token it spends is served first)."""
+    from overlay.directory.quota import Allowance
+    from overlay.directory.wallet import Wallet
+
+    class TopOnly(Wallet):
+        def _usable(self, allowance: Allowance, now: float) -> int:
+            return allowance.top(now)
+
+        def _ready(self, allowance: Allowance, now: float) -> float:
+            return allowance.top_at(1, now)
+
+    return TopOnly
 
 
 async def _first_token(client: Any, text: str, max_tokens: int) -> float:
@@ -265,6 +286,7 @@ MODES = {  # mode -> (quotas on, what the fifth user does)
     "noflood": (True, "idle"),  # quotas on, the fifth user sends nothing
     "fairshare": (True, "fair"),  # quotas on, the fifth user an honest one at exactly its fair share
     "tokens": (True, "flood"),  # quotas on, the fifth user floods at 10x (every token it can get, then none)
+    "priority": (True, "flood_top"),  # the same flood, taking priority tokens only (never standard ones)
     "hoard": (True, "hoard"),  # quotas on, the flood, its tokens saved up and spent at once (the bucket's worst)
     "notokens": (False, "flood"),  # quotas off, the same flood
 }
@@ -286,7 +308,7 @@ class _Hoard:
 
 
 def flood(mode: str, duration: float, seeds: Sequence[int], epoch_s: int = EPOCH_S,
-          burst: int = BURST, honest: int = HONEST) -> dict[str, float]:
+          burst: int = BURST, honest: int = HONEST, priority: int = PRIORITY) -> dict[str, float]:
     """Flood runs (module docstring, part 3) on trio's mock clock, one per seed (the honest users'
     arrivals), pooled: the honest users' TTFTs and busy refusals, and what the fifth user got.
     ``mode``: a key of :data:`MODES`; ``honest``: how many honest users share
@@ -296,7 +318,8 @@ def flood(mode: str, duration: float, seeds: Sequence[int], epoch_s: int = EPOCH
 
     quotas, fifth = MODES[mode]
     fair = CAPACITY / (honest + 1)
-    params = QuotaParams(epoch_s=epoch_s, tokens=math.ceil(fair * epoch_s), issuers=1, grace_s=GRACE_S, burst=burst)
+    params = QuotaParams(epoch_s=epoch_s, tokens=math.ceil(fair * epoch_s), issuers=1, grace_s=GRACE_S, burst=burst,
+                         priority=priority)
     out: dict[str, Any] = {"honest_ttft": [], "honest_busy": 0, "honest_sent": 0, "flood_sent": 0,
                            "flood_answered": 0}
     for seed in seeds:
@@ -334,7 +357,8 @@ async def _flood_run(params: Any, quotas: bool, fifth: str, duration: float, see
             with trio.fail_after(120):
                 await u.paths.wait_ready(u.client.n)
             if quotas:  # a flooder's wallet, as a modified client's, sends without a token when it has none
-                u.client.quota = issuers.wallet(u, send_when_used_up=u is net.users[0] and fifth != "fair")
+                flooder = u is net.users[0] and fifth != "fair"
+                u.client.quota = issuers.wallet(u, top_only=flooder and fifth == "flood_top", send_when_used_up=flooder)
         end = trio.current_time() + duration
         text = " ".join(f"w{i}" for i in range(PIECES))
 
@@ -364,7 +388,7 @@ async def _flood_run(params: Any, quotas: bool, fifth: str, duration: float, see
             fair = CAPACITY / (honest + 1)
             if fifth == "fair":
                 senders.start_soon(sender, client, fair, "flood", 0)
-            elif fifth in ("flood", "hoard"):
+            elif fifth in ("flood", "flood_top", "hoard"):
                 senders.start_soon(sender, client, FLOOD_FACTOR * fair, "flood", 0)
             if fifth == "hoard" and quotas:
                 senders.start_soon(_hoard, client, params, end)
@@ -390,7 +414,7 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
     for mode in MODES:
         figures.update(flood(mode, duration, seeds))
     base = figures["honest_ttft_p99_ms_noflood"]
-    for mode in ("fairshare", "tokens", "hoard", "notokens"):
+    for mode in ("fairshare", "tokens", "priority", "hoard", "notokens"):
         figures[f"honest_ttft_p99_ratio_{mode}_vs_noflood"] = figures[f"honest_ttft_p99_ms_{mode}"] / base
     figures["honest_ttft_p99_ratio_tokens_vs_fairshare"] = (figures["honest_ttft_p99_ms_tokens"]
                                                             / figures["honest_ttft_p99_ms_fairshare"])
@@ -413,7 +437,7 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
                   "flood_rate_per_s": round(FLOOD_FACTOR * FAIR, 3), "duration_s": duration,
                   "seeds": list(seeds), "pooled": "each mode's runs (one per seed) pooled before percentiles",
                   "quota": f"epoch {EPOCH_S} s, tokens = fair share x epoch (a token every {1 / FAIR:g} s), "
-                           f"burst {BURST}, grace {GRACE_S} s, 1 issuer a token",
+                           f"burst {BURST} (the top {PRIORITY} priority), grace {GRACE_S} s, 1 issuer a token",
                   "modes": {m: f"quotas {'on' if q else 'off'}, fifth user: {f}" for m, (q, f) in MODES.items()}},
     }
     return params, figures

@@ -225,7 +225,8 @@ async def _quota_view(address: str, chain_id: str, keys: set[bytes], models: lis
         return [f"  quotas unknown: the key record {address} answered does not verify: {exc.reason}"]
     p = rec.params
     return [f"  quotas: a user's allowance at each issuer grows by {p.tokens} token(s) per {p.epoch_s} s epoch "
-            f"(one every {p.epoch_s / p.tokens:g} s) and holds at most {p.burst}; a token needs {p.issuers} "
+            f"(one every {p.epoch_s / p.tokens:g} s) and holds at most {p.burst}, the top {min(p.priority, p.burst)} "
+            f"priority tokens, the rest standard; a token needs {p.issuers} "
             f"issuer(s) and redeems until {p.grace_s} s after its epoch (signed key record of {address})"]
 
 

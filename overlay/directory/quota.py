@@ -17,15 +17,23 @@ token spends once across every node, and no issuer can tell which issuance it ca
 Pure: no I/O, no clock (times are passed in). Wire format (msgpack with bin types; canonical:
 every ``decode_*`` refuses any other encoding of the same values, and trailing bytes)::
 
-    key record = [1, issuer(32), model(str), epoch(int), key(32), params, signature(64)]
-                 params: [epoch_s, tokens, issuers, grace_s, burst];  signature: Ed25519(issuer's validator
-                 key, KEY_CONTEXT + msgpack([chain_id, issuer, model, epoch, key, params]))
-    issue      = [1, user(20), issuer(32), model(str), epoch(int), [blinded(32), ...], signature(64)]
+    key record = [2, issuer(32), model(str), epoch(int), key(32), priority key(32), params, signature(64)]
+                 params: [epoch_s, tokens, issuers, grace_s, burst, priority];  signature: Ed25519(issuer's
+                 validator key, KEY_CONTEXT + msgpack([chain_id, issuer, model, epoch, key, priority key, params]))
+    issue      = [2, user(20), issuer(32), model(str), epoch(int), priority(bool), [blinded(32), ...], signature(64)]
                  signature: Ed25519(user's node key, ISSUE_CONTEXT + msgpack([chain_id, user, issuer,
-                 model, epoch, [blinded, ...]]))
-    issued     = [1, evaluated(bytes: a VOPRF batch output with its proof), left(int)]
-    token      = [1, model(str), epoch(int), nonce(32), [[issuer(32), output(64)], ...]]
-    redeem     = [1, model(str), epoch(int), nonce(32), output(64)]
+                 model, epoch, priority, [blinded, ...]]))
+    issued     = [2, evaluated(bytes: a VOPRF batch output with its proof), left(int)]
+    token      = [2, model(str), epoch(int), priority(bool), nonce(32), [[issuer(32), output(64)], ...]]
+    redeem     = [2, model(str), epoch(int), priority(bool), nonce(32), output(64)]
+
+**Two classes** (decision 0022). Each issuer has two keys per model and epoch: a *priority* one
+and a *standard* one. A user's tokens are priority while they come from the top ``priority`` of
+its bucket (:meth:`Allowance.top`: what it holds above ``burst - priority``), standard below
+that; the request for tokens names the class and the issuer evaluates under that class's key, so
+a token's class is proved by its output (a standard token relabelled priority does not redeem).
+Model nodes serve priority tokens first, then standard, then requests without. A user keeping
+to its rate gets priority tokens; what a full bucket adds beyond ``priority`` at once is standard.
 
 Every refusal of a ``decode_*``/``verify_*`` function and of :class:`Blinding` is a
 :class:`QuotaError` with a reason; nothing else is raised on any input.
@@ -47,7 +55,7 @@ from overlay.wire import codec, crypto
 from overlay.wire.identity import NODE_ID_LEN, node_id_of
 from overlay.wire.messages import MAX_QUOTA_TOKEN
 
-QUOTA_VERSION = 1
+QUOTA_VERSION = 2
 KEY_CONTEXT = b"gentorrent/quota-key/v1\x00"
 ISSUE_CONTEXT = b"gentorrent/quota-issue/v1\x00"
 _INFO = b"gentorrent/quota-voprf/v1\x00"  # DeriveKeyPair's info prefix
@@ -71,7 +79,7 @@ MAX_ISSUED_BYTES = 128 + MAX_BATCH * (ELEMENT_LEN + 2) + 64
 MAX_TOKEN_BYTES = 64 + MAX_MODEL_ID + MAX_ISSUERS * (KEY_LEN + OUTPUT_LEN + 6)
 assert MAX_TOKEN_BYTES <= MAX_QUOTA_TOKEN
 MAX_REDEEM_BYTES = 64 + MAX_MODEL_ID + NONCE_LEN + OUTPUT_LEN
-MAX_KEY_BYTES = 256 + MAX_MODEL_ID
+MAX_KEY_BYTES = 320 + MAX_MODEL_ID
 
 
 class QuotaError(Exception):
@@ -94,15 +102,18 @@ class QuotaParams:
     evaluations a token needs, ``grace_s`` seconds after its epoch's end a token still redeems
     (clock skew, a request sent just before the end), ``burst`` the most a user's allowance at one
     issuer holds (what a user who was idle may take at once: a token bucket of depth ``burst``
-    filled at that rate, across epochs)."""
+    filled at that rate, across epochs), ``priority`` how many of a full bucket's tokens are of the
+    priority class (the top ones: :meth:`Allowance.top`; all of them when ``priority >= burst``;
+    decision 0022)."""
 
     epoch_s: int = 60
     tokens: int = 6
     issuers: int = 2
     grace_s: int = 15
     burst: int = 16
+    priority: int = 4
 
-    BOUNDS: ClassVar[dict[str, tuple[int, int]]] = {"epoch_s": (10, 86_400), "tokens": (1, 100_000), "issuers": (1, MAX_ISSUERS), "grace_s": (0, 3_600), "burst": (1, 100_000)}
+    BOUNDS: ClassVar[dict[str, tuple[int, int]]] = {"epoch_s": (10, 86_400), "tokens": (1, 100_000), "issuers": (1, MAX_ISSUERS), "grace_s": (0, 3_600), "burst": (1, 100_000), "priority": (1, 100_000)}
 
     def __post_init__(self) -> None:
         for name, (lo, hi) in self.BOUNDS.items():
@@ -113,7 +124,7 @@ class QuotaParams:
             raise QuotaError(f"quota grace_s ({self.grace_s}) must be under epoch_s ({self.epoch_s})")
 
     def wire(self) -> list[int]:
-        return [self.epoch_s, self.tokens, self.issuers, self.grace_s, self.burst]
+        return [self.epoch_s, self.tokens, self.issuers, self.grace_s, self.burst, self.priority]
 
     def to_json(self) -> dict[str, int]:
         return dict(zip(self.BOUNDS, self.wire(), strict=True))
@@ -186,11 +197,29 @@ class Allowance:
         """Whether the bucket is full at ``now`` (such an allowance need not be kept)."""
         return self.full_at <= now
 
+    def top(self, now: float) -> int:
+        """Whole tokens that can be taken at ``now`` as priority tokens: what the bucket holds above
+        ``burst - priority`` (decision 0022)."""
+        p = self.params
+        return max(0, self.level(now) - max(0, p.burst - p.priority))
 
-def key_info(chain_id: str, model: str, epoch: int) -> bytes:
-    """The ``info`` of RFC 9497's DeriveKeyPair for an issuer's key of ``model`` and ``epoch``:
-    each model and epoch has its own key, so a token is good for one of each."""
-    return _INFO + _pack([chain_id, model, epoch])
+    def take_class(self, n: int, priority: bool, now: float) -> bool:
+        """Take ``n`` tokens of the class asked for at ``now`` if the bucket holds them (priority
+        ones from :meth:`top` only), else change nothing."""
+        if priority and n > self.top(now):
+            return False
+        return self.take(n, now)
+
+    def top_at(self, n: int, now: float) -> float:
+        """When ``n`` priority tokens (at most ``priority``) can be taken: ``now`` or later."""
+        p = self.params
+        return max(now, self.full_at - (min(p.burst, p.priority) - min(n, p.burst, p.priority)) * p.per_token_s)
+
+
+def key_info(chain_id: str, model: str, epoch: int, priority: bool = False) -> bytes:
+    """The ``info`` of RFC 9497's DeriveKeyPair for an issuer's key of ``model``, ``epoch`` and class
+    (``priority`` or standard): each has its own key, so a token is good for one of each."""
+    return _INFO + _pack([chain_id, model, epoch] + (["priority"] if priority else []))
 
 
 def token_input(nonce: bytes) -> bytes:
@@ -198,36 +227,44 @@ def token_input(nonce: bytes) -> bytes:
     return _INPUT + nonce
 
 
-def evaluator(seed: bytes, chain_id: str, model: str, epoch: int) -> ristretto.Evaluator:
-    """An issuer's VOPRF key for ``model`` and ``epoch``, derived from its secret 32-byte ``seed``."""
-    return ristretto.Evaluator.from_seed(seed, key_info(chain_id, model, epoch))
+def evaluator(seed: bytes, chain_id: str, model: str, epoch: int, priority: bool = False) -> ristretto.Evaluator:
+    """An issuer's VOPRF key for ``model``, ``epoch`` and class, derived from its secret 32-byte ``seed``."""
+    return ristretto.Evaluator.from_seed(seed, key_info(chain_id, model, epoch, priority))
 
 
 # --------------------------------------------------------------------------- messages
 
 @dataclass(frozen=True, slots=True)
 class KeyRecord:
-    """An issuer's VOPRF public ``key`` for ``model`` and ``epoch`` and the committee's
-    ``params``, signed with the issuer's validator key (``issuer``)."""
+    """An issuer's VOPRF public keys for ``model`` and ``epoch`` (``key`` for standard tokens,
+    ``priority_key`` for priority ones) and the committee's ``params``, signed with the issuer's
+    validator key (``issuer``)."""
 
     issuer: bytes
     model: str
     epoch: int
     key: bytes
+    priority_key: bytes
     params: QuotaParams
     signature: bytes = b""
 
     def signed(self, chain_id: str) -> bytes:
-        return KEY_CONTEXT + _pack([chain_id, self.issuer, self.model, self.epoch, self.key, self.params.wire()])
+        return KEY_CONTEXT + _pack([chain_id, self.issuer, self.model, self.epoch, self.key, self.priority_key,
+                                    self.params.wire()])
 
     def wire(self) -> list[Any]:
-        return [QUOTA_VERSION, self.issuer, self.model, self.epoch, self.key, self.params.wire(), self.signature]
+        return [QUOTA_VERSION, self.issuer, self.model, self.epoch, self.key, self.priority_key, self.params.wire(),
+                self.signature]
+
+    def key_of(self, priority: bool) -> bytes:
+        """The public key of the class asked for."""
+        return self.priority_key if priority else self.key
 
 
 @dataclass(frozen=True, slots=True)
 class IssueRequest:
-    """A registered ``user``'s request to ``issuer`` for tokens of ``model`` and ``epoch``: the
-    ``blinded`` inputs, signed with the user's node key."""
+    """A registered ``user``'s request to ``issuer`` for tokens of ``model``, ``epoch`` and class
+    (``priority`` or standard): the ``blinded`` inputs, signed with the user's node key."""
 
     user: bytes
     issuer: bytes
@@ -235,12 +272,15 @@ class IssueRequest:
     epoch: int
     blinded: tuple[bytes, ...]
     signature: bytes = b""
+    priority: bool = False
 
     def signed(self, chain_id: str) -> bytes:
-        return ISSUE_CONTEXT + _pack([chain_id, self.user, self.issuer, self.model, self.epoch, list(self.blinded)])
+        return ISSUE_CONTEXT + _pack([chain_id, self.user, self.issuer, self.model, self.epoch, self.priority,
+                                      list(self.blinded)])
 
     def wire(self) -> list[Any]:
-        return [QUOTA_VERSION, self.user, self.issuer, self.model, self.epoch, list(self.blinded), self.signature]
+        return [QUOTA_VERSION, self.user, self.issuer, self.model, self.epoch, self.priority, list(self.blinded),
+                self.signature]
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,33 +299,37 @@ class Issued:
 @dataclass(frozen=True, slots=True)
 class Token:
     """What a request carries (inside its sealed clove): the ``nonce`` and each issuer's
-    ``(issuer key, output)`` for it, for ``model`` and ``epoch``."""
+    ``(issuer key, output)`` for it, for ``model``, ``epoch`` and class (``priority`` or standard:
+    every issuer evaluated it under that class's key)."""
 
     model: str
     epoch: int
     nonce: bytes
     evaluations: tuple[tuple[bytes, bytes], ...]
+    priority: bool = False
 
     def wire(self) -> list[Any]:
-        return [QUOTA_VERSION, self.model, self.epoch, self.nonce, [list(e) for e in self.evaluations]]
+        return [QUOTA_VERSION, self.model, self.epoch, self.priority, self.nonce, [list(e) for e in self.evaluations]]
 
     def redeem(self, issuer: bytes) -> bytes:
         """The redeem message for ``issuer`` (one of this token's)."""
         output = dict(self.evaluations)[issuer]
-        return encode_redeem(Redeem(self.model, self.epoch, self.nonce, output))
+        return encode_redeem(Redeem(self.model, self.epoch, self.nonce, output, self.priority))
 
 
 @dataclass(frozen=True, slots=True)
 class Redeem:
-    """A token's part for one issuer: the issuer recomputes ``output`` from ``nonce``."""
+    """A token's part for one issuer: the issuer recomputes ``output`` from ``nonce`` under the
+    key of the token's class (``priority`` or standard)."""
 
     model: str
     epoch: int
     nonce: bytes
     output: bytes
+    priority: bool = False
 
     def wire(self) -> list[Any]:
-        return [QUOTA_VERSION, self.model, self.epoch, self.nonce, self.output]
+        return [QUOTA_VERSION, self.model, self.epoch, self.priority, self.nonce, self.output]
 
 
 # --------------------------------------------------------------------------- making
@@ -297,13 +341,15 @@ def _pack(obj: object) -> bytes:
 
 def encode_key_record(signer: Signer, chain_id: str, rec: KeyRecord) -> bytes:
     """``rec`` signed by ``signer`` (the issuer's validator key)."""
-    signed = KeyRecord(rec.issuer, rec.model, rec.epoch, rec.key, rec.params, signer.sign(rec.signed(chain_id)))
+    signed = KeyRecord(rec.issuer, rec.model, rec.epoch, rec.key, rec.priority_key, rec.params,
+                       signer.sign(rec.signed(chain_id)))
     return _pack(signed.wire())
 
 
 def encode_issue(signer: Signer, chain_id: str, req: IssueRequest) -> bytes:
     """``req`` signed by ``signer`` (the user's node key)."""
-    signed = IssueRequest(req.user, req.issuer, req.model, req.epoch, req.blinded, signer.sign(req.signed(chain_id)))
+    signed = IssueRequest(req.user, req.issuer, req.model, req.epoch, req.blinded, signer.sign(req.signed(chain_id)),
+                          req.priority)
     return _pack(signed.wire())
 
 
@@ -338,6 +384,12 @@ def _bytes(v: Any, n: int, what: str, field: str) -> bytes:
 def _int(v: Any, lo: int, hi: int, what: str, field: str) -> int:
     if type(v) is not int or not lo <= v <= hi:
         raise _bad(what, f"well formed: {field} is not an int within {lo}..{hi}")
+    return v
+
+
+def _flag(v: Any, what: str, field: str) -> bool:
+    if type(v) is not bool:
+        raise _bad(what, f"well formed: {field} is not a boolean")
     return v
 
 
@@ -383,8 +435,8 @@ def _read(raw: Any, limit: int, what: str, read: Any) -> Any:
 
 
 def _read_params(r: codec.ShapeReader, what: str) -> QuotaParams:
-    _array(r, 5, 5, what, "the params")
-    values = [r.value() for _ in range(5)]
+    _array(r, 6, 6, what, "the params")
+    values = [r.value() for _ in range(6)]
     if any(type(v) is not int for v in values):
         raise _bad(what, "well formed: the params are not ints")
     try:
@@ -395,25 +447,29 @@ def _read_params(r: codec.ShapeReader, what: str) -> QuotaParams:
 
 def _read_key_record(r: codec.ShapeReader) -> KeyRecord:
     what = "quota key record"
-    _version(r, 7, what)
+    _version(r, 8, what)
     issuer = _bytes(r.value(), KEY_LEN, what, "the issuer")
     model = _model(r.value(), what)
     epoch = _int(r.value(), 0, MAX_EPOCH, what, "the epoch")
     key = _bytes(r.value(), ELEMENT_LEN, what, "the key")
+    priority_key = _bytes(r.value(), ELEMENT_LEN, what, "the priority key")
     params = _read_params(r, what)
-    return KeyRecord(issuer, model, epoch, key, params, _bytes(r.value(), SIGNATURE_LEN, what, "the signature"))
+    return KeyRecord(issuer, model, epoch, key, priority_key, params,
+                     _bytes(r.value(), SIGNATURE_LEN, what, "the signature"))
 
 
 def _read_issue(r: codec.ShapeReader) -> IssueRequest:
     what = "quota issue request"
-    _version(r, 7, what)
+    _version(r, 8, what)
     user = _bytes(r.value(), NODE_ID_LEN, what, "the user")
     issuer = _bytes(r.value(), KEY_LEN, what, "the issuer")
     model = _model(r.value(), what)
     epoch = _int(r.value(), 0, MAX_EPOCH, what, "the epoch")
+    priority = _flag(r.value(), what, "the class")
     n = _array(r, 1, MAX_BATCH, what, "the blinded inputs")
     blinded = tuple(_bytes(r.value(), ELEMENT_LEN, what, "a blinded input") for _ in range(n))
-    return IssueRequest(user, issuer, model, epoch, blinded, _bytes(r.value(), SIGNATURE_LEN, what, "the signature"))
+    return IssueRequest(user, issuer, model, epoch, blinded, _bytes(r.value(), SIGNATURE_LEN, what, "the signature"),
+                        priority)
 
 
 def _read_issued(r: codec.ShapeReader) -> Issued:
@@ -427,9 +483,10 @@ def _read_issued(r: codec.ShapeReader) -> Issued:
 
 def _read_token(r: codec.ShapeReader) -> Token:
     what = "quota token"
-    _version(r, 5, what)
+    _version(r, 6, what)
     model = _model(r.value(), what)
     epoch = _int(r.value(), 0, MAX_EPOCH, what, "the epoch")
+    priority = _flag(r.value(), what, "the class")
     nonce = _bytes(r.value(), NONCE_LEN, what, "the nonce")
     n = _array(r, 1, MAX_ISSUERS, what, "the evaluations")
     evaluations = []
@@ -439,16 +496,17 @@ def _read_token(r: codec.ShapeReader) -> Token:
                             _bytes(r.value(), OUTPUT_LEN, what, "an output")))
     if len({i for i, _ in evaluations}) != n:
         raise _bad(what, "well formed: an issuer appears twice")
-    return Token(model, epoch, nonce, tuple(evaluations))
+    return Token(model, epoch, nonce, tuple(evaluations), priority)
 
 
 def _read_redeem(r: codec.ShapeReader) -> Redeem:
     what = "quota redeem"
-    _version(r, 5, what)
+    _version(r, 6, what)
     model = _model(r.value(), what)
     epoch = _int(r.value(), 0, MAX_EPOCH, what, "the epoch")
+    priority = _flag(r.value(), what, "the class")
     return Redeem(model, epoch, _bytes(r.value(), NONCE_LEN, what, "the nonce"),
-                  _bytes(r.value(), OUTPUT_LEN, what, "the output"))
+                  _bytes(r.value(), OUTPUT_LEN, what, "the output"), priority)
 
 
 class _Query:

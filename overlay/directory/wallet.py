@@ -20,11 +20,17 @@ issuer can be reached, or the committee issues no tokens (its
 genesis has no quota section: every verifier answers ``QUOTA_OFF``), a request goes without a
 token: model nodes then serve it after requests that carry one.
 
-What the issuers learn: that this registered user took a batch of this size for this model at
-this time; not the nonces, so not which requests later spend them.
+**Classes** (decision 0022): while the allowances of the issuers asked hold priority tokens (the
+top ``priority`` of their buckets), the wallet asks for priority tokens, at most that many; when
+none holds one, for one standard token at a time (so the top refills as soon as the user slows
+down). Model nodes serve priority tokens first, then standard ones, then requests without.
+
+What the issuers learn: that this registered user took a batch of this size and class for this
+model at this time; not the nonces, so not which requests later spend them.
 
 With a ``store`` (``DATA_DIR/quota_tokens.bin``, mode 0600: tokens are bearer values) the unspent
-tokens of the current epoch and each issuer's allowance as the wallet follows it outlive the
+tokens of the current epoch (and those of the epoch before, spent first while they redeem) and each
+issuer's allowance as the wallet follows it outlive the
 process, so that ``user chat --prompt`` runs close together spend one batch instead of fetching a
 new one each time. A token handed to a request is removed from the store before the request is
 sent.
@@ -57,7 +63,7 @@ RPC_TIMEOUT = 5.0  # seconds for one verifier's answer
 OFF_RECHECK_S = 300.0  # a committee that issues no tokens is asked again after this long
 MAX_WAIT_S = 15.0  # the longest a request waits for the issuers' allowances to fill before QuotaExhausted
 CARRY_MARGIN_S = 5.0  # the epoch before's tokens are spent until this long before its grace ends
-STORE_VERSION = 2
+STORE_VERSION = 3
 MAX_STORE_BYTES = 4 * 1024 * 1024
 
 
@@ -101,7 +107,7 @@ class Wallet:
         self.fetched = 0  # tokens obtained
         self.spent = 0  # tokens handed out
         self.store = store
-        self._saved = self._load()  # model -> (epoch, tokens, full_at by issuer key) from an earlier run
+        self._saved = self._load()  # model -> (epoch, tokens, carried, full_at by issuer key) from an earlier run
 
     async def token(self, model: str) -> bytes:
         """A token for one request to ``model`` (empty: none to be had, send without), waiting up
@@ -156,17 +162,29 @@ class Wallet:
         """This user's allowance of ``model`` at ``issuer`` as the wallet follows it."""
         return quota.Allowance(params, self._full_at.get((model, issuer), 0.0))
 
+    def _usable(self, allowance: quota.Allowance, now: float) -> int:
+        """How many tokens of some class this wallet would take from ``allowance`` now: all it holds
+        (priority ones first, then standard ones)."""
+        return allowance.level(now)
+
     def _candidates(self, model: str, stock: _Stock, now: float) -> list[str]:
-        """The addresses that may be asked now for at least one token."""
-        return [a for a, r in stock.records.items() if a not in stock.failed and stock.later.get(a, 0.0) <= now
-                and self._allowance(model, r.issuer, stock.params).level(now) > 0]
+        """The addresses that may be asked now for at least one token, those that hold priority
+        tokens first."""
+        out = [a for a, r in stock.records.items() if a not in stock.failed and stock.later.get(a, 0.0) <= now
+               and self._usable(self._allowance(model, r.issuer, stock.params), now) > 0]
+        self.rng.shuffle(out)
+        return sorted(out, key=lambda a: self._allowance(model, stock.records[a].issuer, stock.params).top(now) == 0)
 
     def _ready_at(self, model: str, stock: _Stock, now: float) -> float | None:
         """When ``params.issuers`` issuers can give a token (None: fewer than that still answer)."""
-        times = sorted(max(stock.later.get(a, now), self._allowance(model, r.issuer, stock.params).ready_at(1, now))
+        times = sorted(max(stock.later.get(a, now), self._ready(self._allowance(model, r.issuer, stock.params), now))
                        for a, r in stock.records.items() if a not in stock.failed)
         need = stock.params.issuers
         return times[need - 1] if len(times) >= need else None
+
+    def _ready(self, allowance: quota.Allowance, now: float) -> float:
+        """When :meth:`_usable` of ``allowance`` is 1 or more."""
+        return allowance.ready_at(1, now)
 
     # ------------------------------------------------------------------ key records
 
@@ -191,11 +209,13 @@ class Wallet:
                 stock = _Stock(epoch, params, {a: r for a, r in records.items()
                                                if r.params == params and r.epoch == epoch})
                 saved = self._saved.pop(model, None)
-                if saved is not None:  # an earlier run's allowances, and its tokens if of this epoch
-                    for issuer, full_at in saved[2].items():
+                if saved is not None:  # an earlier run's allowances, and its tokens that still redeem
+                    for issuer, full_at in saved[3].items():
                         self._full_at.setdefault((model, issuer), full_at)
                     if saved[0] == epoch:
-                        stock.tokens = list(saved[1])
+                        stock.tokens, stock.carried = list(saved[1]), list(saved[2])
+                    elif saved[0] == epoch - 1:  # the epoch before's tokens, spent first within its grace
+                        stock.carried = list(saved[1])
                 return stock
             self._params = params
         return None
@@ -246,19 +266,20 @@ class Wallet:
     # ------------------------------------------------------------------ issuance
 
     async def _fill(self, model: str, stock: _Stock) -> None:
-        """One batch from ``params.issuers`` issuers whose allowances hold a token now, of as many
-        tokens as the least of them holds (at most ``batch``), replacing any issuer that fails."""
+        """One batch from ``params.issuers`` issuers whose allowances hold a token now: priority
+        tokens, as many as the least of them holds at its top (at most ``batch``), when each holds
+        one there, else one standard token; replacing any issuer that fails."""
         need, now = stock.params.issuers, self.clock.unix()
         candidates = self._candidates(model, stock, now)
-        self.rng.shuffle(candidates)
         if len(candidates) < need:
             return
         # no more than the allowances hold, nor than they would grow back by before these tokens stop
         # redeeming: a token not spent by then is lost, and taking it emptied the bucket for nothing
         p = stock.params
         usable_s = p.refills_at(stock.epoch) + p.grace_s - CARRY_MARGIN_S - now
-        n = min(self.batch, max(1, math.ceil(usable_s / p.per_token_s)),
-                *(self._allowance(model, stock.records[a].issuer, p).level(now) for a in candidates[:need]))
+        top = min(self._allowance(model, stock.records[a].issuer, p).top(now) for a in candidates[:need])
+        priority = top > 0
+        n = min(self.batch, max(1, math.ceil(usable_s / p.per_token_s)), top) if priority else 1
         nonces = quota.new_nonces(n)
         outputs: dict[bytes, list[bytes]] = {}
         while len(outputs) < need and candidates:
@@ -267,7 +288,7 @@ class Wallet:
             results: dict[str, list[bytes] | None] = {}
             async with trio.open_nursery() as nursery:
                 for a in take:
-                    nursery.start_soon(self._issue, a, stock, model, nonces, results)
+                    nursery.start_soon(self._issue, a, stock, model, nonces, priority, results)
             for a in take:
                 got = results.get(a)
                 if got is not None:
@@ -276,13 +297,13 @@ class Wallet:
             return  # what the issuers that answered took from their allowances is lost with this batch
         issuers = sorted(outputs)
         stock.tokens.extend(quota.encode_token(quota.Token(model, stock.epoch, nonce, tuple(
-            (i, outputs[i][j]) for i in issuers))) for j, nonce in enumerate(nonces))
+            (i, outputs[i][j]) for i in issuers), priority)) for j, nonce in enumerate(nonces))
         self.fetched += len(nonces)
         await self._save()
 
     # ------------------------------------------------------------------ the store
 
-    def _load(self) -> dict[str, tuple[int, list[bytes], dict[bytes, float]]]:
+    def _load(self) -> dict[str, tuple[int, list[bytes], list[bytes], dict[bytes, float]]]:
         """The store's content; nothing (and a warning) when it is missing, unreadable or not in
         this format (the tokens in it are then lost, nothing else)."""
         if self.store is None:
@@ -301,11 +322,12 @@ class Wallet:
             if version != STORE_VERSION:
                 raise ValueError(f"version {version!r}")
             out = {}
-            for model, (epoch, tokens, full_at) in models.items():
-                if not (isinstance(model, str) and type(epoch) is int and all(type(t) is bytes for t in tokens)
+            for model, (epoch, tokens, carried, full_at) in models.items():
+                if not (isinstance(model, str) and type(epoch) is int
+                        and all(type(t) is bytes for t in [*tokens, *carried])
                         and all(type(k) is bytes and type(v) is float for k, v in full_at.items())):
                     raise ValueError("odd values")
-                out[model] = (epoch, list(tokens), dict(full_at))
+                out[model] = (epoch, list(tokens), list(carried), dict(full_at))
             return out
         except (ValueError, TypeError, AttributeError, msgpack.UnpackException) as exc:
             log.warning("the quota tokens in %s are not readable (%s); starting without them", self.store, exc)
@@ -316,8 +338,8 @@ class Wallet:
         ``write_private`` writes through one temporary file)."""
         if self.store is None:
             return
-        models: dict[str, list[Any]] = {m: [e, t, f] for m, (e, t, f) in self._saved.items()}  # not asked yet
-        models.update({m: [s.epoch, s.tokens, {i: t for (mm, i), t in self._full_at.items() if mm == m}]
+        models: dict[str, list[Any]] = {m: list(saved) for m, saved in self._saved.items()}  # not asked yet
+        models.update({m: [s.epoch, s.tokens, s.carried, {i: t for (mm, i), t in self._full_at.items() if mm == m}]
                        for m, s in self._stock.items()})
         raw = msgpack.packb([STORE_VERSION, models], use_bin_type=True)
         async with self._writing:
@@ -326,12 +348,12 @@ class Wallet:
             except OSError as exc:
                 log.warning("cannot save the quota tokens in %s: %s", self.store, exc)
 
-    async def _issue(self, address: str, stock: _Stock, model: str, nonces: list[bytes],
+    async def _issue(self, address: str, stock: _Stock, model: str, nonces: list[bytes], priority: bool,
                      results: dict[str, list[bytes] | None]) -> None:
         rec = stock.records[address]
         blinding = quota.Blinding(nonces)
         raw = quota.encode_issue(self.identity, self.chain_id, quota.IssueRequest(
-            self.identity.node_id, rec.issuer, model, stock.epoch, blinding.blinded))
+            self.identity.node_id, rec.issuer, model, stock.epoch, blinding.blinded, priority=priority))
         results[address] = None
         with trio.move_on_after(self.rpc_timeout):
             answer = await self._query(address, quota.ISSUE_PATH, raw, "quota tokens")
@@ -346,7 +368,7 @@ class Wallet:
                 return
             try:
                 issued = quota.decode_issued(answer.value)
-                results[address] = blinding.finalize(issued, rec.key)
+                results[address] = blinding.finalize(issued, rec.key_of(priority))
             except quota.QuotaError as exc:
                 log.warning("quota tokens from %s refused: %s", address, exc.reason)
                 stock.failed.add(address)

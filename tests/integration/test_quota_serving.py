@@ -1,9 +1,10 @@
 """Usage quotas at the model node (issue 31), in memory on trio's mock clock: users' requests
 carry tokens minted by fake issuers (model_node.testing.FakeIssuers: real VOPRF keys, one spent
 set per issuer shared by every node, as the verifiers keep it). A tokened request is served while
-another user floods the node; a token spends once across the nodes of a group; a request refused
-"busy" keeps its token for the next node; a forwarded request is redeemed once, by the member
-that serves it."""
+another user floods the node; a priority token goes ahead of a standard one (decision 0022) but
+stops no standard generation, and a token relabelled to the priority class is refused; a token
+spends once across the nodes of a group; a request refused "busy" keeps its token for the next
+node; a forwarded request is redeemed once, by the member that serves it."""
 
 from __future__ import annotations
 
@@ -96,6 +97,93 @@ async def test_a_tokened_request_is_served_while_another_user_floods_the_node(au
         assert issuers.spent_by_all(token) and redeemed(issuers) == 2
         assert a.redeemer is not None and (a.redeemer.tokened, a.redeemer.refused, a.redeemer.unchecked) == (1, 0, 0)
         assert Count("tokened", 1) in a.stats().quota and a.busy == 2
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_priority_token_is_served_before_a_standard_one_that_came_earlier(autojump_clock):
+    issuers = FakeIssuers(3)
+    async with trio.open_nursery() as nursery:
+        factory = echo_node(delay=1.0, slots=1, max_queue=3, max_queue_wait=30.0, redeemer=redeemer(issuers))
+        net = await start_overlay(nursery, 15, clients=3, models=[factory])
+        (a,) = net.models
+        clients = [u.client for u in net.users[:3]]
+        done: list[str] = []
+
+        async def one(client: AnonClient | None, name: str) -> None:
+            assert await ask(client, f"{name} b c d", a) == f"{name} b c d"  # four pieces: 4 s
+            done.append(name)
+
+        # the slot is held by a priority request (nothing may stop it); then a standard one waits,
+        # then a priority one
+        for n, (client, name, priority) in enumerate(zip(clients, ("p1", "s1", "p2"), (True, False, True),
+                                                         strict=True), start=1):
+            assert client is not None
+            client.quota = Tokens(issuers.token(priority=priority))
+            nursery.start_soon(one, client, name)
+            await holding(a, n)
+        assert (a.active, a.queued) == (1, 2)
+        with trio.fail_after(60):
+            await wait_until(lambda: len(done) == 3)
+        assert done == ["p1", "p2", "s1"]  # p2 came after s1 and was served before it
+        assert a.preempted == 0 and a.busy == 0
+        assert a.redeemer is not None and (a.redeemer.tokened, a.redeemer.refused) == (3, 0)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_priority_token_passes_a_waiting_standard_one_but_stops_no_standard_generation(autojump_clock):
+    issuers = FakeIssuers(3)
+    async with trio.open_nursery() as nursery:
+        factory = echo_node(delay=1.0, slots=1, max_queue=3, max_queue_wait=30.0, redeemer=redeemer(issuers))
+        net = await start_overlay(nursery, 15, clients=3, models=[factory])
+        (a,) = net.models
+        clients = [u.client for u in net.users[:3]]
+        outcome: dict[str, str] = {}
+        done: list[str] = []
+
+        async def one(client: AnonClient | None, name: str) -> None:
+            try:
+                outcome[name] = await ask(client, f"{name} b c d", a)
+            except AnonError as exc:
+                outcome[name] = f"busy: {exc}"
+            done.append(name)
+
+        # a standard generation runs; a standard request waits behind it; then a priority one comes
+        for n, (client, name, priority) in enumerate(zip(clients, ("s1", "s2", "p1"), (False, False, True),
+                                                         strict=True), start=1):
+            assert client is not None
+            client.quota = Tokens(issuers.token(priority=priority))
+            nursery.start_soon(one, client, name)
+            await holding(a, n)
+            if name == "s2":
+                assert a.preempted == 0 and not done  # a standard waiter does not stop a standard generation
+        with trio.fail_after(60):
+            await wait_until(lambda: len(done) == 3)
+        assert outcome == {"s1": "s1 b c d", "p1": "p1 b c d", "s2": "s2 b c d"}, outcome  # s1 is not stopped
+        assert done == ["s1", "p1", "s2"] and a.preempted == 0  # p1 passed the earlier s2 in the line
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_standard_token_relabelled_priority_is_refused(autojump_clock):
+    issuers = FakeIssuers(3)
+    async with trio.open_nursery() as nursery:
+        net = await start_overlay(nursery, 15, models=[echo_node(redeemer=redeemer(issuers))])
+        (a,) = net.models
+        client = net.client.client
+        assert client is not None
+        token = issuers.token()  # standard
+        t = quota.decode_token(token)
+        relabelled = quota.encode_token(quota.Token(t.model, t.epoch, t.nonce, t.evaluations, priority=True))
+        client.quota = Tokens(relabelled, token)
+        try:
+            await ask(client, "claims priority", a)
+        except AnonError as exc:
+            assert exc.kind is Failure.INVALID and REFUSAL in str(exc) and "not valid" in str(exc), exc
+        else:
+            raise AssertionError("a relabelled token was served")
+        assert a.served == 0 and a.redeemer is not None and a.redeemer.refused == 1
+        assert not issuers.spent_by_all(token)  # the issuers refused it unspent: as a standard token it is still good
+        assert await ask(client, "as it was issued", a) == "as it was issued"
+        assert a.redeemer.tokened == 1 and issuers.spent_by_all(token)
         nursery.cancel_scope.cancel()
 
 

@@ -101,9 +101,10 @@ def test_init_and_genesis_with_real_cometbft(tmp_path: Path, capsys: pytest.Capt
     assert main(["verifier", "genesis", "--out", str(other), "--quota-tokens", "5", "--quota-epoch-s", "30",
                  "--quota-issuers", "3", *dirs]) == 0
     assert json.loads(other.read_text())["app_state"]["quota"] == {"epoch_s": 30, "tokens": 5, "issuers": 3,
-                                                                  "grace_s": 15, "burst": 16}
-    assert main(["verifier", "genesis", "--out", str(other), "--quota-burst", "4", *dirs]) == 0
+                                                                  "grace_s": 15, "burst": 16, "priority": 4}
+    assert main(["verifier", "genesis", "--out", str(other), "--quota-burst", "4", "--quota-priority", "2", *dirs]) == 0
     assert json.loads(other.read_text())["app_state"]["quota"]["burst"] == 4
+    assert json.loads(other.read_text())["app_state"]["quota"]["priority"] == 2
     assert main(["verifier", "genesis", "--out", str(other), "--quota-issuers", "4", *dirs]) == 2  # 3 validators
     assert main(["verifier", "genesis", "--out", str(other), "--quota-tokens", "0", *dirs]) == 2
     assert main(["verifier", "genesis", "--out", str(other), dirs[0]]) == 0

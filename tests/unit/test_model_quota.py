@@ -12,7 +12,8 @@ import pytest
 import trio
 
 from gentorrent.cli import build_parser
-from model_node.quota import REFUSAL, Kind, Redeemer, Verdict, judge
+from model_node.priority import PRIORITY, STANDARD
+from model_node.quota import REFUSAL, Kind, Redeemer, Verdict, judge, token_rank
 from model_node.run import redeemer as node_redeemer
 from model_node.testing import FakeIssuers
 from overlay.directory import quota
@@ -135,6 +136,29 @@ async def test_a_token_an_issuer_holds_spent_or_not_valid_is_refused(autojump_cl
     bad = forged(issuers.token(), 1, (issuers.issuers[1], os.urandom(quota.OUTPUT_LEN)))  # a made-up output
     verdict = await r.check(bad)
     assert verdict.refused and "says it is not valid" in verdict.reason
+
+
+def relabelled(raw: bytes) -> bytes:
+    """``raw`` claiming the other class (priority for standard, standard for priority)."""
+    t = quota.decode_token(raw)
+    return quota.encode_token(quota.Token(t.model, t.epoch, t.nonce, t.evaluations, not t.priority))
+
+
+@pytest.mark.parametrize("priority", [False, True])
+async def test_a_token_relabelled_to_the_other_class_is_refused_by_its_issuers_unspent(autojump_clock, priority):
+    issuers = FakeIssuers(3)
+    r = redeemer(issuers)
+    token = issuers.token(priority=priority)
+    verdict = await r.check(relabelled(token))
+    assert verdict.refused and "says it is not valid" in verdict.reason, verdict
+    assert not issuers.spent_by_all(token)
+    assert (await r.check(token)).tokened  # as issued, it is good
+
+
+async def test_a_redeemed_token_ranks_by_its_class(autojump_clock):
+    issuers = FakeIssuers(3)
+    assert token_rank(quota.decode_token(issuers.token(priority=True))) == PRIORITY
+    assert token_rank(quota.decode_token(issuers.token())) == STANDARD
 
 
 async def test_an_unreachable_issuer_leaves_the_token_unchecked(autojump_clock):

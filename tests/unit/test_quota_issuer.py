@@ -403,4 +403,46 @@ def test_a_redemption_carries_nothing_of_its_issuance_and_fits_every_user_alike(
 def test_the_genesis_commands_defaults_are_the_params_defaults() -> None:
     d = QuotaParams()
     assert (cli._DEFAULT_QUOTA_EPOCH_S, cli._DEFAULT_QUOTA_TOKENS, cli._DEFAULT_QUOTA_ISSUERS,
-            cli._DEFAULT_QUOTA_GRACE_S, cli._DEFAULT_QUOTA_BURST) == (d.epoch_s, d.tokens, d.issuers, d.grace_s, d.burst)
+            cli._DEFAULT_QUOTA_GRACE_S, cli._DEFAULT_QUOTA_BURST, cli._DEFAULT_QUOTA_PRIORITY) == (
+        d.epoch_s, d.tokens, d.issuers, d.grace_s, d.burst, d.priority)
+
+
+# --------------------------------------------------------------------------- classes (decision 0022)
+
+CLASSED = QuotaParams(epoch_s=600, tokens=10, issuers=2, grace_s=60, burst=5, priority=2)  # the top 2 of 5
+
+
+def classed(iss: Issuer, n: int, priority: bool, now: float = NOW) -> tuple[Code, str, list[tuple[bytes, bytes]]]:
+    """Ask ``iss`` for ``n`` tokens of a class; the (nonce, output) pairs checked against that class's key."""
+    b = q.Blinding(q.new_nonces(n))
+    raw = q.encode_issue(U1.signing, CHAIN, q.IssueRequest(U1.node_id, A.public_bytes, "m1", EPOCH, b.blinded,
+                                                           priority=priority))
+    code, why, answer = iss.issue(raw, now, user_key, listed)
+    if code != Code.OK:
+        return code, why, []
+    rec = q.decode_key_record(iss.key_record("m1", EPOCH))
+    return code, why, list(zip(b.nonces, b.finalize(q.decode_issued(answer), rec.key_of(priority)), strict=True))
+
+
+def test_priority_tokens_come_from_the_top_of_the_allowance_and_redeem_as_such_only() -> None:
+    iss = issuer(params=CLASSED)
+    code, why, _ = classed(iss, 3, True)
+    assert code == Code.QUOTA_USED and "top 2" in why  # more priority tokens than the top ever holds
+    code, why, top = classed(iss, 2, True)
+    assert code == Code.OK and "2 priority tokens issued" in why
+    code, why, _ = classed(iss, 1, True)
+    assert code == Code.QUOTA_LATER and "0 priority tokens" in why and "standard ones now" in why
+    assert iss.left(U1.node_id, "m1", NOW) == 3  # the refusal took nothing
+    code, why, below = classed(iss, 3, False)
+    assert code == Code.OK and "3 standard tokens issued" in why
+    for nonce, output in top:
+        relabelled = q.encode_redeem(q.Redeem("m1", EPOCH, nonce, output, priority=False))
+        code, why = iss.redeem(relabelled, NOW)
+        assert code == Code.BAD_TOKEN and "standard" in why  # a priority output is not a standard one
+        assert iss.redeem(q.encode_redeem(q.Redeem("m1", EPOCH, nonce, output, priority=True)), NOW) == (Code.OK, "spent")
+    for nonce, output in below:  # the cheaper class cannot be passed off as the other
+        code, why = iss.redeem(q.encode_redeem(q.Redeem("m1", EPOCH, nonce, output, priority=True)), NOW)
+        assert code == Code.BAD_TOKEN and "priority" in why
+        assert iss.redeem(q.encode_redeem(q.Redeem("m1", EPOCH, nonce, output)), NOW) == (Code.OK, "spent")
+    later = NOW + 4 * CLASSED.per_token_s  # 4 back: the level 4 of 5, the top 1 again
+    assert classed(iss, 1, True, later)[0] == Code.OK and classed(iss, 1, True, later)[0] == Code.QUOTA_LATER

@@ -23,7 +23,8 @@ from overlay.wire.identity import Identity
 
 CHAIN = "quota-test"
 MODEL = "smollm2-135m-instruct"
-PARAMS = quota.QuotaParams(epoch_s=600, tokens=20, issuers=2, grace_s=60, burst=20)  # a token every 30 s
+# a token every 30 s; every token of a full bucket a priority one (the classes' own tests below use fewer)
+PARAMS = quota.QuotaParams(epoch_s=600, tokens=20, issuers=2, grace_s=60, burst=20, priority=20)
 NOW = 1_800_000_000.0
 EPOCH = PARAMS.epoch_at(NOW)
 
@@ -52,38 +53,42 @@ class Issuer:
     QUOTA_OFF."""
 
     def __init__(self, *, lie: bool = False, off: bool = False, down: bool = False, clock: FakeClock | None = None,
-                 ) -> None:
+                 params: quota.QuotaParams = PARAMS) -> None:
         self.clock = clock or FakeClock()
         self.key = crypto.SigningKey.generate()
         self.seed = random.randbytes(32)
         self.lie, self.off, self.down = lie, off, down
         self.allowances: dict[bytes, quota.Allowance] = {}  # user -> its allowance
         self.asked = 0
+        self.params = params
+        self.classes: list[tuple[bool, int]] = []  # (priority, n) of each batch given
 
-    def evaluator(self, model: str, epoch: int) -> Any:
-        return quota.evaluator(self.seed, CHAIN, model, epoch)
+    def evaluator(self, model: str, epoch: int, priority: bool = False) -> Any:
+        return quota.evaluator(self.seed, CHAIN, model, epoch, priority)
 
     def handle(self, path: str, data: bytes) -> tuple[int, str, bytes]:
         if self.off:
             return int(Code.QUOTA_OFF), "off", b""
         if path == quota.KEY_PATH:
             model, epoch = quota.decode_key_query(data)
-            code, current = 0, PARAMS.epoch_at(self.clock.unix())
+            code, current = 0, self.params.epoch_at(self.clock.unix())
             if abs(epoch - current) > 1:  # as verifier/quota.py: another epoch's ask gets the current record
                 code, epoch = int(Code.WRONG_EPOCH), current
             rec = quota.KeyRecord(self.key.public_bytes, model, epoch,
-                                  self.evaluator(model, epoch).public_key.serialize(), PARAMS)
+                                  self.evaluator(model, epoch).public_key.serialize(),
+                                  self.evaluator(model, epoch, True).public_key.serialize(), self.params)
             return code, "", quota.encode_key_record(self.key, CHAIN, rec)
         assert path == quota.ISSUE_PATH
         self.asked += 1
         req = quota.decode_issue(data)
         assert req.issuer == self.key.public_bytes
-        allowance = self.allowances.setdefault(req.user, quota.Allowance(PARAMS))
+        allowance = self.allowances.setdefault(req.user, quota.Allowance(self.params))
         now = self.clock.unix()
-        if not allowance.take(len(req.blinded), now):
+        if not allowance.take_class(len(req.blinded), req.priority, now):
             return int(Code.QUOTA_LATER), f"{allowance.level(now)} now", b""
+        self.classes.append((req.priority, len(req.blinded)))
         ev = quota.evaluator(random.randbytes(32), CHAIN, req.model, req.epoch) if self.lie else \
-            self.evaluator(req.model, req.epoch)
+            self.evaluator(req.model, req.epoch, req.priority)
         batch = ev.evaluate_batch([ristretto.BlindedInput.deserialize(b) for b in req.blinded])
         return 0, "", quota.encode_issued(quota.Issued(batch.serialize(), allowance.level(now)))
 
@@ -109,7 +114,7 @@ def verifies(raw: bytes, issuers: dict[str, Issuer]) -> set[bytes]:
     t = quota.decode_token(raw)
     by_key = {i.key.public_bytes: i for i in issuers.values()}
     return {k for k, out in t.evaluations
-            if by_key[k].evaluator(t.model, t.epoch).evaluate_known_input(quota.token_input(t.nonce)) == out}
+            if by_key[k].evaluator(t.model, t.epoch, t.priority).evaluate_known_input(quota.token_input(t.nonce)) == out}
 
 
 async def test_tokens_carry_outputs_of_two_issuers_that_verify_and_come_in_batches() -> None:
@@ -250,3 +255,46 @@ async def test_tokens_left_at_an_epochs_end_are_spent_first_in_its_grace() -> No
     await late.token(MODEL)
     late_clock.now = PARAMS.refills_at(EPOCH) + PARAMS.grace_s - 1  # too close to the grace's end: not used
     assert quota.decode_token(await late.token(MODEL)).epoch == EPOCH + 1
+
+
+# --------------------------------------------------------------------------- classes (decision 0022)
+
+CLASSED = quota.QuotaParams(epoch_s=600, tokens=20, issuers=2, grace_s=60, burst=8, priority=3)
+
+
+async def test_the_wallet_takes_priority_tokens_from_the_top_then_one_standard_token_at_a_time() -> None:
+    clock = FakeClock()
+    issuers = {f"v{i}:1": Issuer(clock=clock, params=CLASSED) for i in range(2)}
+    wallet = wallet_over(issuers, clock, batch=16)
+    tokens = [quota.decode_token(await wallet.token(MODEL)) for _ in range(5)]
+    assert [t.priority for t in tokens] == [True] * 3 + [False] * 2  # the top 3 of 8, then standard
+    assert all(i.classes == [(True, 3), (False, 1), (False, 1)] for i in issuers.values())
+    assert all(len(verifies(quota.encode_token(t), issuers)) == 2 for t in tokens)  # each under its class's key
+    clock.now += 4 * CLASSED.per_token_s  # the bucket back at 7 of 8: 2 above the standard 5
+    again = [quota.decode_token(await wallet.token(MODEL)) for _ in range(2)]
+    assert [t.priority for t in again] == [True, True]
+
+
+async def test_a_token_relabelled_to_another_class_does_not_verify() -> None:
+    issuers = {f"v{i}:1": Issuer(params=CLASSED) for i in range(2)}
+    wallet = wallet_over(issuers, batch=16)
+    t = quota.decode_token(await wallet.token(MODEL))
+    assert t.priority
+    flipped = quota.Token(t.model, t.epoch, t.nonce, t.evaluations, priority=False)
+    assert verifies(quota.encode_token(flipped), issuers) == set()
+
+
+async def test_tokens_of_the_epoch_before_outlive_a_restart_in_its_grace(tmp_path: Any) -> None:
+    clock = FakeClock(NOW + PARAMS.epoch_s - 10)  # the end of an epoch
+    issuers = {f"v{i}:26657": Issuer(clock=clock) for i in range(2)}
+    store = tmp_path / "quota_tokens.bin"
+    first = wallet_over(issuers, clock, batch=8, store=store)
+    await first.token(MODEL)  # 3 tokens fetched (see above), 2 left of this epoch
+    clock.now = PARAMS.refills_at(EPOCH) + 5  # the next epoch, within its grace
+    carried = await first.token(MODEL)  # the old ones are now the carried ones: one spent, one left
+    asked = sum(i.asked for i in issuers.values())
+    second = wallet_over(issuers, clock, batch=8, store=store)  # restarted within the grace
+    left = await second.token(MODEL)
+    assert {quota.decode_token(t).epoch for t in (carried, left)} == {EPOCH} and left != carried
+    assert sum(i.asked for i in issuers.values()) == asked  # the carried token came from the store
+    assert quota.decode_token(await second.token(MODEL)).epoch == EPOCH + 1  # then this epoch's

@@ -52,7 +52,8 @@ def test_the_quota_row_states_the_committees_settings_from_a_verified_key_record
     keys = {signer.public_bytes}
     rows = trio.run(lambda: status._quota_view("v:1", "chain", keys, ["m"], rpc=_issuer_rpc(issuer)))
     assert rows == ["  quotas: a user's allowance at each issuer grows by 6 token(s) per 60 s epoch (one every "
-                    "10 s) and holds at most 16; a token needs 2 issuer(s) and redeems until 15 s after its "
+                    "10 s) and holds at most 16, the top 4 priority tokens, the rest standard; a token needs 2 "
+                    "issuer(s) and redeems until 15 s after its "
                     "epoch (signed key record of v:1)"]
     other = {crypto.SigningKey.generate().public_bytes}  # not the committee's key: not believed
     forged = trio.run(lambda: status._quota_view("v:1", "chain", other, ["m"], rpc=_issuer_rpc(issuer)))
