@@ -59,7 +59,7 @@ FAIR = CAPACITY / (HONEST + 1)  # each user's fair share of the node, requests/s
 #: the many-users runs: the same honest load spread over this many users (a fifth user's fair
 #: share is then 1/21 of the node, not 1/5)
 MANY = 20
-MANY_MODES = ("noflood", "fairshare", "tokens", "priority")
+MANY_MODES = ("noflood", "fairshare", "tokens", "priority", "hoard")
 FLOOD_FACTOR = 10
 EPOCH_S = 60  # the flood's quota epoch: its tokens are each user's fair share of it
 GRACE_S = 10

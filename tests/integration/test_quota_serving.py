@@ -8,6 +8,7 @@ node; a forwarded request is redeemed once, by the member that serves it."""
 
 from __future__ import annotations
 
+import pytest
 import trio
 
 from model_node.group import GroupConfig
@@ -100,37 +101,12 @@ async def test_a_tokened_request_is_served_while_another_user_floods_the_node(au
         nursery.cancel_scope.cancel()
 
 
-async def test_a_priority_token_is_served_before_a_standard_one_that_came_earlier(autojump_clock):
-    issuers = FakeIssuers(3)
-    async with trio.open_nursery() as nursery:
-        factory = echo_node(delay=1.0, slots=1, max_queue=3, max_queue_wait=30.0, redeemer=redeemer(issuers))
-        net = await start_overlay(nursery, 15, clients=3, models=[factory])
-        (a,) = net.models
-        clients = [u.client for u in net.users[:3]]
-        done: list[str] = []
-
-        async def one(client: AnonClient | None, name: str) -> None:
-            assert await ask(client, f"{name} b c d", a) == f"{name} b c d"  # four pieces: 4 s
-            done.append(name)
-
-        # the slot is held by a priority request (nothing may stop it); then a standard one waits,
-        # then a priority one
-        for n, (client, name, priority) in enumerate(zip(clients, ("p1", "s1", "p2"), (True, False, True),
-                                                         strict=True), start=1):
-            assert client is not None
-            client.quota = Tokens(issuers.token(priority=priority))
-            nursery.start_soon(one, client, name)
-            await holding(a, n)
-        assert (a.active, a.queued) == (1, 2)
-        with trio.fail_after(60):
-            await wait_until(lambda: len(done) == 3)
-        assert done == ["p1", "p2", "s1"]  # p2 came after s1 and was served before it
-        assert a.preempted == 0 and a.busy == 0
-        assert a.redeemer is not None and (a.redeemer.tokened, a.redeemer.refused) == (3, 0)
-        nursery.cancel_scope.cancel()
-
-
-async def test_a_priority_token_passes_a_waiting_standard_one_but_stops_no_standard_generation(autojump_clock):
+@pytest.mark.parametrize("first", [True, False])
+async def test_a_priority_token_passes_a_waiting_standard_one_and_stops_no_generation_with_a_token(
+        autojump_clock, first):
+    """The slot held by a priority or a standard generation (``first``); a standard request waits,
+    then a priority one comes: it is served next, before the earlier standard one, and nothing
+    with a token is stopped."""
     issuers = FakeIssuers(3)
     async with trio.open_nursery() as nursery:
         factory = echo_node(delay=1.0, slots=1, max_queue=3, max_queue_wait=30.0, redeemer=redeemer(issuers))
@@ -142,24 +118,24 @@ async def test_a_priority_token_passes_a_waiting_standard_one_but_stops_no_stand
 
         async def one(client: AnonClient | None, name: str) -> None:
             try:
-                outcome[name] = await ask(client, f"{name} b c d", a)
+                outcome[name] = await ask(client, f"{name} b c d", a)  # four pieces: 4 s
             except AnonError as exc:
                 outcome[name] = f"busy: {exc}"
             done.append(name)
 
-        # a standard generation runs; a standard request waits behind it; then a priority one comes
-        for n, (client, name, priority) in enumerate(zip(clients, ("s1", "s2", "p1"), (False, False, True),
-                                                         strict=True), start=1):
+        for n, (client, name, priority) in enumerate(zip(clients, ("first", "standard", "priority"),
+                                                         (first, False, True), strict=True), start=1):
             assert client is not None
             client.quota = Tokens(issuers.token(priority=priority))
             nursery.start_soon(one, client, name)
             await holding(a, n)
-            if name == "s2":
-                assert a.preempted == 0 and not done  # a standard waiter does not stop a standard generation
+        assert (a.active, a.queued) == (1, 2) and not done
         with trio.fail_after(60):
             await wait_until(lambda: len(done) == 3)
-        assert outcome == {"s1": "s1 b c d", "p1": "p1 b c d", "s2": "s2 b c d"}, outcome  # s1 is not stopped
-        assert done == ["s1", "p1", "s2"] and a.preempted == 0  # p1 passed the earlier s2 in the line
+        assert outcome == {n: f"{n} b c d" for n in ("first", "standard", "priority")}, outcome  # nobody stopped
+        assert done == ["first", "priority", "standard"]  # the priority one passed the earlier standard one
+        assert a.preempted == 0 and a.busy == 0
+        assert a.redeemer is not None and (a.redeemer.tokened, a.redeemer.refused) == (3, 0)
         nursery.cancel_scope.cancel()
 
 
