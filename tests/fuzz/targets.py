@@ -1397,8 +1397,10 @@ class QuotaWireTarget(Target):
                                                                                             strict=True)]
         self.redeems = {t.redeem(signer.public_bytes) for t in tokens}
         self.spent: set[bytes] = set()
+        relabelled = qw.Token(self.MODEL, epoch, tokens[0].nonce, tokens[0].evaluations, priority=True)
         self.corpus = [record, self.issue, answer, qw.encode_token(tokens[0]), *sorted(self.redeems),
-                       qw.encode_key_query(self.MODEL, epoch)]
+                       qw.encode_key_query(self.MODEL, epoch), qw.encode_token(relabelled),
+                       relabelled.redeem(signer.public_bytes)]  # the other class: decodes, never spends
 
     def user_key(self, node_id: bytes) -> bytes | None:
         return self.user.ed25519_public if node_id == self.user.node_id else None
