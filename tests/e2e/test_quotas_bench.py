@@ -30,3 +30,6 @@ def test_quick_quotas_bench_reports_its_documented_figures(helpers: Any) -> None
     assert figures["honest_ttft_p99_ms_tokens"] < figures["honest_ttft_p99_ms_notokens"]
     assert figures["honest_busy_frac_tokens"] < figures["honest_busy_frac_notokens"]
     assert figures["flood_answered_frac_tokens"] < figures["flood_answered_frac_notokens"]
+    # and so against the flooder that keeps to priority tokens (decision 0022)
+    assert figures["honest_ttft_p99_ms_priority"] < figures["honest_ttft_p99_ms_notokens"]
+    assert figures["honest_busy_frac_priority"] < figures["honest_busy_frac_notokens"]
