@@ -1,8 +1,9 @@
 """model_node.priority (issue 31, decision 0022): requests go by rank, their usage-quota token's
 class (priority 2, standard 1, none 0): admitted against work of their rank or above only, never
 behind lower-rank work waiting, a freed slot to the oldest waiter of the highest rank, a full queue
-makes room by sending the newest waiter of the lowest rank below away, and a waiter stops a
-lower-rank generation. With ranks 0 and 1 only, the rules are decision 0018's (untokened and tokened)."""
+makes room by sending the newest waiter of the lowest rank below away, and a waiter with a token
+stops a generation without one (never one with a token). With ranks 0 and 1 only, the rules are
+decision 0018's (untokened and tokened)."""
 
 from __future__ import annotations
 
