@@ -434,8 +434,8 @@ def _read_state(r: codec.ShapeReader, out: Issuer) -> None:
         raise QuotaStateError(f"the state of another chain than {out.chain_id!r}")
     if _typed(r.value(), bytes, "the issuer", quota.KEY_LEN) != out.public:
         raise QuotaStateError("the state of another issuer (another validator key)")
-    _count(r, 6, 6, "the params")
-    if [r.value() for _ in range(6)] != out.params.wire():
+    fields = _count(r, len(QuotaParams.BOUNDS), len(QuotaParams.BOUNDS), "the params")
+    if [r.value() for _ in range(fields)] != out.params.wire():
         raise QuotaStateError(f"the state of other quota params than the genesis's {out.params.to_json()}")
     out.floor = _int(r.value(), 0, quota.MAX_EPOCH, "the floor")
     _read_allowances(r, out._allowances)

@@ -19,7 +19,8 @@ decisions 0017 and 0018).
    headroom, while a fifth user does what the mode says (:data:`MODES`): nothing (``noflood``),
    send as an honest user at exactly its fair share (``fairshare``: the floor any quota that grants
    fair shares leaves), flood at 10× its fair share spending every token its allowance gives and
-   sending without one otherwise, as a modified client would (``tokens``), the same flood with its
+   sending without one otherwise, as a modified client would (``tokens``), the same flood taking
+   priority tokens only, never standard ones (``priority``, decision 0022), the same flood with its
    tokens saved up until its allowance is full and then spent at once (``hoard``), or the flood
    with quotas off (``notokens``). Figures: the honest users' TTFT p50/p99 and the share of their
    requests refused as busy, pooled over :data:`FLOOD_SEEDS`; the goal is an honest p99 with the

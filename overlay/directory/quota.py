@@ -211,9 +211,10 @@ class Allowance:
         return self.take(n, now)
 
     def top_at(self, n: int, now: float) -> float:
-        """When ``n`` priority tokens (at most ``priority``) can be taken: ``now`` or later."""
+        """When ``n`` priority tokens (at most ``priority``) can be taken: ``now`` or later (when the
+        bucket holds ``n`` above ``burst - priority``)."""
         p = self.params
-        return max(now, self.full_at - (min(p.burst, p.priority) - min(n, p.burst, p.priority)) * p.per_token_s)
+        return self.ready_at(max(0, p.burst - p.priority) + min(n, p.burst, p.priority), now)
 
 
 def key_info(chain_id: str, model: str, epoch: int, priority: bool = False) -> bytes:
@@ -435,8 +436,8 @@ def _read(raw: Any, limit: int, what: str, read: Any) -> Any:
 
 
 def _read_params(r: codec.ShapeReader, what: str) -> QuotaParams:
-    _array(r, 6, 6, what, "the params")
-    values = [r.value() for _ in range(6)]
+    fields = _array(r, len(QuotaParams.BOUNDS), len(QuotaParams.BOUNDS), what, "the params")
+    values = [r.value() for _ in range(fields)]
     if any(type(v) is not int for v in values):
         raise _bad(what, "well formed: the params are not ints")
     try:
