@@ -1,13 +1,17 @@
 """How often an honest reply's z lies beyond ``Z_HIGH``: the check behind the significance cap
 (decision 0019), on the real engine and users' default settings and lengths.
 
-``python -m simulations.measure_honest_z [--prompts N] [--replies R] [--max-tokens M] [--out FILE]``
+``python -m simulations.measure_honest_z [--prompts N] [--replies R] [--max-tokens M] [--out FILE]
+[--node-weights F32]``
 
 An honest node (the default model's Q4_1 GGUF, llama.cpp, one thread) answers each of the first
 ``N`` users' prompts of ``../shared/data/user-prompts.jsonl`` (at most 600 characters, one user
 message) ``R`` times at each of the clients' default settings (``user chat``: T = 0.7; the
 gateway: T = 1.0; top-p 1, a seed per reply) with up to ``M`` tokens (256: the clients' default);
-the verifier's engine (the same GGUF, ``score_fresh``) scores every reply once. The file
+the verifier's engine (the same GGUF, ``score_fresh``) scores every reply once. With
+``--node-weights F32`` the node runs the same weights dequantized to float32 by llama.cpp's
+quantizer (another engine's arithmetic on the same values: ``simulations/data/honest_z_f32.json``,
+decision 0023). The file
 (``simulations/data/honest_z.json``) keeps, per setting, every reply's prompt index, tokens,
 z, C and two-sided score (never a prompt's or a reply's text), and a summary: the mean and sd of
 z, its extremes, how many replies lie beyond ``Z_HIGH`` on either side, and how many replies the
@@ -32,7 +36,7 @@ from gentorrent.bench.stats import cpu_model
 from model_node.llama import LlamaCppEngine, resolve_model
 from overlay.wire.messages import ChatMessage, SamplingParams
 from simulations.measure_audit_scores import prompt_record, sample_row, user_prompts
-from simulations.measure_scores import _generate
+from simulations.measure_scores import _generate, requantize
 from verifier.audit import reputation as rep
 from verifier.audit import scoring
 
@@ -56,10 +60,11 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-async def _measure(n_prompts: int, replies: int, max_tokens: int) -> dict[str, Any]:
+async def _measure(n_prompts: int, replies: int, max_tokens: int, node_weights: str = "") -> dict[str, Any]:
     model_id, path = resolve_model(None)
+    node_path = requantize(path, node_weights) if node_weights else path
     verifier = LlamaCppEngine(path, model_id=model_id, n_threads=1, slots=4, n_ctx=2048, score_fresh=True)
-    node = LlamaCppEngine(path, model_id=model_id, n_ctx=1024, n_threads=1, cache_bytes=0)
+    node = LlamaCppEngine(node_path, model_id=model_id, n_ctx=1024, n_threads=1, cache_bytes=0)
     prompts = user_prompts(n_prompts)
     samples: dict[str, list[dict[str, Any]]] = {s: [] for s in SETTINGS}
     t0 = time.perf_counter()
@@ -86,9 +91,12 @@ async def _measure(n_prompts: int, replies: int, max_tokens: int) -> dict[str, A
                      for s, t in SETTINGS.items()},
         "prompts": [prompt_record(p) for p in prompts],
         "how": (f"python -m simulations.measure_honest_z --prompts {n_prompts} --replies {replies} "
-                f"--max-tokens {max_tokens}: llama.cpp (llama-cpp-python "
-                f"{importlib.metadata.version('llama_cpp_python')}), node and verifier {model_id} ({path.name}), "
-                "1 thread each, the verifier with score_fresh"),
+                f"--max-tokens {max_tokens}" + (f" --node-weights {node_weights}" if node_weights else "")
+                + f": llama.cpp (llama-cpp-python {importlib.metadata.version('llama_cpp_python')}), verifier "
+                f"{model_id} ({path.name}), node {node_path.name}"
+                + (" (the verifier's weights dequantized by llama.cpp's quantizer: the same values, computed "
+                   "in float32 without the Q4_1 kernels, as another engine computes them)" if node_weights else "")
+                + ", 1 thread each, the verifier with score_fresh"),
         "cpu": cpu_model(),
         "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "seconds": round(time.perf_counter() - t0),
@@ -115,13 +123,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replies", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
     parser.add_argument("--out", type=Path, default=HONEST_Z_FILE)
+    parser.add_argument("--node-weights", choices=["F32"], default="",
+                        help="the honest node runs the verifier's weights dequantized to this type (F32: the "
+                             "same values computed in float32, as vLLM and other engines compute them) instead "
+                             "of the verifier's very file")
     parser.add_argument("--rescore", action="store_true",
                         help="recompute scores and summaries of --out from its stored figures (no engine)")
     args = parser.parse_args(argv)
     if args.rescore:
         result = resummarize(json.loads(args.out.read_text()))
     else:
-        result = resummarize(trio.run(_measure, args.prompts, args.replies, args.max_tokens))
+        result = resummarize(trio.run(_measure, args.prompts, args.replies, args.max_tokens, args.node_weights))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result["summary"], indent=1))

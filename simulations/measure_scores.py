@@ -79,19 +79,30 @@ def cache_dir() -> Path:
 
 def requantize_q2k(src: Path) -> Path:
     """``src`` re-quantized to Q2_K by llama.cpp's quantizer, cached by source name and size."""
-    dst = cache_dir() / f"{src.stem}.{src.stat().st_size}.Q2_K.gguf"
+    return requantize(src, "Q2_K")
+
+
+#: what :func:`requantize` makes: name -> llama.cpp's file type constant's name
+FTYPES = {"Q2_K": "LLAMA_FTYPE_MOSTLY_Q2_K", "F32": "LLAMA_FTYPE_ALL_F32"}
+
+
+def requantize(src: Path, ftype: str) -> Path:
+    """``src`` re-quantized to ``ftype`` (:data:`FTYPES`: Q2_K, a cheaper model; F32, the same
+    weights dequantized, computed in float32 as another engine would) by llama.cpp's quantizer,
+    cached by source name and size."""
+    dst = cache_dir() / f"{src.stem}.{src.stat().st_size}.{ftype}.gguf"
     if dst.is_file():
         return dst
     dst.parent.mkdir(parents=True, exist_ok=True)
     import llama_cpp as L  # the engine is llama.cpp's; make setup installs it
     params = L.llama_model_quantize_default_params()
-    params.ftype = L.LLAMA_FTYPE_MOSTLY_Q2_K
+    params.ftype = getattr(L, FTYPES[ftype])
     params.allow_requantize = True
     params.nthread = 1
     tmp = dst.with_suffix(".part")
     rc = L.llama_model_quantize(str(src).encode(), str(tmp).encode(), ctypes.byref(params))
     if rc != 0:
-        raise RuntimeError(f"llama_model_quantize({src} -> Q2_K) failed with {rc}")
+        raise RuntimeError(f"llama_model_quantize({src} -> {ftype}) failed with {rc}")
     tmp.rename(dst)
     return dst
 

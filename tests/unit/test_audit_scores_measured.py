@@ -122,3 +122,58 @@ def test_honest_replies_at_the_clients_defaults_lie_within_the_cap() -> None:
     assert abs(everything["z_mean"]) < 0.3 and everything["z_sd"] < 1.3
     assert everything["beyond_z_high"] <= 0.01 * everything["n"]
     assert everything["below_tau_score"] - everything["below_tau_calibrated"] <= 0.01 * everything["n"]
+
+
+HONEST_Z_F32 = DATA.parent / "honest_z_f32.json"
+
+
+def _pooled_groups(path: Path, k: int) -> list[list[float]]:
+    """Every group of ``k`` consecutive measured honest replies' z, within one setting and
+    alternating the two (the clients' mix), as a verifier pools them (decision 0023)."""
+    data = json.loads(path.read_text())
+    assert data["z_high"] == scoring.Z_HIGH and data["cpu"] and data["measured"] and data["how"]
+    rows = {s: [r["z"] for r in data["samples"][s]] for s in ("t0.7", "t1.0")}
+    assert all(len(z) >= 60 for z in rows.values())
+    mixed = [z for pair in zip(rows["t0.7"], rows["t1.0"], strict=False) for z in pair]
+    return [zs[i:i + k] for zs in (*rows.values(), mixed) for i in range(0, len(zs) - k + 1, k)]
+
+
+@pytest.mark.parametrize("k", [2, 4, 8])
+def test_honest_replies_on_the_verifiers_weights_pooled_are_never_capped(k: int) -> None:
+    """Decision 0023: no group of 2, 4 or 8 honest replies (the verifier's weights file on both
+    sides) reaches Z_HIGH when pooled."""
+    assert max(scoring.pooled_z(g) for g in _pooled_groups(HONEST_Z, k)) <= scoring.Z_HIGH
+
+
+@pytest.mark.parametrize("k", [2, 4, 8])
+def test_honest_replies_on_other_arithmetic_are_rarely_capped(k: int) -> None:
+    """Decision 0023's honest side across engines (``--node-weights F32``: the same weights in
+    float32, as another engine computes them): z spreads wider (measured sd 1.12 against 0.97),
+    and pooling caps at most one group in 30 (measured: 1 of 144, 72 and 36 groups); the
+    bench's honest nodes on this arithmetic stay trusted (``honest_other_arithmetic_*``)."""
+    groups = _pooled_groups(HONEST_Z_F32, k)
+    capped = sum(scoring.pooled_cap(g) < 1.0 for g in groups)
+    assert capped <= max(1, len(groups) // 30)
+    data = json.loads(HONEST_Z_F32.read_text())
+    assert "F32" in data["how"] and data["summary"]["all"]["n"] >= 140
+    assert data["summary"]["all"]["beyond_z_high"] <= 0.03 * data["summary"]["all"]["n"]
+
+
+def test_a_greedy_q2k_node_is_capped_when_its_replies_are_pooled(data: dict[str, Any]) -> None:
+    """Decision 0023's reason, in the measured replies: at T = 0.7 (top-p 1) a greedy Q2_K node's
+    replies are each inside Z_HIGH in most cases, but spread about twice as wide as honest ones;
+    pooled in fours at the clients' mix (T = 0.7 and 1.0) most groups are capped, and no honest
+    group is."""
+    samples = data["samples"]
+    greedy_t07 = [r["z"] for r in samples["t0.7"]["greedy"]]
+    honest_t07 = [r["z"] for r in samples["t0.7"]["honest"]]
+    assert sum(abs(z) <= scoring.Z_HIGH for z in greedy_t07) >= 0.8 * len(greedy_t07)
+    assert statistics.pstdev(greedy_t07) > 1.5 * statistics.pstdev(honest_t07)
+
+    def groups(kind: str) -> list[list[float]]:
+        mixed = [z for pair in zip((r["z"] for r in samples["t0.7"][kind]), (r["z"] for r in samples["t1.0"][kind]),
+                                   strict=True) for z in pair]
+        return [mixed[i:i + 4] for i in range(0, len(mixed) - 3, 4)]
+
+    assert sum(scoring.pooled_cap(g) < 1.0 for g in groups("greedy")) >= 0.75 * len(groups("greedy"))
+    assert all(scoring.pooled_cap(g) == 1.0 for g in groups("honest"))

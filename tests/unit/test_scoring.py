@@ -15,6 +15,8 @@ from verifier.audit.scoring import (
     ScoringError,
     calibrated,
     length_weighted,
+    pooled_cap,
+    pooled_z,
     raw_inv_ppl,
     score_reply,
     two_sided,
@@ -218,3 +220,28 @@ def test_a_reply_far_off_at_a_low_temperature_scores_zero_and_stays_scorable() -
     r = score_reply([ts(-18.0, -0.2, var=0.01) for _ in range(512)])
     assert r.z < -745 and r.score == 0.0
     assert length_weighted(r.score, r.tokens) == 0.0 and length_weighted(0.0, 4) == 0.0
+
+
+def test_replies_each_within_z_high_but_spread_too_wide_together_are_capped() -> None:
+    """Decision 0023: a Q2_K node decoding greedily at T = 0.7 gives replies each within Z_HIGH on
+    either side, but spread about twice as wide as sampling spreads them; pooled, they are capped."""
+    wide = [2.8, -2.8, 2.6, -2.7]
+    assert all(abs(z) <= Z_HIGH for z in wide)
+    assert all(two_sided(-1.0, -1.0, z) == 1.0 for z in wide)  # each alone scores 1
+    assert pooled_z(wide) > Z_HIGH + 1
+    assert pooled_cap(wide) == pytest.approx(math.exp(Z_HIGH - pooled_z(wide)))
+    assert pooled_cap(wide) < 0.3
+    honest = [0.4, -1.1, 0.9, -0.2, 1.6, -0.7, 0.1, -1.9]  # standard-normal-like
+    assert pooled_z(honest) < 1.0 and pooled_cap(honest) == 1.0
+
+
+def test_the_pooled_z_grows_with_the_evidence_and_ignores_greedy_requests() -> None:
+    # the same spread over more replies is surer
+    assert pooled_z([2.0] * 2) < pooled_z([2.0] * 4) < pooled_z([2.0] * 8)
+    # a greedy request's z is 0 (nothing to measure): it neither adds nor dilutes
+    assert pooled_z([2.0, 2.0, 0.0, 0.0]) == pooled_z([2.0, 2.0])
+    assert pooled_z([]) == pooled_z([0.0]) == 0.0 and pooled_cap([]) == 1.0
+    # continuous at the threshold, either side of it alike
+    assert pooled_cap([3.3, -3.3]) == pooled_cap([-3.3, 3.3]) < 1.0
+    with pytest.raises(ScoringError):
+        pooled_z([1.0, math.nan])

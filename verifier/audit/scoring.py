@@ -127,6 +127,35 @@ def two_sided(mean_logprob: float, mean_expected_logprob: float, z: float, z_hig
     return score
 
 
+def pooled_z(zs: Sequence[float]) -> float:
+    """The pooled significance of a verifier's replies from one node in one epoch (decision 0023):
+    ``Σ z²`` over the replies that have a ``z`` (a nonzero one: a greedy request's ``z`` is 0, there
+    is nothing to measure), as a standard normal deviate (the Wilson–Hilferty approximation of the
+    chi-square with one degree of freedom per reply). About 0 for honest replies, whose ``z`` are
+    standard normal; large when the ``z`` are spread wider than sampling spreads them, on either
+    side (a Q2_K node decoding greedily at T = 0.7: each reply within ``Z_HIGH``, their spread twice
+    an honest one's). 0 with no such reply."""
+    measured = [z for z in zs if z != 0.0]
+    if not measured:
+        return 0.0
+    if not all(math.isfinite(z) for z in measured):
+        raise ScoringError("a non-finite z cannot be pooled")
+    k = len(measured)
+    mean_square = math.fsum(z * z for z in measured) / k
+    spread = 2.0 / (9.0 * k)
+    return float((mean_square ** (1.0 / 3.0) - (1.0 - spread)) / math.sqrt(spread))
+
+
+def pooled_cap(zs: Sequence[float], z_high: float = Z_HIGH) -> float:
+    """The cap on every score of a verifier's replies from one node in one epoch (decision 0023):
+    1 while :func:`pooled_z` ≤ ``z_high``, else ``exp(z_high − pooled_z)``, the per-reply cap's
+    rule (decision 0019) applied to the replies together. For challenges only: the verifier chose
+    those requests, while a donor chooses which transcripts to hand in (and so could pick the
+    widest-spread of an honest node's replies)."""
+    w = pooled_z(zs)
+    return 1.0 if w <= z_high else math.exp(z_high - w)
+
+
 #: A user's transcript (decision 0015) weighs as a reply of at least this many tokens: a shorter
 #: reply's log-score is scaled by ``tokens / FULL_TOKENS`` (decision 0021).
 FULL_TOKENS = 128
