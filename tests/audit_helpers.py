@@ -55,6 +55,13 @@ def fresh_opening(model: str = MODEL, question: str | None = None) -> at.Opening
                       SamplingParams(temperature=0.7, top_p=1.0, top_k=0, max_tokens=32, seed=n % 1000))
 
 
+def fresh_script(turns: int, model: str = MODEL) -> at.Opening:
+    """A challenge script of ``turns`` user turns never used before (decision 0025)."""
+    first = fresh_opening(model)
+    more = tuple(ChatMessage("user", f"And then {next(_prompts)}?") for _ in range(turns - 1))
+    return at.Opening(first.salt, model, first.messages + more, first.params)
+
+
 @dataclass
 class ModelNode:
     """A registered model node that answers challenges with signed replies (overlay/anon/signing.py)."""
@@ -67,12 +74,15 @@ class ModelNode:
 
     def reply(self, opening: at.Opening, score: int = 950_000,
               chunks: Sequence[tuple[str, Sequence[int]]] = (("The answer", (791, 4245)), (" is 7.", (318, 767, 13))),
-              signed_at_ms: int | None = None, tries: int = 1, target: bytes | None = None) -> at.ReplyOutcome:
+              signed_at_ms: int | None = None, tries: int = 1, target: bytes | None = None, turn: int = 0,
+              replies: Sequence[str] = ()) -> at.ReplyOutcome:
         """This node's signed reply to ``opening`` (every chunk signed as it streams), signed at
         ``signed_at_ms`` (default: the clock of :class:`Committee`, i.e. inside the epoch), to the
-        challenge sent to ``target`` (default this node; the forwarding node when it forwarded)."""
+        challenge sent to ``target`` (default this node; the forwarding node when it forwarded);
+        to the script's ``turn``, the node's ``replies`` to the earlier turns in place (decision 0025)."""
         at_ms = CLOCK[0] * 1000 + 123 if signed_at_ms is None else signed_at_ms
-        signer = signing.ReplySigner(opening.reply_digest(target or self.node_id, tries), opening.model, self.node_id)
+        signer = signing.ReplySigner(opening.reply_digest(target or self.node_id, tries, turn, replies), opening.model,
+                                     self.node_id)
         sig = b""
         for i, (text, ids) in enumerate(chunks):
             _, sig = signer.add(text, ids, i == len(chunks) - 1, at_ms, self.node.key.sign)

@@ -227,6 +227,25 @@ class AnonClient:
     def _drop(self, reason: str) -> None:
         self.dropped[reason] = self.dropped.get(reason, 0) + 1
 
+    async def hold_paths(self, wait_s: float = 30.0) -> list[Path]:
+        """n paths built now for the caller alone, to send several requests over
+        (``request(held_paths=...)``) and close with :meth:`release_paths`: the proxies link those
+        requests to each other, as a user's conversation is linked, and to nothing else.
+        :class:`AnonError` of kind :attr:`Failure.NO_PATHS` when they cannot be built within ``wait_s``."""
+        paths: list[Path] | None = None
+        try:
+            with trio.move_on_after(wait_s):
+                paths = await self.paths.build_fresh(self.n)
+            if paths is None:
+                raise self.paths.too_few(self.n, wait_s, fresh=True)
+        except PathError as exc:
+            raise AnonError(str(exc), Failure.NO_PATHS) from None
+        return paths
+
+    def release_paths(self, paths: Sequence[Path]) -> None:
+        """Close paths of :meth:`hold_paths`."""
+        self.paths.retire(list(paths))
+
     def usable(self, model: str) -> list[PeerEntry]:
         """The model nodes serving ``model`` that users may be sent to (:func:`overlay.net.peers.usable`
         under :attr:`allow_unaudited`)."""
@@ -265,6 +284,7 @@ class AnonClient:
         failover: bool = True,
         fresh_paths: bool = False,
         request_id: bytes | None = None,
+        held_paths: Sequence[Path] | None = None,
     ) -> AsyncIterator[ReplyChunk]:
         """Send one prompt anonymously; yield its reply chunks in order, **each one verified**.
 
@@ -300,11 +320,19 @@ class AnonClient:
         proxies of one such request link it to no other request of this client. Verifiers send
         every audit challenge so (decision 0013).
 
+        ``held_paths`` (n paths of :meth:`hold_paths`) sends over those paths, which the caller keeps
+        for several requests and closes (:meth:`release_paths`): a verifier replays one challenge
+        script's turns over one path set, as a user's conversation goes over its paths (decision
+        0025). :class:`AnonError` of kind :attr:`Failure.NO_PATHS` when fewer than n of them are
+        still up.
+
         ``request_id`` (16 bytes) is the first try's request id, which the reply's signature binds
         (:func:`overlay.anon.signing.request_digest`); later tries get fresh random ones. Default: random.
         """
         if request_id is not None and len(request_id) != REQUEST_ID_LEN:
             raise ValueError(f"a request id is {REQUEST_ID_LEN} bytes, not {len(request_id)}")
+        if held_paths is not None and fresh_paths:
+            raise ValueError("held_paths and fresh_paths exclude each other")
         exact = not failover and node is not None  # a verifier's challenge to one node, whatever its standing
         target = self.choose_model_node(model, node, exact=exact)
         token = await self.quota.token(model) if self.quota is not None else b""
@@ -314,7 +342,7 @@ class AnonClient:
             try:
                 attempt = self._attempt(target, model, tuple(messages), params or SamplingParams(),
                                         "".join(produced), chunk_timeout, paths_timeout, exact, fresh_paths,
-                                        request_id, token)
+                                        request_id, token, held_paths)
                 request_id = None  # a later try is another request
                 async with aclosing(attempt) as chunks:
                     async for chunk in chunks:
@@ -359,21 +387,29 @@ class AnonClient:
         self, target: PeerEntry, model: str, messages: tuple[ChatMessage, ...], params: SamplingParams,
         continuation: str, chunk_timeout: float, paths_timeout: float, exact: bool = False,
         fresh_paths: bool = False, request_id: bytes | None = None, token: bytes = b"",
+        held: Sequence[Path] | None = None,
     ) -> AsyncGenerator[ReplyChunk, None]:
         """One try at ``target``: n cloves out over n of our paths (n built for this try alone
-        with ``fresh_paths``, closed after it), the paths within ``paths_timeout``, the reply chunks
-        back in order, each checked before it is yielded. :class:`_NodeFailed` if the node fails."""
+        with ``fresh_paths``, closed after it; the caller's ``held`` ones), the paths within
+        ``paths_timeout``, the reply chunks back in order, each checked before it is yielded.
+        :class:`_NodeFailed` if the node fails."""
         paths: list[Path] | None = None
-        try:
-            with trio.move_on_after(paths_timeout):
-                if fresh_paths:
-                    paths = await self.paths.build_fresh(self.n)
-                else:
-                    paths = self.rng.sample(await self.paths.wait_ready(self.n), self.n)
-            if paths is None:
-                raise self.paths.too_few(self.n, paths_timeout, fresh=fresh_paths)
-        except PathError as exc:
-            raise AnonError(str(exc), Failure.NO_PATHS) from None
+        if held is not None:
+            paths = [p for p in held if p.ready.is_set() and not p.dead][:self.n]
+            if len(paths) < self.n:
+                raise AnonError(f"only {len(paths)} of the {len(held)} held paths are still up; {self.n} are needed",
+                                Failure.NO_PATHS)
+        else:
+            try:
+                with trio.move_on_after(paths_timeout):
+                    if fresh_paths:
+                        paths = await self.paths.build_fresh(self.n)
+                    else:
+                        paths = self.rng.sample(await self.paths.wait_ready(self.n), self.n)
+                if paths is None:
+                    raise self.paths.too_few(self.n, paths_timeout, fresh=fresh_paths)
+            except PathError as exc:
+                raise AnonError(str(exc), Failure.NO_PATHS) from None
         try:
             async with aclosing(self._attempt_on(paths, target, model, messages, params, continuation, chunk_timeout,
                                                  exact, request_id, token)) as chunks:

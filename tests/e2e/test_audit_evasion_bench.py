@@ -82,7 +82,9 @@ def test_figures_are_well_formed(out: dict[str, Any]) -> None:
     assert f["main_challenges_sent_per_verifier_node_epoch"] == 0.75
     assert f["main_replies_scored_per_verifier_node_epoch"] == 3
     k = out["params"]["chain"]["challenges_per_node_per_verifier"]
-    assert f["cost_replies_scored_per_verifier_node_epoch"] <= k <= f["cost_challenges_sent_per_verifier_node_epoch"]
+    turns = out["params"]["scripts"]["max_turns"]  # a script's every answered turn is scored (decision 0025)
+    assert f["cost_replies_scored_per_verifier_node_epoch"] <= f["cost_challenges_sent_per_verifier_node_epoch"]
+    assert k <= f["cost_challenges_sent_per_verifier_node_epoch"] <= k * turns * 3  # at most 3 tries a turn
 
 
 def test_what_the_design_promises(out: dict[str, Any]) -> None:

@@ -220,3 +220,44 @@ async def test_a_model_node_answers_a_request_id_once(autojump_clock):
         assert fresh[-1].done and not fresh[-1].error  # another id: answered
         assert m.responder.answered.refused == 1 and m.responder.dropped["request-duplicate"] == 1
         nursery.cancel_scope.cancel()
+
+
+async def test_a_scripts_turns_go_over_one_held_path_set_and_verify_as_the_chain_checks_them(autojump_clock):
+    """Decision 0025: turn after turn of one challenge script goes over the same n paths (as a
+    user's conversation goes over its paths), with the node's own earlier replies in place; every
+    reply verifies as the chain checks a report entry (real signatures), and the paths are closed
+    once released."""
+    from verifier.audit import tx as at
+    from verifier.audit.tx import reply_outcome, reply_text
+
+    async with trio.open_nursery() as nursery:
+        net = await start_overlay(nursery, 15, models=[echo_node()])
+        (m,) = net.models
+        seen = record_requests(m)
+        client = anon(net.client)
+        base = ChallengeGenerator(rng=random.Random(12)).opening("echo")
+        script = at.Opening(base.salt, "echo", (*base.messages, ChatMessage("user", "And why is that so?")),
+                            base.params)
+        script.check_script()
+        held = await client.hold_paths(30)
+        replies: list[at.ReplyOutcome] = []
+        for turn in range(script.turns()):
+            got = await send_challenge(client, m.identity.node_id, script, chunk_timeout=30, turn=turn,
+                                       history=[reply_text(r) for r in replies], held_paths=held)
+            assert isinstance(got, Reply), got
+            replies.append(reply_outcome(got.served_by, got.chunks, got.signature, got.signed_at_ms, 1.0))
+        first, second = seen
+        assert {(rp.proxy, rp.proxy_path_id) for rp in first.return_paths} == \
+            {(rp.proxy, rp.proxy_path_id) for rp in second.return_paths}  # one path set
+        assert second.messages[-2] == ChatMessage("assistant", reply_text(replies[0]))  # its own reply in place
+        entry = at.ReportEntry(m.identity.node_id, script, replies[1], (replies[0],))
+        for turn in (0, 1):
+            entry.verify(m.identity.ed25519_public, turn)
+        assert net.client.paths is not None and net.client.paths.one_off
+        client.release_paths(held)
+        assert net.client.paths.one_off == []
+        with pytest.raises(AnonError, match="held paths"):
+            async for _ in client.request("echo", [ChatMessage("user", "q")], node=m.identity.node_id,
+                                          failover=False, held_paths=held):
+                pass
+        nursery.cancel_scope.cancel()

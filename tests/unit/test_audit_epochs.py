@@ -5,13 +5,14 @@ framing an honest node or saving a cheater, a replayed reply, an honest node wit
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 import pytest
 
 from overlay.directory import registration as tx
 from overlay.wire.constants import TRUST_LINE
-from tests.audit_helpers import MODEL, Committee, fresh_opening
+from tests.audit_helpers import MODEL, Committee, Plan, fresh_opening, fresh_script
 from verifier.audit import chain as audits
 from verifier.audit import tx as at
 from verifier.audit.reputation import R0
@@ -354,3 +355,78 @@ def test_the_median_of_four_equal_verifiers_with_one_liar_is_not_the_lowest_hone
     assert audits._median([(1_000_000, 10), (700_000, 10), (900_000, 10), (950_000, 10)]) == 925_000
     assert audits._median([(5, 1), (7, 3)]) == 7
     assert audits._median([(5, 2), (8, 2)]) == 7  # (5 + 8) / 2 rounded half up
+
+
+@pytest.mark.parametrize(("epoch_blocks", "report_blocks"), [(12, 3), (60, 10), (120, 20), (900, 20), (3600, 20)])
+def test_the_report_window_is_a_sixth_of_the_epoch_capped_at_twenty_blocks(epoch_blocks: int,
+                                                                          report_blocks: int) -> None:
+    """Decision 0024: a long epoch keeps a short report window, so that no long span of it is one
+    in which no challenge can come (a node would serve cheaply there)."""
+    params = audits.AuditParams(epoch_blocks=epoch_blocks)
+    assert params.report_blocks() == report_blocks
+    st = audits.initial(params, "c")
+    assert st.end_height() - st.report_from() + 1 == report_blocks
+
+
+def _script_entry(c: Committee, node_id: bytes, opening: at.Opening, scores: Sequence[int],
+                  last: at.FailOutcome | None = None, texts: Sequence[str] | None = None) -> at.ReportEntry:
+    """``node_id``'s replies to the first turns of ``opening``, each after its own earlier replies
+    (``texts``, default the replies' own), scored ``scores``; the last turn sent failed with ``last``."""
+    node = c.node(node_id)
+    replies: list[at.ReplyOutcome] = []
+    got: list[str] = []
+    for turn, score in enumerate(scores):
+        r = node.reply(opening, score=score, turn=turn, replies=list(texts[:turn]) if texts else got,
+                       chunks=((f"Reply {turn}", (5, 6)), ("", (2,))))
+        replies.append(r)
+        got.append(at.reply_text(r))
+    if last is None:
+        return at.ReportEntry(node_id, opening, replies[-1], tuple(replies[:-1]))
+    return at.ReportEntry(node_id, opening, last, tuple(replies))
+
+
+def _scripts_committed(*turns: int) -> tuple[Committee, Plan]:
+    """Validator 0's committed plan in epoch 1: one script of each of ``turns`` turns for the first
+    node, the chain at the block before the report window."""
+    c = Committee()
+    c.to_epoch_start(1)
+    node = c.nodes[0].node_id
+    p = c.plan(c.pks()[0], node_ids=[node])
+    p.items = [(node, fresh_script(t)) for t in turns]
+    c.block([c.commit_tx(p)])
+    c.to_height(c.audit.report_from() - 1)
+    return c, p
+
+
+def test_a_script_counts_every_turn_the_node_answered_after_its_own_replies() -> None:
+    """Decision 0025: a challenge is a script replayed turn by turn; the chain checks each turn's
+    reply against the request with the node's own earlier replies in place, and every answered
+    turn is a score of the node."""
+    c, p = _scripts_committed(3, 2)
+    pk, node = p.pk, p.items[0][0]
+    entries = [_script_entry(c, node, p.items[0][1], [900_000, 800_000, 700_000]),
+               _script_entry(c, node, p.items[1][1], [600_000], last=at.FailOutcome("busy", 3))]
+    (res,) = c.block([c.report_tx(p, entries)])
+    assert res.code == 0, res.log
+    assert dict(c.audit.reports)[pk] == ((node, (900_000, 800_000, 700_000, 600_000)),)
+
+
+@pytest.mark.parametrize("forge", ["history", "turn", "earlier"])
+def test_a_script_reply_to_another_history_or_turn_is_the_reporters_lie(forge: str) -> None:
+    """A verifier cannot pass off a reply to another conversation as the answer to a turn: a reply
+    signed with other earlier replies in place, or for another turn, does not verify."""
+    c, p = _scripts_committed(2, 1)
+    node, script = p.items[0]
+    turn = 0 if forge == "earlier" else 1
+    if forge == "history":
+        bad = _script_entry(c, node, script, [950_000, 950_000], texts=["something else"])
+    elif forge == "earlier":  # turn 0's reply with its signature forged; turn 1 signed after its text
+        good = _script_entry(c, node, script, [950_000, 950_000])
+        bad = replace(good, earlier=(replace(good.earlier[0], signature=bytes(64)),))
+    else:
+        first = c.node(node).reply(script, turn=0)
+        again = c.node(node).reply(script, turn=0, chunks=(("Another", (9,)), ("", (2,))))
+        bad = at.ReportEntry(node, script, again, (first,))  # turn 0's reply reported as turn 1's
+    entries = [bad, _script_entry(c, node, p.items[1][1], [950_000])]
+    res = c.rejected(c.report_tx(p, entries))
+    assert res.code == tx.Code.BAD_SIGNATURE and f"entry 0: turn {turn}" in res.log

@@ -98,7 +98,45 @@ def test_opening_message_limits() -> None:
             dataclasses.replace(op, messages=msgs).encode()
     ok = dataclasses.replace(op, messages=(ChatMessage("system", "be brief"), ChatMessage("user", "hi"),
                                            ChatMessage("assistant", "Hello!"), ChatMessage("user", "x" * 8192)))
-    assert at.Opening.decode(ok.encode()) == ok
+    assert at.Opening.decode(ok.encode()) == ok  # a user's transcript carries its conversation's replies
+    with pytest.raises(TxError, match="script"):
+        ok.check_script()  # a challenge does not (decision 0025)
+
+
+@pytest.mark.parametrize("msgs", [
+    (ChatMessage("system", "s"), ChatMessage("user", "hi"), ChatMessage("assistant", "Hello!"),
+     ChatMessage("user", "more")),  # a donor's history: the node's own replies take its place
+    (ChatMessage("user", "hi"), ChatMessage("system", "s"), ChatMessage("user", "more")),  # system after a turn
+    tuple(ChatMessage("user", f"turn {i}") for i in range(at.MAX_TURNS + 1)),
+    (ChatMessage("user", "hi"), ChatMessage("user", " ")),
+    (ChatMessage("user", "go on"), ChatMessage("user", "Go  on ")),  # a repeated turn (normalised)
+])
+def test_a_challenge_is_a_script_of_system_messages_then_user_turns(msgs: tuple[ChatMessage, ...]) -> None:
+    """Decision 0025: a challenge's opening holds no assistant message; its turns are replayed."""
+    with pytest.raises(TxError, match="challenge"):
+        dataclasses.replace(opening(), messages=msgs).check_script()
+
+
+def test_a_scripts_turns_are_sent_with_the_nodes_own_replies_in_place() -> None:
+    script = dataclasses.replace(opening(), messages=(ChatMessage("system", "be brief"), ChatMessage("user", "a?"),
+                                                      ChatMessage("user", "b?"), ChatMessage("user", "c?")))
+    script.check_script()
+    assert script.turns() == 3
+    assert script.turn_messages(0) == (ChatMessage("system", "be brief"), ChatMessage("user", "a?"))
+    assert script.turn_messages(2, ["A", "B"]) == (
+        ChatMessage("system", "be brief"), ChatMessage("user", "a?"), ChatMessage("assistant", "A"),
+        ChatMessage("user", "b?"), ChatMessage("assistant", "B"), ChatMessage("user", "c?"))
+    for turn, replies in [(1, []), (3, ["A", "B", "C"]), (-1, [])]:
+        with pytest.raises(ValueError):
+            script.turn_messages(turn, replies)
+    # every turn and try has its own request id; a one-turn script's are the challenge's as before
+    ids = {script.request_id(t, turn) for t in (1, 2, 3) for turn in (0, 1, 2)}
+    assert len(ids) == 9
+    one = opening()
+    assert one.reply_digest(b"\x01" * 20, 2) == signing.request_digest(one.request(one.request_id(2)), b"\x01" * 20)
+    # the replies in place are bound: another reply text, another digest
+    assert script.reply_digest(b"\x01" * 20, 1, 2, ["A", "B"]) != script.reply_digest(b"\x01" * 20, 1, 2, ["A", "b"])
+    assert len(set(script.prompt_keys())) == 3 and script.prompt_key() == script.prompt_keys()[0]
 
 
 def test_opening_strict_decode() -> None:
@@ -263,19 +301,25 @@ def test_decoded_by_shape() -> None:
         (enc([[1], 3]), Code.MALFORMED, "expected a value, got an array"),
         (enc([2, 3, PK, salt, 5, sig]), Code.MALFORMED, "expected array"),
         (enc([2, 3, PK, salt, [0] * 129, sig]), Code.INVALID_FIELD, "129 items, at most 128"),
-        (enc([2, 3, PK, salt, [[]], sig]), Code.MALFORMED, "entry 0 is [node_id, opening, outcome]"),
-        (enc([2, 3, PK, salt, [[b"n" * 20, w, [0, b"n" * 20, [["x", [[1]]]], sig, 1, 1, 1]]], sig]),
+        (enc([2, 3, PK, salt, [[]], sig]), Code.MALFORMED, "entry 0 is [node_id, opening, outcome, [earlier reply, ...]]"),
+        (enc([2, 3, PK, salt, [[b"n" * 20, w, [0, b"n" * 20, [["x", [[1]]]], sig, 1, 1, 1], []]], sig]),
          Code.MALFORMED, "not strict msgpack"),  # an array among token ids: refused by the unpacker
-        (enc([2, 3, PK, salt, [[b"n" * 20, w, [0, b"n" * 20, [["x", 1]], sig, 1, 1, 1]]], sig]),
+        (enc([2, 3, PK, salt, [[b"n" * 20, w, [0, b"n" * 20, [["x", 1]], sig, 1, 1, 1], []]], sig]),
          Code.MALFORMED, "expected array"),
-        (enc([2, 3, PK, salt, [[b"n" * 20, [1, 2, 3, 4, 5], reply]], sig]), Code.INVALID_FIELD,
+        (enc([2, 3, PK, salt, [[b"n" * 20, [1, 2, 3, 4, 5], reply, []]], sig]), Code.INVALID_FIELD,
          "opening: 5 items, at most 4"),
-        (enc([2, 3, PK, salt, [[b"n" * 20, w, [1, "asleep", 1]]], sig]), Code.INVALID_FIELD, "failure kind"),
-        (enc([2, 3, PK, salt, [[b"n" * 20, w, [1, "busy", 4]]], sig]), Code.INVALID_FIELD, "tries"),
-        (enc([2, 3, PK, salt, [[b"n" * 20, w, [0, b"n" * 20, [["x", [1]]], sig, 1, 1_000_001, 1]]], sig]),
+        (enc([2, 3, PK, salt, [[b"n" * 20, w, [1, "asleep", 1], []]], sig]), Code.INVALID_FIELD, "failure kind"),
+        (enc([2, 3, PK, salt, [[b"n" * 20, w, [1, "busy", 4], []]], sig]), Code.INVALID_FIELD, "tries"),
+        (enc([2, 3, PK, salt, [[b"n" * 20, w, [0, b"n" * 20, [["x", [1]]], sig, 1, 1_000_001, 1], []]], sig]),
          Code.INVALID_FIELD, "score"),
-        (enc([2, 3, PK, salt, [[b"n" * 20, w, [0, b"n" * 20, [], sig, 1, 1, 1]]], sig]),
+        (enc([2, 3, PK, salt, [[b"n" * 20, w, [0, b"n" * 20, [], sig, 1, 1, 1], []]], sig]),
          Code.INVALID_FIELD, "at least one chunk"),
+        (enc([2, 3, PK, salt, [[b"n" * 20, w, reply, [reply] * 4]], sig]), Code.INVALID_FIELD,
+         "earlier replies: 4 items, at most 3"),
+        (enc([2, 3, PK, salt, [[b"n" * 20, w, reply, [[1, "busy", 1]]]], sig]), Code.INVALID_FIELD,
+         "an earlier turn's outcome is a reply"),
+        (enc([2, 3, PK, salt, [[b"n" * 20, w, reply, [reply]]], sig]), Code.INVALID_FIELD,
+         "1 earlier replies to a script of 1 turns"),
         (at.AUDIT_TAG + b"\x96\x02\x03", Code.MALFORMED, "OutOfData"),
     ]
     for raw, code, why in cases:

@@ -349,8 +349,9 @@ def test_donated_prompts_come_first_and_the_generator_is_logged(caplog: pytest.L
         a.plan(view(), START + 1)
     p = a.current
     assert p is not None
-    donated = [e for e in p.entries if e.opening.messages == turns]
-    assert len(donated) == 1 and donated[0].opening.params == own  # as given, turns kept
+    script = (ChatMessage("user", "Hi"), ChatMessage("user", "Tell me a joke."))
+    donated = [e for e in p.entries if e.opening.messages == script]
+    assert len(donated) == 1 and donated[0].opening.params == own  # as given, its turns kept, the reply dropped
     assert pool.count(MODEL) == 0 and pool.count("other-model") == 1
     assert caplog.text.count(GENERATOR_WARNING) == 1 and "5 of 6 challenges" in caplog.text
     caplog.clear()
@@ -382,17 +383,32 @@ class FakeClient:
     """Stands in for the anonymous client: ``answers[node]`` is the list of (text, ids) chunks a node
     sends, or an exception; another node's id in ``signer`` makes the reply come signed by it."""
 
+    n = 4
+
     def __init__(self, answers: dict[bytes, Any], signer: dict[bytes, bytes] | None = None) -> None:
         self.answers, self.signer = answers, signer or {}
         self.calls: list[tuple[bytes | None, bool, bool]] = []
+        self.held: list[Any] = []  # every path set held, and the ones released
+        self.released: list[Any] = []
+        self.sent: list[tuple[Any, Any]] = []  # (messages, held paths) of every request
+
+    async def hold_paths(self, wait_s: float = 30.0) -> list[Any]:
+        paths = [FakePath() for _ in range(self.n)]
+        self.held.append(paths)
+        return paths
+
+    def release_paths(self, paths: Any) -> None:
+        self.released.append(paths)
 
     async def request(self, model: str, messages: Any, params: Any = None, *, node: bytes | None = None,
                       chunk_timeout: float = 60.0, paths_timeout: float = 30.0, failover: bool = True,
-                      fresh_paths: bool = False, request_id: bytes | None = None) -> Any:
+                      fresh_paths: bool = False, request_id: bytes | None = None, held_paths: Any = None) -> Any:
         from overlay.wire.messages import ReplyChunk
 
         assert request_id is not None and len(request_id) == 16  # the try's id, which the reply signs
+        assert fresh_paths != (held_paths is not None)  # its own paths, or its script's
         self.calls.append((node, failover, fresh_paths))
+        self.sent.append((messages, held_paths))
         assert node is not None  # a challenge goes to one node
         got = self.answers[node]
         if isinstance(got, Exception):
@@ -401,6 +417,17 @@ class FakeClient:
             yield ReplyChunk(request_id=bytes(16), seq=i, text=text, token_ids=tuple(ids), done=i == len(got) - 1,
                              error="", node=self.signer.get(node, node), chain=b"c" * 32, signature=b"s" * 64,
                              signed_at_ms=77)
+
+
+class FakePath:
+    """A held path that is up."""
+
+    dead = False
+
+    class ready:  # stands in for trio.Event: is_set
+        @staticmethod
+        def is_set() -> bool:
+            return True
 
 
 class FakeChain:
@@ -517,9 +544,9 @@ def test_a_reply_too_likely_for_its_sampling_scores_low() -> None:
 
     opening = ChallengeGenerator().opening(MODEL)
     sampled = dataclasses.replace(opening, params=SamplingParams(0.7, 1.0, 0, 64, None))
-    score, _ = trio.run(score_tokens, cast(Engine, GreedyReplyEngine()), sampled, list(range(40)))
-    assert score < 500_000
-    honest, _ = trio.run(score_tokens, cast(Engine, FakeEngine()), sampled, list(range(40)))  # too unlikely: C = 0.5
+    score, _, z = trio.run(score_tokens, cast(Engine, GreedyReplyEngine()), sampled, list(range(40)))
+    assert score < 500_000 and z > 3  # the z the report pools (decision 0023)
+    honest, _, _ = trio.run(score_tokens, cast(Engine, FakeEngine()), sampled, list(range(40)))  # too unlikely: C = 0.5
     assert honest == 500_000
 
 
@@ -532,8 +559,8 @@ def test_a_short_transcript_is_weighted_by_its_length_and_a_challenge_reply_is_n
     from verifier.audit.scoring import FULL_TOKENS
 
     opening = dataclasses.replace(ChallengeGenerator().opening(MODEL), params=SamplingParams(1.0, 1.0, 0, 4, None))
-    as_challenge, _ = trio.run(score_tokens, cast(Engine, FakeEngine()), opening, [1, 2, 3, 4])
-    as_transcript, _ = trio.run(functools.partial(score_tokens, transcript=True), cast(Engine, FakeEngine()),
+    as_challenge, _, _ = trio.run(score_tokens, cast(Engine, FakeEngine()), opening, [1, 2, 3, 4])
+    as_transcript, _, _ = trio.run(functools.partial(score_tokens, transcript=True), cast(Engine, FakeEngine()),
                                 opening, [1, 2, 3, 4])
     assert as_challenge == 500_000
     assert as_transcript == round(0.5 ** (4 / FULL_TOKENS) * 1_000_000)
@@ -552,3 +579,192 @@ def test_sends_fall_anywhere_in_the_send_window_and_the_report_waits_for_late_re
     a.plan(view(), START)
     assert a.current is not None
     assert all(COMMIT_UNTIL < e.send_at < REPORT_FROM for e in a.current.entries)
+
+
+def test_the_report_caps_a_nodes_replies_by_their_pooled_z_and_no_other_nodes() -> None:
+    """Decision 0023: each reply of NODES[0] is within Z_HIGH (z ±2.8) but together they are spread
+    too wide: every one of its scores is capped in the report. NODES[1]'s honest-like z are not,
+    and neither is NODES[2]'s reply when its other challenge got no answer."""
+    from verifier.audit.reputation import to_fixed
+    from verifier.audit.scoring import pooled_cap
+
+    a = auditor(0)
+    a.plan(view(), START)
+    zs: dict[bytes, list[float | None]] = {NODES[0]: [2.8, -2.8], NODES[1]: [0.6, -1.1], NODES[2]: [2.9, None]}
+    for h in range(START, REPORT_FROM):
+        for act in a.plan(committed(), h):
+            assert isinstance(act, Send)
+            z = zs[act.node_id].pop(0)
+            if z is None:
+                a.result(act, Failure("busy", "busy"), None, h)
+                zs[act.node_id].append(None)
+            else:
+                a.result(act, reply(act.node_id, act.index), 900_000, h, z)
+    report = at.decode_audit_tx(submission(a.plan(committed(), REPORT_FROM)).raw, CHAIN)
+    assert isinstance(report, at.AuditReport)
+    scores: dict[bytes, list[int]] = {}
+    for e in report.entries:
+        if isinstance(e.outcome, at.ReplyOutcome):
+            scores.setdefault(e.node_id, []).append(e.outcome.score)
+    cap = to_fixed(pooled_cap([2.8, -2.8]))
+    assert cap < 800_000
+    assert scores == {NODES[0]: [cap, cap], NODES[1]: [900_000, 900_000], NODES[2]: [900_000]}
+
+
+def test_a_plan_saved_before_replies_kept_their_z_is_taken_back() -> None:
+    """A plan file of format 2 (no z, one turn per entry) restores, its replies unpooled."""
+    a = auditor(3)
+    a.plan(view(), START)
+    run_sends(a, committed(3), range(START, REPORT_FROM), lambda s, h: reply(s.node_id, s.index))
+    version, chain_id, pk, body = msgpack.unpackb(a.snapshot(), raw=False)
+    assert version == 3
+    body[-1] = [row[:-2] for row in body[-1]]  # as format 2 wrote them
+    old: bytes = msgpack.packb([2, chain_id, pk, body], use_bin_type=True)
+    b = auditor(3)
+    assert b.restore(old) and b.current is not None
+    assert all(e.zs == [] and e.replies == [] for e in b.current.entries)
+    report = at.decode_audit_tx(submission(b.plan(committed(3), REPORT_FROM)).raw, CHAIN)
+    assert isinstance(report, at.AuditReport)
+    assert all(isinstance(e.outcome, at.ReplyOutcome) and e.outcome.score == 900_000 for e in report.entries)
+    body[-1] = [[*row, [float("nan")], []] for row in body[-1]]
+    assert not auditor(3).restore(msgpack.packb([3, chain_id, pk, body], use_bin_type=True))
+
+
+def _script_pool() -> pl.DonationPool:
+    pool = pl.DonationPool()
+    conversation = (ChatMessage("system", "Be brief."), ChatMessage("user", "Hi"), ChatMessage("assistant", "Hello!"),
+                    ChatMessage("user", "Tell me a joke."), ChatMessage("assistant", "Why did..."),
+                    ChatMessage("user", "Another one?"))
+    pool.add(pl.Donation(b"\x44" * 20, MODEL, conversation, SamplingParams(0.7, 1.0, 0, 64, None)))
+    return pool
+
+
+def test_a_donated_conversation_is_replayed_turn_by_turn_after_the_nodes_own_replies(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Decision 0025: each turn goes out a think time after the node's reply to the one before,
+    with the node's replies (not the donor's) in place; a busy turn is tried again; the report
+    holds the earlier turns' replies and the last turn's outcome, each score capped as one set."""
+    import verifier.audit.auditor as au
+
+    monkeypatch.setattr(au, "THINK_MIN_BLOCKS", 2)
+    monkeypatch.setattr(au, "THINK_MEAN_BLOCKS", 1)
+    a = auditor(0, pool=_script_pool())
+    a.plan(view(), START)
+    p = a.current
+    assert p is not None
+    (idx,) = [i for i, e in enumerate(p.entries) if e.opening.turns() == 3]
+    p.entries[idx].send_at = COMMIT_UNTIL + 1
+    sent: list[Send] = []
+    busy_once = [True]
+    for h in range(START, REPORT_FROM):
+        for act in a.plan(committed(), h):
+            assert isinstance(act, Send)
+            if act.index != idx:
+                a.result(act, reply(act.node_id, act.index), 900_000, h)
+                continue
+            sent.append(act)
+            if act.turn == 1 and busy_once[0]:
+                busy_once[0] = False
+                a.result(act, Failure("busy", "busy"), None, h)
+                continue
+            a.result(act, Reply(((f"My reply {act.turn}.", (5, 6)), ("", (2,))), b"\x03" * 64, 1, act.node_id),
+                     800_000 + act.turn, h)
+    assert [(s.turn, s.attempt) for s in sent] == [(0, 1), (1, 1), (1, 2), (2, 1)]
+    assert sent[-1].history == ("My reply 0.", "My reply 1.")
+    assert sent[-1].messages() == (
+        ChatMessage("system", "Be brief."), ChatMessage("user", "Hi"), ChatMessage("assistant", "My reply 0."),
+        ChatMessage("user", "Tell me a joke."), ChatMessage("assistant", "My reply 1."),
+        ChatMessage("user", "Another one?"))
+    report = at.decode_audit_tx(submission(a.plan(committed(), REPORT_FROM)).raw, CHAIN)
+    assert isinstance(report, at.AuditReport)
+    e = report.entries[idx]
+    assert [r.score for r in e.earlier] == [800_000, 800_001] and isinstance(e.outcome, at.ReplyOutcome)
+    assert e.outcome.score == 800_002 and e.outcome.tries == 1 and e.earlier[1].tries == 2
+
+
+def test_a_script_whose_next_turn_does_not_fit_the_window_ends_at_the_last_reply(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import verifier.audit.auditor as au
+
+    monkeypatch.setattr(au, "THINK_MIN_BLOCKS", REPORT_FROM)  # no next turn fits
+    a = auditor(0, pool=_script_pool())
+    a.plan(view(), START)
+    sends = run_sends(a, committed(), range(START, REPORT_FROM), lambda s, h: reply(s.node_id, s.index))
+    assert {s.turn for s in sends} == {0}
+    report = at.decode_audit_tx(submission(a.plan(committed(), REPORT_FROM)).raw, CHAIN)
+    assert isinstance(report, at.AuditReport)
+    scripted = [e for e in report.entries if e.opening.turns() == 3]
+    assert len(scripted) == 1 and scripted[0].earlier == () and isinstance(scripted[0].outcome, at.ReplyOutcome)
+
+
+def _script_started(monkeypatch: pytest.MonkeyPatch) -> tuple[Auditor, int, Send]:
+    """An auditor whose plan holds one donated 3-turn script, due at the first send height, with
+    short think times: the auditor, the script's entry, and its first send."""
+    import verifier.audit.auditor as au
+
+    monkeypatch.setattr(au, "THINK_MIN_BLOCKS", 2)
+    monkeypatch.setattr(au, "THINK_MEAN_BLOCKS", 1)
+    a = auditor(0, pool=_script_pool())
+    a.plan(view(), START)
+    assert a.current is not None
+    (idx,) = [i for i, e in enumerate(a.current.entries) if e.opening.turns() == 3]
+    a.current.entries[idx].send_at = COMMIT_UNTIL + 1
+    (first,) = [s for s in a.plan(committed(), COMMIT_UNTIL + 1) if isinstance(s, Send) and s.index == idx]
+    return a, idx, first
+
+
+def test_an_auditor_restarted_mid_script_goes_on_with_the_next_turn(monkeypatch: pytest.MonkeyPatch) -> None:
+    a, idx, first = _script_started(monkeypatch)
+    a.result(first, reply(first.node_id, 7), 900_000, COMMIT_UNTIL + 1, 1.5)
+    b = auditor(0)
+    assert b.restore(a.snapshot()) and b.current is not None
+    e = b.current.entries[idx]
+    assert len(e.replies) == 1 and e.zs == [1.5] and e.outcome is None
+    nxt = [s for h in range(COMMIT_UNTIL + 2, REPORT_FROM) for s in b.plan(committed(), h)
+           if isinstance(s, Send) and s.index == idx]
+    assert nxt and nxt[0].turn == 1 and nxt[0].history == ("answer 7",)
+
+
+async def test_the_driver_sends_a_scripts_turns_over_one_held_path_set_and_closes_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Decision 0025: every turn of a donated script goes over the paths held for it (one set), with
+    the node's replies in place; one-turn challenges keep paths of their own; the set is closed
+    after the script's last turn."""
+    import verifier.audit.auditor as au
+
+    monkeypatch.setattr(au, "THINK_MIN_BLOCKS", 2)
+    monkeypatch.setattr(au, "THINK_MEAN_BLOCKS", 1)
+    chain = FakeChain(view(), START)
+    client = FakeClient({n: [("sure", (5, 6)), ("", (2,))] for n in NODES})
+    a = auditor(0, pool=_script_pool())
+    driver = AuditDriver(a, "127.0.0.1:1", client=client, engine=FakeEngine(), rpc=chain.rpc,  # type: ignore[arg-type]
+                         data_dir=tmp_path)
+    async with trio.open_nursery() as nursery:
+        await driver.step(nursery)
+    assert a.current is not None
+    (idx,) = [i for i, e in enumerate(a.current.entries) if e.opening.turns() == 3]
+    a.current.entries[idx].send_at = COMMIT_UNTIL + 1
+    chain.view = committed(0)
+    for h in range(START + 1, REPORT_FROM + 1):
+        chain.height = h
+        async with trio.open_nursery() as nursery:
+            await driver.step(nursery)
+    scripted = [(msgs, held) for msgs, held in client.sent if held is not None]
+    assert len(scripted) == 3 and len(client.held) == 1 and all(held is client.held[0] for _, held in scripted)
+    assert [m.content for m in scripted[2][0] if m.role == "assistant"] == ["sure", "sure"]
+    assert client.released == client.held  # closed after the last turn
+    assert sum(held is None for _, held in client.sent) == len(client.sent) - 3  # the others: their own paths
+    report = at.decode_audit_tx(chain.sent[-1], CHAIN)
+    assert isinstance(report, at.AuditReport) and len(report.entries[idx].earlier) == 2
+
+
+def test_a_script_whose_next_turn_never_went_out_ends_at_its_last_reply(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A verifier down when a script's next turn was due reports the script as ending at the
+    reply it got, not as a turn the node failed."""
+    a, idx, first = _script_started(monkeypatch)
+    a.result(first, reply(first.node_id, 7), 900_000, COMMIT_UNTIL + 1)
+    # down until the report window: nothing else sent
+    report = at.decode_audit_tx(submission(a.plan(committed(), END - 2)).raw, CHAIN)
+    assert isinstance(report, at.AuditReport)
+    e = report.entries[idx]
+    assert e.earlier == () and isinstance(e.outcome, at.ReplyOutcome) and e.outcome.chunks[0][0] == "answer 7"

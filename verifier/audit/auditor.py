@@ -18,7 +18,9 @@ verifiers' reports (:mod:`verifier.audit.chain`). Two layers, as everywhere in t
     a busy, silent, lost, incomplete or error outcome is tried again later at a new random height
     of the window, at most :data:`~verifier.audit.tx.MAX_TRIES` sends in all.
   - from the report window on, a :class:`Submit` of the signed
-    :class:`~verifier.audit.tx.AuditReport`: every planned entry with its reply or failure. A
+    :class:`~verifier.audit.tx.AuditReport`: every planned entry with its reply or failure, each
+    reply's score capped by the pooled significance of all this verifier's replies from its node
+    this epoch (:func:`pooled_caps`, decision 0023). A
     challenge still out is waited for until :func:`grace_height` (a 256-token reply on a loaded
     node may take many blocks), then reported silent. Sends fall anywhere in the send window
     (:func:`last_send`): a narrower schedule would tell a node when challenges cannot come.
@@ -57,14 +59,15 @@ the challenged node, with the signer as ``served_by``.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import random
 import re
 from collections.abc import Callable, Sequence
 from contextlib import aclosing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgpack
 import trio
@@ -76,10 +79,12 @@ from overlay.wire import failures
 from overlay.wire.clock import Clock, TrioClock
 from overlay.wire.constants import REPUTATION_SCALE
 from overlay.wire.identity import short_id
+from overlay.wire.messages import ChatMessage
 from verifier.audit.challenges import ChallengeError, ChallengeGenerator
 
 if TYPE_CHECKING:
     from model_node.engine import Engine
+    from overlay.anon.paths import Path as OverlayPath
     from verifier.audit.pool import DonationPool
     from verifier.audit.transcripts import Counted, ScoreCarry, TranscriptBook
     from verifier.audit.tx import AuditReport, FailOutcome, Opening, ReplyOutcome
@@ -98,7 +103,8 @@ PLAN_FILE = "audit-plan.msgpack"
 POOL_SAVE_S = 30.0  # the donation pool is written at most this often (a used prompt lost in a crash is void anyway)
 GENERATOR_WARNING = ("challenges from the built-in generator are recognisable by a cheating node "
                      "(docs/threat-model.md); ask users to --donate-prompts")
-_PLAN_VERSION = 2  # 2: outcomes as their transaction bytes, no in-flight flag
+_PLAN_VERSION = 3  # 2: outcomes as their transaction bytes, no in-flight flag; 3: each reply's z, earlier turns
+_PLAN_VERSIONS = (2, 3)  # what restore takes
 _ENTRY_RE = re.compile(r"\bentry (\d+):")
 
 
@@ -213,14 +219,21 @@ class Submit:
 
 @dataclass(frozen=True, slots=True)
 class Send:
-    """Send challenge ``index`` of the plan of ``epoch`` (``opening``) to ``node_id``, score the
-    reply and hand the outcome to :meth:`Auditor.result`. ``attempt``: 1 for the first send."""
+    """Send ``turn`` of challenge ``index`` of the plan of ``epoch`` (``opening``, a script) to
+    ``node_id``, the node's replies to the earlier turns (``history``) in place, score the reply and
+    hand the outcome to :meth:`Auditor.result`. ``attempt``: 1 for a turn's first send."""
 
     epoch: int
     index: int
     node_id: bytes
     opening: Opening
     attempt: int
+    turn: int = 0
+    history: tuple[str, ...] = ()
+
+    def messages(self) -> tuple[ChatMessage, ...]:
+        """What this send asks: the script's turn with the node's own earlier replies (decision 0025)."""
+        return self.opening.turn_messages(self.turn, self.history)
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,8 +300,10 @@ class Planned:
     send_at: int
     tries: int = 0
     sending: bool = False
-    outcome: ReplyOutcome | FailOutcome | None = None
+    outcome: ReplyOutcome | FailOutcome | None = None  # what the last turn sent got, once final
     last: str = ""  # the last failed try's kind
+    replies: list[ReplyOutcome] = field(default_factory=list)  # the script's earlier turns, answered
+    zs: list[float] = field(default_factory=list)  # each reply's z (0: nothing to measure), pooled at the report
 
 
 @dataclass(slots=True)
@@ -323,6 +338,57 @@ def grace_height(report_from: int, end_height: int) -> int:
 
 
 # --------------------------------------------------------------------------- the planner
+
+
+def pooled_caps(entries: Sequence[Planned]) -> dict[bytes, int]:
+    """Per node, the cap (fixed point) on its replies' scores from the ``z`` of all of them this
+    epoch (:func:`verifier.audit.scoring.pooled_cap`, decision 0023); nodes with no reply are absent."""
+    from verifier.audit.reputation import to_fixed
+    from verifier.audit.scoring import pooled_cap
+    from verifier.audit.tx import ReplyOutcome
+
+    zs: dict[bytes, list[float]] = {}
+    for e in entries:
+        if e.replies or isinstance(e.outcome, ReplyOutcome):
+            zs.setdefault(e.node_id, []).extend(e.zs)
+    return {node: to_fixed(pooled_cap(z)) for node, z in zs.items()}
+
+
+_O = TypeVar("_O", "ReplyOutcome", "FailOutcome", "ReplyOutcome | FailOutcome")
+
+
+def capped(outcome: _O, cap: int | None) -> _O:
+    """``outcome`` with its score lowered to ``cap`` where that is lower (a reply), else as it is."""
+    from verifier.audit.tx import ReplyOutcome
+
+    if cap is None or not isinstance(outcome, ReplyOutcome) or outcome.score <= cap:
+        return outcome
+    return replace(outcome, score=cap)
+
+
+THINK_MIN_BLOCKS = 10  # a user's think time between a reply and the next turn: 10 s + Exp(45 s) (the
+THINK_MEAN_BLOCKS = 45  # audit-evasion bench's users), in blocks of about a second
+
+
+def think_blocks(rng: random.Random) -> int:
+    """Blocks between a reply and the script's next turn, drawn as a user's think time."""
+    return THINK_MIN_BLOCKS + round(rng.expovariate(1.0 / THINK_MEAN_BLOCKS))
+
+
+def _reply(raw: bytes) -> ReplyOutcome:
+    from verifier.audit.tx import ReplyOutcome, decode_outcome
+
+    out = decode_outcome(raw)
+    if not isinstance(out, ReplyOutcome):
+        raise ValueError("a saved earlier turn is not a reply")
+    return out
+
+
+def _finite(value: Any) -> float:
+    z = float(value)
+    if not math.isfinite(z):
+        raise ValueError("a saved z is not finite")
+    return z
 
 
 def _score_carry() -> ScoreCarry:
@@ -559,21 +625,26 @@ class Auditor:
         """A fresh challenge for ``model``: a donated prompt if the pool holds one (True), else the
         generator's (False)."""
         from overlay.directory.registration import TxError
-        from verifier.audit.tx import Opening
+        from verifier.audit.pool import opening_of
 
         while self.pool is not None and (d := self.pool.draw(model, self.rng)) is not None:
-            o = Opening(self.urandom(16), model, d.messages, d.params)
+            o = opening_of(d, self.urandom(16))
             try:
-                o.check()
+                o.check_script()
             except TxError as exc:  # the limits changed since it was taken
                 log.info("audit: a donated prompt no longer fits a challenge (%s); dropped", exc.reason)
                 continue
-            self.generator.mark_used(keys=[o.prompt_key()])
+            self.generator.mark_used(keys=list(o.prompt_keys()))
             return o, True
         return self.generator.opening(model), False
 
+    def script_open(self, epoch: int, index: int) -> bool:
+        """Whether challenge ``index`` of ``epoch``'s plan is still going (a turn or a try to come)."""
+        p = self.current
+        return p is not None and p.epoch == epoch and 0 <= index < len(p.entries) and p.entries[index].outcome is None
+
     def _sends(self, p: Plan, height: int) -> list[Action]:
-        from verifier.audit.tx import MAX_TRIES, FailOutcome
+        from verifier.audit.tx import MAX_TRIES, FailOutcome, reply_text
 
         out: list[Action] = []
         for i, e in enumerate(p.entries):
@@ -586,29 +657,40 @@ class Auditor:
             e.tries += 1
             e.sending = True
             self.changed = True
-            out.append(Send(p.epoch, i, e.node_id, e.opening, e.tries))
+            out.append(Send(p.epoch, i, e.node_id, e.opening, e.tries, len(e.replies),
+                            tuple(reply_text(r) for r in e.replies)))
         return out
 
-    def result(self, send: Send, outcome: Reply | Failure, score: int | None, height: int) -> None:
-        """What came of ``send`` at ``height``: a reply with its score (fixed point), or a failure,
-        retried later in the window while it is worth it (module docstring)."""
+    def result(self, send: Send, outcome: Reply | Failure, score: int | None, height: int, z: float = 0.0) -> None:
+        """What came of ``send`` at ``height``: a reply with its score (fixed point) and its ``z``
+        (pooled with the node's other replies at the report, decision 0023), after which the
+        script's next turn goes out a user's think time later if it still fits in the send window
+        (decision 0025); or a failure, retried later in the window while it is worth it (module
+        docstring)."""
         from verifier.audit.tx import MAX_TRIES, FailOutcome, ReplyOutcome
 
         p = self.current
         if p is None or p.epoch != send.epoch or not 0 <= send.index < len(p.entries):
             return
         e = p.entries[send.index]
-        if not e.sending or e.outcome is not None:
+        if not e.sending or e.outcome is not None or send.turn != len(e.replies):
             return  # reported already (it came too late)
         e.sending = False
         self.changed = True
+        last = last_send(p.commit_until, p.report_from)
         if isinstance(outcome, Reply):
             assert score is not None
-            e.outcome = ReplyOutcome(outcome.served_by, outcome.chunks, outcome.signature, outcome.signed_at_ms,
-                                     score, send.attempt)  # the try whose request id the reply signs
+            reply = ReplyOutcome(outcome.served_by, outcome.chunks, outcome.signature, outcome.signed_at_ms,
+                                 score, send.attempt)  # the try whose request id the reply signs
+            e.zs.append(z)
+            following = height + think_blocks(self.rng)
+            if send.turn + 1 < e.opening.turns() and following <= last:
+                e.replies.append(reply)
+                e.tries, e.last, e.send_at = 0, "", following
+                return
+            e.outcome = reply  # the script's last turn, or the last one that fits in the window
             return
         e.last = outcome.kind
-        last = last_send(p.commit_until, p.report_from)
         if outcome.kind in RETRY_KINDS and e.tries < MAX_TRIES and height + 1 <= last:
             e.send_at = self.rng.randint(height + 1, last)
             log.info("audit: challenge %d to model node %s: %s; trying again at height %d (try %d of %d)",
@@ -619,13 +701,18 @@ class Auditor:
     def _report(self, p: Plan) -> Submit:
         from verifier.audit.tx import AuditReport, FailOutcome, ReportEntry
 
-        entries = []
         for e in p.entries:
-            if e.outcome is None:
+            if e.outcome is None and e.replies and not e.tries:
+                e.outcome = e.replies.pop()  # a script's next turn never went out: it ends at its last reply
+                self.changed = True
+            elif e.outcome is None:
                 # still out after the grace blocks: silent; never sent (this verifier was down): other
                 e.outcome = FailOutcome("silent", e.tries) if e.tries else FailOutcome("other", 1)
                 self.changed = True
-            entries.append(ReportEntry(e.node_id, e.opening, e.outcome))
+        caps = pooled_caps(p.entries)
+        entries = [ReportEntry(e.node_id, e.opening, capped(e.outcome, caps.get(e.node_id)),
+                               tuple(capped(r, caps.get(e.node_id)) for r in e.replies))
+                   for e in p.entries if e.outcome is not None]
         tx: AuditReport = AuditReport(p.epoch, self.public_key, p.salt, tuple(entries))
         if self.tamper is not None:
             honest, tx = tx, self.tamper(tx)
@@ -649,7 +736,8 @@ class Auditor:
         return pack([_PLAN_VERSION, self.chain_id, self.public_key,
                      [p.epoch, list(p.models), p.salt, p.commit_until, p.report_from, p.end_height, p.fixes,
                       [[e.node_id, e.opening.to_wire(), e.send_at, e.tries,
-                        None if e.outcome is None else pack(e.outcome.to_wire()), e.last] for e in p.entries]]])
+                        None if e.outcome is None else pack(e.outcome.to_wire()), e.last, e.zs,
+                        [pack(r.to_wire()) for r in e.replies]] for e in p.entries]]])
 
     def restore(self, raw: bytes) -> bool:
         """Take back a :meth:`snapshot` of this verifier on this chain (True); a challenge that was
@@ -660,15 +748,18 @@ class Auditor:
 
         try:
             version, chain_id, pk, body = msgpack.unpackb(raw, raw=False, strict_map_key=True)
-            if version != _PLAN_VERSION or chain_id != self.chain_id or pk != self.public_key:
+            if version not in _PLAN_VERSIONS or chain_id != self.chain_id or pk != self.public_key:
                 return False
             if body is None:
                 return True
             epoch, models, salt, commit_until, report_from, end_height, fixes, entries = body
+            if version < 3:  # before decisions 0023 and 0025: no z kept, one turn a challenge
+                entries = [[*row, [], []] for row in entries]
             plan = Plan(int(epoch), tuple(str(m) for m in models), bytes(salt), [
                 Planned(bytes(n), Opening.from_wire(o), int(at), int(tries), False,
-                        None if out is None else decode_outcome(bytes(out)), str(last))
-                for n, o, at, tries, out, last in entries],
+                        None if out is None else decode_outcome(bytes(out)), str(last),
+                        [_reply(bytes(r)) for r in replies], [_finite(z) for z in zs])
+                for n, o, at, tries, out, last, zs, replies in entries],
                 int(commit_until), int(report_from), int(end_height), int(fixes))
         except (ValueError, TypeError, KeyError, IndexError, TxError, RecursionError, msgpack.UnpackException) as exc:
             log.warning("audit: the saved plan does not decode (%s: %s); ignored", type(exc).__name__, exc)
@@ -682,18 +773,22 @@ class Auditor:
 
 async def send_challenge(client: AnonClient, node_id: bytes, opening: Opening, *,
                          chunk_timeout: float = CHALLENGE_TIMEOUT_S, paths_timeout: float = PATHS_TIMEOUT_S,
-                         tries: int = 1) -> Reply | Failure:
-    """Send ``opening`` through the anonymous request API to ``node_id`` only (no failover, no retry
-    elsewhere), over proxy paths built for it alone and closed after it (``fresh_paths``): the
-    complete verified reply, signed by that node or the member of its group it forwarded to, or
-    why there is none. ``chunk_timeout`` and ``paths_timeout`` are the client's
-    (:meth:`~overlay.anon.client.AnonClient.request`): the wait for each reply chunk, and for the paths."""
+                         tries: int = 1, turn: int = 0, history: Sequence[str] = (),
+                         held_paths: Sequence[OverlayPath] | None = None) -> Reply | Failure:
+    """Send ``turn`` of ``opening``'s script (the node's replies to the earlier turns, ``history``,
+    in place: :meth:`~verifier.audit.tx.Opening.turn_messages`) through the anonymous request API
+    to ``node_id`` only (no failover, no retry elsewhere), over proxy paths built for it alone and
+    closed after it (``fresh_paths``), or over the script's ``held_paths``: the complete verified
+    reply, signed by that node or the member of its group it forwarded to, or why there is none. ``chunk_timeout`` and
+    ``paths_timeout`` are the client's (:meth:`~overlay.anon.client.AnonClient.request`): the
+    wait for each reply chunk, and for the paths."""
     chunks: list[tuple[str, tuple[int, ...]]] = []
     last = None
     try:
-        stream = client.request(opening.model, opening.messages, opening.params, node=node_id,
+        stream = client.request(opening.model, opening.turn_messages(turn, history), opening.params, node=node_id,
                                 chunk_timeout=chunk_timeout, paths_timeout=paths_timeout, failover=False,
-                                fresh_paths=True, request_id=opening.request_id(tries))
+                                fresh_paths=held_paths is None, request_id=opening.request_id(tries, turn),
+                                held_paths=held_paths)
         async with aclosing(stream) as replies:  # type: ignore[type-var]
             async for c in replies:
                 if last is not None and c.node != last.node:
@@ -713,20 +808,22 @@ async def send_challenge(client: AnonClient, node_id: bytes, opening: Opening, *
 
 
 async def score_tokens(engine: Engine, opening: Opening, token_ids: Sequence[int], *,
-                       transcript: bool = False) -> tuple[int, int]:
-    """``(score, raw 1/PPL)`` in fixed point for a reply's token ids to ``opening``: one
-    teacher-forced pass of this verifier's engine (``Engine.score``) after the prompt the model node
-    saw (the chat template of the opening's messages), then :func:`verifier.audit.scoring.score_reply`;
-    a user's ``transcript`` weighted by its length (:func:`~verifier.audit.scoring.length_weighted`).
+                       transcript: bool = False, messages: Sequence[ChatMessage] | None = None,
+                       ) -> tuple[int, int, float]:
+    """``(score, raw 1/PPL)`` in fixed point, and the reply's ``z``, for a reply's token ids to
+    ``opening``: one teacher-forced pass of this verifier's engine (``Engine.score``) after the
+    prompt the model node saw (the chat template of the opening's messages, or of ``messages``: a
+    script's turn as sent), then :func:`verifier.audit.scoring.score_reply`; a user's
+    ``transcript`` weighted by its length (:func:`~verifier.audit.scoring.length_weighted`).
     Raises :class:`~verifier.audit.scoring.ScoringError` or :class:`~model_node.engine.EngineError`."""
     from verifier.audit.reputation import to_fixed
     from verifier.audit.scoring import length_weighted, score_reply
 
-    prompt = engine.chat_prompt(opening.messages)
+    prompt = engine.chat_prompt(opening.messages if messages is None else messages)
     scores = await engine.score(prompt, list(token_ids), opening.params)
     r = score_reply(scores)
     score = length_weighted(r.score, r.tokens) if transcript else r.score  # the two-sided score (decision 0013 §5)
-    return to_fixed(score), to_fixed(r.raw_inv_ppl)
+    return to_fixed(score), to_fixed(r.raw_inv_ppl), r.z
 
 
 # --------------------------------------------------------------------------- the driver
@@ -756,6 +853,7 @@ class AuditDriver:
         self.clock: Clock = clock or TrioClock()
         self.height = 0
         self._pool_saved = -POOL_SAVE_S
+        self._held: dict[tuple[int, int], list[OverlayPath]] = {}  # (epoch, entry) -> its script's paths
         self.submitted: list[tuple[str, int, str]] = []  # (what, code, log) for tests and stats
 
     async def query(self, path: str) -> tuple[bytes, int]:
@@ -855,7 +953,7 @@ class AuditDriver:
         for c in action.counted:
             t = c.transcript
             try:
-                score, _ = await score_tokens(self.engine, t.opening, t.reply.token_ids(), transcript=True)
+                score, _, _ = await score_tokens(self.engine, t.opening, t.reply.token_ids(), transcript=True)
             except (ScoringError, EngineError) as exc:
                 log.warning("audit: cannot score a transcript of model node %s: %s", short_id(c.node_id), exc)
                 continue
@@ -864,16 +962,34 @@ class AuditDriver:
         if sub is not None:
             await self.broadcast(sub)
 
+    async def _held_paths(self, send: Send) -> list[OverlayPath] | Failure:
+        """The paths ``send``'s script goes over, turn after turn (decision 0025): built for its
+        first send, built again when fewer than n of them are still up; those of scripts of
+        earlier epochs are closed."""
+        for key in [k for k in self._held if k[0] < send.epoch]:
+            self.client.release_paths(self._held.pop(key))
+        key = (send.epoch, send.index)
+        paths = self._held.get(key)
+        if paths is not None and sum(p.ready.is_set() and not p.dead for p in paths) >= self.client.n:
+            return paths
+        if paths is not None:
+            self.client.release_paths(self._held.pop(key))
+        try:
+            built = await self.client.hold_paths(self.paths_timeout)
+        except AnonError as exc:
+            return Failure(VERDICT.get(exc.kind, "other"), str(exc))
+        self._held[key] = built
+        return built
+
     async def _send(self, send: Send) -> None:
         from verifier.audit.scoring import ScoringError
 
-        outcome = await send_challenge(self.client, send.node_id, send.opening,
-                                       chunk_timeout=self.challenge_timeout, paths_timeout=self.paths_timeout,
-                                       tries=send.attempt)
-        score = None
+        outcome = await self._answer(send)
+        score, z = None, 0.0
         if isinstance(outcome, Reply):
             try:
-                score, _ = await score_tokens(self.engine, send.opening, outcome.token_ids)
+                score, _, z = await score_tokens(self.engine, send.opening, outcome.token_ids,
+                                                 messages=send.messages())
             except ScoringError as exc:
                 outcome = Failure("other", f"cannot score the reply: {exc}")
             except EngineError as exc:
@@ -888,8 +1004,25 @@ class AuditDriver:
             log.info("audit: model node %s answered challenge %d of epoch %d%s: %d tokens, score %.3f",
                      short_id(send.node_id), send.index, send.epoch, via, len(outcome.token_ids),
                      (score or 0) / REPUTATION_SCALE)
-        self.auditor.result(send, outcome, score, self.height)
+        self.auditor.result(send, outcome, score, self.height, z)
+        if not self.auditor.script_open(send.epoch, send.index):  # its last turn: close its paths
+            paths = self._held.pop((send.epoch, send.index), None)
+            if paths is not None:
+                self.client.release_paths(paths)
         self.persist()
+
+    async def _answer(self, send: Send) -> Reply | Failure:
+        """``send`` sent: a one-turn challenge over paths of its own, a script's turn over the paths
+        its script holds (:meth:`_held_paths`)."""
+        held = None
+        if send.opening.turns() > 1:
+            got = await self._held_paths(send)
+            if isinstance(got, Failure):
+                return got
+            held = got
+        return await send_challenge(self.client, send.node_id, send.opening, chunk_timeout=self.challenge_timeout,
+                                    paths_timeout=self.paths_timeout, tries=send.attempt, turn=send.turn,
+                                    history=send.history, held_paths=held)
 
 
 # --------------------------------------------------------------------------- inside `gentorrent verifier --audit`

@@ -15,7 +15,7 @@ the hash of block ``e*E`` (``seed(0)`` = SHA-256(chain id)) and orders the nodes
   latest declaration is kept across epochs: a model is *audited* while validators holding it
   have more than 2/3 of the power (:func:`audited_models`).
 - **Send window**: the validators send their own challenges; nothing happens on the chain.
-- **Report window** (the last ``max(3, E // 6)`` blocks): each validator that committed may take
+- **Report window** (the last ``max(3, min(20, E // 6))`` blocks): each validator that committed may take
   one :class:`~verifier.audit.tx.AuditReport` revealing its plan. Refused (state unchanged) unless
   the plan matches the commit's hash, entries come grouped by node id, ascending, exactly
   ``challenges_per_node`` per node, every opening is for a model the commit declared, no prompt
@@ -66,6 +66,7 @@ from verifier.audit.reputation import NodeReputation, ReputationTable
 
 COMMIT_BLOCKS = 3
 MIN_REPORT_BLOCKS = 3
+MAX_REPORT_BLOCKS = 20  # enough for every report to land; a longer window is a span no challenge is sent in
 MIN_EPOCH_BLOCKS = 12  # room for a commit window, a send window and a report window
 MAX_EPOCH_BLOCKS = 1_000_000
 DEFAULT_EPOCH_BLOCKS = 120
@@ -100,7 +101,7 @@ class AuditParams:
             raise AuditParamsError(f"challenges_per_node must be 1..{at.MAX_CHALLENGES_PER_NODE}")
 
     def report_blocks(self) -> int:
-        return max(MIN_REPORT_BLOCKS, self.epoch_blocks // 6)
+        return max(MIN_REPORT_BLOCKS, min(MAX_REPORT_BLOCKS, self.epoch_blocks // 6))
 
     def to_wire(self) -> list[Any]:
         return [self.epoch_blocks, self.challenges_per_node]
@@ -379,7 +380,7 @@ def _check_layout(st: AuditState, tx: at.AuditReport, plan: Plan) -> None:
         raise _err(Code.INVALID_FIELD, f"report entries come grouped by node id, ascending, exactly {k} per node")
     if len(ids) // k > at.MAX_AUDITED_NODES:
         raise _err(Code.INVALID_FIELD, f"a report covers at most {at.MAX_AUDITED_NODES} nodes")
-    keys = [e.opening.prompt_key() for e in tx.entries]
+    keys = [k for e in tx.entries for k in e.opening.prompt_keys()]
     if len(set(keys)) != len(keys):
         raise _err(Code.INVALID_FIELD, "a prompt appears twice in the report")
     for i, e in enumerate(tx.entries):
@@ -387,27 +388,32 @@ def _check_layout(st: AuditState, tx: at.AuditReport, plan: Plan) -> None:
             raise _err(Code.INVALID_FIELD, f"entry {i}: model {e.opening.model[:40]!r} is not one the commit declared")
 
 
-def _answered(i: int, e: at.ReportEntry, plan: Plan, time_s: int, nodes: Mapping[bytes, NodeRecord]) -> bool | None:
-    """Whether counted entry ``i`` holds an answer to this epoch's challenge; None when it is void
-    (a forwarded reply whose signer is no longer a registered model node of the opening's model:
-    its signature cannot be checked, and the challenged node may have forwarded in good faith);
-    :class:`TxError` for a reply that does not verify (an honest verifier checked it on receipt:
-    it is the reporter's lie)."""
-    out = e.outcome
-    if not isinstance(out, at.ReplyOutcome):
-        return False
-    server = nodes.get(out.served_by)
-    if not _serves(server, e.opening.model):
-        return None
-    assert server is not None
-    try:
-        e.verify(server.ed25519_public)
-    except ReplyVerifyError:
-        raise _err(Code.BAD_SIGNATURE, f"entry {i}: the reply's hash chain or signature does not verify against its "
-                                       "serving node's registered key (an altered reply, or one to another prompt)"
-                   ) from None
+def _answers(i: int, e: at.ReportEntry, plan: Plan, time_s: int,
+             nodes: Mapping[bytes, NodeRecord]) -> tuple[list[int], bool]:
+    """The scores of counted entry ``i``'s replies that answer this epoch's challenge, turn by turn
+    (decision 0025), and whether any of its replies is countable at all (False: void). A reply is
+    not countable when its signer is no longer a registered model node of the opening's model (a
+    forwarded reply: its signature cannot be checked, and the challenged node may have forwarded
+    in good faith); a reply signed outside the epoch answers nothing. :class:`TxError` for a reply
+    that does not verify (an honest verifier checked it on receipt: it is the reporter's lie)."""
+    scores: list[int] = []
+    countable = isinstance(e.outcome, at.FailOutcome)  # the last turn sent got no answer: that counts
     lo, hi = (plan.time_s - SKEW_S) * 1000, (time_s + SKEW_S) * 1000
-    return lo <= out.signed_at_ms <= hi
+    for turn, out in e.replies():
+        server = nodes.get(out.served_by)
+        if not _serves(server, e.opening.model):
+            continue
+        assert server is not None
+        try:
+            e.verify(server.ed25519_public, turn)
+        except ReplyVerifyError:
+            raise _err(Code.BAD_SIGNATURE, f"entry {i}: turn {turn}'s reply: its hash chain or signature does not "
+                                           "verify against its serving node's registered key (an altered reply, or "
+                                           "one to another prompt)") from None
+        countable = True
+        if lo <= out.signed_at_ms <= hi:
+            scores.append(out.score)
+    return scores, countable
 
 
 def _take_report(st: AuditState, tx: at.AuditReport, height: int, time_s: int,
@@ -424,17 +430,13 @@ def _take_report(st: AuditState, tx: at.AuditReport, height: int, time_s: int,
     used = st.used()
     tallies: dict[bytes, list[int]] = {}
     for i, e in enumerate(tx.entries):
-        if not _serves(nodes.get(e.node_id), e.opening.model) or e.opening.prompt_key() in used:
-            continue  # void: the node left (or changed model), or the prompt was revealed before
-        answered = _answered(i, e, plan, time_s, nodes)
-        if answered is None:
-            continue
-        scores = tallies.setdefault(e.node_id, [])
-        if answered:
-            assert isinstance(e.outcome, at.ReplyOutcome)
-            scores.append(e.outcome.score)
+        if not _serves(nodes.get(e.node_id), e.opening.model) or not used.isdisjoint(e.opening.prompt_keys()):
+            continue  # void: the node left (or changed model), or a prompt was revealed before
+        scores, countable = _answers(i, e, plan, time_s, nodes)
+        if countable:
+            tallies.setdefault(e.node_id, []).extend(scores)
     report = (tx.validator_pk, tuple((n, tuple(sc)) for n, sc in sorted(tallies.items())))
-    keys = tuple(sorted({e.opening.prompt_key() for e in tx.entries}))
+    keys = tuple(sorted({k for e in tx.entries for k in e.opening.prompt_keys()}))
     used_prompts = st.used_prompts
     if keys:
         kept = dict(used_prompts)

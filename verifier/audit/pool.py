@@ -13,10 +13,11 @@ The wire format is :mod:`overlay.directory.donation`'s, the one codec both sides
 with this verifier's key, decodes strictly (:func:`overlay.directory.donation.decode`: exact types, no
 trailing bytes), its signature verifies with the key the committee registered for the donor's
 node id, the donor is a currently registered **user** node, the model is one this verifier
-audits, and the messages and parameters pass a challenge's limits
-(:meth:`verifier.audit.tx.Opening.check`: at most 8 messages, the last the user's, and so on).
-:meth:`DonationPool.add` then refuses a prompt already held or already used (the normalised last
-user message, :meth:`~verifier.audit.tx.Opening.prompt_key`) and a donor's prompt over
+audits, and the messages and parameters pass a challenge's limits as a script
+(:func:`opening_of`: the conversation's user turns without the replies it carries, decision 0025;
+:meth:`verifier.audit.tx.Opening.check`: at most 8 messages, the last the user's, and so on).
+:meth:`DonationPool.add` then refuses a prompt already held or already used (the normalised first
+user turn, :meth:`~verifier.audit.tx.Opening.prompt_key`) and a donor's prompt over
 :data:`PER_DONOR` live ones; past :data:`MAX_POOL` prompts the oldest is dropped. Every refusal is
 a :class:`DonationError` with a code (:class:`overlay.directory.registration.Code`) and a reason, and leaves the pool
 unchanged; nothing else is raised on any input.
@@ -37,15 +38,19 @@ import random
 from collections import OrderedDict
 from collections.abc import Callable, Container
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgpack
 
-from overlay.directory import donation
+from overlay.directory import donation, transcripts
 from overlay.directory.donation import MAX_DONATION_BYTES as MAX_DONATION_BYTES
 from overlay.directory.donation import Donation as Donation
 from overlay.directory.registration import Code, pack
 from overlay.wire.identity import write_private
 from overlay.wire.messages import ChatMessage, SamplingParams
+
+if TYPE_CHECKING:
+    from verifier.audit.tx import Opening
 
 log = logging.getLogger("gentorrent.audit")
 
@@ -68,11 +73,17 @@ class DonationError(Exception):
         super().__init__(f"{code.name} ({int(code)}): {reason}")
 
 
-def prompt_key(d: Donation) -> bytes:
-    """:meth:`verifier.audit.tx.Opening.prompt_key` of ``d``'s prompt (the normalised last user message)."""
-    from verifier.audit.tx import Opening
+def opening_of(d: Donation, salt: bytes = bytes(16)) -> Opening:
+    """``d`` as a challenge: its conversation as a script (:func:`verifier.audit.tx.script_of`:
+    its user turns, without the replies it carries; decision 0025)."""
+    from verifier.audit.tx import Opening, script_of
 
-    return Opening(bytes(16), d.model, d.messages, d.params).prompt_key()
+    return Opening(salt, d.model, script_of(d.messages), d.params)
+
+
+def prompt_key(d: Donation) -> bytes:
+    """:meth:`verifier.audit.tx.Opening.prompt_key` of ``d``'s prompt (its first user turn, normalised)."""
+    return opening_of(d).prompt_key()
 
 
 def _refuse(code: Code, reason: str) -> DonationError:
@@ -89,7 +100,6 @@ def open_donation(sealed: bytes, seed32: bytes, user_key: UserKey, models: Conta
     (``user_key``), for one of ``models`` (those this verifier audits), within a challenge's
     limits. :class:`DonationError` with the reason otherwise; never anything else."""
     from overlay.directory.registration import TxError
-    from verifier.audit.tx import Opening
 
     if type(sealed) is not bytes:
         raise _malformed("bytes")
@@ -115,8 +125,11 @@ def open_donation(sealed: bytes, seed32: bytes, user_key: UserKey, models: Conta
                                           "key") from None
     if d.model not in models:
         raise _refuse(Code.INVALID_FIELD, f"this verifier does not audit model {d.model[:64]!r}")
+    why = transcripts.opening_problem(d.model, d.messages, d.params)  # the request as the donor sent it
+    if why is not None:
+        raise _refuse(Code.INVALID_FIELD, f"challenge: {why}")
     try:
-        Opening(bytes(16), d.model, d.messages, d.params).check()
+        opening_of(d).check_script()
     except TxError as exc:
         raise _refuse(Code.INVALID_FIELD, f"the prompt is not one a challenge may carry: {exc.reason}") from None
     return d

@@ -8,10 +8,13 @@ A raw audit transaction is :data:`AUDIT_TAG` followed by one msgpack array ``[ki
 - kind 1 :class:`PlanCommit` ``[1, epoch, validator_pk, [model, ...], plan_hash, signature]``: a
   verifier's secret plan for ``epoch``, as a hash (:func:`plan_hash`), and the models it holds.
 - kind 2 :class:`AuditReport` ``[2, epoch, validator_pk, salt, [entry, ...], signature]``: the
-  plan revealed once its challenges were answered. Each entry is ``[node_id, opening, outcome]``
-  with ``opening`` the array of :meth:`Opening.to_wire` and ``outcome`` either
-  ``[0, served_by, [[text, [token ids]], ...], reply_signature, signed_at_ms, score, tries]``
-  (:class:`ReplyOutcome`) or ``[1, kind, tries]`` (:class:`FailOutcome`).
+  plan revealed once its challenges were answered. Each entry is ``[node_id, opening, outcome,
+  [earlier reply, ...]]`` with ``opening`` the array of :meth:`Opening.to_wire`, ``outcome``
+  either ``[0, served_by, [[text, [token ids]], ...], reply_signature, signed_at_ms, score,
+  tries]`` (:class:`ReplyOutcome`) or ``[1, kind, tries]`` (:class:`FailOutcome`), and the
+  earlier replies (each a :class:`ReplyOutcome`) those of the opening's turns before the last one
+  sent: a challenge is a *script* of user turns, replayed turn by turn, each after the node's reply
+  to the one before (decision 0025); ``outcome`` is what the last turn sent got.
 - kind 3 :class:`TranscriptScores` ``[3, epoch, validator_pk, [[node_id, [score, ...]], ...], signature]``:
   the validator's scores of users' transcripts that count (decision 0015,
   :mod:`verifier.audit.transcripts`), per node that signed them, node ids ascending, scores in
@@ -63,6 +66,7 @@ MAX_AUDITED_NODES = 32  # model nodes in one verifier's plan
 MAX_CHALLENGES_PER_NODE = 4
 MAX_CHALLENGES = MAX_AUDITED_NODES * MAX_CHALLENGES_PER_NODE
 MAX_MODELS_HELD = 8  # models one verifier declares
+MAX_TURNS = 4  # user turns in a challenge's script (decision 0025)
 MAX_TRIES = 3  # sends of one challenge (a busy or silent node is tried again later in the epoch)
 MAX_REPORT_BYTES = 1024 * 1024 - 4096  # under CometBFT's default mempool limit on one transaction (1 MiB)
 MAX_COMMIT_BYTES = 4096
@@ -169,6 +173,15 @@ def _read(raw: bytes | memoryview, max_bin: int, why: str, read: Callable[[codec
 # =========================================================================== the challenge
 
 
+def script_of(messages: Sequence[ChatMessage]) -> tuple[ChatMessage, ...]:
+    """A donated conversation as a challenge's script (decision 0025): its system messages before
+    the first user turn and its first :data:`MAX_TURNS` user turns; the replies it carries (another
+    node's) are dropped, as the challenged node's own replies take their places."""
+    users = [i for i, m in enumerate(messages) if m.role == "user"]
+    head = [m for m in messages[:users[0]] if m.role == "system"] if users else []
+    return (*head, *(messages[i] for i in users[:MAX_TURNS]))
+
+
 def normalise_prompt(text: str) -> str:
     """The form a prompt is compared in for reuse: stripped, casefolded, whitespace runs as one space."""
     return _SPACES.sub(" ", text.strip().casefold())
@@ -176,13 +189,15 @@ def normalise_prompt(text: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Opening:
-    """The plaintext of one challenge: a salt, the model, the chat messages (the last is the user's
-    question) and the sampling parameters. Not a transaction: it travels sealed in a
-    :class:`ChallengeCommit` and in the clear in the :class:`EpochReport` that answers it.
+    """The plaintext of one challenge: a salt, the model, its *script* and the sampling
+    parameters. The script is system messages, then 1 to :data:`MAX_TURNS` user turns; no
+    assistant message: the node's own replies take those places when the turns are replayed one
+    after another (:meth:`turn_messages`, decision 0025). Not a transaction: its commitment is in
+    a :class:`PlanCommit`'s hash, and it is in the clear in the :class:`AuditReport` that answers it.
 
-    Limits: 1 to :data:`MAX_MESSAGES` messages, each of role system/user/assistant and at most
-    :data:`MAX_CONTENT_BYTES` UTF-8 bytes, the last from the user; max_tokens 1..128; the other
-    parameters within what model nodes accept. :meth:`check` raises :class:`TxError` otherwise."""
+    Limits: 1 to :data:`MAX_MESSAGES` messages, each at most :data:`MAX_CONTENT_BYTES` UTF-8
+    bytes; the parameters within what model nodes accept (the users' transcript limits,
+    :func:`overlay.directory.transcripts.opening_problem`). :meth:`check` raises :class:`TxError` otherwise."""
 
     salt: bytes
     model: str
@@ -195,6 +210,42 @@ class Opening:
         why = transcripts.opening_problem(self.model, self.messages, self.params)
         if why is not None:
             raise _invalid(f"challenge: {why}")
+
+    def check_script(self) -> None:
+        """:meth:`check`, and the script's own rules (a challenge's opening, decision 0025; a user's
+        transcript, which carries its conversation's replies, is checked by :meth:`check` only):
+        system messages, then 1 to :data:`MAX_TURNS` distinct, non-empty user turns."""
+        self.check()
+        roles = [m.role for m in self.messages]
+        first_user = roles.index("user")
+        if any(r != "system" for r in roles[:first_user]) or any(r != "user" for r in roles[first_user:]):
+            raise _invalid("challenge: a script is system messages, then user turns (no assistant message: the "
+                           "node's own replies take their places)")
+        if len(roles) - first_user > MAX_TURNS:
+            raise _invalid(f"challenge: a script has at most {MAX_TURNS} user turns")
+        if any(not m.content.strip() for m in self.messages[first_user:]):
+            raise _invalid("challenge: a user turn is empty")
+        if len(set(self.prompt_keys())) < len(roles) - first_user:
+            raise _invalid("challenge: a script repeats a user turn (a prompt is used once)")
+
+    def turns(self) -> int:
+        """How many user turns the script has."""
+        return sum(m.role == "user" for m in self.messages)
+
+    def turn_messages(self, turn: int, replies: Sequence[str] = ()) -> tuple[ChatMessage, ...]:
+        """The messages of the script's ``turn`` (0-based) as sent: the system messages, then each
+        earlier user turn followed by the node's reply to it (``replies``, one per earlier turn),
+        then this turn. Turn 0 of a one-turn script is the script itself."""
+        system = [m for m in self.messages if m.role == "system"]
+        users = [m for m in self.messages if m.role == "user"]
+        if not 0 <= turn < len(users) or len(replies) != turn:
+            raise ValueError(f"turn {turn} of a {len(users)}-turn script needs {turn} earlier replies, not "
+                             f"{len(replies)}")
+        out = list(system)
+        for u, text in zip(users, replies, strict=False):
+            out += [u, ChatMessage("assistant", text)]
+        out.append(users[turn])
+        return tuple(out)
 
     def to_wire(self) -> list[Any]:
         p = self.params
@@ -253,27 +304,40 @@ class Opening:
         from the salt, and the target is the entry's node)."""
         return signing.request_digest(self.request(), bytes(NODE_ID_LEN))
 
-    def request_id(self, tries: int = 1) -> bytes:
-        """The request id of the challenge's ``tries``-th send: BLAKE2b-128(salt || tries (u8)),
-        personalised ``gt-challenge-id``. Random-looking to the node, fresh for every try (a node
-        answers each id once), and derived so the chain can check the reply of the try reported."""
-        return crypto.blake2b(self.salt + bytes([tries & 0xFF]), size=REQUEST_ID_LEN, person=_TRY_PERSON)
+    def request_id(self, tries: int = 1, turn: int = 0) -> bytes:
+        """The request id of the ``tries``-th send of the script's ``turn``: BLAKE2b-128(salt ||
+        tries (u8) [|| turn (u8) after the first]), personalised ``gt-challenge-id``. Random-looking
+        to the node, fresh for every try and turn (a node answers each id once), and derived so the
+        chain can check the reply of the try reported."""
+        return crypto.blake2b(self.salt + bytes([tries & 0xFF]) + (bytes([turn & 0xFF]) if turn else b""),
+                              size=REQUEST_ID_LEN, person=_TRY_PERSON)
 
-    def reply_digest(self, node_id: bytes, tries: int = 1) -> bytes:
-        """What the reply to the ``tries``-th send to ``node_id`` signs: :func:`overlay.anon.signing.request_digest`
-        of :meth:`request` with :meth:`request_id` of that try, addressed to ``node_id``."""
-        return signing.request_digest(self.request(self.request_id(tries)), node_id)
+    def turn_request(self, turn: int, replies: Sequence[str], request_id: bytes, k: int = 3) -> Request:
+        """The request a model node receives for the script's ``turn`` (:meth:`turn_messages`)."""
+        return Request(request_id=request_id, model=self.model, messages=self.turn_messages(turn, replies),
+                       params=self.params, k=k, return_paths=(), continuation="")
+
+    def reply_digest(self, node_id: bytes, tries: int = 1, turn: int = 0, replies: Sequence[str] = ()) -> bytes:
+        """What the reply to the ``tries``-th send of ``turn`` to ``node_id`` signs:
+        :func:`overlay.anon.signing.request_digest` of :meth:`turn_request` with :meth:`request_id`
+        of that try and turn, the node's ``replies`` to the earlier turns in place, addressed to ``node_id``."""
+        return signing.request_digest(self.turn_request(turn, replies, self.request_id(tries, turn)), node_id)
 
     def commitment(self) -> bytes:
         """BLAKE2b-256(salt || request digest), personalised ``gt-challenge``: what the commit holds."""
         return crypto.blake2b(self.salt + self.digest(), size=COMMITMENT_LEN, person=_CHALLENGE_PERSON)
 
     def prompt_key(self) -> bytes:
-        """BLAKE2b-128 of the last user message normalised (:func:`normalise_prompt`), personalised
-        ``gt-prompt``: prompts are never reused, and the chain remembers used keys."""
-        last = next(m.content for m in reversed(self.messages) if m.role == "user")
-        return crypto.blake2b(normalise_prompt(last).encode("utf-8", errors="surrogatepass"), size=PROMPT_KEY_LEN,
-                              person=_PROMPT_PERSON)
+        """BLAKE2b-128 of the first user turn normalised (:func:`normalise_prompt`), personalised
+        ``gt-prompt``: prompts are never reused, and the chain remembers used keys (of every turn:
+        :meth:`prompt_keys`)."""
+        return self.prompt_keys()[0]
+
+    def prompt_keys(self) -> tuple[bytes, ...]:
+        """:meth:`prompt_key` of every user turn, in order."""
+        return tuple(crypto.blake2b(normalise_prompt(m.content).encode("utf-8", errors="surrogatepass"),
+                                    size=PROMPT_KEY_LEN, person=_PROMPT_PERSON)
+                     for m in self.messages if m.role == "user")
 
 
 # =========================================================================== transactions
@@ -338,28 +402,44 @@ class FailOutcome:
 
 @dataclass(frozen=True, slots=True)
 class ReportEntry:
-    """One planned challenge: the node it was sent to, its opening, and what came back."""
+    """One planned challenge: the node it was sent to, its opening (a script of turns), the
+    replies to the turns before the last one sent (``earlier``, decision 0025) and what that last
+    turn got (``outcome``). A one-turn script has no earlier replies."""
 
     node_id: bytes
     opening: Opening
     outcome: ReplyOutcome | FailOutcome
+    earlier: tuple[ReplyOutcome, ...] = ()
 
     def to_wire(self) -> list[Any]:
-        return [self.node_id, self.opening.to_wire(), self.outcome.to_wire()]
+        return [self.node_id, self.opening.to_wire(), self.outcome.to_wire(), [e.to_wire() for e in self.earlier]]
 
-    def verify(self, ed25519_public: bytes) -> None:
-        """:class:`overlay.anon.signing.ReplyVerifyError` unless the reply's chunks, chained from the
-        opening's request digest, carry the final signature of its serving node (key
-        ``ed25519_public``). A failure outcome has nothing to verify (ValueError)."""
-        out = self.outcome
-        if not isinstance(out, ReplyOutcome):
+    def replies(self) -> tuple[tuple[int, ReplyOutcome], ...]:
+        """Every reply in the entry with its turn: the earlier ones, then the last turn's if it got one."""
+        out = tuple(enumerate(self.earlier))
+        return (*out, (len(self.earlier), self.outcome)) if isinstance(self.outcome, ReplyOutcome) else out
+
+    def verify(self, ed25519_public: bytes, turn: int | None = None) -> None:
+        """:class:`overlay.anon.signing.ReplyVerifyError` unless the reply to ``turn`` (the last turn
+        sent when None), its chunks chained from that turn's request digest (the node's earlier
+        replies in place), carries the final signature of its serving node (key ``ed25519_public``).
+        A turn with no reply has nothing to verify (ValueError)."""
+        turn = len(self.earlier) if turn is None else turn
+        out = self.earlier[turn] if turn < len(self.earlier) else self.outcome
+        if turn > len(self.earlier) or not isinstance(out, ReplyOutcome):
             raise ValueError("a failed challenge carries no reply")
-        digest = self.opening.reply_digest(self.node_id, out.tries)
+        texts = [reply_text(e) for e in self.earlier[:turn]]
+        digest = self.opening.reply_digest(self.node_id, out.tries, turn, texts)
         chain = signing.chain_start(digest)
         for text, ids in out.chunks:
             chain = signing.chain_next(chain, text, ids)
         signing.verify_reply(ed25519_public, out.signature, digest, chain, True, self.opening.model, out.served_by,
                              out.signed_at_ms)
+
+
+def reply_text(reply: ReplyOutcome) -> str:
+    """A reply's text as the next turn's history holds it: its chunks' texts joined."""
+    return "".join(t for t, _ in reply.chunks)
 
 
 @dataclass(frozen=True, slots=True)
@@ -519,9 +599,20 @@ def decode_outcome(raw: bytes) -> ReplyOutcome | FailOutcome:
 
 
 def _read_entry(r: codec.ShapeReader, i: int) -> ReportEntry:
-    _shaped(r, 3, f"report entry {i} is [node_id, opening, outcome]")
-    return ReportEntry(_bytes(r.value(), NODE_ID_LEN, f"entry {i}'s node id"), Opening.from_wire(_read_opening(r)),
-                       _read_outcome(r, i))
+    _shaped(r, 4, f"report entry {i} is [node_id, opening, outcome, [earlier reply, ...]]")
+    node = _bytes(r.value(), NODE_ID_LEN, f"entry {i}'s node id")
+    opening = Opening.from_wire(_read_opening(r))
+    opening.check_script()
+    outcome = _read_outcome(r, i)
+    earlier = []
+    for _ in range(_array(r, MAX_TURNS - 1, f"entry {i}'s earlier replies")):
+        reply = _read_outcome(r, i)
+        if not isinstance(reply, ReplyOutcome):
+            raise _invalid(f"entry {i}: an earlier turn's outcome is a reply (a script stops at its first failure)")
+        earlier.append(reply)
+    if len(earlier) >= opening.turns():
+        raise _invalid(f"entry {i}: {len(earlier)} earlier replies to a script of {opening.turns()} turns")
+    return ReportEntry(node, opening, outcome, tuple(earlier))
 
 
 def _read_report(r: codec.ShapeReader) -> AuditReport:

@@ -10,8 +10,12 @@ several requests per user over the user's own proxy paths, which live :data:`PAT
 seconds as :class:`overlay.anon.paths.PathManager` keeps them; the chat client's and the gateway's
 parameters, defaults and user-set values) mixed with challenges, from the built-in generator
 (:class:`verifier.audit.challenges.ChallengeGenerator`) or from donated prompts (users' own
-requests, drawn from a donation pool as :mod:`verifier.audit.pool` draws: donor first), each
-sent over four fresh paths at a random height of the epoch's send window. The file is split in
+requests, drawn from a donation pool as :mod:`verifier.audit.pool` draws: donor first). A
+generator challenge is sent over four fresh paths at a random height of the epoch's send window;
+a donated conversation is a script (decision 0025, ``paths="script_held"``): its user turns,
+replayed from a random height one after another, each after the node's own reply and a user's
+think time, over one path set held for the script, cut where the next turn no longer fits in
+the send window. Part B sends and signs the scripts' turns the same way. The file is split in
 two halves by a seeded shuffle: this node's users write from one, donors from the other. What
 the node sees of each request gives the features (:func:`observe`): how much of the last user
 message the generator's public part lists cover (template), the parameters, whether its proxy
@@ -22,8 +26,10 @@ and, separately, by a node that remembers every prompt it or a colluder served: 
 original request). Detectors are scoring functions of those; the combined one is a logistic
 regression (numpy) trained on one seed's stream (labels: what the reports reveal) and evaluated
 on another's. AUC by Mann–Whitney (ties count half). What-ifs that are not decision 0013's
-protocol are measured beside it (:func:`stream`'s ``paths``): challenge paths built once an
-epoch per verifier; donated conversations replayed turn by turn; and verifiers' *personas*
+protocol are measured beside it (:func:`stream`'s ``paths``): donated conversations sent whole
+over fresh paths (``fresh``, decision 0013 before 0025); their scripts with fresh paths for every
+turn (``script``); challenge paths built once an epoch per verifier; donated conversations
+replayed turn by turn with no send window (``replay``); and verifiers' *personas*
 (decision 0020, not built): challenge traffic made exactly as users' traffic is, from donors'
 conversations, with the node's path age as one more feature, either with every persona path
 retired at its epoch's end (``persona``) or kept as users keep theirs and the challenges revealed
@@ -83,7 +89,7 @@ import random
 import re
 import statistics
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +101,7 @@ from verifier.audit import chain
 REPO = Path(__file__).resolve().parents[2]
 USER_PROMPTS = REPO.parent / "shared" / "data" / "user-prompts.jsonl"
 SCORES_FILE = REPO / "simulations" / "data" / "audit_scores.json"
+OTHER_ARITHMETIC_FILE = REPO / "simulations" / "data" / "honest_z_f32.json"  # honest, other arithmetic (0023)
 SHORT_FILE = REPO / "simulations" / "data" / "honest_z_tokens4.json"  # honest 4-token replies (decision 0021)
 
 # ----------------------------------------------------------------------------- the network's shape
@@ -148,6 +155,7 @@ COMMIT_LEAD_S = (0.3, 1.5)  # a commitment reaches the verifiers this long (unif
 # the node: the client sends the request once its commitment is acknowledged (rule 1), over onion paths
 AUC_DRAWS = 20  # coin draws the committed-request AUC is averaged over
 LEAK_WINDOWS_S = (1.0, 2.0, 10.0)  # the node serves honestly what arrives within W s of any commitment
+POOLED = True  # challenge replies capped by their pooled z per verifier and node (decision 0023)
 MAIN_K = 3  # main's protocol: the leader sends k = 3 a node, every verifier rescores them
 SCORE_S = 0.877  # docs/benchmarks.md "verify": one-pass scoring, 877 ms a verification
 
@@ -369,7 +377,8 @@ def _challenge_prompt(source: str, gen: Any,
 
 
 def stream(seed: int, source: str, epochs: int, timing: Timing, k: int, user_prompts: Sequence[str],
-           donor_prompts: Sequence[str], paths: str = "fresh") -> tuple[list[Req], set[int]]:
+           donor_prompts: Sequence[str], paths: str = "fresh",
+           user_rate_s: float | None = None) -> tuple[list[Req], set[int]]:
     """One node's view over ``epochs`` epochs: its users' requests and the first try of every
     challenge of ``source`` ("generator" or "donated"), in time order; and the identities of
     every donor request (what a node that remembers every prompt a colluder served knows).
@@ -384,15 +393,16 @@ def stream(seed: int, source: str, epochs: int, timing: Timing, k: int, user_pro
     rng = random.Random(f"stream/{seed}/{source}")
     ids = _Ids()
     duration = epochs * timing.epoch_s
-    users = list(_sessions(random.Random(f"users/{seed}"), user_prompts, ids, duration,
-                           USER_REQUESTS_PER_EPOCH / timing.epoch_s, 60, served_here=True))
+    rate = USER_REQUESTS_PER_EPOCH / timing.epoch_s if user_rate_s is None else user_rate_s
+    users = list(_sessions(random.Random(f"users/{seed}"), user_prompts, ids, duration, rate, 60, served_here=True))
     n_challenges = epochs * VERIFIERS * k
     personas = paths.startswith("persona") and source == "donated"
     pool = DonationPool(random.Random(f"donors/{seed}"), donor_prompts, ids, n_challenges) \
         if source == "donated" and not personas else None
     gen = ChallengeGenerator(rng=random.Random(f"gen/{seed}"), urandom=random.Random(f"salt/{seed}").randbytes)
-    if paths not in ("fresh", "epoch", "replay", "persona", "persona_kept"):
-        raise ValueError(f"paths must be 'fresh', 'epoch', 'replay', 'persona' or 'persona_kept', not {paths!r}")
+    if paths not in ("fresh", "script", "script_held", "epoch", "replay", "persona", "persona_kept"):
+        raise ValueError(f"paths must be 'fresh', 'script', 'script_held', 'epoch', 'replay', 'persona' or "
+                         f"'persona_kept', not {paths!r}")
     if personas:
         # Verifiers' personas: challenge traffic made as users' is (donors' conversations sent turn
         # by turn as sessions of user-like clients, their timing, parameters and paths, spread over
@@ -404,6 +414,7 @@ def stream(seed: int, source: str, epochs: int, timing: Timing, k: int, user_pro
         # donors' conversations: a colluder that served the originals knows every one
         return sorted(users + chs, key=lambda r: r.t), {r.ident for r in chs}
     chs = []
+    known: set[int] = set()  # scripts' earlier turns: donors' requests too
     for e in range(epochs):
         kept = [(tuple(ids() for _ in range(PATHS_PER_REQUEST)),
                  tuple(rng.randrange(RELAYS) for _ in range(PATHS_PER_REQUEST))) for _ in range(VERIFIERS)]
@@ -413,6 +424,27 @@ def stream(seed: int, source: str, epochs: int, timing: Timing, k: int, user_pro
             msgs, params, ident, prev = _challenge_prompt(source, gen, pool)
             p, x = kept[i // k] if paths == "epoch" else (tuple(ids() for _ in range(PATHS_PER_REQUEST)),
                                                           tuple(rng.randrange(RELAYS) for _ in range(PATHS_PER_REQUEST)))
+            if paths in ("script", "script_held") and source == "donated":
+                # decision 0025 as built: the donated conversation's script (its user turns, the
+                # donor's replies dropped), each turn after the node's own reply a think time later,
+                # cut where the next turn no longer fits in the send window; each turn over freshly
+                # built paths ("script") or, the what-if, over the first turn's ("script_held")
+                script = [m for m in msgs if m.role != "assistant"]
+                users_at = [j for j, m in enumerate(script) if m.role == "user"][:MAX_SCRIPT_TURNS]
+                before, end = 0, e * timing.epoch_s + (timing.send_last + 1) * BLOCK_S
+                for n, j in enumerate(users_at):
+                    last = n == len(users_at) - 1
+                    turn_id = ident if last else ids()
+                    known.add(turn_id)  # every turn is a donor's request a colluder may have served
+                    chs.append(Req(t, tuple(script[:j + 1]), params, p, x, turn_id, before, before != 0, source))
+                    before = ids()
+                    t += rng.expovariate(1.0 / THINK_MEAN_S) + 10.0
+                    if t >= end:
+                        break
+                    if paths == "script":
+                        p = tuple(ids() for _ in range(PATHS_PER_REQUEST))
+                        x = tuple(rng.randrange(RELAYS) for _ in range(PATHS_PER_REQUEST))
+                continue
             if paths == "replay" and source == "donated":
                 turns = [j for j, m in enumerate(msgs) if m.role == "user"]
                 before = 0
@@ -424,7 +456,7 @@ def stream(seed: int, source: str, epochs: int, timing: Timing, k: int, user_pro
                     t += rng.expovariate(1.0 / THINK_MEAN_S) + 10.0
                 continue
             chs.append(Req(t, msgs, params, p, x, ident if ident >= 0 else ids(), prev, False, source))
-    return sorted(users + chs, key=lambda r: r.t), (pool.served if pool else set())
+    return sorted(users + chs, key=lambda r: r.t), (pool.served | known if pool else set())
 
 
 # ----------------------------------------------------------------------------- features
@@ -612,6 +644,11 @@ WHATIF_REPLAY = ("path_novelty", "orphan_history", "turns", "combined")  # ... a
 WHATIF_PERSONA = ("path_novelty", "path_age", "proxy_novelty", "revealed_paths", "time", "turns", "params",
                   "combined", "combined_all")  # the personas what-ifs' detectors reported
 PERSONAS = 60  # user-like clients the verifiers run between them in the persona what-ifs (as many as the users)
+MAX_SCRIPT_TURNS = 4  # verifier.audit.tx.MAX_TURNS (a script's user turns, decision 0025)
+MAX_OPENING_MESSAGES = 8  # verifier.audit.tx.MAX_MESSAGES (an opening's limit)
+LONG_EPOCH_BLOCKS = 900  # "persona_long" (decision 0024): epochs as long as a path lives (PATH_REFRESH_S)
+LONG_KS = (2, 4)  # challenges per verifier and node an epoch in the long-epoch what-if's cheater runs
+FINE_TPRS = (0.5, 0.55, 0.6, 0.65, 0.7, 0.8, 0.9, 0.95)  # ... where a near-chance detector makes the sweep matter
 REVEAL_DELAY_EPOCHS = 8  # "persona_kept": epochs before a challenge is revealed (8 x 120 s >= PATH_REFRESH_S)
 
 
@@ -705,6 +742,7 @@ class ScoreTable:
                              "`python -m simulations.measure_audit_scores`")
         doc = json.loads(path.read_text())
         self.samples: dict[str, dict[str, list[int]]] = {}
+        self.zs: dict[str, dict[str, list[float]]] = {}  # each sample's z (pooled per node, decision 0023)
         self.transcript_samples: dict[str, dict[str, list[int]]] = {}  # the same replies as transcripts
         self.settings: dict[str, tuple[float, float]] = {}
         from verifier.audit.reputation import to_fixed
@@ -717,12 +755,31 @@ class ScoreTable:
             else:
                 self.settings[setting] = self._parse(setting)
             self.samples[setting] = {k: [to_fixed(float(r["score"])) for r in rows] for k, rows in kinds.items()}
+            self.zs[setting] = {k: [float(r["z"]) for r in rows] for k, rows in kinds.items()}
             self.transcript_samples[setting] = {  # weighted by length as the verifier weighs a transcript
                 k: [to_fixed(length_weighted(float(r["score"]), int(r["tokens"]))) for r in rows]
                 for k, rows in kinds.items()}
         self.kinds = sorted({k for kinds in self.samples.values() for k in kinds})
         self.measured = str(doc.get("measured", "?"))
         self.how = str(doc.get("how", ""))
+
+    @classmethod
+    def honest_only(cls, path: Path) -> ScoreTable:
+        """The honest replies of a ``measure_honest_z`` file (``samples[setting]`` rows) as the
+        ``honest`` kind of a table: an honest node whose replies were measured there (decision
+        0023: the verifier's weights computed in float32, another engine's arithmetic)."""
+        import tempfile
+
+        if not path.is_file():
+            raise BenchError(f"bench audit-evasion: {path} is missing: measure it with "
+                             "`python -m simulations.measure_honest_z --node-weights F32 --out` that file")
+        src = json.loads(path.read_text())
+        doc = {"samples": {s: {"honest": rows} for s, rows in src["samples"].items()}, "settings": src["settings"],
+               "measured": src.get("measured"), "how": src.get("how")}
+        with tempfile.TemporaryDirectory() as tmp:
+            table = Path(tmp) / "honest.json"
+            table.write_text(json.dumps(doc))
+            return cls(table)
 
     @staticmethod
     def _parse(name: str) -> tuple[float, float]:
@@ -744,6 +801,11 @@ class ScoreTable:
         """A measured reply's score; a ``transcript``'s weighted by its length (decision 0021)."""
         rows = (self.transcript_samples if transcript else self.samples)[setting][kind]
         return rows[rng.randrange(len(rows))]
+
+    def draw_reply(self, setting: str, kind: str, rng: random.Random) -> tuple[int, float]:
+        """A measured challenge reply's score and its ``z`` (the same draw as :meth:`draw`)."""
+        i = rng.randrange(len(self.samples[setting][kind]))
+        return self.samples[setting][kind][i], self.zs[setting][kind][i]
 
 
 class ShortReplies:
@@ -841,6 +903,7 @@ class ChainRun:
         from verifier.audit.transcripts import ScoreCarry, TranscriptBook
 
         self.seed, self.scores, self.default_view, self.k = seed, scores, default_view, k
+        self.pooled = POOLED  # decision 0023's cap (False: the figures as they were before it)
         self.rho, self.framers, self.frame_from, self.cache = rho, framers, frame_from, cache
         self.framer_scores = framer_scores  # where the framers' replies are drawn from (None: ``scores``)
         self.book = TranscriptBook()  # every honest verifier's book: they all get the same commits and reveals
@@ -900,41 +963,72 @@ class ChainRun:
 
     def _plan(self, v: int, epoch: int, first: int, last: int, result: RunResult) -> tuple[bytes, list[Any]]:
         """Validator ``v``'s challenges this epoch, sent and answered: (salt, report entries)."""
-        from overlay.anon import signing
         from verifier.audit import tx as at
+        from verifier.audit.auditor import capped
+        from verifier.audit.reputation import to_fixed
+        from verifier.audit.scoring import pooled_cap
 
         entries = []
         for node in sorted(self.nodes, key=lambda n: n.node_id):
             rng = _seeded("plan", self.seed, node.spec.name, epoch, v)
             view = node.spec.view or self.default_view
+            zs: list[float] = []  # of this node's replies, pooled at the report as the auditor pools them
             for j in range(self.k):
                 req, det = view.challenges[rng.randrange(len(view.challenges))]
-                msgs = list(req.messages)
-                msgs[-1] = ChatMessage("user", f"{msgs[-1].content} [{node.spec.name}/{epoch}/{v}/{j}]")
-                opening = at.Opening(rng.randbytes(16), MODEL, tuple(msgs), req.params)
+                tag = f"{node.spec.name}/{epoch}/{v}/{j}"  # each turn tagged: a prompt is used once
+                script = [m if m.role != "user" else ChatMessage("user", f"{m.content} [{tag}/{t}]")
+                          for t, m in enumerate(at.script_of(req.messages))]
+                opening = at.Opening(rng.randbytes(16), MODEL, tuple(script), req.params)
                 flagged = self._flagged(node, det, rng)
-                h = rng.randint(first, last)
-                outcome: Any = None
-                for tries in range(1, at.MAX_TRIES + 1):
-                    result.sends += 1
-                    what, kind, server = self._answer(node, epoch, v, h, flagged, rng)
-                    if what == "reply":
-                        result.replies += 1
-                        score = self.scores.draw(self.scores.setting(opening.params), kind, rng)
-                        signed_at = (T0 + h) * 1000 + rng.randrange(1000)
-                        chunks = (("The answer", (791, 4245)), (" is here.", (318, 767, 13)))
-                        signer = signing.ReplySigner(opening.reply_digest(node.node_id, tries), MODEL, server.node_id)
-                        sig = b""
-                        for i, (text, ids) in enumerate(chunks):
-                            _, sig = signer.add(text, ids, i == len(chunks) - 1, signed_at, server.key.sign)
-                        outcome = at.ReplyOutcome(server.node_id, chunks, sig, signed_at, score, tries)
-                        break
-                    outcome = at.FailOutcome(what, tries)
-                    if h >= last:
-                        break
-                    h = rng.randint(h + 1, last)
-                entries.append(at.ReportEntry(node.node_id, opening, outcome))
+                entries.append(self._send_script(node, opening, epoch, v, rng.randint(first, last), last, flagged, rng,
+                                                 result, zs))
+            if self.pooled and zs:
+                cap = to_fixed(pooled_cap(zs))
+                entries[-self.k:] = [replace(e, outcome=capped(e.outcome, cap),
+                                             earlier=tuple(capped(r, cap) for r in e.earlier))
+                                     for e in entries[-self.k:]]
         return _seeded("salt", self.seed, epoch, v).randbytes(16), entries
+
+    def _send_script(self, node: _Node, opening: Any, epoch: int, v: int, h: int, last: int, flagged: bool,
+                     rng: random.Random, result: RunResult, zs: list[float]) -> Any:
+        """``opening``'s turns sent to ``node`` from height ``h`` as the auditor sends them (decision
+        0025): each turn tried up to MAX_TRIES times at later heights of the window, the next turn
+        a think time after a reply while it fits; each reply signed over its turn's request with
+        the node's earlier replies in place. The report entry; each reply's z added to ``zs``."""
+        from overlay.anon import signing
+        from verifier.audit import tx as at
+        from verifier.audit.auditor import think_blocks
+
+        earlier: list[Any] = []
+        texts: list[str] = []
+        for turn in range(opening.turns()):
+            outcome: Any = None
+            for tries in range(1, at.MAX_TRIES + 1):
+                result.sends += 1
+                what, kind, server = self._answer(node, epoch, v, h, flagged, rng)
+                if what == "reply":
+                    result.replies += 1
+                    score, z = self.scores.draw_reply(self.scores.setting(opening.params), kind, rng)
+                    zs.append(z)
+                    signed_at = (T0 + h) * 1000 + rng.randrange(1000)
+                    chunks = ((f"The answer {turn}", (791, 4245)), (" is here.", (318, 767, 13)))
+                    signer = signing.ReplySigner(opening.reply_digest(node.node_id, tries, turn, texts), MODEL,
+                                                 server.node_id)
+                    sig = b""
+                    for i, (text, ids) in enumerate(chunks):
+                        _, sig = signer.add(text, ids, i == len(chunks) - 1, signed_at, server.key.sign)
+                    outcome = at.ReplyOutcome(server.node_id, chunks, sig, signed_at, score, tries)
+                    break
+                outcome = at.FailOutcome(what, tries)
+                if h >= last:
+                    break
+                h = rng.randint(h + 1, last)
+            h += think_blocks(rng)
+            if isinstance(outcome, at.FailOutcome) or turn + 1 == opening.turns() or h > last:
+                return at.ReportEntry(node.node_id, opening, outcome, tuple(earlier))
+            earlier.append(outcome)
+            texts.append(at.reply_text(outcome))
+        raise AssertionError("unreachable: the last turn returns")
 
     # ------------------------------------------------------------------ users' transcripts (decision 0015)
 
@@ -1454,8 +1548,9 @@ def run_detectors(seed_train: int, seed_test: int, epochs: int, timing: Timing, 
     f: dict[str, float] = {}
     out: dict[str, View] = {}
     for source in ("generator", "donated"):
-        train = stream(seed_train, source, epochs, timing, k, users_half, donors_half)
-        test = stream(seed_test, source, epochs, timing, k, users_half, donors_half)
+        sent_as = "script_held" if source == "donated" else "fresh"  # as the auditor sends them (decision 0025)
+        train = stream(seed_train, source, epochs, timing, k, users_half, donors_half, sent_as)
+        test = stream(seed_test, source, epochs, timing, k, users_half, donors_half, sent_as)
         aucs, scores, obs = detectors(train, test, timing, match)
         for name, a in aucs.items():
             f[f"auc_{name}_{source}"] = a
@@ -1489,6 +1584,51 @@ def run_detectors(seed_train: int, seed_test: int, epochs: int, timing: Timing, 
     return f, out
 
 
+def long_epoch_view(seed_train: int, seed_test: int, epochs: int, k: int, prompts: Sequence[str],
+                    epoch_blocks: int = LONG_EPOCH_BLOCKS) -> tuple[dict[str, float], View]:
+    """The what-if of decision 0024: the personas' challenges (as "persona": every persona path
+    retired at its epoch's end, the reports at the epoch's end as today) with epochs of
+    ``epoch_blocks`` blocks, the users' request rate per second unchanged. Every detector's AUC,
+    and the view of the best one without a colluder's memory (its challenges' messages cut to the
+    last :data:`MAX_OPENING_MESSAGES`, as an opening holds them: only their parameters and the
+    detector's scores matter to part B)."""
+    users_half, donors_half = split_prompts(prompts, seed_train)
+    timing = Timing(epoch_blocks, chain.COMMIT_BLOCKS)
+    rate = USER_REQUESTS_PER_EPOCH / (chain.DEFAULT_EPOCH_BLOCKS * BLOCK_S)
+    train = stream(seed_train, "donated", epochs, timing, k, users_half, donors_half, "persona", rate)
+    test = stream(seed_test, "donated", epochs, timing, k, users_half, donors_half, "persona", rate)
+    aucs, scores, obs = detectors(train, test, timing, TemplateMatcher(), path_age=True)
+    view = next(v for v in views("donated", aucs, scores, obs) if v.name == "donated")
+    cut = MAX_OPENING_MESSAGES - 1  # ends with the user's message and starts with one
+    view.challenges = [(r if len(r.messages) <= MAX_OPENING_MESSAGES else replace(r, messages=r.messages[-cut:]), sc)
+                       for r, sc in view.challenges]
+    return aucs, view
+
+
+def long_epoch_cheaters(seeds: Sequence[int], epochs: int, scores: ScoreTable, view: View, k: int,
+                        ) -> dict[str, float]:
+    """Part B against the long-epoch view (:func:`long_epoch_view`), challenges only: the plain
+    greedy cheater, the selective cheater over :data:`FINE_TPRS` (the worst share for us that
+    flags at most MAX_FPR of users' requests) and the forwarder at that share."""
+    from overlay.wire.constants import TRUST_LINE
+
+    ok = [t for t in FINE_TPRS if flag_rule(view, t)[2] <= MAX_FPR] or [min(FINE_TPRS)]
+    specs = [NodeSpec("honest", "honest"), NodeSpec("greedy", "greedy", cheat_from=WARMUP_EPOCHS)]
+    specs += [NodeSpec(f"selective_tpr{round(100 * t)}", "selective", view, t, WARMUP_EPOCHS) for t in ok]
+    specs.append(NodeSpec("forwarder", "forwarder", view, max(ok), WARMUP_EPOCHS))
+    caught: dict[str, list[bool]] = {s.name: [] for s in specs[1:]}
+    for seed in seeds:
+        res = ChainRun(seed, specs, scores, view, chain.DEFAULT_EPOCH_BLOCKS, k).run(epochs)
+        for s in specs[1:]:
+            x = _epochs_to_untrusted(res.reputation[s.name], s.cheat_from, TRUST_LINE)
+            caught[s.name].append(x is not None and x <= UNTRUSTED_WITHIN)
+    share = {name: sum(xs) / len(xs) for name, xs in caught.items()}
+    worst = min((n for n in share if n.startswith("selective_")), key=lambda n: (share[n], n))
+    return {"greedy": share["greedy"], "selective": share[worst], "forwarder": share["forwarder"],
+            "selective_share_flagged": float(worst.removeprefix("selective_tpr")) / 100,
+            "selective_users_flagged": flag_rule(view, float(worst.removeprefix("selective_tpr")) / 100)[2]}
+
+
 def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
     """The ``gentorrent.benches`` entry point: ``(params, figures)``."""
     import time
@@ -1520,12 +1660,27 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
     timing_epochs = 50 if quick else 1000
 
     f, views_ = run_detectors(1, 2, detector_epochs, timing, k, prompts)
+    for lk in LONG_KS:  # decision 0024's what-if: personas, epochs as long as a path lives
+        aucs, lview = long_epoch_view(1, 2, detector_epochs // (2 if quick else 1), lk, prompts)
+        if lk == LONG_KS[0]:
+            for name in WHATIF_PERSONA:
+                f[f"whatif_persona_long_auc_{name}_donated"] = aucs[name]
+            f["whatif_persona_long_auc_best_donated"] = lview.auc
+        for who, value in long_epoch_cheaters(cheater_seeds[:len(cheater_seeds) // 2 or 1], cheat_epochs, scores,
+                                              lview, lk).items():
+            f[f"whatif_persona_long_k{lk}_{who}" + ("" if "flagged" in who else "_untrusted_within_5_share")] = value
     t_a = time.perf_counter()
     cf, sweep = run_cheaters(cheater_seeds, cheat_epochs, scores, views_, epoch_blocks, k, RHOS, cheater_t_seeds)
     f.update(cf)
     t_b = time.perf_counter()
     f.update(run_honest(honest_seeds, honest_epochs, scores, views_["donated"], epoch_blocks, k, per_kind,
                         RHO_HONEST, honest_t_seeds))
+    # C'. honest nodes whose engine computes the verifier's weights in float32 (decision 0023)
+    other = ScoreTable.honest_only(OTHER_ARITHMETIC_FILE)
+    fo = run_honest(honest_seeds, honest_epochs, other, views_["donated"], epoch_blocks, k, per_kind, 0.0, [])
+    for b in FAULTS:
+        f[f"honest_other_arithmetic_{b}_untrusted_nodes"] = fo[f"honest_{b}_untrusted_nodes"]
+        f[f"honest_other_arithmetic_{b}_min_reputation"] = fo[f"honest_{b}_min_reputation"]
     t_c = time.perf_counter()
     framing_grid = FRAMERS_GRID[3:8:2] if quick else FRAMERS_GRID  # quick: 8, 32, 128
     ff, framing_detail = framing(framing_seeds, scores, views_["donated"], epoch_blocks, k, RHOS, framing_grid)
@@ -1558,8 +1713,10 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
         "worst": worst_cheater, "value": f[f"cheater_{worst_cheater}_untrusted_within_5_share"],
         "failing": [c for c in cheaters if f[f"cheater_{c}_untrusted_within_5_share"] < UNTRUSTED_SHARE_GOAL],
         "met": f[f"cheater_{worst_cheater}_untrusted_within_5_share"] >= UNTRUSTED_SHARE_GOAL}
-    honest_untrusted = sum(f[f"honest_{b}_untrusted_nodes"] for b in FAULTS)
-    goals["honest_trusted"] = {"goal": f"0 honest nodes (with faults) untrusted over {honest_epochs} epochs",
+    honest_untrusted = sum(f[f"honest_{b}_untrusted_nodes"] + f[f"honest_other_arithmetic_{b}_untrusted_nodes"]
+                           for b in FAULTS)
+    goals["honest_trusted"] = {"goal": f"0 honest nodes (with faults; on the verifier's arithmetic or another) "
+                                       f"untrusted over {honest_epochs} epochs",
                                "value": honest_untrusted, "met": honest_untrusted == 0}
     goals["no_interference"] = {"goal": "0 epochs in which one node's outcome changed another's",
                                 "value": f["honest_epochs_changed_by_another_node"],
@@ -1626,7 +1783,15 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
                    "restart": f"one per {RESTART_EVERY} epochs, silent from a random height to a later one of the "
                               "same epoch",
                    "busy_share": BUSY_SHARE, "flood_busy_share": FLOOD_BUSY_SHARE,
-                   "retry": "a failed try is retried at a uniform later height of the send window"},
+                   "retry": "a failed try is retried at a uniform later height of the send window",
+                   "other_arithmetic": f"honest_other_arithmetic_*: the honest replies of {OTHER_ARITHMETIC_FILE.name} "
+                                       f"({other.how})"},
+        "pooled": POOLED,
+        "scripts": {"max_turns": MAX_SCRIPT_TURNS, "think": "10 blocks + Exp(45 blocks) after the node's reply",
+                    "paths": "donated challenges: one held path set a script (part A's 'script_held')"},
+        "long_epochs": {"epoch_blocks": LONG_EPOCH_BLOCKS, "ks": LONG_KS, "fine_selective_shares": FINE_TPRS,
+                        "what": "decision 0024's what-if: personas, paths retired at each epoch's end, reports at "
+                                "the end as today; the users' request rate per second unchanged"},
         "cost": {"score_s": SCORE_S, "assumption": "every scored reply costs one one-pass verification of "
                  "docs/benchmarks.md 'verify' (877 ms, SmolLM2 Q4_1, one thread, 60-token replies)",
                  "main": f"leader sends k={MAIN_K} a node; every verifier scores the {MAIN_K} replies"},
