@@ -254,6 +254,9 @@ async def test_a_scripts_turns_go_over_one_held_path_set_and_verify_as_the_chain
         for turn in (0, 1):
             entry.verify(m.identity.ed25519_public, turn)
         assert net.client.paths is not None and net.client.paths.one_off
+        with pytest.raises(ValueError, match="exclude"):
+            async for _ in client.request("echo", [ChatMessage("user", "q")], fresh_paths=True, held_paths=held):
+                pass
         client.release_paths(held)
         assert net.client.paths.one_off == []
         with pytest.raises(AnonError, match="held paths"):

@@ -57,3 +57,29 @@ def test_a_challenge_labels_its_paths_once_its_reveal_delay_has_passed(delay: in
     assert obs.rows[1][revealed] == labelled and obs.rows[2][revealed] == 0.0
     assert obs.rows[0][age] == 0.0 and obs.rows[1][age] == pytest.approx(math.log1p(e)) and obs.rows[2][age] == 0.0
     assert len(obs.rows[0]) == len(ae.FEATURES) + 1
+
+
+def test_scripts_replay_donated_turns_after_the_nodes_own_replies_within_the_window() -> None:
+    """Decision 0025 as the bench models it: a script's follow-up turn continues a reply this node
+    served, after an earlier turn of the same script; with held paths it comes over that turn's
+    paths (with fresh ones per turn, over paths never seen before); no turn falls after the send
+    window; no script holds an assistant message of the donor's or more than MAX_SCRIPT_TURNS turns."""
+    for mode in ("script_held", "script"):
+        reqs, _ = ae.stream(5, "donated", 30, TIMING, 2, USERS, DONORS, paths=mode)
+        chs = sorted((r for r in reqs if r.source == "donated"), key=lambda r: r.t)
+        follow = [r for r in chs if r.prev_reply]
+        assert follow
+        for r in chs:
+            assert sum(m.role == "user" for m in r.messages) <= ae.MAX_SCRIPT_TURNS
+            assert [m.role for m in r.messages if m.role != "system"][::2] == ["user"] * ((len(
+                [m for m in r.messages if m.role != "system"]) + 1) // 2)  # user, assistant, user, ...
+            last = int(r.t // TIMING.epoch_s) * TIMING.epoch_s + (TIMING.send_last + 1) * ae.BLOCK_S
+            assert r.t < last or r.prev_reply == 0
+        for r in follow:
+            assert r.served_prev
+            before = [q for q in chs if q.t < r.t and r.messages[:len(q.messages)] == q.messages]
+            assert before
+            if mode == "script_held":
+                assert any(q.paths == r.paths for q in before)
+            else:
+                assert all(q.paths != r.paths for q in chs if q is not r)

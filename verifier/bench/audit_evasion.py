@@ -378,7 +378,7 @@ def _challenge_prompt(source: str, gen: Any,
 
 def stream(seed: int, source: str, epochs: int, timing: Timing, k: int, user_prompts: Sequence[str],
            donor_prompts: Sequence[str], paths: str = "fresh",
-           user_rate_s: float | None = None) -> tuple[list[Req], set[int]]:
+           user_rate_s: float | None = None, personas_per_verifier: int = 2) -> tuple[list[Req], set[int]]:
     """One node's view over ``epochs`` epochs: its users' requests and the first try of every
     challenge of ``source`` ("generator" or "donated"), in time order; and the identities of
     every donor request (what a node that remembers every prompt a colluder served knows).
@@ -400,9 +400,10 @@ def stream(seed: int, source: str, epochs: int, timing: Timing, k: int, user_pro
     pool = DonationPool(random.Random(f"donors/{seed}"), donor_prompts, ids, n_challenges) \
         if source == "donated" and not personas else None
     gen = ChallengeGenerator(rng=random.Random(f"gen/{seed}"), urandom=random.Random(f"salt/{seed}").randbytes)
-    if paths not in ("fresh", "script", "script_held", "epoch", "replay", "persona", "persona_kept"):
-        raise ValueError(f"paths must be 'fresh', 'script', 'script_held', 'epoch', 'replay', 'persona' or "
-                         f"'persona_kept', not {paths!r}")
+    if paths not in ("fresh", "script", "script_held", "script_personas", "epoch", "replay", "persona",
+                     "persona_kept"):
+        raise ValueError(f"paths must be 'fresh', 'script', 'script_held', 'script_personas', 'epoch', 'replay', "
+                         f"'persona' or 'persona_kept', not {paths!r}")
     if personas:
         # Verifiers' personas: challenge traffic made as users' is (donors' conversations sent turn
         # by turn as sessions of user-like clients, their timing, parameters and paths, spread over
@@ -418,13 +419,16 @@ def stream(seed: int, source: str, epochs: int, timing: Timing, k: int, user_pro
     for e in range(epochs):
         kept = [(tuple(ids() for _ in range(PATHS_PER_REQUEST)),
                  tuple(rng.randrange(RELAYS) for _ in range(PATHS_PER_REQUEST))) for _ in range(VERIFIERS)]
+        held: dict[tuple[int, int], tuple[tuple[int, ...], tuple[int, ...]]] = {}  # (verifier, persona): its paths
         for i in range(VERIFIERS * k):
             off = rng.randint(timing.send_first, timing.send_last)
             t = e * timing.epoch_s + (off + rng.random()) * BLOCK_S
             msgs, params, ident, prev = _challenge_prompt(source, gen, pool)
             p, x = kept[i // k] if paths == "epoch" else (tuple(ids() for _ in range(PATHS_PER_REQUEST)),
                                                           tuple(rng.randrange(RELAYS) for _ in range(PATHS_PER_REQUEST)))
-            if paths in ("script", "script_held") and source == "donated":
+            if paths == "script_personas":  # the verifier's persona's paths of this epoch
+                p, x = held.setdefault((i // k, rng.randrange(personas_per_verifier)), (p, x))
+            if paths in ("script", "script_held", "script_personas") and source == "donated":
                 # decision 0025 as built: the donated conversation's script (its user turns, the
                 # donor's replies dropped), each turn after the node's own reply a think time later,
                 # cut where the next turn no longer fits in the send window; each turn over freshly
@@ -1551,7 +1555,9 @@ def run_detectors(seed_train: int, seed_test: int, epochs: int, timing: Timing, 
         sent_as = "script_held" if source == "donated" else "fresh"  # as the auditor sends them (decision 0025)
         train = stream(seed_train, source, epochs, timing, k, users_half, donors_half, sent_as)
         test = stream(seed_test, source, epochs, timing, k, users_half, donors_half, sent_as)
-        aucs, scores, obs = detectors(train, test, timing, match)
+        # the node knows how long it has seen a request's paths: with scripts over held paths that
+        # is no longer the same as whether they are new (decision 0025)
+        aucs, scores, obs = detectors(train, test, timing, match, path_age=True)
         for name, a in aucs.items():
             f[f"auc_{name}_{source}"] = a
         for v in views(source, aucs, scores, obs):
