@@ -8,6 +8,14 @@ from __future__ import annotations
 
 import os
 import re
+
+# Each xdist worker starts local networks from its own slice of the listener ports
+# (gentorrent.tools.localnet.PortPool), so two workers never hand out the same port at once;
+# set before anything imports localnet, whose pool reads it once.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if _WORKER.startswith("gw") and _WORKER[2:].isdigit():
+    os.environ.setdefault("GENTORRENT_PORT_SLICE",
+                          f"{int(_WORKER[2:])}/{max(int(_WORKER[2:]) + 1, int(os.environ.get('PYTEST_XDIST_WORKER_COUNT', '1')))}")
 import select
 import signal
 import subprocess

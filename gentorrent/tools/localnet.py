@@ -11,6 +11,7 @@ package: roles run as processes.
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import socket
@@ -57,10 +58,20 @@ class PortPool:
     between :meth:`take` and the listener's bind (a port the OS picks with ``bind(("", 0))`` is an
     ephemeral one, and with dozens of nodes dialling each other while they start, one of them took
     a verifier's audit port in a CI run). A port the pool gave is never given again. Where that
-    range is too small for a request, the OS picks (ephemeral ports: a small race)."""
+    range is too small for a request, the OS picks (ephemeral ports: a small race).
 
-    def __init__(self, low: int, span: int = LISTEN_PORTS) -> None:
-        self.first, self.low = max(1024, low - span), low
+    ``slice_`` ``(i, n)`` keeps this pool to the i-th of n equal parts of that range, so that n
+    processes that start local networks at once (a parallel test run: ``GENTORRENT_PORT_SLICE=i/n``,
+    set per worker by the tests' conftest) never hand out the same port: one of them bound a port
+    another had just taken, in a CI run."""
+
+    def __init__(self, low: int, span: int = LISTEN_PORTS, slice_: tuple[int, int] = (0, 1)) -> None:
+        first = max(1024, low - span)
+        i, n = slice_
+        if not 0 <= i < n:
+            raise ValueError(f"a port slice is i/n with 0 <= i < n, not {i}/{n}")
+        width = (low - first) // n
+        self.first, self.low = first + i * width, first + (i + 1) * width
         self.given: set[int] = set()
         self._rng = random.SystemRandom()
 
@@ -81,7 +92,16 @@ class PortPool:
         return ports
 
 
-_POOL = PortPool(ephemeral_low())
+def port_slice(value: str | None) -> tuple[int, int]:
+    """``GENTORRENT_PORT_SLICE`` (``i/n``) as ``(i, n)``; the whole range when unset or not that form."""
+    try:
+        i, n = (int(x) for x in (value or "").split("/"))
+    except ValueError:
+        return 0, 1
+    return (i, n) if 0 <= i < n else (0, 1)
+
+
+_POOL = PortPool(ephemeral_low(), slice_=port_slice(os.environ.get("GENTORRENT_PORT_SLICE")))
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import socket
 
+import pytest
+
 from gentorrent.tools import localnet
 from gentorrent.tools.localnet import PortPool
 
@@ -44,3 +46,16 @@ def test_a_port_with_a_listener_is_not_handed_out() -> None:
 def test_falls_back_to_os_ports_when_the_range_is_too_small() -> None:
     ports = PortPool(1030).take(3)
     assert len(set(ports)) == 3 and all(p >= 1030 for p in ports)
+
+
+def test_pools_of_different_slices_never_hand_out_the_same_port() -> None:
+    """Parallel test workers each take ports from their own slice (GENTORRENT_PORT_SLICE=i/n, set
+    by the tests' conftest): in a CI run one worker's relay found its port bound by another's."""
+    from gentorrent.tools.localnet import PortPool, port_slice
+
+    a, b = PortPool(32768, 12_000, (0, 2)), PortPool(32768, 12_000, (1, 2))
+    assert a.low <= b.first and a.first == 32768 - 12_000 and b.low == 32768
+    assert not set(a.take(200)) & set(b.take(200))
+    assert port_slice("1/2") == (1, 2) and port_slice(None) == port_slice("x") == port_slice("2/2") == (0, 1)
+    with pytest.raises(ValueError):
+        PortPool(32768, 12_000, (3, 2))
