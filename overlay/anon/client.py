@@ -232,12 +232,20 @@ class AnonClient:
         (``request(held_paths=...)``) and close with :meth:`release_paths`: the proxies link those
         requests to each other, as a user's conversation is linked, and to nothing else.
         :class:`AnonError` of kind :attr:`Failure.NO_PATHS` when they cannot be built within ``wait_s``."""
+        return await self._paths_within(wait_s, fresh=True)
+
+    async def _paths_within(self, wait_s: float, *, fresh: bool) -> list[Path]:
+        """n paths within ``wait_s``: built for the caller alone (``fresh``), or n of the kept ready
+        ones; :class:`AnonError` of kind :attr:`Failure.NO_PATHS` otherwise."""
         paths: list[Path] | None = None
         try:
             with trio.move_on_after(wait_s):
-                paths = await self.paths.build_fresh(self.n)
+                if fresh:
+                    paths = await self.paths.build_fresh(self.n)
+                else:
+                    paths = self.rng.sample(await self.paths.wait_ready(self.n), self.n)
             if paths is None:
-                raise self.paths.too_few(self.n, wait_s, fresh=True)
+                raise self.paths.too_few(self.n, wait_s, fresh=fresh)
         except PathError as exc:
             raise AnonError(str(exc), Failure.NO_PATHS) from None
         return paths
@@ -400,16 +408,7 @@ class AnonClient:
                 raise AnonError(f"only {len(paths)} of the {len(held)} held paths are still up; {self.n} are needed",
                                 Failure.NO_PATHS)
         else:
-            try:
-                with trio.move_on_after(paths_timeout):
-                    if fresh_paths:
-                        paths = await self.paths.build_fresh(self.n)
-                    else:
-                        paths = self.rng.sample(await self.paths.wait_ready(self.n), self.n)
-                if paths is None:
-                    raise self.paths.too_few(self.n, paths_timeout, fresh=fresh_paths)
-            except PathError as exc:
-                raise AnonError(str(exc), Failure.NO_PATHS) from None
+            paths = await self._paths_within(paths_timeout, fresh=fresh_paths)
         try:
             async with aclosing(self._attempt_on(paths, target, model, messages, params, continuation, chunk_timeout,
                                                  exact, request_id, token)) as chunks:

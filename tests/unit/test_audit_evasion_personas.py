@@ -62,9 +62,10 @@ def test_a_challenge_labels_its_paths_once_its_reveal_delay_has_passed(delay: in
 def test_scripts_replay_donated_turns_after_the_nodes_own_replies_within_the_window() -> None:
     """Decision 0025 as the bench models it: a script's follow-up turn continues a reply this node
     served, after an earlier turn of the same script; with held paths it comes over that turn's
-    paths (with fresh ones per turn, over paths never seen before); no turn falls after the send
+    paths (with fresh ones per turn, over paths never seen before; with personas, over the paths
+    its verifier's persona holds for the epoch, which its other scripts share); no turn falls after the send
     window; no script holds an assistant message of the donor's or more than MAX_SCRIPT_TURNS turns."""
-    for mode in ("script_held", "script"):
+    for mode in ("script_held", "script_personas", "script"):
         reqs, _ = ae.stream(5, "donated", 30, TIMING, 2, USERS, DONORS, paths=mode)
         chs = sorted((r for r in reqs if r.source == "donated"), key=lambda r: r.t)
         follow = [r for r in chs if r.prev_reply]
@@ -79,7 +80,19 @@ def test_scripts_replay_donated_turns_after_the_nodes_own_replies_within_the_win
             assert r.served_prev
             before = [q for q in chs if q.t < r.t and r.messages[:len(q.messages)] == q.messages]
             assert before
-            if mode == "script_held":
+            if mode != "script":
                 assert any(q.paths == r.paths for q in before)
             else:
                 assert all(q.paths != r.paths for q in chs if q is not r)
+
+
+def test_a_verifiers_persona_sends_several_scripts_over_the_paths_it_holds_for_the_epoch() -> None:
+    """Decision 0024's scratch what-if (``script_personas``): scripts of one persona share paths,
+    never across epochs."""
+    reqs, _ = ae.stream(5, "donated", 30, TIMING, 2, USERS, DONORS, paths="script_personas", personas_per_verifier=1)
+    firsts = [r for r in reqs if r.source == "donated" and not r.prev_reply]
+    by_paths: dict[tuple[int, ...], set[int]] = {}
+    for r in firsts:
+        by_paths.setdefault(r.paths, set()).add(int(r.t // TIMING.epoch_s))
+    assert any(sum(r.paths == p for r in firsts) > 1 for p in by_paths)
+    assert all(len(epochs) == 1 for epochs in by_paths.values())

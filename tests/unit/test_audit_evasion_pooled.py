@@ -37,10 +37,9 @@ def epochs_to_untrusted(scores: ae.ScoreTable, pooled: bool) -> tuple[list[int |
                    np.full(len(users), -1.0), users)
     out, honest = [], []
     for seed in SEEDS:
-        run = ae.ChainRun(seed, [ae.NodeSpec("honest", "honest"), ae.NodeSpec("greedy", "greedy", cheat_from=2)],
-                          scores, view, chain.DEFAULT_EPOCH_BLOCKS, chain.DEFAULT_CHALLENGES_PER_NODE)
-        run.pooled = pooled
-        res = run.run(12)
+        res = ae.ChainRun(seed, [ae.NodeSpec("honest", "honest"), ae.NodeSpec("greedy", "greedy", cheat_from=2)],
+                          scores, view, chain.DEFAULT_EPOCH_BLOCKS, chain.DEFAULT_CHALLENGES_PER_NODE,
+                          pooled=pooled).run(12)
         out.append(ae._epochs_to_untrusted(res.reputation["greedy"], 2, TRUST_LINE))
         honest.append(min(res.reputation["honest"]))
     return out, min(honest)

@@ -630,6 +630,9 @@ def test_a_plan_saved_before_replies_kept_their_z_is_taken_back() -> None:
     assert not auditor(3).restore(msgpack.packb([3, chain_id, pk, body], use_bin_type=True))
 
 
+QUICK_THINK = (2, 1.0)  # a script's turns 2 + Exp(1) blocks apart: all of them fit in the window
+
+
 def _script_pool() -> pl.DonationPool:
     pool = pl.DonationPool()
     conversation = (ChatMessage("system", "Be brief."), ChatMessage("user", "Hi"), ChatMessage("assistant", "Hello!"),
@@ -639,16 +642,11 @@ def _script_pool() -> pl.DonationPool:
     return pool
 
 
-def test_a_donated_conversation_is_replayed_turn_by_turn_after_the_nodes_own_replies(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_donated_conversation_is_replayed_turn_by_turn_after_the_nodes_own_replies() -> None:
     """Decision 0025: each turn goes out a think time after the node's reply to the one before,
     with the node's replies (not the donor's) in place; a busy turn is tried again; the report
     holds the earlier turns' replies and the last turn's outcome, each score capped as one set."""
-    import verifier.audit.auditor as au
-
-    monkeypatch.setattr(au, "THINK_MIN_BLOCKS", 2)
-    monkeypatch.setattr(au, "THINK_MEAN_BLOCKS", 1)
-    a = auditor(0, pool=_script_pool())
+    a = auditor(0, pool=_script_pool(), think=QUICK_THINK)
     a.plan(view(), START)
     p = a.current
     assert p is not None
@@ -682,12 +680,8 @@ def test_a_donated_conversation_is_replayed_turn_by_turn_after_the_nodes_own_rep
     assert e.outcome.score == 800_002 and e.outcome.tries == 1 and e.earlier[1].tries == 2
 
 
-def test_a_script_whose_next_turn_does_not_fit_the_window_ends_at_the_last_reply(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    import verifier.audit.auditor as au
-
-    monkeypatch.setattr(au, "THINK_MIN_BLOCKS", REPORT_FROM)  # no next turn fits
-    a = auditor(0, pool=_script_pool())
+def test_a_script_whose_next_turn_does_not_fit_the_window_ends_at_the_last_reply() -> None:
+    a = auditor(0, pool=_script_pool(), think=(REPORT_FROM, 1.0))  # no next turn fits
     a.plan(view(), START)
     sends = run_sends(a, committed(), range(START, REPORT_FROM), lambda s, h: reply(s.node_id, s.index))
     assert {s.turn for s in sends} == {0}
@@ -697,14 +691,10 @@ def test_a_script_whose_next_turn_does_not_fit_the_window_ends_at_the_last_reply
     assert len(scripted) == 1 and scripted[0].earlier == () and isinstance(scripted[0].outcome, at.ReplyOutcome)
 
 
-def _script_started(monkeypatch: pytest.MonkeyPatch) -> tuple[Auditor, int, Send]:
+def _script_started() -> tuple[Auditor, int, Send]:
     """An auditor whose plan holds one donated 3-turn script, due at the first send height, with
     short think times: the auditor, the script's entry, and its first send."""
-    import verifier.audit.auditor as au
-
-    monkeypatch.setattr(au, "THINK_MIN_BLOCKS", 2)
-    monkeypatch.setattr(au, "THINK_MEAN_BLOCKS", 1)
-    a = auditor(0, pool=_script_pool())
+    a = auditor(0, pool=_script_pool(), think=QUICK_THINK)
     a.plan(view(), START)
     assert a.current is not None
     (idx,) = [i for i, e in enumerate(a.current.entries) if e.opening.turns() == 3]
@@ -713,8 +703,8 @@ def _script_started(monkeypatch: pytest.MonkeyPatch) -> tuple[Auditor, int, Send
     return a, idx, first
 
 
-def test_an_auditor_restarted_mid_script_goes_on_with_the_next_turn(monkeypatch: pytest.MonkeyPatch) -> None:
-    a, idx, first = _script_started(monkeypatch)
+def test_an_auditor_restarted_mid_script_goes_on_with_the_next_turn() -> None:
+    a, idx, first = _script_started()
     a.result(first, reply(first.node_id, 7), 900_000, COMMIT_UNTIL + 1, 1.5)
     b = auditor(0)
     assert b.restore(a.snapshot()) and b.current is not None
@@ -726,17 +716,13 @@ def test_an_auditor_restarted_mid_script_goes_on_with_the_next_turn(monkeypatch:
 
 
 async def test_the_driver_sends_a_scripts_turns_over_one_held_path_set_and_closes_it(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path) -> None:
     """Decision 0025: every turn of a donated script goes over the paths held for it (one set), with
     the node's replies in place; one-turn challenges keep paths of their own; the set is closed
     after the script's last turn."""
-    import verifier.audit.auditor as au
-
-    monkeypatch.setattr(au, "THINK_MIN_BLOCKS", 2)
-    monkeypatch.setattr(au, "THINK_MEAN_BLOCKS", 1)
     chain = FakeChain(view(), START)
     client = FakeClient({n: [("sure", (5, 6)), ("", (2,))] for n in NODES})
-    a = auditor(0, pool=_script_pool())
+    a = auditor(0, pool=_script_pool(), think=QUICK_THINK)
     driver = AuditDriver(a, "127.0.0.1:1", client=client, engine=FakeEngine(), rpc=chain.rpc,  # type: ignore[arg-type]
                          data_dir=tmp_path)
     async with trio.open_nursery() as nursery:
@@ -758,10 +744,10 @@ async def test_the_driver_sends_a_scripts_turns_over_one_held_path_set_and_close
     assert isinstance(report, at.AuditReport) and len(report.entries[idx].earlier) == 2
 
 
-def test_a_script_whose_next_turn_never_went_out_ends_at_its_last_reply(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_script_whose_next_turn_never_went_out_ends_at_its_last_reply() -> None:
     """A verifier down when a script's next turn was due reports the script as ending at the
     reply it got, not as a turn the node failed."""
-    a, idx, first = _script_started(monkeypatch)
+    a, idx, first = _script_started()
     a.result(first, reply(first.node_id, 7), 900_000, COMMIT_UNTIL + 1)
     # down until the report window: nothing else sent
     report = at.decode_audit_tx(submission(a.plan(committed(), END - 2)).raw, CHAIN)

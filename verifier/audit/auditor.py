@@ -370,9 +370,10 @@ THINK_MIN_BLOCKS = 10  # a user's think time between a reply and the next turn: 
 THINK_MEAN_BLOCKS = 45  # audit-evasion bench's users), in blocks of about a second
 
 
-def think_blocks(rng: random.Random) -> int:
-    """Blocks between a reply and the script's next turn, drawn as a user's think time."""
-    return THINK_MIN_BLOCKS + round(rng.expovariate(1.0 / THINK_MEAN_BLOCKS))
+def think_blocks(rng: random.Random, least: int = THINK_MIN_BLOCKS, mean_extra: float = THINK_MEAN_BLOCKS) -> int:
+    """Blocks between a reply and the script's next turn, drawn as a user's think time:
+    ``least`` + Exp(``mean_extra``)."""
+    return least + round(rng.expovariate(1.0 / mean_extra))
 
 
 def _reply(raw: bytes) -> ReplyOutcome:
@@ -417,6 +418,7 @@ class Auditor:
     rng: random.Random = field(default_factory=random.SystemRandom)
     urandom: Callable[[int], bytes] = os.urandom
     tamper: Callable[[Any], Any] | None = None  # TESTS ONLY: alters each AuditReport before it is signed
+    think: tuple[int, float] = (THINK_MIN_BLOCKS, THINK_MEAN_BLOCKS)  # a script's turns apart: least + Exp(mean)
     transcripts: TranscriptBook | None = None  # users' committed transcripts (decision 0015), closed here
     current: Plan | None = None
     changed: bool = False  # the plan changed since the last snapshot(): the driver writes it
@@ -683,7 +685,7 @@ class Auditor:
             reply = ReplyOutcome(outcome.served_by, outcome.chunks, outcome.signature, outcome.signed_at_ms,
                                  score, send.attempt)  # the try whose request id the reply signs
             e.zs.append(z)
-            following = height + think_blocks(self.rng)
+            following = height + think_blocks(self.rng, *self.think)
             if send.turn + 1 < e.opening.turns() and following <= last:
                 e.replies.append(reply)
                 e.tries, e.last, e.send_at = 0, "", following

@@ -216,6 +216,9 @@ class Opening:
         transcript, which carries its conversation's replies, is checked by :meth:`check` only):
         system messages, then 1 to :data:`MAX_TURNS` distinct, non-empty user turns."""
         self.check()
+        self._check_script_rules()
+
+    def _check_script_rules(self) -> None:
         roles = [m.role for m in self.messages]
         first_user = roles.index("user")
         if any(r != "system" for r in roles[:first_user]) or any(r != "user" for r in roles[first_user:]):
@@ -601,8 +604,8 @@ def decode_outcome(raw: bytes) -> ReplyOutcome | FailOutcome:
 def _read_entry(r: codec.ShapeReader, i: int) -> ReportEntry:
     _shaped(r, 4, f"report entry {i} is [node_id, opening, outcome, [earlier reply, ...]]")
     node = _bytes(r.value(), NODE_ID_LEN, f"entry {i}'s node id")
-    opening = Opening.from_wire(_read_opening(r))
-    opening.check_script()
+    opening = Opening.from_wire(_read_opening(r))  # checked as an opening already
+    opening._check_script_rules()
     outcome = _read_outcome(r, i)
     earlier = []
     for _ in range(_array(r, MAX_TURNS - 1, f"entry {i}'s earlier replies")):

@@ -739,12 +739,14 @@ class ScoreTable:
     """The engine's measured per-reply two-sided scores (``samples[setting][kind]``), drawn by the
     challenge's setting: the measured setting nearest its (temperature, top-p)."""
 
-    def __init__(self, path: Path | None = None) -> None:
-        path = path or SCORES_FILE
-        if not path.is_file():
-            raise BenchError(f"bench audit-evasion: {path} is missing: measure it with "
-                             "`python -m simulations.measure_audit_scores`")
-        doc = json.loads(path.read_text())
+    def __init__(self, path: Path | None = None, doc: dict[str, Any] | None = None) -> None:
+        """From ``path`` (default :data:`SCORES_FILE`), or from ``doc``, a document of its form."""
+        if doc is None:
+            path = path or SCORES_FILE
+            if not path.is_file():
+                raise BenchError(f"bench audit-evasion: {path} is missing: measure it with "
+                                 "`python -m simulations.measure_audit_scores`")
+            doc = json.loads(path.read_text())
         self.samples: dict[str, dict[str, list[int]]] = {}
         self.zs: dict[str, dict[str, list[float]]] = {}  # each sample's z (pooled per node, decision 0023)
         self.transcript_samples: dict[str, dict[str, list[int]]] = {}  # the same replies as transcripts
@@ -772,18 +774,12 @@ class ScoreTable:
         """The honest replies of a ``measure_honest_z`` file (``samples[setting]`` rows) as the
         ``honest`` kind of a table: an honest node whose replies were measured there (decision
         0023: the verifier's weights computed in float32, another engine's arithmetic)."""
-        import tempfile
-
         if not path.is_file():
             raise BenchError(f"bench audit-evasion: {path} is missing: measure it with "
                              "`python -m simulations.measure_honest_z --node-weights F32 --out` that file")
         src = json.loads(path.read_text())
-        doc = {"samples": {s: {"honest": rows} for s, rows in src["samples"].items()}, "settings": src["settings"],
-               "measured": src.get("measured"), "how": src.get("how")}
-        with tempfile.TemporaryDirectory() as tmp:
-            table = Path(tmp) / "honest.json"
-            table.write_text(json.dumps(doc))
-            return cls(table)
+        return cls(doc={"samples": {s: {"honest": rows} for s, rows in src["samples"].items()},
+                        "settings": src["settings"], "measured": src.get("measured"), "how": src.get("how")})
 
     @staticmethod
     def _parse(name: str) -> tuple[float, float]:
@@ -897,7 +893,8 @@ class ChainRun:
 
     def __init__(self, seed: int, specs: Sequence[NodeSpec], scores: ScoreTable, default_view: View,
                  epoch_blocks: int, k: int, rho: float = 0.0, framers: int = 0, frame_from: int = 0,
-                 cache: dict[int, Any] | None = None, framer_scores: ShortReplies | None = None) -> None:
+                 cache: dict[int, Any] | None = None, framer_scores: ShortReplies | None = None,
+                 pooled: bool = POOLED) -> None:
         """``rho``: the share of the nodes' users' requests donated as transcripts; ``framers``:
         one-shot framing identities per epoch from ``frame_from`` against the first honest node;
         ``cache``: the validators' plans and reports by epoch, shared by runs of the same seed and
@@ -907,7 +904,7 @@ class ChainRun:
         from verifier.audit.transcripts import ScoreCarry, TranscriptBook
 
         self.seed, self.scores, self.default_view, self.k = seed, scores, default_view, k
-        self.pooled = POOLED  # decision 0023's cap (False: the figures as they were before it)
+        self.pooled = pooled  # decision 0023's cap (False: the figures as they were before it)
         self.rho, self.framers, self.frame_from, self.cache = rho, framers, frame_from, cache
         self.framer_scores = framer_scores  # where the framers' replies are drawn from (None: ``scores``)
         self.book = TranscriptBook()  # every honest verifier's book: they all get the same commits and reveals
