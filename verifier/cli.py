@@ -20,8 +20,8 @@ from gentorrent.cli import CliError, common_flags, resolve_config, run_async
 
 # verifier/audit/chain.py's defaults, repeated here so that the CLI stays light to import (a test checks them)
 _DEFAULT_AUDIT_MODEL = "smollm2-135m-instruct"
-_DEFAULT_EPOCH_BLOCKS = 120
-_DEFAULT_CHALLENGES = 2
+_DEFAULT_EPOCH_BLOCKS = 900
+_DEFAULT_CHALLENGES = 4
 # overlay/directory/quota.py's QuotaParams defaults, likewise (tests/unit/test_quota_issuer.py checks them)
 _DEFAULT_QUOTA_TOKENS = 6
 _DEFAULT_QUOTA_EPOCH_S = 60
@@ -93,7 +93,9 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
                         "the model nodes of the models it holds; without --audits the genesis has no audit section "
                         "and audits are off")
     g.add_argument("--epoch-blocks", type=int, default=_DEFAULT_EPOCH_BLOCKS, metavar="E",
-                   help=f"blocks per audit epoch (default {_DEFAULT_EPOCH_BLOCKS})")
+                   help=f"blocks per audit epoch (default {_DEFAULT_EPOCH_BLOCKS}: 15 minutes at 1-s blocks, as long "
+                        "as a user's path lives, so that challenges' paths look like users' (decision 0026); "
+                        "a network on one machine may take 120)")
     g.add_argument("--challenges-per-node", type=int, default=_DEFAULT_CHALLENGES, metavar="K",
                    help=f"challenges each verifier sends each audited node per epoch, 1-4 (default "
                         f"{_DEFAULT_CHALLENGES})")

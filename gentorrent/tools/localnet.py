@@ -168,6 +168,7 @@ class LocalNet:
         chain_id: str = DEVNET_CHAIN_ID,
         audits: bool = False,
         epoch_blocks: int = 120,
+        challenges_per_node: int = 2,
     ) -> None:
         """``users`` names extra registered user identities that this class does not
         start (chat clients, benchmark clients, test sinks). ``engine``: the model nodes'
@@ -185,8 +186,11 @@ class LocalNet:
         name (a node's name; ``verifier-I.p2p`` and ``verifier-I.rpc`` for a verifier's CometBFT
         ports); every port not named there is one the OS finds free now (:attr:`ports` holds them
         all, to be given back on a later run that resumes the same network). ``audits``: the
-        committee's genesis turns audits on for ``model`` in epochs of ``epoch_blocks`` blocks and
-        every verifier runs ``--audit`` (its audit user node on port ``verifier-I.audit``)."""
+        committee's genesis turns audits on for ``model`` in epochs of ``epoch_blocks`` blocks, with
+        ``challenges_per_node`` challenges a verifier sends each node, and every verifier runs
+        ``--audit`` (its audit user node on port ``verifier-I.audit``). Both are smaller than the
+        public network's defaults (900 and 4, decision 0026): a network on one machine is watched
+        for minutes, and its few cores answer every challenge."""
         self.clock: Clock = clock or SystemClock()
         self.root = root
         self.engine = engine
@@ -217,7 +221,7 @@ class LocalNet:
         self.verifiers = verifiers
         self.verifier_ports = {v: (self.ports[f"{v}.p2p"], self.ports[f"{v}.rpc"]) for v in verifiers}  # (p2p, rpc)
         self.timeout_commit = timeout_commit
-        self.audits, self.epoch_blocks = audits, epoch_blocks
+        self.audits, self.epoch_blocks, self.challenges_per_node = audits, epoch_blocks, challenges_per_node
         self.genesis_file = root / "committee-genesis.json"
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         if committee:  # no registry file: the nodes register with the committee
@@ -331,7 +335,8 @@ class LocalNet:
             _, err = proc.communicate()
             if proc.returncode != 0:
                 raise LocalNetError(f"{v}: verifier init failed: {err.decode(errors='replace').strip()[-500:]}")
-        audit = ["--audits", "--epoch-blocks", str(self.epoch_blocks)] if self.audits else []
+        audit = ["--audits", "--epoch-blocks", str(self.epoch_blocks), "--challenges-per-node",
+                 str(self.challenges_per_node)] if self.audits else []
         done = subprocess.run(cli("verifier", "genesis", "--chain-id", self.chain_id, "--out", str(self.genesis_file),
                                   "--local-network", *audit, "--install", *[str(self.root / v) for v in self.verifiers]),
                               capture_output=True)

@@ -70,7 +70,7 @@ def test_figures_are_well_formed(out: dict[str, Any]) -> None:
     # the selective cheater's worst case is one of its swept points, at every donation rate
     for pre in ("", "transcripts_rho10_", "transcripts_rho25_"):
         for view in ("generator", "donated", "donated_colluder"):
-            swept = [f[f"{pre}selective_{view}_tpr{t}_untrusted_within_5_share"] for t in (50, 80, 90, 95)]
+            swept = [f[f"{pre}selective_{view}_tpr{t}_untrusted_within_5_share"] for t in (50, 55, 60, 70, 80, 90, 95)]
             assert f[f"{pre}cheater_selective_{view}_untrusted_within_5_share"] in swept
     # framing: a grid value (or twice the grid's last: not found), and every identity counted or burnt
     grid = out["params"]["transcripts"]["framing"]["grid"]
@@ -104,14 +104,17 @@ def test_what_the_design_promises(out: dict[str, Any]) -> None:
     for kind in ("plain", "restart", "busy", "flood"):
         assert f[f"transcripts_rho25_honest_{kind}_untrusted_nodes"] == 0
     assert f["transcripts_rho25_honest_epochs_changed_by_another_node"] == 0
-    # users' transcripts reach what challenges cannot: the selective cheater and the forwarder, far
-    # above the line on challenges alone, sink on them (within 5 epochs in most full runs; the
-    # quick run's one seed is not asked for that: the chain's minimum of 4 transcripts a vote delays it,
-    # and since decision 0021 short transcripts weigh less: the quick run's selective cheater falls
-    # from 0.77 to 0.48, 0.29 and no longer the 0.3 this asked for before)
+    # since decision 0026 (personas, 15-minute epochs) the donated view's detector is weak: a
+    # selective cheater or a forwarder acting on it is caught by challenges alone
     for cheat in ("selective_donated", "forwarder_donated"):
+        assert f[f"cheater_{cheat}_reputation_after_5_mean"] < 0.4
+    # users' transcripts reach what challenges cannot: the generator's and a colluder's views flag
+    # challenges and no user request; such cheaters, far above the line on challenges alone, sink on
+    # transcripts (within 5 epochs in every full run since decision 0026)
+    for cheat in ("selective_generator", "forwarder_generator", "selective_donated_colluder",
+                  "forwarder_donated_colluder"):
         alone = f[f"cheater_{cheat}_reputation_after_5_mean"]
-        assert alone > 0.75 and f[f"transcripts_rho25_cheater_{cheat}_reputation_after_5_mean"] < alone - 0.25
+        assert alone > 0.6 and f[f"transcripts_rho25_cheater_{cheat}_reputation_after_5_mean"] < alone - 0.25
     # the detectors work: the public generator is recognisable, a colluder's memory recognises donations
     assert f["auc_template_generator"] > 0.9
     assert f["auc_seen_before_all_donated"] > 0.9

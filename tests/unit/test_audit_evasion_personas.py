@@ -1,7 +1,8 @@
-"""The persona what-ifs of ``gentorrent bench audit-evasion`` (decision 0020, proposed): persona
-challenges are made by the users' own traffic model from donors' prompts, their paths retired at
-each epoch's end ("persona") or kept ("persona_kept"); the node's path age is an extra feature;
-a revealed challenge labels its paths only once the reveal delay has passed."""
+"""How ``gentorrent bench audit-evasion`` sends challenges: as built (decision 0026,
+``script_personas``: every challenge over the paths its verifier's persona holds for the epoch),
+and decision 0020's what-if (``persona``: challenges made by the users' own traffic model from
+donors' prompts, their paths retired at each epoch's end); the node's path age is an extra
+feature; a revealed challenge labels its paths from the next epoch on."""
 
 from __future__ import annotations
 
@@ -30,13 +31,13 @@ def _persona_paths(mode: str) -> dict[int, set[int]]:
     return epochs
 
 
-def test_persona_paths_never_outlive_their_epoch_unless_kept() -> None:
-    assert all(len(e) == 1 for e in _persona_paths("persona").values())
-    assert any(len(e) > 1 for e in _persona_paths("persona_kept").values())
+def test_persona_paths_never_outlive_their_epoch() -> None:
+    epochs = _persona_paths("persona")
+    assert epochs and all(len(e) == 1 for e in epochs.values())
 
 
 def test_persona_challenges_spread_over_the_whole_epoch() -> None:
-    reqs, _ = ae.stream(4, "donated", 40, TIMING, 2, USERS, DONORS, paths="persona_kept")
+    reqs, _ = ae.stream(4, "donated", 40, TIMING, 2, USERS, DONORS, paths="persona")
     offsets = {int(r.t / ae.BLOCK_S) % TIMING.epoch_blocks for r in reqs if r.source == "donated"}
     assert offsets & set(range(TIMING.send_first)) and offsets & set(range(TIMING.send_last + 1, TIMING.epoch_blocks))
 
@@ -48,13 +49,14 @@ def _req(t: float, paths: tuple[int, ...], source: str) -> ae.Req:
     return ae.Req(t, (ChatMessage("user", "hello there"),), params, paths, paths, int(t), 0, False, source)
 
 
-@pytest.mark.parametrize(("delay", "labelled"), [(0, 1.0), (1, 0.0)])
-def test_a_challenge_labels_its_paths_once_its_reveal_delay_has_passed(delay: int, labelled: float) -> None:
+def test_a_challenge_labels_its_paths_once_its_epoch_has_ended() -> None:
     e = TIMING.epoch_s
-    reqs = [_req(10.0, (1, 2), "donated"), _req(e + 10.0, (1, 2), "user"), _req(e + 20.0, (3, 4), "user")]
-    obs = ae.observe(reqs, set(), TIMING, ae.TemplateMatcher(), path_age=True, reveal_delay=delay)
+    reqs = [_req(10.0, (1, 2), "donated"), _req(20.0, (1, 2), "user"), _req(e + 10.0, (1, 2), "user"),
+            _req(e + 20.0, (3, 4), "user")]
+    obs = ae.observe(reqs, set(), TIMING, ae.TemplateMatcher(), path_age=True)
     revealed, age = ae.FEATURES.index("revealed_paths"), len(ae.FEATURES)
-    assert obs.rows[1][revealed] == labelled and obs.rows[2][revealed] == 0.0
+    assert [row[revealed] for row in obs.rows] == [0.0, 0.0, 1.0, 0.0]  # revealed by the report at its end
+    obs.rows.pop(1)
     assert obs.rows[0][age] == 0.0 and obs.rows[1][age] == pytest.approx(math.log1p(e)) and obs.rows[2][age] == 0.0
     assert len(obs.rows[0]) == len(ae.FEATURES) + 1
 
@@ -87,8 +89,8 @@ def test_scripts_replay_donated_turns_after_the_nodes_own_replies_within_the_win
 
 
 def test_a_verifiers_persona_sends_several_scripts_over_the_paths_it_holds_for_the_epoch() -> None:
-    """Decision 0024's scratch what-if (``script_personas``): scripts of one persona share paths,
-    never across epochs."""
+    """Decision 0026 as the bench models it (``script_personas``): scripts of one persona share
+    paths, never across epochs."""
     reqs, _ = ae.stream(5, "donated", 30, TIMING, 2, USERS, DONORS, paths="script_personas", personas_per_verifier=1)
     firsts = [r for r in reqs if r.source == "donated" and not r.prev_reply]
     by_paths: dict[tuple[int, ...], set[int]] = {}
@@ -96,3 +98,9 @@ def test_a_verifiers_persona_sends_several_scripts_over_the_paths_it_holds_for_t
         by_paths.setdefault(r.paths, set()).add(int(r.t // TIMING.epoch_s))
     assert any(sum(r.paths == p for r in firsts) > 1 for p in by_paths)
     assert all(len(epochs) == 1 for epochs in by_paths.values())
+
+
+def test_the_bench_sends_as_many_personas_and_turns_as_the_auditor() -> None:
+    from verifier.audit import auditor, tx
+
+    assert ae.PERSONAS_PER_VERIFIER == auditor.PERSONAS and ae.MAX_SCRIPT_TURNS == tx.MAX_TURNS

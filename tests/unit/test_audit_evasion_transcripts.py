@@ -88,7 +88,7 @@ def test_short_reply_framers_get_nothing_once_transcripts_weigh_by_length(scores
 def test_the_timing_leak_matches_its_closed_form() -> None:
     f = ae.timing_leak((0.25,), 2000, 120.0, 1)
     for nodes in ae.NETWORK_NODES:
-        rate = 0.25 * nodes * ae.USER_REQUESTS_PER_EPOCH / 120.0  # commitments a second, network-wide
+        rate = 0.25 * nodes * ae.USER_REQUESTS_PER_S  # commitments a second, network-wide
         for w in ae.LEAK_WINDOWS_S:
             if w < ae.COMMIT_LEAD_S[1]:
                 continue

@@ -23,6 +23,7 @@ from verifier.audit import pool as pl
 from verifier.audit import tx as at
 from verifier.audit.auditor import (
     GENERATOR_WARNING,
+    PERSONAS,
     PLAN_FILE,
     Action,
     AuditDriver,
@@ -33,6 +34,7 @@ from verifier.audit.auditor import (
     Reply,
     Send,
     Submit,
+    fit_report,
     grace_height,
     last_send,
     load_auditor,
@@ -447,12 +449,29 @@ class FakeChain:
         return {"code": 0, "log": ""}
 
 
-async def test_the_driver_runs_an_epoch_over_fresh_paths_to_one_node_each(tmp_path: Path) -> None:
+class WatchedChain(FakeChain):
+    """A :class:`FakeChain` that notes how many path sets ``client`` had closed at each broadcast."""
+
+    def __init__(self, v: AuditView, height: int, client: FakeClient) -> None:
+        super().__init__(v, height)
+        self.client = client
+        self.closed_at_broadcast: list[int] = []
+
+    async def rpc(self, address: str, method: str, params: dict[str, str]) -> Any:
+        if method == "broadcast_tx_sync":
+            self.closed_at_broadcast.append(len(self.client.released))
+        return await super().rpc(address, method, params)
+
+
+async def test_the_driver_runs_an_epoch_over_its_personas_paths_to_one_node_each(tmp_path: Path) -> None:
+    """Every challenge goes to one node, no failover, over the paths its persona holds for the
+    epoch (decision 0026): one set a persona, closed before the report that labels them goes out."""
     from overlay.anon.client import AllBusy
 
-    chain = FakeChain(view(), START)
+
     client = FakeClient({NODES[0]: [("hello", (5, 6)), ("", (2,))], NODES[1]: AllBusy("busy: full"),
                          NODES[2]: [("fwd", (8,))]}, signer={NODES[2]: b"\x0e" * 20})
+    chain = WatchedChain(view(), START, client)
     a = auditor(0)
     driver = AuditDriver(a, "127.0.0.1:1", client=client, engine=FakeEngine(), rpc=chain.rpc,  # type: ignore[arg-type]
                          data_dir=tmp_path)
@@ -469,7 +488,12 @@ async def test_the_driver_runs_an_epoch_over_fresh_paths_to_one_node_each(tmp_pa
             await driver.step(nursery)
     report = at.decode_audit_tx(chain.sent[-1], CHAIN)
     assert isinstance(report, at.AuditReport) and report.plan_hash() == commit.plan_hash
-    assert {(n, f, fresh) for n, f, fresh in client.calls} == {(n, False, True) for n in NODES}  # one node, fresh paths
+    assert {(n, f, fresh) for n, f, fresh in client.calls} == {(n, False, False) for n in NODES}  # one node, held paths
+    assert a.current is not None
+    personas = {e.persona for e in a.current.entries}
+    assert len(personas) == PERSONAS  # 6 challenges: both personas in use (this seed)
+    assert len(client.held) == len({id(h) for _, h in client.sent}) == len(personas)  # one path set each
+    assert client.released == client.held and chain.closed_at_broadcast[-1] == len(personas)  # closed, then reported
     assert [c[0] for c in client.calls].count(NODES[1]) == 2 * at.MAX_TRIES  # busy: three tries each
     outs = {e.node_id: e.outcome for e in report.entries}
     first = outs[NODES[0]]
@@ -612,22 +636,32 @@ def test_the_report_caps_a_nodes_replies_by_their_pooled_z_and_no_other_nodes() 
 
 
 def test_a_plan_saved_before_replies_kept_their_z_is_taken_back() -> None:
-    """A plan file of format 2 (no z, one turn per entry) restores, its replies unpooled."""
+    """A plan file of format 2 (no z, one turn per entry) restores, its replies unpooled; one of
+    format 3 (no personas) restores with every challenge as persona 0."""
     a = auditor(3)
     a.plan(view(), START)
     run_sends(a, committed(3), range(START, REPORT_FROM), lambda s, h: reply(s.node_id, s.index))
     version, chain_id, pk, body = msgpack.unpackb(a.snapshot(), raw=False)
-    assert version == 3
-    body[-1] = [row[:-2] for row in body[-1]]  # as format 2 wrote them
+    assert version == 4
+    rows = body[-1]
+    body[-1] = [row[:-3] for row in rows]  # as format 2 wrote them
     old: bytes = msgpack.packb([2, chain_id, pk, body], use_bin_type=True)
     b = auditor(3)
     assert b.restore(old) and b.current is not None
-    assert all(e.zs == [] and e.replies == [] for e in b.current.entries)
+    assert all(e.zs == [] and e.replies == [] and e.persona == 0 for e in b.current.entries)
     report = at.decode_audit_tx(submission(b.plan(committed(3), REPORT_FROM)).raw, CHAIN)
     assert isinstance(report, at.AuditReport)
     assert all(isinstance(e.outcome, at.ReplyOutcome) and e.outcome.score == 900_000 for e in report.entries)
-    body[-1] = [[*row, [float("nan")], []] for row in body[-1]]
+    body[-1] = [[*row[:-3], [float("nan")], []] for row in rows]
     assert not auditor(3).restore(msgpack.packb([3, chain_id, pk, body], use_bin_type=True))
+    # format 3 (no persona) restores as persona 0; a persona out of range does not
+    body[-1] = [row[:-1] for row in rows]
+    c = auditor(3)
+    assert c.restore(msgpack.packb([3, chain_id, pk, body], use_bin_type=True)) and c.current is not None
+    assert [e.zs for e in c.current.entries] == [e.zs for e in a.current.entries]  # type: ignore[union-attr]
+    assert all(e.persona == 0 for e in c.current.entries)
+    body[-1] = [[*row[:-1], PERSONAS] for row in rows]
+    assert not auditor(3).restore(msgpack.packb([4, chain_id, pk, body], use_bin_type=True))
 
 
 QUICK_THINK = (2, 1.0)  # a script's turns 2 + Exp(1) blocks apart: all of them fit in the window
@@ -715,11 +749,11 @@ def test_an_auditor_restarted_mid_script_goes_on_with_the_next_turn() -> None:
     assert nxt and nxt[0].turn == 1 and nxt[0].history == ("answer 7",)
 
 
-async def test_the_driver_sends_a_scripts_turns_over_one_held_path_set_and_closes_it(
+async def test_the_driver_sends_a_scripts_turns_over_its_personas_held_paths(
         tmp_path: Path) -> None:
-    """Decision 0025: every turn of a donated script goes over the paths held for it (one set), with
-    the node's replies in place; one-turn challenges keep paths of their own; the set is closed
-    after the script's last turn."""
+    """Decision 0025: every turn of a donated script goes over one held path set, with the node's
+    replies in place; decision 0026: that set is its persona's, which the persona's one-turn
+    challenges go over too, and it is closed before the report."""
     chain = FakeChain(view(), START)
     client = FakeClient({n: [("sure", (5, 6)), ("", (2,))] for n in NODES})
     a = auditor(0, pool=_script_pool(), think=QUICK_THINK)
@@ -735,11 +769,13 @@ async def test_the_driver_sends_a_scripts_turns_over_one_held_path_set_and_close
         chain.height = h
         async with trio.open_nursery() as nursery:
             await driver.step(nursery)
-    scripted = [(msgs, held) for msgs, held in client.sent if held is not None]
-    assert len(scripted) == 3 and len(client.held) == 1 and all(held is client.held[0] for _, held in scripted)
+    persona = a.current.entries[idx].persona
+    scripted = [(msgs, held) for msgs, held in client.sent if msgs[0].content == "Be brief."]
+    assert len(scripted) == 3 and len({id(held) for _, held in scripted}) == 1
     assert [m.content for m in scripted[2][0] if m.role == "assistant"] == ["sure", "sure"]
-    assert client.released == client.held  # closed after the last turn
-    assert sum(held is None for _, held in client.sent) == len(client.sent) - 3  # the others: their own paths
+    same = [e for e in a.current.entries if e.persona == persona]
+    assert sum(held is scripted[0][1] for _, held in client.sent) == 3 + len(same) - 1  # the persona's others too
+    assert all(held is not None for _, held in client.sent) and client.released == client.held
     report = at.decode_audit_tx(chain.sent[-1], CHAIN)
     assert isinstance(report, at.AuditReport) and len(report.entries[idx].earlier) == 2
 
@@ -754,3 +790,37 @@ def test_a_script_whose_next_turn_never_went_out_ends_at_its_last_reply() -> Non
     assert isinstance(report, at.AuditReport)
     e = report.entries[idx]
     assert e.earlier == () and isinstance(e.outcome, at.ReplyOutcome) and e.outcome.chunks[0][0] == "answer 7"
+
+
+def test_a_report_too_large_for_one_transaction_sheds_a_scripts_later_turns_then_the_largest_reply(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Eight replies of 192 KB (a 3-turn script and five one-turn challenges) are 1.5 MB, over the
+    1 MiB a transaction may hold. The report first ends the script at its first turn (the chain
+    takes a script that ended early), then reports one reply as the verifier's own failure; it
+    then fits and decodes. Without the cut the chain refuses the whole report."""
+    a = auditor(0, pool=_script_pool(), think=QUICK_THINK)
+    a.plan(view(), START)
+
+    def huge(s: Send, h: int) -> Reply:
+        return Reply(tuple((("x" * 16_000), (5,)) for _ in range(12)), b"\x03" * 64, 1_700_000_000_000, s.node_id)
+
+    sends = run_sends(a, committed(), range(START, REPORT_FROM), huge)
+    assert len(sends) == 8
+    with caplog.at_level(logging.ERROR, "gentorrent.audit"):
+        raw = submission(a.plan(committed(), REPORT_FROM)).raw
+    assert len(raw) <= at.MAX_REPORT_BYTES + len(at.AUDIT_TAG)
+    report = at.decode_audit_tx(raw, CHAIN)
+    assert isinstance(report, at.AuditReport)
+    assert [len(e.earlier) for e in report.entries] == [0] * 6
+    assert sum(isinstance(e.outcome, at.FailOutcome) for e in report.entries) == 1
+    assert "2 scripts' later turns left out, 1 replies reported as 'other'" in caplog.text
+
+
+def test_a_report_that_fits_is_left_whole() -> None:
+    a = auditor(0, pool=_script_pool(), think=QUICK_THINK)
+    a.plan(view(), START)
+    run_sends(a, committed(), range(START, REPORT_FROM), lambda s, h: reply(s.node_id, s.index))
+    report = at.decode_audit_tx(submission(a.plan(committed(), REPORT_FROM)).raw, CHAIN)
+    assert isinstance(report, at.AuditReport) and fit_report(report) == (report.entries, 0, 0)
+    assert sorted(len(e.earlier) for e in report.entries) == [0] * 5 + [2]
+

@@ -12,7 +12,8 @@ verifiers' reports (:mod:`verifier.audit.chain`). Two layers, as everywhere in t
     first, :mod:`verifier.audit.pool`; else the built-in generator, which is recognisable and is
     logged), entries by node id ascending, a random salt; a :class:`Submit` of the signed
     :class:`~verifier.audit.tx.PlanCommit`, which holds only the plan's salted hash and the
-    models. Each challenge gets a random send height in the send window.
+    models. Each challenge gets a random send height in the send window and one of the
+    verifier's :data:`PERSONAS` (decision 0026), whose paths it goes over.
   - in the send window, a :class:`Send` for each challenge whose height has come. Its outcome
     comes back through :meth:`Auditor.result`: a reply (scored by this verifier's engine) is final;
     a busy, silent, lost, incomplete or error outcome is tried again later at a new random height
@@ -42,10 +43,12 @@ verifiers' reports (:mod:`verifier.audit.chain`). Two layers, as everywhere in t
   the plan it committed (:meth:`Auditor.restore`).
 - :class:`AuditDriver`, the **thin trio driver**: it polls the verifier's own CometBFT RPC
   (``/abci_query`` ``/audit``, about once a block), sends challenges through the overlay's
-  anonymous request API, the very code users run, to ONE node with no failover and over paths
-  built for that challenge alone (:func:`send_challenge`: the proxies of one challenge link it to
-  no other), scores replies with this verifier's own engine (:func:`score_tokens`), and
-  broadcasts the transactions (``/broadcast_tx_sync``). :func:`run_audits` sets it up inside
+  anonymous request API, the very code users run, to ONE node with no failover, over the paths
+  its persona holds for the epoch as a user's client holds its own (:func:`send_challenge`;
+  decision 0026: built at the persona's first send, rebuilt when too few are up, closed before
+  the report goes out, so that no path a report labels is used again), scores replies with this
+  verifier's own engine (:func:`score_tokens`), and broadcasts the transactions
+  (``/broadcast_tx_sync``). :func:`run_audits` sets it up inside
   ``gentorrent verifier --audit``: a user node of the overlay registered with the committee as a
   user (its identity in ``DATA_DIR/audit-user``) and the audit model loaded with llama.cpp.
   Every failure is logged with the node; nothing here can stop the verifier.
@@ -87,7 +90,7 @@ if TYPE_CHECKING:
     from overlay.anon.paths import Path as OverlayPath
     from verifier.audit.pool import DonationPool
     from verifier.audit.transcripts import Counted, ScoreCarry, TranscriptBook
-    from verifier.audit.tx import AuditReport, FailOutcome, Opening, ReplyOutcome
+    from verifier.audit.tx import AuditReport, FailOutcome, Opening, ReplyOutcome, ReportEntry
 
 log = logging.getLogger("gentorrent.audit")
 
@@ -103,8 +106,10 @@ PLAN_FILE = "audit-plan.msgpack"
 POOL_SAVE_S = 30.0  # the donation pool is written at most this often (a used prompt lost in a crash is void anyway)
 GENERATOR_WARNING = ("challenges from the built-in generator are recognisable by a cheating node "
                      "(docs/threat-model.md); ask users to --donate-prompts")
-_PLAN_VERSION = 3  # 2: outcomes as their transaction bytes, no in-flight flag; 3: each reply's z, earlier turns
-_PLAN_VERSIONS = (2, 3)  # what restore takes
+_PLAN_VERSION = 4  # 2: outcomes as their transaction bytes, no in-flight flag; 3: each reply's z, earlier turns;
+# 4: each challenge's persona
+_PLAN_VERSIONS = (2, 3, 4)  # what restore takes
+PERSONAS = 2  # user-like senders a verifier's challenges of an epoch are spread over, each on its own held paths
 _ENTRY_RE = re.compile(r"\bentry (\d+):")
 
 
@@ -230,6 +235,7 @@ class Send:
     attempt: int
     turn: int = 0
     history: tuple[str, ...] = ()
+    persona: int = 0  # whose held paths it goes over (decision 0026)
 
     def messages(self) -> tuple[ChatMessage, ...]:
         """What this send asks: the script's turn with the node's own earlier replies (decision 0025)."""
@@ -304,6 +310,7 @@ class Planned:
     last: str = ""  # the last failed try's kind
     replies: list[ReplyOutcome] = field(default_factory=list)  # the script's earlier turns, answered
     zs: list[float] = field(default_factory=list)  # each reply's z (0: nothing to measure), pooled at the report
+    persona: int = 0  # the persona (0..PERSONAS-1) it is sent as: its paths (decision 0026)
 
 
 @dataclass(slots=True)
@@ -357,6 +364,39 @@ def pooled_caps(entries: Sequence[Planned]) -> dict[bytes, int]:
 _O = TypeVar("_O", "ReplyOutcome", "FailOutcome", "ReplyOutcome | FailOutcome")
 
 
+def fit_report(report: AuditReport) -> tuple[tuple[ReportEntry, ...], int, int]:
+    """``report``'s entries cut to fit :data:`~verifier.audit.tx.MAX_REPORT_BYTES` once signed,
+    with how many script turns were cut and how many replies dropped. A script's last turns go
+    first, from the entry with the most turns (the chain takes a script that ended early, and the
+    turns kept still verify); only when every entry is down to one turn are the largest replies
+    reported as failures of kind "other" (the verifier's own fault). Unchanged when it fits."""
+    from overlay.directory.registration import pack
+    from verifier.audit.tx import AUDIT_TAG, MAX_REPORT_BYTES, FailOutcome, ReportEntry, encode_tx
+
+    def size(e: ReportEntry) -> int:
+        return len(pack(e.to_wire()))
+
+    entries = list(report.entries)
+    room = MAX_REPORT_BYTES + len(AUDIT_TAG) - len(encode_tx(replace(report, entries=(), signature=bytes(64)))) - 5
+    sizes = [size(e) for e in entries]
+    cut = dropped = 0
+    while sum(sizes) > room:
+        shed = [j for j, e in enumerate(entries) if e.earlier] \
+            or [j for j, e in enumerate(entries) if not isinstance(e.outcome, FailOutcome)]
+        if not shed:
+            break  # nothing left to shed: openings alone overflow (cannot happen within the plan's limits)
+        i = max(shed, key=lambda j: (len(entries[j].earlier), sizes[j]))
+        e = entries[i]
+        if e.earlier:
+            entries[i] = ReportEntry(e.node_id, e.opening, e.earlier[-1], e.earlier[:-1])
+            cut += 1
+        else:
+            entries[i] = ReportEntry(e.node_id, e.opening, FailOutcome("other", e.outcome.tries))
+            dropped += 1
+        sizes[i] = size(entries[i])
+    return tuple(entries), cut, dropped
+
+
 def capped(outcome: _O, cap: int | None) -> _O:
     """``outcome`` with its score lowered to ``cap`` where that is lower (a reply), else as it is."""
     from verifier.audit.tx import ReplyOutcome
@@ -383,6 +423,12 @@ def _reply(raw: bytes) -> ReplyOutcome:
     if not isinstance(out, ReplyOutcome):
         raise ValueError("a saved earlier turn is not a reply")
     return out
+
+
+def _persona(value: Any) -> int:
+    if type(value) is not int or not 0 <= value < PERSONAS:
+        raise ValueError(f"a persona must be 0..{PERSONAS - 1}, not {value!r}")
+    return value
 
 
 def _finite(value: Any) -> float:
@@ -613,7 +659,8 @@ class Auditor:
             for _ in range(view.challenges_per_node):
                 opening, donated = self._opening(chosen[node])
                 generated += not donated
-                entries.append(Planned(node, opening, self.rng.randint(first, last)))
+                entries.append(Planned(node, opening, self.rng.randint(first, last),
+                                       persona=self.rng.randrange(PERSONAS)))
         if generated:
             self._warn_once(("generator", view.epoch), logging.WARNING,
                             "audit: epoch %d: %d of %d challenges come from the built-in generator: %s", view.epoch,
@@ -640,11 +687,6 @@ class Auditor:
             return o, True
         return self.generator.opening(model), False
 
-    def script_open(self, epoch: int, index: int) -> bool:
-        """Whether challenge ``index`` of ``epoch``'s plan is still going (a turn or a try to come)."""
-        p = self.current
-        return p is not None and p.epoch == epoch and 0 <= index < len(p.entries) and p.entries[index].outcome is None
-
     def _sends(self, p: Plan, height: int) -> list[Action]:
         from verifier.audit.tx import MAX_TRIES, FailOutcome, reply_text
 
@@ -660,7 +702,7 @@ class Auditor:
             e.sending = True
             self.changed = True
             out.append(Send(p.epoch, i, e.node_id, e.opening, e.tries, len(e.replies),
-                            tuple(reply_text(r) for r in e.replies)))
+                            tuple(reply_text(r) for r in e.replies), e.persona))
         return out
 
     def result(self, send: Send, outcome: Reply | Failure, score: int | None, height: int, z: float = 0.0) -> None:
@@ -716,6 +758,12 @@ class Auditor:
                                tuple(capped(r, caps.get(e.node_id)) for r in e.replies))
                    for e in p.entries if e.outcome is not None]
         tx: AuditReport = AuditReport(p.epoch, self.public_key, p.salt, tuple(entries))
+        fitted, cut, dropped = fit_report(tx)
+        if cut or dropped:
+            (log.error if dropped else log.warning)(
+                "audit: the report of epoch %d did not fit in one transaction: %d scripts' later turns left out%s",
+                p.epoch, cut, f", {dropped} replies reported as 'other' (the verifier's fault)" if dropped else "")
+            tx = replace(tx, entries=fitted)
         if self.tamper is not None:
             honest, tx = tx, self.tamper(tx)
             if tx != honest:
@@ -739,7 +787,7 @@ class Auditor:
                      [p.epoch, list(p.models), p.salt, p.commit_until, p.report_from, p.end_height, p.fixes,
                       [[e.node_id, e.opening.to_wire(), e.send_at, e.tries,
                         None if e.outcome is None else pack(e.outcome.to_wire()), e.last, e.zs,
-                        [pack(r.to_wire()) for r in e.replies]] for e in p.entries]]])
+                        [pack(r.to_wire()) for r in e.replies], e.persona] for e in p.entries]]])
 
     def restore(self, raw: bytes) -> bool:
         """Take back a :meth:`snapshot` of this verifier on this chain (True); a challenge that was
@@ -757,11 +805,13 @@ class Auditor:
             epoch, models, salt, commit_until, report_from, end_height, fixes, entries = body
             if version < 3:  # before decisions 0023 and 0025: no z kept, one turn a challenge
                 entries = [[*row, [], []] for row in entries]
+            if version < 4:  # before decision 0026: every challenge as persona 0
+                entries = [[*row, 0] for row in entries]
             plan = Plan(int(epoch), tuple(str(m) for m in models), bytes(salt), [
                 Planned(bytes(n), Opening.from_wire(o), int(at), int(tries), False,
                         None if out is None else decode_outcome(bytes(out)), str(last),
-                        [_reply(bytes(r)) for r in replies], [_finite(z) for z in zs])
-                for n, o, at, tries, out, last, zs, replies in entries],
+                        [_reply(bytes(r)) for r in replies], [_finite(z) for z in zs], _persona(persona))
+                for n, o, at, tries, out, last, zs, replies, persona in entries],
                 int(commit_until), int(report_from), int(end_height), int(fixes))
         except (ValueError, TypeError, KeyError, IndexError, TxError, RecursionError, msgpack.UnpackException) as exc:
             log.warning("audit: the saved plan does not decode (%s: %s); ignored", type(exc).__name__, exc)
@@ -779,9 +829,10 @@ async def send_challenge(client: AnonClient, node_id: bytes, opening: Opening, *
                          held_paths: Sequence[OverlayPath] | None = None) -> Reply | Failure:
     """Send ``turn`` of ``opening``'s script (the node's replies to the earlier turns, ``history``,
     in place: :meth:`~verifier.audit.tx.Opening.turn_messages`) through the anonymous request API
-    to ``node_id`` only (no failover, no retry elsewhere), over proxy paths built for it alone and
-    closed after it (``fresh_paths``), or over the script's ``held_paths``: the complete verified
-    reply, signed by that node or the member of its group it forwarded to, or why there is none. ``chunk_timeout`` and
+    to ``node_id`` only (no failover, no retry elsewhere), over ``held_paths`` (the driver's: its
+    persona's, decision 0026) or, without them, over proxy paths built for it alone and closed
+    after it: the complete verified reply, signed by that node or the member of its group it
+    forwarded to, or why there is none. ``chunk_timeout`` and
     ``paths_timeout`` are the client's (:meth:`~overlay.anon.client.AnonClient.request`): the
     wait for each reply chunk, and for the paths."""
     chunks: list[tuple[str, tuple[int, ...]]] = []
@@ -855,7 +906,7 @@ class AuditDriver:
         self.clock: Clock = clock or TrioClock()
         self.height = 0
         self._pool_saved = -POOL_SAVE_S
-        self._held: dict[tuple[int, int], list[OverlayPath]] = {}  # (epoch, entry) -> its script's paths
+        self._held: dict[tuple[int, int], list[OverlayPath]] = {}  # (epoch, persona) -> the persona's paths
         self.submitted: list[tuple[str, int, str]] = []  # (what, code, log) for tests and stats
 
     async def query(self, path: str) -> tuple[bytes, int]:
@@ -911,6 +962,8 @@ class AuditDriver:
         self.height = max(self.height, height)
         actions = self.auditor.plan(view, height)
         self.persist()
+        reported = [a.key[1] for a in actions if isinstance(a, Submit) and a.key[0] == "report"]
+        self.retire(max([view.epoch - 1, *reported]))
         for action in actions:
             nursery.start_soon(self._run_action, action)
 
@@ -964,13 +1017,18 @@ class AuditDriver:
         if sub is not None:
             await self.broadcast(sub)
 
-    async def _held_paths(self, send: Send) -> list[OverlayPath] | Failure:
-        """The paths ``send``'s script goes over, turn after turn (decision 0025): built for its
-        first send, built again when fewer than n of them are still up; those of scripts of
-        earlier epochs are closed."""
-        for key in [k for k in self._held if k[0] < send.epoch]:
+    def retire(self, epoch: int) -> None:
+        """Close the personas' paths of ``epoch`` and earlier: before the report of ``epoch`` goes
+        out (it labels every path its challenges came over), or once a later epoch has begun."""
+        for key in [k for k in self._held if k[0] <= epoch]:
             self.client.release_paths(self._held.pop(key))
-        key = (send.epoch, send.index)
+
+    async def _held_paths(self, send: Send) -> list[OverlayPath] | Failure:
+        """The paths ``send`` goes over (decision 0026): those its persona holds for the epoch,
+        every turn of every script it sends; built at the persona's first send, built again when
+        fewer than n of them are still up."""
+        self.retire(send.epoch - 1)
+        key = (send.epoch, send.persona)
         paths = self._held.get(key)
         if paths is not None and sum(p.ready.is_set() and not p.dead for p in paths) >= self.client.n:
             return paths
@@ -1007,21 +1065,13 @@ class AuditDriver:
                      short_id(send.node_id), send.index, send.epoch, via, len(outcome.token_ids),
                      (score or 0) / REPUTATION_SCALE)
         self.auditor.result(send, outcome, score, self.height, z)
-        if not self.auditor.script_open(send.epoch, send.index):  # its last turn: close its paths
-            paths = self._held.pop((send.epoch, send.index), None)
-            if paths is not None:
-                self.client.release_paths(paths)
         self.persist()
 
     async def _answer(self, send: Send) -> Reply | Failure:
-        """``send`` sent: a one-turn challenge over paths of its own, a script's turn over the paths
-        its script holds (:meth:`_held_paths`)."""
-        held = None
-        if send.opening.turns() > 1:
-            got = await self._held_paths(send)
-            if isinstance(got, Failure):
-                return got
-            held = got
+        """``send`` sent over the paths its persona holds (:meth:`_held_paths`)."""
+        held = await self._held_paths(send)
+        if isinstance(held, Failure):
+            return held
         return await send_challenge(self.client, send.node_id, send.opening, chunk_timeout=self.challenge_timeout,
                                     paths_timeout=self.paths_timeout, tries=send.attempt, turn=send.turn,
                                     history=send.history, held_paths=held)

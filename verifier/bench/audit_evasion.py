@@ -10,12 +10,13 @@ several requests per user over the user's own proxy paths, which live :data:`PAT
 seconds as :class:`overlay.anon.paths.PathManager` keeps them; the chat client's and the gateway's
 parameters, defaults and user-set values) mixed with challenges, from the built-in generator
 (:class:`verifier.audit.challenges.ChallengeGenerator`) or from donated prompts (users' own
-requests, drawn from a donation pool as :mod:`verifier.audit.pool` draws: donor first). A
-generator challenge is sent over four fresh paths at a random height of the epoch's send window;
-a donated conversation is a script (decision 0025, ``paths="script_held"``): its user turns,
-replayed from a random height one after another, each after the node's own reply and a user's
-think time, over one path set held for the script, cut where the next turn no longer fits in
-the send window. Part B sends and signs the scripts' turns the same way. The file is split in
+requests, drawn from a donation pool as :mod:`verifier.audit.pool` draws: donor first). Every
+challenge goes out at a random height of the epoch's send window over the paths its verifier's
+*persona* holds for the epoch (decision 0026, ``paths="script_personas"``: two personas a
+verifier, each chosen uniformly for a challenge, each with one path set from its first send to the
+epoch's end); a donated conversation is a script (decision 0025): its user turns, replayed one
+after another, each after the node's own reply and a user's think time, cut where the next turn
+no longer fits in the send window. Part B sends and signs the scripts' turns the same way. The file is split in
 two halves by a seeded shuffle: this node's users write from one, donors from the other. What
 the node sees of each request gives the features (:func:`observe`): how much of the last user
 message the generator's public part lists cover (template), the parameters, whether its proxy
@@ -28,12 +29,12 @@ regression (numpy) trained on one seed's stream (labels: what the reports reveal
 on another's. AUC by Mann–Whitney (ties count half). What-ifs that are not decision 0013's
 protocol are measured beside it (:func:`stream`'s ``paths``): donated conversations sent whole
 over fresh paths (``fresh``, decision 0013 before 0025); their scripts with fresh paths for every
-turn (``script``); challenge paths built once an epoch per verifier; donated conversations
-replayed turn by turn with no send window (``replay``); and verifiers' *personas*
-(decision 0020, not built): challenge traffic made exactly as users' traffic is, from donors'
-conversations, with the node's path age as one more feature, either with every persona path
-retired at its epoch's end (``persona``) or kept as users keep theirs and the challenges revealed
-:data:`REVEAL_DELAY_EPOCHS` epochs later (``persona_kept``).
+turn (``script``) or over one path set a script (``script_held``, decision 0025 before 0026);
+challenge paths built once an epoch per verifier (``epoch``); donated conversations replayed turn
+by turn with no send window (``replay``); and decision 0020's personas (``persona``, not built):
+challenge traffic made exactly as users' traffic is (sessions over the whole epoch, of users'
+lengths, timing and parameters), from donors' prompts, every persona path retired at its epoch's
+end.
 
 **B. Cheaters** against the real chain core (:mod:`verifier.audit.chain`: ``take`` of
 :mod:`verifier.audit.tx` transactions signed by four equal-power validators with real Ed25519
@@ -55,7 +56,7 @@ replies scored, against main's protocol (the leader sends k = 3, every verifier 
 
 **Transcripts** (decision 0015; :class:`ChainRun`'s ``rho``). B and C are run again with users'
 transcripts at each donation rate of :data:`RHOS` (rate 0: the figures above, unprefixed; others
-under ``transcripts_rho{percent}_``): per node and epoch, USER_REQUESTS_PER_EPOCH requests of its
+under ``transcripts_rho{percent}_``): per node and epoch, :func:`user_requests` requests of its
 users (drawn from its view's evaluation stream, with the detector's score), each committed with
 probability ``rho`` when a donor's client may choose it (:func:`overlay.directory.transcripts.fits`), through
 the real :class:`verifier.audit.transcripts.TranscriptBook` (commit, signed reply, reveal or "no
@@ -111,7 +112,7 @@ PATH_REFRESH_S = 15 * 60.0  # overlay.anon.paths.PathManager(refresh=...): a use
 PATHS_PER_REQUEST = 4  # overlay.anon.client.AnonClient n = 4 of target 4 ready paths: every path, every request
 RELAYS = 200  # proxies a path can end at (the region's user nodes)
 # ----------------------------------------------------------------------------- users (assumptions)
-USER_REQUESTS_PER_EPOCH = 24  # this node's users' requests per epoch (challenges: 4 verifiers x k = 2 = 8)
+USER_REQUESTS_PER_S = 0.2  # this node's users' requests a second (24 in a 120-block epoch, 180 in a 900-block one)
 SESSION_MEAN = 3.0  # requests per session: 1 + geometric, this mean
 THINK_MEAN_S = 45.0  # between a reply and the user's next request in a session
 SHARE_CHAT = 0.5  # sessions from `gentorrent user chat` (else the gateway, an OpenAI client)
@@ -124,10 +125,18 @@ USER_SYSTEM_PROMPTS = ("You are a helpful assistant.", "You are a helpful assist
                        "You are a friendly tutor who explains things simply.")
 USER_TEMPERATURES = (0.0, 0.2, 0.3, 0.5, 0.7, 0.8, 1.0, 1.2)
 USER_MAX_TOKENS = (64, 128, 256, 512, 1024)
+PERSONAS_PER_VERIFIER = 2  # verifier.audit.auditor.PERSONAS: path sets a verifier holds an epoch (decision 0026)
 AFFINITY = 0.9  # a follow-up reaches the node that answered the previous turn (chat's session affinity)
 DONATE_RATE = 0.25  # user_client/donate.py --donate-rate
 DONORS = 40  # users who donate (each with its own sessions, served elsewhere)
 CHAT_TEMPERATURE, GATEWAY_TEMPERATURE, DEFAULT_MAX_TOKENS = 0.7, 1.0, 256  # the clients' defaults
+
+
+
+def user_requests(epoch_s: float) -> int:
+    """This node's users' requests in an epoch of ``epoch_s`` seconds."""
+    return round(USER_REQUESTS_PER_S * epoch_s)
+
 
 # ----------------------------------------------------------------------------- cheaters and faults
 WARMUP_EPOCHS = 4  # honest epochs before a cheater starts cheating
@@ -138,7 +147,9 @@ HONEST_EPOCHS = 100
 RESTART_EVERY = 10  # a restart per this many epochs (silent for a random part of one epoch)
 BUSY_SHARE = 0.2
 FLOOD_BUSY_SHARE = 0.9
-SELECTIVE_TPRS = (0.5, 0.8, 0.9, 0.95)  # shares of challenges a selective cheater wants to answer honestly
+SELECTIVE_TPRS = (0.5, 0.55, 0.6, 0.7, 0.8, 0.9, 0.95)  # shares of challenges a selective cheater wants to
+# answer honestly (fine at the low end, where a near-chance detector makes the sweep matter; part B's
+# 1 + 4 + 3 x (7 + 2) nodes are the 32 a verifier's plan holds at most)
 MAX_FPR = 0.5  # ... while serving at least half of its users' requests cheaply (else it is no cheater)
 # ----------------------------------------------------------------------------- transcripts (decision 0015)
 RHOS = (0.0, 0.1, 0.25)  # donation rates: the share of users' requests committed and revealed (0: challenges only)
@@ -157,6 +168,7 @@ AUC_DRAWS = 20  # coin draws the committed-request AUC is averaged over
 LEAK_WINDOWS_S = (1.0, 2.0, 10.0)  # the node serves honestly what arrives within W s of any commitment
 POOLED = True  # challenge replies capped by their pooled z per verifier and node (decision 0023)
 MAIN_K = 3  # main's protocol: the leader sends k = 3 a node, every verifier rescores them
+MAIN_EPOCH_BLOCKS = 120  # ... in epochs of this many blocks (decision 0010's default)
 SCORE_S = 0.877  # docs/benchmarks.md "verify": one-pass scoring, 877 ms a verification
 
 
@@ -378,12 +390,15 @@ def _challenge_prompt(source: str, gen: Any,
 
 def stream(seed: int, source: str, epochs: int, timing: Timing, k: int, user_prompts: Sequence[str],
            donor_prompts: Sequence[str], paths: str = "fresh",
-           user_rate_s: float | None = None, personas_per_verifier: int = 2) -> tuple[list[Req], set[int]]:
+           user_rate_s: float | None = None, personas_per_verifier: int = PERSONAS_PER_VERIFIER,
+           ) -> tuple[list[Req], set[int]]:
     """One node's view over ``epochs`` epochs: its users' requests and the first try of every
     challenge of ``source`` ("generator" or "donated"), in time order; and the identities of
     every donor request (what a node that remembers every prompt a colluder served knows).
 
-    ``paths``: "fresh" (decision 0013: every challenge over newly built paths), or a what-if:
+    ``paths``: "script_personas" (as built: decision 0026, every challenge over the paths one of its
+    verifier's ``personas_per_verifier`` personas holds for the epoch; donated ones as scripts,
+    decision 0025), "fresh" (decision 0013: every challenge over newly built paths), or a what-if:
     "epoch" (each verifier builds fresh paths once an epoch and sends all its challenges of the
     epoch over them) or "replay" (donated prompts only: a donated conversation is replayed turn by
     turn over one set of fresh paths, each turn after the node's reply to the previous one, as
@@ -393,25 +408,23 @@ def stream(seed: int, source: str, epochs: int, timing: Timing, k: int, user_pro
     rng = random.Random(f"stream/{seed}/{source}")
     ids = _Ids()
     duration = epochs * timing.epoch_s
-    rate = USER_REQUESTS_PER_EPOCH / timing.epoch_s if user_rate_s is None else user_rate_s
+    rate = USER_REQUESTS_PER_S if user_rate_s is None else user_rate_s
     users = list(_sessions(random.Random(f"users/{seed}"), user_prompts, ids, duration, rate, 60, served_here=True))
     n_challenges = epochs * VERIFIERS * k
     personas = paths.startswith("persona") and source == "donated"
     pool = DonationPool(random.Random(f"donors/{seed}"), donor_prompts, ids, n_challenges) \
         if source == "donated" and not personas else None
     gen = ChallengeGenerator(rng=random.Random(f"gen/{seed}"), urandom=random.Random(f"salt/{seed}").randbytes)
-    if paths not in ("fresh", "script", "script_held", "script_personas", "epoch", "replay", "persona",
-                     "persona_kept"):
-        raise ValueError(f"paths must be 'fresh', 'script', 'script_held', 'script_personas', 'epoch', 'replay', "
-                         f"'persona' or 'persona_kept', not {paths!r}")
+    if paths not in ("fresh", "script", "script_held", "script_personas", "epoch", "replay", "persona"):
+        raise ValueError(f"paths must be 'fresh', 'script', 'script_held', 'script_personas', 'epoch', 'replay' or "
+                         f"'persona', not {paths!r}")
     if personas:
         # Verifiers' personas: challenge traffic made as users' is (donors' conversations sent turn
         # by turn as sessions of user-like clients, their timing, parameters and paths, spread over
-        # the whole epoch); "persona": every persona path retired at its epoch's end, before the
-        # reports; "persona_kept": paths kept as users keep theirs (the reports must then wait).
+        # the whole epoch), every persona path retired at its epoch's end, before the reports
         chs = list(_sessions(random.Random(f"personas/{seed}"), donor_prompts, ids, duration,
                              VERIFIERS * k / timing.epoch_s, PERSONAS, served_here=True,
-                             retire_s=timing.epoch_s if paths == "persona" else None, source=source))
+                             retire_s=timing.epoch_s, source=source))
         # donors' conversations: a colluder that served the originals knows every one
         return sorted(users + chs, key=lambda r: r.t), {r.ident for r in chs}
     chs = []
@@ -432,7 +445,8 @@ def stream(seed: int, source: str, epochs: int, timing: Timing, k: int, user_pro
                 # decision 0025 as built: the donated conversation's script (its user turns, the
                 # donor's replies dropped), each turn after the node's own reply a think time later,
                 # cut where the next turn no longer fits in the send window; each turn over freshly
-                # built paths ("script") or, the what-if, over the first turn's ("script_held")
+                # built paths ("script"), the first turn's ("script_held") or, as built (decision
+                # 0026), its persona's ("script_personas")
                 script = [m for m in msgs if m.role != "assistant"]
                 users_at = [j for j, m in enumerate(script) if m.role == "user"][:MAX_SCRIPT_TURNS]
                 before, end = 0, e * timing.epoch_s + (timing.send_last + 1) * BLOCK_S
@@ -520,11 +534,10 @@ class Observed:
 
 
 def observe(reqs: Sequence[Req], donor_served: set[int], timing: Timing, match: TemplateMatcher,
-            path_age: bool = False, reveal_delay: int = 0) -> Observed:
+            path_age: bool = False) -> Observed:
     """What the node derives from each request, given everything it saw before it; ``path_age``:
     one more column (:data:`PATH_AGE`), the log of how long this node has seen the request's
-    paths (the persona what-if's extra detector); ``reveal_delay``: the epochs after its own
-    that an epoch's challenges are revealed (0: at its end, decision 0013)."""
+    paths. An epoch's challenges are revealed at its end (decision 0013)."""
     out = Observed()
     first_seen: dict[int, float] = {}
     seen_paths: set[int] = set()
@@ -534,7 +547,7 @@ def observe(reqs: Sequence[Req], donor_served: set[int], timing: Timing, match: 
     pending: dict[int, list[int]] = {}  # epoch -> paths of its challenges (revealed at its end)
     for r in reqs:
         epoch = int(r.t // timing.epoch_s)
-        for e in [e for e in pending if e + reveal_delay < epoch]:
+        for e in [e for e in pending if e < epoch]:
             revealed.update(pending.pop(e))
         last_user = next(m.content for m in reversed(r.messages) if m.role == "user")
         path_new = sum(p not in seen_paths for p in r.paths) / len(r.paths)
@@ -649,11 +662,6 @@ WHATIF_PERSONA = ("path_novelty", "path_age", "proxy_novelty", "revealed_paths",
                   "combined", "combined_all")  # the personas what-ifs' detectors reported
 PERSONAS = 60  # user-like clients the verifiers run between them in the persona what-ifs (as many as the users)
 MAX_SCRIPT_TURNS = 4  # verifier.audit.tx.MAX_TURNS (a script's user turns, decision 0025)
-MAX_OPENING_MESSAGES = 8  # verifier.audit.tx.MAX_MESSAGES (an opening's limit)
-LONG_EPOCH_BLOCKS = 900  # "persona_long" (decision 0024): epochs as long as a path lives (PATH_REFRESH_S)
-LONG_KS = (2, 4)  # challenges per verifier and node an epoch in the long-epoch what-if's cheater runs
-FINE_TPRS = (0.5, 0.55, 0.6, 0.65, 0.7, 0.8, 0.9, 0.95)  # ... where a near-chance detector makes the sweep matter
-REVEAL_DELAY_EPOCHS = 8  # "persona_kept": epochs before a challenge is revealed (8 x 120 s >= PATH_REFRESH_S)
 
 
 @dataclass
@@ -670,13 +678,12 @@ class View:
 
 
 def detectors(train: tuple[list[Req], set[int]], test: tuple[list[Req], set[int]], timing: Timing,
-              match: TemplateMatcher, path_age: bool = False, reveal_delay: int = 0,
+              match: TemplateMatcher, path_age: bool = False,
               ) -> tuple[dict[str, float], dict[str, np.ndarray[Any, Any]], Observed]:
     """Every detector's AUC on ``test``, fitted on ``train``; and each detector's test scores.
-    ``path_age``: with :data:`PATH_AGE` as one more feature, alone and in the combinations;
-    ``reveal_delay``: as :func:`observe`'s."""
-    o_tr = observe(*train, timing, match, path_age, reveal_delay)
-    o_te = observe(*test, timing, match, path_age, reveal_delay)
+    ``path_age``: with :data:`PATH_AGE` as one more feature, alone and in the combinations."""
+    o_tr = observe(*train, timing, match, path_age)
+    o_te = observe(*test, timing, match, path_age)
     y_tr, y_te = np.array(o_tr.label), np.array(o_te.label)
     p_lr = LikelihoodRatio(o_tr.keys, o_tr.label)
     x_tr, x_te = matrix(o_tr, p_lr, timing), matrix(o_te, p_lr, timing)
@@ -1105,7 +1112,7 @@ class ChainRun:
 
     def _users(self, epoch: int, start: int, end: int, res: RunResult) -> None:
         """The epoch's committed requests, at uniform heights of the epoch: per node,
-        USER_REQUESTS_PER_EPOCH requests of its users (drawn from its view's user requests, with
+        :func:`user_requests` requests of its users (drawn from its view's user requests, with
         the view's detector score), each donated with probability ``rho`` when its client may
         choose it; and the framers' commitments against the first honest node."""
         if self.rho <= 0 and not (self.framers and epoch >= self.frame_from):
@@ -1113,7 +1120,7 @@ class ChainRun:
         for node in self.nodes:
             view = node.spec.view or self.default_view
             reqs, dets = view.user_reqs, view.users
-            for i in range(USER_REQUESTS_PER_EPOCH):
+            for i in range(user_requests(self.params.epoch_blocks * BLOCK_S)):
                 rng = _seeded("user", self.seed, node.spec.name, epoch, i)  # the same draws at every rho
                 j = rng.randrange(len(reqs))
                 if rng.random() >= self.rho or not self._eligible(reqs[j]):
@@ -1507,9 +1514,8 @@ def committed_auc(views_: dict[str, View], rho: float, seed: int) -> dict[str, f
 def timing_leak(rhos: Sequence[float], epochs: int, epoch_s: float, seed: int) -> dict[str, float]:
     """Part F (b): a verifier colluding with the node tells it when every commitment arrives (not
     its target, nor its content). Commitments arrive network-wide as a Poisson process at
-    ``rho × nodes × USER_REQUESTS_PER_EPOCH / epoch_s`` (each node's users' requests, donated at
-    ``rho``); the node's own users' requests are a Poisson stream at USER_REQUESTS_PER_EPOCH an
-    epoch, each committed with probability ``rho`` a uniform COMMIT_LEAD_S before it arrives. The
+    ``rho × nodes × USER_REQUESTS_PER_S`` (each node's users' requests, donated at ``rho``); the
+    node's own users' requests are a Poisson stream at USER_REQUESTS_PER_S, each committed with probability ``rho`` a uniform COMMIT_LEAD_S before it arrives. The
     node's detector: the seconds since the last commitment it heard of (fewer: more likely
     committed). Figures, per network size and rate: its AUC (committed against the rest), and per
     window W the share of its users' committed requests inside W (the transcripts it dodges by
@@ -1517,7 +1523,7 @@ def timing_leak(rhos: Sequence[float], epochs: int, epoch_s: float, seed: int) -
     inside W (what it must serve honestly to dodge that way: the cost)."""
     f: dict[str, float] = {}
     duration = epochs * epoch_s
-    per_node = USER_REQUESTS_PER_EPOCH / epoch_s
+    per_node = USER_REQUESTS_PER_S
     for nodes in NETWORK_NODES:
         for rho in rhos:
             if rho <= 0:
@@ -1548,12 +1554,11 @@ def run_detectors(seed_train: int, seed_test: int, epochs: int, timing: Timing, 
     match = TemplateMatcher()
     f: dict[str, float] = {}
     out: dict[str, View] = {}
-    for source in ("generator", "donated"):
-        sent_as = "script_held" if source == "donated" else "fresh"  # as the auditor sends them (decision 0025)
-        train = stream(seed_train, source, epochs, timing, k, users_half, donors_half, sent_as)
-        test = stream(seed_test, source, epochs, timing, k, users_half, donors_half, sent_as)
-        # the node knows how long it has seen a request's paths: with scripts over held paths that
-        # is no longer the same as whether they are new (decision 0025)
+    for source in ("generator", "donated"):  # sent as the auditor sends them (decisions 0025 and 0026)
+        train = stream(seed_train, source, epochs, timing, k, users_half, donors_half, "script_personas")
+        test = stream(seed_test, source, epochs, timing, k, users_half, donors_half, "script_personas")
+        # the node knows how long it has seen a request's paths: with held paths that is no longer
+        # the same as whether they are new (decisions 0025 and 0026)
         aucs, scores, obs = detectors(train, test, timing, match, path_age=True)
         for name, a in aucs.items():
             f[f"auc_{name}_{source}"] = a
@@ -1575,61 +1580,14 @@ def run_detectors(seed_train: int, seed_test: int, epochs: int, timing: Timing, 
     for name in WHATIF_REPLAY:
         f[f"whatif_replay_auc_{name}_donated"] = aucs[name]
     f["whatif_replay_auc_best_donated"] = max(a for d, a in aucs.items() if d not in MEMORY)
-    # what-ifs: verifiers' personas send challenges as users' sessions, their paths retired every
-    # epoch ("persona"), or kept as users keep theirs with the reveal REVEAL_DELAY_EPOCHS later
-    for mode, delay in (("persona", 0), ("persona_kept", REVEAL_DELAY_EPOCHS)):
-        train = stream(seed_train, "donated", epochs, timing, k, users_half, donors_half, paths=mode)
-        test = stream(seed_test, "donated", epochs, timing, k, users_half, donors_half, paths=mode)
-        aucs, _, _ = detectors(train, test, timing, match, path_age=True, reveal_delay=delay)
-        for name in WHATIF_PERSONA:
-            f[f"whatif_{mode}_auc_{name}_donated"] = aucs[name]
-        f[f"whatif_{mode}_auc_best_donated"] = max(a for d, a in aucs.items() if d not in MEMORY)
+    # what-if: decision 0020's personas send challenges as users' sessions (paths retired every epoch)
+    train = stream(seed_train, "donated", epochs, timing, k, users_half, donors_half, paths="persona")
+    test = stream(seed_test, "donated", epochs, timing, k, users_half, donors_half, paths="persona")
+    aucs, _, _ = detectors(train, test, timing, match, path_age=True)
+    for name in WHATIF_PERSONA:
+        f[f"whatif_persona_auc_{name}_donated"] = aucs[name]
+    f["whatif_persona_auc_best_donated"] = max(a for d, a in aucs.items() if d not in MEMORY)
     return f, out
-
-
-def long_epoch_view(seed_train: int, seed_test: int, epochs: int, k: int, prompts: Sequence[str],
-                    epoch_blocks: int = LONG_EPOCH_BLOCKS) -> tuple[dict[str, float], View]:
-    """The what-if of decision 0024: the personas' challenges (as "persona": every persona path
-    retired at its epoch's end, the reports at the epoch's end as today) with epochs of
-    ``epoch_blocks`` blocks, the users' request rate per second unchanged. Every detector's AUC,
-    and the view of the best one without a colluder's memory (its challenges' messages cut to the
-    last :data:`MAX_OPENING_MESSAGES`, as an opening holds them: only their parameters and the
-    detector's scores matter to part B)."""
-    users_half, donors_half = split_prompts(prompts, seed_train)
-    timing = Timing(epoch_blocks, chain.COMMIT_BLOCKS)
-    rate = USER_REQUESTS_PER_EPOCH / (chain.DEFAULT_EPOCH_BLOCKS * BLOCK_S)
-    train = stream(seed_train, "donated", epochs, timing, k, users_half, donors_half, "persona", rate)
-    test = stream(seed_test, "donated", epochs, timing, k, users_half, donors_half, "persona", rate)
-    aucs, scores, obs = detectors(train, test, timing, TemplateMatcher(), path_age=True)
-    view = next(v for v in views("donated", aucs, scores, obs) if v.name == "donated")
-    cut = MAX_OPENING_MESSAGES - 1  # ends with the user's message and starts with one
-    view.challenges = [(r if len(r.messages) <= MAX_OPENING_MESSAGES else replace(r, messages=r.messages[-cut:]), sc)
-                       for r, sc in view.challenges]
-    return aucs, view
-
-
-def long_epoch_cheaters(seeds: Sequence[int], epochs: int, scores: ScoreTable, view: View, k: int,
-                        ) -> dict[str, float]:
-    """Part B against the long-epoch view (:func:`long_epoch_view`), challenges only: the plain
-    greedy cheater, the selective cheater over :data:`FINE_TPRS` (the worst share for us that
-    flags at most MAX_FPR of users' requests) and the forwarder at that share."""
-    from overlay.wire.constants import TRUST_LINE
-
-    ok = [t for t in FINE_TPRS if flag_rule(view, t)[2] <= MAX_FPR] or [min(FINE_TPRS)]
-    specs = [NodeSpec("honest", "honest"), NodeSpec("greedy", "greedy", cheat_from=WARMUP_EPOCHS)]
-    specs += [NodeSpec(f"selective_tpr{round(100 * t)}", "selective", view, t, WARMUP_EPOCHS) for t in ok]
-    specs.append(NodeSpec("forwarder", "forwarder", view, max(ok), WARMUP_EPOCHS))
-    caught: dict[str, list[bool]] = {s.name: [] for s in specs[1:]}
-    for seed in seeds:
-        res = ChainRun(seed, specs, scores, view, chain.DEFAULT_EPOCH_BLOCKS, k).run(epochs)
-        for s in specs[1:]:
-            x = _epochs_to_untrusted(res.reputation[s.name], s.cheat_from, TRUST_LINE)
-            caught[s.name].append(x is not None and x <= UNTRUSTED_WITHIN)
-    share = {name: sum(xs) / len(xs) for name, xs in caught.items()}
-    worst = min((n for n in share if n.startswith("selective_")), key=lambda n: (share[n], n))
-    return {"greedy": share["greedy"], "selective": share[worst], "forwarder": share["forwarder"],
-            "selective_share_flagged": float(worst.removeprefix("selective_tpr")) / 100,
-            "selective_users_flagged": flag_rule(view, float(worst.removeprefix("selective_tpr")) / 100)[2]}
 
 
 def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
@@ -1660,18 +1618,9 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
     honest_epochs = 30 if quick else HONEST_EPOCHS
     per_kind = 2
     framing_seeds = list(range(1, 2 if quick else 21))
-    timing_epochs = 50 if quick else 1000
+    timing_epochs = max(1, round((6_000 if quick else 120_000) / timing.epoch_s))  # the same hours at any epoch length
 
     f, views_ = run_detectors(1, 2, detector_epochs, timing, k, prompts)
-    for lk in LONG_KS:  # decision 0024's what-if: personas, epochs as long as a path lives
-        aucs, lview = long_epoch_view(1, 2, detector_epochs // (2 if quick else 1), lk, prompts)
-        if lk == LONG_KS[0]:
-            for name in WHATIF_PERSONA:
-                f[f"whatif_persona_long_auc_{name}_donated"] = aucs[name]
-            f["whatif_persona_long_auc_best_donated"] = lview.auc
-        for who, value in long_epoch_cheaters(cheater_seeds[:len(cheater_seeds) // 2 or 1], cheat_epochs, scores,
-                                              lview, lk).items():
-            f[f"whatif_persona_long_k{lk}_{who}" + ("" if "flagged" in who else "_untrusted_within_5_share")] = value
     t_a = time.perf_counter()
     cf, sweep = run_cheaters(cheater_seeds, cheat_epochs, scores, views_, epoch_blocks, k, RHOS, cheater_t_seeds)
     f.update(cf)
@@ -1704,6 +1653,12 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
     f["main_replies_scored_per_verifier_node_epoch"] = float(MAIN_K)
     f["main_cpu_s_per_verifier_node_epoch"] = MAIN_K * SCORE_S
     f["cost_cpu_ratio_vs_main"] = f["cost_cpu_s_per_verifier_node_epoch"] / f["main_cpu_s_per_verifier_node_epoch"]
+    # per hour: this protocol's epochs are epoch_blocks long, main's were MAIN_EPOCH_BLOCKS
+    f["cost_cpu_s_per_verifier_node_hour"] = f["cost_cpu_s_per_verifier_node_epoch"] * 3600.0 / timing.epoch_s
+    f["main_cpu_s_per_verifier_node_hour"] = f["main_cpu_s_per_verifier_node_epoch"] * 3600.0 / (
+        MAIN_EPOCH_BLOCKS * BLOCK_S)
+    f["cost_cpu_ratio_vs_main_per_hour"] = (f["cost_cpu_s_per_verifier_node_hour"]
+                                            / f["main_cpu_s_per_verifier_node_hour"])
 
     cheaters = [*PLAIN_CHEATERS, *(f"{b}_{v}" for b in DETECTING for v in VIEWS)]
     worst_cheater = min(cheaters, key=lambda c: f[f"cheater_{c}_untrusted_within_5_share"])
@@ -1766,7 +1721,7 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
                    "settings": scores.settings,
                    "setting_rule": "the measured (temperature, top-p) nearest the challenge's (L1 distance)"},
         "user_prompts": f"{USER_PROMPTS} ({len(prompts)} prompts; halves by a seeded shuffle: users / donors)",
-        "users": {"requests_per_epoch": USER_REQUESTS_PER_EPOCH, "session_mean_requests": SESSION_MEAN,
+        "users": {"requests_per_s": USER_REQUESTS_PER_S, "requests_per_epoch": user_requests(timing.epoch_s), "session_mean_requests": SESSION_MEAN,
                   "think_mean_s": THINK_MEAN_S, "share_chat": SHARE_CHAT,
                   "share_gateway_history": SHARE_GATEWAY_HISTORY, "share_user_set_params": SHARE_USER_SET,
                   "user_temperatures": USER_TEMPERATURES, "user_max_tokens": USER_MAX_TOKENS,
@@ -1790,18 +1745,18 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
                    "other_arithmetic": f"honest_other_arithmetic_*: the honest replies of {OTHER_ARITHMETIC_FILE.name} "
                                        f"({other.how})"},
         "pooled": POOLED,
-        "scripts": {"max_turns": MAX_SCRIPT_TURNS, "think": "10 blocks + Exp(45 blocks) after the node's reply",
-                    "paths": "donated challenges: one held path set a script (part A's 'script_held')"},
-        "long_epochs": {"epoch_blocks": LONG_EPOCH_BLOCKS, "ks": LONG_KS, "fine_selective_shares": FINE_TPRS,
-                        "what": "decision 0024's what-if: personas, paths retired at each epoch's end, reports at "
-                                "the end as today; the users' request rate per second unchanged"},
+        "scripts": {"max_turns": MAX_SCRIPT_TURNS, "think": "10 blocks + Exp(45 blocks) after the node's reply"},
+        "personas": {"per_verifier": PERSONAS_PER_VERIFIER,
+                     "paths": "every challenge over the paths of one of its verifier's personas (uniform), held from "
+                              "the persona's first send to the epoch's end (part A's 'script_personas')"},
         "cost": {"score_s": SCORE_S, "assumption": "every scored reply costs one one-pass verification of "
                  "docs/benchmarks.md 'verify' (877 ms, SmolLM2 Q4_1, one thread, 60-token replies)",
-                 "main": f"leader sends k={MAIN_K} a node; every verifier scores the {MAIN_K} replies"},
+                 "main": f"leader sends k={MAIN_K} a node in {MAIN_EPOCH_BLOCKS}-block epochs; every verifier "
+                         f"scores the {MAIN_K} replies"},
         "transcripts": {
             "rhos": RHOS, "rho_honest": RHO_HONEST, "cheater_runs_with_transcripts": len(cheater_t_seeds),
             "honest_runs_with_transcripts": len(honest_t_seeds),
-            "users": f"per node and epoch {USER_REQUESTS_PER_EPOCH} requests drawn from its view's evaluation "
+            "users": f"per node and epoch {user_requests(timing.epoch_s)} requests drawn from its view's evaluation "
                      "stream of users' requests (with the detector's score); each donated with probability rho "
                      "when overlay.directory.transcripts.fits allows it (no seed, an opening's limits)",
             "book": "verifier.audit.transcripts.TranscriptBook: commit at a uniform height of the epoch, signed "
@@ -1820,7 +1775,7 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
                         "not_found_value": 2 * framing_grid[-1], "search": framing_detail},
             "timing": {"network_nodes": NETWORK_NODES, "commit_lead_s": COMMIT_LEAD_S,
                        "windows_s": LEAK_WINDOWS_S, "epochs": timing_epochs,
-                       "commit_rate_per_s": {f"nodes{n}_rho{r}": r * n * USER_REQUESTS_PER_EPOCH / timing.epoch_s
+                       "commit_rate_per_s": {f"nodes{n}_rho{r}": r * n * USER_REQUESTS_PER_S
                                              for n in NETWORK_NODES for r in RHOS if r > 0}},
         },
         "goals": goals,
