@@ -98,6 +98,18 @@ class Engine(Protocol):
 
 
 @runtime_checkable
+class EndsReplies(Protocol):
+    """An engine that knows how its model ends a reply: :meth:`end_token`, the token that ends an
+    assistant's turn (None: the model has none), and :meth:`is_end`, whether a token ends
+    generation. A verifier scores the end token where a reply stops short of ``max_tokens``
+    without one (decision 0026: a node that stops early saves work and must pay for it)."""
+
+    def end_token(self) -> int | None: ...
+
+    def is_end(self, token_id: int) -> bool: ...
+
+
+@runtime_checkable
 class OrdersPrompts(Protocol):
     """An engine that evaluates waiting prompts in the order its callers ask (lowest
     ``priority`` first, ties first come first served) instead of first come first served; the

@@ -640,3 +640,12 @@ class VllmEngine:
     def detokenize(self, token_ids: Sequence[int]) -> str:
         text: str = self._tokenizer.decode(list(token_ids), skip_special_tokens=True)
         return text
+
+    def end_token(self) -> int | None:
+        """The tokenizer's end-of-sequence token, which Hugging Face chat models end a turn with
+        (:class:`~model_node.engine.EndsReplies`)."""
+        tok = getattr(self._tokenizer, "eos_token_id", None)
+        return tok if isinstance(tok, int) and 0 <= tok < self._vocab else None
+
+    def is_end(self, token_id: int) -> bool:
+        return token_id == self.end_token()

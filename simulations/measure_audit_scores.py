@@ -87,6 +87,33 @@ def prompt_record(prompt: dict[str, Any]) -> dict[str, Any]:
     return {"line": prompt["line"], "sha256": hashlib.sha256(prompt["text"].encode()).hexdigest()}
 
 
+def measured_record(samples: dict[str, Any], settings: dict[str, float], max_tokens: int,
+                    prompts: list[dict[str, Any]], how: str, t0: float) -> dict[str, Any]:
+    """A measurement's file body: its samples, its settings (temperature per name, top-p 1, no
+    top-k), the prompts as :func:`prompt_record` keeps them, how it was made, on what CPU, when,
+    and how long it took since ``t0`` (``time.perf_counter``)."""
+    from gentorrent.bench.stats import cpu_model
+
+    return {
+        "samples": samples,
+        "settings": {s: {"temperature": t, "top_p": 1.0, "top_k": 0, "max_tokens": max_tokens}
+                     for s, t in settings.items()},
+        "prompts": [prompt_record(p) for p in prompts],
+        "how": how,
+        "cpu": cpu_model(),
+        "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "seconds": round(time.perf_counter() - t0),
+    }
+
+
+def save(out: Path, result: dict[str, Any], shown: dict[str, Any]) -> int:
+    """Write a measurement's ``result`` to ``out`` (JSON, its folder made) and print ``shown``; 0."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(shown, indent=1))
+    return 0
+
+
 def user_prompts(n: int, path: Path = USER_PROMPTS) -> list[dict[str, Any]]:
     """The first ``n`` prompts of ``path`` (JSON lines with a ``prompt``) of at most
     :data:`MAX_PROMPT_CHARS` characters: ``{"line": index, "text": prompt}``."""
@@ -306,10 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         result = trio.run(_measure, args.prompts, args.max_tokens, args.tokens_out)
         result["how"] += ("" if extra_buffers() else
                           "; llama.cpp's extra (repacking) buffer types off: the CPU advertises AMX (model_node.llama)")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps({"summary": result["summary"], "mixed": result["mixed"]}, indent=1))
-    return 0
+    return save(args.out, result, {"summary": result["summary"], "mixed": result["mixed"]})
 
 
 if __name__ == "__main__":

@@ -32,10 +32,9 @@ from typing import Any
 
 import trio
 
-from gentorrent.bench.stats import cpu_model
 from model_node.llama import LlamaCppEngine, resolve_model
 from overlay.wire.messages import ChatMessage, SamplingParams
-from simulations.measure_audit_scores import prompt_record, sample_row, user_prompts
+from simulations.measure_audit_scores import measured_record, sample_row, save, user_prompts
 from simulations.measure_scores import _generate, requantize
 from verifier.audit import reputation as rep
 from verifier.audit import scoring
@@ -85,22 +84,14 @@ async def _measure(n_prompts: int, replies: int, max_tokens: int, node_weights: 
     finally:
         verifier.close()
         node.close()
-    return {
-        "samples": samples,
-        "settings": {s: {"temperature": t, "top_p": 1.0, "top_k": 0, "max_tokens": max_tokens}
-                     for s, t in SETTINGS.items()},
-        "prompts": [prompt_record(p) for p in prompts],
-        "how": (f"python -m simulations.measure_honest_z --prompts {n_prompts} --replies {replies} "
-                f"--max-tokens {max_tokens}" + (f" --node-weights {node_weights}" if node_weights else "")
-                + f": llama.cpp (llama-cpp-python {importlib.metadata.version('llama_cpp_python')}), verifier "
-                f"{model_id} ({path.name}), node {node_path.name}"
-                + (" (the verifier's weights dequantized by llama.cpp's quantizer: the same values, computed "
-                   "in float32 without the Q4_1 kernels, as another engine computes them)" if node_weights else "")
-                + ", 1 thread each, the verifier with score_fresh"),
-        "cpu": cpu_model(),
-        "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "seconds": round(time.perf_counter() - t0),
-    }
+    how = (f"python -m simulations.measure_honest_z --prompts {n_prompts} --replies {replies} "
+           f"--max-tokens {max_tokens}" + (f" --node-weights {node_weights}" if node_weights else "")
+           + f": llama.cpp (llama-cpp-python {importlib.metadata.version('llama_cpp_python')}), verifier "
+           f"{model_id} ({path.name}), node {node_path.name}"
+           + (" (the verifier's weights dequantized by llama.cpp's quantizer: the same values, computed "
+              "in float32 without the Q4_1 kernels, as another engine computes them)" if node_weights else "")
+           + ", 1 thread each, the verifier with score_fresh")
+    return measured_record(samples, SETTINGS, max_tokens, prompts, how, t0)
 
 
 def resummarize(data: dict[str, Any]) -> dict[str, Any]:
@@ -134,10 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         result = resummarize(json.loads(args.out.read_text()))
     else:
         result = resummarize(trio.run(_measure, args.prompts, args.replies, args.max_tokens, args.node_weights))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps(result["summary"], indent=1))
-    return 0
+    return save(args.out, result, result["summary"])
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 import os
 import statistics
 import sys
@@ -186,10 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=SCORES_FILE)
     args = parser.parse_args(argv)
     result = trio.run(_measure, args.prompts, args.max_tokens)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps(result["summary"], indent=1))
-    return 0
+    from simulations.measure_audit_scores import save  # it imports this module
+
+    return save(args.out, result, result["summary"])
 
 
 if __name__ == "__main__":

@@ -156,6 +156,14 @@ class LlamaCppEngine:
     def detokenize(self, token_ids: Sequence[int]) -> str:
         return self._tokens.detokenize(token_ids)
 
+    def end_token(self) -> int | None:
+        """The model's end-of-turn token (:class:`~model_node.engine.EndsReplies`)."""
+        return self._tokens.end_token()
+
+    def is_end(self, token_id: int) -> bool:
+        """Whether ``token_id`` ends generation (an end-of-generation token of the vocabulary)."""
+        return 0 <= token_id < self.n_vocab and self._tokens.is_eog(token_id)
+
     # ----------------------------------------------------------------- cache state (read by callers)
 
     def cached_prefixes(self) -> list[tuple[int, ...]]:

@@ -123,6 +123,25 @@ class ChatTokens:
     def detokenize(self, token_ids: Sequence[int]) -> str:
         return b"".join(self.piece(t) for t in token_ids).decode(errors="replace")
 
+    def end_token(self) -> int | None:
+        """The token that ends an assistant's turn: the first token the chat template puts after an
+        assistant message's content when it is an end-of-generation token (SmolLM2's
+        ``<|im_end|>``, not its end-of-sequence ``<|endoftext|>``); else the vocabulary's
+        end-of-turn token, else its end-of-sequence token; None when it has none of them."""
+        mark = f"\ue000{os.urandom(6).hex()}\ue001"
+        try:
+            text = self._render([{"role": "user", "content": "hi"}, {"role": "assistant", "content": mark}])
+        except EngineError:
+            text = ""
+        after = text.split(mark, 1)[1] if text.count(mark) == 1 else ""
+        first = self.tokenize(after, special=True)[:1]
+        if first and self.is_eog(first[0]):
+            return first[0]
+        for tok in (self._L.llama_vocab_eot(self._vocab), self._L.llama_vocab_eos(self._vocab)):
+            if 0 <= tok < self.n_vocab:
+                return int(tok)
+        return None
+
     def is_eog(self, tok: int) -> bool:
         """Whether ``tok`` ends generation (any end-of-generation token of the vocabulary)."""
         return bool(self._L.llama_vocab_is_eog(self._vocab, tok))

@@ -16,7 +16,7 @@ import pytest
 import trio
 
 from gentorrent.tools.localnet import LocalNet
-from model_node.engine import Engine, EngineError, Generation, GenStats, TokenScore
+from model_node.engine import EndsReplies, Engine, EngineError, Generation, GenStats, TokenScore
 from model_node.hrtree import common_prefix
 from model_node.server import ModelNode
 from overlay.directory.registry import Registry
@@ -78,9 +78,14 @@ async def test_streams_a_coherent_answer(engine: Any) -> None:
     ids, text, stats = await generate(engine, prompt)
     assert "Paris" in text
     assert stats.finish_reason == "stop" and engine._tokens.is_eog(ids[-1])  # stopped at end of turn
+    # the reply carries the end token it stopped at, the one the verifier scores after a reply that
+    # stops short without one (decision 0026): the template's end of an assistant turn
+    end = engine.end_token()
+    assert engine.is_end(ids[-1]) and ids[-1] == end and engine.detokenize([end]) == "" and not engine.is_end(ids[0])
     assert engine.detokenize(ids) == text
     assert stats.prompt_tokens == len(prompt) and stats.output_tokens == len(ids)
     assert 0 < stats.ttft_s
+    assert isinstance(engine, EndsReplies)  # as the verifier asks for it (auditor.missing_end)
 
 
 async def test_max_tokens_ends_with_length(engine: Any) -> None:

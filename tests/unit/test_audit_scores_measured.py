@@ -177,3 +177,31 @@ def test_a_greedy_q2k_node_is_capped_when_its_replies_are_pooled(data: dict[str,
 
     assert sum(scoring.pooled_cap(g) < 1.0 for g in groups("greedy")) >= 0.75 * len(groups("greedy"))
     assert all(scoring.pooled_cap(g) == 1.0 for g in groups("honest"))
+
+
+EARLY_END = DATA.parent / "early_end.json"
+
+
+def test_a_node_that_stops_its_replies_early_is_seen_once_its_claimed_end_is_scored() -> None:
+    """Decision 0026's measurement (``python -m simulations.measure_early_end``): a node running
+    the right weights that stops each reply at a random token, without an end token, saves half
+    its work. Scored as it came (the rule before), its replies pass like honest ones; with the end
+    of turn they claim scored (``auditor.missing_end``), most fall under τ, and a verifier's
+    epoch of 4 such replies (their pooled cap applied, decision 0023) averages under τ every
+    time (measured: 8 of 8 groups; honest: 0 of 8). Honest replies carry their end token and are
+    scored as before."""
+    from simulations.measure_early_end import resummarize
+
+    data = json.loads(EARLY_END.read_text())
+    assert data["tau"] == TAU and data["cpu"] and data["measured"] and data["how"]
+    assert data["summary"] == resummarize(json.loads(EARLY_END.read_text()))["summary"]
+    s = data["summary"]["all"]
+    assert s["n"] >= 18 and s["work_saved_share"] > 0.4
+    assert s["honest_below_tau"] == 0 and s["cut_as_sent_below_tau"] <= 0.1 * s["n"]
+    assert s["cut_with_end_below_tau"] >= 0.5 * s["n"]
+    rows = [r for setting in data["samples"].values() for r in setting]
+    groups = [rows[i:i + 4] for i in range(0, len(rows) - 3, 4)]
+    for kind, under in (("honest", False), ("cut_as_sent", False), ("cut_with_end", True)):
+        means = [statistics.fmean(min(r[kind]["score"], scoring.pooled_cap([x[kind]["z"] for x in g])) for r in g)
+                 for g in groups]
+        assert sum(m < TAU for m in means) >= len(means) if under else sum(m < TAU for m in means) <= 1, kind

@@ -824,3 +824,43 @@ def test_a_report_that_fits_is_left_whole() -> None:
     assert isinstance(report, at.AuditReport) and fit_report(report) == (report.entries, 0, 0)
     assert sorted(len(e.earlier) for e in report.entries) == [0] * 5 + [2]
 
+
+class EndingEngine(FakeEngine):
+    """A :class:`FakeEngine` that knows its end token (9) and scores it as very unlikely after
+    anything; every other token at C = 0.5 as FakeEngine does. ``scored`` keeps what it scored."""
+
+    context_window = 16
+
+    def __init__(self) -> None:
+        self.scored: list[list[int]] = []
+
+    def end_token(self) -> int | None:
+        return 9
+
+    def is_end(self, token_id: int) -> bool:
+        return token_id in (8, 9)
+
+    async def score(self, prompt: list[int], ids: list[int], params: Any) -> list[TokenScore]:
+        self.scored.append(list(ids))
+        return [TokenScore(t, -12.0 if t == 9 else -1.0 - 0.6931471805599453, -1.0, t) for t in ids]
+
+
+@pytest.mark.parametrize(("ids", "max_tokens", "scored"), [
+    ([5, 6], 64, [5, 6, 9]),  # stopped early without an end token: its end is scored
+    ([5, 6, 8], 64, [5, 6, 8]),  # ended with an end token of its own: as it came
+    ([5, 6], 2, [5, 6]),  # ran to max_tokens: as it came
+    ([5] * 13, 64, [5] * 13),  # prompt 3 + 13 + the end token would not fit the 16-token window
+    ([5] * 12, 64, [5] * 12 + [9]),  # ... and just fits
+])
+async def test_a_reply_that_stops_short_without_its_end_token_is_scored_with_it(
+        ids: list[int], max_tokens: int, scored: list[int]) -> None:
+    """Decision 0026: a node that stops a reply early saves work; the verifier scores the end of
+    turn the reply claims, at the model's own probability of ending there."""
+    from verifier.audit.auditor import score_tokens
+
+    engine = EndingEngine()
+    opening = at.Opening(bytes(16), MODEL, (ChatMessage("user", "q"),), SamplingParams(0.7, 1.0, 0, max_tokens, None))
+    score, _, _ = await score_tokens(engine, opening, ids)  # type: ignore[arg-type]
+    assert engine.scored == [scored]
+    honest, _, _ = await score_tokens(FakeEngine(), opening, ids)  # type: ignore[arg-type]
+    assert (score < honest) == (scored != ids)  # an engine that cannot say scores as it came

@@ -12,7 +12,7 @@ from contextlib import aclosing
 import pytest
 import trio
 
-from model_node.engine import Engine, EngineError, expected_logprob
+from model_node.engine import EndsReplies, Engine, EngineError, expected_logprob
 from model_node.vllm import SCORE_TOP_LOGPROBS, VllmEngine
 from overlay.testing import wait_until
 from overlay.wire.messages import ChatMessage, SamplingParams
@@ -89,6 +89,8 @@ async def test_generate_streams_deltas_and_reports_stats(engine: VllmEngine) -> 
     ids = [t for p in pieces for t in p.token_ids]
     assert ids == greedy_reference(prompt, 64)
     assert ids[-1] == fake_vllm.EOS  # the stop token is part of the output ids (signed, scored)
+    assert isinstance(engine, EndsReplies) and engine.end_token() == fake_vllm.EOS and engine.is_end(ids[-1])
+    assert not engine.is_end(ids[0])
     assert len(pieces) == len(ids)  # streamed one delta at a time
     assert "".join(p.text for p in pieces) == engine.detokenize(ids)
     assert stats is not None and stats.finish_reason == "stop" and stats.output_tokens == len(ids)

@@ -860,6 +860,26 @@ async def send_challenge(client: AnonClient, node_id: bytes, opening: Opening, *
     return Reply(tuple(chunks), last.signature, last.signed_at_ms, last.node)
 
 
+def missing_end(engine: Engine, prompt_tokens: int, token_ids: Sequence[int], max_tokens: int) -> int | None:
+    """The end token to score after ``token_ids`` (decision 0026), or None: a reply that stopped
+    before ``max_tokens`` and whose last token does not end generation claims that the model
+    ended its turn there, so the verifier scores the model's end-of-turn token in that place. A
+    node that cuts its replies short to save work then pays that token's log-probability (an
+    honest engine's replies carry the end token they stopped at: llama.cpp's do). Not when the
+    engine cannot say (:class:`~model_node.engine.EndsReplies`), nor where the end token would
+    not fit in the verifier's context window (a reply that filled a window is scored as it came:
+    model nodes run windows of 4,096 tokens, verifiers score in 2,048)."""
+    from model_node.engine import EndsReplies
+
+    if len(token_ids) >= max_tokens or not isinstance(engine, EndsReplies):
+        return None
+    if token_ids and engine.is_end(token_ids[-1]):
+        return None
+    if prompt_tokens + len(token_ids) + 1 > engine.context_window:
+        return None
+    return engine.end_token()
+
+
 async def score_tokens(engine: Engine, opening: Opening, token_ids: Sequence[int], *,
                        transcript: bool = False, messages: Sequence[ChatMessage] | None = None,
                        ) -> tuple[int, int, float]:
@@ -867,13 +887,18 @@ async def score_tokens(engine: Engine, opening: Opening, token_ids: Sequence[int
     ``opening``: one teacher-forced pass of this verifier's engine (``Engine.score``) after the
     prompt the model node saw (the chat template of the opening's messages, or of ``messages``: a
     script's turn as sent), then :func:`verifier.audit.scoring.score_reply`; a user's
-    ``transcript`` weighted by its length (:func:`~verifier.audit.scoring.length_weighted`).
+    ``transcript`` weighted by its length (:func:`~verifier.audit.scoring.length_weighted`). A
+    reply that stops early without its end token is scored with that token (:func:`missing_end`).
     Raises :class:`~verifier.audit.scoring.ScoringError` or :class:`~model_node.engine.EngineError`."""
     from verifier.audit.reputation import to_fixed
     from verifier.audit.scoring import length_weighted, score_reply
 
     prompt = engine.chat_prompt(opening.messages if messages is None else messages)
-    scores = await engine.score(prompt, list(token_ids), opening.params)
+    ids = list(token_ids)
+    end = missing_end(engine, len(prompt), ids, opening.params.max_tokens)
+    if end is not None:
+        ids.append(end)
+    scores = await engine.score(prompt, ids, opening.params)
     r = score_reply(scores)
     score = length_weighted(r.score, r.tokens) if transcript else r.score  # the two-sided score (decision 0013 §5)
     return to_fixed(score), to_fixed(r.raw_inv_ppl), r.z
