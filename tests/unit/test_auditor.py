@@ -864,3 +864,26 @@ async def test_a_reply_that_stops_short_without_its_end_token_is_scored_with_it(
     assert engine.scored == [scored]
     honest, _, _ = await score_tokens(FakeEngine(), opening, ids)  # type: ignore[arg-type]
     assert (score < honest) == (scored != ids)  # an engine that cannot say scores as it came
+
+
+async def test_a_personas_paths_are_closed_once_a_later_epoch_begins_even_with_no_report(tmp_path: Path) -> None:
+    """A verifier that never reported an epoch (it was down in the report window) still closes
+    that epoch's persona paths at its first poll of the next epoch: none carries anything again."""
+    chain = FakeChain(view(), START)
+    client = FakeClient({n: [("x", (1,))] for n in NODES})
+    a = auditor(0)
+    driver = AuditDriver(a, "127.0.0.1:1", client=client, engine=FakeEngine(), rpc=chain.rpc,  # type: ignore[arg-type]
+                         data_dir=tmp_path)
+    async with trio.open_nursery() as nursery:
+        await driver.step(nursery)
+    chain.view = committed(0)
+    for h in range(START + 1, REPORT_FROM):  # the send window only: no report
+        chain.height = h
+        async with trio.open_nursery() as nursery:
+            await driver.step(nursery)
+    assert client.held and not client.released
+    chain.view = view(epoch=2, start_height=END + 1, commit_until=END + 3, report_from=END + 51, end_height=END + 60)
+    chain.height = END + 1
+    async with trio.open_nursery() as nursery:
+        await driver.step(nursery)
+    assert client.released == client.held
