@@ -49,6 +49,7 @@ import math
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +105,18 @@ def measured_record(samples: dict[str, Any], settings: dict[str, float], max_tok
         "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "seconds": round(time.perf_counter() - t0),
     }
+
+
+def prompt_runs(engine: LlamaCppEngine, settings: dict[str, float], prompts: list[dict[str, Any]], max_tokens: int,
+                replies: int = 1) -> Iterator[tuple[str, int, list[int], list[SamplingParams]]]:
+    """For each setting (a temperature, top-p 1, no top-k) and each prompt: the setting's name, the
+    prompt's index, its chat prompt under ``engine``, and the parameters of each of ``replies``
+    replies, seeded by setting, prompt and reply."""
+    for si, (setting, temp) in enumerate(settings.items()):
+        for pi, prompt in enumerate(prompts):
+            ids = engine.chat_prompt([ChatMessage("user", prompt["text"])])
+            yield setting, pi, ids, [SamplingParams(temperature=temp, top_p=1.0, top_k=0, max_tokens=max_tokens,
+                                                    seed=100_000 * si + 100 * pi + j + 1) for j in range(replies)]
 
 
 def save(out: Path, result: dict[str, Any], shown: dict[str, Any]) -> int:

@@ -30,8 +30,7 @@ from typing import Any
 import trio
 
 from model_node.llama import LlamaCppEngine, resolve_model
-from overlay.wire.messages import ChatMessage, SamplingParams
-from simulations.measure_audit_scores import measured_record, save, user_prompts
+from simulations.measure_audit_scores import measured_record, prompt_runs, save, user_prompts
 from simulations.measure_scores import _generate
 from verifier.audit import reputation as rep
 from verifier.audit import scoring
@@ -58,22 +57,17 @@ async def _measure(n_prompts: int, max_tokens: int) -> dict[str, Any]:
     samples: dict[str, list[dict[str, Any]]] = {s: [] for s in SETTINGS}
     t0 = time.perf_counter()
     try:
-        for si, (setting, temp) in enumerate(SETTINGS.items()):
-            for pi, prompt in enumerate(prompts):
-                ids = verifier.chat_prompt([ChatMessage("user", prompt["text"])])
-                params = SamplingParams(temperature=temp, top_p=1.0, top_k=0, max_tokens=max_tokens,
-                                        seed=100_000 * si + 100 * pi + 1)
-                reply = await _generate(node, ids, params)
-                if len(reply) < 3 or not verifier.is_end(reply[-1]):
-                    continue  # no room to cut before the end, or it ran to max_tokens
-                cut = reply[:rng.randrange(1, len(reply) - 1)]
-                rows = await verifier.score_batch([(ids, reply, params), (ids, cut, params),
-                                                   (ids, [*cut, end], params)])
-                samples[setting].append({"prompt": pi, "full_tokens": len(reply), "cut_tokens": len(cut),
-                                         **{k: _row(r) for k, r in zip(KINDS, rows, strict=True)}})
-                print(f"measure_early_end: {setting} prompt {pi + 1}/{len(prompts)}: "
-                      + " ".join(f"{k} {samples[setting][-1][k]['score']:.3f}" for k in KINDS)
-                      + f" ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
+        for setting, pi, ids, (params,) in prompt_runs(verifier, SETTINGS, prompts, max_tokens):
+            reply = await _generate(node, ids, params)
+            if len(reply) < 3 or not verifier.is_end(reply[-1]):
+                continue  # no room to cut before the end, or it ran to max_tokens
+            cut = reply[:rng.randrange(1, len(reply) - 1)]
+            rows = await verifier.score_batch([(ids, reply, params), (ids, cut, params), (ids, [*cut, end], params)])
+            samples[setting].append({"prompt": pi, "full_tokens": len(reply), "cut_tokens": len(cut),
+                                     **{k: _row(r) for k, r in zip(KINDS, rows, strict=True)}})
+            print(f"measure_early_end: {setting} prompt {pi + 1}/{len(prompts)}: "
+                  + " ".join(f"{k} {samples[setting][-1][k]['score']:.3f}" for k in KINDS)
+                  + f" ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
     finally:
         verifier.close()
         node.close()

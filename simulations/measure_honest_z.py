@@ -33,8 +33,7 @@ from typing import Any
 import trio
 
 from model_node.llama import LlamaCppEngine, resolve_model
-from overlay.wire.messages import ChatMessage, SamplingParams
-from simulations.measure_audit_scores import measured_record, sample_row, save, user_prompts
+from simulations.measure_audit_scores import measured_record, prompt_runs, sample_row, save, user_prompts
 from simulations.measure_scores import _generate, requantize
 from verifier.audit import reputation as rep
 from verifier.audit import scoring
@@ -68,19 +67,15 @@ async def _measure(n_prompts: int, replies: int, max_tokens: int, node_weights: 
     samples: dict[str, list[dict[str, Any]]] = {s: [] for s in SETTINGS}
     t0 = time.perf_counter()
     try:
-        for si, (setting, temp) in enumerate(SETTINGS.items()):
-            for pi, prompt in enumerate(prompts):
-                ids = verifier.chat_prompt([ChatMessage("user", prompt["text"])])
-                runs = [SamplingParams(temperature=temp, top_p=1.0, top_k=0, max_tokens=max_tokens,
-                                       seed=100_000 * si + 100 * pi + j + 1) for j in range(replies)]
-                got = [await _generate(node, ids, p) for p in runs]
-                todo = [(ids, r, p) for r, p in zip(got, runs, strict=True) if r]
-                for row in await verifier.score_batch(todo):
-                    samples[setting].append(sample_row(pi, row))
-                last = samples[setting][-len(todo):]
-                print(f"measure_honest_z: {setting} prompt {pi + 1}/{len(prompts)}: z "
-                      + " ".join(f"{r['z']:+.2f}" for r in last) + f" ({time.perf_counter() - t0:.0f} s)",
-                      file=sys.stderr, flush=True)
+        for setting, pi, ids, runs in prompt_runs(verifier, SETTINGS, prompts, max_tokens, replies):
+            got = [await _generate(node, ids, p) for p in runs]
+            todo = [(ids, r, p) for r, p in zip(got, runs, strict=True) if r]
+            for row in await verifier.score_batch(todo):
+                samples[setting].append(sample_row(pi, row))
+            last = samples[setting][-len(todo):]
+            print(f"measure_honest_z: {setting} prompt {pi + 1}/{len(prompts)}: z "
+                  + " ".join(f"{r['z']:+.2f}" for r in last) + f" ({time.perf_counter() - t0:.0f} s)",
+                  file=sys.stderr, flush=True)
     finally:
         verifier.close()
         node.close()

@@ -14,8 +14,9 @@ import re
 # set before anything imports localnet, whose pool reads it once.
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 if _WORKER.startswith("gw") and _WORKER[2:].isdigit():
-    os.environ.setdefault("GENTORRENT_PORT_SLICE",
-                          f"{int(_WORKER[2:])}/{max(int(_WORKER[2:]) + 1, int(os.environ.get('PYTEST_XDIST_WORKER_COUNT', '1')))}")
+    _I = int(_WORKER[2:])
+    _N = max(_I + 1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    os.environ.setdefault("GENTORRENT_PORT_SLICE", f"{_I}/{_N}")
 import select
 import signal
 import subprocess

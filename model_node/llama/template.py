@@ -54,6 +54,7 @@ class ChatTokens:
         self._template = _load_template(L, model, model_file)
         self._bos = L.llama_vocab_bos(self._vocab)
         self._add_bos = bool(L.llama_vocab_get_add_bos(self._vocab)) and self._bos >= 0
+        self._end: tuple[int | None] | None = None  # end_token(), found at its first call
 
     def _token_text(self, tok: int) -> str:
         return self._L.llama_vocab_get_text(self._vocab, tok).decode(errors="replace") if tok >= 0 else ""
@@ -127,7 +128,13 @@ class ChatTokens:
         """The token that ends an assistant's turn: the first token the chat template puts after an
         assistant message's content when it is an end-of-generation token (SmolLM2's
         ``<|im_end|>``, not its end-of-sequence ``<|endoftext|>``); else the vocabulary's
-        end-of-turn token, else its end-of-sequence token; None when it has none of them."""
+        end-of-turn token, else its end-of-sequence token; None when it has none of them. Found once
+        (the template is rendered at the first call), then kept."""
+        if self._end is None:
+            self._end = (self._find_end_token(),)
+        return self._end[0]
+
+    def _find_end_token(self) -> int | None:
         mark = f"\ue000{os.urandom(6).hex()}\ue001"
         try:
             text = self._render([{"role": "user", "content": "hi"}, {"role": "assistant", "content": mark}])
