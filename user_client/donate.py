@@ -1,8 +1,9 @@
 """Donating prompts to the committee's audits (decision 0013, item 4): the user's side.
 
 A user who turns on ``--donate-prompts`` hands, after a complete reply and with probability
-``--donate-rate`` (default :data:`DEFAULT_RATE`), the request's messages (the conversation as
-sent, the last message the user's) and sampling parameters to ONE verifier of the committee,
+``--donate-rate`` (default :data:`DEFAULT_RATE`), the request's system prompt and user turns (the
+latest :data:`~overlay.directory.transcripts.MAX_TURNS`, the last the request's own; not the replies
+between them, decision 0027) and sampling parameters to ONE verifier of the committee,
 chosen uniformly at random among the ``--committee`` RPC addresses, after a random delay of
 0 to :data:`MAX_DELAY_S` seconds (so the donation is not timed to the request). The verifier
 keeps donations in a private pool and audits model nodes with them, so challenges read like
@@ -41,7 +42,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from overlay.directory import donation
-from overlay.directory.donation import DONATE_PATH, KEY_PATH, MAX_DONATION_BYTES, DonationError
+from overlay.directory.donation import DONATE_PATH, KEY_PATH, MAX_DONATION_BYTES, DonationError, donated_messages
 from overlay.wire.identity import Identity, short_id
 from overlay.wire.messages import ChatMessage, SamplingParams
 
@@ -50,7 +51,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gentorrent.donate")
 
-MAX_MESSAGES = 8  # an audit challenge's limit (verifier/audit/tx.py MAX_MESSAGES)
 MAX_DELAY_S = 60.0
 DEFAULT_RATE = 0.25
 MAX_PENDING = 64  # donations waiting for their delay at once; more are skipped
@@ -70,28 +70,12 @@ def encode(identity: Identity, model: str, messages: Sequence[ChatMessage], para
     return donation.encode(identity, identity.node_id, model, messages, _as_floats(params))
 
 
-def fit(messages: Sequence[ChatMessage]) -> list[ChatMessage] | None:
-    """The messages to donate: all of them when they fit a challenge (at most :data:`MAX_MESSAGES`),
-    else a leading system prompt and the latest turns, starting at a user turn. ``None`` when the
-    last message is not a non-empty user message (nothing an audit could send)."""
-    if not messages or messages[-1].role != "user" or not messages[-1].content.strip():
-        return None
-    msgs = list(messages)
-    if len(msgs) <= MAX_MESSAGES:
-        return msgs
-    head = msgs[:1] if msgs[0].role == "system" else []
-    tail = msgs[len(msgs) - (MAX_MESSAGES - len(head)):]
-    while len(tail) > 1 and tail[0].role != "user":
-        tail = tail[1:]
-    return head + tail
-
-
 def seal(verifier_key: bytes, identity: Identity, model: str, messages: Sequence[ChatMessage],
          params: SamplingParams) -> bytes:
-    """The sealed donation to ``verifier_key``: :func:`fit`'s messages, the oldest turns (after a
-    system prompt) dropped until it is at most :data:`MAX_DONATION_BYTES`. :class:`DonationError`
+    """The sealed donation to ``verifier_key``: :func:`~overlay.directory.donation.donated_messages`, the oldest user turns (after
+    a system prompt) dropped until it is at most :data:`MAX_DONATION_BYTES`. :class:`DonationError`
     when nothing fits or the last message is not the user's."""
-    msgs = fit(messages)
+    msgs = donated_messages(messages)
     if msgs is None:
         raise DonationError("the request's last message is not a user's: nothing to donate")
     first = 1 if msgs[0].role == "system" else 0

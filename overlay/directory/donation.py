@@ -23,7 +23,7 @@ and every other limit, is the verifier's check, not the format's
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -44,7 +44,7 @@ DONATE_PATH = "/audit/donate"
 
 __all__ = [
     "DONATION_CONTEXT", "DONATION_VERSION", "MAX_DONATION_BYTES", "MAX_ITEMS", "SIGNATURE_LEN", "Donation",
-    "DonationError", "Signer", "decode", "encode", "seal_donation", "signing_bytes", "unseal", "verify",
+    "DonationError", "Signer", "decode", "donated_messages", "encode", "seal_donation", "signing_bytes", "unseal", "verify",
 ]
 
 
@@ -84,6 +84,22 @@ class Donation:
 def _pack(obj: object) -> bytes:
     out: bytes = msgpack.packb(obj, use_bin_type=True)
     return out
+
+
+def donated_messages(messages: Sequence[ChatMessage]) -> list[ChatMessage] | None:
+    """The messages a client donates of a request (user_client/donate.py): the system messages
+    before the first user turn, then the latest :data:`~overlay.directory.transcripts.MAX_TURNS`
+    user turns, without the replies between them (a challenge replays the user turns and the
+    challenged node's own replies take the replies' places, decision 0025; the replies this user
+    got are not donated, decision 0027). ``None`` when the last message is not a non-empty user
+    message (nothing an audit could send)."""
+    from overlay.directory.transcripts import MAX_TURNS  # (transcripts imports this module)
+
+    if not messages or messages[-1].role != "user" or not messages[-1].content.strip():
+        return None
+    first = next(i for i, m in enumerate(messages) if m.role == "user")
+    head = [m for m in messages[:first] if m.role == "system"]
+    return head + [m for m in messages if m.role == "user"][-MAX_TURNS:]
 
 
 def signing_bytes(d: Donation) -> bytes:

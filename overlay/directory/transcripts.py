@@ -77,7 +77,8 @@ MAX_COMMIT_BYTES = 256
 MAX_REVEAL_BYTES = 256 * 1024  # sealed; as hex in an RPC URL, well under CometBFT's 1 MB header limit
 # An audit challenge's limits, here once (overlay imports no role package; verifier/audit/tx.py,
 # the Opening's and the ReplyOutcome's, takes them from here)
-MAX_MESSAGES = 8
+MAX_MESSAGES = 16  # 8 user turns with their replies (decision 0027; was 8)
+MAX_TURNS = MAX_MESSAGES // 2  # user turns in a challenge's script, and in a donation (decision 0027)
 MAX_CONTENT_BYTES = 8192
 MIN_TOKENS, MAX_TOKENS = 1, 1024
 MAX_TEMPERATURE = 5.0

@@ -20,6 +20,7 @@ import pytest
 
 from overlay.directory.donation import seal_donation
 from overlay.directory.registration import Code
+from overlay.directory.transcripts import MAX_MESSAGES
 from overlay.wire import crypto
 from overlay.wire.identity import Identity
 from overlay.wire.messages import ChatMessage, SamplingParams
@@ -110,7 +111,7 @@ def test_bad_donations_are_refused_with_their_reason_and_leave_the_pool_unchange
     _refused(p, users, donation(a, params=SamplingParams(max_tokens=5000)), Code.INVALID_FIELD, "max_tokens")
     _refused(p, users, donation(a, params=SamplingParams(temperature=1)),  # an int where a float belongs
              Code.MALFORMED, "types")
-    _refused(p, users, donation(a, messages=tuple(ChatMessage("user", f"t{i}") for i in range(9))),
+    _refused(p, users, donation(a, messages=tuple(ChatMessage("user", f"t{i}") for i in range(MAX_MESSAGES + 1))),
              Code.INVALID_FIELD, "messages")
     _refused(p, users, donation(b, "  FIRST "), Code.DUPLICATE, "already donated")  # normalised, any donor
     offer(p, donation(a, "second"), users)

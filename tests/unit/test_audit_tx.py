@@ -91,7 +91,7 @@ def test_opening_limits(bad: dict[str, Any]) -> None:
 
 def test_opening_message_limits() -> None:
     op = opening()
-    for msgs in [(), tuple(ChatMessage("user", "q") for _ in range(9)), (ChatMessage("user", "x" * 8193),),
+    for msgs in [(), tuple(ChatMessage("user", f"q{i}") for i in range(at.MAX_MESSAGES + 1)), (ChatMessage("user", "x" * 8193),),
                  (ChatMessage("user", "q"), ChatMessage("assistant", "a")), (ChatMessage("robot", "q"),),
                  (ChatMessage("user", "   "),)]:
         with pytest.raises(TxError):
@@ -314,8 +314,8 @@ def test_decoded_by_shape() -> None:
          Code.INVALID_FIELD, "score"),
         (enc([2, 3, PK, salt, [[b"n" * 20, w, [0, b"n" * 20, [], sig, 1, 1, 1], []]], sig]),
          Code.INVALID_FIELD, "at least one chunk"),
-        (enc([2, 3, PK, salt, [[b"n" * 20, w, reply, [reply] * 4]], sig]), Code.INVALID_FIELD,
-         "earlier replies: 4 items, at most 3"),
+        (enc([2, 3, PK, salt, [[b"n" * 20, w, reply, [reply] * at.MAX_TURNS]], sig]), Code.INVALID_FIELD,
+         f"earlier replies: {at.MAX_TURNS} items, at most {at.MAX_TURNS - 1}"),
         (enc([2, 3, PK, salt, [[b"n" * 20, w, reply, [[1, "busy", 1]]]], sig]), Code.INVALID_FIELD,
          "an earlier turn's outcome is a reply"),
         (enc([2, 3, PK, salt, [[b"n" * 20, w, reply, [reply]]], sig]), Code.INVALID_FIELD,

@@ -491,7 +491,7 @@ async def test_the_driver_runs_an_epoch_over_its_personas_paths_to_one_node_each
     assert {(n, f, fresh) for n, f, fresh in client.calls} == {(n, False, False) for n in NODES}  # one node, held paths
     assert a.current is not None
     personas = {e.persona for e in a.current.entries}
-    assert len(personas) == PERSONAS  # 6 challenges: both personas in use (this seed)
+    assert 1 < len(personas) <= PERSONAS  # 6 challenges over 3 of the 4 personas (this seed)
     assert len(client.held) == len({id(h) for _, h in client.sent}) == len(personas)  # one path set each
     assert client.released == client.held and chain.closed_at_broadcast[-1] == len(personas)  # closed, then reported
     assert [c[0] for c in client.calls].count(NODES[1]) == 2 * at.MAX_TRIES  # busy: three tries each

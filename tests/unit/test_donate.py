@@ -13,14 +13,18 @@ import pytest
 import trio
 
 from overlay.directory.donation import MAX_DONATION_BYTES, DonationError, decode, verify
+from overlay.directory.transcripts import MAX_TURNS
 from overlay.wire import crypto
 from overlay.wire.identity import Identity
 from overlay.wire.messages import ChatMessage, SamplingParams
 from user_client import donate
 from user_client.donate import Donor
+from verifier.audit import tx as at
+from verifier.audit.tx import Opening, script_of
 
 MESSAGES = (ChatMessage("system", "be brief"), ChatMessage("user", "What is a quine?"),
             ChatMessage("assistant", "A program that prints itself."), ChatMessage("user", "Show one in Python."))
+DONATED = (MESSAGES[0], MESSAGES[1], MESSAGES[3])  # what is donated of MESSAGES: no reply (decision 0027)
 
 
 class Verifier:
@@ -92,16 +96,18 @@ def test_the_donation_is_sealed_to_the_verifiers_key_and_fits_the_limit() -> Non
     me, verifier = Identity.generate(), crypto.SigningKey.generate()
     sealed = donate.seal(verifier.public_bytes, me, "m", MESSAGES, SamplingParams())
     plain = crypto.open_sealed_ed25519(verifier.private_bytes(), sealed)
-    assert decode(plain)[0].messages == MESSAGES
+    # The system prompt and the user turns are donated; the reply the user got is not (decision 0027).
+    assert decode(plain)[0].messages == DONATED
     with pytest.raises(crypto.CryptoError):
         crypto.open_sealed_ed25519(crypto.SigningKey.generate().private_bytes(), sealed)
-    # A long conversation keeps its system prompt and its latest turns, from a user turn on.
+    # A long conversation keeps its system prompt and its latest MAX_TURNS user turns, as a script.
     long = [ChatMessage("system", "sys")] + [ChatMessage("user" if i % 2 == 0 else "assistant", f"turn {i}")
                                              for i in range(21)]
     kept = decode(crypto.open_sealed_ed25519(
         verifier.private_bytes(), donate.seal(verifier.public_bytes, me, "m", long, SamplingParams())))[0].messages
-    assert len(kept) <= donate.MAX_MESSAGES and kept[0].content == "sys" and kept[1].role == "user"
-    assert kept[-1] == long[-1]
+    assert kept == (long[0], *[m for m in long if m.role == "user"][-MAX_TURNS:])
+    assert MAX_TURNS == at.MAX_TURNS == 8 and len(kept) <= at.MAX_MESSAGES
+    Opening(bytes(16), "m", script_of(kept), SamplingParams()).check_script()  # what the pool makes of it
     # Too large for one donation: older turns go first; a last message alone too large is not donated.
     big = [ChatMessage("user", "a" * 9000), ChatMessage("assistant", "b" * 3000), ChatMessage("user", "c" * 9000)]
     sealed = donate.seal(verifier.public_bytes, me, "m", big, SamplingParams())
@@ -124,7 +130,7 @@ async def test_a_donation_goes_to_one_verifier_after_checking_its_key() -> None:
     assert all(not other.calls for a, other in c.verifiers.items() if a != address)  # ONE verifier
     got, sig = decode(crypto.open_sealed_ed25519(v.key.private_bytes(), v.sealed[0]))
     verify(got, sig, me.ed25519_public)
-    assert (got.model, got.messages, got.params) == ("smollm2", MESSAGES, params)
+    assert (got.model, got.messages, got.params) == ("smollm2", DONATED, params)
 
 
 async def test_a_key_that_is_not_a_validators_or_a_refusal_is_an_error_and_nothing_is_sent() -> None:
@@ -217,5 +223,5 @@ def test_the_verifiers_pool_opens_what_the_client_seals() -> None:
     sealed = donate.seal(verifier.public_bytes, me, "m", MESSAGES, params)
     got = pool.open_donation(sealed, verifier.private_bytes(),
                              lambda n: me.ed25519_public if n == me.node_id else None, {"m"})
-    assert (got.donor, got.model, got.messages, got.params) == (me.node_id, "m", MESSAGES,
+    assert (got.donor, got.model, got.messages, got.params) == (me.node_id, "m", DONATED,
                                                                  SamplingParams(1.0, 0.9, 0, 64, 3))

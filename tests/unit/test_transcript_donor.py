@@ -241,7 +241,7 @@ async def test_seeded_or_unfit_requests_and_the_rate_are_decided_before_sending(
         await nursery.start(w.donor.run)
         await w.ask(params=SamplingParams(0.7, 1.0, 0, 32, seed=5))
         await w.ask(params=SamplingParams(0.7, 1.0, 0, 4096))
-        await w.ask(messages=[ChatMessage("user", "x")] * 9)
+        await w.ask(messages=[ChatMessage("user", "x")] * (wire.MAX_MESSAGES + 1))
         nursery.cancel_scope.cancel()
     assert not [e for e in w.log if e[0] == "commit"] and w.donor.committed == 0
     w = World(rate=0.25)

@@ -103,7 +103,7 @@ GOOD = _body_wire()
     ([*GOOD[:3], b"echo", *GOOD[4:]], "model is not a string"),
     ([*GOOD[:3], "m" * 129, *GOOD[4:]], "model is not a string"),
     ([*GOOD[:4], [], *GOOD[5:]], "messages has 0 items"),
-    ([*GOOD[:4], [["user", "x"]] * 9, *GOOD[5:]], "messages has 9 items"),
+    ([*GOOD[:4], [["user", "x"]] * (wire.MAX_MESSAGES + 1), *GOOD[5:]], f"messages has {wire.MAX_MESSAGES + 1} items"),
     ([*GOOD[:4], [["user"]], *GOOD[5:]], "a message is"),
     ([*GOOD[:4], [["user", b"x"]], *GOOD[5:]], "a message is"),
     ([*GOOD[:5], [1, 1.0, 0, 64, None], *GOOD[6:]], "params are of types"),

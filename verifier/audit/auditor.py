@@ -109,7 +109,7 @@ GENERATOR_WARNING = ("challenges from the built-in generator are recognisable by
 _PLAN_VERSION = 4  # 2: outcomes as their transaction bytes, no in-flight flag; 3: each reply's z, earlier turns;
 # 4: each challenge's persona
 _PLAN_VERSIONS = (2, 3, 4)  # what restore takes
-PERSONAS = 2  # user-like senders a verifier's challenges of an epoch are spread over, each on its own held paths
+PERSONAS = 4  # user-like senders a verifier's challenges of an epoch are spread over, each on its own held paths
 _ENTRY_RE = re.compile(r"\bentry (\d+):")
 
 

@@ -125,7 +125,7 @@ USER_SYSTEM_PROMPTS = ("You are a helpful assistant.", "You are a helpful assist
                        "You are a friendly tutor who explains things simply.")
 USER_TEMPERATURES = (0.0, 0.2, 0.3, 0.5, 0.7, 0.8, 1.0, 1.2)
 USER_MAX_TOKENS = (64, 128, 256, 512, 1024)
-PERSONAS_PER_VERIFIER = 2  # verifier.audit.auditor.PERSONAS: path sets a verifier holds an epoch (decision 0026)
+PERSONAS_PER_VERIFIER = 4  # verifier.audit.auditor.PERSONAS: path sets a verifier holds an epoch (decision 0026)
 AFFINITY = 0.9  # a follow-up reaches the node that answered the previous turn (chat's session affinity)
 DONATE_RATE = 0.25  # user_client/donate.py --donate-rate
 DONORS = 40  # users who donate (each with its own sessions, served elsewhere)
@@ -331,21 +331,28 @@ def _sessions(rng: random.Random, prompts: Sequence[str], ids: _Ids, duration_s:
 @dataclass(slots=True)
 class Donation:
     donor: int
-    messages: tuple[ChatMessage, ...]
+    messages: tuple[ChatMessage, ...]  # the conversation as the donor sent it (the what-ifs send this)
     params: SamplingParams
     ident: int
+    script: tuple[ChatMessage, ...] = ()  # what the donor's client donates (user_client/donate.py fit)
 
 
-def _opening_ok(messages: tuple[ChatMessage, ...], params: SamplingParams) -> bool:
-    """Whether a request passes an opening's limits (the pool refuses other donations)."""
+def _donated(messages: tuple[ChatMessage, ...], params: SamplingParams) -> tuple[ChatMessage, ...] | None:
+    """What a donor's client donates of a request (:func:`overlay.directory.donation.donated_messages`:
+    the system prompt and the latest user turns, no replies), if the pool takes it as a script; else
+    ``None``."""
+    from overlay.directory.donation import donated_messages
     from overlay.directory.registration import TxError
     from verifier.audit import tx as at
 
+    msgs = donated_messages(messages)
+    if msgs is None:
+        return None
     try:
-        at.Opening(bytes(16), "m", messages, params).check()
+        at.Opening(bytes(16), "m", at.script_of(tuple(msgs)), params).check_script()
     except TxError:
-        return False
-    return True
+        return None
+    return tuple(msgs)
 
 
 class DonationPool:
@@ -360,8 +367,9 @@ class DonationPool:
         while sum(map(len, self.by_donor.values())) < needed:  # an hour of the donors' traffic at a time
             for r in _sessions(rng, prompts, ids, 3600.0, 8.0 / 3600.0 * DONORS, DONORS, served_here=False):
                 self.served.add(r.ident)
-                if rng.random() < DONATE_RATE and _opening_ok(r.messages, r.params):
-                    self.by_donor.setdefault(r.user, []).append(Donation(r.user, r.messages, r.params, r.ident))
+                if rng.random() < DONATE_RATE and (script := _donated(r.messages, r.params)) is not None:
+                    self.by_donor.setdefault(r.user, []).append(Donation(r.user, r.messages, r.params, r.ident,
+                                                                         script))
 
     def draw(self) -> Donation:
         donors = [d for d, left in self.by_donor.items() if left]
@@ -372,12 +380,12 @@ class DonationPool:
         return left.pop(self.rng.randrange(len(left)))
 
 
-def _challenge_prompt(source: str, gen: Any,
-                      pool: DonationPool | None) -> tuple[tuple[ChatMessage, ...], SamplingParams, int, int]:
-    """(messages, params, identity, previous reply) of one fresh challenge from ``source``."""
+def _challenge_prompt(source: str, gen: Any, pool: DonationPool | None,
+                      ) -> tuple[tuple[ChatMessage, ...], SamplingParams, int, int, tuple[ChatMessage, ...]]:
+    """(messages, params, identity, previous reply, script) of one fresh challenge from ``source``."""
     if source == "generator":
         p = gen.prompt()
-        return tuple(p.messages), p.params, -1, 0
+        return tuple(p.messages), p.params, -1, 0, tuple(p.messages)
     assert pool is not None
     d = pool.draw()  # a donation carries its own parameters (decision 0013 §3)
     prev = 0
@@ -385,7 +393,7 @@ def _challenge_prompt(source: str, gen: Any,
         if m.role == "assistant":
             prev = int(m.content.split()[1].rstrip(")"))
             break
-    return d.messages, d.params, d.ident, prev
+    return d.messages, d.params, d.ident, prev, d.script
 
 
 def stream(seed: int, source: str, epochs: int, timing: Timing, k: int, user_prompts: Sequence[str],
@@ -436,7 +444,7 @@ def stream(seed: int, source: str, epochs: int, timing: Timing, k: int, user_pro
         for i in range(VERIFIERS * k):
             off = rng.randint(timing.send_first, timing.send_last)
             t = e * timing.epoch_s + (off + rng.random()) * BLOCK_S
-            msgs, params, ident, prev = _challenge_prompt(source, gen, pool)
+            msgs, params, ident, prev, donated = _challenge_prompt(source, gen, pool)
             p, x = kept[i // k] if paths == "epoch" else (tuple(ids() for _ in range(PATHS_PER_REQUEST)),
                                                           tuple(rng.randrange(RELAYS) for _ in range(PATHS_PER_REQUEST)))
             if paths == "script_personas":  # the verifier's persona's paths of this epoch
@@ -447,7 +455,7 @@ def stream(seed: int, source: str, epochs: int, timing: Timing, k: int, user_pro
                 # cut where the next turn no longer fits in the send window; each turn over freshly
                 # built paths ("script"), the first turn's ("script_held") or, as built (decision
                 # 0026), its persona's ("script_personas")
-                script = [m for m in msgs if m.role != "assistant"]
+                script = list(donated)  # the donation: system prompt, then the latest user turns
                 users_at = [j for j, m in enumerate(script) if m.role == "user"][:MAX_SCRIPT_TURNS]
                 before, end = 0, e * timing.epoch_s + (timing.send_last + 1) * BLOCK_S
                 for n, j in enumerate(users_at):
@@ -661,7 +669,7 @@ WHATIF_REPLAY = ("path_novelty", "orphan_history", "turns", "combined")  # ... a
 WHATIF_PERSONA = ("path_novelty", "path_age", "proxy_novelty", "revealed_paths", "time", "turns", "params",
                   "combined", "combined_all")  # the personas what-ifs' detectors reported
 PERSONAS = 60  # user-like clients the verifiers run between them in the persona what-ifs (as many as the users)
-MAX_SCRIPT_TURNS = 4  # verifier.audit.tx.MAX_TURNS (a script's user turns, decision 0025)
+MAX_SCRIPT_TURNS = 8  # verifier.audit.tx.MAX_TURNS (a script's user turns, decisions 0025 and 0027)
 
 
 @dataclass
