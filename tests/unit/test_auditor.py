@@ -23,6 +23,7 @@ from verifier.audit import pool as pl
 from verifier.audit import tx as at
 from verifier.audit.auditor import (
     GENERATOR_WARNING,
+    OPENING_ROOM,
     PERSONAS,
     PLAN_FILE,
     Action,
@@ -363,6 +364,30 @@ def test_donated_prompts_come_first_and_the_generator_is_logged(caplog: pytest.L
     with caplog.at_level(logging.WARNING, "gentorrent.audit"):
         auditor(1, pool=full).plan(view(), START)
     assert GENERATOR_WARNING not in caplog.text and len(full) == 0
+
+
+
+def test_donors_of_the_largest_prompts_cannot_fill_the_report_with_openings(caplog: pytest.LogCaptureFixture) -> None:
+    """Attack: registered users donate the largest prompts a donation holds (two 7.5 KB turns,
+    about 15 KB an opening) so that a plan's 128 openings alone pass the report's 1 MiB, and the
+    report, which carries them, can never go out. A plan's openings stay within OPENING_ROOM,
+    leaving the rest for replies; past it, large prompts drawn are dropped and the generator's small
+    ones take their places."""
+    own = SamplingParams(0.7, 1.0, 0, 64, None)
+    pool = pl.DonationPool()
+    for i in range(200):
+        big = (ChatMessage("user", f"{i} " + "x" * 7500), ChatMessage("user", f"{i} again " + "y" * 7500))
+        pool.add(pl.Donation(bytes([i % 256, i // 256]) * 10, MODEL, big, own))
+    nodes = tuple(bytes([0x20 + j]) * 20 for j in range(32))
+    a = auditor(0, pool=pool)
+    with caplog.at_level(logging.INFO, "gentorrent.audit"):
+        a.plan(view(nodes=((MODEL, nodes),), challenges_per_node=4), START)
+    assert a.current is not None
+    sizes = [len(e.opening.encode()) for e in a.current.entries]
+    assert len(sizes) == 128 and 128 * 15_000 > 1024 * 1024  # unchecked, the openings would not fit
+    assert sum(sizes) <= OPENING_ROOM
+    assert sum(n > 15_000 for n in sizes) >= 12  # large prompts are taken while there is room (13 here)
+    assert "past their room" in caplog.text
 
 
 # --------------------------------------------------------------------------- the driver

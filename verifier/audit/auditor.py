@@ -109,6 +109,8 @@ GENERATOR_WARNING = ("challenges from the built-in generator are recognisable by
 _PLAN_VERSION = 4  # 2: outcomes as their transaction bytes, no in-flight flag; 3: each reply's z, earlier turns;
 # 4: each challenge's persona
 _PLAN_VERSIONS = (2, 3, 4)  # what restore takes
+OPENING_ROOM = (1024 * 1024 - 4096) // 4  # bytes a plan's openings may take of its report (tx.MAX_REPORT_BYTES)
+GENERATED_OPENING_BYTES = 512  # room kept for each challenge still to plan (a generated opening takes < 400)
 PERSONAS = 4  # user-like senders a verifier's challenges of an epoch are spread over, each on its own held paths
 _ENTRY_RE = re.compile(r"\bentry (\d+):")
 
@@ -384,7 +386,7 @@ def fit_report(report: AuditReport) -> tuple[tuple[ReportEntry, ...], int, int]:
         shed = [j for j, e in enumerate(entries) if e.earlier] \
             or [j for j, e in enumerate(entries) if not isinstance(e.outcome, FailOutcome)]
         if not shed:
-            break  # nothing left to shed: openings alone overflow (cannot happen within the plan's limits)
+            break  # nothing left to shed: openings alone overflow (a plan keeps them within OPENING_ROOM)
         i = max(shed, key=lambda j: (len(entries[j].earlier), sizes[j]))
         e = entries[i]
         if e.earlier:
@@ -655,9 +657,13 @@ class Auditor:
                     chosen[node] = model
         entries: list[Planned] = []
         generated = 0
+        room, total = OPENING_ROOM, len(chosen) * view.challenges_per_node
         for node in sorted(chosen):
             for _ in range(view.challenges_per_node):
-                opening, donated = self._opening(chosen[node])
+                # the openings leave the report room for the replies, whatever donors sent
+                # (decision 0027): a donated prompt over the room left is dropped
+                opening, donated = self._opening(chosen[node], room - GENERATED_OPENING_BYTES * (total - len(entries) - 1))
+                room -= len(opening.encode())
                 generated += not donated
                 entries.append(Planned(node, opening, self.rng.randint(first, last),
                                        persona=self.rng.randrange(PERSONAS)))
@@ -670,9 +676,9 @@ class Auditor:
         return Plan(view.epoch, self.models, self.urandom(16), entries, view.commit_until, view.report_from,
                     view.end_height)
 
-    def _opening(self, model: str) -> tuple[Opening, bool]:
-        """A fresh challenge for ``model``: a donated prompt if the pool holds one (True), else the
-        generator's (False)."""
+    def _opening(self, model: str, most: int) -> tuple[Opening, bool]:
+        """A fresh challenge for ``model``: a donated prompt of at most ``most`` bytes encoded if the
+        pool holds one (True; a larger one drawn is dropped), else the generator's (False)."""
         from overlay.directory.registration import TxError
         from verifier.audit.pool import opening_of
 
@@ -682,6 +688,10 @@ class Auditor:
                 o.check_script()
             except TxError as exc:  # the limits changed since it was taken
                 log.info("audit: a donated prompt no longer fits a challenge (%s); dropped", exc.reason)
+                continue
+            if len(o.encode()) > most:
+                log.info("audit: a donated prompt of %d bytes would take this plan's openings past their room "
+                         "(%d bytes left); dropped", len(o.encode()), most)
                 continue
             self.generator.mark_used(keys=list(o.prompt_keys()))
             return o, True
