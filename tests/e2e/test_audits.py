@@ -20,11 +20,13 @@ the chain. Every wait is bounded; nothing asserts on time.
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import subprocess
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -292,3 +294,73 @@ def test_a_donors_transcripts_are_scored_on_the_chain(net: AuditNet) -> None:
         assert time.monotonic() < deadline, (f"no transcript scores on the chain since epoch {start}: {seen}; "
                                              f"chat log: {r.stderr[-2000:]}; verifier logs in {net.root}")
         time.sleep(1.0)
+
+
+def audit_reports(net: AuditNet, first: int) -> tuple[list[Any], int]:
+    """Every audit report on the chain from height ``first`` on, decoded as the chain decodes it,
+    and the height read up to."""
+    from overlay.directory.rpc import call_sync
+    from verifier.audit import tx as at
+
+    rpc = net.committee_addresses.split(",")[0]
+    top = int(call_sync(rpc, "status")["sync_info"]["latest_block_height"])
+    out = []
+    for h in range(first, top + 1):
+        for raw in call_sync(rpc, "block", {"height": str(h)})["block"]["data"]["txs"] or ():
+            data = base64.b64decode(raw)
+            if data.startswith(at.AUDIT_TAG) and isinstance(tx := at.decode_audit_tx(data, net.chain_id),
+                                                            at.AuditReport):
+                out.append(tx)
+    return out, top
+
+
+def test_a_donated_conversation_is_sent_as_a_script_of_its_user_turns(net: AuditNet) -> None:
+    """A user of the OpenAI gateway with ``--donate-prompts`` (rate 1) sends a conversation of two
+    user turns with the reply it got: the gateway donates its user turns, not the reply (decision
+    0027), to one verifier; that verifier's next plan challenges a model node with them, and its
+    report, once on the chain, holds the script: both turns, no assistant message, the user's
+    parameters."""
+    config = net.config_toml("donor", net.root / "donor-serve.toml")
+    port = free_ports(1)[0]
+    log_path = net.root / "donor-serve.log"
+    first = int(net.decoded("verifier-0", "/audit")[1])
+    turns = ("Name a large lake in Africa.", "Which countries does it touch?")
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cli("user", "serve", "--config", str(config), "--port", str(port), "--donate-prompts",
+                                    "--donate-rate", "1", "--log-level", "info"),
+                                stdout=log, stderr=log, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while b"READY http" not in log_path.read_bytes():
+            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()[-3000:]
+            time.sleep(0.2)
+        body = {"model": MODEL, "max_tokens": 32, "messages": [
+            {"role": "user", "content": turns[0]}, {"role": "assistant", "content": "Lake Victoria."},
+            {"role": "user", "content": turns[1]}]}
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=300) as answer:
+            assert answer.status == 200
+        deadline = time.monotonic() + 180  # donations wait 0-60 s, so they are not timed to the request
+        while b"a prompt was donated" not in log_path.read_bytes():
+            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()[-3000:]
+            time.sleep(0.5)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    # the next plan draws it (donated prompts first); its report comes at that epoch's end
+    deadline = time.monotonic() + 4 * EPOCH_BLOCKS * 3.0
+    found: list[Any] = []
+    while not found:
+        assert time.monotonic() < deadline, f"no report on the chain carries the donated turns; logs in {net.root}"
+        time.sleep(5.0)
+        reports, top = audit_reports(net, first)
+        found = [e for rep in reports for e in rep.entries if any(m.content == turns[1] for m in e.opening.messages)]
+        first = top + 1
+    (entry,) = found  # a donated prompt is used once
+    assert [(m.role, m.content) for m in entry.opening.messages] == [("user", t) for t in turns]  # not the reply
+    assert entry.opening.model == MODEL and entry.opening.params.max_tokens == 32  # the user's parameters

@@ -1,8 +1,9 @@
 """Prompts users donated for audit challenges (decision 0013 §4; ``user_client/donate.py`` is the
 client's side).
 
-A user who turns on ``--donate-prompts`` hands, now and then, a request's messages and sampling
-parameters to one verifier, sealed to that verifier's validator key
+A user who turns on ``--donate-prompts`` hands, now and then, a request's system prompt and user
+turns (:func:`overlay.directory.donation.donated_messages`: the latest 8, no replies, decision
+0027) and sampling parameters to one verifier, sealed to that verifier's validator key
 (:func:`overlay.directory.donation.seal_donation`) and signed by the user's node key, through the verifier's
 RPC (``abci_query /audit/donate``, answered by :mod:`verifier.abci_app`). The verifier keeps them
 here, in a private pool (never on the chain), and challenges model nodes with them: a challenge is
@@ -14,8 +15,9 @@ with this verifier's key, decodes strictly (:func:`overlay.directory.donation.de
 trailing bytes), its signature verifies with the key the committee registered for the donor's
 node id, the donor is a currently registered **user** node, the model is one this verifier
 audits, and the messages and parameters pass a challenge's limits as a script
-(:func:`opening_of`: the conversation's user turns without the replies it carries, decision 0025;
-:meth:`verifier.audit.tx.Opening.check`: at most 8 messages, the last the user's, and so on).
+(:func:`opening_of`: the conversation's user turns without any replies it carries, decision 0025;
+:meth:`verifier.audit.tx.Opening.check`: at most 16 messages, the last the user's, at most 8 user
+turns, and so on).
 :meth:`DonationPool.add` then refuses a prompt already held or already used (the normalised first
 user turn, :meth:`~verifier.audit.tx.Opening.prompt_key`) and a donor's prompt over
 :data:`PER_DONOR` live ones; past :data:`MAX_POOL` prompts the oldest is dropped. Every refusal is
