@@ -316,10 +316,10 @@ def audit_reports(net: AuditNet, first: int) -> tuple[list[Any], int]:
 
 def test_a_donated_conversation_is_sent_as_a_script_of_its_user_turns(net: AuditNet) -> None:
     """A user of the OpenAI gateway with ``--donate-prompts`` (rate 1) sends a conversation of two
-    user turns with the reply it got: the gateway donates its user turns, not the reply (decision
-    0027), to one verifier; that verifier's next plan challenges a model node with them, and its
-    report, once on the chain, holds the script: both turns, no assistant message, the user's
-    parameters."""
+    user turns with the reply it got: the gateway donates it to one verifier (its user turns, not
+    the reply: decision 0027, pinned by tests/unit/test_donate.py); that verifier's next plan
+    challenges a model node with it, and its report, once on the chain, holds the script: both
+    turns, no assistant message, the user's parameters."""
     config = net.config_toml("donor", net.root / "donor-serve.toml")
     port = free_ports(1)[0]
     log_path = net.root / "donor-serve.log"

@@ -12,9 +12,10 @@ parameters, defaults and user-set values) mixed with challenges, from the built-
 (:class:`verifier.audit.challenges.ChallengeGenerator`) or from donated prompts (users' own
 requests, drawn from a donation pool as :mod:`verifier.audit.pool` draws: donor first). Every
 challenge goes out at a random height of the epoch's send window over the paths its verifier's
-*persona* holds for the epoch (decision 0026, ``paths="script_personas"``: two personas a
-verifier, each chosen uniformly for a challenge, each with one path set from its first send to the
-epoch's end); a donated conversation is a script (decision 0025): its user turns, replayed one
+*persona* holds for the epoch (decisions 0026 and 0027, ``paths="script_personas"``: four
+personas a verifier, each chosen uniformly for a challenge, each with one path set from its first
+send to the epoch's end); a donated conversation is a script (decisions 0025 and 0027: what the
+donor's client donates, its system prompt and latest 8 user turns), its user turns replayed one
 after another, each after the node's own reply and a user's think time, cut where the next turn
 no longer fits in the send window. Part B sends and signs the scripts' turns the same way. The file is split in
 two halves by a seeded shuffle: this node's users write from one, donors from the other. What
