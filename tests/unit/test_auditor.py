@@ -817,7 +817,7 @@ def test_a_script_whose_next_turn_never_went_out_ends_at_its_last_reply() -> Non
     assert e.earlier == () and isinstance(e.outcome, at.ReplyOutcome) and e.outcome.chunks[0][0] == "answer 7"
 
 
-def test_a_report_too_large_for_one_transaction_sheds_a_scripts_later_turns_then_the_largest_reply(
+def test_a_report_too_large_for_one_transaction_sheds_a_scripts_later_turns_then_a_reply(
         caplog: pytest.LogCaptureFixture) -> None:
     """Eight replies of 192 KB (a 3-turn script and five one-turn challenges) are 1.5 MB, over the
     1 MiB a transaction may hold. The report first ends the script at its first turn (the chain
@@ -839,6 +839,28 @@ def test_a_report_too_large_for_one_transaction_sheds_a_scripts_later_turns_then
     assert [len(e.earlier) for e in report.entries] == [0] * 6
     assert sum(isinstance(e.outcome, at.FailOutcome) for e in report.entries) == 1
     assert "2 scripts' later turns left out, 1 replies reported as 'other'" in caplog.text
+
+
+
+def test_a_node_that_pads_its_replies_is_not_the_first_left_unscored_when_a_report_overflows() -> None:
+    """Attack: donors' prompts ask for long replies until a report overflows even at one turn an
+    entry, and a cheater pads its replies (longer text a token) so that they are the largest, which
+    the report used to give up first, as the verifier's own failures: left unscored. The replies
+    given up are now drawn from the report's salt, which the node does not know."""
+    opening = at.Opening(b"\x01" * 16, MODEL, (ChatMessage("user", "Write a long story."),),
+                         SamplingParams(1.0, 1.0, 0, 1024, None))
+
+    def entry(n: int, size: int) -> at.ReportEntry:
+        node = n.to_bytes(20, "big")
+        chunks = tuple(("x" * (size // 100), (7,)) for _ in range(100))
+        return at.ReportEntry(node, opening, at.ReplyOutcome(node, chunks, b"\x03" * 64, 1, 500_000))
+
+    entries = (*(entry(n, 9_000) for n in range(1, 120)), entry(200, 9_500))  # 1.08 MB: over by a few replies
+    report = at.AuditReport(1, PKS[0], b"\x09" * 16, entries)
+    kept, cut, dropped = fit_report(report)
+    assert cut == 0 and 1 <= dropped < 20
+    assert isinstance(kept[-1].outcome, at.ReplyOutcome)  # the padder is scored (it was the first given up)
+    assert sum(isinstance(e.outcome, at.FailOutcome) for e in kept) == dropped
 
 
 def test_a_report_that_fits_is_left_whole() -> None:

@@ -370,8 +370,12 @@ def fit_report(report: AuditReport) -> tuple[tuple[ReportEntry, ...], int, int]:
     """``report``'s entries cut to fit :data:`~verifier.audit.tx.MAX_REPORT_BYTES` once signed,
     with how many script turns were cut and how many replies dropped. A script's last turns go
     first, from the entry with the most turns (the chain takes a script that ended early, and the
-    turns kept still verify); only when every entry is down to one turn are the largest replies
-    reported as failures of kind "other" (the verifier's own fault). Unchanged when it fits."""
+    turns kept still verify); only when every entry is down to one turn are replies reported as
+    failures of kind "other" (the verifier's own fault), in an order drawn from the report's secret
+    salt: not the largest first, which a node could make its own replies by padding them, and so
+    have them left unscored (decision 0027). Unchanged when it fits."""
+    from hashlib import blake2b
+
     from overlay.directory.registration import pack
     from verifier.audit.tx import AUDIT_TAG, MAX_REPORT_BYTES, FailOutcome, ReportEntry, encode_tx
 
@@ -387,7 +391,11 @@ def fit_report(report: AuditReport) -> tuple[tuple[ReportEntry, ...], int, int]:
             or [j for j, e in enumerate(entries) if not isinstance(e.outcome, FailOutcome)]
         if not shed:
             break  # nothing left to shed: openings alone overflow (a plan keeps them within OPENING_ROOM)
-        i = max(shed, key=lambda j: (len(entries[j].earlier), sizes[j]))
+        if entries[shed[0]].earlier:
+            i = max(shed, key=lambda j: (len(entries[j].earlier), sizes[j]))
+        else:
+            i = min(shed, key=lambda j: blake2b(report.salt + entries[j].node_id + j.to_bytes(4, "big"),
+                                                digest_size=16).digest())
         e = entries[i]
         if e.earlier:
             entries[i] = ReportEntry(e.node_id, e.opening, e.earlier[-1], e.earlier[:-1])
