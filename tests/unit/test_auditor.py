@@ -390,6 +390,20 @@ def test_donors_of_the_largest_prompts_cannot_fill_the_report_with_openings(capl
     assert "past their room" in caplog.text
 
 
+
+def test_a_verifier_sends_as_as_many_personas_as_challenges_a_node_up_to_personas() -> None:
+    """A persona's paths carry about one script to each node an epoch, as a user's carry about one
+    session (decision 0027: with fewer personas a node sees their paths come back; with more,
+    every path is new at its first script)."""
+    nodes = tuple(bytes([0x20 + j]) * 20 for j in range(32))
+    for k in (1, 2, 3, 4):
+        a = auditor(0)
+        a.plan(view(nodes=((MODEL, nodes),), challenges_per_node=k), START)
+        assert a.current is not None
+        assert {e.persona for e in a.current.entries} == set(range(min(k, PERSONAS)))
+    assert PERSONAS == at.MAX_CHALLENGES_PER_NODE
+
+
 # --------------------------------------------------------------------------- the driver
 
 
@@ -516,7 +530,7 @@ async def test_the_driver_runs_an_epoch_over_its_personas_paths_to_one_node_each
     assert {(n, f, fresh) for n, f, fresh in client.calls} == {(n, False, False) for n in NODES}  # one node, held paths
     assert a.current is not None
     personas = {e.persona for e in a.current.entries}
-    assert 1 < len(personas) <= PERSONAS  # 6 challenges over 3 of the 4 personas (this seed)
+    assert personas == {0, 1}  # k = 2 challenges a node: 2 personas (decision 0027), both in use here
     assert len(client.held) == len({id(h) for _, h in client.sent}) == len(personas)  # one path set each
     assert client.released == client.held and chain.closed_at_broadcast[-1] == len(personas)  # closed, then reported
     assert [c[0] for c in client.calls].count(NODES[1]) == 2 * at.MAX_TRIES  # busy: three tries each

@@ -111,7 +111,8 @@ _PLAN_VERSION = 4  # 2: outcomes as their transaction bytes, no in-flight flag; 
 _PLAN_VERSIONS = (2, 3, 4)  # what restore takes
 OPENING_ROOM = (1024 * 1024 - 4096) // 4  # bytes a plan's openings may take of its report (tx.MAX_REPORT_BYTES)
 GENERATED_OPENING_BYTES = 512  # room kept for each challenge still to plan (a generated opening takes < 400)
-PERSONAS = 4  # user-like senders a verifier's challenges of an epoch are spread over, each on its own held paths
+PERSONAS = 4  # user-like senders a verifier's challenges of an epoch are spread over, each on its own held
+# paths: as many as challenges a node, at most this many (decision 0027)
 _ENTRY_RE = re.compile(r"\bentry (\d+):")
 
 
@@ -666,6 +667,9 @@ class Auditor:
         entries: list[Planned] = []
         generated = 0
         room, total = OPENING_ROOM, len(chosen) * view.challenges_per_node
+        # about one script a persona to each node an epoch, as a user's paths carry about one
+        # session (decision 0027: fewer personas make their paths come back, more make them new)
+        personas = max(1, min(PERSONAS, view.challenges_per_node))
         for node in sorted(chosen):
             for _ in range(view.challenges_per_node):
                 # the openings leave the report room for the replies, whatever donors sent
@@ -674,7 +678,7 @@ class Auditor:
                 room -= len(opening.encode())
                 generated += not donated
                 entries.append(Planned(node, opening, self.rng.randint(first, last),
-                                       persona=self.rng.randrange(PERSONAS)))
+                                       persona=self.rng.randrange(personas)))
         if generated:
             self._warn_once(("generator", view.epoch), logging.WARNING,
                             "audit: epoch %d: %d of %d challenges come from the built-in generator: %s", view.epoch,
