@@ -126,7 +126,7 @@ USER_SYSTEM_PROMPTS = ("You are a helpful assistant.", "You are a helpful assist
                        "You are a friendly tutor who explains things simply.")
 USER_TEMPERATURES = (0.0, 0.2, 0.3, 0.5, 0.7, 0.8, 1.0, 1.2)
 USER_MAX_TOKENS = (64, 128, 256, 512, 1024)
-PERSONAS_PER_VERIFIER = 4  # verifier.audit.auditor.PERSONAS: path sets a verifier holds an epoch (decision 0026)
+PERSONAS_PER_VERIFIER = 4  # verifier.audit.auditor.PERSONAS: path sets a verifier holds an epoch, at most (0026, 0027)
 AFFINITY = 0.9  # a follow-up reaches the node that answered the previous turn (chat's session affinity)
 DONATE_RATE = 0.25  # user_client/donate.py --donate-rate
 DONORS = 40  # users who donate (each with its own sessions, served elsewhere)
@@ -399,14 +399,15 @@ def _challenge_prompt(source: str, gen: Any, pool: DonationPool | None,
 
 def stream(seed: int, source: str, epochs: int, timing: Timing, k: int, user_prompts: Sequence[str],
            donor_prompts: Sequence[str], paths: str = "fresh",
-           user_rate_s: float | None = None, personas_per_verifier: int = PERSONAS_PER_VERIFIER,
+           user_rate_s: float | None = None, personas_per_verifier: int | None = None,
            ) -> tuple[list[Req], set[int]]:
     """One node's view over ``epochs`` epochs: its users' requests and the first try of every
     challenge of ``source`` ("generator" or "donated"), in time order; and the identities of
     every donor request (what a node that remembers every prompt a colluder served knows).
 
     ``paths``: "script_personas" (as built: decision 0026, every challenge over the paths one of its
-    verifier's ``personas_per_verifier`` personas holds for the epoch; donated ones as scripts,
+    verifier's ``personas_per_verifier`` personas (default: as the auditor, k up to
+    :data:`PERSONAS_PER_VERIFIER`) holds for the epoch; donated ones as scripts,
     decision 0025), "fresh" (decision 0013: every challenge over newly built paths), or a what-if:
     "epoch" (each verifier builds fresh paths once an epoch and sends all its challenges of the
     epoch over them) or "replay" (donated prompts only: a donated conversation is replayed turn by
@@ -415,6 +416,7 @@ def stream(seed: int, source: str, epochs: int, timing: Timing, k: int, user_pro
     from verifier.audit.challenges import ChallengeGenerator
 
     rng = random.Random(f"stream/{seed}/{source}")
+    n_personas = min(PERSONAS_PER_VERIFIER, k) if personas_per_verifier is None else personas_per_verifier
     ids = _Ids()
     duration = epochs * timing.epoch_s
     rate = USER_REQUESTS_PER_S if user_rate_s is None else user_rate_s
@@ -449,7 +451,7 @@ def stream(seed: int, source: str, epochs: int, timing: Timing, k: int, user_pro
             p, x = kept[i // k] if paths == "epoch" else (tuple(ids() for _ in range(PATHS_PER_REQUEST)),
                                                           tuple(rng.randrange(RELAYS) for _ in range(PATHS_PER_REQUEST)))
             if paths == "script_personas":  # the verifier's persona's paths of this epoch
-                p, x = held.setdefault((i // k, rng.randrange(personas_per_verifier)), (p, x))
+                p, x = held.setdefault((i // k, rng.randrange(n_personas)), (p, x))
             if paths in ("script", "script_held", "script_personas") and source == "donated":
                 # decision 0025 as built: the donated conversation's script (its user turns, the
                 # donor's replies dropped), each turn after the node's own reply a think time later,
