@@ -73,7 +73,8 @@ SETTINGS: dict[str, Setting] = {
                 "audited is unknown, and its nodes are used"),
         Setting("donate_prompts", bool, False,
                 "after a complete reply, with probability --donate-rate, donate the request's system prompt, "
-                "its latest 8 user turns (no replies) and sampling parameters to one verifier chosen at random, sealed to its key, 0-60 s later, so the "
+                "its latest 8 user turns (no replies) and sampling parameters to one verifier chosen at random, "
+                "sealed to its key, 0-60 s later, so the "
                 "committee's audit challenges look like real prompts (decision 0013). Privacy cost: the chosen "
                 "verifier learns your node id, your IP address and the prompt (not the reply, nor which model "
                 "node served you). Needs --committee; donations still waiting when the command exits are dropped"),

@@ -44,7 +44,8 @@ DONATE_PATH = "/audit/donate"
 
 __all__ = [
     "DONATION_CONTEXT", "DONATION_VERSION", "MAX_DONATION_BYTES", "MAX_ITEMS", "SIGNATURE_LEN", "Donation",
-    "DonationError", "Signer", "decode", "donated_messages", "encode", "seal_donation", "signing_bytes", "unseal", "verify",
+    "DonationError", "Signer", "decode", "donated_messages", "encode", "seal_donation", "signing_bytes", "unseal",
+    "verify",
 ]
 
 

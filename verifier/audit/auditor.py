@@ -674,7 +674,8 @@ class Auditor:
             for _ in range(view.challenges_per_node):
                 # the openings leave the report room for the replies, whatever donors sent
                 # (decision 0027): a donated prompt over the room left is dropped
-                opening, donated = self._opening(chosen[node], room - GENERATED_OPENING_BYTES * (total - len(entries) - 1))
+                later = total - len(entries) - 1
+                opening, donated = self._opening(chosen[node], room - GENERATED_OPENING_BYTES * later)
                 room -= len(opening.encode())
                 generated += not donated
                 entries.append(Planned(node, opening, self.rng.randint(first, last),
