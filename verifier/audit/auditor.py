@@ -388,22 +388,21 @@ def fit_report(report: AuditReport) -> tuple[tuple[ReportEntry, ...], int, int]:
     sizes = [size(e) for e in entries]
     cut = dropped = 0
     while sum(sizes) > room:
-        shed = [j for j, e in enumerate(entries) if e.earlier] \
-            or [j for j, e in enumerate(entries) if not isinstance(e.outcome, FailOutcome)]
-        if not shed:
-            break  # nothing left to shed: openings alone overflow (a plan keeps them within OPENING_ROOM)
-        if entries[shed[0]].earlier:
-            i = max(shed, key=lambda j: (len(entries[j].earlier), sizes[j]))
-        else:
-            i = min(shed, key=lambda j: blake2b(report.salt + entries[j].node_id + j.to_bytes(4, "big"),
-                                                digest_size=16).digest())
-        e = entries[i]
-        if e.earlier:
+        scripts = [j for j, e in enumerate(entries) if e.earlier]
+        replies = [j for j, e in enumerate(entries) if not isinstance(e.outcome, FailOutcome)]
+        if scripts:  # the most turns first, then the largest
+            i = max(scripts, key=lambda j: (len(entries[j].earlier), sizes[j]))
+            e = entries[i]
             entries[i] = ReportEntry(e.node_id, e.opening, e.earlier[-1], e.earlier[:-1])
             cut += 1
-        else:
+        elif replies:  # in the salt's order, which the nodes cannot know
+            i = min(replies, key=lambda j: blake2b(report.salt + entries[j].node_id + j.to_bytes(4, "big"),
+                                                   digest_size=16).digest())
+            e = entries[i]
             entries[i] = ReportEntry(e.node_id, e.opening, FailOutcome("other", e.outcome.tries))
             dropped += 1
+        else:
+            break  # nothing left to shed: openings alone overflow (a plan keeps them within OPENING_ROOM)
         sizes[i] = size(entries[i])
     return tuple(entries), cut, dropped
 
@@ -702,9 +701,9 @@ class Auditor:
             except TxError as exc:  # the limits changed since it was taken
                 log.info("audit: a donated prompt no longer fits a challenge (%s); dropped", exc.reason)
                 continue
-            if len(o.encode()) > most:
+            if (size := len(o.encode())) > most:
                 log.info("audit: a donated prompt of %d bytes would take this plan's openings past their room "
-                         "(%d bytes left); dropped", len(o.encode()), most)
+                         "(%d bytes left); dropped", size, most)
                 continue
             self.generator.mark_used(keys=list(o.prompt_keys()))
             return o, True
