@@ -154,7 +154,7 @@ class CommitteeAbciApp:
         if path == KEY_PATH:
             return Code.OK, "", self.signer.public_bytes
         try:
-            d = self.pool.offer(bytes(data), self.signer.private_bytes(), self._user_key)
+            d = self.pool.offer(bytes(data), self.signer.private_bytes(), self._user_key, self._network_of)
         except DonationError as exc:
             log.info("donation refused: %s", exc)
             return exc.code, exc.reason, b""
@@ -167,6 +167,20 @@ class CommitteeAbciApp:
         """The registered Ed25519 key of ``node_id`` if it is a current user node (committed state)."""
         rec = self.core.committed.nodes.get(node_id)
         return rec.ed25519_public if rec is not None and rec.entry.role == ROLE_USER else None
+
+    def _network_of(self, node_id: bytes) -> str | None:
+        """The network prefix of ``node_id``'s registered address (``"net 192.0.2.0/24"``;
+        :func:`verifier.admission.cap_keys`), None if it has none that parses."""
+        from overlay.directory.registration import TxError
+        from verifier.admission import cap_keys
+
+        rec = self.core.committed.nodes.get(node_id)
+        if rec is None:
+            return None
+        try:
+            return cap_keys(rec.entry.address)[1]
+        except TxError:
+            return None
 
     def _model_key(self, node_id: bytes, model: str) -> bytes | None:
         """The registered Ed25519 key of ``node_id`` if it is a current model node serving ``model``."""

@@ -180,6 +180,51 @@ def test_a_flooding_donor_gets_no_more_challenges_than_a_donor_of_one_prompt() -
     assert len(template) == 1
 
 
+def test_sybil_donors_on_one_network_get_no_more_challenges_than_one_honest_donor_on_another() -> None:
+    """Decision 0028, the attacker: a cheating model node registers 160 users of its own on one
+    network (the committee lists 16 nodes on one /24; ten /24s) and donates prompts it will know
+    again; one honest donor donates one prompt. Drawn by donor, nearly every challenge would be
+    the attacker's (160 of 161); drawn by network, about half."""
+    counts: Counter[str] = Counter()
+    rng = random.Random(28)
+    for trial in range(400):
+        p = new_pool()
+        for i in range(160):
+            p.add(pl.Donation(i.to_bytes(20, "big"), MODEL, (ChatMessage("user", f"sybil {trial} {i}"),), PARAMS),
+                  f"net 198.51.{i // 16}.0/24")
+        p.add(pl.Donation(b"\xee" * 20, MODEL, (ChatMessage("user", f"honest {trial}"),), PARAMS), "net 192.0.2.0/24")
+        assert p.donors(MODEL) == 161 and p.networks(MODEL) == 11
+        d = p.draw(MODEL, rng)
+        assert d is not None
+        counts["honest" if d.donor == b"\xee" * 20 else "sybil"] += 1
+    assert 20 < counts["honest"] < 60  # one network of 11: 400 / 11 = 36 expected
+
+
+def test_a_flood_of_donations_drops_its_own_networks_prompts_not_the_honest_ones() -> None:
+    """Past the pool's cap the oldest prompt of the network holding the most goes: sybil donors
+    filling the pool from one network evict their own prompts, never the earlier honest ones."""
+    p = new_pool(cap=100)
+    for i in range(20):
+        p.add(pl.Donation(bytes([1, i]) * 10, MODEL, (ChatMessage("user", f"honest {i}"),), PARAMS),
+              f"net 192.0.{i}.0/24")
+    for i in range(1_000):
+        p.add(pl.Donation(bytes([2, i // 64]) * 10, MODEL, (ChatMessage("user", f"flood {i}"),), PARAMS),
+              f"net 198.51.{i // 256}.0/24")
+    assert len(p) == 100
+    assert sum(d.messages[-1].content.startswith("honest") for d, _ in p._items.values()) == 20
+
+
+def test_a_pool_file_of_version_1_loads_each_donor_as_its_own_network() -> None:
+    from overlay.directory.registration import pack
+
+    donors = [bytes([i]) * 20 for i in (1, 2)]
+    v1 = pack([1, [pl.Donation(d, MODEL, (ChatMessage("user", f"old {d[0]}"),), PARAMS).wire() for d in donors], []])
+    back = pl.DonationPool.from_bytes(v1)
+    assert len(back) == 2 and back.donors(MODEL) == 2 and back.networks(MODEL) == 2
+    again = pl.DonationPool.from_bytes(back.to_bytes())
+    assert again.to_bytes() == back.to_bytes() and again.networks(MODEL) == 2
+
+
 def test_the_pool_survives_a_restart_in_a_private_file(tmp_path: Path) -> None:
     users, p = Users(), new_pool()
     for i in range(4):
@@ -241,6 +286,7 @@ def test_the_verifier_answers_its_donation_key_and_takes_donations_from_register
     assert code == 0 and key == VERIFIER.public_bytes
     code, why, _ = _query(app, "/audit/donate", donation(users.ids[0], to=key))
     assert code == 0 and "taken" in why and len(p) == 1
+    assert [net for _, net in p._items.values()] == ["net 127.0.0.0/24"]  # its registered address's /24
     # the model node's key is registered, but not as a user
     code, why, _ = _query(app, "/audit/donate", donation(users.ids[-1], "from a model node", to=key))
     assert code == Code.UNKNOWN_NODE and "not a registered user node" in why and len(p) == 1

@@ -20,13 +20,20 @@ audits, and the messages and parameters pass a challenge's limits as a script
 turns, and so on).
 :meth:`DonationPool.add` then refuses a prompt already held or already used (the normalised first
 user turn, :meth:`~verifier.audit.tx.Opening.prompt_key`) and a donor's prompt over
-:data:`PER_DONOR` live ones; past :data:`MAX_POOL` prompts the oldest is dropped. Every refusal is
-a :class:`DonationError` with a code (:class:`overlay.directory.registration.Code`) and a reason, and leaves the pool
-unchanged; nothing else is raised on any input.
+:data:`PER_DONOR` live ones; past :data:`MAX_POOL` prompts the oldest prompt of the *network*
+holding the most is dropped (below). Every refusal is a :class:`DonationError` with a code
+(:class:`overlay.directory.registration.Code`) and a reason, and leaves the pool unchanged; nothing
+else is raised on any input.
 
-:meth:`DonationPool.draw` picks a donor uniformly among those holding unused prompts for the
-model, then one of its prompts uniformly, and removes it (a prompt is used once): one flooding
-donor gets no more challenges than any other donor.
+:meth:`DonationPool.draw` picks a **network** uniformly among those holding unused prompts for the
+model (the /24 or /48 of the donor's registered address, :func:`verifier.admission.cap_keys`),
+then a donor of it uniformly, then one of its prompts uniformly, and removes it (a prompt is used
+once). Decision 0028: a cheating model node that registers users of its own and donates prompts
+it will know again (*sybil donors*) recognises the challenges drawn from them; drawn by donor, 9
+such identities per honest donor left challenges catching a selective cheater within 5 epochs in
+30 % of runs (the bench's 90 % share), and 157 filled the pool, the oldest (honest) prompts
+dropped. By network, the attacker needs as many networks as the honest donors hold, where the
+committee lists up to 16 nodes on one; a flood drops its own network's prompts first.
 
 The pool is I/O-free; :func:`load_pool` and :func:`save_pool` keep it in
 ``DATA_DIR/audit-pool.msgpack`` (mode 0600; a corrupt file is logged and set aside).
@@ -40,7 +47,7 @@ import random
 from collections import OrderedDict
 from collections.abc import Callable, Container
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 
@@ -60,10 +67,25 @@ PER_DONOR = 64  # live prompts one donor may have in the pool
 MAX_POOL = 10_000  # prompts in the pool (the oldest is dropped past it)
 MAX_USED_KEYS = 4 * MAX_POOL  # prompt keys of used prompts remembered (a used prompt is refused again)
 POOL_FILE = "audit-pool.msgpack"
-_FILE_VERSION = 1
+_FILE_VERSION = 2  # 2: each prompt with its donor's network (1: none, still read)
 
 UserKey = Callable[[bytes], bytes | None]
 """``user_key(node_id)``: the Ed25519 key the committee registered for a current USER node, else None."""
+NetworkOf = Callable[[bytes], str | None]
+"""``network_of(node_id)``: the network of a registered node's address (``"net 192.0.2.0/24"``),
+else None (the donor is then a network of its own)."""
+
+
+def own_network(donor: bytes) -> str:
+    """The group of a donor whose network is not known: its own."""
+    return f"donor {donor.hex()}"
+
+
+def _drop_one(counts: dict[Any, int], key: Any) -> None:
+    if counts[key] > 1:
+        counts[key] -= 1
+    else:
+        del counts[key]
 
 
 class DonationError(Exception):
@@ -148,38 +170,46 @@ class DonationPool:
         self.models: frozenset[str] = frozenset()
         self.dirty = False
         self._seq = 0
-        self._items: OrderedDict[int, Donation] = OrderedDict()  # oldest first
+        self._items: OrderedDict[int, tuple[Donation, str]] = OrderedDict()  # (donation, network), oldest first
         self._keys: dict[bytes, int] = {}  # prompt key -> seq, live prompts
         self._used: OrderedDict[bytes, None] = OrderedDict()  # prompt keys drawn (bounded)
-        self._by_model: dict[str, dict[bytes, list[int]]] = {}  # model -> donor -> seqs
+        self._by_model: dict[str, dict[str, dict[bytes, list[int]]]] = {}  # model -> network -> donor -> seqs
         self._per_donor: dict[bytes, int] = {}
+        self._per_network: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self._items)
 
     def count(self, model: str | None = None, donor: bytes | None = None) -> int:
         """Live prompts (for ``model`` and/or from ``donor`` when given)."""
-        return sum(1 for d in self._items.values()
+        return sum(1 for d, _ in self._items.values()
                    if (model is None or d.model == model) and (donor is None or d.donor == donor))
 
     def donors(self, model: str) -> int:
         """How many donors hold unused prompts for ``model``."""
+        return sum(len(donors) for donors in self._by_model.get(model, {}).values())
+
+    def networks(self, model: str) -> int:
+        """How many networks hold unused prompts for ``model``."""
         return len(self._by_model.get(model, {}))
 
     # ------------------------------------------------------------------ taking
 
-    def offer(self, sealed: bytes, seed32: bytes, user_key: UserKey) -> Donation:
-        """Open, check and add one sealed donation (:func:`open_donation`, :meth:`add`)."""
+    def offer(self, sealed: bytes, seed32: bytes, user_key: UserKey,
+              network_of: NetworkOf | None = None) -> Donation:
+        """Open, check and add one sealed donation (:func:`open_donation`, :meth:`add`), under the
+        donor's network (``network_of``; the donor's own group without it)."""
         if not self.models:
             raise DonationError(Code.UNAVAILABLE, "this verifier's audit loop has not started yet (its model is "
                                                   "still loading); retry in a minute")
         d = open_donation(sealed, seed32, user_key, self.models)
-        self.add(d)
+        self.add(d, None if network_of is None else network_of(d.donor))
         return d
 
-    def add(self, d: Donation) -> None:
-        """Keep ``d``: :class:`DonationError` (pool unchanged) for a prompt already held or used, or a
-        donor at :attr:`per_donor` live prompts; past :attr:`cap` the oldest prompt is dropped."""
+    def add(self, d: Donation, network: str | None = None) -> None:
+        """Keep ``d`` under ``network`` (default: a group of the donor's own): :class:`DonationError`
+        (pool unchanged) for a prompt already held or used, or a donor at :attr:`per_donor` live
+        prompts; past :attr:`cap` the oldest prompt of the network holding the most is dropped."""
         key = prompt_key(d)
         if key in self._keys or key in self._used:
             raise DonationError(Code.DUPLICATE, "this prompt was already donated")
@@ -187,42 +217,46 @@ class DonationPool:
             raise DonationError(Code.UNAVAILABLE, f"this donor already has {self.per_donor} prompts waiting in "
                                                   "this verifier's pool; donate again later")
         while len(self._items) >= self.cap:
-            self._remove(next(iter(self._items)))
-        self._insert(d, key)
+            largest = max(self._per_network.values())
+            self._remove(next(seq for seq, (_, net) in self._items.items() if self._per_network[net] == largest))
+        self._insert(d, key, own_network(d.donor) if network is None else network)
 
-    def _insert(self, d: Donation, key: bytes) -> None:
+    def _insert(self, d: Donation, key: bytes, network: str) -> None:
         self._seq += 1
-        self._items[self._seq] = d
+        self._items[self._seq] = (d, network)
         self._keys[key] = self._seq
-        self._by_model.setdefault(d.model, {}).setdefault(d.donor, []).append(self._seq)
+        self._by_model.setdefault(d.model, {}).setdefault(network, {}).setdefault(d.donor, []).append(self._seq)
         self._per_donor[d.donor] = self._per_donor.get(d.donor, 0) + 1
+        self._per_network[network] = self._per_network.get(network, 0) + 1
         self.dirty = True
 
     def _remove(self, seq: int) -> Donation:
-        d = self._items.pop(seq)
+        d, network = self._items.pop(seq)
         self._keys.pop(prompt_key(d), None)
-        donors = self._by_model[d.model]
+        networks = self._by_model[d.model]
+        donors = networks[network]
         donors[d.donor].remove(seq)
         if not donors[d.donor]:
             del donors[d.donor]
         if not donors:
+            del networks[network]
+        if not networks:
             del self._by_model[d.model]
-        left = self._per_donor[d.donor] - 1
-        if left:
-            self._per_donor[d.donor] = left
-        else:
-            del self._per_donor[d.donor]
+        _drop_one(self._per_donor, d.donor)
+        _drop_one(self._per_network, network)
         self.dirty = True
         return d
 
     # ------------------------------------------------------------------ drawing
 
     def draw(self, model: str, rng: random.Random) -> Donation | None:
-        """A prompt for ``model``, removed from the pool (used once): a donor chosen uniformly among
-        those holding prompts for it, then one of its prompts uniformly. None when there is none."""
-        donors = self._by_model.get(model)
-        if not donors:
+        """A prompt for ``model``, removed from the pool (used once): a network chosen uniformly
+        among those holding prompts for it, then a donor of it, then one of its prompts, each
+        uniformly. None when there is none."""
+        networks = self._by_model.get(model)
+        if not networks:
             return None
+        donors = networks[rng.choice(list(networks))]
         donor = rng.choice(list(donors))
         seq = rng.choice(donors[donor])
         d = self._remove(seq)
@@ -234,7 +268,7 @@ class DonationPool:
     # ------------------------------------------------------------------ persistence
 
     def to_bytes(self) -> bytes:
-        return pack([_FILE_VERSION, [d.wire() for d in self._items.values()], list(self._used)])
+        return pack([_FILE_VERSION, [[d.wire(), net] for d, net in self._items.values()], list(self._used)])
 
     @classmethod
     def from_bytes(cls, raw: bytes, *, per_donor: int = PER_DONOR, cap: int = MAX_POOL) -> DonationPool:
@@ -242,16 +276,17 @@ class DonationPool:
         try:
             doc = msgpack.unpackb(raw, raw=False, strict_map_key=True)
             version, items, used = doc
-            if version != _FILE_VERSION:
+            if version not in (1, _FILE_VERSION):
                 raise ValueError(f"pool file version {version!r}")
             pool = cls(per_donor=per_donor, cap=cap)
-            for donor, model, messages, p in items:
+            for item in items:
+                (donor, model, messages, p), net = (item, None) if version == 1 else item
                 d = Donation(bytes(donor), str(model), tuple(ChatMessage(str(r), str(c)) for r, c in messages),
                              SamplingParams(float(p[0]), float(p[1]), int(p[2]), int(p[3]),
                                             None if p[4] is None else int(p[4])))
                 key = prompt_key(d)
-                if key not in pool._keys:
-                    pool._insert(d, key)
+                if key not in pool._keys:  # version 1 kept no networks: each donor its own, as it drew then
+                    pool._insert(d, key, own_network(d.donor) if net is None else str(net))
             for k in used:
                 if bytes(k) not in pool._keys:
                     pool._used[bytes(k)] = None
