@@ -96,3 +96,28 @@ def test_the_timing_leak_matches_its_closed_form() -> None:
             assert f[f"timing_nodes{nodes}_rho25_w{w:g}s_committed_dodged_share"] == 1.0
             got = f[f"timing_nodes{nodes}_rho25_w{w:g}s_served_honestly_share"]
             assert got == pytest.approx(0.25 + 0.75 * (1 - math.exp(-rate * w)), abs=0.03)
+
+
+def test_boosters_keep_a_cheater_trusted_under_the_plain_mean_but_not_when_capped_by_donor(
+        scores: ae.ScoreTable) -> None:
+    """Decision 0028, the attacker played on the real book and chain: a cheater that recognises
+    every challenge (and serves those honestly) degrades all its users' requests, and 32 registered
+    sybil users of its own commit and reveal 4 requests to it an epoch, which it serves honestly.
+    With the transcripts' plain mean their honest replies outweigh its users' bad ones and it stays
+    trusted; capped by donor (as built), its users' sets cap every transcript score and it is
+    untrusted within UNTRUSTED_WITHIN epochs."""
+    from overlay.wire.constants import TRUST_LINE
+
+    cheat_from = 2
+    specs = [ae.NodeSpec("honest", "honest"), ae.NodeSpec("cheat", "selective", view(-1.0), 1.0, cheat_from)]
+    epochs = cheat_from + ae.UNTRUSTED_WITHIN + 1
+    alone = run(scores, specs, epochs, rho=0.1, boosters=0, by_donor=False)
+    got = ae._epochs_to_untrusted(alone.reputation["cheat"], cheat_from, TRUST_LINE)
+    assert got is not None and got <= ae.UNTRUSTED_WITHIN  # without boosters its users' transcripts catch it
+    plain = run(scores, specs, epochs, rho=0.1, boosters=32, by_donor=False)
+    capped = run(scores, specs, epochs, rho=0.1, boosters=32, by_donor=True)
+    assert plain.booster_counted == capped.booster_counted > 0
+    assert ae._epochs_to_untrusted(plain.reputation["cheat"], cheat_from, TRUST_LINE) is None
+    got = ae._epochs_to_untrusted(capped.reputation["cheat"], cheat_from, TRUST_LINE)
+    assert got is not None and got <= ae.UNTRUSTED_WITHIN
+    assert min(capped.reputation["honest"]) >= TRUST_LINE

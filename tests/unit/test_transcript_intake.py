@@ -330,6 +330,44 @@ async def test_the_driver_scores_counted_transcripts_with_its_engine_and_submits
     assert len(chain.sent) == 1  # once an epoch
 
 
+class SpreadEngine(FakeEngine):
+    """Every token half as likely as sampling gives (C = 0.5), with the variance that puts a
+    128-token reply's z at −2.9: each reply within decision 0019's per-reply limit, a donor's
+    four together far outside what sampling spreads (pooled z 4.6)."""
+
+    async def score(self, prompt: list[int], ids: list[int], params: Any) -> Any:
+        from model_node.engine import TokenScore
+
+        var = (0.6931471805599453 * 128 / 2.9) ** 2 / 128
+        return [TokenScore(t, -1.0 - 0.6931471805599453, -1.0, t, var_logprob=var) for t in ids]
+
+
+async def test_the_driver_caps_a_nodes_transcripts_when_two_of_its_donors_sets_are_far_off() -> None:
+    """Decision 0028 through the driver: n1's transcripts come from three donors whose sets are
+    each far off (every score of n1 capped), n2's from one such donor (not capped: one donor's
+    luck, or choice, caps nothing)."""
+    n1, n2 = b"\x0a" * 20, b"\x0b" * 20
+
+    def long(node: bytes, text: str, donor: bytes) -> Counted:
+        c = counted(node, text, donor=donor)
+        reply = at.ReplyOutcome(node, (("x" * 128, tuple(range(5, 5 + 128))),), b"\x03" * 64, 1, 0)
+        return Counted(donor, node, Transcript(node, b"\x01" * 16, c.transcript.opening, b"\x02" * 16, reply))
+
+    rows = [long(n, f"{n.hex()} {d} {i}", bytes([d]) * 20) for n, ds in ((n1, (1, 2, 3)), (n2, (4,)))
+            for d in ds for i in range(4)]
+    a = auditor(0, transcripts=StubBook({0: rows}))
+    chain = FakeChain(reported(a), REPORT_FROM + 1)
+    driver = AuditDriver(a, "127.0.0.1:1", client=None, engine=SpreadEngine(), rpc=chain.rpc)  # type: ignore[arg-type]
+    async with trio.open_nursery() as nursery:
+        await driver.step(nursery)
+    (raw,) = chain.sent
+    tx = at.decode_audit_tx(raw, "audit-test")
+    assert isinstance(tx, at.TranscriptScores)
+    got = dict(tx.nodes)
+    assert got[n2] == (500_000,) * 4  # scored as each reply scores alone
+    assert len(got[n1]) == 12 and max(got[n1]) < 400_000  # capped
+
+
 async def test_nothing_is_submitted_when_no_transcript_counts() -> None:
     a = auditor(0, transcripts=StubBook({0: [counted(b"\x0a" * 20, "x", model="other-model")]}))
     chain = FakeChain(reported(a), REPORT_FROM + 1)

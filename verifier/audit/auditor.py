@@ -1048,19 +1048,22 @@ class AuditDriver:
 
     async def _score_transcripts(self, action: ScoreTranscripts) -> None:
         """Score each counted transcript with this verifier's engine (one that cannot be scored is
-        logged and left out), then submit the auditor's :meth:`Auditor.transcript_scores`."""
-        from verifier.audit.scoring import ScoringError
+        logged and left out), cap each node's scores by its donors' sets
+        (:func:`~verifier.audit.transcripts.capped_by_donor`, decision 0028), then submit the
+        auditor's :meth:`Auditor.transcript_scores`."""
+        from verifier.audit.scoring import ScoringError, transcript_z
+        from verifier.audit.transcripts import capped_by_donor
 
-        scored: list[tuple[bytes, int]] = []
+        scored: list[tuple[bytes, bytes, int, float]] = []
         for c in action.counted:
             t = c.transcript
+            ids = t.reply.token_ids()
             try:
-                score, _, _ = await score_tokens(self.engine, t.opening, t.reply.token_ids(), transcript=True)
+                score, _, z = await score_tokens(self.engine, t.opening, ids, transcript=True)
+                scored.append((c.node_id, c.donor, score, transcript_z(z, max(1, len(ids)))))
             except (ScoringError, EngineError) as exc:
                 log.warning("audit: cannot score a transcript of model node %s: %s", short_id(c.node_id), exc)
-                continue
-            scored.append((c.node_id, score))
-        sub = self.auditor.transcript_scores(action.epoch, scored)
+        sub = self.auditor.transcript_scores(action.epoch, capped_by_donor(scored))
         if sub is not None:
             await self.broadcast(sub)
 

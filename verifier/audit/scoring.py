@@ -42,7 +42,7 @@ bit for bit; the reputation core quantizes what it keeps, :mod:`verifier.audit.r
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from model_node.engine import TokenScore
@@ -172,6 +172,47 @@ def length_weighted(score: float, tokens: int, full: int = FULL_TOKENS) -> float
     if not 0.0 <= score <= 1.0 or tokens < 1 or full < 1:
         raise ScoringError(f"a score in [0, 1] and at least one token are needed, not {score!r} and {tokens}")
     return score if tokens >= full else score ** (tokens / full)
+
+
+#: Donors whose transcripts of one node must each be significant before that node's transcripts
+#: are capped (decision 0028): two, so that no one donor's luck, or choice, caps a node.
+DONORS_TO_CAP = 2
+
+
+def transcript_z(z: float, tokens: int, full: int = FULL_TOKENS) -> float:
+    """A transcript's ``z`` weighted by its reply's length as its score is (decision 0021):
+    ``z · √(tokens / full)`` below ``full`` tokens. A few tokens' z is far from normal (4-token
+    honest replies: 1 in 96 past 3.3, measured), and the donor chooses how short a reply to ask."""
+    if tokens < 1 or full < 1 or not math.isfinite(z):
+        raise ScoringError(f"a finite z and at least one token are needed, not {z!r} and {tokens}")
+    return z if tokens >= full else z * math.sqrt(tokens / full)
+
+
+def donor_threshold(donors: int, z_high: float = Z_HIGH) -> float:
+    """The pooled z one of ``donors`` honest donors' sets passes with the chance one set passes
+    ``z_high`` (a Bonferroni bound: :data:`Z_HIGH` for one donor, 3.75 for 15, 4.69 for 1,000), so
+    more donors, sybils included, do not make an honest node's sets likelier to pass."""
+    if donors < 1:
+        raise ScoringError(f"at least one donor is needed, not {donors}")
+    from statistics import NormalDist
+
+    unit = NormalDist()
+    return max(z_high, -unit.inv_cdf(unit.cdf(-z_high) / donors))
+
+
+def donors_cap(sets: Iterable[Sequence[float]], z_high: float = Z_HIGH, need: int = DONORS_TO_CAP) -> float:
+    """The cap on every transcript score of one node in one epoch at one verifier (decision 0028),
+    from its donors' sets of (:func:`transcript_z`) z: each set's :func:`pooled_z` ``w``; the sets
+    with a measured z are the donors, and their :func:`donor_threshold` ``t``; if the ``need``-th
+    largest ``w`` is above ``t`` the cap is ``exp(t − w)`` (that ``w``), else 1. Good replies
+    cannot lift it: a cheater's own users (*boosters*) handing in honest transcripts of it add
+    sets whose ``w`` is about 0 and raise ``t`` only as the log of their number."""
+    ws = sorted((pooled_z(zs) for zs in sets if any(z != 0.0 for z in zs)), reverse=True)
+    if need < 1 or len(ws) < need:
+        return 1.0
+    t = donor_threshold(len(ws), z_high)
+    w = ws[need - 1]
+    return 1.0 if w <= t else math.exp(t - w)
 
 
 def raw_inv_ppl(scores: Sequence[TokenScore]) -> float:

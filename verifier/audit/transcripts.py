@@ -40,6 +40,15 @@ The rules, and the framer each one stops:
    (``test_a_cherry_picking_framer_gains_little_and_is_burnt_past_its_budget``). That is a
    bound, not a wall: closing it needs the node's side of the reveal (decision 0015, "Not done").
 
+7. **Judged per donor, not only pooled** (decision 0028). A node's transcripts are scored by their
+   mean, and a mean can be lifted: a cheater's own registered users (*boosters*) send it requests
+   it recognises, get honest replies and hand those in (16 such identities kept a selective
+   cheater trusted when users donate a tenth of their requests, measured). So each verifier also
+   pools the ``z`` of each donor's transcripts of a node (:func:`capped_by_donor`, :func:`verifier.audit.scoring.donors_cap`):
+   when **two** donors' sets are each further from sampling than honest sets get (the threshold
+   grows with the log of the node's donors), every transcript score of that node this epoch is
+   capped. Boosters' honest sets cannot lift the cap; one donor's luck, or choice, cannot set it.
+
 What is left to a framer: choosing prompts (before the reply) on which honest replies score
 badly; the score is calibrated per reply (decision 0013 §5: honest z has sd 0.91 over real
 prompts), and rule 5 bounds how much one donor weighs. A verifier that colludes with a node
@@ -101,7 +110,7 @@ MAX_REFUSAL_KINDS = 64  # kinds of refusal counted (the book's own messages have
 MAX_REFUSAL_KIND = 64  # characters of one ("malformed", "no reply", ...)
 
 __all__ = ["COMMITMENT_LEN", "NONCE_LEN", "BookError", "Counted", "KeyOf", "ScoreCarry", "Transcript",
-           "TranscriptBook", "commitment", "transcript_of"]
+           "TranscriptBook", "capped_by_donor", "commitment", "transcript_of"]
 
 KeyOf = Callable[[bytes, str], bytes | None]  # (node id, model) -> its registered Ed25519 key, if it serves model
 
@@ -133,6 +142,22 @@ def transcript_of(b: Revealed) -> Transcript:
     """The book's transcript of a donor's revealed one (:class:`overlay.directory.transcripts.Revealed`)."""
     return Transcript(b.node_id, b.nonce, Opening(bytes(16), b.model, b.messages, b.params), b.request_id,
                       ReplyOutcome(b.served_by, b.chunks, b.signature, b.signed_at_ms, 0, 1))
+
+
+def capped_by_donor(scored: Iterable[tuple[bytes, bytes, int, float]]) -> list[tuple[bytes, int]]:
+    """Rule 7: ``(node, donor, score, z)`` of each transcript a verifier scored this epoch (fixed
+    point score; ``z`` already :func:`~verifier.audit.scoring.transcript_z`) → ``(node, score)``
+    in the same order, each score at most its node's
+    :func:`~verifier.audit.scoring.donors_cap` over that node's donors' sets."""
+    from verifier.audit.reputation import to_fixed
+    from verifier.audit.scoring import donors_cap
+
+    rows = list(scored)
+    sets: dict[bytes, dict[bytes, list[float]]] = {}
+    for node, donor, _, z in rows:
+        sets.setdefault(node, {}).setdefault(donor, []).append(z)
+    caps = {node: to_fixed(donors_cap(by_donor.values())) for node, by_donor in sets.items()}
+    return [(node, min(score, caps[node])) for node, _, score, _ in rows]
 
 
 @dataclass(slots=True)

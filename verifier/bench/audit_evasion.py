@@ -2,7 +2,7 @@
 requests, and does it get caught anyway? (issue 27 "Benchmark"; decision 0013; docs/benchmarks.md
 "audit-evasion").
 
-Four parts, every one seeded (the same seeds give the same figures):
+Seven parts, every one seeded (the same seeds give the same figures):
 
 **A. Detectors.** One model node's view of a stream of requests, epoch after epoch: users'
 requests (prompts from ``../shared/data/user-prompts.jsonl``, read at run time; sessions of
@@ -10,9 +10,10 @@ several requests per user over the user's own proxy paths, which live :data:`PAT
 seconds as :class:`overlay.anon.paths.PathManager` keeps them; the chat client's and the gateway's
 parameters, defaults and user-set values) mixed with challenges, from the built-in generator
 (:class:`verifier.audit.challenges.ChallengeGenerator`) or from donated prompts (users' own
-requests, drawn from a donation pool as :mod:`verifier.audit.pool` draws: donor first). Every
-challenge goes out at a random height of the epoch's send window over the paths its verifier's
-*persona* holds for the epoch (decisions 0026 and 0027, ``paths="script_personas"``: four
+requests, drawn from a donation pool as :mod:`verifier.audit.pool` draws: a donor first, each on a
+network of its own). Every challenge goes out at a random height of the epoch's send window over
+the paths its verifier's *persona* holds for the epoch (decisions 0026 and 0027,
+``paths="script_personas"``: four
 personas a verifier, each chosen uniformly for a challenge, each with one path set from its first
 send to the epoch's end); a donated conversation is a script (decisions 0025 and 0027: what the
 donor's client donates, its system prompt and latest 8 user turns), its user turns replayed one
@@ -81,6 +82,15 @@ FRAMING_SHARE of runs.
 **F. Detecting transcripts** (:func:`committed_auc`, :func:`timing_leak`): the best challenge
 detectors against users' committed requests, and a colluding verifier's timing leak (simulated,
 seeded; the assumptions are the constants NETWORK_NODES, COMMIT_LEAD_S, LEAK_WINDOWS_S).
+
+**G. Boosting** (:func:`boosting`, decision 0028): the cheater's own sybil users. Each cheater
+that challenges alone miss has ``n`` registered user identities that commit BOOST_COMMITS
+requests to it every epoch; it serves those honestly and they reveal every reply, so their
+honest transcripts count beside its users'. The figure is the smallest ``n`` (BOOSTERS_GRID) that
+keeps a cheater trusted past UNTRUSTED_WITHIN epochs in more than 1 − UNTRUSTED_SHARE_GOAL of
+runs, with the verifiers' transcript scores as the plain mean (before decision 0028) and capped by
+donor (:func:`verifier.audit.transcripts.capped_by_donor`, as built; every transcript run of B, C
+and E uses it).
 """
 
 from __future__ import annotations
@@ -168,6 +178,10 @@ COMMIT_LEAD_S = (0.3, 1.5)  # a commitment reaches the verifiers this long (unif
 AUC_DRAWS = 20  # coin draws the committed-request AUC is averaged over
 LEAK_WINDOWS_S = (1.0, 2.0, 10.0)  # the node serves honestly what arrives within W s of any commitment
 POOLED = True  # challenge replies capped by their pooled z per verifier and node (decision 0023)
+BY_DONOR = True  # transcript scores capped by their donors' sets per verifier and node (decision 0028)
+BOOST_COMMITS = 4  # requests a booster commits to its cheater an epoch (transcripts.MAX_PER_NODE count)
+BOOSTERS_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # booster identities per cheating node, searched in order
+HONEST_KINDS = ("honest", "restart", "busy", "flood")  # behaviours that never cheat
 MAIN_K = 3  # main's protocol: the leader sends k = 3 a node, every verifier rescores them
 MAIN_EPOCH_BLOCKS = 120  # ... in epochs of this many blocks (decision 0010's default)
 SCORE_S = 0.877  # docs/benchmarks.md "verify": one-pass scoring, 877 ms a verification
@@ -359,7 +373,8 @@ def _donated(messages: tuple[ChatMessage, ...], params: SamplingParams) -> tuple
 class DonationPool:
     """Donors' requests (served by other nodes), each donated with probability DONATE_RATE when it
     passes an opening's limits; drawn as verifier/audit/pool.py draws: a donor uniformly among
-    those with unused prompts, then one of its prompts uniformly, used once."""
+    those with unused prompts (the pool draws a network first, then a donor: the bench's donors
+    are each on a network of their own), then one of its prompts uniformly, used once."""
 
     def __init__(self, rng: random.Random, prompts: Sequence[str], ids: _Ids, needed: int) -> None:
         self.rng = rng
@@ -768,9 +783,10 @@ class ScoreTable:
         self.samples: dict[str, dict[str, list[int]]] = {}
         self.zs: dict[str, dict[str, list[float]]] = {}  # each sample's z (pooled per node, decision 0023)
         self.transcript_samples: dict[str, dict[str, list[int]]] = {}  # the same replies as transcripts
+        self.transcript_zs: dict[str, dict[str, list[float]]] = {}  # ... and their z, weighted as a transcript's
         self.settings: dict[str, tuple[float, float]] = {}
         from verifier.audit.reputation import to_fixed
-        from verifier.audit.scoring import length_weighted
+        from verifier.audit.scoring import length_weighted, transcript_z
 
         named = doc.get("settings")
         for setting, kinds in doc["samples"].items():
@@ -783,6 +799,8 @@ class ScoreTable:
             self.transcript_samples[setting] = {  # weighted by length as the verifier weighs a transcript
                 k: [to_fixed(length_weighted(float(r["score"]), int(r["tokens"]))) for r in rows]
                 for k, rows in kinds.items()}
+            self.transcript_zs[setting] = {k: [transcript_z(float(r["z"]), int(r["tokens"])) for r in rows]
+                                           for k, rows in kinds.items()}
         self.kinds = sorted({k for kinds in self.samples.values() for k in kinds})
         self.measured = str(doc.get("measured", "?"))
         self.how = str(doc.get("how", ""))
@@ -815,10 +833,16 @@ class ScoreTable:
             return abs(t - p.temperature) + abs(tp - p.top_p)
         return min(sorted(self.settings), key=dist)
 
-    def draw(self, setting: str, kind: str, rng: random.Random, transcript: bool = False) -> int:
-        """A measured reply's score; a ``transcript``'s weighted by its length (decision 0021)."""
-        rows = (self.transcript_samples if transcript else self.samples)[setting][kind]
+    def draw(self, setting: str, kind: str, rng: random.Random) -> int:
+        """A measured reply's score."""
+        rows = self.samples[setting][kind]
         return rows[rng.randrange(len(rows))]
+
+    def draw_transcript(self, setting: str, kind: str, rng: random.Random) -> tuple[int, float]:
+        """A measured reply as a transcript: its score and ``z`` weighted by its length (decisions
+        0021, 0028)."""
+        i = rng.randrange(len(self.transcript_samples[setting][kind]))
+        return self.transcript_samples[setting][kind][i], self.transcript_zs[setting][kind][i]
 
     def draw_reply(self, setting: str, kind: str, rng: random.Random) -> tuple[int, float]:
         """A measured challenge reply's score and its ``z`` (the same draw as :meth:`draw`)."""
@@ -833,7 +857,7 @@ class ShortReplies:
 
     def __init__(self, weighted: bool, path: Path | None = None) -> None:
         from verifier.audit.reputation import to_fixed
-        from verifier.audit.scoring import length_weighted
+        from verifier.audit.scoring import length_weighted, transcript_z
 
         path = path or SHORT_FILE
         if not path.is_file():
@@ -842,13 +866,15 @@ class ShortReplies:
                              f"--out {path}`")
         rows = json.loads(path.read_text())["samples"]["t1.0"]
         self.rows = [to_fixed(length_weighted(r["score"], r["tokens"]) if weighted else r["score"]) for r in rows]
+        self.zs = [transcript_z(float(r["z"]), int(r["tokens"])) if weighted else float(r["z"]) for r in rows]
 
     def setting(self, params: SamplingParams) -> str:
         return "t1.0"
 
-    def draw(self, setting: str, kind: str, rng: random.Random, transcript: bool = False) -> int:
+    def draw_transcript(self, setting: str, kind: str, rng: random.Random) -> tuple[int, float]:
         assert kind == "honest", kind  # framers frame honest nodes
-        return self.rows[rng.randrange(len(self.rows))]
+        i = rng.randrange(len(self.rows))
+        return self.rows[i], self.zs[i]
 
 
 @dataclass(slots=True)
@@ -899,6 +925,7 @@ class RunResult:
     framer_counted: int = 0  # framers' transcripts counted
     framer_burnt: int = 0  # framing identities burnt
     framer_withheld: int = 0  # framers' commitments left unrevealed (their replies scored at or above τ)
+    booster_counted: int = 0  # boosters' transcripts counted (for the cheaters they boost)
 
 
 def _seeded(*parts: object) -> random.Random:
@@ -912,17 +939,23 @@ class ChainRun:
     def __init__(self, seed: int, specs: Sequence[NodeSpec], scores: ScoreTable, default_view: View,
                  epoch_blocks: int, k: int, rho: float = 0.0, framers: int = 0, frame_from: int = 0,
                  cache: dict[int, Any] | None = None, framer_scores: ShortReplies | None = None,
-                 pooled: bool = POOLED) -> None:
+                 pooled: bool = POOLED, by_donor: bool = BY_DONOR, boosters: int = 0) -> None:
         """``rho``: the share of the nodes' users' requests donated as transcripts; ``framers``:
         one-shot framing identities per epoch from ``frame_from`` against the first honest node;
         ``cache``: the validators' plans and reports by epoch, shared by runs of the same seed and
-        specs (they do not depend on ``rho`` or the framers)."""
+        specs (they do not depend on ``rho``, the framers or the boosters); ``by_donor``: the
+        verifiers cap each node's transcript scores by its donors' sets (decision 0028);
+        ``boosters``: sybil user identities per cheating node, from its first cheating epoch, each
+        committing BOOST_COMMITS requests to it an epoch, which it serves honestly (part G)."""
         from overlay.wire import crypto
         from overlay.wire.identity import node_id_of
         from verifier.audit.transcripts import ScoreCarry, TranscriptBook
 
         self.seed, self.scores, self.default_view, self.k = seed, scores, default_view, k
         self.pooled = pooled  # decision 0023's cap (False: the figures as they were before it)
+        self.by_donor, self.boosters = by_donor, boosters  # decision 0028's cap; part G's sybil users
+        self.booster_ids: set[bytes] = set()
+        self.tz: dict[tuple[bytes, bytes], float] = {}  # (donor, request id) -> the transcript's z
         self.rho, self.framers, self.frame_from, self.cache = rho, framers, frame_from, cache
         self.framer_scores = framer_scores  # where the framers' replies are drawn from (None: ``scores``)
         self.book = TranscriptBook()  # every honest verifier's book: they all get the same commits and reveals
@@ -1068,13 +1101,14 @@ class ChainRun:
 
     def _transcript(self, node: _Node, donor: bytes, messages: tuple[ChatMessage, ...], params: SamplingParams,
                     det: float, epoch: int, start: int, last: int, rng: random.Random,
-                    res: RunResult, reveal_under: int | None = None) -> bool:
+                    res: RunResult, reveal_under: int | None = None, booster: bool = False) -> bool:
         """One committed request from ``donor`` to ``node``, as the rules have it: commit (every
         verifier notes the time), send (a try that gets no reply is retried, same request id, up to
         MAX_TRIES, within USER_RETRY_BLOCKS blocks), then reveal the signed reply, or say "no reply"
         (which voids the donor's set; the book burns a donor past its void budget). A framer
-        (``reveal_under``) reveals only a reply that scores under it. False when the book refused
-        the commitment (a burnt donor)."""
+        (``reveal_under``) reveals only a reply that scores under it; a ``booster``'s request the
+        node serves honestly itself (it knows its own sybils). False when the book refused the
+        commitment (a burnt donor)."""
         from overlay.anon import signing
         from overlay.directory.transcripts import commitment
         from verifier.audit import transcripts as tr
@@ -1092,7 +1126,8 @@ class ChainRun:
         sent, tries = h, 0
         while True:
             tries += 1
-            what, kind, server = self._serve_user(node, epoch, sent, flagged, rng)
+            what, kind, server = (("reply", "honest", node) if booster
+                                  else self._serve_user(node, epoch, sent, flagged, rng))
             if what == "reply":
                 break
             if tries >= at.MAX_TRIES:
@@ -1100,7 +1135,7 @@ class ChainRun:
                 return True
             sent += rng.randint(1, USER_RETRY_BLOCKS)
         table = self.framer_scores if reveal_under is not None and self.framer_scores is not None else self.scores
-        score = table.draw(table.setting(params), kind, rng, transcript=True)
+        score, z = table.draw_transcript(table.setting(params), kind, rng)
         if reveal_under is not None and score >= reveal_under:
             res.framer_withheld += 1
             return True  # withheld: the book voids the set at close (and burns the framer past its budget)
@@ -1111,6 +1146,7 @@ class ChainRun:
         why = self.book.reveal(donor, tr.Transcript(node.node_id, nonce, opening, rid, reply), self._key_of)
         if why is not None:
             raise AssertionError(f"bench audit-evasion: the transcript book refused a donor's reveal: {why}")
+        self.tz[(donor, rid)] = z
         return True
 
     def _eligible(self, r: Req) -> bool:
@@ -1125,7 +1161,9 @@ class ChainRun:
         """The epoch's committed requests, at uniform heights of the epoch: per node,
         :func:`user_requests` requests of its users (drawn from its view's user requests, with
         the view's detector score), each donated with probability ``rho`` when its client may
-        choose it; and the framers' commitments against the first honest node."""
+        choose it; the framers' commitments against the first honest node; and each cheating
+        node's boosters' (:meth:`_boost`)."""
+        self._boost(epoch, start, end, res)
         if self.rho <= 0 and not (self.framers and epoch >= self.frame_from):
             return
         for node in self.nodes:
@@ -1157,6 +1195,27 @@ class ChainRun:
                 self._transcript(victim, ident, (ChatMessage("user", last),), FRAMER_PARAMS, 0.0, epoch, start, end,
                                  rng, res, reveal_under=FRAMER_TAU)
 
+    def _boost(self, epoch: int, start: int, end: int, res: RunResult) -> None:
+        """Part G: ``boosters`` sybil user identities per cheating node (registered users; their
+        number is the attacker's cost), each committing BOOST_COMMITS of users' prompts (a new
+        conversation each, the gateway's defaults) to that node an epoch from its first cheating
+        epoch; the node serves them honestly and the identities reveal every reply."""
+        if not self.boosters:
+            return
+        for node in self.nodes:
+            if node.spec.behaviour in HONEST_KINDS or epoch < node.spec.cheat_from:
+                continue
+            prompts = (node.spec.view or self.default_view).user_reqs
+            for b in range(self.boosters):
+                ident = _seeded("booster", self.seed, node.spec.name, b).randbytes(20)
+                self.booster_ids.add(ident)
+                for j in range(BOOST_COMMITS):
+                    rng = _seeded("boost", self.seed, node.spec.name, epoch, b, j)
+                    last = next(m.content for m in reversed(prompts[rng.randrange(len(prompts))].messages)
+                                if m.role == "user")
+                    self._transcript(node, ident, (ChatMessage("user", last),), FRAMER_PARAMS, math.inf, epoch,
+                                     start, end, rng, res, booster=True)
+
     def _close(self, epoch: int, res: RunResult) -> tuple[tuple[bytes, tuple[int, ...]], ...]:
         """What every validator submits in epoch ``epoch``'s report window, as the verifier's audit
         loop does (verifier/audit/auditor.py): the book's epochs before this one closed (the
@@ -1164,8 +1223,10 @@ class ChainRun:
         node its counted transcripts' scores (the same at every honest verifier: a score is a
         function of the reply) once it has the chain's minimum (held over epochs as the audit loop
         holds them, :class:`verifier.audit.transcripts.ScoreCarry`), at most MAX_TRANSCRIPTS_PER_NODE
-        (a seeded sample when more count)."""
+        (a seeded sample when more count); with ``by_donor``, capped by each node's donors' sets
+        first (:func:`verifier.audit.transcripts.capped_by_donor`, as the audit driver caps them)."""
         from verifier.audit import tx as at
+        from verifier.audit.transcripts import capped_by_donor
 
         counted = self.book.close_before(epoch)
         res.framer_burnt = len(self.framer_ids & self.book.burnt)
@@ -1175,8 +1236,12 @@ class ChainRun:
         for c in counted:
             res.counted[names[c.node_id]] += 1
             res.framer_counted += c.donor in self.framer_ids
+            res.booster_counted += c.donor in self.booster_ids
+        scored = [(c.node_id, c.donor, c.transcript.reply.score, self.tz.pop((c.donor, c.transcript.request_id)))
+                  for c in counted]
+        pairs = capped_by_donor(scored) if self.by_donor else [(n, sc) for n, _, sc, _ in scored]
         out = []
-        for nid, sc in self.carry.add(epoch, [(c.node_id, c.transcript.reply.score) for c in counted]):
+        for nid, sc in self.carry.add(epoch, pairs):
             if len(sc) > at.MAX_TRANSCRIPTS_PER_NODE:
                 sc = tuple(_seeded("cap", self.seed, epoch, nid).sample(sc, at.MAX_TRANSCRIPTS_PER_NODE))
             out.append((nid, sc))
@@ -1495,6 +1560,63 @@ def framing(seeds: Sequence[int], scores: ScoreTable, view: View, epoch_blocks: 
     return f, detail
 
 
+def boosting(seeds: Sequence[int], scores: ScoreTable, views_: dict[str, View], epoch_blocks: int, k: int,
+             rhos: Sequence[float], grid: Sequence[int] = BOOSTERS_GRID) -> tuple[dict[str, float], dict[str, Any]]:
+    """Part G: sybil users that keep a cheater trusted (decision 0028). The cheaters challenges
+    alone do not catch (the selective cheater of the generator view and of a colluder's memory, at
+    part B's forwarder's share; a forwarder's boosted transcripts are the same) and an honest peer, their users donating at each rate of ``rhos``; each cheater
+    has ``n`` booster identities (BOOSTERS_GRID, searched in order). Per rate, and with the
+    transcripts' plain mean (``mean``, before decision 0028) or capped by donor (``by_donor``):
+    the smallest ``n`` at which some cheater escapes (is not untrusted within UNTRUSTED_WITHIN
+    epochs) in more than 1 − UNTRUSTED_SHARE_GOAL of the runs. Decided as soon as the runs so far
+    settle it."""
+    from overlay.wire.constants import TRUST_LINE
+
+    _, chosen = cheater_specs(views_)
+    specs = [NodeSpec("honest", "honest")]
+    for name in ("generator", "donated_colluder"):
+        specs.append(NodeSpec(f"selective_{name}", "selective", views_[name], chosen[name], WARMUP_EPOCHS))
+    cheaters = [s.name for s in specs if s.behaviour != "honest"]
+    epochs = WARMUP_EPOCHS + UNTRUSTED_WITHIN + 1
+    allowed = math.floor((1 - UNTRUSTED_SHARE_GOAL) * len(seeds) + 1e-9)  # escapes the goal allows
+    caches: dict[int, dict[int, Any]] = {s: {} for s in seeds}
+    f: dict[str, float] = {}
+    detail: dict[str, Any] = {}
+    honest_min = math.inf
+    for rho in rhos:
+        for mode in ("mean", "by_donor"):
+            found: int | None = None
+            tried: dict[int, dict[str, Any]] = {}
+            for n in grid:
+                escapes = dict.fromkeys(cheaters, 0)
+                runs = counted = 0
+                for seed in seeds:
+                    res = ChainRun(seed, specs, scores, views_["donated"], epoch_blocks, k, rho=rho, cache=caches[seed],
+                                   by_donor=mode == "by_donor", boosters=n).run(epochs)
+                    runs += 1
+                    counted += res.booster_counted
+                    honest_min = min(honest_min, min(res.reputation["honest"]))
+                    for c in cheaters:
+                        x = _epochs_to_untrusted(res.reputation[c], WARMUP_EPOCHS, TRUST_LINE)
+                        escapes[c] += x is None or x > UNTRUSTED_WITHIN
+                    if max(escapes.values()) > allowed or runs == len(seeds):
+                        break
+                tried[n] = {"runs": runs, "escapes": escapes,
+                            "booster_transcripts_counted_per_cheater_epoch":
+                                counted / (runs * len(cheaters) * (epochs - WARMUP_EPOCHS))}
+                if max(escapes.values()) > allowed:
+                    found = n
+                    break
+            key = f"boosting_rho{round(100 * rho)}_{mode}_"
+            last = tried[found if found is not None else grid[-1]]
+            f[key + "identities"] = float(found if found is not None else 2 * grid[-1])
+            f[key + "caught_share_min"] = 1 - max(last["escapes"].values()) / last["runs"]
+            f[key + "booster_transcripts_counted_per_cheater_epoch"] = last["booster_transcripts_counted_per_cheater_epoch"]
+            detail[f"rho{rho}_{mode}"] = {str(n): v for n, v in tried.items()}
+    f["boosting_honest_min_reputation"] = honest_min / 1e6
+    return f, detail
+
+
 def committed_auc(views_: dict[str, View], rho: float, seed: int) -> dict[str, float]:
     """Part F (a): each view's best detector (its scores of the evaluation stream's users' requests)
     as a detector of the requests their users commit (donate at rate ``rho``, a coin flipped before
@@ -1653,6 +1775,11 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
         ff, framing_detail[name] = framing(framing_seeds, scores, views_["donated"], epoch_blocks, k, (0.0,),
                                            framing_grid, framer_scores=ShortReplies(weighted), name=name)
         f.update(ff)
+    boosting_seeds = list(range(1, 3 if quick else 11))
+    boosting_grid = (16, 64) if quick else BOOSTERS_GRID
+    fg, boosting_detail = boosting(boosting_seeds, scores, views_, epoch_blocks, k, [r for r in RHOS if r > 0],
+                                   boosting_grid)
+    f.update(fg)
     t_d = time.perf_counter()
     f.update(committed_auc(views_, RHO_HONEST, 3))
     f.update(timing_leak(RHOS, timing_epochs, timing.epoch_s, 4))
@@ -1718,6 +1845,13 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
         "met": f[f"{pre}honest_epochs_changed_by_another_node"] == 0}
     f[f"{pre}cost_transcripts_cpu_s_per_verifier_node_epoch"] = (
         f[f"{pre}cost_transcripts_scored_per_verifier_node_epoch"] * SCORE_S)
+    for rho in RHOS:
+        if rho > 0:
+            n = f[f"boosting_rho{round(100 * rho)}_by_donor_identities"]
+            goals[f"transcripts_rho{round(100 * rho)}_boosting"] = {
+                "goal": f"with users donating {rho:.0%}: no number of booster identities up to {boosting_grid[-1]} "
+                        f"a cheater keeps it trusted (part G, decision 0028)",
+                "value": n, "met": n > boosting_grid[-1]}
     for name, g in goals.items():
         f[f"goal_{name}_met"] = 1.0 if g["met"] else 0.0
 
@@ -1784,6 +1918,14 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
                         "share": FRAMING_SHARE, "grid": list(framing_grid), "tau": FRAMER_TAU / 1e6,
                         "framer_params": {"temperature": FRAMER_PARAMS.temperature, "top_p": FRAMER_PARAMS.top_p},
                         "not_found_value": 2 * framing_grid[-1], "search": framing_detail},
+            "by_donor": BY_DONOR,
+            "boosting": {"runs": len(boosting_seeds), "epochs": WARMUP_EPOCHS + UNTRUSTED_WITHIN + 1,
+                         "grid": list(boosting_grid), "commits_per_booster_epoch": BOOST_COMMITS,
+                         "not_found_value": 2 * boosting_grid[-1],
+                         "booster": "a registered user that commits BOOST_COMMITS users' prompts (a new "
+                                    "conversation each, temperature 1, 256 tokens) to its cheater each epoch, "
+                                    "which serves them honestly; every reply revealed",
+                         "search": boosting_detail},
             "timing": {"network_nodes": NETWORK_NODES, "commit_lead_s": COMMIT_LEAD_S,
                        "windows_s": LEAK_WINDOWS_S, "epochs": timing_epochs,
                        "commit_rate_per_s": {f"nodes{n}_rho{r}": r * n * USER_REQUESTS_PER_S
@@ -1791,6 +1933,6 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
         },
         "goals": goals,
         "seconds": {"detectors": round(t_a - t_start, 1), "cheaters": round(t_b - t_a, 1),
-                    "honest": round(t_c - t_b, 1), "framing": round(t_d - t_c, 1), "timing": round(t_e - t_d, 1)},
+                    "honest": round(t_c - t_b, 1), "framing_boosting": round(t_d - t_c, 1), "timing": round(t_e - t_d, 1)},
     }
     return params, f
