@@ -115,6 +115,12 @@ def test_what_the_design_promises(out: dict[str, Any]) -> None:
                   "forwarder_donated_colluder"):
         alone = f[f"cheater_{cheat}_reputation_after_5_mean"]
         assert alone > 0.6 and f[f"transcripts_rho25_cheater_{cheat}_reputation_after_5_mean"] < alone - 0.25
+    # decision 0028: a cheater's own sybil users (boosters) lift the plain mean of its transcripts
+    # past the line with few identities; capped by donor, none of the grid's counts saves it
+    for rho in (10, 25):
+        assert f[f"boosting_rho{rho}_mean_identities"] <= 64 and f[f"boosting_rho{rho}_mean_caught_share_min"] < 0.95
+        assert f[f"boosting_rho{rho}_by_donor_identities"] > 64 and f[f"boosting_rho{rho}_by_donor_caught_share_min"] == 1
+    assert f["boosting_honest_min_reputation"] >= 0.4
     # the detectors work: the public generator is recognisable, a colluder's memory recognises donations
     assert f["auc_template_generator"] > 0.9
     assert f["auc_seen_before_all_donated"] > 0.9

@@ -303,20 +303,27 @@ class HalfBrokenEngine(FakeEngine):
         return await super().score(prompt, ids, params)
 
 
+async def drive_once(book: TranscriptBook, engine: FakeEngine) -> tuple[AuditDriver, FakeChain, at.TranscriptScores]:
+    """One driver step of a verifier whose report is on the chain: the transcript scores it sent."""
+    a = auditor(0, transcripts=book)
+    chain = FakeChain(reported(a), REPORT_FROM + 1)
+    driver = AuditDriver(a, "127.0.0.1:1", client=None, engine=engine, rpc=chain.rpc)  # type: ignore[arg-type]
+    async with trio.open_nursery() as nursery:
+        await driver.step(nursery)
+    (raw,) = chain.sent
+    tx = at.decode_audit_tx(raw, "audit-test")
+    assert isinstance(tx, at.TranscriptScores)
+    return driver, chain, tx
+
+
 async def test_the_driver_scores_counted_transcripts_with_its_engine_and_submits_kind_3() -> None:
     n1, n2 = b"\x0a" * 20, b"\x0b" * 20
     broken = counted(n2, "unscorable")
     broken = Counted(broken.donor, n2, Transcript(n2, b"\x01" * 16, broken.transcript.opening, b"\x02" * 16,
                                                   at.ReplyOutcome(n2, (("y", (9,)),), b"\x03" * 64, 1, 0)))
     book = StubBook({0: [*(counted(n, f"{q} {i}") for n, q in ((n1, "a"), (n2, "b")) for i in range(4)), broken]})
-    a = auditor(0, transcripts=book)
-    chain = FakeChain(reported(a), REPORT_FROM + 1)
-    driver = AuditDriver(a, "127.0.0.1:1", client=None, engine=HalfBrokenEngine(), rpc=chain.rpc)  # type: ignore[arg-type]
-    async with trio.open_nursery() as nursery:
-        await driver.step(nursery)
-    (raw,) = chain.sent
-    tx = at.decode_audit_tx(raw, "audit-test")
-    assert isinstance(tx, at.TranscriptScores) and tx.epoch == 1
+    driver, chain, tx = await drive_once(book, HalfBrokenEngine())
+    assert tx.epoch == 1
     # FakeEngine: every token half as likely (0.5); a transcript weighs by its 3-token reply (decision 0021)
     from verifier.audit.reputation import to_fixed
     from verifier.audit.scoring import length_weighted
@@ -355,14 +362,7 @@ async def test_the_driver_caps_a_nodes_transcripts_when_two_of_its_donors_sets_a
 
     rows = [long(n, f"{n.hex()} {d} {i}", bytes([d]) * 20) for n, ds in ((n1, (1, 2, 3)), (n2, (4,)))
             for d in ds for i in range(4)]
-    a = auditor(0, transcripts=StubBook({0: rows}))
-    chain = FakeChain(reported(a), REPORT_FROM + 1)
-    driver = AuditDriver(a, "127.0.0.1:1", client=None, engine=SpreadEngine(), rpc=chain.rpc)  # type: ignore[arg-type]
-    async with trio.open_nursery() as nursery:
-        await driver.step(nursery)
-    (raw,) = chain.sent
-    tx = at.decode_audit_tx(raw, "audit-test")
-    assert isinstance(tx, at.TranscriptScores)
+    _, _, tx = await drive_once(StubBook({0: rows}), SpreadEngine())
     got = dict(tx.nodes)
     assert got[n2] == (500_000,) * 4  # scored as each reply scores alone
     assert len(got[n1]) == 12 and max(got[n1]) < 400_000  # capped

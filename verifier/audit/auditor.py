@@ -31,8 +31,9 @@ verifiers' reports (:mod:`verifier.audit.chain`). Two layers, as everywhere in t
     (``/audit/transcript_commit`` and ``/audit/transcript_reveal``, :mod:`verifier.abci_app`) is
     closed for every epoch before this one (commitments of epoch e-1 had all of epoch e to be
     revealed); a :class:`ScoreTranscripts` asks the driver to score each counted transcript of a
-    model this verifier holds with its engine, and :meth:`Auditor.transcript_scores` turns the
-    scores into one signed :class:`~verifier.audit.tx.TranscriptScores` (kind 3) for the nodes
+    model this verifier holds with its engine, caps each node's scores by its donors' sets
+    (:func:`~verifier.audit.transcripts.capped_by_donor`, decision 0028), and
+    :meth:`Auditor.transcript_scores` turns the scores into one signed :class:`~verifier.audit.tx.TranscriptScores` (kind 3) for the nodes
     that signed the replies (none when nothing counted). Scores of nodes with too few are held in
     the book's :class:`~verifier.audit.transcripts.ScoreCarry`, so the book, carry included, is
     what ``gentorrent verifier`` keeps in ``DATA_DIR/audit-transcripts.msgpack``
