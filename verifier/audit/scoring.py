@@ -33,6 +33,9 @@ log-probability the model *expects* of a token drawn with the challenge's sampli
   ``Z_HIGH`` (measured: sd 0.90, |z| at most 2.51 over 72 sampled replies). So a reply with
   ``|z| > Z_HIGH`` scores at most ``exp(−(|z| − Z_HIGH))``: 1 at the threshold (no cliff), 0.37
   one standard deviation past it, 0.14 two past it, and 0.0 (a float's underflow) some 745 past it.
+- **the pooled caps**: a verifier's challenge replies from one node in an epoch, together
+  (:func:`pooled_cap`, decision 0023); users' transcripts of one node, per donor, when two
+  donors' sets are each far off (:func:`donors_cap`, decision 0028).
 
 All are pure functions of the scores: I/O-free and deterministic for the same input (but the
 scores themselves are floats from an engine: verifiers agree on them within a tolerance, not

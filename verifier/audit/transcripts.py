@@ -44,10 +44,11 @@ The rules, and the framer each one stops:
    mean, and a mean can be lifted: a cheater's own registered users (*boosters*) send it requests
    it recognises, get honest replies and hand those in (16 such identities kept a selective
    cheater trusted when users donate a tenth of their requests, measured). So each verifier also
-   pools the ``z`` of each donor's transcripts of a node (:func:`capped_by_donor`, :func:`verifier.audit.scoring.donors_cap`):
-   when **two** donors' sets are each further from sampling than honest sets get (the threshold
-   grows with the log of the node's donors), every transcript score of that node this epoch is
-   capped. Boosters' honest sets cannot lift the cap; one donor's luck, or choice, cannot set it.
+   pools the ``z`` of each donor's transcripts of a node (:func:`capped_by_donor`,
+   :func:`verifier.audit.scoring.donors_cap`): when **two** donors' sets are each further from
+   sampling than honest sets get (the threshold grows with the log of the node's donors), every
+   transcript score of that node this epoch is capped. Boosters' honest sets cannot lift the
+   cap; one donor's luck, or choice, cannot set it.
 
 What is left to a framer: choosing prompts (before the reply) on which honest replies score
 badly; the score is calibrated per reply (decision 0013 §5: honest z has sd 0.91 over real
