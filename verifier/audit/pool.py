@@ -64,7 +64,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("gentorrent.audit")
 
 PER_DONOR = 64  # live prompts one donor may have in the pool
-MAX_POOL = 10_000  # prompts in the pool (the oldest is dropped past it)
+MAX_POOL = 10_000  # prompts in the pool (past it, the oldest of the network holding the most is dropped)
 MAX_USED_KEYS = 4 * MAX_POOL  # prompt keys of used prompts remembered (a used prompt is refused again)
 POOL_FILE = "audit-pool.msgpack"
 _FILE_VERSION = 2  # 2: each prompt with its donor's network (1: none, still read)

@@ -1564,8 +1564,9 @@ def boosting(seeds: Sequence[int], scores: ScoreTable, views_: dict[str, View], 
              rhos: Sequence[float], grid: Sequence[int] = BOOSTERS_GRID) -> tuple[dict[str, float], dict[str, Any]]:
     """Part G: sybil users that keep a cheater trusted (decision 0028). The cheaters challenges
     alone do not catch (the selective cheater of the generator view and of a colluder's memory, at
-    part B's forwarder's share; a forwarder's boosted transcripts are the same) and an honest peer, their users donating at each rate of ``rhos``; each cheater
-    has ``n`` booster identities (BOOSTERS_GRID, searched in order). Per rate, and with the
+    part B's forwarder's share; the forwarder is left out: its flagged users' requests count for
+    the peer it forwards to, boosted or not) and an honest peer, their users donating at each rate
+    of ``rhos``; each cheater has ``n`` booster identities (BOOSTERS_GRID, searched in order). Per rate, and with the
     transcripts' plain mean (``mean``, before decision 0028) or capped by donor (``by_donor``):
     the smallest ``n`` at which some cheater escapes (is not untrusted within UNTRUSTED_WITHIN
     epochs) in more than 1 − UNTRUSTED_SHARE_GOAL of the runs. Decided as soon as the runs so far
