@@ -73,8 +73,9 @@ def encode(identity: Identity, model: str, messages: Sequence[ChatMessage], para
 def seal(verifier_key: bytes, identity: Identity, model: str, messages: Sequence[ChatMessage],
          params: SamplingParams) -> bytes:
     """The sealed donation to ``verifier_key``: :func:`~overlay.directory.donation.donated_messages`,
-    the oldest user turns (after a system prompt) dropped until it is at most :data:`MAX_DONATION_BYTES`. :class:`DonationError`
-    when nothing fits or the last message is not the user's."""
+    the oldest user turns (after a system prompt) dropped until it is at most
+    :data:`MAX_DONATION_BYTES`. :class:`DonationError` when nothing fits or the last message is not
+    the user's."""
     msgs = donated_messages(messages)
     if msgs is None:
         raise DonationError("the request's last message is not a user's: nothing to donate")

@@ -98,9 +98,3 @@ def test_a_verifiers_persona_sends_several_scripts_over_the_paths_it_holds_for_t
         by_paths.setdefault(r.paths, set()).add(int(r.t // TIMING.epoch_s))
     assert any(sum(r.paths == p for r in firsts) > 1 for p in by_paths)
     assert all(len(epochs) == 1 for epochs in by_paths.values())
-
-
-def test_the_bench_sends_as_many_personas_and_turns_as_the_auditor() -> None:
-    from verifier.audit import auditor, tx
-
-    assert ae.PERSONAS_PER_VERIFIER == auditor.PERSONAS and ae.MAX_SCRIPT_TURNS == tx.MAX_TURNS

@@ -117,6 +117,12 @@ PERSONAS = 4  # user-like senders a verifier's challenges of an epoch are spread
 _ENTRY_RE = re.compile(r"\bentry (\d+):")
 
 
+def persona_count(k: int) -> int:
+    """Personas a verifier sends an epoch's challenges as, at ``k`` challenges a node: one per
+    challenge up to :data:`PERSONAS` (decision 0027)."""
+    return max(1, min(PERSONAS, k))
+
+
 class AuditViewError(ValueError):
     """The ``/audit`` answer does not decode as the view described in docs/committee.md."""
 
@@ -669,7 +675,7 @@ class Auditor:
         room, total = OPENING_ROOM, len(chosen) * view.challenges_per_node
         # about one script a persona to each node an epoch, as a user's paths carry about one
         # session (decision 0027: fewer personas make their paths come back, more make them new)
-        personas = max(1, min(PERSONAS, view.challenges_per_node))
+        personas = persona_count(view.challenges_per_node)
         for node in sorted(chosen):
             for _ in range(view.challenges_per_node):
                 # the openings leave the report room for the replies, whatever donors sent

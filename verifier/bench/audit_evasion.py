@@ -109,6 +109,8 @@ import numpy as np
 
 from overlay.wire.messages import ChatMessage, SamplingParams
 from verifier.audit import chain
+from verifier.audit.transcripts import MAX_PER_NODE
+from verifier.audit.tx import MAX_TURNS
 
 REPO = Path(__file__).resolve().parents[2]
 USER_PROMPTS = REPO.parent / "shared" / "data" / "user-prompts.jsonl"
@@ -136,7 +138,6 @@ USER_SYSTEM_PROMPTS = ("You are a helpful assistant.", "You are a helpful assist
                        "You are a friendly tutor who explains things simply.")
 USER_TEMPERATURES = (0.0, 0.2, 0.3, 0.5, 0.7, 0.8, 1.0, 1.2)
 USER_MAX_TOKENS = (64, 128, 256, 512, 1024)
-PERSONAS_PER_VERIFIER = 4  # verifier.audit.auditor.PERSONAS: path sets a verifier holds an epoch, at most (0026, 0027)
 AFFINITY = 0.9  # a follow-up reaches the node that answered the previous turn (chat's session affinity)
 DONATE_RATE = 0.25  # user_client/donate.py --donate-rate
 DONORS = 40  # users who donate (each with its own sessions, served elsewhere)
@@ -179,7 +180,7 @@ AUC_DRAWS = 20  # coin draws the committed-request AUC is averaged over
 LEAK_WINDOWS_S = (1.0, 2.0, 10.0)  # the node serves honestly what arrives within W s of any commitment
 POOLED = True  # challenge replies capped by their pooled z per verifier and node (decision 0023)
 BY_DONOR = True  # transcript scores capped by their donors' sets per verifier and node (decision 0028)
-BOOST_COMMITS = 4  # requests a booster commits to its cheater an epoch (transcripts.MAX_PER_NODE count)
+BOOST_COMMITS = MAX_PER_NODE  # requests a booster commits to its cheater an epoch (as many as count)
 BOOSTERS_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # booster identities per cheating node, searched in order
 HONEST_KINDS = ("honest", "restart", "busy", "flood")  # behaviours that never cheat
 MAIN_K = 3  # main's protocol: the leader sends k = 3 a node, every verifier rescores them
@@ -421,17 +422,18 @@ def stream(seed: int, source: str, epochs: int, timing: Timing, k: int, user_pro
     every donor request (what a node that remembers every prompt a colluder served knows).
 
     ``paths``: "script_personas" (as built: decision 0026, every challenge over the paths one of its
-    verifier's ``personas_per_verifier`` personas (default: as the auditor, k up to
-    :data:`PERSONAS_PER_VERIFIER`) holds for the epoch; donated ones as scripts,
+    verifier's ``personas_per_verifier`` personas (default: as the auditor,
+    :func:`verifier.audit.auditor.persona_count`) holds for the epoch; donated ones as scripts,
     decision 0025), "fresh" (decision 0013: every challenge over newly built paths), or a what-if:
     "epoch" (each verifier builds fresh paths once an epoch and sends all its challenges of the
     epoch over them) or "replay" (donated prompts only: a donated conversation is replayed turn by
     turn over one set of fresh paths, each turn after the node's reply to the previous one, as
     its user sent it; every turn is a challenge)."""
+    from verifier.audit.auditor import persona_count
     from verifier.audit.challenges import ChallengeGenerator
 
     rng = random.Random(f"stream/{seed}/{source}")
-    n_personas = min(PERSONAS_PER_VERIFIER, k) if personas_per_verifier is None else personas_per_verifier
+    n_personas = persona_count(k) if personas_per_verifier is None else personas_per_verifier
     ids = _Ids()
     duration = epochs * timing.epoch_s
     rate = USER_REQUESTS_PER_S if user_rate_s is None else user_rate_s
@@ -687,7 +689,7 @@ WHATIF_REPLAY = ("path_novelty", "orphan_history", "turns", "combined")  # ... a
 WHATIF_PERSONA = ("path_novelty", "path_age", "proxy_novelty", "revealed_paths", "time", "turns", "params",
                   "combined", "combined_all")  # the personas what-ifs' detectors reported
 PERSONAS = 60  # user-like clients the verifiers run between them in the persona what-ifs (as many as the users)
-MAX_SCRIPT_TURNS = 8  # verifier.audit.tx.MAX_TURNS (a script's user turns, decisions 0025 and 0027)
+MAX_SCRIPT_TURNS = MAX_TURNS  # a script's user turns (decisions 0025 and 0027)
 
 
 @dataclass
@@ -1731,6 +1733,7 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
     from gentorrent.bench.stats import cpu_model
     from overlay.wire.constants import TRUST_LINE
     from verifier.audit import tx as at
+    from verifier.audit.auditor import persona_count
 
     t_start = time.perf_counter()
     try:
@@ -1892,7 +1895,7 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
                                        f"({other.how})"},
         "pooled": POOLED,
         "scripts": {"max_turns": MAX_SCRIPT_TURNS, "think": "10 blocks + Exp(45 blocks) after the node's reply"},
-        "personas": {"per_verifier": PERSONAS_PER_VERIFIER,
+        "personas": {"per_verifier": persona_count(k),
                      "paths": "every challenge over the paths of one of its verifier's personas (uniform), held from "
                               "the persona's first send to the epoch's end (part A's 'script_personas')"},
         "cost": {"score_s": SCORE_S, "assumption": "every scored reply costs one one-pass verification of "
