@@ -75,8 +75,10 @@ SETTINGS: dict[str, Setting] = {
                 "after a complete reply, with probability --donate-rate, donate the request's system prompt, "
                 "its latest 8 user turns (no replies) and sampling parameters to one verifier chosen at random, "
                 "sealed to its key, 0-60 s later, so the committee's audit challenges look like real prompts "
-                "(decision 0013). Privacy cost: the chosen verifier learns your node id, your IP address and the "
-                "prompt (not the reply, nor which model node served you). Needs --committee; donations still waiting when the command exits are dropped"),
+                "(decision 0013). Privacy cost: the chosen verifier learns your node id, your IP address, the "
+                "prompt and which model nodes the conversation was sent to, so that it never challenges them with "
+                "it (not the reply). Needs --committee; donations still waiting when the command exits are "
+                "dropped"),
         Setting("donate_rate", float, 0.25, "with --donate-prompts, the share of replies whose prompt is donated (0..1)"),
         Setting("donate_transcripts", bool, False,
                 "donate, for a share --donate-transcripts-rate of requests drawn before they are sent, the request "

@@ -119,7 +119,7 @@ class Client(Protocol):
 
     def request(self, model: str, messages: list[ChatMessage] | tuple[ChatMessage, ...],
                 params: SamplingParams | None = None, *, node: bytes | None = None,
-                chunk_timeout: float = 60.0) -> AsyncIterator[ReplyChunk]: ...
+                chunk_timeout: float = 60.0, sent_to: set[bytes] | None = None) -> AsyncIterator[ReplyChunk]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +127,8 @@ class Turn:
     """One answered turn: the reply and how it came. ``node`` served the end of it;
     ``parts`` lists ``(node, characters)`` in order, one per node that wrote part of it (more
     than one after a failover). ``verified``: the complete reply arrived, every part checked
-    against its node's signature."""
+    against its node's signature. ``seen_by``: every model node that has read the conversation so
+    far, this turn included (in ascending order), which a donation of it names (decision 0029)."""
 
     text: str
     node: bytes
@@ -136,10 +137,12 @@ class Turn:
     tokens: int
     parts: tuple[tuple[bytes, int], ...] = ()
     sent: tuple[ChatMessage, ...] = ()  # the messages the request carried (the window of the history)
+    seen_by: tuple[bytes, ...] = ()
 
 
 class ChatSession:
-    """One conversation: history, the model, and the model node that served it (affinity).
+    """One conversation: history, the model, the model node that served it (affinity) and the
+    model nodes that have read it (:attr:`seen`).
 
     ``context_tokens``: the model's context window; the history sent is trimmed to fit it
     with ``params.max_tokens`` to spare (see the module docstring)."""
@@ -155,13 +158,15 @@ class ChatSession:
         self.history: list[ChatMessage] = []
         self._tokens: list[int] = []  # per history message: known or estimated tokens
         self.node: bytes | None = None
+        self.seen: set[bytes] = set()
         self.new()
 
     def new(self) -> None:
-        """Forget the conversation (keep the system prompt) and the model node."""
+        """Forget the conversation (keep the system prompt), the model node and who has read it."""
         self.history = [ChatMessage("system", self.system)] if self.system else []
         self._tokens = [self.estimate(self.system)] if self.system else []
         self.node = None
+        self.seen = set()
 
     def switch(self, model: str) -> None:
         """Talk to ``model`` from now on; the history is kept, the node is chosen afresh."""
@@ -189,7 +194,8 @@ class ChatSession:
     async def turn(self, text: str, out: TextIO, chunk_timeout: float) -> Turn:
         """Send ``text`` with the history that fits; write the reply to ``out`` as it decodes; the
         client waits up to ``chunk_timeout`` seconds for each reply chunk (it fails over after).
-        On failure the turn is forgotten and :class:`~overlay.anon.client.AnonError` raised."""
+        On failure the turn is forgotten and :class:`~overlay.anon.client.AnonError` raised; the
+        nodes it was sent to stay in :attr:`seen` (they read the history)."""
         self.history.append(ChatMessage("user", text))
         self._tokens.append(self.estimate(text))
         window = self.window()
@@ -208,8 +214,10 @@ class ChatSession:
         first: float | None = None
         try:
             async with aclosing(_generator(self.client.request(self.model, window, self.params, node=self.node,
-                                                               chunk_timeout=chunk_timeout))) as chunks:
+                                                               chunk_timeout=chunk_timeout,
+                                                               sent_to=self.seen))) as chunks:
                 async for chunk in chunks:
+                    self.seen.add(chunk.node)  # a member the node it was sent to forwarded it to read it too
                     if first is None and chunk.text:
                         first = self.now() - t0
                     parts.append(chunk.text)
@@ -236,7 +244,7 @@ class ChatSession:
         self.history.append(ChatMessage("assistant", reply))
         self._tokens.append(tokens + 4)
         return Turn(reply, served_by, verified, first if first is not None else self.now() - t0, tokens,
-                    tuple(writers), tuple(window))
+                    tuple(writers), tuple(window), tuple(sorted(self.seen)))
 
 
 async def _generator(chunks: AsyncIterator[ReplyChunk]) -> AsyncGenerator[ReplyChunk, None]:
@@ -538,7 +546,7 @@ class ChatRun:
         if not turn.verified:
             self.status = self.status or EXIT_UNVERIFIED
         elif self.donor is not None:  # a complete reply: maybe donate its request, later (fire and forget)
-            self.donor.offer(session.model, turn.sent, session.params)
+            self.donor.offer(session.model, turn.sent, session.params, seen_by=turn.seen_by)
         return True
 
 

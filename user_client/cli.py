@@ -19,8 +19,9 @@ USE_NOTE = ("Prompts go only to trusted model nodes (committee reputation 0.4 or
             "(unknown), and its nodes are used (local testing). --donate-prompts (off by default) donates, after "
             "a complete reply and with probability --donate-rate (0.25), the request's system prompt, its latest 8 "
             "user turns (no replies) and sampling parameters to one verifier chosen at random, 0-60 s later, for "
-            "its audit challenges: the chosen verifier learns your node id, your IP address and the prompt (not "
-            "the reply, nor which model node served you). --donate-transcripts (off by default) donates, for a share --donate-transcripts-rate (0.1) "
+            "its audit challenges: the chosen verifier learns your node id, your IP address, the prompt and which "
+            "model nodes the conversation was sent to, so that it never challenges them with it (not the reply). "
+            "--donate-transcripts (off by default) donates, for a share --donate-transcripts-rate (0.1) "
             "of requests drawn before they are sent, the request and its signed reply to every verifier of the "
             "committee, committed to before the request leaves: every verifier learns your node id, your IP "
             "address, the prompt, the reply and which model node served it.")

@@ -9,8 +9,13 @@ chosen uniformly at random among the ``--committee`` RPC addresses, after a rand
 keeps donations in a private pool and audits model nodes with them, so challenges read like
 users' own prompts (verifier/audit/pool.py).
 
+Each donation names the model nodes that have read the conversation (``seen_by``, decision 0029:
+those it was sent to, and those that signed its replies), so that the verifier never challenges
+them with it; a conversation more than :data:`~overlay.directory.donation.MAX_SEEN_BY` nodes read is
+not donated.
+
 Privacy cost, stated where the flag is: the chosen verifier learns the donor's node id, its IP
-address and the prompt; not the reply, nor which model node served it.
+address, the prompt and which model nodes the conversation was sent to; not the reply.
 
 The exchange, over the verifier's CometBFT RPC (``abci_query``, :func:`overlay.directory.rpc.rpc_call`):
 
@@ -54,8 +59,8 @@ log = logging.getLogger("gentorrent.donate")
 MAX_DELAY_S = 60.0
 DEFAULT_RATE = 0.25
 MAX_PENDING = 64  # donations waiting for their delay at once; more are skipped
-PRIVACY = ("the chosen verifier learns your node id, your IP address and the prompt (not the reply, nor which "
-           "model node served you)")
+PRIVACY = ("the chosen verifier learns your node id, your IP address, the prompt and which model nodes the "
+           "conversation was sent to, so that it never challenges them with it (not the reply)")
 
 
 
@@ -65,24 +70,28 @@ def _as_floats(p: SamplingParams) -> SamplingParams:
                           None if p.seed is None else int(p.seed))
 
 
-def encode(identity: Identity, model: str, messages: Sequence[ChatMessage], params: SamplingParams) -> bytes:
-    """The donation's plaintext (:func:`overlay.directory.donation.encode`) from and signed by ``identity``."""
-    return donation.encode(identity, identity.node_id, model, messages, _as_floats(params))
+def encode(identity: Identity, model: str, messages: Sequence[ChatMessage], params: SamplingParams,
+           seen_by: Iterable[bytes] = ()) -> bytes:
+    """The donation's plaintext (:func:`overlay.directory.donation.encode`) from and signed by
+    ``identity``, naming the model nodes ``seen_by`` as having read the conversation."""
+    return donation.encode(identity, identity.node_id, model, messages, _as_floats(params), seen_by)
 
 
 def seal(verifier_key: bytes, identity: Identity, model: str, messages: Sequence[ChatMessage],
-         params: SamplingParams) -> bytes:
+         params: SamplingParams, seen_by: Iterable[bytes] = ()) -> bytes:
     """The sealed donation to ``verifier_key``: :func:`~overlay.directory.donation.donated_messages`,
     the oldest user turns (after a system prompt) dropped until it is at most
-    :data:`MAX_DONATION_BYTES`. :class:`DonationError` when nothing fits or the last message is not
-    the user's."""
+    :data:`MAX_DONATION_BYTES`, naming ``seen_by`` (the model nodes that read the conversation).
+    :class:`DonationError` when nothing fits, the last message is not the user's or more than
+    :data:`~overlay.directory.donation.MAX_SEEN_BY` nodes read it."""
     msgs = donated_messages(messages)
     if msgs is None:
         raise DonationError("the request's last message is not a user's: nothing to donate")
     first = 1 if msgs[0].role == "system" else 0
     params = _as_floats(params)
+    seen = donation.seen_by_of(seen_by)
     while True:
-        sealed = donation.seal_donation(verifier_key, identity, identity.node_id, model, msgs, params)
+        sealed = donation.seal_donation(verifier_key, identity, identity.node_id, model, msgs, params, seen)
         if len(sealed) <= MAX_DONATION_BYTES:
             return sealed
         rest = msgs[first + 1:]
@@ -169,19 +178,24 @@ class Donor(Background):
         self.pending = 0
         self._nursery: trio.Nursery | None = None
 
-    def offer(self, model: str, messages: Sequence[ChatMessage], params: SamplingParams) -> bool:
+    def offer(self, model: str, messages: Sequence[ChatMessage], params: SamplingParams,
+              seen_by: Iterable[bytes] = ()) -> bool:
         """After a complete reply to ``messages``: with probability :attr:`rate`, donate them
-        :attr:`max_delay`-random seconds from now. Whether one was scheduled; never raises."""
+        :attr:`max_delay`-random seconds from now, naming ``seen_by``, the model nodes that have
+        read the conversation (those it was sent to, those that signed its replies). Whether one
+        was scheduled; never raises (a conversation more than
+        :data:`~overlay.directory.donation.MAX_SEEN_BY` nodes read is not: it is logged)."""
         self.offered += 1
         try:
             if self._nursery is None or self.rng.random() >= self.rate:
                 return False
+            seen = donation.seen_by_of(seen_by)
             if self.pending >= MAX_PENDING:
                 log.info("donate: %d donations are waiting already; this prompt is not donated", self.pending)
                 return False
             self.pending += 1
             self.scheduled += 1
-            self._nursery.start_soon(self._later, model, tuple(messages), params,
+            self._nursery.start_soon(self._later, model, tuple(messages), params, seen,
                                      self.rng.uniform(0.0, self.max_delay))
             return True
         except Exception as exc:  # noqa: BLE001 - a donation never disturbs a chat
@@ -189,10 +203,10 @@ class Donor(Background):
             return False
 
     async def _later(self, model: str, messages: tuple[ChatMessage, ...], params: SamplingParams,
-                     delay: float) -> None:
+                     seen_by: tuple[bytes, ...], delay: float) -> None:
         try:
             await trio.sleep(delay)
-            address = await self.donate(model, messages, params)
+            address = await self.donate(model, messages, params, seen_by)
         except Exception as exc:  # noqa: BLE001 - fire and forget: logged, never raised
             self.failed += 1
             log.info("donate: the prompt was not donated: %s", exc)
@@ -202,12 +216,13 @@ class Donor(Background):
         finally:
             self.pending -= 1
 
-    async def donate(self, model: str, messages: Sequence[ChatMessage], params: SamplingParams) -> str:
-        """Donate now to one verifier chosen uniformly at random; its address. Raises
-        :class:`DonationError` (or the RPC's errors: ``OSError``, ``overlay.directory.rpc.RpcError``)."""
+    async def donate(self, model: str, messages: Sequence[ChatMessage], params: SamplingParams,
+                     seen_by: Iterable[bytes] = ()) -> str:
+        """Donate now to one verifier chosen uniformly at random, naming ``seen_by``; its address.
+        Raises :class:`DonationError` (or the RPC's errors: ``OSError``, ``overlay.directory.rpc.RpcError``)."""
         address = self.rng.choice(self.addresses)
         key = await verifier_key(self.rpc, address, self.validators())
-        sealed = seal(key, self.identity, model, messages, params)
+        sealed = seal(key, self.identity, model, messages, params, seen_by)
         await abci_query(self.rpc, address, DONATE_PATH, sealed)
         log.debug("donate: %s (%s) accepted %d sealed bytes for %s", address, short_id(key), len(sealed), model)
         return address

@@ -87,9 +87,10 @@ class Backend(Protocol):
         ...
 
     def request(self, model: str, messages: Sequence[ChatMessage], params: SamplingParams,
-                node: bytes | None) -> AsyncGenerator[ReplyChunk, None]:
+                node: bytes | None, *, sent_to: set[bytes] | None = None) -> AsyncGenerator[ReplyChunk, None]:
         """The reply chunks in order; :class:`~overlay.anon.client.AnonError` or :class:`api.ApiError`
-        on failure. ``node`` prefers a model node (session affinity)."""
+        on failure. ``node`` prefers a model node (session affinity); ``sent_to`` collects the model
+        nodes the call was sent to (:meth:`~overlay.anon.client.AnonClient.request`)."""
         ...
 
 
@@ -115,7 +116,7 @@ class AnonBackend:
         return self._unaudited()
 
     async def request(self, model: str, messages: Sequence[ChatMessage], params: SamplingParams,
-                      node: bytes | None) -> AsyncGenerator[ReplyChunk, None]:
+                      node: bytes | None, *, sent_to: set[bytes] | None = None) -> AsyncGenerator[ReplyChunk, None]:
         paths, n = self.client.paths, self.client.n
         if len(paths.ready_paths()) < n:  # the usual case skips the wait's set-up
             with trio.move_on_after(self.paths_timeout) as waited:
@@ -125,8 +126,8 @@ class AnonBackend:
                                    f"{paths.too_few(n, self.paths_timeout)}",
                                    type="service_unavailable", code="not_enough_paths")
         async with aclosing(self.client.request(model, list(messages), params, node=node,
-                                                chunk_timeout=self.timeout,
-                                                paths_timeout=self.paths_timeout)) as chunks:
+                                                chunk_timeout=self.timeout, paths_timeout=self.paths_timeout,
+                                                sent_to=sent_to)) as chunks:
             async for c in chunks:
                 yield c
 
@@ -179,13 +180,17 @@ class Outcome:
     """What a finished call produced (for the final chunk, the affinity map and the headers).
 
     ``nodes``: every model node that served a part of the reply, in order (more than one
-    after a failover); ``prompt_tokens``: the prompt's token count as the first of them
-    reported it."""
+    after a failover); ``sent_to``: every model node the call was sent to (those that refused
+    it or failed too); ``earlier``: the node the affinity map sent the conversation's earlier
+    turns to, if it knows one; ``prompt_tokens``: the prompt's token count as the first of
+    ``nodes`` reported it."""
 
     text: list[str] = field(default_factory=list)
     tokens: int = 0
     prompt_tokens: int = 0
     nodes: list[bytes] = field(default_factory=list)
+    sent_to: set[bytes] = field(default_factory=set)
+    earlier: bytes | None = None
     verified: bool = False
     stopped: bool = False
     first_piece_s: float | None = None
@@ -194,6 +199,13 @@ class Outcome:
     def node(self) -> bytes | None:
         """The node that served the end of the reply (the one follow-ups go back to)."""
         return self.nodes[-1] if self.nodes else None
+
+    def seen_by(self) -> set[bytes]:
+        """The model nodes that have read the conversation, as far as a gateway knows (a donation
+        names them, decision 0029): this call's, and the node its earlier turns went to. The
+        affinity map keeps only the last node of a conversation: nodes that served earlier turns
+        before a failover, or that refused them, are not known here."""
+        return {*self.sent_to, *self.nodes, *([self.earlier] if self.earlier is not None else [])}
 
 
 async def pieces(
@@ -205,8 +217,9 @@ async def pieces(
     ``affinity`` for the conversation's follow-ups."""
     scanner = api.StopScanner(call.stop)
     t0 = time.perf_counter()
-    async with aclosing(backend.request(call.model, call.messages, call.params,
-                                        affinity.node_for(call.model, call.messages))) as chunks:
+    out.earlier = affinity.node_for(call.model, call.messages)
+    async with aclosing(backend.request(call.model, call.messages, call.params, out.earlier,
+                                        sent_to=out.sent_to)) as chunks:
         async for c in chunks:
             out.tokens += len(c.token_ids)
             if not out.prompt_tokens:
@@ -367,7 +380,7 @@ class Gateway:
     def _donate(self, call: api.Call, out: Outcome) -> None:
         """Offer a complete reply's request to the donor (fire and forget: it never raises)."""
         if self.donor is not None and (out.verified or out.stopped):
-            self.donor.offer(call.model, call.messages, call.params)
+            self.donor.offer(call.model, call.messages, call.params, seen_by=out.seen_by())
 
     async def _stream(self, call: api.Call, rid: str, created: int, first: str | None,
                       gen: AsyncGenerator[str, None], out: Outcome) -> AsyncGenerator[tuple[bytes, bool], None]:

@@ -337,14 +337,16 @@ class DonatingClient:
 
     async def request(self, model: str, messages: list[ChatMessage] | tuple[ChatMessage, ...],
                       params: SamplingParams | None = None, *, node: bytes | None = None,
-                      chunk_timeout: float = 60.0, paths_timeout: float = 30.0) -> AsyncGenerator[ReplyChunk, None]:
-        """:meth:`~overlay.anon.client.AnonClient.request`'s chunks; for a request chosen for donation, sent
-        only once the verifiers answered its commit (module docstring), then revealed."""
+                      chunk_timeout: float = 60.0, paths_timeout: float = 30.0,
+                      sent_to: set[bytes] | None = None) -> AsyncGenerator[ReplyChunk, None]:
+        """:meth:`~overlay.anon.client.AnonClient.request`'s chunks (``sent_to`` filled as there); for a
+        request chosen for donation, sent only once the verifiers answered its commit (module
+        docstring), then revealed."""
         donor = self.donor
         c = None if donor is None else await donor.commit(self.client, model, messages, params, node)
         if c is None or donor is None:
             async with aclosing(self.client.request(model, messages, params, node=node, chunk_timeout=chunk_timeout,
-                                                    paths_timeout=paths_timeout)) as chunks:
+                                                    paths_timeout=paths_timeout, sent_to=sent_to)) as chunks:
                 async for x in chunks:
                     yield x
             return
@@ -352,7 +354,7 @@ class DonatingClient:
         try:
             async with aclosing(self.client.request(c.model, c.messages, c.params, node=c.target,
                                                     chunk_timeout=chunk_timeout, paths_timeout=paths_timeout,
-                                                    request_id=c.request_id)) as chunks:
+                                                    request_id=c.request_id, sent_to=sent_to)) as chunks:
                 try:
                     async for x in chunks:
                         got.append(x)

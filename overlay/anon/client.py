@@ -293,6 +293,7 @@ class AnonClient:
         fresh_paths: bool = False,
         request_id: bytes | None = None,
         held_paths: Sequence[Path] | None = None,
+        sent_to: set[bytes] | None = None,
     ) -> AsyncIterator[ReplyChunk]:
         """Send one prompt anonymously; yield its reply chunks in order, **each one verified**.
 
@@ -336,6 +337,14 @@ class AnonClient:
 
         ``request_id`` (16 bytes) is the first try's request id, which the reply's signature binds
         (:func:`overlay.anon.signing.request_digest`); later tries get fresh random ones. Default: random.
+
+        ``sent_to``, when given, collects the model nodes that read the prompt: each try's target
+        (the first, one tried after a "busy", a failover's) before its cloves leave, and a node that
+        answered a failed try in the target's place (a member it forwarded the request to; the nodes
+        that signed yielded chunks are the caller's to read off ``chunk.node``). A donated prompt
+        names them (``seen_by``, decision 0029) so that the verifier never challenges a node with a
+        conversation it has read. It is filled as the request goes: after a failure it holds the
+        nodes tried.
         """
         if request_id is not None and len(request_id) != REQUEST_ID_LEN:
             raise ValueError(f"a request id is {REQUEST_ID_LEN} bytes, not {len(request_id)}")
@@ -347,6 +356,8 @@ class AnonClient:
         tried: set[bytes] = set()
         produced: list[str] = []
         while True:
+            if sent_to is not None:
+                sent_to.add(target.node_id)
             try:
                 attempt = self._attempt(target, model, tuple(messages), params or SamplingParams(),
                                         "".join(produced), chunk_timeout, paths_timeout, exact, fresh_paths,
@@ -359,6 +370,8 @@ class AnonClient:
                 return
             except _NodeBusy as exc:
                 tried |= {target.node_id, exc.node}
+                if sent_to is not None:
+                    sent_to.add(exc.node)
                 others = [e for e in self.usable(model) if e.node_id not in tried]
                 if not failover or not others:
                     raise AllBusy(f"{exc}; every model node tried for {model!r} ({len(tried)}) is busy: "
@@ -368,6 +381,8 @@ class AnonClient:
                 log.info("%s; trying model node %s instead", exc, short_id(target.node_id))
             except _NodeFailed as exc:
                 tried |= {target.node_id, *exc.nodes}
+                if sent_to is not None:
+                    sent_to.update(exc.nodes)
                 others = [e for e in self.usable(model) if e.node_id not in tried]
                 if not failover:
                     raise

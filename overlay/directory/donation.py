@@ -6,15 +6,22 @@
 Wire format (at most :data:`MAX_DONATION_BYTES` sealed)::
 
     sealed    = seal_to_ed25519(verifier's Ed25519 validator key, plaintext)
-    plaintext = msgpack([1, donor_node_id(20), model(str), [[role, content], ...],
+    plaintext = msgpack([2, donor_node_id(20), model(str), [[role, content], ...],
                          [temperature(float), top_p(float), top_k(int), max_tokens(int), seed(int|nil)],
-                         signature(64)])
-    signature = Ed25519(donor's node key, DONATION_CONTEXT + msgpack([donor_node_id, model, messages, params]))
+                         [seen_by_node_id(20), ...], signature(64)])
+    signature = Ed25519(donor's node key,
+                        DONATION_CONTEXT + msgpack([donor_node_id, model, messages, params, seen_by]))
+
+``seen_by`` (version 2, decision 0029) names the model nodes the donor's conversation was sent to
+or served by (at most :data:`MAX_SEEN_BY`, distinct, in ascending order): they have read the
+prompt, so the verifier never challenges them with it (``verifier/audit/pool.py``). The donor's
+word is taken as it stands: a false list only moves its own prompts between nodes.
 
 (:func:`signing_bytes`; msgpack with bin types for bytes). :func:`encode` writes the values as
 given (a caller holding an int where a float belongs converts it first, as the user's client
 does); :func:`decode` is the strict side: exact types, no trailing bytes, no maps or
-extensions, no array over :data:`MAX_ITEMS` items, a non-empty model and 1 or more messages.
+extensions, no array over :data:`MAX_ITEMS` items, a non-empty model, 1 or more messages and a
+canonical ``seen_by``.
 Every refusal of :func:`decode`, :func:`unseal` and :func:`verify` is a :class:`DonationError`
 with a reason; nothing else is raised on any input. How many messages a challenge may carry,
 and every other limit, is the verifier's check, not the format's
@@ -25,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Protocol
 
 import msgpack
@@ -33,17 +41,19 @@ from overlay.wire import crypto
 from overlay.wire.identity import NODE_ID_LEN, node_id_of
 from overlay.wire.messages import ChatMessage, SamplingParams
 
-DONATION_VERSION = 1
-DONATION_CONTEXT = b"gentorrent/donation/v1\x00"
+DONATION_VERSION = 2  # 2: with seen_by (decision 0029); 1 is refused as an unsupported version
+DONATION_CONTEXT = b"gentorrent/donation/v2\x00"
 MAX_DONATION_BYTES = 16 * 1024  # sealed
 MAX_ITEMS = 64  # items of any array in a donation (so at most 64 messages; a challenge takes fewer)
 SIGNATURE_LEN = 64
+MAX_SEEN_BY = 16  # model nodes a donated conversation may name as having read it
 # The verifier's CometBFT RPC queries (abci_query) a donor asks: the key to seal to, then the donation
 KEY_PATH = "/audit/donate_key"
 DONATE_PATH = "/audit/donate"
 
 __all__ = [
-    "DONATION_CONTEXT", "DONATION_VERSION", "MAX_DONATION_BYTES", "MAX_ITEMS", "SIGNATURE_LEN", "Donation",
+    "DONATION_CONTEXT", "DONATION_VERSION", "MAX_DONATION_BYTES", "MAX_ITEMS", "MAX_SEEN_BY", "SIGNATURE_LEN",
+    "Donation",
     "DonationError", "Signer", "decode", "donated_messages", "encode", "seal_donation", "signing_bytes", "unseal",
     "verify",
 ]
@@ -68,18 +78,32 @@ class Signer(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Donation:
-    """One donated prompt: the donor's node id, the model, the chat messages and sampling parameters."""
+    """One donated prompt: the donor's node id, the model, the chat messages, the sampling
+    parameters and the model nodes that have read the conversation (``seen_by``: distinct, in
+    ascending order; module docstring)."""
 
     donor: bytes
     model: str
     messages: tuple[ChatMessage, ...]
     params: SamplingParams
+    seen_by: tuple[bytes, ...] = ()
 
     def wire(self) -> list[object]:
-        """``[donor, model, [[role, content], ...], [temperature, top_p, top_k, max_tokens, seed]]``."""
+        """``[donor, model, [[role, content], ...], [temperature, top_p, top_k, max_tokens, seed],
+        [seen_by, ...]]``."""
         p = self.params
         return [self.donor, self.model, [[m.role, m.content] for m in self.messages],
-                [p.temperature, p.top_p, p.top_k, p.max_tokens, p.seed]]
+                [p.temperature, p.top_p, p.top_k, p.max_tokens, p.seed], list(self.seen_by)]
+
+
+def seen_by_of(nodes: Iterable[bytes]) -> tuple[bytes, ...]:
+    """``nodes`` as a donation's ``seen_by``: distinct, in ascending order; :class:`DonationError`
+    if there are more than :data:`MAX_SEEN_BY` (a conversation that many nodes read is not donated)."""
+    out = tuple(sorted(set(nodes)))
+    if len(out) > MAX_SEEN_BY:
+        raise DonationError(f"the conversation was sent to {len(out)} model nodes, more than a donation may name "
+                            f"({MAX_SEEN_BY})")
+    return out
 
 
 def _pack(obj: object) -> bytes:
@@ -109,19 +133,20 @@ def signing_bytes(d: Donation) -> bytes:
 
 
 def encode(signer: Signer, donor: bytes, model: str, messages: Iterable[ChatMessage],
-           params: SamplingParams) -> bytes:
+           params: SamplingParams, seen_by: Iterable[bytes] = ()) -> bytes:
     """The plaintext of a donation from ``donor``, signed by ``signer`` (the donor's key: a test
-    may hand another). Values are written as given (module docstring)."""
-    d = Donation(donor, model, tuple(messages), params)
+    may hand another). Values are written as given (module docstring), ``seen_by`` made canonical
+    (:func:`seen_by_of`)."""
+    d = Donation(donor, model, tuple(messages), params, seen_by_of(seen_by))
     return _pack([DONATION_VERSION, *d.wire(), signer.sign(signing_bytes(d))])
 
 
 def seal_donation(verifier_pk: bytes, signer: Signer, donor: bytes, model: str, messages: Iterable[ChatMessage],
-                  params: SamplingParams) -> bytes:
+                  params: SamplingParams, seen_by: Iterable[bytes] = ()) -> bytes:
     """:func:`encode`'s plaintext sealed to ``verifier_pk`` (a verifier's Ed25519 validator key);
     :class:`overlay.wire.crypto.CryptoError` for a key that is not a valid Ed25519 point. The size is
     not checked here (at most :data:`MAX_DONATION_BYTES` is the sender's to keep)."""
-    return crypto.seal_to_ed25519(verifier_pk, encode(signer, donor, model, messages, params))
+    return crypto.seal_to_ed25519(verifier_pk, encode(signer, donor, model, messages, params, seen_by))
 
 
 def unseal(seed32: bytes, sealed: bytes) -> bytes:
@@ -146,11 +171,13 @@ def decode(plaintext: bytes) -> tuple[Donation, bytes]:
                               max_array_len=MAX_ITEMS, max_map_len=0, max_ext_len=0)
     except (ValueError, TypeError, RecursionError, msgpack.UnpackException) as exc:
         raise _malformed(f"msgpack ({type(exc).__name__})") from None
-    if type(doc) is not list or len(doc) != 6:
-        raise _malformed("[version, donor, model, messages, params, signature]")
-    version, donor, model, messages, params, sig = doc
-    if type(version) is not int or version != DONATION_VERSION:
-        raise DonationError(f"donation version {version!r} is not {DONATION_VERSION}", unsupported_version=True)
+    if type(doc) is not list or not doc:
+        raise _malformed("[version, donor, model, messages, params, seen_by, signature]")
+    if type(doc[0]) is not int or doc[0] != DONATION_VERSION:  # checked first: a version 1 is shorter
+        raise DonationError(f"donation version {doc[0]!r} is not {DONATION_VERSION}", unsupported_version=True)
+    if len(doc) != 7:
+        raise _malformed("[version, donor, model, messages, params, seen_by, signature]")
+    _, donor, model, messages, params, seen_by, sig = doc
     if type(donor) is not bytes or len(donor) != NODE_ID_LEN:
         raise _malformed(f"from a {NODE_ID_LEN}-byte donor node id")
     if type(model) is not str or not model:
@@ -166,10 +193,16 @@ def decode(plaintext: bytes) -> tuple[Donation, bytes]:
     if type(temp) is not float or type(top_p) is not float or type(top_k) is not int \
             or type(max_tokens) is not int or not (seed is None or type(seed) is int):
         raise _malformed("with params of types [float, float, int, int, int or nil]")
+    if type(seen_by) is not list or len(seen_by) > MAX_SEEN_BY \
+            or not all(type(n) is bytes and len(n) == NODE_ID_LEN for n in seen_by):
+        raise _malformed(f"with seen_by a list of at most {MAX_SEEN_BY} {NODE_ID_LEN}-byte node ids")
+    if any(a >= b for a, b in pairwise(seen_by)):
+        raise _malformed("with seen_by distinct and in ascending order")
     if type(sig) is not bytes or len(sig) != SIGNATURE_LEN:
         raise _malformed(f"signed (a {SIGNATURE_LEN}-byte signature)")
     d = Donation(donor, model, tuple(ChatMessage(r, c) for r, c in messages),
-                 SamplingParams(temperature=temp, top_p=top_p, top_k=top_k, max_tokens=max_tokens, seed=seed))
+                 SamplingParams(temperature=temp, top_p=top_p, top_k=top_k, max_tokens=max_tokens, seed=seed),
+                 tuple(seen_by))
     return d, sig
 
 

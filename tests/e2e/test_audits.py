@@ -318,8 +318,9 @@ def test_a_donated_conversation_is_sent_as_a_script_of_its_user_turns(net: Audit
     """A user of the OpenAI gateway with ``--donate-prompts`` (rate 1) sends a conversation of two
     user turns with the reply it got: the gateway donates it to one verifier (its user turns, not
     the reply: decision 0027, pinned by tests/unit/test_donate.py); that verifier's next plan
-    challenges a model node with it, and its report, once on the chain, holds the script: both
-    turns, no assistant message, the user's parameters."""
+    challenges a model node with it, one that did not serve the donor (decision 0029), and its
+    report, once on the chain, holds the script: both turns, no assistant message, the user's
+    parameters."""
     config = net.config_toml("donor", net.root / "donor-serve.toml")
     port = free_ports(1)[0]
     log_path = net.root / "donor-serve.log"
@@ -341,6 +342,7 @@ def test_a_donated_conversation_is_sent_as_a_script_of_its_user_turns(net: Audit
                                      {"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=300) as answer:
             assert answer.status == 200
+            served = answer.headers["x-gentorrent-node"].split(",")
         deadline = time.monotonic() + 180  # donations wait 0-60 s, so they are not timed to the request
         while b"a prompt was donated" not in log_path.read_bytes():
             assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()[-3000:]
@@ -364,3 +366,4 @@ def test_a_donated_conversation_is_sent_as_a_script_of_its_user_turns(net: Audit
     (entry,) = found  # a donated prompt is used once
     assert [(m.role, m.content) for m in entry.opening.messages] == [("user", t) for t in turns]  # not the reply
     assert entry.opening.model == MODEL and entry.opening.params.max_tokens == 32  # the user's parameters
+    assert entry.node_id.hex() not in served  # never the node that read it (decision 0029)

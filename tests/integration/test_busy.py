@@ -51,8 +51,10 @@ async def test_a_node_at_capacity_answers_busy_and_the_request_completes_on_anot
         # A minute of output ahead (before A has measured itself, a request is expected to use
         # its whole max_tokens): far over the 3 s wait, so A refuses at once.
         t0 = trio.current_time()
-        chunks = await ask(net.users[0].client, "a short question", a)
+        sent_to: set[bytes] = set()
+        chunks = await ask(net.users[0].client, "a short question", a, sent_to=sent_to)
         assert trio.current_time() - t0 < 4.0  # B's 3 pieces at one a second; no 3 s wait at A first
+        assert sent_to == {a.identity.node_id, b.identity.node_id}  # both read it (decision 0029)
         assert "".join(c.text for c in chunks) == "a short question"
         assert chunks[-1].node == b.identity.node_id and chunks[-1].signature  # served and signed by B
         assert (a.busy, a.served, b.served) == (1, 0, 1)
@@ -71,8 +73,10 @@ async def test_a_request_that_waits_too_long_for_a_slot_is_refused_after_the_bou
         nursery.start_soon(ask, net.users[1].client, LONG, a, 8)  # 8 pieces: 8 s, estimated well under 3 s
         await trio.sleep(1.5)
         t0 = trio.current_time()
+        sent_to: set[bytes] = set()
         with pytest.raises(AllBusy, match="busy: no free slot on this model node within 3 s") as ei:
-            await ask(net.users[0].client, "still there?", a)
+            await ask(net.users[0].client, "still there?", a, sent_to=sent_to)
+        assert sent_to == {a.identity.node_id}  # a failed request names the nodes it was sent to too
         waited = trio.current_time() - t0
         assert 3.0 <= waited < 6.0  # refused after the bounded wait, before the slot freed
         assert "every model node tried" in str(ei.value) and a.busy == 1
@@ -149,18 +153,21 @@ async def test_a_forwarded_request_refused_as_busy_completes_on_a_third_node(aut
         system = "You answer questions about the city archive. " + " ".join(
             f"Box {i} holds the letters of year {1900 + i}." for i in range(22))
 
-        async def ask_group(client, question: str, node: ModelNode) -> list[ReplyChunk]:
+        async def ask_group(client, question: str, node: ModelNode, **kw) -> list[ReplyChunk]:
             msgs = [ChatMessage("system", system), ChatMessage("user", question)]
             return [ch async for ch in client.request("echo", msgs, SamplingParams(max_tokens=64),
-                                                      node=node.identity.node_id, chunk_timeout=30)]
+                                                      node=node.identity.node_id, chunk_timeout=30, **kw)]
 
         first = await ask_group(net.users[0].client, "first question", b)  # B caches the system prompt
         assert first[-1].node == b.identity.node_id
         await trio.sleep(2.5 * GROUP_SYNC)  # A learns B's prefix
         nursery.start_soon(ask_group, net.users[1].client, LONG, b)  # B's only slot: a minute
         await trio.sleep(1.0)
-        chunks = await ask_group(net.users[0].client, "which box holds 1910?", a)
+        sent_to: set[bytes] = set()
+        chunks = await ask_group(net.users[0].client, "which box holds 1910?", a, sent_to=sent_to)
         assert "".join(ch.text for ch in chunks) == "which box holds 1910?"
+        # A (sent to), B (A forwarded it there; it refused as busy) and C read it (decision 0029)
+        assert sent_to == {a.identity.node_id, b.identity.node_id, c.identity.node_id}
         assert chunks[-1].node == c.identity.node_id
         assert (a.forwarded_out, b.forwarded_in, b.busy, a.served, c.served) == (1, 1, 1, 0, 1)
         nursery.cancel_scope.cancel()

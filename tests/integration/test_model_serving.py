@@ -184,8 +184,10 @@ async def test_an_error_reply_mid_reply_fails_over_at_once(autojump_clock):
         assert client is not None
         text = " ".join(f"w{j}" for j in range(40))
         t0 = trio.current_time()
-        got = await collect(client, text, node=bad.identity.node_id, chunk_timeout=60)
+        sent_to: set[bytes] = set()
+        got = await collect(client, text, node=bad.identity.node_id, chunk_timeout=60, sent_to=sent_to)
         assert "".join(c.text for c in got) == text
+        assert sent_to == {bad.identity.node_id, good.identity.node_id}  # the failover's target too (decision 0029)
         assert [c.node for c in got][:3] == [bad.identity.node_id] * 3 and got[-1].node == good.identity.node_id
         assert client.failovers == {"error": 1}
         assert trio.current_time() - t0 < 5.0  # the reply itself takes 2 s; no timeout was waited out

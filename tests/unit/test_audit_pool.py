@@ -44,9 +44,9 @@ class Users:
 
 def donation(user: Identity, text: str = "How do tides work?", *, model: str = MODEL,
              messages: tuple[ChatMessage, ...] | None = None, params: SamplingParams = PARAMS,
-             to: bytes = VERIFIER.public_bytes) -> bytes:
+             to: bytes = VERIFIER.public_bytes, seen_by: tuple[bytes, ...] = ()) -> bytes:
     msgs = messages if messages is not None else (ChatMessage("user", text),)
-    return seal_donation(to, user.signing, user.node_id, model, msgs, params)
+    return seal_donation(to, user.signing, user.node_id, model, msgs, params, seen_by)
 
 
 def new_pool(**kw: int) -> pl.DonationPool:
@@ -101,7 +101,7 @@ def test_bad_donations_are_refused_with_their_reason_and_leave_the_pool_unchange
     plain[3][0][1] = "something else"
     _refused(p, users, crypto.seal_to_ed25519(VERIFIER.public_bytes, msgpack.packb(plain, use_bin_type=True)),
              Code.BAD_SIGNATURE, "does not verify")
-    plain[0] = 2
+    plain[0] = 3
     _refused(p, users, crypto.seal_to_ed25519(VERIFIER.public_bytes, msgpack.packb(plain, use_bin_type=True)),
              Code.UNSUPPORTED_VERSION, "version")
     _refused(p, users, donation(stranger), Code.UNKNOWN_NODE, "not a registered user node")
@@ -218,11 +218,69 @@ def test_a_pool_file_of_version_1_loads_each_donor_as_its_own_network() -> None:
     from overlay.directory.registration import pack
 
     donors = [bytes([i]) * 20 for i in (1, 2)]
-    v1 = pack([1, [pl.Donation(d, MODEL, (ChatMessage("user", f"old {d[0]}"),), PARAMS).wire() for d in donors], []])
+    v1 = pack([1, [pl.Donation(d, MODEL, (ChatMessage("user", f"old {d[0]}"),), PARAMS).wire()[:4] for d in donors],
+               []])
     back = pl.DonationPool.from_bytes(v1)
     assert len(back) == 2 and back.donors(MODEL) == 2 and back.networks(MODEL) == 2
     again = pl.DonationPool.from_bytes(back.to_bytes())
     assert again.to_bytes() == back.to_bytes() and again.networks(MODEL) == 2
+
+
+def test_a_pool_file_of_version_2_loads_with_no_node_named_as_a_reader() -> None:
+    from overlay.directory.registration import pack
+
+    d = pl.Donation(b"\x01" * 20, MODEL, (ChatMessage("user", "kept"),), PARAMS)
+    back = pl.DonationPool.from_bytes(pack([2, [[d.wire()[:4], "net 192.0.2.0/24"]], []]))
+    assert back.networks(MODEL) == 1 and back.draw(MODEL, random.Random(1), avoid=b"\x09" * 20) == d
+    with pytest.raises(ValueError, match="not a donation pool"):  # version 2 holds no seen_by
+        pl.DonationPool.from_bytes(pack([2, [[d.wire(), "net 192.0.2.0/24"]], []]))
+
+
+def test_a_node_is_never_challenged_with_a_conversation_it_read() -> None:
+    """Decision 0029, the attacker: a cheating model node that remembers every prompt it was sent
+    (it served, forwarded or refused them) recognises a challenge replaying one of them; with few
+    nodes serving a model that is a large share of its challenges (all of them with one node). The
+    donor names the nodes its conversation was sent to; the pool never draws such a prompt for
+    them, and the other nodes still get it."""
+    users, p = Users(4), new_pool()
+    cheater, other = b"\xc0" * 20, b"\xd0" * 20
+    read: set[str] = set()
+    for i in range(40):  # half the donors' conversations went to the cheater
+        seen = (cheater,) if i % 2 else (other,)
+        d = offer(p, donation(users.ids[i % 4], f"question {i}", seen_by=seen), users)
+        assert d.seen_by == seen
+        if i % 2:
+            read.add(d.messages[-1].content)
+    rng = random.Random(29)
+    drawn = [p.draw(MODEL, rng, avoid=cheater) for _ in range(20)]
+    assert all(d is not None and cheater not in d.seen_by for d in drawn)
+    assert not read & {d.messages[-1].content for d in drawn if d is not None}
+    assert p.draw(MODEL, rng, avoid=cheater) is None and len(p) == 20  # only prompts it read are left
+    to_other = p.draw(MODEL, rng, avoid=other)
+    assert to_other is not None and to_other.messages[-1].content in read
+    # persisted with the pool: a restart keeps who read what
+    back = pl.DonationPool.from_bytes(p.to_bytes())
+    assert back.to_bytes() == p.to_bytes() and back.draw(MODEL, rng, avoid=cheater) is None
+
+
+def test_a_draw_for_a_node_picks_among_the_networks_holding_a_prompt_it_did_not_read() -> None:
+    """Drawn for a node, a network whose every prompt the node read does not count; the others
+    are drawn uniformly, whatever share of their prompts the node read."""
+    node = b"\xc0" * 20
+    counts: Counter[str] = Counter()
+    rng = random.Random(30)
+    for trial in range(300):
+        p = new_pool()
+        p.add(pl.Donation(b"\x01" * 20, MODEL, (ChatMessage("user", f"read {trial}"),), PARAMS, (node,)), "net a")
+        for i in range(9):  # net b: 9 of 10 read by the node, one not
+            p.add(pl.Donation(b"\x02" * 20, MODEL, (ChatMessage("user", f"b {trial} {i}"),), PARAMS, (node,)),
+                  "net b")
+        p.add(pl.Donation(b"\x02" * 20, MODEL, (ChatMessage("user", f"b {trial} unread"),), PARAMS), "net b")
+        p.add(pl.Donation(b"\x03" * 20, MODEL, (ChatMessage("user", f"c {trial}"),), PARAMS), "net c")
+        d = p.draw(MODEL, rng, avoid=node)
+        assert d is not None and node not in d.seen_by
+        counts[d.messages[-1].content.split()[0]] += 1
+    assert set(counts) == {"b", "c"} and 110 < counts["b"] < 190  # about half each
 
 
 def test_the_pool_survives_a_restart_in_a_private_file(tmp_path: Path) -> None:

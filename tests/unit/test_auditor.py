@@ -367,6 +367,30 @@ def test_donated_prompts_come_first_and_the_generator_is_logged(caplog: pytest.L
 
 
 
+def test_a_node_is_challenged_only_with_prompts_it_has_not_read(caplog: pytest.LogCaptureFixture) -> None:
+    """Decision 0029 through the plan: every donated prompt names the node that served it; no node
+    of the plan is sent one it read, and a node that read every prompt left gets the generator's."""
+    own = SamplingParams(0.7, 1.0, 0, 256, None)
+    pool = pl.DonationPool()
+    for i in range(12):  # each of the three nodes read four donors' conversations
+        pool.add(pl.Donation(bytes([0x40 + i]) * 20, MODEL, (ChatMessage("user", f"question {i}"),), own,
+                             (NODES[i % 3],)))
+    a = auditor(0, pool=pool)
+    with caplog.at_level(logging.WARNING, "gentorrent.audit"):
+        a.plan(view(), START)
+    assert a.current is not None
+    by_text = {f"question {i}": NODES[i % 3] for i in range(12)}
+    donated = [e for e in a.current.entries if e.opening.messages[-1].content in by_text]
+    assert len(donated) == 6 and len(pool) == 6  # 2 a node (view's k), the rest left
+    assert all(by_text[e.opening.messages[-1].content] != e.node_id for e in donated)
+    assert GENERATOR_WARNING not in caplog.text
+    only = pl.DonationPool()
+    only.add(pl.Donation(b"\x50" * 20, MODEL, (ChatMessage("user", "read by all"),), own, NODES))
+    with caplog.at_level(logging.WARNING, "gentorrent.audit"):
+        auditor(1, pool=only).plan(view(), START)
+    assert len(only) == 1 and GENERATOR_WARNING in caplog.text
+
+
 def test_donors_of_the_largest_prompts_cannot_fill_the_report_with_openings(caplog: pytest.LogCaptureFixture) -> None:
     """Attack: registered users donate the largest prompts a donation holds (two 7.5 KB turns,
     about 15 KB an opening) so that a plan's 128 openings alone pass the report's 1 MiB, and the

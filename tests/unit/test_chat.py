@@ -22,7 +22,7 @@ class FakeClient:
         self.sent: list[tuple[str, tuple[ChatMessage, ...], bytes | None]] = []
         self.fail = fail
 
-    async def request(self, model, messages, params=None, *, node=None, chunk_timeout=60.0):
+    async def request(self, model, messages, params=None, *, node=None, chunk_timeout=60.0, sent_to=None):
         self.sent.append((model, tuple(messages), node))
         if self.fail:
             raise AnonError(self.fail)
@@ -160,7 +160,7 @@ OTHER = b"O" * 32
 class FailoverClient:
     """Two chunks from NODE, then (after a failover) two from OTHER."""
 
-    async def request(self, model, messages, params=None, *, node=None, chunk_timeout=60.0):
+    async def request(self, model, messages, params=None, *, node=None, chunk_timeout=60.0, sent_to=None):
         for i, (who, text) in enumerate([(NODE, "one "), (NODE, "two "), (OTHER, "three "), (OTHER, "four")]):
             yield ReplyChunk(b"r" * 16, i, text, (i,), i == 3, "", who, b"c" * 32, b"s" * 64, 1)
 
@@ -180,7 +180,7 @@ async def test_a_failed_over_reply_says_which_node_wrote_which_part():
 
 
 class RefusingClient:
-    async def request(self, model, messages, params=None, *, node=None, chunk_timeout=60.0):
+    async def request(self, model, messages, params=None, *, node=None, chunk_timeout=60.0, sent_to=None):
         yield ReplyChunk(b"r" * 16, 0, "checked ", (1,), False, "", NODE, b"c" * 32, b"s" * 64, 1)
         raise ReplyUnverified("reply chunk 1 from node 4e4e4e4e does not match its hash chain")
 
@@ -192,6 +192,76 @@ async def test_a_reply_that_fails_verification_is_not_kept():
         await s.turn("hi", out, 5)
     assert out.getvalue() == "checked "  # only what passed its check was printed
     assert s.history == [] and s.node is None
+
+
+THIRD, FOURTH = b"T" * 32, b"F" * 32
+
+
+class ScriptedClient:
+    """Per request, the next of ``tries``: the nodes it is sent to (added to ``sent_to``, as
+    AnonClient does for each target tried), then the node that signs the reply, or None: the
+    request fails."""
+
+    def __init__(self, tries: list[tuple[tuple[bytes, ...], bytes | None]]) -> None:
+        self.tries = tries
+
+    async def request(self, model, messages, params=None, *, node=None, chunk_timeout=60.0, sent_to=None):
+        targets, signer = self.tries.pop(0)
+        if sent_to is not None:
+            sent_to.update(targets)
+        if signer is None:
+            raise AnonError(f"model node {targets[-1].hex()[:8]} failed: engine error", Failure.NODE_ERROR)
+        yield ReplyChunk(b"r" * 16, 0, "ok", (1,), True, "", signer, b"c" * 32, b"s" * 64, 1)
+
+
+async def test_a_turn_says_every_node_that_has_read_the_conversation():
+    """Decision 0029: the nodes each request was sent to (one refused as busy, one it failed over
+    to) and the chunks' signers (a member a node forwarded it to), kept for the whole
+    conversation, a failed turn's targets too; /new forgets them."""
+    s = chat.ChatSession(ScriptedClient([
+        ((NODE, OTHER), THIRD),  # NODE refused as busy, OTHER forwarded it to THIRD, which signed
+        ((THIRD,), THIRD),
+        ((THIRD, FOURTH), None),  # sent to THIRD, failed over to FOURTH, which failed: the turn fails
+        ((THIRD,), THIRD),
+        ((OTHER,), OTHER),
+    ]), "m", SamplingParams(), None)
+    t1 = await s.turn("one", io.StringIO(), 5)
+    assert t1.seen_by == tuple(sorted((NODE, OTHER, THIRD)))
+    t2 = await s.turn("two", io.StringIO(), 5)
+    assert t2.seen_by == t1.seen_by  # the follow-up keeps the first turn's nodes
+    with pytest.raises(AnonError):
+        await s.turn("three", io.StringIO(), 5)
+    t4 = await s.turn("four", io.StringIO(), 5)
+    assert t4.seen_by == tuple(sorted((NODE, OTHER, THIRD, FOURTH)))  # the failed turn's nodes read the history
+    s.new()
+    assert (await s.turn("five", io.StringIO(), 5)).seen_by == (OTHER,)
+
+
+class Offers:
+    """A donor that records what it is offered."""
+
+    def __init__(self) -> None:
+        self.offers: list[tuple[str, tuple[ChatMessage, ...], tuple[bytes, ...]]] = []
+
+    def offer(self, model, messages, params, seen_by=()) -> bool:
+        self.offers.append((model, tuple(messages), tuple(seen_by)))
+        return True
+
+
+async def test_a_chat_offers_its_donation_with_the_nodes_that_read_it(capsys):
+    import argparse
+
+    session = chat.ChatSession(ScriptedClient([((NODE, OTHER), THIRD)]), "m", SamplingParams(), None)
+    run = chat.ChatRun(argparse.Namespace(timeout=5, verbose=False), None, None, session, registry=_NoModels(),
+                       committee=None, listen=("127.0.0.1", 0), interactive=False, turns=[])
+    run.donor = donor = Offers()  # type: ignore[assignment]
+    assert await run.ask("one")
+    assert donor.offers == [("m", (ChatMessage("user", "one"),), tuple(sorted((NODE, OTHER, THIRD))))]
+
+
+class _NoModels:
+    def models(self, model):
+        return []
 
 
 def test_a_turn_records_the_messages_it_sent():

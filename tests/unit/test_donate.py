@@ -5,6 +5,7 @@ delay, and fire and forget (nothing raised, nothing blocks). The RPC is a fake i
 from __future__ import annotations
 
 import base64
+import logging
 import random
 from collections import Counter
 
@@ -12,7 +13,7 @@ import msgpack
 import pytest
 import trio
 
-from overlay.directory.donation import MAX_DONATION_BYTES, DonationError, decode, verify
+from overlay.directory.donation import MAX_DONATION_BYTES, MAX_SEEN_BY, DonationError, decode, verify
 from overlay.directory.transcripts import MAX_TURNS
 from overlay.wire import crypto
 from overlay.wire.identity import Identity
@@ -25,6 +26,7 @@ from verifier.audit.tx import Opening, script_of
 MESSAGES = (ChatMessage("system", "be brief"), ChatMessage("user", "What is a quine?"),
             ChatMessage("assistant", "A program that prints itself."), ChatMessage("user", "Show one in Python."))
 DONATED = (MESSAGES[0], MESSAGES[1], MESSAGES[3])  # what is donated of MESSAGES: no reply (decision 0027)
+NODE_A, NODE_B = b"\x0a" * 20, b"\x0b" * 20  # model nodes that read the conversation
 
 
 class Verifier:
@@ -68,26 +70,28 @@ class Committee:
 def test_the_plaintext_is_the_spec_array_signed_by_the_donor() -> None:
     me = Identity.generate()
     params = SamplingParams(temperature=1, top_p=0.9, top_k=0, max_tokens=64, seed=7)  # an int temperature
-    raw = donate.encode(me, "smollm2", MESSAGES, params)
+    raw = donate.encode(me, "smollm2", MESSAGES, params, [NODE_B, NODE_A, NODE_B])
     f = msgpack.unpackb(raw, raw=False)
-    assert len(f) == 6 and f[0] == 1 and f[1] == me.node_id and f[2] == "smollm2"
+    assert len(f) == 7 and f[0] == 2 and f[1] == me.node_id and f[2] == "smollm2"
     assert f[3] == [[m.role, m.content] for m in MESSAGES]
     assert f[4] == [1.0, 0.9, 0, 64, 7] and type(f[4][0]) is float and type(f[4][1]) is float
-    # The signature, recomputed here from the spec: Ed25519 over the context || msgpack([id, model, msgs, params]).
-    signed = b"gentorrent/donation/v1\x00" + msgpack.packb(f[1:5], use_bin_type=True)
-    crypto.ed25519_verify(me.ed25519_public, f[5], signed)
+    assert f[5] == [NODE_A, NODE_B]  # seen_by: distinct, ascending
+    # The signature, recomputed here from the spec: Ed25519 over the context || msgpack([id, model, msgs, params,
+    # seen_by]).
+    signed = b"gentorrent/donation/v2\x00" + msgpack.packb(f[1:6], use_bin_type=True)
+    crypto.ed25519_verify(me.ed25519_public, f[6], signed)
     got, sig = decode(raw)
-    assert (got.donor, got.model, got.messages, got.params) == (me.node_id, "smollm2", MESSAGES,
-                                                                 SamplingParams(1.0, 0.9, 0, 64, 7))
+    assert (got.donor, got.model, got.messages, got.params, got.seen_by) == (
+        me.node_id, "smollm2", MESSAGES, SamplingParams(1.0, 0.9, 0, 64, 7), (NODE_A, NODE_B))
     verify(got, sig, me.ed25519_public)
     with pytest.raises(DonationError, match="not the donor's"):
         verify(got, sig, Identity.generate().ed25519_public)
-    forged = msgpack.packb([*f[:2], "other-model", *f[3:]], use_bin_type=True)
-    with pytest.raises(DonationError, match="does not verify"):
-        verify(*decode(forged), me.ed25519_public)
+    for forged in ([*f[:2], "other-model", *f[3:]], [*f[:5], [NODE_A], f[6]]):  # the nodes are signed too
+        with pytest.raises(DonationError, match="does not verify"):
+            verify(*decode(msgpack.packb(forged, use_bin_type=True)), me.ed25519_public)
     # A seed of nil stays nil; strict decoding refuses other shapes.
     assert msgpack.unpackb(donate.encode(me, "m", MESSAGES[1:2], SamplingParams()), raw=False)[4][4] is None
-    for bad in ([2, *f[1:]], [True, *f[1:]], f[:5], [*f[:4], [1, 0.9, 0, 64, 7], f[5]], [*f[:3], [], *f[4:]]):
+    for bad in ([1, *f[1:]], [True, *f[1:]], f[:6], [*f[:4], [1, 0.9, 0, 64, 7], *f[5:]], [*f[:3], [], *f[4:]]):
         with pytest.raises(DonationError):
             decode(msgpack.packb(bad, use_bin_type=True))
 
@@ -194,6 +198,30 @@ async def test_rates_zero_and_one_and_failures_never_reach_the_caller(autojump_c
         Donor(me, [], c.keys)
 
 
+async def test_an_offer_names_the_nodes_that_read_it_and_one_too_many_read_is_not_donated(
+        autojump_clock, caplog) -> None:
+    """Decision 0029: the verifier gets the model nodes the conversation was sent to (``seen_by``),
+    signed with it; a conversation more than MAX_SEEN_BY nodes read is not donated (logged)."""
+    me, c = Identity.generate(), Committee()
+    donor = Donor(me, c.addresses, c.keys, rate=1.0, rpc=c.rpc, rng=random.Random(5))
+    many = [bytes([i]) * 20 for i in range(MAX_SEEN_BY + 1)]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(donor.run)
+        assert donor.offer("m", MESSAGES, SamplingParams(), seen_by=[NODE_B, NODE_A])
+        with caplog.at_level(logging.INFO, "gentorrent.donate"):
+            assert donor.offer("m", MESSAGES, SamplingParams(), seen_by=many) is False
+        assert donor.offer("m", MESSAGES, SamplingParams(), seen_by=many[:MAX_SEEN_BY])
+        await trio.sleep(donate.MAX_DELAY_S + 1)
+        nursery.cancel_scope.cancel()
+    assert "more than a donation may name (16)" in caplog.text
+    got = [decode(crypto.open_sealed_ed25519(v.key.private_bytes(), sealed)) for v in c.verifiers.values()
+           for sealed in v.sealed]
+    for d, sig in got:
+        verify(d, sig, me.ed25519_public)
+    assert sorted(d.seen_by for d, _ in got) == sorted([(NODE_A, NODE_B), tuple(sorted(many[:MAX_SEEN_BY]))])
+    assert (donor.scheduled, donor.donated) == (2, 2)
+
+
 async def test_donations_still_waiting_are_dropped_when_the_donor_stops(autojump_clock) -> None:
     me, c = Identity.generate(), Committee()
     donor = Donor(me, c.addresses, c.keys, rate=1.0, rpc=c.rpc, rng=random.Random(2))
@@ -208,8 +236,8 @@ def test_the_flags_help_states_the_privacy_cost_exactly() -> None:
     from gentorrent.config import SETTINGS
     from user_client.cli import USE_NOTE
 
-    said = "the chosen verifier learns your node id, your IP address and the prompt (not the reply, nor which model " \
-           "node served you)"
+    said = "the chosen verifier learns your node id, your IP address, the prompt and which model nodes the " \
+           "conversation was sent to, so that it never challenges them with it (not the reply)"
     assert donate.PRIVACY == said
     assert said in SETTINGS["donate_prompts"].help and said in USE_NOTE
     assert SETTINGS["donate_prompts"].default is False and SETTINGS["donate_rate"].default == donate.DEFAULT_RATE

@@ -22,7 +22,7 @@ from overlay.wire.messages import ChatMessage, ReplyChunk, SamplingParams
 from user_client import openai_api as api
 from user_client.gateway import Gateway, is_loopback
 
-NODE_A, NODE_B = b"A" * 32, b"B" * 32
+NODE_A, NODE_B, NODE_C = b"A" * 32, b"B" * 32, b"C" * 32
 
 
 PROMPT_TOKENS = 11  # what the fake's first node reports as the prompt's token count
@@ -31,7 +31,9 @@ PROMPT_TOKENS = 11  # what the fake's first node reports as the prompt's token c
 class FakeBackend:
     """Echoes the last message word by word; special first words fail in chosen ways, and the
     word ``failover`` hands the rest of the reply to another node (whose prompt is longer: it
-    holds the continuation)."""
+    holds the continuation). Each node a call goes to is added to ``sent_to``: the preferred one
+    (NODE_A by default), NODE_C for a first word ``forwarded`` (C forwards it: NODE_A signs the
+    reply), NODE_B for ``moved`` (the preferred node no longer serves)."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, bytes | None]] = []
@@ -43,8 +45,9 @@ class FakeBackend:
     def unaudited(self) -> list[str]:
         return ["held"]  # served by trusted nodes only of a model the committee does not audit
 
-    async def request(self, model, messages, params, node):
+    async def request(self, model, messages, params, node, *, sent_to=None):
         self.calls.append((messages[-1].content, node))
+        sent_to = set() if sent_to is None else sent_to
         words = messages[-1].content.split(" ")
         if words[0] == "silent":
             raise AnonError("no reply from model node 0a0b0c0d within 1s", Failure.SILENT)
@@ -58,7 +61,9 @@ class FakeBackend:
             raise ModelUnaudited(model)
         if words[0] == "quota":  # the user's usage quota is used up (nothing was sent)
             raise QuotaExhausted("your quota of 'echo' for this period is used up; it refills in 41.2 s", 1e9, 41.2)
-        served, prompt_tokens = node or NODE_A, PROMPT_TOKENS
+        target = {"forwarded": NODE_C, "moved": NODE_B}.get(words[0], node or NODE_A)
+        sent_to.add(target)
+        served, prompt_tokens = (NODE_A if target == NODE_C else target), PROMPT_TOKENS
         for i, w in enumerate(words[: params.max_tokens]):
             if w == "hold":
                 await self.release.wait()
@@ -68,6 +73,7 @@ class FakeBackend:
                 raise ReplyUnverified("reply chunk 2 from node 0a0b0c0d does not match its hash chain")
             if w == "failover":
                 served, prompt_tokens = (NODE_B if served == NODE_A else NODE_A), PROMPT_TOKENS + i
+                sent_to.add(served)
             last = i == min(len(words), params.max_tokens) - 1
             yield ReplyChunk(b"r" * 16, i, (" " if i else "") + w, (1,), last, "", served, b"", b"", 0, prompt_tokens)
 
@@ -256,9 +262,11 @@ def test_the_listed_models_are_those_with_a_usable_node():
 class FakeDonor:
     def __init__(self) -> None:
         self.offers: list[tuple[str, tuple[ChatMessage, ...], SamplingParams]] = []
+        self.seen_by: list[list[bytes]] = []  # per offer, sorted
 
-    def offer(self, model, messages, params) -> bool:
+    def offer(self, model, messages, params, seen_by=()) -> bool:
         self.offers.append((model, tuple(messages), params))
+        self.seen_by.append(sorted(seen_by))
         return True
 
 
@@ -284,6 +292,28 @@ async def test_complete_replies_are_offered_to_the_donor_and_failures_are_not(ga
         ("echo", ["be brief", "one two"]), ("echo", ["streamed reply"])]
     params = gw.donor.offers[0][2]
     assert (params.temperature, params.top_p) == (0.5, 0.9)
+
+
+async def test_a_donation_names_every_node_that_read_the_conversation(gateway):
+    """Decision 0029: the node a call was sent to (C, which forwarded it), the node that signed the
+    reply (A), and on a follow-up the node the conversation's earlier turn went to (A, though the
+    follow-up went to B alone), streamed or not."""
+    gw, backend, base = gateway
+    gw.donor = FakeDonor()
+
+    def run():
+        c = client(base)
+        first: list[ChatCompletionMessageParam] = [{"role": "user", "content": "forwarded one"}]
+        r = c.chat.completions.create(model="echo", messages=first)
+        follow: list[ChatCompletionMessageParam] = [
+            *first, {"role": "assistant", "content": r.choices[0].message.content},
+            {"role": "user", "content": "moved on"}]
+        "".join(p.choices[0].delta.content or "" for p in c.chat.completions.create(
+            model="echo", messages=follow, stream=True) if p.choices)
+
+    await trio.to_thread.run_sync(run)
+    assert backend.calls == [("forwarded one", None), ("moved on", NODE_A)]
+    assert gw.donor.seen_by == [sorted([NODE_A, NODE_C]), sorted([NODE_A, NODE_B])]
 
 
 async def test_an_error_mid_stream_ends_the_stream_with_an_error_event(gateway):

@@ -36,7 +36,7 @@ class Backend:
     def unaudited(self) -> list[str]:
         return []
 
-    async def request(self, model, messages, params, node):
+    async def request(self, model, messages, params, node, *, sent_to=None):
         self.calls.append(messages[-1].content)
         words = messages[-1].content.split(" ")
         for i, w in enumerate(words):

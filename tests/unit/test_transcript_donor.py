@@ -76,7 +76,8 @@ class FakeClient:
 
     async def request(self, model: str, messages: Any, params: Any = None, *, node: bytes | None = None,
                       chunk_timeout: float = 60.0, paths_timeout: float = 30.0,
-                      request_id: bytes | None = None) -> AsyncGenerator[ReplyChunk, None]:
+                      request_id: bytes | None = None,
+                      sent_to: set[bytes] | None = None) -> AsyncGenerator[ReplyChunk, None]:
         order = [n for n in self.nodes if n.node_id == (node or self.nodes[0].node_id)] + \
             [n for n in self.nodes if n.node_id != (node or self.nodes[0].node_id)]
         produced = ""
@@ -87,6 +88,8 @@ class FakeClient:
                           k=3, return_paths=(), continuation=produced)
             self.sent.append(req)
             self.log.append(("send", rid, n.node_id))
+            if sent_to is not None:
+                sent_to.add(n.node_id)
             how = self.behaviour.get(n.node_id, "ok")
             if how in ("busy", "fail"):  # refused, or failed before any output: the next node
                 continue
@@ -163,9 +166,10 @@ class World:
         code, why, value = await self.verifiers[address].handle(params["path"].strip('"'), data)
         return {"response": {"code": code, "log": why, "value": base64.b64encode(value).decode()}}
 
-    async def ask(self, messages: list[ChatMessage] = MSGS, params: SamplingParams = PARAMS) -> str:
+    async def ask(self, messages: list[ChatMessage] = MSGS, params: SamplingParams = PARAMS,
+                  sent_to: set[bytes] | None = None) -> str:
         text = ""
-        async for c in self.wrapped.request(MODEL, messages, params, node=None, chunk_timeout=30):
+        async for c in self.wrapped.request(MODEL, messages, params, node=None, chunk_timeout=30, sent_to=sent_to):
             text += c.text
         return text
 
@@ -197,13 +201,15 @@ async def test_the_request_leaves_only_after_every_verifier_answered_its_commit(
 async def test_a_failed_committed_try_still_answers_the_user_and_reveals_no_reply(autojump_clock: Any) -> None:
     for how in ("fail", "busy", "partial"):
         w = World(behaviour={0: how})
+        sent_to: set[bytes] = set()
         async with trio.open_nursery() as nursery:
             await nursery.start(w.donor.run)
-            assert (await w.ask()).endswith("prints itself"), how  # the other node answered
+            assert (await w.ask(sent_to=sent_to)).endswith("prints itself"), how  # the other node answered
             with trio.fail_after(EXIT_WAIT_S):
                 assert await w.donor.wait_idle()
             nursery.cancel_scope.cancel()
         assert [e[2] for e in w.log if e[0] == "send"] == [w.nodes[0].node_id, w.nodes[1].node_id]
+        assert sent_to == {w.nodes[0].node_id, w.nodes[1].node_id}  # the committed send names both
         assert w.client.sent[1].request_id != w.client.sent[0].request_id  # the committed id went out once
         for v in w.verifiers.values():
             assert v.reveals[0][0] == 0 and "counts for nothing" in v.reveals[0][1], how
@@ -213,11 +219,13 @@ async def test_a_failed_committed_try_still_answers_the_user_and_reveals_no_repl
 
 async def test_when_every_verifier_refuses_the_request_is_sent_as_a_normal_one(autojump_clock: Any) -> None:
     w = World(answers={0: "refuse", 1: "refuse", 2: "down"})
+    sent_to: set[bytes] = set()
     async with trio.open_nursery() as nursery:
         await nursery.start(w.donor.run)
-        assert await w.ask() == "a quine prints itself"
+        assert await w.ask(sent_to=sent_to) == "a quine prints itself"
         nursery.cancel_scope.cancel()
     assert w.donor.committed == 0 and w.donor.pending == 0
+    assert sent_to == {w.nodes[0].node_id}  # the normal send names its node too
     assert all(v.reveals == [] for v in w.verifiers.values())
 
 

@@ -681,7 +681,7 @@ class Auditor:
                 # the openings leave the report room for the replies, whatever donors sent
                 # (decision 0027): a donated prompt over the room left is dropped
                 later = total - len(entries) - 1
-                opening, donated = self._opening(chosen[node], room - GENERATED_OPENING_BYTES * later)
+                opening, donated = self._opening(chosen[node], node, room - GENERATED_OPENING_BYTES * later)
                 room -= len(opening.encode())
                 generated += not donated
                 entries.append(Planned(node, opening, self.rng.randint(first, last),
@@ -695,13 +695,14 @@ class Auditor:
         return Plan(view.epoch, self.models, self.urandom(16), entries, view.commit_until, view.report_from,
                     view.end_height)
 
-    def _opening(self, model: str, most: int) -> tuple[Opening, bool]:
-        """A fresh challenge for ``model``: a donated prompt of at most ``most`` bytes encoded if the
-        pool holds one (True; a larger one drawn is dropped), else the generator's (False)."""
+    def _opening(self, model: str, node: bytes, most: int) -> tuple[Opening, bool]:
+        """A fresh challenge for ``node`` of ``model``: a donated prompt of at most ``most`` bytes
+        encoded if the pool holds one the node has not read (True; a larger one drawn is dropped;
+        decision 0029), else the generator's (False)."""
         from overlay.directory.registration import TxError
         from verifier.audit.pool import opening_of
 
-        while self.pool is not None and (d := self.pool.draw(model, self.rng)) is not None:
+        while self.pool is not None and (d := self.pool.draw(model, self.rng, avoid=node)) is not None:
             o = opening_of(d, self.urandom(16))
             try:
                 o.check_script()

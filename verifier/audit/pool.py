@@ -28,7 +28,9 @@ else is raised on any input.
 :meth:`DonationPool.draw` picks a **network** uniformly among those holding unused prompts for the
 model (the /24 or /48 of the donor's registered address, :func:`verifier.admission.cap_keys`),
 then a donor of it uniformly, then one of its prompts uniformly, and removes it (a prompt is used
-once). Decision 0028: a cheating model node that registers users of its own and donates prompts
+once). Drawn for a node, only prompts whose donor did not name that node as having read the
+conversation count (a donation's ``seen_by``: the nodes it was sent to or signed by; decision
+0029): a node that keeps what it is sent would otherwise recognise its challenges by memory. Decision 0028: a cheating model node that registers users of its own and donates prompts
 it will know again (*sybil donors*) recognises the challenges drawn from them; drawn by donor, 9
 such identities per honest donor left challenges catching a selective cheater within 5 epochs in
 30 % of runs (the bench's 90 % share), and 157 filled the pool, the oldest (honest) prompts
@@ -67,7 +69,7 @@ PER_DONOR = 64  # live prompts one donor may have in the pool
 MAX_POOL = 10_000  # prompts in the pool (past it, the oldest of the network holding the most is dropped)
 MAX_USED_KEYS = 4 * MAX_POOL  # prompt keys of used prompts remembered (a used prompt is refused again)
 POOL_FILE = "audit-pool.msgpack"
-_FILE_VERSION = 2  # 2: each prompt with its donor's network (1: none, still read)
+_FILE_VERSION = 3  # 3: each prompt with the nodes that read it; 2: with its donor's network; 1: neither (2, 1 read)
 
 UserKey = Callable[[bytes], bytes | None]
 """``user_key(node_id)``: the Ed25519 key the committee registered for a current USER node, else None."""
@@ -176,6 +178,7 @@ class DonationPool:
         self._by_model: dict[str, dict[str, dict[bytes, list[int]]]] = {}  # model -> network -> donor -> seqs
         self._per_donor: dict[bytes, int] = {}
         self._per_network: dict[str, int] = {}
+        self._seen: dict[bytes, set[int]] = {}  # model node -> live prompts its donor says it read
 
     def __len__(self) -> int:
         return len(self._items)
@@ -228,6 +231,8 @@ class DonationPool:
         self._by_model.setdefault(d.model, {}).setdefault(network, {}).setdefault(d.donor, []).append(self._seq)
         self._per_donor[d.donor] = self._per_donor.get(d.donor, 0) + 1
         self._per_network[network] = self._per_network.get(network, 0) + 1
+        for node in d.seen_by:
+            self._seen.setdefault(node, set()).add(self._seq)
         self.dirty = True
 
     def _remove(self, seq: int) -> Donation:
@@ -244,21 +249,37 @@ class DonationPool:
             del self._by_model[d.model]
         _drop_one(self._per_donor, d.donor)
         _drop_one(self._per_network, network)
+        for node in d.seen_by:
+            self._seen[node].discard(seq)
+            if not self._seen[node]:
+                del self._seen[node]
         self.dirty = True
         return d
 
     # ------------------------------------------------------------------ drawing
 
-    def draw(self, model: str, rng: random.Random) -> Donation | None:
+    def draw(self, model: str, rng: random.Random, avoid: bytes | None = None) -> Donation | None:
         """A prompt for ``model``, removed from the pool (used once): a network chosen uniformly
         among those holding prompts for it, then a donor of it, then one of its prompts, each
-        uniformly. None when there is none."""
+        uniformly; with ``avoid`` (the node to be challenged), only among the prompts whose donor
+        did not name that node as having read the conversation (``seen_by``, decision 0029). None
+        when there is none."""
         networks = self._by_model.get(model)
         if not networks:
             return None
-        donors = networks[rng.choice(list(networks))]
-        donor = rng.choice(list(donors))
-        seq = rng.choice(donors[donor])
+        seen = self._seen.get(avoid, set()) if avoid is not None else set()
+        left: dict[tuple[str, bytes], int] = {}  # (network, donor) -> its prompts avoid has not read
+        for seq in seen:
+            d, net = self._items[seq]
+            if d.model == model:
+                left[net, d.donor] = left.get((net, d.donor), len(networks[net][d.donor])) - 1
+        open_nets = [net for net, donors in networks.items()
+                     if any(left.get((net, donor), 1) > 0 for donor in donors)]
+        if not open_nets:
+            return None
+        net = rng.choice(open_nets)
+        donor = rng.choice([donor for donor in networks[net] if left.get((net, donor), 1) > 0])
+        seq = rng.choice([s for s in networks[net][donor] if s not in seen])
         d = self._remove(seq)
         self._used[prompt_key(d)] = None
         while len(self._used) > MAX_USED_KEYS:
@@ -276,14 +297,18 @@ class DonationPool:
         try:
             doc = msgpack.unpackb(raw, raw=False, strict_map_key=True)
             version, items, used = doc
-            if version not in (1, _FILE_VERSION):
+            if version not in (1, 2, _FILE_VERSION):
                 raise ValueError(f"pool file version {version!r}")
             pool = cls(per_donor=per_donor, cap=cap)
             for item in items:
-                (donor, model, messages, p), net = (item, None) if version == 1 else item
+                wire, net = (item, None) if version == 1 else item
+                donor, model, messages, p, *rest = wire if version == _FILE_VERSION else [*wire, []]
+                if len(rest) != 1:
+                    raise ValueError(f"a prompt of {len(wire)} fields")
                 d = Donation(bytes(donor), str(model), tuple(ChatMessage(str(r), str(c)) for r, c in messages),
                              SamplingParams(float(p[0]), float(p[1]), int(p[2]), int(p[3]),
-                                            None if p[4] is None else int(p[4])))
+                                            None if p[4] is None else int(p[4])),
+                             donation.seen_by_of(bytes(n) for n in rest[0]))
                 key = prompt_key(d)
                 if key not in pool._keys:  # version 1 kept no networks: each donor its own, as it drew then
                     pool._insert(d, key, own_network(d.donor) if net is None else str(net))
@@ -291,7 +316,7 @@ class DonationPool:
                 if bytes(k) not in pool._keys:
                     pool._used[bytes(k)] = None
         except (ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError, StopIteration,
-                msgpack.UnpackException) as exc:
+                msgpack.UnpackException, donation.DonationError) as exc:
             raise ValueError(f"not a donation pool ({type(exc).__name__}: {exc})") from None
         pool.dirty = False
         return pool

@@ -372,7 +372,8 @@ def _donated(messages: tuple[ChatMessage, ...], params: SamplingParams) -> tuple
 
 
 class DonationPool:
-    """Donors' requests (served by other nodes), each donated with probability DONATE_RATE when it
+    """Donors' requests (served by other nodes: the pool never draws a prompt for a node its donor
+    names as having read it, decision 0029), each donated with probability DONATE_RATE when it
     passes an opening's limits; drawn as verifier/audit/pool.py draws: a donor uniformly among
     those with unused prompts (the pool draws a network first, then a donor: the bench's donors
     are each on a network of their own), then one of its prompts uniformly, used once."""
