@@ -145,6 +145,12 @@ async def test_chat_stream_completion_and_models(gateway):
     assert gw.active == 0 and gw.served == 5
 
 
+def follow_up(first: list[ChatCompletionMessageParam], reply: str | None,
+              text: str) -> list[ChatCompletionMessageParam]:
+    """``first`` with the reply it got and one more user turn."""
+    return [*first, {"role": "assistant", "content": reply}, {"role": "user", "content": text}]
+
+
 async def test_follow_ups_go_back_to_the_node_that_served(gateway):
     _gw, backend, base = gateway
 
@@ -152,9 +158,7 @@ async def test_follow_ups_go_back_to_the_node_that_served(gateway):
         c = client(base)
         first: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello there"}]
         r = c.chat.completions.create(model="echo", messages=first)
-        follow: list[ChatCompletionMessageParam] = [
-            *first, {"role": "assistant", "content": r.choices[0].message.content},
-            {"role": "user", "content": "again"}]
+        follow = follow_up(first, r.choices[0].message.content, "again")
         c.chat.completions.create(model="echo", messages=follow)
         c.chat.completions.create(model="echo", messages=[*first, {"role": "assistant", "content": "edited"},
                                                           {"role": "user", "content": "other"}])
@@ -305,9 +309,7 @@ async def test_a_donation_names_every_node_that_read_the_conversation(gateway):
         c = client(base)
         first: list[ChatCompletionMessageParam] = [{"role": "user", "content": "forwarded one"}]
         r = c.chat.completions.create(model="echo", messages=first)
-        follow: list[ChatCompletionMessageParam] = [
-            *first, {"role": "assistant", "content": r.choices[0].message.content},
-            {"role": "user", "content": "moved on"}]
+        follow = follow_up(first, r.choices[0].message.content, "moved on")
         "".join(p.choices[0].delta.content or "" for p in c.chat.completions.create(
             model="echo", messages=follow, stream=True) if p.choices)
 
