@@ -121,6 +121,9 @@ def test_what_the_design_promises(out: dict[str, Any]) -> None:
         assert f[f"boosting_rho{rho}_mean_identities"] <= 64 and f[f"boosting_rho{rho}_mean_caught_share_min"] < 0.95
         assert f[f"boosting_rho{rho}_by_donor_identities"] > 64 and f[f"boosting_rho{rho}_by_donor_caught_share_min"] == 1
     assert f["boosting_honest_min_reputation"] >= 0.4
+    # part G's low rates: fewer of its users' sets a cheater an epoch, the fewer the users donate
+    sets = [f[f"boosting_rho{rho}_by_donor_user_sets_per_cheater_epoch"] for rho in (1, 2, 3, 5, 10, 25)]
+    assert sets == sorted(sets) and sets[0] < 2 < sets[-1]
     # the detectors work: the public generator is recognisable, a colluder's memory recognises donations
     assert f["auc_template_generator"] > 0.9
     assert f["auc_seen_before_all_donated"] > 0.9

@@ -90,7 +90,9 @@ honest transcripts count beside its users'. The figure is the smallest ``n`` (BO
 keeps a cheater trusted past UNTRUSTED_WITHIN epochs in more than 1 − UNTRUSTED_SHARE_GOAL of
 runs, with the verifiers' transcript scores as the plain mean (before decision 0028) and capped by
 donor (:func:`verifier.audit.transcripts.capped_by_donor`, as built; every transcript run of B, C
-and E uses it).
+and E uses it); 0 when the cheater escapes without boosters. Besides the rates of B, part G runs
+at the low rates BOOSTING_LOW_RHOS, where a cheater's users hand in few sets an epoch and the cap,
+which needs two of them, is set seldom.
 """
 
 from __future__ import annotations
@@ -181,7 +183,8 @@ LEAK_WINDOWS_S = (1.0, 2.0, 10.0)  # the node serves honestly what arrives withi
 POOLED = True  # challenge replies capped by their pooled z per verifier and node (decision 0023)
 BY_DONOR = True  # transcript scores capped by their donors' sets per verifier and node (decision 0028)
 BOOST_COMMITS = MAX_PER_NODE  # requests a booster commits to its cheater an epoch (as many as count)
-BOOSTERS_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # booster identities per cheating node, searched in order
+BOOSTERS_GRID = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # booster identities per cheating node, searched in order
+BOOSTING_LOW_RHOS = (0.01, 0.02, 0.03, 0.05)  # part G also at these rates: where the users' sets a node gets an epoch are few
 HONEST_KINDS = ("honest", "restart", "busy", "flood")  # behaviours that never cheat
 MAIN_K = 3  # main's protocol: the leader sends k = 3 a node, every verifier rescores them
 MAIN_EPOCH_BLOCKS = 120  # ... in epochs of this many blocks (decision 0010's default)
@@ -929,6 +932,7 @@ class RunResult:
     framer_burnt: int = 0  # framing identities burnt
     framer_withheld: int = 0  # framers' commitments left unrevealed (their replies scored at or above τ)
     booster_counted: int = 0  # boosters' transcripts counted (for the cheaters they boost)
+    user_sets: dict[str, int] = field(default_factory=dict)  # node name -> (users' donor, epoch) sets counted for it
 
 
 def _seeded(*parts: object) -> random.Random:
@@ -1240,6 +1244,9 @@ class ChainRun:
             res.counted[names[c.node_id]] += 1
             res.framer_counted += c.donor in self.framer_ids
             res.booster_counted += c.donor in self.booster_ids
+        for nid, _ in {(c.node_id, c.donor) for c in counted
+                       if c.donor not in self.framer_ids and c.donor not in self.booster_ids}:
+            res.user_sets[names[nid]] = res.user_sets.get(names[nid], 0) + 1
         scored = [(c.node_id, c.donor, c.transcript.reply.score, self.tz.pop((c.donor, c.transcript.request_id)))
                   for c in counted]
         pairs = capped_by_donor(scored) if self.by_donor else [(n, sc) for n, _, sc, _ in scored]
@@ -1572,8 +1579,9 @@ def boosting(seeds: Sequence[int], scores: ScoreTable, views_: dict[str, View], 
     of ``rhos``; each cheater has ``n`` booster identities (BOOSTERS_GRID, searched in order). Per rate, and with the
     transcripts' plain mean (``mean``, before decision 0028) or capped by donor (``by_donor``):
     the smallest ``n`` at which some cheater escapes (is not untrusted within UNTRUSTED_WITHIN
-    epochs) in more than 1 − UNTRUSTED_SHARE_GOAL of the runs. Decided as soon as the runs so far
-    settle it."""
+    epochs) in more than 1 − UNTRUSTED_SHARE_GOAL of the runs (0: without any), and how many of
+    its users' donor sets count for a cheater an epoch at that ``n``. Decided as soon as the runs
+    so far settle it."""
     from overlay.wire.constants import TRUST_LINE
 
     _, chosen = cheater_specs(views_)
@@ -1593,12 +1601,13 @@ def boosting(seeds: Sequence[int], scores: ScoreTable, views_: dict[str, View], 
             tried: dict[int, dict[str, Any]] = {}
             for n in grid:
                 escapes = dict.fromkeys(cheaters, 0)
-                runs = counted = 0
+                runs = counted = user_sets = 0
                 for seed in seeds:
                     res = ChainRun(seed, specs, scores, views_["donated"], epoch_blocks, k, rho=rho, cache=caches[seed],
                                    by_donor=mode == "by_donor", boosters=n).run(epochs)
                     runs += 1
                     counted += res.booster_counted
+                    user_sets += sum(res.user_sets.get(c, 0) for c in cheaters)
                     honest_min = min(honest_min, min(res.reputation["honest"]))
                     for c in cheaters:
                         x = _epochs_to_untrusted(res.reputation[c], WARMUP_EPOCHS, TRUST_LINE)
@@ -1607,7 +1616,9 @@ def boosting(seeds: Sequence[int], scores: ScoreTable, views_: dict[str, View], 
                         break
                 tried[n] = {"runs": runs, "escapes": escapes,
                             "booster_transcripts_counted_per_cheater_epoch":
-                                counted / (runs * len(cheaters) * (epochs - WARMUP_EPOCHS))}
+                                counted / (runs * len(cheaters) * (epochs - WARMUP_EPOCHS)),
+                            # users' donor sets counted for a cheater an epoch (every epoch of the run)
+                            "user_sets_per_cheater_epoch": user_sets / (runs * len(cheaters) * epochs)}
                 if max(escapes.values()) > allowed:
                     found = n
                     break
@@ -1616,6 +1627,7 @@ def boosting(seeds: Sequence[int], scores: ScoreTable, views_: dict[str, View], 
             f[key + "identities"] = float(found if found is not None else 2 * grid[-1])
             f[key + "caught_share_min"] = 1 - max(last["escapes"].values()) / last["runs"]
             f[key + "booster_transcripts_counted_per_cheater_epoch"] = last["booster_transcripts_counted_per_cheater_epoch"]
+            f[key + "user_sets_per_cheater_epoch"] = last["user_sets_per_cheater_epoch"]
             detail[f"rho{rho}_{mode}"] = {str(n): v for n, v in tried.items()}
     f["boosting_honest_min_reputation"] = honest_min / 1e6
     return f, detail
@@ -1781,9 +1793,9 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
                                            framing_grid, framer_scores=ShortReplies(weighted), name=name)
         f.update(ff)
     boosting_seeds = list(range(1, 3 if quick else 11))
-    boosting_grid = (16, 64) if quick else BOOSTERS_GRID
-    fg, boosting_detail = boosting(boosting_seeds, scores, views_, epoch_blocks, k, [r for r in RHOS if r > 0],
-                                   boosting_grid)
+    boosting_grid = (0, 16, 64) if quick else BOOSTERS_GRID
+    fg, boosting_detail = boosting(boosting_seeds, scores, views_, epoch_blocks, k,
+                                   [*BOOSTING_LOW_RHOS, *(r for r in RHOS if r > 0)], boosting_grid)
     f.update(fg)
     t_d = time.perf_counter()
     f.update(committed_auc(views_, RHO_HONEST, 3))
