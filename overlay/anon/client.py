@@ -354,10 +354,10 @@ class AnonClient:
         target = self.choose_model_node(model, node, exact=exact)
         token = await self.quota.token(model) if self.quota is not None else b""
         tried: set[bytes] = set()
+        read = set() if sent_to is None else sent_to  # the model nodes the prompt was sent to (or forwarded)
         produced: list[str] = []
         while True:
-            if sent_to is not None:
-                sent_to.add(target.node_id)
+            read.add(target.node_id)
             try:
                 attempt = self._attempt(target, model, tuple(messages), params or SamplingParams(),
                                         "".join(produced), chunk_timeout, paths_timeout, exact, fresh_paths,
@@ -370,8 +370,7 @@ class AnonClient:
                 return
             except _NodeBusy as exc:
                 tried |= {target.node_id, exc.node}
-                if sent_to is not None:
-                    sent_to.add(exc.node)
+                read.add(exc.node)
                 others = [e for e in self.usable(model) if e.node_id not in tried]
                 if not failover or not others:
                     raise AllBusy(f"{exc}; every model node tried for {model!r} ({len(tried)}) is busy: "
@@ -381,8 +380,7 @@ class AnonClient:
                 log.info("%s; trying model node %s instead", exc, short_id(target.node_id))
             except _NodeFailed as exc:
                 tried |= {target.node_id, *exc.nodes}
-                if sent_to is not None:
-                    sent_to.update(exc.nodes)
+                read.update(exc.nodes)
                 others = [e for e in self.usable(model) if e.node_id not in tried]
                 if not failover:
                     raise

@@ -30,7 +30,8 @@ model (the /24 or /48 of the donor's registered address, :func:`verifier.admissi
 then a donor of it uniformly, then one of its prompts uniformly, and removes it (a prompt is used
 once). Drawn for a node, only prompts whose donor did not name that node as having read the
 conversation count (a donation's ``seen_by``: the nodes it was sent to or signed by; decision
-0029): a node that keeps what it is sent would otherwise recognise its challenges by memory. Decision 0028: a cheating model node that registers users of its own and donates prompts
+0029): a node that keeps what it is sent would otherwise recognise its challenges by memory.
+Decision 0028: a cheating model node that registers users of its own and donates prompts
 it will know again (*sybil donors*) recognises the challenges drawn from them; drawn by donor, 9
 such identities per honest donor left challenges catching a selective cheater within 5 epochs in
 30 % of runs (the bench's 90 % share), and 157 filled the pool, the oldest (honest) prompts
