@@ -72,6 +72,9 @@ def test_figures_are_well_formed(out: dict[str, Any]) -> None:
         for view in ("generator", "donated", "donated_colluder"):
             swept = [f[f"{pre}selective_{view}_tpr{t}_untrusted_within_5_share"] for t in (50, 55, 60, 70, 80, 90, 95)]
             assert f[f"{pre}cheater_selective_{view}_untrusted_within_5_share"] in swept
+    for view in ("private", "private_scripts"):  # part H: challenges only
+        swept = [f[f"selective_{view}_tpr{t}_untrusted_within_5_share"] for t in (50, 55, 60, 70, 80, 90, 95)]
+        assert f[f"cheater_selective_{view}_untrusted_within_5_share"] in swept
     # framing: a grid value (or twice the grid's last: not found), and every identity counted or burnt
     grid = out["params"]["transcripts"]["framing"]["grid"]
     for rho in (0, 10, 25):
@@ -124,6 +127,14 @@ def test_what_the_design_promises(out: dict[str, Any]) -> None:
     # part G's low rates: fewer of its users' sets a cheater an epoch, the fewer the users donate
     sets = [f[f"boosting_rho{rho}_by_donor_user_sets_per_cheater_epoch"] for rho in (1, 2, 3, 5, 10, 25)]
     assert sets == sorted(sets) and sets[0] < 2 < sets[-1]
+    # part H (decision 0030): an operator's private prompts are told apart by their shape when they
+    # are single turns (no history where users' requests mostly carry one), not when they are
+    # conversations; sent as conversations, they catch every detecting cheater on challenges alone
+    assert f["auc_turns_private"] > 0.7 > f["auc_turns_private_scripts"]
+    assert f["auc_template_private"] < 0.6 and f["auc_template_private_scripts"] < 0.6
+    for cheat in ("selective", "forwarder", "aborter"):
+        assert f[f"cheater_{cheat}_private_scripts_reputation_after_5_mean"] < 0.4
+    assert f["private_run_honest_min_reputation"] >= 0.4
     # the detectors work: the public generator is recognisable, a colluder's memory recognises donations
     assert f["auc_template_generator"] > 0.9
     assert f["auc_seen_before_all_donated"] > 0.9

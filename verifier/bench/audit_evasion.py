@@ -2,7 +2,7 @@
 requests, and does it get caught anyway? (issue 27 "Benchmark"; decision 0013; docs/benchmarks.md
 "audit-evasion").
 
-Seven parts, every one seeded (the same seeds give the same figures):
+Eight parts, every one seeded (the same seeds give the same figures):
 
 **A. Detectors.** One model node's view of a stream of requests, epoch after epoch: users'
 requests (prompts from ``../shared/data/user-prompts.jsonl``, read at run time; sessions of
@@ -93,6 +93,16 @@ donor (:func:`verifier.audit.transcripts.capped_by_donor`, as built; every trans
 and E uses it); 0 when the cheater escapes without boosters. Besides the rates of B, part G runs
 at the low rates BOOSTING_LOW_RHOS, where a cheater's users hand in few sets an epoch and the cap,
 which needs two of them, is set seldom.
+
+**H. An operator's private prompts** (:func:`run_private`, decision 0030): the auditor's second
+source, used when no donated prompt fits a node (``gentorrent verifier --challenge-prompts``).
+The node does not hold the file, so what it can go by is how the prompts differ from its users'.
+The bench's stand-in is the best case for the text (prompts of the users' own distribution: the
+donors' half of the file) sent two ways: one user turn each, no system prompt (``private``: a
+list of questions, as an operator would likely write one), or conversations of several user
+turns, replayed as scripts (``private_scripts``: the donors' conversations); parameters are
+:func:`verifier.audit.challenges.draw_params`'s either way. Part A's detectors for both, and
+part B's detecting cheaters of both views on a chain of their own, challenges only.
 """
 
 from __future__ import annotations
@@ -256,7 +266,7 @@ class Req:
     ident: int  # the prompt's identity (users' prompts never repeat; a retry repeats its challenge's)
     prev_reply: int  # the conversation's previous reply (0: no history)
     served_prev: bool  # this node served that reply
-    source: str  # "user", "generator", "donated"
+    source: str  # "user", or the challenge's source (SOURCES)
     user: int = -1  # the user who sent it (-1: a verifier)
 
 
@@ -401,12 +411,18 @@ class DonationPool:
         return left.pop(self.rng.randrange(len(left)))
 
 
-def _challenge_prompt(source: str, gen: Any, pool: DonationPool | None,
+def _challenge_prompt(source: str, gen: Any, pool: DonationPool | None, corpus: Sequence[str] = (),
                       ) -> tuple[tuple[ChatMessage, ...], SamplingParams, int, int, tuple[ChatMessage, ...]]:
-    """(messages, params, identity, previous reply, script) of one fresh challenge from ``source``."""
+    """(messages, params, identity, previous reply, script) of one fresh challenge from ``source``
+    (:data:`SOURCES`; "private" draws one user turn of ``corpus``)."""
+    from verifier.audit.challenges import draw_params
+
     if source == "generator":
         p = gen.prompt()
         return tuple(p.messages), p.params, -1, 0, tuple(p.messages)
+    if source == "private":  # an operator's one-turn prompt, with parameters as the auditor draws them
+        msgs = (ChatMessage("user", gen.rng.choice(corpus)),)
+        return msgs, draw_params(gen.rng), -1, 0, msgs
     assert pool is not None
     d = pool.draw()  # a donation carries its own parameters (decision 0013 §3)
     prev = 0
@@ -414,6 +430,8 @@ def _challenge_prompt(source: str, gen: Any, pool: DonationPool | None,
         if m.role == "assistant":
             prev = int(m.content.split()[1].rstrip(")"))
             break
+    if source == "private_scripts":  # an operator's conversation: parameters drawn by the auditor (decision 0030)
+        return d.messages, draw_params(gen.rng), d.ident, prev, d.script
     return d.messages, d.params, d.ident, prev, d.script
 
 
@@ -422,8 +440,9 @@ def stream(seed: int, source: str, epochs: int, timing: Timing, k: int, user_pro
            user_rate_s: float | None = None, personas_per_verifier: int | None = None,
            ) -> tuple[list[Req], set[int]]:
     """One node's view over ``epochs`` epochs: its users' requests and the first try of every
-    challenge of ``source`` ("generator" or "donated"), in time order; and the identities of
-    every donor request (what a node that remembers every prompt a colluder served knows).
+    challenge of ``source`` (:data:`SOURCES`), in time order; and the identities of every donor
+    request (what a node that remembers every prompt a colluder served knows; none for an
+    operator's private prompts, which no node served before).
 
     ``paths``: "script_personas" (as built: decision 0026, every challenge over the paths one of its
     verifier's ``personas_per_verifier`` personas (default: as the auditor,
@@ -444,8 +463,9 @@ def stream(seed: int, source: str, epochs: int, timing: Timing, k: int, user_pro
     users = list(_sessions(random.Random(f"users/{seed}"), user_prompts, ids, duration, rate, 60, served_here=True))
     n_challenges = epochs * VERIFIERS * k
     personas = paths.startswith("persona") and source == "donated"
+    scripted = source in ("donated", "private_scripts")  # conversations of several user turns
     pool = DonationPool(random.Random(f"donors/{seed}"), donor_prompts, ids, n_challenges) \
-        if source == "donated" and not personas else None
+        if scripted and not personas else None
     gen = ChallengeGenerator(rng=random.Random(f"gen/{seed}"), urandom=random.Random(f"salt/{seed}").randbytes)
     if paths not in ("fresh", "script", "script_held", "script_personas", "epoch", "replay", "persona"):
         raise ValueError(f"paths must be 'fresh', 'script', 'script_held', 'script_personas', 'epoch', 'replay' or "
@@ -468,12 +488,12 @@ def stream(seed: int, source: str, epochs: int, timing: Timing, k: int, user_pro
         for i in range(VERIFIERS * k):
             off = rng.randint(timing.send_first, timing.send_last)
             t = e * timing.epoch_s + (off + rng.random()) * BLOCK_S
-            msgs, params, ident, prev, donated = _challenge_prompt(source, gen, pool)
+            msgs, params, ident, prev, donated = _challenge_prompt(source, gen, pool, donor_prompts)
             p, x = kept[i // k] if paths == "epoch" else (tuple(ids() for _ in range(PATHS_PER_REQUEST)),
                                                           tuple(rng.randrange(RELAYS) for _ in range(PATHS_PER_REQUEST)))
             if paths == "script_personas":  # the verifier's persona's paths of this epoch
                 p, x = held.setdefault((i // k, rng.randrange(n_personas)), (p, x))
-            if paths in ("script", "script_held", "script_personas") and source == "donated":
+            if paths in ("script", "script_held", "script_personas") and scripted:
                 # decision 0025 as built: the donated conversation's script (its user turns, the
                 # donor's replies dropped), each turn after the node's own reply a think time later,
                 # cut where the next turn no longer fits in the send window; each turn over freshly
@@ -506,7 +526,9 @@ def stream(seed: int, source: str, epochs: int, timing: Timing, k: int, user_pro
                     t += rng.expovariate(1.0 / THINK_MEAN_S) + 10.0
                 continue
             chs.append(Req(t, msgs, params, p, x, ident if ident >= 0 else ids(), prev, False, source))
-    return sorted(users + chs, key=lambda r: r.t), (pool.served | known if pool else set())
+    # an operator's private conversations were never sent to any node: nothing to remember
+    memory = pool.served | known if pool and source == "donated" else set()
+    return sorted(users + chs, key=lambda r: r.t), memory
 
 
 # ----------------------------------------------------------------------------- features
@@ -1342,19 +1364,26 @@ class ChainRun:
 # ============================================================================= the runs
 
 VIEWS = ("generator", "donated", "donated_colluder")
+# Part H (decision 0030): an operator's private prompts, the auditor's second source; the bench's
+# stand-in is the donors' half of the users' prompts, as one-turn prompts ("private") or as
+# conversations of several user turns ("private_scripts"), with the parameters draw_params draws
+PRIVATE_VIEWS = ("private", "private_scripts")
+SOURCES = ("generator", "donated", *PRIVATE_VIEWS)  # where a challenge's prompt comes from
 PLAIN_CHEATERS = ("degraded", "greedy", "greedy_honest_weights", "leaked")
 DETECTING = ("selective", "forwarder", "aborter")
 FAULTS = ("plain", "restart", "busy", "flood")
 
 
-def cheater_specs(views_: dict[str, View]) -> tuple[list[NodeSpec], dict[str, float]]:
-    """An honest peer (the forwarders' target), the plain cheaters, and per adversary view the
-    selective cheater at every swept share and the forwarder and aborter at the highest share
-    that still serves at least 1 − MAX_FPR of users' requests cheaply; and that share per view."""
+def cheater_specs(views_: dict[str, View], names: Sequence[str] = VIEWS,
+                  plain: Sequence[str] = PLAIN_CHEATERS) -> tuple[list[NodeSpec], dict[str, float]]:
+    """An honest peer (the forwarders' target), the ``plain`` cheaters, and per adversary view of
+    ``names`` the selective cheater at every swept share and the forwarder and aborter at the
+    highest share that still serves at least 1 − MAX_FPR of users' requests cheaply; and that
+    share per view."""
     specs = [NodeSpec("honest", "honest")]
-    specs += [NodeSpec(b, b, cheat_from=WARMUP_EPOCHS) for b in PLAIN_CHEATERS]
+    specs += [NodeSpec(b, b, cheat_from=WARMUP_EPOCHS) for b in plain]
     chosen: dict[str, float] = {}
-    for name in VIEWS:
+    for name in names:
         v = views_[name]
         ok = [t for t in SELECTIVE_TPRS if flag_rule(v, t)[2] <= MAX_FPR]
         chosen[name] = max(ok) if ok else min(SELECTIVE_TPRS)
@@ -1386,14 +1415,16 @@ def rho_prefix(rho: float) -> str:
 
 
 def run_cheaters(seeds: Sequence[int], epochs: int, scores: ScoreTable, views_: dict[str, View], epoch_blocks: int,
-                 k: int, rhos: Sequence[float] = (0.0,),
-                 transcript_seeds: Sequence[int] | None = None) -> tuple[dict[str, float], dict[str, Any]]:
+                 k: int, rhos: Sequence[float] = (0.0,), transcript_seeds: Sequence[int] | None = None,
+                 names: Sequence[str] = VIEWS, plain: Sequence[str] = PLAIN_CHEATERS,
+                 ) -> tuple[dict[str, float], dict[str, Any]]:
     """Part B at every donation rate of ``rhos`` (rate 0 over ``seeds``, the others over
     ``transcript_seeds``, a prefix of them: the same seeds give the same challenges, so each run
-    with transcripts differs from its challenges-only twin by the transcripts alone)."""
+    with transcripts differs from its challenges-only twin by the transcripts alone), for the
+    adversary views ``names`` and the ``plain`` cheaters (part H: the private views alone)."""
     from overlay.wire.constants import TRUST_LINE
 
-    specs, chosen = cheater_specs(views_)
+    specs, chosen = cheater_specs(views_, names, plain)
     t_seeds = set(seeds if transcript_seeds is None else transcript_seeds)
     got: dict[float, dict[str, list[int | None]]] = {r: {s.name: [] for s in specs} for r in rhos}
     r_after: dict[float, dict[str, list[int]]] = {r: {s.name: [] for s in specs} for r in rhos}
@@ -1430,9 +1461,9 @@ def run_cheaters(seeds: Sequence[int], epochs: int, scores: ScoreTable, views_: 
             f[f"{pre}cheater_{label}_epochs_to_untrusted_p95"] = _pct(ep, 95)
             f[f"{pre}cheater_{label}_reputation_after_5_mean"] = sum(r_after[rho][name]) / len(r_after[rho][name]) / 1e6
 
-        for b in PLAIN_CHEATERS:
+        for b in plain:
             figures(b, b)
-        for name in VIEWS:
+        for name in names:
             worst = None
             for t in SELECTIVE_TPRS:
                 sname = f"selective_{name}_tpr{round(100 * t)}"
@@ -1454,6 +1485,16 @@ def run_cheaters(seeds: Sequence[int], epochs: int, scores: ScoreTable, views_: 
             node_epochs = len(counted[rho]) * len(specs) * epochs
             f[f"{pre}counted_per_node_epoch"] = sum(counted[rho]) / node_epochs
             f[f"{pre}donors_burnt_per_run"] = sum(burnt[rho]) / len(burnt[rho])
+    return f, sweep
+
+
+def run_private(seeds: Sequence[int], epochs: int, scores: ScoreTable, views_: dict[str, View], epoch_blocks: int,
+                k: int) -> tuple[dict[str, float], dict[str, Any]]:
+    """Part H (decision 0030): part B's detecting cheaters of the private views, challenges only
+    (a chain of their own: an honest peer and each view's selective, forwarder and aborter
+    nodes); its honest peer's lowest reputation as ``private_run_honest_min_reputation``."""
+    f, sweep = run_cheaters(seeds, epochs, scores, views_, epoch_blocks, k, names=PRIVATE_VIEWS, plain=())
+    f["private_run_honest_min_reputation"] = f.pop("cheater_run_honest_min_reputation")
     return f, sweep
 
 
@@ -1698,12 +1739,13 @@ def timing_leak(rhos: Sequence[float], epochs: int, epoch_s: float, seed: int) -
 
 def run_detectors(seed_train: int, seed_test: int, epochs: int, timing: Timing, k: int,
                   prompts: Sequence[str]) -> tuple[dict[str, float], dict[str, View]]:
-    """Part A for both challenge sources: every detector's AUC, and the adversaries' views."""
+    """Part A for every challenge source (:data:`SOURCES`): every detector's AUC, and the
+    adversaries' views."""
     users_half, donors_half = split_prompts(prompts, seed_train)
     match = TemplateMatcher()
     f: dict[str, float] = {}
     out: dict[str, View] = {}
-    for source in ("generator", "donated"):  # sent as the auditor sends them (decisions 0025 and 0026)
+    for source in SOURCES:  # sent as the auditor sends them (decisions 0025 and 0026)
         train = stream(seed_train, source, epochs, timing, k, users_half, donors_half, "script_personas")
         test = stream(seed_test, source, epochs, timing, k, users_half, donors_half, "script_personas")
         # the node knows how long it has seen a request's paths: with held paths that is no longer
@@ -1713,7 +1755,7 @@ def run_detectors(seed_train: int, seed_test: int, epochs: int, timing: Timing, 
             f[f"auc_{name}_{source}"] = a
         for v in views(source, aucs, scores, obs):
             out[v.name] = v
-    for name in VIEWS:
+    for name in (*VIEWS, *PRIVATE_VIEWS):
         f[f"auc_best_{name}"] = out[name].auc
     # what-if: challenge paths built once an epoch per verifier (not per challenge)
     train = stream(seed_train, "donated", epochs, timing, k, users_half, donors_half, paths="epoch")
@@ -1775,6 +1817,9 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
     cf, sweep = run_cheaters(cheater_seeds, cheat_epochs, scores, views_, epoch_blocks, k, RHOS, cheater_t_seeds)
     f.update(cf)
     t_b = time.perf_counter()
+    hf, private_sweep = run_private(cheater_seeds, cheat_epochs, scores, views_, epoch_blocks, k)
+    f.update(hf)
+    t_h = time.perf_counter()
     f.update(run_honest(honest_seeds, honest_epochs, scores, views_["donated"], epoch_blocks, k, per_kind,
                         RHO_HONEST, honest_t_seeds))
     # C'. honest nodes whose engine computes the verifier's weights in float32 (decision 0023)
@@ -1826,6 +1871,18 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
         "worst": worst_cheater, "value": f[f"cheater_{worst_cheater}_untrusted_within_5_share"],
         "failing": [c for c in cheaters if f[f"cheater_{c}_untrusted_within_5_share"] < UNTRUSTED_SHARE_GOAL],
         "met": f[f"cheater_{worst_cheater}_untrusted_within_5_share"] >= UNTRUSTED_SHARE_GOAL}
+    # part H: the operator's private prompts (decision 0030)
+    for v in PRIVATE_VIEWS:
+        goals[f"detector_auc_{v}"] = {"goal": f"best detector's AUC <= {AUC_GOAL}", "value": f[f"auc_best_{v}"],
+                                     "detector": views_[v].detector, "met": f[f"auc_best_{v}"] <= AUC_GOAL}
+    private = [f"{b}_{v}" for b in DETECTING for v in PRIVATE_VIEWS]
+    worst_h = min(private, key=lambda c: f[f"cheater_{c}_untrusted_within_5_share"])
+    goals["private_cheaters_untrusted"] = {
+        "goal": f"challenges from an operator's private prompts only: every detecting cheater untrusted within "
+                f"{UNTRUSTED_WITHIN} epochs in >= {UNTRUSTED_SHARE_GOAL:.0%} of runs",
+        "worst": worst_h, "value": f[f"cheater_{worst_h}_untrusted_within_5_share"],
+        "failing": [c for c in private if f[f"cheater_{c}_untrusted_within_5_share"] < UNTRUSTED_SHARE_GOAL],
+        "met": f[f"cheater_{worst_h}_untrusted_within_5_share"] >= UNTRUSTED_SHARE_GOAL}
     honest_untrusted = sum(f[f"honest_{b}_untrusted_nodes"] + f[f"honest_other_arithmetic_{b}_untrusted_nodes"]
                            for b in FAULTS)
     goals["honest_trusted"] = {"goal": f"0 honest nodes (with faults; on the verifier's arithmetic or another) "
@@ -1892,7 +1949,7 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
                   "affinity": AFFINITY, "donate_rate": DONATE_RATE, "donors": DONORS},
         "detectors": {"epochs": detector_epochs, "train_seed": 1, "test_seed": 2,
                       "features": list(FEATURES), "memory_detectors": list(MEMORY),
-                      "best": {v: views_[v].detector for v in VIEWS},
+                      "best": {v: views_[v].detector for v in (*VIEWS, *PRIVATE_VIEWS)},
                       "challenges_per_stream": len(views_["donated"].challenges),
                       "user_requests_per_stream": len(views_["donated"].users)},
         "cheaters": {"runs": len(cheater_seeds), "epochs": cheat_epochs, "warmup_honest_epochs": WARMUP_EPOCHS,
@@ -1906,6 +1963,11 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
                    "retry": "a failed try is retried at a uniform later height of the send window",
                    "other_arithmetic": f"honest_other_arithmetic_*: the honest replies of {OTHER_ARITHMETIC_FILE.name} "
                                        f"({other.how})"},
+        "private": {"views": list(PRIVATE_VIEWS), "runs": len(cheater_seeds), "epochs": cheat_epochs,
+                    "stand_in": "the donors' half of the users' prompts, never sent to the node before: one user "
+                                "turn each, no system prompt ('private'), or the donors' conversations' scripts "
+                                "('private_scripts'); parameters from verifier.audit.challenges.draw_params",
+                    "sweep": private_sweep},
         "pooled": POOLED,
         "scripts": {"max_turns": MAX_SCRIPT_TURNS, "think": "10 blocks + Exp(45 blocks) after the node's reply"},
         "personas": {"per_verifier": persona_count(k),
@@ -1949,7 +2011,7 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
                                              for n in NETWORK_NODES for r in RHOS if r > 0}},
         },
         "goals": goals,
-        "seconds": {"detectors": round(t_a - t_start, 1), "cheaters": round(t_b - t_a, 1),
-                    "honest": round(t_c - t_b, 1), "framing_boosting": round(t_d - t_c, 1), "timing": round(t_e - t_d, 1)},
+        "seconds": {"detectors": round(t_a - t_start, 1), "cheaters": round(t_b - t_a, 1), "private": round(t_h - t_b, 1),
+                    "honest": round(t_c - t_h, 1), "framing_boosting": round(t_d - t_c, 1), "timing": round(t_e - t_d, 1)},
     }
     return params, f
