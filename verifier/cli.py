@@ -44,9 +44,9 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--audit", action="store_true",
                    help="take part in the committee's audits (docs/committee.md \"Audits\"): each epoch, commit "
                         "a secret plan, challenge the model nodes of --audit-model through the overlay like a user "
-                        "(users' donated prompts first, kept in DATA_DIR/audit-pool.msgpack), score their replies "
-                        "and report. Runs a user node of the overlay registered with the committee (identity in "
-                        "DATA_DIR/audit-user), loads --audit-model with llama.cpp and takes donated prompts "
+                        "(users' donated prompts first, kept in DATA_DIR/audit-pool.msgpack, then "
+                        "--challenge-prompts), score their replies and report. Runs a user node of the overlay "
+                        "registered with the committee (identity in DATA_DIR/audit-user), loads --audit-model with llama.cpp and takes donated prompts "
                         "(abci_query /audit/donate). Off by default")
     p.add_argument("--audit-model", metavar="ID|PATH", default=None,
                    help="the model this verifier holds, audits and scores with, as a model id (default: "
@@ -64,6 +64,19 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
                         "challenges go without; default: this verifier's RPC only)")
     p.add_argument("--audit-threads", type=int, default=1, metavar="N",
                    help="llama.cpp threads for scoring (default 1: a verifier shares its host with CometBFT)")
+    p.add_argument("--challenge-prompts", metavar="FILE", default=None,
+                   help="this operator's own secret challenge prompts: JSON Lines, one conversation a line, "
+                        '{"messages": [{"role": "system"|"user"|"assistant", "content": "..."}, ...]} (replies '
+                        "are dropped: the node's own take their places). Each is used once, ever, after users' "
+                        "donated prompts and before the built-in template (which a cheating node recognises); the "
+                        "used ones are kept in DATA_DIR/audit-corpus-used.msgpack. Keep the file secret: a node "
+                        "holding it recognises every challenge from it. Write conversations like those users "
+                        "send this model, of several user turns: a node tells single-turn challenges from users' "
+                        "conversations by their shape (docs/benchmarks.md \"audit-evasion\" part H: its best "
+                        "detector's AUC 0.84 for single turns, 0.56 for conversations; decision 0030). It takes up to challenges "
+                        "per node per epoch x audited nodes x epochs prompts (4 x 10 nodes x 96 epochs a day of "
+                        "15 minutes = 3,840 a day), less what donations cover. A file with a line it cannot "
+                        "take stops the verifier at start, naming the line")
     p.set_defaults(run=_run)
     verbs = p.add_subparsers(dest="verifier_command", metavar="SUBCOMMAND")
 
@@ -332,10 +345,23 @@ def _run(args: argparse.Namespace) -> int:
         if args.audit_threads < 1:
             raise CliError("--audit-threads must be at least 1")
         committee = tuple(a.strip() for a in args.audit_committee.split(",") if a.strip())
+        corpus_file = None
+        if args.challenge_prompts is not None:
+            from pathlib import Path
+
+            from verifier.audit.corpus import CorpusError, read_corpus
+
+            corpus_file = Path(args.challenge_prompts)
+            try:  # checked here, so that a bad file stops the verifier before it starts; loaded by the audit loop
+                read_corpus(corpus_file)
+            except CorpusError as exc:
+                raise CliError(f"--challenge-prompts: {exc}") from None
         audit = AuditSettings(model=args.audit_model, listen=args.audit_listen, region=args.audit_region,
-                              threads=args.audit_threads, committee=committee)
+                              threads=args.audit_threads, committee=committee, corpus_file=corpus_file)
     elif args.audit_model:
         raise CliError("--audit-model needs --audit")
+    elif args.challenge_prompts is not None:
+        raise CliError("--challenge-prompts needs --audit")
     try:
         run_async(lambda: run_verifier(d, abci=args.abci, audit=audit), long_lived=True)
     except (CometError, AbciAddressError, StateError, BookFileError, QuotaFileError) as exc:

@@ -44,6 +44,8 @@ pytestmark = pytest.mark.slow
 MODEL = "smollm2-135m-instruct"
 EPOCH_BLOCKS = 100  # at ~0.6-1 s a block: each model node answers 4 verifiers x 2 challenges of up to 256 tokens
 PER_NODE = 2
+PRIVATE_VERIFIER = "verifier-0"  # holds one private conversation (--challenge-prompts)
+PRIVATE_TURNS = ("Name a lake high in the Andes.", "How deep is it?")
 TRUST_LINE = 400_000
 EPOCHS = 5
 BYZANTINE = "verifier-3"
@@ -160,8 +162,15 @@ class AuditNet(LocalNet):
     def command(self, name: str) -> list[str]:
         cmd = super().command(name)
         if name in self.verifiers:
-            return [*cmd, "--audit", "--audit-model", MODEL, "--audit-listen", f"127.0.0.1:{self.audit_ports[name]}",
-                    "--audit-committee", self.committee_addresses, "--log-level", "info"]
+            cmd = [*cmd, "--audit", "--audit-model", MODEL, "--audit-listen", f"127.0.0.1:{self.audit_ports[name]}",
+                   "--audit-committee", self.committee_addresses, "--log-level", "info"]
+            if name == PRIVATE_VERIFIER:  # its operator's private prompts (decision 0030)
+                path = self.root / "private-prompts.jsonl"
+                path.write_text(json.dumps({"messages": [{"role": "user", "content": PRIVATE_TURNS[0]},
+                                                         {"role": "assistant", "content": "Lake Titicaca."},
+                                                         {"role": "user", "content": PRIVATE_TURNS[1]}]}) + "\n")
+                cmd += ["--challenge-prompts", str(path)]
+            return cmd
         if name == "model-1":
             i = cmd.index("--model")
             cmd[i + 1] = str(self.dishonest)
@@ -367,3 +376,30 @@ def test_a_donated_conversation_is_sent_as_a_script_of_its_user_turns(net: Audit
     assert [(m.role, m.content) for m in entry.opening.messages] == [("user", t) for t in turns]  # not the reply
     assert entry.opening.model == MODEL and entry.opening.params.max_tokens == 32  # the user's parameters
     assert entry.node_id.hex() not in served  # never the node that read it (decision 0029)
+
+
+def test_an_operators_private_conversation_is_sent_once_as_a_script(net: AuditNet) -> None:
+    """``verifier-0`` runs with ``--challenge-prompts`` naming a file of one conversation (two user
+    turns and a reply): a plan of that verifier challenges a node with it (after users' donations,
+    before the built-in generator: decision 0030), its report on the chain holds the script (both
+    user turns, not the reply), it is used once, and the verifier keeps its keys as used."""
+    from verifier.audit.corpus import USED_FILE, read_corpus
+
+    deadline = time.monotonic() + 4 * EPOCH_BLOCKS * 3.0
+    first, found = 1, []
+    while True:
+        reports, top = audit_reports(net, first)
+        found += [e for rep in reports for e in rep.entries if any(m.content == PRIVATE_TURNS[1]
+                                                                   for m in e.opening.messages)]
+        if found:
+            break
+        assert time.monotonic() < deadline, f"no report on the chain carries the private turns; logs in {net.root}"
+        first = top + 1
+        time.sleep(5.0)
+    (entry,) = found  # used once
+    assert [(m.role, m.content) for m in entry.opening.messages] == [("user", t) for t in PRIVATE_TURNS]
+    assert entry.opening.model == MODEL
+    corpus = read_corpus(net.root / "private-prompts.jsonl")
+    assert corpus.left() == 1
+    corpus.take_used((net.root / PRIVATE_VERIFIER / USED_FILE).read_bytes())
+    assert corpus.left() == 0  # the verifier wrote its keys as used

@@ -41,7 +41,8 @@ from verifier.audit.auditor import (
     load_auditor,
     parse_view,
 )
-from verifier.audit.challenges import ChallengeGenerator
+from verifier.audit.challenges import ChallengeError, ChallengeGenerator
+from verifier.audit.corpus import USED_FILE, ChallengeCorpus, load_corpus, read_corpus
 
 CHAIN = "audit-test"
 MODEL = "smollm2-135m-instruct"
@@ -609,12 +610,22 @@ def test_the_verifier_command_takes_audit_flags(tmp_path: Any, capsys: pytest.Ca
     with pytest.raises(SystemExit):
         main(["verifier", "--help"])
     out = capsys.readouterr().out
-    for flag in ("--audit ", "--audit-model", "--audit-listen", "--audit-region", "--audit-threads"):
+    for flag in ("--audit ", "--audit-model", "--audit-listen", "--audit-region", "--audit-threads",
+                 "--challenge-prompts"):
         assert flag in out
     assert main(["verifier", "--data-dir", str(tmp_path), "--audit-model", MODEL]) == 2
     assert "--audit-model needs --audit" in capsys.readouterr().err
     assert main(["verifier", "--data-dir", str(tmp_path), "--audit", "--audit-threads", "0"]) == 2
     assert "--audit-threads must be at least 1" in capsys.readouterr().err
+    good = tmp_path / "private.jsonl"
+    good.write_text('{"messages": [{"role": "user", "content": "Hi"}]}\n', encoding="utf-8")
+    assert main(["verifier", "--data-dir", str(tmp_path), "--challenge-prompts", str(good)]) == 2
+    assert "--challenge-prompts needs --audit" in capsys.readouterr().err
+    # a bad file stops the verifier before it starts, naming the line
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(good.read_text() + '\n{"messages": [{"role": "tool", "content": "x"}]}\n', encoding="utf-8")
+    assert main(["verifier", "--data-dir", str(tmp_path), "--audit", "--challenge-prompts", str(bad)]) == 2
+    assert f"--challenge-prompts: {bad}:3: message 1: role must be" in capsys.readouterr().err
 
 
 def test_a_reply_too_likely_for_its_sampling_scores_low() -> None:
@@ -972,3 +983,154 @@ async def test_a_personas_paths_are_closed_once_a_later_epoch_begins_even_with_n
     async with trio.open_nursery() as nursery:
         await driver.step(nursery)
     assert client.released == client.held
+
+
+# --------------------------------------------------------------------------- the operator's private prompts
+
+
+def _corpus(*texts: str) -> ChallengeCorpus:
+    return ChallengeCorpus([(ChatMessage("user", t),) for t in texts], "private.jsonl")
+
+
+def _contents(a: Auditor) -> list[str]:
+    assert a.current is not None
+    return [e.opening.messages[-1].content for e in a.current.entries]
+
+
+def test_private_prompts_come_after_donated_ones_and_before_the_generator(caplog: pytest.LogCaptureFixture) -> None:
+    """The first node read the one donated prompt (decision 0029): its two challenges are private
+    prompts; the second node's first is the donated one, its second the last private prompt; the
+    third node's come from the generator, logged with the advice, once."""
+    first, second, _ = sorted(NODES)
+    own = SamplingParams(0.2, 0.9, 0, 100, 3)
+    pool = pl.DonationPool()
+    pool.add(pl.Donation(b"\x44" * 20, MODEL, (ChatMessage("user", "donated"),), own, (first,)))
+    private = {"private 1", "private 2", "private 3"}
+    corpus = _corpus(*sorted(private))
+    a = auditor(0, pool=pool, corpus=corpus)
+    with caplog.at_level(logging.INFO, "gentorrent.audit"):
+        a.plan(view(), START)
+    assert a.current is not None
+    got = _contents(a)
+    assert [e.node_id for e in a.current.entries[:4]] == [first, first, second, second]
+    assert set(got[:2]) | {got[3]} == private and got[2] == "donated" and a.current.entries[2].opening.params == own
+    assert not {got[4], got[5]} & (private | {"donated"})  # the generator's
+    assert corpus.left() == 0 and len(pool) == 0
+    assert "(1 donated, 3 private, 2 generated)" in caplog.text
+    assert caplog.text.count(GENERATOR_WARNING) == 1 and "--challenge-prompts" in GENERATOR_WARNING
+    assert caplog.text.count("the 3 private prompts of private.jsonl are all used; add more to private.jsonl") == 1
+
+
+class UsedFileChain(FakeChain):
+    """A :class:`FakeChain` that notes the used private prompts file at each broadcast."""
+
+    def __init__(self, v: AuditView, height: int, data: Path) -> None:
+        super().__init__(v, height)
+        self.data = data
+        self.used_at_broadcast: list[bytes | None] = []
+
+    async def rpc(self, address: str, method: str, params: dict[str, str]) -> Any:
+        if method == "broadcast_tx_sync":
+            path = self.data / USED_FILE
+            self.used_at_broadcast.append(path.read_bytes() if path.exists() else None)
+        return await super().rpc(address, method, params)
+
+
+async def test_a_private_prompt_is_never_sent_twice_across_plans_and_restarts(tmp_path: Path) -> None:
+    """The used private prompts are on disk before the plan's commit goes out; a restarted
+    verifier (the file and the data dir read again) and later epochs never draw them again."""
+    path = tmp_path / "private.jsonl"
+    path.write_text("".join(f'{{"messages": [{{"role": "user", "content": "private {i}"}}]}}\n' for i in range(8)))
+    data = tmp_path / "data"
+    chain = UsedFileChain(view(), START, data)
+    a = auditor(0, corpus=load_corpus(path, data))
+    driver = AuditDriver(a, "127.0.0.1:1", client=FakeClient({}), engine=FakeEngine(), rpc=chain.rpc,  # type: ignore[arg-type]
+                         data_dir=data)
+    async with trio.open_nursery() as nursery:
+        await driver.step(nursery)
+    (used,) = chain.used_at_broadcast  # the commit's broadcast
+    assert used is not None
+    on_disk = read_corpus(path)
+    on_disk.take_used(used)
+    sent = set(_contents(a))
+    assert len(sent) == 6 and on_disk.left() == 2  # the plan's six, written before the commit
+    restarted = auditor(0, corpus=load_corpus(path, data))
+    restarted.plan(view(epoch=2, start_height=END + 1, commit_until=END + 3, report_from=END + 51,
+                        end_height=END + 60), END + 1)
+    later = [t for t in _contents(restarted) if t.startswith("private ")]
+    assert len(later) == 2 and not sent & set(later)
+    restarted.plan(view(epoch=3, start_height=END + 61, commit_until=END + 63, report_from=END + 111,
+                        end_height=END + 120), END + 61)
+    assert not any(t.startswith("private ") for t in _contents(restarted))
+
+
+def test_the_used_private_prompts_are_written_before_the_plan(tmp_path: Path,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    """A verifier that crashes between the two writes must not come back with a plan holding private
+    prompts its used file does not name: that file goes first (here the plan's write fails)."""
+    a = auditor(0, corpus=_corpus(*(f"private {i}" for i in range(8))))
+    a.plan(view(), START)
+    (tmp_path / PLAN_FILE).mkdir()  # the plan cannot be written over a directory
+    driver = AuditDriver(a, "127.0.0.1:1", client=FakeClient({}), engine=FakeEngine(),  # type: ignore[arg-type]
+                         data_dir=tmp_path)
+    with caplog.at_level(logging.ERROR, "gentorrent.audit"):
+        driver.persist()
+    assert "cannot write the audit plan" in caplog.text
+    on_disk = _corpus(*(f"private {i}" for i in range(8)))
+    on_disk.take_used((tmp_path / USED_FILE).read_bytes())
+    assert on_disk.left() == 2
+
+
+def test_a_private_prompt_over_the_room_left_is_kept_for_a_later_plan() -> None:
+    corpus = _corpus("x" * 4000)
+    a = auditor(0, corpus=corpus)
+    _, source = a._opening(MODEL, NODES[0], 1000)
+    assert source == "generator" and corpus.left() == 1
+    o, source = a._opening(MODEL, NODES[0], 10_000)
+    assert source == "corpus" and o.messages[-1].content == "x" * 4000 and corpus.left() == 0
+
+
+def test_no_prompt_comes_twice_from_donations_private_prompts_and_the_generator() -> None:
+    """A report carrying one prompt twice is refused by the chain, and a prompt revealed once voids
+    a challenge: each source's prompt keys are marked used in the others."""
+    pool = pl.DonationPool()
+    pool.add(pl.Donation(b"\x44" * 20, MODEL, (ChatMessage("user", "Explain tides."),),
+                         SamplingParams(0.7, 1.0, 0, 256, None)))
+    corpus = _corpus("explain  TIDES.")
+    a = auditor(0, pool=pool, corpus=corpus)
+    a.plan(view(nodes=((MODEL, (NODES[0],)),)), START)
+    assert _contents(a)[0] == "Explain tides." and corpus.left() == 0
+    assert _contents(a)[1] != "explain  TIDES."  # the generator's
+    # the generator never hands out a private prompt (a space of one prompt, "Q x")
+    one = (("",), ("",), ("Q {}",), ("x",), ("",), ("",), ("",))
+    b = auditor(1, generator=ChallengeGenerator(rng=random.Random(1), parts=one), corpus=_corpus("q  X"))
+    assert b._opening(MODEL, NODES[0], OPENING_ROOM)[1] == "corpus"
+    with pytest.raises(ChallengeError):
+        b._opening(MODEL, NODES[0], OPENING_ROOM)
+    # nor is a private prompt drawn once the generator handed out one of its turns
+    shared = ChallengeCorpus([(ChatMessage("user", "q x"), ChatMessage("user", "y" * 4000))], "private.jsonl")
+    c = auditor(2, generator=ChallengeGenerator(rng=random.Random(1), parts=one), corpus=shared)
+    assert c._opening(MODEL, NODES[0], 1000)[1] == "generator"  # the private one is over the room: kept
+    assert shared.left() == 0
+
+
+def test_a_restored_plan_marks_its_private_prompts_used() -> None:
+    texts = [f"private {i}" for i in range(7)]
+    a = auditor(0, corpus=_corpus(*texts))
+    a.plan(view(), START)
+    fresh = _corpus(*texts)  # as if the used file were lost
+    b = auditor(0, corpus=fresh)
+    assert b.restore(a.snapshot()) and fresh.left() == 1 and fresh.dirty
+
+
+async def test_the_audit_loop_loads_the_private_prompts_before_the_model(
+        tmp_path: Path, autojump_clock: Any, caplog: pytest.LogCaptureFixture) -> None:
+    from verifier.audit.auditor import AuditSettings, run_audits
+
+    bad = tmp_path / "private.jsonl"
+    bad.write_text('{"messages": []}\n', encoding="utf-8")
+    settings = AuditSettings(model=str(tmp_path / "no-such-model.gguf"), corpus_file=bad)
+    with caplog.at_level(logging.ERROR, "gentorrent.audit"), trio.move_on_after(1):
+        await run_audits(tmp_path, settings, SEEDS[0])
+    assert f"the audit loop failed (CorpusError: {bad}:1: " in caplog.text
+    assert "no-such-model" not in caplog.text

@@ -7,5 +7,6 @@
 - :mod:`.scoring`: a reply's two-sided calibrated score from a verifier's teacher-forced pass.
 - :mod:`.challenges`: challenge prompts and sampling parameters drawn like users' requests.
 - :mod:`.pool`: prompts users donated (by consent) for challenges.
+- :mod:`.corpus`: the verifier operator's private challenge prompts (``--challenge-prompts``).
 - :mod:`.auditor`: a verifier's audit planner (I/O-free) and its thin trio driver.
 """

@@ -9,7 +9,8 @@ verifiers' reports (:mod:`verifier.audit.chain`). Two layers, as everywhere in t
 
   - in the epoch's commit window, a **secret plan**: for each model this verifier holds and each
     node the view lists for it, ``challenges_per_node`` fresh challenges (users' donated prompts
-    first, :mod:`verifier.audit.pool`; else the built-in generator, which is recognisable and is
+    first, :mod:`verifier.audit.pool`; then the operator's private prompts,
+    :mod:`verifier.audit.corpus`; else the built-in generator, which is recognisable and is
     logged), entries by node id ascending, a random salt; a :class:`Submit` of the signed
     :class:`~verifier.audit.tx.PlanCommit`, which holds only the plan's salted hash and the
     models. Each challenge gets a random send height in the send window and one of the
@@ -89,6 +90,7 @@ from verifier.audit.challenges import ChallengeError, ChallengeGenerator
 if TYPE_CHECKING:
     from model_node.engine import Engine
     from overlay.anon.paths import Path as OverlayPath
+    from verifier.audit.corpus import ChallengeCorpus
     from verifier.audit.pool import DonationPool
     from verifier.audit.transcripts import Counted, ScoreCarry, TranscriptBook
     from verifier.audit.tx import AuditReport, FailOutcome, Opening, ReplyOutcome, ReportEntry
@@ -106,7 +108,8 @@ MAX_REPORT_FIXES = 3  # a refused report with one bad entry is sent again with t
 PLAN_FILE = "audit-plan.msgpack"
 POOL_SAVE_S = 30.0  # the donation pool is written at most this often (a used prompt lost in a crash is void anyway)
 GENERATOR_WARNING = ("challenges from the built-in generator are recognisable by a cheating node "
-                     "(docs/threat-model.md); ask users to --donate-prompts")
+                     "(docs/threat-model.md); ask users to --donate-prompts, or give this verifier private "
+                     "prompts with --challenge-prompts")
 _PLAN_VERSION = 4  # 2: outcomes as their transaction bytes, no in-flight flag; 3: each reply's z, earlier turns;
 # 4: each challenge's persona
 _PLAN_VERSIONS = (2, 3, 4)  # what restore takes
@@ -115,6 +118,7 @@ GENERATED_OPENING_BYTES = 512  # room kept for each challenge still to plan (a g
 PERSONAS = 4  # user-like senders a verifier's challenges of an epoch are spread over, each on its own held
 # paths: as many as challenges a node, at most this many (decision 0027)
 _ENTRY_RE = re.compile(r"\bentry (\d+):")
+SOURCES = ("donated", "corpus", "generator")  # where a challenge's prompt comes from, in the order tried
 
 
 def persona_count(k: int) -> int:
@@ -468,7 +472,8 @@ class Auditor:
     ``seed``: this verifier's Ed25519 validator seed (32 bytes; CometBFT's validator key);
     ``chain_id``: the committee's; ``models``: the models this verifier holds (its engine's: it
     audits their nodes and declares them in its commits); ``generator``: the fallback prompts;
-    ``pool``: users' donated prompts (drawn first); ``rng``: send heights and pool draws (a
+    ``pool``: users' donated prompts (drawn first); ``corpus``: the operator's private prompts
+    (drawn next, :mod:`verifier.audit.corpus`); ``rng``: send heights and pool draws (a
     verifier uses :class:`random.SystemRandom`: nobody may predict them); ``urandom``: plan salts.
     ``tamper`` is a test hook (never a flag): a Byzantine verifier's edit of its report before
     signing (``AuditReport -> AuditReport``)."""
@@ -478,6 +483,7 @@ class Auditor:
     models: tuple[str, ...]
     generator: ChallengeGenerator = field(default_factory=ChallengeGenerator)
     pool: DonationPool | None = None
+    corpus: ChallengeCorpus | None = None
     rng: random.Random = field(default_factory=random.SystemRandom)
     urandom: Callable[[int], bytes] = os.urandom
     tamper: Callable[[Any], Any] | None = None  # TESTS ONLY: alters each AuditReport before it is signed
@@ -671,7 +677,7 @@ class Auditor:
                 if node not in chosen and len(chosen) < MAX_AUDITED_NODES:
                     chosen[node] = model
         entries: list[Planned] = []
-        generated = 0
+        sources = dict.fromkeys(SOURCES, 0)
         room, total = OPENING_ROOM, len(chosen) * view.challenges_per_node
         # about one script a persona to each node an epoch, as a user's paths carry about one
         # session (decision 0027: fewer personas make their paths come back, more make them new)
@@ -681,24 +687,28 @@ class Auditor:
                 # the openings leave the report room for the replies, whatever donors sent
                 # (decision 0027): a donated prompt over the room left is dropped
                 later = total - len(entries) - 1
-                opening, donated = self._opening(chosen[node], node, room - GENERATED_OPENING_BYTES * later)
+                opening, source = self._opening(chosen[node], node, room - GENERATED_OPENING_BYTES * later)
                 room -= len(opening.encode())
-                generated += not donated
+                sources[source] += 1
                 entries.append(Planned(node, opening, self.rng.randint(first, last),
                                        persona=self.rng.randrange(personas)))
-        if generated:
+        if sources["generator"]:
             self._warn_once(("generator", view.epoch), logging.WARNING,
                             "audit: epoch %d: %d of %d challenges come from the built-in generator: %s", view.epoch,
-                            generated, len(entries), GENERATOR_WARNING)
-        log.info("audit: epoch %d: planned %d challenges to %d model nodes, sent between heights %d and %d",
-                 view.epoch, len(entries), len(chosen), first, last)
+                            sources["generator"], len(entries), GENERATOR_WARNING)
+        log.info("audit: epoch %d: planned %d challenges to %d model nodes (%d donated, %d private, %d generated), "
+                 "sent between heights %d and %d", view.epoch, len(entries), len(chosen), sources["donated"],
+                 sources["corpus"], sources["generator"], first, last)
         return Plan(view.epoch, self.models, self.urandom(16), entries, view.commit_until, view.report_from,
                     view.end_height)
 
-    def _opening(self, model: str, node: bytes, most: int) -> tuple[Opening, bool]:
-        """A fresh challenge for ``node`` of ``model``: a donated prompt of at most ``most`` bytes
-        encoded if the pool holds one the node has not read (True; a larger one drawn is dropped;
-        decision 0029), else the generator's (False)."""
+    def _opening(self, model: str, node: bytes, most: int) -> tuple[Opening, str]:
+        """A fresh challenge for ``node`` of ``model`` and where it came from (one of
+        :data:`SOURCES`): a donated prompt of at most ``most`` bytes encoded if the pool holds one
+        the node has not read ("donated"; a larger one drawn is dropped; decision 0029), else an
+        unused private prompt of at most ``most`` bytes ("corpus"; a larger one drawn stays
+        unused), else the generator's ("generator"). Each one's prompt keys are marked used in the
+        other sources, so that no prompt comes twice."""
         from overlay.directory.registration import TxError
         from verifier.audit.pool import opening_of
 
@@ -714,8 +724,21 @@ class Auditor:
                          "(%d bytes left); dropped", size, most)
                 continue
             self.generator.mark_used(keys=list(o.prompt_keys()))
-            return o, True
-        return self.generator.opening(model), False
+            if self.corpus is not None:
+                self.corpus.mark_used(o.prompt_keys())
+            return o, "donated"
+        if self.corpus is not None:
+            private = self.corpus.draw(model, self.rng, self.urandom, most)
+            if private is not None:
+                self.generator.mark_used(keys=list(private.prompt_keys()))
+                return private, "corpus"
+            if not self.corpus.left():
+                self._warn_once(("corpus used",), logging.WARNING, "audit: the %d private prompts of %s are all "
+                                "used; add more to %s", len(self.corpus), self.corpus.source, self.corpus.source)
+        o = self.generator.opening(model)
+        if self.corpus is not None:
+            self.corpus.mark_used(o.prompt_keys())
+        return o, "generator"
 
     def _sends(self, p: Plan, height: int) -> list[Action]:
         from verifier.audit.tx import MAX_TRIES, FailOutcome, reply_text
@@ -847,6 +870,8 @@ class Auditor:
             log.warning("audit: the saved plan does not decode (%s: %s); ignored", type(exc).__name__, exc)
             return False
         self.current = plan
+        if self.corpus is not None:  # its private prompts are used, whatever the corpus's file says
+            self.corpus.mark_used(k for e in plan.entries for k in e.opening.prompt_keys())
         return True
 
 
@@ -941,8 +966,8 @@ class AuditDriver:
     """Runs an :class:`Auditor` against one verifier's CometBFT RPC (``rpc_address``), with
     ``client`` (the verifier's user node's anonymous client) and ``engine`` (its audit model).
 
-    ``data_dir``: where the plan (:data:`PLAN_FILE`) and the donation pool are kept (None: not
-    kept, for tests). ``rpc`` (default :func:`overlay.directory.rpc.rpc_call`) is injectable for tests;
+    ``data_dir``: where the plan (:data:`PLAN_FILE`), the donation pool and the used private
+    prompts are kept (None: not kept, for tests). ``rpc`` (default :func:`overlay.directory.rpc.rpc_call`) is injectable for tests;
     ``clock`` (default :class:`~overlay.wire.clock.TrioClock`) times the pool's writes."""
 
     def __init__(self, auditor: Auditor, rpc_address: str, client: AnonClient, engine: Engine, *,
@@ -972,15 +997,19 @@ class AuditDriver:
         return answer.value, answer.height
 
     def persist(self) -> None:
-        """Write the plan (if it changed) and the donation pool (if it changed, at most every
-        :data:`POOL_SAVE_S`: it may be large) to :attr:`data_dir`. A write that fails is logged;
-        the plan stays in memory."""
+        """Write the used private prompts (if they changed: first, so that no challenge of a plan
+        on disk holds a prompt the file does not name as used), the plan (if it changed) and the
+        donation pool (if it changed, at most every :data:`POOL_SAVE_S`: it may be large) to
+        :attr:`data_dir`. A write that fails is logged; the plan stays in memory."""
         from overlay.wire.identity import write_private
+        from verifier.audit.corpus import save_used
         from verifier.audit.pool import save_pool
 
         if self.data_dir is None:
             return
         try:
+            if self.auditor.corpus is not None:
+                save_used(self.auditor.corpus, self.data_dir)
             if self.auditor.changed:
                 write_private(self.data_dir / PLAN_FILE, self.auditor.snapshot())
             now = self.clock.monotonic()
@@ -988,7 +1017,8 @@ class AuditDriver:
                 self._pool_saved = now
                 save_pool(self.auditor.pool, self.data_dir)
         except OSError as exc:
-            log.error("audit: cannot write the audit plan or donation pool in %s: %s", self.data_dir, exc)
+            log.error("audit: cannot write the audit plan, used private prompts or donation pool in %s: %s",
+                      self.data_dir, exc)
 
     async def broadcast(self, sub: Submit) -> None:
         """``broadcast_tx_sync``; a network error is retried at the next plan, a refusal goes to
@@ -1141,7 +1171,7 @@ class AuditDriver:
 @dataclass(frozen=True, slots=True)
 class AuditSettings:
     """``gentorrent verifier --audit`` flags: the audit model (id or GGUF path), the user node's
-    listen address and region, llama.cpp threads."""
+    listen address and region, llama.cpp threads, the operator's private prompts."""
 
     model: str | None = None
     listen: str = "127.0.0.1:0"
@@ -1153,6 +1183,8 @@ class AuditSettings:
     # usage-quota tokens from them like any user (decision 0017), so that challenges carry tokens as
     # users' requests do. Empty: this verifier's own RPC only (enough when a token needs one issuer).
     committee: tuple[str, ...] = ()
+    # ``--challenge-prompts``: the operator's private challenge prompts (verifier/audit/corpus.py)
+    corpus_file: Path | None = None
 
 
 async def run_audits(data_dir: Path, settings: AuditSettings, seed: bytes, pool: DonationPool | None = None,
@@ -1161,16 +1193,23 @@ async def run_audits(data_dir: Path, settings: AuditSettings, seed: bytes, pool:
     logged and the loop starts again after :data:`RESTART_S`; the model is loaded once). ``pool``:
     the donated prompts this verifier takes (:mod:`verifier.abci_app` adds to it); it learns the
     audited model here, once the engine is loaded. ``transcripts``: users' committed transcripts
-    (:mod:`verifier.abci_app` fills the book; the auditor closes its epochs and scores them)."""
+    (:mod:`verifier.abci_app` fills the book; the auditor closes its epochs and scores them).
+    ``settings.corpus_file``: the operator's private prompts, loaded once with the used set kept in
+    ``data_dir`` (:func:`verifier.audit.corpus.load_corpus`)."""
+    from verifier.audit.corpus import load_corpus
+
     engine: Any = None
+    corpus: ChallengeCorpus | None = None
     try:
         while True:
             try:
+                if corpus is None and settings.corpus_file is not None:
+                    corpus = load_corpus(settings.corpus_file, data_dir)
                 if engine is None:
                     engine = await trio.to_thread.run_sync(_engine, settings)
                 if pool is not None:
                     pool.models = frozenset({engine.model})
-                await _run_audits_once(data_dir, settings, seed, engine, pool, transcripts)
+                await _run_audits_once(data_dir, settings, seed, engine, pool, transcripts, corpus)
             except Exception as exc:
                 log.error("audit: the audit loop failed (%s: %s); starting it again in %g s",
                           type(exc).__name__, exc, RESTART_S,
@@ -1209,7 +1248,8 @@ def load_auditor(data_dir: Path, auditor: Auditor) -> None:
 
 
 async def _run_audits_once(data_dir: Path, settings: AuditSettings, seed: bytes, engine: Any,
-                           pool: DonationPool | None, transcripts: TranscriptBook | None = None) -> None:
+                           pool: DonationPool | None, transcripts: TranscriptBook | None = None,
+                           corpus: ChallengeCorpus | None = None) -> None:
     from overlay.directory.lists import load_genesis
     from overlay.directory.membership import CommitteeSettings, node_entry, serve_member
     from overlay.directory.registry import Registry
@@ -1227,7 +1267,7 @@ async def _run_audits_once(data_dir: Path, settings: AuditSettings, seed: bytes,
     assert user.client is not None
     host, _, port = settings.listen.rpartition(":")
     auditor = Auditor(seed, chain_id, (engine.model,), ChallengeGenerator(rng=random.SystemRandom()), pool=pool,
-                      tamper=settings.tamper, transcripts=transcripts)
+                      corpus=corpus, tamper=settings.tamper, transcripts=transcripts)
     load_auditor(data_dir, auditor)
     driver = AuditDriver(auditor, rpc_address, user.client, engine, poll=settings.poll, data_dir=data_dir)
     async with trio.open_nursery() as nursery:

@@ -4,8 +4,10 @@
 A challenge should look like any user's request to the model node it is sent to.
 
 - **Prompts** come first from users' donations (:mod:`verifier.audit.pool`: users' own prompts,
-  multi-turn kept, with their own parameters). When a verifier holds none, the built-in generator
-  here is the fallback, and it is **recognisable**: its prompts are composed from seven
+  multi-turn kept, with their own parameters), then from the verifier operator's private prompts
+  (:mod:`verifier.audit.corpus`, ``--challenge-prompts``: secret, each used once, parameters
+  from :func:`draw_params`). When a verifier holds neither, the built-in generator here is the
+  fallback, and it is **recognisable**: its prompts are composed from seven
   independent parts, each picked uniformly, ``opener`` (:data:`OPENERS`), ``persona``
   (:data:`PERSONAS`), ``question`` (:data:`QUESTIONS`: a template taking a topic), ``topic``
   (:data:`TOPICS`), ``audience`` (:data:`AUDIENCES`), ``form`` (:data:`FORMS`) and ``closing``
