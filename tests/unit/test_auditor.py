@@ -392,6 +392,24 @@ def test_a_node_is_challenged_only_with_prompts_it_has_not_read(caplog: pytest.L
     assert len(only) == 1 and GENERATOR_WARNING in caplog.text
 
 
+def test_a_plan_never_holds_a_user_turn_twice() -> None:
+    """Two donors' conversations often share a follow-up ("tell me more"), and the chain refuses a
+    whole report that carries any user turn twice (``chain._check_layout``): the epoch's report
+    would be lost. A donated prompt sharing a turn with one already planned is dropped."""
+    own = SamplingParams(0.7, 1.0, 0, 256, None)
+    pool = pl.DonationPool()
+    for i in range(6):
+        pool.add(pl.Donation(bytes([0x40 + i]) * 20, MODEL, (ChatMessage("user", f"question {i}"),
+                                                             ChatMessage("user", "Tell me more.")), own))
+    a = auditor(0, pool=pool)
+    a.plan(view(), START)
+    assert a.current is not None
+    keys = [k for e in a.current.entries for k in e.opening.prompt_keys()]
+    assert len(keys) == len(set(keys))
+    shared = [e for e in a.current.entries if e.opening.messages[-1].content == "Tell me more."]
+    assert len(shared) == 1 and len(a.current.entries) == 6  # the others come from the generator
+
+
 def test_donors_of_the_largest_prompts_cannot_fill_the_report_with_openings(caplog: pytest.LogCaptureFixture) -> None:
     """Attack: registered users donate the largest prompts a donation holds (two 7.5 KB turns,
     about 15 KB an opening) so that a plan's 128 openings alone pass the report's 1 MiB, and the

@@ -68,7 +68,7 @@ import math
 import os
 import random
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -678,6 +678,7 @@ class Auditor:
                     chosen[node] = model
         entries: list[Planned] = []
         sources = dict.fromkeys(SOURCES, 0)
+        taken: set[bytes] = set()  # every planned user turn's prompt key: the chain refuses a report holding one twice
         room, total = OPENING_ROOM, len(chosen) * view.challenges_per_node
         # about one script a persona to each node an epoch, as a user's paths carry about one
         # session (decision 0027: fewer personas make their paths come back, more make them new)
@@ -687,7 +688,8 @@ class Auditor:
                 # the openings leave the report room for the replies, whatever donors sent
                 # (decision 0027): a donated prompt over the room left is dropped
                 later = total - len(entries) - 1
-                opening, source = self._opening(chosen[node], node, room - GENERATED_OPENING_BYTES * later)
+                opening, source = self._opening(chosen[node], node, room - GENERATED_OPENING_BYTES * later, taken)
+                taken.update(opening.prompt_keys())
                 room -= len(opening.encode())
                 sources[source] += 1
                 entries.append(Planned(node, opening, self.rng.randint(first, last),
@@ -702,10 +704,13 @@ class Auditor:
         return Plan(view.epoch, self.models, self.urandom(16), entries, view.commit_until, view.report_from,
                     view.end_height)
 
-    def _opening(self, model: str, node: bytes, most: int) -> tuple[Opening, str]:
+    def _opening(self, model: str, node: bytes, most: int, taken: Container[bytes] = ()) -> tuple[Opening, str]:
         """A fresh challenge for ``node`` of ``model`` and where it came from (one of
-        :data:`SOURCES`): a donated prompt of at most ``most`` bytes encoded if the pool holds one
-        the node has not read ("donated"; a larger one drawn is dropped; decision 0029), else an
+        :data:`SOURCES`): a donated prompt of at most ``most`` bytes encoded, none of whose user
+        turns is in ``taken`` (the plan's so far: two donors' conversations may share a follow-up
+        such as "tell me more", and the chain refuses a report carrying a prompt twice), if the
+        pool holds one the node has not read ("donated"; a larger or overlapping one drawn is
+        dropped; decision 0029), else an
         unused private prompt of at most ``most`` bytes ("corpus"; a larger one drawn stays
         unused), else the generator's ("generator"). Each one's prompt keys are marked used in the
         other sources, so that no prompt comes twice."""
@@ -722,6 +727,10 @@ class Auditor:
             if (size := len(o.encode())) > most:
                 log.info("audit: a donated prompt of %d bytes would take this plan's openings past their room "
                          "(%d bytes left); dropped", size, most)
+                continue
+            if any(k in taken for k in o.prompt_keys()):
+                log.info("audit: a donated prompt shares a user turn with a challenge already in this plan (the chain "
+                         "refuses a report carrying a prompt twice); dropped")
                 continue
             self.generator.mark_used(keys=list(o.prompt_keys()))
             if self.corpus is not None:
