@@ -410,6 +410,31 @@ def test_a_plan_never_holds_a_user_turn_twice() -> None:
     assert len(shared) == 1 and len(a.current.entries) == 6  # the others come from the generator
 
 
+def test_a_donated_prompt_sharing_a_turn_with_an_earlier_challenge_is_not_sent() -> None:
+    """The chain voids a challenge carrying a prompt an earlier report revealed (for PROMPT_EPOCHS
+    epochs): a donated script sharing a follow-up with one of this verifier's earlier challenges,
+    of its last plan or of a plan restored after a restart, is dropped rather than sent void."""
+    own = SamplingParams(0.7, 1.0, 0, 256, None)
+
+    def donation(i: int) -> pl.Donation:
+        return pl.Donation(bytes([0x40 + i]) * 20, MODEL, (ChatMessage("user", f"question {i}"),
+                                                           ChatMessage("user", "Tell me more.")), own)
+
+    later = view(epoch=2, start_height=END + 1, commit_until=END + 3, report_from=END + 51, end_height=END + 60)
+    for restarted in (False, True):
+        pool = pl.DonationPool()
+        pool.add(donation(0))
+        a = auditor(0, pool=pool)
+        a.plan(view(), START)
+        assert "Tell me more." in _contents(a)
+        pool.add(donation(1))
+        if restarted:
+            a, snapshot = auditor(0, pool=pool), a.snapshot()
+            assert a.restore(snapshot)
+        a.plan(later, END + 1)
+        assert "Tell me more." not in _contents(a) and len(pool) == 0
+
+
 def test_donors_of_the_largest_prompts_cannot_fill_the_report_with_openings(caplog: pytest.LogCaptureFixture) -> None:
     """Attack: registered users donate the largest prompts a donation holds (two 7.5 KB turns,
     about 15 KB an opening) so that a plan's 128 openings alone pass the report's 1 MiB, and the

@@ -708,12 +708,13 @@ class Auditor:
         """A fresh challenge for ``node`` of ``model`` and where it came from (one of
         :data:`SOURCES`): a donated prompt of at most ``most`` bytes encoded, none of whose user
         turns is in ``taken`` (the plan's so far: two donors' conversations may share a follow-up
-        such as "tell me more", and the chain refuses a report carrying a prompt twice), if the
-        pool holds one the node has not read ("donated"; a larger or overlapping one drawn is
-        dropped; decision 0029), else an
-        unused private prompt of at most ``most`` bytes ("corpus"; a larger one drawn stays
-        unused), else the generator's ("generator"). Each one's prompt keys are marked used in the
-        other sources, so that no prompt comes twice."""
+        such as "tell me more", and the chain refuses a report carrying a prompt twice) or in an
+        earlier challenge of this verifier (the chain voids a challenge carrying a prompt a report
+        revealed), if the pool holds one the node has not read ("donated"; a larger or overlapping
+        one drawn is dropped; decision 0029), else an unused private prompt of at most ``most``
+        bytes ("corpus"; a larger one drawn stays unused), else the generator's ("generator").
+        Each one's prompt keys are marked used in the other sources, so that no prompt comes
+        twice."""
         from overlay.directory.registration import TxError
         from verifier.audit.pool import opening_of
 
@@ -731,6 +732,10 @@ class Auditor:
             if any(k in taken for k in o.prompt_keys()):
                 log.info("audit: a donated prompt shares a user turn with a challenge already in this plan (the chain "
                          "refuses a report carrying a prompt twice); dropped")
+                continue
+            if any(self.generator.is_used(k) for k in o.prompt_keys()):
+                log.info("audit: a donated prompt shares a user turn with one of this verifier's earlier challenges "
+                         "(the chain voids a challenge carrying a revealed prompt); dropped")
                 continue
             self.generator.mark_used(keys=list(o.prompt_keys()))
             if self.corpus is not None:
@@ -879,8 +884,10 @@ class Auditor:
             log.warning("audit: the saved plan does not decode (%s: %s); ignored", type(exc).__name__, exc)
             return False
         self.current = plan
+        keys = [k for e in plan.entries for k in e.opening.prompt_keys()]
+        self.generator.mark_used(keys=keys)  # revealed with its report: never a later challenge's
         if self.corpus is not None:  # its private prompts are used, whatever the corpus's file says
-            self.corpus.mark_used(k for e in plan.entries for k in e.opening.prompt_keys())
+            self.corpus.mark_used(keys)
         return True
 
 

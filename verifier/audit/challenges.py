@@ -226,6 +226,10 @@ class ChallengeGenerator:
         self._used |= {normalise(t) for t in texts}
         self._used_keys |= set(keys)
 
+    def is_used(self, key: bytes) -> bool:
+        """Whether this prompt key (:meth:`Opening.prompt_key`) was handed out or marked used."""
+        return key in self._used_keys
+
     def prompt(self) -> Prompt:
         """A fresh question with a system prompt half the time, and its sampling parameters."""
         for _ in range(MAX_DRAWS):
