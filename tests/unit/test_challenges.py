@@ -47,6 +47,23 @@ def test_a_generator_never_repeats_a_prompt_even_in_a_tiny_space() -> None:
         gen.prompt()
 
 
+def test_what_a_generator_remembers_is_bounded_by_what_the_chain_voids() -> None:
+    """A verifier's audit loop may run for months: its generator forgets the oldest used keys and
+    texts, never fewer than a plan's most over the epochs the chain voids a revealed prompt for."""
+    from verifier.audit import chain
+
+    assert ch.MAX_USED_KEYS == chain.PROMPT_EPOCHS * at.MAX_AUDITED_NODES * at.MAX_CHALLENGES_PER_NODE * at.MAX_TURNS
+    assert ch.MAX_USED_TEXTS == chain.PROMPT_EPOCHS * at.MAX_AUDITED_NODES * at.MAX_CHALLENGES_PER_NODE
+    gen = ch.ChallengeGenerator(rng=random.Random(1), max_keys=3, max_texts=2)
+    gen.mark_used(keys=[bytes([i]) * 16 for i in range(5)], texts=["a", "b", "c"])
+    assert [gen.is_used(bytes([i]) * 16) for i in range(5)] == [False, False, True, True, True]
+    gen.mark_used(keys=[bytes([2]) * 16, bytes([5]) * 16])  # a key marked again is the newest
+    assert [gen.is_used(bytes([i]) * 16) for i in range(6)] == [False, False, True, False, True, True]
+    for _ in range(50):
+        gen.opening("m")
+    assert len(gen._used_keys) == 3 and len(gen._used) == 2
+
+
 def test_prompts_are_natural_and_fresh() -> None:
     gen = ch.ChallengeGenerator(rng=random.Random(3))
     prompts = [gen.prompt() for _ in range(3000)]

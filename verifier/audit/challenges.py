@@ -43,15 +43,18 @@ which a verifier uses: the prompts must not be predictable) picks the parts; ``u
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import random
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from overlay.directory.transcripts import MAX_SEED  # the limit an opening checks
 from overlay.wire.messages import ChatMessage, SamplingParams
+
+K = TypeVar("K", str, bytes)
 
 if TYPE_CHECKING:  # tx imports overlay.wire.crypto primitives; kept out of the prompt core's import
     from verifier.audit.tx import Opening
@@ -149,6 +152,12 @@ USER_TOP_P = (0.8, 0.9, 0.9, 0.95, 0.95)
 USER_MAX_TOKENS = (64, 100, 128, 150, 200, 300, 500, 512, 1000, 1024)
 USER_SEEDS = (0, 1, 7, 42, 123, 1234, 2024, 12345)
 MAX_DRAWS = 1000  # attempts to find an unused prompt before giving up (the space is 10^9: never reached)
+# What a generator remembers as used, oldest forgotten first: the most a plan holds (32 nodes x 4
+# challenges, 8 user turns each) over the epochs the chain voids a revealed prompt for
+# (chain.PROMPT_EPOCHS = 64); tests/unit/test_challenges.py ties these to those constants. Bounded,
+# so a verifier's audit loop that runs for months does not grow without end.
+MAX_USED_KEYS = 64 * 32 * 4 * 8
+MAX_USED_TEXTS = 64 * 32 * 4
 
 
 class ChallengeError(Exception):
@@ -205,26 +214,41 @@ class Prompt:
         return self.messages[-1].content
 
 
+def _remember(seen: dict[K, None], items: Iterable[K], most: int) -> None:
+    """Add ``items`` to ``seen`` as its newest (insertion order), then forget the oldest past ``most``."""
+    for item in items:
+        seen.pop(item, None)
+        seen[item] = None
+    for old in list(itertools.islice(seen, max(0, len(seen) - most))):
+        del seen[old]
+
+
 class ChallengeGenerator:
     """Fresh challenges from the built-in prompt parts (the fallback when no donated prompt is
     held; recognisable, see the module docstring), never the same prompt twice from one generator.
 
     ``used`` (normalised prompt texts, or anything :meth:`mark_used` accepts) seeds what counts
     as used. ``rng`` picks prompts and parameters; ``urandom(16)`` makes salts; ``parts`` are the
-    prompt parts (:data:`PARTS`; tests pass a tiny space)."""
+    prompt parts (:data:`PARTS`; tests pass a tiny space). It remembers the latest
+    ``max_keys`` prompt keys and ``max_texts`` texts (:data:`MAX_USED_KEYS`,
+    :data:`MAX_USED_TEXTS`), the oldest forgotten first."""
 
     def __init__(self, *, rng: random.Random | None = None, urandom: Callable[[int], bytes] = os.urandom,
-                 used: Iterable[str] = (), parts: Sequence[Sequence[str]] = PARTS) -> None:
+                 used: Iterable[str] = (), parts: Sequence[Sequence[str]] = PARTS,
+                 max_keys: int = MAX_USED_KEYS, max_texts: int = MAX_USED_TEXTS) -> None:
         self.rng = rng or random.SystemRandom()
         self.parts = parts
         self.urandom = urandom
-        self._used: set[str] = {normalise(t) for t in used}
-        self._used_keys: set[bytes] = set()
+        self.max_keys, self.max_texts = max_keys, max_texts
+        self._used: dict[str, None] = {}  # insertion order: the oldest first
+        self._used_keys: dict[bytes, None] = {}
+        self.mark_used(texts=used)
 
     def mark_used(self, *, texts: Iterable[str] = (), keys: Iterable[bytes] = ()) -> None:
-        """Never hand out these prompts (texts) or prompt keys (:meth:`Opening.prompt_key`)."""
-        self._used |= {normalise(t) for t in texts}
-        self._used_keys |= set(keys)
+        """Never hand out these prompts (texts) or prompt keys (:meth:`Opening.prompt_key`), while
+        they are among the latest remembered."""
+        _remember(self._used, (normalise(t) for t in texts), self.max_texts)
+        _remember(self._used_keys, keys, self.max_keys)
 
     def is_used(self, key: bytes) -> bool:
         """Whether this prompt key (:meth:`Opening.prompt_key`) was handed out or marked used."""
@@ -237,7 +261,7 @@ class ChallengeGenerator:
             norm = normalise(text)
             if norm in self._used:
                 continue
-            self._used.add(norm)
+            _remember(self._used, (norm,), self.max_texts)
             messages: tuple[ChatMessage, ...] = (ChatMessage("user", text),)
             if self.rng.random() < 0.5:
                 messages = (ChatMessage("system", self.rng.choice(SYSTEM_PROMPTS)), *messages)
@@ -253,6 +277,6 @@ class ChallengeGenerator:
             o = Opening(salt=self.urandom(16), model=model, messages=p.messages, params=p.params)
             key = o.prompt_key()
             if key not in self._used_keys:
-                self._used_keys.add(key)
+                _remember(self._used_keys, (key,), self.max_keys)
                 return o
         raise ChallengeError("every drawn prompt's key was already used")
