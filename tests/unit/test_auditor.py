@@ -435,6 +435,19 @@ def test_a_donated_prompt_sharing_a_turn_with_an_earlier_challenge_is_not_sent()
         assert "Tell me more." not in _contents(a) and len(pool) == 0
 
 
+def test_what_an_auditor_keeps_does_not_grow_with_the_epochs() -> None:
+    """A verifier's audit loop runs for months: its once-an-epoch warnings of past epochs are
+    forgotten, and its driver keeps only the latest SUBMITTED_KEPT submissions."""
+    from verifier.audit.auditor import SUBMITTED_KEPT
+
+    a = auditor(0)
+    for epoch in range(1, 200):  # not a validator: warned once an epoch
+        a.plan(view(epoch=epoch, validators=tuple((pk, 10) for pk in PKS[1:])), START)
+    assert len(a._warned) == 1
+    driver = AuditDriver(a, "127.0.0.1:1", client=FakeClient({}), engine=FakeEngine())  # type: ignore[arg-type]
+    assert driver.submitted.maxlen == SUBMITTED_KEPT
+
+
 def test_donors_of_the_largest_prompts_cannot_fill_the_report_with_openings(caplog: pytest.LogCaptureFixture) -> None:
     """Attack: registered users donate the largest prompts a donation holds (two 7.5 KB turns,
     about 15 KB an opening) so that a plan's 128 openings alone pass the report's 1 MiB, and the

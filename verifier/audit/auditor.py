@@ -68,6 +68,7 @@ import math
 import os
 import random
 import re
+from collections import deque
 from collections.abc import Callable, Container, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
@@ -106,6 +107,7 @@ REPORT_MARGIN_BLOCKS = 2  # a report waits for challenges still out until this m
 RETRY_KINDS = frozenset({"busy", "silent", "lost", "incomplete", "error"})  # tried again later in the window
 MAX_REPORT_FIXES = 3  # a refused report with one bad entry is sent again with that entry failed, this often
 PLAN_FILE = "audit-plan.msgpack"
+SUBMITTED_KEPT = 64  # the latest submissions a driver keeps for tests and stats (it runs for months)
 POOL_SAVE_S = 30.0  # the donation pool is written at most this often (a used prompt lost in a crash is void anyway)
 GENERATOR_WARNING = ("challenges from the built-in generator are recognisable by a cheating node "
                      "(docs/threat-model.md); ask users to --donate-prompts, or give this verifier private "
@@ -561,6 +563,7 @@ class Auditor:
 
     def plan(self, view: AuditView, height: int) -> list[Action]:
         """What to do at ``height`` given the committed ``view``."""
+        self._warned = {k for k in self._warned if len(k) < 2 or k[1] >= view.epoch}  # past epochs' go
         if self.public_key not in {pk for pk, _ in view.validators}:
             self._warn_once(("member", view.epoch), logging.WARNING,
                             "audit: this verifier is not a validator in epoch %d: not auditing", view.epoch)
@@ -1003,7 +1006,7 @@ class AuditDriver:
         self.height = 0
         self._pool_saved = -POOL_SAVE_S
         self._held: dict[tuple[int, int], list[OverlayPath]] = {}  # (epoch, persona) -> the persona's paths
-        self.submitted: list[tuple[str, int, str]] = []  # (what, code, log) for tests and stats
+        self.submitted: deque[tuple[str, int, str]] = deque(maxlen=SUBMITTED_KEPT)  # (what, code, log), the latest
 
     async def query(self, path: str) -> tuple[bytes, int]:
         """``abci_query path`` on the verifier: ``(value, height)``; :class:`RpcError` for a non-zero code."""
