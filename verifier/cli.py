@@ -46,8 +46,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
                         "a secret plan, challenge the model nodes of --audit-model through the overlay like a user "
                         "(users' donated prompts first, kept in DATA_DIR/audit-pool.msgpack, then "
                         "--challenge-prompts), score their replies and report. Runs a user node of the overlay "
-                        "registered with the committee (identity in DATA_DIR/audit-user), loads --audit-model with llama.cpp and takes donated prompts "
-                        "(abci_query /audit/donate). Off by default")
+                        "registered with the committee (identity in DATA_DIR/audit-user), loads --audit-model with "
+                        "llama.cpp and takes donated prompts (abci_query /audit/donate). Off by default")
     p.add_argument("--audit-model", metavar="ID|PATH", default=None,
                    help="the model this verifier holds, audits and scores with, as a model id (default: "
                         "smollm2-135m-instruct, the default GGUF) or a .gguf path; it is declared in each plan "
@@ -73,9 +73,9 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
                         "holding it recognises every challenge from it. Write conversations like those users "
                         "send this model, of several user turns: a node tells single-turn challenges from users' "
                         "conversations by their shape (docs/benchmarks.md \"audit-evasion\" part H: its best "
-                        "detector's AUC 0.84 for single turns, 0.56 for conversations; decision 0030). It takes up to challenges "
-                        "per node per epoch x audited nodes x epochs prompts (4 x 10 nodes x 96 epochs a day of "
-                        "15 minutes = 3,840 a day), less what donations cover. A file with a line it cannot "
+                        "detector's AUC 0.84 for single turns, 0.56 for conversations; decision 0030). It takes up "
+                        "to challenges per node per epoch x audited nodes x epochs prompts (4 x 10 nodes x 96 "
+                        "epochs a day of 15 minutes = 3,840 a day), less what donations cover. A file with a line it cannot "
                         "take stops the verifier at start, naming the line")
     p.set_defaults(run=_run)
     verbs = p.add_subparsers(dest="verifier_command", metavar="SUBCOMMAND")
@@ -345,19 +345,16 @@ def _run(args: argparse.Namespace) -> int:
         if args.audit_threads < 1:
             raise CliError("--audit-threads must be at least 1")
         committee = tuple(a.strip() for a in args.audit_committee.split(",") if a.strip())
-        corpus_file = None
+        corpus = None
         if args.challenge_prompts is not None:
-            from pathlib import Path
-
             from verifier.audit.corpus import CorpusError, read_corpus
 
-            corpus_file = Path(args.challenge_prompts)
-            try:  # checked here, so that a bad file stops the verifier before it starts; loaded by the audit loop
-                read_corpus(corpus_file)
+            try:  # read here, once, so that a bad file stops the verifier before it starts
+                corpus = read_corpus(args.challenge_prompts)
             except CorpusError as exc:
                 raise CliError(f"--challenge-prompts: {exc}") from None
         audit = AuditSettings(model=args.audit_model, listen=args.audit_listen, region=args.audit_region,
-                              threads=args.audit_threads, committee=committee, corpus_file=corpus_file)
+                              threads=args.audit_threads, committee=committee, corpus=corpus)
     elif args.audit_model:
         raise CliError("--audit-model needs --audit")
     elif args.challenge_prompts is not None:

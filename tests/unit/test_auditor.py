@@ -1179,14 +1179,21 @@ def test_a_restored_plan_marks_its_private_prompts_used() -> None:
     assert b.restore(a.snapshot()) and fresh.left() == 1 and fresh.dirty
 
 
-async def test_the_audit_loop_loads_the_private_prompts_before_the_model(
+async def test_the_audit_loop_takes_the_used_private_prompts_before_the_model(
         tmp_path: Path, autojump_clock: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """The corpus the command line read gets the used set kept in the data dir before the model
+    loads (here it never does: the model file is missing)."""
     from verifier.audit.auditor import AuditSettings, run_audits
+    from verifier.audit.corpus import save_used
 
-    bad = tmp_path / "private.jsonl"
-    bad.write_text('{"messages": []}\n', encoding="utf-8")
-    settings = AuditSettings(model=str(tmp_path / "no-such-model.gguf"), corpus_file=bad)
-    with caplog.at_level(logging.ERROR, "gentorrent.audit"), trio.move_on_after(1):
+    texts = [f"private {i}" for i in range(3)]
+    used = _corpus(*texts)
+    assert used.draw(MODEL, random.Random(0)) is not None  # one used before the restart
+    save_used(used, tmp_path)
+    corpus = _corpus(*texts)
+    settings = AuditSettings(model=str(tmp_path / "no-such-model.gguf"), corpus=corpus)
+    with caplog.at_level(logging.INFO, "gentorrent.audit"), trio.move_on_after(1):
         await run_audits(tmp_path, settings, SEEDS[0])
-    assert f"the audit loop failed (CorpusError: {bad}:1: " in caplog.text
-    assert "no-such-model" not in caplog.text
+    assert corpus.left() == 2
+    assert caplog.text.count("3 private challenge prompts from private.jsonl, 2 unused") == 1
+    assert caplog.text.index("2 unused") < caplog.text.index("no-such-model")

@@ -69,7 +69,7 @@ import os
 import random
 import re
 from collections import deque
-from collections.abc import Callable, Container, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -681,7 +681,6 @@ class Auditor:
                     chosen[node] = model
         entries: list[Planned] = []
         sources = dict.fromkeys(SOURCES, 0)
-        taken: set[bytes] = set()  # every planned user turn's prompt key: the chain refuses a report holding one twice
         room, total = OPENING_ROOM, len(chosen) * view.challenges_per_node
         # about one script a persona to each node an epoch, as a user's paths carry about one
         # session (decision 0027: fewer personas make their paths come back, more make them new)
@@ -691,8 +690,7 @@ class Auditor:
                 # the openings leave the report room for the replies, whatever donors sent
                 # (decision 0027): a donated prompt over the room left is dropped
                 later = total - len(entries) - 1
-                opening, source = self._opening(chosen[node], node, room - GENERATED_OPENING_BYTES * later, taken)
-                taken.update(opening.prompt_keys())
+                opening, source = self._opening(chosen[node], node, room - GENERATED_OPENING_BYTES * later)
                 room -= len(opening.encode())
                 sources[source] += 1
                 entries.append(Planned(node, opening, self.rng.randint(first, last),
@@ -707,17 +705,17 @@ class Auditor:
         return Plan(view.epoch, self.models, self.urandom(16), entries, view.commit_until, view.report_from,
                     view.end_height)
 
-    def _opening(self, model: str, node: bytes, most: int, taken: Container[bytes] = ()) -> tuple[Opening, str]:
+    def _opening(self, model: str, node: bytes, most: int) -> tuple[Opening, str]:
         """A fresh challenge for ``node`` of ``model`` and where it came from (one of
         :data:`SOURCES`): a donated prompt of at most ``most`` bytes encoded, none of whose user
-        turns is in ``taken`` (the plan's so far: two donors' conversations may share a follow-up
-        such as "tell me more", and the chain refuses a report carrying a prompt twice) or in an
-        earlier challenge of this verifier (the chain voids a challenge carrying a prompt a report
-        revealed), if the pool holds one the node has not read ("donated"; a larger or overlapping
-        one drawn is dropped; decision 0029), else an unused private prompt of at most ``most``
-        bytes ("corpus"; a larger one drawn stays unused), else the generator's ("generator").
-        Each one's prompt keys are marked used in the other sources, so that no prompt comes
-        twice."""
+        turns the generator holds as used, if the pool holds one the node has not read
+        ("donated"; a larger or overlapping one drawn is dropped; decision 0029), else an unused
+        private prompt of at most ``most`` bytes ("corpus"; a larger one drawn stays unused), else
+        the generator's ("generator"). Every challenge's prompt keys are marked used in the
+        generator (and the corpus) as it is handed out, so the generator's set holds this plan's
+        turns and this verifier's earlier ones: two donors' conversations may share a follow-up
+        such as "tell me more", and the chain refuses a report carrying a prompt twice and voids a
+        challenge carrying one a report revealed."""
         from overlay.directory.registration import TxError
         from verifier.audit.pool import opening_of
 
@@ -732,22 +730,20 @@ class Auditor:
                 log.info("audit: a donated prompt of %d bytes would take this plan's openings past their room "
                          "(%d bytes left); dropped", size, most)
                 continue
-            if any(k in taken for k in o.prompt_keys()):
-                log.info("audit: a donated prompt shares a user turn with a challenge already in this plan (the chain "
-                         "refuses a report carrying a prompt twice); dropped")
+            keys = o.prompt_keys()
+            if any(self.generator.is_used(k) for k in keys):
+                log.info("audit: a donated prompt shares a user turn with a challenge of this plan or an earlier one "
+                         "of this verifier (the chain refuses a report carrying a prompt twice and voids a challenge "
+                         "carrying a revealed one); dropped")
                 continue
-            if any(self.generator.is_used(k) for k in o.prompt_keys()):
-                log.info("audit: a donated prompt shares a user turn with one of this verifier's earlier challenges "
-                         "(the chain voids a challenge carrying a revealed prompt); dropped")
-                continue
-            self.generator.mark_used(keys=list(o.prompt_keys()))
+            self.generator.mark_used(keys=keys)
             if self.corpus is not None:
-                self.corpus.mark_used(o.prompt_keys())
+                self.corpus.mark_used(keys)
             return o, "donated"
         if self.corpus is not None:
             private = self.corpus.draw(model, self.rng, self.urandom, most)
             if private is not None:
-                self.generator.mark_used(keys=list(private.prompt_keys()))
+                self.generator.mark_used(keys=private.prompt_keys())
                 return private, "corpus"
             if not self.corpus.left():
                 self._warn_once(("corpus used",), logging.WARNING, "audit: the %d private prompts of %s are all "
@@ -1202,8 +1198,9 @@ class AuditSettings:
     # usage-quota tokens from them like any user (decision 0017), so that challenges carry tokens as
     # users' requests do. Empty: this verifier's own RPC only (enough when a token needs one issuer).
     committee: tuple[str, ...] = ()
-    # ``--challenge-prompts``: the operator's private challenge prompts (verifier/audit/corpus.py)
-    corpus_file: Path | None = None
+    # ``--challenge-prompts``: the operator's private challenge prompts as read from the file
+    # (verifier/audit/corpus.py ``read_corpus``; the audit loop adds what DATA_DIR says was used)
+    corpus: ChallengeCorpus | None = None
 
 
 async def run_audits(data_dir: Path, settings: AuditSettings, seed: bytes, pool: DonationPool | None = None,
@@ -1213,17 +1210,18 @@ async def run_audits(data_dir: Path, settings: AuditSettings, seed: bytes, pool:
     the donated prompts this verifier takes (:mod:`verifier.abci_app` adds to it); it learns the
     audited model here, once the engine is loaded. ``transcripts``: users' committed transcripts
     (:mod:`verifier.abci_app` fills the book; the auditor closes its epochs and scores them).
-    ``settings.corpus_file``: the operator's private prompts, loaded once with the used set kept in
-    ``data_dir`` (:func:`verifier.audit.corpus.load_corpus`)."""
-    from verifier.audit.corpus import load_corpus
+    ``settings.corpus``: the operator's private prompts; the used set kept in ``data_dir`` is
+    added to them once, before the model loads (:func:`verifier.audit.corpus.load_used`)."""
+    from verifier.audit.corpus import load_used
 
     engine: Any = None
-    corpus: ChallengeCorpus | None = None
+    corpus, used_loaded = settings.corpus, False
     try:
         while True:
             try:
-                if corpus is None and settings.corpus_file is not None:
-                    corpus = load_corpus(settings.corpus_file, data_dir)
+                if corpus is not None and not used_loaded:
+                    load_used(corpus, data_dir)
+                    used_loaded = True
                 if engine is None:
                     engine = await trio.to_thread.run_sync(_engine, settings)
                 if pool is not None:

@@ -289,30 +289,32 @@ def read_corpus(path: str | os.PathLike[str]) -> ChallengeCorpus:
 
 
 def load_used(corpus: ChallengeCorpus, data_dir: str | os.PathLike[str]) -> None:
-    """Mark used what ``data_dir`` (:data:`USED_FILE`) says was used. A file that does not decode is
-    logged as an error and renamed ``.corrupt`` (its prompts may then be used again); one that
-    cannot be read raises OSError (the verifier must not reuse prompts because of it)."""
+    """Mark used what ``data_dir`` (:data:`USED_FILE`) says was used, and log how many are left. A
+    file that does not decode is logged as an error and renamed ``.corrupt`` (its prompts may then
+    be used again); one that cannot be read raises OSError (the verifier must not reuse prompts
+    because of it)."""
     path = Path(data_dir) / USED_FILE
     try:
-        raw = path.read_bytes()
+        raw: bytes | None = path.read_bytes()
     except FileNotFoundError:
-        return
-    try:
-        corpus.take_used(raw)
-    except ValueError as exc:
-        log.error("audit: the used private prompts file %s is corrupt (%s); set aside as %s.corrupt: the prompts "
-                  "it named may be sent again", path, exc, path.name)
+        raw = None
+    if raw is not None:
         try:
-            os.replace(path, path.with_name(path.name + ".corrupt"))
-        except OSError:
-            pass
+            corpus.take_used(raw)
+        except ValueError as exc:
+            log.error("audit: the used private prompts file %s is corrupt (%s); set aside as %s.corrupt: the "
+                      "prompts it named may be sent again", path, exc, path.name)
+            try:
+                os.replace(path, path.with_name(path.name + ".corrupt"))
+            except OSError:
+                pass
+    log.info("audit: %d private challenge prompts from %s, %d unused", len(corpus), corpus.source, corpus.left())
 
 
 def load_corpus(path: str | os.PathLike[str], data_dir: str | os.PathLike[str]) -> ChallengeCorpus:
     """:func:`read_corpus` of ``path`` with the used set kept in ``data_dir`` (:func:`load_used`)."""
     corpus = read_corpus(path)
     load_used(corpus, data_dir)
-    log.info("audit: %d private challenge prompts from %s, %d unused", len(corpus), path, corpus.left())
     return corpus
 
 
