@@ -1137,6 +1137,34 @@ def test_the_used_private_prompts_are_written_before_the_plan(tmp_path: Path,
     assert on_disk.left() == 2
 
 
+async def test_no_plan_is_committed_while_its_private_prompts_cannot_be_marked_used(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A verifier that cannot write its used private prompts must not send them: restarted, it
+    would draw them again, and a prompt sent twice is one the node (and the chain's reveal) has
+    seen. The plan's commit waits, offered again each poll, until the file is written."""
+    a = auditor(0, corpus=_corpus(*(f"private {i}" for i in range(8))))
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / USED_FILE).mkdir()  # the file cannot be written over a directory
+    chain = FakeChain(view(), START)
+    driver = AuditDriver(a, "127.0.0.1:1", client=FakeClient({}), engine=FakeEngine(), rpc=chain.rpc,  # type: ignore[arg-type]
+                         data_dir=data)
+    with caplog.at_level(logging.ERROR, "gentorrent.audit"):
+        for h in (START, START + 1):
+            chain.height = h
+            async with trio.open_nursery() as nursery:
+                await driver.step(nursery)
+    assert chain.sent == [] and "the plan is not committed until it can be" in caplog.text
+    (data / USED_FILE).rmdir()
+    async with trio.open_nursery() as nursery:
+        await driver.step(nursery)
+    (commit,) = [at.decode_audit_tx(raw, CHAIN) for raw in chain.sent]
+    assert isinstance(commit, at.PlanCommit) and a.current is not None and commit.plan_hash == a.current.hash()
+    on_disk = _corpus(*(f"private {i}" for i in range(8)))
+    on_disk.take_used((data / USED_FILE).read_bytes())
+    assert on_disk.left() == 2  # the plan's six
+
+
 def test_a_private_prompt_over_the_room_left_is_kept_for_a_later_plan() -> None:
     corpus = _corpus("x" * 4000)
     a = auditor(0, corpus=corpus)

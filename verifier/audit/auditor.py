@@ -1011,20 +1011,26 @@ class AuditDriver:
             raise RpcError(f"{self.address} answered {path} with code {answer.code}: {answer.log[:200]}")
         return answer.value, answer.height
 
-    def persist(self) -> None:
+    def persist(self) -> bool:
         """Write the used private prompts (if they changed: first, so that no challenge of a plan
         on disk holds a prompt the file does not name as used), the plan (if it changed) and the
         donation pool (if it changed, at most every :data:`POOL_SAVE_S`: it may be large) to
-        :attr:`data_dir`. A write that fails is logged; the plan stays in memory."""
+        :attr:`data_dir`. A write that fails is logged; the plan stays in memory. False when the
+        used private prompts are not on disk: then no plan commit may go out (:meth:`step`)."""
         from overlay.wire.identity import write_private
         from verifier.audit.corpus import save_used
         from verifier.audit.pool import save_pool
 
         if self.data_dir is None:
-            return
+            return True
         try:
             if self.auditor.corpus is not None:
                 save_used(self.auditor.corpus, self.data_dir)
+        except OSError as exc:
+            log.error("audit: cannot write the used private prompts to %s (%s): the plan is not committed until "
+                      "it can be, as a restart would send its private prompts again", self.data_dir, exc)
+            return False
+        try:
             if self.auditor.changed:
                 write_private(self.data_dir / PLAN_FILE, self.auditor.snapshot())
             now = self.clock.monotonic()
@@ -1032,8 +1038,8 @@ class AuditDriver:
                 self._pool_saved = now
                 save_pool(self.auditor.pool, self.data_dir)
         except OSError as exc:
-            log.error("audit: cannot write the audit plan, used private prompts or donation pool in %s: %s",
-                      self.data_dir, exc)
+            log.error("audit: cannot write the audit plan or donation pool in %s: %s", self.data_dir, exc)
+        return True
 
     async def broadcast(self, sub: Submit) -> None:
         """``broadcast_tx_sync``; a network error is retried at the next plan, a refusal goes to
@@ -1055,13 +1061,17 @@ class AuditDriver:
             log.info("audit: submitted the %s", sub.what)
 
     async def step(self, nursery: trio.Nursery) -> None:
-        """One poll: read the view, write the plan if it changed (before its commit goes out), start
-        what the planner asks (in ``nursery``)."""
+        """One poll: read the view, write the plan if it changed (before its commit goes out; no
+        commit goes out while the used private prompts cannot be written), start what the planner
+        asks (in ``nursery``)."""
         raw, height = await self.query("/audit")
         view = parse_view(raw)
         self.height = max(self.height, height)
         actions = self.auditor.plan(view, height)
-        self.persist()
+        if not self.persist():  # the plan's private prompts could be sent again after a restart
+            for a in [a for a in actions if isinstance(a, Submit) and a.key[0] == "commit"]:
+                actions.remove(a)
+                self.auditor.submitted(a.key, retry=True)  # offered again at the next poll
         reported = [a.key[1] for a in actions if isinstance(a, Submit) and a.key[0] == "report"]
         self.retire(max([view.epoch - 1, *reported]))
         for action in actions:
