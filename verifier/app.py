@@ -979,11 +979,13 @@ class CommitteeApp:
         - ``/validators``: ``[change_seq, [[ed25519_public, power], ...]]``.
         - ``/audit``: the audit's state as a msgpack map (:func:`verifier.audit.chain.query_audit`;
           docs/committee.md "Audits"): who committed and reported, never what a plan holds;
-          ``/reputation``: ``[[node_id, value, [window flags], epochs], ...]`` by node id. Both
+          ``/audit/revealed/E`` (``E`` in decimal): ``[E, [prompt key, ...]]``, the user turns
+          epoch E's reports revealed (:func:`verifier.audit.chain.query_revealed`);
+          ``/reputation``: ``[[node_id, value, [window flags], epochs], ...]`` by node id. All
           answer AUDITS_OFF on a chain without audits.
         """
         st = self.committed
-        if path in ("/audit", "/reputation"):
+        if path in ("/audit", "/reputation") or path.startswith(audits.REVEALED_PATH):
             return self._query_audit(path)
         if path.startswith("/lists/"):
             return self._query_list(path)
@@ -1009,7 +1011,7 @@ class CommitteeApp:
             users = sum(1 for r in st.nodes.values() if r.entry.role == ROLE_USER)
             return OK, pack([self.height, self.app_hash, st.chain_id, users, len(st.nodes) - users])
         return Result(Code.INVALID_FIELD, f"unknown query path {path[:64]!r}; try /node, /seq, /nodes, /info, "
-                             "/lists/users, /lists/models, /validators, /admission, /audit or /reputation"), b""
+                             "/lists/users, /lists/models, /validators, /admission, /audit, /audit/revealed/EPOCH or /reputation"), b""
 
     def admission_info(self) -> bytes:
         """``/admission``: a msgpack map of the rules a registration meets now (decision 0014):
@@ -1026,6 +1028,12 @@ class CommitteeApp:
             return Result(Code.AUDITS_OFF, "this committee's genesis has no audit section"), b""
         if path == "/reputation":
             return OK, audits.query_reputation(st.audit)
+        if path.startswith(audits.REVEALED_PATH):
+            epoch = path[len(audits.REVEALED_PATH):]
+            if not (epoch.isdigit() and epoch.isascii() and len(epoch) <= 19):
+                return Result(Code.INVALID_FIELD, f"{audits.REVEALED_PATH}EPOCH takes the epoch in decimal, "
+                                                  f"not {epoch[:24]!r}"), b""
+            return OK, audits.query_revealed(st.audit, int(epoch))
         return OK, audits.query_audit(st.audit, st.validator_powers(), st.nodes)
 
     def _query_list(self, path: str) -> tuple[Result, bytes]:

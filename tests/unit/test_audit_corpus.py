@@ -219,6 +219,25 @@ def test_a_prompt_sharing_any_turn_with_a_used_one_is_used() -> None:
     assert [o.messages for o in drain(other, random.Random(2))] == [a]
 
 
+def test_a_conversation_with_a_turn_to_avoid_stays_unused_and_the_rest_are_drawn_uniformly() -> None:
+    """``avoid`` names turns another verifier's report revealed (void on the chain for a while): a
+    conversation holding one is not drawn but stays unused; the others are drawn as often each;
+    with every one avoided there is no draw, and nothing is used."""
+    thanks = at.Opening(bytes(16), MODEL, (ChatMessage("user", "Thanks!"),), draw_params(random.Random(0))).prompt_key()
+    scripts = [(ChatMessage("user", f"q{i}"),) for i in range(3)] + [(ChatMessage("user", "q3"),
+                                                                      ChatMessage("user", "thanks!"))]
+    counts = dict.fromkeys(range(4), 0)
+    for seed in range(600):
+        c = cp.ChallengeCorpus(scripts)
+        o = c.draw(MODEL, random.Random(seed), avoid=lambda k: k == thanks)
+        assert o is not None and c.left() == 3
+        counts[int(o.messages[0].content[1])] += 1
+    assert counts[3] == 0 and all(150 < counts[i] < 250 for i in range(3)), counts
+    c = cp.ChallengeCorpus(scripts[3:])
+    assert c.draw(MODEL, random.Random(0), avoid=lambda k: k == thanks) is None and c.left() == 1 and not c.dirty
+    assert c.draw(MODEL, random.Random(0)) is not None  # once the chain has forgotten it
+
+
 def test_a_prompt_over_the_room_left_stays_unused() -> None:
     c = cp.ChallengeCorpus([(ChatMessage("user", "x" * 4000),)])
     assert c.draw(MODEL, random.Random(0), most=1000) is None and c.left() == 1 and not c.dirty

@@ -21,10 +21,12 @@ from overlay.directory.registration import OP_REGISTER, Entry, make_tx
 from overlay.wire import crypto
 from overlay.wire.constants import ROLE_MODEL, TRUST_LINE
 from overlay.wire.identity import Identity
+from overlay.wire.messages import ChatMessage, SamplingParams
 from verifier.app import CommitteeApp, Validator
+from verifier.audit import pool as pl
 from verifier.audit import tx as at
-from verifier.audit.auditor import Auditor, Failure, Reply, Send, Submit, parse_view
-from verifier.audit.chain import decode_query
+from verifier.audit.auditor import Auditor, Failure, Reply, Send, Submit, parse_revealed, parse_view
+from verifier.audit.chain import REVEALED_PATH, decode_query
 from verifier.audit.challenges import ChallengeGenerator
 
 CHAIN = "audit-loop"
@@ -50,6 +52,7 @@ class Loop:
                     Entry(ROLE_MODEL, ident.x25519.public_bytes, f"127.0.0.1:{7000 + i}", "default", MODEL, 1))
             for i, ident in enumerate(self.nodes.values())]
         self.refused: list[tuple[str, int, str]] = []
+        self.reported: list[tuple[int, at.AuditReport]] = []  # (verifier, report) as submitted
         self.tries: dict[str, list[int]] = {}
 
     def query(self, path: str) -> bytes:
@@ -84,9 +87,14 @@ class Loop:
                 self.refused.append((raw[:8].hex(), int(r.code), r.log))
         self.app.commit()
         view = parse_view(self.query("/audit"))
-        for a in self.auditors:
+        for i, a in enumerate(self.auditors):
+            for epoch in a.revealed_wanted(view.epoch):  # as the driver reads them
+                a.take_revealed(epoch, parse_revealed(self.query(f"{REVEALED_PATH}{epoch}"), epoch))
             for action in a.plan(view, self.height):
                 if isinstance(action, Submit):
+                    tx = at.decode_audit_tx(action.raw, CHAIN)
+                    if isinstance(tx, at.AuditReport):
+                        self.reported.append((i, tx))
                     self.pending.append(action.raw)
                     a.submitted(action.key, retry=False)
                 else:
@@ -136,3 +144,32 @@ def test_one_byzantine_verifier_cannot_sink_an_honest_node_or_save_a_degraded_on
     loop.run(6)
     assert loop.refused == []  # the lies are well-formed: only the median defeats them
     assert loop.reputation("degraded") < TRUST_LINE <= loop.reputation("honest")
+
+
+def test_a_turn_one_verifier_revealed_is_not_sent_by_another_while_the_chain_voids_it() -> None:
+    """Verifier 1 challenges with a donated "Tell me more."; its report reveals the turn, which the
+    chain then voids in any challenge for PROMPT_EPOCHS epochs. Verifier 0, whose pool holds a
+    conversation ending in it, reads the reveal (``/audit/revealed/E``) and drops that conversation
+    rather than spend a challenge on it."""
+    own = SamplingParams(0.7, 1.0, 0, 256, None)
+
+    def pool(*turns: str) -> pl.DonationPool:
+        p = pl.DonationPool()
+        p.add(pl.Donation(b"\x40" * 20, MODEL, tuple(ChatMessage("user", t) for t in turns), own))
+        return p
+
+    loop = Loop()
+    loop.auditors[1].pool = pool("Tell me more.")
+    loop.run(2)
+    (by_1,) = [r for i, r in loop.reported if i == 1 and any(e.opening.messages[-1].content == "Tell me more."
+                                                               for e in r.entries)]
+    key = next(e.opening.prompt_keys()[-1] for e in by_1.entries if e.opening.messages[-1].content == "Tell me more.")
+    assert key in parse_revealed(loop.query(f"{REVEALED_PATH}{by_1.epoch}"), by_1.epoch)
+    loop.auditors[0].pool = later = pool("How do plants grow?", "Tell me more.")
+    loop.run(4)
+    assert len(later) == 0  # drawn, and dropped
+    sent_by_0 = {m.content for i, r in loop.reported if i == 0 for e in r.entries for m in e.opening.messages}
+    assert "How do plants grow?" not in sent_by_0 and loop.refused == []
+    assert loop.query(f"{REVEALED_PATH}{10**6}") == b"\x92\xce\x00\x0fB@\x90"  # [10**6, []]: nothing revealed then
+    result, _ = loop.app.query(f"{REVEALED_PATH}x1", b"")
+    assert not result.ok and "the epoch in decimal" in result.log

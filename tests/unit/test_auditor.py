@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import functools
+import json
 import logging
 import random
 import stat
@@ -41,6 +42,7 @@ from verifier.audit.auditor import (
     load_auditor,
     parse_view,
 )
+from verifier.audit.chain import PROMPT_EPOCHS, REVEALED_PATH
 from verifier.audit.challenges import ChallengeError, ChallengeGenerator
 from verifier.audit.corpus import USED_FILE, ChallengeCorpus, load_corpus, read_corpus
 
@@ -435,6 +437,36 @@ def test_a_donated_prompt_sharing_a_turn_with_an_earlier_challenge_is_not_sent()
         assert "Tell me more." not in _contents(a) and len(pool) == 0
 
 
+def _key(*turns: str) -> bytes:
+    """The prompt key of the last of ``turns`` (a script's user turns)."""
+    own = SamplingParams(0.7, 1.0, 0, 256, None)
+    return at.Opening(bytes(16), MODEL, tuple(ChatMessage("user", t) for t in turns), own).prompt_keys()[-1]
+
+
+def test_a_turn_another_verifiers_report_revealed_is_not_planned_until_the_chain_forgets_it() -> None:
+    """The chain voids a challenge carrying a user turn any report of its last PROMPT_EPOCHS
+    revealed, another verifier's too: a donated script holding one is dropped rather than sent void,
+    and a private conversation holding one waits, unused, until the chain has forgotten it."""
+    own = SamplingParams(0.7, 1.0, 0, 256, None)
+    pool = pl.DonationPool()
+    pool.add(pl.Donation(b"\x40" * 20, MODEL, (ChatMessage("user", "question 0"), ChatMessage("user", "Tell me more.")),
+                         own))
+    corpus = ChallengeCorpus([(ChatMessage("user", "private 0"), ChatMessage("user", "Thanks!"))], "private.jsonl")
+    a = auditor(0, pool=pool, corpus=corpus)
+    assert a.revealed_wanted(5) == [0, 1, 2, 3, 4]
+    for e in range(5):
+        a.take_revealed(e, [_key("Tell me more.")] if e == 2 else [_key("Thanks!")] if e == 4 else [])
+    assert a.revealed_wanted(5) == []
+    v = view(epoch=5)
+    a.plan(v, START)
+    assert not {"Tell me more.", "Thanks!"} & set(_contents(a)) and len(pool) == 0 and corpus.left() == 1
+    later = 4 + PROMPT_EPOCHS  # the epoch from which the chain no longer holds epoch 4's reveals
+    assert a.revealed_wanted(later) == list(range(5, later))  # epochs 2 and 4 forgotten, the others wanted
+    b = auditor(0, corpus=corpus)  # a verifier that has not read what the chain revealed sends it void
+    b.plan(v, START)
+    assert "Thanks!" in _contents(b)
+
+
 def test_what_an_auditor_keeps_does_not_grow_with_the_epochs() -> None:
     """A verifier's audit loop runs for months: its once-an-epoch warnings of past epochs are
     forgotten, and its driver keeps only the latest SUBMITTED_KEPT submissions."""
@@ -558,12 +590,20 @@ class FakeChain:
     def __init__(self, v: AuditView, height: int) -> None:
         self.view, self.height = v, height
         self.sent: list[bytes] = []
+        self.revealed: dict[int, list[bytes]] = {}  # epoch -> the prompt keys its reports revealed
+        self.queries: list[str] = []
 
     async def rpc(self, address: str, method: str, params: dict[str, str]) -> Any:
         if method == "abci_query":
-            assert params["path"] == '"/audit"'
-            return {"response": {"code": 0, "value": base64.b64encode(wire(self.view)).decode(),
-                                 "height": str(self.height)}}
+            path = json.loads(params["path"])
+            self.queries.append(path)
+            if path == "/audit":
+                value = wire(self.view)
+            else:
+                assert path.startswith(REVEALED_PATH), path
+                epoch = int(path[len(REVEALED_PATH):])
+                value = msgpack.packb([epoch, self.revealed.get(epoch, [])], use_bin_type=True)
+            return {"response": {"code": 0, "value": base64.b64encode(value).decode(), "height": str(self.height)}}
         assert method == "broadcast_tx_sync"
         self.sent.append(bytes.fromhex(params["tx"][2:]))
         return {"code": 0, "log": ""}
@@ -633,6 +673,26 @@ class BrokenEngine(FakeEngine):
         from model_node.engine import EngineError
 
         raise EngineError("out of memory")
+
+
+async def test_the_driver_reads_each_past_epochs_revealed_prompts_once() -> None:
+    """The planner learns what the reports of the chain's last PROMPT_EPOCHS epochs revealed, read
+    once an epoch (``/audit/revealed/E``), before its plan: a donated follow-up another verifier
+    revealed two epochs ago is not sent."""
+    own = SamplingParams(0.7, 1.0, 0, 256, None)
+    pool = pl.DonationPool()
+    pool.add(pl.Donation(b"\x40" * 20, MODEL, (ChatMessage("user", "question 0"), ChatMessage("user", "Tell me more.")),
+                         own))
+    chain = FakeChain(view(epoch=3), START)
+    chain.revealed = {1: [_key("Tell me more.")]}
+    a = auditor(0, pool=pool)
+    driver = AuditDriver(a, "127.0.0.1:1", client=FakeClient({}), engine=FakeEngine(), rpc=chain.rpc)  # type: ignore[arg-type]
+    for h in (START, START + 1):
+        chain.height = h
+        async with trio.open_nursery() as nursery:
+            await driver.step(nursery)
+    assert chain.queries == ["/audit", *(f"{REVEALED_PATH}{e}" for e in range(3)), "/audit"]
+    assert "Tell me more." not in _contents(a) and len(pool) == 0
 
 
 async def test_a_failure_on_the_verifiers_side_is_logged_with_the_node_and_stops_nothing(

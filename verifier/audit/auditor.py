@@ -69,7 +69,7 @@ import os
 import random
 import re
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -224,6 +224,23 @@ def parse_view(raw: bytes) -> AuditView:
         )
     except KeyError as exc:
         raise AuditViewError(f"/audit answer lacks {exc}") from None
+
+
+def parse_revealed(raw: bytes, epoch: int) -> tuple[bytes, ...]:
+    """The prompt keys of a ``/audit/revealed/E`` answer for ``epoch``
+    (:func:`verifier.audit.chain.query_revealed`); :class:`AuditViewError` for anything else."""
+    from verifier.audit.tx import PROMPT_KEY_LEN
+
+    if len(raw) > MAX_VIEW_BYTES:
+        raise AuditViewError(f"/audit/revealed/{epoch} answer over {MAX_VIEW_BYTES} bytes")
+    try:
+        doc = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
+        raise AuditViewError(f"/audit/revealed/{epoch} answer does not decode ({exc})") from None
+    e, keys = _list(doc, f"/audit/revealed/{epoch} answer", 2)
+    if _t(e, int, "revealed epoch") != epoch:
+        raise AuditViewError(f"/audit/revealed/{epoch} answered for epoch {e}")
+    return tuple(_bytes(k, "revealed prompt key", PROMPT_KEY_LEN) for k in _list(keys, "revealed prompt keys"))
 
 
 # --------------------------------------------------------------------------- actions and results
@@ -497,6 +514,7 @@ class Auditor:
     _warned: set[tuple[Any, ...]] = field(default_factory=set)
     _scores: Submit | None = None  # the latest transcript scores, handed out again after a network error
     _carry: ScoreCarry = field(default_factory=_score_carry)  # scores held for the chain's minimum
+    _revealed: dict[int, frozenset[bytes]] = field(default_factory=dict)  # epoch -> prompt keys its reports revealed
 
     def __post_init__(self) -> None:
         from overlay.wire.crypto import SigningKey
@@ -515,6 +533,26 @@ class Auditor:
         if key not in self._warned:
             self._warned.add(key)
             log.log(level, msg, *args)
+
+    # ------------------------------------------------------------------ what the chain revealed
+
+    def revealed_wanted(self, epoch: int) -> list[int]:
+        """The past epochs, of the chain's last :data:`~verifier.audit.chain.PROMPT_EPOCHS` before
+        ``epoch``, whose revealed prompt keys this planner does not hold (the driver reads them,
+        ``/audit/revealed/E``, and hands them to :meth:`take_revealed`); older ones are forgotten."""
+        from verifier.audit.chain import PROMPT_EPOCHS
+
+        first = max(0, epoch - PROMPT_EPOCHS + 1)
+        self._revealed = {e: keys for e, keys in self._revealed.items() if first <= e < epoch}
+        return [e for e in range(first, epoch) if e not in self._revealed]
+
+    def take_revealed(self, epoch: int, keys: Iterable[bytes]) -> None:
+        """The prompt keys every report of the past ``epoch`` revealed, other verifiers' included:
+        until the chain forgets them, a challenge carrying one is void, so none is planned."""
+        self._revealed[epoch] = frozenset(keys)
+
+    def _is_revealed(self, key: bytes) -> bool:
+        return any(key in keys for keys in self._revealed.values())
 
     # ------------------------------------------------------------------ submissions
 
@@ -708,9 +746,10 @@ class Auditor:
     def _opening(self, model: str, node: bytes, most: int) -> tuple[Opening, str]:
         """A fresh challenge for ``node`` of ``model`` and where it came from (one of
         :data:`SOURCES`): a donated prompt of at most ``most`` bytes encoded, none of whose user
-        turns the generator holds as used, if the pool holds one the node has not read
-        ("donated"; a larger or overlapping one drawn is dropped; decision 0029), else an unused
-        private prompt of at most ``most`` bytes ("corpus"; a larger one drawn stays unused), else
+        turns the generator holds as used or a report of the chain's last PROMPT_EPOCHS revealed,
+        if the pool holds one the node has not read ("donated"; a larger or overlapping one drawn
+        is dropped; decision 0029), else an unused private prompt of at most ``most`` bytes with
+        no revealed turn ("corpus"; a larger or revealed one stays unused), else
         the generator's ("generator"). Every challenge's prompt keys are marked used in the
         generator (and the corpus) as it is handed out, so the generator's set holds this plan's
         turns and this verifier's earlier ones: two donors' conversations may share a follow-up
@@ -731,17 +770,17 @@ class Auditor:
                          "(%d bytes left); dropped", size, most)
                 continue
             keys = o.prompt_keys()
-            if any(self.generator.is_used(k) for k in keys):
-                log.info("audit: a donated prompt shares a user turn with a challenge of this plan or an earlier one "
-                         "of this verifier (the chain refuses a report carrying a prompt twice and voids a challenge "
-                         "carrying a revealed one); dropped")
+            if any(self.generator.is_used(k) or self._is_revealed(k) for k in keys):
+                log.info("audit: a donated prompt shares a user turn with a challenge of this plan, an earlier one "
+                         "of this verifier or one a report revealed (the chain refuses a report carrying a prompt "
+                         "twice and voids a challenge carrying a revealed one); dropped")
                 continue
             self.generator.mark_used(keys=keys)
             if self.corpus is not None:
                 self.corpus.mark_used(keys)
             return o, "donated"
         if self.corpus is not None:
-            private = self.corpus.draw(model, self.rng, self.urandom, most)
+            private = self.corpus.draw(model, self.rng, self.urandom, most, avoid=self._is_revealed)
             if private is not None:
                 self.generator.mark_used(keys=private.prompt_keys())
                 return private, "corpus"
@@ -1061,12 +1100,17 @@ class AuditDriver:
             log.info("audit: submitted the %s", sub.what)
 
     async def step(self, nursery: trio.Nursery) -> None:
-        """One poll: read the view, write the plan if it changed (before its commit goes out; no
+        """One poll: read the view and the prompts past epochs' reports revealed that the planner
+        lacks, write the plan if it changed (before its commit goes out; no
         commit goes out while the used private prompts cannot be written), start what the planner
         asks (in ``nursery``)."""
+        from verifier.audit.chain import REVEALED_PATH
+
         raw, height = await self.query("/audit")
         view = parse_view(raw)
         self.height = max(self.height, height)
+        for epoch in self.auditor.revealed_wanted(view.epoch):  # each past epoch once (64 after a start)
+            self.auditor.take_revealed(epoch, parse_revealed((await self.query(f"{REVEALED_PATH}{epoch}"))[0], epoch))
         actions = self.auditor.plan(view, height)
         if not self.persist():  # the plan's private prompts could be sent again after a restart
             for a in [a for a in actions if isinstance(a, Submit) and a.key[0] == "commit"]:

@@ -76,6 +76,7 @@ MISS_LIMIT = 3
 MIN_TRANSCRIPTS = 4  # transcript scores a validator needs for a node before they vote (decision 0015)
 OUTCOMES = 16
 PROMPT_EPOCHS = 64
+REVEALED_PATH = "/audit/revealed/"  # + the epoch in decimal: query_revealed
 MAX_REASON = 300
 _ORDER_PERSON = b"gt-audit-order"
 
@@ -608,6 +609,13 @@ def query_audit(st: AuditState, validators: Validators, nodes: Mapping[bytes, No
         "outcomes": [o.to_wire() for o in st.outcomes],
         "misses": [list(m) for m in st.misses],
     })
+
+
+def query_revealed(st: AuditState, epoch: int) -> bytes:
+    """``/audit/revealed/E``: ``[E, [prompt key, ...]]``, sorted, every user turn the reports of
+    epoch ``E`` revealed (none for an epoch without reports or past :data:`PROMPT_EPOCHS`). A
+    challenge carrying one of them is void until then: a verifier's planner leaves them out."""
+    return pack([epoch, list(dict(st.used_prompts).get(epoch, ()))])
 
 
 def query_reputation(st: AuditState) -> bytes:

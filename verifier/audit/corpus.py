@@ -215,25 +215,40 @@ class ChallengeCorpus:
             self.dirty = True
 
     def draw(self, model: str, rng: random.Random, urandom: Callable[[int], bytes] = os.urandom,
-             most: int | None = None) -> Opening | None:
-        """A challenge for ``model`` from a conversation chosen uniformly among the unused ones,
+             most: int | None = None, avoid: Callable[[bytes], bool] | None = None) -> Opening | None:
+        """A challenge for ``model`` from a conversation chosen uniformly among the unused ones
+        none of whose user turns' keys ``avoid`` names (turns another verifier's report revealed:
+        the chain voids them for a while, so such a conversation stays unused for a later plan),
         with parameters drawn like users' clients' (:func:`~verifier.audit.challenges.draw_params`)
-        and a fresh salt, marked used. None when every conversation is used, or when the one
+        and a fresh salt, marked used. None when no conversation is left so, or when the one
         chosen is over ``most`` bytes encoded (it stays unused for a later plan)."""
+        j = self._pick(rng, avoid)
+        if j is None:
+            return None
+        i = self._unused[j]
+        o = Opening(urandom(SALT_LEN), model, self._scripts[i], draw_params(rng))
+        if most is not None and (size := len(o.encode())) > most:
+            log.info("audit: a private prompt of %d bytes would take this plan's openings past their room (%d "
+                     "bytes left); kept for a later plan", size, most)
+            return None
+        self._take(j)
+        self.mark_used(self._keys[i])
+        return o
+
+    def _pick(self, rng: random.Random, avoid: Callable[[bytes], bool] | None) -> int | None:
+        """The index in the unused list of a conversation chosen uniformly among those fresh and
+        not avoided (conversations found used since are dropped from the list on the way)."""
         while self._unused:
             j = rng.randrange(len(self._unused))
             i = self._unused[j]
             if not self._fresh(i):  # a turn of it was used since
                 self._take(j)
                 continue
-            o = Opening(urandom(SALT_LEN), model, self._scripts[i], draw_params(rng))
-            if most is not None and (size := len(o.encode())) > most:
-                log.info("audit: a private prompt of %d bytes would take this plan's openings past their room (%d "
-                         "bytes left); kept for a later plan", size, most)
-                return None
-            self._take(j)
-            self.mark_used(self._keys[i])
-            return o
+            if avoid is None or not any(avoid(k) for k in self._keys[i]):
+                return j
+            # uniform among the rest: the first try was uniform, so this keeps every one's chance equal
+            left = [x for x, i in enumerate(self._unused) if self._fresh(i) and not any(avoid(k) for k in self._keys[i])]
+            return rng.choice(left) if left else None
         return None
 
     # ------------------------------------------------------------------ the used set
