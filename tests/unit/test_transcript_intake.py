@@ -5,7 +5,6 @@ submits one TranscriptScores (kind 3) (verifier/audit/auditor.py)."""
 
 from __future__ import annotations
 
-import base64
 import json
 import random
 from typing import Any
@@ -22,8 +21,7 @@ from overlay.wire.constants import ROLE_MODEL, ROLE_USER
 from overlay.wire.crypto import SigningKey
 from overlay.wire.identity import Identity
 from overlay.wire.messages import ChatMessage, Request, SamplingParams
-from tests.unit.test_auditor import END, MODEL, PKS, REPORT_FROM, SEEDS, FakeEngine, auditor, view
-from tests.unit.test_auditor import wire as view_wire
+from tests.unit.test_auditor import END, MODEL, PKS, REPORT_FROM, SEEDS, FakeChain, FakeEngine, auditor, view
 from verifier.abci.proto.tendermint.abci import types_pb2 as abci
 from verifier.abci_app import CommitteeAbciApp
 from verifier.app import CommitteeApp, Validator
@@ -277,21 +275,6 @@ def test_scores_keep_to_the_chains_limits_by_a_random_sample() -> None:
     assert isinstance(tx, at.TranscriptScores)
     assert len(tx.nodes) == 7 and all(len(s) == at.MAX_TRANSCRIPTS_PER_NODE for _, s in tx.nodes)
     assert any(s != tuple(sorted(s)) or s[0] != min(x for n, x in many if n == node) for node, s in tx.nodes)
-
-
-class FakeChain:
-    """The verifier's RPC: ``/audit`` at ``height``, and every broadcast transaction."""
-
-    def __init__(self, v: Any, height: int) -> None:
-        self.view, self.height = v, height
-        self.sent: list[bytes] = []
-
-    async def rpc(self, address: str, method: str, params: dict[str, str]) -> Any:
-        if method == "abci_query":
-            return {"response": {"code": 0, "value": base64.b64encode(view_wire(self.view)).decode(),
-                                 "height": str(self.height)}}
-        self.sent.append(bytes.fromhex(params["tx"][2:]))
-        return {"code": 0, "log": ""}
 
 
 class HalfBrokenEngine(FakeEngine):
