@@ -72,9 +72,10 @@ def test_figures_are_well_formed(out: dict[str, Any]) -> None:
         for view in ("generator", "donated", "donated_colluder"):
             swept = [f[f"{pre}selective_{view}_tpr{t}_untrusted_within_5_share"] for t in (50, 55, 60, 70, 80, 90, 95)]
             assert f[f"{pre}cheater_selective_{view}_untrusted_within_5_share"] in swept
-    for view in ("private", "private_scripts"):  # part H: challenges only
-        swept = [f[f"selective_{view}_tpr{t}_untrusted_within_5_share"] for t in (50, 55, 60, 70, 80, 90, 95)]
-        assert f[f"cheater_selective_{view}_untrusted_within_5_share"] in swept
+    for pre, view in (*(("", v) for v in ("private", "private_scripts", "mixed10", "mixed25", "mixed50", "mixed75")),
+                      ("whatif_unrecognised_", "mixed10"), ("whatif_unrecognised_", "mixed25")):  # H, I: challenges only
+        swept = [f[f"{pre}selective_{view}_tpr{t}_untrusted_within_5_share"] for t in (50, 55, 60, 70, 80, 90, 95)]
+        assert f[f"{pre}cheater_selective_{view}_untrusted_within_5_share"] in swept
     # framing: a grid value (or twice the grid's last: not found), and every identity counted or burnt
     grid = out["params"]["transcripts"]["framing"]["grid"]
     for rho in (0, 10, 25):
@@ -135,6 +136,13 @@ def test_what_the_design_promises(out: dict[str, Any]) -> None:
     for cheat in ("selective", "forwarder", "aborter"):
         assert f[f"cheater_{cheat}_private_scripts_reputation_after_5_mean"] < 0.4
     assert f["private_run_honest_min_reputation"] >= 0.4
+    # part I (decision 0031): the template's challenges are flagged whatever the share, so the fewer
+    # a node's challenges are donated the better its detector, and a cheater with 90 % of them
+    # generated keeps its reputation where one with 25 % generated loses it
+    aucs = [f[f"auc_best_mixed{s}"] for s in (10, 25, 50, 75)]
+    assert aucs == sorted(aucs, reverse=True) and aucs[-1] > f["auc_best_donated"]
+    assert f["cheater_selective_mixed10_reputation_after_5_mean"] > 0.6 > f[
+        "cheater_selective_mixed75_reputation_after_5_mean"]
     # the detectors work: the public generator is recognisable, a colluder's memory recognises donations
     assert f["auc_template_generator"] > 0.9
     assert f["auc_seen_before_all_donated"] > 0.9

@@ -1114,10 +1114,11 @@ def _contents(a: Auditor) -> list[str]:
 
 
 def test_private_prompts_come_after_donated_ones_and_before_the_generator(caplog: pytest.LogCaptureFixture) -> None:
-    """The first node read the one donated prompt (decision 0029): its two challenges are private
-    prompts; the second node's first is the donated one, its second the last private prompt; the
-    third node's come from the generator, logged with the advice, once."""
-    first, second, _ = sorted(NODES)
+    """The first node read the one donated prompt (decision 0029), so it goes to another node; the
+    three private prompts come next, and the generator's last, logged with the advice, once. Too few
+    to go round twice, they go round once (decision 0031): every node gets one a node cannot
+    recognise before any gets a second."""
+    first = min(NODES)
     own = SamplingParams(0.2, 0.9, 0, 100, 3)
     pool = pl.DonationPool()
     pool.add(pl.Donation(b"\x44" * 20, MODEL, (ChatMessage("user", "donated"),), own, (first,)))
@@ -1127,14 +1128,41 @@ def test_private_prompts_come_after_donated_ones_and_before_the_generator(caplog
     with caplog.at_level(logging.INFO, "gentorrent.audit"):
         a.plan(view(), START)
     assert a.current is not None
-    got = _contents(a)
-    assert [e.node_id for e in a.current.entries[:4]] == [first, first, second, second]
-    assert set(got[:2]) | {got[3]} == private and got[2] == "donated" and a.current.entries[2].opening.params == own
-    assert not {got[4], got[5]} & (private | {"donated"})  # the generator's
+    got: dict[bytes, list[str]] = {}
+    for e in a.current.entries:
+        got.setdefault(e.node_id, []).append(e.opening.messages[-1].content)
+    assert sorted(got) == sorted(NODES) and all(len(texts) == 2 for texts in got.values())
+    (donated,) = [e for e in a.current.entries if e.opening.messages[-1].content == "donated"]
+    assert donated.node_id != first and donated.opening.params == own
+    assert sorted(t for texts in got.values() for t in texts if t.startswith("private")) == sorted(private)
+    for texts in got.values():  # one it cannot recognise each, then the generator's
+        assert sum(t in private | {"donated"} for t in texts) >= 1
     assert corpus.left() == 0 and len(pool) == 0
     assert "(1 donated, 3 private, 2 generated)" in caplog.text
     assert caplog.text.count(GENERATOR_WARNING) == 1 and "--challenge-prompts" in GENERATOR_WARNING
     assert caplog.text.count("the 3 private prompts of private.jsonl are all used; add more to private.jsonl") == 1
+
+
+def test_scarce_donated_prompts_go_round_the_nodes_in_a_secret_order() -> None:
+    """A cheater that has read the planner grinds its key for the highest node id: were the openings
+    drawn node by node in id order, a pool short of prompts would leave it the generator's alone,
+    which it recognises (decision 0031). Each node gets one donated prompt before any gets a second,
+    and which nodes get the last ones changes with the plan's secret draws."""
+    own = SamplingParams(0.7, 1.0, 0, 256, None)
+    last = max(NODES)
+    donated_to_last = 0
+    for epoch in range(1, 41):
+        pool = pl.DonationPool()
+        for i in range(4):  # 4 prompts for 3 nodes x 2 challenges
+            pool.add(pl.Donation(bytes([0x40 + i]) * 20, MODEL, (ChatMessage("user", f"donated {epoch} {i}"),), own))
+        a = auditor(0, pool=pool, rng=random.Random(epoch))
+        a.plan(view(), START)
+        assert a.current is not None
+        per_node = {n: sum(e.opening.messages[-1].content.startswith("donated") for e in a.current.entries
+                           if e.node_id == n) for n in NODES}
+        assert sorted(per_node.values()) == [1, 1, 2]  # one each, then the fourth to one of them
+        donated_to_last += per_node[last] == 2
+    assert 0 < donated_to_last < 40  # the second round's order is secret, not by node id
 
 
 class UsedFileChain(FakeChain):

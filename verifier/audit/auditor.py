@@ -717,22 +717,31 @@ class Auditor:
             for node in view.nodes_of(model):
                 if node not in chosen and len(chosen) < MAX_AUDITED_NODES:
                     chosen[node] = model
-        entries: list[Planned] = []
+        by_node: dict[bytes, list[Planned]] = {node: [] for node in chosen}
         sources = dict.fromkeys(SOURCES, 0)
         room, total = OPENING_ROOM, len(chosen) * view.challenges_per_node
         # about one script a persona to each node an epoch, as a user's paths carry about one
         # session (decision 0027: fewer personas make their paths come back, more make them new)
         personas = persona_count(view.challenges_per_node)
-        for node in sorted(chosen):
-            for _ in range(view.challenges_per_node):
+        # Round by round, each node's next challenge, the nodes in a secret order: prompts a node
+        # cannot recognise (donated, then private) are spread over the nodes, one each before any
+        # node gets a second, when they are too few for all; never first to the lowest node ids,
+        # which a node can grind its key for (decision 0031)
+        order = sorted(chosen)
+        self.rng.shuffle(order)
+        planned = 0
+        for _ in range(view.challenges_per_node):
+            for node in order:
                 # the openings leave the report room for the replies, whatever donors sent
                 # (decision 0027): a donated prompt over the room left is dropped
-                later = total - len(entries) - 1
+                later = total - planned - 1
                 opening, source = self._opening(chosen[node], node, room - GENERATED_OPENING_BYTES * later)
                 room -= len(opening.encode())
                 sources[source] += 1
-                entries.append(Planned(node, opening, self.rng.randint(first, last),
-                                       persona=self.rng.randrange(personas)))
+                planned += 1
+                by_node[node].append(Planned(node, opening, self.rng.randint(first, last),
+                                             persona=self.rng.randrange(personas)))
+        entries = [e for node in sorted(by_node) for e in by_node[node]]  # as the report lists them
         if sources["generator"]:
             self._warn_once(("generator", view.epoch), logging.WARNING,
                             "audit: epoch %d: %d of %d challenges come from the built-in generator: %s", view.epoch,

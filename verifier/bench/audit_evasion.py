@@ -2,7 +2,7 @@
 requests, and does it get caught anyway? (issue 27 "Benchmark"; decision 0013; docs/benchmarks.md
 "audit-evasion").
 
-Eight parts, every one seeded (the same seeds give the same figures):
+Nine parts, every one seeded (the same seeds give the same figures):
 
 **A. Detectors.** One model node's view of a stream of requests, epoch after epoch: users'
 requests (prompts from ``../shared/data/user-prompts.jsonl``, read at run time; sessions of
@@ -103,6 +103,15 @@ list of questions, as an operator would likely write one), or conversations of s
 turns, replayed as scripts (``private_scripts``: the donors' conversations); parameters are
 :func:`verifier.audit.challenges.draw_params`'s either way. Part A's detectors for both, and
 part B's detecting cheaters of both views on a chain of their own, challenges only.
+
+**I. A network short of donations** (:func:`run_mixed`): a verifier falls back to the generator
+for a node when its pool holds no donated prompt the node has not read, so a node's challenges
+mix the two. At each of :data:`MIXED_SHARES` (the share donated: ``share * k`` of a verifier's
+``k`` challenges to a node, the fraction a coin, as the planner spreads them, decision 0031), part
+B's detecting cheaters flag every generated challenge (the template's public parts) and the donated
+ones by the donated view's detector, on a chain of their own for each share, challenges only: as built, and at the
+lowest shares with the what-if :func:`unrecognised_only` (a verifier scores the generated
+challenges it sent a node as the mean of its other replies from that node).
 """
 
 from __future__ import annotations
@@ -729,6 +738,10 @@ class View:
     challenges: list[tuple[Req, float]]
     users: np.ndarray[Any, Any]
     user_reqs: list[Req] = field(default_factory=list)  # the users' requests ``users`` scores, in order
+    # part I: the built-in generator's challenges (flagged with certainty), sent for the part of a
+    # node's challenges ``share`` leaves, ``share * k`` a verifier spread as the planner spreads them
+    generated: list[tuple[Req, float]] = field(default_factory=list)
+    share: float = 1.0
 
 
 def detectors(train: tuple[list[Req], set[int]], test: tuple[list[Req], set[int]], timing: Timing,
@@ -961,6 +974,23 @@ def _seeded(*parts: object) -> random.Random:
     return random.Random("/".join(map(str, parts)))
 
 
+def unrecognised_only(entries: Sequence[Any], sources: Sequence[str]) -> list[Any]:
+    """Part I's what-if, one verifier's entries for one node (``sources``: where each one's prompt
+    came from): when any came from elsewhere than the built-in generator, each generated challenge's
+    reply scores as the mean of the others' replies (every turn's), so that the challenges a node
+    recognises by the public template count for nothing beside those it cannot recognise."""
+    from verifier.audit import tx as at
+
+    other = [r.score for e, src in zip(entries, sources, strict=True) if src != "generator"
+             for r in (*e.earlier, e.outcome) if isinstance(r, at.ReplyOutcome)]
+    if not other:
+        return list(entries)
+    mean = round(sum(other) / len(other))
+    return [replace(e, outcome=replace(e.outcome, score=mean))
+            if src == "generator" and isinstance(e.outcome, at.ReplyOutcome) else e
+            for e, src in zip(entries, sources, strict=True)]
+
+
 class ChainRun:
     """Four equal-power validators and ``specs`` model nodes on the real audit core for
     ``epochs`` epochs (module docstring, part B)."""
@@ -968,14 +998,16 @@ class ChainRun:
     def __init__(self, seed: int, specs: Sequence[NodeSpec], scores: ScoreTable, default_view: View,
                  epoch_blocks: int, k: int, rho: float = 0.0, framers: int = 0, frame_from: int = 0,
                  cache: dict[int, Any] | None = None, framer_scores: ShortReplies | None = None,
-                 pooled: bool = POOLED, by_donor: bool = BY_DONOR, boosters: int = 0) -> None:
+                 pooled: bool = POOLED, by_donor: bool = BY_DONOR, boosters: int = 0,
+                 unrecognised_only: bool = False) -> None:
         """``rho``: the share of the nodes' users' requests donated as transcripts; ``framers``:
         one-shot framing identities per epoch from ``frame_from`` against the first honest node;
         ``cache``: the validators' plans and reports by epoch, shared by runs of the same seed and
         specs (they do not depend on ``rho``, the framers or the boosters); ``by_donor``: the
         verifiers cap each node's transcript scores by its donors' sets (decision 0028);
         ``boosters``: sybil user identities per cheating node, from its first cheating epoch, each
-        committing BOOST_COMMITS requests to it an epoch, which it serves honestly (part G)."""
+        committing BOOST_COMMITS requests to it an epoch, which it serves honestly (part G);
+        ``unrecognised_only``: part I's what-if (:func:`unrecognised_only`)."""
         from overlay.wire import crypto
         from overlay.wire.identity import node_id_of
         from verifier.audit.transcripts import ScoreCarry, TranscriptBook
@@ -983,6 +1015,7 @@ class ChainRun:
         self.seed, self.scores, self.default_view, self.k = seed, scores, default_view, k
         self.pooled = pooled  # decision 0023's cap (False: the figures as they were before it)
         self.by_donor, self.boosters = by_donor, boosters  # decision 0028's cap; part G's sybil users
+        self.unrecognised_only = unrecognised_only
         self.booster_ids: set[bytes] = set()
         self.tz: dict[tuple[bytes, bytes], float] = {}  # (donor, request id) -> the transcript's z
         self.rho, self.framers, self.frame_from, self.cache = rho, framers, frame_from, cache
@@ -1054,8 +1087,16 @@ class ChainRun:
             rng = _seeded("plan", self.seed, node.spec.name, epoch, v)
             view = node.spec.view or self.default_view
             zs: list[float] = []  # of this node's replies, pooled at the report as the auditor pools them
+            sources = []
+            donated = [True] * self.k
+            if view.generated:  # part I: share * k donated, spread (decision 0031), the rest generated
+                n = int(view.share * self.k)
+                n += rng.random() < view.share * self.k - n
+                donated = [j < n for j in range(self.k)]
             for j in range(self.k):
-                req, det = view.challenges[rng.randrange(len(view.challenges))]
+                pick = view.challenges if donated[j] else view.generated
+                req, det = pick[rng.randrange(len(pick))]
+                sources.append(req.source)
                 tag = f"{node.spec.name}/{epoch}/{v}/{j}"  # each turn tagged: a prompt is used once
                 script = [m if m.role != "user" else ChatMessage("user", f"{m.content} [{tag}/{t}]")
                           for t, m in enumerate(at.script_of(req.messages))]
@@ -1068,6 +1109,8 @@ class ChainRun:
                 entries[-self.k:] = [replace(e, outcome=capped(e.outcome, cap),
                                              earlier=tuple(capped(r, cap) for r in e.earlier))
                                      for e in entries[-self.k:]]
+            if self.unrecognised_only:
+                entries[-self.k:] = unrecognised_only(entries[-self.k:], sources)
         return _seeded("salt", self.seed, epoch, v).randbytes(16), entries
 
     def _send_script(self, node: _Node, opening: Any, epoch: int, v: int, h: int, last: int, flagged: bool,
@@ -1417,11 +1460,12 @@ def rho_prefix(rho: float) -> str:
 def run_cheaters(seeds: Sequence[int], epochs: int, scores: ScoreTable, views_: dict[str, View], epoch_blocks: int,
                  k: int, rhos: Sequence[float] = (0.0,), transcript_seeds: Sequence[int] | None = None,
                  names: Sequence[str] = VIEWS, plain: Sequence[str] = PLAIN_CHEATERS,
-                 ) -> tuple[dict[str, float], dict[str, Any]]:
+                 unrecognised_only: bool = False) -> tuple[dict[str, float], dict[str, Any]]:
     """Part B at every donation rate of ``rhos`` (rate 0 over ``seeds``, the others over
     ``transcript_seeds``, a prefix of them: the same seeds give the same challenges, so each run
     with transcripts differs from its challenges-only twin by the transcripts alone), for the
-    adversary views ``names`` and the ``plain`` cheaters (part H: the private views alone)."""
+    adversary views ``names`` and the ``plain`` cheaters (part H: the private views alone; part I:
+    the mixed ones, ``unrecognised_only`` for its what-if)."""
     from overlay.wire.constants import TRUST_LINE
 
     specs, chosen = cheater_specs(views_, names, plain)
@@ -1436,7 +1480,8 @@ def run_cheaters(seeds: Sequence[int], epochs: int, scores: ScoreTable, views_: 
         for rho in sorted(rhos):  # rate 0 first: it fills the cache
             if rho > 0 and seed not in t_seeds:
                 continue
-            res = ChainRun(seed, specs, scores, views_["donated"], epoch_blocks, k, rho=rho, cache=cache).run(epochs)
+            res = ChainRun(seed, specs, scores, views_["donated"], epoch_blocks, k, rho=rho, cache=cache,
+                           unrecognised_only=unrecognised_only).run(epochs)
             counted[rho].append(sum(res.counted.values()))
             burnt[rho].append(sum(res.burnt.values()))
             for s in specs:
@@ -1495,6 +1540,49 @@ def run_private(seeds: Sequence[int], epochs: int, scores: ScoreTable, views_: d
     nodes); its honest peer's lowest reputation as ``private_run_honest_min_reputation``."""
     f, sweep = run_cheaters(seeds, epochs, scores, views_, epoch_blocks, k, names=PRIVATE_VIEWS, plain=())
     f["private_run_honest_min_reputation"] = f.pop("cheater_run_honest_min_reputation")
+    return f, sweep
+
+
+# Part I: a network short of donations. A verifier draws a donated prompt for a node while its pool
+# holds one the node has not read, and falls back to the generator (decision 0030's private prompts
+# left aside); at these shares of a node's challenges donated, the rest generated
+MIXED_SHARES = (0.1, 0.25, 0.5, 0.75)
+MIXED_VIEWS = tuple(f"mixed{round(100 * s)}" for s in MIXED_SHARES)
+WHATIF_MIXED_VIEWS = MIXED_VIEWS[:2]  # the what-if where the generator's challenges are most of a node's
+
+
+def mixed_view(donated: View, generator: View, share: float) -> View:
+    """A node of which a ``share`` of the challenges are donated and the rest generated: its
+    detector flags a generated one with certainty (the template's public parts: AUC 1 against users'
+    requests, ``auc_template_generator``, flagging none of them; scored +inf here) and a donated one
+    by the donated view's detector, whose scores of users' requests are the view's. The AUC is that
+    detector's over the challenges in those shares (the generated ones counted ``1 - share``)."""
+    gen = [(r, math.inf) for r, _ in generator.challenges]
+    d = np.array([s for _, s in donated.challenges])
+    u = np.asarray(donated.users)
+    # a donated challenge above a user's request, or tied (half); a generated one is above all
+    above = float(np.mean([(d > x).mean() + 0.5 * (d == x).mean() for x in u]))
+    return View(f"mixed{round(100 * share)}", f"template, else {donated.detector}",
+                share * above + (1.0 - share), donated.challenges, donated.users, donated.user_reqs, gen, share)
+
+
+def run_mixed(seeds: Sequence[int], epochs: int, scores: ScoreTable, views_: dict[str, View], epoch_blocks: int,
+              k: int) -> tuple[dict[str, float], dict[str, Any]]:
+    """Part I: part B's detecting cheaters of each :data:`MIXED_VIEWS` view, challenges only, as
+    built, and of :data:`WHATIF_MIXED_VIEWS` with :func:`unrecognised_only` (``whatif_unrecognised_*``);
+    a chain for each view and way (a report covers at most MAX_AUDITED_NODES nodes)."""
+    mixed = {v: mixed_view(views_["donated"], views_["generator"], s) for v, s in zip(MIXED_VIEWS, MIXED_SHARES,
+                                                                                     strict=True)}
+    f = {f"auc_best_{v}": mixed[v].auc for v in MIXED_VIEWS}
+    sweep: dict[str, Any] = {}
+    for pre, names in (("", MIXED_VIEWS), ("whatif_unrecognised_", WHATIF_MIXED_VIEWS)):
+        for v in names:
+            cf, sw = run_cheaters(seeds, epochs, scores, {**views_, **mixed}, epoch_blocks, k, names=(v,), plain=(),
+                                  unrecognised_only=bool(pre))
+            del cf["cheater_run_honest_min_reputation"]  # its honest peer's challenges are all donated: part B's
+            f.update({pre + key: value for key, value in cf.items()
+                      if not (pre and key.endswith("_users_flagged_share"))})  # the view's: as built
+            sweep.setdefault(pre + "sweep", {}).update(sw)
     return f, sweep
 
 
@@ -1781,6 +1869,17 @@ def run_detectors(seed_train: int, seed_test: int, epochs: int, timing: Timing, 
     return f, out
 
 
+def untrusted_goal(f: dict[str, float], cheaters: Sequence[str], goal: str, pre: str = "") -> dict[str, Any]:
+    """A goal entry: every one of ``cheaters`` (figures under ``pre``) untrusted within
+    UNTRUSTED_WITHIN epochs in at least UNTRUSTED_SHARE_GOAL of the runs; the worst and the failing."""
+    def share(c: str) -> float:
+        return f[f"{pre}cheater_{c}_untrusted_within_5_share"]
+
+    worst = min(cheaters, key=share)
+    return {"goal": goal, "worst": worst, "value": share(worst),
+            "failing": [c for c in cheaters if share(c) < UNTRUSTED_SHARE_GOAL], "met": share(worst) >= UNTRUSTED_SHARE_GOAL}
+
+
 def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
     """The ``gentorrent.benches`` entry point: ``(params, figures)``."""
     import time
@@ -1819,6 +1918,9 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
     t_b = time.perf_counter()
     hf, private_sweep = run_private(cheater_seeds, cheat_epochs, scores, views_, epoch_blocks, k)
     f.update(hf)
+    mixed_seeds = cheater_seeds[:1 if quick else 100]
+    mf, mixed_sweep = run_mixed(mixed_seeds, cheat_epochs, scores, views_, epoch_blocks, k)
+    f.update(mf)
     t_h = time.perf_counter()
     f.update(run_honest(honest_seeds, honest_epochs, scores, views_["donated"], epoch_blocks, k, per_kind,
                         RHO_HONEST, honest_t_seeds))
@@ -1861,28 +1963,23 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
                                             / f["main_cpu_s_per_verifier_node_hour"])
 
     cheaters = [*PLAIN_CHEATERS, *(f"{b}_{v}" for b in DETECTING for v in VIEWS)]
-    worst_cheater = min(cheaters, key=lambda c: f[f"cheater_{c}_untrusted_within_5_share"])
+    every = f"untrusted within {UNTRUSTED_WITHIN} epochs in >= {UNTRUSTED_SHARE_GOAL:.0%} of runs"
     goals: dict[str, Any] = {}
     for v in VIEWS:
         goals[f"detector_auc_{v}"] = {"goal": f"best detector's AUC <= {AUC_GOAL}", "value": f[f"auc_best_{v}"],
                                      "detector": views_[v].detector, "met": f[f"auc_best_{v}"] <= AUC_GOAL}
-    goals["cheaters_untrusted"] = {
-        "goal": f"every cheater untrusted within {UNTRUSTED_WITHIN} epochs in >= {UNTRUSTED_SHARE_GOAL:.0%} of runs",
-        "worst": worst_cheater, "value": f[f"cheater_{worst_cheater}_untrusted_within_5_share"],
-        "failing": [c for c in cheaters if f[f"cheater_{c}_untrusted_within_5_share"] < UNTRUSTED_SHARE_GOAL],
-        "met": f[f"cheater_{worst_cheater}_untrusted_within_5_share"] >= UNTRUSTED_SHARE_GOAL}
+    goals["cheaters_untrusted"] = untrusted_goal(f, cheaters, f"every cheater {every}")
     # part H: the operator's private prompts (decision 0030)
     for v in PRIVATE_VIEWS:
         goals[f"detector_auc_{v}"] = {"goal": f"best detector's AUC <= {AUC_GOAL}", "value": f[f"auc_best_{v}"],
                                      "detector": views_[v].detector, "met": f[f"auc_best_{v}"] <= AUC_GOAL}
-    private = [f"{b}_{v}" for b in DETECTING for v in PRIVATE_VIEWS]
-    worst_h = min(private, key=lambda c: f[f"cheater_{c}_untrusted_within_5_share"])
-    goals["private_cheaters_untrusted"] = {
-        "goal": f"challenges from an operator's private prompts only: every detecting cheater untrusted within "
-                f"{UNTRUSTED_WITHIN} epochs in >= {UNTRUSTED_SHARE_GOAL:.0%} of runs",
-        "worst": worst_h, "value": f[f"cheater_{worst_h}_untrusted_within_5_share"],
-        "failing": [c for c in private if f[f"cheater_{c}_untrusted_within_5_share"] < UNTRUSTED_SHARE_GOAL],
-        "met": f[f"cheater_{worst_h}_untrusted_within_5_share"] >= UNTRUSTED_SHARE_GOAL}
+    goals["private_cheaters_untrusted"] = untrusted_goal(
+        f, [f"{b}_{v}" for b in DETECTING for v in PRIVATE_VIEWS],
+        f"challenges from an operator's private prompts only: every detecting cheater {every}")
+    # part I: a network short of donations, as built and with the what-if
+    mixed = [f"{b}_{v}" for b in DETECTING for v in MIXED_VIEWS]
+    goals["mixed_cheaters_untrusted"] = untrusted_goal(
+        f, mixed, f"a share of the challenges generated, the rest donated: every detecting cheater {every}")
     honest_untrusted = sum(f[f"honest_{b}_untrusted_nodes"] + f[f"honest_other_arithmetic_{b}_untrusted_nodes"]
                            for b in FAULTS)
     goals["honest_trusted"] = {"goal": f"0 honest nodes (with faults; on the verifier's arithmetic or another) "
@@ -1895,14 +1992,9 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
     for rho in RHOS:
         if rho <= 0:
             continue
-        pre = rho_prefix(rho)
-        worst_t = min(cheaters, key=lambda c: f[f"{pre}cheater_{c}_untrusted_within_5_share"])
-        goals[f"transcripts_rho{round(100 * rho)}_cheaters_untrusted"] = {
-            "goal": f"with users donating {rho:.0%} of their requests as transcripts: every cheater untrusted "
-                    f"within {UNTRUSTED_WITHIN} epochs in >= {UNTRUSTED_SHARE_GOAL:.0%} of runs",
-            "worst": worst_t, "value": f[f"{pre}cheater_{worst_t}_untrusted_within_5_share"],
-            "failing": [c for c in cheaters if f[f"{pre}cheater_{c}_untrusted_within_5_share"] < UNTRUSTED_SHARE_GOAL],
-            "met": f[f"{pre}cheater_{worst_t}_untrusted_within_5_share"] >= UNTRUSTED_SHARE_GOAL}
+        goals[f"transcripts_rho{round(100 * rho)}_cheaters_untrusted"] = untrusted_goal(
+            f, cheaters, f"with users donating {rho:.0%} of their requests as transcripts: every cheater {every}",
+            rho_prefix(rho))
     for v in VIEWS:
         a = f[f"transcripts_auc_committed_{v}"]
         goals[f"transcripts_detector_auc_{v}"] = {
@@ -1968,6 +2060,13 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
                                 "turn each, no system prompt ('private'), or the donors' conversations' scripts "
                                 "('private_scripts'); parameters from verifier.audit.challenges.draw_params",
                     "sweep": private_sweep},
+        "mixed": {"shares_donated": MIXED_SHARES, "views": list(MIXED_VIEWS), "runs": len(mixed_seeds),
+                  "epochs": cheat_epochs, "whatif_views": list(WHATIF_MIXED_VIEWS),
+                  "detector": "a generated challenge flagged with certainty (the template's public parts), a donated "
+                              "one by the donated view's best detector; users' requests scored by that detector",
+                  "whatif_unrecognised": "each verifier scores a node's generated challenges as the mean of its "
+                                         "other challenges' replies to it, when it sent it any",
+                  "sweep": mixed_sweep},
         "pooled": POOLED,
         "scripts": {"max_turns": MAX_SCRIPT_TURNS, "think": "10 blocks + Exp(45 blocks) after the node's reply"},
         "personas": {"per_verifier": persona_count(k),
@@ -2011,7 +2110,7 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
                                              for n in NETWORK_NODES for r in RHOS if r > 0}},
         },
         "goals": goals,
-        "seconds": {"detectors": round(t_a - t_start, 1), "cheaters": round(t_b - t_a, 1), "private": round(t_h - t_b, 1),
+        "seconds": {"detectors": round(t_a - t_start, 1), "cheaters": round(t_b - t_a, 1), "private_mixed": round(t_h - t_b, 1),
                     "honest": round(t_c - t_h, 1), "framing_boosting": round(t_d - t_c, 1), "timing": round(t_e - t_d, 1)},
     }
     return params, f
