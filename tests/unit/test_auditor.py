@@ -40,6 +40,7 @@ from verifier.audit.auditor import (
     grace_height,
     last_send,
     load_auditor,
+    parse_revealed,
     parse_view,
 )
 from verifier.audit.chain import PROMPT_EPOCHS, REVEALED_PATH
@@ -134,6 +135,18 @@ def test_the_view_decodes_strictly() -> None:
     for raw in (b"\xc1", b"\x92\x01\x02", b"x" * (4 * 1024 * 1024 + 1)):
         with pytest.raises(AuditViewError):
             parse_view(raw)
+
+
+def test_the_revealed_prompts_answer_decodes_strictly() -> None:
+    keys = [b"\x01" * at.PROMPT_KEY_LEN, b"\x02" * at.PROMPT_KEY_LEN]
+    assert parse_revealed(msgpack.packb([7, keys]), 7) == tuple(keys)
+    assert parse_revealed(msgpack.packb([7, []]), 7) == ()
+    for bad in ([6, keys], [7, [b"short"]], [7, keys, 1], {"7": keys}, [7, "x"], [True, []], [7, [1]]):
+        with pytest.raises(AuditViewError):
+            parse_revealed(msgpack.packb(bad), 7)
+    for raw in (b"\xc1", b"\x92\x07\x90\x00", b"x" * (4 * 1024 * 1024 + 1)):
+        with pytest.raises(AuditViewError):
+            parse_revealed(raw, 7)
 
 
 # --------------------------------------------------------------------------- the plan and its commit

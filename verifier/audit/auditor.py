@@ -182,14 +182,19 @@ def _list(value: Any, what: str, size: int | None = None) -> list[Any]:
     return out
 
 
+def _unpack(raw: bytes, path: str) -> Any:
+    """The msgpack document of the ``path`` query's answer ``raw``, at most :data:`MAX_VIEW_BYTES`."""
+    if len(raw) > MAX_VIEW_BYTES:
+        raise AuditViewError(f"{path} answer over {MAX_VIEW_BYTES} bytes")
+    try:
+        return msgpack.unpackb(raw, raw=False, strict_map_key=True)
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
+        raise AuditViewError(f"{path} answer does not decode ({exc})") from None
+
+
 def parse_view(raw: bytes) -> AuditView:
     """The ``/audit`` msgpack map as an :class:`AuditView`; :class:`AuditViewError` for anything else."""
-    if len(raw) > MAX_VIEW_BYTES:
-        raise AuditViewError(f"/audit answer over {MAX_VIEW_BYTES} bytes")
-    try:
-        doc = msgpack.unpackb(raw, raw=False, strict_map_key=True)
-    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
-        raise AuditViewError(f"/audit answer does not decode ({exc})") from None
+    doc = _unpack(raw, "/audit")
     if not isinstance(doc, dict):
         raise AuditViewError("/audit answer is not a map")
 
@@ -231,13 +236,7 @@ def parse_revealed(raw: bytes, epoch: int) -> tuple[bytes, ...]:
     (:func:`verifier.audit.chain.query_revealed`); :class:`AuditViewError` for anything else."""
     from verifier.audit.tx import PROMPT_KEY_LEN
 
-    if len(raw) > MAX_VIEW_BYTES:
-        raise AuditViewError(f"/audit/revealed/{epoch} answer over {MAX_VIEW_BYTES} bytes")
-    try:
-        doc = msgpack.unpackb(raw, raw=False, strict_map_key=True)
-    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
-        raise AuditViewError(f"/audit/revealed/{epoch} answer does not decode ({exc})") from None
-    e, keys = _list(doc, f"/audit/revealed/{epoch} answer", 2)
+    e, keys = _list(_unpack(raw, f"/audit/revealed/{epoch}"), f"/audit/revealed/{epoch} answer", 2)
     if _t(e, int, "revealed epoch") != epoch:
         raise AuditViewError(f"/audit/revealed/{epoch} answered for epoch {e}")
     return tuple(_bytes(k, "revealed prompt key", PROMPT_KEY_LEN) for k in _list(keys, "revealed prompt keys"))
