@@ -373,6 +373,7 @@ def test_donated_prompts_come_first_and_the_generator_is_logged(caplog: pytest.L
     assert len(donated) == 1 and donated[0].opening.params == own  # as given, its turns kept, the reply dropped
     assert pool.count(MODEL) == 0 and pool.count("other-model") == 1
     assert caplog.text.count(GENERATOR_WARNING) == 1 and "5 of 6 challenges" in caplog.text
+    assert "and 2 of 3 nodes got fewer than half of theirs from prompts they cannot recognise" in caplog.text
     caplog.clear()
     full = pl.DonationPool()
     for i in range(6):

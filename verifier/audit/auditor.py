@@ -717,6 +717,7 @@ class Auditor:
                 if node not in chosen and len(chosen) < MAX_AUDITED_NODES:
                     chosen[node] = model
         by_node: dict[bytes, list[Planned]] = {node: [] for node in chosen}
+        unrecognisable = dict.fromkeys(chosen, 0)  # per node: its challenges not from the generator
         sources = dict.fromkeys(SOURCES, 0)
         room, total = OPENING_ROOM, len(chosen) * view.challenges_per_node
         # about one script a persona to each node an epoch, as a user's paths carry about one
@@ -737,14 +738,19 @@ class Auditor:
                 opening, source = self._opening(chosen[node], node, room - GENERATED_OPENING_BYTES * later)
                 room -= len(opening.encode())
                 sources[source] += 1
+                unrecognisable[node] += source != "generator"
                 planned += 1
                 by_node[node].append(Planned(node, opening, self.rng.randint(first, last),
                                              persona=self.rng.randrange(personas)))
         entries = [e for node in sorted(by_node) for e in by_node[node]]  # as the report lists them
         if sources["generator"]:
+            # part I of the audit-evasion bench: under half unrecognisable, challenges alone miss a
+            # cheater that reads this code (decision 0031)
+            short = sum(2 * n < view.challenges_per_node for n in unrecognisable.values())
             self._warn_once(("generator", view.epoch), logging.WARNING,
-                            "audit: epoch %d: %d of %d challenges come from the built-in generator: %s", view.epoch,
-                            sources["generator"], len(entries), GENERATOR_WARNING)
+                            "audit: epoch %d: %d of %d challenges come from the built-in generator, and %d of %d "
+                            "nodes got fewer than half of theirs from prompts they cannot recognise: %s", view.epoch,
+                            sources["generator"], len(entries), short, len(by_node), GENERATOR_WARNING)
         log.info("audit: epoch %d: planned %d challenges to %d model nodes (%d donated, %d private, %d generated), "
                  "sent between heights %d and %d", view.epoch, len(entries), len(chosen), sources["donated"],
                  sources["corpus"], sources["generator"], first, last)
