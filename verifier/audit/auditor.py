@@ -1115,9 +1115,8 @@ class AuditDriver:
 
     async def step(self, nursery: trio.Nursery) -> None:
         """One poll: read the view and the prompts past epochs' reports revealed that the planner
-        lacks, write the plan if it changed (before its commit goes out; no
-        commit goes out while the used private prompts cannot be written), start what the planner
-        asks (in ``nursery``)."""
+        lacks, write the plan if it changed (before its commit goes out; no commit goes out while
+        the used private prompts cannot be written), start what the planner asks (in ``nursery``)."""
         from verifier.audit.chain import REVEALED_PATH
 
         raw, height = await self.query("/audit")

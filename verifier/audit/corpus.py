@@ -247,7 +247,7 @@ class ChallengeCorpus:
             if avoid is None or not any(avoid(k) for k in self._keys[i]):
                 return j
             # uniform among the rest: the first try was uniform, so this keeps every one's chance equal
-            left = [x for x, i in enumerate(self._unused) if self._fresh(i) and not any(avoid(k) for k in self._keys[i])]
+            left = [x for x, m in enumerate(self._unused) if self._fresh(m) and not any(avoid(k) for k in self._keys[m])]
             return rng.choice(left) if left else None
         return None
 
