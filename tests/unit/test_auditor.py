@@ -474,11 +474,15 @@ def test_a_turn_another_verifiers_report_revealed_is_not_planned_until_the_chain
     v = view(epoch=5)
     a.plan(v, START)
     assert not {"Tell me more.", "Thanks!"} & set(_contents(a)) and len(pool) == 0 and corpus.left() == 1
-    later = 4 + PROMPT_EPOCHS  # the epoch from which the chain no longer holds epoch 4's reveals
-    assert a.revealed_wanted(later) == list(range(5, later))  # epochs 2 and 4 forgotten, the others wanted
     b = auditor(0, corpus=corpus)  # a verifier that has not read what the chain revealed sends it void
     b.plan(v, START)
     assert "Thanks!" in _contents(b)
+    corpus = ChallengeCorpus([(ChatMessage("user", "private 1"), ChatMessage("user", "Thanks!"))], "private.jsonl")
+    a.corpus = corpus
+    later = 4 + PROMPT_EPOCHS  # the epoch from which the chain no longer holds epoch 4's reveals
+    assert a.revealed_wanted(later) == list(range(5, later))  # epochs 2 and 4 forgotten, the others wanted
+    a.plan(view(epoch=later), START)
+    assert "Thanks!" in _contents(a) and corpus.left() == 0  # no longer void: sent
 
 
 def test_what_an_auditor_keeps_does_not_grow_with_the_epochs() -> None:

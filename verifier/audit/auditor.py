@@ -514,6 +514,7 @@ class Auditor:
     _scores: Submit | None = None  # the latest transcript scores, handed out again after a network error
     _carry: ScoreCarry = field(default_factory=_score_carry)  # scores held for the chain's minimum
     _revealed: dict[int, frozenset[bytes]] = field(default_factory=dict)  # epoch -> prompt keys its reports revealed
+    _revealed_all: frozenset[bytes] | None = None  # their union (None: to be made again after a change)
 
     def __post_init__(self) -> None:
         from overlay.wire.crypto import SigningKey
@@ -542,16 +543,21 @@ class Auditor:
         from verifier.audit.chain import PROMPT_EPOCHS
 
         first = max(0, epoch - PROMPT_EPOCHS + 1)
-        self._revealed = {e: keys for e, keys in self._revealed.items() if first <= e < epoch}
+        if any(not first <= e < epoch for e in self._revealed):
+            self._revealed = {e: keys for e, keys in self._revealed.items() if first <= e < epoch}
+            self._revealed_all = None
         return [e for e in range(first, epoch) if e not in self._revealed]
 
     def take_revealed(self, epoch: int, keys: Iterable[bytes]) -> None:
         """The prompt keys every report of the past ``epoch`` revealed, other verifiers' included:
         until the chain forgets them, a challenge carrying one is void, so none is planned."""
         self._revealed[epoch] = frozenset(keys)
+        self._revealed_all = None
 
     def _is_revealed(self, key: bytes) -> bool:
-        return any(key in keys for keys in self._revealed.values())
+        if self._revealed_all is None:  # made once an epoch, not once a lookup
+            self._revealed_all = frozenset().union(*self._revealed.values())
+        return key in self._revealed_all
 
     # ------------------------------------------------------------------ submissions
 

@@ -1556,14 +1556,11 @@ def mixed_view(donated: View, generator: View, share: float) -> View:
     detector flags a generated one with certainty (the template's public parts: AUC 1 against users'
     requests, ``auc_template_generator``, flagging none of them; scored +inf here) and a donated one
     by the donated view's detector, whose scores of users' requests are the view's. The AUC is that
-    detector's over the challenges in those shares (the generated ones counted ``1 - share``)."""
+    detector's over the challenges in those shares: a generated one scores above every user's
+    request, a donated one as in the donated view."""
     gen = [(r, math.inf) for r, _ in generator.challenges]
-    d = np.array([s for _, s in donated.challenges])
-    u = np.asarray(donated.users)
-    # a donated challenge above a user's request, or tied (half); a generated one is above all
-    above = float(np.mean([(d > x).mean() + 0.5 * (d == x).mean() for x in u]))
     return View(f"mixed{round(100 * share)}", f"template, else {donated.detector}",
-                share * above + (1.0 - share), donated.challenges, donated.users, donated.user_reqs, gen, share)
+                share * donated.auc + (1.0 - share), donated.challenges, donated.users, donated.user_reqs, gen, share)
 
 
 def run_mixed(seeds: Sequence[int], epochs: int, scores: ScoreTable, views_: dict[str, View], epoch_blocks: int,
