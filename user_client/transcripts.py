@@ -8,8 +8,9 @@ the rules of :mod:`verifier.audit.transcripts` (commit before the reply, all or 
 seeds), which this client keeps:
 
 1. Whether a request is donated is drawn *before* it is sent (with probability
-   :attr:`TranscriptDonor.rate`); a request with a seed, or outside an audit challenge's limits
-   (:func:`overlay.directory.transcripts.fits`), is never chosen.
+   :attr:`TranscriptDonor.rate`); a request with a seed, or outside a transcript's limits
+   (:func:`overlay.directory.transcripts.fits`: every request a model node serves by default,
+   decision 0032), is never chosen.
 2. For a chosen request the client picks the model node itself
    (:meth:`~overlay.anon.client.AnonClient.choose_model_node`, the node a normal request would go to),
    a random request id and nonce, and computes the commitment

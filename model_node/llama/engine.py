@@ -42,6 +42,9 @@ log = logging.getLogger("gentorrent.llama")
 # however its tokens were evaluated (one at a time, in batches, restored from a snapshot,
 # beside other sequences' tokens).
 INVARIANT_UBATCH = 32
+# A request's context window by default: model nodes serve in it, and verifiers score in it, so
+# that every reply a node may give can be scored (decision 0032)
+DEFAULT_N_CTX = 4096
 
 
 class LlamaCppEngine:
@@ -67,7 +70,7 @@ class LlamaCppEngine:
     # model node's admission orders them (model_node.admission; engine.OrdersPrompts).
     orders_prompts = True
 
-    def __init__(self, model_path: str | os.PathLike[str], *, model_id: str | None = None, n_ctx: int = 4096,
+    def __init__(self, model_path: str | os.PathLike[str], *, model_id: str | None = None, n_ctx: int = DEFAULT_N_CTX,
                  n_threads: int | None = None, cache_bytes: int = DEFAULT_CACHE_BYTES,
                  max_snapshots: int | None = None, batch_invariant: bool = True, slots: int = 1,
                  prefill_chunk: int = PREFILL_CHUNK, score_fresh: bool = False) -> None:

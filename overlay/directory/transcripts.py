@@ -29,12 +29,15 @@ the donor. The reveal is sealed to the verifier's key, like a donated prompt
 (:mod:`overlay.directory.donation`): only that verifier reads the prompt and the reply.
 
 Limits: a commit at most :data:`MAX_COMMIT_BYTES`; a sealed reveal at most
-:data:`MAX_REVEAL_BYTES`; 1 to :data:`MAX_MESSAGES` messages, a model id of 1 to
-:data:`MAX_MODEL_ID` bytes, at most :data:`MAX_CHUNKS` chunks and :data:`MAX_REPLY_TOKENS`
-token ids (each < 2^32), every string at most :data:`MAX_CHUNK_TEXT` bytes. The limits an
-audit challenge has are defined here, once (verifier/audit/tx.py takes them), and checked by
-:func:`opening_problem`; :func:`fits` adds "no seed": the check a donor's client makes before
-choosing a request (a transcript that breaks them voids the donor's set).
+:data:`MAX_REVEAL_BYTES`; 1 to :data:`TRANSCRIPT_MAX_MESSAGES` messages, a model id of 1 to
+:data:`MAX_MODEL_ID` bytes, at most :data:`TRANSCRIPT_MAX_CHUNKS` chunks and
+:data:`TRANSCRIPT_MAX_REPLY_TOKENS` token ids (each < 2^32), a chunk's text at most
+:data:`MAX_CHUNK_TEXT` characters, any other string at most :data:`TRANSCRIPT_PROMPT_BYTES`.
+Two sets of request limits are defined here, once: an audit challenge's (:func:`opening_problem`,
+tight: a challenge goes on the chain; verifier/audit/tx.py takes them) and a user's transcript's
+(:func:`transcript_problem`, decision 0032: every request model nodes serve by default, so that
+no request is known to go unchecked). :func:`fits` adds "no seed": the check a donor's client
+makes before choosing a request (a transcript that breaks them voids the donor's set).
 
 Every refusal of :func:`decode_commit`, :func:`unseal`, :func:`decode_reveal`,
 :func:`verify_commit` and :func:`verify_reveal` is a :class:`TranscriptError` with a reason;
@@ -89,12 +92,20 @@ MAX_CHUNKS = 2 * MAX_TOKENS + 4
 MAX_REPLY_TOKENS = 2 * MAX_TOKENS
 MAX_CHUNK_TEXT = 16 * 1024
 MAX_TOKEN_ID = 2**32 - 1
+# A user's transcript's limits (decision 0032): every request a model node serves by default, not
+# only those an audit challenge may be. A request outside them is never checked by anyone: a node
+# that has read these numbers would serve exactly those cheaply (the longest, dearest ones).
+TRANSCRIPT_MAX_MESSAGES = 256  # what one overlay Request carries (overlay.wire.messages.Request)
+TRANSCRIPT_MAX_TOKENS = 4096  # model nodes' default ceiling (model_node.server: max_tokens_limit)
+TRANSCRIPT_PROMPT_BYTES = 128 * 1024  # the messages' UTF-8 bytes: a reveal holds them and the longest reply
+TRANSCRIPT_MAX_CHUNKS = 2 * TRANSCRIPT_MAX_TOKENS + 4
+TRANSCRIPT_MAX_REPLY_TOKENS = 2 * TRANSCRIPT_MAX_TOKENS
 
 __all__ = [
     "COMMITMENT_LEN", "COMMIT_PATH", "MAX_COMMIT_BYTES", "MAX_REVEAL_BYTES", "NONCE_LEN", "REVEAL_PATH", "Commit",
     "NoReply", "Reveal", "Revealed", "TranscriptError", "commitment", "decode_commit", "decode_reveal",
-    "encode_commit", "encode_reveal", "fits", "opening_problem", "seal_reveal", "unseal", "verify_commit",
-    "verify_reveal",
+    "encode_commit", "encode_reveal", "fits", "opening_problem", "seal_reveal", "transcript_problem", "unseal",
+    "verify_commit", "verify_reveal",
 ]
 
 
@@ -233,30 +244,51 @@ def seal_reveal(verifier: bytes, signer: Signer, donor: bytes, body: Body) -> by
 
 
 def fits(model: str, messages: Sequence[ChatMessage], params: SamplingParams) -> str | None:
-    """Why a request with these values cannot be a transcript (``None`` when it can): an audit
-    challenge's limits (:func:`opening_problem`) and no seed (a seeded sample could be searched
-    offline)."""
+    """Why a request with these values cannot be a transcript (``None`` when it can): a
+    transcript's limits (:func:`transcript_problem`) and no seed (a seeded sample could be searched
+    offline). The check a donor's client makes before choosing a request."""
     if params.seed is not None:
         return "the request has a seed"
-    return opening_problem(model, messages, params)
+    return transcript_problem(model, messages, params)
 
 
 def opening_problem(model: str, messages: Sequence[ChatMessage], params: SamplingParams) -> str | None:
-    """Why a request with these values is not one an audit may send or count (``None`` when it
-    is): a model id of 1 to :data:`MAX_MODEL_ID` bytes; 1 to :data:`MAX_MESSAGES` messages of a role
-    in :data:`ROLES`, each at most :data:`MAX_CONTENT_BYTES` bytes, the last a non-empty user
-    message; the parameters within what model nodes accept, floats where floats belong, a seed nil
-    or within 0..:data:`MAX_SEED`. The one check of an audit challenge's opening
-    (:meth:`verifier.audit.tx.Opening.check`) and of a transcript (:func:`fits`)."""
+    """Why a request with these values is not one an audit challenge may be (``None`` when it
+    is): a model id of 1 to :data:`MAX_MODEL_ID` bytes; 1 to :data:`MAX_MESSAGES` messages of a
+    role in :data:`ROLES`, each at most :data:`MAX_CONTENT_BYTES` bytes, the last a non-empty user
+    message; the parameters within what model nodes accept, ``max_tokens`` at most
+    :data:`MAX_TOKENS`, floats where floats belong, a seed nil or within 0..:data:`MAX_SEED`. The
+    one check of an audit challenge's opening (:meth:`verifier.audit.tx.Opening.check`): it goes
+    on the chain, so its limits are tight."""
+    return _problem(model, messages, params, MAX_MESSAGES, MAX_CONTENT_BYTES, MAX_TOKENS, "a challenge")
+
+
+def transcript_problem(model: str, messages: Sequence[ChatMessage], params: SamplingParams) -> str | None:
+    """Why a request with these values is not one a user's transcript may be (``None`` when it
+    is): :func:`opening_problem`'s rules with a transcript's limits (decision 0032), those of the
+    requests model nodes serve by default: 1 to :data:`TRANSCRIPT_MAX_MESSAGES` messages,
+    :data:`TRANSCRIPT_PROMPT_BYTES` bytes of content in all, ``max_tokens`` at most
+    :data:`TRANSCRIPT_MAX_TOKENS`. A transcript stays off the chain (only its score goes there)."""
+    return _problem(model, messages, params, TRANSCRIPT_MAX_MESSAGES, TRANSCRIPT_PROMPT_BYTES, TRANSCRIPT_MAX_TOKENS,
+                    "a transcript", total=TRANSCRIPT_PROMPT_BYTES)
+
+
+def _problem(model: str, messages: Sequence[ChatMessage], params: SamplingParams, max_messages: int,
+             max_content: int, max_tokens: int, what: str, *, total: int | None = None) -> str | None:
     if type(model) is not str or not 0 < len(model.encode("utf-8", errors="surrogatepass")) <= MAX_MODEL_ID:
         return f"the model id is not 1-{MAX_MODEL_ID} bytes"
-    if not 1 <= len(messages) <= MAX_MESSAGES:
-        return f"a transcript holds 1 to {MAX_MESSAGES} messages"
+    if not 1 <= len(messages) <= max_messages:
+        return f"{what} holds 1 to {max_messages} messages"
+    size = 0
     for m in messages:
         if type(m.role) is not str or m.role not in ROLES or type(m.content) is not str:
             return f"a message's role is one of {', '.join(ROLES)}"
-        if len(m.content.encode("utf-8", errors="surrogatepass")) > MAX_CONTENT_BYTES:
-            return f"a message holds at most {MAX_CONTENT_BYTES} bytes"
+        n = len(m.content.encode("utf-8", errors="surrogatepass"))
+        if n > max_content:
+            return f"a message of {what} holds at most {max_content} bytes"
+        size += n
+    if total is not None and size > total:
+        return f"the messages of {what} hold at most {total} bytes in all"
     if messages[-1].role != "user" or not messages[-1].content.strip():
         return "the last message is not a (non-empty) user message"
     p = params
@@ -267,8 +299,8 @@ def opening_problem(model: str, messages: Sequence[ChatMessage], params: Samplin
         return "top_p is not a float within (0, 1]"
     if type(p.top_k) is not int or not 0 <= p.top_k <= MAX_TOP_K:
         return f"top_k is not within 0..{MAX_TOP_K}"
-    if type(p.max_tokens) is not int or not MIN_TOKENS <= p.max_tokens <= MAX_TOKENS:
-        return f"max_tokens is not within {MIN_TOKENS}..{MAX_TOKENS}"
+    if type(p.max_tokens) is not int or not MIN_TOKENS <= p.max_tokens <= max_tokens:
+        return f"max_tokens is not within {MIN_TOKENS}..{max_tokens}"
     if p.seed is not None and (type(p.seed) is not int or not 0 <= p.seed <= MAX_SEED):
         return f"the seed is not nil or within 0..{MAX_SEED}"
     return None
@@ -313,7 +345,7 @@ def _read(raw: Any, limit: int, what: str, read: Any) -> Any:
         raise _malformed(what, "bytes")
     if len(raw) > limit:
         raise TranscriptError(f"a {what} of {len(raw)} bytes; at most {limit}")
-    r = codec.ShapeReader(raw, MAX_CHUNK_TEXT)
+    r = codec.ShapeReader(raw, TRANSCRIPT_PROMPT_BYTES)  # a message's most; a chunk's text is checked apart
     try:
         out, wire = read(r)
     except codec.ShapeError as exc:
@@ -361,7 +393,7 @@ def _read_body(r: codec.ShapeReader) -> Body:
     if type(model) is not str or not 0 < len(model.encode("utf-8", errors="surrogatepass")) <= MAX_MODEL_ID:
         raise _malformed(what, f"well formed: the model is not a string of 1-{MAX_MODEL_ID} bytes")
     messages = []
-    for _ in range(_array(r, 1, MAX_MESSAGES, what, "the messages")):
+    for _ in range(_array(r, 1, TRANSCRIPT_MAX_MESSAGES, what, "the messages")):
         if r.array() != 2:
             raise _malformed(what, "well formed: a message is [role, content]")
         role, content = r.value(), r.value()
@@ -378,16 +410,17 @@ def _read_body(r: codec.ShapeReader) -> Body:
     served_by = _bytes(r.value(), NODE_ID_LEN, what, "the serving node id")
     chunks = []
     tokens = 0
-    for _ in range(_array(r, 1, MAX_CHUNKS, what, "the reply's chunks")):
+    for _ in range(_array(r, 1, TRANSCRIPT_MAX_CHUNKS, what, "the reply's chunks")):
         if r.array() != 2:
             raise _malformed(what, "well formed: a chunk is [text, token ids]")
         text = r.value()
-        if type(text) is not str:
-            raise _malformed(what, "well formed: a chunk's text is not a string")
+        if type(text) is not str or len(text) > MAX_CHUNK_TEXT:
+            raise _malformed(what, f"well formed: a chunk's text is not a string of at most {MAX_CHUNK_TEXT} "
+                                   "characters")
         k = r.array()
         tokens += k
-        if tokens > MAX_REPLY_TOKENS:
-            raise _malformed(what, f"well formed: the reply has over {MAX_REPLY_TOKENS} token ids")
+        if tokens > TRANSCRIPT_MAX_REPLY_TOKENS:
+            raise _malformed(what, f"well formed: the reply has over {TRANSCRIPT_MAX_REPLY_TOKENS} token ids")
         ids = r.ints(k)
         if any(not 0 <= t <= MAX_TOKEN_ID for t in ids):
             raise _malformed(what, f"well formed: a token id is not within 0..{MAX_TOKEN_ID}")

@@ -225,6 +225,28 @@ def test_a_donor_who_reveals_everything_after_the_restart_counts_as_without_one(
     assert book.history[donor] == (1, 0)
 
 
+def test_a_transcript_at_a_transcripts_limits_survives_the_restart() -> None:
+    """The longest transcript a donor may hand in (decision 0032: 256 messages, 128 KiB of them,
+    max_tokens 4,096 and a reply of 8,192 token ids), past every limit of a challenge, is kept."""
+    messages = (*[ChatMessage(r, "w" * 500) for _ in range(127) for r in ("user", "assistant")],
+                ChatMessage("system", "s"), ChatMessage("user", "x" * (wire.TRANSCRIPT_PROMPT_BYTES - 127_001)))
+    opening = Opening(bytes(16), MODEL, messages, SamplingParams(0.7, 1.0, 0, wire.TRANSCRIPT_MAX_TOKENS))
+    assert len(messages) == wire.TRANSCRIPT_MAX_MESSAGES and wire.fits(MODEL, messages, opening.params) is None
+    assert wire.opening_problem(MODEL, messages, opening.params) is not None
+    rid, nonce, at_ms = b"\x07" * 16, b"\x08" * 16, T0_MS + 900
+    signer = signing.ReplySigner(signing.request_digest(opening.request(rid), NODES[0]), MODEL, NODES[0])
+    per = wire.TRANSCRIPT_MAX_REPLY_TOKENS // 16
+    chunks = tuple((f"part {j} ", tuple(range(j * per, (j + 1) * per))) for j in range(16))
+    for j, (text, ids) in enumerate(chunks):
+        _, sig = signer.add(text, ids, j == 15, at_ms, NODE_KEYS[0].sign)
+    t = Transcript(NODES[0], nonce, opening, rid, ReplyOutcome(NODES[0], chunks, sig, at_ms, 0))
+    book = TranscriptBook()
+    assert book.commit(DONORS[0], t.commitment(), 5, T0_MS) is None
+    assert book.reveal(DONORS[0], t, key_of) is None
+    [c] = restarted(book).close(5)
+    assert c.transcript == t
+
+
 def test_a_commitment_taken_before_the_restart_still_refuses_a_late_reply_after_it() -> None:
     book = TranscriptBook()
     t = transcript(1, 0, T0_MS, "late")  # signed before the commitment arrived: committed after the reply

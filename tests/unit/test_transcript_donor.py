@@ -243,13 +243,46 @@ async def test_verifiers_that_took_the_commitment_get_the_transcript_when_others
         assert v.reveals[0][0] == 0 and len(w.counted(v)) == 1
 
 
+LONG_CHAT = [ChatMessage("system", "you are terse")] + \
+    [ChatMessage(r, f"turn {i} " + "words " * 40) for i in range(19) for r in ("user", "assistant")] + \
+    [ChatMessage("user", "now sum up this log:\n" + "line of a pasted log file\n" * 800)]
+
+
+@pytest.mark.parametrize(("messages", "params"), [
+    (MSGS, SamplingParams(0.7, 1.0, 0, 2048)),  # an OpenAI client's max_tokens (the gateway takes up to 4,096)
+    (LONG_CHAT, PARAMS),  # 40 messages, the last a 20-KiB paste
+    (LONG_CHAT, SamplingParams(1.0, 1.0, 0, 4096)),
+], ids=["max_tokens-2048", "40-messages-and-a-paste", "both"])
+async def test_requests_past_a_challenges_limits_are_donated_and_count(
+        autojump_clock: Any, messages: list[ChatMessage], params: SamplingParams) -> None:
+    """A node that has read the audit's limits knows no challenge carries more than 16 messages, a
+    message over 8 KiB or max_tokens over 1,024, and would serve exactly those requests (the
+    longest, dearest ones) with a cheap model. Its users' transcripts of them count (decision
+    0032): each verifier's real intake takes the commit and the reveal and counts the transcript."""
+    assert wire.opening_problem(MODEL, messages, params) is not None  # no challenge can be this request
+    w = World()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.donor.run)
+        assert await w.ask(messages=messages, params=params) == "a quine prints itself"
+        with trio.fail_after(60):
+            assert await w.donor.wait_idle()
+        nursery.cancel_scope.cancel()
+    assert w.donor.committed == 1 and w.donor.revealed == 3
+    for v in w.verifiers.values():
+        assert v.reveals == [(0, "taken: the transcript counts once every commitment of its epoch is revealed")]
+        v.book = TranscriptBook.from_bytes(v.book.to_bytes())  # the book keeps it across a restart
+        [c] = w.counted(v)
+        assert c.transcript.opening.messages == tuple(messages) and c.transcript.opening.params == params
+
+
 async def test_seeded_or_unfit_requests_and_the_rate_are_decided_before_sending(autojump_clock: Any) -> None:
     w = World()
     async with trio.open_nursery() as nursery:
         await nursery.start(w.donor.run)
         await w.ask(params=SamplingParams(0.7, 1.0, 0, 32, seed=5))
-        await w.ask(params=SamplingParams(0.7, 1.0, 0, 4096))
-        await w.ask(messages=[ChatMessage("user", "x")] * (wire.MAX_MESSAGES + 1))
+        await w.ask(params=SamplingParams(0.7, 1.0, 0, wire.TRANSCRIPT_MAX_TOKENS + 1))
+        await w.ask(messages=[ChatMessage("user", "x")] * (wire.TRANSCRIPT_MAX_MESSAGES + 1))
+        await w.ask(messages=[ChatMessage("user", "x" * (wire.TRANSCRIPT_PROMPT_BYTES // 2 + 1))] * 2)
         nursery.cancel_scope.cancel()
     assert not [e for e in w.log if e[0] == "commit"] and w.donor.committed == 0
     w = World(rate=0.25)

@@ -1,6 +1,7 @@
 """The transcript wire format (overlay/directory/transcripts.py, decision 0015): a donor's signed commit and
 its sealed, signed reveal round-trip; every malformed input is refused with a TranscriptError
-naming why, and nothing else is ever raised; the limits are an audit challenge's."""
+naming why, and nothing else is ever raised; the limits are a transcript's (decision 0032): every request
+a model node serves by default, wider than an audit challenge's."""
 
 from __future__ import annotations
 
@@ -55,10 +56,20 @@ def test_a_commit_round_trips_and_verifies_with_the_donors_key_only() -> None:
         wire.verify_commit(other, DONOR.ed25519_public)
 
 
+# the longest transcript (decision 0032): 256 messages of 128 KiB in all, max_tokens 4,096, a reply of 8,192
+# token ids (each taking 5 bytes) with 4 bytes of text each: it fits in a reveal
+LONGEST = revealed(messages=(*[ChatMessage("user", "é" * 256)] * 255,
+                             ChatMessage("user", "q" * (wire.TRANSCRIPT_PROMPT_BYTES - 255 * 512))),
+                   params=SamplingParams(0.7, 1.0, 0, wire.TRANSCRIPT_MAX_TOKENS, None),
+                   chunks=tuple(("abcd" * 512, tuple(range(2**31, 2**31 + 512))) for _ in range(16)))
+
+
 @pytest.mark.parametrize("body", [revealed(), wire.NoReply(b"\x07" * 32),
-                                  revealed(params=SamplingParams(1.0, 0.5, 40, 1024, 7), messages=MSGS[1:])])
+                                  revealed(params=SamplingParams(1.0, 0.5, 40, 1024, 7), messages=MSGS[1:]),
+                                  LONGEST])
 def test_a_reveal_is_sealed_to_one_verifier_and_round_trips(body: wire.Body) -> None:
     sealed = wire.seal_reveal(VERIFIER.public_bytes, DONOR, DONOR.node_id, body)
+    assert len(sealed) <= wire.MAX_REVEAL_BYTES
     r = wire.decode_reveal(wire.unseal(VERIFIER.private_bytes(), sealed))
     assert (r.donor, r.verifier, r.body) == (DONOR.node_id, VERIFIER.public_bytes, body)
     wire.verify_reveal(r, DONOR.ed25519_public)
@@ -103,7 +114,8 @@ GOOD = _body_wire()
     ([*GOOD[:3], b"echo", *GOOD[4:]], "model is not a string"),
     ([*GOOD[:3], "m" * 129, *GOOD[4:]], "model is not a string"),
     ([*GOOD[:4], [], *GOOD[5:]], "messages has 0 items"),
-    ([*GOOD[:4], [["user", "x"]] * (wire.MAX_MESSAGES + 1), *GOOD[5:]], f"messages has {wire.MAX_MESSAGES + 1} items"),
+    ([*GOOD[:4], [["user", "x"]] * (wire.TRANSCRIPT_MAX_MESSAGES + 1), *GOOD[5:]],
+     f"messages has {wire.TRANSCRIPT_MAX_MESSAGES + 1} items"),
     ([*GOOD[:4], [["user"]], *GOOD[5:]], "a message is"),
     ([*GOOD[:4], [["user", b"x"]], *GOOD[5:]], "a message is"),
     ([*GOOD[:5], [1, 1.0, 0, 64, None], *GOOD[6:]], "params are of types"),
@@ -117,8 +129,9 @@ GOOD = _body_wire()
     ([*GOOD[:8], [["x", [1.0]]], *GOOD[9:]], "expected int"),
     ([*GOOD[:8], [["x", [-1]]], *GOOD[9:]], "token id is not within"),
     ([*GOOD[:8], [["x", [2**32]]], *GOOD[9:]], "token id is not within"),
-    ([*GOOD[:8], [["x", [1] * 2049]], *GOOD[9:]], "over 2048 token ids"),
-    ([*GOOD[:8], [["x", []]] * (wire.MAX_CHUNKS + 1), *GOOD[9:]], "chunks has"),
+    ([*GOOD[:8], [["x", [1] * 8193]], *GOOD[9:]], "over 8192 token ids"),
+    ([*GOOD[:8], [["x", []]] * (wire.TRANSCRIPT_MAX_CHUNKS + 1), *GOOD[9:]], "chunks has"),
+    ([*GOOD[:8], [["x" * (wire.MAX_CHUNK_TEXT + 1), [1]]], *GOOD[9:]], "text is not a string of at most"),
     ([*GOOD[:8], [["x", [[]]]], *GOOD[9:]], "expected int"),
     ([*GOOD[:9], b"\x03" * 63, *GOOD[10:]], "reply's signature"),
     ([*GOOD[:10], -1], "signed_at_ms"),
@@ -185,7 +198,7 @@ def test_garbage_never_raises_anything_but_transcript_error() -> None:
             wire.decode_reveal(nested)
 
 
-def test_the_limits_are_an_audit_challenges_and_fits_agrees_with_the_opening_check() -> None:
+def test_the_limits_are_a_transcripts_and_fits_agrees_with_the_transcript_check() -> None:
     assert (wire.MAX_MESSAGES, wire.MAX_CONTENT_BYTES, wire.MIN_TOKENS, wire.MAX_TOKENS, wire.MAX_TEMPERATURE,
             wire.MAX_TOP_K, wire.ROLES, wire.MAX_CHUNKS, wire.MAX_REPLY_TOKENS, wire.MAX_CHUNK_TEXT) == \
         (at.MAX_MESSAGES, at.MAX_CONTENT_BYTES, at.MIN_TOKENS, at.MAX_TOKENS, at.MAX_TEMPERATURE, at.MAX_TOP_K,
@@ -196,14 +209,14 @@ def test_the_limits_are_an_audit_challenges_and_fits_agrees_with_the_opening_che
         return rng.choice(good) if rng.random() < 0.9 else rng.choice(bad)
 
     for _ in range(1000):
-        n = int(pick((1, 2, 8), (0, 9)))  # type: ignore[call-overload]
+        n = int(pick((1, 2, 8, 40), (0, 257)))  # type: ignore[call-overload]
         msgs = tuple(ChatMessage(str(pick(("user", "assistant", "system"), ("tool",))),
-                                 str(pick(("hi", "x" * 8192), (" ", "é" * 4097)))) for _ in range(n))
+                                 str(pick(("hi", "x" * 3000), (" ", "é" * 32_769)))) for _ in range(n))
         p = SamplingParams(pick((0.0, 0.7, 5.0), (5.5, float("nan"), 1)), pick((1.0, 0.5), (0.0, 1.5)),  # type: ignore[arg-type]
-                           pick((0, 1000), (1001,)), pick((1, 1024), (0, 1025)), None)  # type: ignore[arg-type]
+                           pick((0, 1000), (1001,)), pick((1, 1024, 4096), (0, 4097)), None)  # type: ignore[arg-type]
         model = str(pick(("echo",), ("", "m" * 129)))
         try:
-            at.Opening(bytes(16), model, msgs, p).check()
+            at.Opening(bytes(16), model, msgs, p).check(transcript=True)
             ok = True
         except TxError:
             ok = False

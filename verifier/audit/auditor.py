@@ -996,8 +996,8 @@ def missing_end(engine: Engine, prompt_tokens: int, token_ids: Sequence[int], ma
     node that cuts its replies short to save work then pays that token's log-probability (an
     honest engine's replies carry the end token they stopped at: llama.cpp's do). Not when the
     engine cannot say (:class:`~model_node.engine.EndsReplies`), nor where the end token would
-    not fit in the verifier's context window (a reply that filled a window is scored as it came:
-    model nodes run windows of 4,096 tokens, verifiers score in 2,048)."""
+    not fit in the verifier's context window (a reply that filled a window is scored as it came;
+    model nodes and verifiers run windows of 4,096 tokens by default)."""
     from model_node.engine import EndsReplies
 
     if len(token_ids) >= max_tokens or not isinstance(engine, EndsReplies):
@@ -1312,13 +1312,16 @@ async def run_audits(data_dir: Path, settings: AuditSettings, seed: bytes, pool:
 
 def _engine(settings: AuditSettings) -> Any:
     from model_node.llama import LlamaCppEngine, resolve_model
+    from model_node.llama.engine import DEFAULT_N_CTX
 
     model_id, path = resolve_model(settings.model)
-    # 4 sequences: replies to several challenges are scored side by side; 2,048 tokens each
-    # (the model nodes' default window; ~190 MB of KV cache for SmolLM2).
+    # 4 sequences: replies to several challenges are scored side by side; each as long as the model
+    # nodes' default window (4,096 tokens, ~380 MB of KV cache for SmolLM2), so that a user's
+    # transcript of any request a node serves by default can be scored (decision 0032; in 2,048, a
+    # node could serve every longer one cheaply: none could be scored).
     # score_fresh: every reply is evaluated from scratch, so every verifier computes the same scores
     # whatever its engine scored before (reused cached prefixes changed them: model_node/llama/kv_cache.py).
-    return LlamaCppEngine(path, model_id=model_id, n_threads=settings.threads, slots=4, n_ctx=2048,
+    return LlamaCppEngine(path, model_id=model_id, n_threads=settings.threads, slots=4, n_ctx=DEFAULT_N_CTX,
                           score_fresh=True)
 
 

@@ -73,7 +73,7 @@ never a half-loaded book. The file around it is the verifier's (:mod:`verifier.r
                  by (epoch, donor) ascending, at most MAX_DONORS; at most MAX_COMMITS entries
                  each, in the order they were committed (rule 5 counts in that order)
     entry      = [commitment(32), received_ms, transcript | nil]
-    transcript = [node id(20), nonce(16), Opening.encode() (bytes), request id(16),
+    transcript = [node id(20), nonce(16), Opening.encode(transcript=True) (bytes), request id(16),
                   msgpack of ReplyOutcome.to_wire() (bytes)]
     burnt      = [donor(20), ...] ascending
     history    = [[donor(20), complete sets, void sets], ...] by donor ascending
@@ -295,7 +295,7 @@ class TranscriptBook:
     @staticmethod
     def _check(t: Transcript, received_ms: int, key_of: KeyOf) -> str | None:
         try:
-            t.opening.check()
+            t.opening.check(transcript=True)  # a transcript's limits (decision 0032), not a challenge's
         except TxError as exc:
             return f"malformed: {exc}"
         if len(t.request_id) != REQUEST_ID_LEN:
@@ -435,7 +435,7 @@ def _transcript_wire(t: Transcript) -> list[Any]:
     reply = pack(t.reply.to_wire())
     if len(reply) > MAX_REVEAL_BYTES:
         raise BookError(f"a transcript's reply takes {len(reply)} bytes, over a reveal's {MAX_REVEAL_BYTES}")
-    return [t.node_id, t.nonce, t.opening.encode(), t.request_id, reply]
+    return [t.node_id, t.nonce, t.opening.encode(transcript=True), t.request_id, reply]
 
 
 def _encode_book(b: TranscriptBook, limit: int) -> bytes:
@@ -530,9 +530,9 @@ def _read_transcript(r: codec.ShapeReader) -> Transcript:
     _shape(r, 5, "[node id, nonce, request, request id, reply]")
     node_id = _exact(r.value(), NODE_ID_LEN, "a transcript's node id")
     nonce = _exact(r.value(), NONCE_LEN, "a transcript's nonce")
-    opening = Opening.decode(_typed(r.value(), bytes, "a transcript's request"))
+    opening = Opening.decode(_typed(r.value(), bytes, "a transcript's request"), transcript=True)
     request_id = _exact(r.value(), REQUEST_ID_LEN, "a transcript's request id")
-    reply = decode_outcome(_typed(r.value(), bytes, "a transcript's reply"))
+    reply = decode_outcome(_typed(r.value(), bytes, "a transcript's reply"), transcript=True)
     if not isinstance(reply, ReplyOutcome):
         raise BookError("a transcript's reply is a failure")
     return Transcript(node_id, nonce, opening, request_id, reply)

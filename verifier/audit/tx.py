@@ -93,6 +93,11 @@ MAX_CHUNKS = transcripts.MAX_CHUNKS
 MAX_REPLY_TOKENS = transcripts.MAX_REPLY_TOKENS
 MAX_CHUNK_TEXT = transcripts.MAX_CHUNK_TEXT
 
+# A user's transcript, kept by a verifier in an Opening and a ReplyOutcome, has wider limits
+# (decision 0032: overlay/directory/transcripts.py); it never goes on the chain
+MAX_TRANSCRIPT_BYTES = 64 + MAX_MODEL_ID + transcripts.TRANSCRIPT_PROMPT_BYTES \
+    + transcripts.TRANSCRIPT_MAX_MESSAGES * 32 + 64
+
 _CHALLENGE_PERSON = b"gt-challenge"
 _PROMPT_PERSON = b"gt-prompt"
 _PLAN_PERSON = b"gt-audit-plan"
@@ -204,12 +209,15 @@ class Opening:
     messages: tuple[ChatMessage, ...]
     params: SamplingParams
 
-    def check(self) -> None:
+    def check(self, *, transcript: bool = False) -> None:
+        """A challenge's limits; ``transcript``: a user's transcript's, which are wider (decision
+        0032, :func:`overlay.directory.transcripts.transcript_problem`)."""
         if type(self.salt) is not bytes or len(self.salt) != SALT_LEN:
             raise _bad(f"challenge salt must be {SALT_LEN} bytes")
-        why = transcripts.opening_problem(self.model, self.messages, self.params)
+        problem = transcripts.transcript_problem if transcript else transcripts.opening_problem
+        why = problem(self.model, self.messages, self.params)
         if why is not None:
-            raise _invalid(f"challenge: {why}")
+            raise _invalid(f"{'transcript' if transcript else 'challenge'}: {why}")
 
     def check_script(self) -> None:
         """:meth:`check`, and the script's own rules (a challenge's opening, decision 0025; a user's
@@ -255,13 +263,14 @@ class Opening:
         return [self.salt, self.model, [[m.role, m.content] for m in self.messages],
                 [p.temperature, p.top_p, p.top_k, p.max_tokens, p.seed]]
 
-    def encode(self) -> bytes:
-        """The canonical msgpack of :meth:`to_wire` (what is sealed to each validator)."""
-        self.check()
+    def encode(self, *, transcript: bool = False) -> bytes:
+        """The canonical msgpack of :meth:`to_wire` (what is sealed to each validator; a
+        ``transcript`` request, checked by its own limits, is what a verifier's book keeps)."""
+        self.check(transcript=transcript)
         return pack(self.to_wire())
 
     @classmethod
-    def from_wire(cls, f: Any) -> Opening:
+    def from_wire(cls, f: Any, *, transcript: bool = False) -> Opening:
         """The opening from its wire array; :class:`TxError` if anything is off."""
         f = _list(f, 4, "opening")
         if len(f) != 4:
@@ -269,7 +278,8 @@ class Opening:
         salt = _bytes(f[0], SALT_LEN, "challenge salt")
         model = _typed(f[1], str, "challenge model")
         msgs = []
-        for m in _list(f[2], MAX_MESSAGES, "challenge messages"):
+        for m in _list(f[2], transcripts.TRANSCRIPT_MAX_MESSAGES if transcript else MAX_MESSAGES,
+                       "challenge messages"):
             if type(m) is not list or len(m) != 2 or type(m[0]) is not str or type(m[1]) is not str:
                 raise _bad("a challenge message is [role, content]")
             msgs.append(ChatMessage(m[0], m[1]))
@@ -282,15 +292,18 @@ class Opening:
         max_tokens = _typed(p[3], int, "max_tokens")
         seed = p[4] if p[4] is None else _typed(p[4], int, "seed")
         opening = cls(salt, model, tuple(msgs), SamplingParams(temp, top_p, top_k, max_tokens, seed))
-        opening.check()
+        opening.check(transcript=transcript)
         return opening
 
     @classmethod
-    def decode(cls, raw: bytes) -> Opening:
-        """Strictly decode :meth:`encode`'s bytes (a sealed box's content); :class:`TxError` if off."""
-        if len(raw) > MAX_OPENING_BYTES:
-            raise TxError(Code.OVERSIZE, f"a challenge opening of {len(raw)} bytes, at most {MAX_OPENING_BYTES}")
-        opening = cls.from_wire(_read(raw, MAX_OPENING_BYTES, "the challenge opening is not msgpack", _read_opening))
+    def decode(cls, raw: bytes, *, transcript: bool = False) -> Opening:
+        """Strictly decode :meth:`encode`'s bytes (a sealed box's content; a ``transcript``
+        request by its own limits); :class:`TxError` if off."""
+        limit = MAX_TRANSCRIPT_BYTES if transcript else MAX_OPENING_BYTES
+        if len(raw) > limit:
+            raise TxError(Code.OVERSIZE, f"a challenge opening of {len(raw)} bytes, at most {limit}")
+        read = _read_transcript_request if transcript else _read_opening
+        opening = cls.from_wire(_read(raw, limit, "the challenge opening is not msgpack", read), transcript=transcript)
         if pack(opening.to_wire()) != raw:
             raise _bad("the challenge opening is not in canonical msgpack form")
         return opening
@@ -525,16 +538,20 @@ def _sig(v: Any) -> bytes:
 # as it goes (Python evaluates arguments left to right, the order of the fields on the wire).
 
 
-def _read_opening(r: codec.ShapeReader) -> list[Any]:
+def _read_opening(r: codec.ShapeReader, max_messages: int = MAX_MESSAGES) -> list[Any]:
     """An opening's wire array, read by shape for :meth:`Opening.from_wire` to check."""
     if _array(r, 4, "opening") != 4:
         raise _bad("an opening is [salt, model, messages, params]")
     salt, model = r.value(), r.value()
-    messages = [_read_message(r) for _ in range(_array(r, MAX_MESSAGES, "challenge messages"))]
+    messages = [_read_message(r) for _ in range(_array(r, max_messages, "challenge messages"))]
     why = "challenge params are [temperature, top_p, top_k, max_tokens, seed]"
     if _array(r, 5, "challenge params") != 5:
         raise _bad(why)
     return [salt, model, messages, _values(r, 5)]
+
+
+def _read_transcript_request(r: codec.ShapeReader) -> list[Any]:
+    return _read_opening(r, transcripts.TRANSCRIPT_MAX_MESSAGES)
 
 
 def _read_message(r: codec.ShapeReader) -> list[Any]:
@@ -548,12 +565,15 @@ def _read_commit(r: codec.ShapeReader) -> PlanCommit:
     return PlanCommit(epoch, key, models, _bytes(r.value(), PLAN_HASH_LEN, "plan hash"), _sig(r.value()))
 
 
-def _read_chunks(r: codec.ShapeReader, i: int) -> tuple[tuple[str, tuple[int, ...]], ...]:
-    """A reply's [text, token ids] chunks: at most :data:`MAX_CHUNKS`, :data:`MAX_REPLY_TOKENS` ids in all."""
+def _read_chunks(r: codec.ShapeReader, i: int, transcript: bool = False) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """A reply's [text, token ids] chunks: at most :data:`MAX_CHUNKS`, :data:`MAX_REPLY_TOKENS` ids in all
+    (a ``transcript``'s reply: a transcript's limits, decision 0032)."""
     why, what = f"entry {i}: a chunk is [text, token ids]", f"entry {i}'s token id"
+    max_chunks, max_tokens = ((transcripts.TRANSCRIPT_MAX_CHUNKS, transcripts.TRANSCRIPT_MAX_REPLY_TOKENS)
+                              if transcript else (MAX_CHUNKS, MAX_REPLY_TOKENS))
     chunks = []
     tokens = 0
-    for _ in range(_array(r, MAX_CHUNKS, f"entry {i}'s chunks")):
+    for _ in range(_array(r, max_chunks, f"entry {i}'s chunks")):
         _shaped(r, 2, why)
         text = r.value()
         if type(text) is not str:
@@ -562,8 +582,8 @@ def _read_chunks(r: codec.ShapeReader, i: int) -> tuple[tuple[str, tuple[int, ..
             raise _invalid(f"entry {i}: a chunk's text is over {MAX_CHUNK_TEXT} characters")
         n = r.array()
         tokens += n
-        if tokens > MAX_REPLY_TOKENS:
-            raise _invalid(f"entry {i}: over {MAX_REPLY_TOKENS} reply tokens")
+        if tokens > max_tokens:
+            raise _invalid(f"entry {i}: over {max_tokens} reply tokens")
         chunks.append((text, tuple(_int(t, 0, 2**32 - 1, what) for t in r.ints(n))))
     if not chunks:
         raise _invalid(f"entry {i}: a reply has at least one chunk (an empty reply is a failed challenge)")
@@ -574,7 +594,7 @@ def _tries(v: Any, i: int) -> int:
     return _int(v, 1, MAX_TRIES, f"entry {i}'s tries")
 
 
-def _read_outcome(r: codec.ShapeReader, i: int) -> ReplyOutcome | FailOutcome:
+def _read_outcome(r: codec.ShapeReader, i: int, transcript: bool = False) -> ReplyOutcome | FailOutcome:
     n = r.array()
     tag = _typed(r.value(), int, f"entry {i}'s outcome kind") if n else None
     if tag == OUTCOME_FAIL and n == 3:
@@ -587,7 +607,7 @@ def _read_outcome(r: codec.ShapeReader, i: int) -> ReplyOutcome | FailOutcome:
                    "[1, kind, tries]")
     return ReplyOutcome(
         served_by=_bytes(r.value(), NODE_ID_LEN, f"entry {i}'s serving node id"),
-        chunks=_read_chunks(r, i),
+        chunks=_read_chunks(r, i, transcript),
         signature=_bytes(r.value(), crypto.ED25519_SIG_LEN, f"entry {i}'s reply signature"),
         signed_at_ms=_int(r.value(), 0, 2**64 - 1, f"entry {i}'s signed_at_ms"),
         score=_int(r.value(), 0, SCALE, f"entry {i}'s score"),
@@ -595,10 +615,12 @@ def _read_outcome(r: codec.ShapeReader, i: int) -> ReplyOutcome | FailOutcome:
     )
 
 
-def decode_outcome(raw: bytes) -> ReplyOutcome | FailOutcome:
+def decode_outcome(raw: bytes, *, transcript: bool = False) -> ReplyOutcome | FailOutcome:
     """An outcome from its canonical msgpack (``pack(outcome.to_wire())``), read as a report's
-    entry is: :class:`TxError` on anything off (an auditor's saved plan uses it)."""
-    return _read(raw, MAX_REPORT_BYTES, "the outcome is not strict msgpack", lambda r: _read_outcome(r, 0))
+    entry is (a ``transcript``'s reply by a transcript's limits): :class:`TxError` on anything off
+    (an auditor's saved plan and a verifier's transcript book use it)."""
+    return _read(raw, MAX_REPORT_BYTES, "the outcome is not strict msgpack",
+                 lambda r: _read_outcome(r, 0, transcript))
 
 
 def _read_entry(r: codec.ShapeReader, i: int) -> ReportEntry:
