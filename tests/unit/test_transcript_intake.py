@@ -233,6 +233,29 @@ def test_the_earlier_epochs_close_once_this_verifiers_report_is_on_the_chain() -
     assert isinstance(scores, at.TranscriptScores) and scores.nodes == ((n2, (300_000, 310_000, 310_000, 310_000)),)
 
 
+def test_a_donor_flooding_long_transcripts_gets_its_budget_scored_and_no_more() -> None:
+    """Rule 8 in the audit loop: of a donor's 16 transcripts of the longest requests, the loop
+    asks its engine to score what fits in the donor's budget (4 here); another donor's typical set
+    is scored whole."""
+    from verifier.audit.transcripts import SCORE_BUDGET, cost
+
+    n = b"\x0a" * 20
+    flood, honest = b"\xf1" * 20, b"\xa1" * 20
+
+    def long(i: int) -> Counted:
+        c = counted(n, f"{i} " + "w" * 4000, donor=flood)
+        reply = at.ReplyOutcome(n, (("x", tuple(range(3000))),), b"\x03" * 64, 1, 0)
+        return Counted(flood, n, Transcript(n, b"\x01" * 16, c.transcript.opening, b"\x02" * 16, reply))
+
+    typical = [counted(n, f"typical {i}", donor=honest) for i in range(16)]
+    a = auditor(0, transcripts=StubBook({0: [*(long(i) for i in range(16)), *typical]}))
+    (act,) = a.plan(reported(a), REPORT_FROM + 1)
+    assert isinstance(act, ScoreTranscripts)
+    flooded = [c for c in act.counted if c.donor == flood]
+    assert len(flooded) == 4 and sum(cost(c.transcript) for c in flooded) <= SCORE_BUDGET
+    assert [c for c in act.counted if c.donor == honest] == typical
+
+
 def test_held_scores_are_dropped_after_carry_epochs() -> None:
     from verifier.audit.transcripts import CARRY_EPOCHS
 

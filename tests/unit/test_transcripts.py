@@ -310,3 +310,40 @@ def test_a_cherry_picking_framer_gains_little_and_is_burnt_past_its_budget() -> 
     fails = random.Random(13)
     assert len(_epochs(book, honest, random.Random(14), 500, q, lambda *_: fails.random() >= 0.1)) > 400
     assert honest.id not in book.burnt
+
+
+# --------------------------------------------------------------------------- rule 8: bounded work
+
+
+def _counted(donor: bytes, i: int, reply_tokens: int, prompt_bytes: int = 180) -> tr.Counted:
+    opening = Opening(bytes(16), MODEL, (ChatMessage("user", f"{i:04d}" + "x" * (prompt_bytes - 4)),),
+                      SamplingParams(0.7, 1.0, 0, 4096, None))
+    reply = ReplyOutcome(HONEST.node_id, (("y" * reply_tokens, tuple(range(reply_tokens))),), b"\x03" * 64, 1, 0)
+    return tr.Counted(donor, HONEST.node_id, tr.Transcript(HONEST.node_id, os.urandom(16), opening, os.urandom(16),
+                                                          reply))
+
+
+def test_a_donor_flooding_the_longest_transcripts_gets_a_bounded_random_few_scored() -> None:
+    """A donor (a cheater's sybil, say) hands in 16 transcripts of the longest requests a node
+    serves: scoring them all would take a verifier longer than the epoch and delay every other
+    donor's scores. Only a random few within the budget are scored, never the donor's choice; an
+    honest donor's typical set beside it is scored whole."""
+    flood, honest = b"\xf1" * 20, b"\xa1" * 20
+    longest = [_counted(flood, i, 3000, 4000) for i in range(16)]  # cost 4,000 each
+    typical = [_counted(honest, i, 141) for i in range(16)]  # cost 186 each
+    assert tr.cost(longest[0].transcript) == 4000 and tr.cost(typical[0].transcript) == 186
+    chosen: dict[int, int] = {}
+    for seed in range(300):
+        kept, over = tr.within_budget([*longest, *typical], random.Random(seed))
+        mine = [c for c in kept if c.donor == flood]
+        assert sum(tr.cost(c.transcript) for c in mine) <= tr.SCORE_BUDGET and len(mine) == 4 and over == 12
+        assert [c for c in kept if c.donor == honest] == typical
+        for c in mine:
+            chosen[longest.index(c)] = chosen.get(longest.index(c), 0) + 1
+    assert len(chosen) == 16 and max(chosen.values()) < 2 * min(chosen.values())  # uniform, not the donor's order
+
+
+def test_one_transcript_over_the_budget_alone_is_still_scored() -> None:
+    huge = _counted(b"\xf2" * 20, 0, 8192, 128 * 1024)
+    assert tr.cost(huge.transcript) > tr.SCORE_BUDGET
+    assert tr.within_budget([huge], random.Random(1)) == ([huge], 0)

@@ -659,11 +659,18 @@ class Auditor:
             return [s] if self._once(s.key) else []
         if self.transcripts is None or not self._once(("score", epoch)):
             return []
+        from verifier.audit.transcripts import SCORE_BUDGET, within_budget
+
         counted = self.transcripts.close_before(epoch)
-        held = tuple(c for c in counted if c.transcript.opening.model in self.models)
-        if len(held) < len(counted):
+        mine = [c for c in counted if c.transcript.opening.model in self.models]
+        if len(mine) < len(counted):
             log.info("audit: %d counted transcripts are of models this verifier does not hold; not scored",
-                     len(counted) - len(held))
+                     len(counted) - len(mine))
+        kept, over = within_budget(mine, self.rng)  # rule 8: bounded scoring work per donor
+        if over:
+            log.info("audit: %d counted transcripts left unscored, drawn at random: past their donors' budget of "
+                     "%d tokens a round", over, SCORE_BUDGET)
+        held = tuple(kept)
         if held:
             log.info("audit: epoch %d: %d users' transcripts count; scoring them", epoch, len(held))
             return [ScoreTranscripts(epoch, held)]

@@ -49,6 +49,16 @@ The rules, and the framer each one stops:
    sampling than honest sets get (the threshold grows with the log of the node's donors), every
    transcript score of that node this epoch is capped. Boosters' honest sets cannot lift the
    cap; one donor's luck, or choice, cannot set it.
+8. **Bounded work** (decision 0032). A transcript may be as long as any request a node serves
+   (4,096 tokens), and scoring one that long took 30–65 s of a verifier's CPU where a typical one
+   takes 2 s: one donor's 16 such commitments an epoch would take 17 minutes, more than the
+   epoch, and delay every other donor's scores. So each donor's counted transcripts of a round
+   are scored in an order drawn from the verifier's secret randomness while their cost (reply
+   tokens and a quarter of the messages' bytes) stays within :data:`SCORE_BUDGET`, the first
+   always (:func:`within_budget`): a random subset of a sample that was already unbiased, which
+   neither the donor nor the node chooses. A donor's 16 one-turn requests of a typical length
+   (a 141-token reply to a 45-token prompt) cost about 3,000 and are scored whole; a donor of
+   long conversations is sampled.
 
 What is left to a framer: choosing prompts (before the reply) on which honest replies score
 badly; the score is calibrated per reply (decision 0013 §5: honest z has sd 0.91 over real
@@ -83,6 +93,7 @@ never a half-loaded book. The file around it is the verifier's (:mod:`verifier.r
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -99,6 +110,7 @@ from verifier.audit.tx import Opening, ReplyOutcome, decode_outcome
 
 WINDOW_MS = 600_000  # a committed request's reply must be signed within 10 minutes of the commitment
 MAX_COMMITS = 16  # per donor and epoch
+SCORE_BUDGET = 16_384  # rule 8: cost (about tokens) of a donor's transcripts scored a round: 4 of the longest
 MAX_PER_NODE = 4  # counted transcripts per donor, node and epoch
 MAX_DONORS = 4096  # donors with open commitments at once, per verifier
 CARRY_EPOCHS = 4  # a verifier holds a node's transcript scores this many epochs for the chain's minimum
@@ -110,8 +122,8 @@ MAX_VOID_REASON = 1024  # characters of a void set's reason kept (only whether a
 MAX_REFUSAL_KINDS = 64  # kinds of refusal counted (the book's own messages have about a dozen)
 MAX_REFUSAL_KIND = 64  # characters of one ("malformed", "no reply", ...)
 
-__all__ = ["COMMITMENT_LEN", "NONCE_LEN", "BookError", "Counted", "KeyOf", "ScoreCarry", "Transcript",
-           "TranscriptBook", "capped_by_donor", "commitment", "transcript_of"]
+__all__ = ["COMMITMENT_LEN", "NONCE_LEN", "SCORE_BUDGET", "BookError", "Counted", "KeyOf", "ScoreCarry",
+           "Transcript", "TranscriptBook", "capped_by_donor", "commitment", "cost", "transcript_of", "within_budget"]
 
 KeyOf = Callable[[bytes, str], bytes | None]  # (node id, model) -> its registered Ed25519 key, if it serves model
 
@@ -143,6 +155,34 @@ def transcript_of(b: Revealed) -> Transcript:
     """The book's transcript of a donor's revealed one (:class:`overlay.directory.transcripts.Revealed`)."""
     return Transcript(b.node_id, b.nonce, Opening(bytes(16), b.model, b.messages, b.params), b.request_id,
                       ReplyOutcome(b.served_by, b.chunks, b.signature, b.signed_at_ms, 0, 1))
+
+
+def cost(t: Transcript) -> int:
+    """About how many tokens scoring ``t`` evaluates: its reply's token ids and a quarter of its
+    messages' UTF-8 bytes (rule 8)."""
+    size = sum(len(m.content.encode("utf-8", errors="surrogatepass")) for m in t.opening.messages)
+    return len(t.reply.token_ids()) + size // 4
+
+
+def within_budget(counted: Sequence[Counted], rng: random.Random,
+                  budget: int = SCORE_BUDGET) -> tuple[list[Counted], int]:
+    """Rule 8: of each donor's ``counted`` transcripts, those kept in an order drawn by ``rng``
+    (the verifier's secret randomness) while their :func:`cost` adds up to at most ``budget``, the
+    first always; ``(kept, in their given order; how many were left out)``."""
+    by_donor: dict[bytes, list[int]] = {}
+    for i, c in enumerate(counted):
+        by_donor.setdefault(c.donor, []).append(i)
+    keep: set[int] = set()
+    for donor in sorted(by_donor):
+        order = by_donor[donor]
+        rng.shuffle(order)
+        spent = 0
+        for i in order:
+            spent += cost(counted[i].transcript)
+            if spent > budget and i != order[0]:
+                break
+            keep.add(i)
+    return [c for i, c in enumerate(counted) if i in keep], len(counted) - len(keep)
 
 
 def capped_by_donor(scored: Iterable[tuple[bytes, bytes, int, float]]) -> list[tuple[bytes, int]]:
