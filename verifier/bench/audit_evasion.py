@@ -1222,7 +1222,7 @@ class ChainRun:
         return True
 
     def _eligible(self, r: Req) -> bool:
-        """Whether a donor's client may choose ``r`` (overlay.directory.transcripts.fits: an opening's limits, no seed)."""
+        """Whether a donor's client may choose ``r`` (overlay.directory.transcripts.fits: a transcript's limits, decision 0032; no seed)."""
         from overlay.directory.transcripts import fits
 
         if r.ident not in self.eligible:
@@ -1764,9 +1764,10 @@ def committed_auc(views_: dict[str, View], rho: float, seed: int) -> dict[str, f
     as a detector of the requests their users commit (donate at rate ``rho``, a coin flipped before
     sending, among the requests a donor's client may choose): AUC of committed against every other
     user request, and against the other requests a client may choose; the mean over AUC_DRAWS
-    seeded coin draws. And the share of users' requests no client may choose (a seed, or over an
-    opening's limits): those a cheater may serve cheaply with no transcript risk."""
-    from overlay.directory.transcripts import fits
+    seeded coin draws. And the share of users' requests no client may choose (a seed, or over a
+    transcript's limits): those a cheater may serve cheaply with no transcript risk; beside it the
+    same share under the limits transcripts had before decision 0032 (an audit challenge's)."""
+    from overlay.directory.transcripts import fits, opening_problem
 
     f: dict[str, float] = {}
     for name in VIEWS:
@@ -1783,6 +1784,9 @@ def committed_auc(views_: dict[str, View], rho: float, seed: int) -> dict[str, f
         f[f"transcripts_auc_committed_eligible_{name}"] = float(np.mean(eligible))
         if name == "donated":
             f["transcripts_users_ineligible_share"] = float(1.0 - ok.mean())
+            f["transcripts_users_ineligible_share_challenge_limits"] = float(np.mean(
+                [r.params.seed is not None or opening_problem(MODEL, r.messages, r.params) is not None
+                 for r in v.user_reqs]))
     return f
 
 
@@ -2078,7 +2082,7 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
             "honest_runs_with_transcripts": len(honest_t_seeds),
             "users": f"per node and epoch {user_requests(timing.epoch_s)} requests drawn from its view's evaluation "
                      "stream of users' requests (with the detector's score); each donated with probability rho "
-                     "when overlay.directory.transcripts.fits allows it (no seed, an opening's limits)",
+                     "when overlay.directory.transcripts.fits allows it (no seed, a transcript's limits: decision 0032)",
             "book": "verifier.audit.transcripts.TranscriptBook: commit at a uniform height of the epoch, signed "
                     "reply, reveal (or no_reply); closed in the next epoch's report window (as verifier/audit/"
                     "auditor.py closes it); one book stands for every honest verifier (same inputs)",
