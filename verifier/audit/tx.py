@@ -278,8 +278,7 @@ class Opening:
         salt = _bytes(f[0], SALT_LEN, "challenge salt")
         model = _typed(f[1], str, "challenge model")
         msgs = []
-        for m in _list(f[2], transcripts.TRANSCRIPT_MAX_MESSAGES if transcript else MAX_MESSAGES,
-                       "challenge messages"):
+        for m in _list(f[2], _max_messages(transcript), "challenge messages"):
             if type(m) is not list or len(m) != 2 or type(m[0]) is not str or type(m[1]) is not str:
                 raise _bad("a challenge message is [role, content]")
             msgs.append(ChatMessage(m[0], m[1]))
@@ -302,8 +301,9 @@ class Opening:
         limit = MAX_TRANSCRIPT_BYTES if transcript else MAX_OPENING_BYTES
         if len(raw) > limit:
             raise TxError(Code.OVERSIZE, f"a challenge opening of {len(raw)} bytes, at most {limit}")
-        read = _read_transcript_request if transcript else _read_opening
-        opening = cls.from_wire(_read(raw, limit, "the challenge opening is not msgpack", read), transcript=transcript)
+        max_messages = _max_messages(transcript)
+        opening = cls.from_wire(_read(raw, limit, "the challenge opening is not msgpack",
+                                    lambda r: _read_opening(r, max_messages)), transcript=transcript)
         if pack(opening.to_wire()) != raw:
             raise _bad("the challenge opening is not in canonical msgpack form")
         return opening
@@ -550,8 +550,9 @@ def _read_opening(r: codec.ShapeReader, max_messages: int = MAX_MESSAGES) -> lis
     return [salt, model, messages, _values(r, 5)]
 
 
-def _read_transcript_request(r: codec.ShapeReader) -> list[Any]:
-    return _read_opening(r, transcripts.TRANSCRIPT_MAX_MESSAGES)
+def _max_messages(transcript: bool) -> int:
+    """An opening's most messages: a challenge's, or a user's transcript's (decision 0032)."""
+    return transcripts.TRANSCRIPT_MAX_MESSAGES if transcript else MAX_MESSAGES
 
 
 def _read_message(r: codec.ShapeReader) -> list[Any]:
