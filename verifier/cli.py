@@ -64,6 +64,13 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
                         "challenges go without; default: this verifier's RPC only)")
     p.add_argument("--audit-threads", type=int, default=1, metavar="N",
                    help="llama.cpp threads for scoring (default 1: a verifier shares its host with CometBFT)")
+    p.add_argument("--transcript-budget", type=int, default=None, metavar="TOKENS",
+                   help="the most work spent scoring users' donated transcripts an epoch, in tokens scored (a "
+                        "reply's tokens and a quarter of its prompt's bytes); past it, each model node's share is "
+                        "a random part of its transcripts, shared out equally among the nodes (decision 0033). "
+                        "Default: 49152 per --audit-threads, about 7.5 minutes of one llama.cpp thread of a 2-core "
+                        "cloud machine on users' typical transcripts, 9.5 on long ones, within a 15-minute epoch "
+                        "(docs/benchmarks.md \"transcript-scoring\"); raise it on a faster host or a large network")
     p.add_argument("--challenge-prompts", metavar="FILE", default=None,
                    help="this operator's own secret challenge prompts: JSON Lines, one conversation a line, "
                         '{"messages": [{"role": "system"|"user"|"assistant", "content": "..."}, ...]} (replies '
@@ -344,6 +351,8 @@ def _run(args: argparse.Namespace) -> int:
 
         if args.audit_threads < 1:
             raise CliError("--audit-threads must be at least 1")
+        if args.transcript_budget is not None and args.transcript_budget < 1:
+            raise CliError("--transcript-budget must be at least 1 (tokens scored a round)")
         committee = tuple(a.strip() for a in args.audit_committee.split(",") if a.strip())
         corpus = None
         if args.challenge_prompts is not None:
@@ -354,11 +363,14 @@ def _run(args: argparse.Namespace) -> int:
             except CorpusError as exc:
                 raise CliError(f"--challenge-prompts: {exc}") from None
         audit = AuditSettings(model=args.audit_model, listen=args.audit_listen, region=args.audit_region,
-                              threads=args.audit_threads, committee=committee, corpus=corpus)
+                              threads=args.audit_threads, committee=committee, corpus=corpus,
+                              transcript_budget=args.transcript_budget)
     elif args.audit_model:
         raise CliError("--audit-model needs --audit")
     elif args.challenge_prompts is not None:
         raise CliError("--challenge-prompts needs --audit")
+    elif args.transcript_budget is not None:
+        raise CliError("--transcript-budget needs --audit")
     try:
         run_async(lambda: run_verifier(d, abci=args.abci, audit=audit), long_lived=True)
     except (CometError, AbciAddressError, StateError, BookFileError, QuotaFileError) as exc:

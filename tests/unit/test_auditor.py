@@ -745,12 +745,16 @@ def test_the_verifier_command_takes_audit_flags(tmp_path: Any, capsys: pytest.Ca
         main(["verifier", "--help"])
     out = capsys.readouterr().out
     for flag in ("--audit ", "--audit-model", "--audit-listen", "--audit-region", "--audit-threads",
-                 "--challenge-prompts"):
+                 "--challenge-prompts", "--transcript-budget"):
         assert flag in out
     assert main(["verifier", "--data-dir", str(tmp_path), "--audit-model", MODEL]) == 2
     assert "--audit-model needs --audit" in capsys.readouterr().err
     assert main(["verifier", "--data-dir", str(tmp_path), "--audit", "--audit-threads", "0"]) == 2
     assert "--audit-threads must be at least 1" in capsys.readouterr().err
+    assert main(["verifier", "--data-dir", str(tmp_path), "--audit", "--transcript-budget", "0"]) == 2
+    assert "--transcript-budget must be at least 1" in capsys.readouterr().err
+    assert main(["verifier", "--data-dir", str(tmp_path), "--transcript-budget", "9000"]) == 2
+    assert "--transcript-budget needs --audit" in capsys.readouterr().err
     good = tmp_path / "private.jsonl"
     good.write_text('{"messages": [{"role": "user", "content": "Hi"}]}\n', encoding="utf-8")
     assert main(["verifier", "--data-dir", str(tmp_path), "--challenge-prompts", str(good)]) == 2

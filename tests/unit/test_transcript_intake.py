@@ -256,6 +256,34 @@ def test_a_donor_flooding_long_transcripts_gets_its_budget_scored_and_no_more() 
     assert [c for c in act.counted if c.donor == honest] == typical
 
 
+def test_the_loop_scores_a_round_within_this_verifiers_budget_node_by_node() -> None:
+    """Rule 9 in the audit loop: many donors' transcripts of many nodes past the verifier's
+    ``transcript_budget`` (``--transcript-budget``): the engine is asked to score a share of each
+    node's within the budget, every node some; under it, everything."""
+    from verifier.audit.transcripts import cost
+
+    nodes = [bytes([0x20 + j]) * 20 for j in range(8)]
+    round_ = [counted(n, f"question {i} " + "w" * 400, donor=bytes([i]) * 20) for n in nodes for i in range(10)]
+    per = cost(round_[0].transcript)
+    a = auditor(0, transcripts=StubBook({0: round_}), transcript_budget=8 * 3 * per)
+    (act,) = a.plan(reported(a), REPORT_FROM + 1)
+    assert isinstance(act, ScoreTranscripts)
+    assert sum(cost(c.transcript) for c in act.counted) <= 8 * 3 * per
+    assert sorted(c.node_id for c in act.counted) == sorted(nodes * 3)
+    b = auditor(0, transcripts=StubBook({0: round_}), transcript_budget=80 * per)
+    (whole,) = b.plan(reported(b), REPORT_FROM + 1)
+    assert isinstance(whole, ScoreTranscripts) and list(whole.counted) == round_
+
+
+def test_a_verifiers_budget_grows_with_its_scoring_threads() -> None:
+    from verifier.audit.auditor import AuditSettings
+    from verifier.audit.transcripts import ROUND_BUDGET
+
+    assert AuditSettings().scoring_budget() == ROUND_BUDGET
+    assert AuditSettings(threads=3).scoring_budget() == 3 * ROUND_BUDGET
+    assert AuditSettings(threads=3, transcript_budget=1000).scoring_budget() == 1000
+
+
 def test_held_scores_are_dropped_after_carry_epochs() -> None:
     from verifier.audit.transcripts import CARRY_EPOCHS
 

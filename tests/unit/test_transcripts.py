@@ -347,3 +347,93 @@ def test_one_transcript_over_the_budget_alone_is_still_scored() -> None:
     huge = _counted(b"\xf2" * 20, 0, 8192, 128 * 1024)
     assert tr.cost(huge.transcript) > tr.SCORE_BUDGET
     assert tr.within_budget([huge], random.Random(1)) == ([huge], 0)
+
+
+# --------------------------------------------------------------------------- rule 9: bounded work per verifier
+
+
+def _of(node: bytes, donor: bytes, i: int, reply_tokens: int = 141, prompt_bytes: int = 180) -> tr.Counted:
+    c = _counted(donor, i, reply_tokens, prompt_bytes)
+    return tr.Counted(donor, node, c.transcript)
+
+
+NODES = [bytes([0x10 + j]) * 20 for j in range(32)]
+CHEATER, OTHERS = NODES[0], NODES[1:]
+
+
+def _flood(rng: random.Random, sybils: int) -> list[tr.Counted]:
+    """``sybils`` donors, each with the 4 longest transcripts rule 8 leaves it, of nodes other than
+    the cheater's (cost 4,000 each)."""
+    return [_of(rng.choice(OTHERS), j.to_bytes(20, "big"), i, 3000, 4000) for j in range(sybils) for i in range(4)]
+
+
+def _spent(kept: list[tr.Counted]) -> int:
+    return sum(tr.cost(c.transcript) for c in kept)
+
+
+def test_a_round_that_fits_is_scored_whole() -> None:
+    rng = random.Random(3)
+    counted = [_of(n, bytes([0xa0 + i]) * 20, i) for n in NODES[:10] for i in range(15)]
+    assert _spent(counted) <= tr.ROUND_BUDGET
+    assert tr.within_capacity(counted, rng) == (counted, 0)
+
+
+def test_a_sybil_flood_of_other_nodes_leaves_each_node_its_share_and_bounds_the_round() -> None:
+    """A patient attacker's registered donors hand in the longest requests of every node but the
+    cheater's: 1,024 of them would take one thread hours a round. The round costs the verifier's
+    budget on average, and the cheater's honest donors' transcripts keep the cheater's fair share
+    of it: the flood cannot starve the node it is meant to shield."""
+    rng = random.Random(5)
+    honest = [_of(CHEATER, bytes([0xa0 + i]) * 20, i) for i in range(15)]  # cost 186 each
+    flood = _flood(rng, 1024)
+    assert _spent(flood) > 100 * tr.ROUND_BUDGET
+    share = tr.ROUND_BUDGET / len(NODES)
+    spent = []
+    for seed in range(8):
+        kept, over = tr.within_capacity([*flood, *honest], random.Random(seed))
+        assert over == len(flood) + 15 - len(kept)
+        spent.append(_spent(kept))
+        mine = [c for c in kept if c.node_id == CHEATER]
+        assert len(mine) in (int(share // 186), int(share // 186) + 1)  # its whole share: 8 or 9 of 15
+    assert max(spent) < 1.5 * tr.ROUND_BUDGET and abs(sum(spent) / len(spent) / tr.ROUND_BUDGET - 1) < 0.1, spent
+
+
+def test_a_nodes_share_is_a_uniform_draw_of_its_transcripts_whoever_handed_them_in() -> None:
+    """The cheater's own registered users (boosters) flood its share with honest replies: the
+    transcripts scored are drawn uniformly from all of its counted ones, so its honest donors'
+    keep their proportion (rule 7 then judges the sets), not less: not by donor id, not by the
+    order they came in, not by how many each donor handed in."""
+    boosters = [_of(CHEATER, j.to_bytes(20, "big"), i) for j in range(60) for i in range(4)]  # low ids, first
+    honest = [_of(CHEATER, bytes([0xf0]) + bytes([i]) * 19, 100 + i) for i in range(15)]  # high ids, last
+    flood = [_of(n, b"\xee" * 20, 0, 3000, 4000) for n in OTHERS]  # the budget binds for every node
+    ids = {id(c) for c in honest}
+    got = total = 0
+    for seed in range(1000):
+        kept, _ = tr.within_capacity([*boosters, *flood, *honest], random.Random(seed), budget=32 * 5 * 186)
+        mine = [c for c in kept if c.node_id == CHEATER]
+        got += sum(1 for c in mine if id(c) in ids)
+        total += len(mine)
+    assert total == 1000 * 5
+    assert abs(got / total - 15 / 255) < 0.012, got / total
+
+
+def test_a_node_whose_every_transcript_is_over_its_share_spends_its_share_on_average() -> None:
+    """Long transcripts (a cheater's padded replies, a flood's longest requests) neither leave a
+    node out nor make it cost more than its share: a transcript four times the share is scored in
+    a quarter of the rounds, a random one."""
+    padded = [_of(CHEATER, bytes([0xa0 + i]) * 20, i, 3000, 4000) for i in range(15)]
+    flood = [_of(n, b"\xee" * 20, i, 3000, 4000) for n in OTHERS for i in range(2)]
+    chosen: list[int] = []
+    for seed in range(400):
+        kept, _ = tr.within_capacity([*flood, *padded], random.Random(seed), budget=32 * 1000)
+        mine = [c for c in kept if c.node_id == CHEATER]
+        assert len(mine) <= 1
+        chosen.extend(padded.index(c) for c in mine)
+    assert 70 <= len(chosen) <= 130 and len(set(chosen)) > 10, len(chosen)  # 100 expected
+
+
+def test_the_share_level_is_max_min_fair() -> None:
+    assert tr.share_level([10, 20, 100], 60) == 30
+    assert tr.share_level([10, 20, 30], 60) == float("inf")
+    assert tr.share_level([100, 100, 100, 100], 100) == 25
+    assert tr.share_level([], 100) == float("inf")

@@ -507,6 +507,7 @@ class Auditor:
     tamper: Callable[[Any], Any] | None = None  # TESTS ONLY: alters each AuditReport before it is signed
     think: tuple[int, float] = (THINK_MIN_BLOCKS, THINK_MEAN_BLOCKS)  # a script's turns apart: least + Exp(mean)
     transcripts: TranscriptBook | None = None  # users' committed transcripts (decision 0015), closed here
+    transcript_budget: int | None = None  # rule 9's cost scored a round (None: ROUND_BUDGET; decision 0033)
     current: Plan | None = None
     changed: bool = False  # the plan changed since the last snapshot(): the driver writes it
     _started: set[tuple[Any, ...]] = field(default_factory=set)
@@ -659,7 +660,7 @@ class Auditor:
             return [s] if self._once(s.key) else []
         if self.transcripts is None or not self._once(("score", epoch)):
             return []
-        from verifier.audit.transcripts import SCORE_BUDGET, within_budget
+        from verifier.audit.transcripts import ROUND_BUDGET, SCORE_BUDGET, within_budget, within_capacity
 
         counted = self.transcripts.close_before(epoch)
         mine = [c for c in counted if c.transcript.opening.model in self.models]
@@ -670,6 +671,11 @@ class Auditor:
         if over:
             log.info("audit: %d counted transcripts left unscored, drawn at random: past their donors' budget of "
                      "%d tokens a round", over, SCORE_BUDGET)
+        budget = ROUND_BUDGET if self.transcript_budget is None else self.transcript_budget
+        kept, over = within_capacity(kept, self.rng, budget)  # rule 9: bounded scoring work per verifier
+        if over:
+            log.warning("audit: %d counted transcripts left unscored, drawn at random node by node: past this "
+                        "verifier's budget of %d tokens a round (--transcript-budget)", over, budget)
         held = tuple(kept)
         if held:
             log.info("audit: epoch %d: %d users' transcripts count; scoring them", epoch, len(held))
@@ -1281,6 +1287,14 @@ class AuditSettings:
     # ``--challenge-prompts``: the operator's private challenge prompts as read from the file
     # (verifier/audit/corpus.py ``read_corpus``; the audit loop adds what DATA_DIR says was used)
     corpus: ChallengeCorpus | None = None
+    # ``--transcript-budget``: the cost (about tokens) of users' transcripts scored a round (rule 9 of
+    # verifier/audit/transcripts.py); None: ROUND_BUDGET for each of ``threads``
+    transcript_budget: int | None = None
+
+    def scoring_budget(self) -> int:
+        from verifier.audit.transcripts import ROUND_BUDGET
+
+        return ROUND_BUDGET * self.threads if self.transcript_budget is None else self.transcript_budget
 
 
 async def run_audits(data_dir: Path, settings: AuditSettings, seed: bytes, pool: DonationPool | None = None,
@@ -1367,7 +1381,8 @@ async def _run_audits_once(data_dir: Path, settings: AuditSettings, seed: bytes,
     assert user.client is not None
     host, _, port = settings.listen.rpartition(":")
     auditor = Auditor(seed, chain_id, (engine.model,), ChallengeGenerator(rng=random.SystemRandom()), pool=pool,
-                      corpus=corpus, tamper=settings.tamper, transcripts=transcripts)
+                      corpus=corpus, tamper=settings.tamper, transcripts=transcripts,
+                      transcript_budget=settings.scoring_budget())
     load_auditor(data_dir, auditor)
     driver = AuditDriver(auditor, rpc_address, user.client, engine, poll=settings.poll, data_dir=data_dir)
     async with trio.open_nursery() as nursery:

@@ -59,6 +59,20 @@ The rules, and the framer each one stops:
    neither the donor nor the node chooses. A donor's 16 one-turn requests of a typical length
    (a 141-token reply to a 45-token prompt) cost about 3,000 and are scored whole; a donor of
    long conversations is sampled.
+9. **Bounded work per verifier** (decision 0033). Rule 8 bounds one donor, not how many there are:
+   registered identities cost work per key, not in total, so a patient attacker's donors (each
+   with 16 honest requests a round) could hand a verifier more to score than it can in an epoch,
+   every round, and the scores of every node would fall further behind. So a round's counted
+   transcripts are scored while their cost stays within the verifier's ``--transcript-budget``
+   (:data:`ROUND_BUDGET` a scoring thread by default), shared out among the *nodes* they are of,
+   not the donors: each node may spend up to a common level, a node asking less giving the rest to
+   the others (:func:`within_capacity`), in an order drawn from the verifier's secret randomness,
+   the transcript that would cross the level kept with the odds of what is left of it (so each
+   node spends its share on average, and the round the budget). Donors flooding other nodes'
+   transcripts cannot push a node's share under ``budget / nodes``; flooding a node's own (its
+   boosters) dilutes its donors' transcripts in proportion, no more, which is rule 7's case; the
+   flooded nodes' own donors are crowded out the same way (their nodes are then judged by the
+   flood's transcripts, which are honest replies, or by challenges).
 
 What is left to a framer: choosing prompts (before the reply) on which honest replies score
 badly; the score is calibrated per reply (decision 0013 §5: honest z has sd 0.91 over real
@@ -111,6 +125,7 @@ from verifier.audit.tx import Opening, ReplyOutcome, decode_outcome
 WINDOW_MS = 600_000  # a committed request's reply must be signed within 10 minutes of the commitment
 MAX_COMMITS = 16  # per donor and epoch
 SCORE_BUDGET = 16_384  # rule 8: cost (about tokens) of a donor's transcripts scored a round: 4 of the longest
+ROUND_BUDGET = 49_152  # rule 9: cost of the transcripts a verifier scores a round (mean), per scoring thread
 MAX_PER_NODE = 4  # counted transcripts per donor, node and epoch
 MAX_DONORS = 4096  # donors with open commitments at once, per verifier
 CARRY_EPOCHS = 4  # a verifier holds a node's transcript scores this many epochs for the chain's minimum
@@ -122,8 +137,9 @@ MAX_VOID_REASON = 1024  # characters of a void set's reason kept (only whether a
 MAX_REFUSAL_KINDS = 64  # kinds of refusal counted (the book's own messages have about a dozen)
 MAX_REFUSAL_KIND = 64  # characters of one ("malformed", "no reply", ...)
 
-__all__ = ["COMMITMENT_LEN", "NONCE_LEN", "SCORE_BUDGET", "BookError", "Counted", "KeyOf", "ScoreCarry",
-           "Transcript", "TranscriptBook", "capped_by_donor", "commitment", "cost", "transcript_of", "within_budget"]
+__all__ = ["COMMITMENT_LEN", "NONCE_LEN", "ROUND_BUDGET", "SCORE_BUDGET", "BookError", "Counted", "KeyOf",
+           "ScoreCarry", "Transcript", "TranscriptBook", "capped_by_donor", "commitment", "cost", "transcript_of",
+           "within_budget", "within_capacity"]
 
 KeyOf = Callable[[bytes, str], bytes | None]  # (node id, model) -> its registered Ed25519 key, if it serves model
 
@@ -183,6 +199,49 @@ def within_budget(counted: Sequence[Counted], rng: random.Random,
                 break
             keep.add(i)
     return [c for i, c in enumerate(counted) if i in keep], len(counted) - len(keep)
+
+
+def within_capacity(counted: Sequence[Counted], rng: random.Random,
+                    budget: int = ROUND_BUDGET) -> tuple[list[Counted], int]:
+    """Rule 9: of a round's ``counted`` transcripts, those a verifier scores within ``budget``:
+    each node's in an order drawn by ``rng`` while their :func:`cost` stays within the node's
+    share (:func:`share_level`), and the one that would cross it with the odds of the share left
+    over its cost, so that every node spends its share on average, however long its transcripts
+    (a node whose every transcript costs more than its share is not left out, nor can its or a
+    flood's long ones make the round cost more than ``budget`` on average); ``(kept, in their
+    given order; how many were left out)``. All of them when they fit."""
+    by_node: dict[bytes, list[int]] = {}
+    for i, c in enumerate(counted):
+        by_node.setdefault(c.node_id, []).append(i)
+    costs = [cost(c.transcript) for c in counted]
+    level = share_level([sum(costs[i] for i in idx) for idx in by_node.values()], budget)
+    keep: set[int] = set()
+    for node in sorted(by_node):
+        order = by_node[node]
+        rng.shuffle(order)
+        spent = 0
+        for i in order:
+            if spent + costs[i] > level:
+                if rng.random() * costs[i] < level - spent:
+                    keep.add(i)
+                break
+            spent += costs[i]
+            keep.add(i)
+    return [c for i, c in enumerate(counted) if i in keep], len(counted) - len(keep)
+
+
+def share_level(demands: Sequence[int], budget: int) -> float:
+    """The most each node may spend of ``budget`` when nodes ask ``demands``: every node asking
+    less gets all it asks and the rest share what is left equally (max-min fair); infinite when
+    everything fits."""
+    left = float(budget)
+    ordered = sorted(demands)
+    for j, d in enumerate(ordered):
+        share = left / (len(ordered) - j)
+        if d > share:
+            return share
+        left -= d
+    return float("inf")
 
 
 def capped_by_donor(scored: Iterable[tuple[bytes, bytes, int, float]]) -> list[tuple[bytes, int]]:
