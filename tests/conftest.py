@@ -61,6 +61,29 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120.
     )
 
 
+def quick_bench(name: str, run: Callable[[bool], tuple[dict[str, Any], dict[str, float]]],
+                timeout: float = 600.0) -> dict[str, Any]:
+    """One ``gentorrent bench NAME --quick --json`` run's JSON: through the CLI when the entry
+    point is installed, else ``run(True)`` printed in-process the same way (an editable install
+    registers new entry points on reinstall)."""
+    import io
+    import json
+    from contextlib import redirect_stdout
+    from importlib.metadata import entry_points
+
+    if name in {ep.name for ep in entry_points(group="gentorrent.benches")}:
+        done = run_cli("bench", name, "--quick", "--json", timeout=timeout)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return dict(json.loads(done.stdout))
+    from gentorrent.bench.command import emit
+
+    params, figures = run(True)
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        emit(name, params, figures, as_json=True)
+    return dict(json.loads(buf.getvalue()))
+
+
 def read_line(proc: subprocess.Popen[bytes], timeout: float) -> str:
     """One stdout line of ``proc``, waiting at most ``timeout`` seconds ("" on EOF)."""
     assert proc.stdout is not None

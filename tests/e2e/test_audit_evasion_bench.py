@@ -8,11 +8,7 @@ that (the bench reports where goals are missed); no timing is asserted."""
 
 from __future__ import annotations
 
-import io
-import json
 import math
-from contextlib import redirect_stdout
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
@@ -25,24 +21,13 @@ NAME = "audit-evasion"
 
 @pytest.fixture(scope="module")
 def out() -> dict[str, Any]:
-    """One quick run's JSON: through the CLI when the entry point is installed, else the same
-    output printed in-process (an editable install registers new entry points on reinstall)."""
-    from tests.conftest import run_cli
+    """One quick run's JSON (``tests.conftest.quick_bench``)."""
+    from tests.conftest import quick_bench
     from verifier.bench import audit_evasion
 
     if not audit_evasion.USER_PROMPTS.is_file():
         pytest.skip(f"{audit_evasion.USER_PROMPTS} is missing (../shared/data next to the repository)")
-    if NAME in {ep.name for ep in entry_points(group="gentorrent.benches")}:
-        done = run_cli("bench", NAME, "--quick", "--json", timeout=600)
-        assert done.returncode == 0, done.stderr[-2000:]
-        return dict(json.loads(done.stdout))
-    from gentorrent.bench.command import emit
-
-    params, figures = audit_evasion.run(True)
-    buf = io.StringIO()
-    with redirect_stdout(buf):
-        emit(NAME, params, figures, as_json=True)
-    return dict(json.loads(buf.getvalue()))
+    return quick_bench(NAME, audit_evasion.run, timeout=600)
 
 
 def test_prints_the_documented_keys(out: dict[str, Any], helpers: Any) -> None:

@@ -2,16 +2,13 @@
 exactly the figures listed here, every figure is a finite number, and rule 9 of
 verifier/audit/transcripts.py keeps its promises in every quick run: a round's scored cost is the
 budget on average, the unflooded cheater keeps its share under a flood of other nodes'
-transcripts, the budget is used whenever it binds, and no round scores more than rule 8 alone.
-No timing is asserted."""
+transcripts, the budget is used whenever it binds, no round scores more than rule 8 alone, and
+the second draw only adds rounds in which a boosted cheater's users' sets can cap it. No timing
+is asserted."""
 
 from __future__ import annotations
 
-import io
-import json
 import math
-from contextlib import redirect_stdout
-from importlib.metadata import entry_points
 from typing import Any
 
 import pytest
@@ -23,32 +20,22 @@ QUICK_SYBILS = (0, 64)
 QUICK_BOOSTERS = (0, 15)
 ENGINE_KEYS = {"typical_cost_mean", "typical_score_s_mean", "typical_score_cpu_s_mean", "typical_cost_per_s",
                "long_cost", "long_score_s", "long_score_cpu_s", "long_cost_per_s", "round_budget_typical_s",
-               "round_budget_long_s"}
+               "round_budget_long_s", "trigger_share"}
 PER_SYBILS = ("old_round_cost", "old_round_s", "new_round_cost_mean", "new_round_cost_max", "new_round_s_max",
               "new_cheater_scored_mean", "new_cheater_scored_min", "new_honest_node_scored_mean")
-PER_BOOSTERS = ("new_cheater_honest_share", "cheater_honest_share_counted")
+PER_BOOSTERS = ("new_cheater_honest_share", "cheater_honest_share_counted", "cheater_honest_donor_share",
+                "cheater_user_sets_scored_mean", "cheater_two_user_sets_first_share", "cheater_two_user_sets_share")
 
 
 @pytest.fixture(scope="module")
 def out() -> dict[str, Any]:
-    """One quick run's JSON: through the CLI when the entry point is installed, else the same
-    output printed in-process (an editable install registers new entry points on reinstall)."""
-    from tests.conftest import run_cli
+    """One quick run's JSON (``tests.conftest.quick_bench``)."""
+    from tests.conftest import quick_bench
     from verifier.bench import transcript_scoring
 
     if not transcript_scoring.USER_PROMPTS.is_file():
         pytest.skip(f"{transcript_scoring.USER_PROMPTS} is missing (../shared/data next to the repository)")
-    if NAME in {ep.name for ep in entry_points(group="gentorrent.benches")}:
-        done = run_cli("bench", NAME, "--quick", "--json", timeout=900)
-        assert done.returncode == 0, done.stderr[-2000:]
-        return dict(json.loads(done.stdout))
-    from gentorrent.bench.command import emit
-
-    params, figures = transcript_scoring.run(True)
-    buf = io.StringIO()
-    with redirect_stdout(buf):
-        emit(NAME, params, figures, as_json=True)
-    return dict(json.loads(buf.getvalue()))
+    return quick_bench(NAME, transcript_scoring.run, timeout=900)
 
 
 def _keys(sybils: tuple[int, ...], boosters: tuple[int, ...]) -> set[str]:
@@ -72,9 +59,12 @@ def test_figures_are_finite_numbers(out: dict[str, Any]) -> None:
     assert all(v > 0 for k, v in f.items() if k in ENGINE_KEYS), f
     for b in QUICK_BOOSTERS:
         for k in PER_BOOSTERS:
-            assert 0.0 <= f[f"{k}_boosters{b}"] <= 1.0
+            if k != "cheater_user_sets_scored_mean":
+                assert 0.0 <= f[f"{k}_boosters{b}"] <= 1.0
         if b == 0:
             assert f[f"new_cheater_honest_share_boosters{b}"] == f[f"cheater_honest_share_counted_boosters{b}"] == 1.0
+        # the second draw only adds: rounds with two of the users' sets scored are at least as many
+        assert f[f"cheater_two_user_sets_share_boosters{b}"] >= f[f"cheater_two_user_sets_first_share_boosters{b}"]
 
 
 def test_rule_9_bounds_a_round_and_keeps_the_cheater_scored(out: dict[str, Any]) -> None:

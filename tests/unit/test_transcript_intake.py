@@ -259,20 +259,112 @@ def test_a_donor_flooding_long_transcripts_gets_its_budget_scored_and_no_more() 
 def test_the_loop_scores_a_round_within_this_verifiers_budget_node_by_node() -> None:
     """Rule 9 in the audit loop: many donors' transcripts of many nodes past the verifier's
     ``transcript_budget`` (``--transcript-budget``): the engine is asked to score a share of each
-    node's within the budget, every node some; under it, everything."""
+    node's within three quarters of it, every node some, the rest kept for the second draw with a
+    quarter of the budget; under the budget, everything at once."""
     from verifier.audit.transcripts import cost
 
     nodes = [bytes([0x20 + j]) * 20 for j in range(8)]
     round_ = [counted(n, f"question {i} " + "w" * 400, donor=bytes([i]) * 20) for n in nodes for i in range(10)]
     per = cost(round_[0].transcript)
-    a = auditor(0, transcripts=StubBook({0: round_}), transcript_budget=8 * 3 * per)
+    a = auditor(0, transcripts=StubBook({0: round_}), transcript_budget=8 * 4 * per)
     (act,) = a.plan(reported(a), REPORT_FROM + 1)
-    assert isinstance(act, ScoreTranscripts)
-    assert sum(cost(c.transcript) for c in act.counted) <= 8 * 3 * per
-    assert sorted(c.node_id for c in act.counted) == sorted(nodes * 3)
+    assert isinstance(act, ScoreTranscripts) and act.reserve == 8 * per
+    assert sorted(c.node_id for c in act.counted) == sorted(nodes * 3)  # a share of 3 each
+    assert sorted(c.node_id for c in act.spare) == sorted(nodes * 7) and not set(act.spare) & set(act.counted)
     b = auditor(0, transcripts=StubBook({0: round_}), transcript_budget=80 * per)
     (whole,) = b.plan(reported(b), REPORT_FROM + 1)
-    assert isinstance(whole, ScoreTranscripts) and list(whole.counted) == round_
+    assert isinstance(whole, ScoreTranscripts) and list(whole.counted) == round_ and whole.spare == ()
+
+
+CHEATER = b"\x0c" * 20
+
+
+class DonorEngine(FakeEngine):
+    """Replies whose ids start at 5 (a cheater's to its users) are far from sampling (z of a
+    128-token reply −6: one alone passes rule 7's test for one set); the others (to its boosters,
+    to other nodes) are as likely as sampling gives (z 0)."""
+
+    async def score(self, prompt: list[int], ids: list[int], params: Any) -> Any:
+        from model_node.engine import TokenScore
+
+        if ids[0] == 5:
+            var = (0.6931471805599453 * 128 / 6.0) ** 2 / 128
+            return [TokenScore(t, -1.0 - 0.6931471805599453, -1.0, t, var_logprob=var) for t in ids]
+        return [TokenScore(t, -1.0, -1.0, t, var_logprob=0.25) for t in ids]
+
+
+def _reply_of(node: bytes, donor: bytes, first_id: int, i: int) -> Counted:
+    c = counted(node, f"{donor.hex()} {i}", donor=donor)
+    reply = at.ReplyOutcome(node, (("x" * 128, tuple(range(first_id, first_id + 128))),), b"\x03" * 64, 1, 0)
+    return Counted(donor, node, Transcript(node, b"\x01" * 16, c.transcript.opening, b"\x02" * 16, reply))
+
+
+def _boosted_round() -> list[Counted]:
+    """A cheater with 2 users (one transcript each, far off) and 30 boosters (4 each, honest),
+    beside 7 other nodes with 40 honest transcripts each: the budget binds."""
+    users = [_reply_of(CHEATER, bytes([0xe0 + u]) * 20, 5, 0) for u in range(2)]
+    boosters = [_reply_of(CHEATER, bytes([0x40 + b]) * 20, 300, i) for b in range(30) for i in range(4)]
+    others = [_reply_of(bytes([0x20 + n]) * 20, bytes([0x90 + d]) * 20, 300, 0) for n in range(7) for d in range(40)]
+    return [*boosters, *users, *others]
+
+
+async def test_the_second_draw_gives_a_boosted_cheaters_users_a_second_chance() -> None:
+    """A cheater's boosters crowd its share of the first draw; when one of its users' far-off
+    transcripts is drawn anyway, the cheater is a suspect and the second draw scores more of its
+    donors' transcripts: its other user's with them, so two far-off sets cap every score of the
+    cheater (rule 7). Without the second draw it is capped only when both users are drawn first."""
+    from verifier.audit.transcripts import cost
+
+    per = cost(_boosted_round()[0].transcript)
+    first_had_user = capped = 0
+    for seed in range(40):
+        a = auditor(0, transcripts=StubBook({0: _boosted_round()}), transcript_budget=8 * 16 * per,
+                    rng=random.Random(seed))
+        chain = FakeChain(reported(a), REPORT_FROM + 1)
+        driver = AuditDriver(a, "127.0.0.1:1", client=None, engine=DonorEngine(), rpc=chain.rpc)  # type: ignore[arg-type]
+        async with trio.open_nursery() as nursery:
+            await driver.step(nursery)
+        (raw,) = chain.sent
+        tx = at.decode_audit_tx(raw, "audit-test")
+        assert isinstance(tx, at.TranscriptScores)
+        mine = dict(tx.nodes).get(CHEATER, ())
+        assert len(mine) >= 12  # a share of the first draw (12 of 122), more in the second when suspect
+        if max(mine) < 300_000:  # every score capped (an honest reply alone scores 1,000,000)
+            capped += 1
+        first = [c for c in _first_draw(seed) if c.node_id == CHEATER and c.donor[0] >= 0xE0]
+        first_had_user += bool(first)
+        if first:
+            assert max(mine) < 300_000, (seed, mine)  # capped
+    assert 5 <= first_had_user < 40 and capped >= first_had_user
+
+
+def _first_draw(seed: int) -> tuple[Counted, ...]:
+    from verifier.audit.transcripts import cost
+
+    per = cost(_boosted_round()[0].transcript)
+    a = auditor(0, transcripts=StubBook({0: _boosted_round()}), transcript_budget=8 * 16 * per,
+                rng=random.Random(seed))
+    (act,) = a.plan(reported(a), REPORT_FROM + 1)
+    assert isinstance(act, ScoreTranscripts)
+    return act.counted
+
+
+def test_the_second_draw_takes_suspect_nodes_spare_transcripts_first_then_everyones() -> None:
+    from verifier.audit.transcripts import cost
+
+    n1, n2 = b"\x0a" * 20, b"\x0b" * 20
+    spare = tuple(_reply_of(n, bytes([d]) * 20, 300, 0) for n in (n1, n2) for d in range(1, 11))
+    per = cost(spare[0].transcript)
+    a = auditor(0)
+    act = ScoreTranscripts(3, (), spare, 4 * per)
+    far = [(n1, b"\x01" * 20, 9.0), (n2, b"\x02" * 20, 0.5)]
+    more = a.second_draw(act, far)
+    assert len(more) == 4 and {c.node_id for c in more} == {n1}  # the suspect takes the whole reserve
+    calm = a.second_draw(act, [(n1, b"\x01" * 20, 0.5), (n2, b"\x02" * 20, 1.0)])
+    assert sorted(c.node_id for c in calm) == [n1, n1, n2, n2]  # no suspect: the reserve goes to all alike
+    wide = a.second_draw(ScoreTranscripts(3, (), spare, 12 * per), far)
+    assert sorted(c.node_id for c in wide) == [n1] * 10 + [n2] * 2  # what the suspect leaves goes to the others
+    assert a.second_draw(ScoreTranscripts(3, (), spare, 0), far) == []
 
 
 def test_a_verifiers_budget_grows_with_its_scoring_threads() -> None:

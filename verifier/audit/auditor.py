@@ -282,6 +282,8 @@ class ScoreTranscripts:
 
     epoch: int
     counted: tuple[Counted, ...]
+    spare: tuple[Counted, ...] = ()  # left out of the first draw: the second draws from them (rule 9)
+    reserve: int = 0  # the second draw's budget
 
 
 Action = Submit | Send | ScoreTranscripts
@@ -660,7 +662,7 @@ class Auditor:
             return [s] if self._once(s.key) else []
         if self.transcripts is None or not self._once(("score", epoch)):
             return []
-        from verifier.audit.transcripts import ROUND_BUDGET, SCORE_BUDGET, within_budget, within_capacity
+        from verifier.audit.transcripts import ROUND_BUDGET, SCORE_BUDGET, first_draw, within_budget
 
         counted = self.transcripts.close_before(epoch)
         mine = [c for c in counted if c.transcript.opening.model in self.models]
@@ -672,18 +674,35 @@ class Auditor:
             log.info("audit: %d counted transcripts left unscored, drawn at random: past their donors' budget of "
                      "%d tokens a round", over, SCORE_BUDGET)
         budget = ROUND_BUDGET if self.transcript_budget is None else self.transcript_budget
-        kept, over = within_capacity(kept, self.rng, budget)  # rule 9: bounded scoring work per verifier
-        if over:
-            log.warning("audit: %d counted transcripts left unscored, drawn at random node by node: past this "
-                        "verifier's budget of %d tokens a round (--transcript-budget)", over, budget)
-        held = tuple(kept)
+        first, spare, reserve = first_draw(kept, self.rng, budget)  # rule 9: bounded work per verifier
+        if spare:
+            log.warning("audit: %d counted transcripts left out of the first draw, node by node: past this "
+                        "verifier's budget of %d tokens a round (--transcript-budget); %d more may be drawn for "
+                        "suspect nodes", len(spare), budget, reserve)
+        held = tuple(first)
         if held:
             log.info("audit: epoch %d: %d users' transcripts count; scoring them", epoch, len(held))
-            return [ScoreTranscripts(epoch, held)]
+            return [ScoreTranscripts(epoch, held, tuple(spare), reserve)]
         if not self._carry.held():  # nothing held: no carry change, so no book write
             return []
         sub = self.transcript_scores(epoch, ())  # scores held back (put_back) that reach the minimum alone
         return [] if sub is None else [sub]
+
+    def second_draw(self, action: ScoreTranscripts, scored: Iterable[tuple[bytes, bytes, float]]) -> list[Counted]:
+        """Rule 9's second draw: given ``(node, donor, z)`` of the first draw's scored transcripts,
+        more of the suspect nodes' (:func:`~verifier.audit.transcripts.suspects`) from the action's
+        spare ones within its reserve, then of every node's with what they leave
+        (:func:`~verifier.audit.transcripts.second_draw`)."""
+        from verifier.audit.transcripts import second_draw, suspects
+
+        if not action.spare or action.reserve <= 0:
+            return []
+        suspect = suspects(scored)
+        more = second_draw(action.spare, suspect, self.rng, action.reserve)
+        if more:
+            log.info("audit: epoch %d: %d suspect nodes; scoring %d more users' transcripts, %d of them theirs",
+                     action.epoch, len(suspect), len(more), sum(c.node_id in suspect for c in more))
+        return more
 
     def transcript_scores(self, epoch: int, scored: Sequence[tuple[bytes, int]]) -> Submit | None:
         """The signed :class:`~verifier.audit.tx.TranscriptScores` of ``epoch`` from ``scored``
@@ -1194,14 +1213,19 @@ class AuditDriver:
         from verifier.audit.transcripts import capped_by_donor
 
         scored: list[tuple[bytes, bytes, int, float]] = []
-        for c in action.counted:
-            t = c.transcript
-            ids = t.reply.token_ids()
-            try:
-                score, _, z = await score_tokens(self.engine, t.opening, ids, transcript=True)
-                scored.append((c.node_id, c.donor, score, transcript_z(z, max(1, len(ids)))))
-            except (ScoringError, EngineError) as exc:
-                log.warning("audit: cannot score a transcript of model node %s: %s", short_id(c.node_id), exc)
+
+        async def score_all(counted: Iterable[Counted]) -> None:
+            for c in counted:
+                t = c.transcript
+                ids = t.reply.token_ids()
+                try:
+                    score, _, z = await score_tokens(self.engine, t.opening, ids, transcript=True)
+                    scored.append((c.node_id, c.donor, score, transcript_z(z, max(1, len(ids)))))
+                except (ScoringError, EngineError) as exc:
+                    log.warning("audit: cannot score a transcript of model node %s: %s", short_id(c.node_id), exc)
+
+        await score_all(action.counted)
+        await score_all(self.auditor.second_draw(action, [(n, d, z) for n, d, _, z in scored]))  # rule 9
         sub = self.auditor.transcript_scores(action.epoch, capped_by_donor(scored))
         if sub is not None:
             await self.broadcast(sub)

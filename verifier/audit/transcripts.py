@@ -66,13 +66,19 @@ The rules, and the framer each one stops:
    transcripts are scored while their cost stays within the verifier's ``--transcript-budget``
    (:data:`ROUND_BUDGET` a scoring thread by default), shared out among the *nodes* they are of,
    not the donors: each node may spend up to a common level, a node asking less giving the rest to
-   the others (:func:`within_capacity`), in an order drawn from the verifier's secret randomness,
-   the transcript that would cross the level kept with the odds of what is left of it (so each
-   node spends its share on average, and the round the budget). Donors flooding other nodes'
+   the others (:func:`within_capacity`), its donors in an order drawn from the verifier's secret
+   randomness, one transcript of each before a second of any (:func:`donor_order`), the
+   transcript that would cross the level kept with the odds of what is left of it (so each node
+   spends its share on average, and the round the budget). Donors flooding other nodes'
    transcripts cannot push a node's share under ``budget / nodes``; flooding a node's own (its
-   boosters) dilutes its donors' transcripts in proportion, no more, which is rule 7's case; the
-   flooded nodes' own donors are crowded out the same way (their nodes are then judged by the
-   flood's transcripts, which are honest replies, or by challenges).
+   boosters) dilutes its users' transcripts in proportion to the donors, no more, which is rule
+   7's case; the flooded nodes' own donors are crowded out the same way (their nodes are then
+   judged by the flood's transcripts, which are honest replies, or by challenges). A quarter of
+   the budget waits for a **second draw**: once the first is scored, the nodes one of whose donors'
+   sets lies as far from sampling as rule 7 looks for (:func:`suspects`) share it, more of their
+   donors' transcripts drawn the same way; so boosters that crowd a cheater's share leave its users'
+   sets a second chance, and a framer's set on an honest node brings more of its users' in; what
+   the suspects leave of the reserve goes to every node alike.
 
 What is left to a framer: choosing prompts (before the reply) on which honest replies score
 badly; the score is calibrated per reply (decision 0013 §5: honest z has sd 0.91 over real
@@ -126,6 +132,7 @@ WINDOW_MS = 600_000  # a committed request's reply must be signed within 10 minu
 MAX_COMMITS = 16  # per donor and epoch
 SCORE_BUDGET = 16_384  # rule 8: cost (about tokens) of a donor's transcripts scored a round: 4 of the longest
 ROUND_BUDGET = 49_152  # rule 9: cost of the transcripts a verifier scores a round (mean), per scoring thread
+RESERVE_DIVISOR = 4  # rule 9: a quarter of the budget waits for the second draw (suspect nodes)
 MAX_PER_NODE = 4  # counted transcripts per donor, node and epoch
 MAX_DONORS = 4096  # donors with open commitments at once, per verifier
 CARRY_EPOCHS = 4  # a verifier holds a node's transcript scores this many epochs for the chain's minimum
@@ -137,9 +144,9 @@ MAX_VOID_REASON = 1024  # characters of a void set's reason kept (only whether a
 MAX_REFUSAL_KINDS = 64  # kinds of refusal counted (the book's own messages have about a dozen)
 MAX_REFUSAL_KIND = 64  # characters of one ("malformed", "no reply", ...)
 
-__all__ = ["COMMITMENT_LEN", "NONCE_LEN", "ROUND_BUDGET", "SCORE_BUDGET", "BookError", "Counted", "KeyOf",
-           "ScoreCarry", "Transcript", "TranscriptBook", "capped_by_donor", "commitment", "cost", "transcript_of",
-           "within_budget", "within_capacity"]
+__all__ = ["COMMITMENT_LEN", "NONCE_LEN", "RESERVE_DIVISOR", "ROUND_BUDGET", "SCORE_BUDGET", "BookError", "Counted",
+           "KeyOf", "ScoreCarry", "Transcript", "TranscriptBook", "capped_by_donor", "commitment", "cost",
+           "donor_order", "first_draw", "second_draw", "suspects", "transcript_of", "within_budget", "within_capacity"]
 
 KeyOf = Callable[[bytes, str], bytes | None]  # (node id, model) -> its registered Ed25519 key, if it serves model
 
@@ -177,7 +184,7 @@ def cost(t: Transcript) -> int:
     """About how many tokens scoring ``t`` evaluates: its reply's token ids and a quarter of its
     messages' UTF-8 bytes (rule 8)."""
     size = sum(len(m.content.encode("utf-8", errors="surrogatepass")) for m in t.opening.messages)
-    return len(t.reply.token_ids()) + size // 4
+    return sum(len(ids) for _, ids in t.reply.chunks) + size // 4
 
 
 def within_budget(counted: Sequence[Counted], rng: random.Random,
@@ -204,23 +211,22 @@ def within_budget(counted: Sequence[Counted], rng: random.Random,
 def within_capacity(counted: Sequence[Counted], rng: random.Random,
                     budget: int = ROUND_BUDGET) -> tuple[list[Counted], int]:
     """Rule 9: of a round's ``counted`` transcripts, those a verifier scores within ``budget``:
-    each node's in an order drawn by ``rng`` while their :func:`cost` stays within the node's
-    share (:func:`share_level`), and the one that would cross it with the odds of the share left
-    over its cost, so that every node spends its share on average, however long its transcripts
-    (a node whose every transcript costs more than its share is not left out, nor can its or a
-    flood's long ones make the round cost more than ``budget`` on average); ``(kept, in their
-    given order; how many were left out)``. All of them when they fit."""
+    each node's in the order :func:`donor_order` draws with ``rng`` while their :func:`cost` stays
+    within the node's share (:func:`share_level`), and the one that would cross it with the odds
+    of the share left over its cost, so that every node spends its share on average, however long
+    its transcripts (a node whose every transcript costs more than its share is not left out, nor
+    can its or a flood's long ones make the round cost more than ``budget`` on average); ``(kept,
+    in their given order; how many were left out)``. All of them when they fit."""
     by_node: dict[bytes, list[int]] = {}
     for i, c in enumerate(counted):
         by_node.setdefault(c.node_id, []).append(i)
     costs = [cost(c.transcript) for c in counted]
     level = share_level([sum(costs[i] for i in idx) for idx in by_node.values()], budget)
+    donors = [c.donor for c in counted]
     keep: set[int] = set()
     for node in sorted(by_node):
-        order = by_node[node]
-        rng.shuffle(order)
         spent = 0
-        for i in order:
+        for i in donor_order(by_node[node], donors, rng):
             if spent + costs[i] > level:
                 if rng.random() * costs[i] < level - spent:
                     keep.add(i)
@@ -228,6 +234,65 @@ def within_capacity(counted: Sequence[Counted], rng: random.Random,
             spent += costs[i]
             keep.add(i)
     return [c for i, c in enumerate(counted) if i in keep], len(counted) - len(keep)
+
+
+def first_draw(kept: Sequence[Counted], rng: random.Random,
+               budget: int = ROUND_BUDGET) -> tuple[list[Counted], list[Counted], int]:
+    """Rule 9's first draw of a round's ``kept`` transcripts (after rule 8): ``(drawn, spare,
+    reserve)``: all of them and a reserve of 0 when they fit in ``budget``; else
+    :func:`within_capacity` within ``budget`` less a reserve of a :data:`RESERVE_DIVISOR`-th of
+    it, and the ones left out (in their given order), from which the second draw takes for the
+    :func:`suspects` within the reserve."""
+    if sum(cost(c.transcript) for c in kept) <= budget:
+        return list(kept), [], 0
+    reserve = budget // RESERVE_DIVISOR
+    drawn, _ = within_capacity(kept, rng, budget - reserve)
+    chosen = {id(c) for c in drawn}
+    return drawn, [c for c in kept if id(c) not in chosen], reserve
+
+
+def second_draw(spare: Sequence[Counted], suspect: set[bytes], rng: random.Random, reserve: int) -> list[Counted]:
+    """Rule 9's second draw, once the first is scored: of the ``spare`` transcripts, the
+    ``suspect`` nodes' (:func:`suspects`) within ``reserve``, drawn as the first was; what they
+    leave of it goes to the other nodes' alike."""
+    if reserve <= 0 or not spare:
+        return []
+    more, _ = within_capacity([c for c in spare if c.node_id in suspect], rng, reserve)
+    left = reserve - sum(cost(c.transcript) for c in more)
+    if left > 0:
+        rest, _ = within_capacity([c for c in spare if c.node_id not in suspect], rng, left)
+        more += rest
+    return more
+
+
+def suspects(scored: Iterable[tuple[bytes, bytes, float]]) -> set[bytes]:
+    """Rule 9's second draw: of ``(node, donor, z)`` of the transcripts a verifier scored in a
+    round's first draw (``z`` already :func:`~verifier.audit.scoring.transcript_z`), the nodes one
+    of whose donors' sets lies further from sampling than honest sets get (rule 7's test, for one
+    set where rule 7 caps on two)."""
+    from verifier.audit.scoring import donors_cap
+
+    sets: dict[bytes, dict[bytes, list[float]]] = {}
+    for node, donor, z in scored:
+        sets.setdefault(node, {}).setdefault(donor, []).append(z)
+    return {node for node, by_donor in sets.items() if donors_cap(by_donor.values(), need=1) < 1.0}
+
+
+def donor_order(indices: Sequence[int], donors: Sequence[bytes], rng: random.Random) -> list[int]:
+    """``indices`` (of transcripts whose donors are ``donors[i]``) in rounds: the donors in an
+    order drawn by ``rng``, each one's first transcript (its own drawn by ``rng``), then each
+    one's second, and so on; so a node's share goes to as many donors as it can, each alike
+    however many transcripts it handed in (a cheater's boosters handing in 4 each weigh as its
+    users handing in 1; decision 0033)."""
+    by_donor: dict[bytes, list[int]] = {}
+    for i in indices:
+        by_donor.setdefault(donors[i], []).append(i)
+    order = sorted(by_donor)
+    rng.shuffle(order)
+    for d in order:
+        rng.shuffle(by_donor[d])
+    most = max((len(v) for v in by_donor.values()), default=0)
+    return [by_donor[d][k] for k in range(most) for d in order if k < len(by_donor[d])]
 
 
 def share_level(demands: Sequence[int], budget: int) -> float:

@@ -33,21 +33,32 @@ donation rate 0.1), each from a distinct honest donor, each one of part 1's typi
 in :data:`MAX_COMMITS` transcripts of the longest kind (cost :data:`FLOOD_COST`: a 256-token reply to
 a prompt that fills the window) over the other nodes, at random, at most :data:`MAX_PER_NODE` a
 node. Over ``rounds`` rounds, the round's transcripts go through rule 8
-(:func:`~verifier.audit.transcripts.within_budget`), then either nothing more (*old*) or rule 9
-(*new*, :func:`~verifier.audit.transcripts.within_capacity` at ROUND_BUDGET), with the verifier's
-secret randomness a generator of its own. Figures per ``A`` (suffix ``_sybils{A}``):
-``old_round_cost`` (mean cost scored a round, old rule), ``old_round_s`` (that ÷
-``typical_cost_per_s``: one thread's seconds a round; over EPOCH_S the backlog grows every epoch),
-``new_round_cost_mean``, ``new_round_cost_max`` (over rounds), ``new_round_s_max`` (seconds are at
-the typical transcripts' rate; the flood's long ones score slower, so they understate),
-``new_cheater_scored_{mean,min}`` (the cheater's transcripts scored a round) and
-``new_honest_node_scored_mean`` (honest donors' transcripts scored per other node and round).
+(:func:`~verifier.audit.transcripts.within_budget`), then either nothing more (*old*) or rule 9 as
+the audit loop draws it (*new*, :func:`score_round`: the first draw,
+:func:`~verifier.audit.transcripts.first_draw` at ROUND_BUDGET, three quarters of it for the first
+draw, and the second, :func:`~verifier.audit.transcripts.second_draw`: the suspects' spare
+transcripts within the last quarter, what they leave to every node's), with the verifier's secret randomness a generator of
+its own. The cheater cheats on its users: each of its users' transcripts in the first draw makes it
+a suspect with the measured probability ``trigger_share`` (:func:`trigger_share`: the share of the
+cheap model's replies, ``simulations/data/audit_scores.json`` at the users' default sampling,
+whose transcript alone passes rule 7's threshold for one set); no other transcript does. Figures
+per ``A`` (suffix ``_sybils{A}``): ``old_round_cost`` (mean cost scored a round, old rule),
+``old_round_s`` (that ÷ ``typical_cost_per_s``: one thread's seconds a round; over EPOCH_S the
+backlog grows every epoch), ``new_round_cost_mean``, ``new_round_cost_max`` (over rounds),
+``new_round_s_max`` (seconds are at the typical transcripts' rate; the flood's long ones score
+slower, so they understate), ``new_cheater_scored_{mean,min}`` (the cheater's transcripts scored a
+round, both draws) and ``new_honest_node_scored_mean`` (users' transcripts scored per other node
+and round).
 **Boosters**: the cheater's own ``B`` donors each hand in :data:`MAX_PER_NODE` typical transcripts of
-it beside its honest donors' ones, with the sybil flood of :data:`BOOST_FLOOD` on the other nodes (so
-that the budget binds); ``new_cheater_honest_share_boosters{B}`` is the share of the cheater's
-scored transcripts (over all rounds) that come from honest donors, beside
-``cheater_honest_share_counted_boosters{B}``, their share of its counted transcripts (what a uniform
-sample would keep).
+it beside its users' ones, with the sybil flood of :data:`BOOST_FLOOD` on the other nodes (so that
+the budget binds). Suffix ``_boosters{B}``: ``new_cheater_honest_share`` (the users' share of the
+cheater's transcripts in the first draw, over all rounds), beside ``cheater_honest_share_counted``
+(their share of its counted transcripts) and ``cheater_honest_donor_share`` (their share of its
+donors: what the first draw, one transcript a donor before a second of any, keeps);
+``cheater_user_sets_scored_mean`` (its users' transcripts scored a round, both draws), and the
+share of rounds with at least two of them scored (where rule 7 can cap the cheater), by the first
+draw alone (``cheater_two_user_sets_first_share``) and with the second
+(``cheater_two_user_sets_share``).
 """
 
 from __future__ import annotations
@@ -72,13 +83,15 @@ from verifier.audit.transcripts import (
     Counted,
     Transcript,
     cost,
+    first_draw,
+    second_draw,
     within_budget,
-    within_capacity,
 )
 from verifier.audit.tx import Opening, ReplyOutcome
 
 REPO = Path(__file__).resolve().parents[2]
 USER_PROMPTS = REPO.parent / "shared" / "data" / "user-prompts.jsonl"
+SCORES_FILE = REPO / "simulations" / "data" / "audit_scores.json"  # measured per-reply scores (audit-evasion's)
 
 EPOCH_S = 900.0  # a round: one epoch of 900 one-second blocks
 # part 1
@@ -260,18 +273,43 @@ def _cost(counted: list[Counted]) -> int:
     return sum(cost(c.transcript) for c in counted)
 
 
+def trigger_share(path: Path = SCORES_FILE, setting: str = "t0.7") -> float:
+    """The share of the cheap model's replies (``degraded``: SmolLM2 Q2_K, measured at the users'
+    default sampling) whose transcript alone is a suspect's (:func:`~verifier.audit.transcripts.suspects`:
+    one set past rule 7's threshold for :data:`HONEST_PER_NODE` donors)."""
+    from verifier.audit.scoring import donor_threshold, pooled_z, transcript_z
+
+    rows = json.loads(path.read_text(encoding="utf-8"))["samples"][setting]["degraded"]
+    t = donor_threshold(HONEST_PER_NODE)
+    return sum(pooled_z([transcript_z(float(r["z"]), int(r["tokens"]))]) > t for r in rows) / len(rows)
+
+
+def score_round(counted: list[Counted], cheater: bytes, secret: random.Random,
+                trigger: float) -> tuple[list[Counted], list[Counted], list[Counted]]:
+    """A verifier's round as its audit loop draws it: rule 8, rule 9's first draw, and its second
+    draw for the suspects, ``(rule 8's kept, the first draw, both draws)``. Each of a cheater's
+    users' transcripts in the first draw makes it a suspect with probability ``trigger`` (the
+    cheap model's replies that do, :func:`trigger_share`); nothing else does (boosters' and the
+    flood's are honest replies)."""
+    kept, _ = within_budget(counted, secret)
+    first, spare, reserve = first_draw(kept, secret, ROUND_BUDGET)
+    hits = sum(c.node_id == cheater and c.donor[:1] == HONEST for c in first)
+    suspect = {cheater} if any(secret.random() < trigger for _ in range(hits)) else set()
+    return kept, first, first + second_draw(spare, suspect, secret, reserve)
+
+
 def flood(typical: list[Transcript], cost_per_s: float, rounds: int, sybils: tuple[int, ...],
           boosters: tuple[int, ...]) -> dict[str, float]:
     """Part 2's figures."""
     net = Network(typical)
     cheater = net.nodes[CHEATER]
-    f: dict[str, float] = {}
+    trigger = trigger_share()
+    f: dict[str, float] = {"trigger_share": trigger}
     for a in sybils:
         build, secret = random.Random(f"{FLOOD_SEED}-sybils{a}"), random.Random(f"{FLOOD_SEED}-secret{a}")
         old, new, scored, honest = [], [], [], []
         for _ in range(rounds):
-            kept, _over = within_budget(net.round(build, a), secret)
-            chosen, _left = within_capacity(kept, secret, ROUND_BUDGET)
+            kept, _, chosen = score_round(net.round(build, a), cheater, secret, trigger)
             old.append(_cost(kept))
             new.append(_cost(chosen))
             scored.append(sum(c.node_id == cheater for c in chosen))
@@ -286,16 +324,25 @@ def flood(typical: list[Transcript], cost_per_s: float, rounds: int, sybils: tup
         f[f"new_honest_node_scored_mean_sybils{a}"] = statistics.fmean(honest)
     for b in boosters:
         build, secret = random.Random(f"{FLOOD_SEED}-boosters{b}"), random.Random(f"{FLOOD_SEED}-secret-b{b}")
-        counted_honest = counted_all = scored_honest = scored_all = 0
+        counted_honest = counted_all = first_honest = first_all = 0
+        users, two, two_first = [], 0, 0
         for _ in range(rounds):
             counted = net.round(build, BOOST_FLOOD, b)
-            chosen, _left = within_capacity(within_budget(counted, secret)[0], secret, ROUND_BUDGET)
+            _, first, chosen = score_round(counted, cheater, secret, trigger)
             mine = [c.donor[:1] == HONEST for c in counted if c.node_id == cheater]
             counted_honest, counted_all = counted_honest + sum(mine), counted_all + len(mine)
-            mine = [c.donor[:1] == HONEST for c in chosen if c.node_id == cheater]
-            scored_honest, scored_all = scored_honest + sum(mine), scored_all + len(mine)
-        f[f"new_cheater_honest_share_boosters{b}"] = scored_honest / scored_all
+            mine = [c.donor[:1] == HONEST for c in first if c.node_id == cheater]
+            first_honest, first_all = first_honest + sum(mine), first_all + len(mine)
+            two_first += sum(mine) >= 2
+            got = sum(c.node_id == cheater and c.donor[:1] == HONEST for c in chosen)
+            users.append(got)
+            two += got >= 2
+        f[f"new_cheater_honest_share_boosters{b}"] = first_honest / first_all
         f[f"cheater_honest_share_counted_boosters{b}"] = counted_honest / counted_all
+        f[f"cheater_honest_donor_share_boosters{b}"] = HONEST_PER_NODE / (HONEST_PER_NODE + b)
+        f[f"cheater_user_sets_scored_mean_boosters{b}"] = statistics.fmean(users)
+        f[f"cheater_two_user_sets_first_share_boosters{b}"] = two_first / rounds
+        f[f"cheater_two_user_sets_share_boosters{b}"] = two / rounds
     return f
 
 
