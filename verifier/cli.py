@@ -68,8 +68,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
                    help="the most work spent scoring users' donated transcripts an epoch, in tokens scored (a "
                         "reply's tokens and a quarter of its prompt's bytes); past it, each model node's share is "
                         "a random part of its transcripts, shared out equally among the nodes (decision 0033). "
-                        "Default: 49152 per --audit-threads, about 7.5 minutes of one llama.cpp thread of a 2-core "
-                        "cloud machine on users' typical transcripts, 9.5 on long ones, within a 15-minute epoch "
+                        "Default: 49152 per --audit-threads, about 8 minutes of one llama.cpp thread of a 2-core "
+                        "cloud machine on users' typical transcripts, 10 on long ones, within a 15-minute epoch "
                         "(docs/benchmarks.md \"transcript-scoring\"); raise it on a faster host or a large network")
     p.add_argument("--challenge-prompts", metavar="FILE", default=None,
                    help="this operator's own secret challenge prompts: JSON Lines, one conversation a line, "

@@ -360,11 +360,29 @@ def test_the_second_draw_takes_suspect_nodes_spare_transcripts_first_then_everyo
     far = [(n1, b"\x01" * 20, 9.0), (n2, b"\x02" * 20, 0.5)]
     more = a.second_draw(act, far)
     assert len(more) == 4 and {c.node_id for c in more} == {n1}  # the suspect takes the whole reserve
-    calm = a.second_draw(act, [(n1, b"\x01" * 20, 0.5), (n2, b"\x02" * 20, 1.0)])
+    calm = auditor(0).second_draw(act, [(n1, b"\x01" * 20, 0.5), (n2, b"\x02" * 20, 1.0)])
     assert sorted(c.node_id for c in calm) == [n1, n1, n2, n2]  # no suspect: the reserve goes to all alike
     wide = a.second_draw(ScoreTranscripts(3, (), spare, 12 * per), far)
     assert sorted(c.node_id for c in wide) == [n1] * 10 + [n2] * 2  # what the suspect leaves goes to the others
     assert a.second_draw(ScoreTranscripts(3, (), spare, 0), far) == []
+
+
+def test_a_suspect_keeps_its_second_draw_for_the_next_rounds() -> None:
+    """A cheater's boosters may keep its users' transcripts out of a round's first draw by luck;
+    a node found a suspect once keeps the second draw for SUSPECT_EPOCHS more rounds."""
+    from verifier.audit.transcripts import SUSPECT_EPOCHS, cost
+
+    n1, n2 = b"\x0a" * 20, b"\x0b" * 20
+    spare = tuple(_reply_of(n, bytes([d]) * 20, 300, 0) for n in (n1, n2) for d in range(1, 11))
+    per = cost(spare[0].transcript)
+    calm = [(n1, b"\x01" * 20, 0.5), (n2, b"\x02" * 20, 1.0)]
+    a = auditor(0)
+    assert {c.node_id for c in a.second_draw(ScoreTranscripts(3, (), spare, 4 * per), [(n1, b"\x01" * 20, 9.0)])} \
+        == {n1}
+    for epoch in range(4, 4 + SUSPECT_EPOCHS):
+        assert {c.node_id for c in a.second_draw(ScoreTranscripts(epoch, (), spare, 4 * per), calm)} == {n1}
+    later = a.second_draw(ScoreTranscripts(4 + SUSPECT_EPOCHS, (), spare, 4 * per), calm)
+    assert sorted(c.node_id for c in later) == [n1, n1, n2, n2]  # forgotten: the reserve goes to all alike
 
 
 def test_a_verifiers_budget_grows_with_its_scoring_threads() -> None:

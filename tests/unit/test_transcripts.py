@@ -438,3 +438,12 @@ def test_the_share_level_is_max_min_fair() -> None:
     assert tr.share_level([10, 20, 30], 60) == float("inf")
     assert tr.share_level([100, 100, 100, 100], 100) == 25
     assert tr.share_level([], 100) == float("inf")
+
+
+def test_a_suspect_stays_one_for_a_few_rounds() -> None:
+    a, b = b"\x0a" * 20, b"\x0b" * 20
+    held: dict[bytes, int] = {}
+    assert tr.remembered(held, 10, {a}) == {a}
+    assert tr.remembered(held, 10 + tr.SUSPECT_EPOCHS, ()) == {a}  # its boosters' luck in later rounds
+    assert tr.remembered(held, 11 + tr.SUSPECT_EPOCHS, {b}) == {b}  # then forgotten
+    assert held == {b: 11 + tr.SUSPECT_EPOCHS}

@@ -516,6 +516,7 @@ class Auditor:
     _warned: set[tuple[Any, ...]] = field(default_factory=set)
     _scores: Submit | None = None  # the latest transcript scores, handed out again after a network error
     _carry: ScoreCarry = field(default_factory=_score_carry)  # scores held for the chain's minimum
+    _suspected: dict[bytes, int] = field(default_factory=dict)  # node -> last round a suspect (rule 9; in memory)
     _revealed: dict[int, frozenset[bytes]] = field(default_factory=dict)  # epoch -> prompt keys its reports revealed
     _revealed_all: frozenset[bytes] | None = None  # their union (None: to be made again after a change)
 
@@ -690,14 +691,15 @@ class Auditor:
 
     def second_draw(self, action: ScoreTranscripts, scored: Iterable[tuple[bytes, bytes, float]]) -> list[Counted]:
         """Rule 9's second draw: given ``(node, donor, z)`` of the first draw's scored transcripts,
-        more of the suspect nodes' (:func:`~verifier.audit.transcripts.suspects`) from the action's
-        spare ones within its reserve, then of every node's with what they leave
+        more of the suspect nodes' (:func:`~verifier.audit.transcripts.suspects`, and those of the
+        last rounds: :func:`~verifier.audit.transcripts.remembered`) from the action's spare ones
+        within its reserve, then of every node's with what they leave
         (:func:`~verifier.audit.transcripts.second_draw`)."""
-        from verifier.audit.transcripts import second_draw, suspects
+        from verifier.audit.transcripts import remembered, second_draw, suspects
 
+        suspect = remembered(self._suspected, action.epoch, suspects(scored))
         if not action.spare or action.reserve <= 0:
             return []
-        suspect = suspects(scored)
         more = second_draw(action.spare, suspect, self.rng, action.reserve)
         if more:
             log.info("audit: epoch %d: %d suspect nodes; scoring %d more users' transcripts, %d of them theirs",

@@ -77,8 +77,9 @@ The rules, and the framer each one stops:
    the budget waits for a **second draw**: once the first is scored, the nodes one of whose donors'
    sets lies as far from sampling as rule 7 looks for (:func:`suspects`) share it, more of their
    donors' transcripts drawn the same way; so boosters that crowd a cheater's share leave its users'
-   sets a second chance, and a framer's set on an honest node brings more of its users' in; what
-   the suspects leave of the reserve goes to every node alike.
+   sets a second chance, and a framer's set on an honest node brings more of its users' in; a
+   suspect stays one for :data:`SUSPECT_EPOCHS` more rounds (:func:`remembered`; held in memory,
+   a restart forgets them); what the suspects leave of the reserve goes to every node alike.
 
 What is left to a framer: choosing prompts (before the reply) on which honest replies score
 badly; the score is calibrated per reply (decision 0013 §5: honest z has sd 0.91 over real
@@ -133,6 +134,7 @@ MAX_COMMITS = 16  # per donor and epoch
 SCORE_BUDGET = 16_384  # rule 8: cost (about tokens) of a donor's transcripts scored a round: 4 of the longest
 ROUND_BUDGET = 49_152  # rule 9: cost of the transcripts a verifier scores a round (mean), per scoring thread
 RESERVE_DIVISOR = 4  # rule 9: a quarter of the budget waits for the second draw (suspect nodes)
+SUSPECT_EPOCHS = 3  # rule 9: a suspect stays one for this many rounds after the last that found it
 MAX_PER_NODE = 4  # counted transcripts per donor, node and epoch
 MAX_DONORS = 4096  # donors with open commitments at once, per verifier
 CARRY_EPOCHS = 4  # a verifier holds a node's transcript scores this many epochs for the chain's minimum
@@ -144,9 +146,10 @@ MAX_VOID_REASON = 1024  # characters of a void set's reason kept (only whether a
 MAX_REFUSAL_KINDS = 64  # kinds of refusal counted (the book's own messages have about a dozen)
 MAX_REFUSAL_KIND = 64  # characters of one ("malformed", "no reply", ...)
 
-__all__ = ["COMMITMENT_LEN", "NONCE_LEN", "RESERVE_DIVISOR", "ROUND_BUDGET", "SCORE_BUDGET", "BookError", "Counted",
-           "KeyOf", "ScoreCarry", "Transcript", "TranscriptBook", "capped_by_donor", "commitment", "cost",
-           "donor_order", "first_draw", "second_draw", "suspects", "transcript_of", "within_budget", "within_capacity"]
+__all__ = ["COMMITMENT_LEN", "NONCE_LEN", "RESERVE_DIVISOR", "ROUND_BUDGET", "SCORE_BUDGET", "SUSPECT_EPOCHS",
+           "BookError", "Counted", "KeyOf", "ScoreCarry", "Transcript", "TranscriptBook", "capped_by_donor",
+           "commitment", "cost", "donor_order", "first_draw", "remembered", "second_draw", "suspects",
+           "transcript_of", "within_budget", "within_capacity"]
 
 KeyOf = Callable[[bytes, str], bytes | None]  # (node id, model) -> its registered Ed25519 key, if it serves model
 
@@ -276,6 +279,18 @@ def suspects(scored: Iterable[tuple[bytes, bytes, float]]) -> set[bytes]:
     for node, donor, z in scored:
         sets.setdefault(node, {}).setdefault(donor, []).append(z)
     return {node for node, by_donor in sets.items() if donors_cap(by_donor.values(), need=1) < 1.0}
+
+
+def remembered(held: dict[bytes, int], epoch: int, fresh: Iterable[bytes]) -> set[bytes]:
+    """The suspects of round ``epoch``: ``fresh`` (:func:`suspects` of its first draw) and those
+    ``held`` from the :data:`SUSPECT_EPOCHS` rounds before it; ``held`` (node -> the last round it
+    was a suspect) takes the fresh ones and drops the older ones. A cheater's boosters can keep
+    its users out of one round's first draw by luck, not out of every round's."""
+    for node in fresh:
+        held[node] = epoch
+    for node in [n for n, e in held.items() if e < epoch - SUSPECT_EPOCHS]:
+        del held[node]
+    return set(held)
 
 
 def donor_order(indices: Sequence[int], donors: Sequence[bytes], rng: random.Random) -> list[int]:

@@ -37,7 +37,8 @@ node. Over ``rounds`` rounds, the round's transcripts go through rule 8
 the audit loop draws it (*new*, :func:`score_round`: the first draw,
 :func:`~verifier.audit.transcripts.first_draw` at ROUND_BUDGET, three quarters of it for the first
 draw, and the second, :func:`~verifier.audit.transcripts.second_draw`: the suspects' spare
-transcripts within the last quarter, what they leave to every node's), with the verifier's secret randomness a generator of
+transcripts within the last quarter, a suspect staying one for
+:data:`~verifier.audit.transcripts.SUSPECT_EPOCHS` rounds, what they leave to every node's), with the verifier's secret randomness a generator of
 its own. The cheater cheats on its users: each of its users' transcripts in the first draw makes it
 a suspect with the measured probability ``trigger_share`` (:func:`trigger_share`: the share of the
 cheap model's replies, ``simulations/data/audit_scores.json`` at the users' default sampling,
@@ -84,6 +85,7 @@ from verifier.audit.transcripts import (
     Transcript,
     cost,
     first_draw,
+    remembered,
     second_draw,
     within_budget,
 )
@@ -284,17 +286,19 @@ def trigger_share(path: Path = SCORES_FILE, setting: str = "t0.7") -> float:
     return sum(pooled_z([transcript_z(float(r["z"]), int(r["tokens"]))]) > t for r in rows) / len(rows)
 
 
-def score_round(counted: list[Counted], cheater: bytes, secret: random.Random,
-                trigger: float) -> tuple[list[Counted], list[Counted], list[Counted]]:
-    """A verifier's round as its audit loop draws it: rule 8, rule 9's first draw, and its second
-    draw for the suspects, ``(rule 8's kept, the first draw, both draws)``. Each of a cheater's
-    users' transcripts in the first draw makes it a suspect with probability ``trigger`` (the
-    cheap model's replies that do, :func:`trigger_share`); nothing else does (boosters' and the
-    flood's are honest replies)."""
+def score_round(counted: list[Counted], cheater: bytes, secret: random.Random, trigger: float,
+                held: dict[bytes, int], epoch: int) -> tuple[list[Counted], list[Counted], list[Counted]]:
+    """A verifier's round ``epoch`` as its audit loop draws it: rule 8, rule 9's first draw, and
+    its second draw for the suspects, this round's and those ``held`` from the last rounds
+    (:func:`~verifier.audit.transcripts.remembered`), ``(rule 8's kept, the first draw, both
+    draws)``. Each of a cheater's users' transcripts in the first draw makes it a suspect with
+    probability ``trigger`` (the cheap model's replies that do, :func:`trigger_share`); nothing
+    else does (boosters' and the flood's are honest replies)."""
     kept, _ = within_budget(counted, secret)
     first, spare, reserve = first_draw(kept, secret, ROUND_BUDGET)
     hits = sum(c.node_id == cheater and c.donor[:1] == HONEST for c in first)
-    suspect = {cheater} if any(secret.random() < trigger for _ in range(hits)) else set()
+    fresh = {cheater} if any(secret.random() < trigger for _ in range(hits)) else set()
+    suspect = remembered(held, epoch, fresh)
     return kept, first, first + second_draw(spare, suspect, secret, reserve)
 
 
@@ -308,8 +312,9 @@ def flood(typical: list[Transcript], cost_per_s: float, rounds: int, sybils: tup
     for a in sybils:
         build, secret = random.Random(f"{FLOOD_SEED}-sybils{a}"), random.Random(f"{FLOOD_SEED}-secret{a}")
         old, new, scored, honest = [], [], [], []
-        for _ in range(rounds):
-            kept, _, chosen = score_round(net.round(build, a), cheater, secret, trigger)
+        held: dict[bytes, int] = {}
+        for epoch in range(rounds):
+            kept, _, chosen = score_round(net.round(build, a), cheater, secret, trigger, held, epoch)
             old.append(_cost(kept))
             new.append(_cost(chosen))
             scored.append(sum(c.node_id == cheater for c in chosen))
@@ -326,9 +331,10 @@ def flood(typical: list[Transcript], cost_per_s: float, rounds: int, sybils: tup
         build, secret = random.Random(f"{FLOOD_SEED}-boosters{b}"), random.Random(f"{FLOOD_SEED}-secret-b{b}")
         counted_honest = counted_all = first_honest = first_all = 0
         users, two, two_first = [], 0, 0
-        for _ in range(rounds):
+        held_b: dict[bytes, int] = {}
+        for epoch in range(rounds):
             counted = net.round(build, BOOST_FLOOD, b)
-            _, first, chosen = score_round(counted, cheater, secret, trigger)
+            _, first, chosen = score_round(counted, cheater, secret, trigger, held_b, epoch)
             mine = [c.donor[:1] == HONEST for c in counted if c.node_id == cheater]
             counted_honest, counted_all = counted_honest + sum(mine), counted_all + len(mine)
             mine = [c.donor[:1] == HONEST for c in first if c.node_id == cheater]
