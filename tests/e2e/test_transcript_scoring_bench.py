@@ -32,9 +32,10 @@ def out() -> dict[str, Any]:
     """One quick run's JSON (``tests.conftest.quick_bench``)."""
     from tests.conftest import quick_bench
     from verifier.bench import transcript_scoring
+    from verifier.bench.audit_evasion import USER_PROMPTS
 
-    if not transcript_scoring.USER_PROMPTS.is_file():
-        pytest.skip(f"{transcript_scoring.USER_PROMPTS} is missing (../shared/data next to the repository)")
+    if not USER_PROMPTS.is_file():
+        pytest.skip(f"{USER_PROMPTS} is missing (../shared/data next to the repository)")
     return quick_bench(NAME, transcript_scoring.run, timeout=900)
 
 

@@ -698,8 +698,6 @@ class Auditor:
         from verifier.audit.transcripts import remembered, second_draw, suspects
 
         suspect = remembered(self._suspected, action.epoch, suspects(scored))
-        if not action.spare or action.reserve <= 0:
-            return []
         more = second_draw(action.spare, suspect, self.rng, action.reserve)
         if more:
             log.info("audit: epoch %d: %d suspect nodes; scoring %d more users' transcripts, %d of them theirs",

@@ -211,15 +211,14 @@ def within_budget(counted: Sequence[Counted], rng: random.Random,
     return [c for i, c in enumerate(counted) if i in keep], len(counted) - len(keep)
 
 
-def within_capacity(counted: Sequence[Counted], rng: random.Random,
-                    budget: int = ROUND_BUDGET) -> tuple[list[Counted], int]:
+def within_capacity(counted: Sequence[Counted], rng: random.Random, budget: int = ROUND_BUDGET) -> list[Counted]:
     """Rule 9: of a round's ``counted`` transcripts, those a verifier scores within ``budget``:
     each node's in the order :func:`donor_order` draws with ``rng`` while their :func:`cost` stays
     within the node's share (:func:`share_level`), and the one that would cross it with the odds
     of the share left over its cost, so that every node spends its share on average, however long
     its transcripts (a node whose every transcript costs more than its share is not left out, nor
-    can its or a flood's long ones make the round cost more than ``budget`` on average); ``(kept,
-    in their given order; how many were left out)``. All of them when they fit."""
+    can its or a flood's long ones make the round cost more than ``budget`` on average); kept in
+    their given order. All of them when they fit."""
     by_node: dict[bytes, list[int]] = {}
     for i, c in enumerate(counted):
         by_node.setdefault(c.node_id, []).append(i)
@@ -236,7 +235,7 @@ def within_capacity(counted: Sequence[Counted], rng: random.Random,
                 break
             spent += costs[i]
             keep.add(i)
-    return [c for i, c in enumerate(counted) if i in keep], len(counted) - len(keep)
+    return [c for i, c in enumerate(counted) if i in keep]
 
 
 def first_draw(kept: Sequence[Counted], rng: random.Random,
@@ -249,7 +248,7 @@ def first_draw(kept: Sequence[Counted], rng: random.Random,
     if sum(cost(c.transcript) for c in kept) <= budget:
         return list(kept), [], 0
     reserve = budget // RESERVE_DIVISOR
-    drawn, _ = within_capacity(kept, rng, budget - reserve)
+    drawn = within_capacity(kept, rng, budget - reserve)
     chosen = {id(c) for c in drawn}
     return drawn, [c for c in kept if id(c) not in chosen], reserve
 
@@ -260,11 +259,10 @@ def second_draw(spare: Sequence[Counted], suspect: set[bytes], rng: random.Rando
     leave of it goes to the other nodes' alike."""
     if reserve <= 0 or not spare:
         return []
-    more, _ = within_capacity([c for c in spare if c.node_id in suspect], rng, reserve)
+    more = within_capacity([c for c in spare if c.node_id in suspect], rng, reserve)
     left = reserve - sum(cost(c.transcript) for c in more)
     if left > 0:
-        rest, _ = within_capacity([c for c in spare if c.node_id not in suspect], rng, left)
-        more += rest
+        more += within_capacity([c for c in spare if c.node_id not in suspect], rng, left)
     return more
 
 

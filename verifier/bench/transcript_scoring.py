@@ -64,13 +64,11 @@ draw alone (``cheater_two_user_sets_first_share``) and with the second
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import statistics
 import time
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from gentorrent.bench.stats import cpu_model
@@ -90,10 +88,7 @@ from verifier.audit.transcripts import (
     within_budget,
 )
 from verifier.audit.tx import Opening, ReplyOutcome
-
-REPO = Path(__file__).resolve().parents[2]
-USER_PROMPTS = REPO.parent / "shared" / "data" / "user-prompts.jsonl"
-SCORES_FILE = REPO / "simulations" / "data" / "audit_scores.json"  # measured per-reply scores (audit-evasion's)
+from verifier.bench.audit_evasion import USER_PROMPTS, ScoreTable, load_user_prompts
 
 EPOCH_S = 900.0  # a round: one epoch of 900 one-second blocks
 # part 1
@@ -114,14 +109,6 @@ FLOOD_COST = 4000  # a sybil's transcript: the longest requests (a 256-token rep
 SYBILS = (0, 16, 64, 256, 1024)
 BOOSTERS = (0, 15, 60)
 BOOST_FLOOD = 1024  # sybils flooding the other nodes while the cheater's boosters hand in theirs
-
-
-def load_prompts(path: Path = USER_PROMPTS) -> list[str]:
-    """The users' prompts (docs: ../shared/data/README.md); never copied into the package."""
-    if not path.is_file():
-        raise FileNotFoundError(f"bench transcript-scoring: {path} is missing: the users' prompts are read from "
-                                "../shared/data/user-prompts.jsonl next to the repository (see its README)")
-    return [str(json.loads(line)["prompt"]) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 # --------------------------------------------------------------------------- part 1: the engine
@@ -183,7 +170,7 @@ def measure_engine(n: int, long_tokens: int) -> tuple[dict[str, float], dict[str
     from model_node.llama import LlamaCppEngine, resolve_model
     from verifier.audit.auditor import AuditSettings, _engine
 
-    prompts = load_prompts()
+    prompts = load_user_prompts()
     rng = random.Random(PROMPT_SEED)
     chosen = rng.sample(prompts, n)
     rest = [p for p in prompts if p not in chosen]
@@ -275,15 +262,16 @@ def _cost(counted: list[Counted]) -> int:
     return sum(cost(c.transcript) for c in counted)
 
 
-def trigger_share(path: Path = SCORES_FILE, setting: str = "t0.7") -> float:
+def trigger_share(setting: str = "t0.7") -> float:
     """The share of the cheap model's replies (``degraded``: SmolLM2 Q2_K, measured at the users'
-    default sampling) whose transcript alone is a suspect's (:func:`~verifier.audit.transcripts.suspects`:
-    one set past rule 7's threshold for :data:`HONEST_PER_NODE` donors)."""
-    from verifier.audit.scoring import donor_threshold, pooled_z, transcript_z
+    default sampling; audit-evasion's :class:`~verifier.bench.audit_evasion.ScoreTable`) whose
+    transcript alone is a suspect's (:func:`~verifier.audit.transcripts.suspects`: one set past rule
+    7's threshold for :data:`HONEST_PER_NODE` donors)."""
+    from verifier.audit.scoring import donor_threshold, pooled_z
 
-    rows = json.loads(path.read_text(encoding="utf-8"))["samples"][setting]["degraded"]
+    zs = ScoreTable().transcript_zs[setting]["degraded"]
     t = donor_threshold(HONEST_PER_NODE)
-    return sum(pooled_z([transcript_z(float(r["z"]), int(r["tokens"]))]) > t for r in rows) / len(rows)
+    return sum(pooled_z([z]) > t for z in zs) / len(zs)
 
 
 def score_round(counted: list[Counted], cheater: bytes, secret: random.Random, trigger: float,
