@@ -70,7 +70,9 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
                         "a random part of its transcripts, shared out equally among the nodes (decision 0033). "
                         "Default: 49152 per --audit-threads, about 8 minutes of one llama.cpp thread of a 2-core "
                         "cloud machine on users' typical transcripts, 10 on long ones, within a 15-minute epoch "
-                        "(docs/benchmarks.md \"transcript-scoring\"); raise it on a faster host or a large network")
+                        "(docs/benchmarks.md \"transcript-scoring\"). The audits need about 12288 a model node "
+                        "(one --audit-threads for every 4 nodes; decision 0034); the verifier warns when it has "
+                        "less. Raise it only with the capacity to score it (a faster host, more threads)")
     p.add_argument("--challenge-prompts", metavar="FILE", default=None,
                    help="this operator's own secret challenge prompts: JSON Lines, one conversation a line, "
                         '{"messages": [{"role": "system"|"user"|"assistant", "content": "..."}, ...]} (replies '

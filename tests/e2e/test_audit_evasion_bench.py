@@ -92,7 +92,9 @@ def test_what_the_design_promises(out: dict[str, Any]) -> None:
         assert f[f"{pre}cheater_run_honest_min_reputation"] >= 0.4
     for kind in ("plain", "restart", "busy", "flood"):
         assert f[f"transcripts_rho25_honest_{kind}_untrusted_nodes"] == 0
-    assert f["transcripts_rho25_honest_epochs_changed_by_another_node"] == 0
+    # (not "no epoch changed by another node" with transcripts: a verifier's budget is shared among
+    # the nodes, max-min fairly (rule 9, decision 0033), so one node's transcripts move the others'
+    # draws; no node's share falls under budget / nodes, and none of them is untrusted, above)
     # since decision 0026 (personas, 15-minute epochs) the donated view's detector is weak: a
     # selective cheater or a forwarder acting on it is caught by challenges alone
     for cheat in ("selective_donated", "forwarder_donated"):
@@ -105,7 +107,8 @@ def test_what_the_design_promises(out: dict[str, Any]) -> None:
         alone = f[f"cheater_{cheat}_reputation_after_5_mean"]
         assert alone > 0.6 and f[f"transcripts_rho25_cheater_{cheat}_reputation_after_5_mean"] < alone - 0.25
     # decision 0028: a cheater's own sybil users (boosters) lift the plain mean of its transcripts
-    # past the line with few identities; capped by donor, none of the grid's counts saves it
+    # past the line with few identities; capped by donor, none of the quick grid's counts (up to 64)
+    # saves it (the full grid's 128 does at the default budget: decision 0034)
     for rho in (10, 25):
         assert f[f"boosting_rho{rho}_mean_identities"] <= 64 and f[f"boosting_rho{rho}_mean_caught_share_min"] < 0.95
         assert f[f"boosting_rho{rho}_by_donor_identities"] > 64 and f[f"boosting_rho{rho}_by_donor_caught_share_min"] == 1

@@ -747,6 +747,11 @@ def test_the_verifier_command_takes_audit_flags(tmp_path: Any, capsys: pytest.Ca
     for flag in ("--audit ", "--audit-model", "--audit-listen", "--audit-region", "--audit-threads",
                  "--challenge-prompts", "--transcript-budget"):
         assert flag in out
+    from verifier.audit.transcripts import NODE_BUDGET, ROUND_BUDGET
+
+    flat = " ".join(out.split())  # what --transcript-budget's help says a verifier needs is what it warns about
+    assert f"Default: {ROUND_BUDGET} per --audit-threads" in flat and f"about {NODE_BUDGET} a model node" in flat
+    assert f"one --audit-threads for every {ROUND_BUDGET // NODE_BUDGET} nodes" in flat
     assert main(["verifier", "--data-dir", str(tmp_path), "--audit-model", MODEL]) == 2
     assert "--audit-model needs --audit" in capsys.readouterr().err
     assert main(["verifier", "--data-dir", str(tmp_path), "--audit", "--audit-threads", "0"]) == 2

@@ -276,6 +276,29 @@ def test_the_loop_scores_a_round_within_this_verifiers_budget_node_by_node() -> 
     assert isinstance(whole, ScoreTranscripts) and list(whole.counted) == round_ and whole.spare == ()
 
 
+def test_a_verifier_whose_budget_is_too_small_for_the_network_says_what_to_raise(caplog: pytest.LogCaptureFixture) -> None:
+    """Rule 9 shares the budget among the nodes; below NODE_BUDGET a node (decision 0034: less,
+    and the bench audit-evasion's cheaters last longer or a cheater's boosters save it) the loop
+    warns with the flags and the budget the nodes need, each round it binds; at NODE_BUDGET a node,
+    binding or not, it does not."""
+    from verifier.audit.transcripts import NODE_BUDGET, cost
+
+    nodes = [bytes([0x20 + j]) * 20 for j in range(2)]
+    round_ = [counted(n, f"question {i} " + "w" * 6000, donor=bytes([i]) * 20) for n in nodes for i in range(10)]
+    assert sum(cost(c.transcript) for c in round_) > 2 * NODE_BUDGET  # the budget binds either way
+    for budget, warned in ((2 * NODE_BUDGET - 1, True), (2 * NODE_BUDGET, False)):
+        caplog.clear()
+        a = auditor(0, transcripts=StubBook({0: round_}), transcript_budget=budget)
+        with caplog.at_level("WARNING", logger="gentorrent.audit"):
+            (act,) = a.plan(reported(a), REPORT_FROM + 1)
+        assert isinstance(act, ScoreTranscripts) and act.spare
+        said = [r.getMessage() for r in caplog.records if "raise --audit-threads" in r.getMessage()]
+        assert bool(said) is warned, (budget, said)
+        if warned:
+            assert f"each of the 2 nodes with transcripts about {budget // 2}" in said[0]
+            assert f"--transcript-budget to {2 * NODE_BUDGET}" in said[0]
+
+
 CHEATER = b"\x0c" * 20
 
 

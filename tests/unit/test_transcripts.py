@@ -417,6 +417,31 @@ def test_a_nodes_share_goes_to_its_donors_alike_whoever_they_are() -> None:
     assert abs(got / total - 15 / 75) < 0.02, got / total
 
 
+def test_what_a_verifier_draws_of_a_node_does_not_depend_on_the_other_nodes_transcripts() -> None:
+    """Decision 0034: each node's draw comes from a stream of its own (the round's secret key and
+    the node id), and rules 8 and 9 take the same randomness from the verifier's generator whatever
+    the round holds; so while the share level stays, another node's transcripts (more of them, fewer,
+    other donors: a restart voiding its users' sets, a flood) change nothing of what is drawn of
+    this one, in this round or the next. Fails with one stream drawn node after node."""
+    mine = [_of(CHEATER, bytes([0xa0 + i]) * 20, i) for i in range(15)]
+    a = [_of(n, bytes([0xb0 + i]) * 20, i) for n in OTHERS for i in range(15)]
+    b = [_of(n, bytes([0xc0 + i]) * 20, i) for n in OTHERS for i in range(9 + (n[0] % 5))]  # fewer, others' donors
+    budget = 32 * 3 * 200  # a share of 3 of the 15 (a transcript costs 186), as far below b's as a's
+
+    def rounds(others: list[tr.Counted], seed: int) -> list[list[int]]:
+        rng, out = random.Random(seed), []
+        for _ in range(3):
+            kept, _ = tr.within_budget([*others, *mine], rng)
+            first, spare, reserve = tr.first_draw(kept, rng, budget)
+            more = tr.second_draw(spare, {CHEATER}, rng, reserve)  # its second draw, then the others'
+            out.append([c.transcript.request_id[0] for c in first + more if c.node_id == CHEATER])
+        return out
+
+    for seed in range(20):
+        got = rounds(a, seed)
+        assert got == rounds(b, seed) and all(got), seed
+
+
 def test_a_node_whose_every_transcript_is_over_its_share_spends_its_share_on_average() -> None:
     """Long transcripts (a cheater's padded replies, a flood's longest requests) neither leave a
     node out nor make it cost more than its share: a transcript four times the share is scored in

@@ -663,7 +663,7 @@ class Auditor:
             return [s] if self._once(s.key) else []
         if self.transcripts is None or not self._once(("score", epoch)):
             return []
-        from verifier.audit.transcripts import ROUND_BUDGET, SCORE_BUDGET, first_draw, within_budget
+        from verifier.audit.transcripts import NODE_BUDGET, ROUND_BUDGET, SCORE_BUDGET, first_draw, within_budget
 
         counted = self.transcripts.close_before(epoch)
         mine = [c for c in counted if c.transcript.opening.model in self.models]
@@ -680,6 +680,13 @@ class Auditor:
             log.warning("audit: %d counted transcripts left out of the first draw, node by node: past this "
                         "verifier's budget of %d tokens a round (--transcript-budget); %d more may be drawn for "
                         "suspect nodes", len(spare), budget, reserve)
+            nodes = len({c.node_id for c in kept})
+            if budget < NODE_BUDGET * nodes:
+                log.warning("audit: this verifier's budget of %d a round leaves each of the %d nodes with transcripts "
+                            "about %d; the audits need about %d a node, or a cheater's own registered users "
+                            "(boosters) can keep it trusted (docs/committee.md, 'Sizing a verifier'): raise "
+                            "--audit-threads or --transcript-budget to %d", budget, nodes, budget // nodes,
+                            NODE_BUDGET, NODE_BUDGET * nodes)
         held = tuple(first)
         if held:
             log.info("audit: epoch %d: %d users' transcripts count; scoring them", epoch, len(held))

@@ -79,7 +79,13 @@ The rules, and the framer each one stops:
    donors' transcripts drawn the same way; so boosters that crowd a cheater's share leave its users'
    sets a second chance, and a framer's set on an honest node brings more of its users' in; a
    suspect stays one for :data:`SUSPECT_EPOCHS` more rounds (:func:`remembered`; held in memory,
-   a restart forgets them); what the suspects leave of the reserve goes to every node alike.
+   a restart forgets them); what the suspects leave of the reserve goes to every node alike. Each
+   node's draw (and each donor's, rule 8) comes from a stream of its own, keyed by the round's
+   secret and its id, and each draw takes the same randomness from the verifier's generator
+   whatever the round holds: while the share level stays, no node's transcripts (a restart voiding
+   its users' sets, a flood) change what is drawn of another's (decision 0034). The budget is the
+   verifier's capacity, and the audits need about :data:`NODE_BUDGET` of it a node: the audit loop
+   warns, naming the flags, when its budget leaves the nodes less (decision 0034).
 
 What is left to a framer: choosing prompts (before the reply) on which honest replies score
 badly; the score is calibrated per reply (decision 0013 §5: honest z has sd 0.91 over real
@@ -135,6 +141,7 @@ SCORE_BUDGET = 16_384  # rule 8: cost (about tokens) of a donor's transcripts sc
 ROUND_BUDGET = 49_152  # rule 9: cost of the transcripts a verifier scores a round (mean), per scoring thread
 RESERVE_DIVISOR = 4  # rule 9: a quarter of the budget waits for the second draw (suspect nodes)
 SUSPECT_EPOCHS = 3  # rule 9: a suspect stays one for this many rounds after the last that found it
+NODE_BUDGET = 12_288  # rule 9: the share of a budget a node needs a round for the audits' goals (decision 0034)
 MAX_PER_NODE = 4  # counted transcripts per donor, node and epoch
 MAX_DONORS = 4096  # donors with open commitments at once, per verifier
 CARRY_EPOCHS = 4  # a verifier holds a node's transcript scores this many epochs for the chain's minimum
@@ -194,14 +201,17 @@ def within_budget(counted: Sequence[Counted], rng: random.Random,
                   budget: int = SCORE_BUDGET) -> tuple[list[Counted], int]:
     """Rule 8: of each donor's ``counted`` transcripts, those kept in an order drawn by ``rng``
     (the verifier's secret randomness) while their :func:`cost` adds up to at most ``budget``, the
-    first always; ``(kept, in their given order; how many were left out)``."""
+    first always; ``(kept, in their given order; how many were left out)``. Each donor's order
+    from a stream of its own (one key drawn from ``rng`` a call, and the donor id), so one
+    donor's transcripts never move another's."""
     by_donor: dict[bytes, list[int]] = {}
     for i, c in enumerate(counted):
         by_donor.setdefault(c.donor, []).append(i)
     keep: set[int] = set()
+    key = rng.randbytes(16)
     for donor in sorted(by_donor):
         order = by_donor[donor]
-        rng.shuffle(order)
+        random.Random(key + donor).shuffle(order)
         spent = 0
         for i in order:
             spent += cost(counted[i].transcript)
@@ -218,19 +228,23 @@ def within_capacity(counted: Sequence[Counted], rng: random.Random, budget: int 
     of the share left over its cost, so that every node spends its share on average, however long
     its transcripts (a node whose every transcript costs more than its share is not left out, nor
     can its or a flood's long ones make the round cost more than ``budget`` on average); kept in
-    their given order. All of them when they fit."""
+    their given order. All of them when they fit. Each node's draw from a stream of its own (one
+    key drawn from ``rng`` a call, and the node id): another node's transcripts move it only
+    through the share level."""
     by_node: dict[bytes, list[int]] = {}
     for i, c in enumerate(counted):
         by_node.setdefault(c.node_id, []).append(i)
     costs = [cost(c.transcript) for c in counted]
     level = share_level([sum(costs[i] for i in idx) for idx in by_node.values()], budget)
     donors = [c.donor for c in counted]
+    key = rng.randbytes(16)
     keep: set[int] = set()
     for node in sorted(by_node):
         spent = 0
-        for i in donor_order(by_node[node], donors, rng):
+        mine = random.Random(key + node)
+        for i in donor_order(by_node[node], donors, mine):
             if spent + costs[i] > level:
-                if rng.random() * costs[i] < level - spent:
+                if mine.random() * costs[i] < level - spent:
                     keep.add(i)
                 break
             spent += costs[i]
@@ -256,14 +270,13 @@ def first_draw(kept: Sequence[Counted], rng: random.Random,
 def second_draw(spare: Sequence[Counted], suspect: set[bytes], rng: random.Random, reserve: int) -> list[Counted]:
     """Rule 9's second draw, once the first is scored: of the ``spare`` transcripts, the
     ``suspect`` nodes' (:func:`suspects`) within ``reserve``, drawn as the first was; what they
-    leave of it goes to the other nodes' alike."""
+    leave of it goes to the other nodes' alike (drawn even when nothing is left, so that the
+    randomness it takes does not depend on the round)."""
     if reserve <= 0 or not spare:
         return []
     more = within_capacity([c for c in spare if c.node_id in suspect], rng, reserve)
     left = reserve - sum(cost(c.transcript) for c in more)
-    if left > 0:
-        more += within_capacity([c for c in spare if c.node_id not in suspect], rng, left)
-    return more
+    return more + within_capacity([c for c in spare if c.node_id not in suspect], rng, max(0, left))
 
 
 def suspects(scored: Iterable[tuple[bytes, bytes, float]]) -> set[bytes]:

@@ -63,7 +63,10 @@ users (drawn from its view's evaluation stream, with the detector's score), each
 probability ``rho`` when a donor's client may choose it (:func:`overlay.directory.transcripts.fits`), through
 the real :class:`verifier.audit.transcripts.TranscriptBook` (commit, signed reply, reveal or "no
 reply"; closed in the next epoch's report window, as the verifier's audit loop closes it: a
-transcript counts one epoch after its request), and every validator's
+transcript counts one epoch after its request), each verifier scoring what rules 8 and 9 draw of
+them with its own randomness within a budget of :data:`SCORING_THREADS` threads (decision 0033),
+shared with the other honest nodes of a network of :data:`SCORING_NETWORK_NODES` (:meth:`ChainRun._others`;
+a reply as long as the measured one when that ended early, else as the request's ``max_tokens``), and every validator's
 :class:`verifier.audit.tx.TranscriptScores` taken by the chain after its report. What each node
 serves its users: as it answers a challenge (a detecting cheater acts on its detector's flag of
 the user's request: the selective one serves it honestly, the forwarder forwards it to the honest
@@ -201,6 +204,7 @@ AUC_DRAWS = 20  # coin draws the committed-request AUC is averaged over
 LEAK_WINDOWS_S = (1.0, 2.0, 10.0)  # the node serves honestly what arrives within W s of any commitment
 POOLED = True  # challenge replies capped by their pooled z per verifier and node (decision 0023)
 BY_DONOR = True  # transcript scores capped by their donors' sets per verifier and node (decision 0028)
+BUDGETED = True  # each verifier scores within its budget (rules 8 and 9, decision 0033); else every transcript
 BOOST_COMMITS = MAX_PER_NODE  # requests a booster commits to its cheater an epoch (as many as count)
 BOOSTERS_GRID = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # booster identities per cheating node, searched in order
 BOOSTING_LOW_RHOS = (0.01, 0.02, 0.03, 0.05)  # part G also at these rates: where the users' sets a node gets an epoch are few
@@ -208,6 +212,10 @@ HONEST_KINDS = ("honest", "restart", "busy", "flood")  # behaviours that never c
 MAIN_K = 3  # main's protocol: the leader sends k = 3 a node, every verifier rescores them
 MAIN_EPOCH_BLOCKS = 120  # ... in epochs of this many blocks (decision 0010's default)
 SCORE_S = 0.877  # docs/benchmarks.md "verify": one-pass scoring, 877 ms a verification
+MEASURED_MAX_TOKENS = 128  # the scores file's replies were asked for this many tokens (its settings say so)
+SCORING_NETWORK_NODES = 32  # rule 9 (decision 0033): a verifier's budget is shared among this many nodes: a run's
+# and, up to this many, other honest ones (ChainRun._others; part B's 32; transcript-scoring's network)
+SCORING_THREADS = 1  # --audit-threads: a verifier's budget is ROUND_BUDGET times this (the default, 1)
 
 
 class BenchError(Exception):
@@ -825,6 +833,8 @@ class ScoreTable:
         self.zs: dict[str, dict[str, list[float]]] = {}  # each sample's z (pooled per node, decision 0023)
         self.transcript_samples: dict[str, dict[str, list[int]]] = {}  # the same replies as transcripts
         self.transcript_zs: dict[str, dict[str, list[float]]] = {}  # ... and their z, weighted as a transcript's
+        self.tokens: dict[str, dict[str, list[int]]] = {}  # ... and their lengths (reply tokens)
+        self.caps: dict[str, int] = {}  # each setting's max_tokens when it was measured
         self.settings: dict[str, tuple[float, float]] = {}
         from verifier.audit.reputation import to_fixed
         from verifier.audit.scoring import length_weighted, transcript_z
@@ -842,6 +852,9 @@ class ScoreTable:
                 for k, rows in kinds.items()}
             self.transcript_zs[setting] = {k: [transcript_z(float(r["z"]), int(r["tokens"])) for r in rows]
                                            for k, rows in kinds.items()}
+            self.tokens[setting] = {k: [int(r["tokens"]) for r in rows] for k, rows in kinds.items()}
+            self.caps[setting] = int(named[setting].get("max_tokens", MEASURED_MAX_TOKENS)) if isinstance(
+                named, dict) and isinstance(named.get(setting), dict) else MEASURED_MAX_TOKENS
         self.kinds = sorted({k for kinds in self.samples.values() for k in kinds})
         self.measured = str(doc.get("measured", "?"))
         self.how = str(doc.get("how", ""))
@@ -879,16 +892,26 @@ class ScoreTable:
         rows = self.samples[setting][kind]
         return rows[rng.randrange(len(rows))]
 
-    def draw_transcript(self, setting: str, kind: str, rng: random.Random) -> tuple[int, float]:
-        """A measured reply as a transcript: its score and ``z`` weighted by its length (decisions
-        0021, 0028)."""
+    def draw_transcript(self, setting: str, kind: str, rng: random.Random, max_tokens: int) -> tuple[int, float, int]:
+        """A measured reply as a transcript of a request asking for ``max_tokens``: its score and
+        ``z`` weighted by its length (decisions 0021, 0028), and the reply's length in tokens
+        (:func:`reply_tokens`)."""
         i = rng.randrange(len(self.transcript_samples[setting][kind]))
-        return self.transcript_samples[setting][kind][i], self.transcript_zs[setting][kind][i]
+        return (self.transcript_samples[setting][kind][i], self.transcript_zs[setting][kind][i],
+                reply_tokens(self.tokens[setting][kind][i], self.caps[setting], max_tokens))
 
     def draw_reply(self, setting: str, kind: str, rng: random.Random) -> tuple[int, float]:
         """A measured challenge reply's score and its ``z`` (the same draw as :meth:`draw`)."""
         i = rng.randrange(len(self.samples[setting][kind]))
         return self.samples[setting][kind][i], self.zs[setting][kind][i]
+
+
+def reply_tokens(measured: int, measured_cap: int, max_tokens: int) -> int:
+    """The length of a reply to a request asking for ``max_tokens``, from a measured reply of
+    ``measured`` tokens under a cap of ``measured_cap``: the measured length when the reply ended
+    before its cap, else the request's whole ``max_tokens`` (a reply that ran to its cap is taken
+    to run to any cap: the dearest case for a verifier's scoring budget, rule 9)."""
+    return min(measured, max_tokens) if measured < measured_cap else max_tokens
 
 
 class ShortReplies:
@@ -908,14 +931,16 @@ class ShortReplies:
         rows = json.loads(path.read_text())["samples"]["t1.0"]
         self.rows = [to_fixed(length_weighted(r["score"], r["tokens"]) if weighted else r["score"]) for r in rows]
         self.zs = [transcript_z(float(r["z"]), int(r["tokens"])) if weighted else float(r["z"]) for r in rows]
+        self.tokens = [int(r["tokens"]) for r in rows]
 
     def setting(self, params: SamplingParams) -> str:
         return "t1.0"
 
-    def draw_transcript(self, setting: str, kind: str, rng: random.Random) -> tuple[int, float]:
+    def draw_transcript(self, setting: str, kind: str, rng: random.Random, max_tokens: int) -> tuple[int, float, int]:
+        """As :meth:`ScoreTable.draw_transcript`; the length is the measured one (the framers ask for 4 tokens)."""
         assert kind == "honest", kind  # framers frame honest nodes
         i = rng.randrange(len(self.rows))
-        return self.rows[i], self.zs[i]
+        return self.rows[i], self.zs[i], self.tokens[i]
 
 
 @dataclass(slots=True)
@@ -967,6 +992,7 @@ class RunResult:
     framer_burnt: int = 0  # framing identities burnt
     framer_withheld: int = 0  # framers' commitments left unrevealed (their replies scored at or above τ)
     booster_counted: int = 0  # boosters' transcripts counted (for the cheaters they boost)
+    scored: int = 0  # counted transcripts scored, all verifiers (rules 8 and 9 draw them)
     user_sets: dict[str, int] = field(default_factory=dict)  # node name -> (users' donor, epoch) sets counted for it
 
 
@@ -999,7 +1025,7 @@ class ChainRun:
                  epoch_blocks: int, k: int, rho: float = 0.0, framers: int = 0, frame_from: int = 0,
                  cache: dict[int, Any] | None = None, framer_scores: ShortReplies | None = None,
                  pooled: bool = POOLED, by_donor: bool = BY_DONOR, boosters: int = 0,
-                 unrecognised_only: bool = False) -> None:
+                 unrecognised_only: bool = False, budgeted: bool = BUDGETED) -> None:
         """``rho``: the share of the nodes' users' requests donated as transcripts; ``framers``:
         one-shot framing identities per epoch from ``frame_from`` against the first honest node;
         ``cache``: the validators' plans and reports by epoch, shared by runs of the same seed and
@@ -1007,10 +1033,14 @@ class ChainRun:
         verifiers cap each node's transcript scores by its donors' sets (decision 0028);
         ``boosters``: sybil user identities per cheating node, from its first cheating epoch, each
         committing BOOST_COMMITS requests to it an epoch, which it serves honestly (part G);
-        ``unrecognised_only``: part I's what-if (:func:`unrecognised_only`)."""
+        ``unrecognised_only``: part I's what-if (:func:`unrecognised_only`); ``budgeted``: each
+        verifier scores what rules 8 and 9 of :mod:`verifier.audit.transcripts` draw within a
+        budget of ROUND_BUDGET × SCORING_THREADS, shared with the network's other nodes
+        (:meth:`_others`), as the audit loop draws it (False: every counted transcript, as the
+        bench had it before decision 0034)."""
         from overlay.wire import crypto
         from overlay.wire.identity import node_id_of
-        from verifier.audit.transcripts import ScoreCarry, TranscriptBook
+        from verifier.audit.transcripts import ROUND_BUDGET, ScoreCarry, TranscriptBook
 
         self.seed, self.scores, self.default_view, self.k = seed, scores, default_view, k
         self.pooled = pooled  # decision 0023's cap (False: the figures as they were before it)
@@ -1021,7 +1051,15 @@ class ChainRun:
         self.rho, self.framers, self.frame_from, self.cache = rho, framers, frame_from, cache
         self.framer_scores = framer_scores  # where the framers' replies are drawn from (None: ``scores``)
         self.book = TranscriptBook()  # every honest verifier's book: they all get the same commits and reveals
-        self.carry = ScoreCarry()  # and their scores held for the chain's minimum, as the audit loop holds them
+        # each verifier's scores held for the chain's minimum, as the audit loop holds them; its secret
+        # randomness (rules 8 and 9 draw with it) and its suspects (rule 9's memory)
+        self.carries = [ScoreCarry() for _ in range(VERIFIERS)]
+        self.draws = [_seeded("draws", seed, v) for v in range(VERIFIERS)]
+        self.suspected: list[dict[bytes, int]] = [{} for _ in range(VERIFIERS)]
+        self.budget = ROUND_BUDGET * SCORING_THREADS if budgeted else None
+        # the network's other nodes, when this run has fewer (:meth:`_others`)
+        self.others = [_seeded("other node", seed, j).randbytes(20) for j in range(SCORING_NETWORK_NODES - len(specs))]
+        self.ids: dict[int, tuple[int, ...]] = {}  # a reply's token ids by its length (their values unused)
         self.donors: dict[tuple[str, int], bytes] = {}
         self.framer_gen = [0] * framers
         self.framer_ids: set[bytes] = set()
@@ -1207,12 +1245,13 @@ class ChainRun:
                 return True
             sent += rng.randint(1, USER_RETRY_BLOCKS)
         table = self.framer_scores if reveal_under is not None and self.framer_scores is not None else self.scores
-        score, z = table.draw_transcript(table.setting(params), kind, rng)
+        score, z, tokens = table.draw_transcript(table.setting(params), kind, rng, params.max_tokens)
         if reveal_under is not None and score >= reveal_under:
             res.framer_withheld += 1
             return True  # withheld: the book voids the set at close (and burns the framer past its budget)
         signed_at = commit_ms + (sent - h) * 1000 + rng.randint(300, 2000)
-        chunks = (("The answer is here.", (791, 4245, 318, 767, 13)),)  # one chunk: one signature to make
+        ids = self.ids.get(tokens) or self.ids.setdefault(tokens, (791,) * max(1, tokens))  # rule 9 weighs it
+        chunks = (("The answer is here.", ids),)  # one chunk: one signature to make
         _, sig = signing.ReplySigner(digest, MODEL, server.node_id).add(*chunks[0], True, signed_at, server.key.sign)
         reply = at.ReplyOutcome(server.node_id, chunks, sig, signed_at, score, tries)
         why = self.book.reveal(donor, tr.Transcript(node.node_id, nonce, opening, rid, reply), self._key_of)
@@ -1288,15 +1327,16 @@ class ChainRun:
                     self._transcript(node, ident, (ChatMessage("user", last),), FRAMER_PARAMS, math.inf, epoch,
                                      start, end, rng, res, booster=True)
 
-    def _close(self, epoch: int, res: RunResult) -> tuple[tuple[bytes, tuple[int, ...]], ...]:
-        """What every validator submits in epoch ``epoch``'s report window, as the verifier's audit
+    def _close(self, epoch: int, res: RunResult) -> list[tuple[tuple[bytes, tuple[int, ...]], ...]]:
+        """What each validator submits in epoch ``epoch``'s report window, as the verifier's audit
         loop does (verifier/audit/auditor.py): the book's epochs before this one closed (the
-        commitments of epoch ``epoch − 1`` had all of this epoch to be revealed), and per signing
-        node its counted transcripts' scores (the same at every honest verifier: a score is a
-        function of the reply) once it has the chain's minimum (held over epochs as the audit loop
-        holds them, :class:`verifier.audit.transcripts.ScoreCarry`), at most MAX_TRANSCRIPTS_PER_NODE
-        (a seeded sample when more count); with ``by_donor``, capped by each node's donors' sets
-        first (:func:`verifier.audit.transcripts.capped_by_donor`, as the audit driver caps them)."""
+        commitments of epoch ``epoch − 1`` had all of this epoch to be revealed), the transcripts
+        it scores of them (:meth:`_drawn`), and per signing node their scores (a score is a
+        function of the reply: every honest verifier scores a reply alike) once it has the chain's
+        minimum (held over epochs as the audit loop holds them,
+        :class:`verifier.audit.transcripts.ScoreCarry`), at most MAX_TRANSCRIPTS_PER_NODE (a seeded
+        sample when more count); with ``by_donor``, capped by each node's donors' sets first
+        (:func:`verifier.audit.transcripts.capped_by_donor`, as the audit driver caps them)."""
         from verifier.audit import tx as at
         from verifier.audit.transcripts import capped_by_donor
 
@@ -1312,15 +1352,64 @@ class ChainRun:
         for nid, _ in {(c.node_id, c.donor) for c in counted
                        if c.donor not in self.framer_ids and c.donor not in self.booster_ids}:
             res.user_sets[names[nid]] = res.user_sets.get(names[nid], 0) + 1
-        scored = [(c.node_id, c.donor, c.transcript.reply.score, self.tz.pop((c.donor, c.transcript.request_id)))
-                  for c in counted]
-        pairs = capped_by_donor(scored) if self.by_donor else [(n, sc) for n, _, sc, _ in scored]
+        z_of = {id(c): self.tz.pop((c.donor, c.transcript.request_id)) for c in counted}
+        others = self._others(epoch, counted, z_of)
+        outs = []
+        for v in range(VERIFIERS):
+            drawn = self._drawn(v, epoch, counted, others, z_of)
+            res.scored += len(drawn)
+            scored = [(c.node_id, c.donor, c.transcript.reply.score, z_of[id(c)]) for c in drawn]
+            pairs = capped_by_donor(scored) if self.by_donor else [(n, sc) for n, _, sc, _ in scored]
+            out = []
+            for nid, sc in self.carries[v].add(epoch, pairs):
+                if len(sc) > at.MAX_TRANSCRIPTS_PER_NODE:
+                    sc = tuple(_seeded("cap", self.seed, epoch, nid).sample(sc, at.MAX_TRANSCRIPTS_PER_NODE))
+                out.append((nid, sc))
+            outs.append(tuple(out))
+        return outs
+
+    def _drawn(self, v: int, epoch: int, counted: Sequence[Any], others: Sequence[Any],
+               z_of: dict[int, float]) -> list[Any]:
+        """The counted transcripts verifier ``v`` scores this round, in the order the audit loop
+        scores them: all of them unbudgeted; else of them and the ``others`` (the network's other
+        nodes', :meth:`_others`) rule 8 (:func:`~verifier.audit.transcripts.within_budget`),
+        rule 9's first draw within its budget, and its second for the suspect nodes of that draw
+        and of the rounds before (:meth:`verifier.audit.auditor.Auditor.second_draw`), each with
+        the verifier's own randomness; this run's nodes' only."""
+        from verifier.audit import transcripts as tr
+
+        if self.budget is None:
+            return list(counted)
+        rng = self.draws[v]
+        kept, _ = tr.within_budget([*counted, *others], rng)
+        first, spare, reserve = tr.first_draw(kept, rng, self.budget)
+        fresh = tr.suspects((c.node_id, c.donor, z_of[id(c)]) for c in first)
+        more = tr.second_draw(spare, tr.remembered(self.suspected[v], epoch, fresh), rng, reserve)
+        mine = {n.node_id for n in self.nodes}
+        return [c for c in first + more if c.node_id in mine]
+
+    def _others(self, epoch: int, counted: Sequence[Any], z_of: dict[int, float]) -> list[Any]:
+        """The round's transcripts of the network's other nodes (SCORING_NETWORK_NODES in all), which
+        share each verifier's budget with this run's: each as many as the run's first honest node's
+        users handed in this round, the same requests (so the same costs), scored afresh as honest
+        replies (their ``z`` added to ``z_of``), their donors their own; none unbudgeted."""
+        from verifier.audit.transcripts import Counted
+
+        if self.budget is None or not self.others or self.honest_peer is None:
+            return []
+        peer = self.honest_peer.node_id
+        theirs = [c for c in counted if c.node_id == peer and c.donor not in self.framer_ids
+                  and c.donor not in self.booster_ids]
+        rng = _seeded("others", self.seed, epoch)
         out = []
-        for nid, sc in self.carry.add(epoch, pairs):
-            if len(sc) > at.MAX_TRANSCRIPTS_PER_NODE:
-                sc = tuple(_seeded("cap", self.seed, epoch, nid).sample(sc, at.MAX_TRANSCRIPTS_PER_NODE))
-            out.append((nid, sc))
-        return tuple(out)
+        for j, node in enumerate(self.others):
+            for c in theirs:
+                params = c.transcript.opening.params
+                _, z, _ = self.scores.draw_transcript(self.scores.setting(params), "honest", rng, params.max_tokens)
+                o = Counted(bytes([j]) + c.donor[1:], node, c.transcript)
+                z_of[id(o)] = z
+                out.append(o)
+        return out
 
     def _faults(self, epoch: int, start: int) -> None:
         """A restarting node: one restart in each RESTART_EVERY epochs, in a random one of them,
@@ -1384,9 +1473,9 @@ class ChainRun:
                     txs = commits
                 if h == report_from:
                     txs = list(reports)
-                    if transcripts:  # each validator's scores of the counted transcripts, after its report
-                        for v in range(VERIFIERS):
-                            ts = at.TranscriptScores(e, self.validators[v][0], transcripts)
+                    for v in range(VERIFIERS):  # each validator's scores of the transcripts it scored, after its report
+                        if transcripts[v]:
+                            ts = at.TranscriptScores(e, self.validators[v][0], transcripts[v])
                             raw = at.sign_tx(ts, CHAIN_ID, self.vseeds[v])
                             txs.append((at.decode_audit_tx(raw, CHAIN_ID), raw))
                 for tx, raw in txs:
@@ -1474,6 +1563,7 @@ def run_cheaters(seeds: Sequence[int], epochs: int, scores: ScoreTable, views_: 
     r_after: dict[float, dict[str, list[int]]] = {r: {s.name: [] for s in specs} for r in rhos}
     honest_min: dict[float, list[int]] = {r: [] for r in rhos}
     counted: dict[float, list[int]] = {r: [] for r in rhos}
+    scored: dict[float, list[int]] = {r: [] for r in rhos}
     burnt: dict[float, list[int]] = {r: [] for r in rhos}
     for seed in seeds:
         cache: dict[int, Any] = {}
@@ -1483,6 +1573,7 @@ def run_cheaters(seeds: Sequence[int], epochs: int, scores: ScoreTable, views_: 
             res = ChainRun(seed, specs, scores, views_["donated"], epoch_blocks, k, rho=rho, cache=cache,
                            unrecognised_only=unrecognised_only).run(epochs)
             counted[rho].append(sum(res.counted.values()))
+            scored[rho].append(res.scored)
             burnt[rho].append(sum(res.burnt.values()))
             for s in specs:
                 rs = res.reputation[s.name]
@@ -1529,6 +1620,7 @@ def run_cheaters(seeds: Sequence[int], epochs: int, scores: ScoreTable, views_: 
         if rho > 0:
             node_epochs = len(counted[rho]) * len(specs) * epochs
             f[f"{pre}counted_per_node_epoch"] = sum(counted[rho]) / node_epochs
+            f[f"{pre}scored_per_verifier_node_epoch"] = sum(scored[rho]) / (VERIFIERS * node_epochs)
             f[f"{pre}donors_burnt_per_run"] = sum(burnt[rho]) / len(burnt[rho])
     return f, sweep
 
@@ -1600,7 +1692,7 @@ def run_honest(seeds: Sequence[int], epochs: int, scores: ScoreTable, view: View
     untrusted: dict[float, dict[str, int]] = {r: {b: 0 for b in FAULTS} for r in rates}
     missed: dict[str, int] = {b: 0 for b in FAULTS}
     burnt: dict[str, int] = {b: 0 for b in FAULTS}
-    counted = 0
+    scored = 0
     interfered = {r: 0 for r in rates}
     empty = sends = replies = node_epochs = 0
     runs = {r: 0 for r in rates}
@@ -1617,7 +1709,7 @@ def run_honest(seeds: Sequence[int], epochs: int, scores: ScoreTable, view: View
                 sends, replies, node_epochs = sends + res.sends, replies + res.replies, node_epochs + res.node_epochs
                 empty += sum(s != "applied" for s in res.statuses)
             else:
-                counted += sum(res.counted.values())
+                scored += res.scored
             for s in specs:
                 kind = s.name.rstrip("0123456789")
                 rs = res.reputation[s.name]
@@ -1647,7 +1739,7 @@ def run_honest(seeds: Sequence[int], epochs: int, scores: ScoreTable, view: View
     per = VERIFIERS * node_epochs
     f["cost_challenges_sent_per_verifier_node_epoch"] = sends / per
     f["cost_replies_scored_per_verifier_node_epoch"] = replies / per
-    f[f"{pre}cost_transcripts_scored_per_verifier_node_epoch"] = counted / (runs[rho] * len(specs) * epochs)
+    f[f"{pre}cost_transcripts_scored_per_verifier_node_epoch"] = scored / (VERIFIERS * runs[rho] * len(specs) * epochs)
     return f
 
 
@@ -1889,6 +1981,7 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
     from overlay.wire.constants import TRUST_LINE
     from verifier.audit import tx as at
     from verifier.audit.auditor import persona_count
+    from verifier.audit.transcripts import ROUND_BUDGET
 
     t_start = time.perf_counter()
     try:
@@ -2098,6 +2191,14 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
                         "framer_params": {"temperature": FRAMER_PARAMS.temperature, "top_p": FRAMER_PARAMS.top_p},
                         "not_found_value": 2 * framing_grid[-1], "search": framing_detail},
             "by_donor": BY_DONOR,
+            "scoring": {"budgeted": BUDGETED, "threads": SCORING_THREADS, "network_nodes": SCORING_NETWORK_NODES,
+                        "per_node": ROUND_BUDGET * SCORING_THREADS / SCORING_NETWORK_NODES,
+                        "how": "each verifier scores what rules 8 and 9 of verifier.audit.transcripts draw with its own "
+                               "randomness (the first draw, then the second for its suspects, remembered) within "
+                               "ROUND_BUDGET x threads, among the run's nodes and, up to network_nodes, other honest "
+                               "nodes whose users hand in as many transcripts as the run's first honest node's (the "
+                               "same requests, honest replies drawn afresh); a reply's length is the measured reply's "
+                               "when it ended before its cap, else the request's max_tokens"},
             "boosting": {"runs": len(boosting_seeds), "epochs": WARMUP_EPOCHS + UNTRUSTED_WITHIN + 1,
                          "grid": list(boosting_grid), "commits_per_booster_epoch": BOOST_COMMITS,
                          "not_found_value": 2 * boosting_grid[-1],
