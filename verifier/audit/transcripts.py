@@ -153,8 +153,8 @@ MAX_VOID_REASON = 1024  # characters of a void set's reason kept (only whether a
 MAX_REFUSAL_KINDS = 64  # kinds of refusal counted (the book's own messages have about a dozen)
 MAX_REFUSAL_KIND = 64  # characters of one ("malformed", "no reply", ...)
 
-__all__ = ["COMMITMENT_LEN", "NONCE_LEN", "RESERVE_DIVISOR", "ROUND_BUDGET", "SCORE_BUDGET", "SUSPECT_EPOCHS",
-           "BookError", "Counted", "KeyOf", "ScoreCarry", "Transcript", "TranscriptBook", "capped_by_donor",
+__all__ = ["COMMITMENT_LEN", "NODE_BUDGET", "NONCE_LEN", "RESERVE_DIVISOR", "ROUND_BUDGET", "SCORE_BUDGET",
+           "SUSPECT_EPOCHS", "BookError", "Counted", "KeyOf", "ScoreCarry", "Transcript", "TranscriptBook", "capped_by_donor",
            "commitment", "cost", "donor_order", "first_draw", "remembered", "second_draw", "suspects",
            "transcript_of", "within_budget", "within_capacity"]
 

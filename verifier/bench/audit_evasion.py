@@ -1077,6 +1077,7 @@ class ChainRun:
             self.nodes.append(n)
         self.records = {n.node_id: _Record(n.key.public_bytes, _Entry(2, MODEL)) for n in self.nodes}
         self.honest_peer = next((n for n in self.nodes if n.spec.behaviour == "honest"), None)
+        self.node_ids = frozenset(n.node_id for n in self.nodes)  # the run's nodes (not the network's others)
         self.st = chain.initial(self.params, CHAIN_ID)
 
     # ------------------------------------------------------------------ a node's answer to one try
@@ -1385,8 +1386,7 @@ class ChainRun:
         first, spare, reserve = tr.first_draw(kept, rng, self.budget)
         fresh = tr.suspects((c.node_id, c.donor, z_of[id(c)]) for c in first)
         more = tr.second_draw(spare, tr.remembered(self.suspected[v], epoch, fresh), rng, reserve)
-        mine = {n.node_id for n in self.nodes}
-        return [c for c in first + more if c.node_id in mine]
+        return [c for c in first + more if c.node_id in self.node_ids]
 
     def _others(self, epoch: int, counted: Sequence[Any], z_of: dict[int, float]) -> list[Any]:
         """The round's transcripts of the network's other nodes (SCORING_NETWORK_NODES in all), which
