@@ -67,7 +67,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--transcript-budget", type=int, default=None, metavar="TOKENS",
                    help="the most work spent scoring users' donated transcripts an epoch, in tokens scored (a "
                         "reply's tokens and a quarter of its prompt's bytes); past it, each model node's share is "
-                        "a random part of its transcripts, shared out equally among the nodes (decision 0033). "
+                        "a random part of its transcripts, half of the budget shared equally among the nodes and half "
+                        "by their donors (decisions 0033, 0035). "
                         "Default: 49152 per --audit-threads, about 8 minutes of one llama.cpp thread of a 2-core "
                         "cloud machine on users' typical transcripts, 10 on long ones, within a 15-minute epoch "
                         "(docs/benchmarks.md \"transcript-scoring\"). The audits need about 12288 a model node "

@@ -65,25 +65,29 @@ The rules, and the framer each one stops:
    every round, and the scores of every node would fall further behind. So a round's counted
    transcripts are scored while their cost stays within the verifier's ``--transcript-budget``
    (:data:`ROUND_BUDGET` a scoring thread by default), shared out among the *nodes* they are of,
-   not the donors: each node may spend up to a common level, a node asking less giving the rest to
-   the others (:func:`within_capacity`), its donors in an order drawn from the verifier's secret
+   half equally and half in proportion to each node's donors (:func:`node_weights`, decision
+   0035): each node may spend up to its weight times a common level, a node asking less giving the
+   rest to the others (:func:`within_capacity`), its donors in an order drawn from the verifier's secret
    randomness, one transcript of each before a second of any (:func:`donor_order`), the
    transcript that would cross the level kept with the odds of what is left of it (so each node
    spends its share on average, and the round the budget). Donors flooding other nodes'
-   transcripts cannot push a node's share under ``budget / nodes``; flooding a node's own (its
-   boosters) dilutes its users' transcripts in proportion to the donors, no more, which is rule
-   7's case; the flooded nodes' own donors are crowded out the same way (their nodes are then
+   transcripts cannot push a node's share under ``budget / (2 × nodes)``; a node's own (its
+   boosters) raise its share with their number, so they dilute its users' transcripts about as
+   much as they dilute the whole network's donors, not in proportion to its own; the flooded
+   nodes' own donors are crowded out the same way (their nodes are then
    judged by the flood's transcripts, which are honest replies, or by challenges). A quarter of
    the budget waits for a **second draw**: once the first is scored, the nodes one of whose donors'
    sets lies as far from sampling as rule 7 looks for (:func:`suspects`) share it, more of their
    donors' transcripts drawn the same way; so boosters that crowd a cheater's share leave its users'
    sets a second chance, and a framer's set on an honest node brings more of its users' in; a
    suspect stays one for :data:`SUSPECT_EPOCHS` more rounds (:func:`remembered`; held in memory,
-   a restart forgets them); what the suspects leave of the reserve goes to every node alike. Each
+   a restart forgets them); what the suspects leave of the reserve goes to every node as the first
+   draw's did. Each
    node's draw (and each donor's, rule 8) comes from a stream of its own, keyed by the round's
    secret and its id, and each draw takes the same randomness from the verifier's generator
-   whatever the round holds: while the share level stays, no node's transcripts (a restart voiding
-   its users' sets, a flood) change what is drawn of another's (decision 0034). The budget is the
+   whatever the round holds: another node's transcripts (a restart voiding its users' sets, a
+   flood) change what is drawn of a node only through its share, which moves with the round's
+   donors (decision 0034, 0035). The budget is the
    verifier's capacity, and the audits need about :data:`NODE_BUDGET` of it a node: the audit loop
    warns, naming the flags, when its budget leaves the nodes less (decision 0034).
 
@@ -155,7 +159,8 @@ MAX_REFUSAL_KIND = 64  # characters of one ("malformed", "no reply", ...)
 
 __all__ = ["COMMITMENT_LEN", "NODE_BUDGET", "NONCE_LEN", "RESERVE_DIVISOR", "ROUND_BUDGET", "SCORE_BUDGET",
            "SUSPECT_EPOCHS", "BookError", "Counted", "KeyOf", "ScoreCarry", "Transcript", "TranscriptBook", "capped_by_donor",
-           "commitment", "cost", "donor_order", "first_draw", "remembered", "second_draw", "suspects",
+           "commitment", "cost", "donor_order", "first_draw", "node_weights", "remembered", "second_draw", "share_level",
+           "suspects",
            "transcript_of", "within_budget", "within_capacity"]
 
 KeyOf = Callable[[bytes, str], bytes | None]  # (node id, model) -> its registered Ed25519 key, if it serves model
@@ -224,27 +229,28 @@ def within_budget(counted: Sequence[Counted], rng: random.Random,
 def within_capacity(counted: Sequence[Counted], rng: random.Random, budget: int = ROUND_BUDGET) -> list[Counted]:
     """Rule 9: of a round's ``counted`` transcripts, those a verifier scores within ``budget``:
     each node's in the order :func:`donor_order` draws with ``rng`` while their :func:`cost` stays
-    within the node's share (:func:`share_level`), and the one that would cross it with the odds
-    of the share left over its cost, so that every node spends its share on average, however long
-    its transcripts (a node whose every transcript costs more than its share is not left out, nor
-    can its or a flood's long ones make the round cost more than ``budget`` on average); kept in
-    their given order. All of them when they fit. Each node's draw from a stream of its own (one
-    key drawn from ``rng`` a call, and the node id): another node's transcripts move it only
-    through the share level."""
+    within the node's share (:func:`node_weights`, :func:`share_level`: half of the budget by node,
+    half by donor), and the one that would cross it with the odds of the share left over its cost,
+    so that every node spends its share on average, however long its transcripts (a node whose
+    every transcript costs more than its share is not left out, nor can its or a flood's long ones
+    make the round cost more than ``budget`` on average); kept in their given order. All of them
+    when they fit. Each node's draw from a stream of its own (one key drawn from ``rng`` a call,
+    and the node id): another node's transcripts move it only through the share level."""
     by_node: dict[bytes, list[int]] = {}
     for i, c in enumerate(counted):
         by_node.setdefault(c.node_id, []).append(i)
     costs = [cost(c.transcript) for c in counted]
-    level = share_level([sum(costs[i] for i in idx) for idx in by_node.values()], budget)
+    weights = node_weights([len({counted[i].donor for i in idx}) for idx in by_node.values()])
+    level = share_level([sum(costs[i] for i in idx) for idx in by_node.values()], budget, weights)
     donors = [c.donor for c in counted]
     key = rng.randbytes(16)
     keep: set[int] = set()
-    for node in sorted(by_node):
-        spent = 0
-        mine = random.Random(key + node)
+    for node, weight in sorted(zip(by_node, weights, strict=True)):
+        spent, mine = 0, random.Random(key + node)
+        share = level * weight
         for i in donor_order(by_node[node], donors, mine):
-            if spent + costs[i] > level:
-                if mine.random() * costs[i] < level - spent:
+            if spent + costs[i] > share:
+                if mine.random() * costs[i] < share - spent:
                     keep.add(i)
                 break
             spent += costs[i]
@@ -270,7 +276,7 @@ def first_draw(kept: Sequence[Counted], rng: random.Random,
 def second_draw(spare: Sequence[Counted], suspect: set[bytes], rng: random.Random, reserve: int) -> list[Counted]:
     """Rule 9's second draw, once the first is scored: of the ``spare`` transcripts, the
     ``suspect`` nodes' (:func:`suspects`) within ``reserve``, drawn as the first was; what they
-    leave of it goes to the other nodes' alike (drawn even when nothing is left, so that the
+    leave of it goes to the other nodes' as in the first (drawn even when nothing is left, so that the
     randomness it takes does not depend on the round)."""
     if reserve <= 0 or not spare:
         return []
@@ -321,17 +327,30 @@ def donor_order(indices: Sequence[int], donors: Sequence[bytes], rng: random.Ran
     return [by_donor[d][k] for k in range(most) for d in order if k < len(by_donor[d])]
 
 
-def share_level(demands: Sequence[int], budget: int) -> float:
-    """The most each node may spend of ``budget`` when nodes ask ``demands``: every node asking
-    less gets all it asks and the rest share what is left equally (max-min fair); infinite when
-    everything fits."""
-    left = float(budget)
-    ordered = sorted(demands)
-    for j, d in enumerate(ordered):
-        share = left / (len(ordered) - j)
-        if d > share:
-            return share
+def node_weights(donors: Sequence[int]) -> list[float]:
+    """Each node's weight in rule 9's share when the nodes have ``donors`` donors each: its donors
+    plus the mean, so that, where every node asks more than its share, half of the budget is shared
+    equally among the nodes and half among the donors (decision 0035). By node alone, a cheater's
+    boosters crowd its users out of a share that stays the same; by donor alone, a flood of any
+    nodes' donors shrinks every other node's share without bound. Half and half, a node keeps at
+    least half an equal share, and a booster dilutes the network's donors, not its cheater's."""
+    mean = sum(donors) / len(donors) if donors else 0.0
+    return [d + mean for d in donors]
+
+
+def share_level(demands: Sequence[int], budget: int, weights: Sequence[float] | None = None) -> float:
+    """The most each node may spend of ``budget`` per unit of its weight (all 1 when ``weights``
+    is None) when nodes ask ``demands``: every node asking less than that times its weight gets all
+    it asks, and the rest share what is left in proportion to their weights (weighted max-min
+    fair); infinite when everything fits."""
+    w = [1.0] * len(demands) if weights is None else list(weights)
+    left, rest = float(budget), sum(w)
+    for d, wi in sorted(zip(demands, w, strict=True), key=lambda x: x[0] / x[1]):
+        level = left / rest
+        if d > level * wi:
+            return level
         left -= d
+        rest -= wi
     return float("inf")
 
 
