@@ -235,12 +235,17 @@ def within_capacity(counted: Sequence[Counted], rng: random.Random, budget: int 
     every transcript costs more than its share is not left out, nor can its or a flood's long ones
     make the round cost more than ``budget`` on average); kept in their given order. All of them
     when they fit. Each node's draw from a stream of its own (one key drawn from ``rng`` a call,
-    and the node id): another node's transcripts move it only through the share level."""
+    and the node id): another node's transcripts move it only through its share (the level and,
+    with their donors, its weight)."""
     by_node: dict[bytes, list[int]] = {}
     for i, c in enumerate(counted):
         by_node.setdefault(c.node_id, []).append(i)
     costs = [cost(c.transcript) for c in counted]
-    weights = node_weights([len({counted[i].donor for i in idx}) for idx in by_node.values()])
+    nodes_of: dict[bytes, set[bytes]] = {}
+    for c in counted:
+        nodes_of.setdefault(c.donor, set()).add(c.node_id)
+    weights = node_weights([sum(1 / len(nodes_of[d]) for d in {counted[i].donor for i in idx})
+                            for idx in by_node.values()])
     level = share_level([sum(costs[i] for i in idx) for idx in by_node.values()], budget, weights)
     donors = [c.donor for c in counted]
     key = rng.randbytes(16)
@@ -327,10 +332,12 @@ def donor_order(indices: Sequence[int], donors: Sequence[bytes], rng: random.Ran
     return [by_donor[d][k] for k in range(most) for d in order if k < len(by_donor[d])]
 
 
-def node_weights(donors: Sequence[int]) -> list[float]:
+def node_weights(donors: Sequence[float]) -> list[float]:
     """Each node's weight in rule 9's share when the nodes have ``donors`` donors each: its donors
     plus the mean, so that, where every node asks more than its share, half of the budget is shared
-    equally among the nodes and half among the donors (decision 0035). By node alone, a cheater's
+    equally among the nodes and half among the donors (decision 0035). A donor of several nodes'
+    transcripts counts for each of them as a part of one (:func:`within_capacity`): one registered
+    identity weighs one, however many nodes it hands in transcripts of. By node alone, a cheater's
     boosters crowd its users out of a share that stays the same; by donor alone, a flood of any
     nodes' donors shrinks every other node's share without bound. Half and half, a node keeps at
     least half an equal share, and a booster dilutes the network's donors, not its cheater's."""
