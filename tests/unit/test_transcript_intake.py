@@ -327,7 +327,8 @@ def _boosted_round() -> list[Counted]:
     beside 7 other nodes with 40 honest transcripts each: the budget binds."""
     users = [_reply_of(CHEATER, bytes([0xe0 + u]) * 20, 5, 0) for u in range(2)]
     boosters = [_reply_of(CHEATER, bytes([0x40 + b]) * 20, 300, i) for b in range(30) for i in range(4)]
-    others = [_reply_of(bytes([0x20 + n]) * 20, bytes([0x90 + d]) * 20, 300, 0) for n in range(7) for d in range(40)]
+    others = [_reply_of(bytes([0x20 + n]) * 20, bytes([0x20 + n, *[0x90 + d] * 19]), 300, 0)  # donors of their own
+              for n in range(7) for d in range(40)]
     return [*boosters, *users, *others]
 
 
