@@ -93,8 +93,11 @@ def test_what_the_design_promises(out: dict[str, Any]) -> None:
     for kind in ("plain", "restart", "busy", "flood"):
         assert f[f"transcripts_rho25_honest_{kind}_untrusted_nodes"] == 0
     # (not "no epoch changed by another node" with transcripts: a verifier's budget is shared among
-    # the nodes, max-min fairly (rule 9, decision 0033), so one node's transcripts move the others'
-    # draws; no node's share falls under budget / nodes, and none of them is untrusted, above)
+    # the nodes by their donors too (rule 9, decisions 0033, 0035), so one node's transcripts move the
+    # others' shares and draws; no node's share falls under half of budget / nodes, none of them is
+    # untrusted, above, and no node's faults ever decide whether another is trusted)
+    assert f["transcripts_rho25_honest_epochs_trust_changed_by_another_node"] == 0
+    assert 0 <= f["transcripts_rho25_honest_max_reputation_change_by_another_node"] < 0.1
     # since decision 0026 (personas, 15-minute epochs) the donated view's detector is weak: a
     # selective cheater or a forwarder acting on it is caught by challenges alone
     for cheat in ("selective_donated", "forwarder_donated"):

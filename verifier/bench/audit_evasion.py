@@ -1694,6 +1694,8 @@ def run_honest(seeds: Sequence[int], epochs: int, scores: ScoreTable, view: View
     burnt: dict[str, int] = {b: 0 for b in FAULTS}
     scored = 0
     interfered = {r: 0 for r in rates}
+    shift = {r: 0 for r in rates}  # the most one plain node's R moved by another's faults (millionths)
+    flipped = {r: 0 for r in rates}  # epochs in which another's faults changed whether a plain node is trusted
     empty = sends = replies = node_epochs = 0
     runs = {r: 0 for r in rates}
     for seed in seeds:
@@ -1722,6 +1724,9 @@ def run_honest(seeds: Sequence[int], epochs: int, scores: ScoreTable, view: View
             plain = [s.name for s in specs if s.behaviour == "honest"]
             for e in range(epochs):
                 interfered[r] += any(res.reputation[n][e] != twin.reputation[n][e] for n in plain)
+                flipped[r] += any((res.reputation[n][e] < TRUST_LINE) != (twin.reputation[n][e] < TRUST_LINE)
+                                  for n in plain)
+                shift[r] = max(shift[r], *(abs(res.reputation[n][e] - twin.reputation[n][e]) for n in plain))
     n_nodes = len(seeds) * per_kind
     pre = rho_prefix(rho)
     for b in FAULTS:
@@ -1735,6 +1740,8 @@ def run_honest(seeds: Sequence[int], epochs: int, scores: ScoreTable, view: View
     f[f"{pre}honest_nodes_per_kind"] = float(runs[rho] * per_kind)
     f["honest_epochs_changed_by_another_node"] = float(interfered[0.0])
     f[f"{pre}honest_epochs_changed_by_another_node"] = float(interfered[rho])
+    f[f"{pre}honest_epochs_trust_changed_by_another_node"] = float(flipped[rho])
+    f[f"{pre}honest_max_reputation_change_by_another_node"] = shift[rho] / 1e6
     f["honest_epochs_not_applied"] = float(empty)
     per = VERIFIERS * node_epochs
     f["cost_challenges_sent_per_verifier_node_epoch"] = sends / per
