@@ -71,9 +71,9 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
                         "by their donors (decisions 0033, 0035). "
                         "Default: 49152 per --audit-threads, about 8 minutes of one llama.cpp thread of a 2-core "
                         "cloud machine on users' typical transcripts, 10 on long ones, within a 15-minute epoch "
-                        "(docs/benchmarks.md \"transcript-scoring\"). The audits need about 12288 a model node "
-                        "(one --audit-threads for every 4 nodes; decision 0034); the verifier warns when it has "
-                        "less. Raise it only with the capacity to score it (a faster host, more threads)")
+                        "(docs/benchmarks.md \"transcript-scoring\"). The audits need about 6144 a model node "
+                        "(one --audit-threads for every 8 nodes; decisions 0034, 0035); the verifier warns when it "
+                        "has less. Raise it only with the capacity to score it (a faster host, more threads)")
     p.add_argument("--challenge-prompts", metavar="FILE", default=None,
                    help="this operator's own secret challenge prompts: JSON Lines, one conversation a line, "
                         '{"messages": [{"role": "system"|"user"|"assistant", "content": "..."}, ...]} (replies '

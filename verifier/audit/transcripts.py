@@ -89,7 +89,7 @@ The rules, and the framer each one stops:
    flood) change what is drawn of a node only through its share, which moves with the round's
    donors (decision 0034, 0035). The budget is the
    verifier's capacity, and the audits need about :data:`NODE_BUDGET` of it a node: the audit loop
-   warns, naming the flags, when its budget leaves the nodes less (decision 0034).
+   warns, naming the flags, when its budget leaves the nodes less (decisions 0034, 0035).
 
 What is left to a framer: choosing prompts (before the reply) on which honest replies score
 badly; the score is calibrated per reply (decision 0013 §5: honest z has sd 0.91 over real
@@ -145,7 +145,7 @@ SCORE_BUDGET = 16_384  # rule 8: cost (about tokens) of a donor's transcripts sc
 ROUND_BUDGET = 49_152  # rule 9: cost of the transcripts a verifier scores a round (mean), per scoring thread
 RESERVE_DIVISOR = 4  # rule 9: a quarter of the budget waits for the second draw (suspect nodes)
 SUSPECT_EPOCHS = 3  # rule 9: a suspect stays one for this many rounds after the last that found it
-NODE_BUDGET = 12_288  # rule 9: the share of a budget a node needs a round for the audits' goals (decision 0034)
+NODE_BUDGET = 6_144  # rule 9: the share of a budget a node needs a round for the audits' goals (decisions 0034, 0035)
 MAX_PER_NODE = 4  # counted transcripts per donor, node and epoch
 MAX_DONORS = 4096  # donors with open commitments at once, per verifier
 CARRY_EPOCHS = 4  # a verifier holds a node's transcript scores this many epochs for the chain's minimum
