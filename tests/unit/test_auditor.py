@@ -854,12 +854,13 @@ def test_the_report_caps_a_nodes_replies_by_their_pooled_z_and_no_other_nodes() 
 
 def test_a_plan_saved_before_replies_kept_their_z_is_taken_back() -> None:
     """A plan file of format 2 (no z, one turn per entry) restores, its replies unpooled; one of
-    format 3 (no personas) restores with every challenge as persona 0."""
+    format 3 (no personas) restores with every challenge as persona 0; one of format 4 (no
+    suspects) with none."""
     a = auditor(3)
     a.plan(view(), START)
     run_sends(a, committed(3), range(START, REPORT_FROM), lambda s, h: reply(s.node_id, s.index))
-    version, chain_id, pk, body = msgpack.unpackb(a.snapshot(), raw=False)
-    assert version == 4
+    version, chain_id, pk, body, suspected = msgpack.unpackb(a.snapshot(), raw=False)
+    assert version == 5 and suspected == []
     rows = body[-1]
     body[-1] = [row[:-3] for row in rows]  # as format 2 wrote them
     old: bytes = msgpack.packb([2, chain_id, pk, body], use_bin_type=True)

@@ -554,3 +554,33 @@ def test_kind_3_is_signed_by_this_verifiers_key() -> None:
     assert at.decode_audit_tx(sub.raw, "audit-test").validator_pk == PKS[0] == SigningKey.from_bytes(SEEDS[0]).public_bytes
     with pytest.raises(TxError, match="signature"):
         at.decode_audit_tx(sub.raw, "another-chain")
+
+
+def test_a_restarted_verifier_still_knows_its_suspects() -> None:
+    """Rule 9's suspects are saved with the plan: a verifier restarted the round after it found a
+    suspect still gives that node the second draw (a cheater gains nothing by a verifier's restart),
+    and a saved list that is not [node id, round] pairs is refused with the plan."""
+    from overlay.directory.registration import pack
+    from verifier.audit.auditor import _PLAN_VERSION
+    from verifier.audit.transcripts import cost
+
+    n1, n2 = b"\x0a" * 20, b"\x0b" * 20
+    spare = tuple(_reply_of(n, bytes([d]) * 20, 300, 0) for n in (n1, n2) for d in range(1, 11))
+    per = cost(spare[0].transcript)
+    calm = [(n1, b"\x01" * 20, 0.5), (n2, b"\x02" * 20, 1.0)]
+    a = auditor(0)
+    a.second_draw(ScoreTranscripts(3, (), spare, 4 * per), [(n1, b"\x01" * 20, 9.0)])
+    assert a.changed  # the driver writes the plan file
+    saved = a.snapshot()
+    b = auditor(0)
+    assert b.restore(saved)
+    assert {c.node_id for c in b.second_draw(ScoreTranscripts(4, (), spare, 4 * per), calm)} == {n1}
+    fresh = auditor(0)  # what a restart without them would draw: the reserve to every node alike
+    assert sorted(c.node_id for c in fresh.second_draw(ScoreTranscripts(4, (), spare, 4 * per), calm)) == \
+        [n1, n1, n2, n2]
+    for bad in ([[n1[:5], 3]], [[n1, -1]], [[n1, "3"]], [n1], "x", [[n1, 3]] * 5000):
+        c = auditor(0)
+        assert not c.restore(pack([_PLAN_VERSION, a.chain_id, a.public_key, None, bad])), bad
+        assert {x.node_id for x in c.second_draw(ScoreTranscripts(4, (), spare, 4 * per), calm)} == {n1, n2}
+    old = pack([4, a.chain_id, a.public_key, None])  # a plan file from before suspects were saved
+    assert auditor(0).restore(old) and not auditor(0).restore(pack([4, a.chain_id, a.public_key, None, []]))

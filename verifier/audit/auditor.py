@@ -42,7 +42,8 @@ verifiers' reports (:mod:`verifier.audit.chain`). Two layers, as everywhere in t
 
   The plan is kept in memory and written (:meth:`Auditor.snapshot`, ``DATA_DIR/audit-plan.msgpack``,
   mode 0600) before its commit is sent, and after each outcome, so a restarted verifier reports
-  the plan it committed (:meth:`Auditor.restore`).
+  the plan it committed (:meth:`Auditor.restore`); rule 9's suspect nodes go in the same file, so a
+  restart does not give a suspect cheater a round without its second draw.
 - :class:`AuditDriver`, the **thin trio driver**: it polls the verifier's own CometBFT RPC
   (``/abci_query`` ``/audit``, about once a block), sends challenges through the overlay's
   anonymous request API, the very code users run, to ONE node with no failover, over the paths
@@ -84,7 +85,7 @@ from overlay.directory.rpc import Rpc, RpcError, abci_query, broadcast_tx_sync, 
 from overlay.wire import failures
 from overlay.wire.clock import Clock, TrioClock
 from overlay.wire.constants import REPUTATION_SCALE
-from overlay.wire.identity import short_id
+from overlay.wire.identity import NODE_ID_LEN, short_id
 from overlay.wire.messages import ChatMessage
 from verifier.audit.challenges import ChallengeError, ChallengeGenerator
 
@@ -112,9 +113,10 @@ POOL_SAVE_S = 30.0  # the donation pool is written at most this often (a used pr
 GENERATOR_WARNING = ("challenges from the built-in generator are recognisable by a cheating node "
                      "(docs/threat-model.md); ask users to --donate-prompts, or give this verifier private "
                      "prompts with --challenge-prompts")
-_PLAN_VERSION = 4  # 2: outcomes as their transaction bytes, no in-flight flag; 3: each reply's z, earlier turns;
-# 4: each challenge's persona
-_PLAN_VERSIONS = (2, 3, 4)  # what restore takes
+_PLAN_VERSION = 5  # 2: outcomes as their transaction bytes, no in-flight flag; 3: each reply's z, earlier turns;
+# 4: each challenge's persona; 5: rule 9's suspects after the plan
+_PLAN_VERSIONS = (2, 3, 4, 5)  # what restore takes
+MAX_SUSPECTS = 4096  # suspect nodes a saved plan may carry (a node is one for at most SUSPECT_EPOCHS + 1 rounds)
 OPENING_ROOM = (1024 * 1024 - 4096) // 4  # bytes a plan's openings may take of its report (tx.MAX_REPORT_BYTES)
 GENERATED_OPENING_BYTES = 512  # room kept for each challenge still to plan (a generated opening takes < 400)
 PERSONAS = 4  # user-like senders a verifier's challenges of an epoch are spread over, each on its own held
@@ -479,6 +481,18 @@ def _finite(value: Any) -> float:
     return z
 
 
+def _suspects(value: Any) -> dict[bytes, int]:
+    """A saved plan's rule-9 suspects, ``[[node id, last round a suspect], ...]``, strictly."""
+    if not isinstance(value, list) or len(value) > MAX_SUSPECTS:
+        raise ValueError(f"suspects: a list of at most {MAX_SUSPECTS} expected")
+    out: dict[bytes, int] = {}
+    for node, epoch in value:
+        if not isinstance(node, bytes) or len(node) != NODE_ID_LEN or type(epoch) is not int or epoch < 0:
+            raise ValueError("suspects: [node id, round] pairs expected")
+        out[node] = epoch
+    return out
+
+
 def _score_carry() -> ScoreCarry:
     from verifier.audit.transcripts import ScoreCarry
 
@@ -516,7 +530,7 @@ class Auditor:
     _warned: set[tuple[Any, ...]] = field(default_factory=set)
     _scores: Submit | None = None  # the latest transcript scores, handed out again after a network error
     _carry: ScoreCarry = field(default_factory=_score_carry)  # scores held for the chain's minimum
-    _suspected: dict[bytes, int] = field(default_factory=dict)  # node -> last round a suspect (rule 9; in memory)
+    _suspected: dict[bytes, int] = field(default_factory=dict)  # node -> last round a suspect (rule 9; saved)
     _revealed: dict[int, frozenset[bytes]] = field(default_factory=dict)  # epoch -> prompt keys its reports revealed
     _revealed_all: frozenset[bytes] | None = None  # their union (None: to be made again after a change)
 
@@ -704,7 +718,9 @@ class Auditor:
         (:func:`~verifier.audit.transcripts.second_draw`)."""
         from verifier.audit.transcripts import remembered, second_draw, suspects
 
+        before = dict(self._suspected)
         suspect = remembered(self._suspected, action.epoch, suspects(scored))
+        self.changed |= self._suspected != before  # saved with the plan: a restart keeps them
         more = second_draw(action.spare, suspect, self.rng, action.reserve)
         if more:
             log.info("audit: epoch %d: %d suspect nodes; scoring %d more users' transcripts, %d of them theirs",
@@ -945,13 +961,14 @@ class Auditor:
 
         self.changed = False
         p = self.current
+        suspected = [[node, epoch] for node, epoch in sorted(self._suspected.items())]
         if p is None:
-            return pack([_PLAN_VERSION, self.chain_id, self.public_key, None])
+            return pack([_PLAN_VERSION, self.chain_id, self.public_key, None, suspected])
         return pack([_PLAN_VERSION, self.chain_id, self.public_key,
                      [p.epoch, list(p.models), p.salt, p.commit_until, p.report_from, p.end_height, p.fixes,
                       [[e.node_id, e.opening.to_wire(), e.send_at, e.tries,
                         None if e.outcome is None else pack(e.outcome.to_wire()), e.last, e.zs,
-                        [pack(r.to_wire()) for r in e.replies], e.persona] for e in p.entries]]])
+                        [pack(r.to_wire()) for r in e.replies], e.persona] for e in p.entries]], suspected])
 
     def restore(self, raw: bytes) -> bool:
         """Take back a :meth:`snapshot` of this verifier on this chain (True); a challenge that was
@@ -961,10 +978,15 @@ class Auditor:
         from verifier.audit.tx import Opening, decode_outcome
 
         try:
-            version, chain_id, pk, body = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+            version, chain_id, pk, body, *rest = msgpack.unpackb(raw, raw=False, strict_map_key=True)
             if version not in _PLAN_VERSIONS or chain_id != self.chain_id or pk != self.public_key:
                 return False
+            if version < 5 and rest:
+                raise ValueError(f"a version {version} plan has {4 + len(rest)} fields, not 4")
+            (saved,) = rest if version >= 5 else ([],)  # before version 5: no suspects saved
+            suspected = _suspects(saved)
             if body is None:
+                self._suspected = suspected
                 return True
             epoch, models, salt, commit_until, report_from, end_height, fixes, entries = body
             if version < 3:  # before decisions 0023 and 0025: no z kept, one turn a challenge
@@ -981,6 +1003,7 @@ class Auditor:
             log.warning("audit: the saved plan does not decode (%s: %s); ignored", type(exc).__name__, exc)
             return False
         self.current = plan
+        self._suspected = suspected
         keys = [k for e in plan.entries for k in e.opening.prompt_keys()]
         self.generator.mark_used(keys=keys)  # revealed with its report: never a later challenge's
         if self.corpus is not None:  # its private prompts are used, whatever the corpus's file says

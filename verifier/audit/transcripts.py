@@ -80,8 +80,8 @@ The rules, and the framer each one stops:
    sets lies as far from sampling as rule 7 looks for (:func:`suspects`) share it, more of their
    donors' transcripts drawn the same way; so boosters that crowd a cheater's share leave its users'
    sets a second chance, and a framer's set on an honest node brings more of its users' in; a
-   suspect stays one for :data:`SUSPECT_EPOCHS` more rounds (:func:`remembered`; held in memory,
-   a restart forgets them); what the suspects leave of the reserve goes to every node as the first
+   suspect stays one for :data:`SUSPECT_EPOCHS` more rounds (:func:`remembered`; the audit loop
+   saves them with its plan, so a restart keeps them); what the suspects leave of the reserve goes to every node as the first
    draw's did. Each
    node's draw (and each donor's, rule 8) comes from a stream of its own, keyed by the round's
    secret and its id, and each draw takes the same randomness from the verifier's generator
