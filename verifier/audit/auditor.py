@@ -981,10 +981,9 @@ class Auditor:
             version, chain_id, pk, body, *rest = msgpack.unpackb(raw, raw=False, strict_map_key=True)
             if version not in _PLAN_VERSIONS or chain_id != self.chain_id or pk != self.public_key:
                 return False
-            if version < 5 and rest:
-                raise ValueError(f"a version {version} plan has {4 + len(rest)} fields, not 4")
-            (saved,) = rest if version >= 5 else ([],)  # before version 5: no suspects saved
-            suspected = _suspects(saved)
+            if len(rest) != (version >= 5):  # rule 9's suspects follow the plan from version 5
+                raise ValueError(f"a version {version} plan with {4 + len(rest)} fields")
+            suspected = _suspects(rest[0] if rest else [])
             if body is None:
                 self._suspected = suspected
                 return True

@@ -81,8 +81,8 @@ The rules, and the framer each one stops:
    donors' transcripts drawn the same way; so boosters that crowd a cheater's share leave its users'
    sets a second chance, and a framer's set on an honest node brings more of its users' in; a
    suspect stays one for :data:`SUSPECT_EPOCHS` more rounds (:func:`remembered`; the audit loop
-   saves them with its plan, so a restart keeps them); what the suspects leave of the reserve goes to every node as the first
-   draw's did. Each
+   saves them with its plan, so a restart keeps them); what the suspects leave of the reserve goes
+   to every node as the first draw's did. Each
    node's draw (and each donor's, rule 8) comes from a stream of its own, keyed by the round's
    secret and its id, and each draw takes the same randomness from the verifier's generator
    whatever the round holds: another node's transcripts (a restart voiding its users' sets, a
