@@ -127,7 +127,7 @@ def test_the_benchs_verifiers_score_within_their_budget_as_the_audit_loop_draws(
     """Decision 0034: the bench's verifiers score what rules 8 and 9 draw, not every counted
     transcript. Two honest nodes whose users donate everything (20 transcripts a node and round
     at 256 tokens: about 5,000 of cost) fit a verifier's budget alone; in a network of
-    SCORING_NETWORK_NODES such nodes they do not, so each verifier scores a share of them, a
+    SCORING_NETWORK_NODES such nodes they do not (at one --audit-threads), so each verifier scores a share of them, a
     sample of its own. Unbudgeted, every verifier scores every counted transcript. Fails when the
     bench scores everything, when the network's other nodes are left out of the draw, or when a
     reply weighs as the few token ids it carries rather than as long as it is."""
@@ -135,8 +135,8 @@ def test_the_benchs_verifiers_score_within_their_budget_as_the_audit_loop_draws(
     whole = run(scores, specs, 4, rho=1.0, budgeted=False)
     counted = sum(whole.counted.values())
     assert counted > 0 and whole.scored == ae.VERIFIERS * counted
-    drawn = run(scores, specs, 4, rho=1.0)
+    drawn = run(scores, specs, 4, rho=1.0, threads=1)  # one --audit-threads: the budget binds
     assert sum(drawn.counted.values()) == counted  # the same transcripts count ...
-    share = ae.VERIFIERS * 2 * 3 * tr.ROUND_BUDGET * ae.SCORING_THREADS / ae.SCORING_NETWORK_NODES / 256
+    share = ae.VERIFIERS * 2 * 3 * tr.ROUND_BUDGET / ae.SCORING_NETWORK_NODES / 256
     assert 0 < drawn.scored < whole.scored / 2 and drawn.scored < 2 * share  # ... a share of them is scored
     assert min(min(r) for r in drawn.reputation.values()) >= 500_000  # honest nodes stay trusted on fewer

@@ -133,7 +133,7 @@ import numpy as np
 
 from overlay.wire.messages import ChatMessage, SamplingParams
 from verifier.audit import chain
-from verifier.audit.transcripts import MAX_PER_NODE
+from verifier.audit.transcripts import MAX_PER_NODE, NODE_BUDGET, ROUND_BUDGET
 from verifier.audit.tx import MAX_TURNS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -215,7 +215,9 @@ SCORE_S = 0.877  # docs/benchmarks.md "verify": one-pass scoring, 877 ms a verif
 MEASURED_MAX_TOKENS = 128  # the scores file's replies were asked for this many tokens (its settings say so)
 SCORING_NETWORK_NODES = 32  # rule 9 (decision 0033): a verifier's budget is shared among this many nodes: a run's
 # and, up to this many, other honest ones (ChainRun._others; part B's 32; transcript-scoring's network)
-SCORING_THREADS = 1  # --audit-threads: a verifier's budget is ROUND_BUDGET times this (the default, 1)
+SCORING_THREADS = -(-NODE_BUDGET * SCORING_NETWORK_NODES // ROUND_BUDGET)  # --audit-threads: a verifier's budget
+# is ROUND_BUDGET times this; sized as docs/committee.md "Sizing a verifier" asks (NODE_BUDGET a node: 4 for 32
+# nodes; decision 0036); the CLI's default of 1 thread is measured in docs/benchmarks.md (decisions 0034, 0035)
 
 
 class BenchError(Exception):
@@ -1025,7 +1027,8 @@ class ChainRun:
                  epoch_blocks: int, k: int, rho: float = 0.0, framers: int = 0, frame_from: int = 0,
                  cache: dict[int, Any] | None = None, framer_scores: ShortReplies | None = None,
                  pooled: bool = POOLED, by_donor: bool = BY_DONOR, boosters: int = 0,
-                 unrecognised_only: bool = False, budgeted: bool = BUDGETED) -> None:
+                 unrecognised_only: bool = False, budgeted: bool = BUDGETED,
+                 threads: int = SCORING_THREADS) -> None:
         """``rho``: the share of the nodes' users' requests donated as transcripts; ``framers``:
         one-shot framing identities per epoch from ``frame_from`` against the first honest node;
         ``cache``: the validators' plans and reports by epoch, shared by runs of the same seed and
@@ -1035,12 +1038,12 @@ class ChainRun:
         committing BOOST_COMMITS requests to it an epoch, which it serves honestly (part G);
         ``unrecognised_only``: part I's what-if (:func:`unrecognised_only`); ``budgeted``: each
         verifier scores what rules 8 and 9 of :mod:`verifier.audit.transcripts` draw within a
-        budget of ROUND_BUDGET × SCORING_THREADS, shared with the network's other nodes
-        (:meth:`_others`), as the audit loop draws it (False: every counted transcript, as the
-        bench had it before decision 0034)."""
+        budget of ROUND_BUDGET × ``threads`` (its ``--audit-threads``), shared with the network's
+        other nodes (:meth:`_others`), as the audit loop draws it (False: every counted transcript,
+        as the bench had it before decision 0034)."""
         from overlay.wire import crypto
         from overlay.wire.identity import node_id_of
-        from verifier.audit.transcripts import ROUND_BUDGET, ScoreCarry, TranscriptBook
+        from verifier.audit.transcripts import ScoreCarry, TranscriptBook
 
         self.seed, self.scores, self.default_view, self.k = seed, scores, default_view, k
         self.pooled = pooled  # decision 0023's cap (False: the figures as they were before it)
@@ -1056,7 +1059,7 @@ class ChainRun:
         self.carries = [ScoreCarry() for _ in range(VERIFIERS)]
         self.draws = [_seeded("draws", seed, v) for v in range(VERIFIERS)]
         self.suspected: list[dict[bytes, int]] = [{} for _ in range(VERIFIERS)]
-        self.budget = ROUND_BUDGET * SCORING_THREADS if budgeted else None
+        self.budget = ROUND_BUDGET * threads if budgeted else None
         # the network's other nodes, when this run has fewer (:meth:`_others`)
         self.others = [_seeded("other node", seed, j).randbytes(20) for j in range(SCORING_NETWORK_NODES - len(specs))]
         self.ids: dict[int, tuple[int, ...]] = {}  # a reply's token ids by its length (their values unused)
@@ -1696,7 +1699,8 @@ def run_honest(seeds: Sequence[int], epochs: int, scores: ScoreTable, view: View
     interfered = {r: 0 for r in rates}
     shift = {r: 0 for r in rates}  # the most one plain node's R moved by another's faults (millionths)
     flipped = {r: 0 for r in rates}  # epochs in which another's faults changed whether a plain node is trusted
-    empty = sends = replies = node_epochs = 0
+    sends = replies = node_epochs = 0
+    empty = {r: 0 for r in rates}  # epochs whose outcome is not `applied`
     runs = {r: 0 for r in rates}
     for seed in seeds:
         cache: dict[int, Any] = {}
@@ -1707,9 +1711,9 @@ def run_honest(seeds: Sequence[int], epochs: int, scores: ScoreTable, view: View
             runs[r] += 1
             res = ChainRun(seed, specs, scores, view, epoch_blocks, k, rho=r, cache=cache).run(epochs)
             twin = ChainRun(seed, twin_specs, scores, view, epoch_blocks, k, rho=r, cache=twin_cache).run(epochs)
+            empty[r] += sum(s != "applied" for s in res.statuses)
             if r <= 0:
                 sends, replies, node_epochs = sends + res.sends, replies + res.replies, node_epochs + res.node_epochs
-                empty += sum(s != "applied" for s in res.statuses)
             else:
                 scored += res.scored
             for s in specs:
@@ -1742,7 +1746,8 @@ def run_honest(seeds: Sequence[int], epochs: int, scores: ScoreTable, view: View
     f[f"{pre}honest_epochs_changed_by_another_node"] = float(interfered[rho])
     f[f"{pre}honest_epochs_trust_changed_by_another_node"] = float(flipped[rho])
     f[f"{pre}honest_max_reputation_change_by_another_node"] = shift[rho] / 1e6
-    f["honest_epochs_not_applied"] = float(empty)
+    f["honest_epochs_not_applied"] = float(empty[0.0])
+    f[f"{pre}honest_epochs_not_applied"] = float(empty[rho])
     per = VERIFIERS * node_epochs
     f["cost_challenges_sent_per_verifier_node_epoch"] = sends / per
     f["cost_replies_scored_per_verifier_node_epoch"] = replies / per
@@ -2106,10 +2111,13 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
     goals["transcripts_honest_trusted"] = {
         "goal": f"with transcripts at {RHO_HONEST:.0%}: 0 honest nodes (with faults) untrusted over {honest_epochs} epochs",
         "value": t_untrusted, "met": t_untrusted == 0}
+    meddled = f[f"{pre}honest_epochs_trust_changed_by_another_node"] + f[f"{pre}honest_epochs_not_applied"]
     goals["transcripts_no_interference"] = {
-        "goal": f"with transcripts at {RHO_HONEST:.0%}: 0 epochs in which one node's outcome changed another's",
-        "value": f[f"{pre}honest_epochs_changed_by_another_node"],
-        "met": f[f"{pre}honest_epochs_changed_by_another_node"] == 0}
+        "goal": f"with transcripts at {RHO_HONEST:.0%}: 0 epochs in which one node's faults changed whether another "
+                f"is trusted, 0 epochs not applied (the issue's: no epoch aborted by one node; decision 0036: rule 9 "
+                f"shares a bounded budget, so another node's faults may move R a little, "
+                f"{pre}honest_epochs_changed_by_another_node counts the epochs)",
+        "value": meddled, "met": meddled == 0}
     f[f"{pre}cost_transcripts_cpu_s_per_verifier_node_epoch"] = (
         f[f"{pre}cost_transcripts_scored_per_verifier_node_epoch"] * SCORE_S)
     for rho in RHOS:
