@@ -276,27 +276,51 @@ def test_the_loop_scores_a_round_within_this_verifiers_budget_node_by_node() -> 
     assert isinstance(whole, ScoreTranscripts) and list(whole.counted) == round_ and whole.spare == ()
 
 
+def _sizing_warnings(caplog: pytest.LogCaptureFixture, round_: list[Counted], budget: int,
+                     listed: tuple[bytes, ...]) -> tuple[Any, list[str]]:
+    caplog.clear()
+    a = auditor(0, transcripts=StubBook({0: round_}), transcript_budget=budget)
+    with caplog.at_level("WARNING", logger="gentorrent.audit"):
+        acts = a.plan(view(committed=(a.public_key,), reported=(a.public_key,), nodes=((MODEL, listed),)),
+                      REPORT_FROM + 1)
+    return acts, [r.getMessage() for r in caplog.records if "raise --audit-threads" in r.getMessage()]
+
+
 def test_a_verifier_whose_budget_is_too_small_for_the_network_says_what_to_raise(caplog: pytest.LogCaptureFixture) -> None:
     """Rule 9 shares the budget among the nodes; below NODE_BUDGET a node (decision 0034: less,
     and the bench audit-evasion's cheaters last longer or a cheater's boosters save it) the loop
-    warns with the flags and the budget the nodes need, each round it binds; at NODE_BUDGET a node,
+    warns with the flags and the budget the nodes need, each round; at NODE_BUDGET a node,
     binding or not, it does not."""
     from verifier.audit.transcripts import NODE_BUDGET, cost
 
-    nodes = [bytes([0x20 + j]) * 20 for j in range(2)]
+    nodes = (bytes([0x20]) * 20, bytes([0x21]) * 20)
     round_ = [counted(n, f"question {i} " + "w" * 6000, donor=bytes([i]) * 20) for n in nodes for i in range(10)]
     assert sum(cost(c.transcript) for c in round_) > 2 * NODE_BUDGET  # the budget binds either way
     for budget, warned in ((2 * NODE_BUDGET - 1, True), (2 * NODE_BUDGET, False)):
-        caplog.clear()
-        a = auditor(0, transcripts=StubBook({0: round_}), transcript_budget=budget)
-        with caplog.at_level("WARNING", logger="gentorrent.audit"):
-            (act,) = a.plan(reported(a), REPORT_FROM + 1)
+        (act,), said = _sizing_warnings(caplog, round_, budget, nodes)
         assert isinstance(act, ScoreTranscripts) and act.spare
-        said = [r.getMessage() for r in caplog.records if "raise --audit-threads" in r.getMessage()]
         assert bool(said) is warned, (budget, said)
         if warned:
-            assert f"each of the 2 nodes with transcripts about {budget // 2}" in said[0]
+            assert f"each of the 2 nodes (listed on the chain or with transcripts) about {budget // 2}" in said[0]
             assert f"--transcript-budget to {2 * NODE_BUDGET}" in said[0]
+
+
+def test_a_verifier_sized_for_this_rounds_nodes_only_still_warns(caplog: pytest.LogCaptureFixture) -> None:
+    """The chain lists 5 nodes of the model, this round's transcripts are of 2 and fit a budget of
+    2 × NODE_BUDGET: a cheater's boosters can make the budget bind in any round, so the loop
+    warns, naming 5 nodes, though nothing is left out this round; at 5 × NODE_BUDGET it does not.
+    Fails when the warning counts the round's nodes only, or fires only when the budget binds."""
+    from verifier.audit.transcripts import NODE_BUDGET
+
+    nodes = (bytes([0x20]) * 20, bytes([0x21]) * 20)
+    listed = (*nodes, *(bytes([0x30 + j]) * 20 for j in range(3)))
+    small = [counted(n, f"question {i}", donor=bytes([i]) * 20) for n in nodes for i in range(2)]
+    (act,), said = _sizing_warnings(caplog, small, 2 * NODE_BUDGET, listed)
+    assert isinstance(act, ScoreTranscripts) and not act.spare  # everything fits this round ...
+    assert len(said) == 1 and f"each of the 5 nodes (listed on the chain or with transcripts) about " \
+        f"{2 * NODE_BUDGET // 5}" in said[0] and f"--transcript-budget to {5 * NODE_BUDGET}" in said[0]  # ... yet
+    (act,), said = _sizing_warnings(caplog, small, 5 * NODE_BUDGET, listed)
+    assert isinstance(act, ScoreTranscripts) and said == []
 
 
 CHEATER = b"\x0c" * 20

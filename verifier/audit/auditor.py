@@ -636,7 +636,7 @@ class Auditor:
         self._started = {k for k in self._started if k[1] >= view.epoch}
         out: list[Action] = []
         if self.public_key in view.reported and height <= view.end_height:
-            out.extend(self._transcripts(view.epoch))
+            out.extend(self._transcripts(view))
         committed = self.public_key in view.committed
         if p is None and not committed and height < view.commit_until:
             p = self.current = self._make_plan(view)
@@ -669,9 +669,10 @@ class Auditor:
             out.append(self._report(p))
         return out
 
-    def _transcripts(self, epoch: int) -> list[Action]:
-        """Once this verifier's report of ``epoch`` is on the chain: close the book's earlier epochs
-        and score what counts (module docstring); the scores again after a network error."""
+    def _transcripts(self, view: AuditView) -> list[Action]:
+        """Once this verifier's report of ``view.epoch`` is on the chain: close the book's earlier
+        epochs and score what counts (module docstring); the scores again after a network error."""
+        epoch = view.epoch
         s = self._scores
         if s is not None and s.key[1] == epoch:
             return [s] if self._once(s.key) else []
@@ -694,13 +695,15 @@ class Auditor:
             log.warning("audit: %d counted transcripts left out of the first draw, node by node: past this "
                         "verifier's budget of %d tokens a round (--transcript-budget); %d more may be drawn for "
                         "suspect nodes", len(spare), budget, reserve)
-            nodes = len({c.node_id for c in kept})
-            if budget < NODE_BUDGET * nodes:
-                log.warning("audit: this verifier's budget of %d a round leaves each of the %d nodes with transcripts "
-                            "about %d; the audits need about %d a node, or a cheater's own registered users "
-                            "(boosters) can keep it trusted (docs/committee.md, 'Sizing a verifier'): raise "
-                            "--audit-threads or --transcript-budget to %d", budget, nodes, budget // nodes,
-                            NODE_BUDGET, NODE_BUDGET * nodes)
+        # sized for every node the chain lists of the models held, not only this round's: a cheater's
+        # boosters make the budget bind in the round they choose (decisions 0034, 0035)
+        nodes = len({c.node_id for c in kept} | {n for m in self.models for n in view.nodes_of(m)})
+        if budget < NODE_BUDGET * nodes:
+            log.warning("audit: this verifier's budget of %d a round leaves each of the %d nodes (listed on the "
+                        "chain or with transcripts) about %d; the audits need about %d a node, or a cheater's own "
+                        "registered users (boosters) can keep it trusted (docs/committee.md, 'Sizing a verifier'): "
+                        "raise --audit-threads or --transcript-budget to %d", budget, nodes, budget // nodes,
+                        NODE_BUDGET, NODE_BUDGET * nodes)
         held = tuple(first)
         if held:
             log.info("audit: epoch %d: %d users' transcripts count; scoring them", epoch, len(held))
