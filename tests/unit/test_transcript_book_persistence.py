@@ -95,6 +95,10 @@ def play(book: TranscriptBook, c: Call) -> Any:
         return book.close(c.epoch)
     if c.kind == "close_before":
         return book.close_before(c.epoch)
+    if c.kind == "take_round":
+        return book.take_round(c.epoch)
+    if c.kind == "scored_round":
+        return book.scored_round(c.epoch)
     return book.carry.add(c.epoch, c.scored)
 
 
@@ -119,7 +123,7 @@ def calls(ops: list[tuple[Any, ...]]) -> list[Call]:
                 out.append(Call("commit", donor, t.commitment(), 1, now))
             else:
                 out.append(Call(op[0], donor, t.commitment(), transcript=t))
-        elif op[0] in ("close", "close_before"):
+        elif op[0] in ("close", "close_before", "take_round", "scored_round"):
             out.append(Call(op[0], epoch=op[1]))
         elif op[0] == "carry":
             out.append(Call("carry", epoch=op[1], scored=tuple((NODES[n], s) for n, s in op[2])))
@@ -136,6 +140,8 @@ OPS = st.lists(st.one_of(
     st.tuples(st.just("no_reply"), st.integers(0, 63), st.booleans()),
     st.tuples(st.just("close"), st.integers(0, 2)),
     st.tuples(st.just("close_before"), st.integers(0, 3)),
+    st.tuples(st.just("take_round"), st.integers(0, 5)),
+    st.tuples(st.just("scored_round"), st.integers(0, 5)),
     st.tuples(st.just("carry"), st.integers(0, 8),
               st.lists(st.tuples(st.integers(0, 1), st.integers(0, 1_000_000)), max_size=5)),
 ), min_size=10, max_size=120)
@@ -309,8 +315,9 @@ def a_set(epoch: int, donor: bytes, values: list[bytes], void: str = "", at: int
 
 
 def body(sets: list[Any] | None = None, burnt: list[Any] | None = None, history: list[Any] | None = None,
-         refused: list[Any] | None = None, voided: int = 0, carry: list[Any] | None = None) -> list[Any]:
-    return [sets or [], burnt or [], history or [], refused or [], voided, carry or [0, []]]
+         refused: list[Any] | None = None, voided: int = 0, carry: list[Any] | None = None,
+         pending: list[Any] | None = None) -> list[Any]:
+    return [sets or [], burnt or [], history or [], refused or [], voided, carry or [0, []], pending or []]
 
 
 def test_the_format_is_as_documented() -> None:
@@ -349,7 +356,13 @@ def test_the_format_is_as_documented() -> None:
                                                                    b"junk"]]]]])), "a transcript in it does not decode"),
     (forge(body(carry=[0, [[NODES[0], []]]])), "held with no scores"),
     (forge(body()[:5]), "not a saved book"),
-    (forge(body(), version=2), "format version 2; this verifier reads version 1 only"),
+    (forge(body()[:6]), "not a saved book"),  # format 2 has pending rounds
+    (forge(body(), version=1), "not a saved book"),  # format 1 has none
+    (forge(body(pending=[[4, []]])), "holds no transcripts"),
+    (forge(body(pending=[[r, [[DONORS[0], NODES[0], None]]] for r in range(tr.PENDING_ROUNDS + 1)])),
+     "3 rounds in progress, over the book's limit of 2"),
+    (forge(body(pending=[[4, [[DONORS[0], NODES[0], b"junk"]]]])), "not a saved book"),
+    (forge(body(), version=3), "format version 3; this verifier reads versions 1 to 2"),
     (msgpack.packb([tr.BOOK_VERSION, b"\x00" * 32, body()], use_bin_type=True), "checksum"),
     (forge(body()) + b"\x00", "checksum"),
     (b"", "cut short"),
@@ -369,6 +382,65 @@ def test_a_transcript_that_does_not_open_its_commitment_is_refused() -> None:
     assert TranscriptBook.from_bytes(forge(body([[0, DONORS[0], "", [[t.commitment(), T0_MS, entry]]]])))
     with pytest.raises(BookError, match="does not open its commitment"):
         TranscriptBook.from_bytes(forge(body([[0, DONORS[0], "", [[b"\x01" * 32, T0_MS, entry]]]])))
+
+
+def wire_of(t: Transcript) -> list[Any]:
+    return [t.node_id, t.nonce, t.opening.encode(), t.request_id, msgpack.packb(t.reply.to_wire(), use_bin_type=True)]
+
+
+def test_a_round_in_progress_is_refused_when_it_stands_twice_or_counts_for_another_node() -> None:
+    t = transcript(1, 0, T0_MS)
+    good = [DONORS[0], NODES[0], wire_of(t)]
+    assert TranscriptBook.from_bytes(forge(body(pending=[[4, [good]]]))).pending[4][0].transcript == t
+    with pytest.raises(BookError, match="not counted for the node that signed"):
+        TranscriptBook.from_bytes(forge(body(pending=[[4, [[DONORS[0], NODES[1], wire_of(t)]]]])))
+    with pytest.raises(BookError, match="stands twice"):
+        TranscriptBook.from_bytes(forge(body(pending=[[4, [good]], [4, [good]]])))
+    with pytest.raises(BookError, match="canonical"):
+        TranscriptBook.from_bytes(forge(body(pending=[[5, [good]], [4, [good]]])))
+
+
+def test_a_book_of_format_1_loads_with_no_round_in_progress() -> None:
+    """A verifier upgraded past format 1 keeps the book its earlier version wrote."""
+    t = transcript(1, 0, T0_MS)
+    old = body([[3, DONORS[0], "", [[t.commitment(), T0_MS, wire_of(t)]]]], carry=[0, [[NODES[1], [[3, 42]]]]])[:6]
+    book = TranscriptBook.from_bytes(forge(old, version=1))
+    assert book.pending == {} and book.carry.held() and book.open_epochs() == [3]
+    assert book.take_round(4) == [tr.Counted(DONORS[0], NODES[0], t)]
+
+
+def test_a_round_taken_and_not_yet_scored_is_taken_again_by_a_restarted_verifier() -> None:
+    """The audit loop takes round 6's transcripts (they leave the open sets) and scores them for
+    most of the epoch; a verifier restarted before the scores went to the carry takes the same
+    ones again from its saved book, and none once they did. Fails when the round's transcripts
+    leave the book at the close (as before) or stay after they were scored."""
+    book = TranscriptBook()
+    for d, e in zip(DONORS[:2], (4, 5), strict=True):
+        for t in committed_set(book, d, 2, e):
+            assert book.reveal(d, t, key_of) is None
+    taken = book.take_round(6)
+    assert len(taken) == 4 and book.open_epochs() == []
+    again = restarted(book)
+    assert again.take_round(6) == taken
+    again.carry.add(6, [(NODES[0], 1)])
+    again.scored_round(6)
+    assert again.take_round(6) == [] and restarted(again).take_round(6) == []
+
+
+def test_a_round_left_unscored_is_scored_with_the_next_and_dropped_after_it() -> None:
+    """A round whose scoring never finished (the verifier was down for the rest of it) is taken
+    with the next round's transcripts, so nothing is lost to one restart; past PENDING_ROUNDS it
+    is dropped and counted, so the book does not grow while scoring keeps failing."""
+    book = TranscriptBook()
+    first = [t for t in committed_set(book, DONORS[0], 2, epoch=4) if book.reveal(DONORS[0], t, key_of) is None]
+    round5 = book.take_round(5)
+    assert [c.transcript for c in round5] == first
+    later = [t for t in committed_set(book, DONORS[1], 2, epoch=5) if book.reveal(DONORS[1], t, key_of) is None]
+    round6 = book.take_round(6)
+    assert [c.transcript for c in round6] == first + later  # round 5's, then round 6's
+    assert [c.transcript for c in restarted(book).take_round(6)] == first + later
+    assert [c.transcript for c in book.take_round(7)] == later and book.refused["unscored"] == 2
+    assert book.take_round(8) == [] and book.refused["unscored"] == 4 and book.pending == {}
 
 
 def a_small_book() -> bytes:

@@ -608,3 +608,24 @@ def test_a_restarted_verifier_still_knows_its_suspects() -> None:
         assert {x.node_id for x in c.second_draw(ScoreTranscripts(4, (), spare, 4 * per), calm)} == {n1, n2}
     old = pack([4, a.chain_id, a.public_key, None])  # a plan file from before suspects were saved
     assert auditor(0).restore(old) and not auditor(0).restore(pack([4, a.chain_id, a.public_key, None, []]))
+
+
+def test_a_verifier_restarted_while_it_scores_a_round_scores_it_again() -> None:
+    """Its report of epoch 1 on the chain, the loop takes the round's transcripts and scores them,
+    which takes most of an epoch when the budget binds; restarted before the scores went to the
+    carry, it takes the same ones again from the book it saved, and once they did, none. Fails
+    when the round's transcripts leave the book at the close (a restart lost the round) or stay
+    in it once scored (a restart would score them twice)."""
+    n1, n2 = b"\x0a" * 20, b"\x0b" * 20
+    round_ = [counted(n, f"q {n[0]} {i}", donor=bytes([i + 1]) * 20) for n in (n1, n2) for i in range(4)]
+    book = StubBook({0: round_})
+    a = auditor(0, transcripts=book)
+    (act,) = a.plan(reported(a), REPORT_FROM + 1)
+    assert isinstance(act, ScoreTranscripts) and list(act.counted) == round_
+    saved = TranscriptBook.from_bytes(book.to_bytes())  # what the verifier wrote while it scored
+    b = auditor(0, transcripts=saved)
+    (again,) = b.plan(reported(b), REPORT_FROM + 1)
+    assert isinstance(again, ScoreTranscripts) and list(again.counted) == round_
+    assert b.transcript_scores(1, [(c.node_id, 900_000) for c in again.counted]) is not None
+    c = auditor(0, transcripts=TranscriptBook.from_bytes(saved.to_bytes()))
+    assert not [x for x in c.plan(reported(c), REPORT_FROM + 1) if isinstance(x, ScoreTranscripts)]

@@ -680,7 +680,7 @@ class Auditor:
             return []
         from verifier.audit.transcripts import NODE_BUDGET, ROUND_BUDGET, SCORE_BUDGET, first_draw, within_budget
 
-        counted = self.transcripts.close_before(epoch)
+        counted = self.transcripts.take_round(epoch)  # kept in the book until scored: a restart draws it again
         mine = [c for c in counted if c.transcript.opening.model in self.models]
         if len(mine) < len(counted):
             log.info("audit: %d counted transcripts are of models this verifier does not hold; not scored",
@@ -708,6 +708,8 @@ class Auditor:
         if held:
             log.info("audit: epoch %d: %d users' transcripts count; scoring them", epoch, len(held))
             return [ScoreTranscripts(epoch, held, tuple(spare), reserve)]
+        if counted:
+            self.transcripts.scored_round(epoch)  # none of them this verifier's to score
         if not self._carry.held():  # nothing held: no carry change, so no book write
             return []
         sub = self.transcript_scores(epoch, ())  # scores held back (put_back) that reach the minimum alone
@@ -742,6 +744,8 @@ class Auditor:
         from verifier.audit.tx import MAX_TRANSCRIPT_NODES, MAX_TRANSCRIPTS_PER_NODE, TranscriptScores
 
         by_node = {node: list(scores) for node, scores in self._carry.add(epoch, scored)}
+        if self.transcripts is not None:
+            self.transcripts.scored_round(epoch)  # in the carry now: the round leaves the book
         if not by_node:
             return None
         nodes = sorted(by_node)

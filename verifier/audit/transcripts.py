@@ -100,16 +100,24 @@ seconds after each commitment it hears of. Both are measured in docs/benchmarks.
 
 What is built around this book, and what is not: decision 0015, "Built, and not done".
 
+**Rounds in progress.** The audit loop takes a round's counted transcripts with
+:meth:`TranscriptBook.take_round` (it closes the earlier epochs, as :meth:`~TranscriptBook.close_before`
+does) and they stay in the book, saved with it, until :meth:`~TranscriptBook.scored_round` says
+the round's scores went to the carry: a verifier restarted while it scores (which takes most of
+an epoch when its budget binds) draws that round again rather than losing it. A round not scored
+by the end of the next is dropped (:data:`PENDING_ROUNDS`).
+
 **Persistence.** :meth:`TranscriptBook.to_bytes` and :meth:`TranscriptBook.from_bytes` turn the
 whole book (its sets with their commitments, arrival times and revealed transcripts, ``burnt``,
-``history``, ``refused``, ``voided`` and the :class:`ScoreCarry` it holds for the audit loop) into
-bytes and back; the commitment index is rebuilt from the sets. A book loaded from its bytes
+``history``, ``refused``, ``voided``, the rounds in progress and the :class:`ScoreCarry` it holds
+for the audit loop) into bytes and back; a file of format 1 (before rounds in progress were kept)
+loads with none; the commitment index is rebuilt from the sets. A book loaded from its bytes
 answers every later call as the book that wrote them would. Loading is strict (version,
 checksum, shape, the book's own limits, canonical form) and all or nothing: :class:`BookError`,
 never a half-loaded book. The file around it is the verifier's (:mod:`verifier.run`). Format::
 
     book       = [BOOK_VERSION, BLAKE2b-256(body) (person gt-book), body]
-    body       = [sets, burnt, history, refused, voided, carry]
+    body       = [sets, burnt, history, refused, voided, carry, pending]   (format 1: no pending)
     sets       = [[epoch, donor(20), void reason ("" while it may count), [entry, ...]], ...]
                  by (epoch, donor) ascending, at most MAX_DONORS; at most MAX_COMMITS entries
                  each, in the order they were committed (rule 5 counts in that order)
@@ -120,6 +128,9 @@ never a half-loaded book. The file around it is the verifier's (:mod:`verifier.r
     history    = [[donor(20), complete sets, void sets], ...] by donor ascending
     refused    = [[kind, count], ...] by kind ascending
     carry      = [dropped, [[node(20), [[epoch, score], ...]], ...]] by node ascending
+    pending    = [[round, [[donor(20), node(20), transcript], ...]], ...] by round ascending: at most
+                 PENDING_ROUNDS rounds of 1 to MAX_PENDING counted transcripts each, in the order
+                 they were closed; node is the transcript's signer
 """
 
 from __future__ import annotations
@@ -151,7 +162,9 @@ MAX_DONORS = 4096  # donors with open commitments at once, per verifier
 CARRY_EPOCHS = 4  # a verifier holds a node's transcript scores this many epochs for the chain's minimum
 VOID_ALLOWANCE = 2  # void sets any donor may have (rule 6) ...
 VOID_SHARE = 0.2  # ... plus this share of its closed sets
-BOOK_VERSION = 1  # of to_bytes' format (module docstring)
+BOOK_VERSION = 2  # of to_bytes' format (module docstring); 1 (no rounds in progress) still loads
+PENDING_ROUNDS = 2  # a round's counted transcripts wait in the book for its scores this many rounds at most
+MAX_PENDING = MAX_DONORS * MAX_COMMITS  # counted transcripts of one round in progress (all a round can close)
 MAX_BOOK_BYTES = 1 << 30  # a saved book: loading it holds it in memory two or three times over
 MAX_VOID_REASON = 1024  # characters of a void set's reason kept (only whether a set is void matters)
 MAX_REFUSAL_KINDS = 64  # kinds of refusal counted (the book's own messages have about a dozen)
@@ -427,6 +440,7 @@ class TranscriptBook:
         self.refused: dict[str, int] = {}
         self.voided = 0
         self.carry = ScoreCarry()
+        self.pending: dict[int, list[Counted]] = {}  # round -> its counted transcripts, until scored
         self.changes = 0  # calls that may have changed the book (refusals are counted too)
 
     def revision(self) -> int:
@@ -568,6 +582,26 @@ class TranscriptBook:
         had all of ``epoch`` to be revealed)."""
         return [c for e in self.open_epochs() if e < epoch for c in self.close(e)]
 
+    def take_round(self, epoch: int) -> list[Counted]:
+        """What the audit loop scores in round ``epoch``: :meth:`close_before` ``epoch``, kept in
+        the book as the round's until :meth:`scored_round`, after what earlier rounds left unscored
+        (a restart while scoring; rounds older than :data:`PENDING_ROUNDS` are dropped, counted as
+        refused "unscored"). Taken again (a restarted loop), it returns the same transcripts."""
+        fresh = self.close_before(epoch)
+        for old in [r for r in self.pending if r <= epoch - PENDING_ROUNDS]:
+            dropped = self.pending.pop(old)
+            self.refused["unscored"] = self.refused.get("unscored", 0) + len(dropped)
+        if fresh:
+            self.pending.setdefault(epoch, []).extend(fresh)
+        return [c for r in sorted(self.pending) if r <= epoch for c in self.pending[r]]
+
+    def scored_round(self, epoch: int) -> None:
+        """Round ``epoch``'s scores (and those of every round before it) went to the carry: their
+        transcripts leave the book."""
+        self.changes += 1
+        for r in [r for r in self.pending if r <= epoch]:
+            del self.pending[r]
+
     def open_epochs(self) -> list[int]:
         return sorted({e for e, _ in self._sets})
 
@@ -654,15 +688,20 @@ def _transcript_wire(t: Transcript) -> list[Any]:
     return [t.node_id, t.nonce, t.opening.encode(transcript=True), t.request_id, reply]
 
 
-def _encode_book(b: TranscriptBook, limit: int) -> bytes:
+def _encode_book(b: TranscriptBook, limit: int, version: int = BOOK_VERSION) -> bytes:
+    """``b`` in format ``version`` (1 only for a book with no rounds in progress: the canonical
+    check of a format 1 file)."""
     sets = [[epoch, donor, s.void,
              [[v, e.received_ms, None if e.transcript is None else _transcript_wire(e.transcript)]
               for v, e in s.entries.items()]]
             for (epoch, donor), s in sorted(b._sets.items(), key=lambda kv: kv[0])]
     carry = [b.carry.dropped, [[n, [[e, x] for e, x in held]] for n, held in sorted(b.carry._held.items())]]
-    body = pack([sets, sorted(b.burnt), [[d, c, v] for d, (c, v) in sorted(b.history.items())],
-                 [[k, n] for k, n in sorted(b.refused.items())], b.voided, carry])
-    raw = _BOOK_HEAD + pack(BOOK_VERSION) + pack(_checksum(body)) + body
+    pending = [[r, [[c.donor, c.node_id, _transcript_wire(c.transcript)] for c in b.pending[r]]]
+               for r in sorted(b.pending)]
+    items = [sets, sorted(b.burnt), [[d, c, v] for d, (c, v) in sorted(b.history.items())],
+             [[k, n] for k, n in sorted(b.refused.items())], b.voided, carry, pending]
+    body = pack(items if version > 1 else items[:-1])
+    raw = _BOOK_HEAD + pack(version) + pack(_checksum(body)) + body
     if len(raw) > limit:
         raise BookError(f"the book takes {len(raw)} bytes, over the {limit} a saved book may take")
     return raw
@@ -675,10 +714,10 @@ def _decode_book(raw: bytes, limit: int) -> TranscriptBook:
         raise BookError(f"{len(raw)} bytes, over the {limit} a saved book may take")
     r = codec.ShapeReader(raw, MAX_REVEAL_BYTES)  # no string or bytes in a book is longer than a reveal
     try:
-        b = _read_book(r)
+        b, version = _read_book(r)
         if not r.done():
             raise BookError("trailing bytes after the book")
-        canonical = _encode_book(b, limit) == raw
+        canonical = _encode_book(b, limit, version) == raw
     except BookError:
         raise
     except codec.ShapeError as exc:
@@ -694,17 +733,20 @@ def _decode_book(raw: bytes, limit: int) -> TranscriptBook:
     return b
 
 
-def _read_book(r: codec.ShapeReader) -> TranscriptBook:
-    """The book of ``r``, read by shape: every count checked before its items are read, the
-    checksum before the body."""
+def _read_book(r: codec.ShapeReader) -> tuple[TranscriptBook, int]:
+    """The book of ``r`` and its format version, read by shape: every count checked before its
+    items are read, the checksum before the body."""
     _shape(r, 3, "[version, checksum, body]")
     version = r.value()
-    if type(version) is not int or version != BOOK_VERSION:
-        raise BookError(f"format version {version!r}; this verifier reads version {BOOK_VERSION} only")
+    if type(version) is not int or version not in (1, BOOK_VERSION):
+        raise BookError(f"format version {version!r}; this verifier reads versions 1 to {BOOK_VERSION}")
     if r.value() != _checksum(memoryview(r.raw)[r.u.tell():]):
         raise BookError("its checksum does not match its content (damaged, or cut short)")
     b = TranscriptBook()
-    _shape(r, 6, "[sets, burnt, history, refused, voided, carry]")
+    if version == 1:
+        _shape(r, 6, "[sets, burnt, history, refused, voided, carry]")
+    else:
+        _shape(r, 7, "[sets, burnt, history, refused, voided, carry, pending]")
     for _ in range(_most(r, MAX_DONORS, "sets (one per donor and epoch)")):
         _read_set(r, b)
     b.burnt = {_exact(r.value(), NODE_ID_LEN, "a burnt donor") for _ in range(r.array())}
@@ -720,7 +762,29 @@ def _read_book(r: codec.ShapeReader) -> TranscriptBook:
         b.refused[kind] = _count(r.value(), "refusals")
     b.voided = _count(r.value(), "void sets")
     _read_carry(r, b.carry)
-    return b
+    if version > 1:
+        _read_pending(r, b)
+    return b, version
+
+
+def _read_pending(r: codec.ShapeReader, b: TranscriptBook) -> None:
+    for _ in range(_most(r, PENDING_ROUNDS, "rounds in progress")):
+        _shape(r, 2, "[round, counted transcripts]")
+        round_ = _typed(r.value(), int, "a round in progress")
+        if round_ in b.pending:
+            raise BookError("a round in progress stands twice")
+        n = _most(r, MAX_PENDING, "counted transcripts of a round in progress")
+        if not n:
+            raise BookError("a round in progress holds no transcripts")
+        held = b.pending[round_] = []
+        for _ in range(n):
+            _shape(r, 3, "[donor, node, transcript]")
+            donor = _exact(r.value(), NODE_ID_LEN, "a counted transcript's donor")
+            node = _exact(r.value(), NODE_ID_LEN, "a counted transcript's node")
+            t = _read_transcript(r)
+            if node != t.reply.served_by:
+                raise BookError("a counted transcript is not counted for the node that signed its reply")
+            held.append(Counted(donor, node, t))
 
 
 def _read_set(r: codec.ShapeReader, b: TranscriptBook) -> None:
