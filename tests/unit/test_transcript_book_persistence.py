@@ -96,9 +96,9 @@ def play(book: TranscriptBook, c: Call) -> Any:
     if c.kind == "close_before":
         return book.close_before(c.epoch)
     if c.kind == "take_round":
-        return book.take_round(c.epoch)
+        return book.take_round(c.epoch, {c.epoch - 1})
     if c.kind == "scored_round":
-        return book.scored_round(c.epoch)
+        return book.scored_rounds([c.epoch])
     return book.carry.add(c.epoch, c.scored)
 
 
@@ -406,7 +406,7 @@ def test_a_book_of_format_1_loads_with_no_round_in_progress() -> None:
     old = body([[3, DONORS[0], "", [[t.commitment(), T0_MS, wire_of(t)]]]], carry=[0, [[NODES[1], [[3, 42]]]]])[:6]
     book = TranscriptBook.from_bytes(forge(old, version=1))
     assert book.pending == {} and book.carry.held() and book.open_epochs() == [3]
-    assert book.take_round(4) == [tr.Counted(DONORS[0], NODES[0], t)]
+    assert book.take_round(4) == ([tr.Counted(DONORS[0], NODES[0], t)], (4,))
 
 
 def test_a_round_taken_and_not_yet_scored_is_taken_again_by_a_restarted_verifier() -> None:
@@ -418,29 +418,30 @@ def test_a_round_taken_and_not_yet_scored_is_taken_again_by_a_restarted_verifier
     for d, e in zip(DONORS[:2], (4, 5), strict=True):
         for t in committed_set(book, d, 2, e):
             assert book.reveal(d, t, key_of) is None
-    taken = book.take_round(6)
-    assert len(taken) == 4 and book.open_epochs() == []
+    taken, rounds = book.take_round(6)
+    assert len(taken) == 4 and rounds == (6,) and book.open_epochs() == []
     again = restarted(book)
-    assert again.take_round(6) == taken
+    assert again.take_round(6) == (taken, (6,))
     again.carry.add(6, [(NODES[0], 1)])
-    again.scored_round(6)
-    assert again.take_round(6) == [] and restarted(again).take_round(6) == []
+    again.scored_rounds(rounds)
+    assert again.take_round(6) == ([], ()) and restarted(again).take_round(6) == ([], ())
 
 
 def test_a_round_left_unscored_is_scored_with_the_next_and_dropped_after_it() -> None:
     """A round whose scoring never finished (the verifier was down for the rest of it) is taken
-    with the next round's transcripts, so nothing is lost to one restart; past PENDING_ROUNDS it
-    is dropped and counted, so the book does not grow while scoring keeps failing."""
+    with the next round's transcripts, so nothing is lost to one restart, unless it is still being
+    scored (``busy``: never scored twice); past PENDING_ROUNDS it is dropped and counted, so the
+    book does not grow while scoring keeps failing."""
     book = TranscriptBook()
     first = [t for t in committed_set(book, DONORS[0], 2, epoch=4) if book.reveal(DONORS[0], t, key_of) is None]
-    round5 = book.take_round(5)
+    round5, _ = book.take_round(5)
     assert [c.transcript for c in round5] == first
     later = [t for t in committed_set(book, DONORS[1], 2, epoch=5) if book.reveal(DONORS[1], t, key_of) is None]
-    round6 = book.take_round(6)
-    assert [c.transcript for c in round6] == first + later  # round 5's, then round 6's
-    assert [c.transcript for c in restarted(book).take_round(6)] == first + later
-    assert [c.transcript for c in book.take_round(7)] == later and book.refused["unscored"] == 2
-    assert book.take_round(8) == [] and book.refused["unscored"] == 4 and book.pending == {}
+    round6, rounds = book.take_round(6)
+    assert [c.transcript for c in round6] == first + later and rounds == (5, 6)  # round 5's, then round 6's
+    assert [c.transcript for c in restarted(book).take_round(6, busy={5})[0]] == later
+    assert [c.transcript for c in book.take_round(7)[0]] == later and book.refused["unscored"] == 2
+    assert book.take_round(8) == ([], ()) and book.refused["unscored"] == 4 and book.pending == {}
 
 
 def a_small_book() -> bytes:

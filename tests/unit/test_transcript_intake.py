@@ -629,3 +629,25 @@ def test_a_verifier_restarted_while_it_scores_a_round_scores_it_again() -> None:
     assert b.transcript_scores(1, [(c.node_id, 900_000) for c in again.counted]) is not None
     c = auditor(0, transcripts=TranscriptBook.from_bytes(saved.to_bytes()))
     assert not [x for x in c.plan(reported(c), REPORT_FROM + 1) if isinstance(x, ScoreTranscripts)]
+
+
+def test_a_round_still_being_scored_is_not_taken_again_by_the_next() -> None:
+    """Scoring runs beside the loop: when round 2 begins while round 1's scoring still runs, round
+    2 takes only its own transcripts (round 1's would be scored, and counted, twice); a round
+    whose scoring failed is not retried while the process runs (it stays busy), but a restart
+    takes it with the next round's. Fails when a round still being scored is taken again."""
+    n1 = b"\x0a" * 20
+    one = [counted(n1, f"one {i}", donor=bytes([i + 1]) * 20) for i in range(4)]
+    two = [counted(n1, f"two {i}", donor=bytes([i + 1]) * 20) for i in range(4)]
+    book = StubBook({0: one, 1: two})
+    a = auditor(0, transcripts=book)
+    (first,) = a.plan(reported(a), REPORT_FROM + 1)
+    assert isinstance(first, ScoreTranscripts) and list(first.counted) == one
+    later = view(epoch=2, committed=(a.public_key,), reported=(a.public_key,))
+    (second,) = [x for x in a.plan(later, REPORT_FROM + 1) if isinstance(x, ScoreTranscripts)]
+    assert list(second.counted) == two  # round 1's are still being scored
+    a.transcript_scores(2, [(n1, 900_000)] * 4)  # round 2's done; round 1's never finishes
+    b = auditor(0, transcripts=TranscriptBook.from_bytes(book.to_bytes()))  # a restart
+    (again,) = [x for x in b.plan(view(epoch=2, committed=(b.public_key,), reported=(b.public_key,)),
+                                  REPORT_FROM + 1) if isinstance(x, ScoreTranscripts)]
+    assert list(again.counted) == one

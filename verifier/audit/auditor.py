@@ -528,6 +528,7 @@ class Auditor:
     changed: bool = False  # the plan changed since the last snapshot(): the driver writes it
     _started: set[tuple[Any, ...]] = field(default_factory=set)
     _warned: set[tuple[Any, ...]] = field(default_factory=set)
+    _taken: dict[int, tuple[int, ...]] = field(default_factory=dict)  # round -> the book's rounds it is scoring
     _scores: Submit | None = None  # the latest transcript scores, handed out again after a network error
     _carry: ScoreCarry = field(default_factory=_score_carry)  # scores held for the chain's minimum
     _suspected: dict[bytes, int] = field(default_factory=dict)  # node -> last round a suspect (rule 9; saved)
@@ -679,8 +680,11 @@ class Auditor:
         if self.transcripts is None or not self._once(("score", epoch)):
             return []
         from verifier.audit.transcripts import NODE_BUDGET, ROUND_BUDGET, SCORE_BUDGET, first_draw, within_budget
+        from verifier.audit.transcripts import PENDING_ROUNDS as KEPT
 
-        counted = self.transcripts.take_round(epoch)  # kept in the book until scored: a restart draws it again
+        # kept in the book until scored, so a restart draws them again; never a round still being scored
+        self._taken = {e: rs for e, rs in self._taken.items() if e > epoch - KEPT}
+        counted, self._taken[epoch] = self.transcripts.take_round(epoch, {r for rs in self._taken.values() for r in rs})
         mine = [c for c in counted if c.transcript.opening.model in self.models]
         if len(mine) < len(counted):
             log.info("audit: %d counted transcripts are of models this verifier does not hold; not scored",
@@ -708,8 +712,7 @@ class Auditor:
         if held:
             log.info("audit: epoch %d: %d users' transcripts count; scoring them", epoch, len(held))
             return [ScoreTranscripts(epoch, held, tuple(spare), reserve)]
-        if counted:
-            self.transcripts.scored_round(epoch)  # none of them this verifier's to score
+        self.transcripts.scored_rounds(self._taken.pop(epoch, ()))  # none of them this verifier's to score
         if not self._carry.held():  # nothing held: no carry change, so no book write
             return []
         sub = self.transcript_scores(epoch, ())  # scores held back (put_back) that reach the minimum alone
@@ -745,7 +748,7 @@ class Auditor:
 
         by_node = {node: list(scores) for node, scores in self._carry.add(epoch, scored)}
         if self.transcripts is not None:
-            self.transcripts.scored_round(epoch)  # in the carry now: the round leaves the book
+            self.transcripts.scored_rounds(self._taken.pop(epoch, ()))  # in the carry now: they leave the book
         if not by_node:
             return None
         nodes = sorted(by_node)

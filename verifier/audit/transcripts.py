@@ -102,10 +102,11 @@ What is built around this book, and what is not: decision 0015, "Built, and not 
 
 **Rounds in progress.** The audit loop takes a round's counted transcripts with
 :meth:`TranscriptBook.take_round` (it closes the earlier epochs, as :meth:`~TranscriptBook.close_before`
-does) and they stay in the book, saved with it, until :meth:`~TranscriptBook.scored_round` says
+does) and they stay in the book, saved with it, until :meth:`~TranscriptBook.scored_rounds` says
 the round's scores went to the carry: a verifier restarted while it scores (which takes most of
-an epoch when its budget binds) draws that round again rather than losing it. A round not scored
-by the end of the next is dropped (:data:`PENDING_ROUNDS`).
+an epoch when its budget binds) draws that round again rather than losing it; the loop never
+takes a round it is still scoring (``busy``). A round not scored by the end of the next is
+dropped (:data:`PENDING_ROUNDS`).
 
 **Persistence.** :meth:`TranscriptBook.to_bytes` and :meth:`TranscriptBook.from_bytes` turn the
 whole book (its sets with their commitments, arrival times and revealed transcripts, ``burnt``,
@@ -136,7 +137,7 @@ never a half-loaded book. The file around it is the verifier's (:mod:`verifier.r
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -582,25 +583,28 @@ class TranscriptBook:
         had all of ``epoch`` to be revealed)."""
         return [c for e in self.open_epochs() if e < epoch for c in self.close(e)]
 
-    def take_round(self, epoch: int) -> list[Counted]:
-        """What the audit loop scores in round ``epoch``: :meth:`close_before` ``epoch``, kept in
-        the book as the round's until :meth:`scored_round`, after what earlier rounds left unscored
-        (a restart while scoring; rounds older than :data:`PENDING_ROUNDS` are dropped, counted as
-        refused "unscored"). Taken again (a restarted loop), it returns the same transcripts."""
+    def take_round(self, epoch: int, busy: Container[int] = ()) -> tuple[list[Counted], tuple[int, ...]]:
+        """What the audit loop scores in round ``epoch`` and the rounds it comes from:
+        :meth:`close_before` ``epoch``, kept in the book as round ``epoch``'s until
+        :meth:`scored_rounds`, after what earlier rounds left unscored (a restart while scoring)
+        but those ``busy`` (being scored still); rounds older than :data:`PENDING_ROUNDS` are
+        dropped, counted as refused "unscored". Taken again (a restarted loop), it returns the same."""
+        self.changes += 1
         fresh = self.close_before(epoch)
         for old in [r for r in self.pending if r <= epoch - PENDING_ROUNDS]:
             dropped = self.pending.pop(old)
             self.refused["unscored"] = self.refused.get("unscored", 0) + len(dropped)
         if fresh:
             self.pending.setdefault(epoch, []).extend(fresh)
-        return [c for r in sorted(self.pending) if r <= epoch for c in self.pending[r]]
+        rounds = tuple(r for r in sorted(self.pending) if r <= epoch and r not in busy)
+        return [c for r in rounds for c in self.pending[r]], rounds
 
-    def scored_round(self, epoch: int) -> None:
-        """Round ``epoch``'s scores (and those of every round before it) went to the carry: their
-        transcripts leave the book."""
+    def scored_rounds(self, rounds: Iterable[int]) -> None:
+        """The scores of ``rounds`` (of :meth:`take_round`) went to the carry: their transcripts
+        leave the book."""
         self.changes += 1
-        for r in [r for r in self.pending if r <= epoch]:
-            del self.pending[r]
+        for r in rounds:
+            self.pending.pop(r, None)
 
     def open_epochs(self) -> list[int]:
         return sorted({e for e, _ in self._sets})
