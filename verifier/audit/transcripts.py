@@ -589,11 +589,11 @@ class TranscriptBook:
         :meth:`scored_rounds`, after what earlier rounds left unscored (a restart while scoring)
         but those ``busy`` (being scored still); rounds older than :data:`PENDING_ROUNDS` are
         dropped, counted as refused "unscored". Taken again (a restarted loop), it returns the same."""
-        self.changes += 1
-        fresh = self.close_before(epoch)
+        fresh = self.close_before(epoch)  # counts a change when it closes anything
         for old in [r for r in self.pending if r <= epoch - PENDING_ROUNDS]:
             dropped = self.pending.pop(old)
             self.refused["unscored"] = self.refused.get("unscored", 0) + len(dropped)
+            self.changes += 1
         if fresh:
             self.pending.setdefault(epoch, []).extend(fresh)
         rounds = tuple(r for r in sorted(self.pending) if r <= epoch and r not in busy)
@@ -602,9 +602,9 @@ class TranscriptBook:
     def scored_rounds(self, rounds: Iterable[int]) -> None:
         """The scores of ``rounds`` (of :meth:`take_round`) went to the carry: their transcripts
         leave the book."""
-        self.changes += 1
         for r in rounds:
-            self.pending.pop(r, None)
+            if self.pending.pop(r, None) is not None:
+                self.changes += 1
 
     def open_epochs(self) -> list[int]:
         return sorted({e for e, _ in self._sets})
