@@ -9,7 +9,8 @@ mid-block. If CometBFT exits on its own, :class:`CometExited` carries its status
 With audits, the book of users' transcripts (:mod:`verifier.audit.transcripts`) is kept in
 ``DATA_DIR/audit-transcripts.msgpack`` (:data:`BOOK_FILE`): taken back at start (a file that does
 not load stops the verifier, :class:`BookFileError`), written every :data:`BOOK_SAVE_S` while it
-changes (:func:`keep_book`) and once more when the verifier stops.
+changes (:func:`keep_book`), at once before the audit loop's transcript scores go out (so that a
+restart never scores or hands out again what the chain took), and once more when the verifier stops.
 
 With quotas (the genesis has ``app_state.quota``: :mod:`verifier.quota`), the issuer's counts and
 spent tokens are kept in ``DATA_DIR/quota_state.bin`` (:data:`QUOTA_FILE`) the same way: taken
@@ -125,25 +126,48 @@ def save_book(data_dir: Path, book: TranscriptBook) -> None:
     write_private(data_dir / BOOK_FILE, book.to_bytes())
 
 
+class Keeper:
+    """The writer of one saved state (the book, the issuer's state) at ``path``: :meth:`save` writes
+    it at once, :meth:`keep` every ``every`` seconds, each only if ``revision()`` changed since the
+    last write. Writes take turns, and each makes its bytes (``to_bytes()``, in the thread that
+    changes the state) when its turn comes, so a later write never puts older bytes on disk; they
+    are written (``write``: atomically, mode 0600) in a worker thread. ``what`` names the state in
+    the log."""
+
+    def __init__(self, path: Path, revision: Callable[[], int], to_bytes: Callable[[], bytes], what: str, *,
+                 write: Callable[[Path, bytes], None] = write_private) -> None:
+        self.path, self.revision, self.to_bytes, self.what, self.write = path, revision, to_bytes, what, write
+        self._saved = revision()
+        self._turn = trio.Lock()
+
+    async def save(self) -> bool:
+        """Write the state if it changed since the last write. True once the file holds it as it
+        was when this write's turn came; False when the write failed (logged; the next tries again)."""
+        async with self._turn:
+            now = self.revision()
+            if now == self._saved:
+                return True
+            try:
+                raw = self.to_bytes()
+                await trio.to_thread.run_sync(self.write, self.path, raw)
+            except (OSError, BookError) as exc:
+                log.error("cannot write %s to %s: %s", self.what, self.path, exc)
+                return False
+            self._saved = now
+            return True
+
+    async def keep(self, every: float) -> None:
+        """:meth:`save` every ``every`` seconds (never returns)."""
+        while True:
+            await trio.sleep(every)
+            await self.save()
+
+
 async def keep_saved(path: Path, revision: Callable[[], int], to_bytes: Callable[[], bytes], what: str,
                      every: float, *, write: Callable[[Path, bytes], None] = write_private) -> None:
     """Write ``to_bytes()`` to ``path`` every ``every`` seconds while ``revision()`` changes (never
-    returns). The bytes are made here, in the thread that changes the state, then written
-    (``write``: atomically, mode 0600) in a worker thread; a failed write is logged and tried again
-    at the next turn. ``what`` names the state in the log."""
-    saved = revision()
-    while True:
-        await trio.sleep(every)
-        now = revision()
-        if now == saved:
-            continue
-        try:
-            raw = to_bytes()
-            await trio.to_thread.run_sync(write, path, raw)
-        except (OSError, BookError) as exc:
-            log.error("cannot write %s to %s (trying again in %g s): %s", what, path, every, exc)
-            continue
-        saved = now
+    returns; :class:`Keeper`)."""
+    await Keeper(path, revision, to_bytes, what, write=write).keep(every)
 
 
 def _save_at_exit(path: Path, to_bytes: Callable[[], bytes], what: str) -> None:
@@ -157,10 +181,16 @@ BOOK_WHAT = "the book of users' transcripts"
 QUOTA_WHAT = "the quota issuer's state"
 
 
+def book_keeper(data_dir: Path, book: TranscriptBook, *,
+                write: Callable[[Path, bytes], None] = write_private) -> Keeper:
+    """The :class:`Keeper` of ``book`` in ``data_dir`` (:data:`BOOK_FILE`)."""
+    return Keeper(data_dir / BOOK_FILE, book.revision, book.to_bytes, BOOK_WHAT, write=write)
+
+
 async def keep_book(data_dir: Path, book: TranscriptBook, every: float = BOOK_SAVE_S, *,
                     write: Callable[[Path, bytes], None] = write_private) -> None:
-    """Write ``book`` every ``every`` seconds while it changes (:func:`keep_saved`; never returns)."""
-    await keep_saved(data_dir / BOOK_FILE, book.revision, book.to_bytes, BOOK_WHAT, every, write=write)
+    """Write ``book`` every ``every`` seconds while it changes (:func:`book_keeper`; never returns)."""
+    await book_keeper(data_dir, book, write=write).keep(every)
 
 
 class QuotaFileError(Exception):
@@ -220,11 +250,11 @@ async def keep_issuer(data_dir: Path, issuer: Issuer, every: float = QUOTA_SAVE_
     await keep_saved(data_dir / QUOTA_FILE, issuer.revision, issuer.snapshot, QUOTA_WHAT, every, write=write)
 
 
-async def _keep_local(data_dir: Path, book: TranscriptBook | None, issuer: Issuer | None) -> None:
+async def _keep_local(data_dir: Path, book: Keeper | None, issuer: Issuer | None) -> None:
     """Write this verifier's own state (the book, the issuer's) while it changes; never returns."""
     async with trio.open_nursery() as nursery:
         if book is not None:
-            nursery.start_soon(keep_book, data_dir, book)
+            nursery.start_soon(book.keep, BOOK_SAVE_S)
         if issuer is not None:
             nursery.start_soon(keep_issuer, data_dir, issuer)
         await trio.sleep_forever()
@@ -331,9 +361,11 @@ async def run_verifier(data_dir: str | os.PathLike[str], *, abci: str | None = N
             log.warning("no address probes: this verifier's RPC address is unknown (%s)", exc)
         else:
             nursery.start_soon(run_prober, core, key, rpc)
-        if audit is not None:
-            nursery.start_soon(audit_loop, d, audit, key.private_bytes(), pool, book)
-        nursery.start_soon(_keep_local, d, book, issuer)
+        keeper = None if book is None else book_keeper(d, book)
+        if audit is not None:  # the loop writes the book before its transcript scores go out (keeper.save)
+            nursery.start_soon(audit_loop, d, audit, key.private_bytes(), pool, book,
+                               None if keeper is None else keeper.save)
+        nursery.start_soon(_keep_local, d, keeper, issuer)
         task_status.started(where)
         try:
             code = await proc.wait()

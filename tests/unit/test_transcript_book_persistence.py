@@ -1,6 +1,6 @@
 """A verifier's book of users' transcripts survives its restarts (decision 0015, "Done since"):
 ``TranscriptBook.to_bytes``/``from_bytes`` (verifier/audit/transcripts.py) and the verifier's file
-(verifier/run.py: ``load_book``, ``save_book``, ``keep_book``, and ``run_verifier``'s use of them).
+(verifier/run.py: ``load_book``, ``save_book``, ``keep_book``, ``Keeper``, and ``run_verifier``'s use of them).
 
 A restarted verifier that forgot its book counted nothing of the sets open at the restart and
 voided nothing: a donor who committed before it could withhold the good replies after it for
@@ -13,6 +13,7 @@ import errno
 import logging
 import os
 import random
+import threading
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any
 import msgpack
 import pytest
 import trio
+import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -37,7 +39,7 @@ from verifier.audit import tx as at
 from verifier.audit.auditor import AuditSettings
 from verifier.audit.transcripts import BookError, Transcript, TranscriptBook
 from verifier.audit.tx import Opening, ReplyOutcome
-from verifier.run import BOOK_FILE, BookFileError, keep_book, load_book, run_verifier, save_book
+from verifier.run import BOOK_FILE, BookFileError, book_keeper, keep_book, load_book, run_verifier, save_book
 
 MODEL = "smollm2-135m-instruct"
 T0_MS = 1_800_000_000_000
@@ -609,10 +611,14 @@ async def test_the_verifier_writes_its_book_when_it_stops(tmp_path: Path) -> Non
     exe = _script(tmp_path, "exec sleep 600")
     took = trio.Event()
     seen: list[TranscriptBook] = []
+    written: list[TranscriptBook] = []
 
-    async def audits(data_dir: Path, settings: Any, seed: bytes, pool: Any, book: TranscriptBook) -> None:
+    async def audits(data_dir: Path, settings: Any, seed: bytes, pool: Any, book: TranscriptBook,
+                     save: Any) -> None:
         seen.append(book)
         book.commit(DONORS[2], b"\x0c" * 32, 7, T0_MS)  # what the ABCI queries would have added
+        assert await save()  # the loop's writer of the book (before its transcript scores go out)
+        written.append(load_book(data_dir))
         took.set()
         await trio.sleep_forever()
 
@@ -625,7 +631,36 @@ async def test_the_verifier_writes_its_book_when_it_stops(tmp_path: Path) -> Non
             nursery.cancel_scope.cancel()
     (book,) = seen
     assert before.open_epochs() == [5] and book.open_epochs() == [5, 7]  # taken back at start, and what came since
-    assert state(load_book(d)) == state(book)
+    assert state(load_book(d)) == state(book) == state(written[0])
+
+
+async def test_writes_of_the_book_take_turns_so_an_older_one_never_lands_last(tmp_path: Path) -> None:
+    """The audit loop writes the book at once (before its transcript scores go out) beside the
+    periodic writer: a write whose bytes were made first lands first. Fails when a second write
+    can start while the first is still in its thread (the older bytes would land last)."""
+    book = TranscriptBook()
+    release = threading.Event()
+    stalled: list[bool] = []
+
+    def slow(p: Path, data: bytes) -> None:  # in the keeper's worker thread: the first write stalls
+        if not stalled:
+            stalled.append(True)
+            assert release.wait(60)
+        identity.write_private(p, data)
+
+    keeper = book_keeper(tmp_path, book, write=slow)
+    assert await keeper.save() and not stalled  # nothing changed: nothing written
+    book.commit(DONORS[0], b"\x01" * 32, 3, T0_MS)
+    with trio.fail_after(60):  # only so that a broken keeper fails instead of hanging
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(keeper.save)  # its bytes: one commitment; stalls in its thread
+            await trio.testing.wait_all_tasks_blocked()
+            book.commit(DONORS[1], b"\x02" * 32, 3, T0_MS)  # the book changes meanwhile
+            nursery.start_soon(keeper.save)  # waits for its turn, then writes both commitments
+            await trio.testing.wait_all_tasks_blocked()
+            release.set()
+    assert state(load_book(tmp_path)) == state(book)
+    assert (load_book(tmp_path).commit(DONORS[1], b"\x02" * 32, 3, T0_MS) or "").startswith("duplicate")
 
 
 def test_the_command_says_which_file_and_how_to_recover(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

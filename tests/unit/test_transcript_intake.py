@@ -651,3 +651,66 @@ def test_a_round_still_being_scored_is_not_taken_again_by_the_next() -> None:
     (again,) = [x for x in b.plan(view(epoch=2, committed=(b.public_key,), reported=(b.public_key,)),
                                   REPORT_FROM + 1) if isinstance(x, ScoreTranscripts)]
     assert list(again.counted) == one
+
+
+class WritingEngine(FakeEngine):
+    """Writes the book (as the verifier's periodic writer would, since scoring takes minutes)
+    when it scores its first reply: the round is then on disk as taken, not scored."""
+
+    def __init__(self, write: Any) -> None:
+        self.write = write
+
+    async def score(self, prompt: list[int], ids: list[int], params: Any) -> Any:
+        if self.write is not None:
+            self.write, write = None, self.write
+            write()
+        return await super().score(prompt, ids, params)
+
+
+class CrashingChain(FakeChain):
+    """A :class:`FakeChain` that reads the book file as the chain takes the transcript scores: what
+    a verifier stopped at that moment restarts from."""
+
+    def __init__(self, v: Any, height: int, path: Any) -> None:
+        super().__init__(v, height)
+        self.path = path
+        self.on_disk: list[bytes] = []
+
+    async def rpc(self, address: str, method: str, params: dict[str, str]) -> Any:
+        if method == "broadcast_tx_sync":
+            self.on_disk.append(self.path.read_bytes())
+        return await super().rpc(address, method, params)
+
+
+async def test_a_verifier_stopped_once_its_scores_are_out_neither_scores_nor_hands_them_out_again(
+        tmp_path: Any) -> None:
+    """n1's four transcripts are scored and go out; n2's two wait in the carry. Stopped the moment
+    the chain takes the scores, the verifier restarts from the book on disk: it must hold the
+    round as scored and n1's scores out of the carry, or the restart scores the round again (or
+    hands n1's scores out with a later epoch's) and the chain counts them twice. Fails when the
+    driver broadcasts before it writes the book."""
+    from verifier.run import BOOK_FILE, book_keeper, save_book
+
+    n1, n2 = b"\x0a" * 20, b"\x0b" * 20
+    round_ = [counted(n1, f"a {i}", donor=bytes([i + 1]) * 20) for i in range(4)] + \
+             [counted(n2, f"b {i}", donor=bytes([i + 1]) * 20) for i in range(2)]
+    book = StubBook({0: round_})
+    a = auditor(0, transcripts=book)
+    chain = CrashingChain(reported(a), REPORT_FROM + 1, tmp_path / BOOK_FILE)
+    keeper = book_keeper(tmp_path, book)
+    engine: Any = WritingEngine(lambda: save_book(tmp_path, book))
+    driver = AuditDriver(a, "127.0.0.1:1", client=None, engine=engine,  # type: ignore[arg-type]
+                         rpc=chain.rpc, save_transcripts=keeper.save)
+    async with trio.open_nursery() as nursery:
+        await driver.step(nursery)
+    (raw,) = chain.sent
+    tx = at.decode_audit_tx(raw, "audit-test")
+    assert isinstance(tx, at.TranscriptScores) and [n for n, _ in tx.nodes] == [n1]
+    (on_disk,) = chain.on_disk
+    restarted = TranscriptBook.from_bytes(on_disk)
+    assert restarted.pending == {} and restarted.carry.held() == 2  # n2's wait; n1's are on the chain
+    for epoch in (1, 2):  # restarted in the same epoch, or the next
+        b = auditor(0, transcripts=TranscriptBook.from_bytes(on_disk))
+        acts = b.plan(view(epoch=epoch, committed=(b.public_key,), reported=(b.public_key,)), REPORT_FROM + 1)
+        assert not [x for x in acts if isinstance(x, ScoreTranscripts)
+                    or (isinstance(x, Submit) and x.key[0] == "transcripts")]

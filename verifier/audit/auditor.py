@@ -70,7 +70,7 @@ import os
 import random
 import re
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -1113,12 +1113,17 @@ class AuditDriver:
 
     ``data_dir``: where the plan (:data:`PLAN_FILE`), the donation pool and the used private
     prompts are kept (None: not kept, for tests). ``rpc`` (default :func:`overlay.directory.rpc.rpc_call`) is injectable for tests;
-    ``clock`` (default :class:`~overlay.wire.clock.TrioClock`) times the pool's writes."""
+    ``clock`` (default :class:`~overlay.wire.clock.TrioClock`) times the pool's writes.
+    ``save_transcripts`` writes the book of users' transcripts at once (None: not kept, for tests);
+    :meth:`broadcast` awaits it before transcript scores go out, so that the book on disk has their
+    rounds scored and their scores out of the carry by the time the chain may hold them: a restart
+    then never scores them again nor hands them out with a later epoch's (counted twice). A crash
+    between that write and the broadcast loses those scores instead, as a round missed."""
 
     def __init__(self, auditor: Auditor, rpc_address: str, client: AnonClient, engine: Engine, *,
                  rpc: Rpc | None = None, poll: float = POLL_S, challenge_timeout: float = CHALLENGE_TIMEOUT_S,
                  paths_timeout: float = PATHS_TIMEOUT_S, data_dir: Path | None = None,
-                 clock: Clock | None = None) -> None:
+                 clock: Clock | None = None, save_transcripts: Callable[[], Awaitable[bool]] | None = None) -> None:
         self.auditor = auditor
         self.address = rpc_address
         self.client = client
@@ -1129,6 +1134,7 @@ class AuditDriver:
         self.paths_timeout = paths_timeout
         self.data_dir = data_dir
         self.clock: Clock = clock or TrioClock()
+        self.save_transcripts = save_transcripts
         self.height = 0
         self._pool_saved = -POOL_SAVE_S
         self._held: dict[tuple[int, int], list[OverlayPath]] = {}  # (epoch, persona) -> the persona's paths
@@ -1173,7 +1179,11 @@ class AuditDriver:
 
     async def broadcast(self, sub: Submit) -> None:
         """``broadcast_tx_sync``; a network error is retried at the next plan, a refusal goes to
-        :meth:`Auditor.refused`."""
+        :meth:`Auditor.refused`. Transcript scores go out only after the book is written (or its write
+        failed: logged, they go out anyway; a restart before the next write may count them twice)."""
+        if sub.key[0] == "transcripts" and self.save_transcripts is not None and not await self.save_transcripts():
+            log.warning("audit: the book of users' transcripts was not written before the %s went out: a restart "
+                        "before its next write would score them again", sub.what)
         try:
             answer = await broadcast_tx_sync(self.address, sub.raw, rpc=self.rpc)
             code, why = answer.code, answer.log[:300]
@@ -1361,12 +1371,15 @@ class AuditSettings:
 
 
 async def run_audits(data_dir: Path, settings: AuditSettings, seed: bytes, pool: DonationPool | None = None,
-                     transcripts: TranscriptBook | None = None) -> None:
+                     transcripts: TranscriptBook | None = None,
+                     save_transcripts: Callable[[], Awaitable[bool]] | None = None) -> None:
     """The audit loop of ``gentorrent verifier --audit`` (never returns; never raises: a failure is
     logged and the loop starts again after :data:`RESTART_S`; the model is loaded once). ``pool``:
     the donated prompts this verifier takes (:mod:`verifier.abci_app` adds to it); it learns the
     audited model here, once the engine is loaded. ``transcripts``: users' committed transcripts
     (:mod:`verifier.abci_app` fills the book; the auditor closes its epochs and scores them).
+    ``save_transcripts``: writes the book now (:meth:`verifier.run.Keeper.save`), awaited before
+    transcript scores go out (:class:`AuditDriver`).
     ``settings.corpus``: the operator's private prompts; the used set kept in ``data_dir`` is
     added to them once, before the model loads (:func:`verifier.audit.corpus.load_used`)."""
     from verifier.audit.corpus import load_used
@@ -1383,7 +1396,7 @@ async def run_audits(data_dir: Path, settings: AuditSettings, seed: bytes, pool:
                     engine = await trio.to_thread.run_sync(_engine, settings)
                 if pool is not None:
                     pool.models = frozenset({engine.model})
-                await _run_audits_once(data_dir, settings, seed, engine, pool, transcripts, corpus)
+                await _run_audits_once(data_dir, settings, seed, engine, pool, transcripts, corpus, save_transcripts)
             except Exception as exc:
                 log.error("audit: the audit loop failed (%s: %s); starting it again in %g s",
                           type(exc).__name__, exc, RESTART_S,
@@ -1426,7 +1439,8 @@ def load_auditor(data_dir: Path, auditor: Auditor) -> None:
 
 async def _run_audits_once(data_dir: Path, settings: AuditSettings, seed: bytes, engine: Any,
                            pool: DonationPool | None, transcripts: TranscriptBook | None = None,
-                           corpus: ChallengeCorpus | None = None) -> None:
+                           corpus: ChallengeCorpus | None = None,
+                           save_transcripts: Callable[[], Awaitable[bool]] | None = None) -> None:
     from overlay.directory.lists import load_genesis
     from overlay.directory.membership import CommitteeSettings, node_entry, serve_member
     from overlay.directory.registry import Registry
@@ -1447,7 +1461,8 @@ async def _run_audits_once(data_dir: Path, settings: AuditSettings, seed: bytes,
                       corpus=corpus, tamper=settings.tamper, transcripts=transcripts,
                       transcript_budget=settings.scoring_budget())
     load_auditor(data_dir, auditor)
-    driver = AuditDriver(auditor, rpc_address, user.client, engine, poll=settings.poll, data_dir=data_dir)
+    driver = AuditDriver(auditor, rpc_address, user.client, engine, poll=settings.poll, data_dir=data_dir,
+                         save_transcripts=save_transcripts)
     async with trio.open_nursery() as nursery:
         address, member = await nursery.start(
             serve_member, user, host.strip("[]"), int(port),
