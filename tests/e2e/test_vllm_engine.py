@@ -72,6 +72,36 @@ async def test_generates_and_streams_a_correct_reply(engine: VllmEngine) -> None
     assert 0 < stats.ttft_s
 
 
+async def test_an_honest_reply_ends_with_a_token_the_verifiers_engine_takes_as_its_end(engine: VllmEngine) -> None:
+    """Decision 0026: a verifier (llama.cpp, the GGUF this checkpoint was converted from) scores
+    its model's end token after a reply that stops short of ``max_tokens`` without one. A vLLM
+    node's honest replies that end by themselves must carry an end that engine takes as one, or
+    each would be scored with a token it did not send. Fails if vLLM leaves its stop token out of
+    the stream, or stops on a token the verifier's engine does not end on."""
+    from model_node.llama import LlamaCppEngine, resolve_model
+    from verifier.audit.auditor import missing_end
+
+    prompt = engine.chat_prompt(FRANCE)
+    mid, path = resolve_model(None)
+    verifier = LlamaCppEngine(path, model_id=mid, n_threads=1, slots=1, n_ctx=CONTEXT)
+    try:
+        assert verifier.chat_prompt(FRANCE) == prompt  # both engines see the same prompt tokens
+        assert verifier.end_token() == engine.end_token() is not None
+        ended = 0
+        for seed in range(4):  # sampled as users' requests are by default (temperature 0.7)
+            params = SamplingParams(temperature=0.7, max_tokens=128, seed=seed)
+            pieces, stats = await collect(engine, prompt, params)
+            ids = ids_of(pieces)
+            if stats.finish_reason != "stop":
+                continue
+            ended += 1
+            assert engine.is_end(ids[-1]) and verifier.is_end(ids[-1])
+            assert missing_end(verifier, len(prompt), ids, params.max_tokens) is None
+        assert ended >= 2  # short answers to a short question: most end by themselves
+    finally:
+        verifier.close()
+
+
 async def test_max_tokens_ends_with_length(engine: VllmEngine) -> None:
     _, stats = await collect(engine, engine.chat_prompt(FRANCE), SamplingParams(temperature=0.0, max_tokens=3))
     assert (stats.finish_reason, stats.output_tokens) == ("length", 3)
