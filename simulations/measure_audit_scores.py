@@ -6,7 +6,7 @@ engine, on real users' prompts (issue 27 item 4; decision 0013 §5 reads its fig
 score and the summary from the stored figures with the current rule (``Z_HIGH``), no engine.
 
 - Verifier: the default SmolLM2-135M-Instruct Q4_1 GGUF (``make setup``), as the auditor loads
-  it (``verifier.audit.auditor._engine``: ``score_fresh``, 4 sequences, 2,048 tokens), one
+  it (``verifier.audit.loop._engine``: ``score_fresh``, 4 sequences, 2,048 tokens), one
   thread; the replies of one (prompt, setting) are scored in one ``score_batch`` call.
 - Node kinds: ``honest`` (the same Q4_1 GGUF, honouring the sampling parameters),
   ``degraded`` (the GGUF re-quantized to Q2_K, :func:`simulations.measure_scores.requantize_q2k`,

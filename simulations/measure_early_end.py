@@ -1,5 +1,5 @@
 """What a node gains by stopping its replies early, before and after the verifier scores the end
-token such a reply claims (decision 0026, ``verifier.audit.auditor.missing_end``).
+token such a reply claims (decision 0026, ``verifier.audit.loop.missing_end``).
 
 ``python -m simulations.measure_early_end [--prompts N] [--max-tokens M] [--out FILE]``
 

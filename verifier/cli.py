@@ -350,7 +350,7 @@ def _run(args: argparse.Namespace) -> int:
     d = _data_dir(args)
     audit = None
     if args.audit:
-        from verifier.audit.auditor import AuditSettings
+        from verifier.audit.loop import AuditSettings
 
         if args.audit_threads < 1:
             raise CliError("--audit-threads must be at least 1")

@@ -37,7 +37,7 @@ from overlay.wire.crypto import SigningKey
 from overlay.wire.identity import write_private
 from verifier.abci import server
 from verifier.abci_app import CommitteeAbciApp, StateStore
-from verifier.audit.auditor import AuditSettings, run_audits
+from verifier.audit.loop import AuditSettings, run_audits
 from verifier.audit.pool import load_pool
 from verifier.audit.transcripts import MAX_BOOK_BYTES, BookError, TranscriptBook
 from verifier.cometbft import LOG_FILE, SOCKET_FILE, CometError, find_cometbft, get_toml, home_of, read_validator_key
@@ -299,7 +299,7 @@ async def run_verifier(data_dir: str | os.PathLike[str], *, abci: str | None = N
                        audit_loop: Callable[..., Awaitable[None]] = run_audits,
                        task_status: trio.TaskStatus[server.ListenAddress] = trio.TASK_STATUS_IGNORED) -> None:
     """Run one verifier until a signal (returns) or CometBFT's own exit (raises :class:`CometExited`).
-    With ``audit``, the audit loop (:func:`verifier.audit.auditor.run_audits`) runs beside it once CometBFT
+    With ``audit``, the audit loop (:func:`verifier.audit.loop.run_audits`) runs beside it once CometBFT
     has started; its failures are logged, never fatal. It shares the donation pool
     (``DATA_DIR/audit-pool.msgpack``, :mod:`verifier.audit.pool`) with the ABCI application, which
     takes users' donated prompts through ``abci_query /audit/donate``, and the book of users'

@@ -137,7 +137,7 @@ class AuditNet(LocalNet):
     def spawn(self, name: str) -> None:
         if name != BYZANTINE:
             return super().spawn(name)
-        from verifier.audit.auditor import AuditSettings
+        from verifier.audit.loop import AuditSettings
 
         settings = AuditSettings(model=MODEL, listen=f"127.0.0.1:{self.audit_ports[name]}", tamper=self.tamper,
                                  committee=tuple(self.committee_addresses.split(",")))

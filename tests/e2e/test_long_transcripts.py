@@ -22,7 +22,7 @@ pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip 
 
 
 def test_a_transcript_longer_than_2048_tokens_is_scored_by_the_verifiers_engine() -> None:
-    from verifier.audit.auditor import AuditSettings, _engine, score_tokens
+    from verifier.audit.loop import AuditSettings, _engine, score_tokens
     from verifier.audit.tx import Opening
 
     async def main() -> tuple[int, int, int]:

@@ -79,7 +79,7 @@ async def test_an_honest_reply_ends_with_a_token_the_verifiers_engine_takes_as_i
     each would be scored with a token it did not send. Fails if vLLM leaves its stop token out of
     the stream, or stops on a token the verifier's engine does not end on."""
     from model_node.llama import LlamaCppEngine, resolve_model
-    from verifier.audit.auditor import missing_end
+    from verifier.audit.loop import missing_end
 
     prompt = engine.chat_prompt(FRANCE)
     mid, path = resolve_model(None)

@@ -27,8 +27,9 @@ from overlay.usernode import UserNode
 from overlay.wire.identity import short_id
 from overlay.wire.messages import ChatMessage, Create, Destroy, ReplyChunk, Request, SamplingParams
 from user_client.chat import ChatSession
-from verifier.audit.auditor import Failure, Reply, send_challenge
+from verifier.audit.auditor import Failure, Reply
 from verifier.audit.challenges import ChallengeGenerator
+from verifier.audit.loop import send_challenge
 
 
 def anon(user: UserNode) -> AnonClient:

@@ -28,7 +28,6 @@ from verifier.audit.auditor import (
     PERSONAS,
     PLAN_FILE,
     Action,
-    AuditDriver,
     Auditor,
     AuditView,
     AuditViewError,
@@ -39,13 +38,13 @@ from verifier.audit.auditor import (
     fit_report,
     grace_height,
     last_send,
-    load_auditor,
     parse_revealed,
     parse_view,
 )
 from verifier.audit.chain import PROMPT_EPOCHS, REVEALED_PATH
 from verifier.audit.challenges import ChallengeError, ChallengeGenerator
 from verifier.audit.corpus import USED_FILE, ChallengeCorpus, load_corpus, read_corpus
+from verifier.audit.loop import AuditDriver, load_auditor
 
 CHAIN = "audit-test"
 MODEL = "smollm2-135m-instruct"
@@ -488,7 +487,7 @@ def test_a_turn_another_verifiers_report_revealed_is_not_planned_until_the_chain
 def test_what_an_auditor_keeps_does_not_grow_with_the_epochs() -> None:
     """A verifier's audit loop runs for months: its once-an-epoch warnings of past epochs are
     forgotten, and its driver keeps only the latest SUBMITTED_KEPT submissions."""
-    from verifier.audit.auditor import SUBMITTED_KEPT
+    from verifier.audit.loop import SUBMITTED_KEPT
 
     a = auditor(0)
     for epoch in range(1, 200):  # not a validator: warned once an epoch
@@ -775,8 +774,8 @@ def test_a_reply_too_likely_for_its_sampling_scores_low() -> None:
     """The auditor scores with the two-sided score (decision 0013 §5): a greedy reply to a T = 0.7
     challenge (every token the argmax, each far above what sampling would give) is not a 1.0."""
     from overlay.wire.messages import SamplingParams
-    from verifier.audit.auditor import score_tokens
     from verifier.audit.challenges import ChallengeGenerator
+    from verifier.audit.loop import score_tokens
 
     class GreedyReplyEngine(FakeEngine):
         async def score(self, prompt: list[int], ids: list[int], params: Any) -> list[TokenScore]:
@@ -795,8 +794,8 @@ def test_a_short_transcript_is_weighted_by_its_length_and_a_challenge_reply_is_n
     """Decision 0021: the same 4-token reply scores 0.5 as a challenge reply (the verifier chose the
     request) and 0.5 ** (4 / FULL_TOKENS) as a user's transcript (the donor chose it)."""
     from overlay.wire.messages import SamplingParams
-    from verifier.audit.auditor import score_tokens
     from verifier.audit.challenges import ChallengeGenerator
+    from verifier.audit.loop import score_tokens
     from verifier.audit.scoring import FULL_TOKENS
 
     opening = dataclasses.replace(ChallengeGenerator().opening(MODEL), params=SamplingParams(1.0, 1.0, 0, 4, None))
@@ -1096,7 +1095,7 @@ async def test_a_reply_that_stops_short_without_its_end_token_is_scored_with_it(
         ids: list[int], max_tokens: int, scored: list[int]) -> None:
     """Decision 0026: a node that stops a reply early saves work; the verifier scores the end of
     turn the reply claims, at the model's own probability of ending there."""
-    from verifier.audit.auditor import score_tokens
+    from verifier.audit.loop import score_tokens
 
     engine = EndingEngine()
     opening = at.Opening(bytes(16), MODEL, (ChatMessage("user", "q"),), SamplingParams(0.7, 1.0, 0, max_tokens, None))
@@ -1327,8 +1326,8 @@ async def test_the_audit_loop_takes_the_used_private_prompts_before_the_model(
         tmp_path: Path, autojump_clock: Any, caplog: pytest.LogCaptureFixture) -> None:
     """The corpus the command line read gets the used set kept in the data dir before the model
     loads (here it never does: the model file is missing)."""
-    from verifier.audit.auditor import AuditSettings, run_audits
     from verifier.audit.corpus import save_used
+    from verifier.audit.loop import AuditSettings, run_audits
 
     texts = [f"private {i}" for i in range(3)]
     used = _corpus(*texts)

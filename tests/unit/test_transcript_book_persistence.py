@@ -36,7 +36,7 @@ from tests.unit.test_committee_node import _home, _script
 from tests.unit.test_transcript_intake import World
 from verifier.audit import transcripts as tr
 from verifier.audit import tx as at
-from verifier.audit.auditor import AuditSettings
+from verifier.audit.loop import AuditSettings
 from verifier.audit.transcripts import BookError, Transcript, TranscriptBook
 from verifier.audit.tx import Opening, ReplyOutcome
 from verifier.run import BOOK_FILE, BookFileError, book_keeper, keep_book, load_book, run_verifier, save_book

@@ -26,7 +26,8 @@ from verifier.abci.proto.tendermint.abci import types_pb2 as abci
 from verifier.abci_app import CommitteeAbciApp
 from verifier.app import CommitteeApp, Validator
 from verifier.audit import tx as at
-from verifier.audit.auditor import AuditDriver, ScoreTranscripts, Submit
+from verifier.audit.auditor import ScoreTranscripts, Submit
+from verifier.audit.loop import AuditDriver
 from verifier.audit.transcripts import Counted, Transcript, TranscriptBook
 
 VERIFIER = crypto.SigningKey.from_bytes(b"\x07" * 32)
@@ -434,7 +435,7 @@ def test_a_suspect_keeps_its_second_draw_for_the_next_rounds() -> None:
 
 
 def test_a_verifiers_budget_grows_with_its_scoring_threads() -> None:
-    from verifier.audit.auditor import AuditSettings
+    from verifier.audit.loop import AuditSettings
     from verifier.audit.transcripts import ROUND_BUDGET
 
     assert AuditSettings().scoring_budget() == ROUND_BUDGET

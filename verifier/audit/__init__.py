@@ -8,5 +8,7 @@
 - :mod:`.challenges`: challenge prompts and sampling parameters drawn like users' requests.
 - :mod:`.pool`: prompts users donated (by consent) for challenges.
 - :mod:`.corpus`: the verifier operator's private challenge prompts (``--challenge-prompts``).
-- :mod:`.auditor`: a verifier's audit planner (I/O-free) and its thin trio driver.
+- :mod:`.auditor`: a verifier's audit planner (I/O-free).
+- :mod:`.loop`: its thin trio driver, the audit loop of ``gentorrent verifier --audit``.
+- :mod:`.transcripts`: users' transcripts (decision 0015): the book, its rules, the scores' carry.
 """

@@ -15,7 +15,7 @@ write several). Each conversation is used **once**, for any node and model, ever
 was sent to has read it, and the audit report reveals it on the chain. The used prompts' keys
 (:meth:`~verifier.audit.tx.Opening.prompt_keys`, every user turn's) are kept in
 ``DATA_DIR/audit-corpus-used.msgpack`` (:func:`save_used`, mode 0600), written before a challenge
-using them can go out (:meth:`verifier.audit.auditor.AuditDriver.persist`). A conversation that
+using them can go out (:meth:`verifier.audit.loop.AuditDriver.persist`). A conversation that
 shares any user turn with a used prompt (this file's, a donated one or a generated one) is used
 too: the chain voids a challenge carrying a revealed prompt, and refuses a report carrying one
 prompt twice.

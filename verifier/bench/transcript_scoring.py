@@ -13,9 +13,9 @@ message each, at the users' default sampling (temperature 0.7, top_p 1, no top-k
 file concatenated into one user message of at least :data:`LONG_PROMPT_TOKENS` prompt tokens (the
 first of a few seeds whose reply reaches :data:`MAX_TOKENS` tokens, else the longest). The engine is
 closed; the verifier's audit engine is built exactly as ``gentorrent verifier --audit`` builds it
-(:func:`verifier.audit.auditor._engine` with one thread: 4 slots, a 4,096-token window, every reply
+(:func:`verifier.audit.loop._engine` with one thread: 4 slots, a 4,096-token window, every reply
 evaluated from scratch) and scores each transcript (the opening without the seed, as a transcript
-carries none) with :func:`verifier.audit.auditor.score_tokens` ``transcript=True``, one at a time
+carries none) with :func:`verifier.audit.loop.score_tokens` ``transcript=True``, one at a time
 after an untimed first one, timed by ``time.perf_counter`` and this process's CPU time
 (``time.process_time``). Figures: ``typical_cost_mean`` (cost units,
 :func:`~verifier.audit.transcripts.cost`: reply tokens plus a quarter of the messages' bytes),
@@ -143,7 +143,7 @@ async def _answer(engine: Any, prompts: list[str], long_text: str) -> tuple[list
 
 async def _score(engine: Any, transcripts: list[Transcript]) -> list[tuple[float, float]]:
     """``(wall s, CPU s)`` of scoring each transcript as the verifier does, after an untimed first."""
-    from verifier.audit.auditor import score_tokens
+    from verifier.audit.loop import score_tokens
 
     await score_tokens(engine, transcripts[0].opening, transcripts[0].reply.token_ids(), transcript=True)
     out = []
@@ -168,7 +168,7 @@ def long_prompt(engine: Any, prompts: list[str], tokens: int) -> str:
 def measure_engine(n: int, long_tokens: int) -> tuple[dict[str, float], dict[str, Any], list[Transcript]]:
     """Part 1: ``(figures, params, the typical transcripts)``."""
     from model_node.llama import LlamaCppEngine, resolve_model
-    from verifier.audit.auditor import AuditSettings, _engine
+    from verifier.audit.loop import AuditSettings, _engine
 
     prompts = load_user_prompts()
     rng = random.Random(PROMPT_SEED)
@@ -206,7 +206,7 @@ def measure_engine(n: int, long_tokens: int) -> tuple[dict[str, float], dict[str
     params = {
         "model": f"{model_id} ({path.name})",
         "node_engine": f"LlamaCppEngine, {NODE_SLOTS} slots, 1 thread (as `gentorrent model-node` runs it)",
-        "audit_engine": "verifier.audit.auditor._engine(AuditSettings(threads=1)): 4 slots, n_ctx "
+        "audit_engine": "verifier.audit.loop._engine(AuditSettings(threads=1)): 4 slots, n_ctx "
                         f"{window}, score_fresh",
         "replies": n, "prompt_seed": PROMPT_SEED, "reply_seeds": f"{REPLY_SEED}+i",
         "sampling": f"temperature {PARAMS.temperature}, top_p {PARAMS.top_p}, no top-k, max_tokens {MAX_TOKENS}",
