@@ -321,6 +321,7 @@ async def run_verifier(data_dir: str | os.PathLike[str], *, abci: str | None = N
     key = read_validator_key(d)
     pool = load_pool(d) if audit is not None else None  # prompts users donate (verifier/audit/pool.py)
     book = load_book(d) if audit is not None else None  # users' transcripts (verifier/audit/transcripts.py)
+    keeper = None if book is None else book_keeper(d, book)  # its writer: the file holds it as loaded
     issuer = make_issuer(d, home, key)  # anonymous usage quotas (verifier/quota.py)
     exe = binary or find_cometbft()
     app = CommitteeAbciApp(core, store, key, pool=pool, transcripts=book, issuer=issuer)
@@ -361,7 +362,6 @@ async def run_verifier(data_dir: str | os.PathLike[str], *, abci: str | None = N
             log.warning("no address probes: this verifier's RPC address is unknown (%s)", exc)
         else:
             nursery.start_soon(run_prober, core, key, rpc)
-        keeper = None if book is None else book_keeper(d, book)
         if audit is not None:  # the loop writes the book before its transcript scores go out (keeper.save)
             nursery.start_soon(audit_loop, d, audit, key.private_bytes(), pool, book,
                                None if keeper is None else keeper.save)
