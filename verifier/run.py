@@ -9,7 +9,7 @@ mid-block. If CometBFT exits on its own, :class:`CometExited` carries its status
 With audits, the book of users' transcripts (:mod:`verifier.audit.transcripts`) is kept in
 ``DATA_DIR/audit-transcripts.msgpack`` (:data:`BOOK_FILE`): taken back at start (a file that does
 not load stops the verifier, :class:`BookFileError`), written every :data:`BOOK_SAVE_S` while it
-changes (:func:`keep_book`), at once before the audit loop's transcript scores go out (so that a
+changes (:func:`book_keeper`), at once before the audit loop's transcript scores go out (so that a
 restart never scores or hands out again what the chain took), and once more when the verifier stops.
 
 With quotas (the genesis has ``app_state.quota``: :mod:`verifier.quota`), the issuer's counts and
@@ -163,13 +163,6 @@ class Keeper:
             await self.save()
 
 
-async def keep_saved(path: Path, revision: Callable[[], int], to_bytes: Callable[[], bytes], what: str,
-                     every: float, *, write: Callable[[Path, bytes], None] = write_private) -> None:
-    """Write ``to_bytes()`` to ``path`` every ``every`` seconds while ``revision()`` changes (never
-    returns; :class:`Keeper`)."""
-    await Keeper(path, revision, to_bytes, what, write=write).keep(every)
-
-
 def _save_at_exit(path: Path, to_bytes: Callable[[], bytes], what: str) -> None:
     try:
         write_private(path, to_bytes())
@@ -185,12 +178,6 @@ def book_keeper(data_dir: Path, book: TranscriptBook, *,
                 write: Callable[[Path, bytes], None] = write_private) -> Keeper:
     """The :class:`Keeper` of ``book`` in ``data_dir`` (:data:`BOOK_FILE`)."""
     return Keeper(data_dir / BOOK_FILE, book.revision, book.to_bytes, BOOK_WHAT, write=write)
-
-
-async def keep_book(data_dir: Path, book: TranscriptBook, every: float = BOOK_SAVE_S, *,
-                    write: Callable[[Path, bytes], None] = write_private) -> None:
-    """Write ``book`` every ``every`` seconds while it changes (:func:`book_keeper`; never returns)."""
-    await book_keeper(data_dir, book, write=write).keep(every)
 
 
 class QuotaFileError(Exception):
@@ -246,8 +233,8 @@ def _quota_unusable(path: Path, why: str) -> str:
 
 async def keep_issuer(data_dir: Path, issuer: Issuer, every: float = QUOTA_SAVE_S, *,
                       write: Callable[[Path, bytes], None] = write_private) -> None:
-    """Write ``issuer``'s snapshot every ``every`` seconds while it changes (:func:`keep_saved`)."""
-    await keep_saved(data_dir / QUOTA_FILE, issuer.revision, issuer.snapshot, QUOTA_WHAT, every, write=write)
+    """Write ``issuer``'s snapshot every ``every`` seconds while it changes (:class:`Keeper`)."""
+    await Keeper(data_dir / QUOTA_FILE, issuer.revision, issuer.snapshot, QUOTA_WHAT, write=write).keep(every)
 
 
 async def _keep_local(data_dir: Path, book: Keeper | None, issuer: Issuer | None) -> None:
@@ -304,7 +291,7 @@ async def run_verifier(data_dir: str | os.PathLike[str], *, abci: str | None = N
     (``DATA_DIR/audit-pool.msgpack``, :mod:`verifier.audit.pool`) with the ABCI application, which
     takes users' donated prompts through ``abci_query /audit/donate``, and the book of users'
     transcripts (:mod:`verifier.audit.transcripts`, ``DATA_DIR/audit-transcripts.msgpack``:
-    :func:`load_book`, :func:`keep_book`), which it fills through ``/audit/transcript_commit`` and
+    :func:`load_book`, :func:`book_keeper`), which it fills through ``/audit/transcript_commit`` and
     ``/audit/transcript_reveal`` and the audit loop closes. :class:`BookFileError` before anything
     starts if that file does not load. ``audit_loop`` runs the audits (tests give their own).
     With a quota section in the genesis, the quota issuer (:func:`make_issuer`; its state in

@@ -1,6 +1,6 @@
 """A verifier's book of users' transcripts survives its restarts (decision 0015, "Done since"):
 ``TranscriptBook.to_bytes``/``from_bytes`` (verifier/audit/transcripts.py) and the verifier's file
-(verifier/run.py: ``load_book``, ``save_book``, ``keep_book``, ``Keeper``, and ``run_verifier``'s use of them).
+(verifier/run.py: ``load_book``, ``save_book``, ``Keeper``, ``book_keeper``, and ``run_verifier``'s use of them).
 
 A restarted verifier that forgot its book counted nothing of the sets open at the restart and
 voided nothing: a donor who committed before it could withhold the good replies after it for
@@ -15,7 +15,6 @@ import os
 import random
 import threading
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +38,7 @@ from verifier.audit import tx as at
 from verifier.audit.loop import AuditSettings
 from verifier.audit.transcripts import BookError, Transcript, TranscriptBook
 from verifier.audit.tx import Opening, ReplyOutcome
-from verifier.run import BOOK_FILE, BookFileError, book_keeper, keep_book, load_book, run_verifier, save_book
+from verifier.run import BOOK_FILE, BookFileError, book_keeper, load_book, run_verifier, save_book
 
 MODEL = "smollm2-135m-instruct"
 T0_MS = 1_800_000_000_000
@@ -563,22 +562,22 @@ def test_a_write_that_fails_midway_leaves_the_old_file_whole(tmp_path: Path, mon
 
 async def test_the_book_is_written_while_it_changes_and_a_failed_write_is_tried_again(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    every = 0.005  # keep_book's turn here (BOOK_SAVE_S in the verifier)
+    every = 0.005  # the book keeper's turn here (BOOK_SAVE_S in the verifier)
     path = tmp_path / BOOK_FILE
     book = TranscriptBook()
     real = identity.write_private
     failures = [OSError(errno.ENOSPC, "No space left on device")]
     send, written = trio.open_memory_channel[bytes](64)
 
-    def flaky(p: Path, data: bytes) -> None:  # in keep_book's worker thread
+    def flaky(p: Path, data: bytes) -> None:  # in the keeper's worker thread
         if failures:
             raise failures.pop()
         real(p, data)
         trio.from_thread.run_sync(send.send_nowait, data)
 
-    with trio.fail_after(60):  # only so that a broken keep_book fails instead of hanging: each wait ends at a write
+    with trio.fail_after(60):  # only so that a broken keeper fails instead of hanging: each wait ends at a write
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(partial(keep_book, tmp_path, book, every, write=flaky))
+            nursery.start_soon(book_keeper(tmp_path, book, write=flaky).keep, every)
             await trio.sleep(20 * every)
             assert not path.exists()  # nothing changed: nothing written
             book.commit(DONORS[0], b"\x01" * 32, 3, T0_MS)

@@ -38,7 +38,7 @@ verifiers' reports (:mod:`verifier.audit.chain`). Two layers, as everywhere in t
     that signed the replies (none when nothing counted). Scores of nodes with too few are held in
     the book's :class:`~verifier.audit.transcripts.ScoreCarry`, so the book, carry included, is
     what ``gentorrent verifier`` keeps in ``DATA_DIR/audit-transcripts.msgpack``
-    (:func:`verifier.run.keep_book`) and takes back when it restarts.
+    (:func:`verifier.run.book_keeper`) and takes back when it restarts.
 
   The plan is kept in memory and written (:meth:`Auditor.snapshot`, ``DATA_DIR/audit-plan.msgpack``,
   mode 0600) before its commit is sent, and after each outcome, so a restarted verifier reports

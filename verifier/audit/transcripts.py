@@ -431,7 +431,7 @@ class TranscriptBook:
     ``carry`` holds the scores of counted transcripts for the audit loop
     (:class:`verifier.audit.auditor.Auditor` takes this one when it is given the book), so they are
     saved with the book. :meth:`revision` changes whenever the book or its carry may have: what
-    tells the verifier's writer (:func:`verifier.run.keep_book`) that there is something to save."""
+    tells the verifier's writer (:class:`verifier.run.Keeper`) that there is something to save."""
 
     def __init__(self) -> None:
         self._sets: dict[tuple[int, bytes], _Set] = {}
