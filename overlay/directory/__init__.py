@@ -12,6 +12,8 @@
 - :mod:`~overlay.directory.membership`: a node's membership, live: registers, follows the lists.
 - :mod:`~overlay.directory.donation`, :mod:`~overlay.directory.transcripts`: what users hand the
   committee by consent (prompts, committed transcripts).
+- :mod:`~overlay.directory.escrow`: weighted verifiable secret sharing among the committee's
+  validators (decision 0037, proposed: its first brick; nothing calls it yet).
 
 The numbers and names it shares with every layer (roles, the reputation scale and trust line,
 ...) are in :mod:`overlay.wire.constants`.

@@ -1,0 +1,149 @@
+"""``gentorrent bench escrow``: what weighted Feldman VSS of a transcript nonce costs each side
+(decision 0037; code in :mod:`overlay.directory.escrow`).
+
+For each committee of :data:`CASES` (4, 16 and 64 validators of equal power, and 16 where one holds
+30 % of the power), one thread, medians over the repetitions (a fresh secret and deal each):
+
+- ``{case}_holders_count``, ``_units_count``, ``_threshold_count``: the plan
+  (:func:`~overlay.directory.escrow.plan`, its default units: the first of 32, 64, ... with which
+  every coalition above a third of the power holds the threshold). 64 validators take 64 units
+  (one each: with 32, half would get none); the skewed 16 take 64 too (with 32, the big one and
+  one small one, above a third, would hold 11 < 15).
+- ``{case}_commitments_bytes``: the encoded commitments (public, ``t`` points);
+  ``{case}_largest_holder_shares_count`` / ``_bytes``: the largest holder's shares, encoded.
+- ``{case}_plan_p50_ms``: the plan, from the powers (once per validator set).
+- ``{case}_deal_p50_ms`` (donor): a deal of a fresh secret and the encoding of the commitments and
+  every holder's shares.
+- ``{case}_verify_p50_ms`` (a verifier, per commit): the largest holder decodes the commitments and
+  its shares and checks them (:func:`~overlay.directory.escrow.verify_holder`: one batch check);
+  ``{case}_verify_each_p50_ms``: the same, the shares checked one by one
+  (:func:`~overlay.directory.escrow.verify_share`), for comparison.
+- ``{case}_recover_p50_ms`` (a node): decode the commitments and every holder's shares, rebuild
+  the secret (:func:`~overlay.directory.escrow.recover`: the first ``t`` shares open ``C_0``);
+  ``{case}_recover_one_forged_p50_ms``: the same with one forged share first, which makes
+  recover verify shares one by one until ``t`` pass.
+
+And ``node_match_p50_ms``: what finding one released commitment among the requests a node stored
+costs it, where there is no tag to filter by (decision 0037, 6): the commitment
+(:func:`overlay.directory.transcripts.commitment`) of the rebuilt nonce, the node's id and each of
+:data:`STORED` stored request digests, the match last.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import statistics
+import sys
+import time
+from importlib.metadata import version
+from typing import Any
+
+from gentorrent.bench.stats import cpu_model
+from overlay.directory import escrow
+from overlay.directory.transcripts import commitment
+
+# name: (powers, units)
+CASES: dict[str, list[int]] = {
+    "eq4": [1] * 4,
+    "eq16": [1] * 16,
+    "eq64": [1] * 64,
+    "skew16": [450] + [70] * 15,  # one holds 30 % of the power
+}
+STORED = 10_000  # requests a node stored (two 15-minute epochs at about 5 a second)
+FIGURES = ("holders_count", "units_count", "threshold_count", "commitments_bytes", "largest_holder_shares_count",
+           "largest_holder_shares_bytes", "plan_p50_ms", "deal_p50_ms", "verify_p50_ms", "verify_each_p50_ms",
+           "recover_p50_ms", "recover_one_forged_p50_ms")
+REPS, QUICK_REPS = 200, 5
+
+
+def _ms(samples: list[float]) -> float:
+    return 1000 * statistics.median(samples)
+
+
+def _case(powers: list[int], reps: int) -> dict[str, float]:
+    perf = time.perf_counter
+    t: dict[str, list[float]] = {k: [] for k in ("plan", "deal", "verify", "each", "recover", "forged")}
+    for _ in range(reps):
+        t0 = perf()
+        p = escrow.plan(powers)
+        t1 = perf()
+        secret = escrow.new_secret()
+        d = escrow.deal(secret, p)
+        raw_c = escrow.encode_commitments(d.commitments)
+        raw_s = [escrow.encode_shares(h) for h in d.shares]
+        t2 = perf()
+        big = max(range(len(p.counts)), key=lambda i: (p.counts[i], -i))
+        cs = escrow.decode_commitments(raw_c, p.threshold)
+        mine = escrow.decode_shares(raw_s[big], p.counts[big])
+        ok = escrow.verify_holder(p, big, cs, mine)
+        t3 = perf()
+        cs = escrow.decode_commitments(raw_c, p.threshold)
+        ok_each = all(escrow.verify_share(cs, s) for s in escrow.decode_shares(raw_s[big], p.counts[big]))
+        t4 = perf()
+        got = escrow.recover(escrow.decode_commitments(raw_c, p.threshold),
+                             [s for raw, n in zip(raw_s, p.counts, strict=True) for s in escrow.decode_shares(raw, n)])
+        t5 = perf()
+        forged = escrow.Share(1, (d.shares[0][0].y + 1) % escrow.L)
+        got_forged = escrow.recover(escrow.decode_commitments(raw_c, p.threshold),
+                                    [forged, *(s for raw, n in zip(raw_s, p.counts, strict=True)
+                                               for s in escrow.decode_shares(raw, n))])
+        t6 = perf()
+        if not (ok and ok_each and got == secret == got_forged):
+            raise AssertionError("escrow: a deal did not verify or recover")
+        for k, a, b in (("plan", t0, t1), ("deal", t1, t2), ("verify", t2, t3), ("each", t3, t4),
+                        ("recover", t4, t5), ("forged", t5, t6)):
+            t[k].append(b - a)
+    return {
+        "holders_count": len(powers),
+        "units_count": p.units,
+        "threshold_count": p.threshold,
+        "commitments_bytes": len(raw_c),
+        "largest_holder_shares_count": p.counts[big],
+        "largest_holder_shares_bytes": len(raw_s[big]),
+        "plan_p50_ms": _ms(t["plan"]),
+        "deal_p50_ms": _ms(t["deal"]),
+        "verify_p50_ms": _ms(t["verify"]),
+        "verify_each_p50_ms": _ms(t["each"]),
+        "recover_p50_ms": _ms(t["recover"]),
+        "recover_one_forged_p50_ms": _ms(t["forged"]),
+    }
+
+
+def _match(reps: int) -> float:
+    """Median ms to find one commitment among :data:`STORED` stored digests (the match last)."""
+    rng = random.Random(7)
+    node, nonce = rng.randbytes(20), rng.randbytes(16)
+    digests = [rng.randbytes(32) for _ in range(STORED)]
+    wanted = commitment(nonce, node, digests[-1])
+    samples = []
+    for _ in range(max(3, reps // 20)):
+        t0 = time.perf_counter()
+        found = next(d for d in digests if commitment(nonce, node, d) == wanted)
+        samples.append(time.perf_counter() - t0)
+        if found != digests[-1]:
+            raise AssertionError("escrow: the stored request was not found")
+    return _ms(samples)
+
+
+def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
+    reps = QUICK_REPS if quick else REPS
+    figures: dict[str, float] = {}
+    for name, powers in CASES.items():
+        figures.update({f"{name}_{k}": v for k, v in _case(powers, reps).items()})
+    figures["node_match_p50_ms"] = _match(reps)
+    params = {
+        "quick": quick,
+        "reps": reps,
+        "cases": {name: {"holders": len(powers),
+                         "powers": {str(v): powers.count(v) for v in sorted(set(powers), reverse=True)}}
+                  for name, powers in CASES.items()},
+        "node_match_stored": STORED,
+        "statistic": "median over reps (fresh secret and deal each)",
+        "threads": 1,
+        "cpu": cpu_model(),
+        "cpus": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "pynacl": version("pynacl"),
+    }
+    return params, figures
