@@ -20,6 +20,39 @@ Wire format (msgpack with bin types for bytes; canonical: :func:`decode_commit` 
                  [temperature(float), top_p(float), top_k(int), max_tokens(int), seed(int|nil)],
                  request_id(16), served_by(20), [[text, [token id, ...]], ...],
                  reply_signature(64), signed_at_ms(int)]              a transcript
+              | [2, node_id(20), secret(32), model(str), ...]           an escrowed transcript: kind 1's
+                                                                        fields, the secret in the nonce's place
+
+Decision 0037 (an escrowed commitment: the nonce is ``escrow.nonce_of(s)`` of a secret ``s`` the
+donor deals among the validators, :mod:`overlay.directory.escrow`) adds version 2's messages,
+each decoded strictly by its own ``decode_*`` as above::
+
+    secret    = 32 bytes, little-endian, within 1..L-1 (:func:`overlay.directory.escrow.scalar_of`);
+                the body's nonce is escrow.nonce_of(secret)
+    points    = escrow.encode_commitments([C_0, ..., C_{t-1}])     1 to escrow.MAX_UNITS valid points
+    shares    = escrow.encode_shares([[x, y], ...])                 0 to escrow.MAX_UNITS shares
+    digest    = BLAKE2b-256(points), personalised ``gt-escrow-pts`` (:func:`points_digest`)
+    escrow commit = [2, donor_node_id(20), verifier_key(32), sent_ms(int), commitment(32), points(bin),
+                     sealed_shares(bin), signature(64)]
+                sealed_shares: seal_to_ed25519(verifier_key, shares), that verifier's shares
+                signature: Ed25519(donor's node key, ESCROW_COMMIT_CONTEXT + msgpack([donor, verifier_key,
+                           sent_ms, commitment, points, sealed_shares]))
+    acceptance    = [2, verifier_key(32), donor_node_id(20), commitment(32), digest(32), sent_ms(int),
+                     signature(64)]
+                signature: Ed25519(verifier's validator key, ACCEPT_CONTEXT + msgpack([verifier_key, donor,
+                           commitment, digest, sent_ms]))      the verifier checked its shares (sent_ms
+                                                               is the commit's)
+    certificate   = [2, donor_node_id(20), commitment(32), sent_ms(int), points(bin), [acceptance(bin), ...]]
+                1 to escrow.MAX_HOLDERS acceptances, each the bytes of an encoded acceptance; unsigned
+                (each acceptance binds the donor, commitment, digest and sent_ms: :func:`certified_power`)
+    node sealed   = seal_to_ed25519(verifier_key, node reveal)  (at most MAX_REVEAL_BYTES)
+    node reveal   = [2, node_id(20), verifier_key(32), body, signature(64)]     body: kind 2 only, its
+                                                                                node_id the signer's
+                signature: Ed25519(the model node's identity key, NODE_REVEAL_CONTEXT + msgpack([node_id,
+                           verifier_key, body]))
+    released      = [2, epoch(int), [[commitment(32), points(bin), shares(bin)], ...]]
+                0 to MAX_RELEASED items, commitments strictly increasing; each item's points and shares
+                at most MAX_RELEASED_UNITS; the shares in the clear (they are released)
 
 The commit goes in the clear (``abci_query`` :data:`COMMIT_PATH`): it shows the verifier only
 the donor and a hash. Both messages name the verifier's validator key, so one verifier cannot
@@ -28,8 +61,18 @@ a commit replayed later (:data:`MAX_SKEW_MS`), which would otherwise stand unrev
 the donor. The reveal is sealed to the verifier's key, like a donated prompt
 (:mod:`overlay.directory.donation`): only that verifier reads the prompt and the reply.
 
-Limits: a commit at most :data:`MAX_COMMIT_BYTES`; a sealed reveal at most
-:data:`MAX_REVEAL_BYTES`; 1 to :data:`TRANSCRIPT_MAX_MESSAGES` messages, a model id of 1 to
+Version 2's messages go to :data:`ESCROW_COMMIT_PATH` (the commit; the acceptance is the
+answer), :data:`CERTIFY_PATH` (the certificate), :data:`NODE_REVEAL_PATH` (a node's sealed reveal)
+and :data:`RELEASED_PATH` (a verifier's released shares of an epoch); nothing serves them yet.
+Every verifier's commit carries the same points (only the sealed shares differ), so the
+certificate carries them once and each acceptance binds their digest.
+
+Limits: a commit at most :data:`MAX_COMMIT_BYTES`; a sealed reveal (a donor's or a node's) at most
+:data:`MAX_REVEAL_BYTES`; an escrow commit at most :data:`MAX_ESCROW_COMMIT_BYTES`, an acceptance
+:data:`MAX_ACCEPTANCE_BYTES`, a certificate :data:`MAX_CERTIFICATE_BYTES`, released shares
+:data:`MAX_RELEASED_BYTES` (each computed from the escrow's limits: the most every field may take;
+released items are bounded by :data:`MAX_RELEASED_UNITS` rather than ``escrow.MAX_UNITS``, which
+would allow 300 MB); 1 to :data:`TRANSCRIPT_MAX_MESSAGES` messages, a model id of 1 to
 :data:`MAX_MODEL_ID` bytes, at most :data:`TRANSCRIPT_MAX_CHUNKS` chunks and
 :data:`TRANSCRIPT_MAX_REPLY_TOKENS` token ids (each < 2^32), a chunk's text at most
 :data:`MAX_CHUNK_TEXT` characters, any other string at most :data:`TRANSCRIPT_PROMPT_BYTES`.
@@ -40,19 +83,25 @@ no request is known to go unchecked). :func:`fits` adds "no seed": the check a d
 makes before choosing a request (a transcript that breaks them voids the donor's set).
 
 Every refusal of :func:`decode_commit`, :func:`unseal`, :func:`decode_reveal`,
-:func:`verify_commit` and :func:`verify_reveal` is a :class:`TranscriptError` with a reason;
-nothing else is raised on any input (``tests/fuzz/targets.py`` ``TranscriptWireTarget``).
+:func:`verify_commit`, :func:`verify_reveal` and version 2's :func:`decode_escrow_commit`,
+:func:`verify_escrow_commit`, :func:`open_shares`, :func:`decode_acceptance`,
+:func:`verify_acceptance`, :func:`decode_certificate`, :func:`decode_node_reveal`,
+:func:`verify_node_reveal` and :func:`decode_released` is a :class:`TranscriptError` with a reason;
+nothing else is raised on any input (``tests/fuzz/targets.py`` ``TranscriptWireTarget``), and
+:func:`certified_power` never raises.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import msgpack
 
+from overlay.directory import escrow
 from overlay.directory.donation import Signer
 from overlay.directory.registration import MAX_MODEL_ID
 from overlay.wire import codec, crypto
@@ -74,6 +123,22 @@ KEY_LEN = 32
 COMMIT_PATH = "/audit/transcript_commit"
 REVEAL_PATH = "/audit/transcript_reveal"
 MAX_SKEW_MS = 300_000  # a commit's sent_ms within 5 minutes of the verifier's clock
+# Version 2 (decision 0037): the escrowed commit, the verifiers' acceptances, the certificate, the node's
+# reveal and the released shares. Nothing serves these paths yet.
+ESCROW_VERSION = 2
+ESCROW_COMMIT_CONTEXT = b"gentorrent/transcript-commit/v2\x00"
+ACCEPT_CONTEXT = b"gentorrent/transcript-accept/v2\x00"
+NODE_REVEAL_CONTEXT = b"gentorrent/transcript-node-reveal/v2\x00"
+BODY_ESCROWED = 2
+SECRET_LEN = escrow.SECRET_LEN
+DIGEST_LEN = 32
+_POINTS_PERSON = b"gt-escrow-pts"
+ESCROW_COMMIT_PATH = "/audit/transcript_escrow_commit"
+CERTIFY_PATH = "/audit/transcript_certify"
+NODE_REVEAL_PATH = "/audit/transcript_node_reveal"
+RELEASED_PATH = "/audit/transcript_released"
+MAX_RELEASED = 4096  # withheld commitments one verifier releases for one epoch
+MAX_RELEASED_UNITS = 64  # points, and shares, of one released commitment (plans of up to 64 units)
 
 # Sizes of the wire format
 MAX_COMMIT_BYTES = 256
@@ -101,11 +166,57 @@ TRANSCRIPT_PROMPT_BYTES = 128 * 1024  # the messages' UTF-8 bytes: a reveal hold
 TRANSCRIPT_MAX_CHUNKS = 2 * TRANSCRIPT_MAX_TOKENS + 4
 TRANSCRIPT_MAX_REPLY_TOKENS = 2 * TRANSCRIPT_MAX_TOKENS
 
+# Version 2's limits, computed from msgpack's sizes: the most every field may take. A bin's header
+# takes 2 bytes up to 255 bytes, 3 up to 65,535; an array's 1 up to 15 items, 3 up to 65,535; an
+# int at most 9 (a uint64); a small int (a version, a body kind) 1.
+_BIN8, _BIN16, _FIXARRAY, _ARRAY16, _INT, _SMALL = 2, 3, 1, 3, 9, 1
+
+
+def _bin(n: int) -> int:
+    """The bytes of a msgpack bin of ``n`` bytes (at most 65,535)."""
+    if n > 0xFFFF:
+        raise ValueError("a bin of over 65,535 bytes has a 5-byte header")
+    return (_BIN8 if n <= 0xFF else _BIN16) + n
+
+
+def _points_bytes(most: int) -> int:
+    """The most an encoding of ``most`` escrow commitments takes: a header, then 32-byte bins."""
+    return (_FIXARRAY if most <= 15 else _ARRAY16) + most * _bin(escrow.POINT_LEN)
+
+
+def _shares_bytes(most: int) -> int:
+    """The most an encoding of ``most`` shares takes: a header, then ``[x, y]`` with ``x`` within
+    1..escrow.MAX_UNITS (a uint16, 3 bytes) and ``y`` a 32-byte bin."""
+    return (_FIXARRAY if most <= 15 else _ARRAY16) + most * (_FIXARRAY + 3 + _bin(SECRET_LEN))
+
+
+MAX_POINTS_BYTES = _points_bytes(escrow.MAX_UNITS)  # 34,819
+MAX_SHARES_BYTES = _shares_bytes(escrow.MAX_UNITS)  # 38,915
+MAX_SEALED_SHARES_BYTES = crypto.SEALED_OVERHEAD + MAX_SHARES_BYTES  # 38,963
+MIN_SEALED_SHARES_BYTES = crypto.SEALED_OVERHEAD + 1  # no shares: an empty array
+MAX_ESCROW_COMMIT_BYTES = (_FIXARRAY + _SMALL + _bin(NODE_ID_LEN) + _bin(KEY_LEN) + _INT + _bin(COMMITMENT_LEN)
+                           + _bin(MAX_POINTS_BYTES) + _bin(MAX_SEALED_SHARES_BYTES) + _bin(SIGNATURE_LEN))  # 73,955
+MAX_ACCEPTANCE_BYTES = (_FIXARRAY + _SMALL + _bin(KEY_LEN) + _bin(NODE_ID_LEN) + _bin(COMMITMENT_LEN)
+                        + _bin(DIGEST_LEN) + _INT + _bin(SIGNATURE_LEN))  # 201
+MAX_CERTIFICATE_BYTES = (_FIXARRAY + _SMALL + _bin(NODE_ID_LEN) + _bin(COMMITMENT_LEN) + _INT
+                         + _bin(MAX_POINTS_BYTES)
+                         + _ARRAY16 + escrow.MAX_HOLDERS * _bin(MAX_ACCEPTANCE_BYTES))  # 86,860
+MAX_RELEASED_ITEM_BYTES = (_FIXARRAY + _bin(COMMITMENT_LEN) + _bin(_points_bytes(MAX_RELEASED_UNITS))
+                           + _bin(_shares_bytes(MAX_RELEASED_UNITS)))  # 4,655
+MAX_RELEASED_BYTES = _FIXARRAY + _SMALL + _INT + _ARRAY16 + MAX_RELEASED * MAX_RELEASED_ITEM_BYTES  # 19,066,894
+
 __all__ = [
-    "COMMITMENT_LEN", "COMMIT_PATH", "MAX_COMMIT_BYTES", "MAX_REVEAL_BYTES", "NONCE_LEN", "REVEAL_PATH", "Commit",
-    "NoReply", "Reveal", "Revealed", "TranscriptError", "commitment", "decode_commit", "decode_reveal",
-    "encode_commit", "encode_reveal", "fits", "opening_problem", "seal_reveal", "transcript_problem", "unseal",
-    "verify_commit", "verify_reveal",
+    "ACCEPT_CONTEXT", "BODY_ESCROWED", "CERTIFY_PATH", "COMMITMENT_LEN", "COMMIT_PATH", "ESCROW_COMMIT_CONTEXT",
+    "ESCROW_COMMIT_PATH", "ESCROW_VERSION", "MAX_ACCEPTANCE_BYTES", "MAX_CERTIFICATE_BYTES", "MAX_COMMIT_BYTES",
+    "MAX_ESCROW_COMMIT_BYTES", "MAX_RELEASED", "MAX_RELEASED_BYTES", "MAX_RELEASED_UNITS", "MAX_REVEAL_BYTES",
+    "NODE_REVEAL_CONTEXT", "NODE_REVEAL_PATH", "NONCE_LEN", "RELEASED_PATH", "REVEAL_PATH", "Acceptance",
+    "Certificate", "Commit", "EscrowCommit", "NoReply", "NodeReveal", "ReleasedItem", "Reveal", "Revealed",
+    "TranscriptError", "certified_power", "commitment", "decode_acceptance", "decode_certificate", "decode_commit",
+    "decode_escrow_commit", "decode_node_reveal", "decode_released", "decode_reveal", "encode_acceptance",
+    "encode_certificate", "encode_commit", "encode_escrow_commit", "encode_node_reveal", "encode_released",
+    "encode_reveal", "fits", "open_shares", "opening_problem", "points_digest", "seal_node_reveal", "seal_reveal",
+    "transcript_problem", "unseal", "verify_acceptance", "verify_commit", "verify_escrow_commit",
+    "verify_node_reveal", "verify_reveal",
 ]
 
 
@@ -172,7 +283,11 @@ class NoReply:
 class Revealed:
     """A committed request and its reply: the node addressed, the commitment's nonce, the request
     (model, messages, parameters, id) and the reply as the donor got it (the signer, every chunk's
-    text and token ids, the final chunk's signature and signing time)."""
+    text and token ids, the final chunk's signature and signing time).
+
+    ``secret`` (decision 0037): empty for a body of kind 1; else the escrowed secret's 32 bytes
+    (kind 2), which the wire carries in the nonce's place: decoding sets ``nonce`` to
+    ``escrow.nonce_of`` of it, and whoever builds one with a secret sets the nonce so."""
 
     node_id: bytes
     nonce: bytes
@@ -184,10 +299,12 @@ class Revealed:
     chunks: tuple[tuple[str, tuple[int, ...]], ...]
     signature: bytes
     signed_at_ms: int
+    secret: bytes = b""
 
     def wire(self) -> list[Any]:
         p = self.params
-        return [BODY_TRANSCRIPT, self.node_id, self.nonce, self.model, [[m.role, m.content] for m in self.messages],
+        kind, nonce = (BODY_ESCROWED, self.secret) if self.secret else (BODY_TRANSCRIPT, self.nonce)
+        return [kind, self.node_id, nonce, self.model, [[m.role, m.content] for m in self.messages],
                 [p.temperature, p.top_p, p.top_k, p.max_tokens, p.seed], self.request_id, self.served_by,
                 [[t, list(ids)] for t, ids in self.chunks], self.signature, self.signed_at_ms]
 
@@ -208,6 +325,82 @@ class Reveal:
         return [self.donor, self.verifier, self.body.wire()]
 
 
+@dataclass(frozen=True, slots=True)
+class EscrowCommit:
+    """A donor's escrowed commitment to one verifier (decision 0037): :class:`Commit`'s fields, the
+    dealt secret's public points (``points``, decoded and checked; ``points_raw``, their bytes as
+    sent) and the verifier's shares sealed to its key (:func:`open_shares`)."""
+
+    donor: bytes
+    verifier: bytes
+    sent_ms: int
+    value: bytes
+    points: tuple[bytes, ...]
+    points_raw: bytes
+    sealed_shares: bytes
+    signature: bytes = b""
+
+    def signed(self) -> list[Any]:
+        return [self.donor, self.verifier, self.sent_ms, self.value, self.points_raw, self.sealed_shares]
+
+    def wire(self) -> list[Any]:
+        return [ESCROW_VERSION, *self.signed(), self.signature]
+
+
+@dataclass(frozen=True, slots=True)
+class Acceptance:
+    """A verifier's signed acceptance of a donor's escrowed commitment ``value`` made at
+    ``sent_ms``, whose shares it checked against the points of digest ``digest``."""
+
+    verifier: bytes
+    donor: bytes
+    value: bytes
+    digest: bytes
+    sent_ms: int
+    signature: bytes = b""
+
+    def signed(self) -> list[Any]:
+        return [self.verifier, self.donor, self.value, self.digest, self.sent_ms]
+
+    def wire(self) -> list[Any]:
+        return [ESCROW_VERSION, *self.signed(), self.signature]
+
+
+@dataclass(frozen=True, slots=True)
+class Certificate:
+    """The acceptances a donor got for one escrowed commitment, as it hands them to every verifier
+    (unsigned: :func:`certified_power` counts only what the acceptances bind)."""
+
+    donor: bytes
+    value: bytes
+    sent_ms: int
+    points: tuple[bytes, ...]
+    points_raw: bytes
+    acceptances: tuple[Acceptance, ...]
+
+    def wire(self) -> list[Any]:
+        return [ESCROW_VERSION, self.donor, self.value, self.sent_ms, self.points_raw,
+                [_pack(a.wire()) for a in self.acceptances]]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeReveal:
+    """A model node's reveal to one verifier of a request addressed to it whose commitment the
+    donor withheld: the transcript (kind 2: with the secret the node rebuilt)."""
+
+    node_id: bytes
+    verifier: bytes
+    body: Revealed
+    signature: bytes = b""
+
+    def signed(self) -> list[Any]:
+        return [self.node_id, self.verifier, self.body.wire()]
+
+
+# One released commitment: the commitment, its points, the releasing verifier's shares of it
+ReleasedItem = tuple[bytes, tuple[bytes, ...], tuple[escrow.Share, ...]]
+
+
 def _pack(obj: object) -> bytes:
     out: bytes = msgpack.packb(obj, use_bin_type=True)
     return out
@@ -219,6 +412,24 @@ def commit_signing_bytes(c: Commit) -> bytes:
 
 def reveal_signing_bytes(r: Reveal) -> bytes:
     return REVEAL_CONTEXT + _pack(r.signed())
+
+
+def escrow_commit_signing_bytes(c: EscrowCommit) -> bytes:
+    return ESCROW_COMMIT_CONTEXT + _pack(c.signed())
+
+
+def acceptance_signing_bytes(a: Acceptance) -> bytes:
+    return ACCEPT_CONTEXT + _pack(a.signed())
+
+
+def node_reveal_signing_bytes(nr: NodeReveal) -> bytes:
+    return NODE_REVEAL_CONTEXT + _pack(nr.signed())
+
+
+def points_digest(points_raw: bytes) -> bytes:
+    """BLAKE2b-256 of an escrow commit's points as sent, personalised ``gt-escrow-pts``: what an
+    acceptance binds."""
+    return crypto.blake2b(points_raw, size=DIGEST_LEN, person=_POINTS_PERSON)
 
 
 # --------------------------------------------------------------------------- making
@@ -241,6 +452,60 @@ def seal_reveal(verifier: bytes, signer: Signer, donor: bytes, body: Body) -> by
     :class:`overlay.wire.crypto.CryptoError` for a key that is not a valid point. The size is the
     sender's to keep (at most :data:`MAX_REVEAL_BYTES`)."""
     return crypto.seal_to_ed25519(verifier, encode_reveal(signer, donor, verifier, body))
+
+
+def encode_escrow_commit(signer: Signer, donor: bytes, verifier: bytes, sent_ms: int, value: bytes,
+                         points_raw: bytes, shares: Sequence[escrow.Share]) -> bytes:
+    """The escrowed commit of ``value`` from ``donor`` to the verifier whose validator key is
+    ``verifier``: ``points_raw`` (:func:`overlay.directory.escrow.encode_commitments` of the deal's
+    points, written as given) and that verifier's ``shares``, sealed to its key; signed by
+    ``signer`` (the donor's key). :class:`overlay.directory.escrow.EscrowError` for malformed
+    shares, :class:`overlay.wire.crypto.CryptoError` for a key that is not a valid point."""
+    sealed = crypto.seal_to_ed25519(verifier, escrow.encode_shares(shares))
+    c = EscrowCommit(donor, verifier, sent_ms, value, (), points_raw, sealed)
+    return _pack([ESCROW_VERSION, *c.signed(), signer.sign(escrow_commit_signing_bytes(c))])
+
+
+def encode_acceptance(signer: Signer, verifier: bytes, donor: bytes, value: bytes, digest: bytes,
+                      sent_ms: int) -> bytes:
+    """A verifier's acceptance of ``donor``'s escrowed commitment ``value`` (sent at ``sent_ms``,
+    its points of digest ``digest``: :func:`points_digest`), signed by ``signer`` (the verifier's
+    validator key, whose public key is ``verifier``)."""
+    a = Acceptance(verifier, donor, value, digest, sent_ms)
+    return _pack([ESCROW_VERSION, *a.signed(), signer.sign(acceptance_signing_bytes(a))])
+
+
+def encode_certificate(donor: bytes, value: bytes, sent_ms: int, points_raw: bytes,
+                       acceptances_raw: Sequence[bytes]) -> bytes:
+    """The certificate of ``donor``'s escrowed commitment ``value``: the points as sent and the
+    acceptances' bytes as received (written as given)."""
+    return _pack([ESCROW_VERSION, donor, value, sent_ms, points_raw, list(acceptances_raw)])
+
+
+def encode_node_reveal(signer: Signer, node_id: bytes, verifier: bytes, body: Revealed) -> bytes:
+    """A node reveal's plaintext, signed by ``signer`` (the node's identity key); ``ValueError``
+    unless ``body`` is an escrowed transcript (with its secret)."""
+    if not isinstance(body, Revealed) or not body.secret:
+        raise ValueError("a node reveals an escrowed transcript (a body with its secret)")
+    nr = NodeReveal(node_id, verifier, body)
+    return _pack([ESCROW_VERSION, *nr.signed(), signer.sign(node_reveal_signing_bytes(nr))])
+
+
+def seal_node_reveal(verifier: bytes, signer: Signer, node_id: bytes, body: Revealed) -> bytes:
+    """:func:`encode_node_reveal` sealed to ``verifier`` (its Ed25519 validator key), as
+    :func:`seal_reveal`; opened with :func:`unseal`."""
+    return crypto.seal_to_ed25519(verifier, encode_node_reveal(signer, node_id, verifier, body))
+
+
+def encode_released(epoch: int, items: Sequence[ReleasedItem]) -> bytes:
+    """A verifier's released shares of ``epoch``: ``items`` of (commitment, points, shares), written
+    in ascending order of commitment. ``ValueError`` for a commitment given twice;
+    :class:`overlay.directory.escrow.EscrowError` for malformed points or shares."""
+    ordered = sorted(items, key=lambda item: item[0])
+    if any(a[0] == b[0] for a, b in itertools.pairwise(ordered)):
+        raise ValueError("a commitment is released once")
+    return _pack([ESCROW_VERSION, epoch, [[v, escrow.encode_commitments(points), escrow.encode_shares(shares)]
+                                          for v, points, shares in ordered]])
 
 
 def fits(model: str, messages: Sequence[ChatMessage], params: SamplingParams) -> str | None:
@@ -331,12 +596,12 @@ def _array(r: codec.ShapeReader, lo: int, hi: int, what: str, field: str) -> int
     return n
 
 
-def _version(r: codec.ShapeReader, n: int, what: str, shape: str) -> None:
+def _version(r: codec.ShapeReader, n: int, what: str, shape: str, want: int = TRANSCRIPT_VERSION) -> None:
     if r.array() != n:
         raise _malformed(what, shape)
     version = r.value()
-    if type(version) is not int or version != TRANSCRIPT_VERSION:
-        raise TranscriptError(f"{what} version {version!r} is not {TRANSCRIPT_VERSION}", unsupported_version=True)
+    if type(version) is not int or version != want:
+        raise TranscriptError(f"{what} version {version!r} is not {want}", unsupported_version=True)
 
 
 def _read(raw: Any, limit: int, what: str, read: Any) -> Any:
@@ -379,16 +644,41 @@ def decode_commit(raw: bytes) -> Commit:
 
 
 def _read_body(r: codec.ShapeReader) -> Body:
+    """A donor's reveal's body: kind 0, 1 or 2."""
     what = "transcript reveal"
     n = r.array()
     kind = r.value() if n else None
     if kind == BODY_NO_REPLY and type(kind) is int and n == 2:
         return NoReply(_bytes(r.value(), COMMITMENT_LEN, what, "the commitment"))
-    if kind != BODY_TRANSCRIPT or type(kind) is not int or n != 11:
-        raise _malformed(what, "well formed: its body is [0, commitment] or [1, node id, nonce, model, messages, "
-                               "params, request id, served by, chunks, signature, signed_at_ms]")
+    if type(kind) is not int or kind not in (BODY_TRANSCRIPT, BODY_ESCROWED) or n != 11:
+        raise _malformed(what, "well formed: its body is [0, commitment], [1, node id, nonce, model, messages, "
+                               "params, request id, served by, chunks, signature, signed_at_ms] or [2, node id, "
+                               "secret, ...]")
+    return _read_transcript(r, what, kind)
+
+
+def _read_escrowed_body(r: codec.ShapeReader, what: str) -> Revealed:
+    """A node reveal's body: kind 2 only."""
+    n = r.array()
+    kind = r.value() if n else None
+    if type(kind) is not int or kind != BODY_ESCROWED or n != 11:
+        raise _malformed(what, "well formed: its body is [2, node id, secret, model, messages, params, request id, "
+                               "served by, chunks, signature, signed_at_ms]")
+    return _read_transcript(r, what, kind)
+
+
+def _read_transcript(r: codec.ShapeReader, what: str, kind: int) -> Revealed:
+    """The fields of a body of kind 1 or 2 after its kind."""
     node_id = _bytes(r.value(), NODE_ID_LEN, what, "the node id")
-    nonce = _bytes(r.value(), NONCE_LEN, what, "the nonce")
+    secret = b""
+    if kind == BODY_ESCROWED:
+        secret = _bytes(r.value(), SECRET_LEN, what, "the secret")
+        try:
+            nonce = escrow.nonce_of(escrow.scalar_of(secret))
+        except escrow.EscrowError:
+            raise _malformed(what, "well formed: the secret is not a canonical scalar within 1..L-1") from None
+    else:
+        nonce = _bytes(r.value(), NONCE_LEN, what, "the nonce")
     model = r.value()
     if type(model) is not str or not 0 < len(model.encode("utf-8", errors="surrogatepass")) <= MAX_MODEL_ID:
         raise _malformed(what, f"well formed: the model is not a string of 1-{MAX_MODEL_ID} bytes")
@@ -429,7 +719,7 @@ def _read_body(r: codec.ShapeReader) -> Body:
     signed_at_ms = _int(r.value(), 0, 2**63 - 1, what, "signed_at_ms")
     return Revealed(node_id, nonce, model, tuple(messages),
                     SamplingParams(temperature=temp, top_p=top_p, top_k=top_k, max_tokens=max_tokens, seed=seed),
-                    request_id, served_by, tuple(chunks), sig, signed_at_ms)
+                    request_id, served_by, tuple(chunks), sig, signed_at_ms, secret)
 
 
 def _read_reveal(r: codec.ShapeReader) -> tuple[Reveal, list[Any]]:
@@ -481,3 +771,225 @@ def verify_commit(c: Commit, ed25519_public: bytes) -> None:
 def verify_reveal(r: Reveal, ed25519_public: bytes) -> None:
     """:class:`TranscriptError` unless ``ed25519_public`` is the donor's key and signed ``r``."""
     _verify(ed25519_public, r.donor, r.signature, reveal_signing_bytes(r), "reveal")
+
+
+# --------------------------------------------------------------------------- version 2 (decision 0037)
+
+
+def _points(v: Any, what: str) -> tuple[tuple[bytes, ...], bytes]:
+    """An escrow's points as sent (a bin): decoded strictly, every point checked."""
+    if type(v) is not bytes or len(v) > MAX_POINTS_BYTES:
+        raise _malformed(what, f"well formed: the points are not a bin of at most {MAX_POINTS_BYTES} bytes")
+    try:
+        return escrow.decode_commitments(v, escrow.MAX_UNITS), v
+    except escrow.EscrowError as exc:
+        raise _malformed(what, f"well formed: the points are refused ({exc.reason})") from None
+
+
+def _read_escrow_commit(r: codec.ShapeReader) -> tuple[EscrowCommit, list[Any]]:
+    what = "transcript escrow commit"
+    _version(r, 8, what, "[version, donor, verifier key, sent_ms, commitment, points, sealed shares, signature]",
+             ESCROW_VERSION)
+    donor = _bytes(r.value(), NODE_ID_LEN, what, "the donor node id")
+    verifier = _bytes(r.value(), KEY_LEN, what, "the verifier key")
+    sent_ms = _int(r.value(), 0, 2**63 - 1, what, "sent_ms")
+    value = _bytes(r.value(), COMMITMENT_LEN, what, "the commitment")
+    points, points_raw = _points(r.value(), what)
+    sealed = r.value()
+    if type(sealed) is not bytes or not MIN_SEALED_SHARES_BYTES <= len(sealed) <= MAX_SEALED_SHARES_BYTES:
+        raise _malformed(what, f"well formed: the sealed shares are not a bin of {MIN_SEALED_SHARES_BYTES} to "
+                               f"{MAX_SEALED_SHARES_BYTES} bytes")
+    sig = _bytes(r.value(), SIGNATURE_LEN, what, "the signature")
+    c = EscrowCommit(donor, verifier, sent_ms, value, points, points_raw, sealed, sig)
+    return c, c.wire()
+
+
+def decode_escrow_commit(raw: bytes) -> EscrowCommit:
+    """An escrowed commit, decoded strictly (module docstring), its points checked to be valid
+    points; neither its signature (:func:`verify_escrow_commit`) nor its shares
+    (:func:`open_shares`) are checked here. :class:`TranscriptError` with the reason otherwise."""
+    out: EscrowCommit = _read(raw, MAX_ESCROW_COMMIT_BYTES, "transcript escrow commit", _read_escrow_commit)
+    return out
+
+
+def verify_escrow_commit(c: EscrowCommit, ed25519_public: bytes) -> None:
+    """:class:`TranscriptError` unless ``ed25519_public`` is the donor's key and signed ``c``."""
+    _verify(ed25519_public, c.donor, c.signature, escrow_commit_signing_bytes(c), "escrow commit")
+
+
+def open_shares(seed32: bytes, c: EscrowCommit) -> tuple[escrow.Share, ...]:
+    """The shares sealed in ``c``, opened with the verifier's Ed25519 seed and decoded strictly
+    (not checked against the points: :func:`overlay.directory.escrow.verify_holder`; nor is
+    ``c.verifier`` compared with the seed's key). :class:`TranscriptError` if they were sealed to
+    another key, altered, or are not shares."""
+    sealed = c.sealed_shares if isinstance(c, EscrowCommit) else None
+    if type(sealed) is not bytes or not MIN_SEALED_SHARES_BYTES <= len(sealed) <= MAX_SEALED_SHARES_BYTES:
+        raise _malformed("sealed shares", f"a bin of {MIN_SEALED_SHARES_BYTES} to {MAX_SEALED_SHARES_BYTES} bytes")
+    if type(seed32) is not bytes:
+        raise _malformed("verifier's seed", "bytes")
+    try:
+        plain = crypto.open_sealed_ed25519(seed32, sealed)
+    except crypto.CryptoError:
+        raise TranscriptError("the shares do not open with this verifier's key (sealed to another key, or "
+                              "altered)") from None
+    try:
+        return escrow.decode_shares(plain, escrow.MAX_UNITS)
+    except escrow.EscrowError as exc:
+        raise _malformed("sealed shares", f"shares ({exc.reason})") from None
+
+
+def _read_acceptance(r: codec.ShapeReader) -> tuple[Acceptance, list[Any]]:
+    what = "transcript acceptance"
+    _version(r, 7, what, "[version, verifier key, donor, commitment, points digest, sent_ms, signature]",
+             ESCROW_VERSION)
+    verifier = _bytes(r.value(), KEY_LEN, what, "the verifier key")
+    donor = _bytes(r.value(), NODE_ID_LEN, what, "the donor node id")
+    value = _bytes(r.value(), COMMITMENT_LEN, what, "the commitment")
+    digest = _bytes(r.value(), DIGEST_LEN, what, "the points digest")
+    sent_ms = _int(r.value(), 0, 2**63 - 1, what, "sent_ms")
+    sig = _bytes(r.value(), SIGNATURE_LEN, what, "the signature")
+    a = Acceptance(verifier, donor, value, digest, sent_ms, sig)
+    return a, a.wire()
+
+
+def decode_acceptance(raw: bytes) -> Acceptance:
+    """An acceptance, decoded strictly (module docstring); its signature is not checked here
+    (:func:`verify_acceptance`). :class:`TranscriptError` with the reason otherwise."""
+    out: Acceptance = _read(raw, MAX_ACCEPTANCE_BYTES, "transcript acceptance", _read_acceptance)
+    return out
+
+
+def verify_acceptance(a: Acceptance, verifier_public: bytes) -> None:
+    """:class:`TranscriptError` unless ``verifier_public`` is the key ``a`` names and signed it."""
+    if type(verifier_public) is not bytes or len(verifier_public) != crypto.ED25519_PK_LEN \
+            or verifier_public != a.verifier:
+        raise TranscriptError("the key is not the one the acceptance names")
+    try:
+        crypto.ed25519_verify(verifier_public, a.signature, acceptance_signing_bytes(a))
+    except crypto.CryptoError:
+        raise TranscriptError("the acceptance's signature does not verify with the verifier's key") from None
+
+
+def _read_certificate(r: codec.ShapeReader) -> tuple[Certificate, list[Any]]:
+    what = "transcript certificate"
+    _version(r, 6, what, "[version, donor, commitment, sent_ms, points, acceptances]", ESCROW_VERSION)
+    donor = _bytes(r.value(), NODE_ID_LEN, what, "the donor node id")
+    value = _bytes(r.value(), COMMITMENT_LEN, what, "the commitment")
+    sent_ms = _int(r.value(), 0, 2**63 - 1, what, "sent_ms")
+    points, points_raw = _points(r.value(), what)
+    acceptances = []
+    for i in range(_array(r, 1, escrow.MAX_HOLDERS, what, "the acceptances")):
+        v = r.value()
+        if type(v) is not bytes:
+            raise _malformed(what, "well formed: an acceptance is not a bin")
+        try:
+            acceptances.append(decode_acceptance(v))
+        except TranscriptError as exc:
+            raise _malformed(what, f"well formed: acceptance {i}: {exc.reason}") from None
+    c = Certificate(donor, value, sent_ms, points, points_raw, tuple(acceptances))
+    return c, c.wire()
+
+
+def decode_certificate(raw: bytes) -> Certificate:
+    """A certificate, decoded strictly (module docstring), every acceptance in it too; what the
+    acceptances bind and their signatures are not checked here (:func:`certified_power`).
+    :class:`TranscriptError` with the reason otherwise."""
+    out: Certificate = _read(raw, MAX_CERTIFICATE_BYTES, "transcript certificate", _read_certificate)
+    return out
+
+
+def certified_power(cert: Certificate, validators: Mapping[bytes, int]) -> int:
+    """The summed power of the distinct keys of ``validators`` (validator key to voting power) that
+    accepted ``cert``'s commitment: an acceptance counts when its key is one of them, it names the
+    certificate's donor, commitment, points digest and sent_ms, and its signature verifies. Others
+    (unknown keys, a key counted already, mismatches, bad signatures) add nothing. Never raises."""
+    try:
+        digest = points_digest(cert.points_raw)
+        bound = (cert.donor, cert.value, digest, cert.sent_ms)
+        acceptances = tuple(cert.acceptances)
+    except (AttributeError, TypeError, ValueError):  # not a certificate: nothing certified
+        return 0
+    counted: set[bytes] = set()
+    total = 0
+    for a in acceptances:
+        try:
+            key = a.verifier
+            power = validators.get(key)
+            if type(key) is not bytes or key in counted or type(power) is not int or power <= 0 \
+                    or (a.donor, a.value, a.digest, a.sent_ms) != bound:
+                continue
+            verify_acceptance(a, key)
+        except (TranscriptError, AttributeError, TypeError, ValueError):  # it adds nothing
+            continue
+        counted.add(key)
+        total += power
+    return total
+
+
+def _read_node_reveal(r: codec.ShapeReader) -> tuple[NodeReveal, list[Any]]:
+    what = "transcript node reveal"
+    _version(r, 5, what, "[version, node id, verifier key, body, signature]", ESCROW_VERSION)
+    node_id = _bytes(r.value(), NODE_ID_LEN, what, "the node id")
+    verifier = _bytes(r.value(), KEY_LEN, what, "the verifier key")
+    body = _read_escrowed_body(r, what)
+    sig = _bytes(r.value(), SIGNATURE_LEN, what, "the signature")
+    out = NodeReveal(node_id, verifier, body, sig)
+    return out, [ESCROW_VERSION, *out.signed(), sig]
+
+
+def decode_node_reveal(plaintext: bytes) -> NodeReveal:
+    """A node reveal's plaintext (:func:`unseal` opens it), decoded strictly (module docstring);
+    its signature is not checked here (:func:`verify_node_reveal`). :class:`TranscriptError`
+    with the reason otherwise."""
+    out: NodeReveal = _read(plaintext, MAX_REVEAL_BYTES, "transcript node reveal", _read_node_reveal)
+    return out
+
+
+def verify_node_reveal(nr: NodeReveal, node_public: bytes) -> None:
+    """:class:`TranscriptError` unless ``node_public`` is the key of the node ``nr`` names, the
+    transcript is of a request addressed to that node, and the node signed ``nr``."""
+    if type(node_public) is not bytes or len(node_public) != crypto.ED25519_PK_LEN \
+            or node_id_of(node_public) != nr.node_id:
+        raise TranscriptError("the key is not the node's")
+    if nr.body.node_id != nr.node_id:
+        raise TranscriptError("a node reveals only requests addressed to it: the transcript names another node")
+    try:
+        crypto.ed25519_verify(node_public, nr.signature, node_reveal_signing_bytes(nr))
+    except crypto.CryptoError:
+        raise TranscriptError("the node reveal's signature does not verify with the node's key") from None
+
+
+def _read_released(r: codec.ShapeReader) -> tuple[tuple[int, tuple[ReleasedItem, ...]], list[Any]]:
+    what = "transcript released shares"
+    _version(r, 3, what, "[version, epoch, [[commitment, points, shares], ...]]", ESCROW_VERSION)
+    epoch = _int(r.value(), 0, 2**63 - 1, what, "the epoch")
+    items: list[ReleasedItem] = []
+    wire: list[list[Any]] = []
+    for _ in range(_array(r, 0, MAX_RELEASED, what, "the released commitments")):
+        if r.array() != 3:
+            raise _malformed(what, "well formed: an item is [commitment, points, shares]")
+        value = _bytes(r.value(), COMMITMENT_LEN, what, "the commitment")
+        if items and value <= items[-1][0]:
+            raise _malformed(what, "well formed: the commitments are not strictly increasing")
+        points_raw, shares_raw = r.value(), r.value()
+        if type(points_raw) is not bytes or type(shares_raw) is not bytes:
+            raise _malformed(what, "well formed: an item's points and shares are not bins")
+        try:
+            points = escrow.decode_commitments(points_raw, MAX_RELEASED_UNITS)
+            shares = escrow.decode_shares(shares_raw, MAX_RELEASED_UNITS)
+        except escrow.EscrowError as exc:
+            raise _malformed(what, f"well formed: an item is refused ({exc.reason})") from None
+        items.append((value, points, shares))
+        wire.append([value, points_raw, shares_raw])
+    out = (epoch, tuple(items))
+    return out, [ESCROW_VERSION, epoch, wire]
+
+
+def decode_released(raw: bytes) -> tuple[int, tuple[ReleasedItem, ...]]:
+    """A verifier's released shares, decoded strictly (module docstring): the epoch and each
+    commitment's points and shares (not checked against each other here:
+    :func:`overlay.directory.escrow.verify_shares`). :class:`TranscriptError` with the reason
+    otherwise."""
+    out: tuple[int, tuple[ReleasedItem, ...]] = _read(raw, MAX_RELEASED_BYTES, "transcript released shares",
+                                                       _read_released)
+    return out

@@ -14,9 +14,11 @@ The same classes run under hypothesis (``tests/fuzz/test_fuzz.py``: stateless ta
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
+import random
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -39,6 +41,7 @@ from overlay.anon.signing import (
     reply_signing_bytes,
     request_digest,
 )
+from overlay.directory import escrow
 from overlay.directory import quota as qw
 from overlay.directory import registration as vtx
 from overlay.directory import transcripts as tw
@@ -1323,14 +1326,49 @@ class ReplyTarget(Target):
         return len(seq)
 
 
+def _count(obj: Any) -> int:
+    """The items of a msgpack tree, itself included."""
+    return 1 + sum(_count(v) for v in obj) if isinstance(obj, list) else 1
+
+
+def _loose_pack(obj: Any, at: list[int]) -> bytes:
+    """``obj`` as msgpack, its item number ``at[0]`` (in :func:`_count`'s order) in the widest
+    encoding of its type (an int as an int64 or uint64, a bin, str or array header of 32 bits):
+    a non-canonical encoding of the same values, where the type has a wider one."""
+    wide = at[0] == 0
+    at[0] -= 1
+    if isinstance(obj, list):
+        n = len(obj)
+        head = (b"\xdd" + n.to_bytes(4, "big") if wide or n > 0xFFFF else bytes([0x90 | n]) if n <= 15
+                else b"\xdc" + n.to_bytes(2, "big"))
+        return head + b"".join(_loose_pack(v, at) for v in obj)
+    if not wide or isinstance(obj, bool):
+        return mutate.pack(obj)
+    if isinstance(obj, int):
+        return b"\xcf" + obj.to_bytes(8, "big") if obj >= 0 else b"\xd3" + obj.to_bytes(8, "big", signed=True)
+    if isinstance(obj, bytes):
+        return b"\xc6" + len(obj).to_bytes(4, "big") + obj
+    if isinstance(obj, str):
+        raw = obj.encode("utf-8", errors="surrogatepass")
+        return b"\xdb" + len(raw).to_bytes(4, "big") + raw
+    return mutate.pack(obj)
+
+
 class TranscriptWireTarget(Target):
     """A donor's transcript commit and reveal at a verifier (``overlay.directory.transcripts.decode_commit``,
     ``decode_reveal``, then ``verify_commit`` / ``verify_reveal``; decision 0015). Contract: only
     :class:`TranscriptError` with a reason is raised; what decodes is canonical (it encodes back to
-    exactly the input); only the donor-signed corpus verifies with the donor's key."""
+    exactly the input); only the donor-signed corpus verifies with the donor's key.
+
+    ``feed_escrow``: version 2 (decision 0037), every decoder of the module on escrowed commits,
+    acceptances, certificates, node reveals, released shares and reveals of kind 2, whole or with
+    the msgpack nested in their bins (points, acceptances, shares) mutated. Contract: as above, and
+    only the corpus verifies with its signer's key (the donor's, the verifier's, the node's); sealed
+    shares open only to the corpus's; a certificate certifies power only for the corpus's
+    commitment, points and sent_ms, at most the validators' total, never raising."""
 
     NAME = "transcript_wire"
-    STEPS = ("feed",)
+    STEPS = ("feed", "feed_escrow")
 
     def __init__(self) -> None:
         super().__init__()
@@ -1344,6 +1382,58 @@ class TranscriptWireTarget(Target):
         self.corpus = [tw.encode_commit(donor, donor.node_id, verifier, T0 * 1000, b"\x09" * 32),
                        tw.encode_reveal(donor, donor.node_id, verifier, body),
                        tw.encode_reveal(donor, donor.node_id, verifier, tw.NoReply(b"\x07" * 32))]
+        self._escrow_corpus(donor, node, body)
+
+    def _escrow_corpus(self, donor: Identity, node: Identity, body: tw.Revealed) -> None:
+        rng = random.Random(37)
+        self.donor, self.node = donor, node
+        self.verifiers = [crypto.SigningKey.from_bytes(bytes([i + 1]) * 32) for i in range(3)]
+        self.powers = {k.public_bytes: p for k, p in zip(self.verifiers, (1, 2, 3), strict=True)}
+        secret = escrow.new_secret(rng)
+        d = escrow.deal(secret, escrow.plan([1, 2, 3]), rng)
+        points = escrow.encode_commitments(d.commitments)
+        self.bound = (donor.node_id, b"\x09" * 32, T0 * 1000, tw.points_digest(points))
+        v0 = self.verifiers[0]
+        kind2 = dataclasses.replace(body, nonce=escrow.nonce_of(secret), secret=escrow.scalar_bytes(secret))
+        self.shares = d.shares[0]
+        self.acceptances = [tw.encode_acceptance(k, k.public_bytes, donor.node_id, b"\x09" * 32, self.bound[3],
+                                                 T0 * 1000) for k in self.verifiers]
+        self.signed_by = {  # what verifies, and with which key
+            tw.encode_escrow_commit(donor, donor.node_id, v0.public_bytes, T0 * 1000, b"\x09" * 32, points,
+                                    self.shares): donor.ed25519_public,
+            **{a: k.public_bytes for a, k in zip(self.acceptances, self.verifiers, strict=True)},
+            tw.encode_node_reveal(node, node.node_id, v0.public_bytes, kind2): node.ed25519_public,
+            tw.encode_reveal(donor, donor.node_id, v0.public_bytes, kind2): donor.ed25519_public,
+        }
+        self.escrow_corpus = [
+            *self.signed_by,
+            tw.encode_certificate(donor.node_id, b"\x09" * 32, T0 * 1000, points, self.acceptances),
+            tw.encode_released(7, [(b"\x05" * 32, d.commitments, d.shares[1]),
+                                   (b"\x06" * 32, d.commitments, d.shares[2])]),
+            *self.corpus,
+        ]
+
+    def _nested(self, src: Source, data: bytes) -> bytes:
+        """``data`` (a corpus item) with a bin that holds msgpack (points, an acceptance, shares)
+        mutated in place, the rest as it was."""
+        tree = mutate.unpack(data)
+        bins: list[tuple[list[Any], int]] = []
+
+        def walk(node: Any) -> None:
+            if isinstance(node, list):
+                for i, v in enumerate(node):
+                    if isinstance(v, bytes) and len(v) > 1 and v[0] in (0x90, 0x91, 0x92, 0x93, 0x94, 0x95, 0x96,
+                                                                        0x97, 0x98, 0x99, 0x9A, 0x9B, 0x9C, 0x9D,
+                                                                        0x9E, 0x9F, 0xDC):
+                        bins.append((node, i))
+                    walk(v)
+
+        walk(tree)
+        if not bins:
+            return data
+        node, i = choice(src, bins)
+        node[i] = mutate.payload(src, [node[i]])[1]
+        return mutate.pack(tree)
 
     def feed(self, src: Source) -> int:
         _, data = mutate.payload(src, self.corpus)
@@ -1366,6 +1456,69 @@ class TranscriptWireTarget(Target):
             else:
                 assert data in self.corpus, "only what the donor signed verifies"
         return 1
+
+
+    def feed_escrow(self, src: Source) -> int:
+        _, data = mutate.payload(src, self.escrow_corpus)
+        if chance(src, 30):
+            data = self._nested(src, choice(src, self.escrow_corpus))
+        elif chance(src, 15):  # the same values, one of them in a wider encoding than msgpack's shortest
+            tree = mutate.unpack(choice(src, self.escrow_corpus))
+            data = _loose_pack(tree, [src.int(0, _count(tree) - 1)])
+        decoders: tuple[Any, ...] = (tw.decode_commit, tw.decode_reveal, tw.decode_escrow_commit, tw.decode_acceptance,
+                                     tw.decode_certificate, tw.decode_node_reveal, tw.decode_released)
+        for decode in decoders:
+            try:
+                m = decode(data)
+            except tw.TranscriptError as exc:
+                assert exc.reason, "a refusal says why"
+                self.rejected += 1
+                continue
+            assert self._encoded(m) == data, "one encoding per message"
+            self._check(m, data)
+        return 1
+
+    @staticmethod
+    def _encoded(m: Any) -> bytes:
+        if isinstance(m, tw.Commit | tw.Reveal):
+            wire: list[Any] = [tw.TRANSCRIPT_VERSION, *m.signed(), m.signature]
+        elif isinstance(m, tw.NodeReveal):
+            wire = [tw.ESCROW_VERSION, *m.signed(), m.signature]
+        elif isinstance(m, tuple):  # released shares
+            return tw.encode_released(m[0], m[1])
+        else:
+            wire = m.wire()
+        out: bytes = msgpack.packb(wire, use_bin_type=True)
+        return out
+
+    def _check(self, m: Any, data: bytes) -> None:
+        if isinstance(m, tw.Certificate):
+            power = tw.certified_power(m, self.powers)
+            assert 0 <= power <= sum(self.powers.values())
+            assert not power or (m.donor, m.value, m.sent_ms, tw.points_digest(m.points_raw)) == self.bound, (
+                "only what the verifiers accepted is certified")
+            return
+        if isinstance(m, tuple):
+            return
+        if isinstance(m, tw.EscrowCommit):
+            try:
+                shares = tw.open_shares(self.verifiers[0].private_bytes(), m)
+            except tw.TranscriptError as exc:
+                assert exc.reason
+            else:
+                assert shares == self.shares or data not in self.signed_by, "the corpus's shares open as sealed"
+        verify: Any = {tw.Commit: tw.verify_commit, tw.Reveal: tw.verify_reveal,
+                       tw.EscrowCommit: tw.verify_escrow_commit, tw.Acceptance: tw.verify_acceptance,
+                       tw.NodeReveal: tw.verify_node_reveal}[type(m)]
+        keys = {self.key, self.node.ed25519_public, *self.powers}
+        for key in keys:
+            try:
+                verify(m, key)
+            except tw.TranscriptError:
+                self.rejected += 1
+            else:
+                assert self.signed_by.get(data) == key or (data in self.corpus and key == self.key), (
+                    "only what its signer signed verifies, with its signer's key")
 
 
 class QuotaWireTarget(Target):

@@ -312,7 +312,7 @@ def forge(body: list[Any], version: int = tr.BOOK_VERSION) -> bytes:
 
 
 def a_set(epoch: int, donor: bytes, values: list[bytes], void: str = "", at: int = T0_MS) -> list[Any]:
-    return [epoch, donor, void, [[v, at, None] for v in values]]
+    return [epoch, donor, void, [[v, at, None, None, None] for v in values]]
 
 
 def body(sets: list[Any] | None = None, burnt: list[Any] | None = None, history: list[Any] | None = None,
@@ -332,7 +332,7 @@ def test_the_format_is_as_documented() -> None:
     reply = msgpack.packb(t.reply.to_wire(), use_bin_type=True)
     want = body(
         sets=[[3, DONORS[0], "", [[t.commitment(), T0_MS, [t.node_id, t.nonce, t.opening.encode(), t.request_id,
-                                                           reply]]]],
+                                                           reply, b""], None, None]]],
               a_set(4, DONORS[1], [b"\x05" * 32], "no reply: a committed request got none", T0_MS + 1)],
         history=[[DONORS[1], 0, 1]], refused=[["no reply", 1]], voided=1, carry=[0, [[NODES[1], [[3, 42]]]]])
     assert book.to_bytes() == forge(want)
@@ -354,7 +354,8 @@ def test_the_format_is_as_documented() -> None:
     (forge(body([a_set(0, DONORS[0][:19], [])])), "a donor is not 20 bytes"),
     (forge(body([a_set(0, DONORS[0], [b"\x01" * 31])])), "a commitment is not 32 bytes"),
     (forge(body([[0, DONORS[0], "", [[b"\x01" * 32, T0_MS, [NODES[0], b"\x00" * 16, b"junk", b"\x00" * 16,
-                                                                   b"junk"]]]]])), "a transcript in it does not decode"),
+                                                                   b"junk", b""], None, None]]]])),
+     "a transcript in it does not decode"),
     (forge(body(carry=[0, [[NODES[0], []]]])), "held with no scores"),
     (forge(body()[:5]), "not a saved book"),
     (forge(body()[:6]), "not a saved book"),  # format 2 has pending rounds
@@ -363,7 +364,7 @@ def test_the_format_is_as_documented() -> None:
     (forge(body(pending=[[r, [[DONORS[0], NODES[0], None]]] for r in range(tr.PENDING_ROUNDS + 1)])),
      "3 rounds in progress, over the book's limit of 2"),
     (forge(body(pending=[[4, [[DONORS[0], NODES[0], b"junk"]]]])), "not a saved book"),
-    (forge(body(), version=3), "format version 3; this verifier reads versions 1 to 2"),
+    (forge(body(), version=4), "format version 4; this verifier reads versions 1 to 3"),
     (msgpack.packb([tr.BOOK_VERSION, b"\x00" * 32, body()], use_bin_type=True), "checksum"),
     (forge(body()) + b"\x00", "checksum"),
     (b"", "cut short"),
@@ -379,14 +380,15 @@ def test_what_is_not_a_saved_book_is_refused_with_the_reason(raw: bytes, why: st
 
 def test_a_transcript_that_does_not_open_its_commitment_is_refused() -> None:
     t = transcript(1, 0, T0_MS)
-    entry = [t.node_id, t.nonce, t.opening.encode(), t.request_id, msgpack.packb(t.reply.to_wire(), use_bin_type=True)]
-    assert TranscriptBook.from_bytes(forge(body([[0, DONORS[0], "", [[t.commitment(), T0_MS, entry]]]])))
+    entry = wire_of(t)
+    assert TranscriptBook.from_bytes(forge(body([[0, DONORS[0], "", [[t.commitment(), T0_MS, entry, None, None]]]])))
     with pytest.raises(BookError, match="does not open its commitment"):
-        TranscriptBook.from_bytes(forge(body([[0, DONORS[0], "", [[b"\x01" * 32, T0_MS, entry]]]])))
+        TranscriptBook.from_bytes(forge(body([[0, DONORS[0], "", [[b"\x01" * 32, T0_MS, entry, None, None]]]])))
 
 
-def wire_of(t: Transcript) -> list[Any]:
-    return [t.node_id, t.nonce, t.opening.encode(), t.request_id, msgpack.packb(t.reply.to_wire(), use_bin_type=True)]
+def wire_of(t: Transcript, version: int = tr.BOOK_VERSION) -> list[Any]:
+    out = [t.node_id, t.nonce, t.opening.encode(), t.request_id, msgpack.packb(t.reply.to_wire(), use_bin_type=True)]
+    return [*out, t.secret] if version > 2 else out
 
 
 def test_a_round_in_progress_is_refused_when_it_stands_twice_or_counts_for_another_node() -> None:
@@ -404,10 +406,25 @@ def test_a_round_in_progress_is_refused_when_it_stands_twice_or_counts_for_anoth
 def test_a_book_of_format_1_loads_with_no_round_in_progress() -> None:
     """A verifier upgraded past format 1 keeps the book its earlier version wrote."""
     t = transcript(1, 0, T0_MS)
-    old = body([[3, DONORS[0], "", [[t.commitment(), T0_MS, wire_of(t)]]]], carry=[0, [[NODES[1], [[3, 42]]]]])[:6]
+    old = body([[3, DONORS[0], "", [[t.commitment(), T0_MS, wire_of(t, 1)]]]], carry=[0, [[NODES[1], [[3, 42]]]]])[:6]
     book = TranscriptBook.from_bytes(forge(old, version=1))
     assert book.pending == {} and book.carry.held() and book.open_epochs() == [3]
     assert book.take_round(4) == ([tr.Counted(DONORS[0], NODES[0], t)], (4,))
+
+
+def test_a_book_of_format_2_loads_with_no_escrowed_commitment() -> None:
+    """A verifier upgraded past format 2 (before decision 0037) keeps the book its earlier version
+    wrote, and writes it in format 3 from then on."""
+    t = transcript(1, 0, T0_MS)
+    old = body([[3, DONORS[0], "", [[t.commitment(), T0_MS, wire_of(t, 2)]]]],
+               pending=[[2, [[DONORS[1], NODES[0], wire_of(t, 2)]]]])
+    book = TranscriptBook.from_bytes(forge(old, version=2))
+    assert book.open_epochs() == [3] and book.pending[2][0].transcript == t
+    assert book.to_bytes() == forge(body([[3, DONORS[0], "", [[t.commitment(), T0_MS, wire_of(t), None, None]]]],
+                                         pending=[[2, [[DONORS[1], NODES[0], wire_of(t)]]]]))
+    with pytest.raises(BookError, match="not a saved book"):  # format 2 entries have three items
+        TranscriptBook.from_bytes(forge(body([[3, DONORS[0], "", [[t.commitment(), T0_MS, wire_of(t), None, None]]]]),
+                                        version=2))
 
 
 def test_a_round_taken_and_not_yet_scored_is_taken_again_by_a_restarted_verifier() -> None:

@@ -91,6 +91,27 @@ The rules, and the framer each one stops:
    verifier's capacity, and the audits need about :data:`NODE_BUDGET` of it a node: the audit loop
    warns, naming the flags, when its budget leaves the nodes less (decisions 0034, 0035).
 
+10. **Escrowed commitments** (decision 0037; built in this book and the wire formats, not yet
+   taken by the verifier's queries nor made by donors' clients). A donor may escrow its nonce: a
+   secret ``s`` dealt among the validators by verifiable sharing
+   (:mod:`overlay.directory.escrow`), the nonce ``nonce_of(s)``. The verifier checks its shares
+   and holds the commitment (:meth:`TranscriptBook.hold`); it takes part in its set only once a
+   certificate of acceptances from validators above two thirds of the power came, before the
+   request left (:meth:`TranscriptBook.certify`, which starts rule 1's window). Whether it can
+   ever count is then settled before the reply: the honest acceptors hold enough shares to
+   rebuild ``s`` without any colluder. A transcript of it counts only with ``s``, whose nonce it
+   is and which opens the escrow's ``C_0``: a commitment made under another nonce never counts.
+11. **The node's side** (decision 0037). After the epoch, :meth:`TranscriptBook.released` gives
+   this verifier's shares of the certified escrowed commitments whose donor's transcript it does
+   not hold (withheld, "no reply", or a reveal that failed a check): never of one its donor
+   revealed. The node addressed rebuilds ``s``, finds what it served, and hands it in
+   (:meth:`TranscriptBook.node_reveal`, checked as a donor's is). It fills the donor's gap, so a
+   set counts when every one of its commitments is revealed by the donor or its node (rule 3 over
+   the union); the donor is still charged the void set (rule 6). A framer's counted sample is then
+   every reply it committed to. Where the donor's and the node's transcripts differ, both signed,
+   the node signed two replies to one request: the donor's counts, and the equivocation is
+   counted. A version 1 commitment (no escrow) is revealed by its donor alone, as before.
+
 What is left to a framer: choosing prompts (before the reply) on which honest replies score
 badly; the score is calibrated per reply (decision 0013 §5: honest z has sd 0.91 over real
 prompts), and rule 5 bounds how much one donor weighs. A verifier that colludes with a node
@@ -109,22 +130,29 @@ takes a round it is still scoring (``busy``). A round not scored by the end of t
 dropped (:data:`PENDING_ROUNDS`).
 
 **Persistence.** :meth:`TranscriptBook.to_bytes` and :meth:`TranscriptBook.from_bytes` turn the
-whole book (its sets with their commitments, arrival times and revealed transcripts, ``burnt``,
+whole book (its sets with their commitments, arrival times, escrows and revealed transcripts, ``burnt``,
 ``history``, ``refused``, ``voided``, the rounds in progress and the :class:`ScoreCarry` it holds
 for the audit loop) into bytes and back; a file of format 1 (before rounds in progress were kept)
-loads with none; the commitment index is rebuilt from the sets. A book loaded from its bytes
+loads with none, one of format 2 (before decision 0037) with no escrowed commitment; the
+commitment index is rebuilt from the sets. A book loaded from its bytes
 answers every later call as the book that wrote them would. Loading is strict (version,
-checksum, shape, the book's own limits, canonical form) and all or nothing: :class:`BookError`,
-never a half-loaded book. The file around it is the verifier's (:mod:`verifier.run`). Format::
+checksum, shape, the book's own limits, canonical form; a node's transcript only of a certified
+escrowed commitment, a secret exactly where the commitment is escrowed) and all or nothing:
+:class:`BookError`, never a half-loaded book. The file around it is the verifier's (:mod:`verifier.run`). Format::
 
     book       = [BOOK_VERSION, BLAKE2b-256(body) (person gt-book), body]
     body       = [sets, burnt, history, refused, voided, carry, pending]   (format 1: no pending)
     sets       = [[epoch, donor(20), void reason ("" while it may count), [entry, ...]], ...]
                  by (epoch, donor) ascending, at most MAX_DONORS; at most MAX_COMMITS entries
                  each, in the order they were committed (rule 5 counts in that order)
-    entry      = [commitment(32), received_ms, transcript | nil]
+    entry      = [commitment(32), received_ms, transcript | nil, escrow | nil, node's transcript | nil]
+                 (formats 1 and 2: the first three only); received_ms of an escrowed one: when
+                 it was certified, or held while it is not
+    escrow     = [certified (bool), points (escrow.encode_commitments), this verifier's shares
+                  (escrow.encode_shares; none where it held none)]
     transcript = [node id(20), nonce(16), Opening.encode(transcript=True) (bytes), request id(16),
-                  msgpack of ReplyOutcome.to_wire() (bytes)]
+                  msgpack of ReplyOutcome.to_wire() (bytes), secret (32 bytes; empty where the
+                  commitment is not escrowed)]                  (formats 1 and 2: no secret)
     burnt      = [donor(20), ...] ascending
     history    = [[donor(20), complete sets, void sets], ...] by donor ascending
     refused    = [[kind, count], ...] by kind ascending
@@ -144,6 +172,7 @@ from typing import Any, TypeVar
 import msgpack
 
 from overlay.anon import signing
+from overlay.directory import escrow
 from overlay.directory.registration import DECODE_ERRORS, TxError, pack
 from overlay.directory.transcripts import COMMITMENT_LEN, MAX_REVEAL_BYTES, NONCE_LEN, Revealed, commitment
 from overlay.wire import codec, crypto
@@ -163,7 +192,7 @@ MAX_DONORS = 4096  # donors with open commitments at once, per verifier
 CARRY_EPOCHS = 4  # a verifier holds a node's transcript scores this many epochs for the chain's minimum
 VOID_ALLOWANCE = 2  # void sets any donor may have (rule 6) ...
 VOID_SHARE = 0.2  # ... plus this share of its closed sets
-BOOK_VERSION = 2  # of to_bytes' format (module docstring); 1 (no rounds in progress) still loads
+BOOK_VERSION = 3  # of to_bytes' format (module docstring); 1 and 2 (no escrow, decision 0037) still load
 PENDING_ROUNDS = 2  # a round's counted transcripts wait in the book for its scores this many rounds at most
 MAX_PENDING = MAX_DONORS * MAX_COMMITS  # counted transcripts of one round in progress (all a round can close)
 MAX_BOOK_BYTES = 1 << 30  # a saved book: loading it holds it in memory two or three times over
@@ -192,6 +221,7 @@ class Transcript:
     opening: Opening
     request_id: bytes
     reply: ReplyOutcome
+    secret: bytes = b""  # an escrowed commitment's secret (decision 0037), whose nonce is ``nonce``
 
     def request(self) -> Request:
         return self.opening.request(self.request_id)
@@ -206,7 +236,7 @@ class Transcript:
 def transcript_of(b: Revealed) -> Transcript:
     """The book's transcript of a donor's revealed one (:class:`overlay.directory.transcripts.Revealed`)."""
     return Transcript(b.node_id, b.nonce, Opening(bytes(16), b.model, b.messages, b.params), b.request_id,
-                      ReplyOutcome(b.served_by, b.chunks, b.signature, b.signed_at_ms, 0, 1))
+                      ReplyOutcome(b.served_by, b.chunks, b.signature, b.signed_at_ms, 0, 1), b.secret)
 
 
 def cost(t: Transcript) -> int:
@@ -392,9 +422,40 @@ def capped_by_donor(scored: Iterable[tuple[bytes, bytes, int, float]]) -> list[t
 
 
 @dataclass(slots=True)
+class _Escrow:
+    """An escrowed commitment's side (decision 0037): its public points (encoded), this verifier's
+    shares of the secret (none where it did not hold any), and whether a certificate came."""
+
+    points_raw: bytes
+    shares: tuple[escrow.Share, ...] = ()
+    certified: bool = False
+
+    def points(self) -> tuple[bytes, ...]:
+        return escrow.decode_commitments(self.points_raw, escrow.MAX_UNITS)
+
+
+@dataclass(slots=True)
 class _Entry:
     received_ms: int
-    transcript: Transcript | None = None
+    transcript: Transcript | None = None  # the donor's
+    escrow: _Escrow | None = None  # None: a commitment of version 1, which nobody but its donor reveals
+    node: Transcript | None = None  # the addressed node's (decision 0037), of a certified escrowed one
+
+    def counts(self) -> bool:
+        """Whether it takes part in its set: a version 1 commitment, or a certified escrowed one."""
+        return self.escrow is None or self.escrow.certified
+
+    def filled(self) -> Transcript | None:
+        return self.transcript if self.transcript is not None else self.node
+
+
+def _opens_escrow(t: Transcript, e: _Escrow) -> bool:
+    """Rule 10: ``t``'s secret is the escrowed one (``s·B = C_0``) and its nonce is the secret's."""
+    try:
+        secret = escrow.scalar_of(t.secret)
+        return secret != 0 and escrow.nonce_of(secret) == t.nonce and escrow.opens(e.points(), secret)
+    except escrow.EscrowError:
+        return False
 
 
 @dataclass(slots=True)
@@ -449,11 +510,19 @@ class TranscriptBook:
         return self.changes + self.carry.changes
 
     def _refuse(self, why: str) -> str:
-        self.refused[why.split(":")[0]] = self.refused.get(why.split(":")[0], 0) + 1
+        self._note(why.split(":")[0])
         return why
+
+    def _note(self, kind: str) -> None:
+        self.refused[kind] = self.refused.get(kind, 0) + 1
 
     def commit(self, donor: bytes, value: bytes, epoch: int, now_ms: int) -> str | None:
         """Note ``donor``'s ``value`` (a :func:`commitment`) received at ``now_ms`` in ``epoch``."""
+        made = self._new_entry(donor, value, epoch, now_ms)
+        return made if isinstance(made, str) else None
+
+    def _new_entry(self, donor: bytes, value: bytes, epoch: int, now_ms: int) -> _Entry | str:
+        """A new entry for ``donor``'s ``value`` in its set of ``epoch``, or why not (counted)."""
         self.changes += 1
         if len(donor) != NODE_ID_LEN or len(value) != COMMITMENT_LEN:
             return self._refuse("malformed: a commitment is 32 bytes from a 20-byte donor id")
@@ -470,8 +539,42 @@ class TranscriptBook:
             s = self._sets[key] = _Set()
         if len(s.entries) >= MAX_COMMITS:
             return self._refuse(f"too many: at most {MAX_COMMITS} commitments per donor and epoch")
-        s.entries[value] = _Entry(now_ms)
+        entry = s.entries[value] = _Entry(now_ms)
         self._where[value] = key
+        return entry
+
+    def hold(self, donor: bytes, value: bytes, points_raw: bytes, shares: Sequence[escrow.Share], epoch: int,
+             now_ms: int) -> str | None:
+        """Rule 10: ``donor``'s escrowed commitment ``value`` with this verifier's ``shares`` of its
+        secret, which the caller checked against the points (:func:`overlay.directory.escrow.verify_holder`)
+        before it signs its acceptance. It counts for nothing until :meth:`certify`."""
+        made = self._new_entry(donor, value, epoch, now_ms)
+        if isinstance(made, str):
+            return made
+        made.escrow = _Escrow(points_raw, tuple(shares))
+        return None
+
+    def certify(self, donor: bytes, value: bytes, points_raw: bytes, epoch: int, now_ms: int) -> str | None:
+        """Rule 10: validators above two thirds of the power accepted ``donor``'s escrowed ``value``
+        with these points (the caller checked the certificate), at ``now_ms``: the commitment takes
+        part in its set from now on, and its window (rule 1) starts now. A verifier that held no
+        shares of it (it refused them, or never got the commit) takes it too, with none to release."""
+        where = self._where.get(value)
+        if where is None:
+            made = self._new_entry(donor, value, epoch, now_ms)
+            if isinstance(made, str):
+                return made
+            made.escrow = _Escrow(points_raw, (), True)
+            return None
+        self.changes += 1
+        entry = self._sets[where].entries[value]
+        if where[1] != donor or entry.escrow is None:
+            return self._refuse("unknown: no such escrowed commitment from this donor")
+        if entry.escrow.certified:
+            return self._refuse("duplicate: this commitment was certified already")
+        shares = entry.escrow.shares if entry.escrow.points_raw == points_raw else ()  # ours were of other points
+        entry.escrow = _Escrow(points_raw, shares, True)
+        entry.received_ms = now_ms
         return None
 
     def _set_of(self, donor: bytes, value: bytes) -> _Set | None:
@@ -491,13 +594,56 @@ class TranscriptBook:
         entry = None if s is None else s.entries.get(value)
         if s is None or entry is None:
             return self._refuse("unknown: no such open commitment from this donor (committed after the reply?)")
+        if not entry.counts():
+            return self._refuse("uncertified: no certificate came for this escrowed commitment; it counts for nothing")
         if entry.transcript is not None:
             return self._refuse("duplicate: this commitment was revealed already")
-        why = self._check(t, entry.received_ms, key_of)
+        why = self._check(t, entry, key_of)
         if why is not None:
             return self._void(donor, s, why)
+        if entry.node is not None and entry.node != t:
+            self._note("equivocation")  # the node's own copy differs: the donor's, the one the user got, counts
         entry.transcript = t
         return None
+
+    def node_reveal(self, t: Transcript, key_of: KeyOf) -> str | None:
+        """Rule 11: the addressed node's transcript ``t`` of a certified escrowed commitment whose
+        donor revealed none (the caller checked that ``t.node_id``'s key signed it). It fills the
+        donor's gap in its set; it changes nothing of the donor's count of void sets. Where the
+        donor's transcript stands and differs, the node signed two replies to one request: the
+        donor's stands, and the equivocation is counted."""
+        self.changes += 1
+        try:
+            value = t.commitment()
+        except ValueError:
+            return self._refuse("malformed: the transcript's node id, nonce or request id has the wrong length")
+        where = self._where.get(value)
+        entry = None if where is None else self._sets[where].entries[value]
+        if entry is None or entry.escrow is None or not entry.escrow.certified:
+            return self._refuse("unknown: no such certified escrowed commitment is open")
+        if entry.node is not None:
+            return self._refuse("duplicate: this commitment was revealed by its node already")
+        why = self._check(t, entry, key_of)
+        if why is not None:
+            return self._refuse(why)
+        if entry.transcript is not None:
+            if entry.transcript == t:
+                return self._refuse("duplicate: the donor revealed this transcript already")
+            return self._refuse("equivocation: the node signed another reply to this request; the donor's counts")
+        entry.node = t
+        return None
+
+    def released(self, epoch: int) -> list[tuple[bytes, bytes, tuple[escrow.Share, ...]]]:
+        """Rule 11: ``(commitment, points, this verifier's shares)`` of every certified escrowed
+        commitment of ``epoch`` whose donor's transcript this verifier does not hold (withheld,
+        "no reply", or a reveal that failed a check), in set and commitment order. Nothing of a
+        commitment its donor revealed: a node learns which of its requests were donated only where
+        a donor withheld them. The caller releases them only once no reply to them can count any
+        more (decision 0037: five minutes into ``epoch + 1``)."""
+        return [(v, e.escrow.points_raw, e.escrow.shares)
+                for key in sorted(k for k in self._sets if k[0] == epoch)
+                for v, e in self._sets[key].entries.items()
+                if e.escrow is not None and e.escrow.certified and e.escrow.shares and e.transcript is None]
 
     def no_reply(self, donor: bytes, value: bytes) -> str | None:
         """The donor says a committed request got no reply: that set is void (rule 6 counts it)."""
@@ -505,6 +651,8 @@ class TranscriptBook:
         s = self._set_of(donor, value)
         if s is None:
             return self._refuse("unknown: no such open commitment from this donor")
+        if not s.entries[value].counts():
+            return self._refuse("uncertified: no certificate came for this escrowed commitment; it counts for nothing")
         self._void(donor, s, "no reply: a committed request got none")
         return None
 
@@ -524,7 +672,8 @@ class TranscriptBook:
             self.burnt.add(donor)
 
     @staticmethod
-    def _check(t: Transcript, received_ms: int, key_of: KeyOf) -> str | None:
+    def _check(t: Transcript, entry: _Entry, key_of: KeyOf) -> str | None:
+        received_ms = entry.received_ms
         try:
             t.opening.check(transcript=True)  # a transcript's limits (decision 0032), not a challenge's
         except TxError as exc:
@@ -533,6 +682,10 @@ class TranscriptBook:
             return "malformed: the request id is not 16 bytes"
         if t.opening.params.seed is not None:
             return "seeded: a request with a seed is never a transcript (its sample could be searched offline)"
+        if (entry.escrow is None) != (not t.secret):
+            return "malformed: an escrowed commitment is revealed with its secret, and only an escrowed one"
+        if entry.escrow is not None and not _opens_escrow(t, entry.escrow):
+            return "escrowed: the secret is not the escrowed one (its nonce opens the commitment, not the escrow)"
         key = key_of(t.reply.served_by, t.opening.model)
         if key is None:
             return f"unverifiable: the reply's signer is not a registered model node of {t.opening.model!r}"
@@ -552,29 +705,37 @@ class TranscriptBook:
 
     def close(self, epoch: int) -> list[Counted]:
         """Every donor's set of ``epoch`` whose commitments were all revealed with a reply that
-        verifies, at most :data:`MAX_PER_NODE` per donor and node (in commitment order); the
-        epoch's sets are dropped. Call it once no commitment of ``epoch`` can be revealed any more."""
+        verifies, by the donor or, for a certified escrowed one, by the node (rule 11), at most
+        :data:`MAX_PER_NODE` per donor and node (in commitment order); the epoch's sets are dropped.
+        Uncertified escrowed commitments take no part. Call it once no commitment of ``epoch`` can
+        be revealed any more."""
         self.changes += 1
         out: list[Counted] = []
         for key in sorted(k for k in self._sets if k[0] == epoch):
             s = self._sets.pop(key)
             for value in s.entries:
                 self._where.pop(value, None)
-            if s.void or key[1] in self.burnt:
+            entries = [e for e in s.entries.values() if e.counts()]
+            if not entries or key[1] in self.burnt:
                 continue
-            if any(e.transcript is None for e in s.entries.values()):
-                self.voided += 1
-                self._closed(key[1], complete=False)
-                self.refused["unrevealed"] = self.refused.get("unrevealed", 0) + 1
+            if not s.void:
+                complete = all(e.transcript is not None for e in entries)
+                self._closed(key[1], complete=complete)
+                if not complete:
+                    self.voided += 1
+                    self._note("unrevealed")
+            elif any(e.escrow is None for e in entries):
+                continue  # a void set of version 1 counts for nothing, as before decision 0037
+            filled = [e.filled() for e in entries]
+            if any(t is None for t in filled):
                 continue
-            self._closed(key[1], complete=True)
             per_node: dict[bytes, int] = {}
-            for e in s.entries.values():
-                assert e.transcript is not None
-                n = e.transcript.reply.served_by
+            for t in filled:
+                assert t is not None
+                n = t.reply.served_by
                 if per_node.get(n, 0) < MAX_PER_NODE:
                     per_node[n] = per_node.get(n, 0) + 1
-                    out.append(Counted(key[1], n, e.transcript))
+                    out.append(Counted(key[1], n, t))
         return out
 
     def close_before(self, epoch: int) -> list[Counted]:
@@ -685,22 +846,34 @@ def _checksum(body: bytes | memoryview) -> bytes:
     return crypto.blake2b(body, size=32, person=_BOOK_PERSON)
 
 
-def _transcript_wire(t: Transcript) -> list[Any]:
+def _transcript_wire(t: Transcript, version: int = BOOK_VERSION) -> list[Any]:
     reply = pack(t.reply.to_wire())
     if len(reply) > MAX_REVEAL_BYTES:
         raise BookError(f"a transcript's reply takes {len(reply)} bytes, over a reveal's {MAX_REVEAL_BYTES}")
-    return [t.node_id, t.nonce, t.opening.encode(transcript=True), t.request_id, reply]
+    out = [t.node_id, t.nonce, t.opening.encode(transcript=True), t.request_id, reply]
+    return [*out, t.secret] if version > 2 else out
+
+
+def _maybe(t: Transcript | None, version: int) -> list[Any] | None:
+    return None if t is None else _transcript_wire(t, version)
+
+
+def _entry_wire(value: bytes, e: _Entry, version: int) -> list[Any]:
+    out = [value, e.received_ms, _maybe(e.transcript, version)]
+    if version < 3:
+        return out
+    x = e.escrow
+    held = None if x is None else [x.certified, x.points_raw, escrow.encode_shares(x.shares)]
+    return [*out, held, _maybe(e.node, version)]
 
 
 def _encode_book(b: TranscriptBook, limit: int, version: int = BOOK_VERSION) -> bytes:
-    """``b`` in format ``version`` (1 only for a book with no rounds in progress: the canonical
-    check of a format 1 file)."""
-    sets = [[epoch, donor, s.void,
-             [[v, e.received_ms, None if e.transcript is None else _transcript_wire(e.transcript)]
-              for v, e in s.entries.items()]]
+    """``b`` in format ``version`` (1 only for a book with no rounds in progress, 2 only for one
+    with no escrowed commitments: the canonical check of an older file)."""
+    sets = [[epoch, donor, s.void, [_entry_wire(v, e, version) for v, e in s.entries.items()]]
             for (epoch, donor), s in sorted(b._sets.items(), key=lambda kv: kv[0])]
     carry = [b.carry.dropped, [[n, [[e, x] for e, x in held]] for n, held in sorted(b.carry._held.items())]]
-    pending = [[r, [[c.donor, c.node_id, _transcript_wire(c.transcript)] for c in b.pending[r]]]
+    pending = [[r, [[c.donor, c.node_id, _transcript_wire(c.transcript, version)] for c in b.pending[r]]]
                for r in sorted(b.pending)]
     items = [sets, sorted(b.burnt), [[d, c, v] for d, (c, v) in sorted(b.history.items())],
              [[k, n] for k, n in sorted(b.refused.items())], b.voided, carry, pending]
@@ -742,7 +915,7 @@ def _read_book(r: codec.ShapeReader) -> tuple[TranscriptBook, int]:
     items are read, the checksum before the body."""
     _shape(r, 3, "[version, checksum, body]")
     version = r.value()
-    if type(version) is not int or version not in (1, BOOK_VERSION):
+    if type(version) is not int or not 1 <= version <= BOOK_VERSION:
         raise BookError(f"format version {version!r}; this verifier reads versions 1 to {BOOK_VERSION}")
     if r.value() != _checksum(memoryview(r.raw)[r.u.tell():]):
         raise BookError("its checksum does not match its content (damaged, or cut short)")
@@ -752,7 +925,7 @@ def _read_book(r: codec.ShapeReader) -> tuple[TranscriptBook, int]:
     else:
         _shape(r, 7, "[sets, burnt, history, refused, voided, carry, pending]")
     for _ in range(_most(r, MAX_DONORS, "sets (one per donor and epoch)")):
-        _read_set(r, b)
+        _read_set(r, b, version)
     b.burnt = {_exact(r.value(), NODE_ID_LEN, "a burnt donor") for _ in range(r.array())}
     for _ in range(r.array()):
         _shape(r, 3, "[donor, complete sets, void sets]")
@@ -767,11 +940,11 @@ def _read_book(r: codec.ShapeReader) -> tuple[TranscriptBook, int]:
     b.voided = _count(r.value(), "void sets")
     _read_carry(r, b.carry)
     if version > 1:
-        _read_pending(r, b)
+        _read_pending(r, b, version)
     return b, version
 
 
-def _read_pending(r: codec.ShapeReader, b: TranscriptBook) -> None:
+def _read_pending(r: codec.ShapeReader, b: TranscriptBook, version: int) -> None:
     for _ in range(_most(r, PENDING_ROUNDS, "rounds in progress")):
         _shape(r, 2, "[round, counted transcripts]")
         round_ = _typed(r.value(), int, "a round in progress")
@@ -785,33 +958,68 @@ def _read_pending(r: codec.ShapeReader, b: TranscriptBook) -> None:
             _shape(r, 3, "[donor, node, transcript]")
             donor = _exact(r.value(), NODE_ID_LEN, "a counted transcript's donor")
             node = _exact(r.value(), NODE_ID_LEN, "a counted transcript's node")
-            t = _read_transcript(r)
+            t = _read_transcript(r, version)
             if node != t.reply.served_by:
                 raise BookError("a counted transcript is not counted for the node that signed its reply")
             held.append(Counted(donor, node, t))
 
 
-def _read_set(r: codec.ShapeReader, b: TranscriptBook) -> None:
+def _read_set(r: codec.ShapeReader, b: TranscriptBook, version: int) -> None:
     _shape(r, 4, "[epoch, donor, void reason, commitments]")
     key = (_typed(r.value(), int, "an epoch"), _exact(r.value(), NODE_ID_LEN, "a donor"))
     if key in b._sets:
         raise BookError("a donor's set of one epoch stands twice")
     s = b._sets[key] = _Set(void=_text(r.value(), MAX_VOID_REASON, "a void reason"))
     for _ in range(_most(r, MAX_COMMITS, "commitments of one donor and epoch")):
-        _shape(r, 3, "[commitment, received_ms, transcript or nil]")
+        if version < 3:
+            _shape(r, 3, "[commitment, received_ms, transcript or nil]")
+        else:
+            _shape(r, 5, "[commitment, received_ms, transcript or nil, escrow or nil, node's transcript or nil]")
         value = _exact(r.value(), COMMITMENT_LEN, "a commitment")
         if value in b._where:
             raise BookError("a commitment stands in two sets")
-        received_ms = _typed(r.value(), int, "a commitment's arrival time")
-        t = r.value() if r.head() == _NIL else _read_transcript(r)
-        if t is not None and t.commitment() != value:
-            raise BookError("a revealed transcript does not open its commitment")
-        s.entries[value] = _Entry(received_ms, t)
+        entry = _Entry(_typed(r.value(), int, "a commitment's arrival time"), _read_optional(r, version))
+        if version > 2:
+            entry.escrow = _read_escrow(r)
+            entry.node = _read_optional(r, version)
+        for t in (entry.transcript, entry.node):
+            if t is not None and t.commitment() != value:
+                raise BookError("a revealed transcript does not open its commitment")
+            if t is not None and (entry.escrow is None) != (not t.secret):
+                raise BookError("a transcript carries a secret where its commitment is not escrowed, or none where "
+                                "it is")
+        if entry.node is not None and (entry.escrow is None or not entry.escrow.certified):
+            raise BookError("a node's transcript stands for a commitment that is not certified and escrowed")
+        s.entries[value] = entry
         b._where[value] = key
 
 
-def _read_transcript(r: codec.ShapeReader) -> Transcript:
-    _shape(r, 5, "[node id, nonce, request, request id, reply]")
+def _read_optional(r: codec.ShapeReader, version: int) -> Transcript | None:
+    if r.head() == _NIL:
+        r.value()
+        return None
+    return _read_transcript(r, version)
+
+
+def _read_escrow(r: codec.ShapeReader) -> _Escrow | None:
+    if r.head() == _NIL:
+        r.value()
+        return None
+    _shape(r, 3, "[certified, points, shares]")
+    certified = _typed(r.value(), bool, "an escrow's certified flag")
+    points_raw = _typed(r.value(), bytes, "an escrow's points")
+    try:
+        shares = escrow.decode_shares(_typed(r.value(), bytes, "an escrow's shares"), escrow.MAX_UNITS)
+    except escrow.EscrowError as exc:
+        raise BookError(f"an escrow's shares do not decode ({exc.reason})") from None
+    return _Escrow(points_raw, shares, certified)
+
+
+def _read_transcript(r: codec.ShapeReader, version: int) -> Transcript:
+    if version < 3:
+        _shape(r, 5, "[node id, nonce, request, request id, reply]")
+    else:
+        _shape(r, 6, "[node id, nonce, request, request id, reply, secret]")
     node_id = _exact(r.value(), NODE_ID_LEN, "a transcript's node id")
     nonce = _exact(r.value(), NONCE_LEN, "a transcript's nonce")
     opening = Opening.decode(_typed(r.value(), bytes, "a transcript's request"), transcript=True)
@@ -819,7 +1027,10 @@ def _read_transcript(r: codec.ShapeReader) -> Transcript:
     reply = decode_outcome(_typed(r.value(), bytes, "a transcript's reply"), transcript=True)
     if not isinstance(reply, ReplyOutcome):
         raise BookError("a transcript's reply is a failure")
-    return Transcript(node_id, nonce, opening, request_id, reply)
+    secret = _typed(r.value(), bytes, "a transcript's secret") if version > 2 else b""
+    if secret and len(secret) != escrow.SECRET_LEN:
+        raise BookError(f"a transcript's secret is not {escrow.SECRET_LEN} bytes")
+    return Transcript(node_id, nonce, opening, request_id, reply, secret)
 
 
 def _read_carry(r: codec.ShapeReader, carry: ScoreCarry) -> None:
@@ -850,7 +1061,7 @@ def _most(r: codec.ShapeReader, most: int, what: str) -> int:
 
 
 T = TypeVar("T")
-_KINDS: dict[type, str] = {int: "an integer", bytes: "bytes"}
+_KINDS: dict[type, str] = {int: "an integer", bytes: "bytes", bool: "a boolean"}
 
 
 def _typed(v: Any, tp: type[T], what: str) -> T:
