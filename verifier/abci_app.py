@@ -26,6 +26,8 @@ from verifier.abci.proto.tendermint.abci import types_pb2 as abci
 from verifier.abci.proto.tendermint.types import validator_pb2
 from verifier.admission import OPEN
 from verifier.app import CommitteeApp, Validator
+from verifier.audit import escrow_intake
+from verifier.audit.escrow_intake import book_code
 from verifier.audit.pool import MAX_DONATION_BYTES, DonationError, DonationPool
 from verifier.audit.transcripts import KeyOf, TranscriptBook, transcript_of
 from verifier.quota import MAX_KEY_QUERY_BYTES, Issuer
@@ -38,6 +40,9 @@ APP_VERSION = 1
 STATE_FILE = "app_state.bin"
 _QUOTA_LIMITS = {quota.KEY_PATH: MAX_KEY_QUERY_BYTES, quota.ISSUE_PATH: quota.MAX_ISSUE_BYTES,
                  quota.REDEEM_PATH: quota.MAX_REDEEM_BYTES}
+_ESCROW_LIMITS = {wire.ESCROW_COMMIT_PATH: wire.MAX_ESCROW_COMMIT_BYTES, wire.CERTIFY_PATH: wire.MAX_CERTIFICATE_BYTES,
+                  wire.NODE_REVEAL_PATH: wire.MAX_REVEAL_BYTES,
+                  wire.RELEASED_PATH: max(escrow_intake.RELEASED_QUERY_LEN)}
 
 
 class StateStore:
@@ -87,6 +92,7 @@ class CommitteeAbciApp:
         self.clock: Clock = clock or SystemClock()
         self.issuer = issuer
         self._models: tuple[tuple[int, int], frozenset[str]] = ((-1, 0), frozenset())  # (state seen, its models)
+        self._epoch_seen: dict[int, int] = {}  # audit epoch -> when this verifier first saw it (ms, its clock)
 
     # ----------------------------------------------------------------- info / genesis
 
@@ -127,6 +133,9 @@ class CommitteeAbciApp:
         if req.path in (wire.COMMIT_PATH, wire.REVEAL_PATH):
             code, why = self.transcript(req.path, bytes(req.data))
             return abci.ResponseQuery(code=int(code), log=why, height=self.core.height)
+        if req.path in _ESCROW_LIMITS:
+            code, why, value = self.escrow_query(req.path, bytes(req.data))
+            return abci.ResponseQuery(code=int(code), log=why, value=value, height=self.core.height)
         if req.path in _QUOTA_LIMITS:
             code, why, value = self.quota_query(req.path, bytes(req.data))
             return abci.ResponseQuery(code=int(code), log=why, value=value, height=self.core.height)
@@ -255,6 +264,44 @@ class CommitteeAbciApp:
             log.info("transcript %s refused: %s", "commit" if path == wire.COMMIT_PATH else "reveal", why)
         return code, why
 
+    def escrow_query(self, path: str, data: bytes) -> tuple[Code, str, bytes]:
+        """The queries of escrowed commitments (decision 0037; :mod:`verifier.audit.escrow_intake`),
+        answered from this verifier's own book, key and clock and the committed validator set:
+
+        - ``/audit/transcript_escrow_commit`` (data: a signed escrowed commit): held, and the value
+          is this verifier's signed acceptance, when its shares check;
+        - ``/audit/transcript_certify`` (data: a certificate): the commitment takes part in its set;
+        - ``/audit/transcript_node_reveal`` (data: a model node's sealed reveal);
+        - ``/audit/transcript_released`` (data: :func:`~verifier.audit.escrow_intake.released_query`):
+          a page of an epoch's released shares, once epoch ``e + 1`` is five minutes old here.
+
+        Not yet made by users' clients nor fetched by model nodes: decision 0037's next steps."""
+        if len(data) > _ESCROW_LIMITS[path]:
+            return Code.OVERSIZE, f"{len(data)} bytes; at most {_ESCROW_LIMITS[path]}", b""
+        if self.transcripts is None or self.signer is None:
+            return Code.AUDITS_OFF, "this verifier takes no transcripts (it does not run --audit)", b""
+        audit = self.core.committed.audit
+        if audit is None:
+            return Code.AUDITS_OFF, "this committee's genesis has no audit section", b""
+        now_ms = int(self.clock.unix() * 1000)
+        self._note_epoch(audit.epoch, now_ms)
+        validators = {v.public_key: v.power for v in self.core.committed.validators}
+        book = self.transcripts
+        value = b""
+        if path == wire.ESCROW_COMMIT_PATH:
+            code, why, value = escrow_intake.take_escrow_commit(book, data, self.signer, self._user_key, validators,
+                                                                audit.epoch, now_ms)
+        elif path == wire.CERTIFY_PATH:
+            code, why = escrow_intake.take_certificate(book, data, self._user_key, validators, audit.epoch, now_ms)
+        elif path == wire.NODE_REVEAL_PATH:
+            code, why = escrow_intake.take_node_reveal(book, data, self.signer.private_bytes(), self.signer.public_bytes,
+                                                       self._model_key, self._model_key)
+        else:
+            code, why, value = escrow_intake.released_page(book, data, audit.epoch, self._epoch_seen, now_ms)
+        if code:
+            log.info("%s refused: %s", path, why)
+        return code, why, value
+
     # ----------------------------------------------------------------- mempool
 
     def check_tx(self, req: abci.RequestCheckTx) -> abci.ResponseCheckTx:
@@ -306,7 +353,16 @@ class CommitteeAbciApp:
         snapshot = self.core.commit()
         if self.store is not None:
             self.store.save(snapshot)
+        if self.core.committed.audit is not None:
+            self._note_epoch(self.core.committed.audit.epoch, int(self.clock.unix() * 1000))
         return abci.ResponseCommit(retain_height=0)
+
+    def _note_epoch(self, epoch: int, now_ms: int) -> None:
+        """When this verifier first saw audit ``epoch`` (the release of ``epoch - 1``'s shares waits
+        on it); after a restart, when it first saw it again."""
+        if epoch not in self._epoch_seen:
+            self._epoch_seen = {e: t for e, t in self._epoch_seen.items() if e > epoch - 4}
+            self._epoch_seen[epoch] = now_ms
 
     # ----------------------------------------------------------------- state sync (not offered)
 
@@ -324,18 +380,6 @@ class CommitteeAbciApp:
 
 
 # --------------------------------------------------------------------------- transcripts (I/O-free)
-
-_BOOK_CODES = {
-    "malformed": Code.INVALID_FIELD, "burnt": Code.CONFLICT, "full": Code.UNAVAILABLE, "duplicate": Code.DUPLICATE,
-    "too many": Code.UNAVAILABLE, "unknown": Code.INVALID_FIELD, "seeded": Code.INVALID_FIELD,
-    "unverifiable": Code.UNKNOWN_NODE, "forged": Code.BAD_SIGNATURE, "late": Code.LATE,
-}
-
-
-def _book_code(why: str) -> Code:
-    """The code of a :class:`~verifier.audit.transcripts.TranscriptBook` refusal (``kind: words``)."""
-    return _BOOK_CODES.get(why.split(":")[0], Code.INVALID_FIELD)
-
 
 def _opened(what: str, data: bytes, decode: Callable[[bytes], _M], verifier_pk: bytes,
             user_key: Callable[[bytes], bytes | None]) -> tuple[_M, None] | tuple[None, tuple[Code, str]]:
@@ -377,7 +421,7 @@ def take_commit(book: TranscriptBook, data: bytes, verifier_pk: bytes, user_key:
                                     f"this verifier's time (at most {wire.MAX_SKEW_MS // 1000} s): check your clock")
     why = book.commit(c.donor, c.value, epoch, now_ms)
     if why is not None:
-        return _book_code(why), why
+        return book_code(why), why
     return Code.OK, "committed: reveal the transcript (or that no reply came) before the next epoch's report"
 
 
@@ -400,9 +444,9 @@ def take_reveal(book: TranscriptBook, sealed: bytes, seed32: bytes, verifier_pk:
     if isinstance(b, wire.NoReply):
         why = book.no_reply(r.donor, b.value)
         if why is not None:
-            return _book_code(why), why
+            return book_code(why), why
         return Code.OK, "noted: a committed request got no reply, so this epoch's set of yours counts for nothing"
     why = book.reveal(r.donor, transcript_of(b), key_of)
     if why is not None:
-        return _book_code(why), why
+        return book_code(why), why
     return Code.OK, "taken: the transcript counts once every commitment of its epoch is revealed"

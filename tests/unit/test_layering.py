@@ -210,7 +210,8 @@ def test_clocks_are_read_only_in_overlay_clock() -> None:
 
 IO_FREE_CORES = ("verifier/audit/auditor.py", "verifier/audit/chain.py", "verifier/audit/transcripts.py",
                  "verifier/audit/tx.py", "verifier/audit/reputation.py", "verifier/audit/scoring.py",
-                 "verifier/app.py", "model_node/admission.py")
+                 "verifier/app.py", "model_node/admission.py", "verifier/audit/escrow_intake.py",
+                 "overlay/directory/escrow.py", "overlay/directory/transcripts.py")
 IO_MODULES = ("trio", "asyncio", "socket", "subprocess", "overlay.directory.rpc", "overlay.net")
 
 

@@ -1,0 +1,284 @@
+"""Escrowed commitments at the verifiers (decision 0037; verifier/audit/escrow_intake.py through
+verifier/abci_app.py's queries): a committee of four equal validators, each with its own book, a
+donor who escrows, certifies and then withholds, and the honest node who hands in what it served
+after the release. Each test plays the framer (or a colluding verifier) and fails if it gets its way."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from overlay.anon import signing
+from overlay.directory import escrow
+from overlay.directory import transcripts as wire
+from overlay.directory.registration import OP_REGISTER, Code, Entry, make_tx
+from overlay.wire import crypto
+from overlay.wire.clock import FakeClock
+from overlay.wire.constants import ROLE_MODEL, ROLE_USER
+from overlay.wire.identity import Identity
+from overlay.wire.messages import ChatMessage, Request, SamplingParams
+from verifier.abci.proto.tendermint.abci import types_pb2 as abci
+from verifier.abci_app import CommitteeAbciApp
+from verifier.app import CommitteeApp, Validator
+from verifier.audit import escrow_intake
+from verifier.audit.transcripts import TranscriptBook
+
+MODEL = "smollm2-135m-instruct"
+CHAIN = "escrow"
+EPOCH_BLOCKS = 60
+KEYS = [crypto.SigningKey.from_bytes(bytes([i]) * 32) for i in range(1, 5)]
+NOW_MS = 1_700_000_000_000 + 5_000
+
+
+class Committee:
+    """Four equal validators over one committed state, each answering queries from its own book."""
+
+    def __init__(self) -> None:
+        self.donor, self.node, self.other = Identity.generate(), Identity.generate(), Identity.generate()
+        self.core = CommitteeApp()
+        state = {"audit": {"epoch_blocks": EPOCH_BLOCKS, "challenges_per_node": 2}}
+        self.core.init_chain(CHAIN, [Validator("ed25519", k.public_bytes, 10) for k in KEYS],
+                             json.dumps(state).encode())
+        txs = [make_tx(self.donor.signing, CHAIN, OP_REGISTER, 1,
+                       Entry(ROLE_USER, self.donor.x25519.public_bytes, "127.0.0.1:7000", "default")),
+               *(make_tx(n.signing, CHAIN, OP_REGISTER, 1,
+                         Entry(ROLE_MODEL, n.x25519.public_bytes, f"127.0.0.1:{p}", "default", MODEL, 1))
+                 for n, p in ((self.node, 7998), (self.other, 7999)))]
+        results, _ = self.core.finalize_block(1, 1_700_000_000, txs, b"\x01" * 32)
+        assert all(r.ok for r in results), results
+        self.core.commit()
+        self.clock = FakeClock(unix=NOW_MS / 1000)
+        self.books = [TranscriptBook() for _ in KEYS]
+        self.apps = [CommitteeAbciApp(self.core, None, k, transcripts=b, clock=self.clock)
+                     for k, b in zip(KEYS, self.books, strict=True)]
+        self.validators = {k.public_bytes: 10 for k in KEYS}
+        self.order = [k for k, _ in escrow_intake.holders(self.validators)]
+        self.plan = escrow_intake.plan_of(self.validators)
+
+    @property
+    def epoch(self) -> int:
+        audit = self.core.committed.audit
+        assert audit is not None
+        return audit.epoch
+
+    def query(self, i: int, path: str, data: bytes) -> tuple[int, str, bytes]:
+        res = self.apps[i].query(abci.RequestQuery(path=path, data=data))
+        return res.code, res.log, bytes(res.value)
+
+    def next_epoch(self) -> None:
+        """Empty blocks up to the first of the next epoch, whose Commit goes through verifier 0's app."""
+        h, last = self.core.height, (self.epoch + 1) * EPOCH_BLOCKS + 1
+        for height in range(h + 1, last + 1):
+            self.core.finalize_block(height, 1_700_000_000 + height, [], height.to_bytes(32, "big"))
+            if height < last:
+                self.core.commit()
+        self.apps[0].commit(abci.RequestCommit())
+
+
+class Donated:
+    """An escrowed, committed request to ``node`` and the donor's view of it."""
+
+    def __init__(self, w: Committee, text: str, *, junk_for: int | None = None) -> None:
+        self.w, self.text = w, text
+        self.secret = escrow.new_secret()
+        self.deal = escrow.deal(self.secret, w.plan)
+        self.points_raw = escrow.encode_commitments(self.deal.commitments)
+        self.msgs, self.params = (ChatMessage("user", f"question {text}"),), SamplingParams(0.7, 1.0, 0, 64, None)
+        self.rid = crypto.random_bytes(16)
+        req = Request(request_id=self.rid, model=MODEL, messages=self.msgs, params=self.params, k=3, return_paths=(),
+                      continuation="")
+        self.digest = signing.request_digest(req, w.node.node_id)
+        self.value = wire.commitment(escrow.nonce_of(self.secret), w.node.node_id, self.digest)
+        self.junk_for = junk_for
+
+    def commit(self, i: int) -> tuple[int, str, bytes]:
+        key = KEYS[i].public_bytes
+        shares = self.deal.shares[self.w.order.index(key)]
+        if i == self.junk_for:
+            shares = tuple(escrow.Share(s.x, (s.y + 1) % escrow.L) for s in shares)
+        raw = wire.encode_escrow_commit(self.w.donor, self.w.donor.node_id, key, NOW_MS, self.value, self.points_raw,
+                                        shares)
+        return self.w.query(i, wire.ESCROW_COMMIT_PATH, raw)
+
+    def certify(self, acceptances: list[bytes], to: range = range(4)) -> list[tuple[int, str, bytes]]:
+        cert = wire.encode_certificate(self.w.donor.node_id, self.value, NOW_MS, self.points_raw, acceptances)
+        return [self.w.query(i, wire.CERTIFY_PATH, cert) for i in to]
+
+    def served(self, at_ms: int = NOW_MS + 900) -> wire.Revealed:
+        """The node's signed reply, as both the donor and the node keep it."""
+        _, sig = signing.ReplySigner(self.digest, MODEL, self.w.node.node_id).add(self.text, (4, 5), True, at_ms,
+                                                                                  self.w.node.signing.sign)
+        return wire.Revealed(self.w.node.node_id, escrow.nonce_of(self.secret), MODEL, self.msgs, self.params,
+                             self.rid, self.w.node.node_id, ((self.text, (4, 5)),), sig, at_ms,
+                             escrow.scalar_bytes(self.secret))
+
+
+def donate(w: Committee, text: str) -> Donated:
+    d = Donated(w, text)
+    acceptances = []
+    for i in range(4):
+        code, _, acceptance = d.commit(i)
+        assert code == 0
+        acceptances.append(acceptance)
+    assert [c for c, _, _ in d.certify(acceptances)] == [0] * 4
+    return d
+
+
+def node_reveals(w: Committee, epoch: int, served: dict[bytes, wire.Revealed], *, from_: range = range(4)) -> int:
+    """The node's side: every page each verifier in ``from_`` released, the secrets rebuilt, its
+    stored requests matched, its transcripts sealed to every verifier. How many it handed in."""
+    shares: dict[bytes, list[escrow.Share]] = {}
+    points: dict[bytes, tuple[bytes, ...]] = {}
+    for i in from_:
+        code, why, page = w.query(i, wire.RELEASED_PATH, escrow_intake.released_query(epoch))
+        assert code == 0, why
+        for value, pts, got in wire.decode_released(page)[1]:
+            points[value] = pts
+            shares.setdefault(value, []).extend(got)
+    handed = 0
+    for value, held in shares.items():
+        try:
+            nonce = escrow.nonce_of(escrow.recover(points[value], held))
+        except escrow.EscrowError:
+            continue
+        for digest, body in served.items():
+            if wire.commitment(nonce, w.node.node_id, digest) == value:
+                for i, k in enumerate(KEYS):
+                    sealed = wire.seal_node_reveal(k.public_bytes, w.node.signing, w.node.node_id, body)
+                    assert w.query(i, wire.NODE_REVEAL_PATH, sealed)[0] == 0
+                handed += 1
+    return handed
+
+
+def released_after_five_minutes(w: Committee, epoch: int) -> None:
+    w.next_epoch()
+    for i in range(4):  # each sees epoch + 1 begin (a block's commit, or its first query, tells it)
+        code, why, _ = w.query(i, wire.RELEASED_PATH, escrow_intake.released_query(epoch))
+        assert code == Code.TOO_EARLY and "300 s old" in why
+    w.clock.advance(wire.MAX_SKEW_MS / 1000)
+
+
+def test_a_framer_who_withholds_its_good_replies_gets_them_counted_at_every_verifier() -> None:
+    w = Committee()
+    epoch = w.epoch
+    good, bad = donate(w, "good"), donate(w, "bad")
+    served = {d.digest: d.served() for d in (good, bad)}
+    for i, k in enumerate(KEYS):  # the framer reveals the bad reply only
+        sealed = wire.seal_reveal(k.public_bytes, w.donor, w.donor.node_id, served[bad.digest])
+        assert w.query(i, wire.REVEAL_PATH, sealed)[0] == 0
+    released_after_five_minutes(w, epoch)
+    # one colluding verifier (a quarter of the power) releases nothing: the other three suffice
+    assert node_reveals(w, epoch, served, from_=range(3)) == 1
+    for book in w.books:
+        assert sorted(c.transcript.reply.chunks[0][0] for c in book.close(epoch)) == ["bad", "good"]
+
+
+def test_an_honest_donors_commitments_are_never_released() -> None:
+    w = Committee()
+    epoch = w.epoch
+    d = donate(w, "fine")
+    for i, k in enumerate(KEYS):
+        sealed = wire.seal_reveal(k.public_bytes, w.donor, w.donor.node_id, d.served())
+        assert w.query(i, wire.REVEAL_PATH, sealed)[0] == 0
+    released_after_five_minutes(w, epoch)
+    for i in range(4):
+        code, _, page = w.query(i, wire.RELEASED_PATH, escrow_intake.released_query(epoch))
+        assert code == 0 and wire.decode_released(page) == (epoch, ())
+
+
+def test_shares_that_do_not_check_get_no_acceptance_and_a_short_certificate_is_refused() -> None:
+    w = Committee()
+    d = Donated(w, "x", junk_for=0)
+    code, why, acceptance = d.commit(0)
+    assert code == Code.INVALID_FIELD and "not accepted" in why and acceptance == b""
+    acceptances = [d.commit(i)[2] for i in range(1, 3)]  # two of four: half the power
+    code, why, _ = d.certify(acceptances, range(1))[0]
+    assert code == Code.INVALID_FIELD and "20 of 40 power" in why
+    acceptances.append(d.commit(3)[2])  # three of four: above two thirds
+    assert [c for c, _, _ in d.certify(acceptances)] == [0] * 4
+    # verifier 0 took the certificate with no shares of its own: it releases nothing of it
+    assert w.books[0].released(w.epoch) == [] and len(w.books[1].released(w.epoch)) == 1
+
+
+def test_a_certificate_of_forged_or_foreign_acceptances_is_refused() -> None:
+    w = Committee()
+    d = Donated(w, "x")
+    real = [d.commit(i)[2] for i in range(2)]
+    stranger = crypto.SigningKey.generate()
+    forged = [wire.encode_acceptance(stranger, stranger.public_bytes, w.donor.node_id, d.value,
+                                     wire.points_digest(d.points_raw), NOW_MS),
+              wire.encode_acceptance(KEYS[2], KEYS[3].public_bytes, w.donor.node_id, d.value,
+                                     wire.points_digest(d.points_raw), NOW_MS)]
+    assert d.certify(real + real + forged, range(1))[0][0] == Code.INVALID_FIELD
+
+
+def test_a_node_reveal_is_taken_only_from_the_node_addressed() -> None:
+    w = Committee()
+    epoch = w.epoch
+    d = donate(w, "good")
+    body = d.served()
+    released_after_five_minutes(w, epoch)
+    sealed = wire.seal_node_reveal(KEYS[0].public_bytes, w.other.signing, w.other.node_id, body)
+    assert w.query(0, wire.NODE_REVEAL_PATH, sealed)[0] == Code.BAD_SIGNATURE  # it names another node
+    stranger = Identity.generate()
+    as_stranger = wire.Revealed(stranger.node_id, *(getattr(body, f) for f in (
+        "nonce", "model", "messages", "params", "request_id", "served_by", "chunks", "signature", "signed_at_ms",
+        "secret")))
+    sealed = wire.seal_node_reveal(KEYS[0].public_bytes, stranger.signing, stranger.node_id, as_stranger)
+    assert w.query(0, wire.NODE_REVEAL_PATH, sealed)[0] == Code.UNKNOWN_NODE
+    sealed = wire.seal_node_reveal(KEYS[1].public_bytes, w.node.signing, w.node.node_id, body)
+    assert w.query(0, wire.NODE_REVEAL_PATH, sealed)[0] == Code.MALFORMED  # sealed to another verifier
+    assert w.query(0, wire.NODE_REVEAL_PATH, b"\x00" * (wire.MAX_REVEAL_BYTES + 1))[0] == Code.OVERSIZE
+    assert node_reveals(w, epoch, {d.digest: body}) == 1
+    assert [c.transcript.reply.chunks[0][0] for c in w.books[2].close(epoch)] == ["good"]
+
+
+def test_the_release_waits_five_minutes_from_the_block_that_began_the_next_epoch() -> None:
+    w = Committee()
+    epoch = w.epoch
+    w.next_epoch()  # verifier 0 commits the epoch's first block now
+    w.clock.advance(wire.MAX_SKEW_MS / 1000 - 1)
+    assert w.query(0, wire.RELEASED_PATH, escrow_intake.released_query(epoch))[0] == Code.TOO_EARLY
+    w.clock.advance(1)
+    assert w.query(0, wire.RELEASED_PATH, escrow_intake.released_query(epoch))[0] == 0
+    assert w.query(1, wire.RELEASED_PATH, escrow_intake.released_query(epoch))[0] == Code.TOO_EARLY  # saw it now
+    assert w.query(0, wire.RELEASED_PATH, escrow_intake.released_query(epoch + 1))[0] == Code.TOO_EARLY
+
+
+@pytest.mark.parametrize("data", [b"", b"\x00" * 7, b"\x00" * 9, b"\x00" * 41])
+def test_a_released_query_that_is_not_an_epoch_is_refused(data: bytes) -> None:
+    assert Committee().query(0, wire.RELEASED_PATH, data)[0] in (Code.MALFORMED, Code.OVERSIZE)
+
+
+def test_released_pages_follow_one_another() -> None:
+    book, rng = TranscriptBook(), random.Random(9)
+    validators = {k.public_bytes: 10 for k in KEYS}
+    plan, me = escrow_intake.plan_of(validators), escrow_intake.holders(validators)[0][0]
+    values = []
+    for n in range(escrow_intake.RELEASE_PAGE + 3):
+        deal = escrow.deal(escrow.new_secret(rng), plan, rng)
+        value = rng.randbytes(32)
+        donor = (n // 16).to_bytes(20, "big")
+        assert book.hold(donor, value, escrow.encode_commitments(deal.commitments), deal.shares[0], 3, NOW_MS) is None
+        assert book.certify(donor, value, escrow.encode_commitments(deal.commitments), 3, NOW_MS) is None
+        values.append(value)
+    assert me == KEYS[[k.public_bytes for k in KEYS].index(me)].public_bytes
+    seen = {4: NOW_MS}
+    got: list[bytes] = []
+    after = b""
+    while True:
+        code, _, page = escrow_intake.released_page(book, escrow_intake.released_query(3, after), 4, seen,
+                                                    NOW_MS + wire.MAX_SKEW_MS)
+        assert code == 0
+        items = wire.decode_released(page)[1]
+        got.extend(v for v, _, _ in items)
+        if len(items) < escrow_intake.RELEASE_PAGE:
+            break
+        after = items[-1][0]
+    assert got == sorted(values)
+    assert escrow_intake.released_page(book, escrow_intake.released_query(3), 4, seen, NOW_MS + wire.MAX_SKEW_MS - 1)[0] \
+        == Code.TOO_EARLY
+    assert escrow_intake.released_page(book, escrow_intake.released_query(3), 3, seen, NOW_MS + wire.MAX_SKEW_MS)[0] \
+        == Code.TOO_EARLY

@@ -1,0 +1,211 @@
+"""A verifier's side of escrowed commitments (decision 0037): the four queries that take them, as
+pure functions over the book (:mod:`verifier.audit.transcripts`, rules 10 and 11), this
+verifier's keys and the validator set. I/O-free, no clock (times are passed in); never raises on
+what a sender sends: each answers ``(code, reason, value)``. The wire formats are
+:mod:`overlay.directory.transcripts`'; :class:`verifier.abci_app.CommitteeAbciApp` answers the
+queries with them.
+
+- :func:`take_escrow_commit` (``/audit/transcript_escrow_commit``): a registered user's escrowed
+  commit. This verifier opens its shares, checks them against the points under the validator
+  set's plan (:func:`plan_of`), holds the commitment and answers its signed acceptance. Shares
+  that do not check get no acceptance.
+- :func:`take_certificate` (``/audit/transcript_certify``): the acceptances of validators above
+  two thirds of the power, before the request leaves; the commitment then takes part in its set.
+- :func:`take_node_reveal` (``/audit/transcript_node_reveal``): a registered model node's sealed
+  transcript of a certified commitment addressed to it.
+- :func:`released_page` (``/audit/transcript_released``): this verifier's shares of an epoch's
+  certified commitments whose donor's transcript it does not hold, once :func:`release_due`;
+  at most :data:`RELEASE_PAGE` a query, after a given commitment.
+
+The holders' order, the one the donor deals to: the validators' Ed25519 keys in ascending
+bytes (:func:`holders`).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable, Mapping
+
+from overlay.directory import escrow
+from overlay.directory import transcripts as wire
+from overlay.directory.registration import Code
+from overlay.wire import crypto
+from verifier.audit.transcripts import KeyOf, TranscriptBook, transcript_of
+
+RELEASE_PAGE = 256  # released commitments in one answer
+RELEASED_QUERY_LEN = (8, 8 + wire.COMMITMENT_LEN)  # an epoch (8 bytes, big-endian), then the last one seen
+
+__all__ = ["RELEASE_PAGE", "book_code", "holders", "plan_of", "release_due", "released_page", "released_query",
+           "take_certificate", "take_escrow_commit", "take_node_reveal"]
+
+UserKey = Callable[[bytes], bytes | None]
+
+
+def holders(validators: Mapping[bytes, int]) -> tuple[tuple[bytes, int], ...]:
+    """``(key, power)`` of the validators in the order shares are dealt: keys ascending."""
+    return tuple(sorted(validators.items()))
+
+
+@functools.lru_cache(maxsize=8)
+def _plan(ordered: tuple[tuple[bytes, int], ...]) -> escrow.Plan:
+    return escrow.plan([p for _, p in ordered])
+
+
+def plan_of(validators: Mapping[bytes, int]) -> escrow.Plan:
+    """The escrow plan of this validator set (:func:`overlay.directory.escrow.plan` of the powers
+    in :func:`holders` order); :class:`~overlay.directory.escrow.EscrowError` when it has none."""
+    return _plan(holders(validators))
+
+
+def _skewed(sent_ms: int, now_ms: int) -> str | None:
+    skew = now_ms - sent_ms
+    if abs(skew) > wire.MAX_SKEW_MS:
+        return (f"it was made {abs(skew) // 1000} s {'before' if skew > 0 else 'after'} this verifier's time "
+                f"(at most {wire.MAX_SKEW_MS // 1000} s): check your clock")
+    return None
+
+
+_BOOK_CODES = {
+    "malformed": Code.INVALID_FIELD, "burnt": Code.CONFLICT, "full": Code.UNAVAILABLE, "duplicate": Code.DUPLICATE,
+    "too many": Code.UNAVAILABLE, "unknown": Code.INVALID_FIELD, "seeded": Code.INVALID_FIELD,
+    "unverifiable": Code.UNKNOWN_NODE, "forged": Code.BAD_SIGNATURE, "late": Code.LATE,
+    "uncertified": Code.INVALID_FIELD, "escrowed": Code.INVALID_FIELD, "equivocation": Code.CONFLICT,
+}
+
+
+def book_code(why: str) -> Code:
+    """The code of a :class:`~verifier.audit.transcripts.TranscriptBook` refusal (``kind: words``)."""
+    return _BOOK_CODES.get(why.split(":")[0], Code.INVALID_FIELD)
+
+
+def take_escrow_commit(book: TranscriptBook, data: bytes, signer: crypto.SigningKey, user_key: UserKey,
+                       validators: Mapping[bytes, int], epoch: int, now_ms: int) -> tuple[Code, str, bytes]:
+    """A donor's escrowed commit into ``book`` for ``epoch`` at ``now_ms``; its value, this
+    verifier's signed acceptance (:func:`overlay.directory.transcripts.encode_acceptance`)."""
+    try:
+        c = wire.decode_escrow_commit(data)
+    except wire.TranscriptError as exc:
+        return (Code.UNSUPPORTED_VERSION if exc.unsupported_version else Code.MALFORMED), exc.reason, b""
+    me = signer.public_bytes
+    if c.verifier != me:
+        return Code.INVALID_FIELD, "this commit names another verifier's key; make one for each verifier", b""
+    public = user_key(c.donor)
+    if public is None:
+        return Code.UNKNOWN_NODE, f"donor {c.donor.hex()[:16]} is not a registered user node of this committee", b""
+    try:
+        wire.verify_escrow_commit(c, public)
+    except wire.TranscriptError as exc:
+        return Code.BAD_SIGNATURE, exc.reason, b""
+    late = _skewed(c.sent_ms, now_ms)
+    if late is not None:
+        return Code.INVALID_FIELD, f"the commit: {late}", b""
+    order = [k for k, _ in holders(validators)]
+    try:
+        plan = plan_of(validators)
+    except escrow.EscrowError as exc:
+        return Code.UNAVAILABLE, f"this committee's powers cannot be escrowed ({exc.reason}); commit without escrow", b""
+    if me not in order:
+        return Code.NOT_VALIDATOR, "this verifier is not a current validator: it holds no shares", b""
+    if len(c.points) != plan.threshold:
+        return Code.INVALID_FIELD, (f"{len(c.points)} points; this validator set's plan needs {plan.threshold} "
+                                    f"({plan.units} units)"), b""
+    try:
+        shares = wire.open_shares(signer.private_bytes(), c)
+    except wire.TranscriptError as exc:
+        return Code.MALFORMED, exc.reason, b""
+    if not escrow.verify_holder(plan, order.index(me), c.points, shares):
+        return Code.INVALID_FIELD, ("the shares sealed to this verifier are not its own under the plan, or do not lie "
+                                    "on the points: not accepted"), b""
+    why = book.hold(c.donor, c.value, c.points_raw, shares, epoch, now_ms)
+    if why is not None:
+        return book_code(why), why, b""
+    acceptance = wire.encode_acceptance(signer, me, c.donor, c.value, wire.points_digest(c.points_raw), c.sent_ms)
+    return Code.OK, "held: certify it with the acceptances of validators above two thirds of the power", acceptance
+
+
+def take_certificate(book: TranscriptBook, data: bytes, user_key: UserKey, validators: Mapping[bytes, int],
+                     epoch: int, now_ms: int) -> tuple[Code, str]:
+    """A donor's certificate into ``book`` for ``epoch`` at ``now_ms``: acceptances of validators
+    above two thirds of the power."""
+    try:
+        cert = wire.decode_certificate(data)
+    except wire.TranscriptError as exc:
+        return (Code.UNSUPPORTED_VERSION if exc.unsupported_version else Code.MALFORMED), exc.reason
+    if user_key(cert.donor) is None:
+        return Code.UNKNOWN_NODE, f"donor {cert.donor.hex()[:16]} is not a registered user node of this committee"
+    late = _skewed(cert.sent_ms, now_ms)
+    if late is not None:
+        return Code.INVALID_FIELD, f"the certificate's commit: {late}"
+    # the acceptances sign the points' digest, and each acceptor checked their number against the plan
+    power, total = wire.certified_power(cert, validators), sum(validators.values())
+    if 3 * power <= 2 * total:
+        return Code.INVALID_FIELD, (f"the acceptances hold {power} of {total} power; more than two thirds are "
+                                    "needed")
+    why = book.certify(cert.donor, cert.value, cert.points_raw, epoch, now_ms)
+    if why is not None:
+        return book_code(why), why
+    return Code.OK, "certified: send the request now; reveal the transcript (or that no reply came) after it"
+
+
+def take_node_reveal(book: TranscriptBook, sealed: bytes, seed32: bytes, verifier_pk: bytes,
+                     model_key: Callable[[bytes, str], bytes | None], key_of: KeyOf) -> tuple[Code, str]:
+    """A model node's sealed reveal into ``book``: the node is registered for the transcript's
+    model (``model_key``) and signed it, the request was addressed to it."""
+    try:
+        nr = wire.decode_node_reveal(wire.unseal(seed32, sealed))
+    except wire.TranscriptError as exc:
+        return (Code.UNSUPPORTED_VERSION if exc.unsupported_version else Code.MALFORMED), exc.reason
+    if nr.verifier != verifier_pk:
+        return Code.INVALID_FIELD, "this node reveal names another verifier's key; make one for each verifier"
+    public = model_key(nr.node_id, nr.body.model)
+    if public is None:
+        return Code.UNKNOWN_NODE, f"node {nr.node_id.hex()[:16]} is not a registered model node of {nr.body.model!r}"
+    try:
+        wire.verify_node_reveal(nr, public)
+    except wire.TranscriptError as exc:
+        return Code.BAD_SIGNATURE, exc.reason
+    why = book.node_reveal(transcript_of(nr.body), key_of)
+    if why is not None:
+        return book_code(why), why
+    return Code.OK, "taken: it stands for the commitment its donor did not reveal"
+
+
+def released_query(epoch: int, after: bytes = b"") -> bytes:
+    """The data of a ``/audit/transcript_released`` query: ``epoch``, then the last commitment of
+    the page before (none for the first)."""
+    if after and len(after) != wire.COMMITMENT_LEN:
+        raise ValueError("after is a commitment (32 bytes) or nothing")
+    return epoch.to_bytes(8, "big") + after
+
+
+def release_due(epoch: int, now_epoch: int, seen_ms: Mapping[int, int], now_ms: int) -> bool:
+    """Whether ``epoch``'s shares may go out: ``epoch + 1`` began at least
+    :data:`~overlay.directory.transcripts.MAX_SKEW_MS` ago on this verifier's clock (``seen_ms``:
+    when it first saw each epoch), so every committed request of ``epoch`` left before, and no
+    reply to one signed from now on counts (rule 1's window has its start before)."""
+    began = seen_ms.get(epoch + 1)
+    return now_epoch > epoch and began is not None and now_ms >= began + wire.MAX_SKEW_MS
+
+
+def released_page(book: TranscriptBook, data: bytes, now_epoch: int, seen_ms: Mapping[int, int],
+                  now_ms: int) -> tuple[Code, str, bytes]:
+    """Up to :data:`RELEASE_PAGE` of ``book``'s released shares of the epoch ``data`` names
+    (:func:`released_query`), after the commitment it names, in ascending order of commitment;
+    the encoded page (:func:`overlay.directory.transcripts.encode_released`)."""
+    if len(data) not in RELEASED_QUERY_LEN:
+        return Code.MALFORMED, "the query is an epoch (8 bytes, big-endian) and, after the first page, a commitment", b""
+    epoch, after = int.from_bytes(data[:8], "big"), data[8:]
+    if not release_due(epoch, now_epoch, seen_ms, now_ms):
+        return Code.TOO_EARLY, (f"epoch {epoch}'s shares go out once epoch {epoch + 1} is "
+                                f"{wire.MAX_SKEW_MS // 1000} s old on this verifier's clock"), b""
+    items = sorted(_released(book, epoch, after))[:RELEASE_PAGE]
+    page = wire.encode_released(epoch, items)
+    return Code.OK, f"{len(items)} released", page
+
+
+def _released(book: TranscriptBook, epoch: int, after: bytes) -> Iterable[wire.ReleasedItem]:
+    for value, points_raw, shares in book.released(epoch):
+        if value > after and len(shares) <= wire.MAX_RELEASED_UNITS:
+            points = escrow.decode_commitments(points_raw, escrow.MAX_UNITS)
+            if len(points) <= wire.MAX_RELEASED_UNITS:
+                yield value, points, shares
