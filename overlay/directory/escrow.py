@@ -72,7 +72,7 @@ import functools
 import itertools
 import random
 import secrets
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -100,10 +100,12 @@ __all__ = [
     "encode_commitments",
     "encode_shares",
     "holder_xs",
+    "holders",
     "new_secret",
     "nonce_of",
     "opens",
     "plan",
+    "plan_of",
     "recover",
     "scalar_bytes",
     "scalar_of",
@@ -368,6 +370,23 @@ def plan(powers: Sequence[int], units: int | None = None) -> Plan:
             return found
     raise EscrowError(f"with {tries[-1]} units some coalition above a third of the power would hold fewer units "
                       "than the threshold that keeps every coalition below a third out: deal more units")
+
+
+def holders(validators: Mapping[bytes, int]) -> tuple[tuple[bytes, int], ...]:
+    """``(validator key, power)`` in the order a donor deals shares to a committee and its
+    verifiers check them: keys in ascending bytes."""
+    return tuple(sorted(validators.items()))
+
+
+@functools.lru_cache(maxsize=8)
+def _plan_of(ordered: tuple[tuple[bytes, int], ...]) -> Plan:
+    return plan([p for _, p in ordered])
+
+
+def plan_of(validators: Mapping[bytes, int]) -> Plan:
+    """The plan of a committee (validator key to voting power): :func:`plan` of the powers in
+    :func:`holders` order, by default units. :class:`EscrowError` when it has none."""
+    return _plan_of(holders(validators))
 
 
 def _check_plan(p: Any) -> Plan:

@@ -54,8 +54,8 @@ class Committee:
         self.apps = [CommitteeAbciApp(self.core, None, k, transcripts=b, clock=self.clock)
                      for k, b in zip(KEYS, self.books, strict=True)]
         self.validators = {k.public_bytes: 10 for k in KEYS}
-        self.order = [k for k, _ in escrow_intake.holders(self.validators)]
-        self.plan = escrow_intake.plan_of(self.validators)
+        self.order = [k for k, _ in escrow.holders(self.validators)]
+        self.plan = escrow.plan_of(self.validators)
 
     @property
     def epoch(self) -> int:
@@ -255,7 +255,7 @@ def test_a_released_query_that_is_not_an_epoch_is_refused(data: bytes) -> None:
 def test_released_pages_follow_one_another() -> None:
     book, rng = TranscriptBook(), random.Random(9)
     validators = {k.public_bytes: 10 for k in KEYS}
-    plan, me = escrow_intake.plan_of(validators), escrow_intake.holders(validators)[0][0]
+    plan, me = escrow.plan_of(validators), escrow.holders(validators)[0][0]
     values = []
     for n in range(escrow_intake.RELEASE_PAGE + 3):
         deal = escrow.deal(escrow.new_secret(rng), plan, rng)

@@ -7,8 +7,8 @@ queries with them.
 
 - :func:`take_escrow_commit` (``/audit/transcript_escrow_commit``): a registered user's escrowed
   commit. This verifier opens its shares, checks them against the points under the validator
-  set's plan (:func:`plan_of`), holds the commitment and answers its signed acceptance. Shares
-  that do not check get no acceptance.
+  set's plan (:func:`overlay.directory.escrow.plan_of`), holds the commitment and answers its
+  signed acceptance. Shares that do not check get no acceptance.
 - :func:`take_certificate` (``/audit/transcript_certify``): the acceptances of validators above
   two thirds of the power, before the request leaves; the commitment then takes part in its set.
 - :func:`take_node_reveal` (``/audit/transcript_node_reveal``): a registered model node's sealed
@@ -18,12 +18,11 @@ queries with them.
   at most :data:`RELEASE_PAGE` a query, after a given commitment.
 
 The holders' order, the one the donor deals to: the validators' Ed25519 keys in ascending
-bytes (:func:`holders`).
+bytes (:func:`overlay.directory.escrow.holders`).
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterable, Mapping
 
 from overlay.directory import escrow
@@ -35,26 +34,10 @@ from verifier.audit.transcripts import KeyOf, TranscriptBook, transcript_of
 RELEASE_PAGE = 256  # released commitments in one answer
 RELEASED_QUERY_LEN = (8, 8 + wire.COMMITMENT_LEN)  # an epoch (8 bytes, big-endian), then the last one seen
 
-__all__ = ["RELEASE_PAGE", "book_code", "holders", "plan_of", "release_due", "released_page", "released_query",
+__all__ = ["RELEASE_PAGE", "book_code", "release_due", "released_page", "released_query",
            "take_certificate", "take_escrow_commit", "take_node_reveal"]
 
 UserKey = Callable[[bytes], bytes | None]
-
-
-def holders(validators: Mapping[bytes, int]) -> tuple[tuple[bytes, int], ...]:
-    """``(key, power)`` of the validators in the order shares are dealt: keys ascending."""
-    return tuple(sorted(validators.items()))
-
-
-@functools.lru_cache(maxsize=8)
-def _plan(ordered: tuple[tuple[bytes, int], ...]) -> escrow.Plan:
-    return escrow.plan([p for _, p in ordered])
-
-
-def plan_of(validators: Mapping[bytes, int]) -> escrow.Plan:
-    """The escrow plan of this validator set (:func:`overlay.directory.escrow.plan` of the powers
-    in :func:`holders` order); :class:`~overlay.directory.escrow.EscrowError` when it has none."""
-    return _plan(holders(validators))
 
 
 def _skewed(sent_ms: int, now_ms: int) -> str | None:
@@ -99,9 +82,9 @@ def take_escrow_commit(book: TranscriptBook, data: bytes, signer: crypto.Signing
     late = _skewed(c.sent_ms, now_ms)
     if late is not None:
         return Code.INVALID_FIELD, f"the commit: {late}", b""
-    order = [k for k, _ in holders(validators)]
+    order = [k for k, _ in escrow.holders(validators)]
     try:
-        plan = plan_of(validators)
+        plan = escrow.plan_of(validators)
     except escrow.EscrowError as exc:
         return Code.UNAVAILABLE, f"this committee's powers cannot be escrowed ({exc.reason}); commit without escrow", b""
     if me not in order:
