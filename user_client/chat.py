@@ -43,7 +43,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, Protocol, TextIO
@@ -367,10 +367,18 @@ def make_donor(cfg: Any, identity: Any, addresses: Sequence[str], validators: Ca
 
 
 def make_transcript_donor(cfg: Any, identity: Any, addresses: Sequence[str],
-                          validators: Callable[[], Sequence[bytes]]) -> TranscriptDonor:
+                          validators: Callable[[], Sequence[bytes]],
+                          powers: Callable[[], Mapping[bytes, int]] | None = None) -> TranscriptDonor:
     """The donor of ``--donate-transcripts`` (:mod:`user_client.transcripts`), to every verifier
-    of the committee at ``addresses`` whose validator keys ``validators()`` returns."""
-    return TranscriptDonor(identity, addresses, validators, rate=cfg.donate_transcripts_rate)
+    of the committee at ``addresses`` whose validator keys ``validators()`` returns; with
+    ``powers()`` (those keys' voting powers) its commitments are escrowed (decision 0037)."""
+    return TranscriptDonor(identity, addresses, validators, powers=powers, rate=cfg.donate_transcripts_rate)
+
+
+def validator_powers(member: Any) -> Callable[[], dict[bytes, int]]:
+    """The voting power of each validator key ``member``'s committee client holds now (the genesis
+    set, or the committee's signed lists' latest)."""
+    return lambda: {v.public_key: v.power for v in member.client.validators}
 
 
 def check_chat_settings(cfg: Any, args: argparse.Namespace) -> None:
@@ -472,7 +480,7 @@ class ChatRun:
         client = self.session.client
         if isinstance(client, DonatingClient):
             self.transcripts = client.donor = make_transcript_donor(cfg, identity, member.settings.addresses,
-                                                                    validators)
+                                                                    validators, validator_powers(member))
             await nursery.start(self.transcripts.run)
 
     async def paths_ready(self) -> bool:

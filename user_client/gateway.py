@@ -549,7 +549,13 @@ def run_serve(args: argparse.Namespace) -> int:
     from overlay.net.transport import TLSTransport
     from overlay.usernode import UserNode
     from overlay.wire.identity import load_or_create
-    from user_client.chat import check_donation_committee, check_donation_settings, make_donor, make_transcript_donor
+    from user_client.chat import (
+        check_donation_committee,
+        check_donation_settings,
+        make_donor,
+        make_transcript_donor,
+        validator_powers,
+    )
     from user_client.relay_node import listen_address
     from user_client.transcripts import DonatingClient
 
@@ -613,7 +619,8 @@ def run_serve(args: argparse.Namespace) -> int:
                     gateway.donor = donor
                 if isinstance(client, DonatingClient):
                     client.donor = make_transcript_donor(cfg, identity, member.settings.addresses,
-                                                         lambda: [v.public_key for v in member.client.validators])
+                                                         lambda: [v.public_key for v in member.client.validators],
+                                                         validator_powers(member))
                     await nursery.start(client.donor.run)
             binds = await nursery.start(serve, gateway.app, hc)
             print(f"READY {binds[0]}/v1", flush=True)

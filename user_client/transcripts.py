@@ -1,11 +1,17 @@
-"""Donating transcripts to the committee's audits (decision 0015): the user's side.
+"""Donating transcripts to the committee's audits (decisions 0015 and 0037): the user's side.
 
 A user who turns on ``--donate-transcripts`` hands the committee's verifiers, for a share
 ``--donate-transcripts-rate`` (default :data:`DEFAULT_RATE`) of its requests, the request and the
 signed reply it got, so that the verifiers score model nodes on users' real traffic (a node cannot
 tell these requests from others: they *are* users' requests). A verifier counts them only under
 the rules of :mod:`verifier.audit.transcripts` (commit before the reply, all or nothing, no
-seeds), which this client keeps:
+seeds), which this client keeps.
+
+A chosen request is committed to one of two ways. When the donor knows the committee's validator
+keys with their voting powers (``powers``: the genesis set, or the signed lists' latest) and they
+admit an escrow plan (:func:`overlay.directory.escrow.plan_of`), the commitment is *escrowed*
+(decision 0037: its secret is dealt among the validators, so the model node can reveal a reply the
+donor withholds); otherwise it is a version-1 commitment, which the verifiers still take.
 
 1. Whether a request is donated is drawn *before* it is sent (with probability
    :attr:`TranscriptDonor.rate`); a request with a seed, or outside a transcript's limits
@@ -13,22 +19,47 @@ seeds), which this client keeps:
    decision 0032), is never chosen.
 2. For a chosen request the client picks the model node itself
    (:meth:`~overlay.anon.client.AnonClient.choose_model_node`, the node a normal request would go to),
-   a random request id and nonce, and computes the commitment
-   (:func:`overlay.directory.transcripts.commitment` of :func:`overlay.anon.signing.request_digest` of the
-   request with that id, addressed to that node).
-3. It sends the signed commit (:func:`overlay.directory.transcripts.encode_commit`, naming each verifier's
-   key) to EVERY verifier of ``--committee`` at once, over the verifier's RPC
-   (``abci_query /audit/transcript_commit``), and waits for their answers, at most
-   :data:`COMMIT_TIMEOUT_S`. Only then, and :data:`SETTLE_S` later, is the request sent: a
-   verifier counts a reply only if the model node signed it strictly after the commit reached the
+   a random request id, and the commitment's nonce:
+
+   - version 1: a random nonce;
+   - escrowed: a fresh secret ``s`` (:func:`overlay.directory.escrow.new_secret`) dealt under the
+     plan (:func:`~overlay.directory.escrow.deal`: public points and each validator's shares), the
+     nonce :func:`~overlay.directory.escrow.nonce_of` ``s``;
+
+   and computes the commitment (:func:`overlay.directory.transcripts.commitment` of
+   :func:`overlay.anon.signing.request_digest` of the request with that id, addressed to that node).
+3. It commits with EVERY verifier of ``--committee`` at once, over the verifier's RPC, and waits
+   for their answers, at most :data:`COMMIT_TIMEOUT_S` a round. Each verifier is named by its key
+   from ``/audit/donate_key``, checked against the committee's validator keys.
+
+   - Version 1: one round, the signed commit (:func:`overlay.directory.transcripts.encode_commit`,
+     ``abci_query /audit/transcript_commit``). If every verifier refused (or none could be asked),
+     the request is sent as a normal one and nothing is donated. If some took it and others
+     refused, the request is still donated, to those that took it and those whose answer did not
+     come: a commitment a verifier holds cannot be taken back (left unrevealed it voids the
+     donor's set there, which counts against the donor's void budget; a reveal of one it never got
+     is only refused as unknown), and a verifier that refused it holds nothing to reveal.
+   - Escrowed: two rounds. *Commit*: each verifier gets the points and its own shares, sealed to
+     its key (:func:`overlay.directory.transcripts.encode_escrow_commit`, ``abci_query
+     /audit/transcript_escrow_commit``, one ``sent_ms`` for all), and answers its signed
+     acceptance, which the client checks (:func:`~overlay.directory.transcripts.verify_acceptance`,
+     and that it binds this commitment, points and ``sent_ms``). If the good acceptances hold no
+     more than two thirds of the power (:func:`~overlay.directory.transcripts.certified_power`),
+     the request is sent as a normal one and nothing is donated: a verifier holds an uncertified
+     commitment as counting for nothing, so leaving it unrevealed costs the donor nothing.
+     *Certify*: otherwise the certificate (:func:`~overlay.directory.transcripts.encode_certificate`,
+     the acceptances) goes to every verifier whose key the client has (``abci_query
+     /audit/transcript_certify``), those that refused the commit or did not answer it too (a
+     verifier takes a certified commitment without shares of its own). The commitment is donated
+     to those that took the certificate and those whose answer did not come; one that refused it
+     holds nothing that counts. If none took it (or might have), the request is sent as a normal
+     one.
+
+   Only then, and :data:`SETTLE_S` later, is the request sent: a verifier counts a reply only if
+   the model node signed it strictly after the commit (escrowed: the certificate) reached the
    verifier, the two times read on two machines' clocks, so the pause absorbs a model node's clock
    running up to about a second behind the verifier's (a reply signed "before" the commitment
-   voids the donor's set). If every verifier refused (or none
-   could be asked), the request is sent as a normal one and nothing is donated. If some took it
-   and others refused, the request is still donated, to those that took it and those whose
-   answer did not come: a commitment a verifier holds cannot be taken back (left unrevealed it
-   voids the donor's set there, which counts against the donor's void budget; a reveal of one it
-   never got is only refused as unknown), and a verifier that refused it holds nothing to reveal.
+   voids the donor's set).
 4. The request goes to that node with that request id (``node=``, ``request_id=``); the overlay's
    usual failover stays on, with fresh request ids after the first try, so the user gets an
    answer as for any request. The transcript is revealed only if the whole reply came from the
@@ -40,19 +71,26 @@ seeds), which this client keeps:
    stops reading early (a stop string) does not get the rest, but the client reads the committed
    reply to its end (at most :data:`DRAIN_S`) so it can be revealed.
 5. After the reply, the transcript (or "no reply") is sealed to each verifier's key
-   (:func:`overlay.directory.transcripts.seal_reveal`, the key from ``/audit/donate_key``, checked against
-   the committee's validator keys) and sent (``abci_query /audit/transcript_reveal``), in the
-   background, tried :data:`REVEAL_TRIES` times on network errors. ``gentorrent user chat``
+   (:func:`overlay.directory.transcripts.seal_reveal`) and sent to the verifiers step 3 donated
+   it to (``abci_query /audit/transcript_reveal``), in the background, tried :data:`REVEAL_TRIES`
+   times on network errors; an escrowed transcript carries the secret ``s`` in the nonce's place
+   (a body of kind 2), which the verifier checks against the points. ``gentorrent user chat``
    waits up to :data:`EXIT_WAIT_S` for reveals still out when it exits; ``user serve`` drops them
-   at Ctrl-C (an unrevealed commitment voids the donor's set at that verifier).
+   at Ctrl-C (an unrevealed commitment voids the donor's set at that verifier). A request
+   cancelled after its commitment (escrowed: after its certificate may have gone out) reveals
+   "no reply".
 
 Privacy cost (:data:`PRIVACY`, stated where the flag is): every verifier learns the donor's node
 id, its IP address, the prompt, the reply and which model node served it; the commit alone tells
-each verifier when the donor is about to send a request.
+each verifier when the donor is about to send a request. An escrowed commitment adds only
+this: a verifier that holds no reveal of a certified one after its epoch (the donor withheld it,
+crashed, or its reveal did not come) releases its shares, so the model node that served the
+request learns that it was donated, and can reveal it; validators below a third of the power
+cannot rebuild ``s`` before that.
 
 Nothing here is ever shown as a chat error: failures are logged (info), and a request whose
-donation fails is answered like any other. The commit round trip delays a chosen request's first
-token by up to :data:`COMMIT_TIMEOUT_S` and :data:`SETTLE_S`.
+donation fails is answered like any other. The commit round trip (escrowed: both) delays a chosen
+request's first token by up to :data:`COMMIT_TIMEOUT_S` a round and :data:`SETTLE_S`.
 """
 
 from __future__ import annotations
@@ -60,14 +98,15 @@ from __future__ import annotations
 import logging
 import math
 import random
-from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from overlay.anon.client import AnonError
+from overlay.directory import escrow
 from overlay.directory import transcripts as wire
 from overlay.directory.donation import DonationError
 from overlay.wire import crypto
@@ -82,7 +121,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("gentorrent.donate")
 
 DEFAULT_RATE = 0.1
-COMMIT_TIMEOUT_S = 5.0  # for every verifier's answer to a commit
+COMMIT_TIMEOUT_S = 5.0  # for every verifier's answer to a commit (escrowed: to each of its two rounds)
 SETTLE_S = 1.0  # then this long before the request leaves (module docstring, 3)
 DRAIN_S = 60.0  # to read the rest of a committed reply its caller stopped reading
 REVEAL_TRIES = 3
@@ -90,15 +129,19 @@ REVEAL_RETRY_S = 20.0  # between tries of a reveal that met a network error
 EXIT_WAIT_S = 10.0  # `user chat` waits this long for reveals still out when it exits
 MAX_PENDING = 64  # reveals out at once; a chosen request past it is sent as a normal one
 PRIVACY = ("every verifier of the committee learns your node id, your IP address, the prompt, the reply and which "
-           "model node served it (and, from the commit, when you are about to send a request)")
+           "model node served it (and, from the commit, when you are about to send a request); if your reveal of "
+           "a request never reaches a verifier, the model node that served it learns after the epoch that it was "
+           "donated")
 
 ACCEPTED, REFUSED, UNKNOWN = "accepted", "refused", "unknown"
+Answers = dict[str, tuple[str, bytes, str]]  # address -> (ACCEPTED | REFUSED | UNKNOWN, its key or b"", why)
 
 
 @dataclass(frozen=True, slots=True)
 class Committed:
-    """A request committed to before it is sent: what to send, where, under which id, and the
-    verifiers to reveal it to (``(address, validator key)``)."""
+    """A request committed to before it is sent: what to send, where, under which id, the
+    verifiers to reveal it to (``(address, validator key)``) and, for an escrowed commitment, its
+    secret (:func:`overlay.directory.escrow.scalar_bytes`; empty for version 1)."""
 
     model: str
     messages: tuple[ChatMessage, ...]
@@ -108,25 +151,29 @@ class Committed:
     nonce: bytes
     value: bytes
     verifiers: tuple[tuple[str, bytes], ...]
+    secret: bytes = b""
 
 
 def body_of(c: Committed, chunks: Sequence[ReplyChunk]) -> wire.Body:
     """The reveal for ``c`` after ``chunks`` came: the transcript when the whole reply came from
     the committed try (every chunk under its request id, from one node, the last ``done``),
-    else "no reply"."""
+    else "no reply". An escrowed commitment's transcript carries its secret (a body of kind 2)."""
     if not chunks or not chunks[-1].done or any(x.request_id != c.request_id or x.node != chunks[0].node
                                                   for x in chunks):
         return wire.NoReply(c.value)
     last = chunks[-1]
     return wire.Revealed(c.target, c.nonce, c.model, c.messages, c.params, c.request_id, last.node,
-                         tuple((x.text, tuple(x.token_ids)) for x in chunks), last.signature, last.signed_at_ms)
+                         tuple((x.text, tuple(x.token_ids)) for x in chunks), last.signature, last.signed_at_ms,
+                         c.secret)
 
 
 class TranscriptDonor(Background):
     """Commits to and reveals donated transcripts (see the module docstring).
 
     ``addresses``: the committee's RPC addresses (``--committee``); ``validators()``: the validator
-    keys the node holds now. ``rpc`` (default :func:`overlay.directory.rpc.rpc_call`), ``rng``
+    keys the node holds now; ``powers()`` (optional): those keys' voting powers, the set whose
+    plan an escrowed commitment is dealt under (none, or no plan: version-1 commitments).
+    ``rpc`` (default :func:`overlay.directory.rpc.rpc_call`), ``rng``
     (default :class:`random.SystemRandom`), ``urandom`` (request ids and nonces) and ``clock``
     (default :class:`~overlay.wire.clock.TrioClock`: the commit's ``sent_ms``) are injectable for tests.
     :meth:`run` must be running (in a nursery) for anything to be donated."""
@@ -135,6 +182,7 @@ class TranscriptDonor(Background):
     DROPPED_LEVEL = logging.INFO
 
     def __init__(self, identity: Identity, addresses: Sequence[str], validators: Callable[[], Iterable[bytes]], *,
+                 powers: Callable[[], Mapping[bytes, int]] | None = None,
                  rate: float = DEFAULT_RATE, rpc: Rpc | None = None, rng: random.Random | None = None,
                  urandom: Callable[[int], bytes] = crypto.random_bytes, clock: Clock | None = None,
                  commit_timeout: float = COMMIT_TIMEOUT_S, settle: float = SETTLE_S, drain: float = DRAIN_S,
@@ -150,6 +198,7 @@ class TranscriptDonor(Background):
         self.identity = identity
         self.addresses = list(dict.fromkeys(addresses))
         self.validators = validators
+        self.powers = powers
         self.rate = rate
         self.rpc = rpc
         self.rng = rng or random.SystemRandom()
@@ -159,9 +208,10 @@ class TranscriptDonor(Background):
         self.settle = settle
         self.drain_s = drain
         self.reveal_retry = reveal_retry
-        self.offered = self.chosen = self.committed = self.revealed = self.no_reply = self.failed = 0
+        self.offered = self.chosen = self.committed = self.escrowed = self.revealed = self.no_reply = self.failed = 0
         self.pending = 0
         self._keys: dict[str, bytes] = {}
+        self._no_plan: dict[bytes, int] | None = None  # the last powers that admitted no escrow plan
         self._nursery: trio.Nursery | None = None
         self._idle: trio.Event | None = None
 
@@ -188,12 +238,28 @@ class TranscriptDonor(Background):
         self.chosen += 1
         try:
             return await self._commit(client, model, messages, params, node)
-        except (AnonError, ValueError, OSError, crypto.CryptoError) as exc:
+        except Exception as exc:  # noqa: BLE001 - the request goes as a normal one, whatever failed
             log.info("donate: the request is sent without donating its transcript: %s", exc)
+            return None
+
+    def _plan(self) -> tuple[dict[bytes, int], escrow.Plan] | None:
+        """The validators' powers and their escrow plan, or None (no powers known, or no plan for
+        them): commit without escrow."""
+        if self.powers is None:
+            return None
+        powers = dict(self.powers())
+        try:
+            return powers, escrow.plan_of(powers)
+        except escrow.EscrowError as exc:
+            if powers != self._no_plan:  # said once for each validator set
+                self._no_plan = powers
+                log.info("donate: the validators' powers admit no escrow (%s); committing without it", exc.reason)
             return None
 
     async def _commit(self, client: Any, model: str, messages: Sequence[ChatMessage], params: SamplingParams | None,
                       node: bytes | None) -> Committed | None:
+        """Steps 2 and 3 of the module docstring: the commitment, version 1 or escrowed, then the
+        settling pause; ``None`` when nothing is donated."""
         p = _as_floats(params or SamplingParams())
         msgs = tuple(messages)
         why = wire.fits(model, msgs, p)
@@ -204,16 +270,38 @@ class TranscriptDonor(Background):
             log.info("donate: %d transcript reveals are out already; this request is not donated", self.pending)
             return None
         target: bytes = client.choose_model_node(model, node).node_id
-        rid, nonce = self.urandom(REQUEST_ID_LEN), self.urandom(wire.NONCE_LEN)
-        value = wire.commitment(nonce, target, wire.committed_digest(model, msgs, p, rid, target))
-        answers: dict[str, tuple[str, bytes, str]] = {}
+        rid = self.urandom(REQUEST_ID_LEN)
+        digest = wire.committed_digest(model, msgs, p, rid, target)
+        planned = self._plan()
+        c: Committed | None
+        if planned is None:  # version 1: a random nonce, one round
+            nonce = self.urandom(wire.NONCE_LEN)
+            value = wire.commitment(nonce, target, digest)
+            reveal_to = await self._commit_v1(value)
+            c = None if reveal_to is None else Committed(model, msgs, p, target, rid, nonce, value, reveal_to)
+        else:  # escrowed: the nonce is the dealt secret's; commit, then certify
+            c = await self._commit_escrowed(Committed(model, msgs, p, target, rid, b"", b"", ()), digest, *planned)
+        if c is None:
+            return None
+        self.committed += 1
+        try:
+            await trio.sleep(self.settle)
+        except BaseException:  # cancelled after committing: the commitment must still be answered
+            self.finish(c, ())
+            raise
+        return c
+
+    # version 1: one round
+
+    async def _commit_v1(self, value: bytes) -> tuple[tuple[str, bytes], ...] | None:
+        """Step 3, version 1: the commit to every verifier; the verifiers that may hold it, or
+        None when none does."""
+        answers: Answers = {}
         with trio.move_on_after(self.commit_timeout):
             async with trio.open_nursery() as nursery:
                 for address in self.addresses:
                     nursery.start_soon(self._commit_to, address, value, answers)
-        for address in self.addresses:  # still out at the deadline: it may have taken the commit
-            if address not in answers and address in self._keys:
-                answers[address] = (UNKNOWN, self._keys[address], f"no answer within {self.commit_timeout:g} s")
+        self._unanswered(answers)
         # a verifier that accepted, or whose answer did not come, may hold the commitment: it is
         # revealed to (a commitment left unrevealed voids the donor's set there, one of its void
         # budget; one it never got is refused as unknown, which costs nothing)
@@ -227,14 +315,14 @@ class TranscriptDonor(Background):
             log.info("donate: %d of %d verifiers took the commitment (%s); donating to those that may hold it",
                      len(reveal_to) - sum(1 for a in others if answers[a][0] == UNKNOWN), len(self.addresses),
                      "; ".join(f"{a}: {w}" for a, w in others.items()))
-        self.committed += 1
-        c = Committed(model, msgs, p, target, rid, nonce, value, reveal_to)
-        try:
-            await trio.sleep(self.settle)
-        except BaseException:  # cancelled after committing: the commitment must still be answered
-            self.finish(c, ())
-            raise
-        return c
+        return reveal_to
+
+    def _unanswered(self, answers: Answers) -> None:
+        """Marks the verifiers whose answer is still out at the deadline (with a key: something was
+        sent, which it may have taken) as UNKNOWN."""
+        for address in self.addresses:
+            if address not in answers and address in self._keys:
+                answers[address] = (UNKNOWN, self._keys[address], f"no answer within {self.commit_timeout:g} s")
 
     async def _key(self, address: str) -> bytes:
         """The verifier's validator key (:func:`user_client.donate.verifier_key`), kept while it is
@@ -245,7 +333,7 @@ class TranscriptDonor(Background):
             key = self._keys[address] = await verifier_key(self.rpc, address, held)
         return key
 
-    async def _commit_to(self, address: str, value: bytes, answers: dict[str, tuple[str, bytes, str]]) -> None:
+    async def _commit_to(self, address: str, value: bytes, answers: Answers) -> None:
         from overlay.directory.rpc import RpcError, abci_query
 
         try:
@@ -260,6 +348,115 @@ class TranscriptDonor(Background):
             answers[address] = (UNKNOWN, key, str(exc))
             return
         answers[address] = (ACCEPTED, key, "") if answer.code == 0 else (REFUSED, key, answer.log[:200])
+
+    # escrowed (decision 0037): commit, then certify
+
+    async def _commit_escrowed(self, req: Committed, digest: bytes, powers: dict[bytes, int],
+                               plan: escrow.Plan) -> Committed | None:
+        """Step 3, escrowed: ``req`` (the request, its node and id) committed to under a secret
+        dealt by ``plan`` over ``powers``, then certified; what to send and reveal, with the
+        secret, or None when nothing is donated."""
+        secret = escrow.new_secret()
+        dealt = escrow.deal(secret, plan)
+        points_raw = escrow.encode_commitments(dealt.commitments)
+        nonce = escrow.nonce_of(secret)
+        value = wire.commitment(nonce, req.target, digest)
+        sent_ms = int(self.clock.unix() * 1000)  # one for all: every acceptance binds it
+        me = self.identity.node_id
+        order = [k for k, _ in escrow.holders(powers)]
+        # round 1, commit: each verifier checks its shares and answers its signed acceptance
+        answers: Answers = {}
+        accepted: dict[str, tuple[bytes, wire.Acceptance]] = {}
+        with trio.move_on_after(self.commit_timeout):
+            async with trio.open_nursery() as nursery:
+                for address in self.addresses:
+                    nursery.start_soon(self._escrow_commit_to, address, order, dealt, points_raw, value, sent_ms,
+                                       answers, accepted)
+        self._unanswered(answers)
+        good = [accepted[a] for a in self.addresses if a in accepted]
+        cert = wire.Certificate(me, value, sent_ms, dealt.commitments, points_raw, tuple(x for _, x in good))
+        power, total = wire.certified_power(cert, powers), sum(powers.values())
+        if 3 * power <= 2 * total:  # uncertified: it counts for nothing anywhere, and costs nothing
+            why = "; ".join(f"{a}: {answers[a][2]}" for a in self.addresses if a in answers and a not in accepted)
+            log.info("donate: the escrowed commitment's acceptances hold %d of %d power, not above two thirds (%s); "
+                     "the request is sent without donating it", power, total, why or "none refused")
+            return None
+        # round 2, certify: to every verifier with a key, acceptor or not (a verifier takes a
+        # certified commitment without shares of its own); from now on it may count
+        raw_cert = wire.encode_certificate(me, value, sent_ms, points_raw, [raw for raw, _ in good])
+        keyed = {a: answers[a][1] for a in self.addresses if a in answers and answers[a][1]}
+        c = replace(req, nonce=nonce, value=value, verifiers=tuple(keyed.items()), secret=escrow.scalar_bytes(secret))
+        certified: Answers = {}
+        try:
+            with trio.move_on_after(self.commit_timeout):
+                async with trio.open_nursery() as nursery:
+                    for address, key in keyed.items():
+                        nursery.start_soon(self._certify_to, address, key, raw_cert, certified)
+        except BaseException:  # cancelled with certificates out: the commitment must still be answered
+            self.finish(c, ())
+            raise
+        self._unanswered(certified)
+        # a verifier that took the certificate, or whose answer did not come, may count the
+        # commitment: it is revealed to; one that refused it holds nothing that counts
+        reveal_to = tuple((a, k) for a, k in keyed.items() if certified[a][0] != REFUSED)
+        others = {a: certified[a][2] for a in keyed if certified[a][0] != ACCEPTED}
+        if not reveal_to:
+            log.info("donate: no verifier took the escrowed commitment's certificate (%s); the request is sent "
+                     "without donating it", "; ".join(f"{a}: {w}" for a, w in others.items()) or "none reachable")
+            return None
+        if others:
+            log.info("donate: %d of %d verifiers took the certificate (%s); donating to those that may count it",
+                     len(reveal_to) - sum(1 for a in others if certified[a][0] == UNKNOWN), len(self.addresses),
+                     "; ".join(f"{a}: {w}" for a, w in others.items()))
+        self.escrowed += 1
+        return replace(c, verifiers=reveal_to)
+
+    async def _escrow_commit_to(self, address: str, order: Sequence[bytes], dealt: escrow.Deal, points_raw: bytes,
+                                value: bytes, sent_ms: int, answers: Answers,
+                                accepted: dict[str, tuple[bytes, wire.Acceptance]]) -> None:
+        from overlay.directory.rpc import RpcError, abci_query
+
+        try:
+            key = await self._key(address)
+        except (OSError, RpcError, DonationError) as exc:
+            answers[address] = (REFUSED, b"", f"no key: {exc}")  # nothing was sent: nothing to certify or reveal
+            return
+        if key not in order:
+            answers[address] = (REFUSED, key, "its key has no power in the validator set the secret was dealt over")
+            return
+        me = self.identity.node_id
+        raw = wire.encode_escrow_commit(self.identity, me, key, sent_ms, value, points_raw,
+                                        dealt.shares[order.index(key)])
+        try:
+            answer = await abci_query(address, wire.ESCROW_COMMIT_PATH, raw, rpc=self.rpc)
+        except (OSError, RpcError) as exc:
+            answers[address] = (UNKNOWN, key, str(exc))
+            return
+        if answer.code:
+            answers[address] = (REFUSED, key, answer.log[:200])
+            return
+        try:
+            acceptance = wire.decode_acceptance(answer.value)
+            wire.verify_acceptance(acceptance, key)
+        except wire.TranscriptError as exc:
+            answers[address] = (REFUSED, key, f"its acceptance does not check: {exc.reason}")
+            return
+        if (acceptance.donor, acceptance.value, acceptance.digest, acceptance.sent_ms) \
+                != (me, value, wire.points_digest(points_raw), sent_ms):
+            answers[address] = (REFUSED, key, "its acceptance is of another commitment")
+            return
+        answers[address] = (ACCEPTED, key, "")
+        accepted[address] = (answer.value, acceptance)
+
+    async def _certify_to(self, address: str, key: bytes, raw_cert: bytes, certified: Answers) -> None:
+        from overlay.directory.rpc import RpcError, abci_query
+
+        try:
+            answer = await abci_query(address, wire.CERTIFY_PATH, raw_cert, rpc=self.rpc)
+        except (OSError, RpcError) as exc:
+            certified[address] = (UNKNOWN, key, str(exc))
+            return
+        certified[address] = (ACCEPTED, key, "") if answer.code == 0 else (REFUSED, key, answer.log[:200])
 
     # ------------------------------------------------------------------ after the request
 
