@@ -91,6 +91,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
              "request ahead of requests without one; a bad or spent one is refused; with no answer in time "
              "the request is served best-effort, without priority (docs/forwarding.md 'Usage quotas')",
     )
+    p.add_argument(
+        "--no-reveal-withheld", action="store_true",
+        help="with --committee: do not keep the replies this node served nor hand in, after each audit epoch, "
+             "those a donor committed to and then withheld (decision 0037: the verifiers release such a "
+             "commitment's shares so that the node can reveal a good reply a framer hid). On by default; the "
+             "replies are kept in memory for 45 minutes, at most 256 MiB",
+    )
     p.set_defaults(run=_run)
 
 

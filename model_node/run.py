@@ -15,10 +15,12 @@ from gentorrent.cli import CliError, resolve_config, run_async
 from model_node.engine import Engine, EngineError
 from model_node.forwarding import ForwardingPolicy
 from model_node.quota import TIMEOUT_S, Redeemer
+from model_node.reveals import Reveals
+from model_node.served import ServedStore
 from overlay.directory.membership import CommitteeSettings, cancel_on_sigterm, directory, node_entry, serve_member
 from overlay.directory.registry import RegistryError
 from overlay.net.transport import TLSTransport, parse_address
-from overlay.wire.identity import load_or_create
+from overlay.wire.identity import Identity, load_or_create
 
 log = logging.getLogger("gentorrent.model")
 
@@ -75,6 +77,18 @@ def redeemer(committee: CommitteeSettings | None, model: str, args: argparse.Nam
                     timeout=getattr(args, "quota_timeout", TIMEOUT_S))
 
 
+def withheld(committee: CommitteeSettings | None, identity: Identity,
+             args: argparse.Namespace) -> tuple[ServedStore | None, Reveals | None]:
+    """The node's store of served replies and its reveals of the withheld ones (decision 0037:
+    :mod:`model_node.served`, :mod:`model_node.reveals`): with a committee, unless
+    ``--no-reveal-withheld``; neither without."""
+    if committee is None or getattr(args, "no_reveal_withheld", False):
+        return None, None
+    store = ServedStore()
+    validators = frozenset(v.public_key for v in committee.validators)
+    return store, Reveals(committee.addresses, lambda: validators, identity, store)
+
+
 def run_model_node(args: argparse.Namespace, *, policy: ForwardingPolicy | None = None,
                    echo_delay: float = 0.0) -> int:
     """Run the model node ``args`` (``gentorrent model-node``'s flags) describe until
@@ -114,10 +128,12 @@ def run_model_node(args: argparse.Namespace, *, policy: ForwardingPolicy | None 
         group = (None if args.no_forwarding
                  else GroupConfig(sync_interval=args.sync_interval, load_threshold=args.load_threshold,
                                   bits=args.hash_bits))
+        store, reveals = withheld(committee, identity, args)
         node = ModelNode(identity, TLSTransport(identity), registry, engine, slots=slots,
                          capacity=args.capacity, max_queue_wait=args.max_queue_wait, group=group, policy=policy,
                          accept_direct_requests=args.accept_direct_requests,
-                         registered_only=committee is not None, redeemer=redeemer(committee, model, args))
+                         registered_only=committee is not None, redeemer=redeemer(committee, model, args),
+                         served_store=store)
 
         async def main() -> None:
             async with trio.open_nursery() as nursery:
@@ -127,6 +143,8 @@ def run_model_node(args: argparse.Namespace, *, policy: ForwardingPolicy | None 
                     lambda address: node_entry(identity, cfg.advertise or address, cfg.region, model=model,
                                                capacity=args.capacity))
                 log.info("model node %s on %s; directory from %s", identity.node_id.hex()[:8], address, source)
+                if reveals is not None:
+                    await nursery.start(reveals.run)
                 print(f"READY {identity.node_id.hex()} {address}", flush=True)
 
         try:

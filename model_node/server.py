@@ -91,6 +91,7 @@ from model_node.hrtree import common_prefix
 from model_node.messages import Count, NodeStats, Served, StatsRequest
 from model_node.priority import UNTOKENED, Held, SlotGate, admit_held, preempt
 from model_node.quota import Redeemer, token_rank
+from model_node.served import Recording, ServedStore
 from overlay.anon.replay import AnsweredIds
 from overlay.anon.responder import Responder, busy_error, invalid_error
 from overlay.anon.signing import ReplySigner, request_digest
@@ -205,6 +206,7 @@ class ModelNode:
         clock: Clock | None = None,
         registered_only: bool = False,
         redeemer: Redeemer | None = None,
+        served_store: ServedStore | None = None,
     ) -> None:
         """``slots``: requests generated at once (the rest wait in a queue of ``max_queue``,
         each at most ``max_queue_wait`` seconds, else "busy": see the module docstring);
@@ -218,8 +220,12 @@ class ModelNode:
         trio's). ``registered_only`` (set when lists come from the committee): accept cloves only
         from proxies in the current user list. ``redeemer``: checks and redeems the usage-quota
         tokens requests carry (the committee's issuers, :mod:`model_node.quota`); ``None`` (no
-        committee): a token is ignored and every request is served alike."""
+        committee): a token is ignored and every request is served alike. ``served_store``: keeps
+        every completed reply to a request addressed to this node that can be a transcript (its own
+        or a member's relayed through it), for the node's reveals of withheld replies
+        (:mod:`model_node.served`, decision 0037); ``None``: nothing is kept."""
         self.identity = identity
+        self.served_store = served_store
         self.registered_only = registered_only
         self.on_unlisted: Any = None  # Callable[[], None]: told when a proxy is not in the lists
         self.capacity = capacity
@@ -547,6 +553,37 @@ class ModelNode:
                           prompt_tokens=prompt_tokens, failure=failure if error else Failure.NONE)
 
     async def handle(self, req: Request, origin: Origin = ANONYMOUS) -> AsyncGenerator[ReplyChunk, None]:
+        """:meth:`_handle`'s chunks; with a :attr:`served_store`, the reply is recorded as it goes
+        out, under the node the client addressed (this one, or the member that forwarded the request
+        here), and kept once its final chunk went (:mod:`model_node.served`; a failure there never
+        reaches the reply)."""
+        rec = self._recording(req, origin)
+        async with aclosing(self._handle(req, origin)) as chunks:
+            async for chunk in chunks:
+                if rec is not None and rec.open:
+                    self._record_chunk(rec, chunk)
+                yield chunk
+
+    def _recording(self, req: Request, origin: Origin) -> Recording | None:
+        if self.served_store is None:
+            return None
+        try:  # a forwarded request was addressed to the member that sent it, which the reply signs
+            return self.served_store.begin(req, origin.target or self.identity.node_id)
+        except Exception:
+            log.exception("served store: a request could not be recorded")
+            return None
+
+    def _record_chunk(self, rec: Recording, chunk: ReplyChunk) -> None:
+        assert self.served_store is not None
+        try:
+            kept = rec.add(chunk)
+            if kept is not None:
+                self.served_store.keep(kept, int(self.clock.unix() * 1000))
+        except Exception:
+            rec.open = False
+            log.exception("served store: a reply could not be kept")
+
+    async def _handle(self, req: Request, origin: Origin = ANONYMOUS) -> AsyncGenerator[ReplyChunk, None]:
         """Serve one request and yield its reply chunks (:meth:`answer` sends them where they
         go): admit (validate, tokenize), forward or queue, generate, stream, sign. ``origin``
         (:class:`Origin`) decides what differs: a forwarded request is served here whatever the

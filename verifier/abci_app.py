@@ -272,7 +272,7 @@ class CommitteeAbciApp:
           is this verifier's signed acceptance, when its shares check;
         - ``/audit/transcript_certify`` (data: a certificate): the commitment takes part in its set;
         - ``/audit/transcript_node_reveal`` (data: a model node's sealed reveal);
-        - ``/audit/transcript_released`` (data: :func:`~verifier.audit.escrow_intake.released_query`):
+        - ``/audit/transcript_released`` (data: :func:`~overlay.directory.transcripts.released_query`):
           a page of an epoch's released shares, once epoch ``e + 1`` is five minutes old here.
 
         Not yet made by users' clients nor fetched by model nodes: decision 0037's next steps."""

@@ -46,8 +46,9 @@ each decoded strictly by its own ``decode_*`` as above::
                 1 to escrow.MAX_HOLDERS acceptances, each the bytes of an encoded acceptance; unsigned
                 (each acceptance binds the donor, commitment, digest and sent_ms: :func:`certified_power`)
     node sealed   = seal_to_ed25519(verifier_key, node reveal)  (at most MAX_REVEAL_BYTES)
-    node reveal   = [2, node_id(20), verifier_key(32), body, signature(64)]     body: kind 2 only, its
-                                                                                node_id the signer's
+    node reveal   = [2, node_id(20), verifier_key(32), body, signature(64)]     body: kind 2 only; its
+                                                          node_id or served_by the signer's (the node addressed,
+                                                          or the member it forwarded to, which signed the reply)
                 signature: Ed25519(the model node's identity key, NODE_REVEAL_CONTEXT + msgpack([node_id,
                            verifier_key, body]))
     released      = [2, epoch(int), [[commitment(32), points(bin), shares(bin)], ...]]
@@ -214,7 +215,8 @@ __all__ = [
     "TranscriptError", "certified_power", "commitment", "decode_acceptance", "decode_certificate", "decode_commit",
     "decode_escrow_commit", "decode_node_reveal", "decode_released", "decode_reveal", "encode_acceptance",
     "encode_certificate", "encode_commit", "encode_escrow_commit", "encode_node_reveal", "encode_released",
-    "encode_reveal", "fits", "open_shares", "opening_problem", "points_digest", "seal_node_reveal", "seal_reveal",
+    "encode_reveal", "fits", "open_shares", "opening_problem", "points_digest", "released_query", "seal_node_reveal",
+    "seal_reveal",
     "transcript_problem", "unseal", "verify_acceptance", "verify_commit", "verify_escrow_commit",
     "verify_node_reveal", "verify_reveal",
 ]
@@ -385,8 +387,9 @@ class Certificate:
 
 @dataclass(frozen=True, slots=True)
 class NodeReveal:
-    """A model node's reveal to one verifier of a request addressed to it whose commitment the
-    donor withheld: the transcript (kind 2: with the secret the node rebuilt)."""
+    """A model node's reveal to one verifier of a request addressed to it (or whose reply it signed,
+    forwarded to it) whose commitment the donor withheld: the transcript (kind 2: with the secret
+    the node rebuilt)."""
 
     node_id: bytes
     verifier: bytes
@@ -495,6 +498,14 @@ def seal_node_reveal(verifier: bytes, signer: Signer, node_id: bytes, body: Reve
     """:func:`encode_node_reveal` sealed to ``verifier`` (its Ed25519 validator key), as
     :func:`seal_reveal`; opened with :func:`unseal`."""
     return crypto.seal_to_ed25519(verifier, encode_node_reveal(signer, node_id, verifier, body))
+
+
+def released_query(epoch: int, after: bytes = b"") -> bytes:
+    """The data of a :data:`RELEASED_PATH` query: ``epoch`` (8 bytes, big-endian), then the last
+    commitment of the page before (none for the first)."""
+    if not 0 <= epoch < 2**64 or (after and len(after) != COMMITMENT_LEN):
+        raise ValueError("a released query is an epoch and a commitment (32 bytes) or nothing")
+    return epoch.to_bytes(8, "big") + after
 
 
 def encode_released(epoch: int, items: Sequence[ReleasedItem]) -> bytes:
@@ -947,12 +958,15 @@ def decode_node_reveal(plaintext: bytes) -> NodeReveal:
 
 def verify_node_reveal(nr: NodeReveal, node_public: bytes) -> None:
     """:class:`TranscriptError` unless ``node_public`` is the key of the node ``nr`` names, the
-    transcript is of a request addressed to that node, and the node signed ``nr``."""
+    transcript is of a request addressed to that node or a reply it signed (a member the addressed
+    node forwarded to: a user's forwarded request is answered straight to the user, so only the
+    member saw the reply), and the node signed ``nr``."""
     if type(node_public) is not bytes or len(node_public) != crypto.ED25519_PK_LEN \
             or node_id_of(node_public) != nr.node_id:
         raise TranscriptError("the key is not the node's")
-    if nr.body.node_id != nr.node_id:
-        raise TranscriptError("a node reveals only requests addressed to it: the transcript names another node")
+    if nr.node_id not in (nr.body.node_id, nr.body.served_by):
+        raise TranscriptError("a node reveals only requests addressed to it or replies it signed: the transcript "
+                              "names other nodes")
     try:
         crypto.ed25519_verify(node_public, nr.signature, node_reveal_signing_bytes(nr))
     except crypto.CryptoError:

@@ -106,12 +106,14 @@ class Donated:
         cert = wire.encode_certificate(self.w.donor.node_id, self.value, NOW_MS, self.points_raw, acceptances)
         return [self.w.query(i, wire.CERTIFY_PATH, cert) for i in to]
 
-    def served(self, at_ms: int = NOW_MS + 900) -> wire.Revealed:
-        """The node's signed reply, as both the donor and the node keep it."""
-        _, sig = signing.ReplySigner(self.digest, MODEL, self.w.node.node_id).add(self.text, (4, 5), True, at_ms,
-                                                                                  self.w.node.signing.sign)
+    def served(self, at_ms: int = NOW_MS + 900, by: Identity | None = None) -> wire.Revealed:
+        """The node's signed reply (``by``: the member it forwarded the request to, which signed
+        it), as both the donor and the node keep it."""
+        signer = by or self.w.node
+        _, sig = signing.ReplySigner(self.digest, MODEL, signer.node_id).add(self.text, (4, 5), True, at_ms,
+                                                                             signer.signing.sign)
         return wire.Revealed(self.w.node.node_id, escrow.nonce_of(self.secret), MODEL, self.msgs, self.params,
-                             self.rid, self.w.node.node_id, ((self.text, (4, 5)),), sig, at_ms,
+                             self.rid, signer.node_id, ((self.text, (4, 5)),), sig, at_ms,
                              escrow.scalar_bytes(self.secret))
 
 
@@ -132,7 +134,7 @@ def node_reveals(w: Committee, epoch: int, served: dict[bytes, wire.Revealed], *
     shares: dict[bytes, list[escrow.Share]] = {}
     points: dict[bytes, tuple[bytes, ...]] = {}
     for i in from_:
-        code, why, page = w.query(i, wire.RELEASED_PATH, escrow_intake.released_query(epoch))
+        code, why, page = w.query(i, wire.RELEASED_PATH, wire.released_query(epoch))
         assert code == 0, why
         for value, pts, got in wire.decode_released(page)[1]:
             points[value] = pts
@@ -155,7 +157,7 @@ def node_reveals(w: Committee, epoch: int, served: dict[bytes, wire.Revealed], *
 def released_after_five_minutes(w: Committee, epoch: int) -> None:
     w.next_epoch()
     for i in range(4):  # each sees epoch + 1 begin (a block's commit, or its first query, tells it)
-        code, why, _ = w.query(i, wire.RELEASED_PATH, escrow_intake.released_query(epoch))
+        code, why, _ = w.query(i, wire.RELEASED_PATH, wire.released_query(epoch))
         assert code == Code.TOO_EARLY and "300 s old" in why
     w.clock.advance(wire.MAX_SKEW_MS / 1000)
 
@@ -184,7 +186,7 @@ def test_an_honest_donors_commitments_are_never_released() -> None:
         assert w.query(i, wire.REVEAL_PATH, sealed)[0] == 0
     released_after_five_minutes(w, epoch)
     for i in range(4):
-        code, _, page = w.query(i, wire.RELEASED_PATH, escrow_intake.released_query(epoch))
+        code, _, page = w.query(i, wire.RELEASED_PATH, wire.released_query(epoch))
         assert code == 0 and wire.decode_released(page) == (epoch, ())
 
 
@@ -240,11 +242,31 @@ def test_the_release_waits_five_minutes_from_the_block_that_began_the_next_epoch
     epoch = w.epoch
     w.next_epoch()  # verifier 0 commits the epoch's first block now
     w.clock.advance(wire.MAX_SKEW_MS / 1000 - 1)
-    assert w.query(0, wire.RELEASED_PATH, escrow_intake.released_query(epoch))[0] == Code.TOO_EARLY
+    assert w.query(0, wire.RELEASED_PATH, wire.released_query(epoch))[0] == Code.TOO_EARLY
     w.clock.advance(1)
-    assert w.query(0, wire.RELEASED_PATH, escrow_intake.released_query(epoch))[0] == 0
-    assert w.query(1, wire.RELEASED_PATH, escrow_intake.released_query(epoch))[0] == Code.TOO_EARLY  # saw it now
-    assert w.query(0, wire.RELEASED_PATH, escrow_intake.released_query(epoch + 1))[0] == Code.TOO_EARLY
+    assert w.query(0, wire.RELEASED_PATH, wire.released_query(epoch))[0] == 0
+    assert w.query(1, wire.RELEASED_PATH, wire.released_query(epoch))[0] == Code.TOO_EARLY  # saw it now
+    assert w.query(0, wire.RELEASED_PATH, wire.released_query(epoch + 1))[0] == Code.TOO_EARLY
+
+
+def test_a_withheld_reply_the_addressed_node_forwarded_is_handed_in_by_the_member_that_signed_it() -> None:
+    """A user's forwarded request is answered straight to the user's proxies: only the member saw
+    the reply. It may hand it in (a registered node that neither was addressed nor signed it may
+    not: tests/unit/test_transcript_escrow_wire.py)."""
+    w = Committee()
+    epoch = w.epoch
+    d = donate(w, "good")
+    body = d.served(by=w.other)
+    released_after_five_minutes(w, epoch)
+    stranger = Identity.generate()
+    sealed = wire.seal_node_reveal(KEYS[0].public_bytes, stranger.signing, stranger.node_id, body)
+    assert w.query(0, wire.NODE_REVEAL_PATH, sealed)[0] == Code.UNKNOWN_NODE  # not a model node of the model
+    for i, k in enumerate(KEYS):
+        sealed = wire.seal_node_reveal(k.public_bytes, w.other.signing, w.other.node_id, body)
+        assert w.query(i, wire.NODE_REVEAL_PATH, sealed)[0] == 0
+    for book in w.books:
+        (counted,) = book.close(epoch)
+        assert counted.node_id == w.other.node_id  # scored for the member that signed it, as a donor's would be
 
 
 @pytest.mark.parametrize("data", [b"", b"\x00" * 7, b"\x00" * 9, b"\x00" * 41])
@@ -269,7 +291,7 @@ def test_released_pages_follow_one_another() -> None:
     got: list[bytes] = []
     after = b""
     while True:
-        code, _, page = escrow_intake.released_page(book, escrow_intake.released_query(3, after), 4, seen,
+        code, _, page = escrow_intake.released_page(book, wire.released_query(3, after), 4, seen,
                                                     NOW_MS + wire.MAX_SKEW_MS)
         assert code == 0
         items = wire.decode_released(page)[1]
@@ -278,7 +300,7 @@ def test_released_pages_follow_one_another() -> None:
             break
         after = items[-1][0]
     assert got == sorted(values)
-    assert escrow_intake.released_page(book, escrow_intake.released_query(3), 4, seen, NOW_MS + wire.MAX_SKEW_MS - 1)[0] \
+    assert escrow_intake.released_page(book, wire.released_query(3), 4, seen, NOW_MS + wire.MAX_SKEW_MS - 1)[0] \
         == Code.TOO_EARLY
-    assert escrow_intake.released_page(book, escrow_intake.released_query(3), 3, seen, NOW_MS + wire.MAX_SKEW_MS)[0] \
+    assert escrow_intake.released_page(book, wire.released_query(3), 3, seen, NOW_MS + wire.MAX_SKEW_MS)[0] \
         == Code.TOO_EARLY

@@ -352,14 +352,18 @@ def test_a_node_reveal_is_sealed_to_one_verifier_round_trips_and_verifies_with_t
         wire.verify_node_reveal(forged, NODE.ed25519_public)
 
 
-def test_a_node_reveals_only_requests_addressed_to_it() -> None:
-    elsewhere = escrowed(node_id=OTHER_NODE.node_id)  # addressed to another node, served by this one
+def test_a_node_reveals_only_requests_addressed_to_it_or_replies_it_signed() -> None:
+    third = Identity.generate()
+    elsewhere = escrowed(node_id=OTHER_NODE.node_id, served_by=third.node_id)  # neither addressed to nor signed by NODE
     nr = wire.decode_node_reveal(node_reveal_raw(elsewhere))
-    with pytest.raises(wire.TranscriptError, match="addressed to it"):
+    with pytest.raises(wire.TranscriptError, match="addressed to it or replies it signed"):
         wire.verify_node_reveal(nr, NODE.ed25519_public)
-    # the node it was addressed to may reveal it
+    # the node it was addressed to may reveal it, and so may the member it was forwarded to, which
+    # signed the reply (a user's forwarded request is answered straight to the user)
     nr = wire.decode_node_reveal(node_reveal_raw(elsewhere, signer=OTHER_NODE, node_id=OTHER_NODE.node_id))
     wire.verify_node_reveal(nr, OTHER_NODE.ed25519_public)
+    nr = wire.decode_node_reveal(node_reveal_raw(elsewhere, signer=third, node_id=third.node_id))
+    wire.verify_node_reveal(nr, third.ed25519_public)
 
 
 def test_a_node_reveal_carries_an_escrowed_body_only() -> None:

@@ -32,10 +32,9 @@ from overlay.wire import crypto
 from verifier.audit.transcripts import KeyOf, TranscriptBook, transcript_of
 
 RELEASE_PAGE = 256  # released commitments in one answer
-RELEASED_QUERY_LEN = (8, 8 + wire.COMMITMENT_LEN)  # an epoch (8 bytes, big-endian), then the last one seen
+RELEASED_QUERY_LEN = (8, 8 + wire.COMMITMENT_LEN)  # wire.released_query: an epoch, then the last one seen
 
-__all__ = ["RELEASE_PAGE", "book_code", "release_due", "released_page", "released_query",
-           "take_certificate", "take_escrow_commit", "take_node_reveal"]
+__all__ = ["RELEASE_PAGE", "book_code", "release_due", "released_page", "take_certificate", "take_escrow_commit", "take_node_reveal"]
 
 UserKey = Callable[[bytes], bytes | None]
 
@@ -153,14 +152,6 @@ def take_node_reveal(book: TranscriptBook, sealed: bytes, seed32: bytes, verifie
     return Code.OK, "taken: it stands for the commitment its donor did not reveal"
 
 
-def released_query(epoch: int, after: bytes = b"") -> bytes:
-    """The data of a ``/audit/transcript_released`` query: ``epoch``, then the last commitment of
-    the page before (none for the first)."""
-    if after and len(after) != wire.COMMITMENT_LEN:
-        raise ValueError("after is a commitment (32 bytes) or nothing")
-    return epoch.to_bytes(8, "big") + after
-
-
 def release_due(epoch: int, now_epoch: int, seen_ms: Mapping[int, int], now_ms: int) -> bool:
     """Whether ``epoch``'s shares may go out: ``epoch + 1`` began at least
     :data:`~overlay.directory.transcripts.MAX_SKEW_MS` ago on this verifier's clock (``seen_ms``:
@@ -173,8 +164,9 @@ def release_due(epoch: int, now_epoch: int, seen_ms: Mapping[int, int], now_ms: 
 def released_page(book: TranscriptBook, data: bytes, now_epoch: int, seen_ms: Mapping[int, int],
                   now_ms: int) -> tuple[Code, str, bytes]:
     """Up to :data:`RELEASE_PAGE` of ``book``'s released shares of the epoch ``data`` names
-    (:func:`released_query`), after the commitment it names, in ascending order of commitment;
-    the encoded page (:func:`overlay.directory.transcripts.encode_released`)."""
+    (:func:`overlay.directory.transcripts.released_query`), after the commitment it names, in
+    ascending order of commitment; the encoded page
+    (:func:`overlay.directory.transcripts.encode_released`)."""
     if len(data) not in RELEASED_QUERY_LEN:
         return Code.MALFORMED, "the query is an epoch (8 bytes, big-endian) and, after the first page, a commitment", b""
     epoch, after = int.from_bytes(data[:8], "big"), data[8:]

@@ -1,0 +1,295 @@
+"""The model node's reveals of withheld replies (decision 0037, step 6): the trio driver.
+
+A donor who escrowed a commitment to a request addressed to this node and then withheld its
+reveal cannot keep a good reply from counting: once epoch ``e + 1`` is five minutes old, each
+verifier releases its shares of the escrowed commitments of ``e`` it holds no reveal for
+(``abci_query`` :data:`~overlay.directory.transcripts.RELEASED_PATH`, pages of up to 256 after a
+given commitment; ``TOO_EARLY`` before). Every :data:`POLL_S` seconds :meth:`Reveals.step`:
+
+1. reads the current epoch from the verifiers' ``/audit`` (the lower median of those that answer,
+   so one verifier cannot move it far);
+2. for each of the last :data:`EPOCHS` epochs below it not done yet, pages through the released
+   shares at EVERY verifier (at most :data:`MAX_PAGES` pages a verifier an epoch a poll, and
+   :data:`~overlay.directory.transcripts.MAX_RELEASED` commitments a verifier an epoch in all);
+   ``TOO_EARLY``, another refusal, a page that does not decode or an RPC that fails: that
+   verifier is asked again at the next poll, from where it stopped;
+3. groups the shares by commitment and points, rebuilds each secret
+   (:func:`overlay.directory.escrow.recover`: only shares that verify against the points count;
+   too few and it waits for more verifiers' pages) and finds the served request it commits to
+   (:meth:`model_node.served.ServedStore.find`: addressed to this node, or forwarded here by the
+   node addressed, whose reply this node signed); at most :data:`MAX_REBUILDS`
+   an epoch a poll, the commitments more verifiers released first;
+4. hands the transcript (kind 2, with the secret) to EVERY verifier, sealed to the key its
+   ``/audit/donate_key`` answers, which must be one of the committee's validator keys
+   (:data:`~overlay.directory.transcripts.NODE_REVEAL_PATH`). Code 0 and ``DUPLICATE`` count as
+   taken; another code is final for that verifier and logged (info); an RPC failure is retried at
+   the next poll.
+
+An epoch is done once every verifier answered all its pages and took (or refused) every
+transcript found; it is then forgotten. Each epoch's state: what each verifier's pages gave so far
+and where to go on, the shares per commitment, the transcripts found and who took them. Nothing
+raises out of :meth:`Reveals.run` (a failed poll is logged and the next one goes on).
+
+``rpc`` (default :func:`overlay.directory.rpc.rpc_call`) is injectable, and the loop sleeps on
+trio's clock (tests: ``MockClock``, or call :meth:`Reveals.step`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
+
+import msgpack
+import trio
+
+from model_node.served import ServedStore
+from overlay.directory import escrow
+from overlay.directory import transcripts as wire
+from overlay.directory.donation import KEY_PATH
+from overlay.directory.registration import Code
+from overlay.directory.rpc import QueryRefused, Rpc, RpcError, abci_value
+from overlay.wire.clock import Clock, TrioClock
+from overlay.wire.identity import Identity
+
+log = logging.getLogger("gentorrent.model.reveals")
+
+POLL_S = 60.0
+EPOCHS = 2  # epochs below the current one looked at: the store keeps about two
+MAX_PAGES = 16  # pages read from one verifier for one epoch in one poll
+MAX_REBUILDS = 512  # secrets rebuilt (each then one hash per stored entry) for one epoch in one poll
+RPC_TIMEOUT_S = 10.0
+AUDIT_PATH = "/audit"
+MAX_AUDIT_BYTES = 1 << 20
+
+__all__ = ["EPOCHS", "MAX_PAGES", "POLL_S", "Reveals"]
+
+_Key = tuple[bytes, tuple[bytes, ...]]  # a commitment and the points a verifier released it with
+
+
+@dataclass(slots=True)
+class _Epoch:
+    """What one epoch's release gave so far (see the module docstring)."""
+
+    after: dict[str, bytes] = field(default_factory=dict)  # verifier address -> last commitment read
+    read: Counter[str] = field(default_factory=Counter)  # commitments read from each verifier
+    answered: set[str] = field(default_factory=set)  # verifiers whose every page is read
+    shares: dict[_Key, list[escrow.Share]] = field(default_factory=dict)
+    fresh: set[_Key] = field(default_factory=set)  # keys given shares since the last rebuild
+    sources: dict[_Key, set[str]] = field(default_factory=dict)  # the verifiers that released each
+    settled: set[_Key] = field(default_factory=set)  # rebuilt, and no served request of this node's
+    found: dict[bytes, wire.Revealed] = field(default_factory=dict)  # commitment -> transcript to hand in
+    taken: dict[bytes, set[str]] = field(default_factory=dict)  # commitment -> verifiers that answered it
+
+
+class Reveals:
+    """The driver (see the module docstring). ``addresses``: the committee's RPC addresses
+    (``--committee``); ``validators()``: the committee's validator keys (Ed25519, 32 bytes) the
+    node trusts; ``identity``: the node's; ``store``: what it served."""
+
+    def __init__(self, addresses: Sequence[str], validators: Callable[[], Collection[bytes]], identity: Identity,
+                 store: ServedStore, *, rpc: Rpc | None = None, clock: Clock | None = None,
+                 poll: float = POLL_S) -> None:
+        if not addresses:
+            raise ValueError("the reveals need the committee's RPC addresses")
+        self.addresses = tuple(addresses)
+        self.validators = validators
+        self.identity = identity
+        self.store = store
+        self.rpc = rpc
+        self.clock: Clock = clock or TrioClock()
+        self.poll = poll
+        self.epochs: dict[int, _Epoch] = {}
+        self.done: set[int] = set()
+        self.keys: dict[str, bytes] = {}  # verifier address -> its validator key (checked)
+        self.counts: Counter[str] = Counter()  # handed, duplicate, refused, unmatched, unrebuilt, errors
+        self._last_error = ""
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Poll every :attr:`poll` seconds until cancelled; never raises otherwise."""
+        task_status.started()
+        while True:
+            try:
+                await self.step()
+            except Exception as exc:  # never out of the loop: the next poll goes on
+                log.exception("reveals: a poll failed: %s", exc)
+            await trio.sleep(self.poll)
+
+    async def step(self) -> None:
+        """One poll (module docstring)."""
+        self.store.prune(int(self.clock.unix() * 1000))
+        now = await self._current_epoch()
+        if now is None:
+            return
+        wanted = [e for e in range(max(0, now - EPOCHS), now) if e not in self.done]
+        for e in list(self.epochs):
+            if e < now - EPOCHS or e >= now:
+                del self.epochs[e]
+        self.done = {e for e in self.done if now - EPOCHS <= e < now}
+        for e in wanted:
+            st = self.epochs.setdefault(e, _Epoch())
+            await self._read(e, st)
+            await self._rebuild(st)
+            await self._hand_in(e, st)
+            if self._finished(st):
+                log.info("reveals: epoch %d done (%d transcript(s) handed in)", e, len(st.found))
+                self.done.add(e)
+                del self.epochs[e]
+
+    # ------------------------------------------------------------------ RPC
+
+    async def _query(self, address: str, path: str, data: bytes = b"") -> bytes:
+        """``abci_value`` under :data:`RPC_TIMEOUT_S`: ``QueryRefused`` for a refusal; ``OSError``,
+        :class:`RpcError` or ``trio.TooSlowError`` when it could not be asked."""
+        with trio.fail_after(RPC_TIMEOUT_S):
+            return await abci_value(address, path, data, rpc=self.rpc)
+
+    def _failed(self, address: str, what: str, exc: Exception) -> None:
+        self.counts["errors"] += 1
+        why = f"{address}: {what}: {exc}"
+        if why != self._last_error:  # once per distinct error, not once a poll
+            log.info("reveals: %s (asked again at the next poll)", why)
+        self._last_error = why
+
+    async def _current_epoch(self) -> int | None:
+        """The lower median of the epochs the verifiers' ``/audit`` answers (``None``: none answered)."""
+        got = []
+        for address in self.addresses:
+            try:
+                raw = await self._query(address, AUDIT_PATH)
+                if len(raw) > MAX_AUDIT_BYTES:
+                    raise RpcError(f"an /audit answer of {len(raw)} bytes")
+                doc = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+                epoch = doc.get("epoch") if isinstance(doc, dict) else None
+                if type(epoch) is not int or epoch < 0:
+                    raise RpcError("the /audit answer holds no epoch")
+                got.append(epoch)
+            except QueryRefused as exc:
+                self._failed(address, "/audit refused", exc)
+            except (OSError, RpcError, trio.TooSlowError, ValueError, msgpack.UnpackException) as exc:
+                self._failed(address, "/audit", exc)
+        if not got:
+            return None
+        return sorted(got)[(len(got) - 1) // 2]
+
+    async def _key(self, address: str) -> bytes | None:
+        """The validator key the verifier at ``address`` takes reveals sealed to (``/audit/donate_key``),
+        one of the committee's validator keys; ``None`` when it cannot be had now."""
+        held = set(self.validators())
+        key = self.keys.get(address)
+        if key is not None and key in held:
+            return key
+        try:
+            key = await self._query(address, KEY_PATH)
+        except (OSError, RpcError, trio.TooSlowError) as exc:
+            self._failed(address, "/audit/donate_key", exc)
+            return None
+        if len(key) != 32 or key not in held:
+            self._failed(address, "/audit/donate_key", ValueError(
+                f"the key {key.hex()[:16] or 'empty'} is not one of the committee's validator keys"))
+            return None
+        self.keys[address] = key
+        return key
+
+    # ------------------------------------------------------------------ the steps
+
+    async def _read(self, epoch: int, st: _Epoch) -> None:
+        """Every verifier's next pages of ``epoch``'s released shares, into ``st``."""
+        for address in self.addresses:
+            for _ in range(MAX_PAGES):
+                if address in st.answered:
+                    break
+                after = st.after.get(address, b"")
+                try:
+                    page = await self._query(address, wire.RELEASED_PATH, wire.released_query(epoch, after))
+                    got, items = wire.decode_released(page)
+                    if got != epoch:
+                        raise ValueError(f"a page of epoch {got}, not {epoch}")
+                    if items and items[0][0] <= after:
+                        raise ValueError("a page that does not follow the one before")
+                except QueryRefused as exc:
+                    if exc.code != Code.TOO_EARLY:
+                        self._failed(address, f"epoch {epoch}'s released shares refused", exc)
+                    break  # too early: not yet; asked again at the next poll
+                except (OSError, RpcError, trio.TooSlowError, ValueError, wire.TranscriptError) as exc:
+                    self._failed(address, f"epoch {epoch}'s released shares", exc)
+                    break
+                if not items:
+                    st.answered.add(address)
+                    break
+                for value, points, shares in items:
+                    if st.read[address] >= wire.MAX_RELEASED:
+                        break
+                    st.read[address] += 1
+                    key = (value, points)
+                    if value not in st.found and key not in st.settled:
+                        st.shares.setdefault(key, []).extend(shares)
+                        st.sources.setdefault(key, set()).add(address)
+                        st.fresh.add(key)
+                st.after[address] = items[-1][0]
+                if st.read[address] >= wire.MAX_RELEASED:
+                    log.info("reveals: %s released over %d commitments of epoch %d; the rest are not read",
+                             address, wire.MAX_RELEASED, epoch)
+                    st.answered.add(address)
+
+    async def _rebuild(self, st: _Epoch) -> None:
+        """Each commitment given new shares (at most :data:`MAX_REBUILDS`, those more verifiers
+        released first: one verifier's inventions come last): its secret rebuilt and the served
+        request it commits to. The rest wait for the next poll."""
+        order = sorted(st.fresh, key=lambda k: (-len(st.sources.get(k, ())), k))
+        st.fresh = set(order[MAX_REBUILDS:])
+        for key in order[:MAX_REBUILDS]:
+            value, points = key
+            if value in st.found:
+                continue
+            try:
+                secret = escrow.recover(points, st.shares[key])
+            except escrow.EscrowError:
+                self.counts["unrebuilt"] += 1  # too few verified shares yet (or none will come)
+                continue
+            kept = self.store.find(escrow.nonce_of(secret), value)
+            await trio.lowlevel.checkpoint()  # one hash per stored entry: let the node serve meanwhile
+            if kept is None:
+                self.counts["unmatched"] += 1  # another node's request, or one no longer kept
+                st.settled.add(key)
+                del st.shares[key], st.sources[key]
+                continue
+            st.found[value] = kept.revealed(secret)
+            for other in [k for k in st.shares if k[0] == value]:
+                del st.shares[other], st.sources[other]
+
+    async def _hand_in(self, epoch: int, st: _Epoch) -> None:
+        """Each transcript found, sealed to every verifier that has not answered it yet (one
+        sealed over :data:`~overlay.directory.transcripts.MAX_REVEAL_BYTES` goes to none)."""
+        for address in self.addresses:
+            wanting = [v for v in st.found if address not in st.taken.setdefault(v, set())]
+            if not wanting:
+                continue
+            key = await self._key(address)
+            if key is None:
+                continue
+            for value in wanting:
+                sealed = wire.seal_node_reveal(key, self.identity.signing, self.identity.node_id, st.found[value])
+                if len(sealed) > wire.MAX_REVEAL_BYTES:  # a verifier would refuse it: none is sent
+                    self.counts["too large"] += 1
+                    st.taken[value].update(self.addresses)
+                    continue
+                try:
+                    await self._query(address, wire.NODE_REVEAL_PATH, sealed)
+                    self.counts["handed"] += 1
+                except QueryRefused as exc:
+                    if exc.code == Code.DUPLICATE:
+                        self.counts["duplicate"] += 1
+                    else:
+                        self.counts["refused"] += 1
+                        log.info("reveals: %s refused the transcript of commitment %s (epoch %d): %s", address,
+                                 value.hex()[:16], epoch, exc)
+                except (OSError, RpcError, trio.TooSlowError) as exc:
+                    self._failed(address, "a node reveal", exc)
+                    break  # this verifier again at the next poll
+                st.taken[value].add(address)
+
+    def _finished(self, st: _Epoch) -> bool:
+        everyone = set(self.addresses)
+        return not st.fresh and st.answered >= everyone and all(st.taken.get(v, set()) >= everyone for v in st.found)

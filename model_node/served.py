@@ -1,0 +1,199 @@
+"""What a model node keeps of the replies it served (decision 0037, step 5): the store its reveal
+driver (:mod:`model_node.reveals`) looks a released commitment up in.
+
+For every request whose reply completed as it passed through this node, :class:`ServedStore`
+keeps what a verifier needs to check it as a transcript (:class:`Kept`): the node the client
+addressed, the request (model, messages, sampling parameters, id), the signer, every chunk's text
+and token ids, the final signature and its time, and the request digest
+(:func:`overlay.anon.signing.request_digest` of the request addressed to that node: what the
+donor's commitment binds). That is a request addressed to this node (its own engine's reply, or a
+group member's relayed back through it), and a request a member forwarded here, kept under the
+member that forwarded it: a user's forwarded request is answered straight to the user's proxies,
+so the member that addressed node forwarded to is the only one that sees the reply, and it hands it in
+itself (a node reveal from the reply's signer, decision 0037). A donor who withheld its reveal cannot then hide a
+good reply: once the verifiers release the commitment's shares, the node rebuilds the secret,
+finds the request here (:meth:`ServedStore.find`, one hash per entry: there is no tag) and hands
+the transcript in itself.
+
+Only a request that can be a transcript is kept: no seed, no continuation (a transcript's digest
+has none), within :func:`overlay.directory.transcripts.transcript_problem`'s limits; and only a
+reply that completed (a final, signed chunk) without an error chunk, one signer throughout and
+within a transcript's chunk and token limits. Everything else is counted in
+:attr:`ServedStore.skipped` by reason.
+
+Bounded: at most ``max_bytes`` (an estimate of each entry's size from its strings and token
+counts) and ``retention_ms`` old (default :data:`RETENTION_MS`: two 15-minute epochs and the
+release delay); the oldest go first, counted in :attr:`ServedStore.dropped`.
+
+I/O-free: no clock (times are passed in), no files. **In memory only**: a restart loses what was
+kept, so the node cannot fill in a withheld reply it served before the restart. Decision 0037
+wants it on disk; that is not done.
+
+Recording (:meth:`ServedStore.begin`, then :meth:`Recording.add` per chunk) is O(1) per chunk
+besides keeping the chunk's text and ids, and never raises on what a chunk holds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter, deque
+
+from overlay.anon.signing import request_digest
+from overlay.directory import escrow
+from overlay.directory import transcripts as wire
+from overlay.wire.messages import ChatMessage, ReplyChunk, Request, SamplingParams
+
+MAX_BYTES = 256 * 1024 * 1024
+RETENTION_MS = 45 * 60 * 1000  # two 15-minute epochs, and the release 5 minutes into the next
+_ENTRY_BYTES = 512  # an entry's fixed fields and bookkeeping
+_PART_BYTES = 64  # a message's or chunk's own overhead
+_TOKEN_BYTES = 8
+
+__all__ = ["MAX_BYTES", "RETENTION_MS", "Kept", "Recording", "ServedStore"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Kept:
+    """One served request and its reply, as it passed through this node: ``node_id`` the node
+    addressed (this one, or the member that forwarded it here), ``digest`` the request digest the reply signs, ``served_by`` the signer
+    (this node or the member it forwarded to), every chunk's text and ids, the final signature and
+    its time. ``size``: the estimate the store counts; ``kept_ms``: when the store took it."""
+
+    node_id: bytes
+    digest: bytes
+    model: str
+    messages: tuple[ChatMessage, ...]
+    params: SamplingParams
+    request_id: bytes
+    served_by: bytes
+    chunks: tuple[tuple[str, tuple[int, ...]], ...]
+    signature: bytes
+    signed_at_ms: int
+    size: int
+    kept_ms: int = 0
+
+    def revealed(self, secret: int) -> wire.Revealed:
+        """The transcript a donor would have revealed with the escrowed ``secret`` (kind 2)."""
+        return wire.Revealed(self.node_id, escrow.nonce_of(secret), self.model, self.messages, self.params,
+                             self.request_id, self.served_by, self.chunks, self.signature, self.signed_at_ms,
+                             escrow.scalar_bytes(secret))
+
+
+class Recording:
+    """One reply being recorded (:meth:`ServedStore.begin`): :meth:`add` each chunk as it goes out."""
+
+    __slots__ = ("_chunks", "_digest", "_node_id", "_req", "_served_by", "_size", "_skipped", "_tokens", "open")
+
+    def __init__(self, req: Request, node_id: bytes, digest: bytes, size: int, skipped: Counter[str]) -> None:
+        self._req, self._node_id, self._digest, self._size = req, node_id, digest, size
+        self._chunks: list[tuple[str, tuple[int, ...]]] = []
+        self._tokens = 0
+        self._served_by = b""
+        self._skipped = skipped
+        self.open = True
+
+    def _drop(self, why: str) -> None:
+        self.open = False
+        self._chunks = []
+        self._skipped[why] += 1
+
+    def add(self, chunk: ReplyChunk) -> Kept | None:
+        """Take the next chunk of the reply; the entry to keep once the final signed chunk came
+        (``None`` before, and for a reply that cannot be a transcript: then nothing more is taken)."""
+        if not self.open:
+            return None
+        try:
+            if chunk.error or not chunk.signature:
+                self._drop("error")
+                return None
+            if self._served_by and chunk.node != self._served_by:
+                self._drop("signers")
+                return None
+            self._served_by = chunk.node
+            ids = tuple(chunk.token_ids)
+            self._tokens += len(ids)
+            if len(chunk.text) > wire.MAX_CHUNK_TEXT or self._tokens > wire.TRANSCRIPT_MAX_REPLY_TOKENS \
+                    or len(self._chunks) >= wire.TRANSCRIPT_MAX_CHUNKS:
+                self._drop("limits")
+                return None
+            self._chunks.append((chunk.text, ids))
+            self._size += len(chunk.text) + _TOKEN_BYTES * len(ids) + _PART_BYTES
+            if not chunk.done:
+                return None
+            self.open = False
+            r = self._req
+            return Kept(self._node_id, self._digest, r.model, tuple(r.messages), r.params, r.request_id,
+                        self._served_by, tuple(self._chunks), chunk.signature, chunk.signed_at_ms, self._size)
+        except (AttributeError, TypeError, ValueError):  # not a chunk as the wire decodes them
+            self._drop("malformed")
+            return None
+
+
+class ServedStore:
+    """The replies this node served as the addressed node, newest last (see the module docstring)."""
+
+    def __init__(self, *, max_bytes: int = MAX_BYTES, retention_ms: int = RETENTION_MS) -> None:
+        if max_bytes <= 0 or retention_ms <= 0:
+            raise ValueError("a store holds above 0 bytes for above 0 ms")
+        self.max_bytes, self.retention_ms = max_bytes, retention_ms
+        self._entries: deque[Kept] = deque()
+        self.bytes = 0
+        self.kept = 0  # entries taken since start
+        self.dropped: Counter[str] = Counter()  # "full" (bytes), "expired" (age), "too large"
+        self.skipped: Counter[str] = Counter()  # requests or replies that cannot be transcripts, by reason
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def entries(self) -> tuple[Kept, ...]:
+        """What is kept, oldest first."""
+        return tuple(self._entries)
+
+    def begin(self, req: Request, node_id: bytes) -> Recording | None:
+        """A recording of the reply to ``req``, addressed to ``node_id`` (this node, or the member
+        that forwarded it here); ``None`` for a request that can never be a transcript (counted in
+        :attr:`skipped`). Never raises."""
+        try:
+            if req.params.seed is not None:
+                self.skipped["seeded"] += 1
+                return None
+            if req.continuation:
+                self.skipped["continuation"] += 1
+                return None
+            if wire.transcript_problem(req.model, req.messages, req.params) is not None:
+                self.skipped["limits"] += 1
+                return None
+            size = _ENTRY_BYTES + len(req.model) + sum(len(m.content) + _PART_BYTES for m in req.messages)
+            return Recording(req, node_id, request_digest(req, node_id), size, self.skipped)
+        except (AttributeError, TypeError, ValueError):
+            self.skipped["malformed"] += 1
+            return None
+
+    def keep(self, kept: Kept, now_ms: int) -> None:
+        """Keep ``kept`` as of ``now_ms``: entries past the retention go, then the oldest while the
+        store is over ``max_bytes``. An entry larger than ``max_bytes`` alone is not kept."""
+        self.prune(now_ms)
+        if kept.size > self.max_bytes:
+            self.dropped["too large"] += 1
+            return
+        self._entries.append(dataclasses.replace(kept, kept_ms=now_ms))
+        self.bytes += kept.size
+        self.kept += 1
+        while self.bytes > self.max_bytes:
+            self.bytes -= self._entries.popleft().size
+            self.dropped["full"] += 1
+
+    def prune(self, now_ms: int) -> None:
+        """Drop the entries kept ``retention_ms`` or more before ``now_ms``, oldest first."""
+        while self._entries and now_ms - self._entries[0].kept_ms >= self.retention_ms:
+            self.bytes -= self._entries.popleft().size
+            self.dropped["expired"] += 1
+
+    def find(self, nonce: bytes, value: bytes) -> Kept | None:
+        """The entry whose commitment under ``nonce`` is ``value``
+        (:func:`overlay.directory.transcripts.commitment` of the node it was addressed to and its
+        digest), newest first; one hash per entry."""
+        for kept in reversed(self._entries):
+            if wire.commitment(nonce, kept.node_id, kept.digest) == value:
+                return kept
+        return None

@@ -1,0 +1,236 @@
+"""The model node's side of decision 0037 (model_node/reveals.py over model_node/served.py) against
+four real verifiers (verifier/abci_app.py's queries, tests/unit/test_escrow_intake.py's committee):
+a framer escrows two requests to the node, reveals only the bad reply and withholds the good one.
+The node's store holds what it served; its reveal driver, polling the verifiers' RPC, gets the
+released shares once epoch + 1 is five minutes old, rebuilds the secret, finds the good request and
+hands its transcript to every verifier, whose books then count it. Before the release it hands in
+nothing and asks again; a verifier that is down does not stop it."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import pytest
+import trio
+
+from model_node.reveals import Reveals
+from model_node.served import ServedStore
+from overlay.anon import signing
+from overlay.directory import escrow
+from overlay.directory import transcripts as wire
+from overlay.wire.messages import ReplyChunk, Request
+from tests.unit.test_escrow_intake import KEYS, MODEL, Donated, donate
+from tests.unit.test_escrow_intake import Committee as Books
+from verifier.abci_app import CommitteeAbciApp
+from verifier.audit.pool import DonationPool
+
+ADDRESSES = [f"verifier-{i}:26657" for i in range(4)]
+VALIDATORS = frozenset(k.public_bytes for k in KEYS)
+
+
+class Committee(Books):
+    """The four verifiers as ``--audit`` runs them: with a donation pool too, so that each answers
+    ``/audit/donate_key`` (the key a node reveal is sealed to)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.apps = [CommitteeAbciApp(self.core, None, k, pool=DonationPool(), transcripts=b, clock=self.clock)
+                     for k, b in zip(KEYS, self.books, strict=True)]
+
+
+class Rpc:
+    """The verifiers' CometBFT RPC, answered by the committee's apps; ``down``: addresses that
+    raise ``OSError``. ``calls``: (address, path) of every query answered."""
+
+    def __init__(self, w: Committee) -> None:
+        self.w = w
+        self.down: set[str] = set()
+        self.junk: set[str] = set()  # addresses whose released pages carry altered shares
+        self.made_up = False  # ... and points of their own making
+        self.calls: list[tuple[str, str]] = []
+
+    async def __call__(self, address: str, method: str, params: dict[str, str]) -> Any:
+        assert method == "abci_query"
+        if address in self.down:
+            raise OSError(f"{address} is down")
+        path = params["path"].strip('"')
+        data = bytes.fromhex(params.get("data", "0x")[2:])
+        self.calls.append((address, path))
+        code, why, value = self.w.query(ADDRESSES.index(address), path, data)
+        if address in self.junk and path == wire.RELEASED_PATH and code == 0:
+            epoch, items = wire.decode_released(value)
+            fake = escrow.deal(escrow.new_secret(), self.w.plan).commitments
+            value = wire.encode_released(epoch, [(v, fake if self.made_up else pts,
+                                                  tuple(escrow.Share(x.x, (x.y + 1) % escrow.L) for x in got))
+                                                 for v, pts, got in items])
+        return {"response": {"code": code, "log": why, "value": base64.b64encode(value).decode()}}
+
+
+def served_by_node(w: Committee, store: ServedStore, d: Donated) -> None:
+    """The node serves ``d``'s request and its store keeps the reply as it went out."""
+    req = Request(request_id=d.rid, model=MODEL, messages=d.msgs, params=d.params, k=3, return_paths=(),
+                  continuation="")
+    body = d.served()
+    rec = store.begin(req, w.node.node_id)
+    assert rec is not None
+    (text, ids), = body.chunks
+    kept = rec.add(ReplyChunk(request_id=d.rid, seq=0, text=text, token_ids=ids, done=True, error="",
+                              node=w.node.node_id, chain=signing.chain_next(signing.chain_start(d.digest), text, ids),
+                              signature=body.signature, signed_at_ms=body.signed_at_ms))
+    assert kept is not None and kept.digest == d.digest
+    store.keep(kept, int(w.clock.unix() * 1000))
+
+
+def framed(w: Committee) -> tuple[int, ServedStore, Reveals, Rpc]:
+    """Two escrowed requests to the node, both served and kept; the donor reveals only the bad reply."""
+    epoch = w.epoch
+    good, bad = donate(w, "good"), donate(w, "bad")
+    store = ServedStore()
+    for d in (good, bad):
+        served_by_node(w, store, d)
+    for i, k in enumerate(KEYS):
+        sealed = wire.seal_reveal(k.public_bytes, w.donor, w.donor.node_id, bad.served())
+        assert w.query(i, wire.REVEAL_PATH, sealed)[0] == 0
+    rpc = Rpc(w)
+    return epoch, store, Reveals(ADDRESSES, lambda: VALIDATORS, w.node, store, rpc=rpc, clock=w.clock), rpc
+
+
+def counted(w: Committee, i: int, epoch: int) -> list[str]:
+    return sorted(c.transcript.reply.chunks[0][0] for c in w.books[i].close(epoch))
+
+
+async def test_a_withheld_good_reply_is_handed_in_by_the_node_after_the_release() -> None:
+    w = Committee()
+    epoch, store, reveals, rpc = framed(w)
+    w.next_epoch()
+    await reveals.step()  # epoch + 1 has just begun: every verifier answers TOO_EARLY
+    assert reveals.counts["handed"] == 0 and epoch not in reveals.done
+    assert not [c for c in rpc.calls if c[1] == wire.NODE_REVEAL_PATH]
+    assert {a for a, p in rpc.calls if p == wire.RELEASED_PATH} == set(ADDRESSES)
+    w.clock.advance(wire.MAX_SKEW_MS / 1000)
+    await reveals.step()
+    assert reveals.counts["handed"] == 4 and reveals.counts["refused"] == 0 and epoch in reveals.done
+    assert len(store) == 2  # the store keeps both: it never learns which reply the donor revealed
+    for i in range(4):
+        assert counted(w, i, epoch) == ["bad", "good"]
+    # done: the next poll asks for no page of it
+    before = len(rpc.calls)
+    await reveals.step()
+    assert all(p == "/audit" for _, p in rpc.calls[before:])
+
+
+async def test_without_the_node_the_withheld_reply_does_not_count() -> None:
+    w = Committee()  # the control: the same framing, no driver
+    epoch, _, _, _ = framed(w)
+    w.next_epoch()
+    w.clock.advance(wire.MAX_SKEW_MS / 1000)
+    assert counted(w, 0, epoch) == []  # the set is void without the good reply
+
+
+async def test_one_verifier_down_does_not_stop_the_others_and_it_is_served_once_back() -> None:
+    w = Committee()
+    epoch, _, reveals, rpc = framed(w)
+    rpc.down.add(ADDRESSES[3])
+    w.next_epoch()
+    await reveals.step()
+    w.clock.advance(wire.MAX_SKEW_MS / 1000)
+    await reveals.step()  # three verifiers' shares rebuild the secret; three take the transcript
+    assert reveals.counts["handed"] == 3 and epoch not in reveals.done
+    for i in range(3):
+        assert counted(w, i, epoch) == ["bad", "good"]
+    rpc.down.clear()
+    await reveals.step()  # verifier 3 is back: it takes the transcript; its release is not due on its clock yet
+    assert reveals.counts["handed"] == 4 and epoch not in reveals.done
+    assert counted(w, 3, epoch) == ["bad", "good"]
+    w.clock.advance(wire.MAX_SKEW_MS / 1000)
+    await reveals.step()  # its pages read (nothing more to rebuild): the epoch is done
+    assert epoch in reveals.done and reveals.counts["handed"] == 4
+
+
+@pytest.mark.parametrize("made_up", [False, True])
+async def test_a_verifier_releasing_junk_does_not_stop_the_node(made_up: bool) -> None:
+    w = Committee()
+    epoch, _, reveals, rpc = framed(w)
+    rpc.junk.add(ADDRESSES[0])  # its shares do not lie on the points (or on points of its own making)
+    rpc.made_up = made_up
+    w.next_epoch()
+    await reveals.step()
+    w.clock.advance(wire.MAX_SKEW_MS / 1000)
+    await reveals.step()
+    assert reveals.counts["handed"] == 4 and epoch in reveals.done
+    for i in range(4):
+        assert counted(w, i, epoch) == ["bad", "good"]
+
+
+async def test_a_node_that_kept_none_of_them_hands_nothing_in() -> None:
+    w = Committee()
+    epoch, _, _, rpc = framed(w)
+    reveals = Reveals(ADDRESSES, lambda: VALIDATORS, w.node, ServedStore(), rpc=rpc, clock=w.clock)
+    w.next_epoch()
+    await reveals.step()
+    w.clock.advance(wire.MAX_SKEW_MS / 1000)
+    await reveals.step()  # the good reply's commitment is released and rebuilt, but matches nothing kept
+    assert reveals.counts["unmatched"] == 1 and reveals.counts["handed"] == 0 and epoch in reveals.done
+    assert counted(w, 0, epoch) == []
+
+
+async def test_a_verifier_whose_key_is_not_the_committees_gets_no_transcript() -> None:
+    w = Committee()
+    epoch, store, _, rpc = framed(w)
+    reveals = Reveals(ADDRESSES, lambda: VALIDATORS - {KEYS[1].public_bytes}, w.node, store, rpc=rpc,
+                      clock=w.clock)
+    w.next_epoch()
+    await reveals.step()
+    w.clock.advance(wire.MAX_SKEW_MS / 1000)
+    await reveals.step()
+    assert reveals.counts["handed"] == 3 and epoch not in reveals.done
+    assert not [c for c in rpc.calls if c == (ADDRESSES[1], wire.NODE_REVEAL_PATH)]
+    assert counted(w, 0, epoch) == ["bad", "good"] and counted(w, 1, epoch) == []
+
+
+async def test_the_loop_polls_on_trios_clock_and_survives_failures(autojump_clock: trio.testing.MockClock) -> None:
+    w = Committee()
+    epoch, _, reveals, rpc = framed(w)
+    rpc.down.update(ADDRESSES)  # nobody answers at first
+    w.next_epoch()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(reveals.run)
+        await trio.sleep(reveals.poll * 2.5)
+        assert reveals.counts["errors"] >= 8 and reveals.counts["handed"] == 0
+        rpc.down.clear()
+        await trio.sleep(reveals.poll)  # a poll: TOO_EARLY everywhere
+        w.clock.advance(wire.MAX_SKEW_MS / 1000)
+        await trio.sleep(reveals.poll)
+        assert reveals.counts["handed"] == 4 and epoch in reveals.done
+        nursery.cancel_scope.cancel()
+
+
+async def test_the_member_a_request_was_forwarded_to_hands_in_the_reply_it_signed() -> None:
+    """A user's request the addressed node forwarded is answered straight to the user's proxies: the
+    member that served it keeps it (under the node addressed) and its own driver hands it in."""
+    w = Committee()
+    epoch = w.epoch
+    d = donate(w, "good")
+    req = Request(request_id=d.rid, model=MODEL, messages=d.msgs, params=d.params, k=3, return_paths=(),
+                  continuation="")
+    body = d.served(by=w.other)
+    member_store = ServedStore()
+    rec = member_store.begin(req, w.node.node_id)  # forwarded in by the node addressed
+    assert rec is not None
+    (text, ids), = body.chunks
+    kept = rec.add(ReplyChunk(request_id=d.rid, seq=0, text=text, token_ids=ids, done=True, error="",
+                              node=w.other.node_id, chain=signing.chain_next(signing.chain_start(d.digest), text, ids),
+                              signature=body.signature, signed_at_ms=body.signed_at_ms))
+    assert kept is not None
+    member_store.keep(kept, int(w.clock.unix() * 1000))
+    rpc = Rpc(w)
+    member = Reveals(ADDRESSES, lambda: VALIDATORS, w.other, member_store, rpc=rpc, clock=w.clock)
+    w.next_epoch()
+    await member.step()
+    w.clock.advance(wire.MAX_SKEW_MS / 1000)
+    await member.step()
+    assert member.counts["handed"] == 4
+    for book in w.books:
+        (c,) = book.close(epoch)
+        assert c.node_id == w.other.node_id and c.transcript.reply.chunks[0][0] == "good"
