@@ -483,7 +483,8 @@ class TranscriptDonor(Background):
     async def _reveal(self, address: str, key: bytes, body: wire.Body, value: bytes) -> None:
         from overlay.directory.rpc import RpcError, abci_query
 
-        what = "\"no reply\"" if isinstance(body, wire.NoReply) else "the transcript"
+        what = ("\"no reply\"" if isinstance(body, wire.NoReply)
+                else "the escrowed transcript" if body.secret else "the transcript")
         try:
             sealed = wire.seal_reveal(key, self.identity, self.identity.node_id, body)
             if len(sealed) > wire.MAX_REVEAL_BYTES:

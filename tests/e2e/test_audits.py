@@ -275,7 +275,7 @@ def test_audits_demote_the_dishonest_node_and_keep_the_honest_one_despite_a_byza
 
 def test_a_donors_transcripts_are_scored_on_the_chain(net: AuditNet) -> None:
     """A user who donates every request (rate 1): each is committed to the four verifiers before it
-    is sent and revealed after; once a verifier's report of the next epoch is on the chain, it
+    is sent (escrowed: commit, then certify; decision 0037) and revealed after with its secret; once a verifier's report of the next epoch is on the chain, it
     closes the donor's set, scores it and submits transcript scores (kind 3), which the epoch's
     outcome counts."""
     config = net.config_toml("donor", net.root / "donor.toml")
@@ -292,6 +292,8 @@ def test_a_donors_transcripts_are_scored_on_the_chain(net: AuditNet) -> None:
                            capture_output=True, text=True, timeout=600)
         assert r.returncode == 0, r.stderr[-3000:]
         assert "donate: revealed" in r.stderr, r.stderr[-3000:]  # chat waits for its reveals at exit
+        # the devnet's committee has four verifiers of equal power: the client escrows (decision 0037)
+        assert "donate: revealed the escrowed transcript" in r.stderr, r.stderr[-3000:]
     assert r is not None
     deadline = time.monotonic() + 4 * EPOCH_BLOCKS * 3.0
     seen: list[Any] = []
