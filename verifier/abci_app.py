@@ -40,6 +40,9 @@ APP_VERSION = 1
 STATE_FILE = "app_state.bin"
 _QUOTA_LIMITS = {quota.KEY_PATH: MAX_KEY_QUERY_BYTES, quota.ISSUE_PATH: quota.MAX_ISSUE_BYTES,
                  quota.REDEEM_PATH: quota.MAX_REDEEM_BYTES}
+VERSION1_REFUSED = ("this verifier takes no commitment without escrow: its donor could hide its good replies "
+                    "(decision 0037); escrow it (/audit/transcript_escrow_commit, then /audit/transcript_certify), "
+                    "as `gentorrent user` does with --committee")
 _ESCROW_LIMITS = {wire.ESCROW_COMMIT_PATH: wire.MAX_ESCROW_COMMIT_BYTES, wire.CERTIFY_PATH: wire.MAX_CERTIFICATE_BYTES,
                   wire.NODE_REVEAL_PATH: wire.MAX_REVEAL_BYTES,
                   wire.RELEASED_PATH: max(escrow_intake.RELEASED_QUERY_LEN)}
@@ -72,7 +75,7 @@ class CommitteeAbciApp:
     def __init__(self, core: CommitteeApp, store: StateStore | None = None,
                  signer: crypto.SigningKey | None = None, pool: DonationPool | None = None,
                  transcripts: TranscriptBook | None = None, clock: Clock | None = None,
-                 issuer: Issuer | None = None) -> None:
+                 issuer: Issuer | None = None, version1_commits: bool = False) -> None:
         """``signer``: this verifier's CometBFT validator key, which signs the lists in its vote
         extensions (:func:`verifier.cometbft.read_validator_key`); None sends empty extensions.
         ``pool``: the prompts users donate to this verifier (``gentorrent verifier --audit``;
@@ -83,7 +86,10 @@ class CommitteeAbciApp:
         ``clock`` (default :class:`~overlay.wire.clock.SystemClock`: queries come from CometBFT, outside
         any test's trio clock) stamps when a commitment arrived and tells the quota epoch.
         ``issuer``: this verifier's quota issuer (:mod:`verifier.quota`; the genesis has an
-        ``app_state.quota`` section), which answers the ``/quota/*`` queries; None refuses them."""
+        ``app_state.quota`` section), which answers the ``/quota/*`` queries; None refuses them.
+        ``version1_commits`` (``gentorrent verifier --take-version1-commits``): also take
+        commitments without escrow, which let a donor hide its good replies (decision 0037); off,
+        ``/audit/transcript_commit`` is refused."""
         self.core = core
         self.store = store
         self.signer = signer
@@ -91,6 +97,7 @@ class CommitteeAbciApp:
         self.transcripts = transcripts
         self.clock: Clock = clock or SystemClock()
         self.issuer = issuer
+        self.version1_commits = version1_commits
         self._models: tuple[tuple[int, int], frozenset[str]] = ((-1, 0), frozenset())  # (state seen, its models)
         self._epoch_seen: dict[int, int] = {}  # audit epoch -> when this verifier first saw it (ms, its clock)
 
@@ -237,9 +244,10 @@ class CommitteeAbciApp:
         """The transcript queries (decision 0015; :mod:`overlay.directory.transcripts` is the format), answered
         from this verifier's own book, key and clock:
 
-        - ``/audit/transcript_commit`` (data: a signed commit, in the clear): the commitment is
-          noted in the book for the audit epoch the committed state is in, at this verifier's
-          clock (:func:`take_commit`);
+        - ``/audit/transcript_commit`` (data: a signed commit, in the clear): only with
+          ``version1_commits``: the commitment is noted in the book for the audit epoch the
+          committed state is in, at this verifier's clock (:func:`take_commit`); else refused
+          (code 9, :data:`VERSION1_REFUSED`): commitments are escrowed (:meth:`escrow_query`);
         - ``/audit/transcript_reveal`` (data: a sealed reveal): the transcript, or "no reply", for
           one of the donor's commitments (:func:`take_reveal`).
 
@@ -254,7 +262,9 @@ class CommitteeAbciApp:
         audit = self.core.committed.audit
         if audit is None:
             return Code.AUDITS_OFF, "this committee's genesis has no audit section"
-        if path == wire.COMMIT_PATH:
+        if path == wire.COMMIT_PATH and not self.version1_commits:
+            code, why = Code.UNSUPPORTED_VERSION, VERSION1_REFUSED
+        elif path == wire.COMMIT_PATH:
             code, why = take_commit(self.transcripts, data, self.signer.public_bytes, self._user_key, audit.epoch,
                                     int(self.clock.unix() * 1000))
         else:

@@ -74,6 +74,12 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
                         "(docs/benchmarks.md \"transcript-scoring\"). The audits need about 6144 a model node "
                         "(one --audit-threads for every 8 nodes; decisions 0034, 0035); the verifier warns when it "
                         "has less. Raise it only with the capacity to score it (a faster host, more threads)")
+    p.add_argument("--take-version1-commits", action="store_true",
+                   help="with --audit: also take users' transcript commitments without escrow, from clients of "
+                        "before decision 0037. A donor who commits so can withhold its good replies and reveal its "
+                        "bad ones, and a few registered identities an epoch can then sink an honest node: use it "
+                        "only while such clients are upgraded. Off: they are refused, and escrowed commitments "
+                        "(whose withheld replies the model node hands in) are the only ones taken")
     p.add_argument("--challenge-prompts", metavar="FILE", default=None,
                    help="this operator's own secret challenge prompts: JSON Lines, one conversation a line, "
                         '{"messages": [{"role": "system"|"user"|"assistant", "content": "..."}, ...]} (replies '
@@ -367,13 +373,15 @@ def _run(args: argparse.Namespace) -> int:
                 raise CliError(f"--challenge-prompts: {exc}") from None
         audit = AuditSettings(model=args.audit_model, listen=args.audit_listen, region=args.audit_region,
                               threads=args.audit_threads, committee=committee, corpus=corpus,
-                              transcript_budget=args.transcript_budget)
+                              transcript_budget=args.transcript_budget, version1_commits=args.take_version1_commits)
     elif args.audit_model:
         raise CliError("--audit-model needs --audit")
     elif args.challenge_prompts is not None:
         raise CliError("--challenge-prompts needs --audit")
     elif args.transcript_budget is not None:
         raise CliError("--transcript-budget needs --audit")
+    elif args.take_version1_commits:
+        raise CliError("--take-version1-commits needs --audit")
     try:
         run_async(lambda: run_verifier(d, abci=args.abci, audit=audit), long_lived=True)
     except (CometError, AbciAddressError, StateError, BookFileError, QuotaFileError) as exc:

@@ -311,7 +311,8 @@ async def run_verifier(data_dir: str | os.PathLike[str], *, abci: str | None = N
     keeper = None if book is None else book_keeper(d, book)  # its writer: the file holds it as loaded
     issuer = make_issuer(d, home, key)  # anonymous usage quotas (verifier/quota.py)
     exe = binary or find_cometbft()
-    app = CommitteeAbciApp(core, store, key, pool=pool, transcripts=book, issuer=issuer)
+    app = CommitteeAbciApp(core, store, key, pool=pool, transcripts=book, issuer=issuer,
+                           version1_commits=audit is not None and audit.version1_commits)
     stopping = False
     # The signal receiver opens before CometBFT starts: a SIGTERM in between would kill this
     # process by default and leave CometBFT (in its own session) running.

@@ -744,7 +744,7 @@ def test_the_verifier_command_takes_audit_flags(tmp_path: Any, capsys: pytest.Ca
         main(["verifier", "--help"])
     out = capsys.readouterr().out
     for flag in ("--audit ", "--audit-model", "--audit-listen", "--audit-region", "--audit-threads",
-                 "--challenge-prompts", "--transcript-budget"):
+                 "--challenge-prompts", "--transcript-budget", "--take-version1-commits"):
         assert flag in out
     from verifier.audit.transcripts import NODE_BUDGET, ROUND_BUDGET
 
@@ -759,6 +759,8 @@ def test_the_verifier_command_takes_audit_flags(tmp_path: Any, capsys: pytest.Ca
     assert "--transcript-budget must be at least 1" in capsys.readouterr().err
     assert main(["verifier", "--data-dir", str(tmp_path), "--transcript-budget", "9000"]) == 2
     assert "--transcript-budget needs --audit" in capsys.readouterr().err
+    assert main(["verifier", "--data-dir", str(tmp_path), "--take-version1-commits"]) == 2
+    assert "--take-version1-commits needs --audit" in capsys.readouterr().err
     good = tmp_path / "private.jsonl"
     good.write_text('{"messages": [{"role": "user", "content": "Hi"}]}\n', encoding="utf-8")
     assert main(["verifier", "--data-dir", str(tmp_path), "--challenge-prompts", str(good)]) == 2

@@ -21,6 +21,7 @@ from overlay.anon import signing
 from overlay.directory import escrow
 from overlay.directory import transcripts as wire
 from overlay.directory.donation import KEY_PATH
+from overlay.directory.registration import Code
 from overlay.wire import crypto
 from overlay.wire.clock import TrioClock
 from overlay.wire.messages import ChatMessage, ReplyChunk, Request, SamplingParams
@@ -71,12 +72,13 @@ class World:
     a fake RPC; ``answers[i]``: "ok", "down" (every query fails), "commit-down" (only the escrowed
     commit fails: it answers the certificate) or "forge" (it answers an acceptance that does not
     verify). The committee's donor donates, its model node serves; with ``escrowed``, the donor
-    knows the validators' powers, else ``powers`` (None: not known)."""
+    knows the validators' powers, else ``powers`` (None: not known); ``version1``: the verifiers
+    also take commitments without escrow (``--take-version1-commits``)."""
 
     def __init__(self, answers: Mapping[int, str] | None = None, *, escrowed: bool = True,
-                 powers: Callable[[], Mapping[bytes, int]] | None = None) -> None:
+                 powers: Callable[[], Mapping[bytes, int]] | None = None, version1: bool = False) -> None:
         self.w = w = Committee()
-        w.apps = [CommitteeAbciApp(w.core, None, k, transcripts=b, clock=TrioClock())
+        w.apps = [CommitteeAbciApp(w.core, None, k, transcripts=b, clock=TrioClock(), version1_commits=version1)
                   for k, b in zip(KEYS, w.books, strict=True)]
         self.answers = dict(answers or {})
         self.addresses = [f"v{i}:26657" for i in range(len(KEYS))]
@@ -187,7 +189,7 @@ async def test_two_of_four_acceptances_donate_nothing_and_the_request_still_goes
 @pytest.mark.parametrize("powers", [None, dict], ids=["no-powers", "no-plan"])
 async def test_without_powers_or_a_plan_the_version_1_commit_is_used(
         autojump_clock: Any, powers: Callable[[], Mapping[bytes, int]] | None) -> None:
-    world = World(escrowed=False, powers=powers)
+    world = World(escrowed=False, powers=powers, version1=True)
     assert await world.ask() == "a quine prints itself"
     assert sorted(world.paths(wire.COMMIT_PATH)) == [(i, 0) for i in range(4)]
     assert not world.paths(wire.ESCROW_COMMIT_PATH) and not world.paths(wire.CERTIFY_PATH)
@@ -197,3 +199,12 @@ async def test_without_powers_or_a_plan_the_version_1_commit_is_used(
         (c,) = world.counted(i)
         assert c.transcript.secret == b""
     assert (world.donor.committed, world.donor.escrowed, world.donor.revealed) == (1, 0, 4)
+
+
+async def test_a_commitment_without_escrow_is_refused_by_default_and_the_request_still_goes(
+        autojump_clock: Any) -> None:
+    world = World(escrowed=False)
+    assert await world.ask() == "a quine prints itself"
+    assert sorted(code for _, code in world.paths(wire.COMMIT_PATH)) == [int(Code.UNSUPPORTED_VERSION)] * 4
+    assert all(not world.reveals[i] and not world.counted(i) for i in range(4))
+    assert (world.donor.committed, world.donor.escrowed, world.donor.revealed) == (0, 0, 0)

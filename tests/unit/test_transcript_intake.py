@@ -37,9 +37,11 @@ NOW_MS = 1_700_000_000_000 + 5_000  # the chain's block time is 1_700_000_000 s
 
 class World:
     """A committee core with a registered user (the donor), a stranger (not registered) and a
-    model node serving MODEL, and this verifier's ABCI app over a book, on a hand-set clock."""
+    model node serving MODEL, and this verifier's ABCI app over a book, on a hand-set clock;
+    ``version1``: it takes version-1 commits (``--take-version1-commits``), as these tests of the
+    book's intake need (escrowed ones: tests/unit/test_escrow_intake.py)."""
 
-    def __init__(self, *, book: TranscriptBook | None = None, audits: bool = True) -> None:
+    def __init__(self, *, book: TranscriptBook | None = None, audits: bool = True, version1: bool = True) -> None:
         self.donor, self.stranger, self.node = Identity.generate(), Identity.generate(), Identity.generate()
         core = CommitteeApp()
         state = {"audit": {"epoch_blocks": 60, "challenges_per_node": 2}} if audits else {}
@@ -53,7 +55,8 @@ class World:
         core.commit()
         self.book = TranscriptBook() if book is None else book
         self.clock = FakeClock(unix=NOW_MS / 1000)
-        self.app = CommitteeAbciApp(core, None, VERIFIER, transcripts=self.book, clock=self.clock)
+        self.app = CommitteeAbciApp(core, None, VERIFIER, transcripts=self.book, clock=self.clock,
+                                    version1_commits=version1)
 
     def query(self, path: str, data: bytes) -> tuple[int, str]:
         res = self.app.query(abci.RequestQuery(path=path, data=data))
@@ -95,6 +98,17 @@ def test_a_committed_transcript_is_taken_and_counts_for_the_signing_node() -> No
     (counted,) = w.book.close(epoch)
     assert counted.donor == w.donor.node_id and counted.node_id == w.node.node_id
     assert counted.transcript.reply.chunks == (("tides are...", (4, 5)),)
+
+
+def test_a_verifier_takes_no_commitment_without_escrow_unless_told_to() -> None:
+    """Decision 0037: a donor that commits without escrow could withhold its good replies, and the
+    node could not hand them in; so by default the verifier refuses such a commit, whatever it holds."""
+    w = World(version1=False)
+    b, value = w.request()
+    code, why = w.commit(value)
+    assert code == Code.UNSUPPORTED_VERSION and "without escrow" in why and "/audit/transcript_escrow_commit" in why
+    assert w.book.open_epochs() == [] and w.book.refused == {}
+    assert w.reveal(b)[0] == Code.INVALID_FIELD  # nothing to reveal: unknown
 
 
 def test_refused_commits_say_why_and_change_nothing() -> None:

@@ -416,6 +416,8 @@ class AuditSettings:
     # ``--transcript-budget``: the cost (about tokens) of users' transcripts scored a round (rule 9 of
     # verifier/audit/transcripts.py); None: ROUND_BUDGET for each of ``threads``
     transcript_budget: int | None = None
+    # ``--take-version1-commits``: the ABCI app also takes commitments without escrow (decision 0037)
+    version1_commits: bool = False
 
     def scoring_budget(self) -> int:
         from verifier.audit.transcripts import ROUND_BUDGET
