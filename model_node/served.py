@@ -55,9 +55,11 @@ __all__ = ["MAX_BYTES", "RETENTION_MS", "Kept", "Recording", "ServedStore"]
 @dataclasses.dataclass(frozen=True, slots=True)
 class Kept:
     """One served request and its reply, as it passed through this node: ``node_id`` the node
-    addressed (this one, or the member that forwarded it here), ``digest`` the request digest the reply signs, ``served_by`` the signer
-    (this node or the member it forwarded to), every chunk's text and ids, the final signature and
-    its time. ``size``: the estimate the store counts; ``kept_ms``: when the store took it."""
+    addressed (this one, or the member that forwarded it here), ``digest`` the request digest the
+    reply signs, ``served_by`` the signer (this node, or the member it forwarded to), every chunk's
+    text and ids, the final signature and its time: a :class:`~overlay.directory.transcripts.Revealed`
+    but for the secret, which only the release gives. ``size``: the estimate the store counts;
+    ``kept_ms``: when the store took it."""
 
     node_id: bytes
     digest: bytes
