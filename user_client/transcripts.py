@@ -44,8 +44,8 @@ donor withholds); otherwise it is a version-1 commitment, which the verifiers st
      /audit/transcript_escrow_commit``, one ``sent_ms`` for all), and answers its signed
      acceptance, which the client checks (:func:`~overlay.directory.transcripts.verify_acceptance`,
      and that it binds this commitment, points and ``sent_ms``). If the good acceptances hold no
-     more than two thirds of the power (:func:`~overlay.directory.transcripts.certified_power`),
-     the request is sent as a normal one and nothing is donated: a verifier holds an uncertified
+     more than two thirds of the power (each key counted once, as the verifiers' own
+     :func:`~overlay.directory.transcripts.certified_power` counts them), the request is sent as a normal one and nothing is donated: a verifier holds an uncertified
      commitment as counting for nothing, so leaving it unrevealed costs the donor nothing.
      *Certify*: otherwise the certificate (:func:`~overlay.directory.transcripts.encode_certificate`,
      the acceptances) goes to every verifier whose key the client has (``abci_query
@@ -374,8 +374,8 @@ class TranscriptDonor(Background):
                                        answers, accepted)
         self._unanswered(answers)
         good = [accepted[a] for a in self.addresses if a in accepted]
-        cert = wire.Certificate(me, value, sent_ms, dealt.commitments, points_raw, tuple(x for _, x in good))
-        power, total = wire.certified_power(cert, powers), sum(powers.values())
+        # each acceptance was checked against its verifier's key, which has power here; a key counts once
+        power, total = sum(powers[k] for k in {x.verifier for _, x in good}), sum(powers.values())
         if 3 * power <= 2 * total:  # uncertified: it counts for nothing anywhere, and costs nothing
             why = "; ".join(f"{a}: {answers[a][2]}" for a in self.addresses if a in answers and a not in accepted)
             log.info("donate: the escrowed commitment's acceptances hold %d of %d power, not above two thirds (%s); "

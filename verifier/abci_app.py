@@ -425,10 +425,9 @@ def take_commit(book: TranscriptBook, data: bytes, verifier_pk: bytes, user_key:
     if c is None:
         assert refused is not None
         return refused
-    skew = now_ms - c.sent_ms
-    if abs(skew) > wire.MAX_SKEW_MS:
-        return Code.INVALID_FIELD, (f"the commit was made {abs(skew) // 1000} s {'before' if skew > 0 else 'after'} "
-                                    f"this verifier's time (at most {wire.MAX_SKEW_MS // 1000} s): check your clock")
+    late = escrow_intake.skewed(c.sent_ms, now_ms)
+    if late is not None:
+        return Code.INVALID_FIELD, f"the commit: {late}"
     why = book.commit(c.donor, c.value, epoch, now_ms)
     if why is not None:
         return book_code(why), why

@@ -1,7 +1,7 @@
 """``gentorrent bench escrow --quick`` (gentorrent/bench/escrow.py): it prints exactly the figures
 listed here and in docs/benchmarks.md, every figure is a finite number, the plans are those the
-decision's committees give, the sizes follow from the format, and the timings are positive and
-below a generous ceiling. No timing is compared with another."""
+decision's committees give, the sizes follow from the format, and the timings are positive (how
+fast is the bench's to say, not a test's). No timing is compared with another."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ pytestmark = pytest.mark.slow
 NAME = "escrow"
 # case: (holders, units, threshold, largest holder's shares)
 PLANS = {"eq4": (4, 32, 9, 8), "eq16": (16, 32, 11, 2), "eq64": (64, 64, 22, 1), "skew16": (16, 64, 22, 19)}
-CEILING_MS = 5_000.0
 
 
 @pytest.fixture(scope="module")
@@ -55,5 +54,5 @@ def test_figures_are_finite_and_in_range(out: dict[str, Any]) -> None:
         assert f[f"{case}_commitments_bytes"] == head + 34 * threshold
         assert 1 + 36 * largest <= f[f"{case}_largest_holder_shares_bytes"] <= 3 + 38 * largest
         for timing in ("plan", "deal", "verify", "verify_each", "recover", "recover_one_forged"):
-            assert 0.0 < f[f"{case}_{timing}_p50_ms"] < CEILING_MS, (case, timing)
-    assert 0.0 < f["node_match_p50_ms"] < CEILING_MS
+            assert f[f"{case}_{timing}_p50_ms"] > 0.0, (case, timing)  # measured; how fast is the bench's to say
+    assert f["node_match_p50_ms"] > 0.0

@@ -34,12 +34,16 @@ from verifier.audit.transcripts import KeyOf, TranscriptBook, transcript_of
 RELEASE_PAGE = 256  # released commitments in one answer
 RELEASED_QUERY_LEN = (8, 8 + wire.COMMITMENT_LEN)  # wire.released_query: an epoch, then the last one seen
 
-__all__ = ["RELEASE_PAGE", "book_code", "release_due", "released_page", "take_certificate", "take_escrow_commit", "take_node_reveal"]
+__all__ = ["RELEASE_PAGE", "book_code", "release_due", "released_page", "skewed", "take_certificate",
+           "take_escrow_commit", "take_node_reveal"]
 
 UserKey = Callable[[bytes], bytes | None]
 
 
-def _skewed(sent_ms: int, now_ms: int) -> str | None:
+def skewed(sent_ms: int, now_ms: int) -> str | None:
+    """Why a commit made at ``sent_ms`` on the donor's clock is refused at ``now_ms`` (``None``: it is
+    within :data:`~overlay.directory.transcripts.MAX_SKEW_MS`): an old commit replayed would stand
+    unrevealed and burn its donor."""
     skew = now_ms - sent_ms
     if abs(skew) > wire.MAX_SKEW_MS:
         return (f"it was made {abs(skew) // 1000} s {'before' if skew > 0 else 'after'} this verifier's time "
@@ -78,7 +82,7 @@ def take_escrow_commit(book: TranscriptBook, data: bytes, signer: crypto.Signing
         wire.verify_escrow_commit(c, public)
     except wire.TranscriptError as exc:
         return Code.BAD_SIGNATURE, exc.reason, b""
-    late = _skewed(c.sent_ms, now_ms)
+    late = skewed(c.sent_ms, now_ms)
     if late is not None:
         return Code.INVALID_FIELD, f"the commit: {late}", b""
     order = [k for k, _ in escrow.holders(validators)]
@@ -115,7 +119,7 @@ def take_certificate(book: TranscriptBook, data: bytes, user_key: UserKey, valid
         return (Code.UNSUPPORTED_VERSION if exc.unsupported_version else Code.MALFORMED), exc.reason
     if user_key(cert.donor) is None:
         return Code.UNKNOWN_NODE, f"donor {cert.donor.hex()[:16]} is not a registered user node of this committee"
-    late = _skewed(cert.sent_ms, now_ms)
+    late = skewed(cert.sent_ms, now_ms)
     if late is not None:
         return Code.INVALID_FIELD, f"the certificate's commit: {late}"
     # the acceptances sign the points' digest, and each acceptor checked their number against the plan
