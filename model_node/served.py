@@ -44,7 +44,7 @@ from overlay.directory import transcripts as wire
 from overlay.wire.messages import ChatMessage, ReplyChunk, Request, SamplingParams
 
 MAX_BYTES = 256 * 1024 * 1024
-RETENTION_MS = 45 * 60 * 1000  # two 15-minute epochs, and the release 5 minutes into the next
+RETENTION_MS = 45 * 60 * 1000  # two 15-minute epochs, and the release 11 minutes into the next
 _ENTRY_BYTES = 512  # an entry's fixed fields and bookkeeping
 _PART_BYTES = 64  # a message's or chunk's own overhead
 _TOKEN_BYTES = 8

@@ -100,6 +100,8 @@ class CommitteeAbciApp:
         self.version1_commits = version1_commits
         self._models: tuple[tuple[int, int], frozenset[str]] = ((-1, 0), frozenset())  # (state seen, its models)
         self._epoch_seen: dict[int, int] = {}  # audit epoch -> when this verifier first saw it (ms, its clock)
+        self._epoch_seed: dict[int, bytes] = {}  # audit epoch -> its seed (ranks the epoch before's release)
+        self._release: dict[int, list[wire.ReleasedItem]] = {}  # epoch -> what it releases, once due
 
     # ----------------------------------------------------------------- info / genesis
 
@@ -283,9 +285,11 @@ class CommitteeAbciApp:
         - ``/audit/transcript_certify`` (data: a certificate): the commitment takes part in its set;
         - ``/audit/transcript_node_reveal`` (data: a model node's sealed reveal);
         - ``/audit/transcript_released`` (data: :func:`~overlay.directory.transcripts.released_query`):
-          a page of an epoch's released shares, once epoch ``e + 1`` is five minutes old here.
+          a page of an epoch's released shares, once epoch ``e + 1`` is
+          :data:`~verifier.audit.escrow_intake.RELEASE_DELAY_MS` old here.
 
-        Not yet made by users' clients nor fetched by model nodes: decision 0037's next steps."""
+        Users' clients make the first two (``user_client.transcripts``), model nodes the last two
+        (``model_node.reveals``)."""
         if len(data) > _ESCROW_LIMITS[path]:
             return Code.OVERSIZE, f"{len(data)} bytes; at most {_ESCROW_LIMITS[path]}", b""
         if self.transcripts is None or self.signer is None:
@@ -294,7 +298,7 @@ class CommitteeAbciApp:
         if audit is None:
             return Code.AUDITS_OFF, "this committee's genesis has no audit section", b""
         now_ms = int(self.clock.unix() * 1000)
-        self._note_epoch(audit.epoch, now_ms)
+        self._note_epoch(audit.epoch, audit.seed, now_ms)
         validators = {v.public_key: v.power for v in self.core.committed.validators}
         book = self.transcripts
         value = b""
@@ -307,7 +311,8 @@ class CommitteeAbciApp:
             code, why = escrow_intake.take_node_reveal(book, data, self.signer.private_bytes(), self.signer.public_bytes,
                                                        self._model_key, self._model_key)
         else:
-            code, why, value = escrow_intake.released_page(book, data, audit.epoch, self._epoch_seen, now_ms)
+            code, why, value = escrow_intake.released_page(self._release_list(data, audit.epoch, now_ms), data,
+                                                           audit.epoch, self._epoch_seen, now_ms)
         if code:
             log.info("%s refused: %s", path, why)
         return code, why, value
@@ -364,15 +369,27 @@ class CommitteeAbciApp:
         if self.store is not None:
             self.store.save(snapshot)
         if self.core.committed.audit is not None:
-            self._note_epoch(self.core.committed.audit.epoch, int(self.clock.unix() * 1000))
+            audit = self.core.committed.audit
+            self._note_epoch(audit.epoch, audit.seed, int(self.clock.unix() * 1000))
         return abci.ResponseCommit(retain_height=0)
 
-    def _note_epoch(self, epoch: int, now_ms: int) -> None:
+    def _note_epoch(self, epoch: int, seed: bytes, now_ms: int) -> None:
         """When this verifier first saw audit ``epoch`` (the release of ``epoch - 1``'s shares waits
-        on it); after a restart, when it first saw it again."""
+        on it; after a restart, when it first saw it again) and its seed (which ranks them)."""
         if epoch not in self._epoch_seen:
             self._epoch_seen = {e: t for e, t in self._epoch_seen.items() if e > epoch - 4}
-            self._epoch_seen[epoch] = now_ms
+            self._epoch_seed = {e: t for e, t in self._epoch_seed.items() if e > epoch - 4}
+            self._release = {e: t for e, t in self._release.items() if e > epoch - 4}
+            self._epoch_seen[epoch], self._epoch_seed[epoch] = now_ms, seed
+
+    def _release_list(self, data: bytes, now_epoch: int, now_ms: int) -> list[wire.ReleasedItem]:
+        """What this verifier releases of the epoch ``data`` names, chosen once, when first due
+        (:func:`~verifier.audit.escrow_intake.release_list`); nothing before."""
+        epoch = int.from_bytes(data[:8], "big")
+        if epoch not in self._release and self.transcripts is not None \
+                and escrow_intake.release_due(epoch, now_epoch, self._epoch_seen, now_ms):
+            self._release[epoch] = escrow_intake.release_list(self.transcripts, epoch, self._epoch_seed[epoch + 1])
+        return self._release.get(epoch, [])
 
     # ----------------------------------------------------------------- state sync (not offered)
 

@@ -2,7 +2,7 @@
 four real verifiers (verifier/abci_app.py's queries, tests/unit/test_escrow_intake.py's committee):
 a framer escrows two requests to the node, reveals only the bad reply and withholds the good one.
 The node's store holds what it served; its reveal driver, polling the verifiers' RPC, gets the
-released shares once epoch + 1 is five minutes old, rebuilds the secret, finds the good request and
+released shares once epoch + 1 is eleven minutes old (a reply window and a minute), rebuilds the secret, finds the good request and
 hands its transcript to every verifier, whose books then count it. Before the release it hands in
 nothing and asks again; a verifier that is down does not stop it."""
 
@@ -23,6 +23,7 @@ from overlay.wire.messages import ReplyChunk, Request
 from tests.unit.test_escrow_intake import KEYS, MODEL, Donated, donate
 from tests.unit.test_escrow_intake import Committee as Books
 from verifier.abci_app import CommitteeAbciApp
+from verifier.audit.escrow_intake import RELEASE_DELAY_MS
 from verifier.audit.pool import DonationPool
 
 ADDRESSES = [f"verifier-{i}:26657" for i in range(4)]
@@ -108,7 +109,7 @@ async def test_a_withheld_good_reply_is_handed_in_by_the_node_after_the_release(
     assert reveals.counts["handed"] == 0 and epoch not in reveals.done
     assert not [c for c in rpc.calls if c[1] == wire.NODE_REVEAL_PATH]
     assert {a for a, p in rpc.calls if p == wire.RELEASED_PATH} == set(ADDRESSES)
-    w.clock.advance(wire.MAX_SKEW_MS / 1000)
+    w.clock.advance(RELEASE_DELAY_MS / 1000)
     await reveals.step()
     assert reveals.counts["handed"] == 4 and reveals.counts["refused"] == 0 and epoch in reveals.done
     assert len(store) == 2  # the store keeps both: it never learns which reply the donor revealed
@@ -124,7 +125,7 @@ async def test_without_the_node_the_withheld_reply_does_not_count() -> None:
     w = Committee()  # the control: the same framing, no driver
     epoch, _, _, _ = framed(w)
     w.next_epoch()
-    w.clock.advance(wire.MAX_SKEW_MS / 1000)
+    w.clock.advance(RELEASE_DELAY_MS / 1000)
     assert counted(w, 0, epoch) == []  # the set is void without the good reply
 
 
@@ -134,7 +135,7 @@ async def test_one_verifier_down_does_not_stop_the_others_and_it_is_served_once_
     rpc.down.add(ADDRESSES[3])
     w.next_epoch()
     await reveals.step()
-    w.clock.advance(wire.MAX_SKEW_MS / 1000)
+    w.clock.advance(RELEASE_DELAY_MS / 1000)
     await reveals.step()  # three verifiers' shares rebuild the secret; three take the transcript
     assert reveals.counts["handed"] == 3 and epoch not in reveals.done
     for i in range(3):
@@ -143,7 +144,7 @@ async def test_one_verifier_down_does_not_stop_the_others_and_it_is_served_once_
     await reveals.step()  # verifier 3 is back: it takes the transcript; its release is not due on its clock yet
     assert reveals.counts["handed"] == 4 and epoch not in reveals.done
     assert counted(w, 3, epoch) == ["bad", "good"]
-    w.clock.advance(wire.MAX_SKEW_MS / 1000)
+    w.clock.advance(RELEASE_DELAY_MS / 1000)
     await reveals.step()  # its pages read (nothing more to rebuild): the epoch is done
     assert epoch in reveals.done and reveals.counts["handed"] == 4
 
@@ -156,7 +157,7 @@ async def test_a_verifier_releasing_junk_does_not_stop_the_node(made_up: bool) -
     rpc.made_up = made_up
     w.next_epoch()
     await reveals.step()
-    w.clock.advance(wire.MAX_SKEW_MS / 1000)
+    w.clock.advance(RELEASE_DELAY_MS / 1000)
     await reveals.step()
     assert reveals.counts["handed"] == 4 and epoch in reveals.done
     for i in range(4):
@@ -169,7 +170,7 @@ async def test_a_node_that_kept_none_of_them_hands_nothing_in() -> None:
     reveals = Reveals(ADDRESSES, lambda: VALIDATORS, w.node, ServedStore(), rpc=rpc, clock=w.clock)
     w.next_epoch()
     await reveals.step()
-    w.clock.advance(wire.MAX_SKEW_MS / 1000)
+    w.clock.advance(RELEASE_DELAY_MS / 1000)
     await reveals.step()  # the good reply's commitment is released and rebuilt, but matches nothing kept
     assert reveals.counts["unmatched"] == 1 and reveals.counts["handed"] == 0 and epoch in reveals.done
     assert counted(w, 0, epoch) == []
@@ -182,7 +183,7 @@ async def test_a_verifier_whose_key_is_not_the_committees_gets_no_transcript() -
                       clock=w.clock)
     w.next_epoch()
     await reveals.step()
-    w.clock.advance(wire.MAX_SKEW_MS / 1000)
+    w.clock.advance(RELEASE_DELAY_MS / 1000)
     await reveals.step()
     assert reveals.counts["handed"] == 3 and epoch not in reveals.done
     assert not [c for c in rpc.calls if c == (ADDRESSES[1], wire.NODE_REVEAL_PATH)]
@@ -200,7 +201,7 @@ async def test_the_loop_polls_on_trios_clock_and_survives_failures(autojump_cloc
         assert reveals.counts["errors"] >= 8 and reveals.counts["handed"] == 0
         rpc.down.clear()
         await trio.sleep(reveals.poll)  # a poll: TOO_EARLY everywhere
-        w.clock.advance(wire.MAX_SKEW_MS / 1000)
+        w.clock.advance(RELEASE_DELAY_MS / 1000)
         await trio.sleep(reveals.poll)
         assert reveals.counts["handed"] == 4 and epoch in reveals.done
         nursery.cancel_scope.cancel()
@@ -228,7 +229,7 @@ async def test_the_member_a_request_was_forwarded_to_hands_in_the_reply_it_signe
     member = Reveals(ADDRESSES, lambda: VALIDATORS, w.other, member_store, rpc=rpc, clock=w.clock)
     w.next_epoch()
     await member.step()
-    w.clock.advance(wire.MAX_SKEW_MS / 1000)
+    w.clock.advance(RELEASE_DELAY_MS / 1000)
     await member.step()
     assert member.counts["handed"] == 4
     for book in w.books:

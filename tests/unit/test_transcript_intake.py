@@ -729,3 +729,26 @@ async def test_a_verifier_stopped_once_its_scores_are_out_neither_scores_nor_han
         acts = b.plan(view(epoch=epoch, committed=(b.public_key,), reported=(b.public_key,)), REPORT_FROM + 1)
         assert not [x for x in acts if isinstance(x, ScoreTranscripts)
                     or (isinstance(x, Submit) and x.key[0] == "transcripts")]
+
+
+def test_a_verifier_whose_epochs_close_before_the_release_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    """Decision 0037: epoch e's withheld escrowed replies are released 660 s into e + 1 and the book
+    closes e at e + 1's report; with epochs too short for a node to hand them in between, framing is
+    as without escrow, and the verifier says what epoch length is needed (once)."""
+    from verifier.audit.escrow_intake import RELEASE_DELAY_MS
+
+    a = auditor(0, transcripts=StubBook({}))
+    with caplog.at_level("WARNING", logger="gentorrent.audit"):
+        a.plan(reported(a), REPORT_FROM + 1)  # the tests' 60-block epochs
+        a.plan(reported(a), REPORT_FROM + 2)
+    said = [r.getMessage() for r in caplog.records if "epochs of 60 blocks close before" in r.getMessage()]
+    assert len(said) == 1 and "about 800 or more" in said[0]
+    caplog.clear()
+    start = 1000
+    long = view(committed=(a.public_key,), reported=(a.public_key,), epoch=2, epoch_blocks=800, start_height=start,
+                commit_until=start + 2, report_from=start + 780, end_height=start + 799)
+    b = auditor(0, transcripts=StubBook({}))
+    with caplog.at_level("WARNING", logger="gentorrent.audit"):
+        b.plan(long, start + 781)
+    assert not [r for r in caplog.records if "close before" in r.getMessage()]
+    assert 780 >= RELEASE_DELAY_MS // 1000 + 120

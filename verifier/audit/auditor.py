@@ -71,7 +71,9 @@ import msgpack
 from overlay.wire import failures
 from overlay.wire.identity import NODE_ID_LEN, short_id
 from overlay.wire.messages import ChatMessage
+from verifier.audit.chain import MAX_REPORT_BLOCKS
 from verifier.audit.challenges import ChallengeGenerator
+from verifier.audit.escrow_intake import RELEASE_DELAY_MS
 
 if TYPE_CHECKING:
     from verifier.audit.corpus import ChallengeCorpus
@@ -82,6 +84,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("gentorrent.audit")
 
 MAX_VIEW_BYTES = 4 * 1024 * 1024
+# blocks (at about a second each) from an epoch's start to its report window that let model nodes
+# hand in the epoch before's withheld replies: the release (decision 0037), a node's poll and a minute
+_RELEASE_BEFORE_CLOSE_S = RELEASE_DELAY_MS // 1000 + 120
 REPORT_MARGIN_BLOCKS = 2  # a report waits for challenges still out until this many blocks before the epoch's end
 RETRY_KINDS = frozenset({"busy", "silent", "lost", "incomplete", "error"})  # tried again later in the window
 MAX_REPORT_FIXES = 3  # a refused report with one bad entry is sent again with that entry failed, this often
@@ -606,6 +611,12 @@ class Auditor:
             self._warn_once(("member", view.epoch), logging.WARNING,
                             "audit: this verifier is not a validator in epoch %d: not auditing", view.epoch)
             return []
+        if self.transcripts is not None and view.report_from - view.start_height < _RELEASE_BEFORE_CLOSE_S:
+            self._warn_once(("short epochs",), logging.WARNING,
+                            "audit: epochs of %d blocks close before model nodes can hand in what framing donors "
+                            "withheld (the release is %d s into the next epoch, the close at its report): at 1-s "
+                            "blocks, epoch_blocks of about %d or more are needed (docs/committee.md, 'Timing')",
+                            view.epoch_blocks, RELEASE_DELAY_MS // 1000, _RELEASE_BEFORE_CLOSE_S + MAX_REPORT_BLOCKS)
         p = self.current
         if p is not None and p.epoch < view.epoch:
             self.current = p = None

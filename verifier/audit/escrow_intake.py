@@ -14,8 +14,10 @@ queries with them.
 - :func:`take_node_reveal` (``/audit/transcript_node_reveal``): a registered model node's sealed
   transcript of a certified commitment addressed to it.
 - :func:`released_page` (``/audit/transcript_released``): this verifier's shares of an epoch's
-  certified commitments whose donor's transcript it does not hold, once :func:`release_due`;
-  at most :data:`RELEASE_PAGE` a query, after a given commitment.
+  certified commitments whose donor's transcript it does not hold (:func:`release_list`: at most
+  :data:`~overlay.directory.transcripts.MAX_RELEASED`, chosen by a rank nobody knew while the
+  epoch's commitments were made), once :func:`release_due`; at most :data:`RELEASE_PAGE` a query,
+  after a given commitment.
 
 The holders' order, the one the donor deals to: the validators' Ed25519 keys in ascending
 bytes (:func:`overlay.directory.escrow.holders`).
@@ -23,19 +25,24 @@ bytes (:func:`overlay.directory.escrow.holders`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from overlay.directory import escrow
 from overlay.directory import transcripts as wire
 from overlay.directory.registration import Code
 from overlay.wire import crypto
-from verifier.audit.transcripts import KeyOf, TranscriptBook, transcript_of
+from verifier.audit.transcripts import WINDOW_MS, KeyOf, TranscriptBook, transcript_of
 
 RELEASE_PAGE = 256  # released commitments in one answer
 RELEASED_QUERY_LEN = (8, 8 + wire.COMMITMENT_LEN)  # wire.released_query: an epoch, then the last one seen
+# epoch e's shares go out this long after epoch e + 1 began here: every commitment of e was
+# certified before that (rule 10 takes a certificate only in its commitment's epoch), so every
+# reply that can count of one was signed before the release (rule 1's window), and a minute more
+RELEASE_DELAY_MS = WINDOW_MS + 60_000
+_RANK_PERSON = b"gt-release-rank"
 
-__all__ = ["RELEASE_PAGE", "book_code", "release_due", "released_page", "skewed", "take_certificate",
-           "take_escrow_commit", "take_node_reveal"]
+__all__ = ["RELEASE_DELAY_MS", "RELEASE_PAGE", "book_code", "release_due", "release_list", "release_rank",
+           "released_page", "skewed", "take_certificate", "take_escrow_commit", "take_node_reveal"]
 
 UserKey = Callable[[bytes], bytes | None]
 
@@ -157,18 +164,47 @@ def take_node_reveal(book: TranscriptBook, sealed: bytes, seed32: bytes, verifie
 
 
 def release_due(epoch: int, now_epoch: int, seen_ms: Mapping[int, int], now_ms: int) -> bool:
-    """Whether ``epoch``'s shares may go out: ``epoch + 1`` began at least
-    :data:`~overlay.directory.transcripts.MAX_SKEW_MS` ago on this verifier's clock (``seen_ms``:
-    when it first saw each epoch), so every committed request of ``epoch`` left before, and no
-    reply to one signed from now on counts (rule 1's window has its start before)."""
+    """Whether ``epoch``'s shares may go out: ``epoch + 1`` began at least :data:`RELEASE_DELAY_MS`
+    ago on this verifier's clock (``seen_ms``: when it first saw each epoch), so every commitment
+    of ``epoch`` was certified before, every reply to one that can count was signed before, and a
+    node that learns from the release which of its requests were donated learns it too late to
+    serve them otherwise."""
     began = seen_ms.get(epoch + 1)
-    return now_epoch > epoch and began is not None and now_ms >= began + wire.MAX_SKEW_MS
+    return now_epoch > epoch and began is not None and now_ms >= began + RELEASE_DELAY_MS
 
 
-def released_page(book: TranscriptBook, data: bytes, now_epoch: int, seen_ms: Mapping[int, int],
+def release_rank(seed: bytes, value: bytes) -> bytes:
+    """A released commitment's rank: BLAKE2b-256 of the seed of the epoch after its own (the hash of
+    its epoch's last block, :mod:`verifier.audit.chain`) and its value. No donor knows the seed
+    while it commits, so none can rank its commitments."""
+    return crypto.blake2b(seed + value, size=32, person=_RANK_PERSON)
+
+
+def release_list(book: TranscriptBook, epoch: int, seed: bytes) -> list[wire.ReleasedItem]:
+    """What this verifier releases of ``epoch`` (``seed``: epoch ``epoch + 1``'s): the items of
+    :meth:`~verifier.audit.transcripts.TranscriptBook.released` a page can carry, the
+    :data:`~overlay.directory.transcripts.MAX_RELEASED` of lowest :func:`release_rank` when there
+    are more, in ascending order of commitment. A node reads at most that many of a verifier's.
+    Were they the lowest by value, a framer who withheld that many junk commitments of low values
+    (they need never be asked) would push its withheld good reply out of every node's reading; by
+    rank, it has to withhold many more than that for a chance of it, each junk set a void."""
+    held = [r for r in book.released(epoch) if len(r[2]) <= wire.MAX_RELEASED_UNITS]
+    if len(held) > wire.MAX_RELEASED:
+        held = sorted(held, key=lambda r: release_rank(seed, r[0]))[:wire.MAX_RELEASED]
+    decoded: dict[bytes, tuple[bytes, ...]] = {}
+    items = []
+    for value, points_raw, shares in held:
+        if points_raw not in decoded:
+            decoded[points_raw] = escrow.decode_commitments(points_raw, escrow.MAX_UNITS)
+        if len(decoded[points_raw]) <= wire.MAX_RELEASED_UNITS:
+            items.append((value, decoded[points_raw], shares))
+    return sorted(items, key=lambda it: it[0])
+
+
+def released_page(items: Sequence[wire.ReleasedItem], data: bytes, now_epoch: int, seen_ms: Mapping[int, int],
                   now_ms: int) -> tuple[Code, str, bytes]:
-    """Up to :data:`RELEASE_PAGE` of ``book``'s released shares of the epoch ``data`` names
-    (:func:`overlay.directory.transcripts.released_query`), after the commitment it names, in
+    """Up to :data:`RELEASE_PAGE` of ``items`` (:func:`release_list` of the epoch ``data`` names,
+    :func:`overlay.directory.transcripts.released_query`) after the commitment it names, in
     ascending order of commitment; the encoded page
     (:func:`overlay.directory.transcripts.encode_released`)."""
     if len(data) not in RELEASED_QUERY_LEN:
@@ -176,15 +212,6 @@ def released_page(book: TranscriptBook, data: bytes, now_epoch: int, seen_ms: Ma
     epoch, after = int.from_bytes(data[:8], "big"), data[8:]
     if not release_due(epoch, now_epoch, seen_ms, now_ms):
         return Code.TOO_EARLY, (f"epoch {epoch}'s shares go out once epoch {epoch + 1} is "
-                                f"{wire.MAX_SKEW_MS // 1000} s old on this verifier's clock"), b""
-    items = sorted(_released(book, epoch, after))[:RELEASE_PAGE]
-    page = wire.encode_released(epoch, items)
-    return Code.OK, f"{len(items)} released", page
-
-
-def _released(book: TranscriptBook, epoch: int, after: bytes) -> Iterable[wire.ReleasedItem]:
-    for value, points_raw, shares in book.released(epoch):
-        if value > after and len(shares) <= wire.MAX_RELEASED_UNITS:
-            points = escrow.decode_commitments(points_raw, escrow.MAX_UNITS)
-            if len(points) <= wire.MAX_RELEASED_UNITS:
-                yield value, points, shares
+                                f"{RELEASE_DELAY_MS // 1000} s old on this verifier's clock"), b""
+    page = [it for it in items if it[0] > after][:RELEASE_PAGE]
+    return Code.OK, f"{len(page)} released", wire.encode_released(epoch, page)

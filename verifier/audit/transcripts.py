@@ -558,7 +558,8 @@ class TranscriptBook:
         """Rule 10: validators above two thirds of the power accepted ``donor``'s escrowed ``value``
         with these points (the caller checked the certificate), at ``now_ms``: the commitment takes
         part in its set from now on, and its window (rule 1) starts now. A verifier that held no
-        shares of it (it refused them, or never got the commit) takes it too, with none to release."""
+        shares of it (it refused them, or never got the commit) takes it too, with none to release.
+        Only in the epoch it was held in: its reply must be signed before that epoch's release."""
         where = self._where.get(value)
         if where is None:
             made = self._new_entry(donor, value, epoch, now_ms)
@@ -570,6 +571,9 @@ class TranscriptBook:
         entry = self._sets[where].entries[value]
         if where[1] != donor or entry.escrow is None:
             return self._refuse("unknown: no such escrowed commitment from this donor")
+        if where[0] != epoch:  # after its epoch's release was computed, a reply to it would escape the node's reveal
+            return self._refuse(f"late: the commitment was held in epoch {where[0]} and its certificate came in "
+                                f"epoch {epoch}; a certificate must come in its commitment's epoch: commit again")
         if entry.escrow.certified:
             return self._refuse("duplicate: this commitment was certified already")
         shares = entry.escrow.shares if entry.escrow.points_raw == points_raw else ()  # ours were of other points
