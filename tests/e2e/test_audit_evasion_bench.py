@@ -67,6 +67,9 @@ def test_figures_are_well_formed(out: dict[str, Any]) -> None:
         assert f[f"framing_rho{rho}_identities_per_epoch"] in [*grid, 2 * grid[-1]]
         assert f[f"framing_rho{rho}_identities_burnt_per_epoch"] + f[
             f"framing_rho{rho}_framer_transcripts_counted_per_epoch"] <= f[f"framing_rho{rho}_identities_per_epoch"] + 1e-9
+    for pre in ("framing_escrow_rho0_", "framing_escrow_restart_rho0_"):
+        assert f[f"{pre}identities_per_epoch"] in [*grid, 2 * grid[-1]]
+        assert f[f"{pre}node_revealed_per_epoch"] + f[f"{pre}node_lost_per_epoch"] <= f[f"{pre}withheld_per_epoch"]
     # main's protocol as documented: the leader sends 3, each of 4 verifiers scores 3
     assert f["main_challenges_sent_per_verifier_node_epoch"] == 0.75
     assert f["main_replies_scored_per_verifier_node_epoch"] == 3
@@ -134,6 +137,11 @@ def test_what_the_design_promises(out: dict[str, Any]) -> None:
     assert aucs == sorted(aucs, reverse=True) and aucs[-1] > f["auc_best_donated"]
     assert f["cheater_selective_mixed10_reputation_after_5_mean"] > 0.6 > f[
         "cheater_selective_mixed75_reputation_after_5_mean"]
+    # decision 0037: with escrow the node hands in what framers withhold; the framing that sinks a
+    # node without it sinks none with it, in the quick grid; a restart loses some of them
+    assert f["framing_rho0_identities_per_epoch"] <= 128 < f["framing_escrow_rho0_identities_per_epoch"]
+    assert f["framing_escrow_rho0_node_revealed_per_epoch"] > 0 and f["framing_escrow_rho0_node_lost_per_epoch"] == 0
+    assert f["framing_escrow_restart_rho0_node_lost_per_epoch"] > 0
     # the detectors work: the public generator is recognisable, a colluder's memory recognises donations
     assert f["auc_template_generator"] > 0.9
     assert f["auc_seen_before_all_donated"] > 0.9

@@ -80,7 +80,9 @@ one request an epoch (at the setting where honest replies most often score low) 
 only when it scores under τ (a withheld one voids the identity's set; the book burns it past its
 void budget); a burnt identity is replaced by a fresh one. The figure is the smallest number of
 identities per epoch that makes the victim untrusted within FRAMING_EPOCHS epochs in at least
-FRAMING_SHARE of runs.
+FRAMING_SHARE of runs. Those are commitments without escrow; :func:`framing_escrowed` runs the
+same framers against escrowed ones (decision 0037), the victim handing in what they withhold once
+the shares are released RELEASE_BLOCKS into the next epoch (unless a restart lost it first).
 
 **F. Detecting transcripts** (:func:`committed_auc`, :func:`timing_leak`): the best challenge
 detectors against users' committed requests, and a colluding verifier's timing leak (simulated,
@@ -131,8 +133,10 @@ from typing import Any
 
 import numpy as np
 
+from overlay.directory import escrow
 from overlay.wire.messages import ChatMessage, SamplingParams
 from verifier.audit import chain
+from verifier.audit.escrow_intake import RELEASE_DELAY_MS
 from verifier.audit.transcripts import MAX_PER_NODE, NODE_BUDGET, ROUND_BUDGET
 from verifier.audit.tx import MAX_TURNS
 
@@ -181,6 +185,11 @@ UNTRUSTED_SHARE_GOAL = 0.95  # ... in at least this share of runs
 AUC_GOAL = 0.6
 HONEST_EPOCHS = 100
 RESTART_EVERY = 10  # a restart per this many epochs (silent for a random part of one epoch)
+# the shares of epoch e's withheld escrowed commitments come out this far into e + 1 (decision 0037)
+RELEASE_BLOCKS = round(RELEASE_DELAY_MS / 1000 / BLOCK_S)
+# the bench deals each escrowed commitment to one unit: what the book checks of it (s·B = C_0, the
+# nonce of s) is the same under any plan; checking shares is the intake's, measured by bench escrow
+ESCROW_PLAN = escrow.plan([1], units=1)
 BUSY_SHARE = 0.2
 FLOOD_BUSY_SHARE = 0.9
 SELECTIVE_TPRS = (0.5, 0.55, 0.6, 0.7, 0.8, 0.9, 0.95)  # shares of challenges a selective cheater wants to
@@ -978,6 +987,7 @@ class _Node:
     silent: tuple[int, int] = (0, -1)  # heights [a, b] of a restart's silence
     restart: tuple[int, int, int] = (-1, 0, 0)  # the next restart: (epoch, first, last offset)
     flood_epoch: int = -1
+    restarted: list[int] = field(default_factory=list)  # heights at which it went down (its served store lost)
 
 
 @dataclass
@@ -993,6 +1003,8 @@ class RunResult:
     framer_counted: int = 0  # framers' transcripts counted
     framer_burnt: int = 0  # framing identities burnt
     framer_withheld: int = 0  # framers' commitments left unrevealed (their replies scored at or above τ)
+    node_revealed: int = 0  # withheld replies the node handed in itself (escrow, decision 0037)
+    node_lost: int = 0  # withheld replies it could not hand in (a restart lost its store before the release)
     booster_counted: int = 0  # boosters' transcripts counted (for the cheaters they boost)
     scored: int = 0  # counted transcripts scored, all verifiers (rules 8 and 9 draw them)
     user_sets: dict[str, int] = field(default_factory=dict)  # node name -> (users' donor, epoch) sets counted for it
@@ -1028,7 +1040,7 @@ class ChainRun:
                  cache: dict[int, Any] | None = None, framer_scores: ShortReplies | None = None,
                  pooled: bool = POOLED, by_donor: bool = BY_DONOR, boosters: int = 0,
                  unrecognised_only: bool = False, budgeted: bool = BUDGETED,
-                 threads: int = SCORING_THREADS) -> None:
+                 threads: int = SCORING_THREADS, escrowed: bool = False) -> None:
         """``rho``: the share of the nodes' users' requests donated as transcripts; ``framers``:
         one-shot framing identities per epoch from ``frame_from`` against the first honest node;
         ``cache``: the validators' plans and reports by epoch, shared by runs of the same seed and
@@ -1040,7 +1052,9 @@ class ChainRun:
         verifier scores what rules 8 and 9 of :mod:`verifier.audit.transcripts` draw within a
         budget of ROUND_BUDGET × ``threads`` (its ``--audit-threads``), shared with the network's
         other nodes (:meth:`_others`), as the audit loop draws it (False: every counted transcript,
-        as the bench had it before decision 0034)."""
+        as the bench had it before decision 0034); ``escrowed``: commitments are escrowed (decision
+        0037) and the run's honest nodes hand in the withheld replies they served
+        (:meth:`_node_reveals`), False: commitments of version 1, which only their donor reveals."""
         from overlay.wire import crypto
         from overlay.wire.identity import node_id_of
         from verifier.audit.transcripts import ScoreCarry, TranscriptBook
@@ -1054,6 +1068,10 @@ class ChainRun:
         self.rho, self.framers, self.frame_from, self.cache = rho, framers, frame_from, cache
         self.framer_scores = framer_scores  # where the framers' replies are drawn from (None: ``scores``)
         self.book = TranscriptBook()  # every honest verifier's book: they all get the same commits and reveals
+        self.escrowed = escrowed
+        # withheld escrowed commitments' replies, as the node that served them keeps them:
+        # commitment -> (node, height served, transcript)
+        self.served: dict[bytes, tuple[_Node, int, Any]] = {}
         # each verifier's scores held for the chain's minimum, as the audit loop holds them; its secret
         # randomness (rules 8 and 9 draw with it) and its suspects (rule 9's memory)
         self.carries = [ScoreCarry() for _ in range(VERIFIERS)]
@@ -1231,11 +1249,21 @@ class ChainRun:
         h = rng.randint(start, last)
         commit_ms = (T0 + h) * 1000 + rng.randrange(1000)
         opening = at.Opening(bytes(16), MODEL, messages, params)
-        rid, nonce = rng.randbytes(16), rng.randbytes(16)
+        rid = rng.randbytes(16)
+        secret = escrow.new_secret(rng) if self.escrowed else 0
+        nonce = escrow.nonce_of(secret) if secret else rng.randbytes(16)
         digest = signing.request_digest(opening.request(rid), node.node_id)
         value = commitment(nonce, node.node_id, digest)
-        if self.book.commit(donor, value, epoch, commit_ms) is not None:
-            return False
+        if not secret:
+            if self.book.commit(donor, value, epoch, commit_ms) is not None:
+                return False
+        else:  # escrowed and certified before the request (rule 10)
+            dealt = escrow.deal(secret, ESCROW_PLAN, rng)
+            points = escrow.encode_commitments(dealt.commitments)
+            if self.book.hold(donor, value, points, dealt.shares[0], epoch, commit_ms) is not None:
+                return False
+            if self.book.certify(donor, value, points, epoch, commit_ms) is not None:
+                raise AssertionError("bench audit-evasion: the transcript book refused a certificate")
         flagged = self._flagged(node, det, rng)
         sent, tries = h, 0
         while True:
@@ -1250,19 +1278,44 @@ class ChainRun:
             sent += rng.randint(1, USER_RETRY_BLOCKS)
         table = self.framer_scores if reveal_under is not None and self.framer_scores is not None else self.scores
         score, z, tokens = table.draw_transcript(table.setting(params), kind, rng, params.max_tokens)
-        if reveal_under is not None and score >= reveal_under:
+        withheld = reveal_under is not None and score >= reveal_under
+        if withheld:
             res.framer_withheld += 1
-            return True  # withheld: the book voids the set at close (and burns the framer past its budget)
+            if not secret or server.spec.behaviour not in HONEST_KINDS:
+                return True  # nobody hands it in: the book voids the set at close (and burns the framer past its budget)
         signed_at = commit_ms + (sent - h) * 1000 + rng.randint(300, 2000)
         ids = self.ids.get(tokens) or self.ids.setdefault(tokens, (791,) * max(1, tokens))  # rule 9 weighs it
         chunks = (("The answer is here.", ids),)  # one chunk: one signature to make
         _, sig = signing.ReplySigner(digest, MODEL, server.node_id).add(*chunks[0], True, signed_at, server.key.sign)
         reply = at.ReplyOutcome(server.node_id, chunks, sig, signed_at, score, tries)
-        why = self.book.reveal(donor, tr.Transcript(node.node_id, nonce, opening, rid, reply), self._key_of)
+        t = tr.Transcript(node.node_id, nonce, opening, rid, reply, escrow.scalar_bytes(secret) if secret else b"")
+        self.tz[(donor, rid)] = z
+        if withheld:  # the honest node that signed it keeps it, to hand it in once the shares are out
+            self.served[value] = (server, sent, t)
+            return True
+        why = self.book.reveal(donor, t, self._key_of)
         if why is not None:
             raise AssertionError(f"bench audit-evasion: the transcript book refused a donor's reveal: {why}")
-        self.tz[(donor, rid)] = z
         return True
+
+    def _node_reveals(self, epoch: int, res: RunResult) -> None:
+        """Decision 0037, the node's side: the escrowed commitments of ``epoch`` that no donor
+        revealed come out RELEASE_BLOCKS into the next epoch; an honest node that served one and
+        kept it since (no restart in between: its store is in memory) hands the transcript in."""
+        start_next = self.st.start_height()  # called at the next epoch's start
+        for value, _, _ in self.book.released(epoch):
+            kept = self.served.pop(value, None)
+            if kept is None:
+                continue  # no reply came (busy or silent), or a node that is not honest
+            node, served_at, t = kept
+            if any(served_at < r <= start_next + RELEASE_BLOCKS for r in node.restarted):
+                res.node_lost += 1
+                continue
+            why = self.book.node_reveal(t, self._key_of)
+            if why is not None:
+                raise AssertionError(f"bench audit-evasion: the transcript book refused a node's reveal: {why}")
+            res.node_revealed += 1
+        self.served = {v: k for v, k in self.served.items() if k[1] > start_next - 2 * self.params.epoch_blocks}
 
     def _eligible(self, r: Req) -> bool:
         """Whether a donor's client may choose ``r`` (overlay.directory.transcripts.fits: a transcript's limits, decision 0032; no seed)."""
@@ -1294,7 +1347,7 @@ class ChainRun:
                     self.donors[key] = _seeded("donor", self.seed, *key).randbytes(20)
                 self._transcript(node, self.donors[key], reqs[j].messages, reqs[j].params, float(dets[j]), epoch,
                                  start, end, rng, res)
-        victim = next((n for n in self.nodes if n.spec.behaviour == "honest"), None)
+        victim = next((n for n in self.nodes if n.spec.behaviour in HONEST_KINDS), None)
         if self.framers and epoch >= self.frame_from and victim is not None:
             prompts = victim.spec.view.user_reqs if victim.spec.view else self.default_view.user_reqs
             for f in range(self.framers):
@@ -1344,6 +1397,10 @@ class ChainRun:
         from verifier.audit import tx as at
         from verifier.audit.transcripts import capped_by_donor
 
+        if self.escrowed:
+            for old in self.book.open_epochs():
+                if old < epoch:
+                    self._node_reveals(old, res)
         counted = self.book.close_before(epoch)
         res.framer_burnt = len(self.framer_ids & self.book.burnt)
         for name in res.burnt:
@@ -1427,6 +1484,8 @@ class ChainRun:
                 node.restart = (epoch + rng.randrange(RESTART_EVERY), a, rng.randint(a, e_blocks - 1))
             e, a, b = node.restart
             node.silent = (start + a, start + b) if e == epoch else (0, -1)
+            if e == epoch:
+                node.restarted.append(start + a)
 
     def _txs(self, e: int, commit_until: int, report_from: int, res: RunResult) -> tuple[list[Any], list[Any]]:
         """The validators' plan commits and audit reports of epoch ``e``, signed and decoded:
@@ -1757,15 +1816,18 @@ def run_honest(seeds: Sequence[int], epochs: int, scores: ScoreTable, view: View
 
 def framing(seeds: Sequence[int], scores: ScoreTable, view: View, epoch_blocks: int, k: int,
             rhos: Sequence[float], grid: Sequence[int] = FRAMERS_GRID, framer_scores: ShortReplies | None = None,
-            name: str = "framing") -> tuple[dict[str, float], dict[str, Any]]:
+            name: str = "framing", escrowed: bool = False,
+            victim: str = "honest") -> tuple[dict[str, float], dict[str, Any]]:
     """Part E: an honest node (trusted after WARMUP_EPOCHS honest epochs) facing one-shot framers
     for FRAMING_EPOCHS epochs, its own users donating at each rate of ``rhos``: per rate the
     smallest number of framing identities per epoch (FRAMERS_GRID, searched in order) at which it
     is untrusted within FRAMING_EPOCHS epochs in at least FRAMING_SHARE of the runs. A grid value
-    is decided as soon as the runs so far settle it (the rest cannot change which side it is on)."""
+    is decided as soon as the runs so far settle it (the rest cannot change which side it is on).
+    ``escrowed``: the commitments are escrowed and the victim hands in the replies the framers
+    withheld (decision 0037), unless a restart (``victim`` "restart") lost them first."""
     from overlay.wire.constants import TRUST_LINE
 
-    specs = [NodeSpec("victim", "honest")]
+    specs = [NodeSpec("victim", victim)]
     epochs = WARMUP_EPOCHS + FRAMING_EPOCHS
     need = math.ceil(FRAMING_SHARE * len(seeds))
     f: dict[str, float] = {}
@@ -1775,19 +1837,26 @@ def framing(seeds: Sequence[int], scores: ScoreTable, view: View, epoch_blocks: 
         found: int | None = None
         tried: dict[int, dict[str, float]] = {}
         for n in grid:
-            hits = runs = framer_counted = framer_burnt = 0
+            hits = runs = framer_counted = framer_burnt = withheld = revealed = lost = 0
             for seed in seeds:
                 res = ChainRun(seed, specs, scores, view, epoch_blocks, k, rho=rho, framers=n,
-                               frame_from=WARMUP_EPOCHS, cache=caches[seed], framer_scores=framer_scores).run(epochs)
+                               frame_from=WARMUP_EPOCHS, cache=caches[seed], framer_scores=framer_scores,
+                               escrowed=escrowed).run(epochs)
                 runs += 1
                 hits += _epochs_to_untrusted(res.reputation["victim"], WARMUP_EPOCHS, TRUST_LINE) is not None
                 framer_counted += res.framer_counted
                 framer_burnt += res.framer_burnt
+                withheld += res.framer_withheld
+                revealed += res.node_revealed
+                lost += res.node_lost
                 if hits >= need or runs - hits > len(seeds) - need:
                     break
             tried[n] = {"runs": runs, "untrusted": hits,
                         "framer_counted_per_epoch": framer_counted / (runs * FRAMING_EPOCHS),
-                        "identities_burnt_per_epoch": framer_burnt / (runs * FRAMING_EPOCHS)}
+                        "identities_burnt_per_epoch": framer_burnt / (runs * FRAMING_EPOCHS),
+                        "withheld_per_epoch": withheld / (runs * FRAMING_EPOCHS),
+                        "node_revealed_per_epoch": revealed / (runs * FRAMING_EPOCHS),
+                        "node_lost_per_epoch": lost / (runs * FRAMING_EPOCHS)}
             if hits >= need:
                 found = n
                 break
@@ -1796,7 +1865,25 @@ def framing(seeds: Sequence[int], scores: ScoreTable, view: View, epoch_blocks: 
         f[key + "identities_per_epoch"] = float(found if found is not None else 2 * grid[-1])
         f[key + "identities_burnt_per_epoch"] = last["identities_burnt_per_epoch"]
         f[key + "framer_transcripts_counted_per_epoch"] = last["framer_counted_per_epoch"]
+        if escrowed:
+            f[key + "withheld_per_epoch"] = last["withheld_per_epoch"]
+            f[key + "node_revealed_per_epoch"] = last["node_revealed_per_epoch"]
+            f[key + "node_lost_per_epoch"] = last["node_lost_per_epoch"]
         detail[f"rho{rho}"] = {str(n): v for n, v in tried.items()}
+    return f, detail
+
+
+def framing_escrowed(seeds: Sequence[int], scores: ScoreTable, view: View, epoch_blocks: int, k: int,
+                     grid: Sequence[int] = FRAMERS_GRID) -> tuple[dict[str, float], dict[str, Any]]:
+    """Part E with escrowed commitments (decision 0037, what verifiers take by default): the
+    framers as in :func:`framing`, and the victim hands in every reply they withheld
+    (``framing_escrow_``); the same with a victim that restarts once in RESTART_EVERY epochs,
+    losing what it kept (its store is in memory: ``framing_escrow_restart_``). At rho = 0 only: the
+    victim's own users' donations add honest samples and cannot help the framers."""
+    f, detail = framing(seeds, scores, view, epoch_blocks, k, (0.0,), grid, name="framing_escrow", escrowed=True)
+    fr, detail["restart"] = framing(seeds, scores, view, epoch_blocks, k, (0.0,), grid, name="framing_escrow_restart",
+                                    escrowed=True, victim="restart")
+    f.update(fr)
     return f, detail
 
 
@@ -2045,6 +2132,9 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
         ff, framing_detail[name] = framing(framing_seeds, scores, views_["donated"], epoch_blocks, k, (0.0,),
                                            framing_grid, framer_scores=ShortReplies(weighted), name=name)
         f.update(ff)
+    ff, framing_detail["escrow"] = framing_escrowed(framing_seeds, scores, views_["donated"], epoch_blocks, k,
+                                                    framing_grid)
+    f.update(ff)
     boosting_seeds = list(range(1, 3 if quick else 11))
     boosting_grid = (0, 16, 64) if quick else BOOSTERS_GRID
     fg, boosting_detail = boosting(boosting_seeds, scores, views_, epoch_blocks, k,
@@ -2094,6 +2184,12 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
     goals["no_interference"] = {"goal": "0 epochs in which one node's outcome changed another's",
                                 "value": f["honest_epochs_changed_by_another_node"],
                                 "met": f["honest_epochs_changed_by_another_node"] == 0}
+    # decision 0037: framers against escrowed commitments, the node handing in what they withhold
+    for variant, who in (("framing_escrow", "an honest node"), ("framing_escrow_restart", "an honest node that "
+                                                                 f"restarts once in {RESTART_EVERY} epochs")):
+        needed = f[f"{variant}_rho0_identities_per_epoch"]
+        goals[variant] = {"goal": f"with escrow, no number of one-shot framers up to {framing_grid[-1]} an epoch "
+                                  f"sinks {who} (rho = 0)", "value": needed, "met": needed > framing_grid[-1]}
     # with users' transcripts (decision 0015)
     for rho in RHOS:
         if rho <= 0:
@@ -2204,7 +2300,15 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
             "framing": {"runs": len(framing_seeds), "epochs": FRAMING_EPOCHS, "warmup_honest_epochs": WARMUP_EPOCHS,
                         "share": FRAMING_SHARE, "grid": list(framing_grid), "tau": FRAMER_TAU / 1e6,
                         "framer_params": {"temperature": FRAMER_PARAMS.temperature, "top_p": FRAMER_PARAMS.top_p},
-                        "not_found_value": 2 * framing_grid[-1], "search": framing_detail},
+                        "not_found_value": 2 * framing_grid[-1], "search": framing_detail,
+                        "escrow": {"release_blocks": RELEASE_BLOCKS, "restart_every": RESTART_EVERY,
+                                   "how": "framing_escrow_*: commitments escrowed and certified before the request "
+                                          "(decision 0037); a framer's withheld reply is released release_blocks "
+                                          "into the next epoch and the victim hands it in unless a restart since it "
+                                          "served it lost its in-memory store (framing_escrow_restart_*: one "
+                                          "restart in restart_every epochs); each escrow dealt to one unit (the "
+                                          "book's checks, s·B = C_0 and the nonce of s, are the same under any "
+                                          "plan; the share check is bench escrow's)"}},
             "by_donor": BY_DONOR,
             "scoring": {"budgeted": BUDGETED, "threads": SCORING_THREADS, "network_nodes": SCORING_NETWORK_NODES,
                         "per_node": ROUND_BUDGET * SCORING_THREADS / SCORING_NETWORK_NODES,
