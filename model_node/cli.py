@@ -96,7 +96,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="with --committee: do not keep the replies this node served nor hand in, after each audit epoch, "
              "those a donor committed to and then withheld (decision 0037: the verifiers release such a "
              "commitment's shares so that the node can reveal a good reply a framer hid). On by default; the "
-             "replies are kept in memory for 45 minutes, at most 256 MiB",
+             "replies and their prompts are kept for 45 minutes, at most 256 MiB in memory, and on disk in "
+             "DATA/served so a restart loses none (docs/operations.md)",
     )
     p.set_defaults(run=_run)
 

@@ -6,7 +6,9 @@ import argparse
 import importlib.util
 import logging
 import sys
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -77,14 +79,23 @@ def redeemer(committee: CommitteeSettings | None, model: str, args: argparse.Nam
                     timeout=getattr(args, "quota_timeout", TIMEOUT_S))
 
 
-def withheld(committee: CommitteeSettings | None, identity: Identity,
-             args: argparse.Namespace) -> tuple[ServedStore | None, Reveals | None]:
-    """The node's store of served replies and its reveals of the withheld ones (decision 0037:
-    :mod:`model_node.served`, :mod:`model_node.reveals`): with a committee, unless
+def withheld(committee: CommitteeSettings | None, identity: Identity, args: argparse.Namespace,
+             data_dir: Path) -> tuple[ServedStore | None, Reveals | None]:
+    """The node's store of served replies, kept in ``data_dir``/served so a restart loses none,
+    and its reveals of the withheld ones (decision 0037: :mod:`model_node.served`,
+    :mod:`model_node.served_log`, :mod:`model_node.reveals`): with a committee, unless
     ``--no-reveal-withheld``; neither without."""
     if committee is None or getattr(args, "no_reveal_withheld", False):
         return None, None
-    store = ServedStore()
+    from model_node.served_log import ServedLog
+
+    try:
+        store = ServedStore.open(ServedLog(data_dir / "served"), int(time.time() * 1000))
+    except OSError as exc:
+        raise CliError(f"cannot keep the replies this node serves in {data_dir / 'served'} ({exc}); make it a "
+                       "directory this user can write, or run with --no-reveal-withheld") from None
+    if len(store):
+        log.info("served store: %d replies served before this start are kept, to hand in if withheld", len(store))
     validators = frozenset(v.public_key for v in committee.validators)
     return store, Reveals(committee.addresses, lambda: validators, identity, store)
 
@@ -128,7 +139,7 @@ def run_model_node(args: argparse.Namespace, *, policy: ForwardingPolicy | None 
         group = (None if args.no_forwarding
                  else GroupConfig(sync_interval=args.sync_interval, load_threshold=args.load_threshold,
                                   bits=args.hash_bits))
-        store, reveals = withheld(committee, identity, args)
+        store, reveals = withheld(committee, identity, args, cfg.data_path)
         node = ModelNode(identity, TLSTransport(identity), registry, engine, slots=slots,
                          capacity=args.capacity, max_queue_wait=args.max_queue_wait, group=group, policy=policy,
                          accept_direct_requests=args.accept_direct_requests,

@@ -25,9 +25,10 @@ Bounded: at most ``max_bytes`` (an estimate of each entry's size from its string
 counts) and ``retention_ms`` old (default :data:`RETENTION_MS`: two 15-minute epochs and the
 release delay); the oldest go first, counted in :attr:`ServedStore.dropped`.
 
-I/O-free: no clock (times are passed in), no files. **In memory only**: a restart loses what was
-kept, so the node cannot fill in a withheld reply it served before the restart. Decision 0037
-wants it on disk; that is not done.
+No clock (times are passed in). With a ``log`` (:class:`model_node.served_log.ServedLog`, what
+the node runs with: ``DATA/served``) every entry kept is also appended to disk and
+:meth:`ServedStore.open` loads what is still within the retention at start, so a restart loses
+nothing; without one (tests), in memory only.
 
 Recording (:meth:`ServedStore.begin`, then :meth:`Recording.add` per chunk) is O(1) per chunk
 besides keeping the chunk's text and ids, and never raises on what a chunk holds.
@@ -37,17 +38,22 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter, deque
+from typing import TYPE_CHECKING
 
 from overlay.anon.signing import request_digest
 from overlay.directory import escrow
 from overlay.directory import transcripts as wire
 from overlay.wire.messages import ChatMessage, ReplyChunk, Request, SamplingParams
 
+if TYPE_CHECKING:
+    from model_node.served_log import ServedLog
+
 MAX_BYTES = 256 * 1024 * 1024
 RETENTION_MS = 45 * 60 * 1000  # two 15-minute epochs, and the release 11 minutes into the next
 _ENTRY_BYTES = 512  # an entry's fixed fields and bookkeeping
 _PART_BYTES = 64  # a message's or chunk's own overhead
 _TOKEN_BYTES = 8
+_PRUNE_EVERY_MS = 60_000  # how often keeping an entry also deletes the log's expired segments
 
 __all__ = ["MAX_BYTES", "RETENTION_MS", "Kept", "Recording", "ServedStore"]
 
@@ -134,15 +140,30 @@ class Recording:
 class ServedStore:
     """The replies this node served as the addressed node, newest last (see the module docstring)."""
 
-    def __init__(self, *, max_bytes: int = MAX_BYTES, retention_ms: int = RETENTION_MS) -> None:
+    def __init__(self, *, max_bytes: int = MAX_BYTES, retention_ms: int = RETENTION_MS,
+                 log: ServedLog | None = None) -> None:
         if max_bytes <= 0 or retention_ms <= 0:
             raise ValueError("a store holds above 0 bytes for above 0 ms")
         self.max_bytes, self.retention_ms = max_bytes, retention_ms
+        self.log = log
+        self._pruned_ms = -1
         self._entries: deque[Kept] = deque()
         self.bytes = 0
         self.kept = 0  # entries taken since start
         self.dropped: Counter[str] = Counter()  # "full" (bytes), "expired" (age), "too large"
         self.skipped: Counter[str] = Counter()  # requests or replies that cannot be transcripts, by reason
+
+    @classmethod
+    def open(cls, log: ServedLog, now_ms: int, *, max_bytes: int = MAX_BYTES,
+             retention_ms: int = RETENTION_MS) -> ServedStore:
+        """A store kept on ``log``, holding what it kept within ``retention_ms`` of ``now_ms``
+        (the newest, where they are over ``max_bytes``)."""
+        store = cls(max_bytes=max_bytes, retention_ms=retention_ms)
+        for k in log.load(now_ms, retention_ms):
+            if k.size <= max_bytes:
+                store._take(k)
+        store.log = log
+        return store
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -178,8 +199,17 @@ class ServedStore:
         if kept.size > self.max_bytes:
             self.dropped["too large"] += 1
             return
-        self._entries.append(dataclasses.replace(kept, kept_ms=now_ms))
-        self.bytes += kept.size
+        entry = dataclasses.replace(kept, kept_ms=now_ms)
+        self._take(entry)
+        if self.log is not None:
+            self.log.append(entry)
+            if now_ms - self._pruned_ms >= _PRUNE_EVERY_MS:
+                self._pruned_ms = now_ms
+                self.log.prune(now_ms, self.retention_ms)
+
+    def _take(self, entry: Kept) -> None:
+        self._entries.append(entry)
+        self.bytes += entry.size
         self.kept += 1
         while self.bytes > self.max_bytes:
             self.bytes -= self._entries.popleft().size

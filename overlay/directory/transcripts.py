@@ -214,7 +214,8 @@ __all__ = [
     "Certificate", "Commit", "EscrowCommit", "NoReply", "NodeReveal", "ReleasedItem", "Reveal", "Revealed",
     "TranscriptError", "certified_power", "commitment", "decode_acceptance", "decode_certificate", "decode_commit",
     "decode_escrow_commit", "decode_node_reveal", "decode_released", "decode_reveal", "encode_acceptance",
-    "encode_certificate", "encode_commit", "encode_escrow_commit", "encode_node_reveal", "encode_released",
+    "encode_body", "encode_certificate", "encode_commit", "encode_escrow_commit", "encode_node_reveal",
+    "encode_released",
     "encode_reveal", "fits", "open_shares", "opening_problem", "points_digest", "released_query", "seal_node_reveal",
     "seal_reveal",
     "transcript_problem", "unseal", "verify_acceptance", "verify_commit", "verify_escrow_commit",
@@ -756,6 +757,23 @@ def unseal(seed32: bytes, sealed: bytes) -> bytes:
     except crypto.CryptoError:
         raise TranscriptError("the reveal does not open with this verifier's key (sealed to another key, or "
                               "altered); fetch the key from /audit/donate_key") from None
+
+
+def encode_body(body: Body) -> bytes:
+    """A reveal's body alone, as a reveal carries it (a model node's store keeps its served
+    replies so: ``model_node.served_log``)."""
+    return _pack(body.wire())
+
+
+def decode_body(raw: bytes) -> Body:
+    """A body of :func:`encode_body`, decoded strictly as a reveal's; :class:`TranscriptError`
+    with the reason otherwise."""
+    def read(r: codec.ShapeReader) -> tuple[Body, list[Any]]:
+        body = _read_body(r)
+        return body, body.wire()
+
+    out: Body = _read(raw, MAX_REVEAL_BYTES, "transcript body", read)
+    return out
 
 
 def decode_reveal(plaintext: bytes) -> Reveal:

@@ -4,6 +4,8 @@ it, and its bounds (bytes, age: the oldest go first, counted)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from model_node.served import Kept, ServedStore
 from overlay.anon import signing
 from overlay.directory import escrow
@@ -147,7 +149,7 @@ def test_entries_past_the_retention_go_and_are_counted() -> None:
     assert store.bytes == store.entries()[0].size
 
 
-def test_a_model_node_with_a_committee_keeps_and_reveals_unless_told_not_to() -> None:
+def test_a_model_node_with_a_committee_keeps_and_reveals_unless_told_not_to(tmp_path: Path) -> None:
     from gentorrent.cli import build_parser
     from model_node.run import withheld
     from overlay.directory.lists import ValidatorKey
@@ -158,8 +160,9 @@ def test_a_model_node_with_a_committee_keeps_and_reveals_unless_told_not_to() ->
     me = Identity.generate()
     on = build_parser().parse_args(["model-node"])
     off = build_parser().parse_args(["model-node", "--no-reveal-withheld"])
-    store, reveals = withheld(committee, me, on)
+    store, reveals = withheld(committee, me, on, tmp_path)
     assert store is not None and reveals is not None and reveals.store is store
     assert reveals.addresses == committee.addresses and set(reveals.validators()) == {key}
-    assert withheld(committee, me, off) == (None, None)
-    assert withheld(None, me, on) == (None, None)
+    assert store.log is not None and store.log.directory == tmp_path / "served"  # kept on disk
+    assert withheld(committee, me, off, tmp_path) == (None, None)
+    assert withheld(None, me, on, tmp_path) == (None, None)
