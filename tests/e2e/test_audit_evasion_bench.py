@@ -138,10 +138,12 @@ def test_what_the_design_promises(out: dict[str, Any]) -> None:
     assert f["cheater_selective_mixed10_reputation_after_5_mean"] > 0.6 > f[
         "cheater_selective_mixed75_reputation_after_5_mean"]
     # decision 0037: with escrow the node hands in what framers withhold; the framing that sinks a
-    # node without it sinks none with it, in the quick grid; a restart loses some of them
+    # node without it sinks none with it, in the quick grid
     assert f["framing_rho0_identities_per_epoch"] <= 128 < f["framing_escrow_rho0_identities_per_epoch"]
     assert f["framing_escrow_rho0_node_revealed_per_epoch"] > 0 and f["framing_escrow_rho0_node_lost_per_epoch"] == 0
-    assert f["framing_escrow_restart_rho0_node_lost_per_epoch"] > 0
+    # its store is on disk: a restart loses a withheld reply only when the node is down from its
+    # release to the close
+    assert f["framing_escrow_restart_rho0_node_lost_per_epoch"] < 0.05 * f["framing_escrow_restart_rho0_withheld_per_epoch"]
     # the detectors work: the public generator is recognisable, a colluder's memory recognises donations
     assert f["auc_template_generator"] > 0.9
     assert f["auc_seen_before_all_donated"] > 0.9

@@ -82,7 +82,7 @@ void budget); a burnt identity is replaced by a fresh one. The figure is the sma
 identities per epoch that makes the victim untrusted within FRAMING_EPOCHS epochs in at least
 FRAMING_SHARE of runs. Those are commitments without escrow; :func:`framing_escrowed` runs the
 same framers against escrowed ones (decision 0037), the victim handing in what they withhold once
-the shares are released RELEASE_BLOCKS into the next epoch (unless a restart lost it first).
+the shares are released RELEASE_BLOCKS into the next epoch (unless it is down until the close).
 
 **F. Detecting transcripts** (:func:`committed_auc`, :func:`timing_leak`): the best challenge
 detectors against users' committed requests, and a colluding verifier's timing leak (simulated,
@@ -987,7 +987,7 @@ class _Node:
     silent: tuple[int, int] = (0, -1)  # heights [a, b] of a restart's silence
     restart: tuple[int, int, int] = (-1, 0, 0)  # the next restart: (epoch, first, last offset)
     flood_epoch: int = -1
-    restarted: list[int] = field(default_factory=list)  # heights at which it went down (its served store lost)
+    restarted: list[tuple[int, int]] = field(default_factory=list)  # its restarts: (down from, back at) heights
 
 
 @dataclass
@@ -1004,7 +1004,7 @@ class RunResult:
     framer_burnt: int = 0  # framing identities burnt
     framer_withheld: int = 0  # framers' commitments left unrevealed (their replies scored at or above τ)
     node_revealed: int = 0  # withheld replies the node handed in itself (escrow, decision 0037)
-    node_lost: int = 0  # withheld replies it could not hand in (a restart lost its store before the release)
+    node_lost: int = 0  # withheld replies it could not hand in (down from their release to the book's close)
     booster_counted: int = 0  # boosters' transcripts counted (for the cheaters they boost)
     scored: int = 0  # counted transcripts scored, all verifiers (rules 8 and 9 draw them)
     user_sets: dict[str, int] = field(default_factory=dict)  # node name -> (users' donor, epoch) sets counted for it
@@ -1300,15 +1300,16 @@ class ChainRun:
 
     def _node_reveals(self, epoch: int, res: RunResult) -> None:
         """Decision 0037, the node's side: the escrowed commitments of ``epoch`` that no donor
-        revealed come out RELEASE_BLOCKS into the next epoch; an honest node that served one and
-        kept it since (no restart in between: its store is in memory) hands the transcript in."""
-        start_next = self.st.start_height()  # called at the next epoch's start
+        revealed come out RELEASE_BLOCKS into the next epoch; an honest node that served one hands
+        the transcript in (its store is on disk: a restart loses none of it) unless it is down from
+        the release until the book closes ``epoch``, at the next epoch's report."""
+        start_next, close = self.st.start_height(), self.st.report_from()  # called at the next epoch's start
         for value, _, _ in self.book.released(epoch):
             kept = self.served.pop(value, None)
             if kept is None:
                 continue  # no reply came (busy or silent), or a node that is not honest
-            node, served_at, t = kept
-            if any(served_at < r <= start_next + RELEASE_BLOCKS for r in node.restarted):
+            node, _, t = kept
+            if any(a <= start_next + RELEASE_BLOCKS and b >= close - 1 for a, b in node.restarted):
                 res.node_lost += 1
                 continue
             why = self.book.node_reveal(t, self._key_of)
@@ -1485,7 +1486,7 @@ class ChainRun:
             e, a, b = node.restart
             node.silent = (start + a, start + b) if e == epoch else (0, -1)
             if e == epoch:
-                node.restarted.append(start + a)
+                node.restarted.append((start + a, start + b))
 
     def _txs(self, e: int, commit_until: int, report_from: int, res: RunResult) -> tuple[list[Any], list[Any]]:
         """The validators' plan commits and audit reports of epoch ``e``, signed and decoded:
@@ -1824,7 +1825,7 @@ def framing(seeds: Sequence[int], scores: ScoreTable, view: View, epoch_blocks: 
     is untrusted within FRAMING_EPOCHS epochs in at least FRAMING_SHARE of the runs. A grid value
     is decided as soon as the runs so far settle it (the rest cannot change which side it is on).
     ``escrowed``: the commitments are escrowed and the victim hands in the replies the framers
-    withheld (decision 0037), unless a restart (``victim`` "restart") lost them first."""
+    withheld (decision 0037), unless it is down (``victim`` "restart") from their release until the close."""
     from overlay.wire.constants import TRUST_LINE
 
     specs = [NodeSpec("victim", victim)]
@@ -1877,8 +1878,9 @@ def framing_escrowed(seeds: Sequence[int], scores: ScoreTable, view: View, epoch
                      grid: Sequence[int] = FRAMERS_GRID) -> tuple[dict[str, float], dict[str, Any]]:
     """Part E with escrowed commitments (decision 0037, what verifiers take by default): the
     framers as in :func:`framing`, and the victim hands in every reply they withheld
-    (``framing_escrow_``); the same with a victim that restarts once in RESTART_EVERY epochs,
-    losing what it kept (its store is in memory: ``framing_escrow_restart_``). At rho = 0 only: the
+    (``framing_escrow_``); the same with a victim that restarts once in RESTART_EVERY epochs
+    (``framing_escrow_restart_``: its store is on disk, so it loses a withheld reply only when it is
+    down from the release until the close). At rho = 0 only: the
     victim's own users' donations add honest samples and cannot help the framers."""
     f, detail = framing(seeds, scores, view, epoch_blocks, k, (0.0,), grid, name="framing_escrow", escrowed=True)
     fr, detail["restart"] = framing(seeds, scores, view, epoch_blocks, k, (0.0,), grid, name="framing_escrow_restart",
@@ -2304,9 +2306,10 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
                         "escrow": {"release_blocks": RELEASE_BLOCKS, "restart_every": RESTART_EVERY,
                                    "how": "framing_escrow_*: commitments escrowed and certified before the request "
                                           "(decision 0037); a framer's withheld reply is released release_blocks "
-                                          "into the next epoch and the victim hands it in unless a restart since it "
-                                          "served it lost its in-memory store (framing_escrow_restart_*: one "
-                                          "restart in restart_every epochs); each escrow dealt to one unit (the "
+                                          "into the next epoch and the victim hands it in unless it is down from "
+                                          "then until the book closes the epoch at the next report (its store is on "
+                                          "disk; framing_escrow_restart_*: one restart in restart_every epochs); "
+                                          "each escrow dealt to one unit (the "
                                           "book's checks, s·B = C_0 and the nonce of s, are the same under any "
                                           "plan; the share check is bench escrow's)"}},
             "by_donor": BY_DONOR,
