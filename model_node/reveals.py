@@ -15,7 +15,10 @@ given commitment; ``TOO_EARLY`` before). Every :data:`POLL_S` seconds :meth:`Rev
    :data:`~overlay.directory.transcripts.MAX_RELEASED` commitments a verifier an epoch in all);
    ``TOO_EARLY``, another refusal, a page that does not decode or an RPC that fails: that
    verifier is asked again at the next poll, from where it stopped;
-3. groups the shares by commitment and points, rebuilds each secret
+3. keeps of each verifier's shares only those of its own units under the committee's plan
+   (:func:`overlay.directory.escrow.holder_xs`: a colluding verifier below a third of the power
+   cannot make up a commitment the node would rebuild, and scan its store for, alone), groups them
+   by commitment and points, rebuilds each secret
    (:func:`overlay.directory.escrow.recover`: only shares that verify against the points count;
    too few and it waits for more verifiers' pages) and finds the served request it commits to
    (:meth:`model_node.served.ServedStore.find`: addressed to this node, or forwarded here by the
@@ -40,7 +43,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import msgpack
@@ -88,9 +91,10 @@ class _Epoch:
 class Reveals:
     """The driver (see the module docstring). ``addresses``: the committee's RPC addresses
     (``--committee``); ``validators()``: the committee's validator keys (Ed25519, 32 bytes) the
-    node trusts; ``identity``: the node's; ``store``: what it served."""
+    node trusts, with their voting powers (the escrow's plan); ``identity``: the node's;
+    ``store``: what it served."""
 
-    def __init__(self, addresses: Sequence[str], validators: Callable[[], Collection[bytes]], identity: Identity,
+    def __init__(self, addresses: Sequence[str], validators: Callable[[], Mapping[bytes, int]], identity: Identity,
                  store: ServedStore, *, rpc: Rpc | None = None, clock: Clock | None = None,
                  poll: float = POLL_S) -> None:
         if not addresses:
@@ -105,7 +109,8 @@ class Reveals:
         self.epochs: dict[int, _Epoch] = {}
         self.done: set[int] = set()
         self.keys: dict[str, bytes] = {}  # verifier address -> its validator key (checked)
-        self.counts: Counter[str] = Counter()  # handed, duplicate, refused, unmatched, unrebuilt, errors
+        # handed, duplicate, refused, unmatched, unrebuilt, errors, foreign shares
+        self.counts: Counter[str] = Counter()
         self._last_error = ""
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -194,11 +199,30 @@ class Reveals:
         self.keys[address] = key
         return key
 
+    async def _units(self, address: str) -> frozenset[int] | None:
+        """The ``x`` of the shares the verifier at ``address`` holds under the committee's plan
+        (its key's place in :func:`overlay.directory.escrow.holders`); ``None`` when its key cannot
+        be had now, or the committee has no plan."""
+        key = await self._key(address)
+        if key is None:
+            return None
+        powers = dict(self.validators())
+        try:
+            order = [k for k, _ in escrow.holders(powers)]
+            return frozenset(escrow.holder_xs(escrow.plan_of(powers), order.index(key)))
+        except (escrow.EscrowError, ValueError) as exc:
+            self._failed(address, "the escrow's plan", exc)
+            return None
+
     # ------------------------------------------------------------------ the steps
 
     async def _read(self, epoch: int, st: _Epoch) -> None:
-        """Every verifier's next pages of ``epoch``'s released shares, into ``st``."""
+        """Every verifier's next pages of ``epoch``'s released shares (of its own units only),
+        into ``st``."""
         for address in self.addresses:
+            units = None if address in st.answered else await self._units(address)
+            if units is None:
+                continue  # asked again at the next poll
             for _ in range(MAX_PAGES):
                 if address in st.answered:
                     break
@@ -225,8 +249,10 @@ class Reveals:
                         break
                     st.read[address] += 1
                     key = (value, points)
-                    if value not in st.found and key not in st.settled:
-                        st.shares.setdefault(key, []).extend(shares)
+                    own = [s for s in shares if s.x in units]
+                    self.counts["foreign shares"] += len(shares) - len(own)
+                    if own and value not in st.found and key not in st.settled:
+                        st.shares.setdefault(key, []).extend(own)
                         st.sources.setdefault(key, set()).add(address)
                         st.fresh.add(key)
                 st.after[address] = items[-1][0]

@@ -96,7 +96,7 @@ def withheld(committee: CommitteeSettings | None, identity: Identity, args: argp
                        "directory this user can write, or run with --no-reveal-withheld") from None
     if len(store):
         log.info("served store: %d replies served before this start are kept, to hand in if withheld", len(store))
-    validators = frozenset(v.public_key for v in committee.validators)
+    validators = {v.public_key: v.power for v in committee.validators}
     return store, Reveals(committee.addresses, lambda: validators, identity, store)
 
 

@@ -19,6 +19,8 @@ from model_node.served import ServedStore
 from overlay.anon import signing
 from overlay.directory import escrow
 from overlay.directory import transcripts as wire
+from overlay.directory.donation import KEY_PATH
+from overlay.wire import crypto
 from overlay.wire.messages import ReplyChunk, Request
 from tests.unit.test_escrow_intake import KEYS, MODEL, Donated, donate
 from tests.unit.test_escrow_intake import Committee as Books
@@ -27,7 +29,7 @@ from verifier.audit.escrow_intake import RELEASE_DELAY_MS
 from verifier.audit.pool import DonationPool
 
 ADDRESSES = [f"verifier-{i}:26657" for i in range(4)]
-VALIDATORS = frozenset(k.public_bytes for k in KEYS)
+VALIDATORS = {k.public_bytes: 10 for k in KEYS}  # the committee the node trusts, with powers
 
 
 class Committee(Books):
@@ -49,6 +51,8 @@ class Rpc:
         self.down: set[str] = set()
         self.junk: set[str] = set()  # addresses whose released pages carry altered shares
         self.made_up = False  # ... and points of their own making
+        self.invented: set[str] = set()  # addresses whose pages add a commitment of their own, every unit's shares
+        self.foreign_key: set[str] = set()  # addresses that answer a key outside the committee
         self.calls: list[tuple[str, str]] = []
 
     async def __call__(self, address: str, method: str, params: dict[str, str]) -> Any:
@@ -59,6 +63,14 @@ class Rpc:
         data = bytes.fromhex(params.get("data", "0x")[2:])
         self.calls.append((address, path))
         code, why, value = self.w.query(ADDRESSES.index(address), path, data)
+        if address in self.foreign_key and path == KEY_PATH:
+            value = crypto.SigningKey.from_bytes(b"\x77" * 32).public_bytes
+        if address in self.invented and path == wire.RELEASED_PATH and code == 0:
+            epoch, items = wire.decode_released(value)
+            if not items:  # the last page: one made-up commitment, all its units' shares on its own points
+                deal = escrow.deal(escrow.new_secret(), self.w.plan)
+                value = wire.encode_released(epoch, [(b"\xff" * 32, deal.commitments,
+                                                      tuple(x for held in deal.shares for x in held)[:64])])
         if address in self.junk and path == wire.RELEASED_PATH and code == 0:
             epoch, items = wire.decode_released(value)
             fake = escrow.deal(escrow.new_secret(), self.w.plan).commitments
@@ -179,8 +191,8 @@ async def test_a_node_that_kept_none_of_them_hands_nothing_in() -> None:
 async def test_a_verifier_whose_key_is_not_the_committees_gets_no_transcript() -> None:
     w = Committee()
     epoch, store, _, rpc = framed(w)
-    reveals = Reveals(ADDRESSES, lambda: VALIDATORS - {KEYS[1].public_bytes}, w.node, store, rpc=rpc,
-                      clock=w.clock)
+    rpc.foreign_key.add(ADDRESSES[1])
+    reveals = Reveals(ADDRESSES, lambda: VALIDATORS, w.node, store, rpc=rpc, clock=w.clock)
     w.next_epoch()
     await reveals.step()
     w.clock.advance(RELEASE_DELAY_MS / 1000)
@@ -235,3 +247,20 @@ async def test_the_member_a_request_was_forwarded_to_hands_in_the_reply_it_signe
     for book in w.books:
         (c,) = book.close(epoch)
         assert c.node_id == w.other.node_id and c.transcript.reply.chunks[0][0] == "good"
+
+
+async def test_a_colluding_verifier_cannot_make_the_node_rebuild_a_commitment_of_its_own() -> None:
+    """One verifier (a quarter of the power) adds to its release a commitment it made up, with
+    every unit's shares on points of its own: were they taken, the node would rebuild it and scan
+    its whole store for it, as often as the verifier likes, at no cost to it. The node takes of
+    each verifier's shares only those of its own units, fewer than the threshold."""
+    w = Committee()
+    epoch, _, reveals, rpc = framed(w)
+    rpc.invented.add(ADDRESSES[2])
+    w.next_epoch()
+    await reveals.step()
+    w.clock.advance(RELEASE_DELAY_MS / 1000)
+    await reveals.step()
+    assert reveals.counts["handed"] == 4 and reveals.counts["unmatched"] == 0  # the good reply; nothing made up
+    assert reveals.counts["foreign shares"] == 32 - 8  # every unit but verifier 2's own eight
+    assert counted(w, 0, epoch) == ["bad", "good"]
