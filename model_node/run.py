@@ -6,7 +6,6 @@ import argparse
 import importlib.util
 import logging
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from model_node.served import ServedStore
 from overlay.directory.membership import CommitteeSettings, cancel_on_sigterm, directory, node_entry, serve_member
 from overlay.directory.registry import RegistryError
 from overlay.net.transport import TLSTransport, parse_address
+from overlay.wire.clock import SystemClock
 from overlay.wire.identity import Identity, load_or_create
 
 log = logging.getLogger("gentorrent.model")
@@ -90,7 +90,7 @@ def withheld(committee: CommitteeSettings | None, identity: Identity, args: argp
     from model_node.served_log import ServedLog
 
     try:
-        store = ServedStore.open(ServedLog(data_dir / "served"), int(time.time() * 1000))
+        store = ServedStore.open(ServedLog(data_dir / "served"), int(SystemClock().unix() * 1000))
     except OSError as exc:
         raise CliError(f"cannot keep the replies this node serves in {data_dir / 'served'} ({exc}); make it a "
                        "directory this user can write, or run with --no-reveal-withheld") from None
