@@ -340,18 +340,19 @@ def test_no_reply_signed_once_the_release_is_out_can_count() -> None:
     assert code == Code.LATE, (waited, why)
 
 
-def _junk_book(junk: int, target: bytes, rng: random.Random) -> TranscriptBook:
-    """A book of ``junk`` withheld certified commitments of values below every other (a framer's:
-    they need never be asked) and the framer's ``target``, all of epoch 3."""
-    book = TranscriptBook()
+def _junk_book(junk: int, target: bytes, rng: random.Random, book: TranscriptBook | None = None,
+               epoch: int = 3) -> TranscriptBook:
+    """A book (``book``, or a new one) with ``junk`` withheld certified commitments of values below
+    every other (a framer's: they need never be asked) and the framer's ``target``, all of ``epoch``."""
+    book = book if book is not None else TranscriptBook()
     validators = {k.public_bytes: 10 for k in KEYS}
     deal = escrow.deal(escrow.new_secret(rng), escrow.plan_of(validators), rng)
     points = escrow.encode_commitments(deal.commitments)
     values = [b"\x00" + rng.randbytes(31) for _ in range(junk)] + [target]
     for n, value in enumerate(values):
         donor = (n // 16).to_bytes(20, "big")
-        assert book.hold(donor, value, points, deal.shares[0], 3, NOW_MS) is None
-        assert book.certify(donor, value, points, 3, NOW_MS) is None
+        assert book.hold(donor, value, points, deal.shares[0], epoch, NOW_MS) is None
+        assert book.certify(donor, value, points, epoch, NOW_MS) is None
     return book
 
 
@@ -382,3 +383,29 @@ def test_junk_withheld_commitments_of_low_value_cannot_push_a_framers_one_out_of
     book = _junk_book(2 * wire.MAX_RELEASED, target, rng)
     out = sum(target in {v for v, _, _ in escrow_intake.release_list(book, 3, bytes([s]) * 32)} for s in range(64))
     assert 16 <= out <= 48
+
+
+
+def test_a_verifier_releases_by_the_seed_of_the_epoch_after() -> None:
+    """Through the app: over MAX_RELEASED withheld commitments of an epoch, the verifier releases
+    those :func:`escrow_intake.release_list` ranks lowest under the seed of the epoch after (drawn
+    by the chain from the epoch's last block, after every commitment of it was made)."""
+    w = Committee()
+    epoch = w.epoch
+    _junk_book(wire.MAX_RELEASED, b"\xff" * 32, random.Random(11), w.books[0], epoch)
+    released_after_the_delay(w, epoch)
+    audit = w.core.committed.audit
+    assert audit is not None and audit.epoch == epoch + 1
+    got: list[bytes] = []
+    after = b""
+    while True:
+        code, why, page = w.query(0, wire.RELEASED_PATH, wire.released_query(epoch, after))
+        assert code == 0, why
+        items = wire.decode_released(page)[1]
+        got.extend(v for v, _, _ in items)
+        if len(items) < escrow_intake.RELEASE_PAGE:
+            break
+        after = items[-1][0]
+    want = [v for v, _, _ in escrow_intake.release_list(w.books[0], epoch, audit.seed)]
+    assert got == want and len(got) == wire.MAX_RELEASED
+    assert got != [v for v, _, _ in escrow_intake.release_list(w.books[0], epoch, bytes(32))]
