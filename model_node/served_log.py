@@ -142,8 +142,8 @@ class ServedLog:
                 out.append(decode_entry(entry))
             except LogError as exc:
                 self.counts["torn"] += 1
-                log.warning("served store: %s at byte %d of %s (%s); the rest of it is dropped", "a bad frame", at,
-                            path, exc)
+                log.warning("served store: a bad frame at byte %d of %s (%s); the rest of it is dropped", at, path,
+                            exc)
                 self._truncate(path, at)
                 break
             at += _HEAD + n

@@ -311,7 +311,7 @@ class CommitteeAbciApp:
             code, why = escrow_intake.take_node_reveal(book, data, self.signer.private_bytes(), self.signer.public_bytes,
                                                        self._model_key, self._model_key)
         else:
-            code, why, value = escrow_intake.released_page(self._release_list(data, audit.epoch, now_ms), data,
+            code, why, value = escrow_intake.released_page(self._release_list(book, data, audit.epoch, now_ms), data,
                                                            audit.epoch, self._epoch_seen, now_ms)
         if code:
             log.info("%s refused: %s", path, why)
@@ -382,13 +382,13 @@ class CommitteeAbciApp:
             self._release = {e: t for e, t in self._release.items() if e > epoch - 4}
             self._epoch_seen[epoch], self._epoch_seed[epoch] = now_ms, seed
 
-    def _release_list(self, data: bytes, now_epoch: int, now_ms: int) -> list[wire.ReleasedItem]:
-        """What this verifier releases of the epoch ``data`` names, chosen once, when first due
-        (:func:`~verifier.audit.escrow_intake.release_list`); nothing before."""
+    def _release_list(self, book: TranscriptBook, data: bytes, now_epoch: int,
+                      now_ms: int) -> list[wire.ReleasedItem]:
+        """What this verifier releases of ``book``'s epoch ``data`` names, chosen once, when first
+        due (:func:`~verifier.audit.escrow_intake.release_list`); nothing before."""
         epoch = int.from_bytes(data[:8], "big")
-        if epoch not in self._release and self.transcripts is not None \
-                and escrow_intake.release_due(epoch, now_epoch, self._epoch_seen, now_ms):
-            self._release[epoch] = escrow_intake.release_list(self.transcripts, epoch, self._epoch_seed[epoch + 1])
+        if epoch not in self._release and escrow_intake.release_due(epoch, now_epoch, self._epoch_seen, now_ms):
+            self._release[epoch] = escrow_intake.release_list(book, epoch, self._epoch_seed[epoch + 1])
         return self._release.get(epoch, [])
 
     # ----------------------------------------------------------------- state sync (not offered)

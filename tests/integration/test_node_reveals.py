@@ -109,6 +109,14 @@ def framed(w: Committee) -> tuple[int, ServedStore, Reveals, Rpc]:
     return epoch, store, Reveals(ADDRESSES, lambda: VALIDATORS, w.node, store, rpc=rpc, clock=w.clock), rpc
 
 
+async def through_the_release(w: Committee, reveals: Reveals) -> None:
+    """Epoch + 1 begins (a poll: too early at every verifier), then the release is due (a poll)."""
+    w.next_epoch()
+    await reveals.step()
+    w.clock.advance(RELEASE_DELAY_MS / 1000)
+    await reveals.step()
+
+
 def counted(w: Committee, i: int, epoch: int) -> list[str]:
     return sorted(c.transcript.reply.chunks[0][0] for c in w.books[i].close(epoch))
 
@@ -145,10 +153,7 @@ async def test_one_verifier_down_does_not_stop_the_others_and_it_is_served_once_
     w = Committee()
     epoch, _, reveals, rpc = framed(w)
     rpc.down.add(ADDRESSES[3])
-    w.next_epoch()
-    await reveals.step()
-    w.clock.advance(RELEASE_DELAY_MS / 1000)
-    await reveals.step()  # three verifiers' shares rebuild the secret; three take the transcript
+    await through_the_release(w, reveals)  # three verifiers' shares rebuild the secret; three take the transcript
     assert reveals.counts["handed"] == 3 and epoch not in reveals.done
     for i in range(3):
         assert counted(w, i, epoch) == ["bad", "good"]
@@ -167,10 +172,7 @@ async def test_a_verifier_releasing_junk_does_not_stop_the_node(made_up: bool) -
     epoch, _, reveals, rpc = framed(w)
     rpc.junk.add(ADDRESSES[0])  # its shares do not lie on the points (or on points of its own making)
     rpc.made_up = made_up
-    w.next_epoch()
-    await reveals.step()
-    w.clock.advance(RELEASE_DELAY_MS / 1000)
-    await reveals.step()
+    await through_the_release(w, reveals)
     assert reveals.counts["handed"] == 4 and epoch in reveals.done
     for i in range(4):
         assert counted(w, i, epoch) == ["bad", "good"]
@@ -180,10 +182,7 @@ async def test_a_node_that_kept_none_of_them_hands_nothing_in() -> None:
     w = Committee()
     epoch, _, _, rpc = framed(w)
     reveals = Reveals(ADDRESSES, lambda: VALIDATORS, w.node, ServedStore(), rpc=rpc, clock=w.clock)
-    w.next_epoch()
-    await reveals.step()
-    w.clock.advance(RELEASE_DELAY_MS / 1000)
-    await reveals.step()  # the good reply's commitment is released and rebuilt, but matches nothing kept
+    await through_the_release(w, reveals)  # the good reply's commitment is released and rebuilt, but matches nothing kept
     assert reveals.counts["unmatched"] == 1 and reveals.counts["handed"] == 0 and epoch in reveals.done
     assert counted(w, 0, epoch) == []
 
@@ -193,10 +192,7 @@ async def test_a_verifier_whose_key_is_not_the_committees_gets_no_transcript() -
     epoch, store, _, rpc = framed(w)
     rpc.foreign_key.add(ADDRESSES[1])
     reveals = Reveals(ADDRESSES, lambda: VALIDATORS, w.node, store, rpc=rpc, clock=w.clock)
-    w.next_epoch()
-    await reveals.step()
-    w.clock.advance(RELEASE_DELAY_MS / 1000)
-    await reveals.step()
+    await through_the_release(w, reveals)
     assert reveals.counts["handed"] == 3 and epoch not in reveals.done
     assert not [c for c in rpc.calls if c == (ADDRESSES[1], wire.NODE_REVEAL_PATH)]
     assert counted(w, 0, epoch) == ["bad", "good"] and counted(w, 1, epoch) == []
@@ -257,10 +253,7 @@ async def test_a_colluding_verifier_cannot_make_the_node_rebuild_a_commitment_of
     w = Committee()
     epoch, _, reveals, rpc = framed(w)
     rpc.invented.add(ADDRESSES[2])
-    w.next_epoch()
-    await reveals.step()
-    w.clock.advance(RELEASE_DELAY_MS / 1000)
-    await reveals.step()
+    await through_the_release(w, reveals)
     assert reveals.counts["handed"] == 4 and reveals.counts["unmatched"] == 0  # the good reply; nothing made up
     assert reveals.counts["foreign shares"] == 32 - 8  # every unit but verifier 2's own eight
     assert counted(w, 0, epoch) == ["bad", "good"]

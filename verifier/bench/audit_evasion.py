@@ -1070,8 +1070,8 @@ class ChainRun:
         self.book = TranscriptBook()  # every honest verifier's book: they all get the same commits and reveals
         self.escrowed = escrowed
         # withheld escrowed commitments' replies, as the node that served them keeps them:
-        # commitment -> (node, height served, transcript)
-        self.served: dict[bytes, tuple[_Node, int, Any]] = {}
+        # commitment -> (node, transcript)
+        self.served: dict[bytes, tuple[_Node, Any]] = {}
         # each verifier's scores held for the chain's minimum, as the audit loop holds them; its secret
         # randomness (rules 8 and 9 draw with it) and its suspects (rule 9's memory)
         self.carries = [ScoreCarry() for _ in range(VERIFIERS)]
@@ -1291,7 +1291,7 @@ class ChainRun:
         t = tr.Transcript(node.node_id, nonce, opening, rid, reply, escrow.scalar_bytes(secret) if secret else b"")
         self.tz[(donor, rid)] = z
         if withheld:  # the honest node that signed it keeps it, to hand it in once the shares are out
-            self.served[value] = (server, sent, t)
+            self.served[value] = (server, t)
             return True
         why = self.book.reveal(donor, t, self._key_of)
         if why is not None:
@@ -1308,7 +1308,7 @@ class ChainRun:
             kept = self.served.pop(value, None)
             if kept is None:
                 continue  # no reply came (busy or silent), or a node that is not honest
-            node, _, t = kept
+            node, t = kept
             if any(a <= start_next + RELEASE_BLOCKS and b >= close - 1 for a, b in node.restarted):
                 res.node_lost += 1
                 continue
@@ -1316,7 +1316,6 @@ class ChainRun:
             if why is not None:
                 raise AssertionError(f"bench audit-evasion: the transcript book refused a node's reveal: {why}")
             res.node_revealed += 1
-        self.served = {v: k for v, k in self.served.items() if k[1] > start_next - 2 * self.params.epoch_blocks}
 
     def _eligible(self, r: Req) -> bool:
         """Whether a donor's client may choose ``r`` (overlay.directory.transcripts.fits: a transcript's limits, decision 0032; no seed)."""
