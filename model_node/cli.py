@@ -96,10 +96,27 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="with --committee: do not keep the replies this node served nor hand in, after each audit epoch, "
              "those a donor committed to and then withheld (decision 0037: the verifiers release such a "
              "commitment's shares so that the node can reveal a good reply a framer hid). On by default; the "
-             "replies and their prompts are kept for 45 minutes, at most 256 MiB in memory, and on disk in "
-             "DATA/served so a restart loses none (docs/operations.md)",
+             "replies and their prompts are kept for 45 minutes on disk in DATA/served, so a restart loses "
+             "none, with an index in memory (docs/operations.md)",
+    )
+    p.add_argument(
+        "--served-store-gib", type=_store_gib, default=4.0, metavar="GIB",
+        help="with --committee: the most disk the kept replies may take, in GiB (default: 4; the index in memory "
+             "takes an eighth of it, at least 512 MiB). Past it the oldest go first, and the node warns: a flood "
+             "of requests that pushes a withheld reply out before its release keeps it from the audit "
+             "(decision 0038). Size it to what this node can serve in half an hour",
     )
     p.set_defaults(run=_run)
+
+
+def _store_gib(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of GiB") from None
+    if not 0.01 <= v <= 1024:
+        raise argparse.ArgumentTypeError(f"{text} GiB: give 0.01 to 1024")
+    return v
 
 
 def _interval(text: str) -> float:

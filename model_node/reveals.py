@@ -17,12 +17,13 @@ given commitment; ``TOO_EARLY`` before). Every :data:`POLL_S` seconds :meth:`Rev
    verifier is asked again at the next poll, from where it stopped;
 3. keeps of each verifier's shares only those of its own units under the committee's plan
    (:func:`overlay.directory.escrow.holder_xs`: a colluding verifier below a third of the power
-   cannot make up a commitment the node would rebuild, and scan its store for, alone), groups them
+   cannot make up a commitment the node would rebuild and look up alone), groups them
    by commitment and points, rebuilds each secret
    (:func:`overlay.directory.escrow.recover`: only shares that verify against the points count;
    too few and it waits for more verifiers' pages) and finds the served request it commits to
-   (:meth:`model_node.served.ServedStore.find`: addressed to this node, or forwarded here by the
-   node addressed, whose reply this node signed); at most :data:`MAX_REBUILDS`
+   (:meth:`model_node.served.ServedStore.find`, by the locator in the secret's low bits, decision
+   0038: addressed to this node, or forwarded here by the node addressed, whose reply this node
+   signed); at most :data:`MAX_REBUILDS`
    an epoch a poll, the commitments more verifiers released first;
 4. hands the transcript (kind 2, with the secret) to EVERY verifier, sealed to the key its
    ``/audit/donate_key`` answers, which must be one of the committee's validator keys
@@ -63,7 +64,7 @@ log = logging.getLogger("gentorrent.model.reveals")
 POLL_S = 60.0
 EPOCHS = 2  # epochs below the current one looked at: the store keeps about two
 MAX_PAGES = 16  # pages read from one verifier for one epoch in one poll
-MAX_REBUILDS = 512  # secrets rebuilt (each then one hash per stored entry) for one epoch in one poll
+MAX_REBUILDS = 512  # secrets rebuilt (each then one lookup in the store) for one epoch in one poll
 RPC_TIMEOUT_S = 10.0
 AUDIT_PATH = "/audit"
 MAX_AUDIT_BYTES = 1 << 20
@@ -276,8 +277,8 @@ class Reveals:
             except escrow.EscrowError:
                 self.counts["unrebuilt"] += 1  # too few verified shares yet (or none will come)
                 continue
-            kept = self.store.find(escrow.nonce_of(secret), value)
-            await trio.lowlevel.checkpoint()  # one hash per stored entry: let the node serve meanwhile
+            kept = self.store.find(secret, value)
+            await trio.lowlevel.checkpoint()
             if kept is None:
                 self.counts["unmatched"] += 1  # another node's request, or one no longer kept
                 st.settled.add(key)

@@ -17,7 +17,7 @@ from model_node.engine import Engine, EngineError
 from model_node.forwarding import ForwardingPolicy
 from model_node.quota import TIMEOUT_S, Redeemer
 from model_node.reveals import Reveals
-from model_node.served import ServedStore
+from model_node.served import MAX_BYTES, ServedStore
 from overlay.directory.membership import CommitteeSettings, cancel_on_sigterm, directory, node_entry, serve_member
 from overlay.directory.registry import RegistryError
 from overlay.net.transport import TLSTransport, parse_address
@@ -90,7 +90,9 @@ def withheld(committee: CommitteeSettings | None, identity: Identity, args: argp
     from model_node.served_log import ServedLog
 
     try:
-        store = ServedStore.open(ServedLog(data_dir / "served"), int(SystemClock().unix() * 1000))
+        disk = int(getattr(args, "served_store_gib", 4.0) * 2**30)
+        store = ServedStore.open(ServedLog(data_dir / "served"), int(SystemClock().unix() * 1000),
+                                 max_disk_bytes=disk, max_bytes=max(MAX_BYTES, disk // 8))
     except OSError as exc:
         raise CliError(f"cannot keep the replies this node serves in {data_dir / 'served'} ({exc}); make it a "
                        "directory this user can write, or run with --no-reveal-withheld") from None

@@ -22,7 +22,8 @@ donor withholds); otherwise it is a version-1 commitment, which the verifiers st
    a random request id, and the commitment's nonce:
 
    - version 1: a random nonce;
-   - escrowed: a fresh secret ``s`` (:func:`overlay.directory.escrow.new_secret`) dealt under the
+   - escrowed: a fresh secret ``s`` (:func:`overlay.directory.transcripts.escrowed_secret`: the
+     request's locator in its low bits, decision 0038) dealt under the
      plan (:func:`~overlay.directory.escrow.deal`: public points and each validator's shares), the
      nonce :func:`~overlay.directory.escrow.nonce_of` ``s``;
 
@@ -357,7 +358,7 @@ class TranscriptDonor(Background):
         """Step 3, escrowed: ``req`` (the request, its node and id) committed to under a secret
         dealt by ``plan`` over ``powers``, then certified; what to send and reveal, with the
         secret, or None when nothing is donated."""
-        secret = escrow.new_secret()
+        secret = wire.escrowed_secret(digest)  # carries the request's locator (decision 0038)
         dealt = escrow.deal(secret, plan)
         points_raw = escrow.encode_commitments(dealt.commitments)
         nonce = escrow.nonce_of(secret)

@@ -28,7 +28,8 @@ donor deals among the validators, :mod:`overlay.directory.escrow`) adds version 
 each decoded strictly by its own ``decode_*`` as above::
 
     secret    = 32 bytes, little-endian, within 1..L-1 (:func:`overlay.directory.escrow.scalar_of`);
-                the body's nonce is escrow.nonce_of(secret)
+                the body's nonce is escrow.nonce_of(secret); its low 64 bits are the request's
+                locator (decision 0038: :func:`escrowed_secret`, :func:`secret_locator`)
     points    = escrow.encode_commitments([C_0, ..., C_{t-1}])     1 to escrow.MAX_UNITS valid points
     shares    = escrow.encode_shares([[x, y], ...])                 0 to escrow.MAX_UNITS shares
     digest    = BLAKE2b-256(points), personalised ``gt-escrow-pts`` (:func:`points_digest`)
@@ -96,6 +97,8 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
+import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -140,6 +143,9 @@ NODE_REVEAL_PATH = "/audit/transcript_node_reveal"
 RELEASED_PATH = "/audit/transcript_released"
 MAX_RELEASED = 4096  # withheld commitments one verifier releases for one epoch
 MAX_RELEASED_UNITS = 64  # points, and shares, of one released commitment (plans of up to 64 units)
+LOCATOR_LEN = 8  # the request digest's first bytes an escrowed secret carries (decision 0038)
+_LOCATOR_BITS = 8 * LOCATOR_LEN
+_HIDDEN_BITS = 188  # an escrowed secret's uniform bits above its locator: 2**(188 + 64) < escrow.L
 
 # Sizes of the wire format
 MAX_COMMIT_BYTES = 256
@@ -208,17 +214,15 @@ MAX_RELEASED_BYTES = _FIXARRAY + _SMALL + _INT + _ARRAY16 + MAX_RELEASED * MAX_R
 
 __all__ = [
     "ACCEPT_CONTEXT", "BODY_ESCROWED", "CERTIFY_PATH", "COMMITMENT_LEN", "COMMIT_PATH", "ESCROW_COMMIT_CONTEXT",
-    "ESCROW_COMMIT_PATH", "ESCROW_VERSION", "MAX_ACCEPTANCE_BYTES", "MAX_CERTIFICATE_BYTES", "MAX_COMMIT_BYTES",
+    "ESCROW_COMMIT_PATH", "ESCROW_VERSION", "LOCATOR_LEN", "MAX_ACCEPTANCE_BYTES", "MAX_CERTIFICATE_BYTES", "MAX_COMMIT_BYTES",
     "MAX_ESCROW_COMMIT_BYTES", "MAX_RELEASED", "MAX_RELEASED_BYTES", "MAX_RELEASED_UNITS", "MAX_REVEAL_BYTES",
     "NODE_REVEAL_CONTEXT", "NODE_REVEAL_PATH", "NONCE_LEN", "RELEASED_PATH", "REVEAL_PATH", "Acceptance",
     "Certificate", "Commit", "EscrowCommit", "NoReply", "NodeReveal", "ReleasedItem", "Reveal", "Revealed",
     "TranscriptError", "certified_power", "commitment", "decode_acceptance", "decode_certificate", "decode_commit",
     "decode_escrow_commit", "decode_node_reveal", "decode_released", "decode_reveal", "encode_acceptance",
     "encode_body", "encode_certificate", "encode_commit", "encode_escrow_commit", "encode_node_reveal",
-    "encode_released",
-    "encode_reveal", "fits", "open_shares", "opening_problem", "points_digest", "released_query", "seal_node_reveal",
-    "seal_reveal",
-    "transcript_problem", "unseal", "verify_acceptance", "verify_commit", "verify_escrow_commit",
+    "encode_released", "encode_reveal", "escrowed_secret", "fits", "locator", "open_shares", "opening_problem",
+    "points_digest", "released_query", "seal_node_reveal", "seal_reveal", "secret_locator", "transcript_problem", "unseal", "verify_acceptance", "verify_commit", "verify_escrow_commit",
     "verify_node_reveal", "verify_reveal",
 ]
 
@@ -230,6 +234,35 @@ def commitment(nonce: bytes, node_id: bytes, reply_digest: bytes) -> bytes:
     if len(nonce) != NONCE_LEN or len(node_id) != NODE_ID_LEN or len(reply_digest) != 32:
         raise ValueError("a transcript commitment takes a 16-byte nonce, a 20-byte node id and a 32-byte digest")
     return crypto.blake2b(nonce + node_id + reply_digest, size=COMMITMENT_LEN, person=_PERSON)
+
+
+def locator(reply_digest: bytes) -> bytes:
+    """The request's locator (decision 0038): the first :data:`LOCATOR_LEN` bytes of its digest
+    (:func:`overlay.anon.signing.request_digest`), what a model node indexes its served requests by."""
+    return bytes(reply_digest[:LOCATOR_LEN])
+
+
+def escrowed_secret(reply_digest: bytes, rng: random.Random | None = None) -> int:
+    """A secret for an escrowed commitment to the request of digest ``reply_digest`` (decision
+    0038): its low 64 bits are the request's :func:`locator` (little-endian), the 188 above them
+    uniform (from ``secrets`` unless a test's ``rng`` is given). Once the release rebuilds it, the
+    node addressed finds the request by one lookup instead of a hash per request it served; until
+    then it stays hidden as the rest of the deal (finding 188 bits behind ``s·B`` takes about
+    2**94 group operations). ``ValueError`` for a digest that is not 32 bytes."""
+    if type(reply_digest) is not bytes or len(reply_digest) != 32:
+        raise ValueError("a request digest is 32 bytes")
+    low = int.from_bytes(reply_digest[:LOCATOR_LEN], "little")
+    while True:
+        high = rng.getrandbits(_HIDDEN_BITS) if rng is not None else secrets.randbits(_HIDDEN_BITS)
+        secret = (high << _LOCATOR_BITS) | low
+        if secret:  # 0 is no secret; the odds of drawing it are 2**-188 and only for a zero locator
+            return secret
+
+
+def secret_locator(secret: int) -> bytes:
+    """The locator an escrowed ``secret`` carries: its low 64 bits, little-endian (what the book
+    checks a revealed transcript's digest against, and a node looks its store up by)."""
+    return (secret & ((1 << _LOCATOR_BITS) - 1)).to_bytes(LOCATOR_LEN, "little")
 
 
 def committed_digest(model: str, messages: Sequence[ChatMessage], params: SamplingParams, request_id: bytes,

@@ -29,7 +29,9 @@ def out() -> dict[str, Any]:
 def _keys() -> set[str]:
     from gentorrent.bench.escrow import CASES, FIGURES
 
-    return {f"{case}_{f}" for case in CASES for f in FIGURES} | {"node_match_p50_ms"}
+    return {f"{case}_{f}" for case in CASES for f in FIGURES} | {"node_match_p50_ms", "node_match_scan_p50_ms",
+                                                                  "node_match_scan_ratio",
+                                                                  "node_store_index_bytes_per_entry"}
 
 
 def test_prints_exactly_the_expected_keys_and_docs_list_them(out: dict[str, Any], helpers: Any) -> None:
@@ -55,4 +57,7 @@ def test_figures_are_finite_and_in_range(out: dict[str, Any]) -> None:
         assert 1 + 36 * largest <= f[f"{case}_largest_holder_shares_bytes"] <= 3 + 38 * largest
         for timing in ("plan", "deal", "verify", "verify_each", "recover", "recover_one_forged"):
             assert f[f"{case}_{timing}_p50_ms"] > 0.0, (case, timing)  # measured; how fast is the bench's to say
-    assert f["node_match_p50_ms"] > 0.0
+    assert f["node_match_p50_ms"] > 0.0 and f["node_match_scan_p50_ms"] > 0.0 and f["node_match_scan_ratio"] > 0.0
+    from model_node.served import _SLOT_BYTES
+
+    assert 100 < f["node_store_index_bytes_per_entry"] <= _SLOT_BYTES  # what the store counts is what it takes

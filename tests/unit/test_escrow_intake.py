@@ -82,14 +82,14 @@ class Donated:
 
     def __init__(self, w: Committee, text: str, *, junk_for: int | None = None) -> None:
         self.w, self.text = w, text
-        self.secret = escrow.new_secret()
-        self.deal = escrow.deal(self.secret, w.plan)
-        self.points_raw = escrow.encode_commitments(self.deal.commitments)
         self.msgs, self.params = (ChatMessage("user", f"question {text}"),), SamplingParams(0.7, 1.0, 0, 64, None)
         self.rid = crypto.random_bytes(16)
         req = Request(request_id=self.rid, model=MODEL, messages=self.msgs, params=self.params, k=3, return_paths=(),
                       continuation="")
         self.digest = signing.request_digest(req, w.node.node_id)
+        self.secret = wire.escrowed_secret(self.digest)
+        self.deal = escrow.deal(self.secret, w.plan)
+        self.points_raw = escrow.encode_commitments(self.deal.commitments)
         self.value = wire.commitment(escrow.nonce_of(self.secret), w.node.node_id, self.digest)
         self.junk_for = junk_for
 
@@ -142,11 +142,12 @@ def node_reveals(w: Committee, epoch: int, served: dict[bytes, wire.Revealed], *
     handed = 0
     for value, held in shares.items():
         try:
-            nonce = escrow.nonce_of(escrow.recover(points[value], held))
+            secret = escrow.recover(points[value], held)
         except escrow.EscrowError:
             continue
         for digest, body in served.items():
-            if wire.commitment(nonce, w.node.node_id, digest) == value:
+            if wire.locator(digest) == wire.secret_locator(secret) \
+                    and wire.commitment(escrow.nonce_of(secret), w.node.node_id, digest) == value:
                 for i, k in enumerate(KEYS):
                     sealed = wire.seal_node_reveal(k.public_bytes, w.node.signing, w.node.node_id, body)
                     assert w.query(i, wire.NODE_REVEAL_PATH, sealed)[0] == 0

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from model_node.served import Kept, ServedStore
 from overlay.anon import signing
 from overlay.directory import escrow
@@ -61,9 +63,9 @@ def test_a_completed_reply_is_kept_and_found_by_its_commitment() -> None:
     assert kept.digest == digest == wire.committed_digest(MODEL, req.messages, PARAMS, req.request_id, me.node_id)
     assert kept.chunks == (("a program ", (0, 1)), ("that prints ", (1, 2)), ("itself", (2, 3)))
     assert kept.served_by == me.node_id and kept.node_id == me.node_id and kept.signed_at_ms == NOW_MS
-    secret = escrow.new_secret()
+    secret = wire.escrowed_secret(digest)
     value = wire.commitment(escrow.nonce_of(secret), me.node_id, digest)
-    found = store.find(escrow.nonce_of(secret), value)
+    found = store.find(secret, value)
     assert found is not None and found.request_id == req.request_id
     # the transcript it makes checks as the donor's would: the signature over the chain of its chunks
     body = found.revealed(secret)
@@ -73,11 +75,14 @@ def test_a_completed_reply_is_kept_and_found_by_its_commitment() -> None:
     signing.verify_reply(me.ed25519_public, body.signature, digest, chain, True, MODEL, me.node_id,
                          body.signed_at_ms)
     assert body.secret == escrow.scalar_bytes(secret) and body.nonce == escrow.nonce_of(secret)
-    # another nonce, or a commitment of the same request to another node: nothing
-    other = escrow.nonce_of(escrow.new_secret())
-    assert store.find(other, value) is None
+    # another secret, or a commitment of the same request to another node: nothing
+    assert store.find(wire.escrowed_secret(digest), value) is None
     elsewhere = wire.commitment(escrow.nonce_of(secret), Identity.generate().node_id, digest)
-    assert store.find(escrow.nonce_of(secret), elsewhere) is None
+    assert store.find(secret, elsewhere) is None
+    # a secret without the request's locator (decision 0038) is not looked for among other locators
+    bare = escrow.new_secret()
+    assert wire.secret_locator(bare) != wire.locator(digest)
+    assert store.find(bare, wire.commitment(escrow.nonce_of(bare), me.node_id, digest)) is None
 
 
 def test_a_reply_a_member_signed_is_kept_for_the_node_addressed() -> None:
@@ -85,13 +90,14 @@ def test_a_reply_a_member_signed_is_kept_for_the_node_addressed() -> None:
     req = request("forwarded")
     kept = serve(store, req, me, ["by ", "the member"], signer=member)
     assert kept is not None and kept.served_by == member.node_id and kept.node_id == me.node_id
-    secret = escrow.new_secret()
+    secret = wire.escrowed_secret(signing.request_digest(req, me.node_id))
     value = wire.commitment(escrow.nonce_of(secret), me.node_id, signing.request_digest(req, me.node_id))
-    found = store.find(escrow.nonce_of(secret), value)
+    found = store.find(secret, value)
     assert found is not None and found.served_by == member.node_id and found.request_id == req.request_id
     # a commitment naming the member (not the node addressed) does not open it
-    as_member = wire.commitment(escrow.nonce_of(secret), member.node_id, signing.request_digest(req, member.node_id))
-    assert store.find(escrow.nonce_of(secret), as_member) is None
+    as_member_digest = signing.request_digest(req, member.node_id)
+    as_member = wire.escrowed_secret(as_member_digest)
+    assert store.find(as_member, wire.commitment(escrow.nonce_of(as_member), member.node_id, as_member_digest)) is None
 
 
 def test_what_can_never_be_a_transcript_is_not_kept() -> None:
@@ -133,6 +139,31 @@ def test_the_oldest_go_first_when_the_bytes_run_out_and_are_counted() -> None:
     assert len(huge) == 0 and huge.dropped == {"too large": 1}
 
 
+def test_a_dropped_entry_is_not_found_and_the_newest_of_one_locator_is() -> None:
+    """The locator index (decision 0038) follows the entries: the same request served twice (a
+    retry under its id) is found as served last, and neither once both are gone."""
+    me = Identity.generate()
+    req, other = request("retried"), request("other")
+    digest = signing.request_digest(req, me.node_id)
+    secret = wire.escrowed_secret(digest)
+    value = wire.commitment(escrow.nonce_of(secret), me.node_id, digest)
+    store = ServedStore(retention_ms=10 * 60 * 1000)
+    serve(store, req, me, ["first"], NOW_MS)
+    serve(store, other, me, ["z"], NOW_MS + 1)
+    serve(store, req, me, ["second"], NOW_MS + 5 * 60 * 1000)
+    found = store.find(secret, value)
+    assert found is not None and found.chunks[0][0] == "second"
+    store.prune(NOW_MS + 10 * 60 * 1000 + 1)  # the first two go
+    found = store.find(secret, value)
+    assert len(store) == 1 and found is not None and found.chunks[0][0] == "second"
+    store.prune(NOW_MS + 15 * 60 * 1000)
+    assert len(store) == 0 and store.find(secret, value) is None
+    serve(store, other, me, ["z"], NOW_MS + 16 * 60 * 1000)  # the store goes on after being emptied
+    other_digest = signing.request_digest(other, me.node_id)
+    again = wire.escrowed_secret(other_digest)
+    assert store.find(again, wire.commitment(escrow.nonce_of(again), me.node_id, other_digest)) is not None
+
+
 def test_entries_past_the_retention_go_and_are_counted() -> None:
     me = Identity.generate()
     store = ServedStore(retention_ms=45 * 60 * 1000)
@@ -164,5 +195,12 @@ def test_a_model_node_with_a_committee_keeps_and_reveals_unless_told_not_to(tmp_
     assert store is not None and reveals is not None and reveals.store is store
     assert reveals.addresses == committee.addresses and set(reveals.validators()) == {key}
     assert store.log is not None and store.log.directory == tmp_path / "served"  # kept on disk
+    assert (store.max_disk_bytes, store.max_bytes) == (4 << 30, 512 << 20)  # the index: at least 512 MiB
     assert withheld(committee, me, off, tmp_path) == (None, None)
     assert withheld(None, me, on, tmp_path) == (None, None)
+    big = build_parser().parse_args(["model-node", "--served-store-gib", "16"])
+    store, _ = withheld(committee, me, big, tmp_path)
+    assert store is not None and (store.max_disk_bytes, store.max_bytes) == (16 << 30, 2 << 30)  # an eighth
+    for bad in ("0", "-1", "lots", "2000"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["model-node", "--served-store-gib", bad])

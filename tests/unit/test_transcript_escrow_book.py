@@ -13,6 +13,7 @@ import pytest
 
 from overlay.anon import signing
 from overlay.directory import escrow
+from overlay.directory import transcripts as wire
 from tests.unit.test_transcript_book_persistence import forge
 from tests.unit.test_transcripts import HONEST, T0_MS, Node, key_of, request
 from verifier.audit import transcripts as tr
@@ -26,13 +27,14 @@ EPOCH = 5
 class Committed:
     """A request an escrowed donor committed to, and everything it knows of it."""
 
-    def __init__(self, node: Node, text: str, rng: random.Random, *, other_nonce: bool = False) -> None:
-        self.secret = escrow.new_secret(rng)
+    def __init__(self, node: Node, text: str, rng: random.Random, *, other_nonce: bool = False,
+                 locator: bool = True) -> None:
+        self.opening, self.request_id = request(f"question {text}")
+        self.digest = signing.request_digest(self.opening.request(self.request_id), node.node_id)
+        self.secret = wire.escrowed_secret(self.digest, rng) if locator else escrow.new_secret(rng)
         self.deal = escrow.deal(self.secret, PLAN, rng)
         self.points_raw = escrow.encode_commitments(self.deal.commitments)
         nonce = os.urandom(16) if other_nonce else escrow.nonce_of(self.secret)
-        self.opening, self.request_id = request(f"question {text}")
-        self.digest = signing.request_digest(self.opening.request(self.request_id), node.node_id)
         self.value = tr.commitment(nonce, node.node_id, self.digest)
         self.node, self.text, self.nonce = node, text, nonce
 
@@ -50,8 +52,8 @@ class EscrowDonor:
         self.book, self.id, self.rng = book, os.urandom(20), random.Random(seed)
 
     def commit(self, node: Node, text: str, *, certify: bool = True, other_nonce: bool = False,
-               at: int = T0_MS) -> Committed:
-        c = Committed(node, text, self.rng, other_nonce=other_nonce)
+               locator: bool = True, at: int = T0_MS) -> Committed:
+        c = Committed(node, text, self.rng, other_nonce=other_nonce, locator=locator)
         mine = c.deal.shares[ME]
         assert escrow.verify_holder(PLAN, ME, c.deal.commitments, mine)  # what the intake checks
         assert self.book.hold(self.id, c.value, c.points_raw, mine, EPOCH, at) is None
@@ -81,7 +83,8 @@ class HonestNode:
         """For each commitment ``book`` released: the shares every holder in ``holders`` released
         (this book's as it released them, the others' from ``deals``, what the other verifiers would
         answer; ``forged_by`` releases junk), the secret rebuilt, the commitment matched against
-        every stored request (no tag), the stored transcript handed in."""
+        the stored requests of the locator the secret carries (decision 0038), the stored
+        transcript handed in."""
         answers = []
         for value, points_raw, mine in book.released(EPOCH):
             points = escrow.decode_commitments(points_raw, escrow.MAX_UNITS)
@@ -96,7 +99,8 @@ class HonestNode:
             secret = escrow.recover(points, shares)
             nonce = escrow.nonce_of(secret)
             for digest, t in self.served.items():
-                if tr.commitment(nonce, self.node.node_id, digest) == value:
+                if wire.locator(digest) == wire.secret_locator(secret) \
+                        and tr.commitment(nonce, self.node.node_id, digest) == value:
                     answers.append(book.node_reveal(t, key_of))
         return answers
 
@@ -164,6 +168,26 @@ def test_a_commitment_under_another_nonce_than_the_escrowed_one_never_counts() -
     t = c.transcript(T0_MS + 900)
     assert (framer.reveal(t) or "").startswith("escrowed")  # its nonce opens the commitment, not the escrow
     assert book.close(EPOCH) == [] and book.history[framer.id] == (0, 1)
+
+
+def test_a_secret_without_its_requests_locator_never_counts_whatever_the_reply() -> None:
+    """Decision 0038: the node finds a withheld request by the locator in the secret's low bits.
+    A framer that deals a secret without it, so that the node cannot find a good reply it
+    withholds, cannot get a bad one counted either: settled before the reply, whichever it gets."""
+    book = tr.TranscriptBook()
+    framer, node = EscrowDonor(book), HonestNode(HONEST)
+    bad_one, good_one = framer.commit(HONEST, "bad", locator=False), framer.commit(HONEST, "good", locator=False)
+    assert wire.secret_locator(bad_one.secret) != wire.locator(bad_one.digest)
+    assert (framer.reveal(node.serve(bad_one, T0_MS + 900)) or "").endswith("locator (decision 0038)")
+    node.serve(good_one, T0_MS + 950)
+    deals = {c.value: c.deal for c in (bad_one, good_one)}
+    assert node.reveal_withheld(book, deals) == []  # the node finds neither by its locator
+    assert sorted(v for v, _, _ in book.released(EPOCH)) == sorted([bad_one.value, good_one.value])
+    assert book.close(EPOCH) == [] and book.history[framer.id] == (0, 1)  # nothing counted; a void set
+    # and the book checks it of a node's reveal too: the rebuilt secret must carry the locator
+    book2 = tr.TranscriptBook()
+    lone = EscrowDonor(book2).commit(HONEST, "good", locator=False)
+    assert (book2.node_reveal(lone.transcript(T0_MS + 900), key_of) or "").endswith("locator (decision 0038)")
 
 
 def test_a_commitment_without_a_certificate_counts_for_nothing_and_costs_nothing() -> None:

@@ -156,6 +156,25 @@ def test_the_largest_secret_and_1_are_taken() -> None:
 # --------------------------------------------------------------------------- the escrow commit
 
 
+@given(st.binary(min_size=32, max_size=32), st.integers(0, 2**32))
+def test_an_escrowed_secret_carries_its_requests_locator_and_is_otherwise_uniform(digest: bytes, seed: int) -> None:
+    """Decision 0038: the low 64 bits are the digest's first 8 bytes; the secret is a scalar within
+    1..L-1 (it deals and round-trips as any); the 188 bits above differ draw to draw."""
+    rng = random.Random(seed)
+    a, b = wire.escrowed_secret(digest, rng), wire.escrowed_secret(digest, rng)
+    assert wire.secret_locator(a) == wire.secret_locator(b) == wire.locator(digest) == digest[:wire.LOCATOR_LEN]
+    assert 0 < a < 2**252 < escrow.L and 0 < b < escrow.L and a != b
+    assert escrow.scalar_of(escrow.scalar_bytes(a)) == a and escrow.opens(escrow.deal(a, PLAN, rng).commitments, a)
+    assert wire.escrowed_secret(digest, random.Random(seed)) == a  # a test's rng replays; without one, ``secrets``
+
+
+def test_an_escrowed_secret_is_only_made_for_a_digest() -> None:
+    for bad in (b"", b"\x01" * 31, b"\x01" * 33, "x" * 32):
+        with pytest.raises(ValueError):
+            wire.escrowed_secret(bad)  # type: ignore[arg-type]
+    assert wire.escrowed_secret(bytes(32)) != wire.escrowed_secret(bytes(32))  # never 0; drawn from ``secrets``
+
+
 def test_an_escrow_commit_round_trips_verifies_and_opens_to_the_holders_shares() -> None:
     for holder, key in enumerate(VERIFIERS):
         raw = commit_raw(holder)

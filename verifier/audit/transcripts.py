@@ -101,6 +101,8 @@ The rules, and the framer each one stops:
    ever count is then settled before the reply: the honest acceptors hold enough shares to
    rebuild ``s`` without any colluder. A transcript of it counts only with ``s``, whose nonce it
    is and which opens the escrow's ``C_0``: a commitment made under another nonce never counts.
+   And ``s`` must carry the request's locator in its low 64 bits (decision 0038), so the node can
+   find the request by a lookup: a secret without it never counts either, whoever reveals it.
 11. **The node's side** (decision 0037). After the epoch, :meth:`TranscriptBook.released` gives
    this verifier's shares of the certified escrowed commitments whose donor's transcript it does
    not hold (withheld, "no reply", or a reveal that failed a check): never of one its donor
@@ -173,6 +175,7 @@ import msgpack
 
 from overlay.anon import signing
 from overlay.directory import escrow
+from overlay.directory import transcripts as wire
 from overlay.directory.registration import DECODE_ERRORS, TxError, pack
 from overlay.directory.transcripts import COMMITMENT_LEN, MAX_REVEAL_BYTES, NONCE_LEN, Revealed, commitment
 from overlay.wire import codec, crypto
@@ -449,13 +452,19 @@ class _Entry:
         return self.transcript if self.transcript is not None else self.node
 
 
-def _opens_escrow(t: Transcript, e: _Escrow) -> bool:
-    """Rule 10: ``t``'s secret is the escrowed one (``s·B = C_0``) and its nonce is the secret's."""
+def _escrow_problem(t: Transcript, e: _Escrow) -> str | None:
+    """Rule 10: why ``t``'s secret does not open escrow ``e`` (None when it does): it must be the
+    escrowed one (``s·B = C_0``), its nonce the secret's, and it must carry the request's locator
+    (decision 0038: else the node could not find a request its donor withheld)."""
     try:
         secret = escrow.scalar_of(t.secret)
-        return secret != 0 and escrow.nonce_of(secret) == t.nonce and escrow.opens(e.points(), secret)
+        if secret == 0 or escrow.nonce_of(secret) != t.nonce or not escrow.opens(e.points(), secret):
+            return "escrowed: the secret is not the escrowed one (its nonce opens the commitment, not the escrow)"
     except escrow.EscrowError:
-        return False
+        return "escrowed: the secret is not the escrowed one (its nonce opens the commitment, not the escrow)"
+    if wire.secret_locator(secret) != wire.locator(t.reply_digest()):
+        return "escrowed: the secret does not carry the request's locator (decision 0038)"
+    return None
 
 
 @dataclass(slots=True)
@@ -688,8 +697,8 @@ class TranscriptBook:
             return "seeded: a request with a seed is never a transcript (its sample could be searched offline)"
         if (entry.escrow is None) != (not t.secret):
             return "malformed: an escrowed commitment is revealed with its secret, and only an escrowed one"
-        if entry.escrow is not None and not _opens_escrow(t, entry.escrow):
-            return "escrowed: the secret is not the escrowed one (its nonce opens the commitment, not the escrow)"
+        if entry.escrow is not None and (why := _escrow_problem(t, entry.escrow)) is not None:
+            return why
         key = key_of(t.reply.served_by, t.opening.model)
         if key is None:
             return f"unverifiable: the reply's signer is not a registered model node of {t.opening.model!r}"

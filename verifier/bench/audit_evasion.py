@@ -1242,7 +1242,7 @@ class ChainRun:
         node serves honestly itself (it knows its own sybils). False when the book refused the
         commitment (a burnt donor)."""
         from overlay.anon import signing
-        from overlay.directory.transcripts import commitment
+        from overlay.directory.transcripts import commitment, escrowed_secret
         from verifier.audit import transcripts as tr
         from verifier.audit import tx as at
 
@@ -1250,9 +1250,9 @@ class ChainRun:
         commit_ms = (T0 + h) * 1000 + rng.randrange(1000)
         opening = at.Opening(bytes(16), MODEL, messages, params)
         rid = rng.randbytes(16)
-        secret = escrow.new_secret(rng) if self.escrowed else 0
-        nonce = escrow.nonce_of(secret) if secret else rng.randbytes(16)
         digest = signing.request_digest(opening.request(rid), node.node_id)
+        secret = escrowed_secret(digest, rng) if self.escrowed else 0
+        nonce = escrow.nonce_of(secret) if secret else rng.randbytes(16)
         value = commitment(nonce, node.node_id, digest)
         if not secret:
             if self.book.commit(donor, value, epoch, commit_ms) is not None:
