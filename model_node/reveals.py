@@ -92,8 +92,9 @@ class _Epoch:
 class Reveals:
     """The driver (see the module docstring). ``addresses``: the committee's RPC addresses
     (``--committee``); ``validators()``: the committee's validator keys (Ed25519, 32 bytes) the
-    node trusts, with their voting powers (the escrow's plan); ``identity``: the node's;
-    ``store``: what it served."""
+    node trusts, with their voting powers (the escrow's plan: the node runs with its membership's,
+    the signed lists' latest set, as donors deal by; across a change of the set, commitments dealt
+    under the old plan may not be rebuilt); ``identity``: the node's; ``store``: what it served."""
 
     def __init__(self, addresses: Sequence[str], validators: Callable[[], Mapping[bytes, int]], identity: Identity,
                  store: ServedStore, *, rpc: Rpc | None = None, clock: Clock | None = None,

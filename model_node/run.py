@@ -84,7 +84,8 @@ def withheld(committee: CommitteeSettings | None, identity: Identity, args: argp
     """The node's store of served replies, kept in ``data_dir``/served so a restart loses none,
     and its reveals of the withheld ones (decision 0037: :mod:`model_node.served`,
     :mod:`model_node.served_log`, :mod:`model_node.reveals`): with a committee, unless
-    ``--no-reveal-withheld``; neither without."""
+    ``--no-reveal-withheld``; neither without. The reveals read the validators' powers from
+    genesis until the node's membership starts, which then gives the signed lists' latest."""
     if committee is None or getattr(args, "no_reveal_withheld", False):
         return None, None
     from model_node.served_log import ServedLog
@@ -151,12 +152,14 @@ def run_model_node(args: argparse.Namespace, *, policy: ForwardingPolicy | None 
         async def main() -> None:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(cancel_on_sigterm, nursery.cancel_scope)
-                address, _ = await nursery.start(
+                address, member = await nursery.start(
                     serve_member, node, host, port, committee, registry,
                     lambda address: node_entry(identity, cfg.advertise or address, cfg.region, model=model,
                                                capacity=args.capacity))
                 log.info("model node %s on %s; directory from %s", identity.node_id.hex()[:8], address, source)
                 if reveals is not None:
+                    if member is not None:  # the lists' latest validators, not genesis's (as donors deal by)
+                        reveals.validators = member.powers
                     await nursery.start(reveals.run)
                 print(f"READY {identity.node_id.hex()} {address}", flush=True)
 

@@ -378,7 +378,8 @@ def make_transcript_donor(cfg: Any, identity: Any, addresses: Sequence[str],
 def validator_powers(member: Any) -> Callable[[], dict[bytes, int]]:
     """The voting power of each validator key ``member``'s committee client holds now (the genesis
     set, or the committee's signed lists' latest)."""
-    return lambda: {v.public_key: v.power for v in member.client.validators}
+    powers: Callable[[], dict[bytes, int]] = member.powers
+    return powers
 
 
 def check_chat_settings(cfg: Any, args: argparse.Namespace) -> None:

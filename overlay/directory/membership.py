@@ -183,6 +183,12 @@ class Membership:
         """Refresh the lists soon (called from trio: a relay or model node met an unlisted peer)."""
         self._poked.set()
 
+    def powers(self) -> dict[bytes, int]:
+        """The voting power of each validator key the committee client holds now (the genesis set,
+        or the committee's signed lists' latest): what a donor deals an escrow by, and what a
+        model node reads a release by (decision 0037)."""
+        return {v.public_key: v.power for v in self.client.validators}
+
     def _apply(self, reg: Registry) -> None:
         mine = reg.by_id.get(self.identity.node_id)
         rep = None if mine is None else mine.reputation

@@ -362,3 +362,16 @@ def test_an_untrusted_model_node_stays_listed_starts_and_is_told_why_no_client_u
         trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     warned = [r.getMessage() for r in caplog.records if "untrusted" in r.getMessage()]
     assert len(warned) == 1 and "reputation at 0.200" in warned[0] and "no client sends it requests" in warned[0]
+
+
+def test_membership_gives_the_validators_powers_it_holds_now_genesis_then_the_lists() -> None:
+    """What a donor deals an escrow by and a model node reads a release by (decision 0037): the
+    committee client's validator set, which a signed list naming another set replaces."""
+    from overlay.directory.lists import ValidatorKey
+
+    c = InProcessCommittee()
+    member = Membership(c.settings(), Identity.generate(), Registry(0, []), rpc=c.rpc, fetch=c.fetch)
+    assert member.powers() == {v.public_key: v.power for v in c.settings().validators} != {}
+    newer = (ValidatorKey(crypto.SigningKey.generate().public_bytes, 7),)
+    member.client.validators = newer  # as CommitteeClient.keep adopts a list's set
+    assert member.powers() == {newer[0].public_key: 7}
