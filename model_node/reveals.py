@@ -23,8 +23,9 @@ given commitment; ``TOO_EARLY`` before). Every :data:`POLL_S` seconds :meth:`Rev
    too few and it waits for more verifiers' pages) and finds the served request it commits to
    (:meth:`model_node.served.ServedStore.find`, by the locator in the secret's low bits, decision
    0038: addressed to this node, or forwarded here by the node addressed, whose reply this node
-   signed); at most :data:`MAX_REBUILDS`
-   an epoch a poll, the commitments more verifiers released first;
+   signed); at most :data:`MAX_REBUILDS` an epoch a poll (a verifier's whole release: the node
+   has only the few polls between the release and the close), the commitments more verifiers
+   released first, then in an order salted by this node (never by value, which donors choose);
 4. hands the transcript (kind 2, with the secret) to EVERY verifier, sealed to the key its
    ``/audit/donate_key`` answers, which must be one of the committee's validator keys
    (:data:`~overlay.directory.transcripts.NODE_REVEAL_PATH`). Code 0 and ``DUPLICATE`` count as
@@ -43,6 +44,7 @@ trio's clock (tests: ``MockClock``, or call :meth:`Reveals.step`).
 from __future__ import annotations
 
 import logging
+import secrets
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -56,6 +58,7 @@ from overlay.directory import transcripts as wire
 from overlay.directory.donation import KEY_PATH
 from overlay.directory.registration import Code
 from overlay.directory.rpc import QueryRefused, Rpc, RpcError, abci_value
+from overlay.wire import crypto
 from overlay.wire.clock import Clock, TrioClock
 from overlay.wire.identity import Identity
 
@@ -64,7 +67,7 @@ log = logging.getLogger("gentorrent.model.reveals")
 POLL_S = 60.0
 EPOCHS = 2  # epochs below the current one looked at: the store keeps about two
 MAX_PAGES = 16  # pages read from one verifier for one epoch in one poll
-MAX_REBUILDS = 512  # secrets rebuilt (each then one lookup in the store) for one epoch in one poll
+MAX_REBUILDS = wire.MAX_RELEASED  # secrets rebuilt for one epoch in one poll: a verifier's whole release
 RPC_TIMEOUT_S = 10.0
 AUDIT_PATH = "/audit"
 MAX_AUDIT_BYTES = 1 << 20
@@ -98,7 +101,7 @@ class Reveals:
 
     def __init__(self, addresses: Sequence[str], validators: Callable[[], Mapping[bytes, int]], identity: Identity,
                  store: ServedStore, *, rpc: Rpc | None = None, clock: Clock | None = None,
-                 poll: float = POLL_S) -> None:
+                 poll: float = POLL_S, max_rebuilds: int = MAX_REBUILDS) -> None:
         if not addresses:
             raise ValueError("the reveals need the committee's RPC addresses")
         self.addresses = tuple(addresses)
@@ -107,13 +110,14 @@ class Reveals:
         self.store = store
         self.rpc = rpc
         self.clock: Clock = clock or TrioClock()
-        self.poll = poll
+        self.poll, self.max_rebuilds = poll, max_rebuilds
         self.epochs: dict[int, _Epoch] = {}
         self.done: set[int] = set()
         self.keys: dict[str, bytes] = {}  # verifier address -> its validator key (checked)
         # handed, duplicate, refused, unmatched, unrebuilt, errors, foreign shares
         self.counts: Counter[str] = Counter()
         self._last_error = ""
+        self._salt = secrets.token_bytes(16)  # orders the rebuilds: no donor can choose to come first
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Poll every :attr:`poll` seconds until cancelled; never raises otherwise."""
@@ -264,12 +268,15 @@ class Reveals:
                     st.answered.add(address)
 
     async def _rebuild(self, st: _Epoch) -> None:
-        """Each commitment given new shares (at most :data:`MAX_REBUILDS`, those more verifiers
-        released first: one verifier's inventions come last): its secret rebuilt and the served
-        request it commits to. The rest wait for the next poll."""
-        order = sorted(st.fresh, key=lambda k: (-len(st.sources.get(k, ())), k))
-        st.fresh = set(order[MAX_REBUILDS:])
-        for key in order[:MAX_REBUILDS]:
+        """Each commitment given new shares (at most :attr:`max_rebuilds`, those more verifiers
+        released first: one verifier's inventions come last; then in an order of this node's own,
+        not by value, which a donor chooses): its secret rebuilt and the served request it commits
+        to, by the locator the secret carries (decision 0038: a lookup, so a whole release fits in
+        one poll). The rest wait for the next poll."""
+        order = sorted(st.fresh, key=lambda k: (-len(st.sources.get(k, ())),
+                                                crypto.blake2b(self._salt + k[0], size=16)))
+        st.fresh = set(order[self.max_rebuilds:])
+        for key in order[:self.max_rebuilds]:
             value, points = key
             if value in st.found:
                 continue

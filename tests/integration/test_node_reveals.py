@@ -22,7 +22,7 @@ from overlay.directory import transcripts as wire
 from overlay.directory.donation import KEY_PATH
 from overlay.wire import crypto
 from overlay.wire.messages import ReplyChunk, Request
-from tests.unit.test_escrow_intake import KEYS, MODEL, Donated, donate
+from tests.unit.test_escrow_intake import KEYS, MODEL, NOW_MS, Donated, donate
 from tests.unit.test_escrow_intake import Committee as Books
 from verifier.abci_app import CommitteeAbciApp
 from verifier.audit.escrow_intake import RELEASE_DELAY_MS
@@ -257,3 +257,53 @@ async def test_a_colluding_verifier_cannot_make_the_node_rebuild_a_commitment_of
     assert reveals.counts["handed"] == 4 and reveals.counts["unmatched"] == 0  # the good reply; nothing made up
     assert reveals.counts["foreign shares"] == 32 - 8  # every unit but verifier 2's own eight
     assert counted(w, 0, epoch) == ["bad", "good"]
+
+
+async def test_junk_released_before_the_framers_commitment_does_not_use_up_the_nodes_time() -> None:
+    """The framer withholds, beside its good reply, 600 junk certified commitments whose values sort
+    below the good one's (their values are free: nobody asks them). The node has from the release
+    (11 minutes into epoch + 1) to the close (about 14.7) for its reveals: a few polls. It used to
+    rebuild at most 512 an epoch a poll, lowest value first, so 512 junk a poll pushed the good one
+    past the close. With the lookup (decision 0038) it rebuilds a verifier's whole release in one
+    poll, in an order of its own that no donor can predict: the good one is handed in at the
+    first poll after the release."""
+    w = Committee()
+    epoch, _, reveals, _ = framed(w)
+    good = [v for v, _, _ in w.books[0].released(epoch)]
+    assert len(good) == 1
+    junk_deal = escrow.deal(wire.escrowed_secret(bytes(32)), w.plan)
+    points = escrow.encode_commitments(junk_deal.commitments)
+    junk = [bytes(2) + crypto.random_bytes(30) for _ in range(600)]
+    assert all(v < good[0] for v in junk)
+    for i, (k, book) in enumerate(zip(KEYS, w.books, strict=True)):
+        mine = junk_deal.shares[w.order.index(k.public_bytes)]
+        for n, value in enumerate(junk):
+            donor = (n // 16 + 1).to_bytes(20, "big")
+            assert book.hold(donor, value, points, mine, epoch, NOW_MS) is None, i
+            assert book.certify(donor, value, points, epoch, NOW_MS) is None, i
+    await through_the_release(w, reveals)
+    assert reveals.counts["handed"] == 4 and reveals.counts["unmatched"] == 600
+    for i in range(4):
+        assert counted(w, i, epoch) == ["bad", "good"]
+
+
+def test_where_a_poll_cannot_rebuild_all_it_does_not_take_them_in_an_order_a_donor_chooses() -> None:
+    """Past the cap of one poll (a union of verifiers' releases can be), the rebuilds come in an
+    order of the node's own: not the lowest values first (a donor chooses its values), and not
+    one every node shares (a donor could grind values that come first everywhere)."""
+    from model_node.reveals import _Epoch
+
+    points = escrow.deal(wire.escrowed_secret(bytes(32)), escrow.plan_of(VALIDATORS)).commitments
+    keys = [(crypto.random_bytes(32), points) for _ in range(600)]
+    taken = []
+    for _ in range(2):
+        node = Reveals(ADDRESSES, lambda: VALIDATORS, Committee().node, ServedStore(), max_rebuilds=100)
+        st = _Epoch()
+        for k in keys:
+            st.shares[k], st.sources[k] = [], {ADDRESSES[0]}  # too few shares: each rebuild fails at once
+            st.fresh.add(k)
+        trio.run(node._rebuild, st)
+        assert len(st.fresh) == 500 and node.counts["unrebuilt"] == 100
+        taken.append({k for k in keys if k not in st.fresh})
+    assert taken[0] != {k for k in sorted(keys)[:100]} != taken[1]  # not the lowest values
+    assert taken[0] != taken[1]  # nor the same at every node
