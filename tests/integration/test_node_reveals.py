@@ -259,6 +259,23 @@ async def test_a_colluding_verifier_cannot_make_the_node_rebuild_a_commitment_of
     assert counted(w, 0, epoch) == ["bad", "good"]
 
 
+def withhold_junk(w: Committee, epoch: int, n: int) -> None:
+    """``n`` junk certified commitments at every verifier, withheld, their values below the
+    framer's withheld one (one deal for all: the points and shares are real, the requests never
+    sent), from donors of 16 each."""
+    (good,) = [v for v, _, _ in w.books[0].released(epoch)]
+    deal = escrow.deal(wire.escrowed_secret(bytes(32)), w.plan)
+    points = escrow.encode_commitments(deal.commitments)
+    junk = [bytes(2) + crypto.random_bytes(30) for _ in range(n)]
+    assert all(v < good for v in junk)
+    for i, (k, book) in enumerate(zip(KEYS, w.books, strict=True)):
+        mine = deal.shares[w.order.index(k.public_bytes)]
+        for j, value in enumerate(junk):
+            donor = (j // 16 + 1).to_bytes(20, "big")
+            assert book.hold(donor, value, points, mine, epoch, NOW_MS) is None, i
+            assert book.certify(donor, value, points, epoch, NOW_MS) is None, i
+
+
 async def test_junk_released_before_the_framers_commitment_does_not_use_up_the_nodes_time() -> None:
     """The framer withholds, beside its good reply, 600 junk certified commitments whose values sort
     below the good one's (their values are free: nobody asks them). The node has from the release
@@ -269,18 +286,7 @@ async def test_junk_released_before_the_framers_commitment_does_not_use_up_the_n
     first poll after the release."""
     w = Committee()
     epoch, _, reveals, _ = framed(w)
-    good = [v for v, _, _ in w.books[0].released(epoch)]
-    assert len(good) == 1
-    junk_deal = escrow.deal(wire.escrowed_secret(bytes(32)), w.plan)
-    points = escrow.encode_commitments(junk_deal.commitments)
-    junk = [bytes(2) + crypto.random_bytes(30) for _ in range(600)]
-    assert all(v < good[0] for v in junk)
-    for i, (k, book) in enumerate(zip(KEYS, w.books, strict=True)):
-        mine = junk_deal.shares[w.order.index(k.public_bytes)]
-        for n, value in enumerate(junk):
-            donor = (n // 16 + 1).to_bytes(20, "big")
-            assert book.hold(donor, value, points, mine, epoch, NOW_MS) is None, i
-            assert book.certify(donor, value, points, epoch, NOW_MS) is None, i
+    withhold_junk(w, epoch, 600)
     await through_the_release(w, reveals)
     assert reveals.counts["handed"] == 4 and reveals.counts["unmatched"] == 600
     for i in range(4):
@@ -307,3 +313,20 @@ def test_where_a_poll_cannot_rebuild_all_it_does_not_take_them_in_an_order_a_don
         taken.append({k for k in keys if k not in st.fresh})
     assert taken[0] != {k for k in sorted(keys)[:100]} != taken[1]  # not the lowest values
     assert taken[0] != taken[1]  # nor the same at every node
+
+
+async def test_a_verifier_forging_every_share_costs_the_node_one_check_not_one_per_commitment() -> None:
+    """A colluding verifier (read first) forges its shares of every released commitment, 80 junk
+    and the framer's. Its shares come first, so the first ``t`` never open the points; the node
+    checks each verifier's shares once, finds it out, and rebuilds every other commitment
+    without it (a share-by-share search each would cost ``t²`` multiplications: 4,096 of them at
+    ``t`` = 22 outlast the polls before the close)."""
+    w = Committee()
+    epoch, _, reveals, rpc = framed(w)
+    withhold_junk(w, epoch, 80)
+    rpc.junk.add(ADDRESSES[0])
+    await through_the_release(w, reveals)
+    assert reveals.counts["lying verifiers"] == 1 and reveals.counts["share checks"] == 4
+    assert reveals.counts["handed"] == 4 and reveals.counts["unmatched"] == 80
+    for i in range(4):
+        assert counted(w, i, epoch) == ["bad", "good"]

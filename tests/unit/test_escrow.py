@@ -270,6 +270,18 @@ def test_a_forged_share_with_the_right_x_first_is_skipped() -> None:
         escrow.recover(d.commitments, [forged, *shares[1: p.threshold]])
 
 
+def test_without_verify_recover_takes_the_first_t_or_refuses() -> None:
+    """``verify=False`` (the node's reveals: they find a lying verifier by its shares' batch check)
+    opens C_0 from the first ``t`` alone and never searches share by share."""
+    p, s, d = dealt([3, 3, 3, 1], 7)
+    shares = all_shares(d)
+    forged = Share(shares[0].x, (shares[0].y + 1) % L)
+    assert escrow.recover(d.commitments, shares[: p.threshold], verify=False) == s
+    with pytest.raises(EscrowError, match="do not open"):
+        escrow.recover(d.commitments, [forged, *shares[1:]], verify=False)
+    assert escrow.recover(d.commitments, [forged, *shares[1:]]) == s  # the search finds it
+
+
 def test_forged_commitments_do_not_open_to_the_secret() -> None:
     p, _s, d = dealt([1, 1, 1, 1], 8)
     other = escrow.deal(escrow.new_secret(random.Random(9)), p, random.Random(10))
