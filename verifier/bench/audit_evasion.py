@@ -82,7 +82,9 @@ void budget); a burnt identity is replaced by a fresh one. The figure is the sma
 identities per epoch that makes the victim untrusted within FRAMING_EPOCHS epochs in at least
 FRAMING_SHARE of runs. Those are commitments without escrow; :func:`framing_escrowed` runs the
 same framers against escrowed ones (decision 0037), the victim handing in what they withhold once
-the shares are released RELEASE_BLOCKS into the next epoch (unless it is down until the close).
+the shares are released RELEASE_BLOCKS into the next epoch (unless it is down until the close),
+and beside a junk flood of JUNK_FLOODS withheld commitments an epoch, which leaves each of theirs
+out of the release with odds 1 - MAX_RELEASED / J (decision 0038).
 
 **F. Detecting transcripts** (:func:`committed_auc`, :func:`timing_leak`): the best challenge
 detectors against users' committed requests, and a colluding verifier's timing leak (simulated,
@@ -204,6 +206,7 @@ FRAMER_TAU = 750_000  # a one-shot framer reveals a reply only when it scores un
 FRAMER_PARAMS = SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_tokens=256, seed=None)  # the setting
 # where honest replies most often score under FRAMER_TAU (t1.0: 4 of 24 measured replies, mean 0.686)
 FRAMERS_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # framing identities per epoch, searched in order
+JUNK_FLOODS = (8192, 32768)  # junk withheld commitments an epoch beside the framers (2 and 8 times a release)
 FRAMING_EPOCHS = 20  # ... the victim untrusted within this many epochs of framing ...
 FRAMING_SHARE = 0.5  # ... in at least this share of runs
 NETWORK_NODES = (10, 100)  # model nodes whose users' commitments a colluding verifier hears (timing leak)
@@ -1005,6 +1008,7 @@ class RunResult:
     framer_withheld: int = 0  # framers' commitments left unrevealed (their replies scored at or above τ)
     node_revealed: int = 0  # withheld replies the node handed in itself (escrow, decision 0037)
     node_lost: int = 0  # withheld replies it could not hand in (down from their release to the book's close)
+    node_hidden: int = 0  # withheld replies left out of the release by a junk flood's lottery (``hidden``)
     booster_counted: int = 0  # boosters' transcripts counted (for the cheaters they boost)
     scored: int = 0  # counted transcripts scored, all verifiers (rules 8 and 9 draw them)
     user_sets: dict[str, int] = field(default_factory=dict)  # node name -> (users' donor, epoch) sets counted for it
@@ -1040,7 +1044,7 @@ class ChainRun:
                  cache: dict[int, Any] | None = None, framer_scores: ShortReplies | None = None,
                  pooled: bool = POOLED, by_donor: bool = BY_DONOR, boosters: int = 0,
                  unrecognised_only: bool = False, budgeted: bool = BUDGETED,
-                 threads: int = SCORING_THREADS, escrowed: bool = False) -> None:
+                 threads: int = SCORING_THREADS, escrowed: bool = False, hidden: float = 0.0) -> None:
         """``rho``: the share of the nodes' users' requests donated as transcripts; ``framers``:
         one-shot framing identities per epoch from ``frame_from`` against the first honest node;
         ``cache``: the validators' plans and reports by epoch, shared by runs of the same seed and
@@ -1054,7 +1058,11 @@ class ChainRun:
         other nodes (:meth:`_others`), as the audit loop draws it (False: every counted transcript,
         as the bench had it before decision 0034); ``escrowed``: commitments are escrowed (decision
         0037) and the run's honest nodes hand in the withheld replies they served
-        (:meth:`_node_reveals`), False: commitments of version 1, which only their donor reveals."""
+        (:meth:`_node_reveals`), False: commitments of version 1, which only their donor reveals;
+        ``hidden``: with escrow, the chance that a withheld commitment is left out of the release
+        (a framer's junk flood: with ``J`` junk withheld commitments beside it a verifier releases
+        the MAX_RELEASED of lowest rank, so it is left out with odds 1 - MAX_RELEASED / J), drawn
+        for each commitment on its own."""
         from overlay.wire import crypto
         from overlay.wire.identity import node_id_of
         from verifier.audit.transcripts import ScoreCarry, TranscriptBook
@@ -1068,7 +1076,7 @@ class ChainRun:
         self.rho, self.framers, self.frame_from, self.cache = rho, framers, frame_from, cache
         self.framer_scores = framer_scores  # where the framers' replies are drawn from (None: ``scores``)
         self.book = TranscriptBook()  # every honest verifier's book: they all get the same commits and reveals
-        self.escrowed = escrowed
+        self.escrowed, self.hidden = escrowed, hidden
         # withheld escrowed commitments' replies, as the node that served them keeps them:
         # commitment -> (node, transcript)
         self.served: dict[bytes, tuple[_Node, Any]] = {}
@@ -1309,6 +1317,9 @@ class ChainRun:
             if kept is None:
                 continue  # no reply came (busy or silent), or a node that is not honest
             node, t = kept
+            if self.hidden and _seeded("hidden", self.seed, epoch, value.hex()).random() < self.hidden:
+                res.node_hidden += 1  # out of the release: the node never rebuilds it
+                continue
             if any(a <= start_next + RELEASE_BLOCKS and b >= close - 1 for a, b in node.restarted):
                 res.node_lost += 1
                 continue
@@ -1816,15 +1827,16 @@ def run_honest(seeds: Sequence[int], epochs: int, scores: ScoreTable, view: View
 
 def framing(seeds: Sequence[int], scores: ScoreTable, view: View, epoch_blocks: int, k: int,
             rhos: Sequence[float], grid: Sequence[int] = FRAMERS_GRID, framer_scores: ShortReplies | None = None,
-            name: str = "framing", escrowed: bool = False,
-            victim: str = "honest") -> tuple[dict[str, float], dict[str, Any]]:
+            name: str = "framing", escrowed: bool = False, victim: str = "honest",
+            hidden: float = 0.0) -> tuple[dict[str, float], dict[str, Any]]:
     """Part E: an honest node (trusted after WARMUP_EPOCHS honest epochs) facing one-shot framers
     for FRAMING_EPOCHS epochs, its own users donating at each rate of ``rhos``: per rate the
     smallest number of framing identities per epoch (FRAMERS_GRID, searched in order) at which it
     is untrusted within FRAMING_EPOCHS epochs in at least FRAMING_SHARE of the runs. A grid value
     is decided as soon as the runs so far settle it (the rest cannot change which side it is on).
     ``escrowed``: the commitments are escrowed and the victim hands in the replies the framers
-    withheld (decision 0037), unless it is down (``victim`` "restart") from their release until the close."""
+    withheld (decision 0037), unless it is down (``victim`` "restart") from their release until the
+    close, or a junk flood left the commitment out of the release (``hidden``: :class:`ChainRun`'s)."""
     from overlay.wire.constants import TRUST_LINE
 
     specs = [NodeSpec("victim", victim)]
@@ -1837,11 +1849,11 @@ def framing(seeds: Sequence[int], scores: ScoreTable, view: View, epoch_blocks: 
         found: int | None = None
         tried: dict[int, dict[str, float]] = {}
         for n in grid:
-            hits = runs = framer_counted = framer_burnt = withheld = revealed = lost = 0
+            hits = runs = framer_counted = framer_burnt = withheld = revealed = lost = hid = 0
             for seed in seeds:
                 res = ChainRun(seed, specs, scores, view, epoch_blocks, k, rho=rho, framers=n,
                                frame_from=WARMUP_EPOCHS, cache=caches[seed], framer_scores=framer_scores,
-                               escrowed=escrowed).run(epochs)
+                               escrowed=escrowed, hidden=hidden).run(epochs)
                 runs += 1
                 hits += _epochs_to_untrusted(res.reputation["victim"], WARMUP_EPOCHS, TRUST_LINE) is not None
                 framer_counted += res.framer_counted
@@ -1849,6 +1861,7 @@ def framing(seeds: Sequence[int], scores: ScoreTable, view: View, epoch_blocks: 
                 withheld += res.framer_withheld
                 revealed += res.node_revealed
                 lost += res.node_lost
+                hid += res.node_hidden
                 if hits >= need or runs - hits > len(seeds) - need:
                     break
             tried[n] = {"runs": runs, "untrusted": hits,
@@ -1856,7 +1869,8 @@ def framing(seeds: Sequence[int], scores: ScoreTable, view: View, epoch_blocks: 
                         "identities_burnt_per_epoch": framer_burnt / (runs * FRAMING_EPOCHS),
                         "withheld_per_epoch": withheld / (runs * FRAMING_EPOCHS),
                         "node_revealed_per_epoch": revealed / (runs * FRAMING_EPOCHS),
-                        "node_lost_per_epoch": lost / (runs * FRAMING_EPOCHS)}
+                        "node_lost_per_epoch": lost / (runs * FRAMING_EPOCHS),
+                        "node_hidden_per_epoch": hid / (runs * FRAMING_EPOCHS)}
             if hits >= need:
                 found = n
                 break
@@ -1869,6 +1883,8 @@ def framing(seeds: Sequence[int], scores: ScoreTable, view: View, epoch_blocks: 
             f[key + "withheld_per_epoch"] = last["withheld_per_epoch"]
             f[key + "node_revealed_per_epoch"] = last["node_revealed_per_epoch"]
             f[key + "node_lost_per_epoch"] = last["node_lost_per_epoch"]
+        if hidden:
+            f[key + "node_hidden_per_epoch"] = last["node_hidden_per_epoch"]
         detail[f"rho{rho}"] = {str(n): v for n, v in tried.items()}
     return f, detail
 
@@ -1880,11 +1896,22 @@ def framing_escrowed(seeds: Sequence[int], scores: ScoreTable, view: View, epoch
     (``framing_escrow_``); the same with a victim that restarts once in RESTART_EVERY epochs
     (``framing_escrow_restart_``: its store is on disk, so it loses a withheld reply only when it is
     down from the release until the close). At rho = 0 only: the
-    victim's own users' donations add honest samples and cannot help the framers."""
+    victim's own users' donations add honest samples and cannot help the framers. And with a junk
+    flood beside the framers (``framing_escrow_junk{J}_``, J of JUNK_FLOODS): J junk withheld
+    commitments an epoch, so each withheld one is left out of the release with odds
+    1 - MAX_RELEASED / J (decision 0037's "Three more holes", 3), which voids its set; the junk
+    itself costs J / 16 void sets an epoch, which the figures do not count."""
     f, detail = framing(seeds, scores, view, epoch_blocks, k, (0.0,), grid, name="framing_escrow", escrowed=True)
     fr, detail["restart"] = framing(seeds, scores, view, epoch_blocks, k, (0.0,), grid, name="framing_escrow_restart",
                                     escrowed=True, victim="restart")
     f.update(fr)
+    from overlay.directory.transcripts import MAX_RELEASED
+
+    for junk in JUNK_FLOODS:
+        fj, detail[f"junk{junk}"] = framing(seeds, scores, view, epoch_blocks, k, (0.0,), grid,
+                                            name=f"framing_escrow_junk{junk}", escrowed=True,
+                                            hidden=1 - MAX_RELEASED / junk)
+        f.update(fj)
     return f, detail
 
 
