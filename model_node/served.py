@@ -234,7 +234,11 @@ class ServedStore:
             self.dropped["too large"] += 1
             return
         entry = dataclasses.replace(kept, kept_ms=now_ms)
-        where = self.log.append(entry) if self.log is not None else None
+        try:
+            where = self.log.append(entry) if self.log is not None else None
+        except ValueError:  # the log's LogError: a reply too long ever to be handed in
+            self.dropped["too large"] += 1
+            return
         if where is not None and where[2] <= self.max_disk_bytes:
             self._take(_Slot(entry.node_id, entry.digest, now_ms, _SLOT_BYTES, where[2], None, where), now_ms)
         else:

@@ -54,7 +54,7 @@ log = logging.getLogger("gentorrent.model_node")
 SEGMENT_MS = 15 * 60 * 1000
 ENTRY_VERSION = 2  # 1: the body not compressed, no node id in the head (still read)
 _ZLIB_LEVEL = 1
-MAX_ENTRY_BYTES = wire.MAX_REVEAL_BYTES + 64  # a body, and its time, size and digest
+MAX_ENTRY_BYTES = wire.MAX_REVEAL_BYTES + 1024  # a body (compressed: zlib adds under 0.1 %) and its head
 _HEAD = 4 + 16
 _NAME = re.compile(r"served-(\d{16})\.log")
 _ZERO_NONCE = bytes(wire.NONCE_LEN)
@@ -76,10 +76,15 @@ class Stored(NamedTuple):
 
 
 def encode_entry(k: Kept) -> bytes:
-    body = wire.Revealed(k.node_id, _ZERO_NONCE, k.model, k.messages, k.params, k.request_id, k.served_by, k.chunks,
-                         k.signature, k.signed_at_ms)
+    """``k`` as an entry; :class:`LogError` where its body is over
+    :data:`~overlay.directory.transcripts.MAX_REVEAL_BYTES`: a reply so long could never be handed
+    in (a node reveal that large goes to no verifier), so it is not kept."""
+    body = wire.encode_body(wire.Revealed(k.node_id, _ZERO_NONCE, k.model, k.messages, k.params, k.request_id,
+                                          k.served_by, k.chunks, k.signature, k.signed_at_ms))
+    if len(body) > wire.MAX_REVEAL_BYTES:
+        raise LogError(f"a body of {len(body)} bytes could never be handed in (at most {wire.MAX_REVEAL_BYTES})")
     out: bytes = msgpack.packb([ENTRY_VERSION, k.kept_ms, k.size, k.digest, k.node_id,
-                                zlib.compress(wire.encode_body(body), _ZLIB_LEVEL)], use_bin_type=True)
+                                zlib.compress(body, _ZLIB_LEVEL)], use_bin_type=True)
     return out
 
 
@@ -232,14 +237,15 @@ class ServedLog:
 
     def append(self, k: Kept) -> Where | None:
         """Write ``k`` at the end of the current segment (a new one each ``segment_ms``): where it
-        lies, or ``None`` when the write failed (counted, and logged once; it never raises)."""
+        lies, or ``None`` when the write failed (counted, and logged once). :class:`LogError`
+        (nothing written) for an entry too large ever to be handed in (:func:`encode_entry`)."""
+        data = frame(encode_entry(k))
         try:
             if self._current is None or k.kept_ms - self._current[0] >= self.segment_ms:
                 self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
                 start = max(k.kept_ms, self._current[0] + 1 if self._current else 0)
                 self._current = (start, self.directory / f"served-{start:016d}.log")
             path = self._current[1]
-            data = frame(encode_entry(k))
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             try:
                 at = os.lseek(fd, 0, os.SEEK_END)  # one writer: where this append lands

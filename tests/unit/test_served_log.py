@@ -242,3 +242,20 @@ def test_a_node_whose_store_directory_cannot_be_made_says_what_to_do(tmp_path: P
     committee = CommitteeSettings(("v0:26657",), "chain", (ValidatorKey(crypto.SigningKey.generate().public_bytes, 10),))
     with pytest.raises(CliError, match="--no-reveal-withheld"):
         withheld(committee, Identity.generate(), build_parser().parse_args(["model-node"]), tmp_path)
+
+
+def test_a_reply_too_long_ever_to_be_handed_in_is_not_kept_and_spoils_nothing(tmp_path: Path) -> None:
+    """A body over MAX_REVEAL_BYTES could never reach a verifier (a node reveal that large goes to
+    none). It used to be written all the same; at the next start its frame, over the entry limit,
+    read as torn, and the segment was cut there, losing every later entry. Now it is not kept."""
+    rng = random.Random(11)
+    store, me = served(tmp_path, 0)
+    letters = "abcdefghijklmnopqrstuvwxyz0123456789"
+    long_reply = ["".join(rng.choices(letters, k=16_000)) for _ in range(12)]  # 192 KB of reply
+    assert serve(store, request("before"), me, ["a"], NOW_MS) is not None
+    assert serve(store, request("x" * 100_000), me, long_reply, NOW_MS + 1) is not None  # served, all the same
+    assert serve(store, request("after"), me, ["c"], NOW_MS + 2) is not None
+    assert len(store) == 2 and store.dropped == {"too large": 1}
+    again = ServedStore.open(ServedLog(tmp_path), NOW_MS + 10)
+    assert [k.chunks[0][0] for k in again.entries()] == ["a", "c"] and again.log is not None
+    assert again.log.counts["torn"] == 0
