@@ -101,8 +101,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument(
         "--served-store-gib", type=_store_gib, default=4.0, metavar="GIB",
-        help="with --committee: the most disk the kept replies may take, in GiB (default: 4; the index in memory "
-             "takes an eighth of it, at least 512 MiB). Past it the oldest go first, and the node warns: a flood "
+        help="with --committee: the most disk the kept replies may take, in GiB (default: 4; their index in memory "
+             "may take up to an eighth of it, or 512 MiB if more). Past it the oldest go first, and the node warns: a flood "
              "of requests that pushes a withheld reply out before its release keeps it from the audit "
              "(decision 0038). Size it to what this node can serve in half an hour",
     )
