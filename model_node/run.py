@@ -17,7 +17,7 @@ from model_node.engine import Engine, EngineError
 from model_node.forwarding import ForwardingPolicy
 from model_node.quota import TIMEOUT_S, Redeemer
 from model_node.reveals import Reveals
-from model_node.served import MAX_BYTES, ServedStore
+from model_node.served import MAX_BYTES, MAX_DISK_BYTES, ServedStore
 from overlay.directory.membership import CommitteeSettings, cancel_on_sigterm, directory, node_entry, serve_member
 from overlay.directory.registry import RegistryError
 from overlay.net.transport import TLSTransport, parse_address
@@ -91,7 +91,8 @@ def withheld(committee: CommitteeSettings | None, identity: Identity, args: argp
     from model_node.served_log import ServedLog
 
     try:
-        disk = int(getattr(args, "served_store_gib", 4.0) * 2**30)
+        gib = getattr(args, "served_store_gib", None)
+        disk = MAX_DISK_BYTES if gib is None else int(gib * 2**30)
         store = ServedStore.open(ServedLog(data_dir / "served"), int(SystemClock().unix() * 1000),
                                  max_disk_bytes=disk, max_bytes=max(MAX_BYTES, disk // 8))
     except OSError as exc:

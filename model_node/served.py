@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 
 MAX_BYTES = 512 * 1024 * 1024  # of memory
 MAX_DISK_BYTES = 4 * 1024 * 1024 * 1024  # of the log's files (decision 0038)
-_SLOT_BYTES = 512  # the memory an entry on disk takes, its index: 400 to 475 measured (test_served_log.py, bench escrow)
+_SLOT_BYTES = 512  # the memory an entry on disk takes, its index: 385 to 460 measured (test_served_log.py, bench escrow)
 RETENTION_MS = 45 * 60 * 1000  # two 15-minute epochs, and the release 11 minutes into the next
 _ENTRY_BYTES = 512  # an entry's fixed fields and bookkeeping
 _PART_BYTES = 64  # a message's or chunk's own overhead
@@ -154,16 +154,22 @@ class Recording:
 
 @dataclasses.dataclass(slots=True)
 class _Slot:
-    """One entry as the store holds it: what finds it, and the entry itself (``kept``) or where
-    it lies on disk (``where``: then it costs :data:`_SLOT_BYTES` of memory and ``disk`` bytes)."""
+    """One entry as the store holds it: what finds it, and either the entry itself (``kept``) or
+    where it lies on disk (``where``)."""
 
     node_id: bytes
     digest: bytes
     kept_ms: int
-    size: int  # bytes of memory counted
-    disk: int  # bytes on disk counted
     kept: Kept | None
     where: Where | None
+
+    def memory(self) -> int:
+        """The bytes of memory the store counts for it: :data:`_SLOT_BYTES` for an entry on disk."""
+        return _SLOT_BYTES if self.kept is None else self.kept.size
+
+    def disk(self) -> int:
+        """The bytes of disk it takes: its frame's."""
+        return 0 if self.where is None else self.where[2]
 
 
 class ServedStore:
@@ -193,7 +199,7 @@ class ServedStore:
         (the newest, where they are over the caps)."""
         store = cls(max_bytes=max_bytes, max_disk_bytes=max_disk_bytes, retention_ms=retention_ms)
         for st in log.load(now_ms, retention_ms):
-            store._take(_Slot(st.node_id, st.digest, st.kept_ms, _SLOT_BYTES, st.where[2], None, st.where), now_ms)
+            store._take(_Slot(st.node_id, st.digest, st.kept_ms, None, st.where), now_ms)
         store.log = log
         store._prune_log(now_ms)
         return store
@@ -239,10 +245,10 @@ class ServedStore:
         except ValueError:  # the log's LogError: a reply too long ever to be handed in
             self.dropped["too large"] += 1
             return
-        if where is not None and where[2] <= self.max_disk_bytes:
-            self._take(_Slot(entry.node_id, entry.digest, now_ms, _SLOT_BYTES, where[2], None, where), now_ms)
+        if where is not None:
+            self._take(_Slot(entry.node_id, entry.digest, now_ms, None, where), now_ms)
         else:
-            self._take(_Slot(entry.node_id, entry.digest, now_ms, entry.size, 0, entry, None), now_ms)
+            self._take(_Slot(entry.node_id, entry.digest, now_ms, entry, None), now_ms)
         if self.log is not None and now_ms - self._pruned_ms >= _PRUNE_EVERY_MS:
             self._prune_log(now_ms)
 
@@ -258,8 +264,8 @@ class ServedStore:
             slot.node_id = self._ids.setdefault(slot.node_id, slot.node_id)
         self._entries.append(slot)
         self._by_locator.setdefault(wire.locator(slot.digest), []).append(slot)
-        self.bytes += slot.size
-        self.disk_bytes += slot.disk
+        self.bytes += slot.memory()
+        self.disk_bytes += slot.disk()
         self.kept += 1
         while self.bytes > self.max_bytes or self.disk_bytes > self.max_disk_bytes:
             age_s = (now_ms - self._entries[0].kept_ms) // 1000
@@ -280,8 +286,8 @@ class ServedStore:
         del same[0]
         if not same:
             del self._by_locator[key]
-        self.bytes -= slot.size
-        self.disk_bytes -= slot.disk
+        self.bytes -= slot.memory()
+        self.disk_bytes -= slot.disk()
         self.dropped[why] += 1
 
     def prune(self, now_ms: int) -> None:

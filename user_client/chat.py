@@ -375,13 +375,6 @@ def make_transcript_donor(cfg: Any, identity: Any, addresses: Sequence[str],
     return TranscriptDonor(identity, addresses, validators, powers=powers, rate=cfg.donate_transcripts_rate)
 
 
-def validator_powers(member: Any) -> Callable[[], dict[bytes, int]]:
-    """The voting power of each validator key ``member``'s committee client holds now (the genesis
-    set, or the committee's signed lists' latest)."""
-    powers: Callable[[], dict[bytes, int]] = member.powers
-    return powers
-
-
 def check_chat_settings(cfg: Any, args: argparse.Namespace) -> None:
     """:class:`~gentorrent.cli.CliError` for a chat that cannot run as configured."""
     from gentorrent.cli import CliError
@@ -481,7 +474,7 @@ class ChatRun:
         client = self.session.client
         if isinstance(client, DonatingClient):
             self.transcripts = client.donor = make_transcript_donor(cfg, identity, member.settings.addresses,
-                                                                    validators, validator_powers(member))
+                                                                    validators, member.powers)
             await nursery.start(self.transcripts.run)
 
     async def paths_ready(self) -> bool:

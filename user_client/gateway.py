@@ -554,7 +554,6 @@ def run_serve(args: argparse.Namespace) -> int:
         check_donation_settings,
         make_donor,
         make_transcript_donor,
-        validator_powers,
     )
     from user_client.relay_node import listen_address
     from user_client.transcripts import DonatingClient
@@ -620,7 +619,7 @@ def run_serve(args: argparse.Namespace) -> int:
                 if isinstance(client, DonatingClient):
                     client.donor = make_transcript_donor(cfg, identity, member.settings.addresses,
                                                          lambda: [v.public_key for v in member.client.validators],
-                                                         validator_powers(member))
+                                                         member.powers)
                     await nursery.start(client.donor.run)
             binds = await nursery.start(serve, gateway.app, hc)
             print(f"READY {binds[0]}/v1", flush=True)

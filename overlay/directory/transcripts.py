@@ -214,15 +214,16 @@ MAX_RELEASED_BYTES = _FIXARRAY + _SMALL + _INT + _ARRAY16 + MAX_RELEASED * MAX_R
 
 __all__ = [
     "ACCEPT_CONTEXT", "BODY_ESCROWED", "CERTIFY_PATH", "COMMITMENT_LEN", "COMMIT_PATH", "ESCROW_COMMIT_CONTEXT",
-    "ESCROW_COMMIT_PATH", "ESCROW_VERSION", "LOCATOR_LEN", "MAX_ACCEPTANCE_BYTES", "MAX_CERTIFICATE_BYTES", "MAX_COMMIT_BYTES",
-    "MAX_ESCROW_COMMIT_BYTES", "MAX_RELEASED", "MAX_RELEASED_BYTES", "MAX_RELEASED_UNITS", "MAX_REVEAL_BYTES",
-    "NODE_REVEAL_CONTEXT", "NODE_REVEAL_PATH", "NONCE_LEN", "RELEASED_PATH", "REVEAL_PATH", "Acceptance",
-    "Certificate", "Commit", "EscrowCommit", "NoReply", "NodeReveal", "ReleasedItem", "Reveal", "Revealed",
-    "TranscriptError", "certified_power", "commitment", "decode_acceptance", "decode_certificate", "decode_commit",
-    "decode_escrow_commit", "decode_node_reveal", "decode_released", "decode_reveal", "encode_acceptance",
-    "encode_body", "encode_certificate", "encode_commit", "encode_escrow_commit", "encode_node_reveal",
-    "encode_released", "encode_reveal", "escrowed_secret", "fits", "locator", "open_shares", "opening_problem",
-    "points_digest", "released_query", "seal_node_reveal", "seal_reveal", "secret_locator", "transcript_problem", "unseal", "verify_acceptance", "verify_commit", "verify_escrow_commit",
+    "ESCROW_COMMIT_PATH", "ESCROW_VERSION", "LOCATOR_LEN", "MAX_ACCEPTANCE_BYTES", "MAX_CERTIFICATE_BYTES",
+    "MAX_COMMIT_BYTES", "MAX_ESCROW_COMMIT_BYTES", "MAX_RELEASED", "MAX_RELEASED_BYTES", "MAX_RELEASED_UNITS",
+    "MAX_REVEAL_BYTES", "NODE_REVEAL_CONTEXT", "NODE_REVEAL_PATH", "NONCE_LEN", "RELEASED_PATH", "REVEAL_PATH",
+    "Acceptance", "Certificate", "Commit", "EscrowCommit", "NoReply", "NodeReveal", "ReleasedItem", "Reveal",
+    "Revealed", "TranscriptError", "certified_power", "commitment", "decode_acceptance", "decode_certificate",
+    "decode_commit", "decode_escrow_commit", "decode_node_reveal", "decode_released", "decode_reveal",
+    "encode_acceptance", "encode_body", "encode_certificate", "encode_commit", "encode_escrow_commit",
+    "encode_node_reveal", "encode_released", "encode_reveal", "escrowed_secret", "fits", "locator", "open_shares",
+    "opening_problem", "points_digest", "released_query", "seal_node_reveal", "seal_reveal", "secret_locator",
+    "transcript_problem", "unseal", "verify_acceptance", "verify_commit", "verify_escrow_commit",
     "verify_node_reveal", "verify_reveal",
 ]
 

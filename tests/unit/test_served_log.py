@@ -213,8 +213,7 @@ def test_an_entry_on_disk_costs_at_most_its_slot_in_memory() -> None:
     try:
         before = tracemalloc.get_traced_memory()[0]
         for i in range(n):
-            store._take(_Slot(node, rng.randbytes(32), NOW_MS + i, _SLOT_BYTES, 17_000, None, (seg, i * 17_000, 17_000)),
-                        NOW_MS + i)
+            store._take(_Slot(node, rng.randbytes(32), NOW_MS + i, None, (seg, i * 17_000, 17_000)), NOW_MS + i)
         per_entry = (tracemalloc.get_traced_memory()[0] - before) / n
     finally:
         tracemalloc.stop()

@@ -452,17 +452,18 @@ class _Entry:
         return self.transcript if self.transcript is not None else self.node
 
 
-def _escrow_problem(t: Transcript, e: _Escrow) -> str | None:
+def _escrow_problem(t: Transcript, e: _Escrow, digest: bytes) -> str | None:
     """Rule 10: why ``t``'s secret does not open escrow ``e`` (None when it does): it must be the
-    escrowed one (``s·B = C_0``), its nonce the secret's, and it must carry the request's locator
-    (decision 0038: else the node could not find a request its donor withheld)."""
+    escrowed one (``s·B = C_0``), its nonce the secret's, and it must carry the locator of the
+    request's ``digest`` (decision 0038: else the node could not find a request its donor withheld)."""
     try:
         secret = escrow.scalar_of(t.secret)
-        if secret == 0 or escrow.nonce_of(secret) != t.nonce or not escrow.opens(e.points(), secret):
-            return "escrowed: the secret is not the escrowed one (its nonce opens the commitment, not the escrow)"
+        opens = secret != 0 and escrow.nonce_of(secret) == t.nonce and escrow.opens(e.points(), secret)
     except escrow.EscrowError:
+        opens = False
+    if not opens:
         return "escrowed: the secret is not the escrowed one (its nonce opens the commitment, not the escrow)"
-    if wire.secret_locator(secret) != wire.locator(t.reply_digest()):
+    if wire.secret_locator(secret) != wire.locator(digest):
         return "escrowed: the secret does not carry the request's locator (decision 0038)"
     return None
 
@@ -697,12 +698,12 @@ class TranscriptBook:
             return "seeded: a request with a seed is never a transcript (its sample could be searched offline)"
         if (entry.escrow is None) != (not t.secret):
             return "malformed: an escrowed commitment is revealed with its secret, and only an escrowed one"
-        if entry.escrow is not None and (why := _escrow_problem(t, entry.escrow)) is not None:
+        digest = t.reply_digest()
+        if entry.escrow is not None and (why := _escrow_problem(t, entry.escrow, digest)) is not None:
             return why
         key = key_of(t.reply.served_by, t.opening.model)
         if key is None:
             return f"unverifiable: the reply's signer is not a registered model node of {t.opening.model!r}"
-        digest = t.reply_digest()
         chain = signing.chain_start(digest)
         try:
             for text, ids in t.reply.chunks:
