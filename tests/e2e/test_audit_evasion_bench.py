@@ -67,16 +67,17 @@ def test_figures_are_well_formed(out: dict[str, Any]) -> None:
         assert f[f"framing_rho{rho}_identities_per_epoch"] in [*grid, 2 * grid[-1]]
         assert f[f"framing_rho{rho}_identities_burnt_per_epoch"] + f[
             f"framing_rho{rho}_framer_transcripts_counted_per_epoch"] <= f[f"framing_rho{rho}_identities_per_epoch"] + 1e-9
-    junks = ("framing_escrow_junk8192_rho0_", "framing_escrow_junk32768_rho0_")
+    junks = tuple(f"framing_escrow_junk{j}_rho0_" for j in (8192, 32768, 65536))
     for pre in ("framing_escrow_rho0_", "framing_escrow_restart_rho0_", *junks):
         assert f[f"{pre}identities_per_epoch"] in [*grid, 2 * grid[-1]]
         hidden = f.get(f"{pre}node_hidden_per_epoch", 0.0)
         assert f[f"{pre}node_revealed_per_epoch"] + f[f"{pre}node_lost_per_epoch"] + hidden \
             <= f[f"{pre}withheld_per_epoch"] + 1e-9
-    # a junk flood leaves withheld replies out of the release, more of them the bigger it is
-    assert 0 < f[f"{junks[0]}node_hidden_per_epoch"] and f[f"{junks[0]}node_revealed_per_epoch"] > 0
-    hid = [f[f"{p}node_hidden_per_epoch"] / max(f[f"{p}withheld_per_epoch"], 1e-9) for p in junks]
-    assert 0.3 < hid[0] < hid[1] < 0.95, hid  # about 1/2 and 7/8
+    # a junk flood leaves no one-shot framer's withheld reply out of the release, up to every donor
+    # slot the book has (decision 0039: shared out by donor); before it, about 1/2 and 7/8
+    for pre in junks:
+        assert f[f"{pre}node_hidden_per_epoch"] == 0 and f[f"{pre}node_revealed_per_epoch"] > 0
+        assert f[f"{pre}identities_per_epoch"] == 2 * grid[-1]  # no framer count on the grid sinks the node
     # main's protocol as documented: the leader sends 3, each of 4 verifiers scores 3
     assert f["main_challenges_sent_per_verifier_node_epoch"] == 0.75
     assert f["main_replies_scored_per_verifier_node_epoch"] == 3

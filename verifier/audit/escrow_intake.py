@@ -14,9 +14,10 @@ queries with them.
 - :func:`take_node_reveal` (``/audit/transcript_node_reveal``): a registered model node's sealed
   transcript of a certified commitment addressed to it.
 - :func:`released_page` (``/audit/transcript_released``): this verifier's shares of an epoch's
-  certified commitments whose donor's transcript it does not hold (:func:`release_list`: at most
-  :data:`~overlay.directory.transcripts.MAX_RELEASED`, chosen by a rank nobody knew while the
-  epoch's commitments were made), once :func:`release_due`; at most :data:`RELEASE_PAGE` a query,
+  escrowed commitments whose donor's transcript it does not hold, certified here or not
+  (:func:`release_list`: at most
+  :data:`~overlay.directory.transcripts.MAX_RELEASED`, shared out among donors so that each
+  donor's first comes out), once :func:`release_due`; at most :data:`RELEASE_PAGE` a query,
   after a given commitment.
 
 The holders' order, the one the donor deals to: the validators' Ed25519 keys in ascending
@@ -25,7 +26,7 @@ bytes (:func:`overlay.directory.escrow.holders`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from overlay.directory import escrow
 from overlay.directory import transcripts as wire
@@ -41,8 +42,9 @@ RELEASED_QUERY_LEN = (8, 8 + wire.COMMITMENT_LEN)  # wire.released_query: an epo
 RELEASE_DELAY_MS = WINDOW_MS + 60_000
 _RANK_PERSON = b"gt-release-rank"
 
-__all__ = ["RELEASE_DELAY_MS", "RELEASE_PAGE", "book_code", "release_due", "release_list", "release_rank",
-           "released_page", "skewed", "take_certificate", "take_escrow_commit", "take_node_reveal"]
+__all__ = ["RELEASE_DELAY_MS", "RELEASE_PAGE", "book_code", "release_choice", "release_due", "release_level",
+           "release_list", "release_rank", "released_page", "skewed", "take_certificate", "take_escrow_commit",
+           "take_node_reveal"]
 
 UserKey = Callable[[bytes], bytes | None]
 
@@ -180,17 +182,62 @@ def release_rank(seed: bytes, value: bytes) -> bytes:
     return crypto.blake2b(seed + value, size=32, person=_RANK_PERSON)
 
 
+def release_level(counts: Sequence[int], cap: int = wire.MAX_RELEASED) -> int:
+    """How many withheld commitments each donor may have released at most, given each donor's
+    count (``counts``) and the most a verifier releases (``cap``): the largest level ``L`` at which
+    ``sum(min(c, L))`` fits. At least 1 while there are no more donors than ``cap``, as the book
+    ensures (``MAX_DONORS`` is ``MAX_RELEASED``): every donor's withheld commitment comes out
+    when it withheld only one, however many others withheld (decision 0039)."""
+    if sum(counts) <= cap:
+        return max(counts, default=0)
+    low, high = 0, max(counts)  # sum(min(c, low)) fits, sum(min(c, high)) does not
+    while high - low > 1:
+        mid = (low + high) // 2
+        if sum(min(c, mid) for c in counts) <= cap:
+            low = mid
+        else:
+            high = mid
+    return low
+
+
+def release_choice(by_donor: Iterable[Sequence[bytes]], seed: bytes, cap: int = wire.MAX_RELEASED) -> list[bytes]:
+    """Which withheld commitments come out, given each donor's (``by_donor``): every donor's up to
+    :func:`release_level`, a donor over it its own of lowest :func:`release_rank`; what the cap
+    has left goes one each to donors over the level, by the rank of their next. So a donor's
+    commitment stays in only where that donor withheld more than the level, and a proposer who
+    grinds the seed chooses only among those donors' commitments, never a one-shot donor's."""
+    donors = [list(values) for values in by_donor]
+    level = release_level([len(values) for values in donors], cap)
+    out: list[bytes] = []
+    next_ones: list[bytes] = []
+    for values in donors:
+        if len(values) <= level:
+            out.extend(values)
+            continue
+        ranked = sorted(values, key=lambda v: release_rank(seed, v))
+        out.extend(ranked[:level])
+        next_ones.append(ranked[level])
+    next_ones.sort(key=lambda v: release_rank(seed, v))
+    return out + next_ones[:cap - len(out)]
+
+
 def release_list(book: TranscriptBook, epoch: int, seed: bytes) -> list[wire.ReleasedItem]:
     """What this verifier releases of ``epoch`` (``seed``: epoch ``epoch + 1``'s): the items of
-    :meth:`~verifier.audit.transcripts.TranscriptBook.released` a page can carry, the
-    :data:`~overlay.directory.transcripts.MAX_RELEASED` of lowest :func:`release_rank` when there
-    are more, in ascending order of commitment. A node reads at most that many of a verifier's.
-    Were they the lowest by value, a framer who withheld that many junk commitments of low values
-    (they need never be asked) would push its withheld good reply out of every node's reading; by
-    rank, it has to withhold many more than that for a chance of it, each junk set a void."""
-    held = [r for r in book.released(epoch) if len(r[2]) <= wire.MAX_RELEASED_UNITS]
-    if len(held) > wire.MAX_RELEASED:
-        held = sorted(held, key=lambda r: release_rank(seed, r[0]))[:wire.MAX_RELEASED]
+    :meth:`~verifier.audit.transcripts.TranscriptBook.released` a page can carry, at most
+    :data:`~overlay.directory.transcripts.MAX_RELEASED` (a node reads at most that many of a
+    verifier's), shared out among donors (:func:`release_choice`), in ascending order of
+    commitment. Were they the lowest by value, a framer who withheld that many
+    junk commitments of low values (they need never be asked) would push its withheld good reply
+    out of every node's reading; were they the lowest by a rank of the seed, as first built, a
+    junk flood would push it out by chance, and a proposer who grinds the seed by choice
+    (decision 0039). Shared out by donor, a donor's only withheld commitment always comes out."""
+    fit: dict[bytes, tuple[bytes, bytes, tuple[escrow.Share, ...]]] = {}
+    by_donor = []
+    for withheld in book.released_by_donor(epoch).values():
+        mine = [it for it in withheld if len(it[2]) <= wire.MAX_RELEASED_UNITS]
+        fit.update((it[0], it) for it in mine)
+        by_donor.append([it[0] for it in mine])
+    held = [fit[v] for v in release_choice(by_donor, seed)]
     decoded: dict[bytes, tuple[bytes, ...]] = {}
     items = []
     for value, points_raw, shares in held:

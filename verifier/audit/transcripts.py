@@ -104,9 +104,10 @@ The rules, and the framer each one stops:
    And ``s`` must carry the request's locator in its low 64 bits (decision 0038), so the node can
    find the request by a lookup: a secret without it never counts either, whoever reveals it.
 11. **The node's side** (decision 0037). After the epoch, :meth:`TranscriptBook.released` gives
-   this verifier's shares of the certified escrowed commitments whose donor's transcript it does
-   not hold (withheld, "no reply", or a reveal that failed a check): never of one its donor
-   revealed. The node addressed rebuilds ``s``, finds what it served, and hands it in
+   this verifier's shares of the escrowed commitments whose donor's transcript it does not hold
+   (withheld, "no reply", or a reveal that failed a check), certified here or not: a donor chooses
+   which verifiers get its certificate, and one that certified at too few to rebuild the secret
+   must not keep the node from it (decision 0039). Never of one its donor revealed. The node addressed rebuilds ``s``, finds what it served, and hands it in
    (:meth:`TranscriptBook.node_reveal`, checked as a donor's is). It fills the donor's gap, so a
    set counts when every one of its commitments is revealed by the donor or its node (rule 3 over
    the union); the donor is still charged the void set (rule 6). A framer's counted sample is then
@@ -648,16 +649,31 @@ class TranscriptBook:
         return None
 
     def released(self, epoch: int) -> list[tuple[bytes, bytes, tuple[escrow.Share, ...]]]:
-        """Rule 11: ``(commitment, points, this verifier's shares)`` of every certified escrowed
-        commitment of ``epoch`` whose donor's transcript this verifier does not hold (withheld,
-        "no reply", or a reveal that failed a check), in set and commitment order. Nothing of a
-        commitment its donor revealed: a node learns which of its requests were donated only where
-        a donor withheld them. The caller releases them only once no reply to them can count any
-        more (decision 0037: five minutes into ``epoch + 1``)."""
-        return [(v, e.escrow.points_raw, e.escrow.shares)
-                for key in sorted(k for k in self._sets if k[0] == epoch)
-                for v, e in self._sets[key].entries.items()
-                if e.escrow is not None and e.escrow.certified and e.escrow.shares and e.transcript is None]
+        """Rule 11: ``(commitment, points, this verifier's shares)`` of every escrowed commitment of
+        ``epoch`` whose donor's transcript this verifier does not hold (withheld, "no reply", or a
+        reveal that failed a check), in set and commitment order; certified here or not, since the
+        donor chooses where its certificate goes (decision 0039: certified at too few verifiers to
+        rebuild the secret, it would otherwise be withheld where it counts and never filled in).
+        Nothing of a commitment its donor revealed: a node learns which of its requests were
+        donated only where a donor withheld them (a client that gets no certificate sends its
+        request under another id). The caller releases them only once no reply to them can count any
+        more (decision 0037: eleven minutes into ``epoch + 1``)."""
+        return [item for items in self.released_by_donor(epoch).values() for item in items]
+
+    def donors(self, epoch: int) -> int:
+        """How many donors hold a set of ``epoch`` here (each one of the :data:`MAX_DONORS` slots)."""
+        return sum(1 for key in self._sets if key[0] == epoch)
+
+    def released_by_donor(self, epoch: int) -> dict[bytes, list[tuple[bytes, bytes, tuple[escrow.Share, ...]]]]:
+        """:meth:`released`, by donor (those with at least one), in donor order: a verifier shares
+        its release out among donors (:func:`verifier.audit.escrow_intake.release_list`)."""
+        out: dict[bytes, list[tuple[bytes, bytes, tuple[escrow.Share, ...]]]] = {}
+        for key in sorted(k for k in self._sets if k[0] == epoch):
+            items = [(v, e.escrow.points_raw, e.escrow.shares) for v, e in self._sets[key].entries.items()
+                     if e.escrow is not None and e.escrow.shares and e.transcript is None]
+            if items:
+                out[key[1]] = items
+        return out
 
     def no_reply(self, donor: bytes, value: bytes) -> str | None:
         """The donor says a committed request got no reply: that set is void (rule 6 counts it)."""

@@ -83,8 +83,9 @@ identities per epoch that makes the victim untrusted within FRAMING_EPOCHS epoch
 FRAMING_SHARE of runs. Those are commitments without escrow; :func:`framing_escrowed` runs the
 same framers against escrowed ones (decision 0037), the victim handing in what they withhold once
 the shares are released RELEASE_BLOCKS into the next epoch (unless it is down until the close),
-and beside a junk flood of JUNK_FLOODS withheld commitments an epoch, which leaves each of theirs
-out of the release with odds 1 - MAX_RELEASED / J (decision 0038).
+and beside a junk flood of JUNK_FLOODS withheld commitments an epoch from junk donors of
+MAX_COMMITS each, where the verifiers' release (``escrow_intake.release_choice``, decision 0039)
+decides which of theirs come out.
 
 **F. Detecting transcripts** (:func:`committed_auc`, :func:`timing_leak`): the best challenge
 detectors against users' committed requests, and a colluding verifier's timing leak (simulated,
@@ -206,7 +207,9 @@ FRAMER_TAU = 750_000  # a one-shot framer reveals a reply only when it scores un
 FRAMER_PARAMS = SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_tokens=256, seed=None)  # the setting
 # where honest replies most often score under FRAMER_TAU (t1.0: 4 of 24 measured replies, mean 0.686)
 FRAMERS_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # framing identities per epoch, searched in order
-JUNK_FLOODS = (8192, 32768)  # junk withheld commitments an epoch beside the framers (2 and 8 times a release)
+# junk withheld commitments an epoch beside the framers: 2 and 8 times a release, and every donor
+# slot a verifier's book has left (MAX_DONORS x MAX_COMMITS, less the epoch's other donors)
+JUNK_FLOODS = (8192, 32768, 65536)
 FRAMING_EPOCHS = 20  # ... the victim untrusted within this many epochs of framing ...
 FRAMING_SHARE = 0.5  # ... in at least this share of runs
 NETWORK_NODES = (10, 100)  # model nodes whose users' commitments a colluding verifier hears (timing leak)
@@ -1008,7 +1011,7 @@ class RunResult:
     framer_withheld: int = 0  # framers' commitments left unrevealed (their replies scored at or above τ)
     node_revealed: int = 0  # withheld replies the node handed in itself (escrow, decision 0037)
     node_lost: int = 0  # withheld replies it could not hand in (down from their release to the book's close)
-    node_hidden: int = 0  # withheld replies left out of the release by a junk flood's lottery (``hidden``)
+    node_hidden: int = 0  # withheld replies a junk flood left out of the release (``junk``)
     booster_counted: int = 0  # boosters' transcripts counted (for the cheaters they boost)
     scored: int = 0  # counted transcripts scored, all verifiers (rules 8 and 9 draw them)
     user_sets: dict[str, int] = field(default_factory=dict)  # node name -> (users' donor, epoch) sets counted for it
@@ -1044,7 +1047,7 @@ class ChainRun:
                  cache: dict[int, Any] | None = None, framer_scores: ShortReplies | None = None,
                  pooled: bool = POOLED, by_donor: bool = BY_DONOR, boosters: int = 0,
                  unrecognised_only: bool = False, budgeted: bool = BUDGETED,
-                 threads: int = SCORING_THREADS, escrowed: bool = False, hidden: float = 0.0) -> None:
+                 threads: int = SCORING_THREADS, escrowed: bool = False, junk: int = 0) -> None:
         """``rho``: the share of the nodes' users' requests donated as transcripts; ``framers``:
         one-shot framing identities per epoch from ``frame_from`` against the first honest node;
         ``cache``: the validators' plans and reports by epoch, shared by runs of the same seed and
@@ -1059,10 +1062,9 @@ class ChainRun:
         as the bench had it before decision 0034); ``escrowed``: commitments are escrowed (decision
         0037) and the run's honest nodes hand in the withheld replies they served
         (:meth:`_node_reveals`), False: commitments of version 1, which only their donor reveals;
-        ``hidden``: with escrow, the chance that a withheld commitment is left out of the release
-        (a framer's junk flood: with ``J`` junk withheld commitments beside it a verifier releases
-        the MAX_RELEASED of lowest rank, so it is left out with odds 1 - MAX_RELEASED / J), drawn
-        for each commitment on its own."""
+        ``junk``: with escrow, a framer's junk flood: that many withheld commitments an epoch from
+        junk donors of MAX_COMMITS each (as many as the book takes beside the epoch's donors),
+        beside which the verifiers' release (:func:`_released`) may leave a withheld one out."""
         from overlay.wire import crypto
         from overlay.wire.identity import node_id_of
         from verifier.audit.transcripts import ScoreCarry, TranscriptBook
@@ -1076,7 +1078,7 @@ class ChainRun:
         self.rho, self.framers, self.frame_from, self.cache = rho, framers, frame_from, cache
         self.framer_scores = framer_scores  # where the framers' replies are drawn from (None: ``scores``)
         self.book = TranscriptBook()  # every honest verifier's book: they all get the same commits and reveals
-        self.escrowed, self.hidden = escrowed, hidden
+        self.escrowed, self.junk = escrowed, junk
         # withheld escrowed commitments' replies, as the node that served them keeps them:
         # commitment -> (node, transcript)
         self.served: dict[bytes, tuple[_Node, Any]] = {}
@@ -1312,12 +1314,13 @@ class ChainRun:
         the transcript in (its store is on disk: a restart loses none of it) unless it is down from
         the release until the book closes ``epoch``, at the next epoch's report."""
         start_next, close = self.st.start_height(), self.st.report_from()  # called at the next epoch's start
+        released = self._released(epoch)
         for value, _, _ in self.book.released(epoch):
             kept = self.served.pop(value, None)
             if kept is None:
                 continue  # no reply came (busy or silent), or a node that is not honest
             node, t = kept
-            if self.hidden and _seeded("hidden", self.seed, epoch, value.hex()).random() < self.hidden:
+            if value not in released:
                 res.node_hidden += 1  # out of the release: the node never rebuilds it
                 continue
             if any(a <= start_next + RELEASE_BLOCKS and b >= close - 1 for a, b in node.restarted):
@@ -1327,6 +1330,24 @@ class ChainRun:
             if why is not None:
                 raise AssertionError(f"bench audit-evasion: the transcript book refused a node's reveal: {why}")
             res.node_revealed += 1
+
+    def _released(self, epoch: int) -> set[bytes]:
+        """The withheld commitments of ``epoch`` the verifiers release (``escrow_intake``'s rule),
+        beside the run's junk flood (``junk``: junk donors of MAX_COMMITS each, as many as the book
+        takes beside the epoch's donors). A donor at or under :func:`release_level` has all of its
+        out, whatever the seed; the others' are chosen as :func:`release_choice` chooses them."""
+        from verifier.audit.escrow_intake import release_choice, release_level
+        from verifier.audit.transcripts import MAX_COMMITS, MAX_DONORS
+
+        by_donor = [[v for v, _, _ in items] for items in self.book.released_by_donor(epoch).values()]
+        donors = min(-(-self.junk // MAX_COMMITS), MAX_DONORS - self.book.donors(epoch))
+        junk_counts = [MAX_COMMITS] * max(0, donors)
+        level = release_level([len(values) for values in by_donor] + junk_counts)
+        if all(len(values) <= level for values in by_donor):
+            return {v for values in by_donor for v in values}
+        rng = _seeded("junk", self.seed, epoch)  # only when a real donor is over the level
+        junk_values = [[rng.randbytes(32) for _ in range(n)] for n in junk_counts]
+        return set(release_choice(by_donor + junk_values, rng.randbytes(32)))
 
     def _eligible(self, r: Req) -> bool:
         """Whether a donor's client may choose ``r`` (overlay.directory.transcripts.fits: a transcript's limits, decision 0032; no seed)."""
@@ -1828,7 +1849,7 @@ def run_honest(seeds: Sequence[int], epochs: int, scores: ScoreTable, view: View
 def framing(seeds: Sequence[int], scores: ScoreTable, view: View, epoch_blocks: int, k: int,
             rhos: Sequence[float], grid: Sequence[int] = FRAMERS_GRID, framer_scores: ShortReplies | None = None,
             name: str = "framing", escrowed: bool = False, victim: str = "honest",
-            hidden: float = 0.0) -> tuple[dict[str, float], dict[str, Any]]:
+            junk: int = 0) -> tuple[dict[str, float], dict[str, Any]]:
     """Part E: an honest node (trusted after WARMUP_EPOCHS honest epochs) facing one-shot framers
     for FRAMING_EPOCHS epochs, its own users donating at each rate of ``rhos``: per rate the
     smallest number of framing identities per epoch (FRAMERS_GRID, searched in order) at which it
@@ -1836,7 +1857,7 @@ def framing(seeds: Sequence[int], scores: ScoreTable, view: View, epoch_blocks: 
     is decided as soon as the runs so far settle it (the rest cannot change which side it is on).
     ``escrowed``: the commitments are escrowed and the victim hands in the replies the framers
     withheld (decision 0037), unless it is down (``victim`` "restart") from their release until the
-    close, or a junk flood left the commitment out of the release (``hidden``: :class:`ChainRun`'s)."""
+    close, or a junk flood left the commitment out of the release (``junk``: :class:`ChainRun`'s)."""
     from overlay.wire.constants import TRUST_LINE
 
     specs = [NodeSpec("victim", victim)]
@@ -1853,7 +1874,7 @@ def framing(seeds: Sequence[int], scores: ScoreTable, view: View, epoch_blocks: 
             for seed in seeds:
                 res = ChainRun(seed, specs, scores, view, epoch_blocks, k, rho=rho, framers=n,
                                frame_from=WARMUP_EPOCHS, cache=caches[seed], framer_scores=framer_scores,
-                               escrowed=escrowed, hidden=hidden).run(epochs)
+                               escrowed=escrowed, junk=junk).run(epochs)
                 runs += 1
                 hits += _epochs_to_untrusted(res.reputation["victim"], WARMUP_EPOCHS, TRUST_LINE) is not None
                 framer_counted += res.framer_counted
@@ -1883,7 +1904,7 @@ def framing(seeds: Sequence[int], scores: ScoreTable, view: View, epoch_blocks: 
             f[key + "withheld_per_epoch"] = last["withheld_per_epoch"]
             f[key + "node_revealed_per_epoch"] = last["node_revealed_per_epoch"]
             f[key + "node_lost_per_epoch"] = last["node_lost_per_epoch"]
-        if hidden:
+        if junk:
             f[key + "node_hidden_per_epoch"] = last["node_hidden_per_epoch"]
         detail[f"rho{rho}"] = {str(n): v for n, v in tried.items()}
     return f, detail
@@ -1898,19 +1919,16 @@ def framing_escrowed(seeds: Sequence[int], scores: ScoreTable, view: View, epoch
     down from the release until the close). At rho = 0 only: the
     victim's own users' donations add honest samples and cannot help the framers. And with a junk
     flood beside the framers (``framing_escrow_junk{J}_``, J of JUNK_FLOODS): J junk withheld
-    commitments an epoch, so each withheld one is left out of the release with odds
-    1 - MAX_RELEASED / J (decision 0037's "Three more holes", 3), which voids its set; the junk
-    itself costs J / 16 void sets an epoch, which the figures do not count."""
+    commitments an epoch, beside which a withheld one left out of the release voids its set
+    (decision 0037's "Three more holes", 3; decision 0039 shares the release out by donor); the
+    junk itself costs J / 16 void sets an epoch, which the figures do not count."""
     f, detail = framing(seeds, scores, view, epoch_blocks, k, (0.0,), grid, name="framing_escrow", escrowed=True)
     fr, detail["restart"] = framing(seeds, scores, view, epoch_blocks, k, (0.0,), grid, name="framing_escrow_restart",
                                     escrowed=True, victim="restart")
     f.update(fr)
-    from overlay.directory.transcripts import MAX_RELEASED
-
     for junk in JUNK_FLOODS:
         fj, detail[f"junk{junk}"] = framing(seeds, scores, view, epoch_blocks, k, (0.0,), grid,
-                                            name=f"framing_escrow_junk{junk}", escrowed=True,
-                                            hidden=1 - MAX_RELEASED / junk)
+                                            name=f"framing_escrow_junk{junk}", escrowed=True, junk=junk)
         f.update(fj)
     return f, detail
 
