@@ -87,8 +87,9 @@ SETTINGS: dict[str, Setting] = {
                 "for their answers, up to 5 s, and 1 s more; with the validators' powers known, an escrowed commit "
                 "and its certificate, decision 0037: two rounds of up to 5 s), then reveals the transcript sealed to "
                 "each verifier's key. Privacy cost: every verifier learns your node id, your IP address, the prompt, "
-                "the reply and which model node served it; if a reveal never reaches a verifier, the model node that "
-                "served the request learns after the epoch that it was donated. Seeded requests are never donated. "
+                "the reply and which model node served it; if a reveal misses verifiers that together could rebuild its "
+                "escrowed secret, the model node that served the request learns after the epoch that it was donated "
+                "(the client waits up to 10 s for its reveals when it stops). Seeded requests are never donated. "
                 "Needs --committee"),
         Setting("donate_transcripts_rate", float, 0.1,
                 "with --donate-transcripts, the share of requests whose transcript is donated (0..1)"),

@@ -23,7 +23,7 @@ committee's model list marks them). ``--donate-prompts`` donates some complete r
 committee's audits (:mod:`user_client.donate`); pending donations are dropped when the chat exits.
 ``--donate-transcripts`` donates some requests with their signed replies to every verifier
 (:mod:`user_client.transcripts`): committed before they are sent, revealed after; the chat waits
-a few seconds at exit for reveals still out.
+a few seconds at exit for reveals still out, at Ctrl-C too (a second one stops at once).
 
 Non-interactive (scriptable) when ``--prompt TEXT`` is given (repeatable: one turn each) or
 standard input is not a terminal (all of it is one prompt): the replies go to standard output
@@ -41,6 +41,7 @@ the verifiers (:mod:`overlay.directory.wallet`): model nodes serve requests with
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
@@ -56,7 +57,7 @@ from overlay.wire.constants import REPUTATION_SCALE
 from overlay.wire.failures import Failure
 from overlay.wire.messages import ChatMessage, ReplyChunk, SamplingParams
 from user_client.donate import Donor
-from user_client.transcripts import EXIT_WAIT_S, DonatingClient, TranscriptDonor
+from user_client.transcripts import DonatingClient, TranscriptDonor, reveal_before_stopping
 
 EXIT_OK = 0
 EXIT_OTHER = 1
@@ -67,6 +68,7 @@ EXIT_MODEL_ERROR = 5
 EXIT_UNVERIFIED = 6
 EXIT_UNAUDITED = 7
 EXIT_QUOTA = 8
+EXIT_INTERRUPTED = 130
 EXIT_CODES = {
     EXIT_OK: "every reply arrived and its signature verified",
     EXIT_OTHER: "another failure (see the message)",
@@ -77,6 +79,7 @@ EXIT_CODES = {
     EXIT_UNVERIFIED: "a reply failed verification and was discarded",
     EXIT_UNAUDITED: "the model is not audited by the committee's verifiers (pass --allow-unaudited to use it anyway)",
     EXIT_QUOTA: "your usage quota of the model is used up for now (the message says when the next token comes)",
+    EXIT_INTERRUPTED: "interrupted (Ctrl-C, SIGTERM)",
 }
 CHARS_PER_TOKEN = 3  # conservative: real tokenizers average 3.5-4.5 characters per token on English
 
@@ -428,11 +431,11 @@ class ChatRun:
     async def main(self) -> None:
         async with trio.open_nursery() as nursery:
             if await self.start(nursery) and await self.paths_ready():
-                await self.converse()
-                if self.transcripts is not None and self.transcripts.pending:  # reveals still out: a
-                    self.note(f"[revealing {self.transcripts.pending} donated transcript(s)...]")  # commitment
-                    with trio.move_on_after(EXIT_WAIT_S):  # left unrevealed burns the donor
-                        await self.transcripts.wait_idle()
+                # the turns, then the reveals still out (a commitment left unrevealed burns the
+                # donor); the first Ctrl-C ends the turns, a second the wait
+                with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as stops:
+                    if await reveal_before_stopping(self.converse, stops, self.transcripts, self.note):
+                        self.status = EXIT_INTERRUPTED
             nursery.cancel_scope.cancel()
 
     async def start(self, nursery: trio.Nursery) -> bool:
@@ -583,7 +586,7 @@ def run_chat(args: argparse.Namespace) -> int:
     try:
         run_async(chat.main)
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
     return chat.status
 
 

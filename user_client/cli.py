@@ -24,8 +24,9 @@ USE_NOTE = ("Prompts go only to trusted model nodes (committee reputation 0.4 or
             "--donate-transcripts (off by default) donates, for a share --donate-transcripts-rate (0.1) "
             "of requests drawn before they are sent, the request and its signed reply to every verifier of the "
             "committee, committed to before the request leaves: every verifier learns your node id, your IP "
-            "address, the prompt, the reply and which model node served it (and if a reveal never reaches a "
-            "verifier, the model node learns after the epoch that the request was donated).")
+            "address, the prompt, the reply and which model node served it (and if a reveal misses verifiers that "
+            "together could rebuild its escrowed secret, the model node learns after the epoch that the request "
+            "was donated; the client waits up to 10 s for its reveals when it stops, a second Ctrl-C stops at once).")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -48,11 +48,13 @@ import ipaddress
 import logging
 import math
 import os
+import signal
 import sys
 import time
 from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Protocol
 
 import trio
@@ -540,6 +542,25 @@ def guard_from_args(args: argparse.Namespace, environ: Any = os.environ) -> api.
         raise CliError(str(exc)) from None
 
 
+async def _serve_api(serve: Callable[..., Any], app: Any, config: Any, announce: Callable[[str], None]) -> None:
+    """Hypercorn's ``serve`` of ``app`` until cancelled; ``announce`` the address once it listens."""
+    async with trio.open_nursery() as nursery:
+        binds = await nursery.start(serve, app, config)
+        announce(binds[0])
+
+
+def _announce(bound: str, *, models: Callable[[], Sequence[str]], held: Callable[[], Sequence[str]], keyed: bool,
+              proxies: int) -> None:
+    """``READY <base url>`` on standard output, what the API serves (``models()``, not ``held()``)
+    on standard error."""
+    print(f"READY {bound}/v1", flush=True)
+    served, left_out = models(), held()
+    print(f"[OpenAI-compatible API on {bound}/v1; models: {', '.join(served) or 'none'}"
+          + (f"; not audited by the committee, left out (--allow-unaudited uses them): {', '.join(left_out)}"
+             if left_out else "") + ("; API key required" if keyed else "")
+          + f"; building {proxies} proxy paths]", file=sys.stderr, flush=True)
+
+
 def run_serve(args: argparse.Namespace) -> int:
     """Start the user node and the HTTP gateway; print ``READY <base url>`` once both listen."""
     from hypercorn.trio import serve
@@ -556,7 +577,7 @@ def run_serve(args: argparse.Namespace) -> int:
         make_transcript_donor,
     )
     from user_client.relay_node import listen_address
-    from user_client.transcripts import DonatingClient
+    from user_client.transcripts import DonatingClient, reveal_before_stopping
 
     cfg = resolve_config(args)
     if not is_loopback(args.host) and not args.listen_public:
@@ -621,16 +642,21 @@ def run_serve(args: argparse.Namespace) -> int:
                                                          lambda: [v.public_key for v in member.client.validators],
                                                          member.powers)
                     await nursery.start(client.donor.run)
-            binds = await nursery.start(serve, gateway.app, hc)
-            print(f"READY {binds[0]}/v1", flush=True)
-            held = unaudited()
-            print(f"[OpenAI-compatible API on {binds[0]}/v1; models: {', '.join(models()) or 'none'}"
-                  + (f"; not audited by the committee, left out (--allow-unaudited uses them): {', '.join(held)}"
-                     if held else "") + ("; API key required" if guard.key_digest is not None else "")
-                  + f"; building {cfg.proxies} proxy paths]", file=sys.stderr, flush=True)
+
+            # the first Ctrl-C or SIGTERM stops the API, then the donated transcripts' reveals still
+            # out are given a few seconds (a commitment left unrevealed burns the donor); a second
+            # one stops at once
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as stops:
+                announce = partial(_announce, models=models, held=unaudited, keyed=guard.key_digest is not None,
+                                   proxies=cfg.proxies)
+                await reveal_before_stopping(partial(_serve_api, serve, gateway.app, hc, announce), stops,
+                                             getattr(client, "donor", None),
+                                             lambda text: print(text, file=sys.stderr, flush=True))
+            nursery.cancel_scope.cancel()
 
     try:
         run_async(main, long_lived=True)
+        print("gateway stopped", file=sys.stderr)
     except KeyboardInterrupt:
         print("gateway stopped", file=sys.stderr)
     except OSError as exc:

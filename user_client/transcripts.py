@@ -77,10 +77,12 @@ donor withholds); otherwise it is a version-1 commitment, which the verifiers st
    it to (``abci_query /audit/transcript_reveal``), in the background, tried :data:`REVEAL_TRIES`
    times on network errors; an escrowed transcript carries the secret ``s`` in the nonce's place
    (a body of kind 2), which the verifier checks against the points. ``gentorrent user chat``
-   waits up to :data:`EXIT_WAIT_S` for reveals still out when it exits; ``user serve`` drops them
-   at Ctrl-C (an unrevealed commitment voids the donor's set at that verifier). A request
-   cancelled after its commitment (escrowed: after its certificate may have gone out) reveals
-   "no reply".
+   and ``user serve`` wait up to :data:`EXIT_WAIT_S` for reveals still out when they stop, at the
+   end of the chat or at the first Ctrl-C or SIGTERM (:func:`reveal_before_stopping`; a second
+   one stops at once): an unrevealed commitment voids the donor's set at each verifier that holds
+   it, and tells the node after the epoch that the request was donated. A request cancelled after
+   its commitment (escrowed: after its certificate may have gone out), by a stop too, reveals "no
+   reply".
 
 Privacy cost (:data:`PRIVACY`, stated where the flag is): every verifier learns the donor's node
 id, its IP address, the prompt, the reply and which model node served it; the commit alone tells
@@ -100,10 +102,10 @@ from __future__ import annotations
 import logging
 import math
 import random
-from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -128,12 +130,12 @@ SETTLE_S = 1.0  # then this long before the request leaves (module docstring, 3)
 DRAIN_S = 60.0  # to read the rest of a committed reply its caller stopped reading
 REVEAL_TRIES = 3
 REVEAL_RETRY_S = 20.0  # between tries of a reveal that met a network error
-EXIT_WAIT_S = 10.0  # `user chat` waits this long for reveals still out when it exits
+EXIT_WAIT_S = 10.0  # `user chat` and `user serve` wait this long for reveals still out when they stop
 MAX_PENDING = 64  # reveals out at once; a chosen request past it is sent as a normal one
 PRIVACY = ("every verifier of the committee learns your node id, your IP address, the prompt, the reply and which "
            "model node served it (and, from the commit, when you are about to send a request); if your reveal of "
-           "a request never reaches a verifier, the model node that served it learns after the epoch that it was "
-           "donated")
+           "a request misses verifiers that together could rebuild its escrowed secret, the model node that "
+           "served it learns after the epoch that it was donated")
 
 ACCEPTED, REFUSED, UNKNOWN = "accepted", "refused", "unknown"
 Answers = dict[str, tuple[str, bytes, str]]  # address -> (ACCEPTED | REFUSED | UNKNOWN, its key or b"", why)
@@ -571,3 +573,54 @@ class DonatingClient:
                     raise
         finally:
             donor.finish(c, got)
+
+
+class Reveals(Protocol):
+    """What :func:`reveal_before_stopping` needs of a :class:`TranscriptDonor`."""
+
+    @property
+    def pending(self) -> int: ...
+
+    async def wait_idle(self) -> bool: ...
+
+
+async def reveal_before_stopping(work: Callable[[], Awaitable[object]], stops: AsyncIterator[object],
+                                 donor: Reveals | None, note: Callable[[str], None]) -> bool:
+    """Run ``work`` (a chat's turns, a gateway's server) until it returns or the first of ``stops``
+    (a signal: Ctrl-C, SIGTERM) cancels it; then wait up to :data:`EXIT_WAIT_S`, or until the next
+    of ``stops``, for ``donor``'s reveals still out, the "no reply" of every committed request the
+    cancel cut short among them. A commitment left unrevealed voids the donor's set at each
+    verifier that holds it, and its shares come out after the epoch, which tells the model node
+    that served the request that it was donated. Whether a stop came."""
+    stopped = False
+    async with trio.open_nursery() as nursery:
+
+        async def watch() -> None:
+            nonlocal stopped
+            async for _ in stops:
+                stopped = True
+                nursery.cancel_scope.cancel()
+                return
+
+        nursery.start_soon(watch)
+        await work()
+        nursery.cancel_scope.cancel()
+    # the nursery waited for what ``work`` started: every request cut short has handed its
+    # commitment to the donor (``finish``)
+    if donor is not None and donor.pending:
+        note(f"[revealing {donor.pending} donated transcript(s)..."
+             + (" Ctrl-C again to stop now]" if stopped else "]"))
+        with trio.move_on_after(EXIT_WAIT_S):
+            async with trio.open_nursery() as nursery:
+
+                async def again() -> None:
+                    nonlocal stopped
+                    async for _ in stops:
+                        stopped = True
+                        nursery.cancel_scope.cancel()
+                        return
+
+                nursery.start_soon(again)
+                await donor.wait_idle()
+                nursery.cancel_scope.cancel()
+    return stopped

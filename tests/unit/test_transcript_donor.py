@@ -12,6 +12,7 @@ import logging
 import random
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import pytest
@@ -25,7 +26,7 @@ from overlay.wire.clock import TrioClock
 from overlay.wire.identity import Identity
 from overlay.wire.messages import ChatMessage, ReplyChunk, Request, SamplingParams
 from user_client.chat import ChatSession
-from user_client.transcripts import EXIT_WAIT_S, DonatingClient, TranscriptDonor
+from user_client.transcripts import EXIT_WAIT_S, DonatingClient, TranscriptDonor, reveal_before_stopping
 from verifier.abci_app import take_commit, take_reveal
 from verifier.audit.transcripts import MAX_COMMITS, TranscriptBook
 
@@ -68,6 +69,7 @@ class FakeClient:
     def __init__(self, nodes: list[ModelNode], log: list[tuple[Any, ...]], behaviour: dict[bytes, str]) -> None:
         self.nodes, self.log, self.behaviour = nodes, log, behaviour
         self.sent: list[Request] = []
+        self.first_sent = trio.Event()
 
     def choose_model_node(self, model: str, prefer: bytes | None = None) -> Entry:
         if model != MODEL:
@@ -87,6 +89,7 @@ class FakeClient:
             req = Request(request_id=rid, model=model, messages=tuple(messages), params=params or SamplingParams(),
                           k=3, return_paths=(), continuation=produced)
             self.sent.append(req)
+            self.first_sent.set()
             self.log.append(("send", rid, n.node_id))
             if sent_to is not None:
                 sent_to.add(n.node_id)
@@ -139,6 +142,8 @@ class Verifier:
             self.log.append(("commit", self.address, code))
             return int(code), why, b""
         assert path == wire.REVEAL_PATH
+        if self.answer == "hang":  # takes commits, never answers a reveal
+            await trio.sleep_forever()
         code, why = take_reveal(self.book, data, self.key.private_bytes(), self.key.public_bytes, self.user_key,
                                 self.key_of)
         self.reveals.append((int(code), why))
@@ -342,3 +347,69 @@ def test_the_chat_flags_are_checked_before_anything_starts(tmp_path: Any, capsys
     assert code == 2 and "--donate-transcripts-rate must be within 0..1" in err
     code, err = _chat(tmp_path, capsys, "--donate-transcripts")
     assert code == 2 and "--donate-transcripts" in err and "needs --committee" in err
+
+
+async def _stop_once_sent(w: World, stops: trio.MemorySendChannel[None], then: float, *, again: float | None = None,
+                          at: list[float] | None = None) -> None:
+    """A Ctrl-C ``then`` seconds after the committed request left (its time appended to ``at``),
+    and another ``again`` seconds after the first."""
+    await w.client.first_sent.wait()
+    await trio.sleep(then)
+    await stops.send(None)
+    if at is not None:
+        at.append(trio.current_time())
+    if again is not None:
+        await trio.sleep(again)
+        await stops.send(None)
+
+
+async def test_a_stop_cuts_the_request_short_and_still_reveals_no_reply(autojump_clock: Any) -> None:
+    """``user chat`` and ``user serve`` at Ctrl-C: the committed request is cut short, and its
+    "no reply" reaches every verifier before the process goes (left unrevealed it would burn the
+    donor, and its shares would tell the node after the epoch that the request was donated)."""
+    w = World()
+    send, stops = trio.open_memory_channel[None](2)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.donor.run)
+        nursery.start_soon(_stop_once_sent, w, send, 0.25)  # before the reply's first chunk
+        assert await reveal_before_stopping(w.ask, stops, w.donor, lambda _: None) is True
+        assert w.donor.pending == 0
+        nursery.cancel_scope.cancel()
+    for v in w.verifiers.values():
+        assert [c for c, _ in v.reveals] == [0] and "counts for nothing" in v.reveals[0][1]
+    assert (w.donor.committed, w.donor.no_reply) == (1, 1)
+
+
+async def test_without_a_stop_the_reveals_still_out_are_waited_for(autojump_clock: Any) -> None:
+    w = World()
+    _, stops = trio.open_memory_channel[None](1)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.donor.run)
+        assert await reveal_before_stopping(w.ask, stops, w.donor, lambda _: None) is False
+        assert w.donor.pending == 0 and w.donor.revealed == 3
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("again", [None, 2.0])
+async def test_the_wait_for_reveals_is_bounded_and_a_second_stop_ends_it(autojump_clock: Any,
+                                                                         again: float | None) -> None:
+    """A verifier that never answers a reveal holds the stop up for EXIT_WAIT_S at most, and a
+    second Ctrl-C ends the wait at once."""
+    w = World(answers={0: "hang"})
+    send, stops = trio.open_memory_channel[None](2)
+    first: list[float] = []
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.donor.run)
+        nursery.start_soon(partial(_stop_once_sent, w, send, 5.0, again=again, at=first))  # the reply is whole by then
+
+        async def serving() -> None:  # a gateway: one request, then waiting for the next
+            await w.ask()
+            await trio.sleep_forever()
+
+        notes: list[str] = []
+        assert await reveal_before_stopping(serving, stops, w.donor, notes.append) is True
+        waited = trio.current_time() - first[0]
+        assert w.donor.pending == 1  # the hanging verifier's reveal
+        nursery.cancel_scope.cancel()
+    assert waited == pytest.approx(EXIT_WAIT_S if again is None else again)
+    assert notes == ["[revealing 1 donated transcript(s)... Ctrl-C again to stop now]"]
