@@ -592,6 +592,18 @@ async def reveal_before_stopping(work: Callable[[], Awaitable[object]], stops: A
     cancel cut short among them. A commitment left unrevealed voids the donor's set at each
     verifier that holds it, and its shares come out after the epoch, which tells the model node
     that served the request that it was donated. Whether a stop came."""
+    stopped = await _until_stopped(work, stops)
+    # ``work``'s tasks have ended: every request cut short has handed its commitment to the donor
+    if donor is not None and donor.pending:
+        note(f"[revealing {donor.pending} donated transcript(s)..."
+             + (" Ctrl-C again to stop now]" if stopped else "]"))
+        with trio.move_on_after(EXIT_WAIT_S):
+            stopped = await _until_stopped(donor.wait_idle, stops) or stopped
+    return stopped
+
+
+async def _until_stopped(work: Callable[[], Awaitable[object]], stops: AsyncIterator[object]) -> bool:
+    """Run ``work`` until it returns or the next of ``stops`` cancels it; whether one did."""
     stopped = False
     async with trio.open_nursery() as nursery:
 
@@ -605,22 +617,4 @@ async def reveal_before_stopping(work: Callable[[], Awaitable[object]], stops: A
         nursery.start_soon(watch)
         await work()
         nursery.cancel_scope.cancel()
-    # the nursery waited for what ``work`` started: every request cut short has handed its
-    # commitment to the donor (``finish``)
-    if donor is not None and donor.pending:
-        note(f"[revealing {donor.pending} donated transcript(s)..."
-             + (" Ctrl-C again to stop now]" if stopped else "]"))
-        with trio.move_on_after(EXIT_WAIT_S):
-            async with trio.open_nursery() as nursery:
-
-                async def again() -> None:
-                    nonlocal stopped
-                    async for _ in stops:
-                        stopped = True
-                        nursery.cancel_scope.cancel()
-                        return
-
-                nursery.start_soon(again)
-                await donor.wait_idle()
-                nursery.cancel_scope.cancel()
     return stopped
