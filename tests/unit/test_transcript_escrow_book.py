@@ -338,3 +338,52 @@ def test_a_saved_book_whose_escrow_does_not_hold_together_is_refused() -> None:
     entry[2], entry[3] = None, [True, c.points_raw, b"junk"]
     with pytest.raises(tr.BookError, match="shares do not decode"):
         tr.TranscriptBook.from_bytes(forge(body))
+
+
+def _sybils(book: tr.TranscriptBook, n: int, *, certify: bool, at: int = T0_MS - 10_000) -> list[bytes]:
+    """``n`` registered identities, each holding one escrowed commitment (the same points and
+    shares: the book does not check them) and certifying it or not; their ids."""
+    c = Committed(HONEST, "any", random.Random(3))
+    ids = [os.urandom(20) for _ in range(n)]
+    for i, donor in enumerate(ids):
+        value = os.urandom(32)
+        assert book.hold(donor, value, c.points_raw, c.deal.shares[ME], EPOCH, at + i) is None
+        if certify:
+            assert book.certify(donor, value, c.points_raw, EPOCH, at + i) is None
+    return ids
+
+
+def test_identities_holding_uncertified_commitments_cannot_keep_donors_out() -> None:
+    """The cheapest denial of transcripts (decision 0039): MAX_DONORS registered identities each
+    hold one escrowed commitment and never certify it, epoch after epoch. It costs them nothing (an
+    uncertified commitment counts for nothing and voids nothing, so they are never burnt), and
+    the book used to refuse every other donor as "full" for as long as they kept at it. A full
+    book now drops the oldest set that holds nothing that may count, and the honest donor's
+    transcripts count."""
+    book = tr.TranscriptBook()
+    _sybils(book, tr.MAX_DONORS, certify=False)
+    donor, node = EscrowDonor(book), HonestNode(HONEST)
+    c = Committed(HONEST, "a fair question", donor.rng)
+    assert book.hold(donor.id, c.value, c.points_raw, c.deal.shares[ME], EPOCH, T0_MS) is None  # a sybil's went
+    # the sybils hold on while its certificate is on the way: each new hold drops the oldest
+    # uncertified set, never the honest one, newer than every sybil's but these
+    _sybils(book, 100, certify=False, at=T0_MS + 1)
+    assert book.certify(donor.id, c.value, c.points_raw, EPOCH, T0_MS + 200) is None
+    assert c.value in {v for v, _, _ in book.released(EPOCH)}  # its shares are still held here
+    assert donor.reveal(node.serve(c, T0_MS + 900)) is None
+    assert [t.transcript.reply.chunks[0][0] for t in book.close(EPOCH)] == ["a fair question"]
+    assert book.refused["evicted"] == 101
+
+
+def test_a_book_full_of_sets_that_may_count_still_refuses() -> None:
+    """Only sets that count for nothing are dropped: to keep donors out, identities must certify
+    their commitments, and then reveal them with real replies or be burnt past their void budget."""
+    book = tr.TranscriptBook()
+    _sybils(book, tr.MAX_DONORS - 1, certify=True)
+    _sybils(book, 1, certify=False, at=T0_MS + 10_000)  # the newest hold, uncertified: dropped first
+    first = EscrowDonor(book)
+    first.commit(HONEST, "room for one")  # held and certified: the uncertified set made room
+    late = EscrowDonor(book, seed=2)
+    c = Committed(HONEST, "no room", late.rng)
+    why = book.hold(late.id, c.value, c.points_raw, c.deal.shares[ME], EPOCH, T0_MS)
+    assert (why or "").startswith("full") and book.refused["evicted"] == 1

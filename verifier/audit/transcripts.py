@@ -192,7 +192,7 @@ RESERVE_DIVISOR = 4  # rule 9: a quarter of the budget waits for the second draw
 SUSPECT_EPOCHS = 3  # rule 9: a suspect stays one for this many rounds after the last that found it
 NODE_BUDGET = 6_144  # rule 9: the share of a budget a node needs a round for the audits' goals (decisions 0034, 0035)
 MAX_PER_NODE = 4  # counted transcripts per donor, node and epoch
-MAX_DONORS = 4096  # donors with open commitments at once, per verifier
+MAX_DONORS = 4096  # donors with open commitments at once, per verifier (full: one holding only uncertified ones goes)
 CARRY_EPOCHS = 4  # a verifier holds a node's transcript scores this many epochs for the chain's minimum
 VOID_ALLOWANCE = 2  # void sets any donor may have (rule 6) ...
 VOID_SHARE = 0.2  # ... plus this share of its closed sets
@@ -545,7 +545,7 @@ class TranscriptBook:
         key = (epoch, donor)
         s = self._sets.get(key)
         if s is None:
-            if len(self._sets) >= MAX_DONORS:
+            if len(self._sets) >= MAX_DONORS and not self._evict_uncertified():
                 return self._refuse(f"full: this verifier holds {MAX_DONORS} donors' commitments; try next epoch")
             s = self._sets[key] = _Set()
         if len(s.entries) >= MAX_COMMITS:
@@ -553,6 +553,21 @@ class TranscriptBook:
         entry = s.entries[value] = _Entry(now_ms)
         self._where[value] = key
         return entry
+
+    def _evict_uncertified(self) -> bool:
+        """Make room for a donor in a full book: drop the oldest set whose every commitment is
+        escrowed and uncertified. Such a set counts for nothing and costs its donor nothing, so
+        registered identities holding one each, epoch after epoch, would otherwise keep every
+        donor out for good (decision 0039). A set that holds anything that may count is never
+        dropped: the book is full only of those. Whether one was dropped (counted "evicted")."""
+        idle = [(max(e.received_ms for e in s.entries.values()), key) for key, s in self._sets.items()
+                if not s.void and all(e.escrow is not None and not e.escrow.certified for e in s.entries.values())]
+        if not idle:
+            return False
+        for value in self._sets.pop(min(idle)[1]).entries:  # the one whose latest hold is oldest
+            self._where.pop(value, None)
+        self._note("evicted")
+        return True
 
     def hold(self, donor: bytes, value: bytes, points_raw: bytes, shares: Sequence[escrow.Share], epoch: int,
              now_ms: int) -> str | None:
