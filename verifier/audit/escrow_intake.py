@@ -15,10 +15,9 @@ queries with them.
   transcript of a certified commitment addressed to it.
 - :func:`released_page` (``/audit/transcript_released``): this verifier's shares of an epoch's
   escrowed commitments whose donor's transcript it does not hold, certified here or not
-  (:func:`release_list`: at most
-  :data:`~overlay.directory.transcripts.MAX_RELEASED`, shared out among donors so that each
-  donor's first comes out), once :func:`release_due`; at most :data:`RELEASE_PAGE` a query,
-  after a given commitment.
+  (:func:`release_list`: at most :data:`~overlay.directory.transcripts.MAX_RELEASED`, shared out
+  among donors so that each donor's first comes out), once :func:`release_due`; at most
+  :data:`RELEASE_PAGE` a query, after a given commitment.
 
 The holders' order, the one the donor deals to: the validators' Ed25519 keys in ascending
 bytes (:func:`overlay.directory.escrow.holders`).
@@ -226,11 +225,11 @@ def release_list(book: TranscriptBook, epoch: int, seed: bytes) -> list[wire.Rel
     :meth:`~verifier.audit.transcripts.TranscriptBook.released` a page can carry, at most
     :data:`~overlay.directory.transcripts.MAX_RELEASED` (a node reads at most that many of a
     verifier's), shared out among donors (:func:`release_choice`), in ascending order of
-    commitment. Were they the lowest by value, a framer who withheld that many
-    junk commitments of low values (they need never be asked) would push its withheld good reply
-    out of every node's reading; were they the lowest by a rank of the seed, as first built, a
-    junk flood would push it out by chance, and a proposer who grinds the seed by choice
-    (decision 0039). Shared out by donor, a donor's only withheld commitment always comes out."""
+    commitment. Were they the lowest by value, a framer who withheld that many junk commitments of
+    low values (they need never be asked) would push its withheld good reply out of every node's
+    reading; were they the lowest by a rank of the seed, as first built, a junk flood would push
+    it out by chance, and a proposer who grinds the seed by choice (decision 0039). Shared out by
+    donor, a donor's only withheld commitment always comes out."""
     fit: dict[bytes, tuple[bytes, bytes, tuple[escrow.Share, ...]]] = {}
     by_donor = []
     for withheld in book.released_by_donor(epoch).values():

@@ -107,7 +107,8 @@ The rules, and the framer each one stops:
    this verifier's shares of the escrowed commitments whose donor's transcript it does not hold
    (withheld, "no reply", or a reveal that failed a check), certified here or not: a donor chooses
    which verifiers get its certificate, and one that certified at too few to rebuild the secret
-   must not keep the node from it (decision 0039). Never of one its donor revealed. The node addressed rebuilds ``s``, finds what it served, and hands it in
+   must not keep the node from it (decision 0039). Never of one its donor revealed. The node
+   addressed rebuilds ``s``, finds what it served, and hands it in
    (:meth:`TranscriptBook.node_reveal`, checked as a donor's is). It fills the donor's gap, so a
    set counts when every one of its commitments is revealed by the donor or its node (rule 3 over
    the union); the donor is still charged the void set (rule 6). A framer's counted sample is then
@@ -671,8 +672,8 @@ class TranscriptBook:
         rebuild the secret, it would otherwise be withheld where it counts and never filled in).
         Nothing of a commitment its donor revealed: a node learns which of its requests were
         donated only where a donor withheld them (a client that gets no certificate sends its
-        request under another id). The caller releases them only once no reply to them can count any
-        more (decision 0037: eleven minutes into ``epoch + 1``)."""
+        request under another id). The caller releases them only once no reply to them can count
+        any more (decision 0037: eleven minutes into ``epoch + 1``)."""
         return [item for items in self.released_by_donor(epoch).values() for item in items]
 
     def donors(self, epoch: int) -> int:
