@@ -33,6 +33,15 @@ rebuilt nonce, the node's id and each stored request digest, the match last; and
 (:class:`model_node.served_log.ServedLog` in a temporary directory: the lookup includes reading
 the entry back), and ``node_store_index_bytes_per_entry`` is the memory each stored entry took
 while storing them (tracemalloc): what the store counts of its memory cap per entry on disk.
+
+And what keeping costs the node's serving thread (:meth:`model_node.served.ServedStore.keep`, called
+as each reply's last chunk passes: encode, compress, append to the file): ``node_keep_p50_ms``
+for the short requests above, and ``node_keep_window_p50_ms`` for a request whose prompt fills a
+4,096-token window with long tokens (a store-flushing framer's cheapest bytes, decision 0038):
+each drawn at random from :data:`LONG_TOKENS` strings of 16 to 32 random letters, as many as
+SmolLM2's vocabulary holds of that length; :data:`WINDOW_KEEPS` of them, each
+``node_keep_window_prompt_bytes`` long and ``node_keep_window_disk_bytes`` on disk;
+``node_keep_window_per_s``, how many such a serving thread could keep a second at most (1 / mean).
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ import random
 import statistics
 import sys
 import time
+from array import array
 from importlib.metadata import version
 from typing import Any
 
@@ -57,6 +67,9 @@ CASES: dict[str, list[int]] = {
     "skew16": [450] + [70] * 15,  # one holds 30 % of the power
 }
 STORED = 100_000  # requests a node stored (45 minutes at about 37 a second)
+WINDOW_KEEPS = 400  # full-window requests kept for node_keep_window_*
+WINDOW_TOKENS = 4_096  # llama.cpp's default context: the longest prompt a node serves by default
+LONG_TOKENS = 196  # SmolLM2's tokens of 16 to 32 bytes (decision 0038)
 FIGURES = ("holders_count", "units_count", "threshold_count", "commitments_bytes", "largest_holder_shares_count",
            "largest_holder_shares_bytes", "plan_p50_ms", "deal_p50_ms", "verify_p50_ms", "verify_each_p50_ms",
            "recover_p50_ms", "recover_one_forged_p50_ms")
@@ -116,7 +129,40 @@ def _case(powers: list[int], reps: int) -> dict[str, float]:
     }
 
 
-def _match(reps: int) -> tuple[float, float, float]:
+def _keep_window(quick: bool) -> tuple[float, float, float, float]:
+    """Median ms of one :meth:`~model_node.served.ServedStore.keep` of a full-window request of
+    long tokens, its prompt's bytes, the bytes it takes on disk, and keeps a second (1 / mean)."""
+    import tempfile
+
+    from model_node.served import Kept, ServedStore
+    from model_node.served_log import ServedLog
+    from overlay.wire.messages import ChatMessage, SamplingParams
+
+    rng = random.Random(11)
+    node = rng.randbytes(20)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    params = SamplingParams(0.7, 1.0, 0, 256, None)
+    vocabulary = ["".join(rng.choices(letters, k=rng.randint(16, 32))) for _ in range(LONG_TOKENS)]
+    took: list[float] = []
+    size = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        store = ServedStore(log=ServedLog(tmp), retention_ms=2**40)
+        for i in range(WINDOW_KEEPS // 10 if quick else WINDOW_KEEPS):
+            prompt = "".join(rng.choices(vocabulary, k=WINDOW_TOKENS))
+            size += len(prompt)
+            reply = (("a short answer", (1, 2, 3)),)
+            kept = Kept(node, rng.randbytes(32), "m", (ChatMessage("user", prompt),), params, rng.randbytes(16), node,
+                        reply, bytes(64), i, len(prompt) + 200)
+            t0 = time.perf_counter()
+            store.keep(kept, i)
+            took.append(time.perf_counter() - t0)
+        if len(store) != len(took):
+            raise AssertionError("escrow: a full-window request was not kept")
+        disk = store.disk_bytes / len(took)
+    return _ms(took), size / len(took), disk, len(took) / sum(took)
+
+
+def _match(reps: int) -> tuple[float, float, float, float]:
     """Median ms to find one commitment among :data:`STORED` stored requests: through the store's
     locator index and read back from its file, as a node runs it, and by a hash per stored digest
     (the match last); and the bytes of memory an entry on disk takes (tracemalloc, while storing)."""
@@ -135,10 +181,14 @@ def _match(reps: int) -> tuple[float, float, float]:
         store = ServedStore(log=ServedLog(tmp), retention_ms=2**40)
         tracemalloc.start()
         try:
+            took = array("d", bytes(8 * STORED))  # allocated before: not counted as the store's
             before = tracemalloc.get_traced_memory()[0]
             for i, d in enumerate(digests):
-                store.keep(Kept(node, d, "m", msgs, params, rng.randbytes(16), node, (("a program", (1, 2)),),
-                                bytes(64), i, 600), i)
+                k = Kept(node, d, "m", msgs, params, rng.randbytes(16), node, (("a program", (1, 2)),), bytes(64), i, 600)
+                t0 = time.perf_counter()
+                store.keep(k, i)
+                took[i] = time.perf_counter() - t0
+            del k
             index_bytes = (tracemalloc.get_traced_memory()[0] - before) / STORED
         finally:
             tracemalloc.stop()
@@ -156,7 +206,7 @@ def _match(reps: int) -> tuple[float, float, float]:
             scanned.append(t2 - t1)
             if kept is None or kept.digest != found or found != digests[-1] or len(store) != STORED:
                 raise AssertionError("escrow: the stored request was not found")
-    return _ms(looked), _ms(scanned), index_bytes
+    return _ms(looked), _ms(scanned), index_bytes, _ms(list(took))
 
 
 def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
@@ -164,7 +214,12 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
     figures: dict[str, float] = {}
     for name, powers in CASES.items():
         figures.update({f"{name}_{k}": v for k, v in _case(powers, reps).items()})
-    looked, scanned, index_bytes = _match(reps)
+    looked, scanned, index_bytes, kept = _match(reps)
+    figures["node_keep_p50_ms"] = kept
+    window, prompt, disk, per_s = _keep_window(quick)
+    figures["node_keep_window_p50_ms"], figures["node_keep_window_disk_bytes"] = window, round(disk)
+    figures["node_keep_window_prompt_bytes"] = round(prompt)
+    figures["node_keep_window_per_s"] = round(per_s)
     figures["node_match_p50_ms"], figures["node_match_scan_p50_ms"] = looked, scanned
     figures["node_store_index_bytes_per_entry"] = round(index_bytes)
     figures["node_match_scan_ratio"] = round(scanned / looked, 1) if looked else 0.0
@@ -175,6 +230,8 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
                          "powers": {str(v): powers.count(v) for v in sorted(set(powers), reverse=True)}}
                   for name, powers in CASES.items()},
         "node_match_stored": STORED,
+        "node_keep_window": {"keeps": WINDOW_KEEPS // 10 if quick else WINDOW_KEEPS, "tokens": WINDOW_TOKENS,
+                             "vocabulary": LONG_TOKENS, "token_letters": [16, 32]},
         "statistic": "median over reps (fresh secret and deal each)",
         "threads": 1,
         "cpu": cpu_model(),

@@ -31,7 +31,11 @@ def _keys() -> set[str]:
 
     return {f"{case}_{f}" for case in CASES for f in FIGURES} | {"node_match_p50_ms", "node_match_scan_p50_ms",
                                                                   "node_match_scan_ratio",
-                                                                  "node_store_index_bytes_per_entry"}
+                                                                  "node_store_index_bytes_per_entry",
+                                                                  "node_keep_p50_ms", "node_keep_window_p50_ms",
+                                                                  "node_keep_window_prompt_bytes",
+                                                                  "node_keep_window_disk_bytes",
+                                                                  "node_keep_window_per_s"}
 
 
 def test_prints_exactly_the_expected_keys_and_docs_list_them(out: dict[str, Any], helpers: Any) -> None:
@@ -58,6 +62,10 @@ def test_figures_are_finite_and_in_range(out: dict[str, Any]) -> None:
         for timing in ("plan", "deal", "verify", "verify_each", "recover", "recover_one_forged"):
             assert f[f"{case}_{timing}_p50_ms"] > 0.0, (case, timing)  # measured; how fast is the bench's to say
     assert f["node_match_p50_ms"] > 0.0 and f["node_match_scan_p50_ms"] > 0.0 and f["node_match_scan_ratio"] > 0.0
+    assert f["node_keep_p50_ms"] > 0.0 and f["node_keep_window_p50_ms"] > 0.0 and f["node_keep_window_per_s"] > 0
+    # a full window of 4,096 tokens of 16 to 32 letters, kept compressed (the vocabulary repeats)
+    assert 4_096 * 16 <= f["node_keep_window_prompt_bytes"] <= 4_096 * 32
+    assert 0 < f["node_keep_window_disk_bytes"] < f["node_keep_window_prompt_bytes"] / 2
     from model_node.served import _SLOT_BYTES
 
     assert 100 < f["node_store_index_bytes_per_entry"] <= _SLOT_BYTES  # what the store counts is what it takes
