@@ -656,9 +656,9 @@ def run_serve(args: argparse.Namespace) -> int:
 
     try:
         run_async(main, long_lived=True)
-        print("gateway stopped", file=sys.stderr)
     except KeyboardInterrupt:
-        print("gateway stopped", file=sys.stderr)
+        pass  # before the signals are taken (start-up): stopped all the same
     except OSError as exc:
         raise CliError(f"cannot listen on {args.host}:{args.port} or {cfg.listen}: {exc.strerror or exc}") from None
+    print("gateway stopped", file=sys.stderr)
     return 0

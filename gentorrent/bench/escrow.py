@@ -35,8 +35,9 @@ the entry back), and ``node_store_index_bytes_per_entry`` is the memory each sto
 while storing them (tracemalloc): what the store counts of its memory cap per entry on disk.
 
 And what keeping costs the node's serving thread (:meth:`model_node.served.ServedStore.keep`, called
-as each reply's last chunk passes: encode, compress, append to the file): ``node_keep_p50_ms``
-for the short requests above, and ``node_keep_window_p50_ms`` for a request whose prompt fills a
+as each reply's last chunk passes: encode, compress, append to the file; timed apart from the
+above, without tracemalloc): ``node_keep_p50_ms`` for :data:`SHORT_KEEPS` short requests like
+those above, and ``node_keep_window_p50_ms`` for a request whose prompt fills a
 4,096-token window with long tokens (a store-flushing framer's cheapest bytes, decision 0038):
 each drawn at random from :data:`LONG_TOKENS` strings of 16 to 32 random letters, as many as
 SmolLM2's vocabulary holds of that length; :data:`WINDOW_KEEPS` of them, each
@@ -51,7 +52,6 @@ import random
 import statistics
 import sys
 import time
-from array import array
 from importlib.metadata import version
 from typing import Any
 
@@ -67,6 +67,7 @@ CASES: dict[str, list[int]] = {
     "skew16": [450] + [70] * 15,  # one holds 30 % of the power
 }
 STORED = 100_000  # requests a node stored (45 minutes at about 37 a second)
+SHORT_KEEPS = 10_000  # short requests kept for node_keep_p50_ms
 WINDOW_KEEPS = 400  # full-window requests kept for node_keep_window_*
 WINDOW_TOKENS = 4_096  # llama.cpp's default context: the longest prompt a node serves by default
 LONG_TOKENS = 196  # SmolLM2's tokens of 16 to 32 bytes (decision 0038)
@@ -129,9 +130,10 @@ def _case(powers: list[int], reps: int) -> dict[str, float]:
     }
 
 
-def _keep_window(quick: bool) -> tuple[float, float, float, float]:
-    """Median ms of one :meth:`~model_node.served.ServedStore.keep` of a full-window request of
-    long tokens, its prompt's bytes, the bytes it takes on disk, and keeps a second (1 / mean)."""
+def _keeps(quick: bool) -> dict[str, float]:
+    """The ``node_keep_*`` figures: median ms of one :meth:`~model_node.served.ServedStore.keep` of
+    a short request, and of a full-window request of long tokens with its prompt's bytes, the bytes
+    it takes on disk and keeps a second (1 / mean)."""
     import tempfile
 
     from model_node.served import Kept, ServedStore
@@ -143,26 +145,37 @@ def _keep_window(quick: bool) -> tuple[float, float, float, float]:
     letters = "abcdefghijklmnopqrstuvwxyz"
     params = SamplingParams(0.7, 1.0, 0, 256, None)
     vocabulary = ["".join(rng.choices(letters, k=rng.randint(16, 32))) for _ in range(LONG_TOKENS)]
+    short: list[float] = []
     took: list[float] = []
     size = 0
     with tempfile.TemporaryDirectory() as tmp:
         store = ServedStore(log=ServedLog(tmp), retention_ms=2**40)
+        shorts = SHORT_KEEPS // 10 if quick else SHORT_KEEPS
+        for i in range(shorts):  # as node match keeps them
+            kept = Kept(node, rng.randbytes(32), "m", (ChatMessage("user", "what is a quine?"),), params,
+                        rng.randbytes(16), node, (("a program", (1, 2)),), bytes(64), i, 600)
+            t0 = time.perf_counter()
+            store.keep(kept, i)
+            short.append(time.perf_counter() - t0)
+        short_disk = store.disk_bytes
         for i in range(WINDOW_KEEPS // 10 if quick else WINDOW_KEEPS):
             prompt = "".join(rng.choices(vocabulary, k=WINDOW_TOKENS))
             size += len(prompt)
             reply = (("a short answer", (1, 2, 3)),)
             kept = Kept(node, rng.randbytes(32), "m", (ChatMessage("user", prompt),), params, rng.randbytes(16), node,
-                        reply, bytes(64), i, len(prompt) + 200)
+                        reply, bytes(64), shorts + i, len(prompt) + 200)
             t0 = time.perf_counter()
-            store.keep(kept, i)
+            store.keep(kept, shorts + i)
             took.append(time.perf_counter() - t0)
-        if len(store) != len(took):
-            raise AssertionError("escrow: a full-window request was not kept")
-        disk = store.disk_bytes / len(took)
-    return _ms(took), size / len(took), disk, len(took) / sum(took)
+        if len(store) != len(short) + len(took):
+            raise AssertionError("escrow: a request was not kept")
+        disk = (store.disk_bytes - short_disk) / len(took)
+    return {"node_keep_p50_ms": _ms(short), "node_keep_window_p50_ms": _ms(took),
+            "node_keep_window_prompt_bytes": round(size / len(took)), "node_keep_window_disk_bytes": round(disk),
+            "node_keep_window_per_s": round(len(took) / sum(took))}
 
 
-def _match(reps: int) -> tuple[float, float, float, float]:
+def _match(reps: int) -> tuple[float, float, float]:
     """Median ms to find one commitment among :data:`STORED` stored requests: through the store's
     locator index and read back from its file, as a node runs it, and by a hash per stored digest
     (the match last); and the bytes of memory an entry on disk takes (tracemalloc, while storing)."""
@@ -181,14 +194,10 @@ def _match(reps: int) -> tuple[float, float, float, float]:
         store = ServedStore(log=ServedLog(tmp), retention_ms=2**40)
         tracemalloc.start()
         try:
-            took = array("d", bytes(8 * STORED))  # allocated before: not counted as the store's
             before = tracemalloc.get_traced_memory()[0]
             for i, d in enumerate(digests):
-                k = Kept(node, d, "m", msgs, params, rng.randbytes(16), node, (("a program", (1, 2)),), bytes(64), i, 600)
-                t0 = time.perf_counter()
-                store.keep(k, i)
-                took[i] = time.perf_counter() - t0
-            del k
+                store.keep(Kept(node, d, "m", msgs, params, rng.randbytes(16), node, (("a program", (1, 2)),),
+                                bytes(64), i, 600), i)
             index_bytes = (tracemalloc.get_traced_memory()[0] - before) / STORED
         finally:
             tracemalloc.stop()
@@ -206,7 +215,7 @@ def _match(reps: int) -> tuple[float, float, float, float]:
             scanned.append(t2 - t1)
             if kept is None or kept.digest != found or found != digests[-1] or len(store) != STORED:
                 raise AssertionError("escrow: the stored request was not found")
-    return _ms(looked), _ms(scanned), index_bytes, _ms(list(took))
+    return _ms(looked), _ms(scanned), index_bytes
 
 
 def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
@@ -214,15 +223,11 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
     figures: dict[str, float] = {}
     for name, powers in CASES.items():
         figures.update({f"{name}_{k}": v for k, v in _case(powers, reps).items()})
-    looked, scanned, index_bytes, kept = _match(reps)
-    figures["node_keep_p50_ms"] = kept
-    window, prompt, disk, per_s = _keep_window(quick)
-    figures["node_keep_window_p50_ms"], figures["node_keep_window_disk_bytes"] = window, round(disk)
-    figures["node_keep_window_prompt_bytes"] = round(prompt)
-    figures["node_keep_window_per_s"] = round(per_s)
+    looked, scanned, index_bytes = _match(reps)
     figures["node_match_p50_ms"], figures["node_match_scan_p50_ms"] = looked, scanned
     figures["node_store_index_bytes_per_entry"] = round(index_bytes)
     figures["node_match_scan_ratio"] = round(scanned / looked, 1) if looked else 0.0
+    figures.update(_keeps(quick))
     params = {
         "quick": quick,
         "reps": reps,
