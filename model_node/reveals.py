@@ -6,10 +6,13 @@ reveal cannot keep a good reply from counting: once epoch ``e + 1`` is eleven mi
 commitments of ``e`` it holds no reveal for, at most
 :data:`~overlay.directory.transcripts.MAX_RELEASED` chosen by a rank no donor can know
 (``abci_query`` :data:`~overlay.directory.transcripts.RELEASED_PATH`, pages of up to 256 after a
-given commitment; ``TOO_EARLY`` before). Every :data:`POLL_S` seconds :meth:`Reveals.step`:
+given commitment; ``TOO_EARLY`` before). Times scale with the chain's reply window (decision 0040:
+the release is :func:`~overlay.directory.transcripts.release_delay_s` into ``e + 1``). Every
+:func:`~overlay.directory.transcripts.node_poll_s` of the window (at most :data:`POLL_S`: a minute
+at the default 10-minute window) :meth:`Reveals.step`:
 
-1. reads the current epoch from the verifiers' ``/audit`` (the lower median of those that answer,
-   so one verifier cannot move it far);
+1. reads the current epoch and the reply window from the verifiers' ``/audit`` (the lower median of
+   each among those that answer, so one verifier cannot move them far);
 2. for each of the last :data:`EPOCHS` epochs below it not done yet, pages through the released
    shares at EVERY verifier (at most :data:`MAX_PAGES` pages a verifier an epoch a poll, and
    :data:`~overlay.directory.transcripts.MAX_RELEASED` commitments a verifier an epoch in all);
@@ -64,7 +67,7 @@ from overlay.wire.identity import Identity
 
 log = logging.getLogger("gentorrent.model.reveals")
 
-POLL_S = 60.0
+POLL_S = 60.0  # the longest poll (node_poll_s of the default window)
 EPOCHS = 2  # epochs below the current one looked at: the store keeps about two
 MAX_PAGES = 16  # pages read from one verifier for one epoch in one poll
 MAX_REBUILDS = wire.MAX_RELEASED  # secrets rebuilt for one epoch in one poll: a verifier's whole release
@@ -103,7 +106,7 @@ class Reveals:
 
     def __init__(self, addresses: Sequence[str], validators: Callable[[], Mapping[bytes, int]], identity: Identity,
                  store: ServedStore, *, rpc: Rpc | None = None, clock: Clock | None = None,
-                 poll: float = POLL_S, max_rebuilds: int = MAX_REBUILDS) -> None:
+                 poll: float | None = None, max_rebuilds: int = MAX_REBUILDS) -> None:
         if not addresses:
             raise ValueError("the reveals need the committee's RPC addresses")
         self.addresses = tuple(addresses)
@@ -112,7 +115,8 @@ class Reveals:
         self.store = store
         self.rpc = rpc
         self.clock: Clock = clock or TrioClock()
-        self.poll, self.max_rebuilds = poll, max_rebuilds
+        self.fixed_poll, self.max_rebuilds = poll, max_rebuilds
+        self.window_s = wire.DEFAULT_REPLY_WINDOW_S  # the chain's, as the verifiers' /audit last said
         self.epochs: dict[int, _Epoch] = {}
         self.done: set[int] = set()
         self.keys: dict[str, bytes] = {}  # verifier address -> its validator key (checked)
@@ -120,6 +124,12 @@ class Reveals:
         self.counts: Counter[str] = Counter()
         self._last_error = ""
         self._salt = secrets.token_bytes(16)  # orders the rebuilds: no donor can choose to come first
+
+    @property
+    def poll(self) -> float:
+        """Seconds between two polls: ``poll`` as given, else the chain's reply window's
+        :func:`~overlay.directory.transcripts.node_poll_s`."""
+        return self.fixed_poll if self.fixed_poll is not None else wire.node_poll_s(self.window_s)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Poll every :attr:`poll` seconds until cancelled; never raises otherwise."""
@@ -168,8 +178,9 @@ class Reveals:
         self._last_error = why
 
     async def _current_epoch(self) -> int | None:
-        """The lower median of the epochs the verifiers' ``/audit`` answers (``None``: none answered)."""
-        got = []
+        """The lower median of the epochs the verifiers' ``/audit`` answers (``None``: none answered);
+        :attr:`window_s` set to the lower median of their reply windows."""
+        got, windows = [], []
         for address in self.addresses:
             try:
                 raw = await self._query(address, AUDIT_PATH)
@@ -179,13 +190,18 @@ class Reveals:
                 epoch = doc.get("epoch") if isinstance(doc, dict) else None
                 if type(epoch) is not int or epoch < 0:
                     raise RpcError("the /audit answer holds no epoch")
+                window = doc.get("reply_window_s", wire.DEFAULT_REPLY_WINDOW_S)
+                if type(window) is not int or not wire.MIN_REPLY_WINDOW_S <= window <= wire.MAX_REPLY_WINDOW_S:
+                    raise RpcError(f"the /audit answer's reply window {window!r} is out of range")
                 got.append(epoch)
+                windows.append(window)
             except QueryRefused as exc:
                 self._failed(address, "/audit refused", exc)
             except (OSError, RpcError, trio.TooSlowError, ValueError, msgpack.UnpackException) as exc:
                 self._failed(address, "/audit", exc)
         if not got:
             return None
+        self.window_s = sorted(windows)[(len(windows) - 1) // 2]
         return sorted(got)[(len(got) - 1) // 2]
 
     async def _key(self, address: str) -> bytes | None:

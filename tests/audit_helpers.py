@@ -94,11 +94,14 @@ class Committee:
     them (prepare on the first, process/finalize/commit on all) and their app hashes must agree."""
 
     def __init__(self, powers: Sequence[int] = (10, 10, 10, 10), n_nodes: int = 3, n_apps: int = 4,
-                 epoch_blocks: int = E, k: int = K) -> None:
+                 epoch_blocks: int = E, k: int = K, reply_window_s: int | None = None) -> None:
         self.keys = [crypto.SigningKey.generate() for _ in powers]
         self.seeds = {k.public_bytes: k.private_bytes() for k in self.keys}
         self.validators = [Validator("ed25519", k.public_bytes, p) for k, p in zip(self.keys, powers, strict=True)]
-        app_state = json.dumps({"audit": {"epoch_blocks": epoch_blocks, "challenges_per_node": k}}).encode()
+        section: dict[str, int] = {"epoch_blocks": epoch_blocks, "challenges_per_node": k}
+        if reply_window_s is not None:
+            section["reply_window_s"] = reply_window_s
+        app_state = json.dumps({"audit": section}).encode()
         self.apps = [CommitteeApp() for _ in range(n_apps)]
         for a in self.apps:
             a.init_chain(CHAIN, self.validators, app_state)

@@ -29,7 +29,7 @@ from verifier.app import CommitteeApp, Validator
 from verifier.audit import escrow_intake
 from verifier.audit.escrow_intake import book_code
 from verifier.audit.pool import MAX_DONATION_BYTES, DonationError, DonationPool
-from verifier.audit.transcripts import KeyOf, TranscriptBook, transcript_of
+from verifier.audit.transcripts import WINDOW_MS, KeyOf, TranscriptBook, transcript_of
 from verifier.quota import MAX_KEY_QUERY_BYTES, Issuer
 
 log = logging.getLogger("gentorrent.verifier")
@@ -271,7 +271,7 @@ class CommitteeAbciApp:
                                     int(self.clock.unix() * 1000))
         else:
             code, why = take_reveal(self.transcripts, data, self.signer.private_bytes(), self.signer.public_bytes,
-                                    self._user_key, self._model_key)
+                                    self._user_key, self._model_key, window_ms=audit.params.reply_window_ms())
         if code:
             log.info("transcript %s refused: %s", "commit" if path == wire.COMMIT_PATH else "reveal", why)
         return code, why
@@ -285,8 +285,8 @@ class CommitteeAbciApp:
         - ``/audit/transcript_certify`` (data: a certificate): the commitment takes part in its set;
         - ``/audit/transcript_node_reveal`` (data: a model node's sealed reveal);
         - ``/audit/transcript_released`` (data: :func:`~overlay.directory.transcripts.released_query`):
-          a page of an epoch's released shares, once epoch ``e + 1`` is
-          :data:`~verifier.audit.escrow_intake.RELEASE_DELAY_MS` old here.
+          a page of an epoch's released shares, once epoch ``e + 1`` is the chain's release delay
+          old here (:func:`~overlay.directory.transcripts.release_delay_s` of its reply window).
 
         Users' clients make the first two (``user_client.transcripts``), model nodes the last two
         (``model_node.reveals``)."""
@@ -301,6 +301,8 @@ class CommitteeAbciApp:
         self._note_epoch(audit.epoch, audit.seed, now_ms)
         validators = {v.public_key: v.power for v in self.core.committed.validators}
         book = self.transcripts
+        window_ms = audit.params.reply_window_ms()
+        delay_ms = wire.release_delay_s(audit.params.reply_window_s) * 1000
         value = b""
         if path == wire.ESCROW_COMMIT_PATH:
             code, why, value = escrow_intake.take_escrow_commit(book, data, self.signer, self._user_key, validators,
@@ -309,12 +311,13 @@ class CommitteeAbciApp:
             code, why = escrow_intake.take_certificate(book, data, self._user_key, validators, audit.epoch, now_ms)
         elif path == wire.NODE_REVEAL_PATH:
             code, why = escrow_intake.take_node_reveal(book, data, self.signer.private_bytes(), self.signer.public_bytes,
-                                                       self._model_key, self._model_key)
+                                                       self._model_key, self._model_key, window_ms=window_ms)
         else:
-            code, why, value = escrow_intake.released_page(self._release_list(book, data, audit.epoch, now_ms), data,
-                                                           audit.epoch, self._epoch_seen, now_ms)
-        if code:
-            log.info("%s refused: %s", path, why)
+            code, why, value = escrow_intake.released_page(
+                self._release_list(book, data, audit.epoch, now_ms, delay_ms), data, audit.epoch, self._epoch_seen,
+                now_ms, delay_ms=delay_ms)
+        if code:  # a node asks for a release every tenth of the reply window until it is due: not worth a line each
+            log.log(logging.DEBUG if code == Code.TOO_EARLY else logging.INFO, "%s refused: %s", path, why)
         return code, why, value
 
     # ----------------------------------------------------------------- mempool
@@ -382,12 +385,13 @@ class CommitteeAbciApp:
             self._release = {e: t for e, t in self._release.items() if e > epoch - 4}
             self._epoch_seen[epoch], self._epoch_seed[epoch] = now_ms, seed
 
-    def _release_list(self, book: TranscriptBook, data: bytes, now_epoch: int,
-                      now_ms: int) -> list[wire.ReleasedItem]:
+    def _release_list(self, book: TranscriptBook, data: bytes, now_epoch: int, now_ms: int,
+                      delay_ms: int) -> list[wire.ReleasedItem]:
         """What this verifier releases of ``book``'s epoch ``data`` names, chosen once, when first
         due (:func:`~verifier.audit.escrow_intake.release_list`); nothing before."""
         epoch = int.from_bytes(data[:8], "big")
-        if epoch not in self._release and escrow_intake.release_due(epoch, now_epoch, self._epoch_seen, now_ms):
+        if epoch not in self._release and escrow_intake.release_due(epoch, now_epoch, self._epoch_seen, now_ms,
+                                                                      delay_ms=delay_ms):
             self._release[epoch] = escrow_intake.release_list(book, epoch, self._epoch_seed[epoch + 1])
         return self._release.get(epoch, [])
 
@@ -452,7 +456,8 @@ def take_commit(book: TranscriptBook, data: bytes, verifier_pk: bytes, user_key:
 
 
 def take_reveal(book: TranscriptBook, sealed: bytes, seed32: bytes, verifier_pk: bytes,
-                user_key: Callable[[bytes], bytes | None], key_of: KeyOf) -> tuple[Code, str]:
+                user_key: Callable[[bytes], bytes | None], key_of: KeyOf, *,
+                window_ms: int = WINDOW_MS) -> tuple[Code, str]:
     """A donor's sealed reveal (:func:`overlay.directory.transcripts.unseal`, then
     :func:`~overlay.directory.transcripts.decode_reveal`) into ``book``: a transcript for
     :meth:`~verifier.audit.transcripts.TranscriptBook.reveal` (``key_of``: a model node's
@@ -472,7 +477,7 @@ def take_reveal(book: TranscriptBook, sealed: bytes, seed32: bytes, verifier_pk:
         if why is not None:
             return book_code(why), why
         return Code.OK, "noted: a committed request got no reply, so this epoch's set of yours counts for nothing"
-    why = book.reveal(r.donor, transcript_of(b), key_of)
+    why = book.reveal(r.donor, transcript_of(b), key_of, window_ms=window_ms)
     if why is not None:
         return book_code(why), why
     return Code.OK, "taken: the transcript counts once every commitment of its epoch is revealed"

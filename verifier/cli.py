@@ -22,6 +22,10 @@ from gentorrent.cli import CliError, common_flags, resolve_config, run_async
 _DEFAULT_AUDIT_MODEL = "smollm2-135m-instruct"
 _DEFAULT_EPOCH_BLOCKS = 900
 _DEFAULT_CHALLENGES = 4
+# overlay/directory/transcripts.py's reply window (decision 0040), likewise
+_DEFAULT_REPLY_WINDOW = 600
+_MIN_REPLY_WINDOW = 10
+_MAX_REPLY_WINDOW = 3600
 # overlay/directory/quota.py's QuotaParams defaults, likewise (tests/unit/test_quota_issuer.py checks them)
 _DEFAULT_QUOTA_TOKENS = 6
 _DEFAULT_QUOTA_EPOCH_S = 60
@@ -128,6 +132,13 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     g.add_argument("--challenges-per-node", type=int, default=_DEFAULT_CHALLENGES, metavar="K",
                    help=f"challenges each verifier sends each audited node per epoch, 1-4 (default "
                         f"{_DEFAULT_CHALLENGES})")
+    g.add_argument("--reply-window", type=int, default=_DEFAULT_REPLY_WINDOW, metavar="S",
+                   help=f"seconds after its commitment a donated request's reply may be signed and still count, "
+                        f"{_MIN_REPLY_WINDOW}-{_MAX_REPLY_WINDOW} (default {_DEFAULT_REPLY_WINDOW}). It sets when "
+                        "the verifiers release what donors withheld, so that model nodes can hand it in: epochs "
+                        "must then last about 2.2 times it (780 s at the default) before their report window, or "
+                        "framing donors go unanswered (docs/committee.md \"Timing\", decision 0040). Too short "
+                        "and honest donors' slow replies count as late and void their sets")
     g.add_argument("--local-network", action="store_true",
                    help="a network on one machine or a private LAN (devnet, tests): loopback and private addresses "
                         "are listed, with no caps per IP or prefix and no proof of work (addresses are still "
@@ -315,9 +326,9 @@ def _genesis(args: argparse.Namespace) -> int:
     audit: AuditParams | None = None
     if args.audits:
         try:
-            audit = AuditParams(args.epoch_blocks, args.challenges_per_node)
+            audit = AuditParams(args.epoch_blocks, args.challenges_per_node, args.reply_window)
         except AuditParamsError as exc:
-            raise CliError(f"--epoch-blocks/--challenges-per-node: {exc}") from None
+            raise CliError(f"--epoch-blocks/--challenges-per-node/--reply-window: {exc}") from None
     quota = _quota_section(args)
     try:
         genesis = make_genesis(args.data_dirs, chain_id=args.chain_id, power=args.power)
@@ -340,7 +351,7 @@ def _genesis(args: argparse.Namespace) -> int:
              f"{rules.per_prefix} per prefix, 0 = none; address probes {'on' if rules.probe else 'off'})")
           + ("; audits off" if audit is None else
              f"; audits every {audit.epoch_blocks} blocks, {audit.challenges_per_node} challenges per node from "
-             "each verifier")
+             f"each verifier, replies to donated requests within {audit.reply_window_s} s")
           + ("; quotas off" if quota is None else
              f"; quotas of {quota['tokens']} tokens per user, model and {quota['epoch_s']} s epoch from each "
              f"verifier ({quota['burst']} at most at once), {quota['issuers']} issuers per token"))

@@ -107,7 +107,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         "the model, and every epoch of 120 blocks (about two minutes) sends hidden challenge prompts "
                         "through the overlay and the committee agrees on reputations (gentorrent status --committee "
                         "shows them); the chats wait until the model is audited (the verifiers' first plan "
-                        "commits). Without it no model is audited, and the chat config allows unaudited models "
+                        "commits). Donated transcripts (--donate-transcripts) count when their reply is signed "
+                        "within 22 s of the commitment, the reply window these epochs leave model nodes time to "
+                        "hand in what donors withheld (decision 0040). Without it no model is audited, and the chat "
+                        "config allows unaudited models "
                         "(allow_unaudited = true). Needs --engine llama.cpp and a committee; a devnet keeps the "
                         "choice it was created with (--fresh to change it)")
     p.add_argument("--fresh", action="store_true",

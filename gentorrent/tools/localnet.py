@@ -25,6 +25,7 @@ from typing import Any, Self
 import trio
 
 from overlay.directory import registry as reg
+from overlay.directory import transcripts as tw
 from overlay.directory.rpc import Answer, RpcError, call_sync, query_sync
 from overlay.net.peers import PeerEntry
 from overlay.net.transport import format_address
@@ -142,6 +143,23 @@ def ports_taken(ports: Mapping[str, int], host: str = "127.0.0.1") -> list[str]:
     return taken
 
 
+def fitting_reply_window(epoch_blocks: int, block_s: float) -> int:
+    """The longest reply window (decision 0040), at most the default 600 s, at which model nodes
+    hand in what donors withheld before an epoch of ``epoch_blocks`` blocks of at least ``block_s``
+    seconds each reaches its report window (:func:`overlay.directory.transcripts.close_after_s`);
+    the least window where none fits (the verifiers then warn that framing goes unanswered)."""
+    from verifier.audit.chain import AuditParams
+
+    room = (epoch_blocks - AuditParams(epoch_blocks).report_blocks()) * block_s
+    fits = [w for w in range(tw.MIN_REPLY_WINDOW_S, tw.DEFAULT_REPLY_WINDOW_S + 1) if tw.close_after_s(w) <= room]
+    return max(fits, default=tw.MIN_REPLY_WINDOW_S)
+
+
+def _seconds(duration: str) -> float:
+    """A CometBFT duration (``500ms``, ``1s``) in seconds."""
+    return float(duration[:-2]) / 1000 if duration.endswith("ms") else float(duration.rstrip("s"))
+
+
 def cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "gentorrent.cli", *args]
 
@@ -169,6 +187,7 @@ class LocalNet:
         audits: bool = False,
         epoch_blocks: int = 120,
         challenges_per_node: int = 2,
+        reply_window: int | None = None,
     ) -> None:
         """``users`` names extra registered user identities that this class does not
         start (chat clients, benchmark clients, test sinks). ``engine``: the model nodes'
@@ -190,7 +209,9 @@ class LocalNet:
         ``challenges_per_node`` challenges a verifier sends each node, and every verifier runs
         ``--audit`` (its audit user node on port ``verifier-I.audit``). Both are smaller than the
         public network's defaults (900 and 4, decision 0026): a network on one machine is watched
-        for minutes, and its few cores answer every challenge."""
+        for minutes, and its few cores answer every challenge. ``reply_window``: the genesis's
+        ``reply_window_s`` (decision 0040); ``None``, the longest that lets model nodes hand in what
+        donors withheld within these epochs at ``timeout_commit``'s pace (:func:`fitting_reply_window`)."""
         self.clock: Clock = clock or SystemClock()
         self.root = root
         self.engine = engine
@@ -222,6 +243,8 @@ class LocalNet:
         self.verifier_ports = {v: (self.ports[f"{v}.p2p"], self.ports[f"{v}.rpc"]) for v in verifiers}  # (p2p, rpc)
         self.timeout_commit = timeout_commit
         self.audits, self.epoch_blocks, self.challenges_per_node = audits, epoch_blocks, challenges_per_node
+        self.reply_window: int = reply_window if reply_window is not None else \
+            fitting_reply_window(epoch_blocks, _seconds(timeout_commit)) if audits else tw.DEFAULT_REPLY_WINDOW_S
         self.genesis_file = root / "committee-genesis.json"
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         if committee:  # no registry file: the nodes register with the committee
@@ -336,7 +359,7 @@ class LocalNet:
             if proc.returncode != 0:
                 raise LocalNetError(f"{v}: verifier init failed: {err.decode(errors='replace').strip()[-500:]}")
         audit = ["--audits", "--epoch-blocks", str(self.epoch_blocks), "--challenges-per-node",
-                 str(self.challenges_per_node)] if self.audits else []
+                 str(self.challenges_per_node), "--reply-window", str(self.reply_window)] if self.audits else []
         done = subprocess.run(cli("verifier", "genesis", "--chain-id", self.chain_id, "--out", str(self.genesis_file),
                                   "--local-network", *audit, "--install", *[str(self.root / v) for v in self.verifiers]),
                               capture_output=True)

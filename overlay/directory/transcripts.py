@@ -147,6 +147,34 @@ LOCATOR_LEN = 8  # the request digest's first bytes an escrowed secret carries (
 _LOCATOR_BITS = 8 * LOCATOR_LEN
 _HIDDEN_BITS = 188  # an escrowed secret's uniform bits above its locator: 2**(188 + 64) < escrow.L
 
+# The escrow's timing (decision 0040), from the chain's reply window (genesis ``app_state.audit``,
+# ``reply_window_s``): a committed request's reply counts only when signed within the window of its
+# commitment's arrival; an epoch's withheld commitments go out that long and a margin (the window
+# itself, at most RELEASE_MARGIN_S: clock skew between a node and a verifier) after the next epoch
+# began here; a model node polls for them a tenth of the window apart (1 s to 60 s) and has two
+# polls to hand the replies in before the verifiers close the epoch's sets.
+DEFAULT_REPLY_WINDOW_S = 600
+MIN_REPLY_WINDOW_S = 10
+MAX_REPLY_WINDOW_S = 3600
+RELEASE_MARGIN_S = 60
+
+
+def release_delay_s(window_s: int) -> int:
+    """How long after epoch ``e + 1`` began a verifier releases ``e``'s withheld commitments."""
+    return window_s + min(RELEASE_MARGIN_S, window_s)
+
+
+def node_poll_s(window_s: int) -> float:
+    """How often a model node asks the verifiers for released commitments."""
+    return min(60.0, max(1.0, window_s / 10))
+
+
+def close_after_s(window_s: int) -> float:
+    """The least time from an epoch's start to its report window for a node to hand in what the
+    previous epoch's donors withheld: the release and two of the node's polls (780 s by default)."""
+    return release_delay_s(window_s) + 2 * node_poll_s(window_s)
+
+
 # Sizes of the wire format
 MAX_COMMIT_BYTES = 256
 MAX_REVEAL_BYTES = 256 * 1024  # sealed; as hex in an RPC URL, well under CometBFT's 1 MB header limit
@@ -213,18 +241,19 @@ MAX_RELEASED_ITEM_BYTES = (_FIXARRAY + _bin(COMMITMENT_LEN) + _bin(_points_bytes
 MAX_RELEASED_BYTES = _FIXARRAY + _SMALL + _INT + _ARRAY16 + MAX_RELEASED * MAX_RELEASED_ITEM_BYTES  # 19,066,894
 
 __all__ = [
-    "ACCEPT_CONTEXT", "BODY_ESCROWED", "CERTIFY_PATH", "COMMITMENT_LEN", "COMMIT_PATH", "ESCROW_COMMIT_CONTEXT",
-    "ESCROW_COMMIT_PATH", "ESCROW_VERSION", "LOCATOR_LEN", "MAX_ACCEPTANCE_BYTES", "MAX_CERTIFICATE_BYTES",
-    "MAX_COMMIT_BYTES", "MAX_ESCROW_COMMIT_BYTES", "MAX_RELEASED", "MAX_RELEASED_BYTES", "MAX_RELEASED_UNITS",
-    "MAX_REVEAL_BYTES", "NODE_REVEAL_CONTEXT", "NODE_REVEAL_PATH", "NONCE_LEN", "RELEASED_PATH", "REVEAL_PATH",
-    "Acceptance", "Certificate", "Commit", "EscrowCommit", "NoReply", "NodeReveal", "ReleasedItem", "Reveal",
-    "Revealed", "TranscriptError", "certified_power", "commitment", "decode_acceptance", "decode_certificate",
+    "ACCEPT_CONTEXT", "BODY_ESCROWED", "CERTIFY_PATH", "COMMITMENT_LEN", "COMMIT_PATH", "DEFAULT_REPLY_WINDOW_S",
+    "ESCROW_COMMIT_CONTEXT", "ESCROW_COMMIT_PATH", "ESCROW_VERSION", "LOCATOR_LEN", "MAX_ACCEPTANCE_BYTES",
+    "MAX_CERTIFICATE_BYTES", "MAX_COMMIT_BYTES", "MAX_ESCROW_COMMIT_BYTES", "MAX_RELEASED", "MAX_RELEASED_BYTES",
+    "MAX_RELEASED_UNITS", "MAX_REPLY_WINDOW_S", "MAX_REVEAL_BYTES", "MIN_REPLY_WINDOW_S", "NODE_REVEAL_CONTEXT",
+    "NODE_REVEAL_PATH", "NONCE_LEN", "RELEASED_PATH", "RELEASE_MARGIN_S", "REVEAL_PATH", "Acceptance",
+    "Certificate", "Commit", "EscrowCommit", "NoReply", "NodeReveal", "ReleasedItem", "Reveal", "Revealed",
+    "TranscriptError", "certified_power", "close_after_s", "commitment", "decode_acceptance", "decode_certificate",
     "decode_commit", "decode_escrow_commit", "decode_node_reveal", "decode_released", "decode_reveal",
     "encode_acceptance", "encode_body", "encode_certificate", "encode_commit", "encode_escrow_commit",
-    "encode_node_reveal", "encode_released", "encode_reveal", "escrowed_secret", "fits", "locator", "open_shares",
-    "opening_problem", "points_digest", "released_query", "seal_node_reveal", "seal_reveal", "secret_locator",
-    "transcript_problem", "unseal", "verify_acceptance", "verify_commit", "verify_escrow_commit",
-    "verify_node_reveal", "verify_reveal",
+    "encode_node_reveal", "encode_released", "encode_reveal", "escrowed_secret", "fits", "locator", "node_poll_s",
+    "open_shares", "opening_problem", "points_digest", "release_delay_s", "released_query", "seal_node_reveal",
+    "seal_reveal", "secret_locator", "transcript_problem", "unseal", "verify_acceptance", "verify_commit",
+    "verify_escrow_commit", "verify_node_reveal", "verify_reveal",
 ]
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 from typing import Any
 
+import msgpack
 import pytest
 import trio
 
@@ -36,8 +37,8 @@ class Committee(Books):
     """The four verifiers as ``--audit`` runs them: with a donation pool too, so that each answers
     ``/audit/donate_key`` (the key a node reveal is sealed to)."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, reply_window_s: int | None = None) -> None:
+        super().__init__(reply_window_s)
         self.apps = [CommitteeAbciApp(self.core, None, k, pool=DonationPool(), transcripts=b, clock=self.clock)
                      for k, b in zip(KEYS, self.books, strict=True)]
 
@@ -53,6 +54,7 @@ class Rpc:
         self.made_up = False  # ... and points of their own making
         self.invented: set[str] = set()  # addresses whose pages add a commitment of their own, every unit's shares
         self.foreign_key: set[str] = set()  # addresses that answer a key outside the committee
+        self.window: dict[str, int] = {}  # addresses whose /audit claims this reply window
         self.calls: list[tuple[str, str]] = []
 
     async def __call__(self, address: str, method: str, params: dict[str, str]) -> Any:
@@ -63,6 +65,8 @@ class Rpc:
         data = bytes.fromhex(params.get("data", "0x")[2:])
         self.calls.append((address, path))
         code, why, value = self.w.query(ADDRESSES.index(address), path, data)
+        if address in self.window and path == "/audit":
+            value = msgpack.packb({**msgpack.unpackb(value), "reply_window_s": self.window[address]})
         if address in self.foreign_key and path == KEY_PATH:
             value = crypto.SigningKey.from_bytes(b"\x77" * 32).public_bytes
         if address in self.invented and path == wire.RELEASED_PATH and code == 0:
@@ -139,6 +143,37 @@ async def test_a_withheld_good_reply_is_handed_in_by_the_node_after_the_release(
     before = len(rpc.calls)
     await reveals.step()
     assert all(p == "/audit" for _, p in rpc.calls[before:])
+
+
+async def test_on_a_chain_with_a_short_reply_window_the_release_and_the_polls_come_sooner() -> None:
+    """Decision 0040: a chain whose genesis sets a 20-s reply window releases 40 s into epoch + 1
+    (the window and as long again), and the node, reading the window from ``/audit``, polls every
+    2 s: it hands the withheld good reply in within the first 84 blocks of a 100-block epoch, before
+    the close. At the default window the same framing would stand for 11 minutes."""
+    w = Committee(reply_window_s=20)
+    epoch, _, reveals, _ = framed(w)
+    assert reveals.poll == wire.node_poll_s(wire.DEFAULT_REPLY_WINDOW_S) == 60.0  # before it asked
+    w.next_epoch()
+    await reveals.step()
+    assert reveals.window_s == 20 and reveals.poll == 2.0 and reveals.counts["handed"] == 0
+    w.clock.advance(39)
+    await reveals.step()
+    assert reveals.counts["handed"] == 0 and epoch not in reveals.done  # too early at every verifier
+    w.clock.advance(1)
+    await reveals.step()
+    assert reveals.counts["handed"] == 4 and epoch in reveals.done
+    for i in range(4):
+        assert counted(w, i, epoch) == ["bad", "good"]
+
+
+async def test_a_verifier_cannot_stretch_the_nodes_polls_alone() -> None:
+    """The window is the lower median of the verifiers' ``/audit`` answers: one verifier claiming the
+    longest window does not slow the node's polls down, and one out of range is not taken."""
+    w = Committee(reply_window_s=20)
+    _, _, reveals, rpc = framed(w)
+    rpc.window = {ADDRESSES[0]: wire.MAX_REPLY_WINDOW_S, ADDRESSES[1]: 10**6}
+    await reveals.step()
+    assert reveals.window_s == 20 and reveals.poll == 2.0
 
 
 async def test_without_the_node_the_withheld_reply_does_not_count() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
+import msgpack
 import pytest
 
 from overlay.directory import registration as tx
@@ -348,6 +349,30 @@ def test_genesis_params_refuse_the_old_form_with_a_reason() -> None:
         audits.AuditParams(epoch_blocks=audits.MIN_EPOCH_BLOCKS - 1)
 
 
+def test_the_reply_window_is_a_genesis_parameter_that_leaves_older_chains_bytes_alone() -> None:
+    """Decision 0040: ``reply_window_s`` in ``app_state.audit`` (default 600). A chain at the default
+    encodes its parameters as before, so its state and app hash do not change; another window is in
+    the state, round-trips and is shown by ``/audit``; one out of range is refused with its bounds."""
+    from overlay.directory import transcripts as tw
+
+    default = audits.AuditParams()
+    assert default.to_wire() == [audits.DEFAULT_EPOCH_BLOCKS, audits.DEFAULT_CHALLENGES_PER_NODE]
+    assert audits.params_from_app_state(b'{"audit": {"epoch_blocks": 120}}') == audits.AuditParams(120)
+    short = audits.params_from_app_state(b'{"audit": {"epoch_blocks": 120, "reply_window_s": 22}}')
+    assert short == audits.AuditParams(120, audits.DEFAULT_CHALLENGES_PER_NODE, 22) and short.reply_window_ms() == 22_000
+    assert short.to_wire() == [120, audits.DEFAULT_CHALLENGES_PER_NODE, 22]
+    assert audits.AuditParams.from_json(short.to_json()) == short
+    st = audits.initial(short, "c")
+    assert audits.AuditState.from_wire(st.to_wire()) == st
+    assert audits.AuditState.from_wire(audits.initial(default, "c").to_wire()).params == default
+    for bad in (tw.MIN_REPLY_WINDOW_S - 1, tw.MAX_REPLY_WINDOW_S + 1, 30.0, "30"):
+        with pytest.raises(audits.AuditParamsError, match=r"reply_window_s must be an integer 10\.\.3600"):
+            audits.AuditParams(120, 2, bad)  # type: ignore[arg-type]
+    for window, shown in ((22, 22), (None, tw.DEFAULT_REPLY_WINDOW_S)):
+        result, raw = started(reply_window_s=window).app.query("/audit", b"")
+        assert result.ok and msgpack.unpackb(raw)["reply_window_s"] == shown
+
+
 def test_the_median_of_four_equal_verifiers_with_one_liar_is_not_the_lowest_honest_mean() -> None:
     """Three honest means 0.70, 0.90, 0.95 and a liar's 0: C(T) is the midpoint of the two middle
     values (0.80), not the lowest honest one (the lower median's 0.70, under τ)."""
@@ -430,3 +455,14 @@ def test_a_script_reply_to_another_history_or_turn_is_the_reporters_lie(forge: s
     entries = [bad, _script_entry(c, node, p.items[1][1], [950_000])]
     res = c.rejected(c.report_tx(p, entries))
     assert res.code == tx.Code.BAD_SIGNATURE and f"entry 0: turn {turn}" in res.log
+
+
+def test_the_verifier_clis_audit_defaults_are_the_chains() -> None:
+    """verifier/cli.py repeats the defaults to stay light to import; they must not drift."""
+    from overlay.directory import transcripts as tw
+    from verifier import cli
+
+    assert (cli._DEFAULT_EPOCH_BLOCKS, cli._DEFAULT_CHALLENGES) == (audits.DEFAULT_EPOCH_BLOCKS,
+                                                                    audits.DEFAULT_CHALLENGES_PER_NODE)
+    assert (cli._DEFAULT_REPLY_WINDOW, cli._MIN_REPLY_WINDOW, cli._MAX_REPLY_WINDOW) == (
+        tw.DEFAULT_REPLY_WINDOW_S, tw.MIN_REPLY_WINDOW_S, tw.MAX_REPLY_WINDOW_S)

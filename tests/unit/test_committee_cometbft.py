@@ -95,7 +95,13 @@ def test_init_and_genesis_with_real_cometbft(tmp_path: Path, capsys: pytest.Capt
     assert admission_rules(json.dumps(json.loads(other.read_text())["app_state"]).encode()) == AdmissionParams.local()
     assert main(["verifier", "genesis", "--out", str(other), "--audits", "--epoch-blocks", "60",
                  "--challenges-per-node", "4", *dirs]) == 0
-    assert json.loads(other.read_text())["app_state"]["audit"] == {"epoch_blocks": 60, "challenges_per_node": 4}
+    assert json.loads(other.read_text())["app_state"]["audit"] == {"epoch_blocks": 60, "challenges_per_node": 4,
+                                                                  "reply_window_s": 600}
+    assert main(["verifier", "genesis", "--out", str(other), "--audits", "--reply-window", "22", *dirs]) == 0
+    assert params_from_app_state(json.dumps(json.loads(other.read_text())["app_state"]).encode()) == AuditParams(
+        reply_window_s=22)
+    assert main(["verifier", "genesis", "--out", str(other), "--audits", "--reply-window", "9", *dirs]) == 2
+    assert "reply_window_s must be an integer 10..3600" in capsys.readouterr().err
     assert main(["verifier", "genesis", "--out", str(other), "--no-quota", *dirs]) == 0
     assert "quota" not in json.loads(other.read_text())["app_state"]
     assert main(["verifier", "genesis", "--out", str(other), "--quota-tokens", "5", "--quota-epoch-s", "30",

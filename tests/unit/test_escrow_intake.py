@@ -33,12 +33,15 @@ NOW_MS = 1_700_000_000_000 + 5_000
 
 
 class Committee:
-    """Four equal validators over one committed state, each answering queries from its own book."""
+    """Four equal validators over one committed state, each answering queries from its own book;
+    ``reply_window_s``: the genesis's (decision 0040; none: the default)."""
 
-    def __init__(self) -> None:
+    def __init__(self, reply_window_s: int | None = None) -> None:
         self.donor, self.node, self.other = Identity.generate(), Identity.generate(), Identity.generate()
         self.core = CommitteeApp()
-        state = {"audit": {"epoch_blocks": EPOCH_BLOCKS, "challenges_per_node": 2}}
+        state: dict[str, dict[str, int]] = {"audit": {"epoch_blocks": EPOCH_BLOCKS, "challenges_per_node": 2}}
+        if reply_window_s is not None:
+            state["audit"]["reply_window_s"] = reply_window_s
         self.core.init_chain(CHAIN, [Validator("ed25519", k.public_bytes, 10) for k in KEYS],
                              json.dumps(state).encode())
         txs = [make_tx(self.donor.signing, CHAIN, OP_REGISTER, 1,
@@ -471,3 +474,25 @@ def test_a_verifier_releases_by_the_seed_of_the_epoch_after() -> None:
     want = [v for v, _, _ in escrow_intake.release_list(w.books[0], epoch, audit.seed)]
     assert got == want and len(got) == wire.MAX_RELEASED
     assert got != [v for v, _, _ in escrow_intake.release_list(w.books[0], epoch, bytes(32))]
+
+
+def test_a_chains_reply_window_bounds_the_replies_that_count() -> None:
+    """Decision 0040: the genesis's ``reply_window_s`` is rule 1's window. A reply signed 21 s after
+    its commitment counts at the default window and voids the set as late at a 20-s one; the
+    release waits that window and as long again."""
+    for window, taken in ((20, False), (None, True)):
+        w = Committee(reply_window_s=window)
+        d = donate(w, "slow")
+        sealed = wire.seal_reveal(KEYS[0].public_bytes, w.donor, w.donor.node_id, d.served(at_ms=NOW_MS + 21_000))
+        code, why, _ = w.query(0, wire.REVEAL_PATH, sealed)
+        assert (code == 0) is taken, why
+        assert taken or ("late" in why and "over 20 s after it" in why)
+    w = Committee(reply_window_s=20)
+    epoch = w.epoch
+    w.next_epoch()
+    query = wire.released_query(epoch, b"")
+    w.clock.advance(39)
+    code, why, _ = w.query(0, wire.RELEASED_PATH, query)
+    assert code == Code.TOO_EARLY and "40 s old" in why
+    w.clock.advance(1)
+    assert w.query(0, wire.RELEASED_PATH, query)[0] == 0

@@ -752,3 +752,25 @@ def test_a_verifier_whose_epochs_close_before_the_release_says_so(caplog: pytest
         b.plan(long, start + 781)
     assert not [r for r in caplog.records if "close before" in r.getMessage()]
     assert 780 >= RELEASE_DELAY_MS // 1000 + 120
+
+
+def test_a_short_reply_window_lets_short_epochs_close_after_the_nodes_hand_in(caplog: pytest.LogCaptureFixture) -> None:
+    """Decision 0040: a genesis's ``reply_window_s`` scales the release, so 120-block epochs (the
+    devnet's) with a 22-s window close after the nodes' reveals (48.4 s of the 100 blocks before
+    the report, 50 s at half-second blocks) and no warning is given; at the default window they
+    warn. The devnet's :func:`~gentorrent.tools.localnet.fitting_reply_window` stops at 22 s (23 s
+    would take 50.6 s)."""
+    from gentorrent.tools.localnet import fitting_reply_window
+
+    assert fitting_reply_window(120, 0.5) == 22 and fitting_reply_window(900, 1.0) == 600
+    start = 1000
+    for window, warned in ((22, False), (600, True)):
+        a = auditor(0, transcripts=StubBook({}))
+        short = view(committed=(a.public_key,), reported=(a.public_key,), epoch=2, epoch_blocks=120,
+                     start_height=start, commit_until=start + 2, report_from=start + 100, end_height=start + 119,
+                     reply_window_s=window)
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="gentorrent.audit"):
+            a.plan(short, start + 101)
+        said = [r.getMessage() for r in caplog.records if "close before" in r.getMessage()]
+        assert bool(said) is warned, said

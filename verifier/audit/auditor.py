@@ -68,12 +68,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgpack
 
+from overlay.directory import transcripts as tw
 from overlay.wire import failures
 from overlay.wire.identity import NODE_ID_LEN, short_id
 from overlay.wire.messages import ChatMessage
 from verifier.audit.chain import MAX_REPORT_BLOCKS
 from verifier.audit.challenges import ChallengeGenerator
-from verifier.audit.escrow_intake import RELEASE_DELAY_MS
 
 if TYPE_CHECKING:
     from verifier.audit.corpus import ChallengeCorpus
@@ -84,9 +84,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("gentorrent.audit")
 
 MAX_VIEW_BYTES = 4 * 1024 * 1024
-# blocks (at about a second each) from an epoch's start to its report window that let model nodes
-# hand in the epoch before's withheld replies: the release (decision 0037), a node's poll and a minute
-_RELEASE_BEFORE_CLOSE_S = RELEASE_DELAY_MS // 1000 + 120
 REPORT_MARGIN_BLOCKS = 2  # a report waits for challenges still out until this many blocks before the epoch's end
 RETRY_KINDS = frozenset({"busy", "silent", "lost", "incomplete", "error"})  # tried again later in the window
 MAX_REPORT_FIXES = 3  # a refused report with one bad entry is sent again with that entry failed, this often
@@ -140,6 +137,7 @@ class AuditView:
     nodes: tuple[tuple[str, tuple[bytes, ...]], ...]  # (model, node ids in the chain's order)
     outcomes: tuple[tuple[int, str, str, int], ...]  # (epoch, "applied"|"empty", reason, height)
     misses: tuple[tuple[bytes, int], ...]
+    reply_window_s: int = tw.DEFAULT_REPLY_WINDOW_S  # the chain's (decision 0040); absent before it
 
     def nodes_of(self, model: str) -> tuple[bytes, ...]:
         return next((ids for m, ids in self.nodes if m == model), ())
@@ -209,6 +207,7 @@ def parse_view(raw: bytes) -> AuditView:
                             _t(o[3], int, "outcome height"))
                            for o in (_list(x, "outcome", 4) for x in _list(doc["outcomes"], "outcomes"))),
             misses=tuple((_bytes(n, "missing node", 20), _t(c, int, "misses")) for n, c in pairs("misses", "miss")),
+            reply_window_s=_t(doc.get("reply_window_s", tw.DEFAULT_REPLY_WINDOW_S), int, "reply_window_s"),
         )
     except KeyError as exc:
         raise AuditViewError(f"/audit answer lacks {exc}") from None
@@ -611,12 +610,14 @@ class Auditor:
             self._warn_once(("member", view.epoch), logging.WARNING,
                             "audit: this verifier is not a validator in epoch %d: not auditing", view.epoch)
             return []
-        if self.transcripts is not None and view.report_from - view.start_height < _RELEASE_BEFORE_CLOSE_S:
+        needed = math.ceil(tw.close_after_s(view.reply_window_s))  # blocks of about a second each
+        if self.transcripts is not None and view.report_from - view.start_height < needed:
             self._warn_once(("short epochs",), logging.WARNING,
                             "audit: epochs of %d blocks close before model nodes can hand in what framing donors "
                             "withheld (the release is %d s into the next epoch, the close at its report): at 1-s "
-                            "blocks, epoch_blocks of about %d or more are needed (docs/committee.md, 'Timing')",
-                            view.epoch_blocks, RELEASE_DELAY_MS // 1000, _RELEASE_BEFORE_CLOSE_S + MAX_REPORT_BLOCKS)
+                            "blocks, epoch_blocks of about %d or more are needed, or a shorter reply_window_s "
+                            "in the genesis (docs/committee.md, 'Timing')", view.epoch_blocks,
+                            tw.release_delay_s(view.reply_window_s), needed + MAX_REPORT_BLOCKS)
         p = self.current
         if p is not None and p.epoch < view.epoch:
             self.current = p = None

@@ -58,6 +58,7 @@ from typing import Any, Protocol
 import msgpack
 
 from overlay.anon.signing import ReplyVerifyError
+from overlay.directory import transcripts as tw
 from overlay.directory.registration import MAX_MODEL_ID, Code, TxError, pack
 from overlay.wire import crypto
 from overlay.wire.constants import ROLE_MODEL
@@ -89,10 +90,14 @@ class AuditParamsError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class AuditParams:
-    """The audit's parameters, fixed at genesis (``app_state.audit``)."""
+    """The audit's parameters, fixed at genesis (``app_state.audit``). ``reply_window_s``: how long
+    after its commitment a donated request's reply may be signed and still count; it sets when
+    withheld commitments are released and how long epochs must be for model nodes to hand them in
+    (:func:`overlay.directory.transcripts.close_after_s`, decision 0040)."""
 
     epoch_blocks: int = DEFAULT_EPOCH_BLOCKS
     challenges_per_node: int = DEFAULT_CHALLENGES_PER_NODE
+    reply_window_s: int = tw.DEFAULT_REPLY_WINDOW_S
 
     def __post_init__(self) -> None:
         if type(self.epoch_blocks) is not int or not MIN_EPOCH_BLOCKS <= self.epoch_blocks <= MAX_EPOCH_BLOCKS:
@@ -100,27 +105,40 @@ class AuditParams:
         if type(self.challenges_per_node) is not int \
                 or not 1 <= self.challenges_per_node <= at.MAX_CHALLENGES_PER_NODE:
             raise AuditParamsError(f"challenges_per_node must be 1..{at.MAX_CHALLENGES_PER_NODE}")
+        if type(self.reply_window_s) is not int \
+                or not tw.MIN_REPLY_WINDOW_S <= self.reply_window_s <= tw.MAX_REPLY_WINDOW_S:
+            raise AuditParamsError(f"reply_window_s must be an integer {tw.MIN_REPLY_WINDOW_S}.."
+                                   f"{tw.MAX_REPLY_WINDOW_S} (seconds)")
 
     def report_blocks(self) -> int:
         return max(MIN_REPORT_BLOCKS, min(MAX_REPORT_BLOCKS, self.epoch_blocks // 6))
 
+    def reply_window_ms(self) -> int:
+        return self.reply_window_s * 1000
+
     def to_wire(self) -> list[Any]:
-        return [self.epoch_blocks, self.challenges_per_node]
+        """The state's encoding; the default reply window is left out, so a chain from before
+        decision 0040 keeps its bytes (and app hash)."""
+        head = [self.epoch_blocks, self.challenges_per_node]
+        return head if self.reply_window_s == tw.DEFAULT_REPLY_WINDOW_S else [*head, self.reply_window_s]
 
     def to_json(self) -> dict[str, Any]:
         """The genesis ``app_state.audit`` object."""
-        return {"epoch_blocks": self.epoch_blocks, "challenges_per_node": self.challenges_per_node}
+        return {"epoch_blocks": self.epoch_blocks, "challenges_per_node": self.challenges_per_node,
+                "reply_window_s": self.reply_window_s}
 
     @classmethod
     def from_json(cls, obj: Any) -> AuditParams:
         if not isinstance(obj, dict):
-            raise AuditParamsError("app_state.audit must be an object {epoch_blocks, challenges_per_node}")
-        unknown = set(obj) - {"epoch_blocks", "challenges_per_node"}
+            raise AuditParamsError("app_state.audit must be an object {epoch_blocks, challenges_per_node, "
+                                   "reply_window_s}")
+        unknown = set(obj) - {"epoch_blocks", "challenges_per_node", "reply_window_s"}
         if unknown:
             raise AuditParamsError(f"app_state.audit has unknown keys {sorted(unknown)} (a genesis from before "
                                    "decision 0013 named a model and a tolerance: verifiers now declare their models)")
         return cls(obj.get("epoch_blocks", DEFAULT_EPOCH_BLOCKS),
-                   obj.get("challenges_per_node", DEFAULT_CHALLENGES_PER_NODE))
+                   obj.get("challenges_per_node", DEFAULT_CHALLENGES_PER_NODE),
+                   obj.get("reply_window_s", tw.DEFAULT_REPLY_WINDOW_S))
 
 
 def params_from_app_state(app_state: bytes) -> AuditParams | None:
@@ -598,6 +616,7 @@ def query_audit(st: AuditState, validators: Validators, nodes: Mapping[bytes, No
         "end_height": st.end_height(),
         "seed": st.seed,
         "challenges_per_node": st.params.challenges_per_node,
+        "reply_window_s": st.params.reply_window_s,
         "validators": [[pk, p] for pk, p in validators],
         "total_power": sum(p for _, p in validators),
         "committed": [p.validator for p in st.plans],

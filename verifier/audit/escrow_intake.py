@@ -35,10 +35,11 @@ from verifier.audit.transcripts import WINDOW_MS, KeyOf, TranscriptBook, transcr
 
 RELEASE_PAGE = 256  # released commitments in one answer
 RELEASED_QUERY_LEN = (8, 8 + wire.COMMITMENT_LEN)  # wire.released_query: an epoch, then the last one seen
-# epoch e's shares go out this long after epoch e + 1 began here: every commitment of e was
-# certified before that (rule 10 takes a certificate only in its commitment's epoch), so every
-# reply that can count of one was signed before the release (rule 1's window), and a minute more
-RELEASE_DELAY_MS = WINDOW_MS + 60_000
+# epoch e's shares go out the chain's release delay after epoch e + 1 began here (this: the default
+# reply window's): every commitment of e was certified before that (rule 10 takes a certificate only
+# in its commitment's epoch), so every reply that can count of one was signed before the release
+# (rule 1's window), and a margin more (wire.release_delay_s, decision 0040)
+RELEASE_DELAY_MS = wire.release_delay_s(WINDOW_MS // 1000) * 1000
 _RANK_PERSON = b"gt-release-rank"
 
 __all__ = ["RELEASE_DELAY_MS", "RELEASE_PAGE", "book_code", "release_choice", "release_due", "release_level",
@@ -142,9 +143,11 @@ def take_certificate(book: TranscriptBook, data: bytes, user_key: UserKey, valid
 
 
 def take_node_reveal(book: TranscriptBook, sealed: bytes, seed32: bytes, verifier_pk: bytes,
-                     model_key: Callable[[bytes, str], bytes | None], key_of: KeyOf) -> tuple[Code, str]:
+                     model_key: Callable[[bytes, str], bytes | None], key_of: KeyOf, *,
+                     window_ms: int = WINDOW_MS) -> tuple[Code, str]:
     """A model node's sealed reveal into ``book``: the node is registered for the transcript's
-    model (``model_key``) and signed it, the request was addressed to it."""
+    model (``model_key``) and signed it, the request was addressed to it; its reply signed within
+    the chain's reply window (``window_ms``) of the commitment."""
     try:
         nr = wire.decode_node_reveal(wire.unseal(seed32, sealed))
     except wire.TranscriptError as exc:
@@ -158,20 +161,22 @@ def take_node_reveal(book: TranscriptBook, sealed: bytes, seed32: bytes, verifie
         wire.verify_node_reveal(nr, public)
     except wire.TranscriptError as exc:
         return Code.BAD_SIGNATURE, exc.reason
-    why = book.node_reveal(transcript_of(nr.body), key_of)
+    why = book.node_reveal(transcript_of(nr.body), key_of, window_ms=window_ms)
     if why is not None:
         return book_code(why), why
     return Code.OK, "taken: it stands for the commitment its donor did not reveal"
 
 
-def release_due(epoch: int, now_epoch: int, seen_ms: Mapping[int, int], now_ms: int) -> bool:
-    """Whether ``epoch``'s shares may go out: ``epoch + 1`` began at least :data:`RELEASE_DELAY_MS`
-    ago on this verifier's clock (``seen_ms``: when it first saw each epoch), so every commitment
+def release_due(epoch: int, now_epoch: int, seen_ms: Mapping[int, int], now_ms: int, *,
+                delay_ms: int = RELEASE_DELAY_MS) -> bool:
+    """Whether ``epoch``'s shares may go out: ``epoch + 1`` began at least ``delay_ms`` (the chain's
+    release delay, :func:`overlay.directory.transcripts.release_delay_s` of its reply window) ago on
+    this verifier's clock (``seen_ms``: when it first saw each epoch), so every commitment
     of ``epoch`` was certified before, every reply to one that can count was signed before, and a
     node that learns from the release which of its requests were donated learns it too late to
     serve them otherwise."""
     began = seen_ms.get(epoch + 1)
-    return now_epoch > epoch and began is not None and now_ms >= began + RELEASE_DELAY_MS
+    return now_epoch > epoch and began is not None and now_ms >= began + delay_ms
 
 
 def release_rank(seed: bytes, value: bytes) -> bytes:
@@ -248,7 +253,7 @@ def release_list(book: TranscriptBook, epoch: int, seed: bytes) -> list[wire.Rel
 
 
 def released_page(items: Sequence[wire.ReleasedItem], data: bytes, now_epoch: int, seen_ms: Mapping[int, int],
-                  now_ms: int) -> tuple[Code, str, bytes]:
+                  now_ms: int, *, delay_ms: int = RELEASE_DELAY_MS) -> tuple[Code, str, bytes]:
     """Up to :data:`RELEASE_PAGE` of ``items`` (:func:`release_list` of the epoch ``data`` names,
     :func:`overlay.directory.transcripts.released_query`) after the commitment it names, in
     ascending order of commitment; the encoded page
@@ -256,8 +261,8 @@ def released_page(items: Sequence[wire.ReleasedItem], data: bytes, now_epoch: in
     if len(data) not in RELEASED_QUERY_LEN:
         return Code.MALFORMED, "the query is an epoch (8 bytes, big-endian) and, after the first page, a commitment", b""
     epoch, after = int.from_bytes(data[:8], "big"), data[8:]
-    if not release_due(epoch, now_epoch, seen_ms, now_ms):
+    if not release_due(epoch, now_epoch, seen_ms, now_ms, delay_ms=delay_ms):
         return Code.TOO_EARLY, (f"epoch {epoch}'s shares go out once epoch {epoch + 1} is "
-                                f"{RELEASE_DELAY_MS // 1000} s old on this verifier's clock"), b""
+                                f"{delay_ms // 1000} s old on this verifier's clock"), b""
     page = [it for it in items if it[0] > after][:RELEASE_PAGE]
     return Code.OK, f"{len(page)} released", wire.encode_released(epoch, page)

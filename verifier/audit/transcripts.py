@@ -13,7 +13,8 @@ The rules, and the framer each one stops:
    each verifier ``commitment = BLAKE2b-256(nonce ‖ node id ‖ reply digest)`` (person
    ``gt-transcript``), where the reply digest is :func:`overlay.anon.signing.request_digest` of the
    request *with its request id*. The verifier notes when it got it (:meth:`TranscriptBook.commit`).
-   A reply signed before that time, or more than :data:`WINDOW_MS` after it, counts for nothing:
+   A reply signed before that time, or more than the chain's reply window after it
+   (``reply_window_s``, :data:`WINDOW_MS` by default; decision 0040), counts for nothing:
    the framer who commits after seeing a bad reply is refused.
 2. **One sample per commitment.** The reply signs the request id and the node the client
    addressed (:func:`overlay.anon.signing.request_digest`), and a model node answers each id once
@@ -185,7 +186,7 @@ from overlay.wire.identity import NODE_ID_LEN
 from overlay.wire.messages import REQUEST_ID_LEN, Request
 from verifier.audit.tx import Opening, ReplyOutcome, decode_outcome
 
-WINDOW_MS = 600_000  # a committed request's reply must be signed within 10 minutes of the commitment
+WINDOW_MS = wire.DEFAULT_REPLY_WINDOW_S * 1000  # the default reply window: a committed request's reply signed within it
 MAX_COMMITS = 16  # per donor and epoch
 SCORE_BUDGET = 16_384  # rule 8: cost (about tokens) of a donor's transcripts scored a round: 4 of the longest
 ROUND_BUDGET = 49_152  # rule 9: cost of the transcripts a verifier scores a round (mean), per scoring thread
@@ -612,10 +613,10 @@ class TranscriptBook:
         where = self._where.get(value)
         return None if where is None or where[1] != donor else self._sets.get(where)
 
-    def reveal(self, donor: bytes, t: Transcript, key_of: KeyOf) -> str | None:
+    def reveal(self, donor: bytes, t: Transcript, key_of: KeyOf, *, window_ms: int = WINDOW_MS) -> str | None:
         """``donor``'s transcript for one of its open commitments. A transcript that fails any
         check voids the donor's set of that commitment's epoch (rule 3) and burns the donor
-        (rule 6); the reason is returned."""
+        (rule 6); the reason is returned. ``window_ms``: the chain's reply window (rule 1)."""
         self.changes += 1
         try:
             value = t.commitment()
@@ -629,7 +630,7 @@ class TranscriptBook:
             return self._refuse("uncertified: no certificate came for this escrowed commitment; it counts for nothing")
         if entry.transcript is not None:
             return self._refuse("duplicate: this commitment was revealed already")
-        why = self._check(t, entry, key_of)
+        why = self._check(t, entry, key_of, window_ms)
         if why is not None:
             return self._void(donor, s, why)
         if entry.node is not None and entry.node != t:
@@ -637,7 +638,7 @@ class TranscriptBook:
         entry.transcript = t
         return None
 
-    def node_reveal(self, t: Transcript, key_of: KeyOf) -> str | None:
+    def node_reveal(self, t: Transcript, key_of: KeyOf, *, window_ms: int = WINDOW_MS) -> str | None:
         """Rule 11: the addressed node's transcript ``t`` of a certified escrowed commitment whose
         donor revealed none (the caller checked that ``t.node_id``'s key signed it). It fills the
         donor's gap in its set; it changes nothing of the donor's count of void sets. Where the
@@ -654,7 +655,7 @@ class TranscriptBook:
             return self._refuse("unknown: no such certified escrowed commitment is open")
         if entry.node is not None:
             return self._refuse("duplicate: this commitment was revealed by its node already")
-        why = self._check(t, entry, key_of)
+        why = self._check(t, entry, key_of, window_ms)
         if why is not None:
             return self._refuse(why)
         if entry.transcript is not None:
@@ -718,7 +719,7 @@ class TranscriptBook:
             self.burnt.add(donor)
 
     @staticmethod
-    def _check(t: Transcript, entry: _Entry, key_of: KeyOf) -> str | None:
+    def _check(t: Transcript, entry: _Entry, key_of: KeyOf, window_ms: int) -> str | None:
         received_ms = entry.received_ms
         try:
             t.opening.check(transcript=True)  # a transcript's limits (decision 0032), not a challenge's
@@ -744,9 +745,9 @@ class TranscriptBook:
                                  t.reply.signed_at_ms)
         except signing.ReplyVerifyError as exc:
             return f"forged: {exc}"
-        if not received_ms < t.reply.signed_at_ms <= received_ms + WINDOW_MS:
+        if not received_ms < t.reply.signed_at_ms <= received_ms + window_ms:
             return ("late: the reply was signed before the commitment arrived (or over "
-                    f"{WINDOW_MS // 1000} s after it): it was not committed before the reply")
+                    f"{window_ms // 1000} s after it): it was not committed before the reply")
         return None
 
     def close(self, epoch: int) -> list[Counted]:
