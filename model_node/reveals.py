@@ -1,10 +1,10 @@
 """The model node's reveals of withheld replies (decision 0037, step 6): the trio driver.
 
 A donor who escrowed a commitment to a request addressed to this node and then withheld its
-reveal cannot keep a good reply from counting: once epoch ``e + 1`` is eleven minutes old (the
-10-minute reply window and a minute), each verifier releases its shares of the escrowed
-commitments of ``e`` it holds no reveal for, at most
-:data:`~overlay.directory.transcripts.MAX_RELEASED` chosen by a rank no donor can know
+reveal cannot keep a good reply from counting: once epoch ``e + 1`` is the chain's release delay
+old (eleven minutes at the default: the 10-minute reply window and a minute), each verifier releases
+its shares of the escrowed commitments of ``e`` it holds no reveal for, at most
+:data:`~overlay.directory.transcripts.MAX_RELEASED`, shared out among donors (decision 0039)
 (``abci_query`` :data:`~overlay.directory.transcripts.RELEASED_PATH`, pages of up to 256 after a
 given commitment; ``TOO_EARLY`` before). Times scale with the chain's reply window (decision 0040:
 the release is :func:`~overlay.directory.transcripts.release_delay_s` into ``e + 1``). Every

@@ -25,7 +25,7 @@ _DEFAULT_CHALLENGES = 4
 # overlay/directory/transcripts.py's reply window (decision 0040), likewise
 _DEFAULT_REPLY_WINDOW = 600
 _MIN_REPLY_WINDOW = 10
-_MAX_REPLY_WINDOW = 3600
+_MAX_REPLY_WINDOW = 600
 # overlay/directory/quota.py's QuotaParams defaults, likewise (tests/unit/test_quota_issuer.py checks them)
 _DEFAULT_QUOTA_TOKENS = 6
 _DEFAULT_QUOTA_EPOCH_S = 60
@@ -134,11 +134,12 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
                         f"{_DEFAULT_CHALLENGES})")
     g.add_argument("--reply-window", type=int, default=_DEFAULT_REPLY_WINDOW, metavar="S",
                    help=f"seconds after its commitment a donated request's reply may be signed and still count, "
-                        f"{_MIN_REPLY_WINDOW}-{_MAX_REPLY_WINDOW} (default {_DEFAULT_REPLY_WINDOW}). It sets when "
-                        "the verifiers release what donors withheld, so that model nodes can hand it in: epochs "
-                        "must then last about 2.2 times it (780 s at the default) before their report window, or "
-                        "framing donors go unanswered (docs/committee.md \"Timing\", decision 0040). Too short "
-                        "and honest donors' slow replies count as late and void their sets")
+                        f"{_MIN_REPLY_WINDOW}-{_MAX_REPLY_WINDOW} (default {_DEFAULT_REPLY_WINDOW}, also the most). "
+                        "It times the verifiers' release of what donors withheld, which model nodes hand in: an "
+                        "epoch must last that release and two of the nodes' polls before its report window (780 s "
+                        "at the default, 2.2 times the window under a minute), or framing donors go unanswered "
+                        "(docs/committee.md \"Timing\", decision 0040). Too short, and honest donors' slow replies "
+                        "count as late and void their sets")
     g.add_argument("--local-network", action="store_true",
                    help="a network on one machine or a private LAN (devnet, tests): loopback and private addresses "
                         "are listed, with no caps per IP or prefix and no proof of work (addresses are still "

@@ -155,7 +155,7 @@ _HIDDEN_BITS = 188  # an escrowed secret's uniform bits above its locator: 2**(1
 # polls to hand the replies in before the verifiers close the epoch's sets.
 DEFAULT_REPLY_WINDOW_S = 600
 MIN_REPLY_WINDOW_S = 10
-MAX_REPLY_WINDOW_S = 3600
+MAX_REPLY_WINDOW_S = DEFAULT_REPLY_WINDOW_S  # and the most: a node's served store keeps replies 45 minutes
 RELEASE_MARGIN_S = 60
 
 
