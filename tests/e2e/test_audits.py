@@ -27,7 +27,7 @@ import subprocess
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -299,15 +299,20 @@ def test_a_donors_transcripts_are_scored_on_the_chain(net: AuditNet) -> None:
         # the devnet's committee has four verifiers of equal power: the client escrows (decision 0037)
         assert "donate: revealed the escrowed transcript" in r.stderr, r.stderr[-3000:]
     assert r is not None
-    deadline = time.monotonic() + 4 * EPOCH_BLOCKS * 3.0
-    seen: list[Any] = []
+    wait_transcript_scores(lambda: net.decoded("verifier-0", "/audit")[0], start,
+                           time.monotonic() + 4 * EPOCH_BLOCKS * 3.0,
+                           f"chat log: {r.stderr[-2000:]}; verifier logs in {net.root}")
+
+
+def wait_transcript_scores(view: Callable[[], dict[str, Any]], start: int, deadline: float, where: str) -> None:
+    """Until a verifier's ``/audit`` (``view``) shows transcript scores taken this epoch or in an
+    outcome from epoch ``start`` on; fails at ``deadline`` (``time.monotonic``), naming ``where``."""
     while True:
-        view, _ = net.decoded("verifier-0", "/audit")
-        seen = [o for o in view["outcomes"] if o[0] >= start]
-        if view["transcribed"] or any("with transcript scores" in o[2] for o in seen):
-            break
-        assert time.monotonic() < deadline, (f"no transcript scores on the chain since epoch {start}: {seen}; "
-                                             f"chat log: {r.stderr[-2000:]}; verifier logs in {net.root}")
+        doc = view()
+        seen = [o for o in doc["outcomes"] if o[0] >= start]
+        if doc["transcribed"] or any("with transcript scores" in o[2] for o in seen):
+            return
+        assert time.monotonic() < deadline, f"no transcript scores on the chain since epoch {start}: {seen}; {where}"
         time.sleep(1.0)
 
 

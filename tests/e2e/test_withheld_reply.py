@@ -31,6 +31,7 @@ import pytest
 
 from gentorrent.tools.localnet import LocalNet, cli
 from overlay.directory import transcripts as wire
+from tests.e2e.test_audits import wait_transcript_scores
 
 # serial: four verifiers and a llama.cpp node judge replies by when they were signed (the reply window)
 pytestmark = [pytest.mark.slow, pytest.mark.serial]
@@ -142,12 +143,4 @@ def test_the_node_hands_in_what_a_donor_withheld_and_the_chain_counts_it(net: Lo
         assert time.monotonic() < deadline, (f"the node handed in {handed_in(log)} of {len(TURNS)}; "
                                              f"logs in {net.root}")
         time.sleep(2.0)
-    seen: list[Any] = []
-    while True:
-        view = audit_view(net)
-        seen = [o for o in view["outcomes"] if o[0] >= start]
-        if view["transcribed"] or any("with transcript scores" in o[2] for o in seen):
-            break
-        assert time.monotonic() < deadline, (f"no transcript scores on the chain since epoch {start}: {seen}; "
-                                             f"logs in {net.root}")
-        time.sleep(1.0)
+    wait_transcript_scores(lambda: audit_view(net), start, deadline, f"logs in {net.root}")
