@@ -674,7 +674,8 @@ class TranscriptBook:
         Nothing of a commitment its donor revealed: a node learns which of its requests were
         donated only where a donor withheld them (a client that gets no certificate sends its
         request under another id). The caller releases them only once no reply to them can count
-        any more (decision 0037: eleven minutes into ``epoch + 1``)."""
+        any more (decisions 0037 and 0040: the chain's release delay into ``epoch + 1``, eleven minutes
+        by default)."""
         return [item for items in self.released_by_donor(epoch).values() for item in items]
 
     def donors(self, epoch: int) -> int:
