@@ -48,7 +48,8 @@ donor withholds); otherwise it is a version-1 commitment, which the verifiers st
      more than two thirds of the power (each key counted once, as the verifiers' own
      :func:`~overlay.directory.transcripts.certified_power` counts them), the request is sent as a
      normal one and nothing is donated: a verifier holds an uncertified commitment as counting for
-     nothing, so leaving it unrevealed costs the donor nothing.
+     nothing, so leaving it unrevealed costs the donor nothing (it marks the donor idle there,
+     which only puts its later uncertified holds first out of a full book, decision 0041).
      *Certify*: otherwise the certificate (:func:`~overlay.directory.transcripts.encode_certificate`,
      the acceptances) goes to every verifier whose key the client has (``abci_query
      /audit/transcript_certify``), those that refused the commit or did not answer it too (a

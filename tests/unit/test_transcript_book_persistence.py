@@ -317,8 +317,8 @@ def a_set(epoch: int, donor: bytes, values: list[bytes], void: str = "", at: int
 
 def body(sets: list[Any] | None = None, burnt: list[Any] | None = None, history: list[Any] | None = None,
          refused: list[Any] | None = None, voided: int = 0, carry: list[Any] | None = None,
-         pending: list[Any] | None = None) -> list[Any]:
-    return [sets or [], burnt or [], history or [], refused or [], voided, carry or [0, []], pending or []]
+         pending: list[Any] | None = None, idle: list[Any] | None = None) -> list[Any]:
+    return [sets or [], burnt or [], history or [], refused or [], voided, carry or [0, []], pending or [], idle or []]
 
 
 def test_the_format_is_as_documented() -> None:
@@ -359,12 +359,18 @@ def test_the_format_is_as_documented() -> None:
     (forge(body(carry=[0, [[NODES[0], []]]])), "held with no scores"),
     (forge(body()[:5]), "not a saved book"),
     (forge(body()[:6]), "not a saved book"),  # format 2 has pending rounds
+    (forge(body()[:7]), "not a saved book"),  # format 4 has idle marks
+    (forge(body(), version=3), "not a saved book"),  # format 3 has none
     (forge(body(), version=1), "not a saved book"),  # format 1 has none
+    (forge(body(idle=[[DONORS[0], 0]])), "marked 0 times"),
+    (forge(body(idle=[[DONORS[0], 1], [DONORS[0], 2]])), "twice"),
+    (forge(body(idle=[[DONORS[1], 1], [DONORS[0], 1]])), "canonical"),
+    (forge(body(idle=[[DONORS[0][:19], 1]])), "an idle donor is not 20 bytes"),
     (forge(body(pending=[[4, []]])), "holds no transcripts"),
     (forge(body(pending=[[r, [[DONORS[0], NODES[0], None]]] for r in range(tr.PENDING_ROUNDS + 1)])),
      "3 rounds in progress, over the book's limit of 2"),
     (forge(body(pending=[[4, [[DONORS[0], NODES[0], b"junk"]]]])), "not a saved book"),
-    (forge(body(), version=4), "format version 4; this verifier reads versions 1 to 3"),
+    (forge(body(), version=5), "format version 5; this verifier reads versions 1 to 4"),
     (msgpack.packb([tr.BOOK_VERSION, b"\x00" * 32, body()], use_bin_type=True), "checksum"),
     (forge(body()) + b"\x00", "checksum"),
     (b"", "cut short"),
@@ -414,10 +420,10 @@ def test_a_book_of_format_1_loads_with_no_round_in_progress() -> None:
 
 def test_a_book_of_format_2_loads_with_no_escrowed_commitment() -> None:
     """A verifier upgraded past format 2 (before decision 0037) keeps the book its earlier version
-    wrote, and writes it in format 3 from then on."""
+    wrote, and writes it in format 4 from then on."""
     t = transcript(1, 0, T0_MS)
     old = body([[3, DONORS[0], "", [[t.commitment(), T0_MS, wire_of(t, 2)]]]],
-               pending=[[2, [[DONORS[1], NODES[0], wire_of(t, 2)]]]])
+               pending=[[2, [[DONORS[1], NODES[0], wire_of(t, 2)]]]])[:7]
     book = TranscriptBook.from_bytes(forge(old, version=2))
     assert book.open_epochs() == [3] and book.pending[2][0].transcript == t
     assert book.to_bytes() == forge(body([[3, DONORS[0], "", [[t.commitment(), T0_MS, wire_of(t), None, None]]]],
@@ -689,3 +695,14 @@ def test_the_command_says_which_file_and_how_to_recover(tmp_path: Path, capsys: 
     err = capsys.readouterr().err
     assert f"{d / BOOK_FILE}: the book of users' transcripts does not load (cut short)" in err
     assert f"mv {d / BOOK_FILE} {d / BOOK_FILE}.bad" in err and "Traceback" not in err
+
+
+def test_a_book_of_format_3_loads_with_no_idle_marks() -> None:
+    """A verifier upgraded past format 3 (before decision 0041) keeps the book its earlier version
+    wrote, and writes it in format 4 from then on."""
+    book = TranscriptBook()
+    t = transcript(1, 0, T0_MS)
+    book.commit(DONORS[0], t.commitment(), 3, T0_MS)
+    old = tr._encode_book(book, tr.MAX_BOOK_BYTES, 3)
+    again = TranscriptBook.from_bytes(old)
+    assert again.idle == {} and again.open_epochs() == [3] and again.to_bytes() == book.to_bytes() != old

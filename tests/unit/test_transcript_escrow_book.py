@@ -387,3 +387,72 @@ def test_a_book_full_of_sets_that_may_count_still_refuses() -> None:
     c = Committed(HONEST, "no room", late.rng)
     why = book.hold(late.id, c.value, c.points_raw, c.deal.shares[ME], EPOCH, T0_MS)
     assert (why or "").startswith("full") and book.refused["evicted"] == 1
+
+
+def _held_by(book: tr.TranscriptBook, epoch: int) -> set[bytes]:
+    return {v for v, _, _ in book.released(epoch)}
+
+
+def _flood(book: tr.TranscriptBook, ids: list[bytes], epoch: int, at: int) -> None:
+    """Each of ``ids`` holds one uncertified escrowed commitment in ``epoch`` (a full book drops
+    a set for each that finds no room)."""
+    c = Committed(HONEST, "any", random.Random(4))
+    for i, donor in enumerate(ids):
+        assert book.hold(donor, os.urandom(32), c.points_raw, c.deal.shares[ME], epoch, at + i) is None
+
+
+def _one_shot_framer(book: tr.TranscriptBook, epoch: int, seed: int) -> Committed:
+    """A one-shot framer's good reply, held at this verifier and certified elsewhere only (decision
+    0039's second hole): this verifier's shares are what the node needs to rebuild its secret."""
+    c = Committed(HONEST, "good", random.Random(seed))
+    assert book.hold(os.urandom(20), c.value, c.points_raw, c.deal.shares[ME], epoch, T0_MS) is None
+    return c
+
+
+def test_reused_identities_cannot_push_a_one_shot_framers_shares_out_of_the_book() -> None:
+    """Decision 0041. The framer of decision 0039's second hole certifies at too few verifiers and
+    must then drop its hold from enough honest books for the node not to rebuild its withheld good
+    reply: a flood of holds after its own, a book's worth, within the epoch. Identities that never
+    certify cost nothing, so the same registered ones served every epoch, and the oldest idle set
+    went first: the framer's. Now a set of a donor that left idle sets here before goes first, so
+    the flood drops its own sets and the framer's shares stay to be released. Fails with the oldest
+    set dropped first."""
+    book = tr.TranscriptBook()
+    flood = [os.urandom(20) for _ in range(tr.MAX_DONORS)]
+    _flood(book, flood, EPOCH - 1, T0_MS - 900_000)
+    assert book.close(EPOCH - 1) == [] and set(book.idle) == set(flood)  # each left one idle set here
+    target = _one_shot_framer(book, EPOCH, seed=9)
+    _flood(book, flood, EPOCH, T0_MS + 1)  # every one of them again, each hold newer than the framer's
+    assert book.refused["evicted"] == 1 and target.value in _held_by(book, EPOCH)
+    assert sum(book.idle.values()) == tr.MAX_DONORS + 1  # the dropped set marked its donor once more
+    again = tr.TranscriptBook.from_bytes(book.to_bytes())  # a restart keeps the marks
+    assert again.idle == book.idle and again.to_bytes() == book.to_bytes()
+
+
+def test_a_flood_that_drops_a_framers_shares_spends_a_book_of_fresh_identities() -> None:
+    """What decision 0041 leaves: identities never idle here before still push the framer's hold
+    out, oldest first, as before. Each of them is then marked, so the same flood cannot do it again:
+    every framed epoch takes a book's worth of newly registered identities at each verifier it
+    must empty."""
+    book = tr.TranscriptBook()
+    flood = [os.urandom(20) for _ in range(tr.MAX_DONORS)]
+    first = _one_shot_framer(book, EPOCH, seed=10)
+    _flood(book, flood, EPOCH, T0_MS + 1)
+    assert first.value not in _held_by(book, EPOCH)  # the price paid once: out
+    book.close(EPOCH)
+    assert all(book.idle[d] == 1 for d in flood)
+    second = _one_shot_framer(book, EPOCH + 1, seed=11)
+    _flood(book, flood, EPOCH + 1, T0_MS + 900_001)
+    assert second.value in _held_by(book, EPOCH + 1)
+
+
+def test_only_sets_that_count_for_nothing_mark_their_donor_idle() -> None:
+    book = tr.TranscriptBook()
+    held, certified, node = EscrowDonor(book, seed=12), EscrowDonor(book, seed=13), HonestNode(HONEST)
+    held.commit(HONEST, "held", certify=False)
+    mixed = certified.commit(HONEST, "certified")
+    certified.commit(HONEST, "held too", certify=False)
+    assert certified.reveal(node.serve(mixed, T0_MS + 900)) is None
+    assert book.commit(os.urandom(20), os.urandom(32), EPOCH, T0_MS) is None  # version 1: unrevealed, void
+    book.close(EPOCH)
+    assert book.idle == {held.id: 1}

@@ -116,6 +116,14 @@ The rules, and the framer each one stops:
    every reply it committed to. Where the donor's and the node's transcripts differ, both signed,
    the node signed two replies to one request: the donor's counts, and the equivocation is
    counted. A version 1 commitment (no escrow) is revealed by its donor alone, as before.
+12. **A full book drops idle sets, the idlest donors' first** (decisions 0039 and 0041). A set
+   whose every commitment is escrowed and uncertified here (*idle*) counts for nothing, so a full
+   book drops one to take a new donor (:meth:`TranscriptBook._evict_uncertified`): the set of
+   the donor that left the most idle sets here before (:attr:`TranscriptBook.idle`, a mark each
+   time one of its idle sets is dropped or closed), the oldest latest hold among equals. A flood
+   of holds can then push out only sets of identities as fresh to this verifier as its own: to
+   drop a one-shot framer's hold, and with it the shares the node needs (rule 11), it takes a
+   book's worth of identities never idle here before, every time.
 
 What is left to a framer: choosing prompts (before the reply) on which honest replies score
 badly; the score is calibrated per reply (decision 0013 §5: honest z has sd 0.91 over real
@@ -137,8 +145,9 @@ dropped (:data:`PENDING_ROUNDS`).
 **Persistence.** :meth:`TranscriptBook.to_bytes` and :meth:`TranscriptBook.from_bytes` turn the
 whole book (its sets with their commitments, arrival times, escrows and revealed transcripts, ``burnt``,
 ``history``, ``refused``, ``voided``, the rounds in progress and the :class:`ScoreCarry` it holds
-for the audit loop) into bytes and back; a file of format 1 (before rounds in progress were kept)
-loads with none, one of format 2 (before decision 0037) with no escrowed commitment; the
+for the audit loop, and ``idle``) into bytes and back; a file of format 1 (before rounds in progress
+were kept) loads with none, one of format 2 (before decision 0037) with no escrowed commitment,
+one of format 3 (before decision 0041) with no idle marks; the
 commitment index is rebuilt from the sets. A book loaded from its bytes
 answers every later call as the book that wrote them would. Loading is strict (version,
 checksum, shape, the book's own limits, canonical form; a node's transcript only of a certified
@@ -146,7 +155,8 @@ escrowed commitment, a secret exactly where the commitment is escrowed) and all 
 :class:`BookError`, never a half-loaded book. The file around it is the verifier's (:mod:`verifier.run`). Format::
 
     book       = [BOOK_VERSION, BLAKE2b-256(body) (person gt-book), body]
-    body       = [sets, burnt, history, refused, voided, carry, pending]   (format 1: no pending)
+    body       = [sets, burnt, history, refused, voided, carry, pending, idle]
+                 (format 1: the first six; formats 2 and 3: the first seven)
     sets       = [[epoch, donor(20), void reason ("" while it may count), [entry, ...]], ...]
                  by (epoch, donor) ascending, at most MAX_DONORS; at most MAX_COMMITS entries
                  each, in the order they were committed (rule 5 counts in that order)
@@ -165,6 +175,7 @@ escrowed commitment, a secret exactly where the commitment is escrowed) and all 
     pending    = [[round, [[donor(20), node(20), transcript], ...]], ...] by round ascending: at most
                  PENDING_ROUNDS rounds of 1 to MAX_PENDING counted transcripts each, in the order
                  they were closed; node is the transcript's signer
+    idle       = [[donor(20), idle sets (at least 1)], ...] by donor ascending
 """
 
 from __future__ import annotations
@@ -198,7 +209,7 @@ MAX_DONORS = 4096  # donors with open commitments at once, per verifier (full: o
 CARRY_EPOCHS = 4  # a verifier holds a node's transcript scores this many epochs for the chain's minimum
 VOID_ALLOWANCE = 2  # void sets any donor may have (rule 6) ...
 VOID_SHARE = 0.2  # ... plus this share of its closed sets
-BOOK_VERSION = 3  # of to_bytes' format (module docstring); 1 and 2 (no escrow, decision 0037) still load
+BOOK_VERSION = 4  # of to_bytes' format (module docstring); 1 to 3 still load (3: no idle marks, decision 0041)
 PENDING_ROUNDS = 2  # a round's counted transcripts wait in the book for its scores this many rounds at most
 MAX_PENDING = MAX_DONORS * MAX_COMMITS  # counted transcripts of one round in progress (all a round can close)
 MAX_BOOK_BYTES = 1 << 30  # a saved book: loading it holds it in memory two or three times over
@@ -479,6 +490,11 @@ class _Set:
     void: str = ""  # why the set counts for nothing ("" while it may still count)
 
 
+def _idle(s: _Set) -> bool:
+    """Rule 12: whether ``s`` holds only escrowed commitments no certificate came for here."""
+    return not s.void and all(e.escrow is not None and not e.escrow.certified for e in s.entries.values())
+
+
 @dataclass(frozen=True, slots=True)
 class Counted:
     """A transcript that counts: for ``node_id``, the node that signed the reply (the addressed
@@ -512,6 +528,7 @@ class TranscriptBook:
         self._where: dict[bytes, tuple[int, bytes]] = {}  # commitment -> (epoch, donor)
         self.burnt: set[bytes] = set()  # donors past their void budget (rule 6)
         self.history: dict[bytes, tuple[int, int]] = {}  # donor -> (complete sets, void sets); registered users
+        self.idle: dict[bytes, int] = {}  # donor -> its idle sets dropped or closed here (rule 12)
         self.refused: dict[str, int] = {}
         self.voided = 0
         self.carry = ScoreCarry()
@@ -557,19 +574,28 @@ class TranscriptBook:
         return entry
 
     def _evict_uncertified(self) -> bool:
-        """Make room for a donor in a full book: drop the oldest set whose every commitment is
-        escrowed and uncertified. Such a set counts for nothing and costs its donor nothing, so
-        registered identities holding one each, epoch after epoch, would otherwise keep every
-        donor out for good (decision 0039). A set that holds anything that may count is never
-        dropped: the book is full only of those. Whether one was dropped (counted "evicted")."""
-        idle = [(max(e.received_ms for e in s.entries.values()), key) for key, s in self._sets.items()
-                if not s.void and all(e.escrow is not None and not e.escrow.certified for e in s.entries.values())]
+        """Make room for a donor in a full book (rule 12): drop an idle set, one whose every
+        commitment is escrowed and uncertified. Such a set counts for nothing and costs its donor
+        nothing, so registered identities holding one each, epoch after epoch, would otherwise keep
+        every donor out for good (decision 0039). A set that holds anything that may count is never
+        dropped: the book is full only of those. Of the idle sets, the one of the donor with the
+        most idle sets here before goes first, then the one whose latest hold is oldest: reused
+        identities cannot push a fresh donor's hold out, so the identities of a flood that drops a
+        one-shot framer's shares are spent (decision 0041). Whether one was dropped (counted
+        "evicted"; its donor is marked idle once more)."""
+        idle = [(-self.idle.get(key[1], 0), max(e.received_ms for e in s.entries.values()), key)
+                for key, s in self._sets.items() if _idle(s)]
         if not idle:
             return False
-        for value in self._sets.pop(min(idle)[1]).entries:  # the one whose latest hold is oldest
+        key = min(idle)[2]
+        for value in self._sets.pop(key).entries:
             self._where.pop(value, None)
+        self._mark_idle(key[1])
         self._note("evicted")
         return True
+
+    def _mark_idle(self, donor: bytes) -> None:
+        self.idle[donor] = self.idle.get(donor, 0) + 1
 
     def hold(self, donor: bytes, value: bytes, points_raw: bytes, shares: Sequence[escrow.Share], epoch: int,
              now_ms: int) -> str | None:
@@ -764,7 +790,11 @@ class TranscriptBook:
             for value in s.entries:
                 self._where.pop(value, None)
             entries = [e for e in s.entries.values() if e.counts()]
-            if not entries or key[1] in self.burnt:
+            if not entries:
+                if _idle(s):
+                    self._mark_idle(key[1])
+                continue
+            if key[1] in self.burnt:
                 continue
             if not s.void:
                 complete = all(e.transcript is not None for e in entries)
@@ -917,15 +947,17 @@ def _entry_wire(value: bytes, e: _Entry, version: int) -> list[Any]:
 
 def _encode_book(b: TranscriptBook, limit: int, version: int = BOOK_VERSION) -> bytes:
     """``b`` in format ``version`` (1 only for a book with no rounds in progress, 2 only for one
-    with no escrowed commitments: the canonical check of an older file)."""
+    with no escrowed commitments, 3 only for one with no idle marks: the canonical check of an
+    older file)."""
     sets = [[epoch, donor, s.void, [_entry_wire(v, e, version) for v, e in s.entries.items()]]
             for (epoch, donor), s in sorted(b._sets.items(), key=lambda kv: kv[0])]
     carry = [b.carry.dropped, [[n, [[e, x] for e, x in held]] for n, held in sorted(b.carry._held.items())]]
     pending = [[r, [[c.donor, c.node_id, _transcript_wire(c.transcript, version)] for c in b.pending[r]]]
                for r in sorted(b.pending)]
     items = [sets, sorted(b.burnt), [[d, c, v] for d, (c, v) in sorted(b.history.items())],
-             [[k, n] for k, n in sorted(b.refused.items())], b.voided, carry, pending]
-    body = pack(items if version > 1 else items[:-1])
+             [[k, n] for k, n in sorted(b.refused.items())], b.voided, carry, pending,
+             [[d, n] for d, n in sorted(b.idle.items())]]
+    body = pack(items[:{1: 6, 2: 7, 3: 7}.get(version, 8)])
     raw = _BOOK_HEAD + pack(version) + pack(_checksum(body)) + body
     if len(raw) > limit:
         raise BookError(f"the book takes {len(raw)} bytes, over the {limit} a saved book may take")
@@ -970,8 +1002,10 @@ def _read_book(r: codec.ShapeReader) -> tuple[TranscriptBook, int]:
     b = TranscriptBook()
     if version == 1:
         _shape(r, 6, "[sets, burnt, history, refused, voided, carry]")
-    else:
+    elif version < 4:
         _shape(r, 7, "[sets, burnt, history, refused, voided, carry, pending]")
+    else:
+        _shape(r, 8, "[sets, burnt, history, refused, voided, carry, pending, idle]")
     for _ in range(_most(r, MAX_DONORS, "sets (one per donor and epoch)")):
         _read_set(r, b, version)
     b.burnt = {_exact(r.value(), NODE_ID_LEN, "a burnt donor") for _ in range(r.array())}
@@ -989,6 +1023,14 @@ def _read_book(r: codec.ShapeReader) -> tuple[TranscriptBook, int]:
     _read_carry(r, b.carry)
     if version > 1:
         _read_pending(r, b, version)
+    if version > 3:
+        for _ in range(r.array()):
+            _shape(r, 2, "[donor, idle sets]")
+            donor = _exact(r.value(), NODE_ID_LEN, "an idle donor")
+            n = _count(r.value(), "idle sets")
+            if n == 0 or donor in b.idle:
+                raise BookError("an idle donor is marked 0 times or twice")
+            b.idle[donor] = n
     return b, version
 
 
