@@ -19,9 +19,11 @@ at the default 10-minute window) :meth:`Reveals.step`:
    ``TOO_EARLY``, another refusal, a page that does not decode or an RPC that fails: that
    verifier is asked again at the next poll, from where it stopped;
 3. keeps of each verifier's shares only those of its own units under the committee's plan
-   (:func:`overlay.directory.escrow.holder_xs`: a colluding verifier below a third of the power
-   cannot make up a commitment the node would rebuild and look up alone), groups them
-   by commitment and points, rebuilds each secret
+   (:func:`overlay.directory.escrow.holder_xs`), and only of commitments with as many points as the
+   plan's threshold (what verifiers check a donor's deal against): a colluding verifier below a
+   third of the power cannot make up a commitment the node would rebuild and look up alone, of
+   the plan's degree or a lower one; groups them
+   by commitment, points and plan, rebuilds each secret
    (:func:`overlay.directory.escrow.recover`: only shares that verify against the points count;
    too few and it waits for more verifiers' pages) and finds the served request it commits to
    (:meth:`model_node.served.ServedStore.find`, by the locator in the secret's low bits, decision
@@ -34,6 +36,16 @@ at the default 10-minute window) :meth:`Reveals.step`:
    (:data:`~overlay.directory.transcripts.NODE_REVEAL_PATH`). Code 0 and ``DUPLICATE`` count as
    taken; another code is final for that verifier and logged (info); an RPC failure is retried at
    the next poll.
+
+**Across a change of the validator set** (``gentorrent verifier change``): donors deal, and
+verifiers check shares, under the plan of the set current when the commitment is made, and a
+change moves units between holders. So the node remembers each set :attr:`Reveals.validators`
+gave at a poll, with the last epoch it was current then (at most :data:`MAX_PLANS`, for
+:data:`EPOCHS` epochs), and reads an epoch's release under every set current in or after it: each
+verifier's shares are kept under each plan that gives it units, and grouped by plan, so a secret is
+rebuilt only from shares of one plan's units (a colluder's units under two plans together could
+reach the threshold). A node that was not running while a set was current cannot rebuild what was
+dealt under it.
 
 An epoch is done once every verifier answered all its pages and took (or refused) every
 transcript found; it is then forgotten. Each epoch's state: what each verifier's pages gave so far
@@ -74,10 +86,13 @@ MAX_REBUILDS = wire.MAX_RELEASED  # secrets rebuilt for one epoch in one poll: a
 RPC_TIMEOUT_S = 10.0
 AUDIT_PATH = "/audit"
 MAX_AUDIT_BYTES = 1 << 20
+MAX_PLANS = 4  # validator sets remembered (module docstring): a change of set takes two
 
-__all__ = ["EPOCHS", "MAX_PAGES", "POLL_S", "Reveals"]
+__all__ = ["EPOCHS", "MAX_PAGES", "MAX_PLANS", "POLL_S", "Reveals"]
 
-_Key = tuple[bytes, tuple[bytes, ...]]  # a commitment and the points a verifier released it with
+_Key = tuple[bytes, tuple[bytes, ...], int]  # a commitment, the points a verifier released it with, the plan's id
+_Powers = tuple[tuple[bytes, int], ...]  # a validator set: (Ed25519 key, power), by key
+_Units = tuple[frozenset[int], int]  # a verifier's units under a plan, and the plan's threshold
 
 
 @dataclass(slots=True)
@@ -93,7 +108,7 @@ class _Epoch:
     settled: set[_Key] = field(default_factory=set)  # rebuilt, and no served request of this node's
     found: dict[bytes, wire.Revealed] = field(default_factory=dict)  # commitment -> transcript to hand in
     taken: dict[bytes, set[str]] = field(default_factory=dict)  # commitment -> verifiers that answered it
-    owner: dict[int, str] = field(default_factory=dict)  # a share's x -> the verifier whose unit it is
+    owner: dict[tuple[int, int], str] = field(default_factory=dict)  # (plan id, a share's x) -> whose unit it is
     liars: set[str] = field(default_factory=set)  # verifiers a released share of which did not verify
 
 
@@ -101,8 +116,9 @@ class Reveals:
     """The driver (see the module docstring). ``addresses``: the committee's RPC addresses
     (``--committee``); ``validators()``: the committee's validator keys (Ed25519, 32 bytes) the
     node trusts, with their voting powers (the escrow's plan: the node runs with its membership's,
-    the signed lists' latest set, as donors deal by; across a change of the set, commitments dealt
-    under the old plan may not be rebuilt); ``identity``: the node's; ``store``: what it served."""
+    the signed lists' latest set, as donors deal by; the sets it gave at polls are remembered for
+    the epochs they were current in, module docstring); ``identity``: the node's; ``store``: what
+    it served."""
 
     def __init__(self, addresses: Sequence[str], validators: Callable[[], Mapping[bytes, int]], identity: Identity,
                  store: ServedStore, *, rpc: Rpc | None = None, clock: Clock | None = None,
@@ -120,6 +136,8 @@ class Reveals:
         self.epochs: dict[int, _Epoch] = {}
         self.done: set[int] = set()
         self.keys: dict[str, bytes] = {}  # verifier address -> its validator key (checked)
+        self.plans: dict[_Powers, tuple[int, int]] = {}  # a set seen at a poll -> (its id, the last epoch it was current)
+        self._next_plan = 0
         # handed, duplicate, refused, unmatched, unrebuilt, errors, foreign shares, share checks, lying verifiers
         self.counts: Counter[str] = Counter()
         self._last_error = ""
@@ -147,6 +165,7 @@ class Reveals:
         now = await self._current_epoch()
         if now is None:
             return
+        self._saw_plan(now)
         wanted = [e for e in range(max(0, now - EPOCHS), now) if e not in self.done]
         for e in list(self.epochs):
             if e < now - EPOCHS or e >= now:
@@ -161,6 +180,21 @@ class Reveals:
                 log.info("reveals: epoch %d done (%d transcript(s) handed in)", e, len(st.found))
                 self.done.add(e)
                 del self.epochs[e]
+
+    def _saw_plan(self, now: int) -> None:
+        """Note the set :attr:`validators` gives as current in epoch ``now``; forget those last
+        current before the oldest epoch read, and past :data:`MAX_PLANS` the longest gone."""
+        powers = tuple(sorted(self.validators().items()))
+        known = self.plans.get(powers)
+        if known is None:
+            known, self._next_plan = (self._next_plan, now), self._next_plan + 1
+        self.plans[powers] = (known[0], now)
+        kept = sorted(self.plans.items(), key=lambda kv: (-kv[1][1], -kv[1][0]))[:MAX_PLANS]  # latest first
+        self.plans = {p: v for p, v in kept if v[1] >= now - EPOCHS}
+
+    def _plans_of(self, epoch: int) -> list[tuple[int, dict[bytes, int]]]:
+        """``(id, powers)`` of each remembered set current in or after ``epoch``."""
+        return [(pid, dict(p)) for p, (pid, last) in self.plans.items() if last >= epoch]
 
     # ------------------------------------------------------------------ RPC
 
@@ -204,10 +238,11 @@ class Reveals:
         self.window_s = sorted(windows)[(len(windows) - 1) // 2]
         return sorted(got)[(len(got) - 1) // 2]
 
-    async def _key(self, address: str) -> bytes | None:
+    async def _key(self, address: str, held: set[bytes] | None = None) -> bytes | None:
         """The validator key the verifier at ``address`` takes reveals sealed to (``/audit/donate_key``),
-        one of the committee's validator keys; ``None`` when it cannot be had now."""
-        held = set(self.validators())
+        one of ``held`` (default: the committee's current validator keys); ``None`` when it cannot
+        be had now."""
+        held = set(self.validators()) if held is None else held
         key = self.keys.get(address)
         if key is not None and key in held:
             return key
@@ -223,31 +258,37 @@ class Reveals:
         self.keys[address] = key
         return key
 
-    async def _units(self, address: str) -> frozenset[int] | None:
-        """The ``x`` of the shares the verifier at ``address`` holds under the committee's plan
-        (its key's place in :func:`overlay.directory.escrow.holders`); ``None`` when its key cannot
-        be had now, or the committee has no plan."""
-        key = await self._key(address)
+    async def _units(self, address: str, plans: list[tuple[int, dict[bytes, int]]]) -> dict[int, _Units] | None:
+        """The ``x`` of the shares the verifier at ``address`` holds under each of ``plans`` that
+        it is a holder of (its key's place in :func:`overlay.directory.escrow.holders`), with the
+        plan's threshold, by plan id; ``None`` when its key cannot be had now."""
+        key = await self._key(address, {k for _, powers in plans for k in powers})
         if key is None:
             return None
-        powers = dict(self.validators())
-        try:
-            order = [k for k, _ in escrow.holders(powers)]
-            return frozenset(escrow.holder_xs(escrow.plan_of(powers), order.index(key)))
-        except (escrow.EscrowError, ValueError) as exc:
-            self._failed(address, "the escrow's plan", exc)
-            return None
+        out = {}
+        for pid, powers in plans:
+            if key not in powers:
+                continue
+            try:
+                order = [k for k, _ in escrow.holders(powers)]
+                plan = escrow.plan_of(powers)
+                out[pid] = (frozenset(escrow.holder_xs(plan, order.index(key))), plan.threshold)
+            except (escrow.EscrowError, ValueError) as exc:
+                self._failed(address, "the escrow's plan", exc)
+        return out
 
     # ------------------------------------------------------------------ the steps
 
     async def _read(self, epoch: int, st: _Epoch) -> None:
         """Every verifier's next pages of ``epoch``'s released shares (of its own units only),
-        into ``st``."""
+        into ``st``, under each remembered plan current in or after it."""
+        plans = self._plans_of(epoch)
         for address in self.addresses:
-            units = None if address in st.answered else await self._units(address)
+            units = None if address in st.answered else await self._units(address, plans)
             if units is None:
                 continue  # asked again at the next poll
-            st.owner.update(dict.fromkeys(units, address))
+            for pid, (xs, _) in units.items():
+                st.owner.update({(pid, x): address for x in xs})
             for _ in range(MAX_PAGES):
                 if address in st.answered:
                     break
@@ -269,22 +310,32 @@ class Reveals:
                 if not items:
                     st.answered.add(address)
                     break
-                for value, points, shares in items:
-                    if st.read[address] >= wire.MAX_RELEASED:
-                        break
-                    st.read[address] += 1
-                    key = (value, points)
-                    own = [s for s in shares if s.x in units]
-                    self.counts["foreign shares"] += len(shares) - len(own)
-                    if own and value not in st.found and key not in st.settled:
-                        st.shares.setdefault(key, []).extend(own)
-                        st.sources.setdefault(key, set()).add(address)
-                        st.fresh.add(key)
+                self._take(st, address, units, items)
                 st.after[address] = items[-1][0]
                 if st.read[address] >= wire.MAX_RELEASED:
                     log.info("reveals: %s released over %d commitments of epoch %d; the rest are not read",
                              address, wire.MAX_RELEASED, epoch)
                     st.answered.add(address)
+
+    def _take(self, st: _Epoch, address: str, units: dict[int, _Units], items: Sequence[wire.ReleasedItem]) -> None:
+        """One page of ``address``'s release into ``st``: of each commitment, the shares of the
+        verifier's own units under each plan whose threshold is its number of points, grouped by
+        plan (at most :data:`~overlay.directory.transcripts.MAX_RELEASED` commitments a verifier an
+        epoch)."""
+        for value, points, shares in items:
+            if st.read[address] >= wire.MAX_RELEASED:
+                break
+            st.read[address] += 1
+            fits = {pid: xs for pid, (xs, t) in units.items() if t == len(points)}
+            mine = {s for xs in fits.values() for s in shares if s.x in xs}
+            self.counts["foreign shares"] += len(shares) - len(mine)
+            for pid, xs in fits.items():
+                key = (value, points, pid)
+                own = [s for s in shares if s.x in xs]
+                if own and value not in st.found and key not in st.settled:
+                    st.shares.setdefault(key, []).extend(own)
+                    st.sources.setdefault(key, set()).add(address)
+                    st.fresh.add(key)
 
     async def _rebuild(self, st: _Epoch) -> None:
         """Each commitment given new shares (at most :attr:`max_rebuilds`, those more verifiers
@@ -296,11 +347,11 @@ class Reveals:
                                                 crypto.blake2b(self._salt + k[0], size=16)))
         st.fresh = set(order[self.max_rebuilds:])
         for key in order[:self.max_rebuilds]:
-            value, points = key
+            value, points, pid = key
             if value in st.found:
                 continue
             try:
-                secret = self._recover(st, points, st.shares[key])
+                secret = self._recover(st, points, st.shares[key], pid)
             except escrow.EscrowError:
                 self.counts["unrebuilt"] += 1  # too few verified shares yet (or none will come)
                 continue
@@ -315,15 +366,15 @@ class Reveals:
             for other in [k for k in st.shares if k[0] == value]:
                 del st.shares[other], st.sources[other]
 
-    def _recover(self, st: _Epoch, points: tuple[bytes, ...], shares: list[escrow.Share]) -> int:
-        """The secret from ``shares`` but those of verifiers caught lying this epoch. Where the
+    def _recover(self, st: _Epoch, points: tuple[bytes, ...], shares: list[escrow.Share], pid: int) -> int:
+        """The secret from ``shares`` (of plan ``pid``'s units) but those of verifiers caught lying this epoch. Where the
         first ``t`` do not open the points, each verifier's shares are checked in one batch and
         a verifier whose do not verify is a liar for the rest of the epoch: a colluding verifier
         that forges its shares of every released commitment costs the node one such check, not
         a share-by-share search per commitment (``t²`` multiplications: 55 to 65 ms at ``t`` = 22,
         bench escrow), which over a release of 4,096 would outlast the polls before the close.
         :class:`~overlay.directory.escrow.EscrowError` when too few remain."""
-        usable = [s for s in shares if st.owner.get(s.x) not in st.liars]
+        usable = [s for s in shares if st.owner.get((pid, s.x)) not in st.liars]
         try:
             return escrow.recover(points, usable, verify=False)
         except escrow.EscrowError:
@@ -331,7 +382,7 @@ class Reveals:
                 raise  # too few yet: no check to make
         by_source: dict[str, list[escrow.Share]] = {}
         for s in usable:
-            by_source.setdefault(st.owner.get(s.x, ""), []).append(s)
+            by_source.setdefault(st.owner.get((pid, s.x), ""), []).append(s)
         for address, group in by_source.items():
             self.counts["share checks"] += 1
             if not escrow.verify_shares(points, group):
@@ -339,7 +390,7 @@ class Reveals:
                 self.counts["lying verifiers"] += 1
                 log.warning("reveals: %s released shares that do not lie on their points; its shares are not used "
                             "for the rest of this epoch", address)
-        return escrow.recover(points, [s for s in usable if st.owner.get(s.x) not in st.liars], verify=False)
+        return escrow.recover(points, [s for s in usable if st.owner.get((pid, s.x)) not in st.liars], verify=False)
 
     async def _hand_in(self, epoch: int, st: _Epoch) -> None:
         """Each transcript found, sealed to every verifier that has not answered it yet (one

@@ -15,7 +15,7 @@ import msgpack
 import pytest
 import trio
 
-from model_node.reveals import Reveals
+from model_node.reveals import EPOCHS, MAX_PLANS, Reveals
 from model_node.served import ServedStore
 from overlay.anon import signing
 from overlay.directory import escrow
@@ -23,8 +23,9 @@ from overlay.directory import transcripts as wire
 from overlay.directory.donation import KEY_PATH
 from overlay.wire import crypto
 from overlay.wire.messages import ReplyChunk, Request
-from tests.unit.test_escrow_intake import KEYS, MODEL, NOW_MS, Donated, donate
+from tests.unit.test_escrow_intake import CHAIN, KEYS, MODEL, NOW_MS, Donated, donate
 from tests.unit.test_escrow_intake import Committee as Books
+from verifier import quorum
 from verifier.abci_app import CommitteeAbciApp
 from verifier.audit.escrow_intake import RELEASE_DELAY_MS
 from verifier.audit.pool import DonationPool
@@ -53,6 +54,7 @@ class Rpc:
         self.junk: set[str] = set()  # addresses whose released pages carry altered shares
         self.made_up = False  # ... and points of their own making
         self.invented: set[str] = set()  # addresses whose pages add a commitment of their own, every unit's shares
+        self.invented_plan: escrow.Plan | None = None  # ... dealt under this plan (None: the committee's)
         self.foreign_key: set[str] = set()  # addresses that answer a key outside the committee
         self.window: dict[str, int] = {}  # addresses whose /audit claims this reply window
         self.calls: list[tuple[str, str]] = []
@@ -72,7 +74,7 @@ class Rpc:
         if address in self.invented and path == wire.RELEASED_PATH and code == 0:
             epoch, items = wire.decode_released(value)
             if not items:  # the last page: one made-up commitment, all its units' shares on its own points
-                deal = escrow.deal(escrow.new_secret(), self.w.plan)
+                deal = escrow.deal(escrow.new_secret(), self.invented_plan or self.w.plan)
                 value = wire.encode_released(epoch, [(b"\xff" * 32, deal.commitments,
                                                       tuple(x for held in deal.shares for x in held)[:64])])
         if address in self.junk and path == wire.RELEASED_PATH and code == 0:
@@ -174,6 +176,56 @@ async def test_a_verifier_cannot_stretch_the_nodes_polls_alone() -> None:
     rpc.window = {ADDRESSES[0]: wire.MAX_REPLY_WINDOW_S, ADDRESSES[1]: 10**6}
     await reveals.step()
     assert reveals.window_s == 20 and reveals.poll == 2.0
+
+
+def change_power(w: Committee, key: bytes, power: int) -> None:
+    """A committee change (``gentorrent verifier change``) every validator approved, in a block."""
+    seq = w.core.committed.change_seq + 1
+    tx = quorum.make_change(seq, key, power, [quorum.approve(k, CHAIN, seq, key, power) for k in KEYS])
+    h = w.core.height + 1
+    results, _ = w.core.finalize_block(h, 1_700_000_000 + h, [tx], h.to_bytes(32, "big"))
+    assert all(r.ok for r in results), results
+    w.core.commit()
+
+
+async def test_a_change_of_the_validator_set_before_the_release_does_not_keep_the_reply_out() -> None:
+    """The framer's commitments were dealt under the set of its epoch; before the release, a
+    committee change moves the verifiers' units (the third holder's power 10 to 1), and the node's
+    membership gives the new set. The node remembers the set it polled under in the framer's epoch
+    and rebuilds the secret under it. Fails when the node reads shares under the current set only:
+    of the units each verifier released, too few are still its own under the new plan."""
+    w = Committee()
+    epoch, _, reveals, _ = framed(w)
+    powers = dict(VALIDATORS)
+    reveals.validators = lambda: powers
+    await reveals.step()  # a poll in the framer's epoch: the set as it is
+    third = sorted(powers)[2]
+    change_power(w, third, 1)
+    powers[third] = 1
+    assert dict(w.core.committed.validator_powers()) == powers
+    old, new = escrow.plan_of(VALIDATORS), escrow.plan_of(powers)
+    still = sum(len(set(escrow.holder_xs(old, i)) & set(escrow.holder_xs(new, i))) for i in range(4))
+    assert still < old.threshold  # what the current set alone would keep of every release
+    await through_the_release(w, reveals)
+    assert reveals.counts["handed"] == 4 and epoch in reveals.done
+    for i in range(4):
+        assert counted(w, i, epoch) == ["bad", "good"]
+    assert len(reveals.plans) == 2
+
+
+async def test_a_set_the_node_no_longer_reads_under_is_forgotten() -> None:
+    w = Committee()
+    _, _, reveals, _ = framed(w)
+    powers = dict(VALIDATORS)
+    reveals.validators = lambda: powers
+    for power in range(11, 11 + MAX_PLANS + 1):  # more sets than it keeps, each at a poll
+        powers[min(powers)] = power
+        await reveals.step()
+    assert len(reveals.plans) == MAX_PLANS and tuple(sorted(powers.items())) in reveals.plans
+    for _ in range(EPOCHS + 1):
+        w.next_epoch()
+    await reveals.step()
+    assert list(reveals.plans) == [tuple(sorted(powers.items()))]  # only the set current in the epochs it reads
 
 
 async def test_without_the_node_the_withheld_reply_does_not_count() -> None:
@@ -280,17 +332,23 @@ async def test_the_member_a_request_was_forwarded_to_hands_in_the_reply_it_signe
         assert c.node_id == w.other.node_id and c.transcript.reply.chunks[0][0] == "good"
 
 
-async def test_a_colluding_verifier_cannot_make_the_node_rebuild_a_commitment_of_its_own() -> None:
+@pytest.mark.parametrize("degree", ["the plan's", "its units'"])
+async def test_a_colluding_verifier_cannot_make_the_node_rebuild_a_commitment_of_its_own(degree: str) -> None:
     """One verifier (a quarter of the power) adds to its release a commitment it made up, with
     every unit's shares on points of its own: were they taken, the node would rebuild it and scan
     its whole store for it, as often as the verifier likes, at no cost to it. The node takes of
-    each verifier's shares only those of its own units, fewer than the threshold."""
+    each verifier's shares only those of its own units, fewer than the threshold; and only of
+    commitments with the plan's number of points, so a lower degree, as many points as the
+    verifier has units, does not do either (fails without that check)."""
     w = Committee()
     epoch, _, reveals, rpc = framed(w)
     rpc.invented.add(ADDRESSES[2])
+    if degree != "the plan's":
+        rpc.invented_plan = escrow.Plan(w.plan.counts, w.plan.counts[2])
     await through_the_release(w, reveals)
     assert reveals.counts["handed"] == 4 and reveals.counts["unmatched"] == 0  # the good reply; nothing made up
-    assert reveals.counts["foreign shares"] == 32 - 8  # every unit but verifier 2's own eight
+    # every unit but verifier 2's own eight; of a lower degree, every one
+    assert reveals.counts["foreign shares"] == (32 - 8 if degree == "the plan's" else 32)
     assert counted(w, 0, epoch) == ["bad", "good"]
 
 
@@ -335,7 +393,7 @@ def test_where_a_poll_cannot_rebuild_all_it_does_not_take_them_in_an_order_a_don
     from model_node.reveals import _Epoch
 
     points = escrow.deal(wire.escrowed_secret(bytes(32)), escrow.plan_of(VALIDATORS)).commitments
-    keys = [(crypto.random_bytes(32), points) for _ in range(600)]
+    keys = [(crypto.random_bytes(32), points, 0) for _ in range(600)]
     taken = []
     for _ in range(2):
         node = Reveals(ADDRESSES, lambda: VALIDATORS, Committee().node, ServedStore(), max_rebuilds=100)
