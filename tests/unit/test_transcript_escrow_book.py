@@ -456,3 +456,17 @@ def test_only_sets_that_count_for_nothing_mark_their_donor_idle() -> None:
     assert book.commit(os.urandom(20), os.urandom(32), EPOCH, T0_MS) is None  # version 1: unrevealed, void
     book.close(EPOCH)
     assert book.idle == {held.id: 1}
+
+
+def test_a_book_filled_with_sets_that_count_still_pushes_a_framers_hold_out() -> None:
+    """A known limit of decision 0041: identities that certify (and would reveal real replies)
+    leave no idle set and are never marked. A book filled with their sets leaves the framer's hold
+    the only idle one, and one more hold drops it. The price is a book's worth of sets that count,
+    each framed epoch, during which every honest donor here is refused "full"."""
+    book = tr.TranscriptBook()
+    _sybils(book, tr.MAX_DONORS - 1, certify=True)
+    target = _one_shot_framer(book, EPOCH, seed=14)
+    late = EscrowDonor(book, seed=15)
+    c = Committed(HONEST, "pushes it out", late.rng)
+    assert book.hold(late.id, c.value, c.points_raw, c.deal.shares[ME], EPOCH, T0_MS + 1) is None
+    assert target.value not in _held_by(book, EPOCH) and book.refused["evicted"] == 1
