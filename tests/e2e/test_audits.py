@@ -46,7 +46,13 @@ from overlay.directory.lists import CommitteeClient, load_genesis
 pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 MODEL = "smollm2-135m-instruct"
-EPOCH_BLOCKS = 100  # at ~0.6-1 s a block: each model node answers 4 verifiers x 2 challenges of up to 256 tokens
+# at ~0.6-1 s a block: each model node answers 4 verifiers x 2 challenges of up to 256 tokens. At 100 blocks
+# (a report window of 16) a challenge sent in the send window's last blocks had about 12 s for a 256-token
+# reply that takes 13-15 s on one thread beside a second slot; in a clean-clone CI run (2026-12-02, serial)
+# the honest node's replies to most verifiers came after their reports two epochs running and the
+# Byzantine verifier's 0 became its score. 120 blocks: a report window of 20, and the same challenges spread
+# over a fifth more time.
+EPOCH_BLOCKS = 120
 PER_NODE = 2
 PRIVATE_VERIFIER = "verifier-0"  # holds one private conversation (--challenge-prompts)
 PRIVATE_TURNS = ("Name a lake high in the Andes.", "How deep is it?")
@@ -248,7 +254,7 @@ def test_audits_demote_the_dishonest_node_and_keep_the_honest_one_despite_a_byza
             _, table = _same_state(net)
             rep = {bytes(r[0]): r[1] for r in table}
             history.append(rep)
-            assert rep.get(honest, 500_000) >= TRUST_LINE, f"the honest node fell below the line: {history}"
+            assert rep.get(honest, 500_000) >= TRUST_LINE, f"the honest node fell below the line: {history} {outcomes}"
             if fell_at is None and rep.get(dishonest, 500_000) < TRUST_LINE:
                 fell_at = len(applied)
         time.sleep(0.5)
