@@ -49,9 +49,9 @@ MODEL = "smollm2-135m-instruct"
 # at ~0.6-1 s a block: each model node answers 4 verifiers x 2 challenges of up to 256 tokens. At 100 blocks
 # (a report window of 16) a challenge sent in the send window's last blocks had about 12 s for a 256-token
 # reply that takes 13-15 s on one thread beside a second slot; in a clean-clone CI run (2026-12-02, serial)
-# the honest node's replies to most verifiers came after their reports two epochs running and the
-# Byzantine verifier's 0 became its score. 120 blocks: a report window of 20, and the same challenges spread
-# over a fifth more time.
+# the honest node's replies to two of the three honest verifiers came after their reports in epochs 1 to 3,
+# so those epochs were missed and the third scored 0 (MISS_LIMIT). 120 blocks: a report window of 20, and
+# the same challenges spread over a fifth more time.
 EPOCH_BLOCKS = 120
 PER_NODE = 2
 PRIVATE_VERIFIER = "verifier-0"  # holds one private conversation (--challenge-prompts)
