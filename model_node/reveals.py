@@ -371,8 +371,9 @@ class Reveals:
         this epoch. Where the first ``t`` do not open the points, each verifier's shares are
         checked in one batch and a verifier whose do not verify is a liar for the rest of the
         epoch: a colluding verifier that forges its shares of every released commitment costs the
-        node one such check, not a share-by-share search per commitment (``t²`` multiplications: 55 to 65 ms at ``t`` = 22,
-        bench escrow), which over a release of 4,096 would outlast the polls before the close.
+        node one such check, not a share-by-share search per commitment (``t²`` multiplications:
+        55 to 65 ms at ``t`` = 22, bench escrow), which over a release of 4,096 would outlast the
+        polls before the close.
         :class:`~overlay.directory.escrow.EscrowError` when too few remain."""
         usable = [s for s in shares if st.owner.get((pid, s.x)) not in st.liars]
         try:

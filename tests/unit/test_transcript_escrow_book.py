@@ -340,16 +340,18 @@ def test_a_saved_book_whose_escrow_does_not_hold_together_is_refused() -> None:
         tr.TranscriptBook.from_bytes(forge(body))
 
 
-def _sybils(book: tr.TranscriptBook, n: int, *, certify: bool, at: int = T0_MS - 10_000) -> list[bytes]:
-    """``n`` registered identities, each holding one escrowed commitment (the same points and
-    shares: the book does not check them) and certifying it or not; their ids."""
+def _sybils(book: tr.TranscriptBook, n: int | list[bytes], *, certify: bool, at: int = T0_MS - 10_000,
+            epoch: int = EPOCH) -> list[bytes]:
+    """``n`` registered identities (new ones, or these), each holding one escrowed commitment in
+    ``epoch`` (the same points and shares: the book does not check them) and certifying it or not;
+    their ids. A full book drops a set for each hold that finds no room."""
     c = Committed(HONEST, "any", random.Random(3))
-    ids = [os.urandom(20) for _ in range(n)]
+    ids = [os.urandom(20) for _ in range(n)] if isinstance(n, int) else n
     for i, donor in enumerate(ids):
         value = os.urandom(32)
-        assert book.hold(donor, value, c.points_raw, c.deal.shares[ME], EPOCH, at + i) is None
+        assert book.hold(donor, value, c.points_raw, c.deal.shares[ME], epoch, at + i) is None
         if certify:
-            assert book.certify(donor, value, c.points_raw, EPOCH, at + i) is None
+            assert book.certify(donor, value, c.points_raw, epoch, at + i) is None
     return ids
 
 
@@ -393,14 +395,6 @@ def _held_by(book: tr.TranscriptBook, epoch: int) -> set[bytes]:
     return {v for v, _, _ in book.released(epoch)}
 
 
-def _flood(book: tr.TranscriptBook, ids: list[bytes], epoch: int, at: int) -> None:
-    """Each of ``ids`` holds one uncertified escrowed commitment in ``epoch`` (a full book drops
-    a set for each that finds no room)."""
-    c = Committed(HONEST, "any", random.Random(4))
-    for i, donor in enumerate(ids):
-        assert book.hold(donor, os.urandom(32), c.points_raw, c.deal.shares[ME], epoch, at + i) is None
-
-
 def _one_shot_framer(book: tr.TranscriptBook, epoch: int, seed: int) -> Committed:
     """A one-shot framer's good reply, held at this verifier and certified elsewhere only (decision
     0039's second hole): this verifier's shares are what the node needs to rebuild its secret."""
@@ -418,11 +412,10 @@ def test_reused_identities_cannot_push_a_one_shot_framers_shares_out_of_the_book
     the flood drops its own sets and the framer's shares stay to be released. Fails with the oldest
     set dropped first."""
     book = tr.TranscriptBook()
-    flood = [os.urandom(20) for _ in range(tr.MAX_DONORS)]
-    _flood(book, flood, EPOCH - 1, T0_MS - 900_000)
+    flood = _sybils(book, tr.MAX_DONORS, certify=False, at=T0_MS - 900_000, epoch=EPOCH - 1)
     assert book.close(EPOCH - 1) == [] and set(book.idle) == set(flood)  # each left one idle set here
     target = _one_shot_framer(book, EPOCH, seed=9)
-    _flood(book, flood, EPOCH, T0_MS + 1)  # every one of them again, each hold newer than the framer's
+    _sybils(book, flood, certify=False, at=T0_MS + 1)  # every one of them again, each hold newer than the framer's
     assert book.refused["evicted"] == 1 and target.value in _held_by(book, EPOCH)
     assert sum(book.idle.values()) == tr.MAX_DONORS + 1  # the dropped set marked its donor once more
     again = tr.TranscriptBook.from_bytes(book.to_bytes())  # a restart keeps the marks
@@ -435,14 +428,13 @@ def test_a_flood_that_drops_a_framers_shares_spends_a_book_of_fresh_identities()
     every framed epoch takes a book's worth of newly registered identities at each verifier it
     must empty."""
     book = tr.TranscriptBook()
-    flood = [os.urandom(20) for _ in range(tr.MAX_DONORS)]
     first = _one_shot_framer(book, EPOCH, seed=10)
-    _flood(book, flood, EPOCH, T0_MS + 1)
+    flood = _sybils(book, tr.MAX_DONORS, certify=False, at=T0_MS + 1)
     assert first.value not in _held_by(book, EPOCH)  # the price paid once: out
     book.close(EPOCH)
     assert all(book.idle[d] == 1 for d in flood)
     second = _one_shot_framer(book, EPOCH + 1, seed=11)
-    _flood(book, flood, EPOCH + 1, T0_MS + 900_001)
+    _sybils(book, flood, certify=False, at=T0_MS + 900_001, epoch=EPOCH + 1)
     assert second.value in _held_by(book, EPOCH + 1)
 
 

@@ -123,7 +123,8 @@ The rules, and the framer each one stops:
    time one of its idle sets is dropped or closed), the oldest latest hold among equals. A flood
    of holds can then push out only sets of identities as fresh to this verifier as its own: to
    drop a one-shot framer's hold, and with it the shares the node needs (rule 11), it takes a
-   book's worth of identities never idle here before, every time.
+   book's worth of identities never idle here before, or a book filled with sets that count
+   (certified, and revealed with real replies), every time.
 
 What is left to a framer: choosing prompts (before the reply) on which honest replies score
 badly; the score is calibrated per reply (decision 0013 §5: honest z has sd 0.91 over real
@@ -580,9 +581,8 @@ class TranscriptBook:
         every donor out for good (decision 0039). A set that holds anything that may count is never
         dropped: the book is full only of those. Of the idle sets, the one of the donor with the
         most idle sets here before goes first, then the one whose latest hold is oldest: reused
-        identities cannot push a fresh donor's hold out, so the identities of a flood that drops a
-        one-shot framer's shares are spent (decision 0041). Whether one was dropped (counted
-        "evicted"; its donor is marked idle once more)."""
+        idle identities cannot push a fresh donor's hold out (decision 0041). Whether one was
+        dropped (counted "evicted"; its donor is marked idle once more)."""
         idle = [(-self.idle.get(key[1], 0), max(e.received_ms for e in s.entries.values()), key)
                 for key, s in self._sets.items() if _idle(s)]
         if not idle:
