@@ -490,6 +490,35 @@ def test_scores_that_come_after_their_epoch_go_out_with_the_next_epochs() -> Non
     assert a.plan(view(epoch=3, committed=(a.public_key,), reported=(a.public_key,)), REPORT_FROM + 1) == []
 
 
+def test_held_scores_go_out_at_the_report_and_the_rounds_own_wait_for_the_next_epoch() -> None:
+    """Decision 0043. A report that waited for late replies lands a block or two before the
+    epoch's end, and scoring a round takes longer: on a devnet of 2 cores, held scores that went
+    out only with the next round's were refused as late again and counted four epochs after their
+    transcripts. Held scores go out as soon as the report is on the chain; the round scored after
+    them is held for the next epoch's (the chain takes one submission a validator an epoch)."""
+    n, m = b"\x0a" * 20, b"\x0b" * 20
+    a = auditor(0, transcripts=StubBook({1: [counted(m, "a"), counted(m, "b")]}))
+    late = a.transcript_scores(1, [(n, 700_000)] * 4)
+    assert late is not None
+    a.submitted(late.key, retry=False)
+    a.refused(late.key, "a transcript scores for epoch 1; the chain is in epoch 2", Code.WRONG_EPOCH)
+    acts = a.plan(view(epoch=2, committed=(a.public_key,), reported=(a.public_key,)), REPORT_FROM + 1)
+    assert [type(x) for x in acts] == [Submit, ScoreTranscripts]  # the held ones first, not after scoring
+    first, round_ = acts
+    assert isinstance(first, Submit) and first.key == ("transcripts", 2)
+    tx = at.decode_audit_tx(first.raw, "audit-test")
+    assert isinstance(tx, at.TranscriptScores) and tx.nodes == ((n, (700_000,) * 4),)
+    assert isinstance(round_, ScoreTranscripts) and round_.epoch == 2 and len(round_.counted) == 2
+    a.submitted(first.key, retry=True)  # a network error: the held ones again, and nothing of the round
+    assert a.plan(view(epoch=2, committed=(a.public_key,), reported=(a.public_key,)), REPORT_FROM + 2) == [first]
+    a.submitted(first.key, retry=False)
+    assert a.transcript_scores(2, [(m, 600_000)] * 4) is None  # not a second submission of epoch 2: held
+    (nxt,) = a.plan(view(epoch=3, committed=(a.public_key,), reported=(a.public_key,)), REPORT_FROM + 1)
+    assert isinstance(nxt, Submit) and nxt.key == ("transcripts", 3)
+    tx = at.decode_audit_tx(nxt.raw, "audit-test")
+    assert isinstance(tx, at.TranscriptScores) and tx.epoch == 3 and tx.nodes == ((m, (600_000,) * 4),)
+
+
 def test_scores_keep_to_the_chains_limits_by_a_random_sample() -> None:
     a = auditor(0)
     many = [(bytes([i % 7]) * 20, 1000 + i) for i in range(7 * (at.MAX_TRANSCRIPTS_PER_NODE + 3))]

@@ -696,15 +696,22 @@ class Auditor:
                         "registered users (boosters) can keep it trusted (docs/committee.md, 'Sizing a verifier'): "
                         "raise --audit-threads or --transcript-budget to %d", budget, nodes, budget // nodes,
                         NODE_BUDGET, NODE_BUDGET * nodes)
+        # scores held back (put_back) that reach the minimum alone go out now, before this round is
+        # scored: a report that waited for late replies leaves a few blocks, and scoring may take more
+        # (decision 0043); this round's scores are then held for the next epoch's
+        out: list[Action] = []
+        if self._carry.held():  # nothing held: no carry change, so no book write
+            carried = self._carry.add(epoch, ())
+            if carried:
+                out.append(self._submission(epoch, carried))
+                log.info("audit: epoch %d: scores held from earlier epochs go out first; this round's wait for "
+                         "the next epoch's", epoch)
         held = tuple(first)
         if held:
             log.info("audit: epoch %d: %d users' transcripts count; scoring them", epoch, len(held))
-            return [ScoreTranscripts(epoch, held, tuple(spare), reserve)]
+            return [*out, ScoreTranscripts(epoch, held, tuple(spare), reserve)]
         self.transcripts.scored_rounds(self._taken.pop(epoch, ()))  # none of them this verifier's to score
-        if not self._carry.held():  # nothing held: no carry change, so no book write
-            return []
-        sub = self.transcript_scores(epoch, ())  # scores held back (put_back) that reach the minimum alone
-        return [] if sub is None else [sub]
+        return out
 
     def second_draw(self, action: ScoreTranscripts, scored: Iterable[tuple[bytes, bytes, float]]) -> list[Counted]:
         """Rule 9's second draw: given ``(node, donor, z)`` of the first draw's scored transcripts,
@@ -731,14 +738,24 @@ class Auditor:
         :data:`~verifier.audit.tx.MAX_TRANSCRIPTS_PER_NODE` scores per node and
         :data:`~verifier.audit.tx.MAX_TRANSCRIPT_NODES` nodes, a random sample of them when there
         are more: none favoured by the donors' ids); None when no node has enough. It is kept and
-        handed out again by :meth:`plan` while the report window lasts if it never reached the chain."""
-        from verifier.audit.tx import MAX_TRANSCRIPT_NODES, MAX_TRANSCRIPTS_PER_NODE, TranscriptScores
-
-        by_node = {node: list(scores) for node, scores in self._carry.add(epoch, scored)}
+        handed out again by :meth:`plan` while the report window lasts if it never reached the chain.
+        None too when this epoch's one submission went out already, held scores first: ``scored``
+        is then held for the next epoch's (:meth:`~verifier.audit.transcripts.ScoreCarry.hold`, decision 0043)."""
+        by_node: dict[bytes, tuple[int, ...]] = {}
+        if self._scores is not None and self._scores.key[1] >= epoch:
+            self._carry.hold(epoch, scored)
+        else:
+            by_node = dict(self._carry.add(epoch, scored))
         if self.transcripts is not None:
             self.transcripts.scored_rounds(self._taken.pop(epoch, ()))  # in the carry now: they leave the book
-        if not by_node:
-            return None
+        return self._submission(epoch, by_node.items()) if by_node else None
+
+    def _submission(self, epoch: int, scores_of: Iterable[tuple[bytes, Sequence[int]]]) -> Submit:
+        """The one transcript-scores submission of ``epoch``, of the nodes' scores ``scores_of``,
+        sampled to the chain's limits (:meth:`transcript_scores`); kept to be handed out again."""
+        from verifier.audit.tx import MAX_TRANSCRIPT_NODES, MAX_TRANSCRIPTS_PER_NODE, TranscriptScores
+
+        by_node = dict(scores_of)
         nodes = sorted(by_node)
         if len(nodes) > MAX_TRANSCRIPT_NODES:
             nodes = sorted(self.rng.sample(nodes, MAX_TRANSCRIPT_NODES))

@@ -881,12 +881,17 @@ class ScoreCarry:
         self.dropped = 0
         self.changes = 0  # calls to add (TranscriptBook.revision)
 
-    def add(self, epoch: int, scored: Iterable[tuple[bytes, int]]) -> list[tuple[bytes, tuple[int, ...]]]:
-        """Take ``epoch``'s ``(node, score)`` pairs; the nodes (ascending) whose held scores reach
-        the minimum, with those scores (oldest first), which are no longer held."""
+    def hold(self, epoch: int, scored: Iterable[tuple[bytes, int]]) -> None:
+        """Take ``epoch``'s ``(node, score)`` pairs and hand nothing out: this epoch's scores have
+        gone out already (held ones, at the report), so these wait for the next :meth:`add`."""
         self.changes += 1
         for node, score in scored:
             self._held.setdefault(node, []).append((epoch, score))
+
+    def add(self, epoch: int, scored: Iterable[tuple[bytes, int]]) -> list[tuple[bytes, tuple[int, ...]]]:
+        """Take ``epoch``'s ``(node, score)`` pairs; the nodes (ascending) whose held scores reach
+        the minimum, with those scores (oldest first), which are no longer held."""
+        self.hold(epoch, scored)
         out = []
         for node in sorted(self._held):
             kept = [(e, s) for e, s in self._held[node] if e > epoch - CARRY_EPOCHS]
