@@ -36,7 +36,9 @@ verifiers' reports (:mod:`verifier.audit.chain`). Two layers, as everywhere in t
     (:func:`~verifier.audit.transcripts.capped_by_donor`, decision 0028), and
     :meth:`Auditor.transcript_scores` turns the scores into one signed :class:`~verifier.audit.tx.TranscriptScores` (kind 3) for the nodes
     that signed the replies (none when nothing counted). Scores of nodes with too few are held in
-    the book's :class:`~verifier.audit.transcripts.ScoreCarry`, so the book, carry included, is
+    the book's :class:`~verifier.audit.transcripts.ScoreCarry`, and so are scores the chain refused
+    as after their epoch's end: those go out at the next report, before its round is scored
+    (decision 0043). The book, carry included, is
     what ``gentorrent verifier`` keeps in ``DATA_DIR/audit-transcripts.msgpack``
     (:func:`verifier.run.book_keeper`) and takes back when it restarts.
 
