@@ -519,6 +519,45 @@ def test_held_scores_go_out_at_the_report_and_the_rounds_own_wait_for_the_next_e
     assert isinstance(tx, at.TranscriptScores) and tx.epoch == 3 and tx.nodes == ((m, (600_000,) * 4),)
 
 
+def test_the_carry_is_ready_while_held_scores_reach_the_minimum_within_carry_epochs() -> None:
+    from verifier.audit.transcripts import CARRY_EPOCHS, ScoreCarry
+
+    n = b"\x0a" * 20
+    c = ScoreCarry(minimum=4)
+    c.hold(1, [(n, 1)] * 3)
+    assert not c.ready(1)
+    c.hold(2, [(n, 2)])
+    assert c.ready(2) and c.ready(CARRY_EPOCHS) and not c.ready(1 + CARRY_EPOCHS)  # epoch 1's too old then
+    assert c.held() == 4  # ready() hands nothing out
+
+
+@pytest.mark.parametrize("held", [False, True], ids=["nothing held", "held scores"])
+def test_a_report_leaves_blocks_for_held_scores_after_it(held: bool) -> None:
+    """Decision 0043. A report waiting for a challenge still out goes two blocks before the end,
+    and on a devnet the verifier's next poll already saw the next epoch: held scores never went
+    out. With held scores it goes :data:`HELD_MARGIN_BLOCKS` earlier, and they follow it."""
+    from tests.unit.test_auditor import START, committed, reply, run_sends
+    from verifier.audit.auditor import HELD_MARGIN_BLOCKS, grace_height
+
+    a = auditor(1, transcripts=TranscriptBook())
+    if held:  # epoch 0's came after its end
+        late = a.transcript_scores(0, [(b"\x0a" * 20, 700_000)] * 4)
+        assert late is not None
+        a.submitted(late.key, retry=False)
+        a.refused(late.key, "a transcript scores for epoch 0; the chain is in epoch 1", Code.WRONG_EPOCH)
+    a.plan(view(), START)
+    v = committed(1)
+    run_sends(a, v, range(START, REPORT_FROM), lambda s, h: None if s.index == 0 else reply(s.node_id, s.index))
+    grace = END - 2 - (HELD_MARGIN_BLOCKS if held else 0)
+    assert grace_height(REPORT_FROM, END, held) == grace
+    assert a.plan(v, grace - 1) == []  # still waiting for the challenge out
+    (report,) = a.plan(v, grace)
+    assert isinstance(report, Submit) and report.key == ("report", 1)
+    after = [x for x in a.plan(view(committed=(a.public_key,), reported=(a.public_key,)), grace + 1)
+             if isinstance(x, Submit)]
+    assert [x.key for x in after] == ([("transcripts", 1)] if held else [])
+
+
 def test_scores_keep_to_the_chains_limits_by_a_random_sample() -> None:
     a = auditor(0)
     many = [(bytes([i % 7]) * 20, 1000 + i) for i in range(7 * (at.MAX_TRANSCRIPTS_PER_NODE + 3))]

@@ -87,6 +87,7 @@ log = logging.getLogger("gentorrent.audit")
 
 MAX_VIEW_BYTES = 4 * 1024 * 1024
 REPORT_MARGIN_BLOCKS = 2  # a report waits for challenges still out until this many blocks before the epoch's end
+HELD_MARGIN_BLOCKS = 4  # and this many more when held transcript scores go out after it (decision 0043)
 RETRY_KINDS = frozenset({"busy", "silent", "lost", "incomplete", "error"})  # tried again later in the window
 MAX_REPORT_FIXES = 3  # a refused report with one bad entry is sent again with that entry failed, this often
 PLAN_FILE = "audit-plan.msgpack"
@@ -355,11 +356,13 @@ def last_send(commit_until: int, report_from: int) -> int:
     return max(commit_until + 1, report_from - 1)
 
 
-def grace_height(report_from: int, end_height: int) -> int:
+def grace_height(report_from: int, end_height: int, held: bool = False) -> int:
     """Until this height a report waits for challenges still out: :data:`REPORT_MARGIN_BLOCKS`
     before the epoch's end (a devnet on 2 cores had 256-token replies arriving 10 blocks into the
-    report window), so that the report still lands in the window."""
-    return max(report_from, end_height - REPORT_MARGIN_BLOCKS)
+    report window), so that the report still lands in the window; :data:`HELD_MARGIN_BLOCKS`
+    more when ``held`` transcript scores are to go out after it (the report lands, a poll sees
+    it, the scores land: decision 0043)."""
+    return max(report_from, end_height - REPORT_MARGIN_BLOCKS - (HELD_MARGIN_BLOCKS if held else 0))
 
 
 # --------------------------------------------------------------------------- the planner
@@ -654,7 +657,8 @@ class Auditor:
         if height < p.report_from:
             out.extend(self._sends(p, height))
             return out
-        if any(e.sending for e in p.entries) and height < grace_height(p.report_from, p.end_height):
+        held = self.transcripts is not None and self._carry.ready(view.epoch)
+        if any(e.sending for e in p.entries) and height < grace_height(p.report_from, p.end_height, held):
             return out
         if height <= p.end_height and self._once(("report", p.epoch)):
             out.append(self._report(p))

@@ -917,6 +917,11 @@ class ScoreCarry:
     def held(self) -> int:
         return sum(map(len, self._held.values()))
 
+    def ready(self, epoch: int) -> bool:
+        """Would :meth:`add` of nothing in ``epoch`` hand a node's scores out (held ones that reach
+        the minimum alone: put back, or held while the epoch's one submission went out)?"""
+        return any(sum(e > epoch - CARRY_EPOCHS for e, _ in held) >= self.minimum for held in self._held.values())
+
 
 # --------------------------------------------------------------------------- persistence
 
