@@ -73,7 +73,7 @@ def wire(v: AuditView) -> bytes:
         "total_power": v.total_power, "committed": list(v.committed), "reported": list(v.reported),
         "declared": [[k, list(ms)] for k, ms in v.declared], "audited_models": list(v.audited_models),
         "nodes": [[m, list(ids)] for m, ids in v.nodes], "outcomes": [list(o) for o in v.outcomes],
-        "misses": [list(m) for m in v.misses]}, use_bin_type=True)
+        "misses": [list(m) for m in v.misses], "transcribed": list(v.transcribed)}, use_bin_type=True)
     return data
 
 
@@ -123,12 +123,13 @@ def run_sends(a: Auditor, v: AuditView, heights: range, answer: Any) -> list[Sen
 
 def test_the_view_decodes_strictly() -> None:
     v = view(committed=(PKS[1],), declared=((PKS[1], (MODEL,)),), outcomes=((0, "applied", "1 node(s)", 60),),
-             misses=((NODES[0], 1),))
+             misses=((NODES[0], 1),), transcribed=(PKS[2],))
     assert parse_view(wire(v)) == v
     assert parse_view(wire(v)).nodes_of(MODEL) == NODES and parse_view(wire(v)).nodes_of("x") == ()
     doc = msgpack.unpackb(wire(v), raw=False)
     for bad in ({**doc, "epoch": "1"}, {**doc, "seed": b"x"}, {k: x for k, x in doc.items() if k != "nodes"},
-                {**doc, "nodes": [[MODEL]]}, {**doc, "committed": [b"short"]}, {**doc, "epoch": True}):
+                {**doc, "nodes": [[MODEL]]}, {**doc, "committed": [b"short"]}, {**doc, "epoch": True},
+                {**doc, "transcribed": [b"short"]}, {k: x for k, x in doc.items() if k != "transcribed"}):
         with pytest.raises(AuditViewError):
             parse_view(msgpack.packb(bad, use_bin_type=True))
     for raw in (b"\xc1", b"\x92\x01\x02", b"x" * (4 * 1024 * 1024 + 1)):

@@ -519,6 +519,22 @@ def test_held_scores_go_out_at_the_report_and_the_rounds_own_wait_for_the_next_e
     assert isinstance(tx, at.TranscriptScores) and tx.epoch == 3 and tx.nodes == ((m, (600_000,) * 4),)
 
 
+def test_a_verifier_restarted_after_this_epochs_scores_went_out_holds_the_round_for_the_next() -> None:
+    """Decision 0043: the chain lists this verifier's scores of the epoch (sent before a restart:
+    held ones, before the round was scored), so the round it scores again is held, not sent as a
+    second submission of the epoch, which the chain refuses for good."""
+    m = b"\x0b" * 20
+    a = auditor(0, transcripts=StubBook({1: [counted(m, "a"), counted(m, "b")]}))  # just restarted
+    on_chain = view(epoch=2, committed=(a.public_key,), reported=(a.public_key,), transcribed=(a.public_key,))
+    (act,) = a.plan(on_chain, REPORT_FROM + 1)
+    assert isinstance(act, ScoreTranscripts) and act.epoch == 2
+    assert a.transcript_scores(2, [(m, 600_000)] * 4) is None
+    (nxt,) = a.plan(view(epoch=3, committed=(a.public_key,), reported=(a.public_key,)), REPORT_FROM + 1)
+    assert isinstance(nxt, Submit) and nxt.key == ("transcripts", 3)
+    tx = at.decode_audit_tx(nxt.raw, "audit-test")
+    assert isinstance(tx, at.TranscriptScores) and tx.nodes == ((m, (600_000,) * 4),)
+
+
 def test_the_carry_is_ready_while_held_scores_reach_the_minimum_within_carry_epochs() -> None:
     from verifier.audit.transcripts import CARRY_EPOCHS, ScoreCarry
 

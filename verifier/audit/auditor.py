@@ -141,6 +141,7 @@ class AuditView:
     outcomes: tuple[tuple[int, str, str, int], ...]  # (epoch, "applied"|"empty", reason, height)
     misses: tuple[tuple[bytes, int], ...]
     reply_window_s: int = tw.DEFAULT_REPLY_WINDOW_S  # the chain's (decision 0040); absent before it
+    transcribed: tuple[bytes, ...] = ()  # the validators whose transcript scores this epoch took
 
     def nodes_of(self, model: str) -> tuple[bytes, ...]:
         return next((ids for m, ids in self.nodes if m == model), ())
@@ -211,6 +212,7 @@ def parse_view(raw: bytes) -> AuditView:
                            for o in (_list(x, "outcome", 4) for x in _list(doc["outcomes"], "outcomes"))),
             misses=tuple((_bytes(n, "missing node", 20), _t(c, int, "misses")) for n, c in pairs("misses", "miss")),
             reply_window_s=_t(doc.get("reply_window_s", tw.DEFAULT_REPLY_WINDOW_S), int, "reply_window_s"),
+            transcribed=tuple(_bytes(k, "transcribed key", 32) for k in _list(doc["transcribed"], "transcribed")),
         )
     except KeyError as exc:
         raise AuditViewError(f"/audit answer lacks {exc}") from None
@@ -515,6 +517,7 @@ class Auditor:
     _warned: set[tuple[Any, ...]] = field(default_factory=set)
     _taken: dict[int, tuple[int, ...]] = field(default_factory=dict)  # round -> the book's rounds it is scoring
     _scores: Submit | None = None  # the latest transcript scores, handed out again after a network error
+    _spent: int = -1  # the latest epoch whose one transcript-scores submission went out (or is on the chain)
     _carry: ScoreCarry = field(default_factory=_score_carry)  # scores held for the chain's minimum
     _suspected: dict[bytes, int] = field(default_factory=dict)  # node -> last round a suspect (rule 9; saved)
     _revealed: dict[int, frozenset[bytes]] = field(default_factory=dict)  # epoch -> prompt keys its reports revealed
@@ -706,7 +709,9 @@ class Auditor:
         # scored: a report that waited for late replies leaves a few blocks, and scoring may take more
         # (decision 0043); this round's scores are then held for the next epoch's
         out: list[Action] = []
-        if self._carry.held():  # nothing held: no carry change, so no book write
+        if self.public_key in view.transcribed:  # on the chain already: sent before a restart
+            self._spent = max(self._spent, epoch)
+        elif self._carry.held():  # nothing held: no carry change, so no book write
             carried = self._carry.add(epoch, ())
             if carried:
                 out.append(self._submission(epoch, carried))
@@ -745,10 +750,11 @@ class Auditor:
         :data:`~verifier.audit.tx.MAX_TRANSCRIPT_NODES` nodes, a random sample of them when there
         are more: none favoured by the donors' ids); None when no node has enough. It is kept and
         handed out again by :meth:`plan` while the report window lasts if it never reached the chain.
-        None too when this epoch's one submission went out already, held scores first: ``scored``
-        is then held for the next epoch's (:meth:`~verifier.audit.transcripts.ScoreCarry.hold`, decision 0043)."""
+        None too when this epoch's one submission went out already (held scores first, or before a
+        restart: the chain lists this verifier as transcribed): ``scored`` is then held for the
+        next epoch's (:meth:`~verifier.audit.transcripts.ScoreCarry.hold`, decision 0043)."""
         by_node: dict[bytes, tuple[int, ...]] = {}
-        if self._scores is not None and self._scores.key[1] >= epoch:
+        if epoch <= self._spent:
             self._carry.hold(epoch, scored)
         else:
             by_node = dict(self._carry.add(epoch, scored))
@@ -773,6 +779,7 @@ class Auditor:
             rows.append((n, tuple(scores)))
         tx = TranscriptScores(epoch, self.public_key, tuple(rows))
         key = ("transcripts", epoch)
+        self._spent = max(self._spent, epoch)
         self._scores = Submit(self._sign(tx), f"transcript scores of epoch {epoch} ({sum(len(r) for _, r in rows)} "
                                               f"scores of {len(rows)} nodes)", key)
         self._started.add(key)
