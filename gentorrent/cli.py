@@ -120,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     from overlay.directory.registration import RegistrationError
     from overlay.net.peers import PeerListError
+    from overlay.net.transport import ListenError
     from overlay.wire.identity import IdentityError
 
     parser = build_parser()
@@ -133,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("gentorrent: interrupted", file=sys.stderr)
         return 130
-    except (CliError, config.ConfigError, IdentityError, PeerListError) as exc:
+    except (CliError, config.ConfigError, IdentityError, PeerListError, ListenError) as exc:
         print(f"gentorrent: error: {exc}", file=sys.stderr)
         return 2
     except RegistrationError as exc:

@@ -31,6 +31,7 @@ newcomer is refused.
 from __future__ import annotations
 
 import abc
+import errno
 import ipaddress
 import itertools
 import logging
@@ -64,6 +65,10 @@ class TransportError(Exception):
 
 class PeerAuthError(TransportError):
     """The peer's identity did not check out (wrong certificate, failed proof)."""
+
+
+class ListenError(Exception):
+    """This node cannot listen on its address (in use, not this machine's, not allowed)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -895,8 +900,15 @@ class TLSTransport(Transport):
         *,
         task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Listen until cancelled; reports the bound ``host:port`` via ``task_status``."""
-        listeners = await trio.open_tcp_listeners(port, host=host)
+        """Listen until cancelled; reports the bound ``host:port`` via ``task_status``;
+        :class:`ListenError` when it cannot listen there."""
+        try:
+            listeners = await trio.open_tcp_listeners(port, host=host)
+        except OSError as exc:
+            why = exc.strerror or str(exc)
+            hint = (": another process listens there (another node with this config or data dir?); stop it, or "
+                    "set another `listen` address (config or --listen; port 0 picks a free one)") if exc.errno == errno.EADDRINUSE else ""
+            raise ListenError(f"cannot listen on {format_address(host, port)}: {why}{hint}") from None
         admission, scopes = self._new_admission()
         sock = listeners[0].socket
         bound = format_address(*sock.getsockname()[:2])

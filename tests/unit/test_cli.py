@@ -153,3 +153,23 @@ def test_model_node_forwarding_flag_errors(flags: list[str], capsys: pytest.Capt
     with pytest.raises(SystemExit) as ei:
         build_parser().parse_args(["model-node", *flags])
     assert ei.value.code == 2 and flags[0] in capsys.readouterr().err
+
+
+def test_a_listen_address_in_use_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A second node on the same config (two `user chat` of one devnet's chat.toml) said only
+    "OSError: [Errno 98] Address already in use" under a traceback."""
+    import socket
+
+    from overlay.net.peers import save as save_peers
+
+    save_peers(str(tmp_path / "peers.json"), [])
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        status = main(["user", "relay", "--data-dir", str(tmp_path), "--listen", f"127.0.0.1:{port}",
+                       "--peers", str(tmp_path / "peers.json"), "--log-level", "warning"])
+    err = capsys.readouterr().err
+    assert status == 2, err
+    assert err.startswith(f"gentorrent: error: cannot listen on 127.0.0.1:{port}: ") and "another process" in err
+    assert len(err.strip().splitlines()) == 1
