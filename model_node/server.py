@@ -34,10 +34,11 @@ any other work. A request whose token passes is taken or refused as above, with 
 *rank* (decision 0022): 2 for a priority token, 1 for a standard one, 0 without a token. It is
 admitted against work of its rank or above only, and when the queue is full it takes the place of
 the newest waiter of the lowest rank below its own (that one is answered "busy"). Only once taken
-is its token redeemed at its issuers, so a request refused "busy" keeps its token for the next
-node: spent or invalid there (a standard token relabelled priority included), it is refused as
-above; issuers unreachable or quotas off, it waits as a request without a token (rank 0,
-best-effort). A freed slot goes to the oldest waiter of the highest rank, and a request that would
+is its token redeemed at its issuers: spent or invalid there (a standard token relabelled priority
+included), it is refused as above; issuers unreachable or quotas off, it waits as a request
+without a token (rank 0, best-effort). So a request refused "busy" at once keeps its token for the
+next node; one refused after it was taken has spent it, and the user's client takes a fresh one
+when the next node says so. A freed slot goes to the oldest waiter of the highest rank, and a request that would
 wait while a lower-rank generation holds a slot stops one (decision 0018). A request forwarded in the
 group carries its token unchanged and the member that serves it redeems it, once it has taken it;
 the entry node that forwards it never does (a token spends once). Without a redeemer, a token is

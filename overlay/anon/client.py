@@ -24,6 +24,7 @@ from overlay.anon import sida
 from overlay.anon.paths import PATH_CLOSED, Path, PathError, PathManager
 from overlay.anon.seal import ReturnKey, SealError, seal_to
 from overlay.anon.signing import ReplyChecker, ReplyVerifyError, request_digest
+from overlay.directory.quota import SPENT, TOKEN_REFUSAL
 from overlay.net.peers import PeerEntry, usable
 from overlay.wire import codec, crypto
 from overlay.wire.clock import Clock, TrioClock
@@ -356,6 +357,7 @@ class AnonClient:
         tried: set[bytes] = set()
         read = set() if sent_to is None else sent_to  # the model nodes the prompt was sent to (or forwarded)
         produced: list[str] = []
+        passed_on = False  # the token went on from a node that refused as busy, and may have spent it
         while True:
             read.add(target.node_id)
             try:
@@ -377,6 +379,7 @@ class AnonClient:
                                   "try again in a minute") from None
                 self.failovers["busy"] = self.failovers.get("busy", 0) + 1
                 target = self.rng.choice(others)
+                passed_on = bool(token)
                 log.info("%s; trying model node %s instead", exc, short_id(target.node_id))
             except _NodeFailed as exc:
                 tried |= {target.node_id, *exc.nodes}
@@ -389,14 +392,23 @@ class AnonClient:
                 why = {Failure.SILENT: "silent", Failure.LOST: "lost"}.get(exc.kind, "error")
                 self.failovers[why] = self.failovers.get(why, 0) + 1
                 target = self.rng.choice(others)
-                token = await self._next_token(model, token)
+                token, passed_on = await self._next_token(model, token), False
                 log.warning("%s; failing over to model node %s with %d characters already received",
                             exc, short_id(target.node_id), sum(map(len, produced)))
+            except AnonError as exc:
+                # a node takes a request, redeems its token, and may still answer "busy" (its queue
+                # wait ran out, or a higher-rank token took the place): the next node then finds the
+                # token spent, and is asked again, once, with a fresh one
+                if not (passed_on and exc.kind is Failure.INVALID and f"{TOKEN_REFUSAL}{SPENT}" in str(exc)):
+                    raise
+                token, passed_on = await self._next_token(model, token), False
+                log.info("%s: the busy model node before it had spent the token; asking again with a fresh one", exc)
 
     async def _next_token(self, model: str, token: bytes) -> bytes:
-        """The token for a try after a failed one (not a "busy" one: a node that refused as busy
-        did not redeem its token, which then goes to the next node): the failed node may have
-        spent it, so a fresh one; none when the quota is used up meanwhile (the failover goes on)."""
+        """The token for a try after a failed one: the failed node may have spent it, so a fresh
+        one; none when the quota is used up meanwhile (the failover goes on). After a "busy" the
+        token goes to the next node as it is (a node refusing at once has not redeemed it), and a
+        fresh one only if that node finds it spent."""
         if not token or self.quota is None:
             return token
         try:

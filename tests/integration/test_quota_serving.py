@@ -222,6 +222,40 @@ async def test_a_request_refused_busy_keeps_its_token_for_the_next_node(autojump
         nursery.cancel_scope.cancel()
 
 
+async def test_a_request_refused_busy_after_its_token_was_spent_gets_a_fresh_one_at_the_next_node(autojump_clock):
+    """A waits a request it took (its token redeemed) until a priority one takes its place in the
+    full queue: "busy", token spent. B finds the same token spent; the client asks B again, once,
+    with a fresh token. On a devnet under challenges, `user chat` ended there with "quota token
+    refused: it was spent already"."""
+    issuers = FakeIssuers(3)
+    async with trio.open_nursery() as nursery:
+        busy = echo_node(delay=1.0, slots=1, max_queue=1, max_queue_wait=30.0, redeemer=redeemer(issuers))
+        net = await start_overlay(nursery, 15, clients=3, models=[busy, echo_node(redeemer=redeemer(issuers))])
+        a, b = net.models
+        other, user, vip = (u.client for u in net.users[:3])
+        assert other is not None and user is not None and vip is not None
+        other.quota = Tokens(issuers.token())
+        nursery.start_soon(ask, other, "generating " + "x " * 8, a)
+        await holding(a, 1)
+        first, fresh = issuers.token(), issuers.token()
+        user.quota = Tokens(first, fresh)
+        got: list[str] = []
+
+        async def asks() -> None:
+            got.append(await ask(user, "waiting", a, failover=True))
+
+        nursery.start_soon(asks)
+        await holding(a, 2)
+        vip.quota = Tokens(issuers.token(priority=True))
+        nursery.start_soon(ask, vip, "priority", a)  # takes the waiting standard request's place
+        with trio.fail_after(60):
+            await wait_until(lambda: bool(got))
+        assert got == ["waiting"] and a.busy == 1 and b.served == 1
+        assert issuers.spent_by_all(first) and issuers.spent_by_all(fresh)  # A spent the first, B the fresh one
+        assert b.redeemer is not None and (b.redeemer.tokened, b.redeemer.refused) == (1, 1)
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_forwarded_request_is_redeemed_once_by_the_member_that_serves_it(autojump_clock):
     issuers = FakeIssuers(3)
     async with trio.open_nursery() as nursery:
