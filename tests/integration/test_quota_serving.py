@@ -4,7 +4,7 @@ set per issuer shared by every node, as the verifiers keep it). A tokened reques
 another user floods the node; a priority token goes ahead of a standard one (decision 0022) but
 stops no standard generation, and a token relabelled to the priority class is refused; a token
 spends once across the nodes of a group; a request refused "busy" keeps its token for the next
-node; a forwarded request is redeemed once, by the member that serves it."""
+node, and one refused "busy" after its token was spent gets a fresh one there; a forwarded request is redeemed once, by the member that serves it."""
 
 from __future__ import annotations
 
