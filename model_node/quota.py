@@ -43,6 +43,7 @@ from dataclasses import dataclass
 import trio
 
 from model_node.priority import PRIORITY, STANDARD
+from overlay.anon.responder import TOKEN_REFUSAL, TOKEN_SPENT
 from overlay.directory import quota
 from overlay.directory.quota import QuotaError, QuotaParams, Token
 from overlay.directory.registration import Code
@@ -51,7 +52,7 @@ from overlay.wire.clock import Clock, TrioClock
 
 log = logging.getLogger("gentorrent.model.quota")
 
-REFUSAL = quota.TOKEN_REFUSAL  # how a refused token's error chunk starts
+REFUSAL = TOKEN_REFUSAL  # how a refused token's error chunk starts
 TIMEOUT_S = 2.0  # seconds for the issuers' answers (``--quota-timeout``)
 REFETCH_S = 5.0  # an address's key record is asked again at most this often
 OFF_RECHECK_S = 60.0  # an address that said quotas are off is asked again after this
@@ -145,7 +146,7 @@ def judge(issuers: Sequence[bytes], answers: Mapping[bytes, Answer | str]) -> Ve
         if isinstance(got, str):
             unclear.append(f"issuer {_short(issuer)}: {got}")
         elif got.code == Code.SPENT:
-            return _refused(f"{quota.SPENT} (issuer {_short(issuer)})")
+            return _refused(f"{TOKEN_SPENT} (issuer {_short(issuer)})")
         elif got.code == Code.BAD_TOKEN:
             return _refused(f"issuer {_short(issuer)} says it is not valid ({got.log[:200]})")
         elif got.code == Code.QUOTA_OFF:

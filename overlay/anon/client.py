@@ -22,9 +22,9 @@ import trio
 
 from overlay.anon import sida
 from overlay.anon.paths import PATH_CLOSED, Path, PathError, PathManager
+from overlay.anon.responder import TOKEN_REFUSAL, TOKEN_SPENT
 from overlay.anon.seal import ReturnKey, SealError, seal_to
 from overlay.anon.signing import ReplyChecker, ReplyVerifyError, request_digest
-from overlay.directory.quota import SPENT, TOKEN_REFUSAL
 from overlay.net.peers import PeerEntry, usable
 from overlay.wire import codec, crypto
 from overlay.wire.clock import Clock, TrioClock
@@ -399,7 +399,7 @@ class AnonClient:
                 # a node takes a request, redeems its token, and may still answer "busy" (its queue
                 # wait ran out, or a higher-rank token took the place): the next node then finds the
                 # token spent, and is asked again, once, with a fresh one
-                if not (passed_on and exc.kind is Failure.INVALID and f"{TOKEN_REFUSAL}{SPENT}" in str(exc)):
+                if not (passed_on and exc.kind is Failure.INVALID and f"{TOKEN_REFUSAL}{TOKEN_SPENT}" in str(exc)):
                     raise
                 token, passed_on = await self._next_token(model, token), False
                 log.info("%s: the busy model node before it had spent the token; asking again with a fresh one", exc)

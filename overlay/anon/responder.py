@@ -41,6 +41,10 @@ def busy_error(detail: str) -> str:
     return f"busy: {detail}"
 
 
+TOKEN_REFUSAL = "quota token refused: "  # how a model node's words for a refused usage-quota token start
+TOKEN_SPENT = "it was spent already"  # and go on when an issuer says the token was redeemed before
+
+
 def invalid_error(detail: str) -> str:
     """The words of a refusal no other model node would answer differently (sent with
     :attr:`Failure.INVALID`): ``invalid request: <detail>``."""

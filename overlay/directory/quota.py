@@ -66,8 +66,6 @@ KEY_PATH = "/quota/key"  # data: msgpack([model, epoch]) -> a key record
 ISSUE_PATH = "/quota/issue"  # data: an issue request -> issued
 REDEEM_PATH = "/quota/redeem"  # data: a redeem -> code 0 (spent now) or why not
 
-TOKEN_REFUSAL = "quota token refused: "  # how a model node's error chunk for a refused token starts
-SPENT = "it was spent already"  # its reason when an issuer says the token was redeemed before
 NONCE_LEN = 32
 OUTPUT_LEN = 64  # SHA-512
 ELEMENT_LEN = 32  # a ristretto255 element: a blinded input, a public key
