@@ -52,7 +52,6 @@ from overlay.wire.clock import Clock, TrioClock
 
 log = logging.getLogger("gentorrent.model.quota")
 
-REFUSAL = TOKEN_REFUSAL  # how a refused token's error chunk starts
 TIMEOUT_S = 2.0  # seconds for the issuers' answers (``--quota-timeout``)
 REFETCH_S = 5.0  # an address's key record is asked again at most this often
 OFF_RECHECK_S = 60.0  # an address that said quotas are off is asked again after this
@@ -81,7 +80,7 @@ class Verdict:
 
     def error(self) -> str:
         """The words of a refused token's error chunk."""
-        return REFUSAL + self.reason
+        return TOKEN_REFUSAL + self.reason
 
 
 TOKENED = Verdict(Kind.TOKENED)

@@ -906,8 +906,9 @@ class TLSTransport(Transport):
             listeners = await trio.open_tcp_listeners(port, host=host)
         except OSError as exc:
             why = exc.strerror or str(exc)
-            hint = (": another process listens there (another node with this config or data dir?); stop it, or "
-                    "set another `listen` address (config or --listen; port 0 picks a free one)") if exc.errno == errno.EADDRINUSE else ""
+            hint = "" if exc.errno != errno.EADDRINUSE else (
+                ": another process listens there (another node with this config or data dir?); stop it, or set "
+                "another `listen` address (config or --listen; port 0 picks a free one)")
             raise ListenError(f"cannot listen on {format_address(host, port)}: {why}{hint}") from None
         admission, scopes = self._new_admission()
         sock = listeners[0].socket

@@ -13,10 +13,11 @@ import trio
 
 from model_node.group import GroupConfig
 from model_node.messages import Count
-from model_node.quota import REFUSAL, Redeemer
+from model_node.quota import Redeemer
 from model_node.server import ModelNode
 from model_node.testing import GROUP_SYNC, CachingEcho, FakeIssuers, echo_node
 from overlay.anon.client import AnonClient, AnonError
+from overlay.anon.responder import TOKEN_REFUSAL, TOKEN_SPENT
 from overlay.directory import quota
 from overlay.testing import start_overlay, wait_until
 from overlay.wire.failures import Failure
@@ -153,7 +154,7 @@ async def test_a_standard_token_relabelled_priority_is_refused(autojump_clock):
         try:
             await ask(client, "claims priority", a)
         except AnonError as exc:
-            assert exc.kind is Failure.INVALID and REFUSAL in str(exc) and "not valid" in str(exc), exc
+            assert exc.kind is Failure.INVALID and TOKEN_REFUSAL in str(exc) and "not valid" in str(exc), exc
         else:
             raise AssertionError("a relabelled token was served")
         assert a.served == 0 and a.redeemer is not None and a.redeemer.refused == 1
@@ -179,7 +180,7 @@ async def test_a_token_spends_once_across_the_nodes(autojump_clock):
                 await ask(client, "second spend", node)
             except AnonError as exc:
                 assert exc.kind is Failure.INVALID
-                assert f"{REFUSAL}it was spent already" in str(exc)
+                assert f"{TOKEN_REFUSAL}{TOKEN_SPENT}" in str(exc)
             else:
                 raise AssertionError("a spent token was served")
         assert a.redeemer is not None and b.redeemer is not None

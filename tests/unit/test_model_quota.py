@@ -13,9 +13,10 @@ import trio
 
 from gentorrent.cli import build_parser
 from model_node.priority import PRIORITY, STANDARD
-from model_node.quota import REFUSAL, Kind, Redeemer, Verdict, judge, token_rank
+from model_node.quota import Kind, Redeemer, Verdict, judge, token_rank
 from model_node.run import redeemer as node_redeemer
 from model_node.testing import FakeIssuers
+from overlay.anon.responder import TOKEN_REFUSAL
 from overlay.directory import quota
 from overlay.directory.lists import ValidatorKey
 from overlay.directory.membership import CommitteeSettings
@@ -50,7 +51,7 @@ async def test_a_good_token_is_redeemed_once_at_each_of_its_issuers_and_then_ref
     assert redeems(issuers) == Counter({a: 1, b: 1})  # its two issuers, once each; not the third
     assert issuers.spent_by_all(token)
     again = await r.check(token)
-    assert again.refused and again.error().startswith(REFUSAL) and "spent already" in again.reason
+    assert again.refused and again.error().startswith(TOKEN_REFUSAL) and "spent already" in again.reason
     assert (r.tokened, r.refused, r.unchecked) == (1, 1, 0)
 
 
@@ -96,7 +97,7 @@ async def test_a_bad_token_is_refused_without_any_rpc(autojump_clock, case, why)
     }[case]()
     verdict = await r.check(raw)
     assert verdict.refused and why in verdict.reason, verdict
-    assert verdict.error() == REFUSAL + verdict.reason
+    assert verdict.error() == TOKEN_REFUSAL + verdict.reason
     assert not issuers.calls  # not one RPC, not even for key records
     assert (r.tokened, r.refused, r.unchecked) == (0, 1, 0)
 

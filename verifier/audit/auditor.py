@@ -660,8 +660,8 @@ class Auditor:
         if height < p.report_from:
             out.extend(self._sends(p, height))
             return out
-        held = self.transcripts is not None and self._carry.ready(view.epoch)
-        if any(e.sending for e in p.entries) and height < grace_height(p.report_from, p.end_height, held):
+        if any(e.sending for e in p.entries) \
+                and height < grace_height(p.report_from, p.end_height, self._carry.ready(view.epoch)):
             return out
         if height <= p.end_height and self._once(("report", p.epoch)):
             out.append(self._report(p))

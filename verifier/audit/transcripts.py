@@ -879,7 +879,7 @@ class ScoreCarry:
         self.minimum = MIN_TRANSCRIPTS if minimum is None else minimum
         self._held: dict[bytes, list[tuple[int, int]]] = {}
         self.dropped = 0
-        self.changes = 0  # calls to add (TranscriptBook.revision)
+        self.changes = 0  # calls to hold or add (TranscriptBook.revision)
 
     def hold(self, epoch: int, scored: Iterable[tuple[bytes, int]]) -> None:
         """Take ``epoch``'s ``(node, score)`` pairs and hand nothing out: this epoch's scores have
@@ -894,7 +894,7 @@ class ScoreCarry:
         self.hold(epoch, scored)
         out = []
         for node in sorted(self._held):
-            kept = [(e, s) for e, s in self._held[node] if e > epoch - CARRY_EPOCHS]
+            kept = _kept(self._held[node], epoch)
             self.dropped += len(self._held[node]) - len(kept)
             if len(kept) >= self.minimum:
                 out.append((node, tuple(s for _, s in kept)))
@@ -920,7 +920,12 @@ class ScoreCarry:
     def ready(self, epoch: int) -> bool:
         """Would :meth:`add` of nothing in ``epoch`` hand a node's scores out (held ones that reach
         the minimum alone: put back, or held while the epoch's one submission went out)?"""
-        return any(sum(e > epoch - CARRY_EPOCHS for e, _ in held) >= self.minimum for held in self._held.values())
+        return any(len(_kept(held, epoch)) >= self.minimum for held in self._held.values())
+
+
+def _kept(held: Sequence[tuple[int, int]], epoch: int) -> list[tuple[int, int]]:
+    """The ``(epoch, score)`` pairs of ``held`` still young enough in ``epoch`` (:data:`CARRY_EPOCHS`)."""
+    return [(e, s) for e, s in held if e > epoch - CARRY_EPOCHS]
 
 
 # --------------------------------------------------------------------------- persistence
