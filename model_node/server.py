@@ -16,7 +16,9 @@ gets each request's place in the order (a mostly cached prompt ahead of cold one
 their promises allow); other engines serve prompts first come first served. A request that
 cannot be taken so, that finds every slot taken and more work than that wait queued, that waits
 that long for a slot, or that finds ``max_queue`` requests already queued, is refused with a
-"busy" error chunk (:func:`overlay.anon.responder.busy_error`); the user's client then tries another
+"busy" error chunk (:func:`overlay.anon.responder.busy_error`), signed over the request's digest
+(:func:`overlay.anon.signing.busy_signing_bytes`: a donor shows its verifiers that the node refused
+the request it committed to, decision 0044); the user's client then tries another
 model node. Every request is answered or refused: none waits without bound. The load also
 reports ``match_wait``, the wait admission would give a mostly cached prompt now, which
 forwarding compares for a prefix's holders, and ``idle_ms``, how long the node has held no
@@ -95,7 +97,7 @@ from model_node.quota import Redeemer, token_rank
 from model_node.served import Recording, ServedStore
 from overlay.anon.replay import AnsweredIds
 from overlay.anon.responder import Responder, busy_error, invalid_error
-from overlay.anon.signing import ReplySigner, request_digest
+from overlay.anon.signing import ReplySigner, busy_signing_bytes, request_digest
 from overlay.directory.quota import Token
 from overlay.directory.registry import Registry
 from overlay.net.node import Node, listed_in
@@ -672,7 +674,7 @@ class ModelNode:
         taken, why = self._take(own, rank)
         if taken is None:
             self.busy += 1
-            yield self._busy(req, why)
+            yield self._busy(req, why, origin)
             return
         limit = req.params.max_tokens
         work = _Work(own, self.throughput.expected_output(limit), limit, key=taken.key, promise=taken.promise,
@@ -682,7 +684,7 @@ class ModelNode:
         self._load_changed()
         refusal: ReplyChunk | None = None
         try:
-            refusal = await self._queue(req, work, token)
+            refusal = await self._queue(req, work, token, origin)
         finally:
             self.queued -= 1
             if not work.running:
@@ -724,7 +726,7 @@ class ModelNode:
                           f"{load.relative:.0f} s of work queued")
         return taken, ""
 
-    async def _queue(self, req: Request, work: _Work, token: Token | None) -> ReplyChunk | None:
+    async def _queue(self, req: Request, work: _Work, token: Token | None, origin: Origin) -> ReplyChunk | None:
         """The wait of a request taken (``work``): its quota ``token``, if any, is redeemed now,
         once taken, so that a request refused "busy" keeps it for the next node (refused: the
         error chunk to answer; unchecked: it waits as a request without, :meth:`_demote`; tokened:
@@ -750,9 +752,10 @@ class ModelNode:
                 work.running = True
                 return None
             self.busy += 1
-            return self._busy(req, f"{_outranking(work.rank)} took this request's place in the model node's full queue")
+            return self._busy(req, f"{_outranking(work.rank)} took this request's place in the model node's full queue",
+                              origin)
         self.busy += 1
-        return self._busy(req, f"no free slot on this model node within {self.max_queue_wait:g} s")
+        return self._busy(req, f"no free slot on this model node within {self.max_queue_wait:g} s", origin)
 
     def _preempt(self, rank: int) -> None:
         """A request of ``rank`` is about to wait for a slot: when every slot is taken, stop the
@@ -781,10 +784,17 @@ class ModelNode:
             work.key = max((w.key for w in self._work), default=0.0) + 1.0
             work.promise = self.clock.monotonic() + self.max_queue_wait
 
-    def _busy(self, req: Request, why: str) -> ReplyChunk:
-        """A "busy" error chunk saying ``why`` (the user's client tries another model node)."""
-        return self._chunk(req, 0, "", (), done=True, failure=Failure.BUSY, error=busy_error(
+    def _busy(self, req: Request, why: str, origin: Origin) -> ReplyChunk:
+        """A "busy" error chunk saying ``why`` (the user's client tries another model node), before
+        any output: signed over the request's digest (:func:`overlay.anon.signing.busy_signing_bytes`,
+        the target as for a reply), so a donor can show its verifiers the node refused the request
+        it committed to (decision 0044)."""
+        signed_at_ms = int(self.clock.unix() * 1000)
+        digest = request_digest(req, origin.target or self.identity.node_id)
+        chunk = self._chunk(req, 0, "", (), done=True, failure=Failure.BUSY, error=busy_error(
             f"{why}; try another model node serving the model, or again in a minute"))
+        signature = self.identity.sign(busy_signing_bytes(digest, self.model, self.identity.node_id, signed_at_ms))
+        return dataclasses.replace(chunk, signature=signature, signed_at_ms=signed_at_ms)
 
     async def _generate(self, req: Request, prompt_ids: list[int], work: _Work,
                         origin: Origin) -> AsyncGenerator[ReplyChunk, None]:

@@ -66,8 +66,10 @@ donor withholds); otherwise it is a version-1 commitment, which the verifiers st
 4. The request goes to that node with that request id (``node=``, ``request_id=``); the overlay's
    usual failover stays on, with fresh request ids after the first try, so the user gets an
    answer as for any request. The transcript is revealed only if the whole reply came from the
-   committed try (every chunk under the committed request id, from one node, the last ``done``);
-   otherwise the client reveals "no reply" for the commitment, as the rules require (that voids
+   committed try (every chunk under the committed request id, from one node, the last ``done``).
+   When the node refused the committed try as busy before any output, it signed that refusal
+   (decision 0044), and the client reveals the signed refusal: the verifiers take it as no sample,
+   which voids nothing. Otherwise the client reveals "no reply" for the commitment, as the rules require (that voids
    the donor's set of that epoch at each verifier, one of the few void sets a donor may leave
    before it is burnt there: :data:`verifier.audit.transcripts.VOID_ALLOWANCE` plus
    :data:`~verifier.audit.transcripts.VOID_SHARE` of its sets). A caller that
@@ -159,13 +161,20 @@ class Committed:
     secret: bytes = b""
 
 
-def body_of(c: Committed, chunks: Sequence[ReplyChunk]) -> wire.Body:
-    """The reveal for ``c`` after ``chunks`` came: the transcript when the whole reply came from
-    the committed try (every chunk under its request id, from one node, the last ``done``),
-    else "no reply". An escrowed commitment's transcript carries its secret (a body of kind 2)."""
+def body_of(c: Committed, chunks: Sequence[ReplyChunk], refusals: Sequence[ReplyChunk] = ()) -> wire.Body:
+    """The reveal for ``c`` after ``chunks`` came (and ``refusals``, the tries' "busy" chunks):
+    the transcript when the whole reply came from the committed try (every chunk under its request
+    id, from one node, the last ``done``); else the node's signed "busy" when the committed try was
+    refused so (decision 0044: a body of kind 3, which voids nothing); else "no reply". An
+    escrowed commitment's transcript carries its secret (a body of kind 2)."""
     if not chunks or not chunks[-1].done or any(x.request_id != c.request_id or x.node != chunks[0].node
                                                   for x in chunks):
-        return wire.NoReply(c.value)
+        busy = next((x for x in refusals if x.request_id == c.request_id and x.seq == 0
+                     and len(x.signature) == wire.SIGNATURE_LEN), None)
+        if busy is None:
+            return wire.NoReply(c.value)
+        return wire.Revealed(c.target, c.nonce, c.model, c.messages, c.params, c.request_id, busy.node, (),
+                             busy.signature, busy.signed_at_ms)
     last = chunks[-1]
     return wire.Revealed(c.target, c.nonce, c.model, c.messages, c.params, c.request_id, last.node,
                          tuple((x.text, tuple(x.token_ids)) for x in chunks), last.signature, last.signed_at_ms,
@@ -214,6 +223,7 @@ class TranscriptDonor(Background):
         self.drain_s = drain
         self.reveal_retry = reveal_retry
         self.offered = self.chosen = self.committed = self.escrowed = self.revealed = self.no_reply = self.failed = 0
+        self.busy = 0  # committed requests their node refused as busy, its signed refusal revealed
         self.pending = 0
         self._keys: dict[str, bytes] = {}
         self._no_plan: dict[bytes, int] | None = None  # the last powers that admitted no escrow plan
@@ -465,11 +475,15 @@ class TranscriptDonor(Background):
 
     # ------------------------------------------------------------------ after the request
 
-    def finish(self, c: Committed, chunks: Sequence[ReplyChunk]) -> None:
-        """The committed request is over with ``chunks``: reveal it (:func:`body_of`) to its
-        verifiers, in the background. Never raises."""
-        body = body_of(c, chunks)
-        if isinstance(body, wire.NoReply):
+    def finish(self, c: Committed, chunks: Sequence[ReplyChunk], refusals: Sequence[ReplyChunk] = ()) -> None:
+        """The committed request is over with ``chunks`` (and the tries' "busy" ``refusals``):
+        reveal it (:func:`body_of`) to its verifiers, in the background. Never raises."""
+        body = body_of(c, chunks, refusals)
+        if isinstance(body, wire.Revealed) and body.busy:
+            self.busy += 1
+            log.info("donate: model node %s refused the committed request as busy; revealing its signed refusal "
+                     "(no sample, and this epoch's other transcripts of yours still count)", short_id(c.target))
+        elif isinstance(body, wire.NoReply):
             self.no_reply += 1
             log.info("donate: the committed request to model node %s got no complete reply of its own; revealing "
                      "\"no reply\" (this epoch's transcripts of yours count for nothing)", short_id(c.target))
@@ -488,7 +502,7 @@ class TranscriptDonor(Background):
     async def _reveal(self, address: str, key: bytes, body: wire.Body, value: bytes) -> None:
         from overlay.directory.rpc import RpcError, abci_query
 
-        what = ("\"no reply\"" if isinstance(body, wire.NoReply)
+        what = ("\"no reply\"" if isinstance(body, wire.NoReply) else "the busy refusal" if body.busy
                 else "the escrowed transcript" if body.secret else "the transcript")
         try:
             sealed = wire.seal_reveal(key, self.identity, self.identity.node_id, body)
@@ -555,10 +569,12 @@ class DonatingClient:
                     yield x
             return
         got: list[ReplyChunk] = []
+        refused: list[ReplyChunk] = []
         try:
             async with aclosing(self.client.request(c.model, c.messages, c.params, node=c.target,
                                                     chunk_timeout=chunk_timeout, paths_timeout=paths_timeout,
-                                                    request_id=c.request_id, sent_to=sent_to)) as chunks:
+                                                    request_id=c.request_id, sent_to=sent_to,
+                                                    refusals=refused)) as chunks:
                 try:
                     async for x in chunks:
                         got.append(x)
@@ -573,7 +589,7 @@ class DonatingClient:
                                 pass
                     raise
         finally:
-            donor.finish(c, got)
+            donor.finish(c, got, refused)
 
 
 class Reveals(Protocol):

@@ -461,7 +461,7 @@ def take_reveal(book: TranscriptBook, sealed: bytes, seed32: bytes, verifier_pk:
     """A donor's sealed reveal (:func:`overlay.directory.transcripts.unseal`, then
     :func:`~overlay.directory.transcripts.decode_reveal`) into ``book``: a transcript for
     :meth:`~verifier.audit.transcripts.TranscriptBook.reveal` (``key_of``: a model node's
-    registered key, if it serves the model) or "no reply" for
+    registered key, if it serves the model; a node's signed "busy" too, decision 0044) or "no reply" for
     :meth:`~verifier.audit.transcripts.TranscriptBook.no_reply`. ``(code, reason)``; never raises."""
     try:
         plain = wire.unseal(seed32, sealed)
@@ -480,4 +480,6 @@ def take_reveal(book: TranscriptBook, sealed: bytes, seed32: bytes, verifier_pk:
     why = book.reveal(r.donor, transcript_of(b), key_of, window_ms=window_ms)
     if why is not None:
         return book_code(why), why
+    if b.busy:
+        return Code.OK, "taken: the node's signed busy refusal; this commitment is no sample, and the rest of its set counts"
     return Code.OK, "taken: the transcript counts once every commitment of its epoch is revealed"

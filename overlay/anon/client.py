@@ -170,13 +170,15 @@ class _NodeLost(_NodeFailed):
 
 class _NodeBusy(AnonError):
     """A model node refused the request as busy before any output (try another at once).
-    ``node``: the node that refused (the one we sent to, or the member it forwarded to)."""
+    ``chunk``: the refusal; its ``node``, the node that refused (the one we sent to, or the member
+    it forwarded to)."""
 
     kind = Failure.BUSY
 
-    def __init__(self, message: str, node: bytes) -> None:
+    def __init__(self, message: str, chunk: ReplyChunk) -> None:
         super().__init__(message)
-        self.node = node
+        self.chunk = chunk
+        self.node = chunk.node
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,6 +297,7 @@ class AnonClient:
         request_id: bytes | None = None,
         held_paths: Sequence[Path] | None = None,
         sent_to: set[bytes] | None = None,
+        refusals: list[ReplyChunk] | None = None,
     ) -> AsyncIterator[ReplyChunk]:
         """Send one prompt anonymously; yield its reply chunks in order, **each one verified**.
 
@@ -346,6 +349,10 @@ class AnonClient:
         names them (``seen_by``, decision 0029) so that the verifier never challenges a node with a
         conversation it has read. It is filled as the request goes: after a failure it holds the
         nodes tried.
+
+        ``refusals``, when given, collects each try's "busy" refusal chunk (seq 0, before any
+        output; as it came, its signature unchecked): a donor's client reveals the signed "busy" of
+        the request it committed to (decision 0044).
         """
         if request_id is not None and len(request_id) != REQUEST_ID_LEN:
             raise ValueError(f"a request id is {REQUEST_ID_LEN} bytes, not {len(request_id)}")
@@ -371,6 +378,8 @@ class AnonClient:
                         yield chunk
                 return
             except _NodeBusy as exc:
+                if refusals is not None:
+                    refusals.append(exc.chunk)
                 tried |= {target.node_id, exc.node}
                 read.add(exc.node)
                 others = [e for e in self.usable(model) if e.node_id not in tried]
@@ -581,7 +590,7 @@ class AnonClient:
                 if c.error or c.failure:
                     failure = from_wire(c.failure)
                     if failure is Failure.BUSY and c.seq == 0:
-                        raise _NodeBusy(f"model node {short_id(c.node)}: {c.error}", c.node)
+                        raise _NodeBusy(f"model node {short_id(c.node)}: {c.error}", c)
                     if failure is Failure.INVALID:
                         raise AnonError(f"model node {short_id(c.node)}: {c.error}", Failure.INVALID)
                     raise _NodeFailed(f"model node {short_id(c.node)} failed: {c.error}", c.node, node)

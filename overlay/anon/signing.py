@@ -27,7 +27,18 @@ node's text (the next node's request digest covers the earlier part as ``continu
 The request digest covers the request's content — model, messages, sampling parameters
 and continuation — not its routing (request id, return paths), so anyone holding the
 prompt (the user, a verifier re-scoring a challenge) can recompute it. Error chunks are
-not signed and never count as an answer.
+never an answer; only one kind is signed:
+
+**Signed "busy".** A model node that refuses a request as busy before any output (seq 0) signs,
+over the same request digest, that it did::
+
+    BUSY_CONTEXT || request digest (32) || model (length-prefixed UTF-8) || node id (20)
+                 || signed_at_ms (u64)
+
+(:func:`busy_signing_bytes`; the signature and time ride in the error chunk's ``signature`` and
+``signed_at_ms``, its chain empty). A donor's client reveals it for a committed request the node
+refused, which its verifiers take as neither a sample nor a void set (decision 0044). The node
+serves no request it signed "busy" for: each request id is answered once (:mod:`overlay.anon.replay`).
 """
 
 from __future__ import annotations
@@ -41,6 +52,7 @@ from overlay.wire import crypto
 from overlay.wire.messages import Request
 
 REPLY_CONTEXT = b"gentorrent/reply/v2\x00"
+BUSY_CONTEXT = b"gentorrent/busy/v1\x00"
 CHAIN_CONTEXT = b"gentorrent/reply-chain/v1\x00"
 _CHAIN_PERSON = b"gentorrent-chain"
 CHAIN_LEN = 32
@@ -110,6 +122,24 @@ def verify_reply(ed25519_public: bytes, signature: bytes, digest: bytes, chain: 
                               reply_signing_bytes(digest, chain, final, model, node_id, signed_at_ms))
     except crypto.CryptoError:
         raise ReplyVerifyError(f"the reply's signature from node {node_id.hex()[:8]} does not verify") from None
+
+
+def busy_signing_bytes(digest: bytes, model: str, node_id: bytes, signed_at_ms: int) -> bytes:
+    """What a node signs when it refuses the request with ``digest`` as busy before any output."""
+    if not 0 <= signed_at_ms < 1 << 64:
+        raise ReplyVerifyError("the busy refusal's signing time is out of range")
+    m = model.encode()
+    return BUSY_CONTEXT + digest + struct.pack(">H", len(m)) + m + node_id + struct.pack(">Q", signed_at_ms)
+
+
+def verify_busy(ed25519_public: bytes, signature: bytes, digest: bytes, model: str, node_id: bytes,
+                signed_at_ms: int) -> None:
+    """:class:`ReplyVerifyError` unless ``signature`` is ``node_id``'s (key ``ed25519_public``)
+    over :func:`busy_signing_bytes` of the rest."""
+    try:
+        crypto.ed25519_verify(ed25519_public, signature, busy_signing_bytes(digest, model, node_id, signed_at_ms))
+    except crypto.CryptoError:
+        raise ReplyVerifyError(f"the busy refusal's signature from node {node_id.hex()[:8]} does not verify") from None
 
 
 class ReplySigner:

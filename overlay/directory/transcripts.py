@@ -22,6 +22,12 @@ Wire format (msgpack with bin types for bytes; canonical: :func:`decode_commit` 
                  reply_signature(64), signed_at_ms(int)]              a transcript
               | [2, node_id(20), secret(32), model(str), ...]           an escrowed transcript: kind 1's
                                                                         fields, the secret in the nonce's place
+              | [3, node_id(20), nonce(16), model(str), [[role, content], ...], [params...],
+                 request_id(16), served_by(20), busy_signature(64), signed_at_ms(int)]
+                                                                        "the node refused it as busy" (decision
+                                                                        0044): kind 1's fields but the chunks, the
+                                                                        node's signed "busy" (signing.busy_signing_bytes);
+                                                                        an escrowed commitment's too (by its nonce)
 
 Decision 0037 (an escrowed commitment: the nonce is ``escrow.nonce_of(s)`` of a secret ``s`` the
 donor deals among the validators, :mod:`overlay.directory.escrow`) adds version 2's messages,
@@ -134,6 +140,7 @@ ESCROW_COMMIT_CONTEXT = b"gentorrent/transcript-commit/v2\x00"
 ACCEPT_CONTEXT = b"gentorrent/transcript-accept/v2\x00"
 NODE_REVEAL_CONTEXT = b"gentorrent/transcript-node-reveal/v2\x00"
 BODY_ESCROWED = 2
+BODY_BUSY = 3  # decision 0044
 SECRET_LEN = escrow.SECRET_LEN
 DIGEST_LEN = 32
 _POINTS_PERSON = b"gt-escrow-pts"
@@ -241,7 +248,7 @@ MAX_RELEASED_ITEM_BYTES = (_FIXARRAY + _bin(COMMITMENT_LEN) + _bin(_points_bytes
 MAX_RELEASED_BYTES = _FIXARRAY + _SMALL + _INT + _ARRAY16 + MAX_RELEASED * MAX_RELEASED_ITEM_BYTES  # 19,066,894
 
 __all__ = [
-    "ACCEPT_CONTEXT", "BODY_ESCROWED", "CERTIFY_PATH", "COMMITMENT_LEN", "COMMIT_PATH", "DEFAULT_REPLY_WINDOW_S",
+    "ACCEPT_CONTEXT", "BODY_BUSY", "BODY_ESCROWED", "CERTIFY_PATH", "COMMITMENT_LEN", "COMMIT_PATH", "DEFAULT_REPLY_WINDOW_S",
     "ESCROW_COMMIT_CONTEXT", "ESCROW_COMMIT_PATH", "ESCROW_VERSION", "LOCATOR_LEN", "MAX_ACCEPTANCE_BYTES",
     "MAX_CERTIFICATE_BYTES", "MAX_COMMIT_BYTES", "MAX_ESCROW_COMMIT_BYTES", "MAX_RELEASED", "MAX_RELEASED_BYTES",
     "MAX_RELEASED_UNITS", "MAX_REPLY_WINDOW_S", "MAX_REVEAL_BYTES", "MIN_REPLY_WINDOW_S", "NODE_REVEAL_CONTEXT",
@@ -353,7 +360,12 @@ class Revealed:
 
     ``secret`` (decision 0037): empty for a body of kind 1; else the escrowed secret's 32 bytes
     (kind 2), which the wire carries in the nonce's place: decoding sets ``nonce`` to
-    ``escrow.nonce_of`` of it, and whoever builds one with a secret sets the nonce so."""
+    ``escrow.nonce_of`` of it, and whoever builds one with a secret sets the nonce so.
+
+    No ``chunks`` (decision 0044, a body of kind 3, :attr:`busy`): the node refused the request as
+    busy before any output, and ``signature`` is its signed "busy"
+    (:func:`overlay.anon.signing.busy_signing_bytes`), ``served_by`` the node that refused; never
+    with a secret (an escrowed commitment's busy is revealed by its nonce)."""
 
     node_id: bytes
     nonce: bytes
@@ -367,12 +379,21 @@ class Revealed:
     signed_at_ms: int
     secret: bytes = b""
 
+    @property
+    def busy(self) -> bool:
+        """Whether this is a signed "busy" (no reply), not a transcript."""
+        return not self.chunks
+
     def wire(self) -> list[Any]:
         p = self.params
         kind, nonce = (BODY_ESCROWED, self.secret) if self.secret else (BODY_TRANSCRIPT, self.nonce)
-        return [kind, self.node_id, nonce, self.model, [[m.role, m.content] for m in self.messages],
-                [p.temperature, p.top_p, p.top_k, p.max_tokens, p.seed], self.request_id, self.served_by,
-                [[t, list(ids)] for t, ids in self.chunks], self.signature, self.signed_at_ms]
+        head = [self.node_id, nonce, self.model, [[m.role, m.content] for m in self.messages],
+                [p.temperature, p.top_p, p.top_k, p.max_tokens, p.seed], self.request_id, self.served_by]
+        if self.busy:
+            if self.secret:
+                raise ValueError("a busy refusal is revealed by the commitment's nonce, never with a secret")
+            return [BODY_BUSY, *head, self.signature, self.signed_at_ms]
+        return [kind, *head, [[t, list(ids)] for t, ids in self.chunks], self.signature, self.signed_at_ms]
 
 
 Body = NoReply | Revealed
@@ -719,16 +740,16 @@ def decode_commit(raw: bytes) -> Commit:
 
 
 def _read_body(r: codec.ShapeReader) -> Body:
-    """A donor's reveal's body: kind 0, 1 or 2."""
+    """A donor's reveal's body: kind 0, 1, 2 or 3."""
     what = "transcript reveal"
     n = r.array()
     kind = r.value() if n else None
     if kind == BODY_NO_REPLY and type(kind) is int and n == 2:
         return NoReply(_bytes(r.value(), COMMITMENT_LEN, what, "the commitment"))
-    if type(kind) is not int or kind not in (BODY_TRANSCRIPT, BODY_ESCROWED) or n != 11:
+    if type(kind) is not int or (kind, n) not in ((BODY_TRANSCRIPT, 11), (BODY_ESCROWED, 11), (BODY_BUSY, 10)):
         raise _malformed(what, "well formed: its body is [0, commitment], [1, node id, nonce, model, messages, "
-                               "params, request id, served by, chunks, signature, signed_at_ms] or [2, node id, "
-                               "secret, ...]")
+                               "params, request id, served by, chunks, signature, signed_at_ms], [2, node id, "
+                               "secret, ...] or [3, node id, nonce, ..., served by, signature, signed_at_ms]")
     return _read_transcript(r, what, kind)
 
 
@@ -743,7 +764,7 @@ def _read_escrowed_body(r: codec.ShapeReader, what: str) -> Revealed:
 
 
 def _read_transcript(r: codec.ShapeReader, what: str, kind: int) -> Revealed:
-    """The fields of a body of kind 1 or 2 after its kind."""
+    """The fields of a body of kind 1, 2 or 3 (no chunks) after its kind."""
     node_id = _bytes(r.value(), NODE_ID_LEN, what, "the node id")
     secret = b""
     if kind == BODY_ESCROWED:
@@ -775,7 +796,7 @@ def _read_transcript(r: codec.ShapeReader, what: str, kind: int) -> Revealed:
     served_by = _bytes(r.value(), NODE_ID_LEN, what, "the serving node id")
     chunks = []
     tokens = 0
-    for _ in range(_array(r, 1, TRANSCRIPT_MAX_CHUNKS, what, "the reply's chunks")):
+    for _ in range(0 if kind == BODY_BUSY else _array(r, 1, TRANSCRIPT_MAX_CHUNKS, what, "the reply's chunks")):
         if r.array() != 2:
             raise _malformed(what, "well formed: a chunk is [text, token ids]")
         text = r.value()

@@ -287,9 +287,11 @@ class ReplyChunk:
     carries ``chain``, the running hash over the text and token ids of this chunk and all
     before it (:func:`overlay.anon.signing.chain_next`), and the node's Ed25519 ``signature``
     over :func:`overlay.anon.signing.reply_signing_bytes` (request digest, ``chain``, ``done``,
-    model, node id, ``signed_at_ms``). Error chunks carry an empty chain and signature: they
-    are never an answer. ``prompt_tokens`` (output chunks; 0 on error chunks) is how many
-    tokens the serving node's prompt held, for the ``usage`` a client reports. It is not
+    model, node id, ``signed_at_ms``). Error chunks carry an empty chain and are never an answer;
+    their signature is empty but on a model node's "busy" before any output (seq 0), signed over
+    :func:`overlay.anon.signing.busy_signing_bytes` (decision 0044). ``prompt_tokens`` (output
+    chunks; 0 on error chunks) is how many tokens the serving node's prompt held, for the
+    ``usage`` a client reports. It is not
     signed: an accounting figure, not part of the answer. ``failure`` (error chunks) is why,
     as a code (:class:`overlay.wire.failures.Failure`: node error, busy or invalid; the client reads
     any other value as a node error); 0 on answer chunks."""

@@ -1381,7 +1381,8 @@ class TranscriptWireTarget(Target):
                            (("Rayleigh", (5, 6)), (" scattering", (7,))), b"\x03" * 64, T0 * 1000)
         self.corpus = [tw.encode_commit(donor, donor.node_id, verifier, T0 * 1000, b"\x09" * 32),
                        tw.encode_reveal(donor, donor.node_id, verifier, body),
-                       tw.encode_reveal(donor, donor.node_id, verifier, tw.NoReply(b"\x07" * 32))]
+                       tw.encode_reveal(donor, donor.node_id, verifier, tw.NoReply(b"\x07" * 32)),
+                       tw.encode_reveal(donor, donor.node_id, verifier, dataclasses.replace(body, chunks=()))]
         self._escrow_corpus(donor, node, body)
 
     def _escrow_corpus(self, donor: Identity, node: Identity, body: tw.Revealed) -> None:

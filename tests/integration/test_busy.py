@@ -11,10 +11,11 @@ from model_node.echo import EchoEngine
 from model_node.group import GroupConfig
 from model_node.server import ModelNode
 from model_node.testing import GROUP_SYNC, CachingEcho, echo_node
+from overlay.anon import signing
 from overlay.anon.client import AllBusy, AnonError
 from overlay.testing import Net, start_overlay
 from overlay.wire.failures import Failure, from_wire
-from overlay.wire.messages import ChatMessage, ReplyChunk, SamplingParams
+from overlay.wire.messages import ChatMessage, ReplyChunk, Request, SamplingParams
 
 LONG = " ".join(f"w{i}" for i in range(60))  # 60 pieces: a minute at one piece a second
 
@@ -30,6 +31,21 @@ async def ask(client, text: str, node: ModelNode, max_tokens: int = 4096, **kw) 
     params = SamplingParams(max_tokens=max_tokens)
     return [c async for c in client.request("echo", [ChatMessage("user", text)], params,
                                             node=node.identity.node_id, chunk_timeout=120, **kw)]
+
+
+def signed_busy(refusal: ReplyChunk, node: ModelNode, target: ModelNode, messages: list[ChatMessage],
+                params: SamplingParams) -> bool:
+    """Whether ``refusal`` is ``node``'s signed "busy" of the request (``messages``, ``params``,
+    its id) addressed to ``target`` (decision 0044); a wrong key or request does not verify."""
+    req = Request(request_id=refusal.request_id, model="echo", messages=tuple(messages), params=params, k=3,
+                  return_paths=(), continuation="")
+    try:
+        signing.verify_busy(node.identity.ed25519_public, refusal.signature,
+                            signing.request_digest(req, target.identity.node_id), "echo", refusal.node,
+                            refusal.signed_at_ms)
+    except signing.ReplyVerifyError:
+        return False
+    return refusal.node == node.identity.node_id and refusal.seq == 0 and not refusal.chain
 
 
 async def test_a_node_at_capacity_answers_busy_and_the_request_completes_on_another(autojump_clock):
@@ -52,8 +68,15 @@ async def test_a_node_at_capacity_answers_busy_and_the_request_completes_on_anot
         # its whole max_tokens): far over the 3 s wait, so A refuses at once.
         t0 = trio.current_time()
         sent_to: set[bytes] = set()
-        chunks = await ask(net.users[0].client, "a short question", a, sent_to=sent_to)
+        refusals: list[ReplyChunk] = []
+        chunks = await ask(net.users[0].client, "a short question", a, sent_to=sent_to, refusals=refusals)
         assert trio.current_time() - t0 < 4.0  # B's 3 pieces at one a second; no 3 s wait at A first
+        (refusal,) = refusals  # A's "busy", signed over the request A was sent (decision 0044)
+        question = [ChatMessage("user", "a short question")]
+        assert signed_busy(refusal, a, a, question, SamplingParams(max_tokens=4096))
+        assert not signed_busy(refusal, a, a, question, SamplingParams(max_tokens=4095))
+        assert not signed_busy(refusal, b, a, question, SamplingParams(max_tokens=4096))
+        assert refusal.request_id != chunks[0].request_id  # B was sent it under a fresh id
         assert sent_to == {a.identity.node_id, b.identity.node_id}  # both read it (decision 0029)
         assert "".join(c.text for c in chunks) == "a short question"
         assert chunks[-1].node == b.identity.node_id and chunks[-1].signature  # served and signed by B
@@ -74,9 +97,12 @@ async def test_a_request_that_waits_too_long_for_a_slot_is_refused_after_the_bou
         await trio.sleep(1.5)
         t0 = trio.current_time()
         sent_to: set[bytes] = set()
+        refusals: list[ReplyChunk] = []
         with pytest.raises(AllBusy, match="busy: no free slot on this model node within 3 s") as ei:
-            await ask(net.users[0].client, "still there?", a, sent_to=sent_to)
+            await ask(net.users[0].client, "still there?", a, sent_to=sent_to, refusals=refusals)
         assert sent_to == {a.identity.node_id}  # a failed request names the nodes it was sent to too
+        (refusal,) = refusals  # refused after the wait, still before any output: signed
+        assert signed_busy(refusal, a, a, [ChatMessage("user", "still there?")], SamplingParams(max_tokens=4096))
         waited = trio.current_time() - t0
         assert 3.0 <= waited < 6.0  # refused after the bounded wait, before the slot freed
         assert "every model node tried" in str(ei.value) and a.busy == 1
@@ -164,8 +190,14 @@ async def test_a_forwarded_request_refused_as_busy_completes_on_a_third_node(aut
         nursery.start_soon(ask_group, net.users[1].client, LONG, b)  # B's only slot: a minute
         await trio.sleep(1.0)
         sent_to: set[bytes] = set()
-        chunks = await ask_group(net.users[0].client, "which box holds 1910?", a, sent_to=sent_to)
+        refusals: list[ReplyChunk] = []
+        chunks = await ask_group(net.users[0].client, "which box holds 1910?", a, sent_to=sent_to,
+                                 refusals=refusals)
         assert "".join(ch.text for ch in chunks) == "which box holds 1910?"
+        # B's "busy", relayed by A, signed over the request addressed to A (as B's reply would be)
+        (refusal,) = refusals
+        assert signed_busy(refusal, b, a, [ChatMessage("system", system), ChatMessage("user", "which box holds 1910?")],
+                           SamplingParams(max_tokens=64))
         # A (sent to), B (A forwarded it there; it refused as busy) and C read it (decision 0029)
         assert sent_to == {a.identity.node_id, b.identity.node_id, c.identity.node_id}
         assert chunks[-1].node == c.identity.node_id

@@ -55,7 +55,8 @@ def key_of(node_id: bytes, model: str) -> bytes | None:
 def transcript(i: int, node: int, received_ms: int, kind: str = "ok") -> Transcript:
     """Request ``i`` to ``NODES[node]``, committed at ``received_ms``, and its signed reply: signed
     900 ms later ("ok"), before the commitment arrived ("late"), by another node's key ("forged"),
-    or to a seeded request ("seeded"). The same ``i`` gives the same transcript."""
+    or to a seeded request ("seeded"); or the node's signed "busy" ("busy", decision 0044). The
+    same ``i`` gives the same transcript."""
     seed = 7 if kind == "seeded" else None
     opening = Opening(bytes(16), MODEL, (ChatMessage("user", f"question {i}"),), SamplingParams(0.7, 1.0, 0, 64, seed))
     rid, nonce = crypto.blake2b(b"rid %d" % i, size=16), crypto.blake2b(b"nonce %d" % i, size=16)
@@ -63,6 +64,9 @@ def transcript(i: int, node: int, received_ms: int, kind: str = "ok") -> Transcr
     key = NODE_KEYS[1 - node] if kind == "forged" else NODE_KEYS[node]
     text = f"answer {i}"
     digest = signing.request_digest(opening.request(rid), NODES[node])
+    if kind == "busy":
+        sig = key.sign(signing.busy_signing_bytes(digest, MODEL, NODES[node], at_ms))
+        return Transcript(NODES[node], nonce, opening, rid, ReplyOutcome(NODES[node], (), sig, at_ms, 0))
     _, sig = signing.ReplySigner(digest, MODEL, NODES[node]).add(text, (1, 2, 3), True, at_ms, key.sign)
     return Transcript(NODES[node], nonce, opening, rid, ReplyOutcome(NODES[node], ((text, (1, 2, 3)),), sig, at_ms, 0))
 
@@ -132,7 +136,7 @@ def calls(ops: list[tuple[Any, ...]]) -> list[Call]:
 
 
 COMMIT = st.tuples(st.just("commit"), st.integers(0, 2), st.integers(0, 2), st.integers(0, 1),
-                   st.sampled_from(["ok", "ok", "ok", "ok", "late", "forged", "seeded"]))
+                   st.sampled_from(["ok", "ok", "ok", "ok", "late", "forged", "seeded", "busy"]))
 REVEAL = st.tuples(st.just("reveal"), st.integers(0, 63), st.integers(0, 9).map(lambda n: n == 0))
 OPS = st.lists(st.one_of(
     COMMIT, COMMIT, COMMIT, REVEAL, REVEAL, REVEAL,  # weighted: sets get filled and revealed
@@ -706,3 +710,20 @@ def test_a_book_of_format_3_loads_with_no_idle_marks() -> None:
     old = tr._encode_book(book, tr.MAX_BOOK_BYTES, 3)
     again = TranscriptBook.from_bytes(old)
     assert again.idle == {} and again.open_epochs() == [3] and again.to_bytes() == book.to_bytes() != old
+
+
+def test_a_busy_refusal_taken_before_the_restart_is_read_back_and_still_no_sample() -> None:
+    """Decision 0044: a book holding a node's signed "busy" (a transcript without chunks) is saved
+    and read back, and the set closes as it would have: the refusal no sample, the reply counted."""
+    donor = DONORS[0]
+    plain, book = TranscriptBook(), TranscriptBook()
+    refused, served = transcript(7, 0, T0_MS, "busy"), transcript(8, 1, T0_MS)
+    for b in (plain, book):
+        for t in (refused, served):
+            assert b.commit(donor, t.commitment(), 5, T0_MS) is None
+        assert b.reveal(donor, refused, key_of) is None
+    book = restarted(book)
+    for b in (plain, book):
+        assert b.reveal(donor, served, key_of) is None
+    (c,) = book.close(5)
+    assert [c] == plain.close(5) and c.transcript == served and book.history[donor] == (1, 0)

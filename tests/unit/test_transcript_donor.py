@@ -23,6 +23,7 @@ from overlay.anon.client import AllBusy, AnonError
 from overlay.directory import transcripts as wire
 from overlay.wire import crypto
 from overlay.wire.clock import TrioClock
+from overlay.wire.failures import Failure
 from overlay.wire.identity import Identity
 from overlay.wire.messages import ChatMessage, ReplyChunk, Request, SamplingParams
 from user_client.chat import ChatSession
@@ -60,11 +61,22 @@ class ModelNode:
                                   signed_at_ms=at_ms))
         return out
 
+    def busy(self, req: Request, target: bytes, *, signed: bool = True) -> ReplyChunk:
+        """Its "busy" before any output: signed (decision 0044), or as a node before it sent it."""
+        at_ms = int(TrioClock().unix() * 1000)
+        digest = signing.request_digest(req, target)
+        sig = self.identity.signing.sign(signing.busy_signing_bytes(digest, req.model, self.node_id, at_ms)) \
+            if signed else b""
+        return ReplyChunk(request_id=req.request_id, seq=0, text="", token_ids=(), done=True, error="busy: full",
+                          node=self.node_id, chain=b"", signature=sig, signed_at_ms=at_ms if signed else 0,
+                          failure=Failure.BUSY)
+
 
 class FakeClient:
     """The anonymous client: one try per node in ``tries`` (a node id -> "ok", "fail", "busy",
-    "partial"); a failed try fails over to the next node (fresh id), as AnonClient does. Every
-    send is logged in ``log`` as ("send", request id, node)."""
+    "busy-unsigned", "partial"); a failed try fails over to the next node (fresh id), as AnonClient
+    does, and a "busy" refusal goes into ``refusals``. Every send is logged in ``log`` as ("send",
+    request id, node)."""
 
     def __init__(self, nodes: list[ModelNode], log: list[tuple[Any, ...]], behaviour: dict[bytes, str]) -> None:
         self.nodes, self.log, self.behaviour = nodes, log, behaviour
@@ -78,8 +90,8 @@ class FakeClient:
 
     async def request(self, model: str, messages: Any, params: Any = None, *, node: bytes | None = None,
                       chunk_timeout: float = 60.0, paths_timeout: float = 30.0,
-                      request_id: bytes | None = None,
-                      sent_to: set[bytes] | None = None) -> AsyncGenerator[ReplyChunk, None]:
+                      request_id: bytes | None = None, sent_to: set[bytes] | None = None,
+                      refusals: list[ReplyChunk] | None = None) -> AsyncGenerator[ReplyChunk, None]:
         order = [n for n in self.nodes if n.node_id == (node or self.nodes[0].node_id)] + \
             [n for n in self.nodes if n.node_id != (node or self.nodes[0].node_id)]
         produced = ""
@@ -94,7 +106,10 @@ class FakeClient:
             if sent_to is not None:
                 sent_to.add(n.node_id)
             how = self.behaviour.get(n.node_id, "ok")
-            if how in ("busy", "fail"):  # refused, or failed before any output: the next node
+            if how in ("busy", "busy-unsigned", "fail"):  # refused, or failed before any output: the next node
+                if how != "fail" and refusals is not None:
+                    await trio.sleep(0.2)
+                    refusals.append(n.busy(req, n.node_id, signed=how == "busy"))
                 continue
             await trio.sleep(0.2)  # the cloves' way to the node: it signs after the send
             texts = ["a quine ", "prints itself"]
@@ -204,7 +219,7 @@ async def test_the_request_leaves_only_after_every_verifier_answered_its_commit(
 
 
 async def test_a_failed_committed_try_still_answers_the_user_and_reveals_no_reply(autojump_clock: Any) -> None:
-    for how in ("fail", "busy", "partial"):
+    for how in ("fail", "busy-unsigned", "partial"):  # an unsigned "busy": a node from before decision 0044
         w = World(behaviour={0: how})
         sent_to: set[bytes] = set()
         async with trio.open_nursery() as nursery:
@@ -220,6 +235,27 @@ async def test_a_failed_committed_try_still_answers_the_user_and_reveals_no_repl
             assert v.reveals[0][0] == 0 and "counts for nothing" in v.reveals[0][1], how
             assert v.book.history[w.me.node_id] == (0, 1)  # the rules' price: one void set of its budget
         assert w.donor.no_reply == 1
+
+
+async def test_a_committed_try_refused_busy_reveals_the_signed_refusal_and_the_set_still_counts(
+        autojump_clock: Any) -> None:
+    """Decision 0044: the committed node was busy; the user is answered by the other node, the
+    donor reveals the node's signed refusal, and its next donated request of the epoch counts."""
+    w = World(behaviour={0: "busy"})
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.donor.run)
+        assert (await w.ask()).endswith("prints itself")  # the other node answered
+        w.client.behaviour = {}
+        assert await w.ask() == "a quine prints itself"  # the next request: a transcript of node 0
+        with trio.fail_after(EXIT_WAIT_S):
+            assert await w.donor.wait_idle()
+        nursery.cancel_scope.cancel()
+    assert (w.donor.committed, w.donor.busy, w.donor.no_reply) == (2, 1, 0)
+    for v in w.verifiers.values():
+        assert [code for code, _ in v.reveals] == [0, 0] and "busy refusal" in v.reveals[0][1], v.reveals
+        (c,) = w.counted(v)
+        assert c.node_id == w.nodes[0].node_id and c.transcript.request_id == w.client.sent[2].request_id
+        assert v.book.history[w.me.node_id] == (1, 0)  # no void set: the busy node was no sample
 
 
 async def test_when_every_verifier_refuses_the_request_is_sent_as_a_normal_one(autojump_clock: Any) -> None:

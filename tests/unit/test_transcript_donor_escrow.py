@@ -18,12 +18,14 @@ import pytest
 import trio
 
 from overlay.anon import signing
+from overlay.anon.client import AllBusy
 from overlay.directory import escrow
 from overlay.directory import transcripts as wire
 from overlay.directory.donation import KEY_PATH
 from overlay.directory.registration import Code
 from overlay.wire import crypto
 from overlay.wire.clock import TrioClock
+from overlay.wire.failures import Failure
 from overlay.wire.messages import ChatMessage, ReplyChunk, Request, SamplingParams
 from tests.unit.test_escrow_intake import KEYS, MODEL, Committee
 from user_client.transcripts import EXIT_WAIT_S, DonatingClient, TranscriptDonor
@@ -42,22 +44,34 @@ class Entry:
 
 class FakeClient:
     """The anonymous client: every request goes to the committee's registered model node, which
-    signs a two-chunk reply on trio's clock; each send is logged as ("send", request id)."""
+    signs a two-chunk reply on trio's clock (with ``busy``, its signed "busy" refusal, decision 0044,
+    into ``refusals``, and no node is left); each send is logged as ("send", request id)."""
 
     def __init__(self, w: Committee, log: list[tuple[Any, ...]]) -> None:
         self.node, self.log = w.node, log
+        self.busy = False
 
     def choose_model_node(self, model: str, prefer: bytes | None = None) -> Entry:
         return Entry(prefer or self.node.node_id)
 
     async def request(self, model: str, messages: Any, params: Any = None, *, node: bytes | None = None,
                       chunk_timeout: float = 60.0, paths_timeout: float = 30.0, request_id: bytes | None = None,
-                      sent_to: set[bytes] | None = None) -> AsyncGenerator[ReplyChunk, None]:
+                      sent_to: set[bytes] | None = None,
+                      refusals: list[ReplyChunk] | None = None) -> AsyncGenerator[ReplyChunk, None]:
         rid = request_id or crypto.random_bytes(16)
         req = Request(request_id=rid, model=model, messages=tuple(messages), params=params or SamplingParams(), k=3,
                       return_paths=(), continuation="")
         self.log.append(("send", rid))
         await trio.sleep(0.2)  # the cloves' way to the node: it signs after the send
+        if self.busy:
+            at_ms = int(TrioClock().unix() * 1000)
+            sig = self.node.signing.sign(signing.busy_signing_bytes(signing.request_digest(req, self.node.node_id),
+                                                                     model, self.node.node_id, at_ms))
+            assert refusals is not None
+            refusals.append(ReplyChunk(request_id=rid, seq=0, text="", token_ids=(), done=True, error="busy: full",
+                                       node=self.node.node_id, chain=b"", signature=sig, signed_at_ms=at_ms,
+                                       failure=Failure.BUSY))
+            raise AllBusy("busy: full; every model node tried is busy")
         signer = signing.ReplySigner(signing.request_digest(req, self.node.node_id), model, self.node.node_id)
         for i, t in enumerate(TEXTS):
             await trio.sleep(0.1)
@@ -114,8 +128,11 @@ class World:
         async with trio.open_nursery() as nursery:
             await nursery.start(self.donor.run)
             text = ""
-            async for c in self.wrapped.request(MODEL, MSGS, PARAMS, node=None, chunk_timeout=30):
-                text += c.text
+            try:
+                async for c in self.wrapped.request(MODEL, MSGS, PARAMS, node=None, chunk_timeout=30):
+                    text += c.text
+            except AllBusy as exc:
+                text = f"error: {exc}"
             with trio.fail_after(EXIT_WAIT_S + 60):
                 assert await self.donor.wait_idle()
             nursery.cancel_scope.cancel()
@@ -153,6 +170,24 @@ async def test_an_escrowed_donation_is_certified_before_the_request_and_counts_a
         assert c.donor == world.w.donor.node_id and c.node_id == world.w.node.node_id
         assert c.transcript.request_id == rid and c.transcript.secret == body.secret  # type: ignore[union-attr]
     assert (world.donor.committed, world.donor.escrowed, world.donor.revealed) == (1, 1, 4)
+
+
+async def test_an_escrowed_commitment_its_node_refused_busy_is_revealed_by_its_nonce_and_never_released(
+        autojump_clock: Any) -> None:
+    """Decision 0044: the busy node's signed refusal (a body of kind 3, by the commitment's nonce,
+    without the secret) is taken at every verifier; the set is not void, nothing counts, and no
+    verifier releases shares of it (the node served nothing to hand in)."""
+    world = World()
+    world.client.busy = True
+    assert (await world.ask()).startswith("error: busy")
+    assert sorted(world.paths(wire.REVEAL_PATH)) == [(i, 0) for i in range(4)]
+    for i in range(4):
+        (body,) = world.reveals[i]
+        assert isinstance(body, wire.Revealed) and body.busy and not body.secret
+        book = world.w.books[i]
+        assert book.released(world.w.epoch) == [] and world.counted(i) == []
+        assert world.w.donor.node_id not in book.history and book.voided == 0
+    assert (world.donor.escrowed, world.donor.busy, world.donor.no_reply) == (1, 1, 0)
 
 
 @pytest.mark.parametrize(("how", "counting"), [("down", (0, 1, 2)), ("commit-down", (0, 1, 2, 3)),

@@ -64,7 +64,7 @@ LONGEST = revealed(messages=(*[ChatMessage("user", "é" * 256)] * 255,
                    chunks=tuple(("abcd" * 512, tuple(range(2**31, 2**31 + 512))) for _ in range(16)))
 
 
-@pytest.mark.parametrize("body", [revealed(), wire.NoReply(b"\x07" * 32),
+@pytest.mark.parametrize("body", [revealed(), wire.NoReply(b"\x07" * 32), revealed(chunks=()),
                                   revealed(params=SamplingParams(1.0, 0.5, 40, 1024, 7), messages=MSGS[1:]),
                                   LONGEST])
 def test_a_reveal_is_sealed_to_one_verifier_and_round_trips(body: wire.Body) -> None:
@@ -100,6 +100,13 @@ def _reveal_plain(body: object, version: object = 1, tail: bytes = b"") -> bytes
 
 
 GOOD = _body_wire()
+BUSY = _body_wire(chunks=())  # decision 0044: [3, ..., served by, signature, signed_at_ms]
+
+
+def test_a_busy_refusal_is_kind_3_without_chunks_and_never_carries_a_secret() -> None:
+    assert BUSY == [wire.BODY_BUSY, *GOOD[1:8], *GOOD[9:]] and revealed(chunks=()).busy and not revealed().busy
+    with pytest.raises(ValueError, match="never with a secret"):
+        revealed(chunks=(), secret=b"\x05" * 32).wire()
 
 
 @pytest.mark.parametrize("body, why", [
@@ -137,6 +144,10 @@ GOOD = _body_wire()
     ([*GOOD[:10], -1], "signed_at_ms"),
     ([*GOOD[:10], "1"], "signed_at_ms"),
     ([*GOOD[:10], [1]], "expected a value"),
+    ([wire.BODY_BUSY, *GOOD[1:]], "its body is"),  # a refusal has no chunks
+    ([wire.BODY_TRANSCRIPT, *BUSY[1:]], "its body is"),  # a transcript has them
+    (BUSY[:9], "its body is"),
+    ([*BUSY[:8], b"\x03" * 63, BUSY[9]], "reply's signature"),
 ])
 def test_every_malformed_reveal_body_is_refused_with_a_reason(body: list[object], why: str) -> None:
     with pytest.raises(wire.TranscriptError, match=why):

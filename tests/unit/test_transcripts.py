@@ -38,8 +38,17 @@ class Node:
         _, sig = signer.add(text, (1, 2, 3), True, at_ms, self.key.sign)
         return ReplyOutcome(self.node_id, ((text, (1, 2, 3)),), sig, at_ms, 0)
 
+    def busy(self, opening: Opening, request_id: bytes, at_ms: int) -> ReplyOutcome:
+        """The honest node's signed "busy" before any output (decision 0044): that id is answered."""
+        assert request_id not in self.answered, "an honest node answers a request id once"
+        self.answered.add(request_id)
+        digest = signing.request_digest(opening.request(request_id), self.node_id)
+        return ReplyOutcome(self.node_id, (), self.key.sign(signing.busy_signing_bytes(digest, MODEL, self.node_id,
+                                                                                      at_ms)), at_ms, 0)
+
 
 HONEST, OTHER = Node(), Node()
+BUSY = "<busy>"  # Donor.commit_and_send's text for a request the node refuses as busy
 KEYS = {HONEST.node_id: HONEST.key.public_bytes, OTHER.node_id: OTHER.key.public_bytes}
 
 
@@ -68,7 +77,8 @@ class Donor:
         digest = signing.request_digest(opening.request(rid), node.node_id)
         assert self.book.commit(self.id, tr.commitment(nonce, node.node_id, digest), self.epoch, commit_at) is None
         server = forwards_to or node
-        reply = server.answer(opening, rid, text, reply_at, forwarded_by=node if forwards_to else None)
+        reply = (server.busy(opening, rid, reply_at) if text == BUSY
+                 else server.answer(opening, rid, text, reply_at, forwarded_by=node if forwards_to else None))
         t = tr.Transcript(node.node_id, nonce, opening, rid, reply)
         self.got.append(t)
         return t
@@ -173,6 +183,61 @@ def test_an_altered_reply_or_a_seeded_request_voids_the_set() -> None:
     d2 = Donor(book2)
     assert (d2.reveal(d2.commit_and_send(HONEST, "x", seed=42)) or "").startswith("seeded")
     assert book2.close(d2.epoch) == []
+
+
+def test_a_nodes_signed_busy_is_no_sample_and_the_rest_of_the_set_counts() -> None:
+    """Decision 0044: the honest donor's committed request met a busy node; its signed refusal
+    closes the commitment without voiding the set (before, the donor had to say "no reply")."""
+    book = tr.TranscriptBook()
+    d = Donor(book)
+    refused, served = d.commit_and_send(HONEST, BUSY), d.commit_and_send(OTHER, "a reply")
+    assert d.reveal(refused) is None and d.reveal(served) is None
+    (c,) = book.close(d.epoch)
+    assert c.node_id == OTHER.node_id and c.transcript == served
+    assert book.history[d.id] == (1, 0) and book.voided == 0
+    # a set of refusals alone is neither complete nor void: it widens no void budget
+    d.epoch += 1
+    assert d.reveal(d.commit_and_send(HONEST, BUSY)) is None
+    assert book.close(d.epoch) == [] and book.history[d.id] == (1, 0)
+
+
+def test_a_framer_cannot_pass_a_good_reply_off_as_busy() -> None:
+    """A framer holding a good reply it would hide, and a signed "busy" of the same node for
+    another of its committed requests, presents the refusal in the reply's place: it opens only
+    its own request's commitment, so the swap is forged (and voids the set, as any forgery)."""
+    book = tr.TranscriptBook()
+    d = Donor(book)
+    good, refused = d.commit_and_send(HONEST, "a good reply"), d.commit_and_send(HONEST, BUSY)
+    swapped = tr.Transcript(good.node_id, good.nonce, good.opening, good.request_id, refused.reply)
+    # nor does the reply's own signature stand for a refusal
+    as_busy = tr.Transcript(good.node_id, good.nonce, good.opening, good.request_id,
+                            ReplyOutcome(good.reply.served_by, (), good.reply.signature, good.reply.signed_at_ms, 0))
+    for fake in (swapped, as_busy):
+        d2 = Donor(tr.TranscriptBook())
+        d2.id, d2.epoch = d.id, d.epoch
+        book2 = d2.book
+        for t in (good, refused):
+            assert book2.commit(d.id, t.commitment(), d.epoch, T0_MS) is None
+        assert (d2.reveal(fake) or "").startswith("forged")
+        assert d2.reveal(refused) is None
+        assert book2.close(d.epoch) == [] and book2.history[d.id] == (0, 1)
+
+
+def test_refusals_from_a_framers_own_node_do_not_widen_its_void_budget() -> None:
+    """A framer whose own registered model node signs "busy" to its every request makes as many
+    sets of refusals as it likes: they leave its count of sets alone, so it is burnt after as few
+    void sets as a donor with none."""
+    book = tr.TranscriptBook()
+    d = Donor(book, epoch=0)
+    for epoch in range(20):
+        d.epoch = epoch
+        assert d.reveal(d.commit_and_send(OTHER, BUSY)) is None
+        assert book.close(epoch) == []
+    for epoch in range(20, 20 + tr.VOID_ALLOWANCE + 1):
+        d.epoch = epoch
+        d.commit_and_send(HONEST, "withheld")
+        assert book.close(epoch) == []
+    assert d.id in book.burnt
 
 
 def test_weight_is_bounded_per_donor() -> None:

@@ -35,8 +35,8 @@ The rules, and the framer each one stops:
    reveal it only when the reply is bad (a set of one, voided when good). So a donor may leave
    at most :data:`VOID_ALLOWANCE` sets plus :data:`VOID_SHARE` of all its closed sets void
    (withheld, "no reply", or a reveal that fails a check); past that it is *burnt*: its
-   commitments are refused from then on. Honest donors' void sets come from busy or failed
-   nodes; a framer can spend the same budget on voiding good replies, which moves the share of
+   commitments are refused from then on. Honest donors' void sets come from failed nodes (a busy
+   one's signed refusal is no sample, rule 13); a framer can spend the same budget on voiding good replies, which moves the share of
    bad replies among its counted ones from ``q`` to at most about ``q / (1 − VOID_SHARE)``
    (``test_a_cherry_picking_framer_gains_little_and_is_burnt_past_its_budget``). That is a
    bound, not a wall: closing it needs the node's side of the reveal (decision 0015, "Not done").
@@ -125,6 +125,16 @@ The rules, and the framer each one stops:
    drop a one-shot framer's hold, and with it the shares the node needs (rule 11), it takes a
    book's worth of identities never idle here before, or a book filled with sets that count
    (certified, and revealed with real replies), every time.
+13. **A signed "busy" is no sample** (decision 0044). A model node that refuses a request as busy
+   before any output signs that it did (:func:`overlay.anon.signing.busy_signing_bytes`), and a
+   donor reveals that refusal for the request it committed to (a body of kind 3). It closes the
+   commitment as neither a transcript nor a gap: the rest of the set still counts, and a set of
+   refusals alone is counted neither complete nor void (rule 6), so a donor cannot widen its void
+   budget with refusals a node of its own signs. It cannot hide a reply behind one either: a node
+   signs "busy" only before any output, and answers each request id once (rule 2), so for one
+   commitment a donor holds a reply or a refusal, never both. A forged refusal fails like a forged
+   reply (rule 3 voids the set). Before this, a busy node's refusal cost an honest donor a void set
+   every time.
 
 What is left to a framer: choosing prompts (before the reply) on which honest replies score
 badly; the score is calibrated per reply (decision 0013 §5: honest z has sd 0.91 over real
@@ -249,6 +259,11 @@ class Transcript:
 
     def commitment(self) -> bytes:
         return commitment(self.nonce, self.node_id, self.reply_digest())
+
+
+def _busy(t: Transcript) -> bool:
+    """Whether ``t`` is a node's signed "busy" refusal (no reply chunks, rule 13), not a transcript."""
+    return not t.reply.chunks
 
 
 def transcript_of(b: Revealed) -> Transcript:
@@ -756,20 +771,27 @@ class TranscriptBook:
             return "malformed: the request id is not 16 bytes"
         if t.opening.params.seed is not None:
             return "seeded: a request with a seed is never a transcript (its sample could be searched offline)"
-        if (entry.escrow is None) != (not t.secret):
+        busy = _busy(t)
+        if busy and t.secret:
+            return "malformed: a busy refusal is revealed by the commitment's nonce, never with a secret"
+        if not busy and (entry.escrow is None) != (not t.secret):
             return "malformed: an escrowed commitment is revealed with its secret, and only an escrowed one"
         digest = t.reply_digest()
-        if entry.escrow is not None and (why := _escrow_problem(t, entry.escrow, digest)) is not None:
+        if not busy and entry.escrow is not None and (why := _escrow_problem(t, entry.escrow, digest)) is not None:
             return why
         key = key_of(t.reply.served_by, t.opening.model)
         if key is None:
             return f"unverifiable: the reply's signer is not a registered model node of {t.opening.model!r}"
-        chain = signing.chain_start(digest)
         try:
-            for text, ids in t.reply.chunks:
-                chain = signing.chain_next(chain, text, ids)
-            signing.verify_reply(key, t.reply.signature, digest, chain, True, t.opening.model, t.reply.served_by,
-                                 t.reply.signed_at_ms)
+            if busy:
+                signing.verify_busy(key, t.reply.signature, digest, t.opening.model, t.reply.served_by,
+                                    t.reply.signed_at_ms)
+            else:
+                chain = signing.chain_start(digest)
+                for text, ids in t.reply.chunks:
+                    chain = signing.chain_next(chain, text, ids)
+                signing.verify_reply(key, t.reply.signature, digest, chain, True, t.opening.model,
+                                     t.reply.served_by, t.reply.signed_at_ms)
         except signing.ReplyVerifyError as exc:
             return f"forged: {exc}"
         if not received_ms < t.reply.signed_at_ms <= received_ms + window_ms:
@@ -798,7 +820,8 @@ class TranscriptBook:
                 continue
             if not s.void:
                 complete = all(e.transcript is not None for e in entries)
-                self._closed(key[1], complete=complete)
+                if not complete or not all(_busy(e.transcript) for e in entries if e.transcript is not None):
+                    self._closed(key[1], complete=complete)  # a set of "busy" refusals alone: neither (rule 13)
                 if not complete:
                     self.voided += 1
                     self._note("unrevealed")
@@ -810,6 +833,8 @@ class TranscriptBook:
             per_node: dict[bytes, int] = {}
             for t in filled:
                 assert t is not None
+                if _busy(t):
+                    continue  # rule 13: no sample
                 n = t.reply.served_by
                 if per_node.get(n, 0) < MAX_PER_NODE:
                     per_node[n] = per_node.get(n, 0) + 1

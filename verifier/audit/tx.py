@@ -568,7 +568,8 @@ def _read_commit(r: codec.ShapeReader) -> PlanCommit:
 
 def _read_chunks(r: codec.ShapeReader, i: int, transcript: bool = False) -> tuple[tuple[str, tuple[int, ...]], ...]:
     """A reply's [text, token ids] chunks: at most :data:`MAX_CHUNKS`, :data:`MAX_REPLY_TOKENS` ids in all
-    (a ``transcript``'s reply: a transcript's limits, decision 0032)."""
+    (a ``transcript``'s reply: a transcript's limits, decision 0032, and none for a node's signed
+    "busy" a transcript book holds, decision 0044)."""
     why, what = f"entry {i}: a chunk is [text, token ids]", f"entry {i}'s token id"
     max_chunks, max_tokens = ((transcripts.TRANSCRIPT_MAX_CHUNKS, transcripts.TRANSCRIPT_MAX_REPLY_TOKENS)
                               if transcript else (MAX_CHUNKS, MAX_REPLY_TOKENS))
@@ -586,7 +587,7 @@ def _read_chunks(r: codec.ShapeReader, i: int, transcript: bool = False) -> tupl
         if tokens > max_tokens:
             raise _invalid(f"entry {i}: over {max_tokens} reply tokens")
         chunks.append((text, tuple(_int(t, 0, 2**32 - 1, what) for t in r.ints(n))))
-    if not chunks:
+    if not chunks and not transcript:
         raise _invalid(f"entry {i}: a reply has at least one chunk (an empty reply is a failed challenge)")
     return tuple(chunks)
 
