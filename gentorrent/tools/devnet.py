@@ -65,6 +65,9 @@ REGISTRY_KEYS = 4
 STATE_FILE = "devnet.json"
 STATE_VERSION = 1
 VERIFIERS = 4
+EPOCH_BLOCKS = 120  # --audits' default epoch length
+# the reply windows (decision 0040) --epoch-blocks' help names: fitting_reply_window(N, 0.5), a test checks them
+WINDOWS_SHOWN = "120 blocks give 22 s, 300 give 66 s, 600 give 191 s"
 DEFAULT_MODEL = "smollm2-135m-instruct"  # what `gentorrent model-node --engine llama.cpp` serves by default
 DEMO_TURNS = {
     "llama.cpp": ["What is the capital of France? Answer in one sentence.",
@@ -104,15 +107,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="drop into an interactive chat once the network is up; the network stops when you leave")
     p.add_argument("--audits", action="store_true",
                    help="the committee audits the model nodes (docs/committee.md \"Audits\"): each verifier loads "
-                        "the model, and every epoch of 120 blocks (about two minutes) sends hidden challenge prompts "
+                        "the model, and every epoch (--epoch-blocks) sends hidden challenge prompts "
                         "through the overlay and the committee agrees on reputations (gentorrent status --committee "
                         "shows them); the chats wait until the model is audited (the verifiers' first plan "
                         "commits). Donated transcripts (--donate-transcripts) count when their reply is signed "
-                        "within 22 s of the commitment, the reply window these epochs leave model nodes time to "
-                        "hand in what donors withheld (decision 0040). Without it no model is audited, and the chat "
+                        "within the reply window of the commitment, the longest these epochs leave model nodes time "
+                        "to hand in what donors withheld (decision 0040). Without it no model is audited, and the chat "
                         "config allows unaudited models "
                         "(allow_unaudited = true). Needs --engine llama.cpp and a committee; a devnet keeps the "
                         "choice it was created with (--fresh to change it)")
+    p.add_argument("--epoch-blocks", type=int, default=None, metavar="N",
+                   help=f"with --audits: blocks per audit epoch (default {EPOCH_BLOCKS}; a block takes 0.5-1 s "
+                        "here), fixed by the committee's genesis when the chain is created: a resumed devnet keeps "
+                        "its own. Each verifier sends each model node 2 challenges an epoch, so longer epochs "
+                        "spread them out, and leave donated transcripts a longer reply window: "
+                        f"{WINDOWS_SHOWN}. The chats wait for the first epoch the verifiers plan")
     p.add_argument("--fresh", action="store_true",
                    help="start a new committee chain on new ports instead of resuming the one recorded in "
                         f"DATA_DIR/devnet/{STATE_FILE} (node keys are kept)")
@@ -357,8 +366,9 @@ def save_state(path: Path, net: LocalNet, recorded: dict[str, Any] | None) -> No
     nodes this run does not start, for a later run that does)."""
     ports = {**(recorded or {}).get("ports", {}), **net.ports}
     tmp = path.with_name(path.name + ".tmp")
+    audits = {"audits": net.audits, **({"epoch_blocks": net.epoch_blocks} if net.audits else {})}
     tmp.write_text(json.dumps({"version": STATE_VERSION, "chain_id": net.chain_id, "verifiers": len(net.verifiers),
-                               "audits": net.audits, "ports": ports}, indent=1) + "\n")
+                               **audits, "ports": ports}, indent=1) + "\n")
     os.replace(tmp, path)
 
 
@@ -377,6 +387,17 @@ def open_net(root: Path, args: argparse.Namespace, model: str) -> tuple[LocalNet
         raise CliError(f"the devnet in {root} was created {was} --audits (its committee's genesis fixes it): "
                        f"{'add' if was == 'with' else 'drop'} --audits to resume it, or pass --fresh to start a new "
                        "chain")
+    from verifier.audit.chain import MAX_EPOCH_BLOCKS, MIN_EPOCH_BLOCKS
+
+    epoch_blocks = args.epoch_blocks or EPOCH_BLOCKS
+    if recorded is not None and args.audits:
+        kept = recorded.get("epoch_blocks", EPOCH_BLOCKS)
+        if type(kept) is not int or not MIN_EPOCH_BLOCKS <= kept <= MAX_EPOCH_BLOCKS:
+            raise CliError(f"{path} records no valid epoch length; pass --fresh to start a new chain")
+        if args.epoch_blocks is not None and args.epoch_blocks != kept:
+            raise CliError(f"the devnet in {root} was created with --epoch-blocks {kept} (its committee's genesis "
+                           f"fixes it): drop --epoch-blocks to resume it, or pass --fresh to start a new chain")
+        epoch_blocks = kept
     if recorded is not None and recorded["verifiers"] != args.verifiers:
         raise CliError(f"the devnet in {root} has a committee of {recorded['verifiers']} verifiers, not "
                        f"{args.verifiers}: pass --verifiers {recorded['verifiers']} to resume it, or --fresh to start "
@@ -385,7 +406,7 @@ def open_net(root: Path, args: argparse.Namespace, model: str) -> tuple[LocalNet
     net = LocalNet(root, args.relays, users=("you",), models=args.models, model=model, engine=args.engine,
                    registry_keys=REGISTRY_KEYS, ping_interval=PING_INTERVAL, echo_delay=0.02,
                    committee=args.verifiers, ports=recorded["ports"] if recorded is not None else None,
-                   chain_id=chain_id, audits=args.audits)
+                   chain_id=chain_id, audits=args.audits, epoch_blocks=epoch_blocks)
     if recorded is None:
         return net, None
     if net.verifiers:
@@ -413,6 +434,12 @@ def check_args(args: argparse.Namespace) -> None:
         raise CliError("--models must be between 1 and 8")
     if not (args.verifiers == 0 or 1 <= args.verifiers <= 7):
         raise CliError("--verifiers must be between 1 and 7, or 0 for a signed registry file")
+    from verifier.audit.chain import MAX_EPOCH_BLOCKS, MIN_EPOCH_BLOCKS
+
+    if args.epoch_blocks is not None and not args.audits:
+        raise CliError("--epoch-blocks sets the audit epochs: it needs --audits")
+    if args.epoch_blocks is not None and not MIN_EPOCH_BLOCKS <= args.epoch_blocks <= MAX_EPOCH_BLOCKS:
+        raise CliError(f"--epoch-blocks must be between {MIN_EPOCH_BLOCKS} and {MAX_EPOCH_BLOCKS}")
     if args.audits and (args.engine != "llama.cpp" or args.verifiers == 0):
         raise CliError("--audits needs the real model (--engine llama.cpp, the default) and a committee "
                        "(--verifiers 1 or more): the verifiers score replies under their own copy of the model")

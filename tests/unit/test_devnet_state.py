@@ -5,18 +5,28 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import socket
 from pathlib import Path
 
 import pytest
 
 from gentorrent.cli import CliError
-from gentorrent.tools.devnet import STATE_FILE, load_state, open_net, save_state
-from gentorrent.tools.localnet import LocalNet, ports_taken
+from gentorrent.tools.devnet import (
+    EPOCH_BLOCKS,
+    STATE_FILE,
+    WINDOWS_SHOWN,
+    check_args,
+    load_state,
+    open_net,
+    save_state,
+)
+from gentorrent.tools.localnet import LocalNet, fitting_reply_window, ports_taken
 
 
 def args(**kw) -> argparse.Namespace:
-    base = {"relays": 4, "models": 1, "verifiers": 2, "engine": "echo", "fresh": False, "audits": False}
+    base = {"relays": 4, "models": 1, "verifiers": 2, "engine": "echo", "fresh": False, "audits": False,
+            "epoch_blocks": None}
     return argparse.Namespace(**{**base, **kw})
 
 
@@ -121,6 +131,33 @@ def test_audits_add_an_audit_port_per_verifier_and_a_devnet_keeps_its_choice(tmp
     assert "--audit" not in plain.command("verifier-0")
     with pytest.raises(CliError, match="created without --audits"):
         open_net(tmp_path / "plain", args(audits=True), "echo")
+
+
+def test_an_audited_devnet_keeps_the_epoch_length_it_was_created_with(tmp_path):
+    first = started(tmp_path, audits=True, epoch_blocks=300)
+    assert first.epoch_blocks == 300 and first.reply_window == fitting_reply_window(300, 0.5) == 66
+    assert json.loads((tmp_path / STATE_FILE).read_text())["epoch_blocks"] == 300
+    net, recorded = open_net(tmp_path, args(audits=True), "echo")  # resumed without the flag: its own
+    assert recorded is not None and (net.epoch_blocks, net.reply_window) == (300, 66)
+    with pytest.raises(CliError, match=r"created with --epoch-blocks 300.*--fresh"):
+        open_net(tmp_path, args(audits=True, epoch_blocks=120), "echo")
+    fresh, recorded = open_net(tmp_path, args(audits=True, epoch_blocks=120, fresh=True), "echo")
+    assert recorded is None and fresh.epoch_blocks == 120
+    assert started(tmp_path / "default", audits=True).epoch_blocks == EPOCH_BLOCKS
+
+
+@pytest.mark.parametrize(("kw", "why"), [({"epoch_blocks": 300}, "needs --audits"),
+                                         ({"audits": True, "engine": "llama.cpp", "epoch_blocks": 11}, "between 12"),
+                                         ({"audits": True, "engine": "llama.cpp", "epoch_blocks": 10**7}, "between 12")])
+def test_epoch_blocks_is_checked_before_anything_starts(kw, why):
+    with pytest.raises(CliError, match=why):
+        check_args(args(relays=12, no_demo=True, chat=False, **kw))
+
+
+def test_the_reply_windows_the_help_names_are_the_fitted_ones():
+    shown = [int(x) for x in re.findall(r"(\d+) s", WINDOWS_SHOWN)]
+    blocks = [int(x) for x in re.findall(r"(\d+) (?:blocks )?give", WINDOWS_SHOWN)]
+    assert len(shown) == len(blocks) == 3 and shown == [fitting_reply_window(n, 0.5) for n in blocks]
 
 
 def test_the_chat_config_allows_unaudited_models_only_where_the_committee_audits_none(tmp_path):
