@@ -53,7 +53,9 @@ MAX_CHUNKS_QUEUED = 1024
 # Failover on silence: before the first chunk the caller's ``chunk_timeout`` applies (it covers
 # queueing and prefill); after it, a silence longer than SILENCE_GAPS times the reply's mean
 # gap between chunks (the node's own decode rate as seen here; FIRST_GAP until two chunks have
-# come), but never shorter than SILENCE_FLOOR nor longer than ``chunk_timeout``.
+# come), but never shorter than SILENCE_FLOOR nor longer than ``chunk_timeout``; and
+# ``chunk_timeout`` when no node is left to fail over to (a slow reply beats none: a loaded CPU
+# node stalls for seconds mid-reply, docs/benchmarks.md "Decision 0040").
 SILENCE_FLOOR = 2.0
 SILENCE_GAPS = 8.0
 FIRST_GAP = 1.0
@@ -316,7 +318,8 @@ class AnonClient:
         is not final by nature (:attr:`Failure.INVALID`), (2) is reported gone by the proxies
         (or its paths die) so that fewer than k paths can still carry its reply, or (3) stays
         silent for longer than :data:`SILENCE_GAPS` times its gap between chunks (at least
-        :data:`SILENCE_FLOOR` s). After a failover ``chunk.node`` changes: each part is
+        :data:`SILENCE_FLOOR` s; but for ``chunk_timeout`` when no node is left to fail over to: a
+        slow reply beats none). After a failover ``chunk.node`` changes: each part is
         signed by the node that wrote it. A node that answers "busy" (:attr:`Failure.BUSY`) is left
         at once for another. Raises :class:`AnonError` on failure (a final error, or no node
         left), :class:`AllBusy` when every candidate refused as busy, :class:`ReplyUnverified`
@@ -365,12 +368,18 @@ class AnonClient:
         read = set() if sent_to is None else sent_to  # the model nodes the prompt was sent to (or forwarded)
         produced: list[str] = []
         passed_on = False  # the token went on from a node that refused as busy, and may have spent it
+
+        def elsewhere(serving: bytes) -> bool:
+            """Whether a node not tried yet could take the request over from ``serving``."""
+            return any(e.node_id not in tried and e.node_id not in (target.node_id, serving)
+                       for e in self.usable(model))
+
         while True:
             read.add(target.node_id)
             try:
                 attempt = self._attempt(target, model, tuple(messages), params or SamplingParams(),
                                         "".join(produced), chunk_timeout, paths_timeout, exact, fresh_paths,
-                                        request_id, token, held_paths)
+                                        request_id, token, held_paths, elsewhere if failover else None)
                 request_id = None  # a later try is another request
                 async with aclosing(attempt) as chunks:
                     async for chunk in chunks:
@@ -429,12 +438,12 @@ class AnonClient:
         self, target: PeerEntry, model: str, messages: tuple[ChatMessage, ...], params: SamplingParams,
         continuation: str, chunk_timeout: float, paths_timeout: float, exact: bool = False,
         fresh_paths: bool = False, request_id: bytes | None = None, token: bytes = b"",
-        held: Sequence[Path] | None = None,
+        held: Sequence[Path] | None = None, elsewhere: Callable[[bytes], bool] | None = None,
     ) -> AsyncGenerator[ReplyChunk, None]:
         """One try at ``target``: n cloves out over n of our paths (n built for this try alone
         with ``fresh_paths``, closed after it; the caller's ``held`` ones), the paths within
         ``paths_timeout``, the reply chunks back in order, each checked before it is yielded.
-        :class:`_NodeFailed` if the node fails."""
+        :class:`_NodeFailed` if the node fails (``elsewhere``: :meth:`_in_order`'s)."""
         paths: list[Path] | None = None
         if held is not None:
             paths = [p for p in held if p.ready.is_set() and not p.dead][:self.n]
@@ -445,7 +454,7 @@ class AnonClient:
             paths = await self._paths_within(paths_timeout, fresh=fresh_paths)
         try:
             async with aclosing(self._attempt_on(paths, target, model, messages, params, continuation, chunk_timeout,
-                                                 exact, request_id, token)) as chunks:
+                                                 exact, request_id, token, elsewhere)) as chunks:
                 async for c in chunks:
                     yield c
         finally:
@@ -455,7 +464,7 @@ class AnonClient:
     async def _attempt_on(
         self, paths: list[Path], target: PeerEntry, model: str, messages: tuple[ChatMessage, ...],
         params: SamplingParams, continuation: str, chunk_timeout: float, exact: bool,
-        request_id: bytes | None = None, token: bytes = b"",
+        request_id: bytes | None = None, token: bytes = b"", elsewhere: Callable[[bytes], bool] | None = None,
     ) -> AsyncGenerator[ReplyChunk, None]:
         """:meth:`_attempt` over the chosen ``paths``."""
         keys = [ReturnKey.generate() for _ in paths]
@@ -486,7 +495,7 @@ class AnonClient:
         try:
             self._send_cloves(target, paths, cloves)
             checker: ReplyChecker | None = None
-            async with aclosing(self._in_order(recv_ch, target, paths, chunk_timeout)) as chunks:
+            async with aclosing(self._in_order(recv_ch, target, paths, chunk_timeout, elsewhere)) as chunks:
                 async for c in chunks:
                     if checker is None:
                         checker = self._checker(c.node, digest, model, any_standing=exact)
@@ -552,13 +561,15 @@ class AnonClient:
 
     async def _in_order(
         self, chunks: trio.MemoryReceiveChannel[ReplyChunk | _Gone], target: PeerEntry, paths: list[Path],
-        chunk_timeout: float,
+        chunk_timeout: float, elsewhere: Callable[[bytes], bool] | None = None,
     ) -> AsyncGenerator[ReplyChunk, None]:
         """Reply chunks in ``seq`` order as each becomes next. :class:`AnonError` for a final
         error chunk or chunks too far out of order; :class:`_NodeBusy` for a "busy" refusal
         before any output; :class:`_NodeFailed` for any other error chunk, :class:`_NodeLost`
         when the paths report the node gone, :class:`_NodeSilent` on a silence (see
-        :meth:`request`)."""
+        :meth:`request`). ``elsewhere(node)``: whether another node could take the request over
+        from ``node``, the one answering; when none could, a silence mid-reply is waited out up
+        to ``chunk_timeout`` (a slow reply beats none). ``None``: always as if one could."""
         pending: dict[int, ReplyChunk] = {}
         next_seq = 0
         first_at: float | None = None
@@ -568,7 +579,8 @@ class AnonClient:
             limit = chunk_timeout
             if first_at is not None:
                 gap = (last_at - first_at) / (next_seq - 1) if next_seq > 1 else FIRST_GAP
-                limit = min(chunk_timeout, max(SILENCE_FLOOR, SILENCE_GAPS * gap))
+                if elsewhere is None or elsewhere(node):
+                    limit = min(chunk_timeout, max(SILENCE_FLOOR, SILENCE_GAPS * gap))
             with trio.move_on_after(limit) as scope:
                 item = await chunks.receive()
             if scope.cancelled_caught:

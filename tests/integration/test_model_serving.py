@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from contextlib import aclosing
 
 import pytest
@@ -221,6 +222,42 @@ async def test_a_silent_node_is_left_after_a_few_of_its_chunk_gaps(autojump_cloc
         switch = next(i for i, c in enumerate(got) if c.node == good.identity.node_id)
         gap = arrived[switch] - arrived[switch - 1]
         assert SILENCE_FLOOR <= gap < 5.0  # the floor (its chunks came every ~50 ms), not the 60 s timeout
+        nursery.cancel_scope.cancel()
+
+
+def stalling(real, at_seq, stall):
+    """A reply stream (``ModelNode.handle``) that stops for ``stall`` seconds before chunk
+    ``at_seq`` (``math.inf``: for good), keeping its connections: a loaded CPU node, or a hung one."""
+    async def handler(req, *origin):
+        async with aclosing(real(req, *origin)) as chunks:
+            async for c in chunks:
+                if c.seq == at_seq:
+                    await trio.sleep(stall)
+                yield c
+    return handler
+
+
+async def test_with_no_node_left_to_fail_over_to_a_stalled_reply_is_waited_for(autojump_clock):
+    """The only node serving the model stalls 10 s mid-reply (decision 0040's loaded devnet saw
+    such stalls end a chat): with nowhere to fail over to, the client waits out the silence up to
+    ``chunk_timeout`` instead of its 2-s floor, and the reply completes. A node that never
+    resumes still fails the request, once ``chunk_timeout`` has passed."""
+    async with trio.open_nursery() as nursery:
+        net = await start_echo_overlay(nursery, 15, models=1, echo_delay=0.05)
+        node = net.model
+        real = node.handle
+        node.handle = stalling(real, 5, 10.0)
+        client = net.users[0].client
+        assert client is not None
+        text = " ".join(f"w{j}" for j in range(40))
+        got = await collect(client, text, chunk_timeout=30)
+        assert "".join(c.text for c in got) == text and {c.node for c in got} == {node.identity.node_id}
+        assert client.failovers == {}
+        node.handle = stalling(real, 5, math.inf)
+        t0 = trio.current_time()
+        with pytest.raises(AnonError, match="no reply from model node"):
+            await collect(client, text, chunk_timeout=30)
+        assert trio.current_time() - t0 >= 30.0  # the silence it waited out before giving up
         nursery.cancel_scope.cancel()
 
 
