@@ -65,7 +65,9 @@ donor withholds); otherwise it is a version-1 commitment, which the verifiers st
    voids the donor's set).
 4. The request goes to that node with that request id (``node=``, ``request_id=``); the overlay's
    usual failover stays on, with fresh request ids after the first try, so the user gets an
-   answer as for any request. The transcript is revealed only if the whole reply came from the
+   answer as for any request, but the committed try waits out a silence up to the chunk timeout
+   (``wait_first``) instead of failing over after a few seconds: only that node's reply can be
+   revealed, and a loaded honest node stalls for seconds mid-reply. The transcript is revealed only if the whole reply came from the
    committed try (every chunk under the committed request id, from one node, the last ``done``).
    When the node refused the committed try as busy before any output, it signed that refusal
    (decision 0044), and the client reveals the signed refusal: the verifiers take it as no sample,
@@ -574,7 +576,7 @@ class DonatingClient:
             async with aclosing(self.client.request(c.model, c.messages, c.params, node=c.target,
                                                     chunk_timeout=chunk_timeout, paths_timeout=paths_timeout,
                                                     request_id=c.request_id, sent_to=sent_to,
-                                                    refusals=refused)) as chunks:
+                                                    refusals=refused, wait_first=True)) as chunks:
                 try:
                     async for x in chunks:
                         got.append(x)

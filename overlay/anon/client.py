@@ -300,6 +300,7 @@ class AnonClient:
         held_paths: Sequence[Path] | None = None,
         sent_to: set[bytes] | None = None,
         refusals: list[ReplyChunk] | None = None,
+        wait_first: bool = False,
     ) -> AsyncIterator[ReplyChunk]:
         """Send one prompt anonymously; yield its reply chunks in order, **each one verified**.
 
@@ -356,6 +357,10 @@ class AnonClient:
         ``refusals``, when given, collects each try's "busy" refusal chunk (seq 0, before any
         output; as it came, its signature unchecked): a donor's client reveals the signed "busy" of
         the request it committed to (decision 0044).
+
+        ``wait_first=True``: the first try waits out a silence up to ``chunk_timeout``, as if no
+        node were left to fail over to: a donor's committed request counts only with the reply of
+        the node it names, and a loaded honest node stalls for seconds mid-reply.
         """
         if request_id is not None and len(request_id) != REQUEST_ID_LEN:
             raise ValueError(f"a request id is {REQUEST_ID_LEN} bytes, not {len(request_id)}")
@@ -369,17 +374,23 @@ class AnonClient:
         produced: list[str] = []
         passed_on = False  # the token went on from a node that refused as busy, and may have spent it
 
-        def elsewhere(serving: bytes) -> bool:
-            """Whether a node not tried yet could take the request over from ``serving``."""
-            return any(e.node_id not in tried and e.node_id not in (target.node_id, serving)
-                       for e in self.usable(model))
+        first = True  # the first try (a donor's committed one, with ``wait_first``)
 
+        def elsewhere(serving: bytes) -> bool:
+            """Whether a node not tried yet could take the request over from ``serving`` (never
+            without ``failover``: a verifier's challenge is to one node; nor on the first try with
+            ``wait_first``)."""
+            return failover and not (wait_first and first) and any(
+                e.node_id not in tried and e.node_id not in (target.node_id, serving) for e in self.usable(model))
+
+        tries = 0
         while True:
+            first, tries = tries == 0, tries + 1
             read.add(target.node_id)
             try:
                 attempt = self._attempt(target, model, tuple(messages), params or SamplingParams(),
                                         "".join(produced), chunk_timeout, paths_timeout, exact, fresh_paths,
-                                        request_id, token, held_paths, elsewhere if failover else None)
+                                        request_id, token, held_paths, elsewhere)
                 request_id = None  # a later try is another request
                 async with aclosing(attempt) as chunks:
                     async for chunk in chunks:

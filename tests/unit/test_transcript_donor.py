@@ -81,6 +81,7 @@ class FakeClient:
     def __init__(self, nodes: list[ModelNode], log: list[tuple[Any, ...]], behaviour: dict[bytes, str]) -> None:
         self.nodes, self.log, self.behaviour = nodes, log, behaviour
         self.sent: list[Request] = []
+        self.waited_first: list[bool] = []  # each request's wait_first
         self.first_sent = trio.Event()
 
     def choose_model_node(self, model: str, prefer: bytes | None = None) -> Entry:
@@ -91,7 +92,9 @@ class FakeClient:
     async def request(self, model: str, messages: Any, params: Any = None, *, node: bytes | None = None,
                       chunk_timeout: float = 60.0, paths_timeout: float = 30.0,
                       request_id: bytes | None = None, sent_to: set[bytes] | None = None,
-                      refusals: list[ReplyChunk] | None = None) -> AsyncGenerator[ReplyChunk, None]:
+                      refusals: list[ReplyChunk] | None = None,
+                      wait_first: bool = False) -> AsyncGenerator[ReplyChunk, None]:
+        self.waited_first.append(wait_first)
         order = [n for n in self.nodes if n.node_id == (node or self.nodes[0].node_id)] + \
             [n for n in self.nodes if n.node_id != (node or self.nodes[0].node_id)]
         produced = ""
@@ -216,6 +219,7 @@ async def test_the_request_leaves_only_after_every_verifier_answered_its_commit(
         (c,) = w.counted(v)
         assert c.donor == w.me.node_id and c.node_id == node and c.transcript.request_id == rid
     assert (w.donor.committed, w.donor.revealed, w.donor.no_reply) == (1, 3, 0)
+    assert w.client.waited_first == [True]  # the committed try waits out a loaded node's stall
 
 
 async def test_a_failed_committed_try_still_answers_the_user_and_reveals_no_reply(autojump_clock: Any) -> None:

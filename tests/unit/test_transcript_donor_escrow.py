@@ -57,7 +57,8 @@ class FakeClient:
     async def request(self, model: str, messages: Any, params: Any = None, *, node: bytes | None = None,
                       chunk_timeout: float = 60.0, paths_timeout: float = 30.0, request_id: bytes | None = None,
                       sent_to: set[bytes] | None = None,
-                      refusals: list[ReplyChunk] | None = None) -> AsyncGenerator[ReplyChunk, None]:
+                      refusals: list[ReplyChunk] | None = None,
+                      wait_first: bool = False) -> AsyncGenerator[ReplyChunk, None]:
         rid = request_id or crypto.random_bytes(16)
         req = Request(request_id=rid, model=model, messages=tuple(messages), params=params or SamplingParams(), k=3,
                       return_paths=(), continuation="")

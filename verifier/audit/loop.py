@@ -66,7 +66,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("gentorrent.audit")
 
 POLL_S = 1.0  # about once a block
-CHALLENGE_TIMEOUT_S = 60.0  # for the first chunk (queueing and prefill); then the overlay's silence rule
+CHALLENGE_TIMEOUT_S = 60.0  # for the first chunk (queueing and prefill), and for any silence after it (no failover)
 PATHS_TIMEOUT_S = 30.0  # to build a challenge's own paths
 RESTART_S = 10.0  # run_audits waits this long after a failure before starting again
 SUBMITTED_KEPT = 64  # the latest submissions a driver keeps for tests and stats (it runs for months)
