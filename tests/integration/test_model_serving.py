@@ -261,26 +261,12 @@ async def test_with_no_node_left_to_fail_over_to_a_stalled_reply_is_waited_for(a
         nursery.cancel_scope.cancel()
 
 
-async def test_a_challenge_to_one_node_waits_out_its_stall(autojump_clock):
-    """A verifier's challenge (``failover=False``) to a loaded honest node that stalls 10 s
-    mid-reply gets the whole reply, though another node serves the model: the stall is not a
-    silence, so the honest node is not marked silent for it."""
-    async with trio.open_nursery() as nursery:
-        net = await start_echo_overlay(nursery, 15, models=2, echo_delay=0.05)
-        slow, _ = net.models
-        slow.handle = stalling(slow.handle, 5, 10.0)
-        client = net.users[0].client
-        assert client is not None
-        text = " ".join(f"w{j}" for j in range(40))
-        got = await collect(client, text, node=slow.identity.node_id, failover=False, chunk_timeout=30)
-        assert "".join(c.text for c in got) == text and {c.node for c in got} == {slow.identity.node_id}
-        nursery.cancel_scope.cancel()
-
-
-async def test_a_donors_committed_try_waits_out_its_nodes_stall(autojump_clock):
-    """``wait_first`` (a donor's committed request, whose reply counts only from the node it
-    names): the first try waits out a 10-s stall though another node serves the model; without
-    it the client leaves after the silence floor."""
+@pytest.mark.parametrize("how", [{"failover": False}, {"wait_first": True}], ids=["challenge", "committed-try"])
+async def test_a_challenge_or_a_donors_committed_try_waits_out_its_nodes_stall(autojump_clock, how):
+    """A verifier's challenge (``failover=False``: it is to one node) and a donor's committed try
+    (``wait_first``: its reply counts only from the node it names) to a loaded honest node that
+    stalls 10 s mid-reply get the whole reply from that node, though another node serves the
+    model. Without either, the client leaves after the silence floor."""
     async with trio.open_nursery() as nursery:
         net = await start_echo_overlay(nursery, 15, models=2, echo_delay=0.05)
         slow, other = net.models
@@ -288,7 +274,7 @@ async def test_a_donors_committed_try_waits_out_its_nodes_stall(autojump_clock):
         client = net.users[0].client
         assert client is not None
         text = " ".join(f"w{j}" for j in range(40))
-        got = await collect(client, text, node=slow.identity.node_id, wait_first=True, chunk_timeout=30)
+        got = await collect(client, text, node=slow.identity.node_id, chunk_timeout=30, **how)
         assert "".join(c.text for c in got) == text and {c.node for c in got} == {slow.identity.node_id}
         assert client.failovers == {}
         got = await collect(client, text, node=slow.identity.node_id, chunk_timeout=30)
