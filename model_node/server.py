@@ -96,7 +96,7 @@ from model_node.priority import UNTOKENED, Held, SlotGate, admit_held, preempt
 from model_node.quota import Redeemer, token_rank
 from model_node.served import Recording, ServedStore
 from overlay.anon.replay import AnsweredIds
-from overlay.anon.responder import Responder, busy_error, invalid_error
+from overlay.anon.responder import Responder, busy_error, invalid_error, only
 from overlay.anon.signing import ReplySigner, busy_signing_bytes, request_digest
 from overlay.directory.quota import Token
 from overlay.directory.registry import Registry
@@ -514,10 +514,10 @@ class ModelNode:
         beyond its capacity), or back on the connection the request came over (this returns
         once the reply is sent; raises ``TransportError`` if that connection fails)."""
         if origin.reply is None:
-            self.responder.accept(req, lambda r: self.handle(r, origin))
+            self.responder.accept(req, lambda r: self.handle(r, origin), lambda r, why: self._busy(r, why, origin))
             return
         refusal = self._refusal(req, origin)
-        chunks = _only(refusal) if refusal is not None else self.handle(req, origin)
+        chunks = only(refusal) if refusal is not None else self.handle(req, origin)
         async with aclosing(chunks) as stream:
             async for chunk in stream:
                 await origin.reply.send(chunk)
@@ -926,6 +926,3 @@ async def _empty() -> AsyncGenerator[ReplyChunk, None]:
     return
     yield  # an async generator that yields nothing
 
-
-async def _only(chunk: ReplyChunk) -> AsyncGenerator[ReplyChunk, None]:
-    yield chunk

@@ -54,6 +54,11 @@ def invalid_error(detail: str) -> str:
 ReplyStream = Callable[[Request], AsyncIterator[ReplyChunk]]
 
 
+async def only(chunk: ReplyChunk) -> AsyncGenerator[ReplyChunk, None]:
+    """A reply of the one ``chunk`` (a refusal)."""
+    yield chunk
+
+
 @asynccontextmanager
 async def _closing(chunks: AsyncIterator[ReplyChunk]) -> AsyncGenerator[AsyncIterator[ReplyChunk], None]:
     """``contextlib.aclosing`` for any reply stream: an async generator (what handlers are)
@@ -164,12 +169,13 @@ class Responder:
             return None
         return req
 
-    def accept(self, req: Request, reply: ReplyStream) -> bool:
+    def accept(self, req: Request, reply: ReplyStream,
+               busy: Callable[[Request, str], ReplyChunk] | None = None) -> bool:
         """Answer ``req`` to its return paths with the chunks of ``reply(req)``, run in the
         background: a request rebuilt by :meth:`on_deliver`, or one another model node handed
         over (forwarding). Over ``max_active`` requests in progress ``reply`` is not called: the
-        request is refused with a "busy" error chunk. ``False`` (counted) if it is malformed or
-        a duplicate."""
+        request is refused with a "busy" error chunk, ``busy(req, why)`` where given (the model
+        node's, signed: decision 0044). ``False`` (counted) if it is malformed or a duplicate."""
         if not 1 <= req.k <= len(req.return_paths) <= 16:
             self._drop("request-malformed")
             return False
@@ -178,9 +184,10 @@ class Responder:
             return False
         assert self._nursery is not None, "Responder.run() must be running"
         if self.active >= self.max_active:
-            self._start(req, self._refuse(req, busy_error(
-                f"model node is at capacity ({self.active} requests in progress); try another model node "
-                "serving the model, or again in a minute"), Failure.BUSY))
+            why = f"model node is at capacity ({self.active} requests in progress)"
+            refusal = busy(req, why) if busy is not None else self._error_chunk(req, 0, busy_error(
+                f"{why}; try another model node serving the model, or again in a minute"), Failure.BUSY)
+            self._start(req, only(refusal))
             return True
         self._start(req, reply(req))
         return True
@@ -193,9 +200,6 @@ class Responder:
                      failure: Failure = Failure.NODE_ERROR) -> ReplyChunk:
         return ReplyChunk(request_id=req.request_id, seq=seq, text="", token_ids=(), done=True, error=why,
                           node=self.identity.node_id, chain=b"", signature=b"", signed_at_ms=0, failure=failure)
-
-    async def _refuse(self, req: Request, why: str, failure: Failure) -> AsyncIterator[ReplyChunk]:
-        yield self._error_chunk(req, 0, why, failure)
 
     async def _answer(self, req: Request, chunks: AsyncIterator[ReplyChunk]) -> None:
         self.active += 1

@@ -12,18 +12,20 @@ from typing import Any
 import pytest
 import trio
 
-from overlay.anon import sida
+from overlay.anon import sida, signing
 from overlay.anon.client import AnonError
 from overlay.anon.seal import seal_to
 from overlay.testing import flip
 from overlay.wire.identity import Identity
 from overlay.wire.messages import (
+    ChatMessage,
     Deliver,
     ReplyChunk,
     Request,
 )
 
 from .attacks import (
+    PARAMS,
     ask,
     fingerprint,
     start_secnet,
@@ -94,8 +96,17 @@ async def test_a_model_node_at_capacity_or_failing_answers_with_an_error(autojum
         net = await start_secnet(nursery, 15)
         responder = net.model.responder
         responder.max_active = 0
+        refusals: list[ReplyChunk] = []
         with pytest.raises(AnonError, match="at capacity"):
-            await ask(net.client.client, "too busy", chunk_timeout=5)
+            async for _ in net.client.client.request("echo", [ChatMessage("user", "too busy")], PARAMS,
+                                                     chunk_timeout=5, refusals=refusals):
+                pass
+        (refusal,) = refusals  # signed as the model node's own "busy" (decision 0044)
+        req = Request(request_id=refusal.request_id, model="echo", messages=(ChatMessage("user", "too busy"),),
+                      params=PARAMS, k=3, return_paths=(), continuation="")
+        signing.verify_busy(net.model.identity.ed25519_public, refusal.signature,
+                            signing.request_digest(req, net.model.identity.node_id), "echo",
+                            net.model.identity.node_id, refusal.signed_at_ms)
         responder.max_active = 64
 
         async def broken(req: Request, *origin: Any) -> AsyncGenerator[ReplyChunk, None]:
