@@ -47,7 +47,17 @@ from overlay.usernode import UserNode
 from overlay.wire import codec, crypto
 from overlay.wire.clock import Clock, TrioClock
 from overlay.wire.identity import Identity, node_id_of
-from overlay.wire.messages import CellBack, CellFwd, Create, Deliver, Destroy, PathReady, Request, ReturnClove
+from overlay.wire.messages import (
+    CellBack,
+    CellFwd,
+    Create,
+    Deliver,
+    Destroy,
+    PathReady,
+    ReplyChunk,
+    Request,
+    ReturnClove,
+)
 
 SETTLE = 1.0  # seconds (of the test's clock) that let every queued frame be delivered and handled
 RAW_RECEIVE_S = 15.0  # seconds (of the test's clock) a RawPeer waits for a message: a test fails, never hangs
@@ -266,9 +276,9 @@ def record_requests(node: _Responding) -> list[Request]:
     responder = node.responder
     accept = responder.accept
 
-    def spy(req: Request, reply: ReplyStream) -> bool:
+    def spy(req: Request, reply: ReplyStream, busy: Callable[[Request, str], ReplyChunk] | None = None) -> bool:
         seen.append(req)
-        return accept(req, reply)
+        return accept(req, reply, busy)
 
     responder.accept = spy  # type: ignore[method-assign]
     return seen

@@ -97,8 +97,10 @@ async def test_a_model_node_at_capacity_or_failing_answers_with_an_error(autojum
         responder = net.model.responder
         responder.max_active = 0
         refusals: list[ReplyChunk] = []
+        client = net.client.client
+        assert client is not None
         with pytest.raises(AnonError, match="at capacity"):
-            async for _ in net.client.client.request("echo", [ChatMessage("user", "too busy")], PARAMS,
+            async for _ in client.request("echo", [ChatMessage("user", "too busy")], PARAMS,
                                                      chunk_timeout=5, refusals=refusals):
                 pass
         (refusal,) = refusals  # signed as the model node's own "busy" (decision 0044)
