@@ -67,11 +67,12 @@ donor withholds); otherwise it is a version-1 commitment, which the verifiers st
    usual failover stays on, with fresh request ids after the first try, so the user gets an
    answer as for any request, but the committed try waits out a silence up to the chunk timeout
    (``wait_first``) instead of failing over after a few seconds: only that node's reply can be
-   revealed, and a loaded honest node stalls for seconds mid-reply. The transcript is revealed only if the whole reply came from the
-   committed try (every chunk under the committed request id, from one node, the last ``done``).
-   When the node refused the committed try as busy before any output, it signed that refusal
-   (decision 0044), and the client reveals the signed refusal: the verifiers take it as no sample,
-   which voids nothing. Otherwise the client reveals "no reply" for the commitment, as the rules require (that voids
+   revealed, and a loaded honest node stalls for seconds mid-reply. The transcript is revealed
+   only if the whole reply came from the committed try (every chunk under the committed request
+   id, from one node, the last ``done``). When the node refused the committed try as busy before
+   any output, it signed that refusal (decision 0044), and the client reveals the signed refusal:
+   the verifiers take it as no sample, which voids nothing. Otherwise the client reveals "no
+   reply" for the commitment, as the rules require (that voids
    the donor's set of that epoch at each verifier, one of the few void sets a donor may leave
    before it is burnt there: :data:`verifier.audit.transcripts.VOID_ALLOWANCE` plus
    :data:`~verifier.audit.transcripts.VOID_SHARE` of its sets). A caller that

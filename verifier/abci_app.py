@@ -481,5 +481,6 @@ def take_reveal(book: TranscriptBook, sealed: bytes, seed32: bytes, verifier_pk:
     if why is not None:
         return book_code(why), why
     if b.busy:
-        return Code.OK, "taken: the node's signed busy refusal; this commitment is no sample, and the rest of its set counts"
+        return Code.OK, ("taken: the node's signed busy refusal; this commitment is no sample, and the rest of its "
+                         "set counts")
     return Code.OK, "taken: the transcript counts once every commitment of its epoch is revealed"

@@ -373,19 +373,17 @@ class AnonClient:
         read = set() if sent_to is None else sent_to  # the model nodes the prompt was sent to (or forwarded)
         produced: list[str] = []
         passed_on = False  # the token went on from a node that refused as busy, and may have spent it
-
-        first = True  # the first try (a donor's committed one, with ``wait_first``)
+        tries = 0
 
         def elsewhere(serving: bytes) -> bool:
             """Whether a node not tried yet could take the request over from ``serving`` (never
             without ``failover``: a verifier's challenge is to one node; nor on the first try with
             ``wait_first``)."""
-            return failover and not (wait_first and first) and any(
-                e.node_id not in tried and e.node_id not in (target.node_id, serving) for e in self.usable(model))
+            return failover and not (wait_first and tries == 1) and \
+                self._any_usable_but(model, tried | {target.node_id, serving})
 
-        tries = 0
         while True:
-            first, tries = tries == 0, tries + 1
+            tries += 1
             read.add(target.node_id)
             try:
                 attempt = self._attempt(target, model, tuple(messages), params or SamplingParams(),
@@ -432,6 +430,14 @@ class AnonClient:
                     raise
                 token, passed_on = await self._next_token(model, token), False
                 log.info("%s: the busy model node before it had spent the token; asking again with a fresh one", exc)
+
+    def _any_usable_but(self, model: str, excluded: set[bytes]) -> bool:
+        """Whether a node :meth:`usable` for ``model`` is not among ``excluded`` (False when none
+        is usable any more: a list update may have taken them all away)."""
+        try:
+            return any(e.node_id not in excluded for e in self.usable(model))
+        except AnonError:
+            return False
 
     async def _next_token(self, model: str, token: bytes) -> bytes:
         """The token for a try after a failed one: the failed node may have spent it, so a fresh
@@ -590,10 +596,13 @@ class AnonClient:
             limit = chunk_timeout
             if first_at is not None:
                 gap = (last_at - first_at) / (next_seq - 1) if next_seq > 1 else FIRST_GAP
-                if elsewhere is None or elsewhere(node):
-                    limit = min(chunk_timeout, max(SILENCE_FLOOR, SILENCE_GAPS * gap))
+                limit = min(chunk_timeout, max(SILENCE_FLOOR, SILENCE_GAPS * gap))
             with trio.move_on_after(limit) as scope:
                 item = await chunks.receive()
+            if scope.cancelled_caught and limit < chunk_timeout and elsewhere is not None and not elsewhere(node):
+                with trio.move_on_after(chunk_timeout - limit) as scope:  # no node could take over: wait it out
+                    item = await chunks.receive()
+                limit = chunk_timeout
             if scope.cancelled_caught:
                 dead = sum(1 for p in paths if p.dead)
                 raise _NodeSilent(

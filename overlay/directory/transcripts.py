@@ -26,7 +26,7 @@ Wire format (msgpack with bin types for bytes; canonical: :func:`decode_commit` 
                  request_id(16), served_by(20), busy_signature(64), signed_at_ms(int)]
                                                                         "the node refused it as busy" (decision
                                                                         0044): kind 1's fields but the chunks, the
-                                                                        node's signed "busy" (signing.busy_signing_bytes);
+                                                                        node's signed "busy" (busy_signing_bytes);
                                                                         an escrowed commitment's too (by its nonce)
 
 Decision 0037 (an escrowed commitment: the nonce is ``escrow.nonce_of(s)`` of a secret ``s`` the
@@ -248,7 +248,8 @@ MAX_RELEASED_ITEM_BYTES = (_FIXARRAY + _bin(COMMITMENT_LEN) + _bin(_points_bytes
 MAX_RELEASED_BYTES = _FIXARRAY + _SMALL + _INT + _ARRAY16 + MAX_RELEASED * MAX_RELEASED_ITEM_BYTES  # 19,066,894
 
 __all__ = [
-    "ACCEPT_CONTEXT", "BODY_BUSY", "BODY_ESCROWED", "CERTIFY_PATH", "COMMITMENT_LEN", "COMMIT_PATH", "DEFAULT_REPLY_WINDOW_S",
+    "ACCEPT_CONTEXT", "BODY_BUSY", "BODY_ESCROWED", "CERTIFY_PATH", "COMMITMENT_LEN", "COMMIT_PATH",
+    "DEFAULT_REPLY_WINDOW_S",
     "ESCROW_COMMIT_CONTEXT", "ESCROW_COMMIT_PATH", "ESCROW_VERSION", "LOCATOR_LEN", "MAX_ACCEPTANCE_BYTES",
     "MAX_CERTIFICATE_BYTES", "MAX_COMMIT_BYTES", "MAX_ESCROW_COMMIT_BYTES", "MAX_RELEASED", "MAX_RELEASED_BYTES",
     "MAX_RELEASED_UNITS", "MAX_REPLY_WINDOW_S", "MAX_REVEAL_BYTES", "MIN_REPLY_WINDOW_S", "NODE_REVEAL_CONTEXT",

@@ -36,8 +36,9 @@ The rules, and the framer each one stops:
    at most :data:`VOID_ALLOWANCE` sets plus :data:`VOID_SHARE` of all its closed sets void
    (withheld, "no reply", or a reveal that fails a check); past that it is *burnt*: its
    commitments are refused from then on. Honest donors' void sets come from failed nodes (a busy
-   one's signed refusal is no sample, rule 13); a framer can spend the same budget on voiding good replies, which moves the share of
-   bad replies among its counted ones from ``q`` to at most about ``q / (1 − VOID_SHARE)``
+   one's signed refusal is no sample, rule 13); a framer can spend the same budget on voiding
+   good replies, which moves the share of bad replies among its counted ones from ``q`` to at
+   most about ``q / (1 − VOID_SHARE)``
    (``test_a_cherry_picking_framer_gains_little_and_is_burnt_past_its_budget``). That is a
    bound, not a wall: closing it needs the node's side of the reveal (decision 0015, "Not done").
 
