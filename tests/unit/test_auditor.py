@@ -1343,3 +1343,43 @@ async def test_the_audit_loop_takes_the_used_private_prompts_before_the_model(
     assert corpus.left() == 2
     assert caplog.text.count("3 private challenge prompts from private.jsonl, 2 unused") == 1
     assert caplog.text.index("2 unused") < caplog.text.index("no-such-model")
+
+
+# --------------------------------------------------------------------------- the short-epoch warning
+
+
+SHORT = "close before model nodes can hand in"
+
+
+def test_the_block_pace_is_measured_over_enough_blocks_and_starts_again_on_a_lower_height() -> None:
+    from verifier.audit.loop import PACE_MIN_BLOCKS, BlockPace
+
+    pace, t = BlockPace(), 0.0
+    for h in range(100, 100 + PACE_MIN_BLOCKS):
+        for _ in range(3):  # polls faster than blocks
+            pace.saw(h, t)
+            t += 0.1
+        assert pace.block_s is None
+    pace.saw(100 + PACE_MIN_BLOCKS, t)
+    assert pace.block_s == pytest.approx(0.3)
+    pace.saw(50, t + 1)  # another node, behind: what was measured does not mix with it
+    assert pace.block_s is None
+
+
+async def test_the_driver_passes_the_pace_it_measured_to_the_planner(caplog: pytest.LogCaptureFixture) -> None:
+    from overlay.wire.clock import FakeClock
+    from verifier.audit.loop import PACE_MIN_BLOCKS
+    from verifier.audit.transcripts import TranscriptBook
+
+    w = 22  # the hand-in needs 48.4 s: the 50 blocks before the report fit at 1 s a block, not at 0.25
+    chain, clock = FakeChain(view(reply_window_s=w), START), FakeClock()
+    a = auditor(0, transcripts=TranscriptBook())
+    driver = AuditDriver(a, "127.0.0.1:1", client=FakeClient({}), engine=FakeEngine(), rpc=chain.rpc,  # type: ignore[arg-type]
+                         clock=clock)
+    with caplog.at_level(logging.WARNING, logger="gentorrent.audit"):
+        for h in range(START, START + PACE_MIN_BLOCKS + 1):
+            chain.height = h
+            async with trio.open_nursery() as nursery:
+                await driver.step(nursery)
+            assert (SHORT in caplog.text) is (h == START + PACE_MIN_BLOCKS)
+            clock.advance(0.25)

@@ -823,8 +823,8 @@ def test_a_verifier_whose_epochs_close_before_the_release_says_so(caplog: pytest
 
     a = auditor(0, transcripts=StubBook({}))
     with caplog.at_level("WARNING", logger="gentorrent.audit"):
-        a.plan(reported(a), REPORT_FROM + 1)  # the tests' 60-block epochs
-        a.plan(reported(a), REPORT_FROM + 2)
+        a.plan(reported(a), REPORT_FROM + 1, 1.0)  # the tests' 60-block epochs, at 1 s a block
+        a.plan(reported(a), REPORT_FROM + 2, 1.0)
     said = [r.getMessage() for r in caplog.records if "epochs of 60 blocks close before" in r.getMessage()]
     assert len(said) == 1 and "about 800 or more" in said[0]
     caplog.clear()
@@ -833,7 +833,7 @@ def test_a_verifier_whose_epochs_close_before_the_release_says_so(caplog: pytest
                 commit_until=start + 2, report_from=start + 780, end_height=start + 799)
     b = auditor(0, transcripts=StubBook({}))
     with caplog.at_level("WARNING", logger="gentorrent.audit"):
-        b.plan(long, start + 781)
+        b.plan(long, start + 781, 1.0)
     assert not [r for r in caplog.records if "close before" in r.getMessage()]
     assert 780 >= RELEASE_DELAY_MS // 1000 + 120
 
@@ -843,18 +843,21 @@ def test_a_short_reply_window_lets_short_epochs_close_after_the_nodes_hand_in(ca
     devnet's) with a 22-s window close after the nodes' reveals (48.4 s of the 100 blocks before
     the report, 50 s at half-second blocks) and no warning is given; at the default window they
     warn. The devnet's :func:`~gentorrent.tools.localnet.fitting_reply_window` stops at 22 s (23 s
-    would take 50.6 s)."""
+    would take 50.6 s). The warning goes by the pace the driver measured: at quarter-second blocks
+    the 22-s window does not fit (it did not warn there while it counted blocks as seconds), and
+    before a pace is measured it says nothing."""
     from gentorrent.tools.localnet import fitting_reply_window
 
     assert fitting_reply_window(120, 0.5) == 22 and fitting_reply_window(900, 1.0) == 600
     start = 1000
-    for window, warned in ((22, False), (600, True)):
+    for window, block_s, warned in ((22, 0.5, False), (600, 0.5, True), (22, 0.25, True), (600, None, False)):
         a = auditor(0, transcripts=StubBook({}))
         short = view(committed=(a.public_key,), reported=(a.public_key,), epoch=2, epoch_blocks=120,
                      start_height=start, commit_until=start + 2, report_from=start + 100, end_height=start + 119,
                      reply_window_s=window)
         caplog.clear()
         with caplog.at_level("WARNING", logger="gentorrent.audit"):
-            a.plan(short, start + 101)
+            a.plan(short, start + 101, block_s)
         said = [r.getMessage() for r in caplog.records if "close before" in r.getMessage()]
         assert bool(said) is warned, said
+        assert not said or f"{block_s:.2f} s a block" in said[0]

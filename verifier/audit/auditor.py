@@ -358,6 +358,13 @@ def last_send(commit_until: int, report_from: int) -> int:
     return max(commit_until + 1, report_from - 1)
 
 
+def blocks_to_close(reply_window_s: int, block_s: float) -> int:
+    """Blocks from an epoch's start to its report window that model nodes need, at ``block_s``
+    seconds a block, to hand in what the previous epoch's donors withheld before the report
+    closes it (:func:`overlay.directory.transcripts.close_after_s`)."""
+    return math.ceil(tw.close_after_s(reply_window_s) / block_s)
+
+
 def grace_height(report_from: int, end_height: int, held: bool = False) -> int:
     """Until this height a report waits for challenges still out: :data:`REPORT_MARGIN_BLOCKS`
     before the epoch's end (a devnet on 2 cores had 256-token replies arriving 10 blocks into the
@@ -541,6 +548,18 @@ class Auditor:
             self._warned.add(key)
             log.log(level, msg, *args)
 
+    def _warn_short_epochs(self, view: AuditView, block_s: float) -> None:
+        """Warn (once) when, at ``block_s`` seconds a block, an epoch reaches its report window
+        before model nodes can hand in what framing donors withheld (:func:`blocks_to_close`)."""
+        needed = blocks_to_close(view.reply_window_s, block_s)
+        if view.report_from - view.start_height < needed:
+            self._warn_once(("short epochs",), logging.WARNING,
+                            "audit: epochs of %d blocks close before model nodes can hand in what framing donors "
+                            "withheld (the release is %d s into the next epoch, the close at its report): at "
+                            "the chain's %.2f s a block, epoch_blocks of about %d or more are needed, or a shorter "
+                            "reply_window_s in the genesis (docs/committee.md, 'Timing')", view.epoch_blocks,
+                            tw.release_delay_s(view.reply_window_s), block_s, needed + MAX_REPORT_BLOCKS)
+
     # ------------------------------------------------------------------ what the chain revealed
 
     def revealed_wanted(self, epoch: int) -> list[int]:
@@ -611,21 +630,16 @@ class Auditor:
 
     # ------------------------------------------------------------------ planning
 
-    def plan(self, view: AuditView, height: int) -> list[Action]:
-        """What to do at ``height`` given the committed ``view``."""
+    def plan(self, view: AuditView, height: int, block_s: float | None = None) -> list[Action]:
+        """What to do at ``height`` given the committed ``view``; ``block_s``: the chain's seconds a
+        block as the driver measured them (None: not yet), for the short-epoch warning."""
         self._warned = {k for k in self._warned if len(k) < 2 or k[1] >= view.epoch}  # past epochs' go
         if self.public_key not in {pk for pk, _ in view.validators}:
             self._warn_once(("member", view.epoch), logging.WARNING,
                             "audit: this verifier is not a validator in epoch %d: not auditing", view.epoch)
             return []
-        needed = math.ceil(tw.close_after_s(view.reply_window_s))  # blocks of about a second each
-        if self.transcripts is not None and view.report_from - view.start_height < needed:
-            self._warn_once(("short epochs",), logging.WARNING,
-                            "audit: epochs of %d blocks close before model nodes can hand in what framing donors "
-                            "withheld (the release is %d s into the next epoch, the close at its report): at 1-s "
-                            "blocks, epoch_blocks of about %d or more are needed, or a shorter reply_window_s "
-                            "in the genesis (docs/committee.md, 'Timing')", view.epoch_blocks,
-                            tw.release_delay_s(view.reply_window_s), needed + MAX_REPORT_BLOCKS)
+        if self.transcripts is not None and block_s is not None:
+            self._warn_short_epochs(view, block_s)
         p = self.current
         if p is not None and p.epoch < view.epoch:
             self.current = p = None

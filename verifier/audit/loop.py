@@ -71,6 +71,8 @@ PATHS_TIMEOUT_S = 30.0  # to build a challenge's own paths
 RESTART_S = 10.0  # run_audits waits this long after a failure before starting again
 SUBMITTED_KEPT = 64  # the latest submissions a driver keeps for tests and stats (it runs for months)
 POOL_SAVE_S = 30.0  # the donation pool is written at most this often (a used prompt lost in a crash is void anyway)
+PACE_SAMPLES = 256  # polls the block pace is measured over (BlockPace): a few minutes
+PACE_MIN_BLOCKS = 20  # blocks they must span before the pace counts
 
 
 # --------------------------------------------------------------------------- challenges and scoring (I/O)
@@ -157,6 +159,28 @@ async def score_tokens(engine: Engine, opening: Opening, token_ids: Sequence[int
     return to_fixed(score), to_fixed(r.raw_inv_ppl), r.z
 
 
+class BlockPace:
+    """The chain's seconds a block as the driver sees them: heights it polled against its own
+    clock, over the last :data:`PACE_SAMPLES` polls; None until they span
+    :data:`PACE_MIN_BLOCKS` blocks. The chain's block times are its proposers' to set; this is
+    what passed here, which is what the epoch's timing is about."""
+
+    def __init__(self) -> None:
+        self.samples: deque[tuple[int, float]] = deque(maxlen=PACE_SAMPLES)
+
+    def saw(self, height: int, now: float) -> None:
+        if self.samples and height < self.samples[-1][0]:  # a node behind another: start again
+            self.samples.clear()
+        self.samples.append((height, now))
+
+    @property
+    def block_s(self) -> float | None:
+        if not self.samples:
+            return None
+        (h0, t0), (h1, t1) = self.samples[0], self.samples[-1]
+        return (t1 - t0) / (h1 - h0) if h1 - h0 >= PACE_MIN_BLOCKS else None
+
+
 # --------------------------------------------------------------------------- the driver
 
 
@@ -189,6 +213,7 @@ class AuditDriver:
         self.clock: Clock = clock or TrioClock()
         self.save_transcripts = save_transcripts
         self.height = 0
+        self.pace = BlockPace()
         self._pool_saved = -POOL_SAVE_S
         self._held: dict[tuple[int, int], list[OverlayPath]] = {}  # (epoch, persona) -> the persona's paths
         self.submitted: deque[tuple[str, int, str]] = deque(maxlen=SUBMITTED_KEPT)  # (what, code, log), the latest
@@ -262,9 +287,10 @@ class AuditDriver:
         raw, height = await self.query("/audit")
         view = parse_view(raw)
         self.height = max(self.height, height)
+        self.pace.saw(height, self.clock.monotonic())
         for epoch in self.auditor.revealed_wanted(view.epoch):  # each past epoch once (64 after a start)
             self.auditor.take_revealed(epoch, parse_revealed((await self.query(f"{REVEALED_PATH}{epoch}"))[0], epoch))
-        actions = self.auditor.plan(view, height)
+        actions = self.auditor.plan(view, height, self.pace.block_s)
         if not self.persist():  # the plan's private prompts could be sent again after a restart
             for a in [a for a in actions if isinstance(a, Submit) and a.key[0] == "commit"]:
                 actions.remove(a)
