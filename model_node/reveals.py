@@ -45,7 +45,10 @@ gave at a poll, with the last epoch it was current then (at most :data:`MAX_PLAN
 verifier's shares are kept under each plan that gives it units, and grouped by plan, so a secret is
 rebuilt only from shares of one plan's units (a colluder's units under two plans together could
 reach the threshold). A node that was not running while a set was current cannot rebuild what was
-dealt under it.
+dealt under it. The sets remembered are written to ``plans_file`` (``DATA_DIR/reveal-plans.msgpack``
+beside the served store) whenever they change, and read back at start, so a node restarted across
+a change still rebuilds what was dealt under the set before it; a file that does not decode is
+logged and left for the next write to replace (the node then knows the current set only).
 
 An epoch is done once every verifier answered all its pages and took (or refused) every
 transcript found; it is then forgotten. Each epoch's state: what each verifier's pages gave so far
@@ -63,6 +66,7 @@ import secrets
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import msgpack
 import trio
@@ -75,7 +79,7 @@ from overlay.directory.registration import Code
 from overlay.directory.rpc import QueryRefused, Rpc, RpcError, abci_value
 from overlay.wire import crypto
 from overlay.wire.clock import Clock, TrioClock
-from overlay.wire.identity import Identity
+from overlay.wire.identity import Identity, write_private
 
 log = logging.getLogger("gentorrent.model.reveals")
 
@@ -88,10 +92,49 @@ AUDIT_PATH = "/audit"
 MAX_AUDIT_BYTES = 1 << 20
 MAX_PLANS = 4  # validator sets remembered (module docstring): a change of set takes two
 
-__all__ = ["EPOCHS", "MAX_PAGES", "MAX_PLANS", "POLL_S", "Reveals"]
+PLANS_FILE = "reveal-plans.msgpack"  # the sets remembered, under the node's data directory
+PLANS_VERSION = 1
+MAX_PLANS_BYTES = 1 << 20
+
+__all__ = ["EPOCHS", "MAX_PAGES", "MAX_PLANS", "PLANS_FILE", "POLL_S", "Reveals", "decode_plans", "encode_plans"]
 
 _Key = tuple[bytes, tuple[bytes, ...], int]  # a commitment, the points a verifier released it with, the plan's id
 _Powers = tuple[tuple[bytes, int], ...]  # a validator set: (Ed25519 key, power), by key
+def encode_plans(plans: Sequence[tuple[_Powers, int]]) -> bytes:
+    """The sets remembered, each with the last epoch it was current: what :data:`PLANS_FILE` holds."""
+    return bytes(msgpack.packb([PLANS_VERSION, [[[list(v) for v in powers], last] for powers, last in plans]],
+                               use_bin_type=True))
+
+
+def decode_plans(raw: bytes) -> list[tuple[_Powers, int]]:
+    """:func:`encode_plans`' bytes back, strictly: at most :data:`MAX_PLANS` sets, each of 1 to
+    :data:`~overlay.directory.escrow.MAX_HOLDERS` distinct 32-byte keys with powers in 1..
+    :data:`~overlay.directory.escrow.MAX_POWER`, by key; :class:`ValueError` otherwise."""
+    if len(raw) > MAX_PLANS_BYTES:
+        raise ValueError(f"{len(raw)} bytes, more than {MAX_PLANS_BYTES}")
+    doc = msgpack.unpackb(raw, raw=False, strict_map_key=True, use_list=True)
+    if not (isinstance(doc, list) and len(doc) == 2 and doc[0] == PLANS_VERSION and isinstance(doc[1], list)
+            and len(doc[1]) <= MAX_PLANS):
+        raise ValueError(f"not version {PLANS_VERSION} with at most {MAX_PLANS} sets")
+    out: list[tuple[_Powers, int]] = []
+    for item in doc[1]:
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], list)
+                and 1 <= len(item[0]) <= escrow.MAX_HOLDERS and type(item[1]) is int and item[1] >= 0):
+            raise ValueError("a set is not [validators, last epoch]")
+        powers = tuple(_validator(v) for v in item[0])
+        if [k for k, _ in powers] != sorted({k for k, _ in powers}):
+            raise ValueError("a set's keys are not distinct, by key")
+        out.append((powers, item[1]))
+    return out
+
+
+def _validator(v: object) -> tuple[bytes, int]:
+    if not (isinstance(v, list) and len(v) == 2 and type(v[0]) is bytes and len(v[0]) == 32 and type(v[1]) is int
+            and 1 <= v[1] <= escrow.MAX_POWER):
+        raise ValueError("a validator is not [32-byte key, power in range]")
+    return v[0], v[1]
+
+
 _Units = tuple[frozenset[int], int]  # a verifier's units under a plan, and the plan's threshold
 
 
@@ -122,7 +165,8 @@ class Reveals:
 
     def __init__(self, addresses: Sequence[str], validators: Callable[[], Mapping[bytes, int]], identity: Identity,
                  store: ServedStore, *, rpc: Rpc | None = None, clock: Clock | None = None,
-                 poll: float | None = None, max_rebuilds: int = MAX_REBUILDS) -> None:
+                 poll: float | None = None, max_rebuilds: int = MAX_REBUILDS,
+                 plans_file: Path | None = None) -> None:
         if not addresses:
             raise ValueError("the reveals need the committee's RPC addresses")
         self.addresses = tuple(addresses)
@@ -138,6 +182,8 @@ class Reveals:
         self.keys: dict[str, bytes] = {}  # verifier address -> its validator key (checked)
         self.plans: dict[_Powers, tuple[int, int]] = {}  # a set seen at a poll -> (its id, the last epoch it was current)
         self._next_plan = 0
+        self.plans_file = plans_file
+        self._load_plans()
         # handed, duplicate, refused, unmatched, unrebuilt, errors, foreign shares, share checks, lying verifiers
         self.counts: Counter[str] = Counter()
         self._last_error = ""
@@ -188,9 +234,42 @@ class Reveals:
         known = self.plans.get(powers)
         if known is None:
             known, self._next_plan = (self._next_plan, now), self._next_plan + 1
-        self.plans[powers] = (known[0], now)
-        kept = sorted(self.plans.items(), key=lambda kv: (-kv[1][1], -kv[1][0]))[:MAX_PLANS]  # latest first
-        self.plans = {p: v for p, v in kept if v[1] >= now - EPOCHS}
+        seen = {**self.plans, powers: (known[0], now)}
+        kept = sorted(seen.items(), key=lambda kv: (-kv[1][1], -kv[1][0]))[:MAX_PLANS]  # latest first
+        plans = {p: v for p, v in kept if v[1] >= now - EPOCHS}
+        if plans != self.plans:
+            self.plans = plans
+            self._save_plans()
+
+    def _load_plans(self) -> None:
+        """The sets a run before this one remembered (:data:`PLANS_FILE`), if any."""
+        if self.plans_file is None:
+            return
+        try:
+            raw = self.plans_file.read_bytes()
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            log.warning("reveals: cannot read %s (%s): the validator sets before this start are not known", self.plans_file, exc)
+            return
+        try:
+            plans = decode_plans(raw)
+        except (ValueError, msgpack.UnpackException) as exc:
+            log.warning("reveals: %s does not decode (%s): the validator sets before this start are not known; it "
+                        "is replaced at the next change", self.plans_file, exc)
+            return
+        self.plans = {powers: (pid, last) for pid, (powers, last) in enumerate(plans)}
+        self._next_plan = len(plans)
+
+    def _save_plans(self) -> None:
+        if self.plans_file is None:
+            return
+        try:
+            write_private(self.plans_file, encode_plans([(p, last) for p, (_, last) in self.plans.items()]))
+        except OSError as exc:
+            self.counts["errors"] += 1
+            log.warning("reveals: cannot write %s (%s): a restart would forget the validator sets before it",
+                        self.plans_file, exc)
 
     def _plans_of(self, epoch: int) -> list[tuple[int, dict[bytes, int]]]:
         """``(id, powers)`` of each remembered set current in or after ``epoch``."""

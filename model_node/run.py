@@ -16,7 +16,7 @@ from gentorrent.cli import CliError, resolve_config, run_async
 from model_node.engine import Engine, EngineError
 from model_node.forwarding import ForwardingPolicy
 from model_node.quota import TIMEOUT_S, Redeemer
-from model_node.reveals import Reveals
+from model_node.reveals import PLANS_FILE, Reveals
 from model_node.served import MAX_BYTES, MAX_DISK_BYTES, ServedStore
 from overlay.directory.membership import CommitteeSettings, cancel_on_sigterm, directory, node_entry, serve_member
 from overlay.directory.registry import RegistryError
@@ -85,7 +85,8 @@ def withheld(committee: CommitteeSettings | None, identity: Identity, args: argp
     and its reveals of the withheld ones (decision 0037: :mod:`model_node.served`,
     :mod:`model_node.served_log`, :mod:`model_node.reveals`): with a committee, unless
     ``--no-reveal-withheld``; neither without. The reveals read the validators' powers from
-    genesis until the node's membership starts, which then gives the signed lists' latest."""
+    genesis until the node's membership starts, which then gives the signed lists' latest; the
+    sets they remember are kept in ``data_dir``/:data:`~model_node.reveals.PLANS_FILE`."""
     if committee is None or getattr(args, "no_reveal_withheld", False):
         return None, None
     from model_node.served_log import ServedLog
@@ -101,7 +102,7 @@ def withheld(committee: CommitteeSettings | None, identity: Identity, args: argp
     if len(store):
         log.info("served store: %d replies served before this start are kept, to hand in if withheld", len(store))
     validators = {v.public_key: v.power for v in committee.validators}
-    return store, Reveals(committee.addresses, lambda: validators, identity, store)
+    return store, Reveals(committee.addresses, lambda: validators, identity, store, plans_file=data_dir / PLANS_FILE)
 
 
 def run_model_node(args: argparse.Namespace, *, policy: ForwardingPolicy | None = None,

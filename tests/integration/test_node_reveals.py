@@ -9,13 +9,14 @@ nothing and asks again; a verifier that is down does not stop it."""
 from __future__ import annotations
 
 import base64
+from pathlib import Path
 from typing import Any
 
 import msgpack
 import pytest
 import trio
 
-from model_node.reveals import EPOCHS, MAX_PLANS, Reveals
+from model_node.reveals import EPOCHS, MAX_PLANS, PLANS_FILE, Reveals, decode_plans, encode_plans
 from model_node.served import ServedStore
 from overlay.anon import signing
 from overlay.directory import escrow
@@ -211,6 +212,47 @@ async def test_a_change_of_the_validator_set_before_the_release_does_not_keep_th
     for i in range(4):
         assert counted(w, i, epoch) == ["bad", "good"]
     assert len(reveals.plans) == 2
+
+
+@pytest.mark.parametrize("kept", [True, False])
+async def test_a_node_restarted_across_a_change_still_reads_under_the_set_before_it(tmp_path: Path, kept: bool) -> None:
+    """As above, but the node restarts after the change: the new process's membership gives the new
+    set only. The set of the framer's epoch, written at the poll before, is read back, and the
+    withheld reply counts. Without the file (the control) it does not: too few shares are the
+    verifiers' own under the new plan."""
+    w = Committee()
+    epoch, store, before, rpc = framed(w)
+    plans_file = tmp_path / PLANS_FILE
+    before = Reveals(ADDRESSES, lambda: VALIDATORS, w.node, store, rpc=rpc, clock=w.clock, plans_file=plans_file)
+    await before.step()  # a poll in the framer's epoch: the set as it is, written
+    third = sorted(VALIDATORS)[2]
+    change_power(w, third, 1)
+    powers = {**VALIDATORS, third: 1}
+    if not kept:
+        plans_file.unlink()
+    after = Reveals(ADDRESSES, lambda: powers, w.node, store, rpc=rpc, clock=w.clock, plans_file=plans_file)
+    await through_the_release(w, after)
+    assert (after.counts["handed"] == 4) is kept
+    for i in range(4):
+        assert counted(w, i, epoch) == (["bad", "good"] if kept else [])  # the set void without it
+    assert sorted(p for p, _ in decode_plans(plans_file.read_bytes())) == sorted(
+        [tuple(sorted(VALIDATORS.items())), tuple(sorted(powers.items()))][0 if kept else 1:])
+
+
+@pytest.mark.parametrize("raw", [b"", b"\xc1", encode_plans([((( b"\x01" * 31, 10),), 3)]),
+                                 encode_plans([(((b"\x02" * 32, 10), (b"\x01" * 32, 10)), 3)]),
+                                 encode_plans([(((b"\x01" * 32, 0),), 3)]),
+                                 encode_plans([(((b"\x01" * 32, 10),), 3)] * (MAX_PLANS + 1))])
+async def test_a_plans_file_that_does_not_decode_is_replaced_and_the_node_goes_on(tmp_path: Path, raw: bytes,
+                                                                                caplog: pytest.LogCaptureFixture) -> None:
+    w = Committee()
+    _, store, _, rpc = framed(w)
+    plans_file = tmp_path / PLANS_FILE
+    plans_file.write_bytes(raw)
+    reveals = Reveals(ADDRESSES, lambda: VALIDATORS, w.node, store, rpc=rpc, clock=w.clock, plans_file=plans_file)
+    assert reveals.plans == {} and "does not decode" in caplog.text
+    await reveals.step()
+    assert decode_plans(plans_file.read_bytes()) == [(tuple(sorted(VALIDATORS.items())), w.epoch)]
 
 
 async def test_a_set_the_node_no_longer_reads_under_is_forgotten() -> None:

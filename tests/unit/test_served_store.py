@@ -195,6 +195,7 @@ def test_a_model_node_with_a_committee_keeps_and_reveals_unless_told_not_to(tmp_
     assert store is not None and reveals is not None and reveals.store is store
     assert reveals.addresses == committee.addresses and set(reveals.validators()) == {key}
     assert store.log is not None and store.log.directory == tmp_path / "served"  # kept on disk
+    assert reveals.plans_file == tmp_path / "reveal-plans.msgpack"  # and the sets read under
     assert (store.max_disk_bytes, store.max_bytes) == (4 << 30, 512 << 20)  # the index: at least 512 MiB
     assert withheld(committee, me, off, tmp_path) == (None, None)
     assert withheld(None, me, on, tmp_path) == (None, None)
