@@ -49,6 +49,7 @@ from overlay.directory.quota import QuotaError, QuotaParams, Token
 from overlay.directory.registration import Code
 from overlay.directory.rpc import Answer, Rpc, RpcError, abci_query
 from overlay.wire.clock import Clock, TrioClock
+from overlay.wire.failures import Failure
 
 log = logging.getLogger("gentorrent.model.quota")
 
@@ -69,6 +70,7 @@ class Verdict:
 
     kind: Kind
     reason: str = ""
+    spent: bool = False  # refused because an issuer says it was redeemed before
 
     @property
     def tokened(self) -> bool:
@@ -82,6 +84,12 @@ class Verdict:
         """The words of a refused token's error chunk."""
         return TOKEN_REFUSAL + self.reason
 
+    @property
+    def failure(self) -> Failure:
+        """A refused token's error chunk's code: ``SPENT`` (the client may ask again with a fresh
+        token) or ``INVALID``."""
+        return Failure.SPENT if self.spent else Failure.INVALID
+
 
 TOKENED = Verdict(Kind.TOKENED)
 
@@ -91,8 +99,8 @@ def token_rank(token: Token) -> int:
     return PRIORITY if token.priority else STANDARD
 
 
-def _refused(reason: str) -> Verdict:
-    return Verdict(Kind.REFUSED, reason)
+def _refused(reason: str, spent: bool = False) -> Verdict:
+    return Verdict(Kind.REFUSED, reason, spent)
 
 
 def _unchecked(reason: str) -> Verdict:
@@ -145,7 +153,7 @@ def judge(issuers: Sequence[bytes], answers: Mapping[bytes, Answer | str]) -> Ve
         if isinstance(got, str):
             unclear.append(f"issuer {_short(issuer)}: {got}")
         elif got.code == Code.SPENT:
-            return _refused(f"{TOKEN_SPENT} (issuer {_short(issuer)})")
+            return _refused(f"{TOKEN_SPENT} (issuer {_short(issuer)})", spent=True)
         elif got.code == Code.BAD_TOKEN:
             return _refused(f"issuer {_short(issuer)} says it is not valid ({got.log[:200]})")
         elif got.code == Code.QUOTA_OFF:

@@ -626,7 +626,7 @@ class ModelNode:
         if isinstance(got, Token):
             return got, None
         self.redeemer.count(got)
-        return None, ((Failure.INVALID, got.error()) if got.refused else None)
+        return None, ((got.failure, got.error()) if got.refused else None)
 
     def _admit(self, req: Request) -> tuple[list[int], tuple[Failure, str] | None]:
         """``(prompt token ids, None)``, or ``([], (failure, why))`` when this node cannot serve
@@ -740,7 +740,7 @@ class ModelNode:
             verdict = await self.redeemer.redeem(token)
             self.redeemer.count(verdict)
             if verdict.refused:
-                return self._chunk(req, 0, "", (), done=True, error=verdict.error(), failure=Failure.INVALID)
+                return self._chunk(req, 0, "", (), done=True, error=verdict.error(), failure=verdict.failure)
             if not verdict.tokened:
                 self._demote(work)
             else:

@@ -22,7 +22,6 @@ import trio
 
 from overlay.anon import sida
 from overlay.anon.paths import PATH_CLOSED, Path, PathError, PathManager
-from overlay.anon.responder import TOKEN_REFUSAL, TOKEN_SPENT
 from overlay.anon.seal import ReturnKey, SealError, seal_to
 from overlay.anon.signing import ReplyChecker, ReplyVerifyError, request_digest
 from overlay.net.peers import PeerEntry, usable
@@ -48,7 +47,8 @@ MAX_CHUNKS_QUEUED = 1024
 # What an error chunk's code (ReplyChunk.failure, overlay.wire.failures) makes the client do: BUSY
 # (a node past its capacity, before any output): another model node serving the model at once;
 # INVALID (bad sampling parameters, a prompt the tokenizer refuses or too long for the context:
-# any node would answer the same): reported, no failover; anything else (the engine failed, the
+# any node would answer the same) and SPENT (a usage-quota token redeemed before: asked again with a
+# fresh token, once, where a busy node before may have spent it; else reported): no failover; anything else (the engine failed, the
 # node does not serve the model after all, a forwarding fault): failover to another node.
 # Failover on silence: before the first chunk the caller's ``chunk_timeout`` applies (it covers
 # queueing and prefill); after it, a silence longer than SILENCE_GAPS times the reply's mean
@@ -426,7 +426,7 @@ class AnonClient:
                 # a node takes a request, redeems its token, and may still answer "busy" (its queue
                 # wait ran out, or a higher-rank token took the place): the next node then finds the
                 # token spent, and is asked again, once, with a fresh one
-                if not (passed_on and exc.kind is Failure.INVALID and f"{TOKEN_REFUSAL}{TOKEN_SPENT}" in str(exc)):
+                if not (passed_on and exc.kind is Failure.SPENT):
                     raise
                 token, passed_on = await self._next_token(model, token), False
                 log.info("%s: the busy model node before it had spent the token; asking again with a fresh one", exc)
@@ -623,8 +623,8 @@ class AnonClient:
                     failure = from_wire(c.failure)
                     if failure is Failure.BUSY and c.seq == 0:
                         raise _NodeBusy(f"model node {short_id(c.node)}: {c.error}", c)
-                    if failure is Failure.INVALID:
-                        raise AnonError(f"model node {short_id(c.node)}: {c.error}", Failure.INVALID)
+                    if failure in (Failure.INVALID, Failure.SPENT):
+                        raise AnonError(f"model node {short_id(c.node)}: {c.error}", failure)
                     raise _NodeFailed(f"model node {short_id(c.node)} failed: {c.error}", c.node, node)
                 now = self.clock.monotonic()
                 if first_at is None:

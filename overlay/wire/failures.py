@@ -15,8 +15,8 @@ import enum
 
 
 class Failure(enum.IntEnum):
-    """What went wrong. The first three travel on the wire from a model node; the rest arise at
-    the user's client."""
+    """What went wrong. ``NODE_ERROR``, ``BUSY``, ``INVALID`` and ``SPENT`` travel on the wire from
+    a model node (:data:`WIRE`); the rest arise at the user's client."""
 
     NONE = 0  # no failure (a chunk of an answer)
     NODE_ERROR = 1  # the node failed (its engine, a model it does not serve, a forward): fail over
@@ -31,10 +31,11 @@ class Failure(enum.IntEnum):
     NO_PATHS = 10  # too few proxy paths
     OTHER = 11  # anything else (the message says what)
     QUOTA = 12  # the user's usage quota of the model is used up for now (nothing was sent; decision 0017)
+    SPENT = 13  # the request's usage-quota token was redeemed before (decision 0017); from a node, like INVALID
 
 
 #: The codes a model node may put in an error chunk.
-WIRE = frozenset({Failure.NODE_ERROR, Failure.BUSY, Failure.INVALID})
+WIRE = frozenset({Failure.NODE_ERROR, Failure.BUSY, Failure.INVALID, Failure.SPENT})
 
 
 def from_wire(code: int) -> Failure:

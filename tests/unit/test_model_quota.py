@@ -23,6 +23,7 @@ from overlay.directory.membership import CommitteeSettings
 from overlay.directory.registration import Code
 from overlay.directory.rpc import Answer
 from overlay.wire import crypto
+from overlay.wire.failures import WIRE, Failure
 
 
 def redeemer(issuers: FakeIssuers, model: str = "echo", **kw) -> Redeemer:
@@ -52,6 +53,7 @@ async def test_a_good_token_is_redeemed_once_at_each_of_its_issuers_and_then_ref
     assert issuers.spent_by_all(token)
     again = await r.check(token)
     assert again.refused and again.error().startswith(TOKEN_REFUSAL) and "spent already" in again.reason
+    assert again.failure is Failure.SPENT and Failure.SPENT in WIRE  # the code the client acts on
     assert (r.tokened, r.refused, r.unchecked) == (1, 1, 0)
 
 
@@ -97,7 +99,7 @@ async def test_a_bad_token_is_refused_without_any_rpc(autojump_clock, case, why)
     }[case]()
     verdict = await r.check(raw)
     assert verdict.refused and why in verdict.reason, verdict
-    assert verdict.error() == TOKEN_REFUSAL + verdict.reason
+    assert verdict.error() == TOKEN_REFUSAL + verdict.reason and verdict.failure is Failure.INVALID
     assert not issuers.calls  # not one RPC, not even for key records
     assert (r.tokened, r.refused, r.unchecked) == (0, 1, 0)
 
