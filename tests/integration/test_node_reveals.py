@@ -394,6 +394,41 @@ async def test_a_colluding_verifier_cannot_make_the_node_rebuild_a_commitment_of
     assert counted(w, 0, epoch) == ["bad", "good"]
 
 
+async def test_a_colluders_units_under_two_sets_together_do_not_rebuild_a_commitment_of_its_own() -> None:
+    """Two committee changes in one epoch leave the node reading its release under two sets with
+    the same threshold, 8: powers (4, 5, 5, 10) and then (4, 5, 5, 9), by key. The second holder
+    (a fifth of the power) has 7 units under each, but 8 distinct ones under both together (x 6 to
+    12, then 7 to 13). Its made-up commitment of degree 7, with shares on all of them, is not
+    rebuilt: the node groups shares by set. It is when the node pools them (decision 0042). (The
+    fake colluder's pages do not follow one another after the made-up one, so the epoch is not
+    done here.)"""
+    w = Committee()
+    epoch = w.epoch
+    order = sorted(VALIDATORS)
+    powers = dict(VALIDATORS)
+    reveals = Reveals(ADDRESSES, lambda: powers, w.node, ServedStore(), rpc=Rpc(w), clock=w.clock)
+    for key, power in zip(order, (4, 5, 5), strict=False):
+        change_power(w, key, power)
+        powers[key] = power
+    await reveals.step()  # the first set, at a poll of the epoch
+    change_power(w, order[3], 9)
+    powers[order[3]] = 9
+    assert w.epoch == epoch and dict(w.core.committed.validator_powers()) == powers
+    first, second = escrow.plan_of({**powers, order[3]: 10}), escrow.plan_of(powers)
+    assert first.threshold == second.threshold == 8
+    assert len(escrow.holder_xs(first, 1)) == len(escrow.holder_xs(second, 1)) == 7
+    assert len(set(escrow.holder_xs(first, 1)) | set(escrow.holder_xs(second, 1))) == 8
+    colluder = ADDRESSES[[k.public_bytes for k in KEYS].index(order[1])]
+    rpc = reveals.rpc
+    assert isinstance(rpc, Rpc)
+    rpc.invented.add(colluder)
+    rpc.invented_plan = second
+    await through_the_release(w, reveals)
+    assert len(reveals.plans) == 2 and epoch in reveals.epochs
+    assert reveals.counts["foreign shares"] == 32 - 8  # its 8 units' shares taken, 7 under each set
+    assert reveals.counts["unrebuilt"] == 2 and reveals.counts["unmatched"] == 0  # too few under either: no lookup
+
+
 def withhold_junk(w: Committee, epoch: int, n: int) -> None:
     """``n`` junk certified commitments at every verifier, withheld, their values below the
     framer's withheld one (one deal for all: the points and shares are real, the requests never
