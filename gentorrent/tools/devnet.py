@@ -60,12 +60,14 @@ from overlay.net.peers import PeerEntry
 from overlay.net.transport import TLSTransport
 from overlay.wire.identity import load_or_create, short_id
 from overlay.wire.messages import PeerStatus
+from verifier.audit.tx import MAX_CHALLENGES_PER_NODE
 
 REGISTRY_KEYS = 4
 STATE_FILE = "devnet.json"
 STATE_VERSION = 1
 VERIFIERS = 4
 EPOCH_BLOCKS = 300  # --audits' default epoch length (120 overloads two CPU nodes: docs/benchmarks.md "devnet --audits")
+CHALLENGES_PER_NODE = 2  # --audits' default challenges a verifier sends each model node an epoch
 # the reply windows (decision 0040) --epoch-blocks' help names: fitting_reply_window(N, 0.5), a test checks them
 WINDOWS_SHOWN = "120 blocks give 22 s, 300 give 66 s, 600 give 191 s"
 DEFAULT_MODEL = "smollm2-135m-instruct"  # what `gentorrent model-node --engine llama.cpp` serves by default
@@ -119,9 +121,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--epoch-blocks", type=int, default=None, metavar="N",
                    help=f"with --audits: blocks per audit epoch (default {EPOCH_BLOCKS}; a block takes 0.5-1 s "
                         "here), fixed by the committee's genesis when the chain is created: a resumed devnet keeps "
-                        "its own. Each verifier sends each model node 2 challenges an epoch, so longer epochs "
-                        "spread them out, and leave donated transcripts a longer reply window: "
-                        f"{WINDOWS_SHOWN}. The chats wait for the first epoch the verifiers plan")
+                        "its own. Each verifier sends each model node --challenges-per-node challenges an "
+                        "epoch, so longer epochs spread them out, and leave donated transcripts a longer reply "
+                        f"window: {WINDOWS_SHOWN}. The chats wait for the first epoch the verifiers plan")
+    p.add_argument("--challenges-per-node", type=int, default=None, metavar="K",
+                   help=f"with --audits: challenges each verifier sends each model node an epoch (default "
+                        f"{CHALLENGES_PER_NODE}; 1 to {MAX_CHALLENGES_PER_NODE}), each a script of up to 8 turns, "
+                        "fixed by the genesis as --epoch-blocks is. Two CPU model nodes serve the challenges "
+                        "and the chats on the same cores: fewer leave more room for chats and make each epoch's "
+                        "verdict rest on fewer replies")
     p.add_argument("--fresh", action="store_true",
                    help="start a new committee chain on new ports instead of resuming the one recorded in "
                         f"DATA_DIR/devnet/{STATE_FILE} (node keys are kept)")
@@ -366,7 +374,8 @@ def save_state(path: Path, net: LocalNet, recorded: dict[str, Any] | None) -> No
     nodes this run does not start, for a later run that does)."""
     ports = {**(recorded or {}).get("ports", {}), **net.ports}
     tmp = path.with_name(path.name + ".tmp")
-    audits = {"audits": net.audits, **({"epoch_blocks": net.epoch_blocks} if net.audits else {})}
+    audits = {"audits": net.audits, **({"epoch_blocks": net.epoch_blocks,
+                                         "challenges_per_node": net.challenges_per_node} if net.audits else {})}
     tmp.write_text(json.dumps({"version": STATE_VERSION, "chain_id": net.chain_id, "verifiers": len(net.verifiers),
                                **audits, "ports": ports}, indent=1) + "\n")
     os.replace(tmp, path)
@@ -389,15 +398,10 @@ def open_net(root: Path, args: argparse.Namespace, model: str) -> tuple[LocalNet
                        "chain")
     from verifier.audit.chain import MAX_EPOCH_BLOCKS, MIN_EPOCH_BLOCKS
 
-    epoch_blocks = args.epoch_blocks or EPOCH_BLOCKS
-    if recorded is not None and args.audits:
-        kept = recorded.get("epoch_blocks", EPOCH_BLOCKS)
-        if type(kept) is not int or not MIN_EPOCH_BLOCKS <= kept <= MAX_EPOCH_BLOCKS:
-            raise CliError(f"{path} records no valid epoch length; pass --fresh to start a new chain")
-        if args.epoch_blocks is not None and args.epoch_blocks != kept:
-            raise CliError(f"the devnet in {root} was created with --epoch-blocks {kept} (its committee's genesis "
-                           f"fixes it): drop --epoch-blocks to resume it, or pass --fresh to start a new chain")
-        epoch_blocks = kept
+    epoch_blocks = _genesis_kept(root, recorded if args.audits else None, "epoch_blocks", args.epoch_blocks,
+                                 EPOCH_BLOCKS, MIN_EPOCH_BLOCKS, MAX_EPOCH_BLOCKS)
+    per_node = _genesis_kept(root, recorded if args.audits else None, "challenges_per_node",
+                             args.challenges_per_node, CHALLENGES_PER_NODE, 1, MAX_CHALLENGES_PER_NODE)
     if recorded is not None and recorded["verifiers"] != args.verifiers:
         raise CliError(f"the devnet in {root} has a committee of {recorded['verifiers']} verifiers, not "
                        f"{args.verifiers}: pass --verifiers {recorded['verifiers']} to resume it, or --fresh to start "
@@ -406,7 +410,7 @@ def open_net(root: Path, args: argparse.Namespace, model: str) -> tuple[LocalNet
     net = LocalNet(root, args.relays, users=("you",), models=args.models, model=model, engine=args.engine,
                    registry_keys=REGISTRY_KEYS, ping_interval=PING_INTERVAL, echo_delay=0.02,
                    committee=args.verifiers, ports=recorded["ports"] if recorded is not None else None,
-                   chain_id=chain_id, audits=args.audits, epoch_blocks=epoch_blocks)
+                   chain_id=chain_id, audits=args.audits, epoch_blocks=epoch_blocks, challenges_per_node=per_node)
     if recorded is None:
         return net, None
     if net.verifiers:
@@ -421,6 +425,25 @@ def open_net(root: Path, args: argparse.Namespace, model: str) -> tuple[LocalNet
                        "(stop it first), or another program on those ports? Pass --fresh to start a new chain on "
                        "new ports")
     return net, recorded
+
+
+def _genesis_kept(root: Path, recorded: dict[str, Any] | None, name: str, given: int | None, default: int,
+                  lo: int, hi: int) -> int:
+    """An audit parameter the committee's genesis fixes (``name``, its flag ``--name``): ``given``
+    or ``default`` for a new chain; the ``recorded`` one to resume (a state from before the
+    parameter was recorded: ``default``), :class:`CliError` naming ``--fresh`` when ``given``
+    differs from it or it is not an int within ``lo..hi``."""
+    value = default if given is None else given
+    if recorded is None:
+        return value
+    flag = "--" + name.replace("_", "-")
+    kept = recorded.get(name, default)
+    if type(kept) is not int or not lo <= kept <= hi:
+        raise CliError(f"{root / STATE_FILE} records no valid {name} ({kept!r}); pass --fresh to start a new chain")
+    if given is not None and given != kept:
+        raise CliError(f"the devnet in {root} was created with {flag} {kept} (its committee's genesis fixes it): "
+                       f"drop {flag} to resume it, or pass --fresh to start a new chain")
+    return int(kept)
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -440,6 +463,10 @@ def check_args(args: argparse.Namespace) -> None:
         raise CliError("--epoch-blocks sets the audit epochs: it needs --audits")
     if args.epoch_blocks is not None and not MIN_EPOCH_BLOCKS <= args.epoch_blocks <= MAX_EPOCH_BLOCKS:
         raise CliError(f"--epoch-blocks must be between {MIN_EPOCH_BLOCKS} and {MAX_EPOCH_BLOCKS}")
+    if args.challenges_per_node is not None and not args.audits:
+        raise CliError("--challenges-per-node sets the audits' challenges: it needs --audits")
+    if args.challenges_per_node is not None and not 1 <= args.challenges_per_node <= MAX_CHALLENGES_PER_NODE:
+        raise CliError(f"--challenges-per-node must be between 1 and {MAX_CHALLENGES_PER_NODE}")
     if args.audits and (args.engine != "llama.cpp" or args.verifiers == 0):
         raise CliError("--audits needs the real model (--engine llama.cpp, the default) and a committee "
                        "(--verifiers 1 or more): the verifiers score replies under their own copy of the model")

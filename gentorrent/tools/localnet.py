@@ -358,14 +358,17 @@ class LocalNet:
             _, err = proc.communicate()
             if proc.returncode != 0:
                 raise LocalNetError(f"{v}: verifier init failed: {err.decode(errors='replace').strip()[-500:]}")
-        audit = ["--audits", "--epoch-blocks", str(self.epoch_blocks), "--challenges-per-node",
-                 str(self.challenges_per_node), "--reply-window", str(self.reply_window)] if self.audits else []
         done = subprocess.run(cli("verifier", "genesis", "--chain-id", self.chain_id, "--out", str(self.genesis_file),
-                                  "--local-network", *audit, "--install", *[str(self.root / v) for v in self.verifiers]),
+                                  "--local-network", *self.genesis_audit_args(), "--install", *[str(self.root / v) for v in self.verifiers]),
                               capture_output=True)
         if done.returncode != 0:
             raise LocalNetError(f"verifier genesis failed: {done.stderr.decode(errors='replace').strip()[-500:]}")
         self.after_genesis()
+
+    def genesis_audit_args(self) -> list[str]:
+        """``verifier genesis``'s audit flags for this network (none without audits)."""
+        return ["--audits", "--epoch-blocks", str(self.epoch_blocks), "--challenges-per-node",
+                str(self.challenges_per_node), "--reply-window", str(self.reply_window)] if self.audits else []
 
     def rpc_address(self, verifier: str) -> str:
         """``verifier``'s CometBFT RPC address (loopback)."""

@@ -81,7 +81,7 @@ def audit_rows(audit: Any, reputation: Any, listed: set[bytes]) -> list[str]:
     audited = ", ".join(str(m) for m in audit["audited_models"]) or "none (no model is held by verifiers with more " \
                                                                      "than 2/3 of the power)"
     rows = [f"  audits: epoch {epoch} (heights {start}-{end}: commits until {audit['commit_until']}, reports from "
-            f"{audit['report_from']}), {audit['challenges_per_node']} challenges per node and verifier",
+            f"{audit['report_from']}), {audit['challenges_per_node']} challenge(s) per node and verifier",
             f"    audited models: {audited}",
             f"    this epoch: {len(audit['committed'])} of {len(audit['validators'])} verifiers committed a plan, "
             f"{len(audit['reported'])} reported"]

@@ -13,6 +13,7 @@ import pytest
 
 from gentorrent.cli import CliError
 from gentorrent.tools.devnet import (
+    CHALLENGES_PER_NODE,
     EPOCH_BLOCKS,
     STATE_FILE,
     WINDOWS_SHOWN,
@@ -26,7 +27,7 @@ from gentorrent.tools.localnet import LocalNet, fitting_reply_window, ports_take
 
 def args(**kw) -> argparse.Namespace:
     base = {"relays": 4, "models": 1, "verifiers": 2, "engine": "echo", "fresh": False, "audits": False,
-            "epoch_blocks": None}
+            "epoch_blocks": None, "challenges_per_node": None}
     return argparse.Namespace(**{**base, **kw})
 
 
@@ -146,9 +147,33 @@ def test_an_audited_devnet_keeps_the_epoch_length_it_was_created_with(tmp_path):
     assert started(tmp_path / "default", audits=True).epoch_blocks == EPOCH_BLOCKS
 
 
+def test_an_audited_devnet_keeps_its_challenges_per_node_and_its_verifiers_are_told_them(tmp_path):
+    first = started(tmp_path, audits=True, challenges_per_node=1)
+    assert json.loads((tmp_path / STATE_FILE).read_text())["challenges_per_node"] == 1
+    assert " --challenges-per-node 1 " in " ".join(["", *first.genesis_audit_args(), ""])  # the genesis says it
+    net, recorded = open_net(tmp_path, args(audits=True), "echo")  # resumed without the flag: its own
+    assert recorded is not None and net.challenges_per_node == 1
+    with pytest.raises(CliError, match=r"created with --challenges-per-node 1 .*--fresh"):
+        open_net(tmp_path, args(audits=True, challenges_per_node=2), "echo")
+    assert started(tmp_path / "default", audits=True).challenges_per_node == CHALLENGES_PER_NODE
+    old = tmp_path / "old"  # recorded before the flag: the default it then had
+    started(old, audits=True)
+    state = json.loads((old / STATE_FILE).read_text())
+    del state["challenges_per_node"]
+    (old / STATE_FILE).write_text(json.dumps(state))
+    assert open_net(old, args(audits=True), "echo")[0].challenges_per_node == CHALLENGES_PER_NODE
+    state["challenges_per_node"] = "two"
+    (old / STATE_FILE).write_text(json.dumps(state))
+    with pytest.raises(CliError, match=r"records no valid challenges_per_node.*--fresh"):
+        open_net(old, args(audits=True), "echo")
+
+
 @pytest.mark.parametrize(("kw", "why"), [({"epoch_blocks": 300}, "needs --audits"),
                                          ({"audits": True, "engine": "llama.cpp", "epoch_blocks": 11}, "between 12"),
-                                         ({"audits": True, "engine": "llama.cpp", "epoch_blocks": 10**7}, "between 12")])
+                                         ({"audits": True, "engine": "llama.cpp", "epoch_blocks": 10**7}, "between 12"),
+                                         ({"challenges_per_node": 1}, "needs --audits"),
+                                         ({"audits": True, "engine": "llama.cpp", "challenges_per_node": 0}, "between 1"),
+                                         ({"audits": True, "engine": "llama.cpp", "challenges_per_node": 5}, "between 1")])
 def test_epoch_blocks_is_checked_before_anything_starts(kw, why):
     with pytest.raises(CliError, match=why):
         check_args(args(relays=12, no_demo=True, chat=False, **kw))
