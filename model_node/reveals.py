@@ -100,6 +100,9 @@ __all__ = ["EPOCHS", "MAX_PAGES", "MAX_PLANS", "PLANS_FILE", "POLL_S", "Reveals"
 
 _Key = tuple[bytes, tuple[bytes, ...], int]  # a commitment, the points a verifier released it with, the plan's id
 _Powers = tuple[tuple[bytes, int], ...]  # a validator set: (Ed25519 key, power), by key
+_Units = tuple[frozenset[int], int]  # a verifier's units under a plan, and the plan's threshold
+
+
 def encode_plans(plans: Sequence[tuple[_Powers, int]]) -> bytes:
     """The sets remembered, each with the last epoch it was current: what :data:`PLANS_FILE` holds."""
     return bytes(msgpack.packb([PLANS_VERSION, [[[list(v) for v in powers], last] for powers, last in plans]],
@@ -133,9 +136,6 @@ def _validator(v: object) -> tuple[bytes, int]:
             and 1 <= v[1] <= escrow.MAX_POWER):
         raise ValueError("a validator is not [32-byte key, power in range]")
     return v[0], v[1]
-
-
-_Units = tuple[frozenset[int], int]  # a verifier's units under a plan, and the plan's threshold
 
 
 @dataclass(slots=True)
@@ -182,10 +182,10 @@ class Reveals:
         self.keys: dict[str, bytes] = {}  # verifier address -> its validator key (checked)
         self.plans: dict[_Powers, tuple[int, int]] = {}  # a set seen at a poll -> (its id, the last epoch it was current)
         self._next_plan = 0
-        self.plans_file = plans_file
-        self._load_plans()
         # handed, duplicate, refused, unmatched, unrebuilt, errors, foreign shares, share checks, lying verifiers
         self.counts: Counter[str] = Counter()
+        self.plans_file = plans_file
+        self._load_plans()
         self._last_error = ""
         self._salt = secrets.token_bytes(16)  # orders the rebuilds: no donor can choose to come first
 
@@ -250,7 +250,8 @@ class Reveals:
         except FileNotFoundError:
             return
         except OSError as exc:
-            log.warning("reveals: cannot read %s (%s): the validator sets before this start are not known", self.plans_file, exc)
+            log.warning("reveals: cannot read %s (%s): the validator sets before this start are not known",
+                        self.plans_file, exc)
             return
         try:
             plans = decode_plans(raw)

@@ -359,7 +359,8 @@ class LocalNet:
             if proc.returncode != 0:
                 raise LocalNetError(f"{v}: verifier init failed: {err.decode(errors='replace').strip()[-500:]}")
         done = subprocess.run(cli("verifier", "genesis", "--chain-id", self.chain_id, "--out", str(self.genesis_file),
-                                  "--local-network", *self.genesis_audit_args(), "--install", *[str(self.root / v) for v in self.verifiers]),
+                                  "--local-network", *self.genesis_audit_args(), "--install",
+                                  *[str(self.root / v) for v in self.verifiers]),
                               capture_output=True)
         if done.returncode != 0:
             raise LocalNetError(f"verifier genesis failed: {done.stderr.decode(errors='replace').strip()[-500:]}")

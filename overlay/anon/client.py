@@ -47,9 +47,10 @@ MAX_CHUNKS_QUEUED = 1024
 # What an error chunk's code (ReplyChunk.failure, overlay.wire.failures) makes the client do: BUSY
 # (a node past its capacity, before any output): another model node serving the model at once;
 # INVALID (bad sampling parameters, a prompt the tokenizer refuses or too long for the context:
-# any node would answer the same) and SPENT (a usage-quota token redeemed before: asked again with a
-# fresh token, once, where a busy node before may have spent it; else reported): no failover; anything else (the engine failed, the
-# node does not serve the model after all, a forwarding fault): failover to another node.
+# any node would answer the same) and SPENT (a usage-quota token redeemed before: asked again with
+# a fresh token, once, where a busy node before may have spent it; else reported): no failover;
+# anything else (the engine failed, the node does not serve the model after all, a forwarding
+# fault): failover to another node.
 # Failover on silence: before the first chunk the caller's ``chunk_timeout`` applies (it covers
 # queueing and prefill); after it, a silence longer than SILENCE_GAPS times the reply's mean
 # gap between chunks (the node's own decode rate as seen here; FIRST_GAP until two chunks have

@@ -18,7 +18,7 @@ def _rows(c: Committee, listed: set[bytes]) -> list[str]:
 def test_status_shows_the_epoch_commits_outcomes_and_reputations() -> None:
     c = Committee()
     rows = _rows(c, set())
-    assert "audits: epoch 0 (heights 1-12: commits until 3, reports from 10), 2 challenges per node" in rows[0]
+    assert "audits: epoch 0 (heights 1-12: commits until 3, reports from 10), 2 challenge(s) per node" in rows[0]
     assert "audited models: none" in rows[1]
     c.to_epoch_start(1)
     c.epoch(scores={c.nodes[0].node_id: 100_000})

@@ -1364,6 +1364,9 @@ def test_the_block_pace_is_measured_over_enough_blocks_and_starts_again_on_a_low
     assert pace.block_s == pytest.approx(0.3)
     pace.saw(50, t + 1)  # another node, behind: what was measured does not mix with it
     assert pace.block_s is None
+    for h in range(50, 50 + 2 * PACE_MIN_BLOCKS):  # a clock that did not move: no pace (not zero)
+        pace.saw(h, t + 1)
+    assert pace.block_s is None
 
 
 async def test_the_driver_passes_the_pace_it_measured_to_the_planner(caplog: pytest.LogCaptureFixture) -> None:

@@ -178,7 +178,7 @@ class BlockPace:
         if not self.samples:
             return None
         (h0, t0), (h1, t1) = self.samples[0], self.samples[-1]
-        return (t1 - t0) / (h1 - h0) if h1 - h0 >= PACE_MIN_BLOCKS else None
+        return (t1 - t0) / (h1 - h0) if h1 - h0 >= PACE_MIN_BLOCKS and t1 > t0 else None
 
 
 # --------------------------------------------------------------------------- the driver
