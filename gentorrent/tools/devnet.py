@@ -60,7 +60,6 @@ from overlay.net.peers import PeerEntry
 from overlay.net.transport import TLSTransport
 from overlay.wire.identity import load_or_create, short_id
 from overlay.wire.messages import PeerStatus
-from verifier.audit.tx import MAX_CHALLENGES_PER_NODE
 
 REGISTRY_KEYS = 4
 STATE_FILE = "devnet.json"
@@ -68,6 +67,8 @@ STATE_VERSION = 1
 VERIFIERS = 4
 EPOCH_BLOCKS = 300  # --audits' default epoch length (120 overloads two CPU nodes: docs/benchmarks.md "devnet --audits")
 CHALLENGES_PER_NODE = 2  # --audits' default challenges a verifier sends each model node an epoch
+# verifier/audit/tx.py's bound, repeated so that building the CLI stays light (a test checks it)
+MAX_CHALLENGES_PER_NODE = 4
 # the reply windows (decision 0040) --epoch-blocks' help names: fitting_reply_window(N, 0.5), a test checks them
 WINDOWS_SHOWN = "120 blocks give 22 s, 300 give 66 s, 600 give 191 s"
 DEFAULT_MODEL = "smollm2-135m-instruct"  # what `gentorrent model-node --engine llama.cpp` serves by default
