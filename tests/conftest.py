@@ -190,11 +190,12 @@ def relay(relay_factory: Callable[..., RelayProcess]) -> RelayProcess:
 
 def documented_figures(section: str) -> set[str]:
     """The figure keys docs/benchmarks.md lists in the tables under ``## section`` (a row's
-    ``a{1,2}b`` expands to ``a1b`` and ``a2b``)."""
+    ``a{1,2}b`` expands to ``a1b`` and ``a2b``); a table's header row (the one above its ``|---``
+    line) is no figure, even when its first cell is in backticks."""
     text = (REPO / "docs" / "benchmarks.md").read_text()
     body = text.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
     keys: set[str] = set()
-    for m in re.finditer(r"^\| `([^`]+)` \|", body, re.M):
+    for m in re.finditer(r"^\| `([^`]+)` \|.*(?:\n(?!\|[-:])|\Z)", body, re.M):
         pending = [m.group(1)]
         while any("{" in k for k in pending):
             k = next(k for k in pending if "{" in k)

@@ -89,15 +89,21 @@ def test_registration_costs_work_that_grows_with_the_rate() -> None:
         assert block(app, [paid_register(app, Node(), f"8.{8 + i}.1.1:9000")], T0 + i) == [Code.OK]
     assert needed == [4, 4, 4, 4, 4, 5, 5, 6, 6]  # free 3, then a bit more every step (2)
     # A proof for the old difficulty no longer passes; a key's proof does not transfer to another key.
+    now_needed = admission.required_bits(app.committed.admission, len(app.committed.paid))
+    assert now_needed == 7
     late = Node()
     cheap = work.solve(CHAIN, late.key.public_bytes, 4, CHEAP.work_n_log2)
     assert cheap is not None
-    while work.bits_of(CHAIN, late.key.public_bytes, cheap[0], CHEAP.work_n_log2) >= 7:
+    while work.bits_of(CHAIN, late.key.public_bytes, cheap[0], CHEAP.work_n_log2) >= now_needed:
         cheap = work.solve(CHAIN, late.key.public_bytes, 4, CHEAP.work_n_log2)
         assert cheap is not None
     raw = tx.make_tx(late.key, CHAIN, tx.OP_REGISTER, 1, late.entry(address="9.9.9.9:9000"), work=cheap[0])
     assert app.check_tx(raw).code == Code.LOW_WORK
+    # Another key reuses the nonce: its hash is a fresh draw, so one key in 2**bits passes by
+    # chance; a thief whose draw falls short must be refused, not waved through on late's proof.
     thief = Node()
+    while work.bits_of(CHAIN, thief.key.public_bytes, cheap[0], CHEAP.work_n_log2) >= now_needed:
+        thief = Node()
     stolen = tx.make_tx(thief.key, CHAIN, tx.OP_REGISTER, 1, thief.entry(address="9.9.9.9:9000"), work=cheap[0])
     assert app.check_tx(stolen).code == Code.LOW_WORK
     # An hour later the window has slid: the normal price again.
