@@ -592,6 +592,7 @@ class AnonClient:
         next_seq = 0
         first_at: float | None = None
         last_at = 0.0
+        longest = 0.0  # the longest silence between two chunks so far (logged with the last)
         node = target.node_id
         while True:
             limit = chunk_timeout
@@ -630,8 +631,12 @@ class AnonClient:
                 now = self.clock.monotonic()
                 if first_at is None:
                     first_at = now
+                longest = max(longest, now - last_at) if next_seq > 1 else 0.0
                 last_at = now
                 node = c.node
+                if c.done:
+                    log.debug("model node %s: %d reply chunk(s), the longest silence between two %.2fs",
+                              short_id(node), next_seq, longest)
                 yield c
 
     def _on_reply_clove_for(self, rk: ReturnKey) -> Callable[[bytes], bool]:

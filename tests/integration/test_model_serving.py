@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
+import re
 from contextlib import aclosing
 
 import pytest
@@ -237,11 +239,12 @@ def stalling(real, at_seq, stall):
     return handler
 
 
-async def test_with_no_node_left_to_fail_over_to_a_stalled_reply_is_waited_for(autojump_clock):
+async def test_with_no_node_left_to_fail_over_to_a_stalled_reply_is_waited_for(autojump_clock, caplog):
     """The only node serving the model stalls 10 s mid-reply (decision 0040's loaded devnet saw
     such stalls end a chat): with nowhere to fail over to, the client waits out the silence up to
-    ``chunk_timeout`` instead of its 2-s floor, and the reply completes. A node that never
-    resumes still fails the request, once ``chunk_timeout`` has passed."""
+    ``chunk_timeout`` instead of its 2-s floor, and the reply completes, its longest silence
+    logged (debug). A node that never resumes still fails the request, once ``chunk_timeout``
+    has passed."""
     async with trio.open_nursery() as nursery:
         net = await start_echo_overlay(nursery, 15, models=1, echo_delay=0.05)
         node = net.model
@@ -250,9 +253,12 @@ async def test_with_no_node_left_to_fail_over_to_a_stalled_reply_is_waited_for(a
         client = net.users[0].client
         assert client is not None
         text = " ".join(f"w{j}" for j in range(40))
-        got = await collect(client, text, chunk_timeout=30)
+        with caplog.at_level(logging.DEBUG, logger="gentorrent.anon"):
+            got = await collect(client, text, chunk_timeout=30)
         assert "".join(c.text for c in got) == text and {c.node for c in got} == {node.identity.node_id}
         assert client.failovers == {}
+        logged = re.findall(r"(\d+) reply chunk\(s\), the longest silence between two ([\d.]+)s", caplog.text)
+        assert [(int(n), float(s) // 1) for n, s in logged] == [(len(got), 10.0)]  # mock time: 10 s and the pace
         node.handle = stalling(real, 5, math.inf)
         t0 = trio.current_time()
         with pytest.raises(AnonError, match="no reply from model node"):
