@@ -631,7 +631,8 @@ class AnonClient:
                 now = self.clock.monotonic()
                 if first_at is None:
                     first_at = now
-                longest = max(longest, now - last_at) if next_seq > 1 else 0.0
+                else:
+                    longest = max(longest, now - last_at)
                 last_at = now
                 node = c.node
                 if c.done:

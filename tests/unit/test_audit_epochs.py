@@ -457,10 +457,14 @@ def test_a_script_reply_to_another_history_or_turn_is_the_reporters_lie(forge: s
     assert res.code == tx.Code.BAD_SIGNATURE and f"entry 0: turn {turn}" in res.log
 
 
-def test_the_verifier_clis_audit_defaults_are_the_chains() -> None:
-    """verifier/cli.py repeats the defaults to stay light to import; they must not drift."""
+def test_the_clis_audit_constants_are_the_chains() -> None:
+    """verifier/cli.py repeats the defaults, and gentorrent/tools/devnet.py the challenges-per-node
+    bound, to stay light to import; they must not drift."""
+    from gentorrent.tools import devnet
     from overlay.directory import transcripts as tw
     from verifier import cli
+
+    assert devnet.MAX_CHALLENGES_PER_NODE == at.MAX_CHALLENGES_PER_NODE
 
     assert (cli._DEFAULT_EPOCH_BLOCKS, cli._DEFAULT_CHALLENGES) == (audits.DEFAULT_EPOCH_BLOCKS,
                                                                     audits.DEFAULT_CHALLENGES_PER_NODE)
